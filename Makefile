@@ -1,0 +1,54 @@
+# The verbs. `make demo` and `make test` are the README's two commands: each installs
+# what it needs by itself (the .venv here, Debian packages, Go-built binaries cached
+# outside the repo under $(TOOLS_CACHE)).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+# Go-built binaries (MinIO, etcd, kube-apiserver, helm, ...) are cached by version here,
+# outside the repo, so a fresh clone on the same machine reuses them.
+TOOLS_CACHE ?= $(HOME)/.cache/shardcache-tools
+export TOOLS_CACHE
+
+# Sub-makefiles append to these: prerequisites of `make test` and of the pytest run.
+TEST_PREREQS :=
+PYTEST_ARGS ?=
+
+-include mk/*.mk
+
+.PHONY: help install demo test lint typecheck layers pytest bench-read
+help:
+	@echo "make demo   - run the data path end to end on this machine (no cluster)"
+	@echo "make test   - lint, types, layering, then unit, integration and e2e tests"
+	@echo "make bench-read / bench-ckpt / bench-peers - benchmarks (not tests)"
+
+install: $(STAMP)
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[sidecar,operator,dev]'
+	touch $(STAMP)
+
+demo: install $(DEMO_PREREQS)
+	$(VENV)/bin/shardcache demo
+
+lint: install
+	$(VENV)/bin/ruff check shardcache sidecar operator tests bench
+	$(VENV)/bin/ruff format --check shardcache sidecar operator tests bench
+
+typecheck: install
+	$(VENV)/bin/mypy shardcache sidecar/shardcache_sidecar operator/shardcache_operator
+
+layers: install
+	$(VENV)/bin/lint-imports
+
+pytest: install $(TEST_PREREQS)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck layers pytest
+
+bench-read: install $(TEST_PREREQS)
+	$(PY) bench/read.py

@@ -1,0 +1,1 @@
+"""The shardcache operator: DatasetMount reconcile and the pod-injection webhook."""

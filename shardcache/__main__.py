@@ -1,0 +1,3 @@
+from shardcache.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""Errors raised by shardcache, grouped by what the caller should do about them.
+
+* `InputError`: fix your input (a URI, a spec, a state dict); retrying will not help.
+* `SourceError`: the object store failed; it was retried with backoff already and a
+  later retry may succeed.
+* `CacheError`: the node cache cannot serve a request (limits, corruption that could
+  not be repaired).
+"""
+
+from __future__ import annotations
+
+
+class ShardcacheError(Exception):
+    """Base class of every error raised by shardcache."""
+
+
+class InputError(ShardcacheError, ValueError):
+    """The input is wrong: fix it. The message says what was expected and what was found."""
+
+
+class StateMismatchError(InputError):
+    """A resumable state dict does not belong to this dataset or configuration."""
+
+
+class ManifestMismatchError(InputError):
+    """The dataset differs from the pinned manifest digest."""
+
+
+class SourceError(ShardcacheError, IOError):
+    """Reading from the object store failed after retries; retrying later may succeed."""
+
+
+class CacheError(ShardcacheError, RuntimeError):
+    """The node cache cannot serve the request."""
+
+
+class SidecarUnavailableError(ShardcacheError, ConnectionError):
+    """The sidecar did not answer on its control socket; retrying later may succeed."""

@@ -1,0 +1,1 @@
+"""The shardcache sidecar: control server, prefetcher, node cache, checkpoint agent."""

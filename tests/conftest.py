@@ -1,0 +1,6 @@
+"""Shared fixtures. Real processes only: fixtures start them on loopback."""
+
+from __future__ import annotations
+
+# Fixture modules live in tests/support; each registers its fixtures here.
+pytest_plugins: list[str] = []
