@@ -1,0 +1,207 @@
+"""The reading plan: which rows a rank reads, in which order, in one epoch.
+
+A pure, deterministic function of (manifest digest, shard row counts, seed, epoch,
+rank, world size, shuffle, block size). The client and the sidecar run this same code,
+so the sidecar prefetches exactly the shards the trainer will ask for next. The rules
+are written down in docs/reading-plan.md; changing them changes every resumed run, so
+`PLAN_VERSION` is part of the state dict.
+
+1. Shard order: the manifest order, or with `shuffle` a Fisher-Yates permutation drawn
+   from SplitMix64 seeded by sha256(digest, seed, epoch).
+2. Within each shard, rows are cut into blocks of `block_size` rows; with `shuffle` the
+   blocks of a shard are permuted (seeded by sha256(digest, seed, epoch, shard)). Rows
+   inside a block keep their order, so a batch inside a block is a zero-copy slice.
+3. The epoch's global sequence of rows is cut into `world_size` contiguous ranges:
+   rank r gets rows [floor(N*r/W), floor(N*(r+1)/W)). Every row is read exactly once
+   per epoch across the ranks; rank sizes differ by at most one row.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import hashlib
+import itertools
+from collections.abc import Iterator, Sequence
+
+from shardcache import errors
+
+PLAN_VERSION = 1
+DEFAULT_BLOCK_SIZE = 4096
+_MASK64 = (1 << 64) - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanParams:
+    """What a reader's plan depends on, besides the manifest."""
+
+    seed: int = 0
+    epoch: int = 0
+    rank: int = 0
+    world_size: int = 1
+    shuffle: bool = True
+    #: Rows per shuffle block. Larger blocks mean longer zero-copy runs and a coarser
+    #: shuffle; 4096 rows keeps a run well above common batch sizes.
+    block_size: int = DEFAULT_BLOCK_SIZE
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise errors.InputError(f"world_size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise errors.InputError(
+                f"rank must be in [0, world_size={self.world_size}), got {self.rank}"
+            )
+        if self.block_size < 1:
+            raise errors.InputError(f"block_size must be >= 1, got {self.block_size}")
+        if self.epoch < 0:
+            raise errors.InputError(f"epoch must be >= 0, got {self.epoch}")
+
+    def with_epoch(self, epoch: int) -> PlanParams:
+        return dataclasses.replace(self, epoch=epoch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """Rows [start, stop) of manifest shard `shard`, read in order."""
+
+    shard: int
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+class _SplitMix64:
+    """A tiny, specified PRNG, so the plan does not depend on Python's `random` internals."""
+
+    def __init__(self, seed: int) -> None:
+        self._state = seed & _MASK64
+
+    def next(self) -> int:
+        self._state = (self._state + 0x9E3779B97F4A7C15) & _MASK64
+        z = self._state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        return z ^ (z >> 31)
+
+    def below(self, n: int) -> int:
+        # Lemire's multiply-shift: the bias is below 2**-40 for any n we shuffle.
+        return (self.next() * n) >> 64
+
+
+def _derive_seed(*parts: object) -> int:
+    text = ":".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little")
+
+
+def _permutation(n: int, seed: int) -> list[int]:
+    order = list(range(n))
+    rng = _SplitMix64(seed)
+    for i in range(n - 1, 0, -1):
+        j = rng.below(i + 1)
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
+def global_runs(shard_rows: Sequence[int], digest: str, params: PlanParams) -> list[Run]:
+    """Every row of the epoch, across all ranks, as runs in reading order."""
+    n = len(shard_rows)
+    if params.shuffle:
+        shards = _permutation(n, _derive_seed("shards", digest, params.seed, params.epoch))
+    else:
+        shards = list(range(n))
+    runs: list[Run] = []
+    bs = params.block_size
+    for shard in shards:
+        rows = shard_rows[shard]
+        if rows == 0:
+            continue
+        nblocks = -(-rows // bs)
+        if params.shuffle and nblocks > 1:
+            seed = _derive_seed("blocks", digest, params.seed, params.epoch, shard)
+            blocks = _permutation(nblocks, seed)
+        else:
+            blocks = list(range(nblocks))
+        for b in blocks:
+            start = b * bs
+            stop = min(start + bs, rows)
+            prev = runs[-1] if runs else None
+            if prev is not None and prev.shard == shard and prev.stop == start:
+                # Adjacent blocks read in order are one run: a longer zero-copy slice.
+                runs[-1] = Run(shard, prev.start, stop)
+            else:
+                runs.append(Run(shard, start, stop))
+    return runs
+
+
+def rank_bounds(total_rows: int, params: PlanParams) -> tuple[int, int]:
+    """The [lo, hi) range of the epoch's global sequence that `params.rank` reads."""
+    w = params.world_size
+    return total_rows * params.rank // w, total_rows * (params.rank + 1) // w
+
+
+def rank_runs(shard_rows: Sequence[int], digest: str, params: PlanParams) -> list[Run]:
+    """The runs `params.rank` reads in the epoch, in order."""
+    total = sum(shard_rows)
+    lo, hi = rank_bounds(total, params)
+    out: list[Run] = []
+    offset = 0
+    for run in global_runs(shard_rows, digest, params):
+        run_lo, run_hi = offset, offset + len(run)
+        offset = run_hi
+        if run_hi <= lo:
+            continue
+        if run_lo >= hi:
+            break
+        cut_lo = max(lo, run_lo) - run_lo
+        cut_hi = min(hi, run_hi) - run_lo
+        out.append(Run(run.shard, run.start + cut_lo, run.start + cut_hi))
+    return out
+
+
+def skip(runs: Sequence[Run], position: int) -> Iterator[Run]:
+    """The runs left after the first `position` rows have been read."""
+    if position < 0:
+        raise errors.InputError(f"position must be >= 0, got {position}")
+    remaining = position
+    for run in runs:
+        if remaining >= len(run):
+            remaining -= len(run)
+            continue
+        yield Run(run.shard, run.start + remaining, run.stop)
+        remaining = 0
+
+
+def shard_order(runs: Sequence[Run]) -> list[int]:
+    """Distinct shards in the order a reader first needs them."""
+    seen: set[int] = set()
+    order: list[int] = []
+    for run in runs:
+        if run.shard not in seen:
+            seen.add(run.shard)
+            order.append(run.shard)
+    return order
+
+
+def upcoming_shards(runs: Sequence[Run], position: int) -> list[int]:
+    """Shards still needed from `position` on, in order (the first may be partly read)."""
+    return shard_order(list(skip(runs, position)))
+
+
+def shard_offsets(shard_rows: Sequence[int]) -> list[int]:
+    """Global sample index of each shard's first row (manifest order)."""
+    return [0, *itertools.accumulate(shard_rows)][:-1] if shard_rows else []
+
+
+def global_index(offsets: Sequence[int], shard: int, row: int) -> int:
+    """The dataset-wide index of a row: its position in manifest order."""
+    return offsets[shard] + row
+
+
+def locate(offsets: Sequence[int], index: int) -> tuple[int, int]:
+    """Inverse of `global_index`: (shard, row) of a dataset-wide sample index."""
+    if index < 0:
+        raise errors.InputError(f"sample index must be >= 0, got {index}")
+    shard = bisect.bisect_right(offsets, index) - 1
+    return shard, index - offsets[shard]

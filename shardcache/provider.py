@@ -1,0 +1,47 @@
+"""The seam between `Dataset` and where shards come from.
+
+A `ShardProvider` hands out shards, already decoded to uncompressed Arrow IPC files in
+the memory tier, under a lease that keeps them resident while the trainer reads them.
+Two implementations: embedded (the cache runs in this process) and sidecar (the
+sidecar runs it and the trainer talks to it over the control socket). The protocol is
+per shard, never per sample.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from shardcache import manifest as manifest_mod
+from shardcache import plan as plan_mod
+
+
+class ShardLease(Protocol):
+    """A shard resident in the memory tier, pinned until `release()`."""
+
+    @property
+    def path(self) -> Path:
+        """An uncompressed Arrow IPC file (one record batch) the caller may memory-map."""
+        ...
+
+    def release(self) -> None:
+        """Unpin the shard. Idempotent. Mappings already made stay valid after release."""
+        ...
+
+
+class ShardProvider(Protocol):
+    @property
+    def manifest(self) -> manifest_mod.Manifest: ...
+
+    def open_reader(self, params: plan_mod.PlanParams, *, position: int) -> str:
+        """Register a reader (its plan) so the prefetcher can follow it; returns its id."""
+        ...
+
+    def acquire(self, reader_id: str, shard: int, *, epoch: int, position: int) -> ShardLease:
+        """Block until `shard` is resident; `epoch`/`position` tell the prefetcher where
+        the reader is (samples consumed in the epoch), so it reads ahead from there."""
+        ...
+
+    def close_reader(self, reader_id: str) -> None: ...
+
+    def close(self) -> None: ...
