@@ -1,0 +1,114 @@
+"""`shardcache.open()`: embedded mode with a URI, sidecar mode without one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from shardcache import dataset, embedded, errors, plan, source
+from shardcache import manifest as manifest_mod
+from shardcache.node import cache as cache_mod
+from shardcache.node import names
+
+GiB = 1 << 30
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "shardcache"
+
+
+def _default_memory_limit(memory_dir: Path) -> int:
+    # A quarter of the memory-backed filesystem, at most 8 GiB: the decoded shards
+    # share it with everything else the machine keeps in /dev/shm.
+    try:
+        total = shutil.disk_usage(memory_dir).total
+    except OSError:
+        return 2 * GiB
+    return max(256 << 20, min(8 * GiB, total // 4))
+
+
+def _default_disk_limit(disk_dir: Path) -> int:
+    try:
+        free = shutil.disk_usage(disk_dir).free
+    except OSError:
+        return 10 * GiB
+    return max(1 * GiB, min(100 * GiB, free // 2))
+
+
+def open(  # noqa: A001 - the paired verb of the API, like io.open
+    source_uri: str | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    epoch: int = 0,
+    block_size: int = plan.DEFAULT_BLOCK_SIZE,
+    format: str | None = None,
+    digest: str | None = None,
+    memory_dir: str | os.PathLike[str] | None = None,
+    memory_limit: int | None = None,
+    disk_limit: int | None = None,
+    prefetch_depth: int = 4,
+    fetch_concurrency: int = 4,
+    storage_options: Mapping[str, str] | None = None,
+    retry: source.RetryPolicy | None = None,
+    mount: str | None = None,
+    **options: Any,
+) -> dataset.Dataset:
+    """Open a dataset for one rank.
+
+    With a URI (`file://…`, `s3://…`, anything pyarrow's filesystems open), the cache
+    runs in this process under `cache_dir`. Without one, the sidecar injected into the
+    pod serves the dataset named by `mount` (default: $SHARDCACHE_MOUNT).
+    `digest` pins the manifest: a dataset that differs is an error.
+    """
+    if options:
+        raise errors.InputError(f"unknown option(s) {sorted(options)} for shardcache.open()")
+    params = plan.PlanParams(
+        seed=seed,
+        epoch=epoch,
+        rank=rank,
+        world_size=world_size,
+        shuffle=shuffle,
+        block_size=block_size,
+    )
+    if source_uri is None:
+        from shardcache import sidecar_client
+
+        shards = sidecar_client.SidecarProvider.from_env(mount=mount)
+        if digest is not None and shards.manifest.digest != digest:
+            raise errors.ManifestMismatchError(
+                f"the sidecar serves {shards.manifest.digest}, expected {digest}"
+            )
+        return dataset.Dataset(shards, params)
+
+    manifest = manifest_mod.resolve(
+        source_uri, format=format, storage_options=storage_options, retry=retry
+    )
+    if digest is not None and manifest.digest != digest:
+        raise errors.ManifestMismatchError(
+            f"{source_uri} now resolves to {manifest.digest}, but {digest} was pinned: "
+            "the dataset changed"
+        )
+    root = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    disk_dir = root / names.DISK_SUBDIR
+    mem_dir = Path(memory_dir) if memory_dir is not None else root / names.MEMORY_SUBDIR
+    disk_dir.mkdir(parents=True, exist_ok=True)
+    mem_dir.mkdir(parents=True, exist_ok=True)
+    settings = cache_mod.NodeSettings(
+        disk_dir=disk_dir,
+        memory_dir=mem_dir,
+        disk_limit=disk_limit if disk_limit is not None else _default_disk_limit(disk_dir),
+        memory_limit=memory_limit if memory_limit is not None else _default_memory_limit(mem_dir),
+        prefetch_depth=prefetch_depth,
+        fetch_concurrency=fetch_concurrency,
+        retry=retry or source.RetryPolicy(),
+    )
+    node = cache_mod.CacheNode(manifest, settings, storage_options=dict(storage_options or {}) or None)
+    return dataset.Dataset(embedded.EmbeddedProvider(node), params)

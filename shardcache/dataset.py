@@ -1,0 +1,231 @@
+"""`Dataset`: resumable, zero-copy iteration over a rank's share of a dataset.
+
+Batches are slices of memory-mapped Arrow IPC files in the memory tier. A batch is
+copied only when it is stitched from more than one run of rows: across a shuffle-block
+boundary inside a shard, or across two shards (see docs/reading-plan.md). The position
+in the epoch is counted in samples on the client, so resuming never depends on the
+sidecar's state.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from shardcache import errors, plan, provider
+from shardcache import manifest as manifest_mod
+
+STATE_VERSION = 1
+
+
+def read_shard(path: Path, columns: Sequence[str] | None = None) -> pa.RecordBatch:
+    """The record batch of a decoded shard, memory-mapped: no copy."""
+    reader = ipc.open_file(pa.memory_map(str(path), "r"))
+    batch = reader.get_batch(0) if reader.num_record_batches == 1 else _combine(reader)
+    if columns is None:
+        return batch
+    missing = [c for c in columns if c not in batch.schema.names]
+    if missing:
+        raise errors.InputError(
+            f"unknown column(s) {missing}: the dataset has {batch.schema.names}"
+        )
+    return batch.select(list(columns))
+
+
+def _combine(reader: ipc.RecordBatchFileReader) -> pa.RecordBatch:
+    # Not the decoded form (one batch); still served correctly, with a copy.
+    return pa.concat_batches([reader.get_batch(i) for i in range(reader.num_record_batches)])
+
+
+class Dataset:
+    """One rank's view of a dataset. Create it with `shardcache.open()`."""
+
+    def __init__(self, shards: provider.ShardProvider, params: plan.PlanParams) -> None:
+        self._provider = shards
+        self._params = params
+        self._position = 0
+        self._runs_cache: tuple[int, list[plan.Run]] | None = None
+        self._reader_id = f"{params.rank}-{uuid.uuid4().hex[:12]}"
+        self._registered = False
+
+    # --- description --------------------------------------------------------------
+    @property
+    def manifest(self) -> manifest_mod.Manifest:
+        return self._provider.manifest
+
+    @property
+    def params(self) -> plan.PlanParams:
+        return self._params
+
+    @property
+    def epoch(self) -> int:
+        return self._params.epoch
+
+    @property
+    def position(self) -> int:
+        """Samples this rank has been handed so far in the current epoch."""
+        return self._position
+
+    def __len__(self) -> int:
+        """Samples this rank reads in one epoch."""
+        lo, hi = plan.rank_bounds(self.manifest.total_rows, self._params)
+        return hi - lo
+
+    def runs(self) -> list[plan.Run]:
+        """This rank's reading plan for the current epoch."""
+        epoch = self._params.epoch
+        if self._runs_cache is None or self._runs_cache[0] != epoch:
+            m = self.manifest
+            self._runs_cache = (epoch, plan.rank_runs(m.shard_rows, m.digest, self._params))
+        return self._runs_cache[1]
+
+    # --- iteration --------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to read. A new epoch starts at its first sample; setting
+        the current epoch again keeps the position (so a loaded state survives the
+        usual `set_epoch` at the top of the training loop)."""
+        if epoch != self._params.epoch:
+            self._params = self._params.with_epoch(epoch)
+            self._position = 0
+
+    def batches(
+        self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
+    ) -> Iterator[pa.RecordBatch]:
+        """Record batches of `batch_size` rows for the rest of the current epoch.
+
+        The last batch may be short unless `drop_last`. `state_dict()` taken after a
+        batch was handed out counts that batch as read.
+        """
+        if batch_size < 1:
+            raise errors.InputError(f"batch_size must be >= 1, got {batch_size}")
+        self._ensure_reader()
+        lease: provider.ShardLease | None = None
+        current = -1
+        shard_batch: pa.RecordBatch | None = None
+        pending: list[pa.RecordBatch] = []
+        pending_rows = 0
+        try:
+            for run in plan.skip(self.runs(), self._position):
+                if run.shard != current:
+                    if pending:
+                        # The partial batch must outlive the old shard's lease.
+                        pending = [_copy(b) for b in pending]
+                    if lease is not None:
+                        lease.release()
+                        lease = None
+                    lease = self._provider.acquire(
+                        self._reader_id,
+                        run.shard,
+                        epoch=self._params.epoch,
+                        position=self._position + pending_rows,
+                    )
+                    shard_batch = read_shard(lease.path, columns)
+                    current = run.shard
+                assert shard_batch is not None
+                start = run.start
+                while start < run.stop:
+                    take = min(batch_size - pending_rows, run.stop - start)
+                    piece = shard_batch.slice(start, take)
+                    start += take
+                    if not pending and take == batch_size:
+                        self._position += take
+                        yield piece
+                        continue
+                    pending.append(piece)
+                    pending_rows += take
+                    if pending_rows == batch_size:
+                        batch = pa.concat_batches(pending)
+                        pending, pending_rows = [], 0
+                        self._position += batch.num_rows
+                        yield batch
+            if pending and not drop_last:
+                batch = pa.concat_batches(pending)
+                self._position += batch.num_rows
+                yield batch
+        finally:
+            if lease is not None:
+                lease.release()
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        return self.batches(1024)
+
+    # --- state ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """A small JSON-serialisable dict: where this rank is in the stream."""
+        p = self._params
+        return {
+            "version": STATE_VERSION,
+            "plan_version": plan.PLAN_VERSION,
+            "digest": self.manifest.digest,
+            "seed": p.seed,
+            "shuffle": p.shuffle,
+            "block_size": p.block_size,
+            "world_size": p.world_size,
+            "rank": p.rank,
+            "epoch": p.epoch,
+            "position": self._position,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the exact next sample of the run that saved `state`."""
+        if not isinstance(state, dict):
+            raise errors.StateMismatchError(
+                f"expected a state dict from Dataset.state_dict(), got {type(state).__name__}"
+            )
+        required = ("version", "plan_version", "digest", "seed", "shuffle", "block_size",
+                    "world_size", "rank", "epoch", "position")  # fmt: skip
+        missing = [k for k in required if k not in state]
+        if missing:
+            raise errors.StateMismatchError(f"state dict lacks {missing}: not a shardcache state")
+        ours = self.state_dict()
+        differ = [
+            f"{key}: state has {state[key]!r}, this dataset has {ours[key]!r}"
+            for key in ("version", "plan_version", "digest", "seed", "shuffle", "block_size",
+                        "world_size", "rank")  # fmt: skip
+            if state[key] != ours[key]
+        ]
+        if differ:
+            raise errors.StateMismatchError(
+                "cannot resume: the state was saved by another dataset or configuration ("
+                + "; ".join(differ)
+                + "); open the dataset with the same arguments as the run that saved it"
+            )
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or position < 0:
+            raise errors.StateMismatchError(
+                f"epoch and position must be >= 0, got epoch={epoch} position={position}"
+            )
+        self._params = self._params.with_epoch(epoch)
+        if position > len(self):
+            raise errors.StateMismatchError(
+                f"position {position} is past the end of epoch {epoch} for rank "
+                f"{self._params.rank} ({len(self)} samples)"
+            )
+        self._position = position
+
+    # --- lifecycle ----------------------------------------------------------------
+    def _ensure_reader(self) -> None:
+        if not self._registered:
+            self._reader_id = self._provider.open_reader(self._params, position=self._position)
+            self._registered = True
+
+    def close(self) -> None:
+        if self._registered:
+            self._provider.close_reader(self._reader_id)
+            self._registered = False
+        self._provider.close()
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _copy(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return pa.concat_batches([batch, batch.slice(0, 0)])

@@ -1,0 +1,199 @@
+"""The manifest: the exact list of shards a dataset is, pinned by a sha256 digest.
+
+Resolved once (by the operator when a DatasetMount is created, or by `open()` in
+embedded mode); every reader of a job then reads the identical dataset even if the
+bucket changes later. A digest mismatch is a loud error, never a silent mix.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import PurePosixPath
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from shardcache import errors, formats, source
+
+MANIFEST_VERSION = 1
+_INSPECT_CONCURRENCY = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardEntry:
+    #: Path relative to the manifest root, '/'-separated.
+    path: str
+    size: int
+    #: Object version: the etag where the store has one, else mtime in nanoseconds.
+    version: str
+    rows: int
+    #: `formats.fingerprint` of the shard's schema.
+    fingerprint: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    root: str
+    format: str
+    shards: tuple[ShardEntry, ...]
+    digest: str
+
+    @classmethod
+    def build(cls, root: str, fmt: str, shards: tuple[ShardEntry, ...]) -> Manifest:
+        return cls(root=root, format=fmt, shards=shards, digest=compute_digest(fmt, shards))
+
+    @cached_property
+    def shard_rows(self) -> list[int]:
+        return [s.rows for s in self.shards]
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.shard_rows)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.size for s in self.shards)
+
+    def shard_uri_path(self, index: int) -> str:
+        """The shard's path inside the root's filesystem (not a URI)."""
+        _, root_path = source.split_uri(self.root)
+        rel = self.shards[index].path
+        return f"{root_path}/{rel}" if rel else root_path
+
+    def source_key(self, index: int) -> str:
+        """Content identity of a shard's source bytes: the disk-tier key."""
+        s = self.shards[index]
+        text = f"{self.root}|{s.path}|{s.size}|{s.version}"
+        return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+    def decoded_key(self, index: int) -> str:
+        """The memory-tier key: source identity plus the decoded form's version."""
+        return f"{self.source_key(index)}-d{formats.DECODE_VERSION}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": MANIFEST_VERSION,
+            "root": self.root,
+            "format": self.format,
+            "digest": self.digest,
+            "shards": [dataclasses.asdict(s) for s in self.shards],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Manifest:
+        if data.get("version") != MANIFEST_VERSION:
+            raise errors.InputError(
+                f"manifest version {data.get('version')!r} is not supported: "
+                f"expected {MANIFEST_VERSION}"
+            )
+        try:
+            shards = tuple(ShardEntry(**s) for s in data["shards"])
+            manifest = cls.build(str(data["root"]), str(data["format"]), shards)
+        except (KeyError, TypeError) as exc:
+            raise errors.InputError(f"malformed manifest: {exc}") from exc
+        if manifest.digest != data["digest"]:
+            raise errors.ManifestMismatchError(
+                f"manifest content hashes to {manifest.digest}, "
+                f"but it claims {data['digest']}: it was altered"
+            )
+        return manifest
+
+
+def compute_digest(fmt: str, shards: tuple[ShardEntry, ...]) -> str:
+    """sha256 over the shard list. The root is left out: a copy of the same objects
+    under another prefix is the same dataset."""
+    canonical = json.dumps(
+        {
+            "version": MANIFEST_VERSION,
+            "format": fmt,
+            "shards": [[s.path, s.size, s.version, s.rows, s.fingerprint] for s in shards],
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _hidden(rel: str) -> bool:
+    # As pyarrow.dataset does: Spark's _SUCCESS, .crc files, _temporary/ dirs.
+    return any(part.startswith((".", "_")) for part in PurePosixPath(rel).parts)
+
+
+def _list(fs: pafs.FileSystem, root: str, uri: str) -> list[pafs.FileInfo]:
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.File:
+        return [info]
+    if info.type == pafs.FileType.NotFound:
+        raise errors.InputError(f"nothing found at {uri!r}: expected a file or a prefix with shards")
+    selector = pafs.FileSelector(root, recursive=True)
+    return [i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
+
+
+def resolve(
+    uri: str,
+    *,
+    format: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    retry: source.RetryPolicy | None = None,
+) -> Manifest:
+    """List the shards under `uri`, read each one's row count and schema, and pin it.
+
+    Raises InputError for what the caller must fix (bad URI, missing bucket or prefix,
+    empty dataset, unsupported format, schemas that disagree) and SourceError when the
+    store keeps failing after retries.
+    """
+    fs, root = source.filesystem(uri, storage_options=storage_options)
+    what = f"listing {uri}"
+    infos = source.with_retries(lambda: _list(fs, root, uri), what=what, policy=retry)
+    single = len(infos) == 1 and infos[0].path.rstrip("/") == root.rstrip("/")
+    files: list[tuple[str, pafs.FileInfo]] = []
+    for info in infos:
+        rel = "" if single else info.path[len(root) :].lstrip("/")
+        if not single and _hidden(rel):
+            continue
+        files.append((rel, info))
+    files.sort(key=lambda f: f[0])
+    if not files:
+        raise errors.InputError(
+            f"empty dataset at {uri!r}: expected at least one shard file "
+            "(names starting with '.' or '_' are ignored)"
+        )
+    fmt = format or formats.infer([info.path for _, info in files])
+    reader = formats.get(fmt)
+
+    def inspect(item: tuple[str, pafs.FileInfo]) -> ShardEntry:
+        rel, info = item
+
+        def read_meta() -> ShardEntry:
+            with fs.open_input_file(info.path) as f:
+                try:
+                    rows, schema = reader.inspect(f)
+                except (ValueError, TypeError) as exc:
+                    # pyarrow raises ArrowInvalid (a ValueError) for bytes of another format.
+                    raise errors.InputError(
+                        f"shard {info.path!r} is not readable as {fmt}: {exc}"
+                    ) from exc
+            version = str(info.mtime_ns) if info.mtime_ns is not None else "0"
+            return ShardEntry(rel, info.size or 0, version, rows, formats.fingerprint(schema))
+
+        return source.with_retries(read_meta, what=f"reading {info.path}", policy=retry)
+
+    with concurrent.futures.ThreadPoolExecutor(_INSPECT_CONCURRENCY) as pool:
+        shards = tuple(pool.map(inspect, files))
+    first = shards[0]
+    for shard in shards[1:]:
+        if shard.fingerprint != first.fingerprint:
+            raise errors.InputError(
+                f"shards disagree on the schema: {shard.path!r} (fingerprint "
+                f"{shard.fingerprint}) differs from {first.path!r} ({first.fingerprint}); "
+                "expected every shard to have the same fields and types"
+            )
+    root_uri = uri.rstrip("/") if not single else uri.rsplit("/", 1)[0] if "/" in uri else uri
+    if single:
+        shards = tuple(dataclasses.replace(s, path=PurePosixPath(files[0][1].path).name) for s in shards)
+    return Manifest.build(root_uri, fmt, shards)

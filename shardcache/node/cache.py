@@ -1,0 +1,386 @@
+"""The node cache: source → disk tier → decode → memory tier, with a prefetcher.
+
+One `CacheNode` serves every reader of one dataset in a process: the sidecar, or the
+trainer itself in embedded mode. Readers register their plan; the prefetcher reads
+ahead along it with bounded concurrency; `acquire` blocks until a shard is resident in
+the memory tier and returns a lease on it. Blocking and thread-based, so the sidecar
+calls it from an executor and embedded mode calls it directly.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from shardcache import errors, formats, plan, source
+from shardcache import manifest as manifest_mod
+from shardcache.node import tier as tier_mod
+
+log = logging.getLogger(__name__)
+
+GiB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSettings:
+    disk_dir: Path
+    memory_dir: Path
+    #: Bytes of source shards kept on the node's disk; shared by every pod on the node.
+    disk_limit: int = 50 * GiB
+    #: Bytes of decoded shards in the memory-backed volume. Counts against the pod's
+    #: memory; 4 GiB holds a few 1 GiB shards ahead of a reader.
+    memory_limit: int = 4 * GiB
+    #: Shards decoded ahead of each reader. Four hides a source latency of ~4 shard
+    #: read times; more only helps with bursty stores.
+    prefetch_depth: int = 4
+    #: Concurrent source fetches + decodes. Decoding takes a core each.
+    fetch_concurrency: int = 4
+    retry: source.RetryPolicy = source.RetryPolicy()
+    #: Longest an acquire waits for room in a full memory tier (seconds).
+    wait_timeout: float = 300.0
+
+
+class NodeObserver(tier_mod.TierObserver, Protocol):
+    def fetched(self, nbytes: int, seconds: float) -> None: ...
+
+    def fetch_failed(self, shard: int, error: BaseException) -> None: ...
+
+
+@dataclasses.dataclass
+class NodeStats:
+    disk_resident_bytes: int = 0
+    disk_limit_bytes: int = 0
+    memory_resident_bytes: int = 0
+    memory_limit_bytes: int = 0
+    readers: int = 0
+    fetches: int = 0
+    fetched_bytes: int = 0
+    fetch_seconds: float = 0.0
+    fetch_failures: int = 0
+    hits: dict[str, int] = dataclasses.field(default_factory=lambda: {"disk": 0, "memory": 0})
+    misses: dict[str, int] = dataclasses.field(default_factory=lambda: {"disk": 0, "memory": 0})
+    evictions: dict[str, int] = dataclasses.field(default_factory=lambda: {"disk": 0, "memory": 0})
+    evicted_bytes: dict[str, int] = dataclasses.field(
+        default_factory=lambda: {"disk": 0, "memory": 0}
+    )
+    corrupted: dict[str, int] = dataclasses.field(default_factory=lambda: {"disk": 0, "memory": 0})
+
+
+class _Counting:
+    """Keeps NodeStats and forwards every event to an outer observer (metrics)."""
+
+    def __init__(self, outer: NodeObserver | None) -> None:
+        self.stats = NodeStats()
+        self._outer = outer
+        self._lock = threading.Lock()
+
+    def hit(self, tier: str) -> None:
+        with self._lock:
+            self.stats.hits[tier] = self.stats.hits.get(tier, 0) + 1
+        if self._outer:
+            self._outer.hit(tier)
+
+    def miss(self, tier: str) -> None:
+        with self._lock:
+            self.stats.misses[tier] = self.stats.misses.get(tier, 0) + 1
+        if self._outer:
+            self._outer.miss(tier)
+
+    def evicted(self, tier: str, nbytes: int) -> None:
+        with self._lock:
+            self.stats.evictions[tier] = self.stats.evictions.get(tier, 0) + 1
+            self.stats.evicted_bytes[tier] = self.stats.evicted_bytes.get(tier, 0) + nbytes
+        if self._outer:
+            self._outer.evicted(tier, nbytes)
+
+    def corrupted(self, tier: str, key: str) -> None:
+        with self._lock:
+            self.stats.corrupted[tier] = self.stats.corrupted.get(tier, 0) + 1
+        if self._outer:
+            self._outer.corrupted(tier, key)
+
+    def fetched(self, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self.stats.fetches += 1
+            self.stats.fetched_bytes += nbytes
+            self.stats.fetch_seconds += seconds
+        if self._outer:
+            self._outer.fetched(nbytes, seconds)
+
+    def fetch_failed(self, shard: int, error: BaseException) -> None:
+        with self._lock:
+            self.stats.fetch_failures += 1
+        if self._outer:
+            self._outer.fetch_failed(shard, error)
+
+
+@dataclasses.dataclass
+class _Reader:
+    params: plan.PlanParams
+    runs: list[plan.Run]
+    position: int
+
+
+class CacheNode:
+    def __init__(
+        self,
+        manifest: manifest_mod.Manifest,
+        settings: NodeSettings,
+        *,
+        filesystem: pafs.FileSystem | None = None,
+        storage_options: dict[str, str] | None = None,
+        observer: NodeObserver | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.settings = settings
+        if filesystem is None:
+            filesystem, _ = source.filesystem(manifest.root, storage_options=storage_options)
+        self._fs = filesystem
+        self._events = _Counting(observer)
+        self.disk = tier_mod.Tier(
+            settings.disk_dir,
+            limit_bytes=settings.disk_limit,
+            name="disk",
+            fsync=True,
+            verify="always",
+            observer=self._events,
+            wait_timeout=settings.wait_timeout,
+        )
+        # Memory-tier files are written by this code and never leave tmpfs: a full
+        # checksum on every acquire would cost a pass over the data; sizes are checked.
+        self.memory = tier_mod.Tier(
+            settings.memory_dir,
+            limit_bytes=settings.memory_limit,
+            name="memory",
+            fsync=False,
+            verify="never",
+            observer=self._events,
+            wait_timeout=settings.wait_timeout,
+        )
+        self._lock = threading.Lock()
+        self._inflight: dict[int, concurrent.futures.Future[None]] = {}
+        self._readers: dict[str, _Reader] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            settings.fetch_concurrency, thread_name_prefix="shardcache-fetch"
+        )
+        self._warned_small_memory = False
+        self._closed = False
+
+    # --- readers ----------------------------------------------------------------
+    def register_reader(self, reader_id: str, params: plan.PlanParams, position: int = 0) -> None:
+        runs = plan.rank_runs(self.manifest.shard_rows, self.manifest.digest, params)
+        with self._lock:
+            self._readers[reader_id] = _Reader(params, runs, position)
+        self._schedule()
+
+    def update_reader(self, reader_id: str, *, epoch: int, position: int) -> None:
+        with self._lock:
+            reader = self._readers.get(reader_id)
+            if reader is None:
+                raise errors.InputError(f"unknown reader {reader_id!r}: register it first")
+            if epoch != reader.params.epoch:
+                params = reader.params.with_epoch(epoch)
+                runs = plan.rank_runs(self.manifest.shard_rows, self.manifest.digest, params)
+                self._readers[reader_id] = _Reader(params, runs, position)
+            else:
+                reader.position = position
+        self._schedule()
+
+    def unregister_reader(self, reader_id: str) -> None:
+        with self._lock:
+            self._readers.pop(reader_id, None)
+
+    def reader_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._readers)
+
+    # --- data -------------------------------------------------------------------
+    def _check_index(self, shard: int) -> None:
+        if not 0 <= shard < len(self.manifest.shards):
+            raise errors.InputError(
+                f"shard index {shard} is out of range: the manifest has "
+                f"{len(self.manifest.shards)} shards"
+            )
+
+    def acquire(self, shard: int, *, timeout: float | None = None) -> tier_mod.Entry:
+        """Block until `shard` is resident in the memory tier; return a lease on it."""
+        self._check_index(shard)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        key = self.manifest.decoded_key(shard)
+        for _ in range(8):
+            entry = self.memory.lookup(key)
+            if entry is not None:
+                return entry
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._materialize(shard, prefetch=False, wait=remaining)
+        raise errors.CacheError(
+            f"shard {shard} ({self.manifest.shards[shard].path}) was evicted from the memory "
+            "tier again and again before it could be leased: the memory limit "
+            f"({self.settings.memory_limit} bytes) is too small for the readers on this node"
+        )
+
+    def _materialize(self, shard: int, *, prefetch: bool, wait: float | None) -> None:
+        """Make `shard` resident once; concurrent callers share one attempt."""
+        with self._lock:
+            future = self._inflight.get(shard)
+            owner = future is None
+            if future is None:
+                future = concurrent.futures.Future()
+                self._inflight[shard] = future
+        if not owner:
+            future.result(timeout=wait)
+            return
+        try:
+            self._load(shard, prefetch=prefetch)
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        else:
+            future.set_result(None)
+        finally:
+            with self._lock:
+                self._inflight.pop(shard, None)
+
+    def _load(self, shard: int, *, prefetch: bool) -> None:
+        entry = self.manifest.shards[shard]
+        mem_key = self.manifest.decoded_key(shard)
+        if self.memory.contains(mem_key):
+            return
+        try:
+            disk_entry, _ = self.disk.get_or_insert(
+                self.manifest.source_key(shard),
+                entry.size,
+                lambda tmp: self._fetch(shard, tmp),
+            )
+        except errors.ShardcacheError as exc:
+            self._events.fetch_failed(shard, exc)
+            raise
+        with disk_entry:
+            decoded = self._decode(shard, disk_entry.path)
+        if prefetch and not self._fits(decoded.size):
+            return
+        mem_entry, _ = self.memory.get_or_insert(
+            mem_key, decoded.size, lambda tmp: decoded.write(str(tmp))
+        )
+        mem_entry.release()
+
+    def _fits(self, size: int) -> bool:
+        """Whether a prefetched shard fits without evicting anything.
+
+        Readahead never evicts: an evicted shard would be one another reader needs
+        sooner. Acquires do evict (least recently used, never leased)."""
+        free = self.settings.memory_limit - self.memory.resident_bytes()
+        if size <= free:
+            return True
+        if not self._warned_small_memory:
+            self._warned_small_memory = True
+            log.warning(
+                "memory tier limit (%d bytes) is smaller than the readahead wants "
+                "(prefetch depth %d, shard ~%d bytes decoded, %d bytes free): readahead "
+                "is reduced to what fits; readers still progress, more slowly. Raise the "
+                "memory limit or lower the prefetch depth.",
+                self.settings.memory_limit,
+                self.settings.prefetch_depth,
+                size,
+                free,
+            )
+        return False
+
+    def _fetch(self, shard: int, tmp: Path) -> None:
+        entry = self.manifest.shards[shard]
+        started = time.monotonic()
+        source.download(
+            self._fs,
+            self.manifest.shard_uri_path(shard),
+            tmp,
+            expected_size=entry.size,
+            what=f"fetching shard {shard} ({entry.path}) from {self.manifest.root}",
+            policy=self.settings.retry,
+        )
+        self._events.fetched(entry.size, time.monotonic() - started)
+
+    def _decode(self, shard: int, path: Path) -> formats.Decoded:
+        entry = self.manifest.shards[shard]
+        try:
+            with pa.OSFile(str(path), "rb") as f:
+                decoded = formats.decode(self.manifest.format, f)
+        except (ValueError, TypeError, OSError) as exc:
+            raise errors.InputError(
+                f"shard {shard} ({entry.path}) cannot be decoded as {self.manifest.format}: {exc}"
+            ) from exc
+        if decoded.batch.num_rows != entry.rows:
+            raise errors.ManifestMismatchError(
+                f"shard {shard} ({entry.path}) has {decoded.batch.num_rows} rows, "
+                f"the manifest pinned {entry.rows}"
+            )
+        return decoded
+
+    # --- prefetch ---------------------------------------------------------------
+    def upcoming(self, reader_id: str, count: int) -> list[int]:
+        with self._lock:
+            reader = self._readers.get(reader_id)
+            if reader is None:
+                return []
+            return plan.upcoming_shards(reader.runs, reader.position)[:count]
+
+    def _schedule(self) -> None:
+        if self._closed:
+            return
+        depth = self.settings.prefetch_depth
+        wanted: list[int] = []
+        for reader_id in self.reader_ids():
+            for shard in self.upcoming(reader_id, depth + 1):
+                if shard not in wanted:
+                    wanted.append(shard)
+        for shard in wanted:
+            if self.memory.contains(self.manifest.decoded_key(shard)):
+                continue
+            with self._lock:
+                if shard in self._inflight:
+                    continue
+            self._pool.submit(self._prefetch, shard)
+
+    def _prefetch(self, shard: int) -> None:
+        if self._closed:
+            return
+        try:
+            self._materialize(shard, prefetch=True, wait=None)
+        except Exception as exc:
+            # The reader that needs this shard gets the error from its own acquire.
+            log.warning("prefetch of shard %d failed: %s", shard, exc)
+
+    def warm(self, shards: Sequence[int]) -> None:
+        """Make shards resident now (blocking), e.g. a startup plan's first shards."""
+        for shard in shards:
+            self._check_index(shard)
+            self._materialize(shard, prefetch=False, wait=None)
+
+    def is_ready(self, first_k: int) -> bool:
+        """True when the first `first_k` shards of every registered plan are resident."""
+        for reader_id in self.reader_ids():
+            for shard in self.upcoming(reader_id, first_k):
+                if not self.memory.contains(self.manifest.decoded_key(shard)):
+                    return False
+        return True
+
+    def stats(self) -> NodeStats:
+        stats = dataclasses.replace(self._events.stats)
+        stats.disk_resident_bytes = self.disk.resident_bytes()
+        stats.disk_limit_bytes = self.settings.disk_limit
+        stats.memory_resident_bytes = self.memory.resident_bytes()
+        stats.memory_limit_bytes = self.settings.memory_limit
+        stats.readers = len(self.reader_ids())
+        return stats
+
+    def close(self) -> None:
+        self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)

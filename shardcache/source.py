@@ -1,0 +1,196 @@
+"""Object storage access: a pyarrow filesystem from a URI, and reads with retries.
+
+Any URI pyarrow's filesystems open works (`file://`, `s3://`, `gs://`, `hdfs://`); a
+bare path is local. S3 endpoint and credentials come from the usual AWS variables,
+read from `storage_options` (an env-like mapping, e.g. a Kubernetes Secret's data)
+or else from the process environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+import pyarrow.fs as pafs
+
+from shardcache import errors
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SUPPORTED_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
+#: Optional timeouts (seconds) for S3, read from storage options or the environment.
+ENV_S3_CONNECT_TIMEOUT = "SHARDCACHE_S3_CONNECT_TIMEOUT"
+ENV_S3_REQUEST_TIMEOUT = "SHARDCACHE_S3_REQUEST_TIMEOUT"
+_COPY_CHUNK = 8 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff for transient source errors (5xx, timeouts, refused connections)."""
+
+    #: Total tries, first included. Five tries with the delays below ride out a
+    #: restarting object store (~10 s) without stalling a broken one for minutes.
+    attempts: int = 5
+    #: First delay in seconds; doubles each retry, with full jitter.
+    initial_delay: float = 0.2
+    #: Cap on one delay in seconds.
+    max_delay: float = 5.0
+
+    def delays(self) -> list[float]:
+        out = []
+        delay = self.initial_delay
+        for _ in range(self.attempts - 1):
+            out.append(random.uniform(delay / 2, delay))
+            delay = min(delay * 2, self.max_delay)
+        return out
+
+
+def _env(options: Mapping[str, str] | None) -> Mapping[str, str]:
+    return options if options is not None else os.environ
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """(scheme, rest) of a URI; a bare path is `file`."""
+    if "://" not in uri:
+        if not uri:
+            raise errors.InputError("expected a dataset URI such as s3://bucket/prefix, got ''")
+        return "file", str(Path(uri).absolute())
+    parsed = urllib.parse.urlsplit(uri)
+    scheme = parsed.scheme.lower()
+    if scheme not in SUPPORTED_SCHEMES:
+        raise errors.InputError(
+            f"unsupported URI scheme {scheme!r} in {uri!r}: expected one of "
+            + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
+        )
+    if scheme == "file":
+        return scheme, urllib.parse.unquote(parsed.path)
+    return scheme, (parsed.netloc + parsed.path).rstrip("/")
+
+
+def filesystem(
+    uri: str, *, storage_options: Mapping[str, str] | None = None
+) -> tuple[pafs.FileSystem, str]:
+    """The filesystem that serves `uri` and the path of the URI inside it."""
+    scheme, path = split_uri(uri)
+    if scheme == "file":
+        return pafs.LocalFileSystem(), path
+    if scheme == "s3":
+        if not path or path.startswith("/"):
+            raise errors.InputError(f"expected s3://BUCKET/PREFIX, got {uri!r}")
+        return _s3(storage_options), path
+    try:
+        fs, inner = pafs.FileSystem.from_uri(uri)
+    except (OSError, ValueError) as exc:
+        raise errors.InputError(f"cannot open a filesystem for {uri!r}: {exc}") from exc
+    return fs, inner
+
+
+def _s3(options: Mapping[str, str] | None) -> pafs.S3FileSystem:
+    env = _env(options)
+    kwargs: dict[str, object] = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        kwargs["endpoint_override"] = parsed.netloc
+        kwargs["scheme"] = parsed.scheme
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    # With a custom endpoint and no region, pyarrow would ask the endpoint for the
+    # bucket's region; any region is fine for S3-compatible servers.
+    kwargs["region"] = region or ("us-east-1" if endpoint else None)
+    if env.get("AWS_ACCESS_KEY_ID"):
+        kwargs["access_key"] = env["AWS_ACCESS_KEY_ID"]
+        kwargs["secret_key"] = env.get("AWS_SECRET_ACCESS_KEY", "")
+        if env.get("AWS_SESSION_TOKEN"):
+            kwargs["session_token"] = env["AWS_SESSION_TOKEN"]
+    elif options is not None:
+        kwargs["anonymous"] = True
+    kwargs["connect_timeout"] = float(env.get(ENV_S3_CONNECT_TIMEOUT, "5"))
+    kwargs["request_timeout"] = float(env.get(ENV_S3_REQUEST_TIMEOUT, "30"))
+    # Our own backoff (RetryPolicy) governs; keep the SDK's retries short.
+    kwargs["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=2)
+    return pafs.S3FileSystem(**{k: v for k, v in kwargs.items() if v is not None})  # type: ignore[arg-type]
+
+
+_PERMANENT_MARKERS = (
+    "NoSuchBucket",
+    "NO_SUCH_BUCKET",
+    "NoSuchKey",
+    "NO_SUCH_KEY",
+    "AccessDenied",
+    "ACCESS_DENIED",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "INVALID_ACCESS_KEY_ID",
+    "SIGNATURE_DOES_NOT_MATCH",
+)
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True for errors a retry cannot fix: missing objects, bad credentials."""
+    if isinstance(exc, FileNotFoundError | PermissionError | NotADirectoryError):
+        return True
+    text = str(exc)
+    return any(marker in text for marker in _PERMANENT_MARKERS)
+
+
+def with_retries(op: Callable[[], T], *, what: str, policy: RetryPolicy | None = None) -> T:
+    """Run `op`, retrying transient OSErrors with backoff; raise SourceError after."""
+    policy = policy or RetryPolicy()
+    delays = policy.delays()
+    for attempt in range(policy.attempts):
+        try:
+            return op()
+        except errors.ShardcacheError:
+            raise
+        except OSError as exc:
+            if is_permanent(exc):
+                raise errors.InputError(f"{what}: {exc}") from exc
+            if attempt == policy.attempts - 1:
+                raise errors.SourceError(
+                    f"{what}: failed after {policy.attempts} attempts; last error: {exc}"
+                ) from exc
+            delay = delays[attempt]
+            log.warning(
+                "%s: attempt %d/%d failed (%s); retrying in %.2fs",
+                what,
+                attempt + 1,
+                policy.attempts,
+                exc,
+                delay,
+            )
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def download(
+    fs: pafs.FileSystem,
+    path: str,
+    dest: Path,
+    *,
+    expected_size: int,
+    what: str,
+    policy: RetryPolicy | None = None,
+) -> None:
+    """Copy one object to a local file, retried as a whole; checks the size."""
+
+    def attempt() -> None:
+        written = 0
+        with fs.open_input_stream(path) as src, open(dest, "wb") as out:
+            while chunk := src.read(_COPY_CHUNK):
+                out.write(chunk)
+                written += len(chunk)
+        if written != expected_size:
+            raise errors.ManifestMismatchError(
+                f"{what}: expected {expected_size} bytes as pinned in the manifest, "
+                f"found {written}: the object changed after the manifest was resolved"
+            )
+
+    with_retries(attempt, what=what, policy=policy)
