@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Build one Go-built test tool into a versioned directory outside the repo:
+#   build.sh kubernetes VERSION DEST   kube-apiserver, kube-controller-manager,
+#                                      kube-scheduler, kubectl (k8s.io/kubernetes in go.mod)
+#   build.sh etcd VERSION DEST         etcd (go.etcd.io/etcd/server/v3 in go.mod)
+#   build.sh helm VERSION DEST     helm.sh/helm/v3/cmd/helm
+#   build.sh kwok VERSION DEST     sigs.k8s.io/kwok/cmd/kwok
+#   build.sh minio VERSION DEST    github.com/minio/minio
+# The binaries land in DEST.tmp first and DEST appears only when all of them are built,
+# so an interrupted build is redone rather than half-used. Builds run under `nice`: the
+# machine has two cores that tests and other work share.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+
+export GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0
+# -s -w: no symbol tables; these binaries are only run, never debugged, and it halves them.
+strip_flags="-s -w"
+
+what=${1:?usage: build.sh kubernetes|etcd|helm|kwok|minio VERSION DEST}
+version=${2:?VERSION}
+dest=${3:?DEST}
+
+# The kubernetes and etcd builds use this module's go.mod; a version asked for that it
+# does not pin means versions.env and go.mod disagree, and building anyway would cache
+# one version under the other's name.
+check_pinned() {
+	local pinned
+	pinned=$(cd "$here" && go list -m -f '{{.Version}}' "$1")
+	if [[ "$pinned" != "$version" ]]; then
+		echo "build.sh: asked for $1 $version but tests/cluster/go.mod pins $pinned;" \
+			"run tests/cluster/gen-gomod.sh or fix tests/cluster/versions.env" >&2
+		exit 2
+	fi
+}
+
+kube_ldflags() {
+	local version=$1 info build_date major minor rest
+	# The release's own timestamp, so a rebuild yields the same version report.
+	info=$(cd "$here" && go mod download -json "k8s.io/kubernetes@${version}" |
+		python3 -c 'import json, sys; print(json.load(sys.stdin)["Info"])')
+	build_date=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["Time"])' "$info")
+	rest=${version#v}
+	major=${rest%%.*}
+	rest=${rest#*.}
+	minor=${rest%%.*}
+	local flags="$strip_flags" pkg
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		# The source archive carries no commit id; an empty one is honest, "$Format:%H$" is not.
+		flags+=" -X ${pkg}.gitVersion=${version} -X ${pkg}.gitMajor=${major}"
+		flags+=" -X ${pkg}.gitMinor=${minor} -X ${pkg}.gitCommit="
+		flags+=" -X ${pkg}.gitTreeState=archive -X ${pkg}.buildDate=${build_date}"
+	done
+	echo "$flags"
+}
+
+# One build at a time per machine: each wants both cores, and two builds of the same
+# tool would race on DEST.tmp. Whoever waited finds the work done and stops.
+mkdir -p "$(dirname "$dest")"
+exec 9>"$(dirname "$dest")/.build.lock"
+flock 9
+if [[ -d "$dest" ]]; then
+	echo "build.sh: $dest already built" >&2
+	exit 0
+fi
+
+finish() {
+	local dest=$1
+	rm -rf "$dest"
+	mv "$dest.tmp" "$dest"
+	echo "built $(ls "$dest" | tr '\n' ' ')into $dest" >&2
+}
+
+case "$what" in
+kubernetes)
+	check_pinned k8s.io/kubernetes
+	rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+	(cd "$here" && nice -n 10 go build -trimpath -ldflags "$(kube_ldflags "$version")" -o "$dest.tmp/" \
+		k8s.io/kubernetes/cmd/kube-apiserver \
+		k8s.io/kubernetes/cmd/kube-controller-manager \
+		k8s.io/kubernetes/cmd/kube-scheduler \
+		k8s.io/kubernetes/cmd/kubectl)
+	finish "$dest"
+	;;
+etcd)
+	check_pinned go.etcd.io/etcd/server/v3
+	rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+	(cd "$here" && nice -n 10 go build -trimpath -ldflags "$strip_flags" -o "$dest.tmp/etcd" ./cmd/etcd)
+	finish "$dest"
+	;;
+helm | kwok | minio)
+	case "$what" in
+	helm) pkg=helm.sh/helm/v3/cmd/helm ;;
+	kwok) pkg=sigs.k8s.io/kwok/cmd/kwok ;;
+	minio) pkg=github.com/minio/minio ;;
+	esac
+	rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+	# Outside any module, so the tool's own go.mod decides its dependencies.
+	(cd "$dest.tmp" && GOBIN="$dest.tmp" nice -n 10 go install -trimpath -ldflags "$strip_flags" "$pkg@$version")
+	finish "$dest"
+	;;
+*)
+	echo "build.sh: unknown tool '$what' (expected kubernetes, etcd, helm, kwok or minio)" >&2
+	exit 2
+	;;
+esac
