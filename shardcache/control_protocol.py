@@ -1,0 +1,194 @@
+"""The control protocol between a trainer and its sidecar, defined once for both ends.
+
+HTTP/1.1 over the Unix socket `names.socket_path(...)`, JSON bodies, every data-plane
+route under `/<CONTROL_API_VERSION>/`. The spec, with every request and response, is
+docs/wire-format.md; this module holds what both ends must agree on byte for byte:
+route paths, the JSON form of a reader's plan parameters, and the error body with the
+`kind` that maps back to a `shardcache.errors` class on the client.
+
+Pure functions only: no sockets here (the client transport is `sidecar_client`, the
+server is `shardcache_sidecar.server`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from shardcache import errors
+from shardcache import plan as plan_mod
+from shardcache.node import names
+
+VERSION: Final = names.CONTROL_API_VERSION
+PREFIX: Final = f"/{VERSION}"
+
+# Unversioned probe routes: kubelet and Prometheus reach them by these fixed paths.
+HEALTHZ: Final = "/healthz"
+READYZ: Final = "/readyz"
+METRICS: Final = "/metrics"
+
+MANIFEST: Final = f"{PREFIX}/manifest"
+STATUS: Final = f"{PREFIX}/status"
+
+#: Reader ids are chosen by the client, so a re-registration after a sidecar restart is
+#: the same reader; the pattern keeps them safe in a URL path and in logs.
+READER_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+LEASE_ID_PATTERN: Final = re.compile(r"^[0-9a-f]{32}$")
+
+# --- error kinds: what the caller should do ---------------------------------------
+#: Fix the request; retrying will not help.
+KIND_INPUT: Final = "input"
+#: The object store failed after the sidecar's retries; a later retry may succeed.
+KIND_SOURCE: Final = "source"
+#: The node cache cannot serve the request (limits, a timeout, an internal error).
+KIND_CACHE: Final = "cache"
+#: The sidecar is up but not serving data yet (still resolving the manifest); retry.
+KIND_UNAVAILABLE: Final = "unavailable"
+KINDS: Final = (KIND_INPUT, KIND_SOURCE, KIND_CACHE, KIND_UNAVAILABLE)
+
+# Codes refine a kind where the client acts on them.
+CODE_BAD_REQUEST: Final = "bad_request"
+CODE_UNKNOWN_READER: Final = "unknown_reader"
+CODE_UNKNOWN_SHARD: Final = "unknown_shard"
+CODE_UNKNOWN_ROUTE: Final = "unknown_route"
+CODE_MANIFEST_MISMATCH: Final = "manifest_mismatch"
+CODE_STARTING: Final = "starting"
+CODE_TIMEOUT: Final = "timeout"
+CODE_SOURCE_FAILED: Final = "source_failed"
+CODE_INTERNAL: Final = "internal"
+
+
+def reader_path(reader_id: str) -> str:
+    return f"{PREFIX}/readers/{reader_id}"
+
+
+def acquire_path(reader_id: str) -> str:
+    return f"{PREFIX}/readers/{reader_id}/acquire"
+
+
+def position_path(reader_id: str) -> str:
+    return f"{PREFIX}/readers/{reader_id}/position"
+
+
+def lease_path(lease_id: str) -> str:
+    return f"{PREFIX}/leases/{lease_id}"
+
+
+def error_body(kind: str, code: str, message: str) -> dict[str, Any]:
+    """The JSON body of every non-2xx response."""
+    return {"error": {"kind": kind, "code": code, "message": message, "version": VERSION}}
+
+
+def kind_of(exc: BaseException) -> str:
+    """The wire kind of a shardcache error raised inside the sidecar."""
+    if isinstance(exc, errors.InputError):
+        return KIND_INPUT
+    if isinstance(exc, errors.SourceError):
+        return KIND_SOURCE
+    return KIND_CACHE
+
+
+@dataclasses.dataclass(frozen=True)
+class WireError:
+    """An error response as the client received it."""
+
+    status: int
+    kind: str
+    code: str
+    message: str
+
+    @classmethod
+    def from_body(cls, status: int, body: object) -> WireError:
+        """Unknown or malformed bodies (a proxy in between, a newer sidecar) still give
+        a cache error that says what came back, never a bare KeyError."""
+        if isinstance(body, Mapping) and isinstance(body.get("error"), Mapping):
+            err = body["error"]
+            return cls(
+                status=status,
+                kind=str(err.get("kind", KIND_CACHE)),
+                code=str(err.get("code", CODE_INTERNAL)),
+                message=str(err.get("message", "")),
+            )
+        return cls(status, KIND_CACHE, CODE_INTERNAL, f"unexpected response body: {body!r}")
+
+    def to_exception(self) -> errors.ShardcacheError:
+        """The `shardcache.errors` class for this kind, with the sidecar's message."""
+        text = f"sidecar: {self.message} (HTTP {self.status}, kind={self.kind}, code={self.code})"
+        if self.code == CODE_MANIFEST_MISMATCH:
+            return errors.ManifestMismatchError(text)
+        if self.kind == KIND_INPUT:
+            return errors.InputError(text)
+        if self.kind == KIND_SOURCE:
+            return errors.SourceError(text)
+        if self.kind == KIND_UNAVAILABLE:
+            return errors.SidecarUnavailableError(text)
+        return errors.CacheError(text)
+
+
+# --- request fields ------------------------------------------------------------------
+def require_int(body: Mapping[str, Any], key: str, *, minimum: int | None = None) -> int:
+    value = body.get(key)
+    # bool is an int in Python but never a row count on the wire.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise errors.InputError(f"field {key!r}: expected an integer, found {value!r}")
+    if minimum is not None and value < minimum:
+        raise errors.InputError(f"field {key!r}: expected an integer >= {minimum}, found {value}")
+    return value
+
+
+def optional_float(body: Mapping[str, Any], key: str) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        raise errors.InputError(f"field {key!r}: expected a positive number, found {value!r}")
+    return float(value)
+
+
+def require_bool(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if not isinstance(value, bool):
+        raise errors.InputError(f"field {key!r}: expected true or false, found {value!r}")
+    return value
+
+
+def require_str(body: Mapping[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value:
+        raise errors.InputError(f"field {key!r}: expected a non-empty string, found {value!r}")
+    return value
+
+
+def params_to_json(params: plan_mod.PlanParams) -> dict[str, Any]:
+    return {
+        "seed": params.seed,
+        "epoch": params.epoch,
+        "rank": params.rank,
+        "world_size": params.world_size,
+        "shuffle": params.shuffle,
+        "block_size": params.block_size,
+    }
+
+
+def params_from_json(body: Mapping[str, Any]) -> plan_mod.PlanParams:
+    """Plan parameters from a request body; `InputError` names the bad field."""
+    # PlanParams validates the ranges (rank < world_size, ...) with its own messages.
+    return plan_mod.PlanParams(
+        seed=require_int(body, "seed"),
+        epoch=require_int(body, "epoch", minimum=0),
+        rank=require_int(body, "rank", minimum=0),
+        world_size=require_int(body, "world_size", minimum=1),
+        shuffle=require_bool(body, "shuffle"),
+        block_size=require_int(body, "block_size", minimum=1),
+    )
+
+
+def check_reader_id(reader_id: str) -> str:
+    if not READER_ID_PATTERN.match(reader_id):
+        raise errors.InputError(
+            f"reader id: expected 1-128 characters of [A-Za-z0-9_.-] starting with a letter "
+            f"or digit, found {reader_id!r}"
+        )
+    return reader_id

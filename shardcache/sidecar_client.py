@@ -1,0 +1,436 @@
+"""Sidecar mode: a `ShardProvider` that asks the pod's sidecar for shards.
+
+The sidecar runs the node cache; this client speaks the control protocol
+(docs/wire-format.md, `control_protocol`) over the Unix socket in the shared volume with
+nothing but the standard library: `http.client` over an AF_UNIX socket, JSON bodies.
+
+Every acquired shard is handed over to this process (`node.lease`): the trainer holds a
+shared file lock on the memory-tier entry, so the pin dies with the trainer and
+outlives a sidecar restart. When the sidecar is killed and restarted (the kubelet does
+that to a native sidecar), calls retry with backoff for up to `reconnect_timeout`
+seconds, re-register the reader where it left off and carry on; the reading position
+lives in `Dataset`, so no row is lost or repeated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from shardcache import control_protocol as proto
+from shardcache import errors
+from shardcache import manifest as manifest_mod
+from shardcache import plan as plan_mod
+from shardcache.node import lease as lease_mod
+from shardcache.node import names
+
+log = logging.getLogger(__name__)
+
+# AF_UNIX paths are limited to 108 bytes including the terminating NUL (Linux).
+MAX_SOCKET_PATH_BYTES = 107
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientSettings:
+    socket_path: Path
+    #: The memory-tier directory as mounted in this container; the sidecar's answers
+    #: name files relative to it, so the two containers may mount it at different paths.
+    memory_dir: Path
+    #: Seconds to keep retrying while the sidecar does not answer. A crashed native
+    #: sidecar is restarted by the kubelet within seconds, but its back-off grows to
+    #: tens of seconds after repeated crashes; two minutes rides out the first few.
+    reconnect_timeout: float = 120.0
+    #: Seconds one short control call (register, release, ...) may take.
+    request_timeout: float = 30.0
+    #: Seconds one acquire may wait for its shard. A cold shard of a few GiB from a slow
+    #: store takes minutes; ten of them is a store that is not coming back.
+    acquire_timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        size = len(os.fsencode(self.socket_path))
+        if size > MAX_SOCKET_PATH_BYTES:
+            raise errors.InputError(
+                f"control socket path {str(self.socket_path)!r} is {size} bytes long; Unix "
+                f"sockets allow at most {MAX_SOCKET_PATH_BYTES}: use a shorter run directory"
+            )
+        for name in ("reconnect_timeout", "request_timeout", "acquire_timeout"):
+            if getattr(self, name) <= 0:
+                raise errors.InputError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        mount: str | None = None,
+        socket_path: str | Path | None = None,
+        memory_dir: str | Path | None = None,
+        reconnect_timeout: float | None = None,
+        acquire_timeout: float | None = None,
+    ) -> ClientSettings:
+        """Where the sidecar is, from explicit arguments or the webhook's variables.
+
+        Precedence: `socket_path` argument, $SHARDCACHE_SOCKET, then the run directory
+        ($SHARDCACHE_RUN_DIR, default /var/run/shardcache) and the mount (`mount`
+        argument or $SHARDCACHE_MOUNT). The memory directory is the `mem` directory
+        beside the socket unless given.
+        """
+        env = os.environ if environ is None else environ
+        if socket_path is None:
+            socket_path = env.get(names.ENV_SOCKET) or None
+        if socket_path is None:
+            mount = mount or env.get(names.ENV_MOUNT) or None
+            if mount is None:
+                raise errors.InputError(
+                    "no dataset URI was given and this process is not set up for a sidecar: "
+                    f"expected ${names.ENV_MOUNT} (set by the shardcache webhook) or "
+                    f"${names.ENV_SOCKET}; pass a URI such as 's3://bucket/prefix' for "
+                    "embedded mode, or label the pod with shardcache.io/mount"
+                )
+            run_dir = env.get(names.ENV_RUN_DIR) or names.DEFAULT_RUN_DIR
+            socket_path = names.socket_path(run_dir, mount)
+        socket_path = Path(socket_path)
+        memory = (
+            Path(memory_dir) if memory_dir is not None else socket_path.parent / names.MEMORY_SUBDIR
+        )
+        options: dict[str, float] = {}
+        if reconnect_timeout is not None:
+            options["reconnect_timeout"] = reconnect_timeout
+        if acquire_timeout is not None:
+            options["acquire_timeout"] = acquire_timeout
+        return cls(socket_path=socket_path, memory_dir=memory, **options)
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(os.fspath(self._socket_path))
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class Rejected(Exception):
+    """The sidecar answered with an error body (see `wire`)."""
+
+    def __init__(self, wire: proto.WireError) -> None:
+        super().__init__(wire.message)
+        self.wire = wire
+
+
+# What a sidecar that is down or restarting looks like from here: no socket file,
+# nobody listening, the connection cut mid-request, or no answer in time.
+_DOWN = (OSError, http.client.HTTPException)
+
+
+class Transport:
+    """One JSON request per connection, retried while the sidecar is unreachable."""
+
+    def __init__(self, settings: ClientSettings) -> None:
+        self.settings = settings
+
+    def _once(
+        self, method: str, path: str, body: Mapping[str, Any] | None, timeout: float
+    ) -> tuple[int, Any]:
+        conn = _UnixHTTPConnection(self.settings.socket_path, timeout)
+        try:
+            payload = None if body is None else json.dumps(body).encode()
+            headers = {"Accept": "application/json", "Connection": "close"}
+            if payload is not None:
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=payload, headers=headers)
+            response = conn.getresponse()
+            raw = response.read()
+        finally:
+            conn.close()
+        try:
+            decoded = json.loads(raw) if raw else None
+        except ValueError:
+            decoded = raw.decode(errors="replace")
+        return response.status, decoded
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        retry: bool = True,
+    ) -> Any:
+        """The decoded JSON of a 2xx answer; raises `Rejected` for an error answer.
+
+        With `retry`, a sidecar that is down, restarting, or up but still starting is
+        retried with capped exponential backoff until `reconnect_timeout` has passed
+        since the first failure; then `SidecarUnavailableError` says how long it waited.
+        """
+        timeout = self.settings.request_timeout if timeout is None else timeout
+        started: float | None = None
+        delay = 0.05
+        while True:
+            cause: BaseException
+            try:
+                status, payload = self._once(method, path, body, timeout)
+            except _DOWN as exc:
+                cause = exc
+            else:
+                if 200 <= status < 300:
+                    if started is not None:
+                        log.info(
+                            "sidecar on %s answers again after %.1f s",
+                            self.settings.socket_path,
+                            time.monotonic() - started,
+                        )
+                    return payload
+                wire = proto.WireError.from_body(status, payload)
+                if wire.kind != proto.KIND_UNAVAILABLE:
+                    raise Rejected(wire)
+                cause = wire.to_exception()
+            if not retry:
+                raise self._unavailable(0.0, cause)
+            now = time.monotonic()
+            if started is None:
+                started = now
+                log.warning(
+                    "sidecar on %s is not answering (%s); retrying for up to %.0f s",
+                    self.settings.socket_path,
+                    cause,
+                    self.settings.reconnect_timeout,
+                )
+            waited = now - started
+            if waited >= self.settings.reconnect_timeout:
+                raise self._unavailable(waited, cause)
+            pause = min(delay, self.settings.reconnect_timeout - waited)
+            time.sleep(pause * random.uniform(0.5, 1.0))  # jitter: ranks reconnect apart
+            delay = min(delay * 2, 2.0)
+
+    def _unavailable(self, waited: float, cause: BaseException) -> errors.SidecarUnavailableError:
+        exc = errors.SidecarUnavailableError(
+            f"the shardcache sidecar did not answer on {self.settings.socket_path} "
+            f"(waited {waited:.1f} s, last error: {cause}); check that the sidecar "
+            "container is running and read its log for why it is not serving"
+        )
+        exc.__cause__ = cause
+        return exc
+
+
+@dataclasses.dataclass
+class _ReaderState:
+    params: plan_mod.PlanParams
+    position: int
+
+
+class SidecarProvider:
+    """`ShardProvider` backed by the pod's sidecar. Thread-safe."""
+
+    def __init__(self, settings: ClientSettings) -> None:
+        self.settings = settings
+        self._transport = Transport(settings)
+        self._readers: dict[str, _ReaderState] = {}
+        self._lock = threading.Lock()
+        self._manifest = self._fetch_manifest()
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        mount: str | None = None,
+        socket_path: str | Path | None = None,
+        memory_dir: str | Path | None = None,
+        reconnect_timeout: float | None = None,
+        acquire_timeout: float | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> SidecarProvider:
+        """The provider for this pod's sidecar (precedence: `ClientSettings.from_env`)."""
+        settings = ClientSettings.from_env(
+            environ,
+            mount=mount,
+            socket_path=socket_path,
+            memory_dir=memory_dir,
+            reconnect_timeout=reconnect_timeout,
+            acquire_timeout=acquire_timeout,
+        )
+        return cls(settings)
+
+    @property
+    def manifest(self) -> manifest_mod.Manifest:
+        return self._manifest
+
+    def _call(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None, **kw: Any
+    ) -> Any:
+        try:
+            return self._transport.call(method, path, body, **kw)
+        except Rejected as rejected:
+            raise rejected.wire.to_exception() from None
+
+    def _fetch_manifest(self) -> manifest_mod.Manifest:
+        payload = self._call("GET", proto.MANIFEST)
+        if not isinstance(payload, Mapping):
+            raise errors.CacheError(f"sidecar sent a manifest that is not an object: {payload!r}")
+        # from_json recomputes the digest: what the sidecar serves is what it claims.
+        return manifest_mod.Manifest.from_json(payload)
+
+    # --- readers ----------------------------------------------------------------
+    def open_reader(self, params: plan_mod.PlanParams, *, position: int) -> str:
+        reader_id = uuid.uuid4().hex
+        state = _ReaderState(params, position)
+        with self._lock:
+            self._readers[reader_id] = state
+        self._register(reader_id, state)
+        return reader_id
+
+    def _register(self, reader_id: str, state: _ReaderState) -> None:
+        body = {
+            **proto.params_to_json(state.params),
+            "position": state.position,
+            "digest": self._manifest.digest,
+        }
+        self._call("PUT", proto.reader_path(reader_id), body)
+
+    def _state(self, reader_id: str) -> _ReaderState:
+        with self._lock:
+            state = self._readers.get(reader_id)
+        if state is None:
+            raise errors.InputError(f"unknown reader {reader_id!r}: open_reader() returns ids")
+        return state
+
+    def _reader_call(self, reader_id: str, path: str, body: Mapping[str, Any], **kw: Any) -> Any:
+        """A call on a reader; re-registers it first if the sidecar forgot it (restart)."""
+        state = self._state(reader_id)
+        for _ in range(3):
+            try:
+                return self._transport.call("POST", path, body, **kw)
+            except Rejected as rejected:
+                if rejected.wire.code != proto.CODE_UNKNOWN_READER:
+                    raise rejected.wire.to_exception() from None
+                log.info(
+                    "sidecar does not know reader %s (restarted?); registering again", reader_id
+                )
+                self._register(reader_id, state)
+        raise errors.CacheError(
+            f"the sidecar keeps forgetting reader {reader_id!r} right after registering it"
+        )
+
+    def _move(self, reader_id: str, epoch: int, position: int) -> _ReaderState:
+        state = self._state(reader_id)
+        with self._lock:
+            if epoch != state.params.epoch:
+                state.params = state.params.with_epoch(epoch)
+            state.position = position
+        return state
+
+    def readahead(self, reader_id: str, *, epoch: int, position: int) -> None:
+        """Tell the sidecar where the reader is, so it prefetches from there."""
+        self._move(reader_id, epoch, position)
+        self._reader_call(
+            reader_id, proto.position_path(reader_id), {"epoch": epoch, "position": position}
+        )
+
+    def acquire(
+        self, reader_id: str, shard: int, *, epoch: int, position: int
+    ) -> lease_mod.PinnedEntry:
+        self._move(reader_id, epoch, position)
+        body = {
+            "shard": shard,
+            "epoch": epoch,
+            "position": position,
+            "timeout_s": self.settings.acquire_timeout,
+        }
+        # The socket waits a little longer than the sidecar, so a slow shard comes back
+        # as the sidecar's own timeout error rather than a cut connection.
+        socket_timeout = self.settings.acquire_timeout + self.settings.request_timeout
+        for _ in range(5):
+            answer = self._reader_call(
+                reader_id, proto.acquire_path(reader_id), body, timeout=socket_timeout
+            )
+            pinned = self._take_over(answer)
+            if pinned is not None:
+                return pinned
+            # Only when the entry went away between the answer and our lock: the sidecar
+            # restarted and evicted it. Asking again makes it resident again.
+            log.info("shard %d left the memory tier before it was pinned; asking again", shard)
+        raise errors.CacheError(
+            f"shard {shard} kept leaving the memory tier before this process could pin it; "
+            "the memory limit is likely too small for the readers on this node"
+        )
+
+    def _inside_memory_dir(self, relative: object, what: str) -> Path:
+        if not isinstance(relative, str) or not relative:
+            raise errors.CacheError(f"sidecar sent a bad {what} path: {relative!r}")
+        path = self.settings.memory_dir / relative
+        if ".." in Path(relative).parts or Path(relative).is_absolute():
+            raise errors.CacheError(
+                f"sidecar sent {what} path {relative!r}, expected one inside the memory dir"
+            )
+        return path
+
+    def _take_over(self, answer: Any) -> lease_mod.PinnedEntry | None:
+        if not isinstance(answer, Mapping):
+            raise errors.CacheError(
+                f"sidecar sent an acquire answer that is not an object: {answer!r}"
+            )
+        path = self._inside_memory_dir(answer.get("path"), "shard")
+        lock = self._inside_memory_dir(answer.get("lock"), "lock")
+        lease_id = str(answer.get("lease", ""))
+        if not self.settings.memory_dir.is_dir():
+            raise errors.CacheError(
+                f"the memory tier directory {self.settings.memory_dir} does not exist in this "
+                f"container (the sidecar has it at {answer.get('memory_dir')}): mount the "
+                "sidecar's memory volume into the trainer container"
+            )
+        try:
+            pinned = lease_mod.pin(path, lock)
+        finally:
+            # Our own lock (or the entry's absence) makes the sidecar's hold unneeded.
+            self._drop_sidecar_lease(lease_id)
+        return pinned
+
+    def _drop_sidecar_lease(self, lease_id: str) -> None:
+        if not proto.LEASE_ID_PATTERN.match(lease_id):
+            return
+        try:
+            self._transport.call("DELETE", proto.lease_path(lease_id), retry=False)
+        except (Rejected, errors.SidecarUnavailableError) as exc:
+            # A sidecar that went away took its hold with it; one that forgot the lease
+            # already expired it. Either way nothing stays pinned on our behalf.
+            log.debug("dropping sidecar lease %s: %s", lease_id, exc)
+
+    def close_reader(self, reader_id: str) -> None:
+        with self._lock:
+            state = self._readers.pop(reader_id, None)
+        if state is None:
+            return
+        try:
+            self._transport.call("DELETE", proto.reader_path(reader_id), retry=False)
+        except (Rejected, errors.SidecarUnavailableError) as exc:
+            # A restarted sidecar never knew this reader: nothing to undo.
+            log.debug("unregistering reader %s: %s", reader_id, exc)
+
+    def close(self) -> None:
+        with self._lock:
+            reader_ids = list(self._readers)
+        for reader_id in reader_ids:
+            self.close_reader(reader_id)
+
+    def status(self) -> Any:
+        """The sidecar's status document (readers, cache statistics); for tools and tests."""
+        return self._call("GET", proto.STATUS)
