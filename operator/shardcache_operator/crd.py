@@ -1,0 +1,170 @@
+"""Generate the DatasetMount CRD from the spec model (`shardcache.spec`) and status schema.
+
+`make crds` writes the result to crds/datasetmount.yaml; a unit test checks that the
+committed file equals `render()`, so the model stays the one source of truth.
+
+    python -m shardcache_operator.crd > crds/datasetmount.yaml
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+import yaml
+
+from shardcache import spec as spec_model
+from shardcache_operator import status as status_model
+
+HEADER = (
+    "# Generated from shardcache/spec.py and shardcache_operator/status.py by `make crds`.\n"
+    "# Do not edit by hand: change the model and regenerate.\n"
+)
+
+
+def _schema_default(value: object) -> object:
+    return dict(value) if isinstance(value, dict) else value
+
+
+def field_schema(kind: Any, info: spec_model.FieldInfo) -> dict[str, Any]:
+    """The OpenAPI schema of one model field."""
+    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+        schema = object_schema(kind, description=info.description)
+    elif info.quantity:
+        schema = {
+            "description": info.description,
+            "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}],
+            "pattern": spec_model.QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    elif info.resource_map:
+        schema = {
+            "type": "object",
+            "description": info.description,
+            "additionalProperties": {
+                "description": "A quantity: cpu in cores or millicores, memory in bytes.",
+                "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}],
+                "pattern": spec_model.RESOURCE_QUANTITY_PATTERN,
+                "x-kubernetes-int-or-string": True,
+            },
+        }
+    elif kind is bool:
+        schema = {"type": "boolean", "description": info.description}
+    elif kind is int:
+        schema = {"type": "integer", "format": "int64", "description": info.description}
+        if info.minimum is not None:
+            schema["minimum"] = info.minimum
+        if info.maximum is not None:
+            schema["maximum"] = info.maximum
+    elif kind is str:
+        schema = {"type": "string", "description": info.description}
+        if info.enum is not None:
+            schema["enum"] = list(info.enum)
+        if info.pattern is not None:
+            schema["pattern"] = info.pattern
+    else:
+        raise TypeError(f"{info.json}: no schema for model type {kind!r}")
+    if info.schema_default is not None:
+        schema["default"] = _schema_default(info.schema_default)
+    return schema
+
+
+def object_schema(cls: type[Any], *, description: str | None = None) -> dict[str, Any]:
+    """The OpenAPI schema of a model dataclass, with its cross-field CEL rules."""
+    kinds = spec_model.field_types(cls)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for field in dataclasses.fields(cls):
+        info = spec_model.field_info(field)
+        kind, _optional = kinds[field.name]
+        properties[info.json] = field_schema(kind, info)
+        if info.required:
+            required.append(info.json)
+        elif dataclasses.is_dataclass(kind) and field.default_factory is not dataclasses.MISSING:
+            # An empty object default makes the API server fill in the nested defaults.
+            properties[info.json]["default"] = {}
+    schema: dict[str, Any] = {
+        "type": "object",
+        "description": description or (cls.__doc__ or "").strip(),
+        "properties": properties,
+    }
+    if required:
+        schema["required"] = required
+    rules = getattr(cls, "rules", ())
+    if rules:
+        schema["x-kubernetes-validations"] = [
+            {"rule": rule.cel, "message": rule.message} for rule in rules
+        ]
+    return schema
+
+
+def build() -> dict[str, Any]:
+    """The CustomResourceDefinition object."""
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": "A dataset in object storage, cached on the node next to training pods "
+        "that carry the label shardcache.io/mount: <name>.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "shardcache.io/v1alpha1"},
+            "kind": {"type": "string", "description": "DatasetMount"},
+            "metadata": {"type": "object", "description": "Standard object metadata."},
+            "spec": object_schema(spec_model.DatasetMountSpec),
+            "status": status_model.schema(),
+        },
+        "x-kubernetes-validations": [
+            {"rule": rule.cel, "message": rule.message} for rule in spec_model.ROOT_RULES
+        ],
+    }
+    columns = [
+        ("Phase", "string", ".status.phase", "Pending, Ready, Degraded, Invalid or Terminating."),
+        ("Shards", "integer", ".status.shards", "Shards in the pinned manifest."),
+        ("Size", "string", ".status.size", "Bytes of the pinned dataset at the source."),
+        ("Pods", "integer", ".status.attachedPods", "Running pods that use this mount."),
+        ("Age", "date", ".metadata.creationTimestamp", "Time since creation."),
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{spec_model.PLURAL}.{spec_model.GROUP}"},
+        "spec": {
+            "group": spec_model.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": spec_model.KIND,
+                "listKind": f"{spec_model.KIND}List",
+                "plural": spec_model.PLURAL,
+                "singular": spec_model.SINGULAR,
+                "shortNames": list(spec_model.SHORT_NAMES),
+                "categories": ["shardcache"],
+            },
+            "versions": [
+                {
+                    "name": spec_model.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": name, "type": kind, "jsonPath": path, "description": text}
+                        for name, kind, path, text in columns
+                    ],
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def render() -> str:
+    """The CRD as committed in crds/datasetmount.yaml."""
+    return HEADER + yaml.safe_dump(build(), sort_keys=False, width=100)
+
+
+def main() -> int:
+    sys.stdout.write(render())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

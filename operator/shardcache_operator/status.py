@@ -1,0 +1,249 @@
+"""DatasetMount status: pure builders of the status dict, and its schema.
+
+The reconcile core (`reconcile.py`) decides an `Outcome`; `build_status` turns it into
+the status subresource: phase, the three conditions (SourceReachable, ManifestResolved,
+Ready, each with reason and message), the pinned digest and counts. Conditions keep
+their `lastTransitionTime` while their status does not change, so re-reconciling an
+unchanged object produces an identical status.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shardcache import spec as spec_model
+
+# Phases, in the order a DatasetMount usually passes through them.
+PENDING = "Pending"  # not resolved yet, or waiting for its Secret
+READY = "Ready"  # manifest resolved and digest pinned: pods are admitted
+DEGRADED = "Degraded"  # the source failed; retried with backoff
+INVALID = "Invalid"  # the spec or the data at the source is wrong: fix it
+TERMINATING = "Terminating"  # deleted, waiting for attached pods to finish
+PHASES = (PENDING, READY, DEGRADED, INVALID, TERMINATING)
+
+SOURCE_REACHABLE = "SourceReachable"
+MANIFEST_RESOLVED = "ManifestResolved"
+READY_CONDITION = "Ready"
+CONDITION_TYPES = (SOURCE_REACHABLE, MANIFEST_RESOLVED, READY_CONDITION)
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str  # "True" | "False" | "Unknown", as Kubernetes spells them
+    reason: str  # CamelCase, machine-readable
+    message: str  # for humans: what happened and what to do
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """The source was listed and its manifest pinned."""
+
+    digest: str
+    format: str
+    shards: int
+    rows: int
+    bytes: int
+    #: True when the digest was already pinned and the source was not listed again.
+    reused: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    """Reconciling stopped short of a pinned manifest."""
+
+    phase: str  # PENDING, DEGRADED or INVALID
+    reason: str
+    message: str
+    #: Whether the source answered (False for network/auth failures, None if not tried).
+    reachable: bool | None
+
+
+Outcome = Resolved | Failed
+
+
+def conditions_for(outcome: Outcome) -> list[Condition]:
+    """The three conditions that describe `outcome`."""
+    if isinstance(outcome, Resolved):
+        how = "kept the pinned" if outcome.reused else "resolved"
+        message = (
+            f"{how} manifest {outcome.digest}: {outcome.shards} {outcome.format} shards, "
+            f"{outcome.rows} rows, {spec_model.format_bytes(outcome.bytes)}"
+        )
+        return [
+            Condition(SOURCE_REACHABLE, "True", "Listed", "the source answered"),
+            Condition(MANIFEST_RESOLVED, "True", "Pinned", message),
+            Condition(READY_CONDITION, "True", "ManifestPinned", "pods using it are admitted"),
+        ]
+    reachable = {True: "True", False: "False", None: "Unknown"}[outcome.reachable]
+    source_reason = "Listed" if outcome.reachable else outcome.reason
+    source_message = "the source answered" if outcome.reachable else outcome.message
+    return [
+        Condition(SOURCE_REACHABLE, reachable, source_reason, source_message),
+        Condition(MANIFEST_RESOLVED, "False", outcome.reason, outcome.message),
+        Condition(READY_CONDITION, "False", outcome.reason, outcome.message),
+    ]
+
+
+def merge_conditions(
+    previous: Sequence[Mapping[str, Any]],
+    current: Sequence[Condition],
+    *,
+    now: str,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """Conditions as stored: lastTransitionTime moves only when the status changes."""
+    before = {c.get("type"): c for c in previous if isinstance(c, Mapping)}
+    merged: list[dict[str, Any]] = []
+    for condition in current:
+        old = before.get(condition.type)
+        changed = old is None or old.get("status") != condition.status
+        since = now if changed or old is None else old.get("lastTransitionTime", now)
+        entry: dict[str, Any] = {
+            "type": condition.type,
+            "status": condition.status,
+            "reason": condition.reason,
+            "message": condition.message,
+            "lastTransitionTime": since,
+        }
+        if generation is not None:
+            entry["observedGeneration"] = generation
+        merged.append(entry)
+    return merged
+
+
+def build_status(
+    outcome: Outcome,
+    *,
+    previous: Mapping[str, Any],
+    generation: int | None,
+    now: str,
+    resolved_source: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The full status dict for `outcome`.
+
+    A failure keeps the previously pinned digest and counts: pods already running
+    keep reading the dataset they started with, and the digest stays visible.
+    """
+    status: dict[str, Any] = {
+        "phase": READY if isinstance(outcome, Resolved) else outcome.phase,
+        "conditions": merge_conditions(
+            previous.get("conditions") or [],
+            conditions_for(outcome),
+            now=now,
+            generation=generation,
+        ),
+        "observedGeneration": generation,
+    }
+    if isinstance(outcome, Resolved):
+        status.update(
+            manifestDigest=outcome.digest,
+            format=outcome.format,
+            shards=outcome.shards,
+            rows=outcome.rows,
+            bytes=outcome.bytes,
+            size=spec_model.format_bytes(outcome.bytes),
+            resolvedSource=dict(resolved_source or {}),
+        )
+        if not outcome.reused or "resolvedAt" not in previous:
+            status["resolvedAt"] = now
+        else:
+            status["resolvedAt"] = previous["resolvedAt"]
+    else:
+        for key in ("manifestDigest", "format", "shards", "rows", "bytes", "size"):
+            if key in previous:
+                status[key] = previous[key]
+        if "resolvedSource" in previous:
+            status["resolvedSource"] = previous["resolvedSource"]
+        if "resolvedAt" in previous:
+            status["resolvedAt"] = previous["resolvedAt"]
+    if "attachedPods" in previous:
+        status["attachedPods"] = previous["attachedPods"]
+    return status
+
+
+def is_ready(status: Mapping[str, Any] | None) -> bool:
+    return bool(status) and status is not None and status.get("phase") == READY
+
+
+def _prop(kind: str, description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "description": description, **extra}
+
+
+def schema() -> dict[str, Any]:
+    """OpenAPI schema of the status subresource (used by `crd.build`)."""
+    condition = {
+        "type": "object",
+        "description": "One aspect of the DatasetMount's state.",
+        "required": ["type", "status"],
+        "properties": {
+            "type": _prop(
+                "string",
+                "SourceReachable, ManifestResolved or Ready.",
+                enum=list(CONDITION_TYPES),
+            ),
+            "status": _prop("string", "True, False or Unknown.", enum=["True", "False", "Unknown"]),
+            "reason": _prop("string", "Machine-readable CamelCase reason of the last change."),
+            "message": _prop("string", "What happened, and what to do about it."),
+            "lastTransitionTime": _prop(
+                "string", "When the status last changed.", format="date-time"
+            ),
+            "observedGeneration": _prop(
+                "integer", "metadata.generation this condition was computed for.", format="int64"
+            ),
+        },
+    }
+    source = {
+        "type": "object",
+        "description": "The spec.source fields the pinned digest was resolved from; a change "
+        "of any of them resolves the manifest again.",
+        "properties": {
+            "uri": _prop("string", "spec.source.uri at resolution."),
+            "format": _prop("string", "spec.source.format at resolution."),
+            "version": _prop("string", "spec.source.version at resolution, if set."),
+        },
+    }
+    return {
+        "type": "object",
+        "description": "Observed state, written by the operator.",
+        "properties": {
+            "phase": _prop(
+                "string",
+                "Pending (not resolved yet or waiting for its Secret), Ready (digest pinned, "
+                "pods admitted), Degraded (source failing, retried with backoff), Invalid "
+                "(fix the spec or the data), Terminating (deleted, pods still attached).",
+                enum=list(PHASES),
+            ),
+            "conditions": {
+                "type": "array",
+                "description": "SourceReachable, ManifestResolved and Ready, each with a "
+                "reason and a message.",
+                "items": condition,
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+            "manifestDigest": _prop(
+                "string",
+                "sha256 digest of the pinned manifest; every pod reads exactly this dataset.",
+            ),
+            "format": _prop("string", "Shard format of the pinned manifest."),
+            "shards": _prop("integer", "Number of shards in the pinned manifest.", format="int64"),
+            "rows": _prop("integer", "Rows in the pinned manifest.", format="int64"),
+            "bytes": _prop("integer", "Bytes of all shards at the source.", format="int64"),
+            "size": _prop("string", "bytes in binary units (for kubectl get)."),
+            "attachedPods": _prop(
+                "integer",
+                "Pods labelled with this mount that have not finished.",
+                format="int64",
+            ),
+            "observedGeneration": _prop(
+                "integer", "metadata.generation the status was computed for.", format="int64"
+            ),
+            "resolvedAt": _prop(
+                "string", "When the manifest was last resolved.", format="date-time"
+            ),
+            "resolvedSource": source,
+        },
+    }

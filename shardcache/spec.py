@@ -1,0 +1,640 @@
+"""The DatasetMount spec model, shared by the operator, the webhook and the sidecar.
+
+One source of truth: the dataclasses below carry, per field, its JSON name, its
+description, its default and its value checks. `from_dict` validates a `spec` mapping
+against them (errors name the field path, what was expected and what was found), and
+the operator generates the CRD's OpenAPI schema from the same metadata
+(`shardcache_operator.crd`), so `kubectl explain` and this module never disagree.
+
+Checks across fields are `Rule`s: a CEL expression for the API server
+(`x-kubernetes-validations`) and the same check in Python for offline tools
+(`shardcache inject`) and the webhook; a unit test evaluates both on the same documents.
+
+Stdlib only: trainers import this package.
+"""
+
+# `_field` wraps `dataclasses.field` to attach the schema metadata; ruff cannot tell.
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+import dataclasses
+import decimal
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
+
+from shardcache import errors
+from shardcache.node import names
+
+GROUP = "shardcache.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DatasetMount"
+PLURAL = "datasetmounts"
+SINGULAR = "datasetmount"
+SHORT_NAMES = ("dsm",)
+
+FORMATS = ("parquet", "arrow", "jsonl")
+MEDIA = ("Memory", "Disk")
+POLICIES = ("Refuse", "Admit")
+RANK_SOURCES = ("JobCompletionIndex", "Fixed", "Reader")
+PULL_POLICIES = ("IfNotPresent", "Always", "Never")
+
+#: A byte size: a non-negative integer or a Kubernetes quantity without fractions of a byte.
+QUANTITY_PATTERN = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[kMGTPE]|([eE]\+?[0-9]+))?$"
+#: Any Kubernetes resource quantity (CPU may use milli units, e.g. "250m").
+RESOURCE_QUANTITY_PATTERN = (
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE]\+?[0-9]+))?$"
+)
+URI_PATTERN = r"^[a-z][a-z0-9+.-]*://.+$"
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+RESTORE_PATTERN = r"^(latest|none|[0-9]+)$"
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+
+
+def parse_quantity(value: object, *, path: str = "quantity") -> int:
+    """Bytes of a Kubernetes quantity: 2Gi -> 2147483648, 500M -> 500000000, 1e3 -> 1000.
+
+    Raises `InputError` naming `path` when the value is negative, fractional in bytes,
+    or not a quantity at all.
+    """
+    if isinstance(value, bool):
+        raise errors.InputError(f"{path}: expected a byte size like '2Gi', found {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise errors.InputError(f"{path}: expected a non-negative byte size, found {value}")
+        return value
+    if not isinstance(value, str) or not _QUANTITY_RE.match(value.strip()):
+        raise errors.InputError(
+            f"{path}: expected a non-negative byte size like '2Gi', '500M' or 1048576, "
+            f"found {value!r}"
+        )
+    text = value.strip().lstrip("+")
+    number, multiplier = text, 1
+    for suffixes in (_BINARY, _DECIMAL):
+        for suffix, factor in suffixes.items():
+            if text.endswith(suffix) and not text.endswith("e" + suffix):
+                number, multiplier = text[: -len(suffix)], factor
+                break
+        if multiplier != 1:
+            break
+    amount = decimal.Decimal(number) * multiplier
+    if amount != amount.to_integral_value():
+        raise errors.InputError(f"{path}: {value!r} is not a whole number of bytes")
+    return int(amount)
+
+
+def format_bytes(size: int) -> str:
+    """A short binary-unit rendering for printer columns: 1536 -> '1.5Ki'."""
+    amount = float(size)
+    for unit in ("", "Ki", "Mi", "Gi", "Ti", "Pi"):
+        if amount < 1024 or unit == "Pi":
+            text = f"{amount:.1f}".rstrip("0").rstrip(".") if unit else str(int(amount))
+            return f"{text}{unit}"
+        amount /= 1024
+    raise AssertionError("unreachable")
+
+
+# --- field metadata ----------------------------------------------------------------
+_META = "shardcache"
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldInfo:
+    """How one dataclass field appears in the CRD and how its value is checked."""
+
+    json: str
+    description: str
+    required: bool = False
+    #: The field holds bytes; the JSON form is an integer or a quantity string.
+    quantity: bool = False
+    #: The default as written in the CRD (for quantities: the string, e.g. "2Gi").
+    schema_default: object = None
+    enum: tuple[str, ...] | None = None
+    pattern: str | None = None
+    minimum: int | None = None
+    maximum: int | None = None
+    #: Map values are resource quantities (CPU "250m", memory "1Gi").
+    resource_map: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A check across fields of one object: CEL for the API server, Python for the rest."""
+
+    cel: str
+    message: str
+    check: Callable[[Any], bool]
+
+
+_MISSING: Any = dataclasses.MISSING
+
+
+def _field(
+    json: str,
+    description: str,
+    *,
+    default: Any = _MISSING,
+    default_factory: Any = _MISSING,
+    **info: Any,
+) -> Any:
+    schema_default = info.pop("schema_default", None)
+    if schema_default is None and default is not _MISSING and default is not None:
+        schema_default = default
+    required = default is _MISSING and default_factory is _MISSING
+    meta = {_META: FieldInfo(json, description, required, schema_default=schema_default, **info)}
+    if default_factory is not _MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    if default is not _MISSING:
+        return dataclasses.field(default=default, metadata=meta)
+    return dataclasses.field(metadata=meta)
+
+
+def _quantity(json: str, default: str, description: str) -> Any:
+    return _field(
+        json,
+        description,
+        default=parse_quantity(default),
+        quantity=True,
+        schema_default=default,
+    )
+
+
+def field_info(field: dataclasses.Field[Any]) -> FieldInfo:
+    info = field.metadata.get(_META)
+    if not isinstance(info, FieldInfo):
+        raise TypeError(f"field {field.name} has no shardcache FieldInfo")
+    return info
+
+
+# --- the model ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class SecretRef:
+    """A Secret in the DatasetMount's namespace."""
+
+    name: str = _field(
+        "name",
+        "Name of a Secret in the DatasetMount's namespace whose keys are environment "
+        "variables for the object store client (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+        "AWS_ENDPOINT_URL, AWS_REGION). Only the cache sidecar receives them.",
+        pattern=SECRET_NAME_PATTERN,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceSpec:
+    """Where the dataset lives."""
+
+    uri: str = _field(
+        "uri",
+        "URI of the dataset: a directory or glob of shard files on any pyarrow filesystem "
+        "(s3://bucket/prefix, gs://..., hdfs://..., file:///...).",
+        pattern=URI_PATTERN,
+    )
+    format: str = _field(
+        "format",
+        "File format of the shards: parquet, arrow (Arrow IPC) or jsonl.",
+        default="parquet",
+        enum=FORMATS,
+    )
+    secret_ref: SecretRef | None = _field(
+        "secretRef",
+        "Secret with the object store endpoint and credentials. Omit for public "
+        "buckets or when the node's identity grants access.",
+        default=None,
+    )
+    version: str | None = _field(
+        "version",
+        "Pins the manifest digest explicitly (sha256:<64 hex>). The operator refuses to "
+        "become Ready if the source's manifest has a different digest. Without it the "
+        "digest resolved at creation is pinned in status.",
+        default=None,
+        pattern=DIGEST_PATTERN,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheSpec:
+    """Sizes and placement of the two cache tiers."""
+
+    memory: int = _quantity(
+        "memory",
+        "2Gi",
+        "Size of the memory tier per pod: decoded Arrow shards that trainers mmap. "
+        "It is the sizeLimit of the pod's memory-backed volume; with medium Memory the "
+        "sidecar's memory limit is raised by this much, since tmpfs pages count against it.",
+    )
+    medium: str = _field(
+        "medium",
+        "Backing of the memory tier volume: Memory (tmpfs, fastest) or Disk (the node's "
+        "default emptyDir storage, when memory is scarce; mmap still avoids copies).",
+        default="Memory",
+        enum=MEDIA,
+    )
+    disk: int = _quantity(
+        "disk",
+        "50Gi",
+        "Byte limit of the node-local disk tier (source bytes, LRU, shared by all pods on "
+        "the node that use the same nodePath).",
+    )
+    node_path: str = _field(
+        "nodePath",
+        "Directory on the node (hostPath, created if missing) that holds the disk tier. "
+        "It must be writable by the sidecar's user.",
+        default=names.DEFAULT_DISK_DIR,
+        pattern=r"^/.*",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefetchSpec:
+    """How far the sidecar reads ahead of the trainers."""
+
+    depth: int = _field(
+        "depth",
+        "Shards prefetched ahead of each reader's position (0 disables read-ahead).",
+        default=4,
+        minimum=0,
+        maximum=1024,
+    )
+    concurrency: int = _field(
+        "concurrency",
+        "Shards fetched from the source at the same time.",
+        default=4,
+        minimum=1,
+        maximum=256,
+    )
+    ready_shards: int = _field(
+        "readyShards",
+        "Shards that must be resident before the sidecar reports ready, so trainers start "
+        "on a warm cache (0: ready as soon as the manifest is verified).",
+        default=0,
+        minimum=0,
+    )
+
+
+_RANK_NEEDS_FIXED = Rule(
+    cel="self.rankFrom != 'Fixed' || (has(self.rank) && has(self.worldSize))",
+    message="rankFrom Fixed needs both rank and worldSize",
+    check=lambda s: s.rank_from != "Fixed" or (s.rank is not None and s.world_size is not None),
+)
+_RANK_BELOW_WORLD = Rule(
+    cel="!has(self.rank) || !has(self.worldSize) || self.rank < self.worldSize",
+    message="rank must be smaller than worldSize",
+    check=lambda s: s.rank is None or s.world_size is None or s.rank < s.world_size,
+)
+_RANK_ONLY_FIXED = Rule(
+    cel="!has(self.rank) || self.rankFrom == 'Fixed'",
+    message="rank is only used with rankFrom Fixed",
+    check=lambda s: s.rank is None or s.rank_from == "Fixed",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingSpec:
+    """The reading plan: shuffle seed and how the dataset is split across ranks."""
+
+    rules: ClassVar[tuple[Rule, ...]] = (_RANK_NEEDS_FIXED, _RANK_BELOW_WORLD, _RANK_ONLY_FIXED)
+
+    seed: int = _field(
+        "seed", "Seed of the shard and block permutation; same seed, same order.", default=0
+    )
+    shuffle: bool = _field(
+        "shuffle", "Shuffle shards and blocks each epoch (false: file order).", default=True
+    )
+    block_size: int | None = _field(
+        "blockSize",
+        "Rows per shuffle block inside a shard. Omit to let the sidecar choose.",
+        default=None,
+        minimum=1,
+    )
+    world_size: int | None = _field(
+        "worldSize",
+        "Number of ranks reading the dataset. Omit to take it from the readers; a pod "
+        "annotation shardcache.io/world-size overrides it per pod.",
+        default=None,
+        minimum=1,
+    )
+    rank_from: str = _field(
+        "rankFrom",
+        "Where the sidecar learns its rank: JobCompletionIndex (the pod's Indexed Job "
+        "completion index, via the downward API; pods without one fall back to Reader), "
+        "Fixed (the rank field) or Reader (the trainer registers its own rank).",
+        default="JobCompletionIndex",
+        enum=RANK_SOURCES,
+    )
+    rank: int | None = _field(
+        "rank", "Rank of every pod when rankFrom is Fixed.", default=None, minimum=0
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSpec:
+    """Checkpoint upload and restore (carried out by the sidecar's checkpoint agent)."""
+
+    uri: str = _field(
+        "uri",
+        "Object store prefix checkpoints are uploaded to (s3://bucket/run-42/). Uses the "
+        "source's secretRef for credentials.",
+        pattern=URI_PATTERN,
+    )
+    keep_last: int = _field(
+        "keepLast",
+        "Number of committed checkpoints kept; older ones are deleted.",
+        default=3,
+        minimum=1,
+    )
+    restore: str = _field(
+        "restore",
+        "What the sidecar restores before the trainer starts: latest, none, or a step number.",
+        default="latest",
+        pattern=RESTORE_PATTERN,
+    )
+    mount_path: str = _field(
+        "mountPath",
+        "Directory in the trainer containers where checkpoints are written and restored.",
+        default="/checkpoints",
+        pattern=r"^/.*",
+    )
+    size: int = _quantity(
+        "size",
+        "20Gi",
+        "sizeLimit of the pod-local volume that holds checkpoints before upload.",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ResourcesSpec:
+    """Compute resources of the sidecar container."""
+
+    requests: dict[str, str] = _field(
+        "requests",
+        "Minimum resources (cpu, memory) the sidecar is scheduled with.",
+        default_factory=lambda: {"cpu": "250m", "memory": "256Mi"},
+        resource_map=True,
+    )
+    limits: dict[str, str] = _field(
+        "limits",
+        "Maximum resources of the sidecar. With cache.medium Memory the memory limit is "
+        "raised by cache.memory at injection.",
+        default_factory=lambda: {"cpu": "2", "memory": "1Gi"},
+        resource_map=True,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SidecarSpec:
+    """The cache sidecar container injected into pods."""
+
+    image: str | None = _field(
+        "image",
+        "Sidecar image. Omit to use the operator's configured default image.",
+        default=None,
+    )
+    image_pull_policy: str = _field(
+        "imagePullPolicy",
+        "Pull policy of the sidecar image.",
+        default="IfNotPresent",
+        enum=PULL_POLICIES,
+    )
+    resources: ResourcesSpec = _field(
+        "resources", "Resource requests and limits of the sidecar.", default_factory=ResourcesSpec
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionSpec:
+    """What the webhook does with pods that ask for this mount."""
+
+    policy: str = _field(
+        "policy",
+        "When this DatasetMount is not Ready: Refuse the pod (with a message naming the "
+        "mount and why) or Admit it without injection.",
+        default="Refuse",
+        enum=POLICIES,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetMountSpec:
+    """What data a job reads and how the node caches it."""
+
+    source: SourceSpec = _field("source", "The dataset in object storage.")
+    cache: CacheSpec = _field(
+        "cache", "Cache tiers on the node and in the pod.", default_factory=CacheSpec
+    )
+    prefetch: PrefetchSpec = _field(
+        "prefetch", "Read-ahead of the sidecar.", default_factory=PrefetchSpec
+    )
+    sharding: ShardingSpec = _field(
+        "sharding", "Shuffle seed and rank partition.", default_factory=ShardingSpec
+    )
+    checkpoint: CheckpointSpec | None = _field(
+        "checkpoint",
+        "Checkpoint upload and restore. Omit to mount no checkpoint volume.",
+        default=None,
+    )
+    sidecar: SidecarSpec = _field(
+        "sidecar", "The injected cache sidecar.", default_factory=SidecarSpec
+    )
+    admission: AdmissionSpec = _field(
+        "admission", "Admission policy of pods using this mount.", default_factory=AdmissionSpec
+    )
+
+
+# --- generic conversion --------------------------------------------------------------
+T = TypeVar("T")
+
+
+def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return hint, False
+
+
+def field_types(cls: type[Any]) -> dict[str, tuple[Any, bool]]:
+    """Each field's type (with `None` stripped) and whether it is optional."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: _unwrap_optional(hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def _type_name(value: object) -> str:
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        str: "a string",
+        dict: "an object",
+        list: "a list",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+
+
+def from_dict(cls: type[T], data: object, *, path: str) -> T:
+    """Build a model dataclass from its JSON form, applying defaults and checking values.
+
+    Raises `InputError` whose message starts with the field path, e.g.
+    ``spec.cache.memory: expected a non-negative byte size like '2Gi', found '-1Gi'``.
+    """
+    if not isinstance(data, Mapping):
+        raise errors.InputError(f"{path}: expected an object, found {_type_name(data)}")
+    kinds = field_types(cls)
+    known = {field_info(f).json for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise errors.InputError(
+            f"{path}: unknown field {unknown[0]!r}; expected one of {', '.join(sorted(known))}"
+        )
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        info = field_info(field)
+        kind, _optional = kinds[field.name]
+        here = f"{path}.{info.json}"
+        raw = data.get(info.json)
+        if raw is None:
+            if info.required:
+                raise errors.InputError(f"{here}: required, but missing")
+            continue
+        values[field.name] = _convert(kind, info, raw, path=here)
+    obj = cls(**values)
+    for rule in getattr(cls, "rules", ()):
+        if not rule.check(obj):
+            raise errors.InputError(f"{path}: {rule.message}")
+    return obj
+
+
+def _convert(kind: Any, info: FieldInfo, raw: object, *, path: str) -> Any:
+    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+        return from_dict(kind, raw, path=path)
+    if info.quantity:
+        return parse_quantity(raw, path=path)
+    if info.resource_map:
+        return _resource_map(raw, path=path)
+    if kind is bool:
+        if not isinstance(raw, bool):
+            raise errors.InputError(f"{path}: expected true or false, found {raw!r}")
+        return raw
+    if kind is int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise errors.InputError(f"{path}: expected an integer, found {raw!r}")
+        if info.minimum is not None and raw < info.minimum:
+            raise errors.InputError(f"{path}: expected an integer >= {info.minimum}, found {raw}")
+        if info.maximum is not None and raw > info.maximum:
+            raise errors.InputError(f"{path}: expected an integer <= {info.maximum}, found {raw}")
+        return raw
+    if kind is str:
+        if not isinstance(raw, str):
+            raise errors.InputError(f"{path}: expected a string, found {_type_name(raw)}")
+        if info.enum is not None and raw not in info.enum:
+            raise errors.InputError(
+                f"{path}: expected one of {', '.join(info.enum)}, found {raw!r}"
+            )
+        if info.pattern is not None and not re.match(info.pattern, raw):
+            raise errors.InputError(
+                f"{path}: {raw!r} does not match the expected form {info.pattern}"
+            )
+        return raw
+    raise TypeError(f"{path}: unsupported model type {kind!r}")
+
+
+_RESOURCE_RE = re.compile(RESOURCE_QUANTITY_PATTERN)
+
+
+def _resource_map(raw: object, *, path: str) -> dict[str, str]:
+    if not isinstance(raw, Mapping):
+        raise errors.InputError(f"{path}: expected an object like {{cpu: 500m}}, found {raw!r}")
+    result: dict[str, str] = {}
+    for key, value in raw.items():
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(text, str) or not _RESOURCE_RE.match(text):
+            raise errors.InputError(
+                f"{path}.{key}: expected a non-negative quantity like '500m' or '1Gi', "
+                f"found {value!r}"
+            )
+        result[str(key)] = text
+    return result
+
+
+def to_dict(obj: object) -> dict[str, Any]:
+    """The JSON form of a model object, with every default filled in (quantities as ints)."""
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        raise TypeError(f"expected a model object, found {obj!r}")
+    result: dict[str, Any] = {}
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name)
+        if value is None:
+            continue
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = to_dict(value)
+        elif isinstance(value, dict):
+            value = dict(value)
+        result[field_info(field).json] = value
+    return result
+
+
+def parse_spec(data: object, *, path: str = "spec") -> DatasetMountSpec:
+    """Validate a DatasetMount `spec` mapping; `InputError` names the offending field."""
+    return from_dict(DatasetMountSpec, data, path=path)
+
+
+# --- whole objects -------------------------------------------------------------------
+#: Checks on the whole object (CEL sees only metadata.name and generateName there).
+ROOT_RULES = (
+    Rule(
+        cel="size(self.metadata.name) <= 63",
+        message="metadata.name must be at most 63 characters: pods name it in a label value",
+        check=lambda name: len(name) <= 63,
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetMount:
+    """A DatasetMount object as read from the API or a YAML file."""
+
+    name: str
+    namespace: str | None
+    spec: DatasetMountSpec
+    #: The pinned digest: status.manifestDigest, else spec.source.version, else None.
+    manifest_digest: str | None
+    #: status.phase, or None when the object has no status (e.g. a file).
+    phase: str | None
+
+
+def load(doc: object) -> DatasetMount:
+    """Check that `doc` is a DatasetMount object and parse it."""
+    if not isinstance(doc, Mapping):
+        raise errors.InputError(f"expected a {KIND} object, found {_type_name(doc)}")
+    kind, api_version = doc.get("kind"), doc.get("apiVersion")
+    if kind != KIND or api_version != API_VERSION:
+        raise errors.InputError(
+            f"expected kind {KIND} with apiVersion {API_VERSION}, "
+            f"found kind {kind!r} with apiVersion {api_version!r}"
+        )
+    metadata = doc.get("metadata") or {}
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise errors.InputError(f"{KIND}: metadata.name is required, but missing")
+    for rule in ROOT_RULES:
+        if not rule.check(name):
+            raise errors.InputError(f"{KIND} {name}: {rule.message}")
+    spec = parse_spec(doc.get("spec"), path=f"{KIND} {name}: spec")
+    status = doc.get("status") or {}
+    digest = status.get("manifestDigest") if isinstance(status, Mapping) else None
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    return DatasetMount(
+        name=name,
+        namespace=metadata.get("namespace"),
+        spec=spec,
+        manifest_digest=digest if isinstance(digest, str) else spec.source.version,
+        phase=phase if isinstance(phase, str) else None,
+    )

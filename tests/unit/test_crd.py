@@ -1,0 +1,225 @@
+"""The committed CRD is what the model generates, and it accepts/rejects what the model does."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import celpy
+import jsonschema
+import pytest
+import yaml
+from shardcache_operator import crd
+
+from shardcache import errors
+from shardcache import spec as spec_model
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / "datasetmount.yaml"
+
+
+def committed_crd() -> dict[str, Any]:
+    return yaml.safe_load(CRD_PATH.read_text())
+
+
+def committed_schema() -> dict[str, Any]:
+    return committed_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def example_datasetmounts() -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "DatasetMount":
+                found.append((f"{path.name}:{doc['metadata']['name']}", doc))
+    return found
+
+
+EXAMPLES = example_datasetmounts()
+
+
+def minimal(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"source": {"uri": "s3://bucket/prefix/"}}
+    body.update(spec)
+    return {
+        "apiVersion": "shardcache.io/v1alpha1",
+        "kind": "DatasetMount",
+        "metadata": {"name": "data"},
+        "spec": body,
+    }
+
+
+def test_committed_crd_equals_generated_output() -> None:
+    assert CRD_PATH.read_text() == crd.render(), "run `make crds` and commit the result"
+
+
+def test_crd_identity_matches_the_issue() -> None:
+    body = committed_crd()["spec"]
+    assert body["group"] == "shardcache.io"
+    assert body["scope"] == "Namespaced"
+    assert body["names"]["kind"] == "DatasetMount"
+    assert body["names"]["shortNames"] == ["dsm"]
+    version = body["versions"][0]
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Shards", "Size", "Pods", "Age"]
+
+
+def _walk(schema: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
+    nodes = [(path, schema)]
+    for name, child in (schema.get("properties") or {}).items():
+        nodes += _walk(child, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        nodes += _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        nodes += _walk(schema["additionalProperties"], f"{path}{{}}")
+    return nodes
+
+
+def test_every_schema_field_has_a_description() -> None:
+    missing = [path for path, node in _walk(committed_schema(), "") if not node.get("description")]
+    assert missing == []
+
+
+def test_schema_is_structural_every_field_has_a_type() -> None:
+    # Structural schemas need a type everywhere, except int-or-string fields.
+    untyped = [
+        path
+        for path, node in _walk(committed_schema(), "")
+        if "type" not in node and not node.get("x-kubernetes-int-or-string")
+    ]
+    assert untyped == []
+
+
+def test_required_spec_fields_keep_their_names() -> None:
+    source = committed_schema()["properties"]["spec"]["properties"]["source"]
+    assert source["required"] == ["uri"]
+    assert set(source["properties"]) >= {"uri", "format", "secretRef", "version"}
+    assert source["properties"]["format"]["enum"] == ["parquet", "arrow", "jsonl"]
+    assert source["properties"]["secretRef"]["properties"]["name"]["type"] == "string"
+
+
+@pytest.mark.parametrize("doc", [doc for _, doc in EXAMPLES], ids=[i for i, _ in EXAMPLES])
+def test_example_datasetmount_is_valid_against_committed_schema(doc: dict[str, Any]) -> None:
+    jsonschema.Draft7Validator(committed_schema()).validate(doc)
+    spec_model.load(doc)  # and against the model
+
+
+def test_examples_include_at_least_one_datasetmount() -> None:
+    assert len(EXAMPLES) >= 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "where"),
+    [
+        ({"source": {"uri": "not a uri"}}, "uri"),
+        ({"source": {"uri": "s3://b/", "format": "csv"}}, "format"),
+        ({"cache": {"memory": "-1Gi"}}, "memory"),
+        ({"cache": {"disk": -5}}, "disk"),
+        ({"prefetch": {"depth": -1}}, "depth"),
+        ({"source": {"uri": "s3://b/", "version": "md5:abc"}}, "version"),
+        ({"checkpoint": {"uri": "s3://c/", "restore": "yesterday"}}, "restore"),
+        ({"source": {"format": "parquet"}}, "uri"),
+    ],
+)
+def test_invalid_spec_is_rejected_by_schema_and_model(spec: dict[str, Any], where: str) -> None:
+    doc = minimal()
+    for key, value in spec.items():
+        doc["spec"][key] = value
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(committed_schema()).validate(doc)
+    with pytest.raises(errors.InputError, match=where):
+        spec_model.load(doc)
+
+
+def _rules(schema: dict[str, Any], path: str) -> list[tuple[str, dict[str, str]]]:
+    found = [(path, rule) for rule in schema.get("x-kubernetes-validations", [])]
+    for name, child in (schema.get("properties") or {}).items():
+        found += _rules(child, f"{path}.{name}" if path else name)
+    return found
+
+
+CEL_RULES = _rules(committed_schema(), "")
+
+
+def _evaluate(rule: str, value: Any) -> bool:
+    env = celpy.Environment()
+    program = env.program(env.compile(rule))
+    return bool(program.evaluate({"self": celpy.json_to_cel(value)}))
+
+
+def _at(doc: dict[str, Any], path: str) -> Any:
+    value: Any = doc
+    for part in filter(None, path.split(".")):
+        value = value[part]
+    return value
+
+
+def _defaulted(doc: dict[str, Any]) -> dict[str, Any]:
+    # The API server applies defaults before running CEL; the model's to_dict does the same.
+    result = copy.deepcopy(doc)
+    result["spec"] = spec_model.to_dict(spec_model.parse_spec(doc["spec"]))
+    return result
+
+
+def test_crd_has_cross_field_cel_rules_that_compile() -> None:
+    assert len(CEL_RULES) >= 3
+    env = celpy.Environment()
+    for _, rule in CEL_RULES:
+        env.compile(rule["rule"])
+        assert rule["message"]
+
+
+@pytest.mark.parametrize("doc", [doc for _, doc in EXAMPLES], ids=[i for i, _ in EXAMPLES])
+def test_examples_satisfy_every_cel_rule(doc: dict[str, Any]) -> None:
+    full = _defaulted(doc)
+    for path, rule in CEL_RULES:
+        assert _evaluate(rule["rule"], _at(full, path)), (path, rule)
+
+
+SHARDINGS = [
+    {},
+    {"rankFrom": "Fixed", "rank": 1, "worldSize": 4},
+    {"rankFrom": "Fixed", "rank": 4, "worldSize": 4},
+    {"rankFrom": "Fixed", "worldSize": 4},
+    {"rankFrom": "Fixed"},
+    {"rankFrom": "Reader", "rank": 0, "worldSize": 2},
+    {"rankFrom": "JobCompletionIndex", "worldSize": 8},
+]
+
+
+@pytest.mark.parametrize("sharding", SHARDINGS)
+def test_cel_rules_and_python_checks_agree(sharding: dict[str, Any]) -> None:
+    rules = {rule["rule"]: rule["message"] for path, rule in CEL_RULES if path == "spec.sharding"}
+    model_rules = {rule.cel: rule for rule in spec_model.ShardingSpec.rules}
+    assert set(rules) == set(model_rules)
+    values = {**spec_model.to_dict(spec_model.ShardingSpec()), **sharding}
+    obj = spec_model.ShardingSpec(
+        seed=values["seed"],
+        shuffle=values["shuffle"],
+        rank_from=values["rankFrom"],
+        rank=values.get("rank"),
+        world_size=values.get("worldSize"),
+    )
+    for cel, rule in model_rules.items():
+        assert _evaluate(cel, values) == rule.check(obj), cel
+    # And the model refuses exactly what CEL refuses.
+    cel_ok = all(_evaluate(cel, values) for cel in rules)
+    doc = minimal(sharding=sharding)
+    if cel_ok:
+        spec_model.load(doc)
+    else:
+        with pytest.raises(errors.InputError, match=r"spec\.sharding"):
+            spec_model.load(doc)
+
+
+def test_root_rule_limits_name_length_to_a_label_value() -> None:
+    (root_rule,) = [rule for path, rule in CEL_RULES if path == ""]
+    assert _evaluate(root_rule["rule"], {"metadata": {"name": "a" * 63}})
+    assert not _evaluate(root_rule["rule"], {"metadata": {"name": "a" * 64}})
+    with pytest.raises(errors.InputError, match="63"):
+        spec_model.load({**minimal(), "metadata": {"name": "a" * 64}})

@@ -1,0 +1,142 @@
+"""The DatasetMount spec model: defaults, quantities, and errors that name the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shardcache import errors
+from shardcache import spec as spec_model
+
+pytestmark = pytest.mark.unit
+
+
+def parse(**spec: Any) -> spec_model.DatasetMountSpec:
+    body: dict[str, Any] = {"source": {"uri": "s3://bucket/train/"}}
+    body.update(spec)
+    return spec_model.parse_spec(body)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2Gi", 2 * 2**30),
+        ("1.5Gi", 3 * 2**29),
+        ("500M", 500_000_000),
+        ("1k", 1000),
+        ("64Ki", 65536),
+        ("1e3", 1000),
+        ("0", 0),
+        (4096, 4096),
+        ("+7", 7),
+    ],
+)
+def test_quantity_parses_to_bytes(text: Any, expected: int) -> None:
+    assert spec_model.parse_quantity(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["-1Gi", -3, "2GB", "lots", "", "0.5", True, 1.5])
+def test_bad_quantity_names_the_field_and_what_was_expected(bad: Any) -> None:
+    with pytest.raises(errors.InputError, match=r"^spec\.cache\.memory: .*"):
+        parse(cache={"memory": bad})
+
+
+def test_defaults_fill_every_optional_section() -> None:
+    spec = parse()
+    assert spec.source.format == "parquet"
+    assert spec.source.secret_ref is None
+    assert spec.cache.memory == 2 * 2**30
+    assert spec.cache.medium == "Memory"
+    assert spec.prefetch.depth == 4
+    assert spec.sharding.rank_from == "JobCompletionIndex"
+    assert spec.checkpoint is None
+    assert spec.admission.policy == "Refuse"
+    assert spec.sidecar.resources.limits["memory"] == "1Gi"
+
+
+def test_checkpoint_fields_are_parsed_with_defaults() -> None:
+    spec = parse(checkpoint={"uri": "s3://ckpt/run/", "restore": "1200"})
+    assert spec.checkpoint is not None
+    assert spec.checkpoint.keep_last == 3
+    assert spec.checkpoint.restore == "1200"
+    assert spec.checkpoint.mount_path == "/checkpoints"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"source": {"uri": "bucket/no-scheme"}}, r"spec\.source\.uri: 'bucket/no-scheme'"),
+        (
+            {"source": {"uri": "s3://b/", "format": "csv"}},
+            r"spec\.source\.format: expected one of parquet, arrow, jsonl, found 'csv'",
+        ),
+        (
+            {"source": {"uri": "s3://b/", "secretRef": {}}},
+            r"spec\.source\.secretRef\.name: required",
+        ),
+        (
+            {"source": {"uri": "s3://b/"}, "prefetch": {"depth": -2}},
+            r"spec\.prefetch\.depth: expected an integer >= 0, found -2",
+        ),
+        (
+            {"source": {"uri": "s3://b/"}, "prefetch": {"depth": "4"}},
+            r"spec\.prefetch\.depth: expected an integer",
+        ),
+        (
+            {"source": {"uri": "s3://b/"}, "sharding": {"shuffle": "yes"}},
+            r"spec\.sharding\.shuffle: expected true or false",
+        ),
+        (
+            {"source": {"uri": "s3://b/"}, "cache": {"memroy": "1Gi"}},
+            r"spec\.cache: unknown field 'memroy'",
+        ),
+        (
+            {"source": {"uri": "s3://b/"}, "sidecar": {"resources": {"limits": {"cpu": "-1"}}}},
+            r"spec\.sidecar\.resources\.limits\.cpu",
+        ),
+        ({}, r"spec\.source: required, but missing"),
+        ({"source": "s3://b/"}, r"spec\.source: expected an object, found a string"),
+    ],
+)
+def test_invalid_spec_error_names_the_field_path(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(errors.InputError, match=message):
+        spec_model.parse_spec(spec)
+
+
+def test_cross_field_rule_is_checked_offline() -> None:
+    with pytest.raises(errors.InputError, match="rank must be smaller than worldSize"):
+        parse(sharding={"rankFrom": "Fixed", "rank": 4, "worldSize": 4})
+    fixed = parse(sharding={"rankFrom": "Fixed", "rank": 3, "worldSize": 4})
+    assert fixed.sharding.rank == 3
+
+
+def test_to_dict_round_trips_through_from_dict() -> None:
+    spec = parse(checkpoint={"uri": "s3://ckpt/"}, cache={"memory": "1Gi", "medium": "Disk"})
+    assert spec_model.parse_spec(spec_model.to_dict(spec)) == spec
+
+
+def test_load_refuses_a_document_that_is_not_a_datasetmount() -> None:
+    with pytest.raises(errors.InputError, match=r"expected kind DatasetMount .* found kind 'Pod'"):
+        spec_model.load({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}})
+
+
+def test_load_takes_the_pinned_digest_from_status_then_from_version() -> None:
+    digest = "sha256:" + "ab" * 32
+    pinned = "sha256:" + "cd" * 32
+    doc = {
+        "apiVersion": "shardcache.io/v1alpha1",
+        "kind": "DatasetMount",
+        "metadata": {"name": "d", "namespace": "ns"},
+        "spec": {"source": {"uri": "s3://b/", "version": digest}},
+    }
+    assert spec_model.load(doc).manifest_digest == digest
+    doc["status"] = {"manifestDigest": pinned, "phase": "Ready"}
+    loaded = spec_model.load(doc)
+    assert (loaded.manifest_digest, loaded.phase, loaded.namespace) == (pinned, "Ready", "ns")
+
+
+def test_format_bytes_uses_binary_units() -> None:
+    assert spec_model.format_bytes(0) == "0"
+    assert spec_model.format_bytes(1536) == "1.5Ki"
+    assert spec_model.format_bytes(3 * 2**40) == "3Ti"
