@@ -1,0 +1,99 @@
+"""flock-based locks that work across threads and processes and vanish with their owner.
+
+Every lock here is a `flock` on a file in a tier directory. A flock belongs to an open
+file description, so two `os.open` calls in one process conflict exactly like two
+processes do: that is what makes the same code thread-safe without a second mechanism.
+The kernel drops the lock when the last descriptor closes, including on SIGKILL, so a
+dead process never leaves a lock behind.
+
+Lock files may be unlinked while someone waits on them (an evicted entry's lock file
+goes with it). A waiter that opened the old file would then hold a lock nobody else
+can see, so every acquisition checks, once locked, that the path still names the inode
+it locked, and starts again otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from shardcache import errors
+
+SHARED = fcntl.LOCK_SH
+EXCLUSIVE = fcntl.LOCK_EX
+NONBLOCKING = fcntl.LOCK_NB
+
+# Each retry means another process unlinked the file between our open and our lock;
+# a thousand in a row means something is deleting lock files in a loop.
+_MAX_ATTEMPTS = 1000
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        on_disk = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+
+def acquire(path: Path, operation: int, *, create: bool) -> int | None:
+    """Open `path`, flock it with `operation`, and return the descriptor (the lock).
+
+    Returns None if the file does not exist and `create` is false, or if `operation`
+    includes NONBLOCKING and someone else holds a conflicting lock. Close the descriptor
+    (`os.close`) to release. Files are opened read-only: flock needs no write access, so
+    a reader running as another user can still take a shared lock.
+    """
+    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    for _ in range(_MAX_ATTEMPTS):
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, operation)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(fd, path):
+            return fd
+        os.close(fd)
+    raise errors.CacheError(
+        f"could not lock {path}: it was replaced {_MAX_ATTEMPTS} times while locking; "
+        "is another program deleting files in the cache directory?"
+    )
+
+
+def lock(fd: int, operation: int) -> None:
+    """flock an already open descriptor (a file this process just created)."""
+    fcntl.flock(fd, operation)
+
+
+def unlink_held(fd: int, path: Path) -> None:
+    """Unlink the lock file `path` if it is still the file locked by `fd`.
+
+    Call this while holding an exclusive lock; waiters notice the unlink when they get
+    the lock (see `acquire`) and open the path again.
+    """
+    if _same_file(fd, path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+@contextlib.contextmanager
+def held(path: Path, operation: int) -> Iterator[int]:
+    """Hold a blocking lock on `path` (created if missing) for the `with` block."""
+    fd = acquire(path, operation, create=True)
+    if fd is None:  # only possible with NONBLOCKING, which callers of held() never pass
+        raise errors.CacheError(f"could not lock {path}")
+    try:
+        yield fd
+    finally:
+        os.close(fd)

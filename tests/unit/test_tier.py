@@ -1,0 +1,413 @@
+"""The storage tier in one process: round trip, LRU, leases, limits, corruption, format."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from shardcache import errors
+from shardcache.node import names, tier
+
+pytestmark = pytest.mark.unit
+
+KIB = 1024
+
+
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, object]] = []
+
+    def hit(self, tier: str) -> None:
+        self.events.append(("hit", tier, None))
+
+    def miss(self, tier: str) -> None:
+        self.events.append(("miss", tier, None))
+
+    def evicted(self, tier: str, nbytes: int) -> None:
+        self.events.append(("evicted", tier, nbytes))
+
+    def corrupted(self, tier: str, key: str) -> None:
+        self.events.append(("corrupted", tier, key))
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _, _ in self.events]
+
+
+def payload(key: str, size: int) -> bytes:
+    """Deterministic, key-specific bytes, so a mix-up between entries shows."""
+    seed = hashlib.sha256(key.encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def writer(key: str, size: int) -> Callable[[Path], None]:
+    def produce(path: Path) -> None:
+        with open(path, "wb") as f:
+            f.write(payload(key, size))
+
+    return produce
+
+
+def make_tier(
+    tmp_path: Path, limit: int = 64 * KIB, **kwargs: object
+) -> tuple[tier.Tier, RecordingObserver]:
+    observer = RecordingObserver()
+    t = tier.Tier(
+        tmp_path / "tier",
+        limit_bytes=limit,
+        name="disk",
+        observer=observer,
+        wait_timeout=kwargs.pop("wait_timeout", 5.0),  # type: ignore[arg-type]
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return t, observer
+
+
+def put(t: tier.Tier, key: str, size: int) -> None:
+    t.insert(key, size, writer(key, size)).release()
+
+
+def flip_one_bit(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x01]))
+
+
+def test_inserted_entry_is_looked_up_with_its_bytes_and_checksum(tmp_path: Path) -> None:
+    t, observer = make_tier(tmp_path)
+    inserted = t.insert("a1", 10 * KIB, writer("a1", 10 * KIB))
+    assert inserted.path.read_bytes() == payload("a1", 10 * KIB)
+    assert inserted.sha256 == hashlib.sha256(payload("a1", 10 * KIB)).hexdigest()
+    inserted.release()
+
+    found = t.lookup("a1")
+    assert found is not None
+    with found:
+        assert (found.key, found.size, found.sha256) == ("a1", 10 * KIB, inserted.sha256)
+        assert found.path.read_bytes() == payload("a1", 10 * KIB)
+    assert not found.leased
+    assert t.contains("a1")
+    assert t.keys() == ["a1"]
+    assert t.resident_bytes() == 10 * KIB
+    assert observer.kinds() == ["hit"]
+
+
+def test_lookup_of_absent_key_is_a_miss_and_creates_no_files(tmp_path: Path) -> None:
+    t, observer = make_tier(tmp_path)
+    assert t.lookup("absent") is None
+    assert not t.contains("absent")
+    assert observer.kinds() == ["miss"]
+    assert list(t.root.iterdir()) == []
+
+
+def test_eviction_takes_least_recently_used_first(tmp_path: Path) -> None:
+    t, observer = make_tier(tmp_path, limit=30 * KIB)
+    for key in ("old", "mid", "new"):
+        put(t, key, 10 * KIB)
+    used = t.lookup("old")  # now "mid" is the least recently used
+    assert used is not None
+    used.release()
+
+    put(t, "next", 10 * KIB)
+    assert t.keys() == ["new", "next", "old"]
+    put(t, "last", 10 * KIB)
+    assert t.keys() == ["last", "next", "old"]
+    assert [e for e in observer.events if e[0] == "evicted"] == [
+        ("evicted", "disk", 10 * KIB),
+        ("evicted", "disk", 10 * KIB),
+    ]
+    assert t.resident_bytes() <= 30 * KIB
+
+
+def test_leased_entry_is_never_evicted_even_under_pressure(tmp_path: Path) -> None:
+    t, _ = make_tier(tmp_path, limit=30 * KIB)
+    pinned = t.insert("pinned", 10 * KIB, writer("pinned", 10 * KIB))
+    for i in range(10):
+        put(t, f"k{i}", 10 * KIB)
+        assert t.contains("pinned")
+    assert t.leased_bytes() == 10 * KIB
+    assert pinned.path.read_bytes() == payload("pinned", 10 * KIB)
+    pinned.release()
+    assert t.leased_bytes() == 0
+    put(t, "after", 20 * KIB)
+    assert not t.contains("pinned")
+
+
+def test_insert_waits_for_leases_then_fails_naming_the_limit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    t, _ = make_tier(tmp_path, limit=20 * KIB, wait_timeout=0.3)
+    leases = [t.insert(k, 10 * KIB, writer(k, 10 * KIB)) for k in ("a", "b")]
+    produced: list[Path] = []
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING), pytest.raises(errors.CacheError) as info:
+        t.insert("c", 10 * KIB, produced.append)
+    assert time.monotonic() - started >= 0.3
+    assert produced == []
+    message = str(info.value)
+    assert "limit 20480 bytes" in message
+    assert "20480 bytes held by leases" in message
+    assert names.ENV_DISK_LIMIT in message
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, "one warning per wait, not one per poll"
+    assert "disk tier is full" in warnings[0].getMessage()
+    assert "20480 bytes leased" in warnings[0].getMessage()
+    assert t.keys() == ["a", "b"]
+    for lease in leases:
+        lease.release()
+    assert t.used_bytes() == 20 * KIB
+
+
+def test_waiting_insert_proceeds_once_a_lease_is_released(tmp_path: Path) -> None:
+    t, _ = make_tier(tmp_path, limit=20 * KIB, wait_timeout=10.0)
+    first = t.insert("a", 10 * KIB, writer("a", 10 * KIB))
+    second = t.insert("b", 10 * KIB, writer("b", 10 * KIB))
+    releaser = threading.Timer(0.2, first.release)
+    releaser.start()
+    try:
+        with t.insert("c", 10 * KIB, writer("c", 10 * KIB)) as third:
+            assert third.path.read_bytes() == payload("c", 10 * KIB)
+    finally:
+        releaser.join()
+        second.release()
+    assert t.keys() == ["b", "c"]
+
+
+def test_entry_larger_than_the_limit_is_a_clear_error(tmp_path: Path) -> None:
+    t, _ = make_tier(tmp_path, limit=8 * KIB)
+    with pytest.raises(errors.CacheError) as info:
+        t.insert("big", 9 * KIB, writer("big", 9 * KIB))
+    message = str(info.value)
+    assert "9216 bytes" in message and "8192 bytes" in message
+    assert names.ENV_DISK_LIMIT in message
+    memory = tier.Tier(tmp_path / "mem", limit_bytes=8, name="memory", fsync=False)
+    with pytest.raises(errors.CacheError, match=names.ENV_MEMORY_LIMIT):
+        memory.insert("big", 9, writer("big", 9))
+    assert t.used_bytes() == 0
+
+
+def test_bit_flip_is_detected_removed_and_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    t, observer = make_tier(tmp_path)
+    put(t, "flip", 40 * KIB)
+    flip_one_bit(t.root / "flip", 33 * KIB)
+    with caplog.at_level(logging.WARNING):
+        assert t.lookup("flip") is None
+    assert not t.contains("flip")
+    assert not (t.root / "flip").exists()
+    assert ("corrupted", "disk", "flip") in observer.events
+    assert observer.kinds()[-1] == "miss"
+    text = caplog.text
+    assert "flip" in text and "sha256" in text and "expected" in text
+    # It is produced again on the next get_or_insert.
+    entry, hit = t.get_or_insert("flip", 40 * KIB, writer("flip", 40 * KIB))
+    assert not hit
+    assert entry.path.read_bytes() == payload("flip", 40 * KIB)
+    entry.release()
+
+
+@pytest.mark.parametrize("verify", ["always", "never"])
+def test_truncated_entry_is_detected_and_never_served(
+    tmp_path: Path, verify: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    t, observer = make_tier(tmp_path, verify=verify)
+    put(t, "short", 10 * KIB)
+    os.truncate(t.root / "short", 4 * KIB)
+    with caplog.at_level(logging.WARNING):
+        assert t.lookup("short") is None
+    assert not t.contains("short")
+    assert ("corrupted", "disk", "short") in observer.events
+    assert "size 4096 bytes, expected 10240" in caplog.text
+
+
+def test_bit_flip_goes_unnoticed_only_when_verification_is_off(tmp_path: Path) -> None:
+    t, _ = make_tier(tmp_path, verify="never")
+    put(t, "flip", 10 * KIB)
+    flip_one_bit(t.root / "flip", 5)
+    entry = t.lookup("flip")
+    assert entry is not None
+    entry.release()
+    checking = tier.Tier(t.root, limit_bytes=t.limit_bytes, name="disk", verify="always")
+    assert checking.scan().corrupted == 1
+    assert t.keys() == []
+
+
+def test_failed_produce_leaves_no_entry_and_no_reservation(tmp_path: Path) -> None:
+    t, _ = make_tier(tmp_path)
+
+    def fail(path: Path) -> None:
+        path.write_bytes(b"partial")
+        raise OSError("source went away")
+
+    with pytest.raises(OSError, match="source went away"):
+        t.insert("k", 10 * KIB, fail)
+    assert t.used_bytes() == 0
+    assert not t.contains("k")
+    assert [p.name for p in t.root.iterdir() if p.name.startswith(names.TMP_PREFIX)] == []
+
+
+def test_produce_writing_another_size_than_declared_is_rejected(tmp_path: Path) -> None:
+    t, _ = make_tier(tmp_path)
+    with pytest.raises(errors.CacheError, match="wrote 100 bytes, expected the declared size 200"):
+        t.insert("k", 200, writer("k", 100))
+    assert not t.contains("k")
+    assert t.used_bytes() == 0
+
+
+def test_reservation_counts_against_the_limit_while_producing(tmp_path: Path) -> None:
+    t, _ = make_tier(tmp_path, limit=30 * KIB)
+    seen: list[int] = []
+
+    def produce(path: Path) -> None:
+        with open(path, "wb") as f:  # truncates the pre-sized file: the name still counts
+            f.write(b"x")
+            f.flush()
+            seen.append(t.used_bytes())
+            f.write(b"x" * (20 * KIB - 1))
+
+    t.insert("k", 20 * KIB, produce).release()
+    assert seen == [20 * KIB]
+
+
+def test_meta_format_version_mismatch_is_reported_clearly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    t, observer = make_tier(tmp_path)
+    put(t, "future", 1 * KIB)
+    meta_path = t.root / ("future" + names.META_SUFFIX)
+    doc = json.loads(meta_path.read_text())
+    assert doc["format_version"] == tier.FORMAT_VERSION
+    doc["format_version"] = 99
+    meta_path.write_text(json.dumps(doc))
+
+    with pytest.raises(tier.IncompatibleFormatError) as info:
+        tier.read_meta(meta_path, "future")
+    assert "format_version 99, expected 1" in str(info.value)
+    with caplog.at_level(logging.WARNING):
+        assert t.lookup("future") is None
+    assert "format_version 99, expected 1" in caplog.text
+    assert not (t.root / "future").exists()
+    assert ("corrupted", "disk", "future") not in observer.events
+
+    put(t, "future", 1 * KIB)
+    doc["format_version"] = 99
+    meta_path.write_text(json.dumps(doc))
+    report = t.scan()
+    assert (report.incompatible, report.entries) == (1, 0)
+
+
+def test_malformed_meta_is_removed_not_served(tmp_path: Path) -> None:
+    t, _ = make_tier(tmp_path)
+    put(t, "k", 1 * KIB)
+    (t.root / ("k" + names.META_SUFFIX)).write_text("{not json")
+    assert t.lookup("k") is None
+    assert not (t.root / "k").exists()
+
+
+@pytest.mark.parametrize("key", ["", "../x", "a/b", ".hidden", "a.lock", "k\x00", "é", "x" * 201])
+def test_keys_that_are_not_safe_file_names_are_rejected(tmp_path: Path, key: str) -> None:
+    t, _ = make_tier(tmp_path)
+    with pytest.raises(errors.InputError, match="cache key"):
+        t.insert(key, 1, writer("k", 1))
+    with pytest.raises(errors.InputError):
+        t.lookup(key)
+
+
+def test_scan_removes_stale_temp_files_and_incomplete_entries(tmp_path: Path) -> None:
+    t, _ = make_tier(tmp_path)
+    put(t, "good", 2 * KIB)
+    put(t, "nometa", 2 * KIB)
+    (t.root / ("nometa" + names.META_SUFFIX)).unlink()
+    put(t, "nodata", 2 * KIB)
+    (t.root / "nodata").unlink()
+    stale = t.root / f"{names.TMP_PREFIX}999999-deadbeef-4096-lost"
+    stale.write_bytes(b"\0" * 4096)
+    (t.root / (stale.name + names.META_SUFFIX)).write_text("{}")
+    assert t.used_bytes() == 2 * KIB + 2 * KIB + 4096  # orphans still take room
+
+    report = t.scan()
+    assert report == tier.ScanReport(
+        entries=1,
+        bytes=2 * KIB,
+        verified=1,
+        removed_tmp=1,
+        removed_incomplete=2,
+        corrupted=0,
+        incompatible=0,
+    )
+    assert sorted(p.name for p in t.root.iterdir()) == sorted(
+        [tier.TIER_LOCK_NAME, "good", "good.lock", "good" + names.META_SUFFIX]
+    )
+
+
+def test_leases_in_one_process_are_independent(tmp_path: Path) -> None:
+    t, _ = make_tier(tmp_path)
+    put(t, "k", 1 * KIB)
+    first, second = t.lookup("k"), t.lookup("k")
+    assert first is not None and second is not None
+    first.release()
+    first.release()  # idempotent
+    assert not t.evict("k"), "the second lease still pins the entry"
+    second.release()
+    assert t.evict("k")
+    assert not t.contains("k")
+    assert not t.evict("k")
+
+
+def test_get_or_insert_from_many_threads_produces_once(tmp_path: Path) -> None:
+    t, _ = make_tier(tmp_path)
+    calls: list[int] = []
+    results: list[tuple[str, bool]] = []
+    barrier = threading.Barrier(6)
+
+    def produce(path: Path) -> None:
+        calls.append(1)
+        time.sleep(0.1)
+        writer("k", 4 * KIB)(path)
+
+    def worker() -> None:
+        barrier.wait()
+        entry, hit = t.get_or_insert("k", 4 * KIB, produce)
+        with entry:
+            results.append((entry.sha256, hit))
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert len(calls) == 1
+    assert len(results) == 6
+    assert len({sha for sha, _ in results}) == 1
+    assert sorted(hit for _, hit in results) == [False] + [True] * 5
+    assert not (t.root / ("k" + tier.FILL_LOCK_SUFFIX)).exists()
+
+
+def test_settings_out_of_range_are_input_errors(tmp_path: Path) -> None:
+    with pytest.raises(errors.InputError, match="limit"):
+        tier.Tier(tmp_path, limit_bytes=-1, name="disk")
+    with pytest.raises(errors.InputError, match="verify"):
+        tier.Tier(tmp_path, limit_bytes=1, name="disk", verify="sometimes")  # type: ignore[arg-type]
+    t, _ = make_tier(tmp_path)
+    with pytest.raises(errors.InputError, match="size"):
+        t.insert("k", -1, writer("k", 0))
+
+
+def test_empty_entry_is_legal(tmp_path: Path) -> None:
+    t, _ = make_tier(tmp_path)
+    put(t, "empty", 0)
+    entry = t.lookup("empty")
+    assert entry is not None
+    assert entry.size == 0
+    assert entry.sha256 == hashlib.sha256(b"").hexdigest()
+    entry.release()
