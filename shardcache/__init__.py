@@ -1,10 +1,10 @@
 """shardcache: a node-local dataset cache that hands trainers zero-copy Arrow batches.
 
-    ds = shardcache.open("s3://bucket/tokens/", rank=rank, world_size=world, seed=0)
-    ds.set_epoch(epoch)
-    for batch in ds.batches(1024):          # pyarrow.RecordBatch, memory-mapped
-        ...
-    state = ds.state_dict()                 # resume later with ds.load_state_dict(state)
+ds = shardcache.open("s3://bucket/tokens/", rank=rank, world_size=world, seed=0)
+ds.set_epoch(epoch)
+for batch in ds.batches(1024):          # pyarrow.RecordBatch, memory-mapped
+    ...
+state = ds.state_dict()                 # resume later with ds.load_state_dict(state)
 """
 
 from __future__ import annotations

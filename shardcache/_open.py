@@ -39,7 +39,7 @@ def _default_disk_limit(disk_dir: Path) -> int:
     return max(1 * GiB, min(100 * GiB, free // 2))
 
 
-def open(  # noqa: A001 - the paired verb of the API, like io.open
+def open(
     source_uri: str | None = None,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -110,5 +110,7 @@ def open(  # noqa: A001 - the paired verb of the API, like io.open
         fetch_concurrency=fetch_concurrency,
         retry=retry or source.RetryPolicy(),
     )
-    node = cache_mod.CacheNode(manifest, settings, storage_options=dict(storage_options or {}) or None)
+    node = cache_mod.CacheNode(
+        manifest, settings, storage_options=dict(storage_options or {}) or None
+    )
     return dataset.Dataset(embedded.EmbeddedProvider(node), params)

@@ -10,7 +10,7 @@ sidecar's state.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,7 @@ class Dataset:
 
     def batches(
         self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
-    ) -> Iterator[pa.RecordBatch]:
+    ) -> Generator[pa.RecordBatch, None, None]:
         """Record batches of `batch_size` rows for the rest of the current epoch.
 
         The last batch may be short unless `drop_last`. `state_dict()` taken after a
@@ -185,8 +185,16 @@ class Dataset:
         ours = self.state_dict()
         differ = [
             f"{key}: state has {state[key]!r}, this dataset has {ours[key]!r}"
-            for key in ("version", "plan_version", "digest", "seed", "shuffle", "block_size",
-                        "world_size", "rank")  # fmt: skip
+            for key in (
+                "version",
+                "plan_version",
+                "digest",
+                "seed",
+                "shuffle",
+                "block_size",
+                "world_size",
+                "rank",
+            )
             if state[key] != ours[key]
         ]
         if differ:

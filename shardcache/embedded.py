@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import uuid
 
-from shardcache import plan
 from shardcache import manifest as manifest_mod
+from shardcache import plan
 from shardcache.node import cache as cache_mod
 from shardcache.node import tier as tier_mod
 

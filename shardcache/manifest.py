@@ -16,12 +16,14 @@ from functools import cached_property
 from pathlib import PurePosixPath
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from shardcache import errors, formats, source
 
 MANIFEST_VERSION = 1
 _INSPECT_CONCURRENCY = 16
+_NO_FIELDS = formats.fingerprint(pa.schema([]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +131,9 @@ def _list(fs: pafs.FileSystem, root: str, uri: str) -> list[pafs.FileInfo]:
     if info.type == pafs.FileType.File:
         return [info]
     if info.type == pafs.FileType.NotFound:
-        raise errors.InputError(f"nothing found at {uri!r}: expected a file or a prefix with shards")
+        raise errors.InputError(
+            f"nothing found at {uri!r}: expected a file or a prefix with shards"
+        )
     selector = pafs.FileSelector(root, recursive=True)
     return [i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
 
@@ -185,8 +189,10 @@ def resolve(
 
     with concurrent.futures.ThreadPoolExecutor(_INSPECT_CONCURRENCY) as pool:
         shards = tuple(pool.map(inspect, files))
-    first = shards[0]
-    for shard in shards[1:]:
+    # An empty JSON Lines shard has no schema at all; it cannot disagree with others.
+    typed = [s for s in shards if not (s.rows == 0 and s.fingerprint == _NO_FIELDS)] or list(shards)
+    first = typed[0]
+    for shard in typed[1:]:
         if shard.fingerprint != first.fingerprint:
             raise errors.InputError(
                 f"shards disagree on the schema: {shard.path!r} (fingerprint "
@@ -195,5 +201,7 @@ def resolve(
             )
     root_uri = uri.rstrip("/") if not single else uri.rsplit("/", 1)[0] if "/" in uri else uri
     if single:
-        shards = tuple(dataclasses.replace(s, path=PurePosixPath(files[0][1].path).name) for s in shards)
+        shards = tuple(
+            dataclasses.replace(s, path=PurePosixPath(files[0][1].path).name) for s in shards
+        )
     return Manifest.build(root_uri, fmt, shards)

@@ -116,7 +116,7 @@ def _s3(options: Mapping[str, str] | None) -> pafs.S3FileSystem:
     kwargs["request_timeout"] = float(env.get(ENV_S3_REQUEST_TIMEOUT, "30"))
     # Our own backoff (RetryPolicy) governs; keep the SDK's retries short.
     kwargs["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=2)
-    return pafs.S3FileSystem(**{k: v for k, v in kwargs.items() if v is not None})  # type: ignore[arg-type]
+    return pafs.S3FileSystem(**{k: v for k, v in kwargs.items() if v is not None})
 
 
 _PERMANENT_MARKERS = (

@@ -63,8 +63,7 @@ def infer(paths: list[str]) -> str:
     if len(found) > 1:
         examples = {name: files[0] for name, files in found.items()}
         raise errors.InputError(
-            f"shards of more than one format under one prefix: {examples}; "
-            "expected a single format"
+            f"shards of more than one format under one prefix: {examples}; expected a single format"
         )
     return next(iter(found))
 

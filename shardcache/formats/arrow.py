@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-EXTENSIONS = (".arrow", ".feather", ".ipc", ".arrows")
+EXTENSIONS: tuple[str, ...] = (".arrow", ".feather", ".ipc", ".arrows")
 
 
 def _open(source: pa.NativeFile) -> ipc.RecordBatchFileReader | ipc.RecordBatchStreamReader:

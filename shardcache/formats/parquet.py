@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-EXTENSIONS = (".parquet", ".pq")
+EXTENSIONS: tuple[str, ...] = (".parquet", ".pq")
 
 
 def inspect(source: pa.NativeFile) -> tuple[int, pa.Schema]:

@@ -44,7 +44,7 @@ class NodeSettings:
     prefetch_depth: int = 4
     #: Concurrent source fetches + decodes. Decoding takes a core each.
     fetch_concurrency: int = 4
-    retry: source.RetryPolicy = source.RetryPolicy()
+    retry: source.RetryPolicy = dataclasses.field(default_factory=source.RetryPolicy)
     #: Longest an acquire waits for room in a full memory tier (seconds).
     wait_timeout: float = 300.0
 
@@ -268,9 +268,12 @@ class CacheNode:
             decoded = self._decode(shard, disk_entry.path)
         if prefetch and not self._fits(decoded.size):
             return
-        mem_entry, _ = self.memory.get_or_insert(
-            mem_key, decoded.size, lambda tmp: decoded.write(str(tmp))
-        )
+        try:
+            mem_entry, _ = self.memory.get_or_insert(
+                mem_key, decoded.size, lambda tmp: decoded.write(str(tmp))
+            )
+        except errors.CacheError as exc:
+            raise errors.CacheError(f"shard {shard} ({entry.path}): {exc}") from exc
         mem_entry.release()
 
     def _fits(self, size: int) -> bool:
