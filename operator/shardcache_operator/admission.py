@@ -1,0 +1,159 @@
+"""Admission decisions for pods: which mounts to inject, or why the pod is refused.
+
+Pure: the DatasetMounts come from a `lookup` callable, so the same code serves the
+kopf webhook handler (`webhook.py`) and AdmissionReview tests without a cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shardcache import errors
+from shardcache import spec as spec_model
+from shardcache_operator import injection, status
+
+#: Returns the DatasetMount object (as the API serves it) or None when it does not exist.
+Lookup = Callable[[str, str], Mapping[str, Any] | None]
+
+REFUSE = "Refuse"
+ADMIT = "Admit"
+
+
+class LookupFailed(Exception):
+    """The DatasetMount could not be read (the API failed); the pod is refused."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    #: The pod after injection (equal to the input when nothing was injected).
+    pod: dict[str, Any]
+    #: RFC 6902 operations from the admitted pod to `pod`.
+    patch: list[dict[str, Any]]
+    #: Why the pod is refused (empty when allowed).
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+    injected: tuple[str, ...] = ()
+
+
+def _ready_message(obj: Mapping[str, Any]) -> str:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == status.READY_CONDITION and condition.get("message"):
+            return str(condition["message"])
+    return "the operator has not resolved its manifest yet"
+
+
+def decide(
+    pod: Mapping[str, Any],
+    *,
+    namespace: str,
+    lookup: Lookup,
+    defaults: injection.SidecarDefaults,
+    missing_policy: str = REFUSE,
+) -> Decision:
+    """Inject the mounts the pod asks for, or refuse it naming the mount and the reason.
+
+    `missing_policy` applies to DatasetMounts that do not exist; for existing ones
+    that are not Ready, their own spec.admission.policy decides.
+    """
+    unchanged = dict(pod)
+    metadata = pod.get("metadata") or {}
+    try:
+        wanted = injection.requested_mounts(metadata)
+    except errors.InputError as exc:
+        return Decision(False, unchanged, [], message=str(exc))
+    already = set(injection.injected_mounts(metadata))
+    mounts: list[injection.Mount] = []
+    warnings: list[str] = []
+    for name in wanted:
+        if name in already:
+            continue
+        where = f"DatasetMount {namespace}/{name}"
+        try:
+            obj = lookup(namespace, name)
+        except LookupFailed as exc:
+            return Decision(
+                False, unchanged, [], message=f"{where} could not be read: {exc}; retry later"
+            )
+        if obj is None:
+            reason = f"{where} does not exist: create it, or remove {name} from the pod's "
+            reason += f"{injection.LABEL_MOUNT} label"
+            if missing_policy == REFUSE:
+                return Decision(False, unchanged, [], message=reason)
+            warnings.append(f"{reason}; admitted without the cache for {name}")
+            continue
+        try:
+            mount = spec_model.load(obj)
+        except errors.InputError as exc:
+            return Decision(False, unchanged, [], message=f"{where} is invalid: {exc}")
+        generation = (obj.get("metadata") or {}).get("generation")
+        observed = (obj.get("status") or {}).get("observedGeneration")
+        if mount.phase == status.READY and generation is not None and observed != generation:
+            # The spec changed and the operator has not caught up: the pinned digest may
+            # belong to the old source.
+            reason = f"{where} is not Ready (generation {generation} is not reconciled yet)"
+        elif mount.phase != status.READY:
+            reason = (
+                f"{where} is not Ready (phase {mount.phase or 'unknown'}: {_ready_message(obj)})"
+            )
+        else:
+            reason = ""
+        if reason:
+            if mount.spec.admission.policy == REFUSE:
+                return Decision(
+                    False,
+                    unchanged,
+                    [],
+                    message=f"{reason}; wait until `kubectl get dsm {name}` shows Ready, "
+                    "or set spec.admission.policy: Admit to start pods without the cache",
+                )
+            warnings.append(f"{reason}; admitted without the cache for {name}")
+            continue
+        mounts.append(injection.Mount(name=name, spec=mount.spec, digest=mount.manifest_digest))
+    if not mounts:
+        return Decision(True, unchanged, [], warnings=tuple(warnings))
+    try:
+        injected = injection.inject(pod, mounts, defaults=defaults)
+    except errors.InputError as exc:
+        names = ", ".join(m.name for m in mounts)
+        return Decision(False, unchanged, [], message=f"cannot inject DatasetMount {names}: {exc}")
+    return Decision(
+        True,
+        injected,
+        injection.json_patch(pod, injected),
+        warnings=tuple(warnings),
+        injected=tuple(m.name for m in mounts),
+    )
+
+
+def review(
+    request: Mapping[str, Any],
+    *,
+    lookup: Lookup,
+    defaults: injection.SidecarDefaults,
+    missing_policy: str = REFUSE,
+) -> dict[str, Any]:
+    """An AdmissionReview v1 response to an AdmissionReview v1 request for a pod."""
+    body = request.get("request") or {}
+    pod = body.get("object") or {}
+    namespace = str(body.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
+    decision = decide(
+        pod, namespace=namespace, lookup=lookup, defaults=defaults, missing_policy=missing_policy
+    )
+    response: dict[str, Any] = {"uid": body.get("uid", ""), "allowed": decision.allowed}
+    if decision.warnings:
+        response["warnings"] = list(decision.warnings)
+    if not decision.allowed:
+        response["status"] = {"code": 403, "message": decision.message}
+    elif decision.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(decision.patch).encode()).decode()
+    return {
+        "apiVersion": request.get("apiVersion", "admission.k8s.io/v1"),
+        "kind": "AdmissionReview",
+        "response": response,
+    }
