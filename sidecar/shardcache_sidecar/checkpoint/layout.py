@@ -1,0 +1,214 @@
+"""Where checkpoints live in the bucket, and the manifest that makes one visible.
+
+Specified in docs/checkpoints.md (`LAYOUT_VERSION`). Under the checkpoint URI:
+
+    latest                              pointer to the newest published step
+    step-000000000042/data/<path>       the checkpoint's files
+    step-000000000042/checkpoint.json   its manifest, written last
+
+A checkpoint exists exactly when its manifest does. Everything here is pure except the
+small helpers at the bottom that read and write one object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from shardcache import errors
+
+#: Version of the bucket layout, the manifest and the pointer (docs/checkpoints.md).
+LAYOUT_VERSION = 1
+MANIFEST_NAME = "checkpoint.json"
+POINTER_NAME = "latest"
+DATA_DIR = "data"
+_STEP_DIGITS = 12
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CorruptCheckpointError(errors.InputError):
+    """A published checkpoint's bytes differ from its manifest."""
+
+
+class DuplicateStepError(errors.InputError):
+    """A checkpoint with this step is already published with other content."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEntry:
+    #: Path inside the checkpoint directory, '/'-separated.
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointManifest:
+    step: int
+    #: Name of the checkpoint directory; restored under the same name.
+    name: str
+    files: tuple[FileEntry, ...]
+    data_state: dict[str, Any] | None
+    created_at: float
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def same_content(self, other: CheckpointManifest) -> bool:
+        return (self.step, self.name, self.files) == (other.step, other.name, other.files)
+
+    def _body(self) -> dict[str, Any]:
+        return {
+            "version": LAYOUT_VERSION,
+            "step": self.step,
+            "name": self.name,
+            "created_at": self.created_at,
+            "total_bytes": self.total_bytes,
+            "data_state": self.data_state,
+            "files": [dataclasses.asdict(f) for f in self.files],
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        body = self._body()
+        return {**body, "digest": _digest(body)}
+
+    @classmethod
+    def from_json(cls, data: object, *, where: str) -> CheckpointManifest:
+        if not isinstance(data, dict):
+            raise CorruptCheckpointError(f"{where}: expected a JSON object")
+        if data.get("version") != LAYOUT_VERSION:
+            raise errors.InputError(
+                f"{where}: checkpoint layout version {data.get('version')!r} is not "
+                f"supported: expected {LAYOUT_VERSION} (written by another shardcache version)"
+            )
+        try:
+            manifest = cls(
+                step=int(data["step"]),
+                name=str(data["name"]),
+                files=tuple(
+                    FileEntry(str(f["path"]), int(f["size"]), str(f["sha256"]))
+                    for f in data["files"]
+                ),
+                data_state=data.get("data_state"),
+                created_at=float(data["created_at"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptCheckpointError(f"{where}: malformed manifest ({exc!r})") from exc
+        body = {k: v for k, v in data.items() if k != "digest"}
+        if data.get("digest") != _digest(body):
+            raise CorruptCheckpointError(
+                f"{where}: the manifest does not match its digest: it was altered or torn"
+            )
+        check_name(manifest.name, where=where)
+        for f in manifest.files:
+            check_relpath(f.path, where=where)
+        return manifest
+
+
+def _digest(body: Mapping[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_name(name: str, *, where: str) -> None:
+    if not name or "/" in name or name.startswith(".") or name in ("..",):
+        raise CorruptCheckpointError(f"{where}: invalid checkpoint directory name {name!r}")
+
+
+def check_relpath(path: str, *, where: str) -> None:
+    parts = path.split("/")
+    if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise CorruptCheckpointError(f"{where}: file path {path!r} escapes the checkpoint")
+
+
+# --- names -------------------------------------------------------------------------------
+def step_dir(prefix: str, step: int) -> str:
+    return f"{prefix}/step-{step:0{_STEP_DIGITS}d}"
+
+
+def manifest_path(prefix: str, step: int) -> str:
+    return f"{step_dir(prefix, step)}/{MANIFEST_NAME}"
+
+
+def data_path(prefix: str, step: int, rel: str) -> str:
+    return f"{step_dir(prefix, step)}/{DATA_DIR}/{rel}"
+
+
+def pointer_path(prefix: str) -> str:
+    return f"{prefix}/{POINTER_NAME}"
+
+
+def parse_step_dir(base_name: str) -> int | None:
+    match = _STEP_DIR.match(base_name)
+    return int(match.group(1)) if match else None
+
+
+def pointer_json(manifest: CheckpointManifest) -> dict[str, Any]:
+    return {"version": LAYOUT_VERSION, "step": manifest.step, "name": manifest.name}
+
+
+def parse_pointer(data: object) -> int | None:
+    """The step a pointer names; None for a pointer this version cannot read."""
+    if isinstance(data, dict) and data.get("version") == LAYOUT_VERSION:
+        step = data.get("step")
+        if isinstance(step, int) and step >= 0:
+            return step
+    return None
+
+
+def retention_plan(
+    complete: Iterable[int], incomplete: Iterable[int], keep_last: int
+) -> tuple[list[int], list[int]]:
+    """(complete steps to delete, incomplete step directories to delete).
+
+    Keeps the newest `keep_last` complete steps. An incomplete directory (no manifest:
+    an upload that died) is deleted only when it is older than every kept step; a newer
+    one may be an upload in flight.
+    """
+    if keep_last < 1:
+        raise errors.InputError(f"keep_last must be >= 1, found {keep_last}")
+    steps = sorted(set(complete))
+    kept, dropped = steps[-keep_last:], steps[:-keep_last]
+    oldest_kept = kept[0] if kept else None
+    orphans = sorted(s for s in set(incomplete) if oldest_kept is not None and s < oldest_kept)
+    return dropped, orphans
+
+
+# --- one object at a time ---------------------------------------------------------------------
+def read_json(fs: pafs.FileSystem, path: str) -> object | None:
+    """A small JSON object, or None when it does not exist."""
+    try:
+        with fs.open_input_stream(path) as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise CorruptCheckpointError(f"{path}: not JSON ({exc})") from exc
+
+
+def write_json(fs: pafs.FileSystem, path: str, data: Mapping[str, Any]) -> None:
+    """Write a small JSON object so readers see all of it or nothing.
+
+    One PUT on object stores is atomic; on filesystems with directories, write a temp
+    file and rename it into place.
+    """
+    payload = json.dumps(data, sort_keys=True, indent=1).encode()
+    if isinstance(fs, pafs.LocalFileSystem | pafs.SubTreeFileSystem):
+        parent = path.rsplit("/", 1)[0]
+        fs.create_dir(parent, recursive=True)
+        tmp = f"{path}.tmp-{hashlib.sha256(payload).hexdigest()[:12]}"
+        with fs.open_output_stream(tmp) as out:
+            out.write(payload)
+        fs.move(tmp, path)
+        return
+    with fs.open_output_stream(path) as out:
+        out.write(payload)

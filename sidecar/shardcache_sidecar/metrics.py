@@ -1,0 +1,173 @@
+"""Prometheus metrics of the sidecar.
+
+Counters and the fetch-latency histogram are fed by the cache's observer callbacks as
+events happen (`Metrics` is a `NodeObserver`); gauges (resident bytes, limits, readers)
+are read from `CacheNode.stats()` at scrape time by a custom collector, so they are
+never stale. One registry per sidecar (not the global default), so tests can run
+several in one process.
+
+Names follow Prometheus conventions: `shardcache_` prefix, base units in the name,
+`_total` on counters. The list is in docs/wire-format.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+import prometheus_client
+from prometheus_client import core as prom_core
+from prometheus_client import registry as prom_registry
+
+from shardcache.node import cache as cache_mod
+
+log = logging.getLogger(__name__)
+
+TIERS = ("disk", "memory")
+# Fetch latency buckets in seconds: small shards from a local store take milliseconds,
+# GiB shards from a remote store a minute or more.
+FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+
+
+class _StatsCollector(prom_registry.Collector):
+    def __init__(
+        self,
+        stats: Callable[[], cache_mod.NodeStats | None],
+        ready: Callable[[], bool],
+    ) -> None:
+        self._stats = stats
+        self._ready = ready
+
+    def describe(self) -> list[prom_core.Metric]:
+        # Not described up front: collect() may only run once the node exists.
+        return []
+
+    def collect(self) -> Iterator[prom_core.Metric]:
+        ready = prom_core.GaugeMetricFamily(
+            "shardcache_ready", "1 when /readyz answers 200 (data warm, digest matches)."
+        )
+        ready.add_metric([], 1.0 if self._ready() else 0.0)
+        yield ready
+        stats = self._stats()
+        if stats is None:
+            return
+        resident = prom_core.GaugeMetricFamily(
+            "shardcache_cache_resident_bytes",
+            "Bytes held by each cache tier on this node.",
+            labels=["tier"],
+        )
+        resident.add_metric(["disk"], stats.disk_resident_bytes)
+        resident.add_metric(["memory"], stats.memory_resident_bytes)
+        yield resident
+        limit = prom_core.GaugeMetricFamily(
+            "shardcache_cache_limit_bytes",
+            "Configured byte limit of each cache tier.",
+            labels=["tier"],
+        )
+        limit.add_metric(["disk"], stats.disk_limit_bytes)
+        limit.add_metric(["memory"], stats.memory_limit_bytes)
+        yield limit
+        readers = prom_core.GaugeMetricFamily(
+            "shardcache_readers", "Readers registered with this sidecar (incl. the startup plan)."
+        )
+        readers.add_metric([], stats.readers)
+        yield readers
+
+
+class Metrics:
+    """The sidecar's registry; also the cache's observer (thread-safe, called from
+    fetch threads)."""
+
+    def __init__(self) -> None:
+        self.registry = prom_registry.CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.fetched_bytes = prometheus_client.Counter(
+            "shardcache_source_fetched_bytes",
+            "Bytes read from the object store.",
+            registry=r,
+        )
+        self.fetch_seconds = prometheus_client.Histogram(
+            "shardcache_source_fetch_duration_seconds",
+            "Time to fetch one shard from the object store, retries included.",
+            buckets=FETCH_BUCKETS,
+            registry=r,
+        )
+        self.source_errors = prometheus_client.Counter(
+            "shardcache_source_errors",
+            "Shard fetches that failed after retries.",
+            registry=r,
+        )
+        self.hits = prometheus_client.Counter(
+            "shardcache_cache_hits",
+            "Lookups that found the shard in the tier.",
+            ["tier"],
+            registry=r,
+        )
+        self.misses = prometheus_client.Counter(
+            "shardcache_cache_misses",
+            "Lookups that did not find the shard in the tier.",
+            ["tier"],
+            registry=r,
+        )
+        self.evictions = prometheus_client.Counter(
+            "shardcache_cache_evictions", "Entries evicted from the tier.", ["tier"], registry=r
+        )
+        self.evicted_bytes = prometheus_client.Counter(
+            "shardcache_cache_evicted_bytes", "Bytes evicted from the tier.", ["tier"], registry=r
+        )
+        self.corrupted_entries = prometheus_client.Counter(
+            "shardcache_cache_corrupted_entries",
+            "Entries found corrupted or truncated, removed and fetched again.",
+            ["tier"],
+            registry=r,
+        )
+        self.requests = prometheus_client.Counter(
+            "shardcache_control_requests",
+            "Control API requests by route and HTTP status.",
+            ["route", "status"],
+            registry=r,
+        )
+        for tier in TIERS:
+            # Present from the first scrape, so rate() has a zero to start from.
+            for counter in (
+                self.hits,
+                self.misses,
+                self.evictions,
+                self.evicted_bytes,
+                self.corrupted_entries,
+            ):
+                counter.labels(tier)
+
+    def watch(
+        self,
+        stats: Callable[[], cache_mod.NodeStats | None],
+        ready: Callable[[], bool],
+    ) -> None:
+        """Export gauges read from `stats()` (None while there is no node yet)."""
+        self.registry.register(_StatsCollector(stats, ready))
+
+    def render(self) -> bytes:
+        return bytes(prometheus_client.generate_latest(self.registry))
+
+    # --- NodeObserver -------------------------------------------------------------
+    def hit(self, tier: str) -> None:
+        self.hits.labels(tier).inc()
+
+    def miss(self, tier: str) -> None:
+        self.misses.labels(tier).inc()
+
+    def evicted(self, tier: str, nbytes: int) -> None:
+        self.evictions.labels(tier).inc()
+        self.evicted_bytes.labels(tier).inc(nbytes)
+
+    def corrupted(self, tier: str, key: str) -> None:
+        self.corrupted_entries.labels(tier).inc()
+
+    def fetched(self, nbytes: int, seconds: float) -> None:
+        self.fetched_bytes.inc(nbytes)
+        self.fetch_seconds.observe(seconds)
+
+    def fetch_failed(self, shard: int, error: BaseException) -> None:
+        self.source_errors.inc()

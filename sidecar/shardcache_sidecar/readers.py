@@ -1,0 +1,123 @@
+"""The sidecar's registry of readers and of the shard holds it hands over to them.
+
+Pure bookkeeping (no I/O, no cache calls): the server asks it what changed and then
+tells the `CacheNode`. Reader ids are chosen by the client, so registering the same id
+again (after a sidecar restart, or a client retry) is the same reader, not a new one.
+
+A hold is the sidecar's own lease on a shard between answering an acquire and the
+client taking its own file lock on the entry (`shardcache.node.lease`). A client that
+dies in between never drops it, so holds expire after `handoff_timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import secrets
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from shardcache import plan
+
+L = TypeVar("L")
+
+
+class Change(enum.Enum):
+    CREATED = "created"
+    #: Same id, same plan: nothing to tell the cache but the position.
+    UNCHANGED = "unchanged"
+    #: Same id, another plan (a rank or seed change): the cache must replace the reader.
+    REPLACED = "replaced"
+
+
+@dataclasses.dataclass
+class Reader:
+    reader_id: str
+    params: plan.PlanParams
+    position: int
+    registered_at: float
+    last_seen: float
+
+
+@dataclasses.dataclass
+class Hold(Generic[L]):
+    lease_id: str
+    reader_id: str
+    shard: int
+    lease: L
+    created: float
+
+
+def _same_plan(a: plan.PlanParams, b: plan.PlanParams) -> bool:
+    # The epoch moves with the reader (update_reader); everything else defines it.
+    return a.with_epoch(0) == b.with_epoch(0)
+
+
+class Registry(Generic[L]):
+    """Readers by id, and holds (leases of type L) by lease id. Not thread-safe: the
+    server uses it from the event loop only."""
+
+    def __init__(self, *, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._readers: dict[str, Reader] = {}
+        self._holds: dict[str, Hold[L]] = {}
+
+    # --- readers ----------------------------------------------------------------
+    def register(self, reader_id: str, params: plan.PlanParams, position: int) -> Change:
+        now = self._clock()
+        old = self._readers.get(reader_id)
+        if old is None:
+            self._readers[reader_id] = Reader(reader_id, params, position, now, now)
+            return Change.CREATED
+        change = Change.UNCHANGED if _same_plan(old.params, params) else Change.REPLACED
+        old.params, old.position, old.last_seen = params, position, now
+        return change
+
+    def get(self, reader_id: str) -> Reader | None:
+        return self._readers.get(reader_id)
+
+    def move(self, reader_id: str, *, epoch: int, position: int) -> Reader | None:
+        reader = self._readers.get(reader_id)
+        if reader is None:
+            return None
+        if epoch != reader.params.epoch:
+            reader.params = reader.params.with_epoch(epoch)
+        reader.position = position
+        reader.last_seen = self._clock()
+        return reader
+
+    def unregister(self, reader_id: str) -> tuple[Reader | None, list[Hold[L]]]:
+        """Remove a reader; returns it and the holds it still had (to release)."""
+        reader = self._readers.pop(reader_id, None)
+        holds = [h for h in self._holds.values() if h.reader_id == reader_id]
+        for hold in holds:
+            del self._holds[hold.lease_id]
+        return reader, holds
+
+    def readers(self) -> list[Reader]:
+        return list(self._readers.values())
+
+    def __len__(self) -> int:
+        return len(self._readers)
+
+    # --- holds ------------------------------------------------------------------
+    def hold(self, reader_id: str, shard: int, lease: L) -> Hold[L]:
+        lease_id = secrets.token_hex(16)
+        hold = Hold(lease_id, reader_id, shard, lease, self._clock())
+        self._holds[lease_id] = hold
+        return hold
+
+    def drop(self, lease_id: str) -> Hold[L] | None:
+        """Forget a hold; the caller releases its lease. None if unknown (idempotent)."""
+        return self._holds.pop(lease_id, None)
+
+    def expired(self, max_age: float) -> list[Hold[L]]:
+        """Forget and return holds older than `max_age` seconds; the caller releases them."""
+        cutoff = self._clock() - max_age
+        stale = [h for h in self._holds.values() if h.created <= cutoff]
+        for hold in stale:
+            del self._holds[hold.lease_id]
+        return stale
+
+    def holds(self) -> list[Hold[L]]:
+        return list(self._holds.values())
