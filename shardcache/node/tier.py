@@ -301,7 +301,7 @@ class Tier:
         self._count_lookup(entry)
         return entry
 
-    def insert(self, key: str, size: int, produce: Callable[[Path], None]) -> Entry:
+    def insert(self, key: str, size: int, produce: Callable[[Path], object]) -> Entry:
         """Reserve `size` bytes, let `produce(tmp_path)` write them, commit, return a lease.
 
         `produce` must write exactly `size` bytes into `tmp_path` in place (open it for
@@ -359,7 +359,7 @@ class Tier:
         return Entry(key=key, path=self._data(key), size=size, sha256=sha256, lease_fd=lease_fd)
 
     def get_or_insert(
-        self, key: str, size: int, produce: Callable[[Path], None]
+        self, key: str, size: int, produce: Callable[[Path], object]
     ) -> tuple[Entry, bool]:
         """lookup, else insert; one producer per key across threads and processes.
 

@@ -15,6 +15,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def wait_for(path: Path, timeout: float = 20.0) -> None:
         time.sleep(0.01)
 
 
-def start(target: object, *args: object) -> multiprocessing.context.SpawnProcess:
+def start(target: Callable[..., object], *args: object) -> multiprocessing.context.SpawnProcess:
     process = SPAWN.Process(target=target, args=args, daemon=True)
     process.start()
     return process
