@@ -3,4 +3,4 @@
 from __future__ import annotations
 
 # Fixture modules live in tests/support; each registers its fixtures here.
-pytest_plugins: list[str] = ["tests.support.s3server"]
+pytest_plugins: list[str] = ["tests.support.s3server", "tests.support.sidecar"]

@@ -1,0 +1,236 @@
+"""The control protocol against a real `shardcache sidecar` process (file:// source)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.ipc as ipc
+import pytest
+
+import shardcache
+from shardcache import control_protocol as proto
+from shardcache import errors, plan
+from shardcache import sidecar_client as client_mod
+from tests.support import datasets
+from tests.support.sidecar import SidecarProcess
+
+pytestmark = pytest.mark.integration
+
+SHARDS = [300, 0, 170, 512, 45, 260]
+BLOCK = 64
+
+Factory = Callable[..., SidecarProcess]
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> tuple[str, pa.Table]:
+    root = tmp_path / "ds"
+    table = datasets.write_dataset(pafs.LocalFileSystem(), str(root), SHARDS)
+    return f"file://{root}", table
+
+
+@pytest.fixture
+def sidecar(sidecar_factory: Factory, dataset: tuple[str, pa.Table]) -> SidecarProcess:
+    proc = sidecar_factory(dataset[0], args=["--block-size", str(BLOCK)])
+    proc.start(wait="ready")
+    return proc
+
+
+def provider(proc: SidecarProcess, **kwargs: Any) -> client_mod.SidecarProvider:
+    kwargs.setdefault("reconnect_timeout", 5.0)
+    return client_mod.SidecarProvider.from_env(environ=proc.client_env(), **kwargs)
+
+
+def uids(ds: shardcache.Dataset, batch_size: int = 50) -> list[int]:
+    return [u for b in ds.batches(batch_size) for u in b.column("uid").to_pylist()]
+
+
+def exclusively_lockable(lock: Path) -> bool:
+    """Whether an evictor could take the entry now (nobody holds a lease on it)."""
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def test_manifest_from_the_sidecar_matches_a_direct_resolve(
+    sidecar: SidecarProcess, dataset: tuple[str, pa.Table]
+) -> None:
+    shards = provider(sidecar)
+    assert shards.manifest == shardcache.resolve(dataset[0])
+    assert shards.manifest.shard_rows == SHARDS
+
+
+def test_acquire_hands_over_a_pinned_decoded_shard_that_release_unpins(
+    sidecar: SidecarProcess, dataset: tuple[str, pa.Table]
+) -> None:
+    shards = provider(sidecar)
+    reader = shards.open_reader(plan.PlanParams(shuffle=False, block_size=BLOCK), position=0)
+    lease = shards.acquire(reader, 3, epoch=0, position=0)
+    assert lease.path.parent == sidecar.memory_dir
+    with pa.memory_map(str(lease.path)) as source:
+        batch = ipc.open_file(source).get_batch(0)
+    offsets = plan.shard_offsets(SHARDS)
+    assert batch.to_pydict() == dataset[1].slice(offsets[3], SHARDS[3]).to_pydict()
+    # The pin is this process's own lock, and the sidecar let go of its hold.
+    assert not exclusively_lockable(lease.lock_path)
+    assert shards.status()["holds"] == 0
+    lease.release()
+    lease.release()  # idempotent
+    assert exclusively_lockable(lease.lock_path)
+
+
+def test_dataset_through_the_sidecar_equals_embedded_mode(
+    sidecar: SidecarProcess, dataset: tuple[str, pa.Table], tmp_path: Path
+) -> None:
+    os.environ.update(sidecar.client_env())
+    try:
+        with shardcache.open(seed=7, block_size=BLOCK) as via_sidecar:
+            got = uids(via_sidecar)
+    finally:
+        for key in sidecar.client_env():
+            os.environ.pop(key, None)
+    with shardcache.open(dataset[0], seed=7, block_size=BLOCK, cache_dir=tmp_path / "c") as local:
+        want = uids(local)
+    assert got == want
+    assert sorted(got) == list(range(sum(SHARDS)))
+
+
+def test_two_readers_of_one_sidecar_split_the_epoch(sidecar: SidecarProcess) -> None:
+    shards = provider(sidecar)
+    seen: list[int] = []
+    for rank in range(2):
+        ds = shardcache.Dataset(
+            shards, plan.PlanParams(seed=1, rank=rank, world_size=2, block_size=BLOCK)
+        )
+        seen += uids(ds)
+    status = shards.status()
+    assert len(status["readers"]) == 2
+    assert sorted(seen) == list(range(sum(SHARDS)))
+
+
+def test_bad_requests_get_4xx_json_and_the_sidecar_keeps_serving(sidecar: SidecarProcess) -> None:
+    params = proto.params_to_json(plan.PlanParams(block_size=BLOCK))
+    good = {**params, "position": 0}
+    assert sidecar.control("PUT", proto.reader_path("r1"), good)[0] == 200
+    cases: list[tuple[str, str, Any, int, str]] = [
+        (
+            "POST",
+            proto.acquire_path("r1"),
+            {"shard": 99, "epoch": 0, "position": 0},
+            400,
+            proto.CODE_UNKNOWN_SHARD,
+        ),
+        (
+            "POST",
+            proto.acquire_path("r1"),
+            {"shard": -1, "epoch": 0, "position": 0},
+            400,
+            proto.CODE_UNKNOWN_SHARD,
+        ),
+        (
+            "POST",
+            proto.acquire_path("r1"),
+            {"shard": "3", "epoch": 0, "position": 0},
+            400,
+            proto.CODE_BAD_REQUEST,
+        ),
+        (
+            "POST",
+            proto.acquire_path("nobody"),
+            {"shard": 0, "epoch": 0, "position": 0},
+            404,
+            proto.CODE_UNKNOWN_READER,
+        ),
+        (
+            "PUT",
+            proto.reader_path("r2"),
+            {**good, "rank": 2, "world_size": 2},
+            400,
+            proto.CODE_BAD_REQUEST,
+        ),
+        ("PUT", proto.reader_path("r2"), {**good, "seed": True}, 400, proto.CODE_BAD_REQUEST),
+        ("PUT", proto.reader_path("r2"), {**good, "position": -5}, 400, proto.CODE_BAD_REQUEST),
+        ("PUT", proto.reader_path("r2"), [1, 2], 400, proto.CODE_BAD_REQUEST),
+        (
+            "PUT",
+            proto.reader_path("r2"),
+            {**good, "digest": "sha256:" + "0" * 64},
+            409,
+            proto.CODE_MANIFEST_MISMATCH,
+        ),
+        ("PUT", proto.reader_path("bad%20id"), good, 400, proto.CODE_BAD_REQUEST),
+        ("GET", f"{proto.PREFIX}/nothing-here", None, 404, proto.CODE_UNKNOWN_ROUTE),
+        ("DELETE", proto.MANIFEST, None, 405, proto.CODE_UNKNOWN_ROUTE),
+    ]
+    for method, path, body, status, code in cases:
+        got_status, got = sidecar.control(method, path, body)
+        assert (got_status, got["error"]["code"]) == (status, code), (method, path, body, got)
+        assert got["error"]["kind"] == proto.KIND_INPUT
+        assert got["error"]["message"]
+    status, _ = sidecar.control("POST", proto.acquire_path("r1"), raw=b"{not json")
+    assert status == 400
+    # Still serving, to this reader and a new one.
+    status, answer = sidecar.control(
+        "POST", proto.acquire_path("r1"), {"shard": 0, "epoch": 0, "position": 0}
+    )
+    assert status == 200 and answer["shard"] == 0
+    assert sidecar.control("DELETE", proto.lease_path(answer["lease"]))[1]["released"] is True
+    assert sidecar.control("DELETE", proto.lease_path(answer["lease"]))[1]["released"] is False
+    shards = provider(sidecar)
+    ds = shardcache.Dataset(shards, plan.PlanParams(block_size=BLOCK))
+    assert sorted(uids(ds)) == list(range(sum(SHARDS)))
+
+
+def test_client_maps_error_kinds_to_shardcache_errors(sidecar: SidecarProcess) -> None:
+    shards = provider(sidecar)
+    reader = shards.open_reader(plan.PlanParams(block_size=BLOCK), position=0)
+    with pytest.raises(errors.InputError, match="out of range: the manifest has 6 shards"):
+        shards.acquire(reader, 6, epoch=0, position=0)
+    with pytest.raises(errors.InputError, match="unknown reader"):
+        shards.acquire("never-opened", 0, epoch=0, position=0)
+
+
+def test_registering_the_same_reader_id_again_is_idempotent(sidecar: SidecarProcess) -> None:
+    body = {**proto.params_to_json(plan.PlanParams(seed=3, block_size=BLOCK)), "position": 10}
+    first = sidecar.control("PUT", proto.reader_path("same"), body)[1]
+    again = sidecar.control("PUT", proto.reader_path("same"), {**body, "position": 40})[1]
+    other = sidecar.control("PUT", proto.reader_path("same"), {**body, "seed": 4})[1]
+    assert [first["change"], again["change"], other["change"]] == [
+        "created",
+        "unchanged",
+        "replaced",
+    ]
+    readers = sidecar.control("GET", proto.STATUS)[1]["readers"]
+    assert [(r["id"], r["seed"], r["position"]) for r in readers] == [("same", 4, 10)]
+
+
+def test_a_hold_nobody_takes_over_expires(
+    sidecar_factory: Factory, dataset: tuple[str, pa.Table]
+) -> None:
+    proc = sidecar_factory(dataset[0], args=["--handoff-timeout", "0.5"])
+    proc.start(wait="ready")
+    body = {**proto.params_to_json(plan.PlanParams()), "position": 0}
+    assert proc.control("PUT", proto.reader_path("r"), body)[0] == 200
+    status, answer = proc.control(
+        "POST", proto.acquire_path("r"), {"shard": 0, "epoch": 0, "position": 0}
+    )
+    assert status == 200
+    lock = proc.memory_dir / answer["lock"]
+    assert not exclusively_lockable(lock)  # held by the sidecar for the handover
+    deadline = time.monotonic() + 10
+    while not exclusively_lockable(lock) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert exclusively_lockable(lock)
+    assert proc.control("GET", proto.STATUS)[1]["holds"] == 0

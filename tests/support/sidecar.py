@@ -1,0 +1,200 @@
+"""`shardcache sidecar` as a real subprocess, for integration tests.
+
+`SidecarProcess` keeps its directories, socket and port across `kill()` / `start()`, so
+a test can SIGKILL it and start it again the way the kubelet restarts a native sidecar.
+The run directory is short and under /tmp: Unix socket paths are limited to 107 bytes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardcache.node import names
+
+HOST = "127.0.0.1"
+MOUNT = "m"
+# Start-up is an interpreter plus aiohttp and pyarrow imports: about a second, far
+# more on two cores shared with builds.
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path, timeout: float = 30.0) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(os.fspath(self._path))
+        self.sock = sock
+
+
+class SidecarProcess:
+    def __init__(
+        self,
+        source_uri: str,
+        *,
+        workdir: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        args: list[str] | None = None,
+    ) -> None:
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="scs-", dir="/tmp"))
+        self.run_dir = self.workdir / "run"
+        self.disk_dir = self.workdir / "disk"
+        self.log_path = self.workdir / "sidecar.log"
+        self.port = free_port()
+        self.source_uri = source_uri
+        self.extra_env = dict(env or {})
+        self.args = list(args or [])
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        return names.socket_path(self.run_dir, MOUNT)
+
+    @property
+    def memory_dir(self) -> Path:
+        return names.memory_dir(self.run_dir, MOUNT)
+
+    def client_env(self) -> dict[str, str]:
+        """What the webhook gives a trainer container."""
+        return {names.ENV_RUN_DIR: str(self.run_dir), names.ENV_MOUNT: MOUNT}
+
+    def start(self, *, wait: str = "healthy") -> None:
+        env = {
+            **os.environ,
+            names.ENV_SOURCE_URI: self.source_uri,
+            names.ENV_RUN_DIR: str(self.run_dir),
+            names.ENV_MOUNT: MOUNT,
+            names.ENV_DISK_DIR: str(self.disk_dir),
+            names.ENV_METRICS_PORT: str(self.port),
+            "SHARDCACHE_METRICS_HOST": HOST,
+            **self.extra_env,
+        }
+        command = [sys.executable, "-m", "shardcache", "sidecar", *self.args]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        if wait == "healthy":
+            self.wait_for("/healthz")
+        elif wait == "ready":
+            self.wait_for("/readyz")
+
+    def wait_for(self, path: str, timeout: float = START_TIMEOUT_S) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                raise RuntimeError(
+                    f"the sidecar exited while starting; its log:\n{self.log_tail()}"
+                )
+            try:
+                status, body = self.http_get(path)
+                if status == 200:
+                    return body  # type: ignore[no-any-return]
+                last = body
+            except OSError as exc:
+                last = exc
+            time.sleep(0.05)
+        raise RuntimeError(
+            f"the sidecar's {path} was not 200 within {timeout}s (last: {last}); "
+            f"its log:\n{self.log_tail()}"
+        )
+
+    def http_get(self, path: str) -> tuple[int, Any]:
+        """GET on the TCP port; returns (status, JSON body or text)."""
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.port}{path}", timeout=10) as r:
+                status, raw, ctype = r.status, r.read(), r.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as err:
+            status, raw, ctype = err.code, err.read(), err.headers.get("Content-Type", "")
+        return status, json.loads(raw) if "json" in ctype else raw.decode()
+
+    def control(
+        self, method: str, path: str, body: object = None, *, raw: bytes | None = None
+    ) -> tuple[int, Any]:
+        """One request on the control socket; returns (status, decoded body)."""
+        conn = UnixHTTPConnection(self.socket_path)
+        try:
+            payload = (
+                raw if raw is not None else None if body is None else json.dumps(body).encode()
+            )
+            headers = {"Content-Type": "application/json"} if payload is not None else {}
+            conn.request(method, path, body=payload, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+            ctype = response.headers.get("Content-Type", "")
+            return response.status, json.loads(data) if "json" in ctype else data.decode()
+        finally:
+            conn.close()
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        process, self.process = self.process, None
+        if process is None:
+            return 0
+        if process.poll() is None:
+            process.send_signal(sig)
+        return process.wait(timeout=STOP_TIMEOUT_S)
+
+    def stop(self) -> int:
+        return self.kill(signal.SIGTERM)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def cleanup(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def sidecar_factory() -> Iterator[Any]:
+    """Make `SidecarProcess`es; every one is killed and its directory removed at the end."""
+    made: list[SidecarProcess] = []
+
+    def make(source_uri: str, **kwargs: Any) -> SidecarProcess:
+        proc = SidecarProcess(source_uri, **kwargs)
+        made.append(proc)
+        return proc
+
+    yield make
+    for proc in made:
+        proc.cleanup()
