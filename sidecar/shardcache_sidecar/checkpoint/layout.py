@@ -190,9 +190,10 @@ def read_json(fs: pafs.FileSystem, path: str) -> object | None:
     except FileNotFoundError:
         return None
     try:
-        return json.loads(raw)
+        data: object = json.loads(raw)
     except ValueError as exc:
         raise CorruptCheckpointError(f"{path}: not JSON ({exc})") from exc
+    return data
 
 
 def write_json(fs: pafs.FileSystem, path: str, data: Mapping[str, Any]) -> None:
@@ -202,9 +203,8 @@ def write_json(fs: pafs.FileSystem, path: str, data: Mapping[str, Any]) -> None:
     file and rename it into place.
     """
     payload = json.dumps(data, sort_keys=True, indent=1).encode()
-    if isinstance(fs, pafs.LocalFileSystem | pafs.SubTreeFileSystem):
-        parent = path.rsplit("/", 1)[0]
-        fs.create_dir(parent, recursive=True)
+    if has_directories(fs):
+        ensure_parent(fs, path)
         tmp = f"{path}.tmp-{hashlib.sha256(payload).hexdigest()[:12]}"
         with fs.open_output_stream(tmp) as out:
             out.write(payload)
@@ -212,3 +212,34 @@ def write_json(fs: pafs.FileSystem, path: str, data: Mapping[str, Any]) -> None:
         return
     with fs.open_output_stream(path) as out:
         out.write(payload)
+
+
+def has_directories(fs: pafs.FileSystem) -> bool:
+    # Object stores have no directories to create and rename atomically on one PUT.
+    return isinstance(fs, pafs.LocalFileSystem | pafs.SubTreeFileSystem)
+
+
+def ensure_parent(fs: pafs.FileSystem, path: str) -> None:
+    """Create the parent directory of `path` where the filesystem needs one."""
+    if has_directories(fs) and "/" in path:
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+
+
+def list_steps(fs: pafs.FileSystem, prefix: str) -> tuple[list[int], list[int]]:
+    """(published steps, step directories without a manifest), each sorted.
+
+    A missing prefix (an empty bucket) is no checkpoints, not an error.
+    """
+    infos = fs.get_file_info(pafs.FileSelector(prefix, allow_not_found=True, recursive=False))
+    steps = sorted(
+        step
+        for info in infos
+        if info.type == pafs.FileType.Directory
+        and (step := parse_step_dir(info.base_name)) is not None
+    )
+    if not steps:
+        return [], []
+    manifests = fs.get_file_info([manifest_path(prefix, s) for s in steps])
+    complete = [s for s, m in zip(steps, manifests, strict=True) if m.type == pafs.FileType.File]
+    incomplete = [s for s, m in zip(steps, manifests, strict=True) if m.type != pafs.FileType.File]
+    return complete, incomplete

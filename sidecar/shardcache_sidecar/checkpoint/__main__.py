@@ -1,0 +1,54 @@
+"""`python -m shardcache_sidecar.checkpoint`: the checkpoint agent alone, configured by env.
+
+For laptops and tests: the agent the sidecar runs, without the data path. It restores,
+prints `ready` (or the restore error) on stdout, publishes commits until SIGTERM or
+SIGINT, then publishes what is still committed and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+from shardcache import errors
+from shardcache.node import names
+from shardcache_sidecar.checkpoint import agent as agent_mod
+from shardcache_sidecar.checkpoint import settings as settings_mod
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = settings_mod.CheckpointSettings.from_env()
+    except errors.InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if settings is None:
+        print(
+            f"error: set {names.ENV_CHECKPOINT_URI} and {names.ENV_CHECKPOINT_DIR}", file=sys.stderr
+        )
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    agent = agent_mod.Agent(settings)
+    agent.start()
+    while not stop.is_set():
+        if agent.wait_ready(0.1):
+            print("ready", flush=True)
+            break
+        ready, why = agent.readiness()
+        if not ready and why.startswith("checkpoint restore failed"):
+            print(why, flush=True)
+            break
+    stop.wait()
+    agent.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

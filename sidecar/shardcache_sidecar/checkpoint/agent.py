@@ -1,0 +1,261 @@
+"""The checkpoint agent: restore at start, then publish every committed directory.
+
+It runs on one background thread (object store calls block; the pool threads of the
+uploader do the parallel work). Its whole state is on disk — the markers and status
+files in the checkpoint volume and the manifests in the store — so a restarted agent,
+even after SIGKILL, continues where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from shardcache import checkpoint, errors, source
+from shardcache_sidecar.checkpoint import layout, restorer, retention, uploader
+from shardcache_sidecar.checkpoint import metrics as metrics_mod
+from shardcache_sidecar.checkpoint import settings as settings_mod
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    def __init__(
+        self,
+        settings: settings_mod.CheckpointSettings,
+        *,
+        observer: metrics_mod.Observer | None = None,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.root = settings.directory
+        self.observer = observer or metrics_mod.NullObserver()
+        self.fs, self.prefix = source.filesystem(settings.uri, storage_options=storage_options)
+        self.prefix = self.prefix.rstrip("/")
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._restore_error: str | None = None
+        self._retry_at: dict[Path, float] = {}
+        self._thread: threading.Thread | None = None
+        self.restored: restorer.RestoreResult | None = None
+
+    # --- readiness ----------------------------------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why not): ready once the restore at start is done."""
+        if self._ready.is_set():
+            return True, "checkpoint restored" if self.restored else "ready"
+        if self._restore_error is not None:
+            return False, f"checkpoint restore failed: {self._restore_error}"
+        return False, "restoring the checkpoint"
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    # --- restore ------------------------------------------------------------------
+    def restore(self) -> restorer.RestoreResult:
+        """Restore what the settings ask for; raises what the restorer raises."""
+        started = time.monotonic()
+        s = self.settings
+        try:
+            result = restorer.restore(
+                self.fs,
+                self.prefix,
+                self.root,
+                wanted=s.restore,
+                fallback=s.restore_fallback,
+                concurrency=s.upload_concurrency,
+                retry=s.retry,
+                observer=self.observer,
+            )
+        except errors.ShardcacheError as exc:
+            checkpoint.write_json_atomic(
+                self.root / checkpoint.RESTORE_NAME,
+                {"version": checkpoint.PROTOCOL_VERSION, "phase": "failed", "error": str(exc)},
+            )
+            raise
+        self.observer.restored(result.step, time.monotonic() - started, result.created_at)
+        checkpoint.write_json_atomic(self.root / checkpoint.RESTORE_NAME, result.to_json())
+        if result.step is not None:
+            log.info(
+                "restored checkpoint step %d into %s (%d bytes downloaded, %d reused)",
+                result.step,
+                result.path,
+                result.downloaded_bytes,
+                result.reused_bytes,
+            )
+        self._note_published()
+        self.restored = result
+        self._ready.set()
+        return result
+
+    def _note_published(self) -> None:
+        complete, _ = source.with_retries(
+            lambda: layout.list_steps(self.fs, self.prefix),
+            what=f"listing {self.settings.uri}",
+            policy=self.settings.retry,
+        )
+        self._write_latest(complete)
+
+    def _write_latest(self, published: list[int]) -> None:
+        checkpoint.write_json_atomic(
+            self.root / checkpoint.LATEST_NAME,
+            {
+                "version": checkpoint.PROTOCOL_VERSION,
+                "step": published[-1] if published else None,
+                "steps": published,
+                "uri": self.settings.uri,
+            },
+        )
+
+    # --- upload -------------------------------------------------------------------
+    def pending(self) -> list[tuple[Path, checkpoint.Marker]]:
+        """Committed directories not yet published, oldest step first."""
+        found: list[tuple[Path, checkpoint.Marker]] = []
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        now = time.monotonic()
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                continue
+            path = Path(entry.path)
+            status = checkpoint.read_status(path)
+            try:
+                marker = checkpoint.read_marker(path)
+            except errors.InputError as exc:
+                if status is None or status.phase != "failed":
+                    log.error("%s", exc)
+                    checkpoint.write_status(
+                        path,
+                        checkpoint.Status("failed", -1, error=str(exc), updated_at=time.time()),
+                    )
+                continue
+            if marker is None:
+                continue
+            if status is not None and status.step == marker.step:
+                if status.phase in ("uploaded", "restored"):
+                    continue
+                if status.phase == "failed" and not status.retryable:
+                    continue
+            if self._retry_at.get(path, 0.0) > now:
+                continue
+            found.append((path, marker))
+        found.sort(key=lambda item: (item[1].step, item[0].name))
+        return found
+
+    def scan(self) -> list[int]:
+        """Publish everything committed so far; the steps published."""
+        published = []
+        for path, marker in self.pending():
+            if self.publish(path, marker):
+                published.append(marker.step)
+        return published
+
+    def publish(self, path: Path, marker: checkpoint.Marker) -> bool:
+        s = self.settings
+        step = marker.step
+        started = time.monotonic()
+        checkpoint.write_status(path, checkpoint.Status("uploading", step, updated_at=time.time()))
+        try:
+            manifest = uploader.upload(
+                self.fs,
+                self.prefix,
+                path,
+                marker,
+                concurrency=s.upload_concurrency,
+                retry=s.retry,
+                verify=s.verify_uploads,
+                observer=self.observer,
+            )
+            retention.publish_pointer(self.fs, self.prefix, manifest, retry=s.retry)
+            kept = retention.prune_remote(self.fs, self.prefix, s.keep_last, retry=s.retry)
+        except errors.InputError as exc:
+            log.error("checkpoint step %d in %s is not uploaded: %s", step, path, exc)
+            self.observer.upload_failed(step)
+            self._set_failed(path, step, str(exc), retryable=False)
+            return False
+        except (errors.SourceError, OSError) as exc:
+            log.warning(
+                "checkpoint step %d: upload failed, retrying in %.0fs: %s",
+                step,
+                s.retry_interval,
+                exc,
+            )
+            self.observer.upload_failed(step)
+            self._retry_at[path] = time.monotonic() + s.retry_interval
+            self._set_failed(path, step, str(exc), retryable=True)
+            return False
+        self._retry_at.pop(path, None)
+        checkpoint.write_status(path, checkpoint.Status("uploaded", step, updated_at=time.time()))
+        self._write_latest(kept)
+        retention.prune_local(self.root, s.keep_last)
+        seconds = time.monotonic() - started
+        self.observer.published(step, seconds, manifest.created_at)
+        log.info(
+            "published checkpoint step %d (%d files, %d bytes) in %.2fs",
+            step,
+            len(manifest.files),
+            manifest.total_bytes,
+            seconds,
+        )
+        return True
+
+    def _set_failed(self, path: Path, step: int, error: str, *, retryable: bool) -> None:
+        try:
+            checkpoint.write_status(
+                path,
+                checkpoint.Status(
+                    "failed", step, error=error, retryable=retryable, updated_at=time.time()
+                ),
+            )
+        except OSError as exc:  # the directory itself is gone
+            log.warning("cannot record the failure in %s: %s", path, exc)
+
+    # --- lifecycle ----------------------------------------------------------------
+    def start(self) -> None:
+        """Restore, then publish commits, on a background thread."""
+        if self._thread is not None:
+            raise RuntimeError("the checkpoint agent is already running")
+        self._thread = threading.Thread(target=self._run, name="checkpoint-agent", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self._restore_until_done()
+        while not self._stop.is_set():
+            self._scan_logged()
+            self._stop.wait(self.settings.poll_interval)
+        # Drain: what the trainer committed before the pod stopped still goes up.
+        self._retry_at.clear()
+        self._scan_logged()
+
+    def _restore_until_done(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.restore()
+                return
+            except errors.SourceError as exc:
+                self._restore_error = str(exc)
+                log.warning("checkpoint restore failed, retrying: %s", exc)
+                self._stop.wait(self.settings.retry_interval)
+            except errors.ShardcacheError as exc:
+                # Corrupted or missing checkpoint: retrying cannot help; stay unready
+                # with the reason in /readyz so the pod's events say why.
+                self._restore_error = str(exc)
+                log.error("checkpoint restore failed: %s", exc)
+                return
+
+    def _scan_logged(self) -> None:
+        try:
+            self.scan()
+        except Exception:  # the agent outlives any one bad directory
+            log.exception("checkpoint scan failed")
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after publishing what is already committed (bounded by `timeout`)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -1,0 +1,104 @@
+"""Settings of the checkpoint agent, read once at start-up from the environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from shardcache import errors, source
+from shardcache.node import names
+
+#: Fall back to the previous checkpoint when the one to restore is corrupted. Off by
+#: default: silently restoring an older model is a decision the user must make.
+ENV_CHECKPOINT_RESTORE_FALLBACK = "SHARDCACHE_CHECKPOINT_RESTORE_FALLBACK"
+#: Files uploaded in parallel (each large file is itself a parallel multipart upload).
+ENV_CHECKPOINT_CONCURRENCY = "SHARDCACHE_CHECKPOINT_CONCURRENCY"
+#: Read every uploaded object back and compare its sha256 before publishing.
+ENV_CHECKPOINT_VERIFY_UPLOADS = "SHARDCACHE_CHECKPOINT_VERIFY_UPLOADS"
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+    #: The checkpoint volume shared with the trainer; each checkpoint is a subdirectory.
+    directory: Path
+    #: Object store prefix checkpoints are published under (any pyarrow filesystem URI).
+    uri: str
+    #: Published checkpoints kept (remote and on the node); spec.checkpoint.keepLast.
+    keep_last: int = 3
+    #: What to restore at start: "latest", "none" or a step number.
+    restore: str = "latest"
+    #: Restore the next older checkpoint when the chosen one is corrupted.
+    restore_fallback: bool = False
+    #: Files uploaded at once. Eight keeps a 2-core sidecar busy hashing while the
+    #: network stays full; large files add parallel multipart parts on top.
+    upload_concurrency: int = 8
+    #: Seconds between scans of the checkpoint directory for new markers. A commit is
+    #: picked up within this; a scan costs one readdir plus a stat per checkpoint.
+    poll_interval: float = 0.2
+    #: Read each object back and re-hash it before publishing. Off by default: it
+    #: doubles the traffic, and restore verifies every byte anyway.
+    verify_uploads: bool = False
+    #: Backoff for object store errors, per object.
+    retry: source.RetryPolicy = dataclasses.field(default_factory=source.RetryPolicy)
+    #: Seconds before a checkpoint whose upload failed transiently is tried again.
+    retry_interval: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 1:
+            raise errors.InputError(
+                f"{names.ENV_CHECKPOINT_KEEP_LAST}: expected an integer >= 1, found {self.keep_last}"
+            )
+        parse_restore(self.restore)
+        if self.upload_concurrency < 1:
+            raise errors.InputError(
+                f"{ENV_CHECKPOINT_CONCURRENCY}: expected >= 1, found {self.upload_concurrency}"
+            )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> CheckpointSettings | None:
+        """The settings, or None when no checkpoint URI is configured."""
+        env = os.environ if env is None else env
+        uri = env.get(names.ENV_CHECKPOINT_URI, "").strip()
+        if not uri:
+            return None
+        directory = env.get(names.ENV_CHECKPOINT_DIR, "").strip()
+        if not directory:
+            raise errors.InputError(
+                f"{names.ENV_CHECKPOINT_URI} is set but {names.ENV_CHECKPOINT_DIR} is not: "
+                "expected the path of the checkpoint volume shared with the trainer"
+            )
+        return cls(
+            directory=Path(directory),
+            uri=uri,
+            keep_last=_int(env, names.ENV_CHECKPOINT_KEEP_LAST, 3),
+            restore=env.get(names.ENV_CHECKPOINT_RESTORE, "latest").strip() or "latest",
+            restore_fallback=env.get(ENV_CHECKPOINT_RESTORE_FALLBACK, "").lower() in _TRUE,
+            upload_concurrency=_int(env, ENV_CHECKPOINT_CONCURRENCY, 8),
+            verify_uploads=env.get(ENV_CHECKPOINT_VERIFY_UPLOADS, "").lower() in _TRUE,
+        )
+
+
+def parse_restore(value: str) -> int | str | None:
+    """ "latest" -> "latest", "none" -> None, "42" -> 42."""
+    text = value.strip().lower()
+    if text in ("latest", "none"):
+        return None if text == "none" else "latest"
+    if text.isdigit():
+        return int(text)
+    raise errors.InputError(
+        f"{names.ENV_CHECKPOINT_RESTORE}: expected latest, none or a step number, found {value!r}"
+    )
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise errors.InputError(f"{name}: expected an integer, found {raw!r}") from exc

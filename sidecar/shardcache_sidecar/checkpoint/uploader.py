@@ -1,0 +1,213 @@
+"""Publish one committed checkpoint directory: files in parallel, manifest last.
+
+pyarrow's S3 output streams upload a large file as a multipart upload whose parts are
+sent in the background while the next part is read (`background_writes`), so a big
+file is itself parallel; several files go at once on a thread pool. Each file's sha256
+is computed over exactly the bytes sent. The manifest is written only after every
+object is in place with its expected size, so a checkpoint whose upload died is never
+visible; an upload that restarts simply writes its objects again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from shardcache import checkpoint, errors, source
+from shardcache_sidecar.checkpoint import layout
+from shardcache_sidecar.checkpoint import metrics as metrics_mod
+
+log = logging.getLogger(__name__)
+#: Read size when streaming a file: a multiple of pyarrow's multipart part size
+#: (10 MB and up), so each write hands whole parts to the background writer.
+CHUNK = 16 << 20
+
+
+def list_files(directory: Path) -> list[tuple[str, int]]:
+    """(relative path, size) of every file of a checkpoint, sorted; protocol files left out."""
+    if not directory.is_dir():
+        raise errors.InputError(
+            f"checkpoint directory {str(directory)!r} disappeared before it was uploaded"
+        )
+    found: list[tuple[str, int]] = []
+    for dirpath, dirnames, filenames in os.walk(directory):
+        dirnames.sort()
+        base = Path(dirpath)
+        for name in filenames:
+            if name.startswith(checkpoint.RESERVED_PREFIX):
+                continue
+            path = base / name
+            rel = path.relative_to(directory).as_posix()
+            try:
+                size = path.stat().st_size
+            except OSError as exc:
+                raise errors.InputError(
+                    f"cannot read checkpoint file {str(path)!r}: {exc}"
+                ) from exc
+            found.append((rel, size))
+    found.sort()
+    return found
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_object(fs: pafs.FileSystem, path: str) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with fs.open_input_stream(path) as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+def put_file(
+    fs: pafs.FileSystem,
+    local: Path,
+    remote: str,
+    *,
+    expected_size: int,
+    observer: metrics_mod.Observer,
+) -> str:
+    """Stream one file to the store; its sha256. Raises InputError if it changed size."""
+    h = hashlib.sha256()
+    sent = 0
+    try:
+        src = open(local, "rb")  # noqa: SIM115 - closed below, after the stream
+    except OSError as exc:
+        raise errors.InputError(f"cannot read checkpoint file {str(local)!r}: {exc}") from exc
+    layout.ensure_parent(fs, remote)
+    with src, fs.open_output_stream(remote) as out:
+        while chunk := src.read(CHUNK):
+            h.update(chunk)
+            out.write(chunk)
+            sent += len(chunk)
+            observer.transferred("upload", len(chunk))
+    if sent != expected_size:
+        raise errors.InputError(
+            f"checkpoint file {str(local)!r} changed while it was uploaded ({expected_size} "
+            f"bytes when listed, {sent} read): write the whole directory before committing it"
+        )
+    return h.hexdigest()
+
+
+def upload(
+    fs: pafs.FileSystem,
+    prefix: str,
+    directory: Path,
+    marker: checkpoint.Marker,
+    *,
+    concurrency: int,
+    retry: source.RetryPolicy,
+    verify: bool = False,
+    observer: metrics_mod.Observer | None = None,
+) -> layout.CheckpointManifest:
+    """Upload `directory` as checkpoint `marker.step` and publish its manifest.
+
+    Raises DuplicateStepError when the step is already published with other content
+    (the published one is left alone), InputError for unreadable local files,
+    SourceError when the store keeps failing.
+    """
+    obs = observer or metrics_mod.NullObserver()
+    step = marker.step
+    files = list_files(directory)
+    manifest_at = layout.manifest_path(prefix, step)
+    existing_raw = source.with_retries(
+        lambda: layout.read_json(fs, manifest_at), what=f"reading {manifest_at}", policy=retry
+    )
+    if existing_raw is not None:
+        existing = layout.CheckpointManifest.from_json(existing_raw, where=manifest_at)
+        local = _local_manifest(directory, files, marker, existing.created_at)
+        if local.same_content(existing):
+            log.info("checkpoint step %d is already published: nothing to upload", step)
+            return existing
+        raise layout.DuplicateStepError(
+            f"step {step} is already published at {manifest_at} as {existing.name!r} with "
+            f"other content; the published checkpoint is kept: commit under a new step"
+        )
+
+    def one(item: tuple[str, int]) -> layout.FileEntry:
+        rel, size = item
+        remote = layout.data_path(prefix, step, rel)
+        obs.file_started()
+        try:
+            digest = source.with_retries(
+                lambda: put_file(fs, directory / rel, remote, expected_size=size, observer=obs),
+                what=f"uploading {remote}",
+                policy=retry,
+            )
+            if verify:
+                found, found_size = source.with_retries(
+                    lambda: sha256_object(fs, remote), what=f"verifying {remote}", policy=retry
+                )
+                if (found, found_size) != (digest, size):
+                    raise errors.SourceError(
+                        f"{remote}: read back sha256 {found} ({found_size} bytes), expected "
+                        f"{digest} ({size} bytes): the store did not keep the bytes sent"
+                    )
+        finally:
+            obs.file_finished()
+        return layout.FileEntry(rel, size, digest)
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(concurrency, len(files) or 1))) as pool:
+        # Largest first: the long multipart uploads start at once, small files fill in.
+        order = sorted(files, key=lambda f: -f[1])
+        entries = {e.path: e for e in pool.map(one, order)}
+    manifest = layout.CheckpointManifest(
+        step=step,
+        name=directory.name,
+        files=tuple(entries[rel] for rel, _ in files),
+        data_state=marker.data_state,
+        created_at=marker.committed_at if marker.committed_at is not None else time.time(),
+    )
+    _check_sizes(fs, prefix, manifest, retry)
+    source.with_retries(
+        lambda: layout.write_json(fs, manifest_at, manifest.to_json()),
+        what=f"writing {manifest_at}",
+        policy=retry,
+    )
+    return manifest
+
+
+def _local_manifest(
+    directory: Path, files: list[tuple[str, int]], marker: checkpoint.Marker, created_at: float
+) -> layout.CheckpointManifest:
+    return layout.CheckpointManifest(
+        step=marker.step,
+        name=directory.name,
+        files=tuple(
+            layout.FileEntry(rel, size, sha256_file(directory / rel)) for rel, size in files
+        ),
+        data_state=marker.data_state,
+        created_at=created_at,
+    )
+
+
+def _check_sizes(
+    fs: pafs.FileSystem, prefix: str, manifest: layout.CheckpointManifest, retry: source.RetryPolicy
+) -> None:
+    """Every object is in the store with its size: the last check before publishing."""
+    if not manifest.files:
+        return
+    paths = [layout.data_path(prefix, manifest.step, f.path) for f in manifest.files]
+    infos = source.with_retries(
+        lambda: fs.get_file_info(paths), what="checking uploaded objects", policy=retry
+    )
+    for entry, info in zip(manifest.files, infos, strict=True):
+        if info.type != pafs.FileType.File or info.size != entry.size:
+            raise errors.SourceError(
+                f"{info.path}: expected an object of {entry.size} bytes after upload, "
+                f"found {info.size if info.type == pafs.FileType.File else 'none'}"
+            )
