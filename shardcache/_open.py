@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shardcache import dataset, embedded, errors, plan, source
+from shardcache import checkpoint, dataset, embedded, errors, plan, source
 from shardcache import manifest as manifest_mod
 from shardcache.node import cache as cache_mod
 from shardcache.node import names
@@ -59,6 +59,7 @@ def open(
     storage_options: Mapping[str, str] | None = None,
     retry: source.RetryPolicy | None = None,
     mount: str | None = None,
+    resume_from: str | int | os.PathLike[str] | None = None,
     **options: Any,
 ) -> dataset.Dataset:
     """Open a dataset for one rank.
@@ -67,9 +68,14 @@ def open(
     runs in this process under `cache_dir`. Without one, the sidecar injected into the
     pod serves the dataset named by `mount` (default: $SHARDCACHE_MOUNT).
     `digest` pins the manifest: a dataset that differs is an error.
+    `resume_from` ("latest", a step, or a checkpoint directory) continues the data
+    stream where a checkpoint committed with `data_state=` left it (see
+    `shardcache.checkpoint`); "latest" with no checkpoint yet starts from the beginning.
     """
     if options:
         raise errors.InputError(f"unknown option(s) {sorted(options)} for shardcache.open()")
+    # Read the saved state first: a bad `resume_from` fails before any cache starts.
+    state = checkpoint.data_state(resume_from) if resume_from is not None else None
     params = plan.PlanParams(
         seed=seed,
         epoch=epoch,
@@ -86,7 +92,7 @@ def open(
             raise errors.ManifestMismatchError(
                 f"the sidecar serves {shards.manifest.digest}, expected {digest}"
             )
-        return dataset.Dataset(shards, params)
+        return _resumed(dataset.Dataset(shards, params), state)
 
     manifest = manifest_mod.resolve(
         source_uri, format=format, storage_options=storage_options, retry=retry
@@ -113,4 +119,14 @@ def open(
     node = cache_mod.CacheNode(
         manifest, settings, storage_options=dict(storage_options or {}) or None
     )
-    return dataset.Dataset(embedded.EmbeddedProvider(node), params)
+    return _resumed(dataset.Dataset(embedded.EmbeddedProvider(node), params), state)
+
+
+def _resumed(ds: dataset.Dataset, state: dict[str, Any] | None) -> dataset.Dataset:
+    if state is not None:
+        try:
+            ds.load_state_dict(state)
+        except errors.ShardcacheError:
+            ds.close()
+            raise
+    return ds
