@@ -711,9 +711,10 @@ class Tier:
         """Create `.tmp-<pid>-<token>-<size>-<key>`, locked; call under the tier lock."""
         path = self.root / f"{names.TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{size}-{key}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        # Not pre-sized: the size in the name is what counts, and an empty file lets the
+        # size check after produce catch a writer that wrote less than it declared.
         try:
             _locks.lock(fd, _locks.EXCLUSIVE)
-            os.ftruncate(fd, size)
         except BaseException:
             os.close(fd)
             _unlink(path)

@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -264,12 +265,23 @@ def test_produce_writing_another_size_than_declared_is_rejected(tmp_path: Path) 
     assert t.used_bytes() == 0
 
 
+def test_produce_writing_less_in_place_is_rejected(tmp_path: Path) -> None:
+    t, _ = make_tier(tmp_path)
+
+    def short_in_place(path: Path) -> None:
+        with open(path, "r+b") as f:
+            f.write(b"x" * 100)
+
+    with pytest.raises(errors.CacheError, match="wrote 100 bytes, expected the declared size 200"):
+        t.insert("k", 200, short_in_place)
+
+
 def test_reservation_counts_against_the_limit_while_producing(tmp_path: Path) -> None:
     t, _ = make_tier(tmp_path, limit=30 * KIB)
     seen: list[int] = []
 
     def produce(path: Path) -> None:
-        with open(path, "wb") as f:  # truncates the pre-sized file: the name still counts
+        with open(path, "wb") as f:
             f.write(b"x")
             f.flush()
             seen.append(t.used_bytes())
@@ -411,3 +423,38 @@ def test_empty_entry_is_legal(tmp_path: Path) -> None:
     assert entry.size == 0
     assert entry.sha256 == hashlib.sha256(b"").hexdigest()
     entry.release()
+
+
+def test_leased_entries_stay_intact_under_concurrent_churn(tmp_path: Path) -> None:
+    """Threads insert, look up and evict a few keys in a tier that holds three of them;
+    every lease must see its own entry's bytes until released, and the limit holds."""
+    size = 8 * KIB
+    t, _ = make_tier(tmp_path, limit=3 * size, wait_timeout=20.0)
+    keys = [f"key{i}" for i in range(6)]
+    failures: list[BaseException] = []
+    peak = [0]
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(60):
+                key = rng.choice(keys)
+                if rng.random() < 0.2:
+                    t.evict(key)
+                    continue
+                entry, _ = t.get_or_insert(key, size, writer(key, size))
+                with entry:
+                    time.sleep(rng.random() * 0.002)
+                    assert entry.path.read_bytes() == payload(key, size), key
+                    peak[0] = max(peak[0], t.used_bytes())
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert failures == []
+    assert 0 < peak[0] <= 3 * size
+    assert t.leased_bytes() == 0
