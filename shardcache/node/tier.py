@@ -74,6 +74,10 @@ class TierObserver(Protocol):
     def corrupted(self, tier: str, key: str) -> None: ...
 
 
+class TierFullError(errors.CacheError):
+    """An insert with evict=False found no free room (readahead backs off on this)."""
+
+
 class IncompatibleFormatError(errors.CacheError):
     """A meta file was written in another format version than this code reads."""
 
@@ -301,13 +305,18 @@ class Tier:
         self._count_lookup(entry)
         return entry
 
-    def insert(self, key: str, size: int, produce: Callable[[Path], object]) -> Entry:
+    def insert(
+        self, key: str, size: int, produce: Callable[[Path], object], *, evict: bool = True
+    ) -> Entry:
         """Reserve `size` bytes, let `produce(tmp_path)` write them, commit, return a lease.
 
         `produce` must write exactly `size` bytes into `tmp_path` in place (open it for
         writing; do not replace it with another file). Raises CacheError if the entry
         can never fit, or if leased entries keep the room taken for `wait_timeout`
         seconds; if `produce` raises, the reservation is removed and the error propagates.
+        With evict=False nothing is evicted and nothing waited for: if the free room is
+        too small, TierFullError is raised at once (for readahead, which should not push
+        out entries that are needed sooner).
         """
         check_key(key)
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
@@ -317,7 +326,7 @@ class Tier:
                 f"entry {key} is {size} bytes but the {self.name} tier holds at most "
                 f"{self.limit_bytes} bytes; raise {self._limit_setting()} above {size}"
             )
-        tmp_path, tmp_fd = self._reserve(key, size)
+        tmp_path, tmp_fd = self._reserve(key, size, evict=evict)
         meta_tmp = tmp_path.with_name(tmp_path.name + names.META_SUFFIX)
         committed = False
         try:
@@ -359,12 +368,12 @@ class Tier:
         return Entry(key=key, path=self._data(key), size=size, sha256=sha256, lease_fd=lease_fd)
 
     def get_or_insert(
-        self, key: str, size: int, produce: Callable[[Path], object]
+        self, key: str, size: int, produce: Callable[[Path], object], *, evict: bool = True
     ) -> tuple[Entry, bool]:
         """lookup, else insert; one producer per key across threads and processes.
 
         Returns (entry, hit). A caller that finds another one producing the key waits
-        for it (on the per-key fill lock) and then gets its entry.
+        for it (on the per-key fill lock) and then gets its entry. `evict` as in insert.
         """
         check_key(key)
         entry, _ = self._lookup(key, touch=True)
@@ -375,7 +384,7 @@ class Tier:
                 entry, _ = self._lookup(key, touch=True)
                 if entry is None:
                     self._count_lookup(None)
-                    return self.insert(key, size, produce), False
+                    return self.insert(key, size, produce, evict=evict), False
             finally:
                 _locks.unlink_held(fill_fd, self._fill(key))
                 os.close(fill_fd)
@@ -657,7 +666,7 @@ class Tier:
         logger.debug("%s tier: evicted %s (%d bytes)", self.name, key, size)
         return True
 
-    def _reserve(self, key: str, size: int) -> tuple[Path, int]:
+    def _reserve(self, key: str, size: int, *, evict: bool) -> tuple[Path, int]:
         """Make room for `size` bytes and reserve them as a locked temp file."""
         deadline = time.monotonic() + self.wait_timeout
         delay = _WAIT_FIRST_S
@@ -668,6 +677,11 @@ class Tier:
                 self._reclaim_tmp(listing)
                 used = listing.used
                 leased = 0
+                if used + size > self.limit_bytes and not evict:
+                    raise TierFullError(
+                        f"{self.name} tier has {self.limit_bytes - used} of {self.limit_bytes} "
+                        f"bytes free, {key} needs {size}; not evicting (evict=False)"
+                    )
                 if used + size > self.limit_bytes:
                     # Least recently used first; the key breaks mtime ties deterministically.
                     by_age = sorted(listing.data.items(), key=lambda kv: (kv[1].st_mtime_ns, kv[0]))

@@ -458,3 +458,19 @@ def test_leased_entries_stay_intact_under_concurrent_churn(tmp_path: Path) -> No
     assert failures == []
     assert 0 < peak[0] <= 3 * size
     assert t.leased_bytes() == 0
+
+
+def test_insert_without_eviction_fails_fast_when_full_and_keeps_entries(tmp_path: Path) -> None:
+    t, observer = make_tier(tmp_path, limit=20 * KIB, wait_timeout=5.0)
+    put(t, "a", 10 * KIB)
+    put(t, "b", 8 * KIB)
+    started = time.monotonic()
+    with pytest.raises(tier.TierFullError, match="2048 of 20480 bytes free"):
+        t.get_or_insert("c", 4 * KIB, writer("c", 4 * KIB), evict=False)
+    assert time.monotonic() - started < 1.0, "no waiting when evict=False"
+    assert t.keys() == ["a", "b"]
+    assert "evicted" not in observer.kinds()
+    entry, hit = t.get_or_insert("c", 2 * KIB, writer("c", 2 * KIB), evict=False)
+    assert not hit
+    entry.release()
+    assert t.keys() == ["a", "b", "c"]
