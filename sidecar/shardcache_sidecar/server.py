@@ -42,6 +42,8 @@ from shardcache_sidecar import metrics as metrics_mod
 from shardcache_sidecar import readers as readers_mod
 from shardcache_sidecar import readiness as readiness_mod
 from shardcache_sidecar import settings as settings_mod
+from shardcache_sidecar.checkpoint import agent as checkpoint_agent
+from shardcache_sidecar.checkpoint import hook as checkpoint_hook
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -589,6 +591,7 @@ async def serve(
     settings.memory_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_socket(settings.socket_path)
     sidecar = Sidecar(settings)
+    agent: checkpoint_agent.Agent | None = None
     control = web.AppRunner(control_app(sidecar), access_log=None, handle_signals=False)
     probes = web.AppRunner(probe_app(sidecar), access_log=None, handle_signals=False)
     await control.setup()
@@ -607,6 +610,10 @@ async def serve(
             },
         )
         sidecar.start()
+        if settings.checkpoint is not None:
+            agent = checkpoint_hook.attach(
+                settings.checkpoint, sidecar.readiness, sidecar.metrics.registry
+            )
         if on_start is not None:
             # Where other agents (checkpoints) hook in, e.g. to add a readiness gate.
             on_start(sidecar)
@@ -615,6 +622,8 @@ async def serve(
     finally:
         await control.cleanup()
         await probes.cleanup()
+        if agent is not None:
+            await checkpoint_hook.detach(agent)
         await sidecar.close()
         with contextlib.suppress(FileNotFoundError):
             settings.socket_path.unlink()

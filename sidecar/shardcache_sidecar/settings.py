@@ -18,6 +18,7 @@ from shardcache import errors, plan
 from shardcache import sidecar_client as client_mod
 from shardcache.node import cache as cache_mod
 from shardcache.node import names
+from shardcache_sidecar.checkpoint import settings as ckpt_settings
 
 GiB = 1 << 30
 
@@ -79,6 +80,8 @@ class Settings:
     #: "json" (one object per line, for log pipelines) or "text".
     log_format: str = "json"
     log_level: str = "INFO"
+    #: The checkpoint agent's settings ($SHARDCACHE_CHECKPOINT_*); None runs no agent.
+    checkpoint: ckpt_settings.CheckpointSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.source_uri:
@@ -201,6 +204,7 @@ def from_env(
     for field, var in ints.items():
         values[field] = _int(env, var)
     values["shuffle"] = _bool(env, names.ENV_SHUFFLE)
+    values["checkpoint"] = ckpt_settings.CheckpointSettings.from_env(env)
     values.update(given)
     # Unset values take the dataclass defaults; a socket moved by flag moves nothing else.
     return Settings(**{k: v for k, v in values.items() if v is not None or k in _NULLABLE})

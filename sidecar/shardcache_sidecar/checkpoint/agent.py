@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from shardcache import checkpoint, errors, source
@@ -29,8 +30,12 @@ class Agent:
         *,
         observer: metrics_mod.Observer | None = None,
         storage_options: dict[str, str] | None = None,
+        on_readiness: Callable[[bool, str], None] | None = None,
     ) -> None:
+        """`on_readiness(ready, reason)` is called as the restore progresses (the
+        sidecar maps it to a /readyz gate); from the agent's thread."""
         self.settings = settings
+        self._on_readiness = on_readiness
         self.root = settings.directory
         self.observer = observer or metrics_mod.NullObserver()
         self.fs, self.prefix = source.filesystem(settings.uri, storage_options=storage_options)
@@ -89,7 +94,15 @@ class Agent:
         self._note_published()
         self.restored = result
         self._ready.set()
+        self._tell(
+            True,
+            "no checkpoint to restore" if result.step is None else f"restored step {result.step}",
+        )
         return result
+
+    def _tell(self, ready: bool, reason: str) -> None:
+        if self._on_readiness is not None:
+            self._on_readiness(ready, reason)
 
     def _note_published(self) -> None:
         complete, _ = source.with_retries(
@@ -240,12 +253,14 @@ class Agent:
             except errors.SourceError as exc:
                 self._restore_error = str(exc)
                 log.warning("checkpoint restore failed, retrying: %s", exc)
+                self._tell(False, f"checkpoint restore failed, retrying: {exc}")
                 self._stop.wait(self.settings.retry_interval)
             except errors.ShardcacheError as exc:
                 # Corrupted or missing checkpoint: retrying cannot help; stay unready
                 # with the reason in /readyz so the pod's events say why.
                 self._restore_error = str(exc)
                 log.error("checkpoint restore failed: %s", exc)
+                self._tell(False, f"checkpoint restore failed: {exc}")
                 return
 
     def _scan_logged(self) -> None:

@@ -46,6 +46,10 @@ class CheckpointSettings:
     retry: source.RetryPolicy = dataclasses.field(default_factory=source.RetryPolicy)
     #: Seconds before a checkpoint whose upload failed transiently is tried again.
     retry_interval: float = 5.0
+    #: Seconds the sidecar keeps publishing commits after SIGTERM. The native sidecar
+    #: is stopped after the trainer exits, within the pod's grace period (30 s by
+    #: default), so the trainer's last commit still goes up when it fits.
+    drain_timeout: float = 25.0
 
     def __post_init__(self) -> None:
         if self.keep_last < 1:
@@ -53,6 +57,7 @@ class CheckpointSettings:
                 f"{names.ENV_CHECKPOINT_KEEP_LAST}: expected an integer >= 1, found {self.keep_last}"
             )
         parse_restore(self.restore)
+        source.split_uri(self.uri)  # an unsupported scheme stops the sidecar at start
         if self.upload_concurrency < 1:
             raise errors.InputError(
                 f"{ENV_CHECKPOINT_CONCURRENCY}: expected >= 1, found {self.upload_concurrency}"

@@ -1,0 +1,55 @@
+"""How `shardcache sidecar` runs the agent: a readiness gate, metrics, start and drain.
+
+The server calls `attach` once it listens and `detach` when it stops; the agent runs
+on its own thread, so the event loop never waits on the object store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+import prometheus_client as prom
+
+from shardcache_sidecar.checkpoint import agent as agent_mod
+from shardcache_sidecar.checkpoint import metrics as metrics_mod
+from shardcache_sidecar.checkpoint import settings as settings_mod
+
+#: The /readyz gate that stays closed until the restore at start is done.
+GATE_RESTORE = "checkpoint-restore"
+
+
+class Gates(Protocol):
+    """The part of the sidecar's `Readiness` the agent needs."""
+
+    def require(self, name: str, reason: str) -> None: ...
+
+    def waiting(self, name: str, reason: str) -> None: ...
+
+    def open(self, name: str, reason: str = "ok") -> None: ...
+
+
+def attach(
+    settings: settings_mod.CheckpointSettings, gates: Gates, registry: prom.CollectorRegistry
+) -> agent_mod.Agent:
+    """Start the agent; /readyz waits for its restore."""
+    wanted = settings.restore
+    gates.require(GATE_RESTORE, f"restoring checkpoint {wanted} from {settings.uri}")
+
+    def on_readiness(ready: bool, reason: str) -> None:
+        if ready:
+            gates.open(GATE_RESTORE, reason)
+        else:
+            gates.waiting(GATE_RESTORE, reason)
+
+    agent = agent_mod.Agent(
+        settings, observer=metrics_mod.Metrics(registry), on_readiness=on_readiness
+    )
+    agent.start()
+    return agent
+
+
+async def detach(agent: agent_mod.Agent) -> None:
+    """Publish what is committed (bounded by the drain timeout), then stop."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, agent.stop, agent.settings.drain_timeout)
