@@ -38,6 +38,22 @@ from typing import Literal, Protocol
 from shardcache import errors
 from shardcache.node import _locks, names
 
+__all__ = [
+    "FILL_LOCK_SUFFIX",
+    "FORMAT_VERSION",
+    "TIER_LOCK_NAME",
+    "Entry",
+    "EntryMeta",
+    "IncompatibleFormatError",
+    "ScanReport",
+    "Tier",
+    "TierFullError",
+    "TierObserver",
+    "check_key",
+    "read_meta",
+    "sha256_file",
+]
+
 #: Version of the tier directory format (docs/cache-format.md); stored in every meta file.
 FORMAT_VERSION = 1
 
@@ -234,9 +250,18 @@ def _reserved_size(tmp_name: str) -> int:
 
 def _touch(path: Path) -> None:
     """Mark an entry used now. An explicit time, because the kernel's own (utime with no
-    times) is a clock tick coarse, which would make entries used in a burst tie."""
+    times) is a clock tick coarse, which would make entries used in a burst tie.
+
+    Setting an explicit time needs ownership of the file; an entry written by a process
+    of another user gets the kernel's time if we may write it, else keeps its LRU time
+    (LRU order is a heuristic; serving the entry matters more).
+    """
     now = time.time_ns()
-    os.utime(path, ns=(now, now))
+    try:
+        os.utime(path, ns=(now, now))
+    except PermissionError:
+        with contextlib.suppress(PermissionError):
+            os.utime(path)
 
 
 def _unlink(path: Path) -> bool:
@@ -549,7 +574,11 @@ class Tier:
                     self._discard(key, lease_fd, data_id, why, corrupted=True)
                     return None, "corrupted"
             if touch:
-                _touch(self._data(key))
+                try:
+                    _touch(self._data(key))
+                except FileNotFoundError:  # another process found it corrupted meanwhile
+                    os.close(lease_fd)
+                    return None, "missing"
         except BaseException:
             with contextlib.suppress(OSError):
                 os.close(lease_fd)
