@@ -32,8 +32,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[sidecar,operator,dev]'
 	touch $(STAMP)
 
-demo: install $(DEMO_PREREQS)
-	$(VENV)/bin/shardcache demo
+demo: install tools-minio
+	$(VENV)/bin/shardcache demo --minio $(MINIO_DIR)/minio
 
 lint: install
 	$(VENV)/bin/ruff check shardcache sidecar operator tests bench
