@@ -633,6 +633,8 @@ class Tier:
             for item in it:
                 name = item.name
                 try:
+                    if not item.is_file(follow_symlinks=False):
+                        continue
                     if name.startswith(names.TMP_PREFIX):
                         if name.endswith(names.META_SUFFIX):
                             listing.tmp_meta.add(name)

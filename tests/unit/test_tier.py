@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -474,3 +475,20 @@ def test_insert_without_eviction_fails_fast_when_full_and_keeps_entries(tmp_path
     assert not hit
     entry.release()
     assert t.keys() == ["a", "b", "c"]
+
+
+def test_scan_leaves_an_entry_alone_while_its_lease_is_held(tmp_path: Path) -> None:
+    """Data without meta is what a writer between its two commit renames looks like; it
+    holds the key's lease then, so scan must not take the data away."""
+    t, _ = make_tier(tmp_path)
+    (t.root / "committing").write_bytes(b"x" * 100)
+    fd = os.open(t.root / ("committing" + names.LOCK_SUFFIX), os.O_RDONLY | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        assert t.scan().removed_incomplete == 0
+        assert (t.root / "committing").exists()
+        assert not t.evict("committing")
+    finally:
+        os.close(fd)
+    assert t.scan().removed_incomplete == 1
+    assert not (t.root / "committing").exists()
