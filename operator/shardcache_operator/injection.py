@@ -140,11 +140,19 @@ def _set_env(env: list[dict[str, Any]], name: str, value: str, *, keep: bool = F
     env.append({"name": name, "value": value})
 
 
+def quantity(size: int) -> str:
+    """Bytes as the shortest exact Kubernetes quantity: 4294967296 -> "4Gi"."""
+    for unit, factor in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if size and size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
 def _memory_limit(resources: spec_model.ResourcesSpec, extra: int) -> dict[str, str]:
     limits = dict(resources.limits)
     if extra and "memory" in limits:
         memory = spec_model.parse_quantity(limits["memory"], path="spec.sidecar.resources.limits")
-        limits["memory"] = str(memory + extra)
+        limits["memory"] = quantity(memory + extra)
     return limits
 
 
@@ -315,7 +323,7 @@ def inject(
         taken_ports.add(port)
         port_name = _unique("shardcache", taken_port_names, limit=_PORT_NAME_LIMIT)
 
-        run_source: dict[str, Any] = {"sizeLimit": str(spec.cache.memory)}
+        run_source: dict[str, Any] = {"sizeLimit": quantity(spec.cache.memory)}
         if spec.cache.medium == "Memory":
             run_source["medium"] = "Memory"
         volumes.append({"name": run_volume, "emptyDir": run_source})
@@ -335,7 +343,7 @@ def inject(
         if spec.checkpoint is not None:
             ckpt_volume = _unique(f"{base}-ckpt", taken_volumes)
             volumes.append(
-                {"name": ckpt_volume, "emptyDir": {"sizeLimit": str(spec.checkpoint.size)}}
+                {"name": ckpt_volume, "emptyDir": {"sizeLimit": quantity(spec.checkpoint.size)}}
             )
             path = spec.checkpoint.mount_path
             sidecar_mounts.append({"name": ckpt_volume, "mountPath": path})

@@ -165,7 +165,7 @@ def test_volumes_memory_tier_in_both_disk_tier_in_sidecar_only() -> None:
     volumes = {v["name"]: v for v in stored["spec"]["volumes"]}
     assert volumes["shardcache-imagenet-run"]["emptyDir"] == {
         "medium": "Memory",
-        "sizeLimit": str(2**30),
+        "sizeLimit": "1Gi",
     }
     assert volumes["shardcache-imagenet-disk"]["hostPath"] == {
         "path": names.DEFAULT_DISK_DIR,
@@ -184,13 +184,13 @@ def test_volumes_memory_tier_in_both_disk_tier_in_sidecar_only() -> None:
 def test_disk_medium_uses_plain_emptydir_and_keeps_the_memory_limit() -> None:
     _, stored = admit(pod(), dsm("imagenet", cache={"memory": "1Gi", "medium": "Disk"}))
     volumes = {v["name"]: v for v in stored["spec"]["volumes"]}
-    assert volumes["shardcache-imagenet-run"]["emptyDir"] == {"sizeLimit": str(2**30)}
+    assert volumes["shardcache-imagenet-run"]["emptyDir"] == {"sizeLimit": "1Gi"}
     assert sidecars(stored)[0]["resources"]["limits"]["memory"] == "1Gi"
 
 
 def test_memory_medium_raises_the_sidecar_memory_limit_by_the_tier_size() -> None:
     _, stored = admit(pod(), dsm("imagenet", cache={"memory": "1Gi"}))
-    assert sidecars(stored)[0]["resources"]["limits"]["memory"] == str(2**30 + 2**30)
+    assert sidecars(stored)[0]["resources"]["limits"]["memory"] == "2Gi"
 
 
 def test_trainers_get_env_but_never_credentials() -> None:
@@ -391,7 +391,7 @@ def test_checkpoint_volume_and_env_reach_sidecar_and_trainers() -> None:
     assert env[names.ENV_CHECKPOINT_RESTORE] == "300"
     assert env[names.ENV_CHECKPOINT_DIR] == "/checkpoints"
     volumes = {v["name"]: v for v in stored["spec"]["volumes"]}
-    assert volumes["shardcache-imagenet-ckpt"]["emptyDir"] == {"sizeLimit": str(20 * 2**30)}
+    assert volumes["shardcache-imagenet-ckpt"]["emptyDir"] == {"sizeLimit": "20Gi"}
     (trainer,) = stored["spec"]["containers"]
     assert {"name": "shardcache-imagenet-ckpt", "mountPath": "/checkpoints"} in trainer[
         "volumeMounts"

@@ -1,0 +1,65 @@
+"""Start-up of the operator process: settings, API client, kopf, health server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Any
+
+import kopf
+
+from shardcache_operator import handlers, health, kube, webhook
+from shardcache_operator import settings as settings_lib
+
+logger = logging.getLogger(__name__)
+
+
+def build_registry(settings: settings_lib.Settings, api: kube.Api) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # Progress and the last-handled spec live in our own annotations; status is
+        # ours alone (the CRD schema prunes anything else written there).
+        settings.persistence.finalizer = handlers.FINALIZER
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix="shardcache.io"
+        )
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="shardcache.io", key="last-handled-configuration"
+        )
+        # Only our explicit Events reach users, not every handler log line.
+        settings.posting.level = logging.ERROR
+        if operator_settings.webhook_enabled:
+            settings.admission.server = webhook.server(operator_settings)
+            settings.admission.managed = operator_settings.webhook_configuration
+
+    operator_settings = settings
+    handlers.register(registry, handlers.Context(settings=settings, api=api))
+    if settings.webhook_enabled:
+        webhook.register(registry, settings, api)
+    return registry
+
+
+async def run(settings: settings_lib.Settings) -> None:
+    """Run until SIGINT/SIGTERM; a standby replica waits in kopf's peering."""
+    api = kube.Api(kube.configure(settings.kubeconfig))
+    registry = build_registry(settings, api)
+    ready = asyncio.Event()
+    runner = await health.start(settings.health_addr, settings.health_port, ready)
+    # Equal priorities make kopf freeze every replica; a random one elects an active
+    # replica and leaves the others on standby.
+    priority = settings.priority if settings.priority is not None else random.randint(1, 2**30)
+    try:
+        await kopf.operator(
+            registry=registry,
+            clusterwide=not settings.namespaces,
+            namespaces=list(settings.namespaces),
+            standalone=settings.standalone,
+            peering_name=None if settings.standalone else settings.peering_name,
+            priority=priority,
+            ready_flag=ready,
+        )
+    finally:
+        await runner.cleanup()

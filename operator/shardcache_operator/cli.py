@@ -1,0 +1,151 @@
+"""`shardcache operator` and `shardcache inject` (plugins of the `shardcache` command)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shardcache import errors
+from shardcache_operator import injection, offline
+from shardcache_operator import settings as settings_lib
+
+
+def register_operator(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "operator",
+        help="run the DatasetMount operator and its pod webhook",
+        description="Run the DatasetMount operator and its pod-injection webhook. Settings "
+        "come from SHARDCACHE_OPERATOR_* variables; these flags override them.",
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config)")
+    parser.add_argument(
+        "--namespace", action="append", dest="namespaces", help="serve only this namespace"
+    )
+    parser.add_argument("--standalone", action="store_true", default=None, help="no peering")
+    parser.add_argument("--priority", type=int, help="peering priority (default: random)")
+    parser.add_argument("--sidecar-image", help="default sidecar image")
+    parser.add_argument("--no-webhook", dest="webhook_enabled", action="store_false", default=None)
+    parser.add_argument("--webhook-addr", help="webhook listen address")
+    parser.add_argument("--webhook-port", type=int, help="webhook listen port")
+    parser.add_argument("--webhook-host", help="host name in a managed webhook URL")
+    parser.add_argument("--cert-file", dest="webhook_cert_file", help="serving certificate")
+    parser.add_argument("--key-file", dest="webhook_key_file", help="serving key")
+    parser.add_argument("--ca-file", dest="webhook_ca_file", help="CA bundle for caBundle")
+    parser.add_argument(
+        "--cert-dir", dest="webhook_cert_dir", help="where to write generated certs"
+    )
+    parser.add_argument(
+        "--webhook-configuration",
+        help="name of a MutatingWebhookConfiguration the operator manages (with caBundle)",
+    )
+    parser.add_argument("--health-addr", help="/healthz and /metrics listen address")
+    parser.add_argument("--health-port", type=int, help="/healthz and /metrics listen port")
+    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    parser.set_defaults(func=run_operator)
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    overrides: dict[str, Any] = {
+        key: getattr(args, key)
+        for key in (
+            "kubeconfig",
+            "standalone",
+            "priority",
+            "sidecar_image",
+            "webhook_enabled",
+            "webhook_addr",
+            "webhook_port",
+            "webhook_host",
+            "webhook_cert_file",
+            "webhook_key_file",
+            "webhook_ca_file",
+            "webhook_cert_dir",
+            "webhook_configuration",
+            "health_addr",
+            "health_port",
+        )
+    }
+    if args.namespaces:
+        overrides["namespaces"] = tuple(args.namespaces)
+    try:
+        settings = settings_lib.from_env(os.environ, **overrides)
+    except errors.InputError as exc:
+        print(f"shardcache operator: {exc}", file=sys.stderr)
+        return 2
+    from shardcache_operator import app  # kopf and the API client load only here
+
+    asyncio.run(app.run(settings))
+    return 0
+
+
+def register_inject(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "inject",
+        help="inject DatasetMounts into Pod/Job/Deployment/StatefulSet YAML, offline",
+        description="Write the documents of FILE with the given DatasetMounts injected into "
+        "their pod templates, exactly as the webhook would. Pods that carry the "
+        f"{injection.LABEL_MOUNT} label get the mounts they name; others get all of them.",
+    )
+    parser.add_argument("-f", "--filename", required=True, help="YAML file, or - for stdin")
+    parser.add_argument(
+        "--mount",
+        action="append",
+        required=True,
+        metavar="DSM.yaml",
+        help="a file with DatasetMount documents (repeatable)",
+    )
+    parser.add_argument("-o", "--output", help="output file (default: stdout)")
+    parser.add_argument(
+        "--sidecar-image",
+        default=settings_lib.Settings.sidecar_image,
+        help="sidecar image for mounts that name none",
+    )
+    parser.set_defaults(func=run_inject)
+
+
+def _read_documents(path: str) -> list[object]:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        return list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise errors.InputError(f"{path}: malformed YAML: {exc}") from exc
+
+
+def run_inject(args: argparse.Namespace) -> int:
+    try:
+        mounts: dict[str, Any] = {}
+        for path in args.mount:
+            mounts.update(offline.load_mounts(_read_documents(path), source=path))
+        documents = _read_documents(args.filename)
+        defaults = injection.SidecarDefaults(image=args.sidecar_image)
+        output: list[object] = []
+        for index, doc in enumerate(documents, start=1):
+            if doc is None:
+                continue
+            where = f"{args.filename}, document {index}"
+            injected, warnings = offline.inject_document(
+                doc, mounts, defaults=defaults, where=where
+            )
+            for warning in warnings:
+                print(f"shardcache inject: warning: {warning}", file=sys.stderr)
+            output.append(injected)
+    except (errors.InputError, OSError) as exc:
+        print(f"shardcache inject: {exc}", file=sys.stderr)
+        return 1
+    text = yaml.safe_dump_all(output, sort_keys=False)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,163 @@
+"""kopf handlers for DatasetMounts: thin wrappers around `reconcile` and `status`.
+
+Registered on an explicit registry by `register`, so importing this module has no
+side effects and tests can build an operator with their own context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from shardcache import manifest as manifest_lib
+from shardcache import spec as spec_model
+from shardcache_operator import injection, kube, metrics, reconcile, status
+from shardcache_operator import settings as settings_lib
+
+logger = logging.getLogger(__name__)
+
+FINALIZER = "shardcache.io/finalizer"
+#: Annotation on a DatasetMount: delete it without waiting for attached pods.
+ANNOTATION_FORCE_DELETE = "shardcache.io/force-delete"
+RESOURCE = (spec_model.GROUP, spec_model.VERSION, spec_model.PLURAL)
+_FINISHED_POD_PHASES = ("Succeeded", "Failed")
+
+
+def resolve_manifest(
+    uri: str, fmt: str, storage_options: Mapping[str, str] | None
+) -> reconcile.ManifestLike:
+    return manifest_lib.resolve(uri, format=fmt, storage_options=storage_options)
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    settings: settings_lib.Settings
+    api: kube.Api
+    resolve: reconcile.Resolver = resolve_manifest
+
+
+def now_text() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def attached_count(index: Mapping[Any, Any], namespace: str, name: str) -> int:
+    return len(list(index.get((namespace, name), [])))
+
+
+def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
+    """Add the DatasetMount handlers to `registry`."""
+    backoff = reconcile.Backoff(
+        initial_seconds=ctx.settings.backoff_initial_seconds,
+        max_seconds=ctx.settings.backoff_max_seconds,
+    )
+
+    @kopf.index("", "v1", "pods", labels={injection.LABEL_MOUNT: kopf.PRESENT}, registry=registry)
+    def attached_pods(
+        *, namespace: str | None, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any
+    ) -> dict[tuple[str, str], str]:
+        """(namespace, DatasetMount name) -> names of unfinished pods that use it."""
+        if status.get("phase") in _FINISHED_POD_PHASES:
+            return {}
+        try:
+            mounts = injection.requested_mounts(meta)
+        except Exception:  # a malformed label on someone's pod must not stop indexing
+            return {}
+        return {(namespace or "", mount): name for mount in mounts}
+
+    @kopf.on.resume(*RESOURCE, registry=registry)
+    @kopf.on.create(*RESOURCE, registry=registry)
+    @kopf.on.update(*RESOURCE, field="spec", registry=registry)
+    async def resolve(
+        body: kopf.Body,
+        patch: kopf.Patch,
+        retry: int,
+        namespace: str | None,
+        name: str,
+        **kwargs: Any,
+    ) -> None:
+        """Resolve and pin the manifest; failures become status, Events and retries."""
+        ns = namespace or ""
+        started = time.monotonic()
+        result = await reconcile.reconcile(
+            body,
+            read_secret=ctx.api.read_secret,
+            resolve=ctx.resolve,
+            now=now_text(),
+            retry=retry,
+            backoff=backoff,
+            timeout=ctx.settings.resolve_timeout_seconds,
+        )
+        new_status = dict(result.status)
+        new_status["attachedPods"] = attached_count(kwargs["attached_pods"], ns, name)
+        patch.status.update(new_status)
+        metrics.RECONCILE_DURATION.observe(time.monotonic() - started)
+        metrics.RECONCILE_TOTAL.labels(phase=new_status["phase"]).inc()
+        metrics.PHASES.set(ns, name, new_status["phase"])
+        if isinstance(result.outcome, status.Failed):
+            metrics.SOURCE_ERRORS_TOTAL.labels(reason=result.outcome.reason).inc()
+        for event in result.events:
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        if result.retry_in is not None:
+            assert isinstance(result.outcome, status.Failed)
+            raise kopf.TemporaryError(result.outcome.message, delay=result.retry_in)
+
+    @kopf.timer(
+        *RESOURCE,
+        interval=ctx.settings.pods_interval_seconds,
+        initial_delay=ctx.settings.pods_interval_seconds,
+        registry=registry,
+    )
+    def count_pods(
+        *,
+        body: kopf.Body,
+        patch: kopf.Patch,
+        namespace: str | None,
+        name: str,
+        **kwargs: Any,
+    ) -> None:
+        """Keep status.attachedPods current (the Pods printer column)."""
+        ns = namespace or ""
+        count = attached_count(kwargs["attached_pods"], ns, name)
+        metrics.ATTACHED_PODS.labels(namespace=ns, datasetmount=name).set(count)
+        if (body.get("status") or {}).get("attachedPods") != count:
+            patch.status["attachedPods"] = count
+
+    @kopf.on.delete(*RESOURCE, registry=registry)
+    def finalize(
+        *,
+        body: kopf.Body,
+        patch: kopf.Patch,
+        namespace: str | None,
+        name: str,
+        annotations: kopf.Annotations,
+        **kwargs: Any,
+    ) -> None:
+        """Hold the finalizer while unfinished pods still use this mount.
+
+        Running sidecars carry everything they need in their env, so they would keep
+        working; the wait makes a deletion visible instead of silently leaving pods
+        on a dataset that is no longer declared. Node cache files are not removed:
+        they are content-addressed and the disk tier's LRU reclaims them.
+        """
+        ns = namespace or ""
+        count = attached_count(kwargs["attached_pods"], ns, name)
+        forced = annotations.get(ANNOTATION_FORCE_DELETE) == "true"
+        if count and not forced:
+            patch.status["phase"] = status.TERMINATING
+            patch.status["attachedPods"] = count
+            message = (
+                f"waiting for {count} pod(s) using DatasetMount {ns}/{name} to finish; "
+                f"annotate it {ANNOTATION_FORCE_DELETE}=true to delete it now"
+            )
+            if (body.get("status") or {}).get("phase") != status.TERMINATING:
+                kopf.event(body, type="Normal", reason="WaitingForPods", message=message)
+            metrics.PHASES.set(ns, name, status.TERMINATING)
+            raise kopf.TemporaryError(message, delay=ctx.settings.deletion_poll_seconds)
+        metrics.PHASES.set(ns, name, None)
+        logger.info("DatasetMount %s/%s released (%d attached pods)", ns, name, count)

@@ -1,0 +1,40 @@
+"""/healthz, /readyz and /metrics of the operator process (aiohttp, plain HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp.web
+
+from shardcache_operator import metrics
+
+
+def application(ready: asyncio.Event) -> aiohttp.web.Application:
+    """`ready` is set once kopf has started serving (watching, peering, webhook)."""
+
+    async def healthz(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        # Answering at all proves the event loop is not stuck.
+        return aiohttp.web.Response(text="ok\n")
+
+    async def readyz(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        if ready.is_set():
+            return aiohttp.web.Response(text="ready\n")
+        return aiohttp.web.Response(status=503, text="starting\n")
+
+    async def metrics_view(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        body, content_type = metrics.exposition()
+        return aiohttp.web.Response(body=body, headers={"Content-Type": content_type})
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_view)
+    return app
+
+
+async def start(addr: str, port: int, ready: asyncio.Event) -> aiohttp.web.AppRunner:
+    """Serve on addr:port until the returned runner is cleaned up."""
+    runner = aiohttp.web.AppRunner(application(ready), access_log=None)
+    await runner.setup()
+    await aiohttp.web.TCPSite(runner, addr, port).start()
+    return runner

@@ -1,0 +1,71 @@
+"""Kubernetes API access of the operator (the `kubernetes` client, called in threads).
+
+Works in a pod (in-cluster config) and as a local process with a kubeconfig, which is
+how the e2e tests run the operator against a real API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+from collections.abc import Mapping
+from typing import Any, cast
+
+import kubernetes
+
+from shardcache import spec as spec_model
+
+
+def configure(kubeconfig: str | None) -> kubernetes.client.ApiClient:
+    """An API client; in-cluster config unless a kubeconfig is given or found."""
+    if kubeconfig:
+        # kopf's own login reads the same file through KUBECONFIG.
+        os.environ["KUBECONFIG"] = kubeconfig
+        kubernetes.config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    else:
+        try:
+            kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+    return kubernetes.client.ApiClient()
+
+
+class Api:
+    """The few reads the operator needs, as coroutines."""
+
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        self._core = kubernetes.client.CoreV1Api(client)
+        self._custom = kubernetes.client.CustomObjectsApi(client)
+
+    async def read_secret(self, namespace: str, name: str) -> Mapping[str, str] | None:
+        """The Secret's data decoded to text, or None when it does not exist."""
+        try:
+            secret = await asyncio.to_thread(self._core.read_namespaced_secret, name, namespace)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        data: dict[str, str] = {}
+        for key, value in (secret.data or {}).items():
+            data[key] = base64.b64decode(value).decode("utf-8", errors="replace")
+        for key, value in (secret.string_data or {}).items():
+            data[key] = value
+        return data
+
+    async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The DatasetMount object (spec and status), or None when it does not exist."""
+        try:
+            obj = await asyncio.to_thread(
+                self._custom.get_namespaced_custom_object,
+                spec_model.GROUP,
+                spec_model.VERSION,
+                namespace,
+                spec_model.PLURAL,
+                name,
+            )
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], obj)

@@ -1,0 +1,123 @@
+"""Operator settings: a typed dataclass read once at start-up from env, then CLI flags.
+
+Every field names its environment variable (prefix SHARDCACHE_OPERATOR_); the Helm
+chart sets them. Units are in the field names or comments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from shardcache import errors
+from shardcache.node import names
+
+ENV_PREFIX = "SHARDCACHE_OPERATOR_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    # --- what gets injected ---------------------------------------------------------
+    #: Sidecar image when a DatasetMount names none; the chart pins it to its version.
+    sidecar_image: str = "shardcache-sidecar:0.1.0"
+    #: Run directory inside pods (socket and memory tier live below it).
+    run_dir: str = names.DEFAULT_RUN_DIR
+    #: Non-root UID of the sidecar. 65532 is the conventional "nonroot" user of
+    #: distroless images, so it exists in the image without an /etc/passwd edit.
+    sidecar_uid: int = 65532
+    #: Seconds a sidecar may take to get ready (checkpoint restore, warm-up) before
+    #: kubelet restarts it; 10 minutes covers a multi-GiB restore on a slow link.
+    startup_timeout_seconds: int = 600
+    #: What to do with a pod whose DatasetMount does not exist: Refuse (default: the
+    #: trainer would fail later anyway, louder and later) or Admit without injection.
+    missing_policy: str = "Refuse"
+
+    # --- what is watched ----------------------------------------------------------------
+    #: Namespaces to serve; empty means all (cluster-wide).
+    namespaces: tuple[str, ...] = ()
+
+    # --- reconcile ------------------------------------------------------------------------
+    #: Upper bound in seconds on one manifest resolution (listing + reading footers);
+    #: a large bucket takes minutes, a hung endpoint must not stall the handler forever.
+    resolve_timeout_seconds: float = 600.0
+    #: First retry delay in seconds after a source error; doubles up to the maximum.
+    backoff_initial_seconds: float = 5.0
+    #: Cap in seconds on the retry delay: a broken source is re-tried every 5 minutes.
+    backoff_max_seconds: float = 300.0
+    #: Seconds between recounts of attached pods (a list call per DatasetMount).
+    pods_interval_seconds: float = 30.0
+    #: Seconds between checks while a deleted DatasetMount waits for its pods.
+    deletion_poll_seconds: float = 15.0
+
+    # --- webhook --------------------------------------------------------------------------
+    #: Serve the mutating webhook (off: reconcile only, e.g. a second operator set).
+    webhook_enabled: bool = True
+    #: Address the HTTPS webhook listens on (all interfaces in a pod; loopback locally).
+    webhook_addr: str = "0.0.0.0"
+    #: 9443 is the conventional webhook port; unprivileged, so no capability is needed.
+    webhook_port: int = 9443
+    #: Host name the API server uses in a managed webhook configuration's URL.
+    webhook_host: str | None = None
+    #: Serving certificate, key and CA bundle files (e.g. from the chart's Secret). When
+    #: unset, a CA and serving certificate are generated at start-up.
+    webhook_cert_file: str | None = None
+    webhook_key_file: str | None = None
+    webhook_ca_file: str | None = None
+    #: Where generated certificates are written (a temporary directory when unset).
+    webhook_cert_dir: str | None = None
+    #: Extra DNS names / IPs for a generated certificate (comma-separated in env).
+    webhook_sans: tuple[str, ...] = ()
+    #: Name of a MutatingWebhookConfiguration the operator creates and keeps up to date
+    #: (with caBundle); unset when the chart installs it.
+    webhook_configuration: str | None = None
+
+    # --- health, metrics, peering ---------------------------------------------------------
+    #: /healthz and /metrics listener.
+    health_addr: str = "0.0.0.0"
+    health_port: int = 8080
+    #: Peering object shared by replicas; the one with the highest priority is active.
+    peering_name: str = "shardcache"
+    #: This replica's peering priority; unset draws a random one so two replicas never
+    #: tie (kopf freezes all operators of equal priority).
+    priority: int | None = None
+    #: Run without peering (a single replica, or tests without the peering CRD).
+    standalone: bool = False
+    #: kubeconfig for running outside the cluster; unset uses in-cluster config first.
+    kubeconfig: str | None = None
+
+
+def _coerce(field: dataclasses.Field[Any], text: str) -> Any:
+    kind = str(field.type)
+    name = ENV_PREFIX + field.name.upper()
+    try:
+        if kind.startswith("bool"):
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1", "yes")
+        if kind.startswith("int"):
+            return int(text)
+        if kind.startswith("float"):
+            return float(text)
+        if kind.startswith("tuple"):
+            return tuple(part.strip() for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise errors.InputError(f"{name}: expected {kind}, found {text!r}") from exc
+    return text
+
+
+def from_env(environ: Mapping[str, str], **overrides: Any) -> Settings:
+    """Settings from SHARDCACHE_OPERATOR_* variables, then `overrides` (None = keep)."""
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(Settings):
+        text = environ.get(ENV_PREFIX + field.name.upper())
+        if text is not None and text != "":
+            values[field.name] = _coerce(field, text)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    settings = Settings(**values)
+    if settings.missing_policy not in ("Refuse", "Admit"):
+        raise errors.InputError(
+            f"{ENV_PREFIX}MISSING_POLICY: expected Refuse or Admit, "
+            f"found {settings.missing_policy!r}"
+        )
+    return settings

@@ -1,0 +1,130 @@
+"""The mutating admission webhook for pods: a thin kopf handler around `admission.decide`.
+
+The webhook configuration selects pods by the opt-in label (objectSelector on
+`shardcache.io/mount`), so unlabelled pods never reach the operator. TLS comes from
+certificate files (the chart's Secret) or from `certs.generate` at start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from shardcache import errors
+from shardcache_operator import admission, certs, injection, kube, metrics
+from shardcache_operator import settings as settings_lib
+
+logger = logging.getLogger(__name__)
+
+
+def defaults_of(settings: settings_lib.Settings) -> injection.SidecarDefaults:
+    return injection.SidecarDefaults(
+        image=settings.sidecar_image,
+        run_dir=settings.run_dir,
+        run_as_user=settings.sidecar_uid,
+        startup_timeout_seconds=settings.startup_timeout_seconds,
+    )
+
+
+def server(settings: settings_lib.Settings) -> kopf.WebhookServer:
+    """kopf's HTTPS server with our certificates (never kopf's oscrypto self-signing)."""
+    cert_file, key_file, ca_file = (
+        settings.webhook_cert_file,
+        settings.webhook_key_file,
+        settings.webhook_ca_file,
+    )
+    if not (cert_file and key_file):
+        host = settings.webhook_host or settings.webhook_addr
+        sans = [s for s in (host, *settings.webhook_sans) if s and s != "0.0.0.0"]
+        if not sans:
+            sans = ["localhost", "127.0.0.1"]
+        directory = Path(settings.webhook_cert_dir or tempfile.mkdtemp(prefix="shardcache-tls-"))
+        files = certs.write(certs.generate(sans), directory)
+        cert_file, key_file, ca_file = (
+            str(files.cert_file),
+            str(files.key_file),
+            str(files.ca_file),
+        )
+        logger.info("generated a webhook CA and certificate for %s in %s", sans, directory)
+    return kopf.WebhookServer(
+        addr=settings.webhook_addr,
+        port=settings.webhook_port,
+        host=settings.webhook_host,
+        certfile=cert_file,
+        pkeyfile=key_file,
+        cafile=ca_file,
+    )
+
+
+def register(
+    registry: kopf.OperatorRegistry, settings: settings_lib.Settings, api: kube.Api
+) -> None:
+    defaults = defaults_of(settings)
+
+    @kopf.on.mutate(
+        "",
+        "v1",
+        "pods",
+        id="shardcache-inject",
+        operations=["CREATE"],
+        labels={injection.LABEL_MOUNT: kopf.PRESENT},
+        side_effects=False,
+        registry=registry,
+    )
+    async def inject(
+        body: kopf.Body,
+        patch: kopf.Patch,
+        warnings: list[str],
+        **_: Any,
+    ) -> None:
+        """Inject the requested DatasetMounts into the pod, or refuse it with the reason."""
+        started = time.monotonic()
+        pod = dict(body)
+        metadata: Mapping[str, Any] = pod.get("metadata") or {}
+        namespace = str(metadata.get("namespace") or "default")
+        # Read every requested DatasetMount first; the decision itself is pure.
+        fetched: dict[str, Mapping[str, Any] | Exception | None] = {}
+        try:
+            wanted = injection.requested_mounts(metadata)
+        except errors.InputError:
+            wanted = []  # decide() refuses with the message
+        for name in wanted:
+            if name in injection.injected_mounts(metadata):
+                continue
+            try:
+                fetched[name] = await api.read_datasetmount(namespace, name)
+            except Exception as exc:  # the API failed: refuse this pod, keep serving
+                fetched[name] = exc
+
+        def lookup(_namespace: str, name: str) -> Mapping[str, Any] | None:
+            found = fetched.get(name)
+            if isinstance(found, Exception):
+                raise admission.LookupFailed(str(found))
+            return found
+
+        decision = admission.decide(
+            pod,
+            namespace=namespace,
+            lookup=lookup,
+            defaults=defaults,
+            missing_policy=settings.missing_policy,
+        )
+        metrics.ADMISSION_DURATION.observe(time.monotonic() - started)
+        warnings.extend(decision.warnings)
+        if not decision.allowed:
+            metrics.ADMISSION_TOTAL.labels(result="refused").inc()
+            raise kopf.AdmissionError(decision.message, code=403)
+        if not decision.patch:
+            metrics.ADMISSION_TOTAL.labels(result="unchanged").inc()
+            return
+        metrics.ADMISSION_TOTAL.labels(result="injected").inc()
+        # kopf turns the merged fields into a JSON patch against the admitted pod.
+        for op in decision.patch:
+            _, parent, key = op["path"].split("/")
+            patch.setdefault(parent, {})[key] = op["value"]

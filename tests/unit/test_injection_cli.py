@@ -1,0 +1,211 @@
+"""`shardcache inject`: offline injection of multi-document YAML, and its errors."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from shardcache_operator import injection
+
+from shardcache import cli
+from shardcache import spec as spec_model
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_DSM = ROOT / "examples" / "datasetmount.yaml"
+EXAMPLE_JOB = ROOT / "examples" / "training-job.yaml"
+
+POD_SPEC = {"containers": [{"name": "main", "image": "python:3.11"}]}
+
+
+def template(labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"labels": labels or {}}, "spec": copy.deepcopy(POD_SPEC)}
+
+
+WORKLOADS = [
+    {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": copy.deepcopy(POD_SPEC)},
+    {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d"},
+        "spec": {"template": template({"app": "d"})},
+    },
+    {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "s"},
+        "spec": {"template": template()},
+    },
+    {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j"},
+        "spec": {"completionMode": "Indexed", "completions": 2, "template": template()},
+    },
+]
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(["inject", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write(tmp_path: Path, name: str, docs: list[Any] | str) -> str:
+    path = tmp_path / name
+    path.write_text(docs if isinstance(docs, str) else yaml.safe_dump_all(docs, sort_keys=False))
+    return str(path)
+
+
+def pod_of(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc if doc["kind"] == "Pod" else doc["spec"]["template"]
+
+
+def sidecar_env(pod: dict[str, Any]) -> dict[str, Any]:
+    (sidecar,) = [c for c in pod["spec"]["initContainers"] if c.get("restartPolicy") == "Always"]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in sidecar["env"]}
+
+
+def test_example_job_is_injected_exactly_as_the_pure_function_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "-f", str(EXAMPLE_JOB), "--mount", str(EXAMPLE_DSM))
+    assert code == 0
+    (job,) = yaml.safe_load_all(out)
+    original = yaml.safe_load(EXAMPLE_JOB.read_text())
+    mount = spec_model.load(yaml.safe_load(EXAMPLE_DSM.read_text()))
+    expected = injection.inject(
+        original["spec"]["template"],
+        [injection.Mount(mount.name, mount.spec, mount.manifest_digest)],
+        defaults=injection.SidecarDefaults(image="shardcache-sidecar:0.1.0"),
+        indexed_job=True,
+    )
+    assert job["spec"]["template"] == expected
+    assert {k: v for k, v in job.items() if k != "spec"} == {
+        k: v for k, v in original.items() if k != "spec"
+    }
+
+
+def test_every_supported_kind_in_one_stream_gets_the_mount(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write(tmp_path, "workloads.yaml", WORKLOADS)
+    code, out, err = run(capsys, "-f", source, "--mount", str(EXAMPLE_DSM))
+    assert code == 0, err
+    docs = list(yaml.safe_load_all(out))
+    assert [d["kind"] for d in docs] == ["Pod", "Deployment", "StatefulSet", "Job"]
+    for doc in docs:
+        pod = pod_of(doc)
+        assert pod["metadata"]["labels"][injection.LABEL_MOUNT] == "imagenet-train"
+        assert pod["metadata"]["annotations"][injection.ANNOTATION_INJECTED] == "imagenet-train"
+        env = sidecar_env(pod)
+        # Only the Indexed Job's pods learn their rank from the completion index.
+        assert ("SHARDCACHE_RANK" in env) == (doc["kind"] == "Job")
+    assert pod_of(docs[1])["metadata"]["labels"]["app"] == "d"
+    assert "no pinned digest" in err
+
+
+def test_injecting_injected_output_again_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write(tmp_path, "workloads.yaml", WORKLOADS)
+    _, once, _ = run(capsys, "-f", source, "--mount", str(EXAMPLE_DSM))
+    again = write(tmp_path, "once.yaml", once)
+    code, twice, _ = run(capsys, "-f", again, "--mount", str(EXAMPLE_DSM))
+    assert code == 0
+    assert list(yaml.safe_load_all(twice)) == list(yaml.safe_load_all(once))
+
+
+def test_pinned_digest_from_the_mount_file_reaches_the_sidecar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dsm = yaml.safe_load(EXAMPLE_DSM.read_text())
+    dsm["status"] = {"phase": "Ready", "manifestDigest": "sha256:" + "1" * 64}
+    mount = write(tmp_path, "dsm.yaml", [dsm])
+    source = write(tmp_path, "pod.yaml", WORKLOADS[:1])
+    code, out, err = run(capsys, "-f", source, "--mount", mount)
+    assert code == 0 and err == ""
+    env = sidecar_env(next(yaml.safe_load_all(out)))
+    assert env["SHARDCACHE_MANIFEST_DIGEST"] == "sha256:" + "1" * 64
+
+
+def test_two_mount_files_and_a_label_naming_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = yaml.safe_load(EXAMPLE_DSM.read_text())
+    other["metadata"]["name"] = "captions"
+    mount2 = write(tmp_path, "captions.yaml", [other])
+    pod = copy.deepcopy(WORKLOADS[0])
+    pod["metadata"]["labels"] = {injection.LABEL_MOUNT: "captions_imagenet-train"}
+    source = write(tmp_path, "pod.yaml", [pod])
+    code, out, _ = run(capsys, "-f", source, "--mount", str(EXAMPLE_DSM), "--mount", mount2)
+    assert code == 0
+    injected = next(yaml.safe_load_all(out))
+    names = [c["name"] for c in injected["spec"]["initContainers"]]
+    assert names == ["shardcache-captions", "shardcache-imagenet-train"]
+
+
+@pytest.mark.parametrize(
+    ("docs", "message"),
+    [
+        (
+            [{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "svc"}}],
+            "document 1: cannot inject into kind 'Service'; expected one of Pod, Job",
+        ),
+        ("kind: Pod\nspec: [unclosed\n", "malformed YAML"),
+        ("- just\n- a list\n", "document 1: expected a Kubernetes object"),
+        (
+            [{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}}],
+            "Deployment has no pod spec at spec.template",
+        ),
+        (
+            [
+                {
+                    **WORKLOADS[0],
+                    "metadata": {"name": "p", "labels": {injection.LABEL_MOUNT: "nope"}},
+                }
+            ],
+            "asks for DatasetMount nope, which no --mount file defines",
+        ),
+    ],
+)
+def test_bad_input_documents_fail_with_a_clear_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], docs: Any, message: str
+) -> None:
+    source = write(tmp_path, "in.yaml", docs)
+    code, out, err = run(capsys, "-f", source, "--mount", str(EXAMPLE_DSM))
+    assert code != 0
+    assert out == ""
+    assert message in err
+
+
+def test_mount_file_that_is_not_a_datasetmount_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(capsys, "-f", str(EXAMPLE_JOB), "--mount", str(EXAMPLE_JOB))
+    assert code != 0 and out == ""
+    assert "expected kind DatasetMount with apiVersion shardcache.io/v1alpha1" in err
+    assert "found kind 'Job'" in err
+
+
+def test_invalid_datasetmount_in_mount_file_names_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dsm = yaml.safe_load(EXAMPLE_DSM.read_text())
+    dsm["spec"]["cache"]["memory"] = "-4Gi"
+    mount = write(tmp_path, "dsm.yaml", [dsm])
+    code, _, err = run(capsys, "-f", str(EXAMPLE_JOB), "--mount", mount)
+    assert code != 0
+    assert "spec.cache.memory" in err and "-4Gi" in err
+
+
+def test_missing_input_file_is_an_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "-f", str(tmp_path / "absent.yaml"), "--mount", str(EXAMPLE_DSM))
+    assert code != 0
+    assert "absent.yaml" in err
