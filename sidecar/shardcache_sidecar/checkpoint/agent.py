@@ -50,8 +50,8 @@ class Agent:
     # --- readiness ----------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
         """(ready, why not): ready once the restore at start is done."""
-        if self._ready.is_set():
-            return True, "checkpoint restored" if self.restored else "ready"
+        if self._ready.is_set() and self.restored is not None:
+            return True, _restored_reason(self.restored)
         if self._restore_error is not None:
             return False, f"checkpoint restore failed: {self._restore_error}"
         return False, "restoring the checkpoint"
@@ -203,8 +203,9 @@ class Agent:
             self._set_failed(path, step, str(exc), retryable=True)
             return False
         self._retry_at.pop(path, None)
-        checkpoint.write_status(path, checkpoint.Status("uploaded", step, updated_at=time.time()))
+        # The pointer file first: once wait() sees "uploaded", latest() agrees.
         self._write_latest(kept)
+        checkpoint.write_status(path, checkpoint.Status("uploaded", step, updated_at=time.time()))
         retention.prune_local(self.root, s.keep_last)
         seconds = time.monotonic() - started
         self.observer.published(step, seconds, manifest.created_at)
@@ -274,3 +275,9 @@ class Agent:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+def _restored_reason(result: restorer.RestoreResult) -> str:
+    if result.step is None:
+        return "no checkpoint to restore"
+    return f"restored checkpoint step {result.step}"
