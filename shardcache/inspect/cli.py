@@ -1,0 +1,125 @@
+"""`shardcache inspect`: print the samples a rank receives at a step, or where a sample
+is seen (`--where`), or page through them (`--tui`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from shardcache import errors, plan
+from shardcache.inspect import locate, render, session
+
+
+def _names(text: str) -> list[str]:
+    return [c.strip() for c in text.split(",") if c.strip()]
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The reading-plan options, shared with `shardcache web`."""
+    g = parser.add_argument_group("reading plan (as the training job uses it)")
+    g.add_argument("--world-size", type=int, default=1, help="ranks in the job (default 1)")
+    g.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    g.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32)")
+    g.add_argument(
+        "--block-size",
+        type=int,
+        default=plan.DEFAULT_BLOCK_SIZE,
+        help=f"rows per shuffle block (default {plan.DEFAULT_BLOCK_SIZE})",
+    )
+    g.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="manifest order")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "inspect",
+        help="show exactly the samples a rank receives at a step",
+        description=(
+            "Print exactly the samples rank R receives at step N of epoch E (step N is "
+            "batch N of Dataset.batches(B), counting from 0), with provenance: shard, "
+            "row in the shard, global sample index."
+        ),
+    )
+    p.add_argument("uri", nargs="?", help="dataset URI (file://, s3://, ...)")
+    p.add_argument("--mount", help="the sidecar's DatasetMount instead of a URI (in a pod)")
+    p.add_argument("--cache-dir", help="embedded cache directory (default ~/.cache/shardcache)")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--step", type=int, default=0, help="batch number in the epoch, from 0")
+    add_plan_arguments(p)
+    p.add_argument(
+        "--columns",
+        type=_names,
+        action="extend",
+        help="comma-separated columns to show (default all)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--tokenizer", help="a HuggingFace tokenizer.json to decode token ids")
+    p.add_argument("--max-chars", type=int, default=200, help="text shown per cell (0: all)")
+    p.add_argument(
+        "--where",
+        metavar="EXPR",
+        help="reverse lookup: at which (epoch, rank, step) are samples matching EXPR seen, "
+        "e.g. 'uid == 123'",
+    )
+    p.add_argument("--epochs", type=int, default=1, help="with --where: epochs from --epoch")
+    p.add_argument("--limit", type=int, default=100, help="with --where: most samples reported")
+    p.add_argument("--tui", action="store_true", help="interactive terminal UI (textual)")
+    p.set_defaults(func=run)
+
+
+def query_from(args: argparse.Namespace) -> locate.Query:
+    return locate.Query(
+        epoch=args.epoch,
+        rank=args.rank,
+        world_size=args.world_size,
+        step=args.step,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        shuffle=args.shuffle,
+        block_size=args.block_size,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except errors.InputError as exc:
+        print(f"shardcache inspect: {exc}", file=sys.stderr)
+        return 2
+    except errors.ShardcacheError as exc:
+        print(f"shardcache inspect: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    query = query_from(args)
+    if args.max_chars < 0:
+        raise errors.InputError(f"--max-chars must be >= 0, got {args.max_chars}")
+    decode = render.load_tokenizer(args.tokenizer) if args.tokenizer else None
+    inspector = session.open_uri(args.uri, mount=args.mount, cache_dir=args.cache_dir)
+    try:
+        columns = inspector.columns(args.columns)
+        if args.tui:
+            import shardcache.inspect.tui as tui
+
+            tui.InspectApp(inspector, query, columns=columns, decode=decode).run()
+            return 0
+        if args.where is not None:
+            result = inspector.where(args.where, query, epochs=args.epochs, limit=args.limit)
+            data = session.where_json(result)
+            print(json.dumps(data, indent=2) if args.json else session.where_text(data, query))
+            return 0 if result.indices else 1
+        view = inspector.step(query, columns)
+        if args.json:
+            options = render.FULL
+        else:
+            limit = args.max_chars or None
+            options = render.RenderOptions(max_chars=limit)
+        data = session.step_json(view, inspector.manifest, options=options, decode=decode)
+        print(
+            json.dumps(data, indent=2, ensure_ascii=False) if args.json else session.step_text(data)
+        )
+        return 0
+    finally:
+        inspector.close()

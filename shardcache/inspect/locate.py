@@ -1,0 +1,167 @@
+"""Where samples are seen: the exact rows of (epoch, rank, step), and the reverse.
+
+Pure functions of the manifest's row counts and the reading plan (`shardcache.plan`),
+so the answer is the one every trainer computes, without reading any data. Step N of
+an epoch is batch N of `Dataset.batches(batch_size)`: positions [N*B, (N+1)*B) of the
+rank's stream, the last step possibly short.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from shardcache import errors, plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Query:
+    """One step of one rank: what the inspector shows."""
+
+    epoch: int = 0
+    rank: int = 0
+    world_size: int = 1
+    step: int = 0
+    batch_size: int = 32
+    seed: int = 0
+    shuffle: bool = True
+    block_size: int = plan.DEFAULT_BLOCK_SIZE
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise errors.InputError(f"world size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise errors.InputError(
+                f"rank {self.rank} is out of range: expected 0 <= rank < world size "
+                f"{self.world_size}"
+            )
+        if self.batch_size < 1:
+            raise errors.InputError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.step < 0:
+            raise errors.InputError(f"step must be >= 0, got {self.step}")
+        if self.epoch < 0:
+            raise errors.InputError(f"epoch must be >= 0, got {self.epoch}")
+
+    def params(self) -> plan.PlanParams:
+        return plan.PlanParams(
+            seed=self.seed,
+            epoch=self.epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            shuffle=self.shuffle,
+            block_size=self.block_size,
+        )
+
+    def replace(self, **changes: int | bool) -> Query:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    """Where one sample of a step comes from."""
+
+    #: Index of the shard in the manifest.
+    shard: int
+    #: Row inside that shard.
+    row: int
+    #: Dataset-wide sample index (position in manifest order).
+    index: int
+    #: Position in the rank's stream for the epoch (samples handed out before it).
+    position: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Sighting:
+    """Sample `index` is seen by `rank` at `step` of `epoch`, as row `slot` of the batch."""
+
+    index: int
+    epoch: int
+    rank: int
+    step: int
+    slot: int
+
+
+def rank_samples(shard_rows: Sequence[int], query: Query) -> int:
+    lo, hi = plan.rank_bounds(sum(shard_rows), query.params())
+    return hi - lo
+
+
+def step_count(shard_rows: Sequence[int], query: Query) -> int:
+    """Steps (batches, the last maybe short) the rank takes in the epoch."""
+    return -(-rank_samples(shard_rows, query) // query.batch_size)
+
+
+def step_rows(shard_rows: Sequence[int], digest: str, query: Query) -> list[Provenance]:
+    """The samples of `query.step`, in the order the batch holds them."""
+    samples = rank_samples(shard_rows, query)
+    steps = -(-samples // query.batch_size)
+    if query.step >= steps:
+        raise errors.InputError(
+            f"step {query.step} is past the end of epoch {query.epoch} for rank {query.rank}: "
+            f"expected 0 <= step < {steps} ({samples} samples at batch size {query.batch_size}"
+            f", world size {query.world_size})"
+        )
+    start = query.step * query.batch_size
+    stop = min(start + query.batch_size, samples)
+    offsets = plan.shard_offsets(shard_rows)
+    runs = plan.rank_runs(shard_rows, digest, query.params())
+    out: list[Provenance] = []
+    position = start
+    for run in plan.skip(runs, start):
+        take = min(len(run), stop - position)
+        for row in range(run.start, run.start + take):
+            out.append(Provenance(run.shard, row, offsets[run.shard] + row, position))
+            position += 1
+        if position >= stop:
+            break
+    return out
+
+
+def sightings(
+    shard_rows: Sequence[int], digest: str, query: Query, indices: Iterable[int]
+) -> list[Sighting]:
+    """Where each dataset-wide sample index is seen in `query.epoch`, for every rank of
+    `query.world_size` at `query.batch_size` (`query.rank` and `query.step` are ignored).
+    Every sample is seen exactly once per epoch."""
+    total = sum(shard_rows)
+    offsets = plan.shard_offsets(shard_rows)
+    wanted: dict[int, list[int]] = {}
+    for index in sorted(set(indices)):
+        if not 0 <= index < total:
+            raise errors.InputError(
+                f"sample index {index} is out of range: the dataset has {total} samples"
+            )
+        shard, row = plan.locate(offsets, index)
+        wanted.setdefault(shard, []).append(row)
+    params = query.params()
+    w = query.world_size
+    found: list[Sighting] = []
+    offset = 0
+    for run in plan.global_runs(shard_rows, digest, params):
+        rows = wanted.get(run.shard)
+        if rows:
+            i = bisect.bisect_left(rows, run.start)
+            while i < len(rows) and rows[i] < run.stop:
+                pos = offset + rows[i] - run.start
+                # Rank r reads [floor(N*r/W), floor(N*(r+1)/W)): start from the estimate
+                # and correct for the flooring.
+                rank = min(pos * w // total, w - 1)
+                while total * rank // w > pos:
+                    rank -= 1
+                while total * (rank + 1) // w <= pos:
+                    rank += 1
+                in_rank = pos - total * rank // w
+                found.append(
+                    Sighting(
+                        index=offsets[run.shard] + rows[i],
+                        epoch=query.epoch,
+                        rank=rank,
+                        step=in_rank // query.batch_size,
+                        slot=in_rank % query.batch_size,
+                    )
+                )
+                i += 1
+        offset += len(run)
+    found.sort(key=lambda s: (s.index, s.epoch))
+    return found

@@ -1,0 +1,349 @@
+"""`Inspector`: the samples of a (rank, step, epoch), read from the cache, with provenance.
+
+Rows come from a `ShardRows` source: shards through a `ShardProvider` (the embedded
+cache, or the sidecar over its control socket), memory-mapped, never copied whole.
+Every query is validated first, so a bad rank, step or column is an InputError that
+says what was expected, and nothing is read.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import pyarrow as pa
+
+from shardcache import dataset, errors, plan, provider
+from shardcache import manifest as manifest_mod
+from shardcache.inspect import locate, predicate, render, stats
+
+
+class ShardRows(Protocol):
+    @property
+    def manifest(self) -> manifest_mod.Manifest: ...
+
+    def read(self, shard: int) -> pa.RecordBatch:
+        """Every row and column of manifest shard `shard`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ProviderRows:
+    """Shards through a ShardProvider; keeps the last few memory-mapped."""
+
+    def __init__(self, shards: provider.ShardProvider, *, owns: bool, keep: int = 8) -> None:
+        self._provider = shards
+        self._owns = owns
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._reader: str | None = None
+        self._mapped: collections.OrderedDict[int, pa.RecordBatch] = collections.OrderedDict()
+
+    @property
+    def manifest(self) -> manifest_mod.Manifest:
+        return self._provider.manifest
+
+    def read(self, shard: int) -> pa.RecordBatch:
+        if not 0 <= shard < len(self.manifest.shards):
+            raise errors.InputError(
+                f"shard {shard} is out of range: the manifest has {len(self.manifest.shards)} shards"
+            )
+        with self._lock:
+            cached = self._mapped.get(shard)
+            if cached is not None:
+                self._mapped.move_to_end(shard)
+                return cached
+            if self._reader is None:
+                self._reader = self._provider.open_reader(plan.PlanParams(), position=0)
+            reader = self._reader
+        lease = self._provider.acquire(reader, shard, epoch=0, position=0)
+        try:
+            # The mapping outlives the lease (see provider.ShardLease.release).
+            batch = dataset.read_shard(lease.path)
+        finally:
+            lease.release()
+        with self._lock:
+            self._mapped[shard] = batch
+            while len(self._mapped) > self._keep:
+                self._mapped.popitem(last=False)
+        return batch
+
+    def close(self) -> None:
+        with self._lock:
+            reader, self._reader = self._reader, None
+            self._mapped.clear()
+        if reader is not None:
+            self._provider.close_reader(reader)
+        if self._owns:
+            self._provider.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class StepView:
+    query: locate.Query
+    #: Steps of the rank in the epoch, and its samples.
+    steps: int
+    rank_samples: int
+    provenance: list[locate.Provenance]
+    #: The selected columns of the step's samples, in batch order.
+    batch: pa.RecordBatch
+
+
+@dataclasses.dataclass(frozen=True)
+class WhereResult:
+    expression: str
+    indices: list[int]
+    sightings: list[locate.Sighting]
+    #: True when more samples matched than the limit allowed.
+    truncated: bool
+
+
+def public_uri(uri: str) -> str:
+    """The URI without user info or query string: credentials never leave."""
+    parts = urlsplit(uri)
+    if not parts.scheme:
+        return uri
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class Inspector:
+    def __init__(self, rows: ShardRows) -> None:
+        self.rows = rows
+        self._schema: pa.Schema | None = None
+
+    @property
+    def manifest(self) -> manifest_mod.Manifest:
+        return self.rows.manifest
+
+    @property
+    def schema(self) -> pa.Schema:
+        if self._schema is None:
+            self._schema = self.rows.read(0).schema
+        return self._schema
+
+    def columns(self, wanted: Sequence[str] | None) -> list[str]:
+        names = list(self.schema.names)
+        if not wanted:
+            return names
+        missing = [c for c in wanted if c not in names]
+        if missing:
+            raise errors.InputError(f"unknown column(s) {missing}: the dataset has {names}")
+        return list(wanted)
+
+    def steps(self, query: locate.Query) -> int:
+        return locate.step_count(self.manifest.shard_rows, query)
+
+    def step(self, query: locate.Query, columns: Sequence[str] | None = None) -> StepView:
+        names = self.columns(columns)
+        m = self.manifest
+        prov = locate.step_rows(m.shard_rows, m.digest, query)
+        pieces: list[pa.RecordBatch] = []
+        i = 0
+        while i < len(prov):
+            # Consecutive rows of one shard are one zero-copy slice.
+            j = i + 1
+            while (
+                j < len(prov)
+                and prov[j].shard == prov[i].shard
+                and prov[j].row == prov[j - 1].row + 1
+            ):
+                j += 1
+            pieces.append(self.rows.read(prov[i].shard).select(names).slice(prov[i].row, j - i))
+            i = j
+        batch = pa.concat_batches(pieces) if len(pieces) > 1 else pieces[0]
+        return StepView(
+            query=query,
+            steps=locate.step_count(m.shard_rows, query),
+            rank_samples=locate.rank_samples(m.shard_rows, query),
+            provenance=prov,
+            batch=batch,
+        )
+
+    def where(
+        self, expression: str, query: locate.Query, *, epochs: int = 1, limit: int = 100
+    ) -> WhereResult:
+        """Samples matching `expression`, and at which (epoch, rank, step) each is seen in
+        `epochs` epochs from `query.epoch` at `query`'s world size and batch size."""
+        if epochs < 1:
+            raise errors.InputError(f"epochs must be >= 1, got {epochs}")
+        pred = predicate.parse(expression)
+        predicate.check(pred, self.schema)
+        m = self.manifest
+        offsets = plan.shard_offsets(m.shard_rows)
+        indices: list[int] = []
+        truncated = False
+        for shard in range(len(m.shards)):
+            batch = self.rows.read(shard).select(pred.columns)
+            for row in predicate.matching_rows(pred, batch):
+                if len(indices) == limit:
+                    truncated = True
+                    break
+                indices.append(offsets[shard] + row)
+            if truncated:
+                break
+        found: list[locate.Sighting] = []
+        for epoch in range(query.epoch, query.epoch + epochs):
+            found += locate.sightings(m.shard_rows, m.digest, query.replace(epoch=epoch), indices)
+        found.sort(key=lambda s: (s.index, s.epoch))
+        return WhereResult(expression, indices, found, truncated)
+
+    def cell(self, shard: int, row: int, column: str) -> Any:
+        self.columns([column])
+        batch = self.rows.read(shard)
+        if not 0 <= row < batch.num_rows:
+            raise errors.InputError(
+                f"row {row} is out of range: shard {shard} has {batch.num_rows} rows"
+            )
+        return batch.column(column)[row].as_py()
+
+    def stats(self, *, max_rows: int = 100_000) -> dict[str, Any]:
+        """Column statistics over the first `max_rows` rows in manifest order."""
+        batches: list[pa.RecordBatch] = []
+        seen = 0
+        for shard in range(len(self.manifest.shards)):
+            if seen >= max_rows:
+                break
+            batch = self.rows.read(shard)
+            batch = batch.slice(0, max_rows - seen)
+            batches.append(batch)
+            seen += batch.num_rows
+        table = pa.Table.from_batches(batches, schema=self.schema)
+        result = stats.column_stats(table)
+        result["dataset_rows"] = self.manifest.total_rows
+        return result
+
+    def close(self) -> None:
+        self.rows.close()
+
+
+# --- output forms ---------------------------------------------------------------
+
+
+def dataset_json(manifest: manifest_mod.Manifest) -> dict[str, Any]:
+    return {
+        "root": public_uri(manifest.root),
+        "format": manifest.format,
+        "digest": manifest.digest,
+        "shards": len(manifest.shards),
+        "rows": manifest.total_rows,
+    }
+
+
+def step_json(
+    view: StepView,
+    manifest: manifest_mod.Manifest,
+    *,
+    options: render.RenderOptions = render.FULL,
+    decode: render.Decode | None = None,
+    decode_columns: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The machine-readable form of a step: what `--json` prints and the web API serves."""
+    columns = view.batch.schema.names
+    types = [view.batch.schema.field(c).type for c in columns]
+    values = [view.batch.column(c).to_pylist() for c in columns]
+    samples = []
+    for i, p in enumerate(view.provenance):
+        cells = {}
+        for c, t, vals in zip(columns, types, values, strict=True):
+            dec = decode if (not decode_columns or c in decode_columns) else None
+            cells[c] = render.render_value(vals[i], t, options=options, decode=dec)
+        samples.append(
+            {
+                "provenance": {
+                    "shard": manifest.shards[p.shard].path,
+                    "shard_index": p.shard,
+                    "row": p.row,
+                    "index": p.index,
+                    "position": p.position,
+                },
+                "values": cells,
+            }
+        )
+    return {
+        "dataset": dataset_json(manifest),
+        "query": dataclasses.asdict(view.query),
+        "steps": view.steps,
+        "rank_samples": view.rank_samples,
+        "columns": [{"name": c, "type": str(t)} for c, t in zip(columns, types, strict=True)],
+        "samples": samples,
+    }
+
+
+def step_text(data: dict[str, Any]) -> str:
+    """The terminal form of `step_json`'s output."""
+    q = data["query"]
+    d = data["dataset"]
+    samples = data["samples"]
+    first = samples[0]["provenance"]["position"] if samples else 0
+    lines = [
+        f"dataset {d['root']}  {d['digest'][:19]}…  {d['shards']} shards, {d['rows']:,} samples",
+        f"epoch {q['epoch']} · rank {q['rank']}/{q['world_size']} · step {q['step']} of "
+        f"{data['steps']} · batch size {q['batch_size']} · seed {q['seed']} · "
+        f"shuffle {'on' if q['shuffle'] else 'off'} · samples {first}-{first + len(samples) - 1} "
+        f"of {data['rank_samples']:,} for this rank",
+    ]
+    width = max([len(c["name"]) for c in data["columns"]] + [5])
+    indent = " " * (width + 6)
+    for slot, sample in enumerate(samples):
+        p = sample["provenance"]
+        lines.append("")
+        lines.append(f"[{slot}] index {p['index']} · shard {p['shard']} row {p['row']}")
+        for name, cell in sample["values"].items():
+            body = render.cell_text(cell, indent=indent)
+            lines.append(f"    {name.ljust(width)}  {body[0]}")
+            lines.extend(body[1:])
+    return "\n".join(lines)
+
+
+def where_json(result: WhereResult) -> dict[str, Any]:
+    return {
+        "expression": result.expression,
+        "matches": len(result.indices),
+        "truncated": result.truncated,
+        "sightings": [dataclasses.asdict(s) for s in result.sightings],
+    }
+
+
+def where_text(data: dict[str, Any], query: locate.Query) -> str:
+    head = (
+        f"{data['matches']} sample(s) match {data['expression']!r}"
+        + (" (more not shown)" if data["truncated"] else "")
+        + f"; world size {query.world_size}, batch size {query.batch_size}, seed {query.seed}"
+    )
+    lines = [head]
+    for s in data["sightings"]:
+        lines.append(
+            f"  index {s['index']}: epoch {s['epoch']} rank {s['rank']} step {s['step']} "
+            f"(row {s['slot']} of the batch)"
+        )
+    return "\n".join(lines)
+
+
+def open_uri(
+    uri: str | None,
+    *,
+    mount: str | None = None,
+    cache_dir: str | None = None,
+) -> Inspector:
+    """An inspector over `uri` through the embedded cache under `cache_dir`, or, with no
+    URI, over the sidecar's mount `mount` (in a pod)."""
+    import shardcache
+
+    if uri is None and mount is None:
+        raise errors.InputError("expected a dataset URI or --mount NAME, found neither")
+    if uri is not None and mount is not None:
+        raise errors.InputError(
+            f"expected a dataset URI or --mount NAME, found both ({uri!r}, {mount!r})"
+        )
+    ds = shardcache.open(uri, cache_dir=cache_dir, mount=mount)
+    # The inspector reads shards at random, not along one rank's stream: it takes the
+    # dataset's shard provider and leaves its iterator alone.
+    return Inspector(ProviderRows(ds._provider, owns=True))

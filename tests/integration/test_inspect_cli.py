@@ -1,0 +1,171 @@
+"""`shardcache inspect` as a real process, checked against what `Dataset` yields."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+import shardcache
+from tests.support import inspect_data
+
+pytestmark = pytest.mark.integration
+
+WORLD, SEED, BATCH, BLOCK = 3, 11, 8, 16
+
+
+@pytest.fixture(scope="module")
+def dataset_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = inspect_data.write(tmp_path_factory.mktemp("inspect") / "ds")
+    return root.as_uri()
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+def inspect(uri: str, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shardcache", "inspect", uri, "--cache-dir", str(cache), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def plan_args(**overrides: int) -> list[str]:
+    values = {"world-size": WORLD, "seed": SEED, "batch-size": BATCH, "block-size": BLOCK}
+    values.update({k.replace("_", "-"): v for k, v in overrides.items()})
+    return [a for k, v in values.items() for a in (f"--{k}", str(v))]
+
+
+def reader_batches(uri: str, cache: Path, *, rank: int, epoch: int) -> list[pa.RecordBatch]:
+    with shardcache.open(
+        uri, cache_dir=cache, seed=SEED, rank=rank, world_size=WORLD, block_size=BLOCK
+    ) as ds:
+        ds.set_epoch(epoch)
+        return [b for b in ds.batches(BATCH)]
+
+
+@pytest.mark.parametrize(
+    "rank,epoch,step",
+    [(0, 0, 0), (1, 0, 3), (2, 1, 5), (1, 2, -1)],  # -1: the last, partial batch
+)
+def test_json_output_equals_what_the_reader_yields(
+    dataset_uri: str, cache_dir: Path, rank: int, epoch: int, step: int
+) -> None:
+    batches = reader_batches(dataset_uri, cache_dir, rank=rank, epoch=epoch)
+    step = step % len(batches)
+    expected = batches[step].to_pylist()
+    if step == len(batches) - 1:
+        assert len(expected) < BATCH, "the data must end this rank's epoch on a partial batch"
+    proc = inspect(
+        dataset_uri,
+        cache_dir,
+        "--json",
+        "--rank",
+        str(rank),
+        "--epoch",
+        str(epoch),
+        "--step",
+        str(step),
+        *plan_args(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["steps"] == len(batches)
+    samples = data["samples"]
+    assert len(samples) == len(expected)
+    for sample, row in zip(samples, expected, strict=True):
+        values: dict[str, Any] = sample["values"]
+        # uid is the global index by construction: provenance is checked against data.
+        assert sample["provenance"]["index"] == row["uid"] == values["uid"]["value"]
+        shard = sample["provenance"]["shard_index"]
+        assert sample["provenance"]["shard"] == f"part-{shard:05d}.parquet"
+        assert values["text"] == {
+            "kind": "text",
+            "value": row["text"],
+            "length": len(row["text"]),
+            "truncated": False,
+        }
+        assert values["tokens"]["ids"] == row["tokens"]
+        assert values["turns"]["rows"] == [[t["role"], t["content"]] for t in row["turns"]]
+        if row["image"] is None:
+            assert values["image"] == {"kind": "null"}
+        else:
+            with Image.open(io.BytesIO(row["image"])) as img:
+                assert (values["image"]["width"], values["image"]["height"]) == img.size
+                assert values["image"]["format"] == img.format.lower()
+            assert values["image"]["bytes"] == len(row["image"])
+
+
+def test_text_output_shows_provenance_and_decoded_tokens(
+    dataset_uri: str, cache_dir: Path, tmp_path: Path
+) -> None:
+    tok = inspect_data.write_tokenizer(tmp_path / "tokenizer.json")
+    batch = reader_batches(dataset_uri, cache_dir, rank=2, epoch=0)[1].to_pylist()
+    proc = inspect(
+        dataset_uri, cache_dir, "--rank", "2", "--step", "1", "--tokenizer", str(tok), *plan_args()
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "epoch 0 · rank 2/3 · step 1 of" in out
+    for slot, row in enumerate(batch):
+        assert f"[{slot}] index {row['uid']} · shard part-" in out
+        assert f'decoded: "{row["text"][:200]}"' in out
+
+
+def test_where_finds_the_epoch_rank_and_step_of_a_sample(dataset_uri: str, cache_dir: Path) -> None:
+    proc = inspect(
+        dataset_uri, cache_dir, "--json", "--where", "uid == 123", "--epochs", "3", *plan_args()
+    )
+    assert proc.returncode == 0, proc.stderr
+    sightings = json.loads(proc.stdout)["sightings"]
+    assert [s["epoch"] for s in sightings] == [0, 1, 2]
+    for s in sightings:
+        batches = reader_batches(dataset_uri, cache_dir, rank=s["rank"], epoch=s["epoch"])
+        assert batches[s["step"]].column("uid")[s["slot"]].as_py() == 123
+
+
+def test_where_with_no_match_exits_nonzero(dataset_uri: str, cache_dir: Path) -> None:
+    proc = inspect(dataset_uri, cache_dir, "--where", "uid == 100000", *plan_args())
+    assert proc.returncode == 1
+    assert "0 sample(s) match" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--step", "1000"],
+            "step 1000 is past the end of epoch 0 for rank 0: expected 0 <= step <",
+        ),
+        (["--rank", "3"], "rank 3 is out of range: expected 0 <= rank < world size 3"),
+        (["--columns", "uid,nope"], "unknown column(s) ['nope']: the dataset has ['uid', 'text'"),
+        (["--where", "uid = 3"], "cannot parse --where 'uid = 3'"),
+        (["--where", "nope == 3"], "unknown column(s) ['nope'] in --where"),
+        (["--batch-size", "0"], "batch size must be >= 1, got 0"),
+    ],
+)
+def test_bad_arguments_give_a_clear_error_and_a_nonzero_exit(
+    dataset_uri: str, cache_dir: Path, args: list[str], message: str
+) -> None:
+    proc = inspect(dataset_uri, cache_dir, *plan_args(), *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_dataset_is_a_clear_error(tmp_path: Path, cache_dir: Path) -> None:
+    proc = inspect((tmp_path / "nothing").as_uri(), cache_dir)
+    assert proc.returncode == 2
+    assert "nothing found at" in proc.stderr
