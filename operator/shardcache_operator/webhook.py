@@ -12,12 +12,12 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import kopf
 
 from shardcache import errors
-from shardcache_operator import admission, certs, injection, kube, metrics
+from shardcache_operator import admission, certs, injection, metrics
 from shardcache_operator import settings as settings_lib
 
 logger = logging.getLogger(__name__)
@@ -62,8 +62,16 @@ def server(settings: settings_lib.Settings) -> kopf.WebhookServer:
     )
 
 
+class DatasetMountReader(Protocol):
+    """What the webhook needs from the API (`kube.Api` in the operator)."""
+
+    async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
 def register(
-    registry: kopf.OperatorRegistry, settings: settings_lib.Settings, api: kube.Api
+    registry: kopf.OperatorRegistry,
+    settings: settings_lib.Settings,
+    api: DatasetMountReader,
 ) -> None:
     defaults = defaults_of(settings)
 

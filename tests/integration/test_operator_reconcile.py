@@ -1,0 +1,233 @@
+"""Reconcile against a real S3-compatible server (MinIO on loopback).
+
+The reconcile core gets the real `shardcache.manifest.resolve`; the Secret comes from a
+small in-memory stand-in for the API read (the real API server arrives with the e2e
+tier), holding the server's real credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from shardcache_operator import reconcile
+
+from shardcache import manifest, source
+from tests.support.s3server import S3Server
+
+pytestmark = pytest.mark.integration
+
+NOW = "2026-01-01T00:00:00Z"
+LATER = "2026-01-01T00:05:00Z"
+FAST_RETRY = source.RetryPolicy(attempts=2, initial_delay=0.05, max_delay=0.1)
+
+
+def quick_resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> manifest.Manifest:
+    return manifest.resolve(uri, format=fmt, storage_options=options, retry=FAST_RETRY)
+
+
+def write_shards(server: S3Server, bucket: str, prefix: str, count: int, *, start: int = 0) -> None:
+    fs = server.filesystem()
+    for i in range(start, start + count):
+        table = pa.table({"id": list(range(i * 100, i * 100 + 100)), "text": ["x" * 10] * 100})
+        with fs.open_output_stream(f"{bucket}/{prefix}/part-{i:03d}.parquet") as out:
+            pq.write_table(table, out)
+
+
+def secrets_of(server: S3Server, *, name: str = "s3-creds") -> reconcile.SecretReader:
+    store = {("ml", name): server.env()}
+
+    async def read_secret(namespace: str, secret: str) -> Mapping[str, str] | None:
+        return store.get((namespace, secret))
+
+    return read_secret
+
+
+def dsm(uri: str, *, name: str = "data", generation: int = 1, **spec: Any) -> dict[str, Any]:
+    source_spec: dict[str, Any] = {"uri": uri, "secretRef": {"name": "s3-creds"}}
+    source_spec.update(spec.pop("source", {}))
+    return {
+        "apiVersion": "shardcache.io/v1alpha1",
+        "kind": "DatasetMount",
+        "metadata": {"name": name, "namespace": "ml", "generation": generation},
+        "spec": {"source": source_spec, **spec},
+    }
+
+
+def conditions(result: reconcile.Result) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in result.status["conditions"]}
+
+
+async def run(obj: dict[str, Any], server: S3Server, **kwargs: Any) -> reconcile.Result:
+    return await reconcile.reconcile(
+        obj,
+        read_secret=kwargs.pop("read_secret", secrets_of(server)),
+        resolve=quick_resolve,
+        now=kwargs.pop("now", NOW),
+        **kwargs,
+    )
+
+
+async def test_reconcile_pins_the_digest_of_the_real_bucket(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    write_shards(s3_server, s3_bucket, "train", 3)
+    uri = f"s3://{s3_bucket}/train/"
+    result = await run(dsm(uri), s3_server)
+    expected = manifest.resolve(uri, storage_options=s3_server.env())
+    assert result.status["phase"] == "Ready"
+    assert result.status["manifestDigest"] == expected.digest
+    assert result.status["shards"] == 3
+    assert result.status["rows"] == 300
+    assert result.status["bytes"] == expected.total_bytes
+    assert result.status["observedGeneration"] == 1
+    assert result.status["resolvedSource"] == {"uri": uri, "format": "parquet"}
+    assert {t: c["status"] for t, c in conditions(result).items()} == {
+        "SourceReachable": "True",
+        "ManifestResolved": "True",
+        "Ready": "True",
+    }
+    assert all(c["reason"] and c["message"] for c in conditions(result).values())
+    assert [e.reason for e in result.events] == ["ManifestPinned"]
+    assert result.retry_in is None
+
+
+async def test_pin_holds_when_the_bucket_changes_and_other_spec_fields_change(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    write_shards(s3_server, s3_bucket, "train", 2)
+    obj = dsm(f"s3://{s3_bucket}/train/")
+    first = await run(obj, s3_server)
+    write_shards(s3_server, s3_bucket, "train", 1, start=2)  # the bucket moves on
+    obj["status"] = first.status
+    obj["metadata"]["generation"] = 2
+    obj["spec"]["cache"] = {"memory": "8Gi"}
+    second = await run(obj, s3_server, now=LATER)
+    assert second.status["manifestDigest"] == first.status["manifestDigest"]
+    assert second.status["shards"] == 2
+    assert second.status["observedGeneration"] == 2
+    assert second.events == ()
+    # Unchanged condition statuses keep their transition time.
+    assert conditions(second)["Ready"]["lastTransitionTime"] == NOW
+
+
+async def test_a_changed_source_resolves_again(s3_server: S3Server, s3_bucket: str) -> None:
+    write_shards(s3_server, s3_bucket, "a", 2)
+    write_shards(s3_server, s3_bucket, "b", 4)
+    obj = dsm(f"s3://{s3_bucket}/a/")
+    first = await run(obj, s3_server)
+    obj["status"] = first.status
+    obj["spec"]["source"]["uri"] = f"s3://{s3_bucket}/b/"
+    second = await run(obj, s3_server)
+    assert second.status["shards"] == 4
+    assert second.status["manifestDigest"] != first.status["manifestDigest"]
+
+
+async def test_explicit_version_pin_is_checked_against_the_source(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    write_shards(s3_server, s3_bucket, "train", 2)
+    uri = f"s3://{s3_bucket}/train/"
+    digest = manifest.resolve(uri, storage_options=s3_server.env()).digest
+    ok = await run(dsm(uri, source={"version": digest}), s3_server)
+    assert ok.status["phase"] == "Ready"
+    wrong = "sha256:" + "0" * 64
+    bad = await run(dsm(uri, source={"version": wrong}), s3_server)
+    assert bad.status["phase"] == "Invalid"
+    ready = conditions(bad)["Ready"]
+    assert ready["reason"] == "DigestMismatch"
+    assert wrong in ready["message"] and digest in ready["message"]
+    assert bad.retry_in is None
+
+
+async def test_unreachable_source_degrades_with_growing_backoff_and_keeps_the_pin(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    write_shards(s3_server, s3_bucket, "train", 1)
+    obj = dsm(f"s3://{s3_bucket}/train/")
+    first = await run(obj, s3_server)
+    # The same object, but the Secret now points at a port nobody listens on.
+    from tests.support.s3server import free_port
+
+    dead = {**s3_server.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+
+    async def read_secret(namespace: str, name: str) -> Mapping[str, str] | None:
+        return dead
+
+    obj["status"] = first.status
+    obj["spec"]["source"]["uri"] = f"s3://{s3_bucket}/train/"  # same source ...
+    obj["status"]["resolvedSource"] = {}  # ... but force a new resolution
+    backoff = reconcile.Backoff(initial_seconds=5, max_seconds=60)
+    delays = []
+    for retry in range(5):
+        result = await run(obj, s3_server, read_secret=read_secret, retry=retry, backoff=backoff)
+        assert result.status["phase"] == "Degraded"
+        delays.append(result.retry_in)
+    assert delays == [5, 10, 20, 40, 60]
+    reachable = conditions(result)["SourceReachable"]
+    assert (reachable["status"], reachable["reason"]) == ("False", "SourceUnreachable")
+    assert conditions(result)["Ready"]["status"] == "False"
+    # Pods already running keep the digest they were given.
+    assert result.status["manifestDigest"] == first.status["manifestDigest"]
+    assert [e.type for e in result.events] == ["Warning"]
+
+
+async def test_invalid_datasetmounts_get_clear_messages_and_others_still_resolve(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    write_shards(s3_server, s3_bucket, "good", 2)
+    good = dsm(f"s3://{s3_bucket}/good/", name="good")
+    cases = {
+        "bad-uri": (dsm("bucket-without-scheme", name="bad-uri"), "Invalid", "spec.source.uri"),
+        "negative": (
+            dsm(f"s3://{s3_bucket}/good/", name="negative", cache={"memory": "-1Gi"}),
+            "Invalid",
+            "spec.cache.memory",
+        ),
+        "format": (
+            dsm(f"s3://{s3_bucket}/good/", name="format", source={"format": "csv"}),
+            "Invalid",
+            "spec.source.format: expected one of parquet, arrow, jsonl, found 'csv'",
+        ),
+        "no-secret": (
+            dsm(
+                f"s3://{s3_bucket}/good/", name="no-secret", source={"secretRef": {"name": "gone"}}
+            ),
+            "Pending",
+            "Secret ml/gone named in spec.source.secretRef.name does not exist",
+        ),
+        "empty": (dsm(f"s3://{s3_bucket}/nothing-here/", name="empty"), "Invalid", "nothing-here"),
+        "no-bucket": (
+            dsm("s3://no-such-bucket-zz/x/", name="no-bucket"),
+            "Invalid",
+            "no-such-bucket-zz",
+        ),
+    }
+    results = await asyncio.gather(
+        run(good, s3_server), *(run(obj, s3_server) for obj, _, _ in cases.values())
+    )
+    assert results[0].status["phase"] == "Ready"
+    for (name, (_, phase, text)), result in zip(cases.items(), results[1:], strict=True):
+        ready = conditions(result)["Ready"]
+        assert result.status["phase"] == phase, (name, ready)
+        assert ready["status"] == "False"
+        assert text in ready["message"], (name, ready["message"])
+        assert result.events and result.events[0].type == "Warning"
+        # Pending waits for the Secret (retried); Invalid waits for a spec change.
+        assert (result.retry_in is not None) == (phase == "Pending"), name
+
+
+async def test_reconcile_survives_a_resolver_that_crashes(s3_server: S3Server) -> None:
+    def broken(uri: str, fmt: str, options: Mapping[str, str] | None) -> manifest.Manifest:
+        raise RuntimeError("boom")
+
+    result = await reconcile.reconcile(
+        dsm("s3://any/x/"), read_secret=secrets_of(s3_server), resolve=broken, now=NOW
+    )
+    assert result.status["phase"] == "Degraded"
+    assert "boom" in conditions(result)["Ready"]["message"]
+    assert result.retry_in is not None

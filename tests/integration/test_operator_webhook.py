@@ -1,0 +1,283 @@
+"""The webhook over real HTTPS: kopf's WebhookServer with our generated certificates,
+kopf's admission machinery, our @kopf.on.mutate handler; plus /healthz and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import functools
+import json
+import re
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import jsonpatch
+import kopf
+import pytest
+from cryptography import x509
+from kopf._cogs.structs import references
+from kopf._core.engines import admission as kopf_admission
+from kopf._core.engines import indexing
+from kopf._core.reactor import inventory
+from prometheus_client.parser import text_string_to_metric_families
+from shardcache_operator import certs, health, injection, metrics, webhook
+from shardcache_operator import settings as settings_lib
+
+from tests.support.s3server import free_port
+
+pytestmark = pytest.mark.integration
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def dsm(name: str, phase: str = "Ready") -> dict[str, Any]:
+    return {
+        "apiVersion": "shardcache.io/v1alpha1",
+        "kind": "DatasetMount",
+        "metadata": {"name": name, "namespace": "ml", "generation": 1},
+        "spec": {"source": {"uri": f"s3://data/{name}/", "secretRef": {"name": "creds"}}},
+        "status": {"phase": phase, "observedGeneration": 1, "manifestDigest": DIGEST},
+    }
+
+
+class FakeDatasetMounts:
+    """Stands in for the API read of DatasetMounts (the API server comes with e2e)."""
+
+    def __init__(self, *objects: dict[str, Any]) -> None:
+        self.objects = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objects}
+        self.reads = 0
+
+    async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads += 1
+        if name == "explodes":
+            raise RuntimeError("API server said 500")
+        return self.objects.get((namespace, name))
+
+
+def review(pod: dict[str, Any], uid: str = "uid-1") -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "ml",
+            "operation": "CREATE",
+            "userInfo": {"username": "alice"},
+            "object": pod,
+        },
+    }
+
+
+def pod(label: str | None) -> dict[str, Any]:
+    labels = {injection.LABEL_MOUNT: label} if label else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "train-", "namespace": "ml", "labels": labels},
+        "spec": {"containers": [{"name": "trainer", "image": "python:3.11"}]},
+    }
+
+
+class Endpoint:
+    def __init__(self, url: str, ca_bundle: str, api: FakeDatasetMounts) -> None:
+        self.url = url
+        self.ca_bundle = ca_bundle
+        self.api = api
+        self.ssl = ssl.create_default_context(cadata=base64.b64decode(ca_bundle).decode())
+
+    async def post(self, body: dict[str, Any]) -> dict[str, Any]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{self.url}/shardcache-inject", json=body, ssl=self.ssl) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+            data: dict[str, Any] = await resp.json()
+            return data
+
+
+@pytest.fixture
+async def endpoint(tmp_path: Path) -> AsyncIterator[Endpoint]:
+    settings = settings_lib.Settings(
+        webhook_addr="127.0.0.1",
+        webhook_port=free_port(),
+        webhook_cert_dir=str(tmp_path / "tls"),
+        sidecar_image="sidecar:test",
+    )
+    api = FakeDatasetMounts(dsm("imagenet"), dsm("captions"), dsm("cold", phase="Pending"))
+    registry = kopf.OperatorRegistry()
+    webhook.register(registry, settings, api)
+    kopf_settings = kopf.OperatorSettings()
+    insights = references.Insights()
+    insights.webhook_resources.add(
+        references.Resource(
+            group="",
+            version="v1",
+            plural="pods",
+            kind="Pod",
+            namespaced=True,
+            verbs=["create", "list", "watch"],
+        )
+    )
+    fn = functools.partial(
+        kopf_admission.serve_admission_request,
+        settings=kopf_settings,
+        registry=registry,
+        insights=insights,
+        memories=inventory.ResourceMemories(),
+        memobase=kopf.Memo(),
+        indices=indexing.OperatorIndexers().indices,
+    )
+    serving = webhook.server(settings)(fn)
+    client_config = await serving.__anext__()
+    try:
+        yield Endpoint(client_config["url"], client_config["caBundle"], api)
+    finally:
+        await serving.aclose()
+
+
+async def test_generated_certificate_is_trusted_through_the_ca_bundle(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    ca_pem = base64.b64decode(endpoint.ca_bundle)
+    assert ca_pem == (tmp_path / "tls" / "ca.crt").read_bytes()
+    serving = x509.load_pem_x509_certificate((tmp_path / "tls" / "tls.crt").read_bytes())
+    sans = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "127.0.0.1" in [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]
+    assert endpoint.url.startswith("https://127.0.0.1:")
+    # A client that does not trust the CA is refused by TLS itself.
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await session.post(f"{endpoint.url}/shardcache-inject", json=review(pod(None)))
+
+
+async def test_labelled_pod_is_injected_through_kopf(endpoint: Endpoint) -> None:
+    reply = await endpoint.post(review(pod("imagenet"), uid="u-42"))
+    response = reply["response"]
+    assert response["uid"] == "u-42"
+    assert response["allowed"] is True
+    assert response["patchType"] == "JSONPatch"
+    patched = jsonpatch.apply_patch(
+        pod("imagenet"), json.loads(base64.b64decode(response["patch"]))
+    )
+    (sidecar,) = patched["spec"]["initContainers"]
+    assert sidecar["name"] == "shardcache-imagenet"
+    assert sidecar["restartPolicy"] == "Always"
+    assert sidecar["image"] == "sidecar:test"
+    assert patched["metadata"]["annotations"][injection.ANNOTATION_INJECTED] == "imagenet"
+    assert patched["metadata"]["labels"] == {injection.LABEL_MOUNT: "imagenet"}
+    # Re-admission of the stored pod changes nothing and reads nothing.
+    reads = endpoint.api.reads
+    again = (await endpoint.post(review(patched)))["response"]
+    assert again["allowed"] is True and "patch" not in again
+    assert endpoint.api.reads == reads
+
+
+async def test_unlabelled_pod_passes_untouched(endpoint: Endpoint) -> None:
+    response = (await endpoint.post(review(pod(None))))["response"]
+    assert response["allowed"] is True
+    assert "patch" not in response
+    assert endpoint.api.reads == 0
+
+
+@pytest.mark.parametrize(
+    ("label", "message"),
+    [
+        ("missing", "DatasetMount ml/missing does not exist"),
+        ("cold", "DatasetMount ml/cold is not Ready (phase Pending"),
+        ("explodes", "DatasetMount ml/explodes could not be read: API server said 500"),
+        ("imagenet_missing", "DatasetMount ml/missing does not exist"),
+    ],
+)
+async def test_refusals_name_the_datasetmount_and_why(
+    endpoint: Endpoint, label: str, message: str
+) -> None:
+    response = (await endpoint.post(review(pod(label))))["response"]
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 403
+    assert message in response["status"]["message"]
+    assert "patch" not in response
+
+
+async def test_webhook_keeps_serving_after_bad_requests(endpoint: Endpoint) -> None:
+    responses = await asyncio.gather(
+        endpoint.post(review(pod("explodes"))),
+        endpoint.post(review(pod("Not_A_Name"))),
+        endpoint.post(review(pod("imagenet_captions"))),
+    )
+    assert [r["response"]["allowed"] for r in responses] == [False, False, True]
+
+
+METRIC_NAME = re.compile(r"^shardcache_operator_[a-z0-9_]+$")
+
+
+async def test_healthz_readyz_and_metrics_follow_prometheus_conventions(
+    endpoint: Endpoint,
+) -> None:
+    await endpoint.post(review(pod("imagenet")))
+    await endpoint.post(review(pod("missing")))
+    metrics.PHASES.set("ml", "imagenet", "Ready")
+    metrics.ATTACHED_PODS.labels(namespace="ml", datasetmount="imagenet").set(3)
+    ready = asyncio.Event()
+    runner = await health.start("127.0.0.1", 0, ready)
+    try:
+        port = runner.addresses[0][1]
+        base = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base}/healthz") as resp:
+                assert resp.status == 200
+            async with session.get(f"{base}/readyz") as resp:
+                assert resp.status == 503
+            ready.set()
+            async with session.get(f"{base}/readyz") as resp:
+                assert resp.status == 200
+            async with session.get(f"{base}/metrics") as resp:
+                assert resp.status == 200
+                assert resp.headers["Content-Type"].startswith("text/plain")
+                text = await resp.text()
+    finally:
+        await runner.cleanup()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name, family in families.items():
+        assert METRIC_NAME.match(name), name
+        assert family.documentation, name
+        if family.type == "counter":
+            assert all(s.name.endswith(("_total", "_created")) for s in family.samples), name
+        if family.type == "histogram":
+            assert name.endswith("_seconds"), name
+        assert not name.endswith("_total") or family.type == "counter", name
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in families.values()
+        for s in f.samples
+    }
+    assert samples[("shardcache_operator_admission_reviews_total", (("result", "injected"),))] >= 1
+    assert samples[("shardcache_operator_admission_reviews_total", (("result", "refused"),))] >= 1
+    assert samples[("shardcache_operator_datasetmounts", (("phase", "Ready"),))] >= 1
+    assert (
+        samples[
+            (
+                "shardcache_operator_attached_pods",
+                (("datasetmount", "imagenet"), ("namespace", "ml")),
+            )
+        ]
+        == 3
+    )
+    assert samples[("shardcache_operator_up", ())] == 1
+    assert "shardcache_operator_reconcile_duration_seconds" in families
+
+
+def test_generated_serving_certificate_chains_to_its_ca() -> None:
+    bundle = certs.generate(certs.service_sans("shardcache-webhook", "shardcache-system"))
+    ca = x509.load_pem_x509_certificate(bundle.ca_pem)
+    cert = x509.load_pem_x509_certificate(bundle.cert_pem)
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "shardcache-webhook.shardcache-system.svc" in sans.get_values_for_type(x509.DNSName)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc >= datetime.timedelta(days=300)
