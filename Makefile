@@ -50,5 +50,5 @@ pytest: install $(TEST_PREREQS)
 
 test: lint typecheck layers pytest
 
-bench-read: install $(TEST_PREREQS)
-	$(PY) bench/read.py
+bench-read: install tools-minio
+	$(PY) bench/read.py --minio $(MINIO_DIR)/minio

@@ -11,23 +11,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import secrets
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
-from shardcache.node import names
+from shardcache import _local
 
 _READY_TIMEOUT_S = 60.0
 _MOUNT = "demo"
@@ -44,99 +37,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--workdir", type=Path, default=None, help="keep files here")
     parser.set_defaults(func=run)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_http(url: str, what: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + _READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{what} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        time.sleep(0.1)
-    raise SystemExit(f"{what} was not ready at {url} after {_READY_TIMEOUT_S:.0f}s")
-
-
-@contextlib.contextmanager
-def _process(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@contextlib.contextmanager
-def _object_store(minio: Path | None, work: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """(dataset root URI, storage env): MinIO when available, else a local directory."""
-    if minio is None or not minio.is_file():
-        print("no MinIO binary given: serving the dataset from file://", flush=True)
-        yield f"file://{work / 'source'}", {}
-        return
-    port = _free_port()
-    creds = {
-        "AWS_ACCESS_KEY_ID": "demo-" + secrets.token_hex(4),
-        "AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(18),
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_REGION": "us-east-1",
-    }
-    env = {
-        **os.environ,
-        "MINIO_ROOT_USER": creds["AWS_ACCESS_KEY_ID"],
-        "MINIO_ROOT_PASSWORD": creds["AWS_SECRET_ACCESS_KEY"],
-        "MINIO_BROWSER": "off",
-    }
-    cmd = [str(minio), "server", str(work / "minio"), "--address", f"127.0.0.1:{port}", "--quiet"]
-    with _process(cmd, env, work / "minio.log") as proc:
-        _wait_http(f"http://127.0.0.1:{port}/minio/health/live", "MinIO", proc, work / "minio.log")
-        print(f"MinIO serving s3:// on 127.0.0.1:{port}", flush=True)
-        yield "s3://demo/tokens", creds
-
-
-def _generate(root: str, env: dict[str, str], shards: int, rows: int) -> int:
-    from shardcache import source
-
-    fs, path = source.filesystem(root, storage_options=env or None)
-    if root.startswith("s3://"):
-        endpoint = env["AWS_ENDPOINT_URL"].split("://", 1)[1]
-        admin = pafs.S3FileSystem(
-            access_key=env["AWS_ACCESS_KEY_ID"],
-            secret_key=env["AWS_SECRET_ACCESS_KEY"],
-            endpoint_override=endpoint,
-            scheme="http",
-            region=env["AWS_REGION"],
-            allow_bucket_creation=True,
-        )
-        admin.create_dir(path.split("/")[0])
-    fs.create_dir(path, recursive=True)
-    total = 0
-    # One pool of token ids, sliced per shard: building Python ranges per shard is slow.
-    pool = pc.bit_wise_and(pa.array(range(rows * 320), pa.int64()), 32767).cast(pa.int32())
-    for i in range(shards):
-        uid = pa.array(range(i * rows, (i + 1) * rows), pa.int64())
-        lengths = pc.add(pc.bit_wise_and(pc.multiply(uid, 7), 255), 64).cast(pa.int32())
-        offsets = pa.concat_arrays([pa.array([0], pa.int32()), pc.cumulative_sum(lengths)])
-        count = offsets[-1].as_py()
-        tokens = pa.ListArray.from_arrays(offsets, pool.slice(i % 7, count))
-        table = pa.table({"uid": uid, "tokens": tokens})
-        with fs.open_output_stream(f"{path}/part-{i:05d}.parquet") as out:
-            pq.write_table(table, out, compression="zstd")
-        total += count
-    return total
 
 
 class _Bar:
@@ -182,37 +82,17 @@ def run(args: argparse.Namespace) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="shardcache-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        with _object_store(args.minio, work) as (root, storage_env):
+        with _local.object_store(args.minio, work) as (root, storage_env):
             started = time.monotonic()
-            tokens = _generate(root, storage_env, args.shards, args.rows)
+            tokens = _local.generate(root, storage_env, args.shards, args.rows)
             print(
                 f"generated {args.shards} shards x {args.rows:,} rows ({tokens:,} tokens) "
                 f"at {root} in {time.monotonic() - started:.1f}s",
                 flush=True,
             )
-            run_dir = work / "run"
-            metrics_port = _free_port()
-            env = {
-                **os.environ,
-                **storage_env,
-                names.ENV_SOURCE_URI: root,
-                names.ENV_RUN_DIR: str(run_dir),
-                names.ENV_MOUNT: _MOUNT,
-                names.ENV_DISK_DIR: str(work / "disk"),
-                names.ENV_MEMORY_LIMIT: str(1 << 30),
-                names.ENV_DISK_LIMIT: str(4 << 30),
-                names.ENV_METRICS_PORT: str(metrics_port),
-                "SHARDCACHE_METRICS_HOST": "127.0.0.1",
-                "SHARDCACHE_LOG_FORMAT": "text",
-            }
-            cmd = [sys.executable, "-m", "shardcache", "sidecar"]
-            log = work / "sidecar.log"
-            with _process(cmd, env, log) as sidecar:
-                base = f"http://127.0.0.1:{metrics_port}"
-                _wait_http(f"{base}/readyz", "the sidecar", sidecar, log)
-                print(f"sidecar ready (control socket {names.socket_path(run_dir, _MOUNT)})")
-                os.environ[names.ENV_RUN_DIR] = str(run_dir)
-                os.environ[names.ENV_MOUNT] = _MOUNT
+            with _local.sidecar(root, storage_env, work, mount=_MOUNT) as (trainer_env, base):
+                print(f"sidecar ready ({trainer_env})", flush=True)
+                os.environ.update(trainer_env)
                 with shardcache.open() as ds:
                     for epoch in range(args.epochs):
                         ds.set_epoch(epoch)

@@ -266,37 +266,35 @@ class CacheNode:
             raise
         with disk_entry:
             decoded = self._decode(shard, disk_entry.path)
-        if prefetch and not self._fits(decoded.size):
-            return
         try:
+            # Readahead never evicts: an evicted shard would be one a reader needs
+            # sooner. Acquires do evict (least recently used, never leased).
             mem_entry, _ = self.memory.get_or_insert(
-                mem_key, decoded.size, lambda tmp: decoded.write(str(tmp))
+                mem_key, decoded.size, lambda tmp: decoded.write(str(tmp)), evict=not prefetch
             )
+        except tier_mod.TierFullError:
+            if not prefetch:
+                raise
+            self._warn_small_memory(decoded.size)
+            return
         except errors.CacheError as exc:
             raise errors.CacheError(f"shard {shard} ({entry.path}): {exc}") from exc
         mem_entry.release()
 
-    def _fits(self, size: int) -> bool:
-        """Whether a prefetched shard fits without evicting anything.
-
-        Readahead never evicts: an evicted shard would be one another reader needs
-        sooner. Acquires do evict (least recently used, never leased)."""
-        free = self.settings.memory_limit - self.memory.resident_bytes()
-        if size <= free:
-            return True
-        if not self._warned_small_memory:
-            self._warned_small_memory = True
-            log.warning(
-                "memory tier limit (%d bytes) is smaller than the readahead wants "
-                "(prefetch depth %d, shard ~%d bytes decoded, %d bytes free): readahead "
-                "is reduced to what fits; readers still progress, more slowly. Raise the "
-                "memory limit or lower the prefetch depth.",
-                self.settings.memory_limit,
-                self.settings.prefetch_depth,
-                size,
-                free,
-            )
-        return False
+    def _warn_small_memory(self, size: int) -> None:
+        if self._warned_small_memory:
+            return
+        self._warned_small_memory = True
+        log.warning(
+            "memory tier limit (%d bytes) is smaller than the readahead wants "
+            "(prefetch depth %d, shard ~%d bytes decoded, %d bytes in use): readahead "
+            "is reduced to what fits; readers still progress, more slowly. Raise the "
+            "memory limit or lower the prefetch depth.",
+            self.settings.memory_limit,
+            self.settings.prefetch_depth,
+            size,
+            self.memory.used_bytes(),
+        )
 
     def _fetch(self, shard: int, tmp: Path) -> None:
         entry = self.manifest.shards[shard]

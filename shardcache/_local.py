@@ -1,0 +1,164 @@
+"""A local stand-in for a cluster, for `shardcache demo` and the benchmarks.
+
+A MinIO process (or a `file://` directory), a generated tokenized-text dataset, and a
+sidecar process configured the way the webhook configures it in a pod. Nothing here is
+used on the data path itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from shardcache import source
+from shardcache.node import names
+
+READY_TIMEOUT_S = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, what: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        time.sleep(0.1)
+    raise SystemExit(f"{what} was not ready at {url} after {READY_TIMEOUT_S:.0f}s")
+
+
+@contextlib.contextmanager
+def process(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def object_store(minio: Path | None, work: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """(dataset root URI, storage env): MinIO when available, else a local directory."""
+    if minio is None or not minio.is_file():
+        print("no MinIO binary given: serving the dataset from file://", flush=True)
+        yield f"file://{work / 'source'}", {}
+        return
+    port = free_port()
+    creds = {
+        "AWS_ACCESS_KEY_ID": "demo-" + secrets.token_hex(4),
+        "AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(18),
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_REGION": "us-east-1",
+    }
+    env = {
+        **os.environ,
+        "MINIO_ROOT_USER": creds["AWS_ACCESS_KEY_ID"],
+        "MINIO_ROOT_PASSWORD": creds["AWS_SECRET_ACCESS_KEY"],
+        "MINIO_BROWSER": "off",
+    }
+    cmd = [str(minio), "server", str(work / "minio"), "--address", f"127.0.0.1:{port}", "--quiet"]
+    with process(cmd, env, work / "minio.log") as proc:
+        wait_http(f"http://127.0.0.1:{port}/minio/health/live", "MinIO", proc, work / "minio.log")
+        print(f"MinIO serving s3:// on 127.0.0.1:{port}", flush=True)
+        yield "s3://demo/tokens", creds
+
+
+def generate(
+    root: str, env: dict[str, str], shards: int, rows: int, *, compression: str = "zstd"
+) -> int:
+    """Write `shards` Parquet shards of `rows` rows (`uid`, `tokens: list<int32>` of
+    64 to 319 tokens); return the number of tokens."""
+    fs, path = source.filesystem(root, storage_options=env or None)
+    if root.startswith("s3://"):
+        endpoint = env["AWS_ENDPOINT_URL"].split("://", 1)[1]
+        admin = pafs.S3FileSystem(
+            access_key=env["AWS_ACCESS_KEY_ID"],
+            secret_key=env["AWS_SECRET_ACCESS_KEY"],
+            endpoint_override=endpoint,
+            scheme="http",
+            region=env["AWS_REGION"],
+            allow_bucket_creation=True,
+        )
+        admin.create_dir(path.split("/")[0])
+    fs.create_dir(path, recursive=True)
+    total = 0
+    # One pool of token ids, sliced per shard: building Python ranges per shard is slow.
+    pool = pc.bit_wise_and(pa.array(range(rows * 320), pa.int64()), 32767).cast(pa.int32())
+    for i in range(shards):
+        uid = pa.array(range(i * rows, (i + 1) * rows), pa.int64())
+        lengths = pc.add(pc.bit_wise_and(pc.multiply(uid, 7), 255), 64).cast(pa.int32())
+        offsets = pa.concat_arrays([pa.array([0], pa.int32()), pc.cumulative_sum(lengths)])
+        count = offsets[-1].as_py()
+        tokens = pa.ListArray.from_arrays(offsets, pool.slice(i % 7, count))
+        table = pa.table({"uid": uid, "tokens": tokens})
+        with fs.open_output_stream(f"{path}/part-{i:05d}.parquet") as out:
+            pq.write_table(table, out, compression=compression)
+        total += count
+    return total
+
+
+@contextlib.contextmanager
+def sidecar(
+    root: str,
+    storage_env: dict[str, str],
+    work: Path,
+    *,
+    mount: str = "local",
+    memory_limit: int = 1 << 30,
+    disk_limit: int = 4 << 30,
+    wait_ready: bool = True,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[tuple[dict[str, str], str]]:
+    """A `shardcache sidecar` process; yields (the trainer's env, the metrics base URL).
+
+    The trainer's env is what the webhook gives trainer containers: the run directory
+    and the mount name, from which `shardcache.open()` finds the socket.
+    """
+    run_dir = work / "run"
+    port = free_port()
+    env = {
+        **os.environ,
+        **storage_env,
+        names.ENV_SOURCE_URI: root,
+        names.ENV_RUN_DIR: str(run_dir),
+        names.ENV_MOUNT: mount,
+        names.ENV_DISK_DIR: str(work / "disk"),
+        names.ENV_MEMORY_LIMIT: str(memory_limit),
+        names.ENV_DISK_LIMIT: str(disk_limit),
+        names.ENV_METRICS_PORT: str(port),
+        "SHARDCACHE_METRICS_HOST": "127.0.0.1",
+        "SHARDCACHE_LOG_FORMAT": "text",
+        **(extra_env or {}),
+    }
+    log = work / f"sidecar-{port}.log"
+    base = f"http://127.0.0.1:{port}"
+    with process([sys.executable, "-m", "shardcache", "sidecar"], env, log) as proc:
+        wait_http(f"{base}/readyz" if wait_ready else f"{base}/healthz", "the sidecar", proc, log)
+        yield {names.ENV_RUN_DIR: str(run_dir), names.ENV_MOUNT: mount}, base
