@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 import yaml
 from shardcache_operator import crd
+from shardcache_operator import settings as settings_lib
 
 from shardcache import errors
 from shardcache import spec as spec_model
@@ -223,3 +224,20 @@ def test_root_rule_limits_name_length_to_a_label_value() -> None:
     assert not _evaluate(root_rule["rule"], {"metadata": {"name": "a" * 64}})
     with pytest.raises(errors.InputError, match="63"):
         spec_model.load({**minimal(), "metadata": {"name": "a" * 64}})
+
+
+def test_kopf_peering_crds_match_what_kopf_looks_for() -> None:
+    docs = list(yaml.safe_load_all((ROOT / "crds" / "kopf-peering.yaml").read_text()))
+    names = {d["spec"]["names"]["plural"]: d for d in docs}
+    assert set(names) == {"clusterkopfpeerings", "kopfpeerings"}
+    for plural, doc in names.items():
+        assert doc["apiVersion"] == "apiextensions.k8s.io/v1"
+        assert doc["metadata"]["name"] == f"{plural}.kopf.dev"
+        (version,) = doc["spec"]["versions"]
+        assert version["name"] == "v1"
+        # kopf patches peers into .status through the main resource.
+        assert "subresources" not in version
+        assert version["schema"]["openAPIV3Schema"]["x-kubernetes-preserve-unknown-fields"]
+    peering = yaml.safe_load((ROOT / "examples" / "peering.yaml").read_text())
+    assert (peering["apiVersion"], peering["kind"]) == ("kopf.dev/v1", "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == settings_lib.Settings().peering_name
