@@ -92,7 +92,9 @@ def decide(
             return Decision(False, unchanged, [], message=f"{where} is invalid: {exc}")
         generation = (obj.get("metadata") or {}).get("generation")
         observed = (obj.get("status") or {}).get("observedGeneration")
-        if mount.phase == status.READY and generation is not None and observed != generation:
+        if (obj.get("metadata") or {}).get("deletionTimestamp"):
+            reason = f"{where} is being deleted"
+        elif mount.phase == status.READY and generation is not None and observed != generation:
             # The spec changed and the operator has not caught up: the pinned digest may
             # belong to the old source.
             reason = f"{where} is not Ready (generation {generation} is not reconciled yet)"

@@ -437,3 +437,11 @@ def test_invalid_label_value_is_refused_with_the_reason() -> None:
     response, _ = admit(pod(label="Bad-Name"), dsm("imagenet"))
     assert response["allowed"] is False
     assert "'Bad-Name'" in response["status"]["message"]
+
+
+def test_datasetmount_being_deleted_is_not_ready() -> None:
+    deleting = dsm("imagenet")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    response, _ = admit(pod(), deleting)
+    assert response["allowed"] is False
+    assert "DatasetMount ml/imagenet is being deleted" in response["status"]["message"]
