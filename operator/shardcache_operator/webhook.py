@@ -83,6 +83,9 @@ def register(
         operations=["CREATE"],
         labels={injection.LABEL_MOUNT: kopf.PRESENT},
         side_effects=False,
+        # Kept in a managed webhook configuration when the operator stops: labelled pods
+        # then wait for it (failurePolicy Fail) instead of starting without their data.
+        persistent=True,
         registry=registry,
     )
     async def inject(
