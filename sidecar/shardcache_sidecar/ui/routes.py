@@ -1,0 +1,281 @@
+"""Routes of the web inspector: the page at /ui and its read-only JSON API.
+
+    GET /ui                   the page (its state lives in the query string, so a URL
+                              like /ui?rank=3&step=1200 restores a view)
+    GET /ui/static/{name}     the page's script and style sheet
+    GET /ui/api/info          dataset (public URI, digest, shards, rows, columns), defaults
+    GET /ui/api/step          the samples of ?epoch&rank&world_size&step&batch_size&seed...
+    GET /ui/api/image         the bytes of an image cell (?shard&row&column), typed
+    GET /ui/api/stats         column statistics and length histograms
+    GET /ui/api/where         ?expr=...: at which (epoch, rank, step) matches are seen
+
+Reading shards may block on a cold fetch, so the inspector runs in a small executor of
+its own. Bad input is a 400 with a JSON message; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import functools
+import importlib.resources
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+from aiohttp import web
+
+from shardcache import errors, plan
+from shardcache.inspect import images, locate, render, session
+
+T = TypeVar("T")
+
+PREFIX = "/ui"
+_STATIC = {"app.js": "text/javascript", "app.css": "text/css"}
+# Same-origin only: the page loads nothing from elsewhere, and nothing may frame it.
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+#: What the page shows per cell: enough to read a sample, bounded so a step of long
+#: documents stays a small response.
+PAGE_OPTIONS = render.RenderOptions(
+    max_chars=2000, max_tokens=256, max_turns=50, max_cell_chars=500
+)
+#: Rows the statistics look at: a few shards' worth, computed once and kept.
+STATS_ROWS = 100_000
+#: Samples a reverse lookup reports.
+WHERE_LIMIT = 50
+
+InspectorSource = Callable[[], session.Inspector]
+
+
+@dataclasses.dataclass(frozen=True)
+class Defaults:
+    """The view the page opens with: the job's plan, as the sidecar was configured."""
+
+    seed: int = 0
+    shuffle: bool = True
+    block_size: int = plan.DEFAULT_BLOCK_SIZE
+    world_size: int = 1
+    batch_size: int = 32
+
+    @classmethod
+    def from_plan(cls, params: plan.PlanParams, *, batch_size: int = 32) -> Defaults:
+        return cls(
+            seed=params.seed,
+            shuffle=params.shuffle,
+            block_size=params.block_size,
+            world_size=params.world_size,
+            batch_size=batch_size,
+        )
+
+
+class _UI:
+    def __init__(
+        self, source: InspectorSource, defaults: Defaults, decode: render.Decode | None
+    ) -> None:
+        self.source = source
+        self.defaults = defaults
+        self.decode = decode
+        self.executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="shardcache-ui")
+        self._stats: dict[str, dict[str, Any]] = {}
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
+
+    # --- request parsing ----------------------------------------------------------
+    def query(self, request: web.Request) -> locate.Query:
+        q = request.query
+        d = self.defaults
+        return locate.Query(
+            epoch=_int(q, "epoch", 0),
+            rank=_int(q, "rank", 0),
+            world_size=_int(q, "world_size", d.world_size),
+            step=_int(q, "step", 0),
+            batch_size=_int(q, "batch_size", d.batch_size),
+            seed=_int(q, "seed", d.seed),
+            shuffle=_bool(q, "shuffle", d.shuffle),
+            block_size=_int(q, "block_size", d.block_size),
+        )
+
+    # --- handlers -----------------------------------------------------------------
+    async def page(self, request: web.Request) -> web.StreamResponse:
+        return _file("index.html", "text/html")
+
+    async def static(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if name not in _STATIC:
+            raise web.HTTPNotFound(text=f"no static file {name!r}")
+        return _file(name, _STATIC[name])
+
+    async def info(self, request: web.Request) -> web.StreamResponse:
+        def work() -> dict[str, Any]:
+            insp = self.source()
+            return {
+                "dataset": session.dataset_json(insp.manifest),
+                "columns": [{"name": f.name, "type": str(f.type)} for f in insp.schema],
+                "defaults": dataclasses.asdict(self.defaults),
+                "tokenizer": self.decode is not None,
+            }
+
+        return await self._answer(work)
+
+    async def step(self, request: web.Request) -> web.StreamResponse:
+        def work() -> dict[str, Any]:
+            query = self.query(request)
+            columns = _names(request.query.get("columns"))
+            insp = self.source()
+            view = insp.step(query, columns)
+            data = session.step_json(view, insp.manifest, options=PAGE_OPTIONS, decode=self.decode)
+            for sample in data["samples"]:
+                p = sample["provenance"]
+                for name, cell in sample["values"].items():
+                    if cell["kind"] == "image":
+                        args = {"shard": p["shard_index"], "row": p["row"], "column": name}
+                        cell["src"] = f"{PREFIX}/api/image?{urlencode(args)}"
+            return data
+
+        return await self._answer(work)
+
+    async def image(self, request: web.Request) -> web.StreamResponse:
+        def work() -> tuple[bytes, str]:
+            q = request.query
+            column = q.get("column", "")
+            value = self.source().cell(_int(q, "shard", 0), _int(q, "row", 0), column)
+            if not isinstance(value, bytes):
+                raise errors.InputError(f"column {column!r} is not binary: expected an image cell")
+            info = images.sniff(value)
+            if info is None:
+                raise errors.InputError(
+                    f"the cell is {len(value)} bytes that are no image this inspector knows"
+                )
+            return value, info.mime
+
+        try:
+            body, mime = await self.run(work)
+        except errors.InputError as exc:
+            return _error(400, str(exc))
+        return web.Response(body=body, content_type=mime, headers=_HEADERS)
+
+    async def stats(self, request: web.Request) -> web.StreamResponse:
+        def work() -> dict[str, Any]:
+            insp = self.source()
+            key = insp.manifest.digest
+            if key not in self._stats:
+                self._stats[key] = insp.stats(max_rows=STATS_ROWS)
+            return self._stats[key]
+
+        return await self._answer(work)
+
+    async def where(self, request: web.Request) -> web.StreamResponse:
+        def work() -> dict[str, Any]:
+            expr = request.query.get("expr", "")
+            epochs = _int(request.query, "epochs", 1)
+            if not 1 <= epochs <= 100:
+                raise errors.InputError(f"epochs must be in [1, 100], got {epochs}")
+            result = self.source().where(
+                expr, self.query(request), epochs=epochs, limit=WHERE_LIMIT
+            )
+            return session.where_json(result)
+
+        return await self._answer(work)
+
+    async def _answer(self, work: Callable[[], dict[str, Any]]) -> web.StreamResponse:
+        try:
+            data = await self.run(work)
+        except errors.InputError as exc:
+            return _error(400, str(exc))
+        except (errors.SourceError, errors.CacheError) as exc:
+            return _error(503, str(exc))
+        return web.json_response(data, headers=_HEADERS)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=_HEADERS)
+
+
+def _file(name: str, content_type: str) -> web.Response:
+    data = importlib.resources.files(__package__).joinpath("static", name).read_bytes()
+    return web.Response(body=data, content_type=content_type, headers=_HEADERS)
+
+
+def _int(query: Any, name: str, default: int) -> int:
+    text = query.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise errors.InputError(
+            f"query parameter {name!r}: expected an integer, found {text!r}"
+        ) from None
+
+
+def _bool(query: Any, name: str, default: bool) -> bool:
+    text = query.get(name)
+    if text is None or text == "":
+        return default
+    if text in ("1", "true", "on"):
+        return True
+    if text in ("0", "false", "off"):
+        return False
+    raise errors.InputError(f"query parameter {name!r}: expected true or false, found {text!r}")
+
+
+def _names(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    return [c for c in text.split(",") if c]
+
+
+def mount(
+    app: web.Application,
+    source: InspectorSource,
+    defaults: Defaults,
+    *,
+    decode: render.Decode | None = None,
+) -> None:
+    """Add the inspector's GET routes under /ui to `app`."""
+    ui = _UI(source, defaults, decode)
+    app.add_routes(
+        [
+            web.get(PREFIX, ui.page),
+            web.get(PREFIX + "/", ui.page),
+            web.get(PREFIX + "/static/{name}", ui.static),
+            web.get(PREFIX + "/api/info", ui.info),
+            web.get(PREFIX + "/api/step", ui.step),
+            web.get(PREFIX + "/api/image", ui.image),
+            web.get(PREFIX + "/api/stats", ui.stats),
+            web.get(PREFIX + "/api/where", ui.where),
+        ]
+    )
+
+    async def stop_executor(_: web.Application) -> None:
+        ui.executor.shutdown(wait=False, cancel_futures=True)
+
+    app.on_cleanup.append(stop_executor)
+
+
+class NodeInspector:
+    """An inspector over the sidecar's own cache node, made when the node is up.
+
+    `serving` is the sidecar's accessor: it returns the node, or raises why data is not
+    served yet (the sidecar's error middleware answers that)."""
+
+    def __init__(self, serving: Callable[[], Any]) -> None:
+        self._serving = serving
+        self._made: tuple[Any, session.Inspector] | None = None
+
+    def __call__(self) -> session.Inspector:
+        from shardcache import embedded
+
+        node = self._serving()
+        if self._made is None or self._made[0] is not node:
+            rows = session.ProviderRows(embedded.EmbeddedProvider(node), owns=False)
+            self._made = (node, session.Inspector(rows))
+        return self._made[1]

@@ -1,0 +1,248 @@
+// The web inspector's page. All state is in the query string, so a URL restores a
+// view. Values from the dataset are inserted as text (textContent), never as HTML.
+"use strict";
+
+const FIELDS = ["epoch", "rank", "world_size", "step", "batch_size", "seed", "block_size"];
+const form = document.getElementById("controls");
+const statusBox = document.getElementById("status");
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v;
+    else node.setAttribute(k, v);
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+function say(message, isError) {
+  statusBox.textContent = message || "";
+  statusBox.className = isError ? "error" : "";
+}
+
+async function getJSON(path, params) {
+  const url = path + (params ? "?" + params.toString() : "");
+  const response = await fetch(url, { headers: { Accept: "application/json" } });
+  const body = await response.json().catch(() => ({ error: response.statusText }));
+  if (!response.ok) throw new Error(body.error || body.message || response.statusText);
+  return body;
+}
+
+function viewParams() {
+  const p = new URLSearchParams();
+  for (const name of FIELDS) p.set(name, form.elements[name].value);
+  p.set("shuffle", form.elements.shuffle.checked ? "true" : "false");
+  return p;
+}
+
+function fillForm(params, defaults) {
+  for (const name of FIELDS) {
+    const given = params.get(name);
+    const fallback = defaults && name in defaults ? defaults[name] : form.elements[name].value;
+    form.elements[name].value = given !== null && given !== "" ? given : fallback;
+  }
+  const shuffle = params.get("shuffle");
+  form.elements.shuffle.checked =
+    shuffle !== null ? shuffle === "true" || shuffle === "1" : defaults ? defaults.shuffle : true;
+}
+
+function renderCell(cell) {
+  switch (cell.kind) {
+    case "null":
+      return el("span", { class: "note" }, "null");
+    case "text":
+      return el("div", {},
+        el("div", { class: "text" }, cell.value + (cell.truncated ? "…" : "")),
+        el("span", { class: "note" }, `${cell.length.toLocaleString()} chars${cell.truncated ? ", truncated" : ""}`));
+    case "tokens": {
+      const box = el("div", {},
+        el("code", { class: "ids" }, "[" + cell.ids.join(", ") + (cell.truncated ? ", …" : "") + "]"),
+        el("span", { class: "note" }, `${cell.length.toLocaleString()} tokens`));
+      if ("decoded" in cell) box.append(el("div", { class: "text" }, cell.decoded + (cell.decoded_truncated ? "…" : "")));
+      return box;
+    }
+    case "image": {
+      const size = cell.width !== null ? `${cell.width}×${cell.height}` : "size unknown";
+      const img = el("img", { class: "thumb", src: cell.src, alt: `${cell.format} image ${size}`, loading: "lazy" });
+      return el("div", {}, img, el("span", { class: "note" }, `${cell.format.toUpperCase()} ${size}, ${cell.bytes.toLocaleString()} bytes`));
+    }
+    case "binary":
+      return el("span", { class: "note" }, `${cell.bytes.toLocaleString()} bytes, starts ${cell.head}`);
+    case "turns": {
+      const table = el("table", { class: "turns" },
+        el("tr", {}, ...cell.columns.map((c) => el("th", {}, c))));
+      for (const row of cell.rows) table.append(el("tr", {}, ...row.map((v) => el("td", {}, v))));
+      const note = el("span", { class: "note" }, `${cell.length} turn(s)${cell.truncated ? ", first shown" : ""}`);
+      return el("div", {}, table, note);
+    }
+    case "struct": {
+      const dl = el("dl", { class: "cells" });
+      for (const [name, sub] of Object.entries(cell.fields)) dl.append(el("dt", {}, name), el("dd", {}, renderCell(sub)));
+      return dl;
+    }
+    case "list":
+      return el("code", {}, JSON.stringify(cell.value) + ` (${cell.length} items)`);
+    default:
+      return el("span", {}, typeof cell.value === "string" ? cell.value : JSON.stringify(cell.value));
+  }
+}
+
+function renderStep(data) {
+  const q = data.query;
+  const samples = document.getElementById("samples");
+  samples.replaceChildren();
+  const first = data.samples.length ? data.samples[0].provenance.position : 0;
+  document.getElementById("summary").textContent =
+    `epoch ${q.epoch} · rank ${q.rank} of ${q.world_size} · step ${q.step} of ${data.steps} · ` +
+    `samples ${first}–${first + data.samples.length - 1} of ${data.rank_samples} for this rank`;
+  data.samples.forEach((sample, slot) => {
+    const p = sample.provenance;
+    const cells = el("dl", { class: "cells" });
+    for (const [name, cell] of Object.entries(sample.values)) {
+      cells.append(el("dt", {}, name), el("dd", { "data-column": name }, renderCell(cell)));
+    }
+    samples.append(el("article", { class: "sample", "data-index": p.index },
+      el("h3", {}, `#${slot} · sample ${p.index}`,
+        el("span", { class: "prov" }, `shard ${p.shard} · row ${p.row} · position ${p.position}`)),
+      cells));
+  });
+  samples.dataset.loaded = `${q.epoch},${q.rank},${q.step}`;
+}
+
+async function show(push) {
+  const params = viewParams();
+  if (push) history.pushState(null, "", "/ui?" + params.toString());
+  say("loading…");
+  try {
+    renderStep(await getJSON("/ui/api/step", params));
+    say("");
+  } catch (err) {
+    document.getElementById("samples").dataset.loaded = "error";
+    say(err.message, true);
+  }
+}
+
+function move(field, by) {
+  const input = form.elements[field];
+  let value = Number(input.value) + by;
+  if (field === "rank") {
+    const world = Number(form.elements.world_size.value);
+    value = ((value % world) + world) % world;
+  }
+  if (value < 0) return;
+  input.value = value;
+  show(true);
+}
+
+async function find(event) {
+  event.preventDefault();
+  const where = event.target;
+  const params = viewParams();
+  params.set("expr", where.elements.expr.value);
+  params.set("epochs", where.elements.epochs.value);
+  const list = document.getElementById("where-results");
+  list.replaceChildren();
+  try {
+    const data = await getJSON("/ui/api/where", params);
+    if (!data.sightings.length) list.append(el("li", {}, `no sample matches ${data.expression}`));
+    for (const s of data.sightings) {
+      const link = el("a", { href: "#" }, `sample ${s.index}: epoch ${s.epoch}, rank ${s.rank}, step ${s.step}`);
+      link.addEventListener("click", (e) => {
+        e.preventDefault();
+        form.elements.epoch.value = s.epoch;
+        form.elements.rank.value = s.rank;
+        form.elements.step.value = s.step;
+        show(true);
+      });
+      list.append(el("li", {}, link));
+    }
+    if (data.truncated) list.append(el("li", { class: "note" }, "more matches not shown"));
+  } catch (err) {
+    list.append(el("li", { class: "error" }, err.message));
+  }
+}
+
+function histogram(h) {
+  const width = 300, height = 70, n = h.counts.length;
+  const max = Math.max(...h.counts, 1);
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("class", "hist");
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height + 14);
+  h.counts.forEach((count, i) => {
+    const rect = document.createElementNS(ns, "rect");
+    const barHeight = (count / max) * height;
+    rect.setAttribute("x", (i * width) / n);
+    rect.setAttribute("y", height - barHeight);
+    rect.setAttribute("width", Math.max(1, width / n - 1));
+    rect.setAttribute("height", barHeight);
+    const title = document.createElementNS(ns, "title");
+    title.textContent = `${h.edges[i]}–${h.edges[i + 1] - 1}: ${count}`;
+    rect.append(title);
+    svg.append(rect);
+  });
+  for (const [x, anchor, text] of [[0, "start", h.edges[0]], [width, "end", h.edges[n] - 1]]) {
+    const label = document.createElementNS(ns, "text");
+    label.setAttribute("x", x);
+    label.setAttribute("y", height + 12);
+    label.setAttribute("text-anchor", anchor);
+    label.setAttribute("font-size", "10");
+    label.textContent = text;
+    svg.append(label);
+  }
+  return svg;
+}
+
+function summary(s) {
+  return s && s.min !== null ? `${s.min} / ${s.mean} / ${s.max}` : "";
+}
+
+async function loadStats() {
+  const body = document.getElementById("stats-body");
+  try {
+    const data = await getJSON("/ui/api/stats");
+    const table = el("table", { class: "stats" },
+      el("tr", {}, el("th", {}, "column"), el("th", {}, "type"), el("th", {}, "nulls"), el("th", {}, "min / mean / max")));
+    const hists = el("div", {});
+    for (const c of data.columns) {
+      const s = c.values || c.length_chars || c.length_bytes || c.length_items;
+      const unit = c.values ? "" : c.length_chars ? " chars" : c.length_bytes ? " bytes" : " items";
+      table.append(el("tr", {}, el("td", {}, c.name), el("td", {}, c.type), el("td", {}, c.nulls), el("td", {}, summary(s) + (s ? unit : ""))));
+      if (c.histogram && c.histogram.counts.length) {
+        hists.append(el("h2", {}, `${c.tokens ? "Token" : "Length"} histogram: ${c.name}`), histogram(c.histogram));
+      }
+    }
+    body.className = "";
+    body.replaceChildren(el("p", { class: "note" }, `first ${data.rows.toLocaleString()} of ${data.dataset_rows.toLocaleString()} rows`), table, hists);
+  } catch (err) {
+    body.textContent = err.message;
+  }
+}
+
+async function start() {
+  try {
+    const info = await getJSON("/ui/api/info");
+    const d = info.dataset;
+    document.getElementById("dataset").textContent =
+      `${d.root} · ${d.format} · ${d.shards} shards · ${d.rows.toLocaleString()} samples · ${d.digest.slice(0, 19)}…`;
+    fillForm(new URLSearchParams(location.search), info.defaults);
+  } catch (err) {
+    say(err.message, true);
+    return;
+  }
+  form.addEventListener("submit", (e) => { e.preventDefault(); show(true); });
+  for (const button of form.querySelectorAll("button[data-move]")) {
+    button.addEventListener("click", () => move(button.dataset.move, Number(button.dataset.by)));
+  }
+  document.getElementById("where-form").addEventListener("submit", find);
+  window.addEventListener("popstate", () => { fillForm(new URLSearchParams(location.search)); show(false); });
+  show(false);
+  loadStats();
+}
+
+start();
