@@ -1,0 +1,47 @@
+"""One adapter per loader, behind a common interface (`base.Loader`).
+
+Adapters import their peer lazily, so listing or running the torch-free loaders
+(shardcache, pyarrow) never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from bench.peers.loaders import base
+
+#: Loader name -> "module:class". The order is the order of the table.
+REGISTRY: dict[str, str] = {
+    "shardcache-sidecar": "bench.peers.loaders.shardcache_loaders:SidecarLoader",
+    "shardcache-embedded": "bench.peers.loaders.shardcache_loaders:EmbeddedLoader",
+    "pyarrow": "bench.peers.loaders.pyarrow_loader:PyarrowLoader",
+    "litdata": "bench.peers.loaders.litdata_loader:LitdataLoader",
+    "litdata-dataloader": "bench.peers.loaders.litdata_loader:LitdataDataLoader",
+    "mosaic": "bench.peers.loaders.mosaic_loader:MosaicLoader",
+    "mosaic-dataloader": "bench.peers.loaders.mosaic_loader:MosaicDataLoader",
+    "torch-mapstyle": "bench.peers.loaders.torch_mapstyle:TorchMapStyleLoader",
+}
+
+#: Loaders that need nothing beyond shardcache's own dependencies (pyarrow, numpy).
+TORCH_FREE = ("shardcache-sidecar", "shardcache-embedded", "pyarrow")
+
+#: The peer family each loader belongs to: a family's figure is its fastest variant.
+FAMILY: dict[str, str] = {
+    "shardcache-sidecar": "shardcache",
+    "shardcache-embedded": "shardcache",
+    "pyarrow": "pyarrow",
+    "litdata": "litdata",
+    "litdata-dataloader": "litdata",
+    "mosaic": "mosaic",
+    "mosaic-dataloader": "mosaic",
+    "torch-mapstyle": "torch",
+}
+
+
+def create(name: str, setup: base.Setup) -> base.Loader:
+    if name not in REGISTRY:
+        raise SystemExit(f"unknown loader {name!r}; known: {', '.join(REGISTRY)}")
+    module_name, _, class_name = REGISTRY[name].partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    loader: base.Loader = cls(setup)
+    return loader

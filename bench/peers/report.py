@@ -1,0 +1,185 @@
+"""Turning runner results into a verdict, a table, the RESULT line, docs and a chart.
+
+Pure functions over plain dicts, apart from `chart` (matplotlib, Agg backend) and
+`update_docs` (rewrites the generated part of docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.peers import tally as tally_mod
+
+MiB = 1 << 20
+DOCS_BEGIN = "<!-- bench-peers:results:begin -->"
+DOCS_END = "<!-- bench-peers:results:end -->"
+
+
+def judge(raw: dict[str, Any], expected: dict[str, int], family: str) -> dict[str, Any]:
+    """A runner's raw output checked against the expected tally.
+
+    Every pass (cold, warm, and the two halves of a resumed epoch) must deliver exactly
+    the expected samples; otherwise the loader is FAILED and none of its figures count.
+    """
+    row: dict[str, Any] = {"loader": raw["loader"], "family": family}
+    if "error" in raw:
+        row.update(status="FAILED", failure=raw["error"].strip().splitlines()[-1])
+        return row
+    problems = []
+    for name in ("cold", "warm"):
+        wrong = tally_mod.mismatch(expected, raw[name]["tally"])
+        if wrong:
+            problems.append(f"{name} pass: {wrong}")
+    resume = raw["resume"]
+    if resume["supported"]:
+        wrong = tally_mod.mismatch(expected, resume["tally"])
+        if wrong:
+            problems.append(f"resumed epoch: {wrong}")
+    if problems:
+        row.update(status="FAILED", failure="; ".join(problems))
+        return row
+    tokens = expected["tokens"]
+    row.update(
+        status="ok",
+        settings=raw["settings"],
+        setup_s=raw["setup_s"],
+        cold_tps=tokens / raw["cold"]["seconds"],
+        warm_tps=tokens / raw["warm"]["seconds"],
+        cold_ttfb_ms=1000 * raw["cold"]["ttfb_s"],
+        warm_ttfb_ms=1000 * raw["warm"]["ttfb_s"],
+        resume_ms=1000 * resume["ttfb_s"] if resume["supported"] else None,
+    )
+    return row
+
+
+def _fmt_rate(tps: float) -> str:
+    return f"{tps / 1e6:,.1f}"
+
+
+def _fmt_ms(ms: float | None) -> str:
+    return "n/a" if ms is None else f"{ms:,.0f}"
+
+
+HEADER = (
+    "loader",
+    "cold Mtok/s",
+    "warm Mtok/s",
+    "warm GB/s",
+    "1st batch cold ms",
+    "1st batch warm ms",
+    "resume ms",
+    "peak RSS MiB",
+    "peak tree PSS MiB",
+    "memory tier MiB",
+    "check",
+)
+
+
+def table_rows(rows: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for r in rows:
+        mem = (
+            f"{r.get('peak_rss', 0) / MiB:,.0f}",
+            f"{r.get('peak_pss', 0) / MiB:,.0f}",
+            f"{r.get('tier_bytes', 0) / MiB:,.0f}" if r.get("tier_bytes") else "-",
+        )
+        if r["status"] != "ok":
+            out.append((r["loader"], *("FAILED",) * 6, *mem, "FAILED"))
+            continue
+        out.append(
+            (
+                r["loader"],
+                _fmt_rate(r["cold_tps"]),
+                _fmt_rate(r["warm_tps"]),
+                f"{r['warm_tps'] * 4 / 1e9:.2f}",
+                _fmt_ms(r["cold_ttfb_ms"]),
+                _fmt_ms(r["warm_ttfb_ms"]),
+                _fmt_ms(r["resume_ms"]),
+                *mem,
+                "exact",
+            )
+        )
+    return out
+
+
+def text_table(rows: Sequence[dict[str, Any]]) -> str:
+    body = [HEADER, *table_rows(rows)]
+    widths = [max(len(line[i]) for line in body) for i in range(len(HEADER))]
+    lines = [
+        "  ".join(
+            c.rjust(w) if i else c.ljust(w)
+            for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        )
+        for line in body
+    ]
+    failures = [f"FAILED {r['loader']}: {r['failure']}" for r in rows if r["status"] != "ok"]
+    return "\n".join(lines + failures)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(rows)]
+    return "\n".join(lines)
+
+
+def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """shardcache-through-the-sidecar warm tokens/s over each peer family's best."""
+    by_name = {r["loader"]: r for r in rows}
+    sidecar = by_name.get("shardcache-sidecar")
+    out = {}
+    for family in ("mosaic", "litdata", "pyarrow"):
+        members = [r for r in rows if r["family"] == family]
+        ok = [r for r in members if r["status"] == "ok"]
+        if sidecar is None or not members:
+            out[family] = "n/a"
+        elif sidecar["status"] != "ok" or not ok:
+            out[family] = "FAILED"
+        else:
+            out[family] = f"{sidecar['warm_tps'] / max(r['warm_tps'] for r in ok):.2f}"
+    return out
+
+
+def result_line(rows: Sequence[dict[str, Any]]) -> str:
+    r = ratios(rows)
+    return f"RESULT vs_mosaic={r['mosaic']} vs_litdata={r['litdata']} vs_pyarrow={r['pyarrow']}"
+
+
+def chart(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    names = [r["loader"] for r in ok]
+    x = range(len(ok))
+    fig, ax = plt.subplots(figsize=(10, 5), dpi=110)
+    width = 0.4
+    cold = [r["cold_tps"] / 1e6 for r in ok]
+    warm = [r["warm_tps"] / 1e6 for r in ok]
+    ax.bar([i - width / 2 for i in x], cold, width, label="cold (first pass)", color="#8da0cb")
+    ax.bar([i + width / 2 for i in x], warm, width, label="warm (second pass)", color="#1b4f9c")
+    for i, (c, w) in enumerate(zip(cold, warm, strict=True)):
+        ax.annotate(f"{c:,.1f}", (i - width / 2, c), ha="center", va="bottom", fontsize=7)
+        ax.annotate(f"{w:,.1f}", (i + width / 2, w), ha="center", va="bottom", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("million tokens/s delivered to the loop (log scale)")
+    ax.set_xticks(list(x), names, rotation=20, ha="right")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def update_docs(path: Path, section: str) -> None:
+    """Replace the generated section of `path` (between the markers), keeping the rest."""
+    text = path.read_text() if path.exists() else f"{DOCS_BEGIN}\n{DOCS_END}\n"
+    if DOCS_BEGIN not in text or DOCS_END not in text:
+        text = text.rstrip("\n") + f"\n\n{DOCS_BEGIN}\n{DOCS_END}\n"
+    pattern = re.compile(re.escape(DOCS_BEGIN) + ".*?" + re.escape(DOCS_END), re.S)
+    path.write_text(pattern.sub(lambda _: f"{DOCS_BEGIN}\n{section.strip()}\n{DOCS_END}", text))

@@ -1,0 +1,160 @@
+"""Measure one loader, in a process of its own: `python -m bench.peers.runner LOADER ...`.
+
+Three passes over the dataset, each tallied (`tally.Tally`) as the loop receives it:
+
+- cold: epoch 0 from a freshly created loader whose caches are empty and whose input
+  files the harness evicted from the page cache; time to first batch counts from
+  before the loader builds its dataset (a sidecar, like a native sidecar, is already
+  running, and its start-up is reported apart);
+- warm: epoch 1 with the same loader;
+- resume: epoch 2 up to half its samples, save the loader's state, build a new loader
+  instance from that state (what a restarted trainer does) and read to the end. The
+  time to its first batch is the resume time; both halves together must again be
+  exactly one epoch.
+
+The result is one JSON file; the harness judges correctness against the dataset's
+expected tally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bench.peers import loaders
+from bench.peers import tally as tally_mod
+from bench.peers.loaders import base
+
+
+def consume(kind: base.Kind, item: Any, tally: tally_mod.Tally) -> int:
+    """The loop body: hand one delivery to the tally; returns samples in it."""
+    if kind == "arrow":
+        tally.add_record_batch(item)
+        return int(item.num_rows)
+    if kind == "sample":
+        tally.add_sample(int(item["uid"]), item["tokens"])
+        return 1
+    uids, values, offsets = item
+    tally.add_arrays(uids, values, offsets)
+    return len(uids)
+
+
+def _drain(
+    kind: base.Kind, items: Iterator[Any], started: float, limit: int | None = None
+) -> tuple[tally_mod.Tally, float | None, float]:
+    """Consume until exhausted (or `limit` samples); (tally, first-batch s, total s)."""
+    tally = tally_mod.Tally()
+    first: float | None = None
+    seen = 0
+    for item in items:
+        if first is None:
+            first = time.perf_counter() - started
+        seen += consume(kind, item, tally)
+        if limit is not None and seen >= limit:
+            break
+    tally.flush()
+    return tally, first, time.perf_counter() - started
+
+
+#: Test hook: drop the delivery with this index (0-based) from the cold pass, so the
+#: smoke test can show that a lossy loader is reported FAILED.
+ENV_DROP_DELIVERY = "BENCH_PEERS_DROP_DELIVERY"
+
+
+def _dropping(items: Iterator[Any], index: int) -> Iterator[Any]:
+    for i, item in enumerate(items):
+        if i != index:
+            yield item
+
+
+def _pass(kind: base.Kind, items: Iterator[Any], started: float) -> dict[str, Any]:
+    tally, first, seconds = _drain(kind, items, started)
+    return {"seconds": seconds, "ttfb_s": first, "tally": tally.summary()}
+
+
+def measure(name: str, setup: base.Setup, total_samples: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    loader = loaders.create(name, setup)
+    out: dict[str, Any] = {
+        "loader": name,
+        "kind": loader.kind,
+        "settings": loader.settings,
+        "setup_s": time.perf_counter() - started,
+    }
+    try:
+        start = time.perf_counter()
+        cold = loader.epoch(0)
+        if os.environ.get(ENV_DROP_DELIVERY):
+            cold = _dropping(cold, int(os.environ[ENV_DROP_DELIVERY]))
+        out["cold"] = _pass(loader.kind, cold, start)
+        start = time.perf_counter()
+        out["warm"] = _pass(loader.kind, loader.epoch(1), start)
+        out["resume"] = _resume(loader, total_samples)
+    finally:
+        loader.close()
+    return out
+
+
+def _resume(loader: base.Loader, total_samples: int) -> dict[str, Any]:
+    half = total_samples // 2
+    items = loader.epoch(2)
+    first_half, _, _ = _drain(loader.kind, items, time.perf_counter(), limit=half)
+    state = loader.state(first_half.samples)
+    if hasattr(items, "close"):
+        items.close()
+    if state is None:
+        return {"supported": False}
+    json.dumps(state, default=str)  # it has to be storable alongside a checkpoint
+    start = time.perf_counter()
+    rest, first, seconds = _drain(loader.kind, loader.resume(state), start)
+    both = first_half.merged(rest)
+    return {
+        "supported": True,
+        "saved_at": first_half.samples,
+        "ttfb_s": first,
+        "rest_seconds": seconds,
+        "tally": both.summary(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("loader")
+    p.add_argument("--root", type=Path, required=True)
+    p.add_argument("--scratch", type=Path, required=True)
+    p.add_argument("--shm-scratch", type=Path, required=True)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--samples", type=int, required=True, help="samples in one epoch")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
+    setup = base.Setup(
+        root=args.root,
+        scratch=args.scratch,
+        shm_scratch=args.shm_scratch,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        seed=args.seed,
+    )
+    try:
+        result = measure(args.loader, setup, args.samples)
+    except BaseException as exc:
+        result = {"loader": args.loader, "error": "".join(traceback.format_exception(exc))}
+        args.out.write_text(json.dumps(result, indent=2))
+        print(result["error"], file=sys.stderr)
+        return 1
+    args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
