@@ -44,6 +44,8 @@ class Agent:
         self._ready = threading.Event()
         self._restore_error: str | None = None
         self._retry_at: dict[Path, float] = {}
+        #: Published steps as last listed (restore, retention) plus those published since.
+        self._published: list[int] = []
         self._thread: threading.Thread | None = None
         self.restored: restorer.RestoreResult | None = None
 
@@ -110,6 +112,7 @@ class Agent:
             what=f"listing {self.settings.uri}",
             policy=self.settings.retry,
         )
+        self._published = complete
         self._write_latest(complete)
 
     def _write_latest(self, published: list[int]) -> None:
@@ -185,7 +188,6 @@ class Agent:
                 observer=self.observer,
             )
             retention.publish_pointer(self.fs, self.prefix, manifest, retry=s.retry)
-            kept = retention.prune_remote(self.fs, self.prefix, s.keep_last, retry=s.retry)
         except errors.InputError as exc:
             log.error("checkpoint step %d in %s is not uploaded: %s", step, path, exc)
             self.observer.upload_failed(step)
@@ -204,9 +206,9 @@ class Agent:
             return False
         self._retry_at.pop(path, None)
         # The pointer file first: once wait() sees "uploaded", latest() agrees.
-        self._write_latest(kept)
+        self._published = sorted({*self._published, step})
+        self._write_latest(self._published)
         checkpoint.write_status(path, checkpoint.Status("uploaded", step, updated_at=time.time()))
-        retention.prune_local(self.root, s.keep_last)
         seconds = time.monotonic() - started
         self.observer.published(step, seconds, manifest.created_at)
         log.info(
@@ -216,7 +218,21 @@ class Agent:
             manifest.total_bytes,
             seconds,
         )
+        self._prune()
         return True
+
+    def _prune(self) -> None:
+        """Retention, after publishing: the trainer never waits for deletes."""
+        s = self.settings
+        try:
+            self._published = retention.prune_remote(
+                self.fs, self.prefix, s.keep_last, retry=s.retry
+            )
+        except errors.ShardcacheError as exc:
+            log.warning("retention failed (tried again after the next checkpoint): %s", exc)
+            return
+        self._write_latest(self._published)
+        retention.prune_local(self.root, s.keep_last)
 
     def _set_failed(self, path: Path, step: int, error: str, *, retryable: bool) -> None:
         try:

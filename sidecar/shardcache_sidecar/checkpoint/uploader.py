@@ -148,6 +148,7 @@ def upload(
                 what=f"uploading {remote}",
                 policy=retry,
             )
+            _check_size(fs, remote, size, retry)
             if verify:
                 found, found_size = source.with_retries(
                     lambda: sha256_object(fs, remote), what=f"verifying {remote}", policy=retry
@@ -172,7 +173,6 @@ def upload(
         data_state=marker.data_state,
         created_at=marker.committed_at if marker.committed_at is not None else time.time(),
     )
-    _check_sizes(fs, prefix, manifest, retry)
     source.with_retries(
         lambda: layout.write_json(fs, manifest_at, manifest.to_json()),
         what=f"writing {manifest_at}",
@@ -195,19 +195,13 @@ def _local_manifest(
     )
 
 
-def _check_sizes(
-    fs: pafs.FileSystem, prefix: str, manifest: layout.CheckpointManifest, retry: source.RetryPolicy
-) -> None:
-    """Every object is in the store with its size: the last check before publishing."""
-    if not manifest.files:
-        return
-    paths = [layout.data_path(prefix, manifest.step, f.path) for f in manifest.files]
-    infos = source.with_retries(
-        lambda: fs.get_file_info(paths), what="checking uploaded objects", policy=retry
+def _check_size(fs: pafs.FileSystem, remote: str, size: int, retry: source.RetryPolicy) -> None:
+    """The object is in the store with its size: checked before the manifest is written."""
+    info = source.with_retries(
+        lambda: fs.get_file_info(remote), what=f"checking {remote}", policy=retry
     )
-    for entry, info in zip(manifest.files, infos, strict=True):
-        if info.type != pafs.FileType.File or info.size != entry.size:
-            raise errors.SourceError(
-                f"{info.path}: expected an object of {entry.size} bytes after upload, "
-                f"found {info.size if info.type == pafs.FileType.File else 'none'}"
-            )
+    if info.type != pafs.FileType.File or info.size != size:
+        found = f"{info.size} bytes" if info.type == pafs.FileType.File else "no object"
+        raise errors.SourceError(
+            f"{remote}: expected an object of {size} bytes after upload, found {found}"
+        )
