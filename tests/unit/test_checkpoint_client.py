@@ -1,0 +1,178 @@
+"""The trainer's side of checkpoints: the marker-file protocol of `shardcache.checkpoint`.
+
+These run on a temporary directory and need no agent: the agent's side (status and
+pointer files) is written here the way the agent writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import shardcache
+from shardcache import checkpoint, errors
+from shardcache.node import names
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "checkpoints"
+    path.mkdir()
+    monkeypatch.setenv(names.ENV_CHECKPOINT_DIR, str(path))
+    return path
+
+
+def finished(root: Path, name: str) -> Path:
+    (root / name).mkdir()
+    (root / name / "model.pt").write_bytes(b"weights")
+    return root / name
+
+
+def test_commit_writes_the_marker_with_step_and_data_state(root: Path) -> None:
+    path = finished(root, "step-3")
+    checkpoint.commit(path, step=3, data_state={"position": 12})
+    marker = json.loads((path / checkpoint.MARKER_NAME).read_text())
+    assert (marker["version"], marker["step"], marker["data_state"]) == (1, 3, {"position": 12})
+    assert [c.step for c in checkpoint.local_checkpoints(root)] == [3]
+    # No temp files are left next to the marker.
+    assert sorted(p.name for p in path.iterdir()) == [checkpoint.MARKER_NAME, "model.pt"]
+
+
+def test_committing_the_same_checkpoint_twice_is_harmless(root: Path) -> None:
+    path = finished(root, "a")
+    checkpoint.commit(path, step=1, data_state={"position": 1})
+    checkpoint.commit(path, step=1, data_state={"position": 1})
+    with pytest.raises(errors.InputError, match="already committed as step 1"):
+        checkpoint.commit(path, step=2)
+
+
+def test_a_step_can_be_committed_only_once(root: Path) -> None:
+    checkpoint.commit(finished(root, "a"), step=5)
+    with pytest.raises(errors.InputError, match=r"step 5 is already committed as .*/a"):
+        checkpoint.commit(finished(root, "b"), step=5)
+    assert checkpoint.read_marker(root / "b") is None
+
+
+def test_only_direct_subdirectories_of_the_volume_are_committed(root: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with pytest.raises(errors.InputError, match="not a direct subdirectory"):
+        checkpoint.commit(elsewhere, step=1)
+    nested = finished(root, "a") / "inner"
+    nested.mkdir()
+    with pytest.raises(errors.InputError, match="not a direct subdirectory"):
+        checkpoint.commit(nested, step=1)
+    with pytest.raises(errors.InputError, match="hidden"):
+        checkpoint.commit(finished(root, ".hidden"), step=1)
+
+
+@pytest.mark.parametrize("step", [-1, 1.5, True, "3"])
+def test_the_step_must_be_a_non_negative_integer(root: Path, step: object) -> None:
+    with pytest.raises(errors.InputError, match="integer >= 0"):
+        checkpoint.commit(finished(root, "a"), step=step)  # type: ignore[arg-type]
+
+
+def test_a_file_is_not_a_checkpoint_directory(root: Path) -> None:
+    (root / "file").write_text("x")
+    with pytest.raises(errors.InputError, match="is not a directory"):
+        checkpoint.commit(root / "file", step=1)
+
+
+@pytest.mark.parametrize(
+    ("text", "step"),
+    [("12", 12), ("12\n", 12), ('{"step": 4}', 4), ("7 ", 7), ('{"version": 1, "step": 0}', 0)],
+)
+def test_marker_files_written_by_hand_are_understood(text: str, step: int) -> None:
+    assert checkpoint.parse_marker(text, where="m").step == step
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("", "expected JSON"),
+        ("twelve", "expected JSON"),
+        ('{"step": -2}', "integer >= 0"),
+        ('{"version": 9, "step": 1}', "version 9"),
+        ('{"step": 1, "data_state": [1]}', "data_state must be an object"),
+        ("[1]", "expected a JSON object"),
+    ],
+)
+def test_bad_marker_files_are_clear_errors(text: str, match: str) -> None:
+    with pytest.raises(errors.InputError, match=match):
+        checkpoint.parse_marker(text, where="m")
+
+
+def test_wait_returns_once_the_agent_reports_the_upload(root: Path) -> None:
+    path = finished(root, "s")
+    checkpoint.commit(path, step=8)
+
+    def agent() -> None:
+        time.sleep(0.2)
+        checkpoint.write_status(path, checkpoint.Status("uploaded", 8))
+
+    thread = threading.Thread(target=agent)
+    thread.start()
+    checkpoint.wait(8, timeout=30)
+    thread.join()
+
+
+def test_wait_times_out_with_the_state_and_last_error(root: Path) -> None:
+    path = finished(root, "s")
+    checkpoint.commit(path, step=8)
+    checkpoint.write_status(
+        path, checkpoint.Status("failed", 8, error="store unreachable", retryable=True)
+    )
+    with pytest.raises(TimeoutError, match="store unreachable"):
+        checkpoint.wait(8, timeout=0.2)
+
+
+def test_wait_raises_what_the_agent_refused(root: Path) -> None:
+    path = finished(root, "s")
+    checkpoint.commit(path, step=8)
+    checkpoint.write_status(path, checkpoint.Status("failed", 8, error="duplicate step"))
+    with pytest.raises(errors.InputError, match="duplicate step"):
+        checkpoint.wait(8)
+    with pytest.raises(errors.InputError, match="no checkpoint with step 9"):
+        checkpoint.wait(9)
+
+
+def test_latest_and_restore_on_a_fresh_volume(root: Path) -> None:
+    assert checkpoint.latest() is None
+    assert checkpoint.restore() is None
+    assert checkpoint.data_state("latest") is None
+
+
+def test_restore_finds_the_newest_checkpoint_or_a_given_step(root: Path) -> None:
+    for step in (2, 10, 4):
+        checkpoint.commit(finished(root, f"s{step}"), step=step, data_state={"position": step})
+    assert checkpoint.restore() == root / "s10"
+    assert checkpoint.restore(4) == root / "s4"
+    assert checkpoint.data_state("latest") == {"position": 10}
+    assert checkpoint.data_state(2) == {"position": 2}
+    assert checkpoint.data_state(root / "s4") == {"position": 4}
+    with pytest.raises(
+        errors.InputError, match=r"step 7 is not on this node \(have \[2, 4, 10\]\)"
+    ):
+        checkpoint.restore(7)
+
+
+def test_resume_from_a_checkpoint_without_data_state_is_a_clear_error(root: Path) -> None:
+    checkpoint.commit(finished(root, "s"), step=1)
+    with pytest.raises(errors.InputError, match="has no data state"):
+        checkpoint.data_state("latest")
+    with pytest.raises(errors.InputError, match="has no data state"):
+        shardcache.open("file:///nonexistent", resume_from="latest")
+
+
+def test_no_checkpoint_directory_configured_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(names.ENV_CHECKPOINT_DIR, raising=False)
+    with pytest.raises(errors.InputError, match=names.ENV_CHECKPOINT_DIR):
+        checkpoint.latest()

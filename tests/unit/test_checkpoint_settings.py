@@ -1,0 +1,69 @@
+"""The checkpoint agent's settings, from the env the webhook injects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from shardcache_sidecar.checkpoint import settings
+
+from shardcache import errors
+from shardcache.node import names
+
+pytestmark = pytest.mark.unit
+
+BASE = {names.ENV_CHECKPOINT_URI: "s3://b/run", names.ENV_CHECKPOINT_DIR: "/checkpoints"}
+
+
+def test_no_uri_means_no_agent() -> None:
+    assert settings.CheckpointSettings.from_env({}) is None
+
+
+def test_defaults_and_overrides_from_env() -> None:
+    s = settings.CheckpointSettings.from_env(BASE)
+    assert s is not None
+    assert (s.directory, s.uri, s.keep_last, s.restore, s.restore_fallback) == (
+        Path("/checkpoints"),
+        "s3://b/run",
+        3,
+        "latest",
+        False,
+    )
+    s = settings.CheckpointSettings.from_env(
+        {
+            **BASE,
+            names.ENV_CHECKPOINT_KEEP_LAST: "5",
+            names.ENV_CHECKPOINT_RESTORE: "1200",
+            settings.ENV_CHECKPOINT_RESTORE_FALLBACK: "true",
+            settings.ENV_CHECKPOINT_CONCURRENCY: "16",
+        }
+    )
+    assert s is not None
+    assert (s.keep_last, s.restore, s.restore_fallback, s.upload_concurrency) == (
+        5,
+        "1200",
+        True,
+        16,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({names.ENV_CHECKPOINT_KEEP_LAST: "0"}, "KEEP_LAST: expected an integer >= 1, found 0"),
+        ({names.ENV_CHECKPOINT_KEEP_LAST: "many"}, "expected an integer, found 'many'"),
+        ({names.ENV_CHECKPOINT_RESTORE: "newest"}, "expected latest, none or a step"),
+        ({names.ENV_CHECKPOINT_URI: "ftp://x/y"}, "unsupported URI scheme"),
+        ({names.ENV_CHECKPOINT_DIR: ""}, "CHECKPOINT_DIR is not"),
+    ],
+)
+def test_bad_settings_name_the_variable(env: dict[str, str], match: str) -> None:
+    with pytest.raises(errors.InputError, match=match):
+        settings.CheckpointSettings.from_env({**BASE, **env})
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"), [("latest", "latest"), ("none", None), ("NONE", None), ("42", 42)]
+)
+def test_restore_choice(value: str, parsed: object) -> None:
+    assert settings.parse_restore(value) == parsed
