@@ -44,6 +44,7 @@ from shardcache_sidecar import readiness as readiness_mod
 from shardcache_sidecar import settings as settings_mod
 from shardcache_sidecar.checkpoint import agent as checkpoint_agent
 from shardcache_sidecar.checkpoint import hook as checkpoint_hook
+from shardcache_sidecar.ui import routes as ui_routes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -553,6 +554,9 @@ def control_app(sidecar: Sidecar) -> web.Application:
 def probe_app(sidecar: Sidecar) -> web.Application:
     app = web.Application(middlewares=[_middleware(sidecar)])
     app.add_routes(_probe_routes(sidecar))
+    # The web inspector (/ui): read-only, here on the metrics port, never on the socket.
+    defaults = ui_routes.Defaults.from_plan(sidecar.settings.startup_plan())
+    ui_routes.mount(app, ui_routes.NodeInspector(sidecar.serving), defaults)
     return app
 
 
