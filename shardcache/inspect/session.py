@@ -58,10 +58,13 @@ class ProviderRows:
             if cached is not None:
                 self._mapped.move_to_end(shard)
                 return cached
+            # The inspector reads at random and must not steer the prefetcher: its reader
+            # sits at the end of its epoch, where nothing is upcoming to read ahead.
+            end = self.manifest.total_rows
             if self._reader is None:
-                self._reader = self._provider.open_reader(plan.PlanParams(), position=0)
+                self._reader = self._provider.open_reader(plan.PlanParams(), position=end)
             reader = self._reader
-        lease = self._provider.acquire(reader, shard, epoch=0, position=0)
+        lease = self._provider.acquire(reader, shard, epoch=0, position=end)
         try:
             # The mapping outlives the lease (see provider.ShardLease.release).
             batch = dataset.read_shard(lease.path)

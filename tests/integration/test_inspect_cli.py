@@ -169,3 +169,16 @@ def test_missing_dataset_is_a_clear_error(tmp_path: Path, cache_dir: Path) -> No
     proc = inspect((tmp_path / "nothing").as_uri(), cache_dir)
     assert proc.returncode == 2
     assert "nothing found at" in proc.stderr
+
+
+def test_inspecting_does_not_steer_the_prefetcher(dataset_uri: str, tmp_path: Path) -> None:
+    from shardcache.inspect import session
+
+    insp = session.open_uri(dataset_uri, cache_dir=str(tmp_path / "cache"))
+    try:
+        insp.rows.read(2)
+        node = insp.rows._provider.node  # type: ignore[attr-defined]
+        (reader,) = node.reader_ids()
+        assert node.upcoming(reader, 10) == []
+    finally:
+        insp.close()
