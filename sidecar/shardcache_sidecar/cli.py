@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import os
 import signal
@@ -79,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"shardcache sidecar: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_format, settings.log_level)
+    # `kill -USR1` dumps every thread's stack to stderr: how to see what a stuck
+    # acquire waits on in a running pod.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         asyncio.run(_main(settings))
     except errors.InputError as exc:

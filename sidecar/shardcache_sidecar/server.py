@@ -222,27 +222,38 @@ class Sidecar:
             },
         )
         self._tasks.append(asyncio.create_task(self._warm(node), name="warm"))
-        self._tasks.append(asyncio.create_task(self._maintain(node), name="maintain"))
+        self._tasks.append(asyncio.create_task(self._maintain(), name="maintain"))
 
     async def _warm(self, node: cache_mod.CacheNode) -> None:
-        """Fetch the startup plan's first shards now, whatever the prefetch depth."""
+        """Make the startup plan's first shards resident, then open the warm gate.
+
+        Each is acquired and held until all are in: readahead and other acquires may
+        evict unleased shards, so a shard warmed first could otherwise be gone by the
+        time the last one arrives, and readiness would never come.
+        """
         k = self.settings.ready_shards
         shards = node.upcoming(STARTUP_READER, k) if k else []
         delay = _RESOLVE_FIRST_DELAY
         while not self._closing:
+            held: list[tier_mod.Entry] = []
             try:
-                await self.blocking(node.warm, shards)
-            except errors.ShardcacheError as exc:
-                why = f"fetching the first shards {shards} failed: {exc}; retrying in {delay:.0f} s"
+                for shard in shards:
+                    held.append(await self._acquire(node, shard, self.settings.acquire_timeout))
+            except (errors.ShardcacheError, TimeoutError) as exc:
+                why = f"making the first shards {shards} resident failed: {exc}; retrying in {delay:.0f} s"
                 log.warning(why)
                 self.readiness.waiting(GATE_WARM, why)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _RESOLVE_MAX_DELAY)
-                continue
-            return
+            else:
+                self.readiness.open(GATE_WARM, f"first {len(shards)} shard(s) {shards} resident")
+                log.info("ready: the first %d shard(s) %s are resident", len(shards), shards)
+                return
+            finally:
+                for entry in held:
+                    entry.release()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RESOLVE_MAX_DELAY)
 
-    async def _maintain(self, node: cache_mod.CacheNode) -> None:
-        k = self.settings.ready_shards
+    async def _maintain(self) -> None:
         while not self._closing:
             for hold in self.registry.expired(self.settings.handoff_timeout):
                 log.warning(
@@ -253,13 +264,6 @@ class Sidecar:
                     self.settings.handoff_timeout,
                 )
                 hold.lease.release()
-            if not self.readiness.is_open(GATE_WARM):
-                try:
-                    if await self.blocking(node.is_ready, k):
-                        self.readiness.open(GATE_WARM, f"first {k} shard(s) resident")
-                        log.info("ready: the first %d shard(s) are resident", k)
-                except Exception:
-                    log.exception("checking readiness failed")
             await asyncio.sleep(_MAINTENANCE_INTERVAL)
 
     async def close(self) -> None:

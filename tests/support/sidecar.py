@@ -126,6 +126,10 @@ class SidecarProcess:
             except OSError as exc:
                 last = exc
             time.sleep(0.05)
+        if self.process is not None and self.process.poll() is None:
+            # The sidecar dumps every thread's stack into its log on SIGUSR1.
+            self.process.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
         raise RuntimeError(
             f"the sidecar's {path} was not 200 within {timeout}s (last: {last}); "
             f"its log:\n{self.log_tail()}"
@@ -173,7 +177,7 @@ class SidecarProcess:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def log_tail(self, lines: int = 60) -> str:
+    def log_tail(self, lines: int = 200) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
