@@ -14,8 +14,9 @@ Files of the directory protocol (all names start with `.shardcache-`, never uplo
 
 * `<checkpoint>/.shardcache-commit`  the marker: JSON `{"version", "step", "data_state"}`
   or just the step number as text. Written last, atomically (tmp + rename).
-* `<checkpoint>/.shardcache-status`  written by the agent: uploading, uploaded, restored
-  or failed (with the error).
+* `<root>/.shardcache-status/<name>.json`  written by the agent per checkpoint directory:
+  uploading, uploaded, restored or failed (with the error). Kept outside the trainer's
+  directories, which the sidecar (another user) may not be allowed to write into.
 * `<root>/.shardcache-latest`        written by the agent: the newest step published in
   the object store and the steps retained there.
 * `<root>/.shardcache-restore`       written by the agent at start: what it restored.
@@ -41,7 +42,7 @@ from shardcache.node import names
 #: Version of the marker, status and pointer files of the directory protocol.
 PROTOCOL_VERSION = 1
 MARKER_NAME = ".shardcache-commit"
-STATUS_NAME = ".shardcache-status"
+STATUS_DIR = ".shardcache-status"
 LATEST_NAME = ".shardcache-latest"
 RESTORE_NAME = ".shardcache-restore"
 #: Names with this prefix belong to shardcache: never uploaded, never a checkpoint.
@@ -161,9 +162,13 @@ def write_marker(checkpoint: Path, marker: Marker) -> None:
     write_json_atomic(checkpoint / MARKER_NAME, marker.to_json())
 
 
+def status_path(checkpoint: Path) -> Path:
+    return checkpoint.parent / STATUS_DIR / f"{checkpoint.name}.json"
+
+
 def read_status(checkpoint: Path) -> Status | None:
     try:
-        data = json.loads((checkpoint / STATUS_NAME).read_text(encoding="utf-8"))
+        data = json.loads(status_path(checkpoint).read_text(encoding="utf-8"))
         return Status(
             phase=data["phase"],
             step=int(data["step"]),
@@ -179,7 +184,13 @@ def read_status(checkpoint: Path) -> Status | None:
 
 
 def write_status(checkpoint: Path, status: Status) -> None:
-    write_json_atomic(checkpoint / STATUS_NAME, status.to_json())
+    path = status_path(checkpoint)
+    path.parent.mkdir(exist_ok=True)
+    write_json_atomic(path, status.to_json())
+
+
+def remove_status(checkpoint: Path) -> None:
+    status_path(checkpoint).unlink(missing_ok=True)
 
 
 def read_root_file(root: Path, name: str) -> dict[str, Any] | None:

@@ -89,4 +89,10 @@ def prune_local(root: Path, keep_last: int) -> list[Path]:
     for path in removed:
         log.info("retention: removing %s from the node", path)
         shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            # The trainer runs as another user and may keep its files to itself: then
+            # the volume's sizeLimit, not retention, bounds what stays on the node.
+            log.warning("retention: cannot remove all of %s from the node", path)
+        else:
+            checkpoint.remove_status(path)
     return removed
