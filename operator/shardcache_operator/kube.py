@@ -45,6 +45,12 @@ class Api:
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
                 return None
+            if exc.status == 403:
+                # Least-privilege RBAC grants `get` on Secrets only where the chart says
+                # (rbac.secretNamespaces): a status for the user, not a crash.
+                raise PermissionError(
+                    f"the operator's identity may not get Secret {namespace}/{name}"
+                ) from exc
             raise
         data: dict[str, str] = {}
         for key, value in (secret.data or {}).items():

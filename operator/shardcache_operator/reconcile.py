@@ -20,7 +20,8 @@ from shardcache_operator import status
 
 logger = logging.getLogger(__name__)
 
-#: (namespace, name) -> the Secret's decoded data, or None when it does not exist.
+#: (namespace, name) -> the Secret's decoded data, or None when it does not exist;
+#: raises PermissionError when the operator may not read it (RBAC).
 SecretReader = Callable[[str, str], Awaitable[Mapping[str, str] | None]]
 
 
@@ -106,7 +107,14 @@ async def _resolve(
     options: Mapping[str, str] | None = None
     if spec.source.secret_ref is not None:
         secret = spec.source.secret_ref.name
-        options = await read_secret(namespace, secret)
+        try:
+            options = await read_secret(namespace, secret)
+        except PermissionError as exc:
+            message = (
+                f"{exc}: grant it with the chart's rbac.secretNamespaces (and "
+                "rbac.secretNames), or a Role with verb get on this Secret"
+            )
+            return status.Failed(status.PENDING, "SecretForbidden", message, None), identity
         if options is None:
             return (
                 status.Failed(
