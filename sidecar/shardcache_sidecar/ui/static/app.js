@@ -62,7 +62,10 @@ function renderCell(cell) {
       const box = el("div", {},
         el("code", { class: "ids" }, "[" + cell.ids.join(", ") + (cell.truncated ? ", …" : "") + "]"),
         el("span", { class: "note" }, `${cell.length.toLocaleString()} tokens`));
-      if ("decoded" in cell) box.append(el("div", { class: "text" }, cell.decoded + (cell.decoded_truncated ? "…" : "")));
+      if ("decoded" in cell) {
+        box.append(el("div", { class: "text" }, el("span", { class: "note" }, "decoded: "),
+          cell.decoded + (cell.decoded_truncated ? "…" : "")));
+      }
       return box;
     }
     case "image": {
