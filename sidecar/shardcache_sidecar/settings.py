@@ -206,6 +206,8 @@ def from_env(
     values["shuffle"] = _bool(env, names.ENV_SHUFFLE)
     values["checkpoint"] = ckpt_settings.CheckpointSettings.from_env(env)
     values.update(given)
+    for field in ("socket_path", "memory_dir", "disk_dir"):
+        values[field] = Path(values[field])
     # Unset values take the dataclass defaults; a socket moved by flag moves nothing else.
     return Settings(**{k: v for k, v in values.items() if v is not None or k in _NULLABLE})
 

@@ -1,0 +1,104 @@
+"""The client side of sidecar mode: where the sidecar is, trainer-held pins, giving up."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from shardcache import errors
+from shardcache import sidecar_client as client_mod
+from shardcache.node import lease as lease_mod
+from shardcache.node import names
+
+pytestmark = pytest.mark.unit
+
+
+def test_socket_and_memory_dir_come_from_run_dir_and_mount() -> None:
+    s = client_mod.ClientSettings.from_env({names.ENV_RUN_DIR: "/r", names.ENV_MOUNT: "m"})
+    assert (s.socket_path, s.memory_dir) == (Path("/r/m/control.sock"), Path("/r/m/mem"))
+    assert s.reconnect_timeout == 120.0
+
+
+def test_an_explicit_socket_wins_and_the_memory_dir_sits_beside_it() -> None:
+    env = {names.ENV_SOCKET: "/x/control.sock", names.ENV_MOUNT: "m"}
+    s = client_mod.ClientSettings.from_env(env, reconnect_timeout=5)
+    assert (s.socket_path, s.memory_dir, s.reconnect_timeout) == (
+        Path("/x/control.sock"),
+        Path("/x/mem"),
+        5,
+    )
+    assert client_mod.ClientSettings.from_env(env, mount="other").socket_path == Path(
+        "/x/control.sock"
+    )
+
+
+def test_without_a_uri_or_sidecar_variables_the_error_says_what_to_do() -> None:
+    with pytest.raises(errors.InputError, match=names.ENV_MOUNT) as info:
+        client_mod.ClientSettings.from_env({})
+    assert "embedded mode" in str(info.value)
+
+
+def test_a_socket_path_too_long_for_af_unix_is_refused_up_front() -> None:
+    with pytest.raises(errors.InputError, match="at most 107"):
+        client_mod.ClientSettings.from_env({names.ENV_SOCKET: "/" + "s" * 120})
+
+
+def test_an_absent_sidecar_raises_unavailable_naming_socket_and_wait(tmp_path: Path) -> None:
+    path = tmp_path / "control.sock"
+    settings = client_mod.ClientSettings(path, tmp_path / "mem", reconnect_timeout=0.3)
+    started = time.monotonic()
+    with pytest.raises(errors.SidecarUnavailableError) as info:
+        client_mod.SidecarProvider(settings)
+    assert time.monotonic() - started >= 0.3
+    assert str(path) in str(info.value) and "waited 0.3 s" in str(info.value)
+    # A socket file with nobody listening (a killed sidecar) is the same.
+    with socket.socket(socket.AF_UNIX) as dead:
+        dead.bind(str(path))
+    with pytest.raises(errors.SidecarUnavailableError, match="Connection refused"):
+        client_mod.SidecarProvider(settings)
+
+
+def exclusive_possible(lock: Path) -> bool:
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def test_a_pin_blocks_eviction_until_released(tmp_path: Path) -> None:
+    data, lock = tmp_path / "k", tmp_path / "k.lock"
+    data.write_bytes(b"x")
+    lock.touch()
+    pinned = lease_mod.pin(data, lock)
+    assert pinned is not None and pinned.path == data
+    assert not exclusive_possible(lock)
+    pinned.release()
+    pinned.release()
+    assert exclusive_possible(lock) and not pinned.held
+
+
+def test_a_dropped_pin_unpins_when_collected(tmp_path: Path) -> None:
+    data, lock = tmp_path / "k", tmp_path / "k.lock"
+    data.write_bytes(b"x")
+    lock.touch()
+    pinned = lease_mod.pin(data, lock)
+    assert pinned is not None
+    del pinned
+    assert exclusive_possible(lock)
+
+
+def test_pinning_an_entry_that_went_away_returns_none(tmp_path: Path) -> None:
+    data, lock = tmp_path / "k", tmp_path / "k.lock"
+    assert lease_mod.pin(data, lock) is None  # no lock file: never created by pin
+    assert not lock.exists()
+    lock.touch()
+    assert lease_mod.pin(data, lock) is None  # lock file but no data

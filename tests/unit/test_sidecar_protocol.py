@@ -1,0 +1,94 @@
+"""The control protocol's pure parts: plan parameters on the wire and error mapping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shardcache import control_protocol as proto
+from shardcache import errors, plan
+
+pytestmark = pytest.mark.unit
+
+GOOD: dict[str, Any] = {
+    "seed": 5,
+    "epoch": 2,
+    "rank": 1,
+    "world_size": 4,
+    "shuffle": False,
+    "block_size": 128,
+}
+
+
+def test_plan_params_round_trip_through_json() -> None:
+    params = plan.PlanParams(seed=5, epoch=2, rank=1, world_size=4, shuffle=False, block_size=128)
+    assert proto.params_to_json(params) == GOOD
+    assert proto.params_from_json(GOOD) == params
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("seed", None, "field 'seed': expected an integer, found None"),
+        ("seed", True, "field 'seed': expected an integer, found True"),
+        ("rank", "1", "field 'rank': expected an integer, found '1'"),
+        ("epoch", -1, "field 'epoch': expected an integer >= 0, found -1"),
+        ("world_size", 0, "field 'world_size': expected an integer >= 1, found 0"),
+        ("shuffle", 1, "field 'shuffle': expected true or false, found 1"),
+        ("rank", 4, "rank must be in [0, world_size=4), got 4"),
+    ],
+)
+def test_bad_plan_params_name_the_field_and_what_was_found(
+    field: str, value: object, message: str
+) -> None:
+    with pytest.raises(errors.InputError) as info:
+        proto.params_from_json({**GOOD, field: value})
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("kind", "code", "cls"),
+    [
+        (proto.KIND_INPUT, proto.CODE_BAD_REQUEST, errors.InputError),
+        (proto.KIND_INPUT, proto.CODE_MANIFEST_MISMATCH, errors.ManifestMismatchError),
+        (proto.KIND_SOURCE, proto.CODE_SOURCE_FAILED, errors.SourceError),
+        (proto.KIND_CACHE, proto.CODE_TIMEOUT, errors.CacheError),
+        (proto.KIND_UNAVAILABLE, proto.CODE_STARTING, errors.SidecarUnavailableError),
+    ],
+)
+def test_error_bodies_map_back_to_shardcache_errors_with_the_message(
+    kind: str, code: str, cls: type[errors.ShardcacheError]
+) -> None:
+    body = proto.error_body(kind, code, "shard 3 (a.parquet): connection refused")
+    wire = proto.WireError.from_body(502, body)
+    assert (wire.kind, wire.code) == (kind, code)
+    exc = wire.to_exception()
+    assert type(exc) is cls
+    assert "shard 3 (a.parquet): connection refused" in str(exc)
+    assert "HTTP 502" in str(exc)
+
+
+@pytest.mark.parametrize("body", [None, "Bad Gateway", {"error": "nope"}, [1]])
+def test_a_malformed_error_body_is_a_cache_error_that_shows_it(body: object) -> None:
+    wire = proto.WireError.from_body(502, body)
+    exc = wire.to_exception()
+    assert type(exc) is errors.CacheError
+    assert repr(body) in str(exc)
+
+
+@pytest.mark.parametrize("reader_id", ["a", "0c3c291d9f9146bcbe896eaa553a69f2", "rank-0.w_1"])
+def test_reader_ids_safe_in_a_path_are_accepted(reader_id: str) -> None:
+    assert proto.check_reader_id(reader_id) == reader_id
+
+
+@pytest.mark.parametrize("reader_id", ["", "-x", "a/b", "a b", "x" * 129, "ü"])
+def test_reader_ids_unsafe_in_a_path_are_refused(reader_id: str) -> None:
+    with pytest.raises(errors.InputError, match="reader id"):
+        proto.check_reader_id(reader_id)
+
+
+def test_routes_carry_the_api_version() -> None:
+    assert proto.acquire_path("r") == "/v1/readers/r/acquire"
+    assert proto.lease_path("ab") == "/v1/leases/ab"
+    assert proto.MANIFEST.startswith(f"/{proto.VERSION}/")
