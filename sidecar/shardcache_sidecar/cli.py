@@ -64,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds a handed-over shard stays held for the client",
     )
     add("--acquire-timeout", type=float, help="longest an acquire may wait, seconds")
+    add("--control-threads", type=int, help="threads for blocking cache calls (waiting acquires)")
     add("--log-format", choices=("json", "text"))
     add("--log-level")
     parser.set_defaults(func=run)
