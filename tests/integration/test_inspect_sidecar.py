@@ -131,3 +131,16 @@ def test_inspect_mount_reads_through_the_sidecar(
     assert proc.returncode == 0, proc.stderr
     shown = [s["values"]["uid"]["value"] for s in json.loads(proc.stdout)["samples"]]
     assert shown == reader_uids(data, rank=1, step=3)
+
+
+def test_ui_of_a_sidecar_that_cannot_serve_says_why(
+    sidecar_factory: Callable[..., SidecarProcess], tmp_path: Path
+) -> None:
+    proc = sidecar_factory((tmp_path / "missing").as_uri())
+    proc.start(wait="healthy")
+    assert get(proc, "/ui")[0] == 200
+    status, ctype, body = get(proc, "/ui/api/step?rank=0&step=0")
+    assert status >= 400
+    assert "json" in ctype
+    assert "missing" in json.loads(body)["error"]["message"]
+    assert get(proc, "/healthz")[0] == 200

@@ -28,7 +28,11 @@ async function getJSON(path, params) {
   const url = path + (params ? "?" + params.toString() : "");
   const response = await fetch(url, { headers: { Accept: "application/json" } });
   const body = await response.json().catch(() => ({ error: response.statusText }));
-  if (!response.ok) throw new Error(body.error || body.message || response.statusText);
+  if (!response.ok) {
+    // Our API answers {"error": "…"}; the sidecar's own errors (starting, refused) nest it.
+    const e = body.error;
+    throw new Error(typeof e === "string" ? e : (e && e.message) || response.statusText);
+  }
   return body;
 }
 
