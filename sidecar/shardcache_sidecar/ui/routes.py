@@ -20,6 +20,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import importlib.resources
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlencode
@@ -269,13 +270,16 @@ class NodeInspector:
 
     def __init__(self, serving: Callable[[], Any]) -> None:
         self._serving = serving
+        self._lock = threading.Lock()
         self._made: tuple[Any, session.Inspector] | None = None
 
     def __call__(self) -> session.Inspector:
         from shardcache import embedded
 
         node = self._serving()
-        if self._made is None or self._made[0] is not node:
-            rows = session.ProviderRows(embedded.EmbeddedProvider(node), owns=False)
-            self._made = (node, session.Inspector(rows))
-        return self._made[1]
+        # Called from the UI's executor threads: one inspector per node.
+        with self._lock:
+            if self._made is None or self._made[0] is not node:
+                rows = session.ProviderRows(embedded.EmbeddedProvider(node), owns=False)
+                self._made = (node, session.Inspector(rows))
+            return self._made[1]
