@@ -59,6 +59,12 @@ class Dataset:
         return self._provider.manifest
 
     @property
+    def provider(self) -> provider.ShardProvider:
+        """Where this dataset's shards come from; for tools (the inspector) that read
+        shards out of plan order without moving this dataset's position."""
+        return self._provider
+
+    @property
     def params(self) -> plan.PlanParams:
         return self._params
 

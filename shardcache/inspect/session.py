@@ -349,4 +349,4 @@ def open_uri(
     ds = shardcache.open(uri, cache_dir=cache_dir, mount=mount)
     # The inspector reads shards at random, not along one rank's stream: it takes the
     # dataset's shard provider and leaves its iterator alone.
-    return Inspector(ProviderRows(ds._provider, owns=True))
+    return Inspector(ProviderRows(ds.provider, owns=True))
