@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 # AF_UNIX paths are limited to 108 bytes including the terminating NUL (Linux).
 MAX_SOCKET_PATH_BYTES = 107
+#: Seconds a trainer keeps retrying an unreachable sidecar (`ClientSettings.reconnect_timeout`).
+#: Read by the client only, so it lives here rather than in `names`.
+ENV_RECONNECT_TIMEOUT = "SHARDCACHE_RECONNECT_TIMEOUT_SECONDS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +87,8 @@ class ClientSettings:
         Precedence: `socket_path` argument, $SHARDCACHE_SOCKET, then the run directory
         ($SHARDCACHE_RUN_DIR, default /var/run/shardcache) and the mount (`mount`
         argument or $SHARDCACHE_MOUNT). The memory directory is the `mem` directory
-        beside the socket unless given.
+        beside the socket unless given. `reconnect_timeout` defaults to
+        $SHARDCACHE_RECONNECT_TIMEOUT_SECONDS, else 120 s.
         """
         env = os.environ if environ is None else environ
         if socket_path is None:
@@ -105,6 +109,14 @@ class ClientSettings:
             Path(memory_dir) if memory_dir is not None else socket_path.parent / names.MEMORY_SUBDIR
         )
         options: dict[str, float] = {}
+        if reconnect_timeout is None and env.get(ENV_RECONNECT_TIMEOUT):
+            raw = env[ENV_RECONNECT_TIMEOUT]
+            try:
+                reconnect_timeout = float(raw)
+            except ValueError:
+                raise errors.InputError(
+                    f"${ENV_RECONNECT_TIMEOUT}: expected seconds as a number, found {raw!r}"
+                ) from None
         if reconnect_timeout is not None:
             options["reconnect_timeout"] = reconnect_timeout
         if acquire_timeout is not None:

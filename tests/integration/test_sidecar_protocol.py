@@ -107,6 +107,30 @@ def test_dataset_through_the_sidecar_equals_embedded_mode(
     assert sorted(got) == list(range(sum(SHARDS)))
 
 
+def test_readahead_hints_move_the_reader_and_prefetch_from_there(
+    sidecar_factory: Factory, dataset: tuple[str, pa.Table]
+) -> None:
+    # Readahead of one shard only, and a startup plan that warms just shard 0.
+    args = ["--prefetch-depth", "0", "--ready-shards", "1", "--no-shuffle"]
+    sidecar = sidecar_factory(dataset[0], args=args)
+    sidecar.start(wait="ready")
+    shards = provider(sidecar)
+    params = plan.PlanParams(shuffle=False, block_size=BLOCK)
+    reader = shards.open_reader(params, position=0)
+    runs = plan.rank_runs(shards.manifest.shard_rows, shards.manifest.digest, params)
+    near_end = sum(SHARDS) - 10  # inside the last shard
+    last = plan.upcoming_shards(runs, near_end)[0]
+    key = shards.manifest.decoded_key(last)
+    assert last != 0 and not (sidecar.memory_dir / key).exists()
+    shards.readahead(reader, epoch=1, position=near_end)
+    (state,) = [r for r in shards.status()["readers"] if r["id"] == reader]
+    assert (state["epoch"], state["position"]) == (1, near_end)
+    deadline = time.monotonic() + 30
+    while not (sidecar.memory_dir / key).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (sidecar.memory_dir / key).exists()
+
+
 def test_two_readers_of_one_sidecar_split_the_epoch(sidecar: SidecarProcess) -> None:
     shards = provider(sidecar)
     seen: list[int] = []

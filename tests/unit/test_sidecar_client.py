@@ -37,6 +37,14 @@ def test_an_explicit_socket_wins_and_the_memory_dir_sits_beside_it() -> None:
     )
 
 
+def test_the_reconnect_timeout_comes_from_the_environment_unless_given() -> None:
+    env = {names.ENV_SOCKET: "/x/control.sock", client_mod.ENV_RECONNECT_TIMEOUT: "7.5"}
+    assert client_mod.ClientSettings.from_env(env).reconnect_timeout == 7.5
+    assert client_mod.ClientSettings.from_env(env, reconnect_timeout=3).reconnect_timeout == 3
+    with pytest.raises(errors.InputError, match="expected seconds as a number, found 'soon'"):
+        client_mod.ClientSettings.from_env({**env, client_mod.ENV_RECONNECT_TIMEOUT: "soon"})
+
+
 def test_without_a_uri_or_sidecar_variables_the_error_says_what_to_do() -> None:
     with pytest.raises(errors.InputError, match=names.ENV_MOUNT) as info:
         client_mod.ClientSettings.from_env({})
