@@ -55,6 +55,8 @@ GATE_MANIFEST = "manifest"
 GATE_WARM = "warm"
 # How often expired holds are reaped and warmth is checked (seconds).
 _MAINTENANCE_INTERVAL = 0.2
+# Seconds in-flight requests get to finish after SIGTERM.
+_SHUTDOWN_TIMEOUT = 3.0
 # Backoff while the source keeps failing at start-up (seconds).
 _RESOLVE_FIRST_DELAY, _RESOLVE_MAX_DELAY = 1.0, 30.0
 
@@ -600,8 +602,16 @@ async def serve(
     remove_stale_socket(settings.socket_path)
     sidecar = Sidecar(settings)
     agent: checkpoint_agent.Agent | None = None
-    control = web.AppRunner(control_app(sidecar), access_log=None, handle_signals=False)
-    probes = web.AppRunner(probe_app(sidecar), access_log=None, handle_signals=False)
+    # Waiting acquires can take minutes; on SIGTERM they get a few seconds, not the
+    # default minute, so the cache closes and the checkpoint agent drains within the
+    # pod's grace period.
+    runner_options: dict[str, Any] = {
+        "access_log": None,
+        "handle_signals": False,
+        "shutdown_timeout": _SHUTDOWN_TIMEOUT,
+    }
+    control = web.AppRunner(control_app(sidecar), **runner_options)
+    probes = web.AppRunner(probe_app(sidecar), **runner_options)
     await control.setup()
     await probes.setup()
     try:
