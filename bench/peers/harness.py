@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ INPUTS = {
     "mosaic": "mds",
     "mosaic-dataloader": "mds",
     "torch-mapstyle": "arrow",
+    "in-memory-ceiling": "parquet",
 }
 
 
@@ -89,21 +89,18 @@ def run_one(
         "--seed", str(args.seed), "--samples", str(spec["expected"]["samples"]),
         "--out", str(out_json),
     ]  # fmt: skip
+    if name in args.profile:
+        cmd += ["--profile", str(root / f"profile-{name}.txt")]
     env = {**os.environ, "PYTHONPATH": str(REPO), "LITDATA_DISABLE_VERSION_CHECK": "1"}
     log = (scratch / "runner.log").open("wb")
-    started = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     sampler = memory.PeakSampler(proc.pid, watch_dir=shm_scratch)
-    rusage = None
     try:
-        while True:
-            pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                proc.returncode = os.waitstatus_to_exitcode(status)
-                break
-            if time.monotonic() - started > RUNNER_TIMEOUT_S:
-                proc.kill()
-            time.sleep(0.05)
+        try:
+            proc.wait(timeout=RUNNER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     finally:
         sampler.stop()
         log.close()
@@ -116,7 +113,7 @@ def run_one(
         raw = {"loader": name, "error": f"runner exited {proc.returncode} without a result\n{tail}"}
     row = report.judge(raw, spec["expected"], loaders.FAMILY[name])
     row.update(
-        peak_rss=rusage.ru_maxrss * 1024 if rusage is not None else 0,
+        peak_rss=raw.get("vm_hwm", 0),
         peak_pss=sampler.peak_pss,
         tier_bytes=sampler.peak_dir,
         resident_after_evict=resident,
@@ -173,6 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chart", type=Path, help="write the tokens/s bar chart (PNG) here")
     p.add_argument("--json", type=Path, help="write every measurement here")
     p.add_argument("--keep-scratch", action="store_true")
+    p.add_argument("--prepare-only", action="store_true", help="generate and convert, then stop")
+    p.add_argument(
+        "--profile",
+        type=lambda s: [n for n in s.split(",") if n],
+        default=[],
+        help="comma-separated loaders whose warm pass is profiled (ROOT/profile-NAME.txt); "
+        "profiling slows that pass",
+    )
     args = p.parse_args(argv)
     args.command_line = "python -m bench.peers.harness " + " ".join(
         argv if argv is not None else sys.argv[1:]
@@ -190,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     params = dataset.Params(size_bytes=args.size, seed=args.seed, file_bytes=args.file_size)
     print(f"preparing {args.size / (1 << 20):,.0f} MiB of tokens under {args.root} ...", flush=True)
     spec = prepare(args.root, params, names)
+    if args.prepare_only:
+        print(f"prepared: {spec['expected']['samples']:,} samples", flush=True)
+        return 0
     rows = []
     for name in names:
         print(f"running {name} ...", flush=True)

@@ -2,7 +2,7 @@
 
 Peak memory is sampled from /proc while the runner works: the summed PSS of the
 runner and every descendant (DataLoader workers, a sidecar), so pages shared between
-them count once. The runner's own peak RSS comes from `os.wait4` when it exits.
+them count once. The runner's own peak RSS is its VmHWM, which it reports itself.
 Eviction uses `posix_fadvise(DONTNEED)` on exactly the loader's input files, so a cold
 pass reads from disk without dropping the whole machine's page cache under the other
 processes sharing it; `fincore` (util-linux), where present, confirms it.

@@ -19,8 +19,11 @@ expected tally.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import sys
 import time
 import traceback
@@ -79,7 +82,9 @@ def _pass(kind: base.Kind, items: Iterator[Any], started: float) -> dict[str, An
     return {"seconds": seconds, "ttfb_s": first, "tally": tally.summary()}
 
 
-def measure(name: str, setup: base.Setup, total_samples: int) -> dict[str, Any]:
+def measure(
+    name: str, setup: base.Setup, total_samples: int, profile: Path | None = None
+) -> dict[str, Any]:
     started = time.perf_counter()
     loader = loaders.create(name, setup)
     out: dict[str, Any] = {
@@ -94,12 +99,38 @@ def measure(name: str, setup: base.Setup, total_samples: int) -> dict[str, Any]:
         if os.environ.get(ENV_DROP_DELIVERY):
             cold = _dropping(cold, int(os.environ[ENV_DROP_DELIVERY]))
         out["cold"] = _pass(loader.kind, cold, start)
+        profiler = cProfile.Profile() if profile is not None else None
+        if profiler is not None:
+            profiler.enable()
         start = time.perf_counter()
         out["warm"] = _pass(loader.kind, loader.epoch(1), start)
+        if profiler is not None and profile is not None:
+            profiler.disable()
+            _write_profile(profiler, profile)
         out["resume"] = _resume(loader, total_samples)
     finally:
         loader.close()
+    out["vm_hwm"] = _vm_hwm()
     return out
+
+
+def _vm_hwm() -> int:
+    """This process's peak RSS in bytes (VmHWM). Unlike `ru_maxrss`, it starts afresh
+    at exec, so the harness's own memory is not carried into the figure."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _write_profile(profiler: cProfile.Profile, path: Path) -> None:
+    """The warm pass's hottest functions: where the loop's time goes."""
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(25)
+    path.write_text(text.getvalue())
 
 
 def _resume(loader: base.Loader, total_samples: int) -> dict[str, Any]:
@@ -135,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--samples", type=int, required=True, help="samples in one epoch")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--profile", type=Path, help="write a cProfile of the warm pass here")
     args = p.parse_args(argv)
     os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
     setup = base.Setup(
@@ -146,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     )
     try:
-        result = measure(args.loader, setup, args.samples)
+        result = measure(args.loader, setup, args.samples, args.profile)
     except BaseException as exc:
         result = {"loader": args.loader, "error": "".join(traceback.format_exception(exc))}
         args.out.write_text(json.dumps(result, indent=2))

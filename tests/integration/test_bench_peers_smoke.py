@@ -1,7 +1,7 @@
 """A tiny run of `make bench-peers`'s harness, so the benchmark does not rot.
 
 Only the torch-free loaders run here: shardcache embedded, shardcache through a real
-sidecar process, and plain pyarrow. MosaicML Streaming, LitData and the torch
+sidecar process, plain pyarrow, and the in-memory ceiling. MosaicML Streaming, LitData and the torch
 DataLoader are not part of this smoke run: they need the `bench` extra (torch with its
 CUDA runtime wheels, about 6 GiB installed and a new download for every fresh
 environment), which `make test` does not install; docs/benchmarks.md records the cost.
@@ -22,7 +22,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-TORCH_FREE = ["shardcache-sidecar", "shardcache-embedded", "pyarrow"]
+TORCH_FREE = ["shardcache-sidecar", "shardcache-embedded", "pyarrow", "in-memory-ceiling"]
 
 
 def _harness(
@@ -62,6 +62,7 @@ def test_every_torch_free_loader_delivers_each_sample_once_and_result_is_last(
     assert rows["shardcache-sidecar"]["resume_ms"] is not None
     assert rows["shardcache-embedded"]["resume_ms"] is not None
     assert rows["pyarrow"]["resume_ms"] is None
+    assert rows["in-memory-ceiling"]["resume_ms"] is None
     last = output.strip().splitlines()[-1]
     assert re.fullmatch(r"RESULT vs_mosaic=n/a vs_litdata=n/a vs_pyarrow=\d+\.\d\d", last), last
     doc = (tmp_path / "bench.md").read_text()

@@ -20,10 +20,11 @@ REGISTRY: dict[str, str] = {
     "mosaic": "bench.peers.loaders.mosaic_loader:MosaicLoader",
     "mosaic-dataloader": "bench.peers.loaders.mosaic_loader:MosaicDataLoader",
     "torch-mapstyle": "bench.peers.loaders.torch_mapstyle:TorchMapStyleLoader",
+    "in-memory-ceiling": "bench.peers.loaders.ceiling:CeilingLoader",
 }
 
 #: Loaders that need nothing beyond shardcache's own dependencies (pyarrow, numpy).
-TORCH_FREE = ("shardcache-sidecar", "shardcache-embedded", "pyarrow")
+TORCH_FREE = ("shardcache-sidecar", "shardcache-embedded", "pyarrow", "in-memory-ceiling")
 
 #: The peer family each loader belongs to: a family's figure is its fastest variant.
 FAMILY: dict[str, str] = {
@@ -35,6 +36,7 @@ FAMILY: dict[str, str] = {
     "mosaic": "mosaic",
     "mosaic-dataloader": "mosaic",
     "torch-mapstyle": "torch",
+    "in-memory-ceiling": "ceiling",
 }
 
 
