@@ -34,4 +34,4 @@ $(HELM_DIR)/helm:
 $(KWOK_DIR)/kwok:
 	$(BUILD_TOOL) kwok $(KWOK_VERSION) $(KWOK_DIR)
 
-TEST_PREREQS += tools-minio
+TEST_PREREQS += tools-minio tools-kubernetes tools-etcd tools-helm tools-kwok

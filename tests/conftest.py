@@ -3,4 +3,8 @@
 from __future__ import annotations
 
 # Fixture modules live in tests/support; each registers its fixtures here.
-pytest_plugins: list[str] = ["tests.support.s3server", "tests.support.sidecar"]
+pytest_plugins: list[str] = [
+    "tests.support.s3server",
+    "tests.support.sidecar",
+    "tests.support.cluster",
+]

@@ -20,6 +20,11 @@ what=${1:?usage: build.sh kubernetes|etcd|helm|kwok|minio VERSION DEST}
 version=${2:?VERSION}
 dest=${3:?DEST}
 
+# `go mod download -json` of one module version, run outside any module.
+module_json() {
+	(cd / && go mod download -json "$1")
+}
+
 # The kubernetes and etcd builds use this module's go.mod; a version asked for that it
 # does not pin means versions.env and go.mod disagree, and building anyway would cache
 # one version under the other's name.
@@ -36,7 +41,7 @@ check_pinned() {
 kube_ldflags() {
 	local version=$1 info build_date major minor rest
 	# The release's own timestamp, so a rebuild yields the same version report.
-	info=$(cd "$here" && go mod download -json "k8s.io/kubernetes@${version}" |
+	info=$(module_json "k8s.io/kubernetes@${version}" |
 		python3 -c 'import json, sys; print(json.load(sys.stdin)["Info"])')
 	build_date=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["Time"])' "$info")
 	rest=${version#v}
@@ -88,14 +93,40 @@ etcd)
 	finish "$dest"
 	;;
 helm | kwok | minio)
+	ldflags=$strip_flags
 	case "$what" in
-	helm) pkg=helm.sh/helm/v3/cmd/helm ;;
+	helm)
+		pkg=helm.sh/helm/v3/cmd/helm
+		# What `helm version` reports, and the Kubernetes version `helm template` and
+		# `helm lint` assume without a cluster: helm's own Makefile sets both; without
+		# them a chart sees Kubernetes v1.20.
+		kube_minor=$(module_json "helm.sh/helm/v3@${version}" |
+			python3 -c 'import json, sys; print(json.load(sys.stdin)["GoMod"])' |
+			xargs grep -m1 -E '^\s*k8s.io/client-go ' | sed -E 's/.* v0\.([0-9]+)\..*/\1/')
+		ldflags+=" -X helm.sh/helm/v3/internal/version.version=${version}"
+		ldflags+=" -X helm.sh/helm/v3/internal/version.gitTreeState=archive"
+		for pkg_var in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+			ldflags+=" -X ${pkg_var}.k8sVersionMajor=1 -X ${pkg_var}.k8sVersionMinor=${kube_minor}"
+		done
+		;;
 	kwok) pkg=sigs.k8s.io/kwok/cmd/kwok ;;
 	minio) pkg=github.com/minio/minio ;;
 	esac
 	rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
 	# Outside any module, so the tool's own go.mod decides its dependencies.
-	(cd "$dest.tmp" && GOBIN="$dest.tmp" nice -n 10 go install -trimpath -ldflags "$strip_flags" "$pkg@$version")
+	(cd "$dest.tmp" && GOBIN="$dest.tmp" nice -n 10 go install -trimpath -ldflags "$ldflags" "$pkg@$version")
+	if [[ "$what" == kwok ]]; then
+		# kwok runs no stage unless given some: keep the release's "fast" set (nodes
+		# initialise and heartbeat through a Lease, pods go Running, Job pods Succeeded,
+		# deleted pods go away) next to the binary, where tests/cluster/cluster.py finds it.
+		src=$(module_json "sigs.k8s.io/kwok@${version}" |
+			python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')/kustomize/stage
+		mkdir -p "$dest.tmp/stages"
+		cp "$src/node/fast/node-initialize.yaml" \
+			"$src/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml" \
+			"$src/pod/fast/pod-ready.yaml" "$src/pod/fast/pod-complete.yaml" \
+			"$src/pod/fast/pod-delete.yaml" "$dest.tmp/stages/"
+	fi
 	finish "$dest"
 	;;
 *)
