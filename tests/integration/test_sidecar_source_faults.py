@@ -3,6 +3,7 @@ with their kind and the shard's name, and the sidecar keeps serving afterwards."
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -87,3 +88,36 @@ def test_a_source_failure_reaches_the_client_as_source_error_and_the_sidecar_rec
     lease.release()
     _, text = proc.http_get("/metrics")
     assert "shardcache_source_errors_total 1.0" in text
+
+
+def test_probes_and_other_readers_are_served_while_an_acquire_waits_on_a_stalled_store(
+    s3_server: S3Server,
+    s3_dataset: tuple[str, pa.Table],
+    fault_proxy: FaultProxy,
+    sidecar_factory: Factory,
+) -> None:
+    args = ["--no-shuffle", "--ready-shards", "1", "--prefetch-depth", "0"]
+    proc = sidecar_factory(s3_dataset[0], env=through_proxy(s3_server, fault_proxy), args=args)
+    proc.start(wait="ready")
+    shards = client_mod.SidecarProvider.from_env(environ=proc.client_env())
+    slow = shards.open_reader(plan.PlanParams(shuffle=False), position=0)
+    other = shards.open_reader(plan.PlanParams(shuffle=False), position=0)
+    # Every request to the store hangs for a while (below the S3 request timeout).
+    fault_proxy.stall_next(1000, 1.5)
+    result: list[object] = []
+    waiting = threading.Thread(
+        target=lambda: result.append(shards.acquire(slow, 4, epoch=0, position=0)), daemon=True
+    )
+    waiting.start()
+    deadline = time.monotonic() + 30
+    while fault_proxy.stalls_injected == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert fault_proxy.stalls_injected > 0 and waiting.is_alive()
+    # While that acquire waits on the store, the event loop answers everyone else.
+    assert proc.http_get("/healthz")[0] == 200
+    assert proc.control("GET", "/readyz")[0] == 200
+    shards.acquire(other, 0, epoch=0, position=0).release()  # resident: no store needed
+    assert waiting.is_alive()
+    fault_proxy.clear_faults()
+    waiting.join(60)
+    assert not waiting.is_alive() and len(result) == 1
