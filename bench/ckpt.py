@@ -7,16 +7,16 @@ shards, small metadata files), on this machine against a local MinIO:
 * sync:   how long a synchronous upload of the same bytes would block it instead (a raw
           parallel PUT through the same client library, pyarrow's S3 filesystem);
 * upload: the agent's throughput, from `commit()` returning to the checkpoint being
-          published (sha256 of every file, size checks, manifest, pointer, retention,
-          and the agent's pick-up delay all included), against
+          published (sha256 of every file, size checks, manifest, pointer, and the
+          agent's pick-up delay all included; retention runs after), against
 * raw:    the raw parallel PUT of the same bytes with the same concurrency.
 
 The agent runs as its own process (`python -m shardcache_sidecar.checkpoint`), as it
 does inside the sidecar. Raw and agent rounds alternate (the agent's retention, which
 deletes the previous round, finishes before the next raw round); the median round of
 each is reported (robust against other work on a shared machine), the best one too.
-Throughputs are in gigabits per second. This is a benchmark, not a test: it prints what it measured. Targets:
-ratio >= 0.9 and stall_ms <= 2% of sync_ms.
+Throughputs are in gigabits per second. This is a benchmark, not a test: it prints
+what it measured. Targets: ratio >= 0.9 and stall_ms <= 2% of sync_ms.
 """
 
 from __future__ import annotations
