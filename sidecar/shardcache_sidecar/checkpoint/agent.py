@@ -107,11 +107,17 @@ class Agent:
             self._on_readiness(ready, reason)
 
     def _note_published(self) -> None:
-        complete, _ = source.with_retries(
-            lambda: layout.list_steps(self.fs, self.prefix),
-            what=f"listing {self.settings.uri}",
-            policy=self.settings.retry,
-        )
+        """Tell the trainer (latest()) what the store holds; best effort: with
+        `restore: none` an unreachable store must not hold the trainer back."""
+        try:
+            complete, _ = source.with_retries(
+                lambda: layout.list_steps(self.fs, self.prefix),
+                what=f"listing {self.settings.uri}",
+                policy=self.settings.retry,
+            )
+        except errors.ShardcacheError as exc:
+            log.warning("cannot list the published checkpoints: %s", exc)
+            return
         self._published = complete
         self._write_latest(complete)
 
