@@ -13,10 +13,17 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import prometheus_client
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
-from shardcache_sidecar.checkpoint import Agent, CheckpointSettings, CorruptCheckpointError, layout
+from shardcache_sidecar.checkpoint import (
+    Agent,
+    CheckpointSettings,
+    CorruptCheckpointError,
+    Metrics,
+    layout,
+)
 
 import shardcache
 from shardcache import checkpoint, errors
@@ -304,6 +311,35 @@ def test_unwritable_destination_is_a_clear_error_and_earlier_checkpoints_stay_in
     assert checkpoint.latest(root=root) == 1
     assert make_agent("node-b").restore().step == 1
     assert tree(tmp_path / "node-b" / "step-1") == model_files(1)
+
+    # A restore destination that cannot be a directory: a clear error, never ready.
+    (tmp_path / "not-a-dir").write_text("a file where the volume should be")
+    blocked = make_agent("not-a-dir")
+    with pytest.raises(errors.InputError, match="cannot use the checkpoint volume"):
+        blocked.restore()
+    assert not blocked.readiness()[0]
+
+
+def test_metrics_count_bytes_steps_and_age(make_agent: AgentFactory, tmp_path: Path) -> None:
+    registry = prometheus_client.CollectorRegistry()
+    agent = make_agent(verify_uploads=True)
+    agent.observer = Metrics(registry)
+    files = model_files(11)
+    assert registry.get_sample_value("shardcache_checkpoint_last_committed_step") == -1
+    checkpoint.commit(write_checkpoint(tmp_path / "node-a", "s11", files), step=11)
+    assert agent.scan() == [11]
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert sample("shardcache_checkpoint_bytes_total", direction="upload") == sum(
+        map(len, files.values())
+    )
+    assert sample("shardcache_checkpoint_last_committed_step") == 11
+    assert sample("shardcache_checkpoint_uploads_in_flight") == 0
+    assert sample("shardcache_checkpoint_upload_duration_seconds_count") == 1
+    age = sample("shardcache_checkpoint_age_seconds")
+    assert age is not None and 0 <= age < 120
 
 
 def test_resume_with_the_data_state_continues_the_uninterrupted_stream(

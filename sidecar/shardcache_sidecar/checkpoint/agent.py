@@ -8,6 +8,7 @@ even after SIGKILL, continues where the last one stopped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -77,11 +78,13 @@ class Agent:
                 retry=s.retry,
                 observer=self.observer,
             )
-        except errors.ShardcacheError as exc:
-            checkpoint.write_json_atomic(
-                self.root / checkpoint.RESTORE_NAME,
-                {"version": checkpoint.PROTOCOL_VERSION, "phase": "failed", "error": str(exc)},
-            )
+        except (errors.ShardcacheError, OSError) as exc:
+            # Tell the trainer too (checkpoint.restore() raises it), where the volume lets us.
+            with contextlib.suppress(OSError):
+                checkpoint.write_json_atomic(
+                    self.root / checkpoint.RESTORE_NAME,
+                    {"version": checkpoint.PROTOCOL_VERSION, "phase": "failed", "error": str(exc)},
+                )
             raise
         self.observer.restored(result.step, time.monotonic() - started, result.created_at)
         checkpoint.write_json_atomic(self.root / checkpoint.RESTORE_NAME, result.to_json())
@@ -278,9 +281,9 @@ class Agent:
                 log.warning("checkpoint restore failed, retrying: %s", exc)
                 self._tell(False, f"checkpoint restore failed, retrying: {exc}")
                 self._stop.wait(self.settings.retry_interval)
-            except errors.ShardcacheError as exc:
-                # Corrupted or missing checkpoint: retrying cannot help; stay unready
-                # with the reason in /readyz so the pod's events say why.
+            except (errors.ShardcacheError, OSError) as exc:
+                # Corrupted or missing checkpoint, unusable volume: retrying cannot help;
+                # stay unready with the reason in /readyz so the pod's events say why.
                 self._restore_error = str(exc)
                 log.error("checkpoint restore failed: %s", exc)
                 self._tell(False, f"checkpoint restore failed: {exc}")

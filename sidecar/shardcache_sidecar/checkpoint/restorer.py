@@ -93,8 +93,14 @@ def restore(
     a pinned step that is not published, SourceError when the store keeps failing.
     """
     choice = settings_mod.parse_restore(wanted)
-    root.mkdir(parents=True, exist_ok=True)
-    clean_leftovers(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        clean_leftovers(root)
+    except OSError as exc:
+        raise errors.InputError(
+            f"cannot use the checkpoint volume {str(root)!r}: {exc}; expected a writable "
+            "directory (spec.checkpoint.mountPath)"
+        ) from exc
     if choice is None:
         return RestoreResult()
     complete, _ = source.with_retries(
