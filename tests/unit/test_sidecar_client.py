@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,9 +58,11 @@ def test_a_socket_path_too_long_for_af_unix_is_refused_up_front() -> None:
         client_mod.ClientSettings.from_env({names.ENV_SOCKET: "/" + "s" * 120})
 
 
-def test_an_absent_sidecar_raises_unavailable_naming_socket_and_wait(tmp_path: Path) -> None:
-    path = tmp_path / "control.sock"
-    settings = client_mod.ClientSettings(path, tmp_path / "mem", reconnect_timeout=0.3)
+def test_an_absent_sidecar_raises_unavailable_naming_socket_and_wait() -> None:
+    # A short directory: pytest's tmp_path can exceed the 107-byte socket path limit.
+    short = Path(tempfile.mkdtemp(prefix="scu-", dir="/tmp"))
+    path = short / "control.sock"
+    settings = client_mod.ClientSettings(path, short / "mem", reconnect_timeout=0.3)
     started = time.monotonic()
     with pytest.raises(errors.SidecarUnavailableError) as info:
         client_mod.SidecarProvider(settings)
@@ -67,8 +71,11 @@ def test_an_absent_sidecar_raises_unavailable_naming_socket_and_wait(tmp_path: P
     # A socket file with nobody listening (a killed sidecar) is the same.
     with socket.socket(socket.AF_UNIX) as dead:
         dead.bind(str(path))
-    with pytest.raises(errors.SidecarUnavailableError, match="Connection refused"):
-        client_mod.SidecarProvider(settings)
+    try:
+        with pytest.raises(errors.SidecarUnavailableError, match="Connection refused"):
+            client_mod.SidecarProvider(settings)
+    finally:
+        shutil.rmtree(short)
 
 
 def exclusive_possible(lock: Path) -> bool:
