@@ -26,9 +26,10 @@ from shardcache_sidecar.checkpoint import (
 )
 
 import shardcache
-from shardcache import checkpoint, errors
+from shardcache import checkpoint, errors, source
 from shardcache.node import names
 from tests.support import datasets
+from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
 
 pytestmark = pytest.mark.integration
@@ -381,3 +382,34 @@ def test_resume_with_the_data_state_continues_the_uninterrupted_stream(
     assert rest == uninterrupted[9:]
     with shardcache.open(uri, cache_dir=tmp_path / "c3", resume_from=9, **opts) as ds:  # type: ignore[arg-type]
         assert uids(next(iter(ds.batches(40)))) == uninterrupted[9]
+
+
+def test_store_outage_during_upload_is_retried_until_published(
+    s3_server: S3Server, s3_bucket: str, fault_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    root = tmp_path / "node-a"
+    settings = CheckpointSettings(
+        directory=root,
+        uri=f"s3://{s3_bucket}/run",
+        poll_interval=0.05,
+        retry_interval=0.2,
+        retry=source.RetryPolicy(attempts=2, initial_delay=0.05, max_delay=0.1),
+    )
+    env = {**s3_server.env(), "AWS_ENDPOINT_URL": fault_proxy.endpoint_url}
+    agent = Agent(settings, storage_options=env)
+    agent.start()
+    try:
+        assert agent.wait_ready(60)
+        fault_proxy.refuse_connections()
+        checkpoint.commit(write_checkpoint(root, "step-1", model_files(1)), step=1)
+        # The store is down: the trainer's wait() keeps waiting and says why on timeout.
+        with pytest.raises(TimeoutError, match="last error"):
+            checkpoint.wait(1, timeout=3, root=root)
+        status = checkpoint.read_status(root / "step-1")
+        assert status is not None and status.phase in ("failed", "uploading")
+        assert status.retryable and "connect" in str(status.error)
+        fault_proxy.accept_connections()
+        checkpoint.wait(1, timeout=60, root=root)
+    finally:
+        agent.stop(timeout=30)
+    assert checkpoint.latest(root=root) == 1

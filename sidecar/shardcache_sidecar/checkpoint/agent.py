@@ -184,7 +184,15 @@ class Agent:
         s = self.settings
         step = marker.step
         started = time.monotonic()
-        checkpoint.write_status(path, checkpoint.Status("uploading", step, updated_at=time.time()))
+        # A retry keeps the last error visible, for wait()'s timeout message.
+        previous = checkpoint.read_status(path)
+        last_error = previous.error if previous is not None and previous.step == step else None
+        checkpoint.write_status(
+            path,
+            checkpoint.Status(
+                "uploading", step, error=last_error, retryable=True, updated_at=time.time()
+            ),
+        )
         try:
             manifest = uploader.upload(
                 self.fs,
@@ -204,7 +212,7 @@ class Agent:
             return False
         except (errors.SourceError, OSError) as exc:
             log.warning(
-                "checkpoint step %d: upload failed, retrying in %.0fs: %s",
+                "checkpoint step %d: upload failed, retrying in %.1fs: %s",
                 step,
                 s.retry_interval,
                 exc,
