@@ -136,6 +136,15 @@ class Rule:
 
 _MISSING: Any = dataclasses.MISSING
 
+#: Checks on every int-or-string quantity (a structural schema allows no minimum there).
+QUANTITY_RULES = (
+    Rule(
+        cel="type(self) != int || self >= 0",
+        message="must not be negative",
+        check=lambda value: not isinstance(value, int) or value >= 0,
+    ),
+)
+
 
 def _field(
     json: str,
@@ -280,8 +289,10 @@ class PrefetchSpec:
     )
 
 
+# `has(self.rankFrom)` although it has a default: the API server also checks the rules
+# against the object's own default ({}), before nested defaults are filled in.
 _RANK_NEEDS_FIXED = Rule(
-    cel="self.rankFrom != 'Fixed' || (has(self.rank) && has(self.worldSize))",
+    cel="!has(self.rankFrom) || self.rankFrom != 'Fixed' || (has(self.rank) && has(self.worldSize))",
     message="rankFrom Fixed needs both rank and worldSize",
     check=lambda s: s.rank_from != "Fixed" or (s.rank is not None and s.world_size is not None),
 )
@@ -291,7 +302,7 @@ _RANK_BELOW_WORLD = Rule(
     check=lambda s: s.rank is None or s.world_size is None or s.rank < s.world_size,
 )
 _RANK_ONLY_FIXED = Rule(
-    cel="!has(self.rank) || self.rankFrom == 'Fixed'",
+    cel="!has(self.rank) || (has(self.rankFrom) && self.rankFrom == 'Fixed')",
     message="rank is only used with rankFrom Fixed",
     check=lambda s: s.rank is None or s.rank_from == "Fixed",
 )
@@ -552,6 +563,8 @@ _RESOURCE_RE = re.compile(RESOURCE_QUANTITY_PATTERN)
 def _resource_map(raw: object, *, path: str) -> dict[str, str]:
     if not isinstance(raw, Mapping):
         raise errors.InputError(f"{path}: expected an object like {{cpu: 500m}}, found {raw!r}")
+    if len(raw) > 16:
+        raise errors.InputError(f"{path}: expected at most 16 entries, found {len(raw)}")
     result: dict[str, str] = {}
     for key, value in raw.items():
         text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value

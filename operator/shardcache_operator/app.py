@@ -18,7 +18,13 @@ logger = logging.getLogger(__name__)
 def build_registry(settings: settings_lib.Settings, api: kube.Api) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.login(id="login", registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        # A registry of our own gets no default login handlers: use the kubernetes
+        # client's config (in-cluster, or the kubeconfig `kube.configure` selected).
+        return kube.connection_info()
+
+    @kopf.on.startup(id="configure", registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # Progress and the last-handled spec live in our own annotations; status is
         # ours alone (the CRD schema prunes anything else written there).

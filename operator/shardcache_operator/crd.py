@@ -34,19 +34,29 @@ def field_schema(kind: Any, info: spec_model.FieldInfo) -> dict[str, Any]:
     elif info.quantity:
         schema = {
             "description": info.description,
-            "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}],
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
             "pattern": spec_model.QUANTITY_PATTERN,
             "x-kubernetes-int-or-string": True,
+            # A structural int-or-string allows no minimum; the pattern covers strings.
+            "x-kubernetes-validations": [
+                {"rule": rule.cel, "message": rule.message} for rule in spec_model.QUANTITY_RULES
+            ],
         }
     elif info.resource_map:
         schema = {
             "type": "object",
             "description": info.description,
+            # Bounded, so the API server's CEL cost estimate for the values stays small.
+            "maxProperties": 16,
             "additionalProperties": {
                 "description": "A quantity: cpu in cores or millicores, memory in bytes.",
-                "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}],
+                "anyOf": [{"type": "integer"}, {"type": "string"}],
                 "pattern": spec_model.RESOURCE_QUANTITY_PATTERN,
                 "x-kubernetes-int-or-string": True,
+                "x-kubernetes-validations": [
+                    {"rule": rule.cel, "message": rule.message}
+                    for rule in spec_model.QUANTITY_RULES
+                ],
             },
         }
     elif kind is bool:
@@ -109,7 +119,8 @@ def build() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "shardcache.io/v1alpha1"},
             "kind": {"type": "string", "description": "DatasetMount"},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            # The API server allows nothing but the type here (and name rules at the root).
+            "metadata": {"type": "object"},
             "spec": object_schema(spec_model.DatasetMountSpec),
             "status": status_model.schema(),
         },

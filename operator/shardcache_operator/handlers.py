@@ -27,6 +27,8 @@ FINALIZER = "shardcache.io/finalizer"
 ANNOTATION_FORCE_DELETE = "shardcache.io/force-delete"
 RESOURCE = (spec_model.GROUP, spec_model.VERSION, spec_model.PLURAL)
 _FINISHED_POD_PHASES = ("Succeeded", "Failed")
+#: kopf index of unfinished labelled pods, by (namespace, DatasetMount name).
+INDEX = "attached_pods"
 
 
 def resolve_manifest(
@@ -57,7 +59,16 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
         max_seconds=ctx.settings.backoff_max_seconds,
     )
 
-    @kopf.index("", "v1", "pods", labels={injection.LABEL_MOUNT: kopf.PRESENT}, registry=registry)
+    # Explicit ids: the index id is the kwarg name handlers receive it under, and handler
+    # ids become annotation keys (progress storage), where "<locals>" is not allowed.
+    @kopf.index(
+        "",
+        "v1",
+        "pods",
+        id=INDEX,
+        labels={injection.LABEL_MOUNT: kopf.PRESENT},
+        registry=registry,
+    )
     def attached_pods(
         *, namespace: str | None, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any
     ) -> dict[tuple[str, str], str]:
@@ -70,9 +81,9 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
             return {}
         return {(namespace or "", mount): name for mount in mounts}
 
-    @kopf.on.resume(*RESOURCE, registry=registry)
-    @kopf.on.create(*RESOURCE, registry=registry)
-    @kopf.on.update(*RESOURCE, field="spec", registry=registry)
+    @kopf.on.resume(*RESOURCE, id="resolve", registry=registry)
+    @kopf.on.create(*RESOURCE, id="resolve", registry=registry)
+    @kopf.on.update(*RESOURCE, id="resolve", field="spec", registry=registry)
     async def resolve(
         body: kopf.Body,
         patch: kopf.Patch,
@@ -94,7 +105,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
             timeout=ctx.settings.resolve_timeout_seconds,
         )
         new_status = dict(result.status)
-        new_status["attachedPods"] = attached_count(kwargs["attached_pods"], ns, name)
+        new_status["attachedPods"] = attached_count(kwargs[INDEX], ns, name)
         patch.status.update(new_status)
         metrics.RECONCILE_DURATION.observe(time.monotonic() - started)
         metrics.RECONCILE_TOTAL.labels(phase=new_status["phase"]).inc()
@@ -111,6 +122,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
         *RESOURCE,
         interval=ctx.settings.pods_interval_seconds,
         initial_delay=ctx.settings.pods_interval_seconds,
+        id="count-pods",
         registry=registry,
     )
     def count_pods(
@@ -123,12 +135,12 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
     ) -> None:
         """Keep status.attachedPods current (the Pods printer column)."""
         ns = namespace or ""
-        count = attached_count(kwargs["attached_pods"], ns, name)
+        count = attached_count(kwargs[INDEX], ns, name)
         metrics.ATTACHED_PODS.labels(namespace=ns, datasetmount=name).set(count)
         if (body.get("status") or {}).get("attachedPods") != count:
             patch.status["attachedPods"] = count
 
-    @kopf.on.delete(*RESOURCE, registry=registry)
+    @kopf.on.delete(*RESOURCE, id="finalize", registry=registry)
     def finalize(
         *,
         body: kopf.Body,
@@ -146,7 +158,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
         they are content-addressed and the disk tier's LRU reclaims them.
         """
         ns = namespace or ""
-        count = attached_count(kwargs["attached_pods"], ns, name)
+        count = attached_count(kwargs[INDEX], ns, name)
         forced = annotations.get(ANNOTATION_FORCE_DELETE) == "true"
         if count and not forced:
             patch.status["phase"] = status.TERMINATING

@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, cast
 
+import kopf
 import kubernetes
 
 from shardcache import spec as spec_model
@@ -20,8 +21,11 @@ from shardcache import spec as spec_model
 def configure(kubeconfig: str | None) -> kubernetes.client.ApiClient:
     """An API client; in-cluster config unless a kubeconfig is given or found."""
     if kubeconfig:
-        # kopf's own login reads the same file through KUBECONFIG.
+        # kopf's login (login_via_client) calls load_kube_config() without a path, which
+        # reads the library's default location: KUBECONFIG as it was at import time. Point
+        # both at this file, or kopf would log in with ~/.kube/config (or not at all).
         os.environ["KUBECONFIG"] = kubeconfig
+        kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION = kubeconfig
         kubernetes.config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
     else:
         try:
@@ -29,6 +33,34 @@ def configure(kubeconfig: str | None) -> kubernetes.client.ApiClient:
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
     return kubernetes.client.ApiClient()
+
+
+def connection_info() -> kopf.ConnectionInfo:
+    """kopf's credentials from the client configuration `configure` loaded.
+
+    kopf's own `login_via_client` reloads the config from the default kubeconfig path,
+    which the kubernetes library fixes at import time, so a --kubeconfig given later
+    would be ignored; this reuses what was loaded instead.
+    """
+    config = kubernetes.client.Configuration.get_default_copy()
+    header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix(
+        "authorization"
+    )
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (
+        (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    )
+    return kopf.ConnectionInfo(
+        server=config.host,
+        ca_path=config.ssl_ca_cert,
+        insecure=not config.verify_ssl,
+        username=config.username or None,
+        password=config.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=config.cert_file,
+        private_key_path=config.key_file,
+    )
 
 
 class Api:
