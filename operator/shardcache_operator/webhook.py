@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import kopf
 
 from shardcache import errors
+from shardcache import spec as spec_model
 from shardcache_operator import admission, certs, injection, metrics
 from shardcache_operator import settings as settings_lib
 
@@ -30,6 +31,68 @@ def defaults_of(settings: settings_lib.Settings) -> injection.SidecarDefaults:
         run_as_user=settings.sidecar_uid,
         startup_timeout_seconds=settings.startup_timeout_seconds,
     )
+
+
+#: Handler id; kopf serves it at the URL path /<id>, which a configuration must name.
+HANDLER_ID = "shardcache-inject"
+
+
+def configuration(
+    name: str,
+    *,
+    ca_bundle: str,
+    service: str | None = None,
+    namespace: str | None = None,
+    port: int = 443,
+    url: str | None = None,
+) -> dict[str, Any]:
+    """A MutatingWebhookConfiguration for the pod webhook, pointing at a Service or a URL.
+
+    The same shape kopf writes in managed mode (see docs/operator.md): pods only, CREATE
+    only, objectSelector on the opt-in label, failurePolicy Fail, no side effects.
+    """
+    if (service is None) == (url is None):
+        raise ValueError("give either service (with namespace) or url")
+    client_config: dict[str, Any] = {"caBundle": ca_bundle}
+    if url is not None:
+        client_config["url"] = f"{url.rstrip('/')}/{HANDLER_ID}"
+    else:
+        client_config["service"] = {
+            "name": service,
+            "namespace": namespace,
+            "path": f"/{HANDLER_ID}",
+            "port": port,
+        }
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                # Webhook names need three dot-separated segments.
+                "name": f"{HANDLER_ID}.{spec_model.GROUP}",
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": client_config,
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods"],
+                        "operations": ["CREATE"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "objectSelector": {
+                    "matchExpressions": [{"key": injection.LABEL_MOUNT, "operator": "Exists"}]
+                },
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "matchPolicy": "Equivalent",
+                "reinvocationPolicy": "IfNeeded",
+                "timeoutSeconds": 10,
+            }
+        ],
+    }
 
 
 def server(settings: settings_lib.Settings) -> kopf.WebhookServer:
@@ -79,7 +142,7 @@ def register(
         "",
         "v1",
         "pods",
-        id="shardcache-inject",
+        id=HANDLER_ID,
         operations=["CREATE"],
         labels={injection.LABEL_MOUNT: kopf.PRESENT},
         side_effects=False,

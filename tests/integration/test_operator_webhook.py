@@ -281,3 +281,35 @@ def test_generated_serving_certificate_chains_to_its_ca() -> None:
     assert "shardcache-webhook.shardcache-system.svc" in sans.get_values_for_type(x509.DNSName)
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
     assert cert.not_valid_after_utc - cert.not_valid_before_utc >= datetime.timedelta(days=300)
+
+
+def test_configuration_for_the_chart_matches_what_kopf_manages() -> None:
+    registry = kopf.OperatorRegistry()
+    webhook.register(registry, settings_lib.Settings(), FakeDatasetMounts())
+    pods = references.Resource(
+        group="", version="v1", plural="pods", kind="Pod", namespaced=True, verbs=["create"]
+    )
+    (managed,) = kopf_admission.build_webhooks(
+        registry._webhooks.get_all_handlers(),
+        resources=[pods],
+        name_suffix="shardcache.io",
+        client_config={"url": "https://127.0.0.1:9443"},
+    )
+    config = webhook.configuration("shardcache.io", ca_bundle="Q0E=", url="https://127.0.0.1:9443")
+    (ours,) = config["webhooks"]
+    assert ours["name"] == managed["name"]
+    assert ours["clientConfig"]["url"] == managed["clientConfig"]["url"]
+    assert ours["objectSelector"] == managed["objectSelector"]
+    assert ours["failurePolicy"] == managed["failurePolicy"] == "Fail"
+    assert ours["rules"][0]["operations"] == managed["rules"][0]["operations"] == ["CREATE"]
+    assert ours["rules"][0]["resources"] == managed["rules"][0]["resources"] == ["pods"]
+    in_cluster = webhook.configuration(
+        "shardcache", ca_bundle="Q0E=", service="shardcache-webhook", namespace="shardcache"
+    )
+    service = in_cluster["webhooks"][0]["clientConfig"]["service"]
+    assert service == {
+        "name": "shardcache-webhook",
+        "namespace": "shardcache",
+        "path": "/shardcache-inject",
+        "port": 443,
+    }
