@@ -1,0 +1,71 @@
+"""The env the injection writes is exactly what the sidecar's settings read.
+
+The webhook (operator) and the sidecar never import each other; this test holds the two
+sides of the environment-variable contract in `shardcache.node.names` together.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from shardcache_operator import injection
+from shardcache_sidecar import settings as sidecar_settings
+
+from shardcache import spec as spec_model
+from shardcache.node import names
+
+pytestmark = pytest.mark.unit
+
+DIGEST = "sha256:" + "5e" * 32
+
+
+def injected_sidecar_env(spec: dict[str, Any], *, rank: str | None = None) -> dict[str, str]:
+    mount = injection.Mount("imagenet", spec_model.parse_spec(spec), DIGEST)
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "trainer"}]}}
+    injected = injection.inject(pod, [mount], defaults=injection.SidecarDefaults(image="s:1"))
+    (sidecar,) = injected["spec"]["initContainers"]
+    env = {e["name"]: e["value"] for e in sidecar["env"] if "value" in e}
+    if rank is not None:  # what the downward API would resolve to
+        env[names.ENV_RANK] = rank
+    return env
+
+
+def test_sidecar_settings_read_back_every_injected_value() -> None:
+    spec = {
+        "source": {"uri": "s3://data/imagenet/", "format": "arrow"},
+        "cache": {"memory": "3Gi", "disk": "40Gi"},
+        "prefetch": {"depth": 6, "concurrency": 3, "readyShards": 2},
+        "sharding": {"seed": 99, "shuffle": False, "blockSize": 512, "worldSize": 8},
+        "checkpoint": {"uri": "s3://ckpt/run/", "keepLast": 4, "restore": "1200"},
+    }
+    settings = sidecar_settings.from_env(injected_sidecar_env(spec, rank="5"))
+    run_dir = Path(names.DEFAULT_RUN_DIR)
+    assert settings.source_uri == "s3://data/imagenet/"
+    assert settings.source_format == "arrow"
+    assert settings.manifest_digest == DIGEST
+    assert settings.socket_path == names.socket_path(run_dir, "imagenet")
+    assert settings.memory_dir == names.memory_dir(run_dir, "imagenet")
+    assert settings.disk_dir == Path(names.DEFAULT_DISK_DIR)
+    assert (settings.memory_limit, settings.disk_limit) == (3 * 2**30, 40 * 2**30)
+    assert (settings.prefetch_depth, settings.fetch_concurrency) == (6, 3)
+    assert settings.ready_shards == 2
+    assert (settings.seed, settings.shuffle, settings.block_size) == (99, False, 512)
+    assert (settings.world_size, settings.rank) == (8, 5)
+    assert settings.metrics_port == names.DEFAULT_METRICS_PORT
+    checkpoint = settings.checkpoint
+    assert checkpoint is not None
+    assert checkpoint.directory == Path("/checkpoints")
+    assert (checkpoint.uri, checkpoint.keep_last, checkpoint.restore) == (
+        "s3://ckpt/run/",
+        4,
+        "1200",
+    )
+
+
+def test_sidecar_settings_accept_the_defaults_of_a_minimal_spec() -> None:
+    settings = sidecar_settings.from_env(injected_sidecar_env({"source": {"uri": "s3://d/x/"}}))
+    assert settings.shuffle is True
+    assert settings.checkpoint is None
+    assert settings.memory_limit == 2 * 2**30
