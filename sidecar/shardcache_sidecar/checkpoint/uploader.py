@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 #: Read size when streaming a file: a multiple of pyarrow's multipart part size
 #: (10 MB and up), so each write hands whole parts to the background writer.
 CHUNK = 16 << 20
+#: Bytes of one file in flight before waiting for its parts (see put_file). 64 MiB is
+#: six parts of pyarrow's 10 MiB in flight per file, plenty next to the other files
+#: uploading at once, and bounds the agent to about concurrency x 64 MiB of buffers.
+DEFAULT_WINDOW = 64 << 20
 
 
 def list_files(directory: Path) -> list[tuple[str, int]]:
@@ -80,10 +84,17 @@ def put_file(
     *,
     expected_size: int,
     observer: metrics_mod.Observer,
+    window: int = DEFAULT_WINDOW,
 ) -> str:
-    """Stream one file to the store; its sha256. Raises InputError if it changed size."""
+    """Stream one file to the store; its sha256. Raises InputError if it changed size.
+
+    pyarrow queues every part of a multipart upload in memory until it is sent; a
+    flush every `window` bytes waits for the queued parts, so one file never holds
+    more than about `window` bytes of memory however slow the store is.
+    """
     h = hashlib.sha256()
     sent = 0
+    unflushed = 0
     try:
         src = open(local, "rb")  # noqa: SIM115 - closed below, after the stream
     except OSError as exc:
@@ -94,7 +105,11 @@ def put_file(
             h.update(chunk)
             out.write(chunk)
             sent += len(chunk)
+            unflushed += len(chunk)
             observer.transferred("upload", len(chunk))
+            if unflushed >= window:
+                out.flush()
+                unflushed = 0
     if sent != expected_size:
         raise errors.InputError(
             f"checkpoint file {str(local)!r} changed while it was uploaded ({expected_size} "
