@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+import pyarrow.fs as pafs
 
+from shardcache import errors, source
 from shardcache import manifest as manifest_lib
 from shardcache import spec as spec_model
 from shardcache_operator import injection, kube, metrics, reconcile, status
@@ -37,11 +39,30 @@ def resolve_manifest(
     return manifest_lib.resolve(uri, format=fmt, storage_options=storage_options)
 
 
+def probe_source(uri: str, storage_options: Mapping[str, str] | None) -> None:
+    """Two metadata requests at most: does the dataset's root still exist, non-empty?"""
+    fs, root = source.filesystem(uri, storage_options=storage_options)
+
+    def present() -> bool:
+        info = fs.get_file_info(root)
+        if info.type == pafs.FileType.File:
+            return True
+        if info.type == pafs.FileType.NotFound:
+            return False
+        # Object stores may keep an empty "directory" marker after the data is gone.
+        selector = pafs.FileSelector(root, recursive=False, allow_not_found=True)
+        return bool(fs.get_file_info(selector))
+
+    if not source.with_retries(present, what=f"checking {uri}"):
+        raise errors.InputError(f"nothing found at {uri!r} any more: the pinned data is gone")
+
+
 @dataclasses.dataclass(frozen=True)
 class Context:
     settings: settings_lib.Settings
     api: kube.Api
     resolve: reconcile.Resolver = resolve_manifest
+    probe: reconcile.Prober = probe_source
 
 
 def now_text() -> str:
@@ -99,6 +120,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
             body,
             read_secret=ctx.api.read_secret,
             resolve=ctx.resolve,
+            probe=ctx.probe,
             now=now_text(),
             retry=retry,
             backoff=backoff,
@@ -117,6 +139,41 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
         if result.retry_in is not None:
             assert isinstance(result.outcome, status.Failed)
             raise kopf.TemporaryError(result.outcome.message, delay=result.retry_in)
+
+    @kopf.timer(
+        *RESOURCE,
+        interval=ctx.settings.source_check_seconds,
+        initial_delay=ctx.settings.source_check_seconds,
+        id="check-source",
+        registry=registry,
+    )
+    async def check_source(
+        *,
+        body: kopf.Body,
+        patch: kopf.Patch,
+        namespace: str | None,
+        name: str,
+        **_: Any,
+    ) -> None:
+        """Ready <-> Degraded as the source of a pinned mount goes away and comes back."""
+        result = await reconcile.check_source(
+            body,
+            read_secret=ctx.api.read_secret,
+            probe=ctx.probe,
+            now=now_text(),
+            timeout=ctx.settings.resolve_timeout_seconds,
+        )
+        if result is None:
+            return
+        before = body.get("status") or {}
+        changed = {k: v for k, v in result.status.items() if before.get(k) != v}
+        if changed:
+            patch.status.update(changed)
+        metrics.PHASES.set(namespace or "", name, result.status["phase"])
+        if isinstance(result.outcome, status.Failed):
+            metrics.SOURCE_ERRORS_TOTAL.labels(reason=result.outcome.reason).inc()
+        for event in result.events:
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
     @kopf.timer(
         *RESOURCE,

@@ -40,6 +40,9 @@ class ManifestLike(Protocol):
 
 #: Blocking manifest resolution: (uri, format, storage_options) -> manifest.
 Resolver = Callable[[str, str, Mapping[str, str] | None], ManifestLike]
+#: Blocking, cheap reachability check of a source: (uri, storage_options) -> None;
+#: raises SourceError when unreachable, InputError when the data is gone.
+Prober = Callable[[str, Mapping[str, str] | None], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,89 +78,127 @@ def source_identity(spec: spec_model.DatasetMountSpec) -> dict[str, str]:
     return identity
 
 
-async def _resolve(
-    obj: Mapping[str, Any],
+async def _options(
+    spec: spec_model.DatasetMountSpec,
+    namespace: str,
+    read_secret: SecretReader,
     *,
+    pinned: bool,
+) -> tuple[Mapping[str, str] | None, status.Failed | None]:
+    """The Secret's data as storage options, or why it cannot be had.
+
+    Before a pin that means waiting (Pending); after one, sidecars cannot start
+    without the Secret, so the mount is Degraded while its pin stays.
+    """
+    if spec.source.secret_ref is None:
+        return None, None
+    secret = spec.source.secret_ref.name
+    phase = status.DEGRADED if pinned else status.PENDING
+    try:
+        options = await read_secret(namespace, secret)
+    except PermissionError as exc:
+        message = (
+            f"{exc}: grant it with the chart's rbac.secretNamespaces (and "
+            "rbac.secretNames), or a Role with verb get on this Secret"
+        )
+        return None, status.Failed(phase, "SecretForbidden", message, None, pinned)
+    if options is None:
+        message = (
+            f"Secret {namespace}/{secret} named in spec.source.secretRef.name does not exist: "
+            "create it with keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and "
+            "AWS_ENDPOINT_URL, AWS_REGION as needed)"
+        )
+        return None, status.Failed(phase, "SecretNotFound", message, None, pinned)
+    return options, None
+
+
+def _pinned(
+    spec: spec_model.DatasetMountSpec, previous: Mapping[str, Any]
+) -> status.Resolved | None:
+    """The pin in `previous` if it belongs to the spec's current source."""
+    if not previous.get("manifestDigest") or previous.get("resolvedSource") != source_identity(
+        spec
+    ):
+        return None
+    return status.Resolved(
+        digest=str(previous["manifestDigest"]),
+        format=str(previous.get("format") or spec.source.format),
+        shards=int(previous.get("shards") or 0),
+        rows=int(previous.get("rows") or 0),
+        bytes=int(previous.get("bytes") or 0),
+        reused=True,
+    )
+
+
+async def _check(
+    spec: spec_model.DatasetMountSpec,
+    pin: status.Resolved,
+    *,
+    namespace: str,
+    read_secret: SecretReader,
+    probe: Prober,
+    timeout: float,
+) -> status.Outcome:
+    """Keep `pin` if the source still answers; else Degraded, with the pin kept."""
+    options, failure = await _options(spec, namespace, read_secret, pinned=True)
+    if failure is not None:
+        return failure
+    uri = spec.source.uri
+    try:
+        await asyncio.wait_for(asyncio.to_thread(probe, uri, options), timeout)
+    except errors.InputError as exc:
+        return status.Failed(status.DEGRADED, "SourceGone", str(exc), True, True)
+    except errors.SourceError as exc:
+        return status.Failed(status.DEGRADED, "SourceUnreachable", str(exc), False, True)
+    except TimeoutError:
+        message = f"{uri} did not answer within {timeout:g} s"
+        return status.Failed(status.DEGRADED, "SourceUnreachable", message, False, True)
+    except Exception as exc:  # report and carry on; the next check tries again
+        logger.exception("checking %s failed unexpectedly", uri)
+        message = f"unexpected error while checking {uri}: {exc!r}"
+        return status.Failed(status.DEGRADED, "CheckFailed", message, None, True)
+    return pin
+
+
+async def _resolve(
+    spec: spec_model.DatasetMountSpec,
+    *,
+    namespace: str,
     read_secret: SecretReader,
     resolve: Resolver,
     timeout: float,
-) -> tuple[status.Outcome, dict[str, str] | None]:
-    metadata = obj.get("metadata") or {}
-    namespace = str(metadata.get("namespace") or "")
-    try:
-        spec = spec_model.parse_spec(obj.get("spec"))
-    except errors.InputError as exc:
-        return status.Failed(status.INVALID, "InvalidSpec", str(exc), None), None
-    identity = source_identity(spec)
-    previous = obj.get("status") or {}
-    if previous.get("manifestDigest") and previous.get("resolvedSource") == identity:
-        # Pinned for this source already: listing again could only move the pin, which
-        # is exactly what pinning forbids. Spec changes elsewhere (cache sizes) keep it.
-        return (
-            status.Resolved(
-                digest=str(previous["manifestDigest"]),
-                format=str(previous.get("format") or spec.source.format),
-                shards=int(previous.get("shards") or 0),
-                rows=int(previous.get("rows") or 0),
-                bytes=int(previous.get("bytes") or 0),
-                reused=True,
-            ),
-            identity,
-        )
-    options: Mapping[str, str] | None = None
-    if spec.source.secret_ref is not None:
-        secret = spec.source.secret_ref.name
-        try:
-            options = await read_secret(namespace, secret)
-        except PermissionError as exc:
-            message = (
-                f"{exc}: grant it with the chart's rbac.secretNamespaces (and "
-                "rbac.secretNames), or a Role with verb get on this Secret"
-            )
-            return status.Failed(status.PENDING, "SecretForbidden", message, None), identity
-        if options is None:
-            return (
-                status.Failed(
-                    status.PENDING,
-                    "SecretNotFound",
-                    f"Secret {namespace}/{secret} named in spec.source.secretRef.name does "
-                    "not exist: create it with keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY "
-                    "(and AWS_ENDPOINT_URL, AWS_REGION as needed)",
-                    None,
-                ),
-                identity,
-            )
+) -> status.Outcome:
+    options, failure = await _options(spec, namespace, read_secret, pinned=False)
+    if failure is not None:
+        return failure
     uri = spec.source.uri
     try:
         manifest = await asyncio.wait_for(
             asyncio.to_thread(resolve, uri, spec.source.format, options), timeout
         )
     except errors.InputError as exc:
-        return status.Failed(status.INVALID, "InvalidSource", str(exc), None), identity
+        return status.Failed(status.INVALID, "InvalidSource", str(exc), None)
     except errors.SourceError as exc:
-        return status.Failed(status.DEGRADED, "SourceUnreachable", str(exc), False), identity
+        return status.Failed(status.DEGRADED, "SourceUnreachable", str(exc), False)
     except TimeoutError:
         message = f"resolving the manifest of {uri} took longer than {timeout:g} s"
-        return status.Failed(status.DEGRADED, "ResolveTimeout", message, False), identity
+        return status.Failed(status.DEGRADED, "ResolveTimeout", message, False)
     except Exception as exc:  # a bug or an unforeseen library error: report, retry, live on
         logger.exception("resolving %s failed unexpectedly", uri)
         message = f"unexpected error while resolving {uri}: {exc!r}"
-        return status.Failed(status.DEGRADED, "ResolveFailed", message, None), identity
+        return status.Failed(status.DEGRADED, "ResolveFailed", message, None)
     if spec.source.version and manifest.digest != spec.source.version:
         message = (
             f"spec.source.version pins {spec.source.version}, but {uri} has manifest "
             f"{manifest.digest}: restore the pinned data or update spec.source.version"
         )
-        return status.Failed(status.INVALID, "DigestMismatch", message, True), identity
-    return (
-        status.Resolved(
-            digest=manifest.digest,
-            format=manifest.format,
-            shards=len(manifest.shards),
-            rows=manifest.total_rows,
-            bytes=manifest.total_bytes,
-        ),
-        identity,
+        return status.Failed(status.INVALID, "DigestMismatch", message, True)
+    return status.Resolved(
+        digest=manifest.digest,
+        format=manifest.format,
+        shards=len(manifest.shards),
+        rows=manifest.total_rows,
+        bytes=manifest.total_bytes,
     )
 
 
@@ -169,10 +210,28 @@ def _events(outcome: status.Outcome, previous: Mapping[str, Any]) -> tuple[Event
         if outcome.reused and previous.get("phase") == status.READY:
             return ()
         message = status.conditions_for(outcome)[1].message
+        if outcome.reused and previous.get("phase") == status.DEGRADED:
+            return (Event("Normal", "SourceRecovered", message),)
         return (Event("Normal", "ManifestPinned", message),)
     if previous.get("phase") == outcome.phase and old.get("reason") == outcome.reason:
         return ()
     return (Event("Warning", outcome.reason, outcome.message),)
+
+
+def _result(
+    outcome: status.Outcome,
+    obj: Mapping[str, Any],
+    *,
+    generation: int | None,
+    now: str,
+    identity: Mapping[str, str] | None,
+    retry_in: float | None,
+) -> Result:
+    previous = obj.get("status") or {}
+    new_status = status.build_status(
+        outcome, previous=previous, generation=generation, now=now, resolved_source=identity
+    )
+    return Result(outcome, new_status, _events(outcome, previous), retry_in)
 
 
 async def reconcile(
@@ -180,25 +239,83 @@ async def reconcile(
     *,
     read_secret: SecretReader,
     resolve: Resolver,
+    probe: Prober,
     now: str,
     retry: int = 0,
     backoff: Backoff = Backoff(),
     timeout: float = 600.0,
 ) -> Result:
-    """Resolve and pin the manifest of one DatasetMount object; never raises for its data."""
-    outcome, identity = await _resolve(
-        obj, read_secret=read_secret, resolve=resolve, timeout=timeout
-    )
-    previous = obj.get("status") or {}
-    generation = (obj.get("metadata") or {}).get("generation")
-    new_status = status.build_status(
-        outcome,
-        previous=previous,
-        generation=generation if isinstance(generation, int) else None,
-        now=now,
-        resolved_source=identity,
-    )
+    """Resolve and pin the manifest of one DatasetMount object; never raises for its data.
+
+    A pin for the same source (`status.resolvedSource`) is kept and only checked for
+    reachability: listing again could only move the pin, which is what pinning forbids.
+    Spec changes elsewhere (cache sizes, prefetch depth) therefore keep it.
+    """
+    metadata = obj.get("metadata") or {}
+    namespace = str(metadata.get("namespace") or "")
+    generation = metadata.get("generation")
+    generation = generation if isinstance(generation, int) else None
+    try:
+        spec = spec_model.parse_spec(obj.get("spec"))
+    except errors.InputError as exc:
+        outcome: status.Outcome = status.Failed(status.INVALID, "InvalidSpec", str(exc), None)
+        return _result(outcome, obj, generation=generation, now=now, identity=None, retry_in=None)
+    identity = source_identity(spec)
+    pin = _pinned(spec, obj.get("status") or {})
+    if pin is not None:
+        outcome = await _check(
+            spec,
+            pin,
+            namespace=namespace,
+            read_secret=read_secret,
+            probe=probe,
+            timeout=timeout,
+        )
+    else:
+        outcome = await _resolve(
+            spec, namespace=namespace, read_secret=read_secret, resolve=resolve, timeout=timeout
+        )
     retry_in: float | None = None
     if isinstance(outcome, status.Failed) and outcome.phase in (status.DEGRADED, status.PENDING):
         retry_in = backoff.delay(retry)
-    return Result(outcome, new_status, _events(outcome, previous), retry_in)
+    return _result(
+        outcome, obj, generation=generation, now=now, identity=identity, retry_in=retry_in
+    )
+
+
+async def check_source(
+    obj: Mapping[str, Any],
+    *,
+    read_secret: SecretReader,
+    probe: Prober,
+    now: str,
+    timeout: float = 60.0,
+) -> Result | None:
+    """Periodic re-check that the source of a pinned DatasetMount still answers.
+
+    Only reachability changes here (Ready <-> Degraded), never the pin. Returns None
+    when the object is not pinned for its current source: that is `reconcile`'s job.
+    """
+    previous = obj.get("status") or {}
+    if previous.get("phase") not in (status.READY, status.DEGRADED):
+        return None
+    try:
+        spec = spec_model.parse_spec(obj.get("spec"))
+    except errors.InputError:
+        return None
+    pin = _pinned(spec, previous)
+    if pin is None:
+        return None
+    namespace = str((obj.get("metadata") or {}).get("namespace") or "")
+    outcome = await _check(
+        spec, pin, namespace=namespace, read_secret=read_secret, probe=probe, timeout=timeout
+    )
+    observed = previous.get("observedGeneration")
+    return _result(
+        outcome,
+        obj,
+        generation=observed if isinstance(observed, int) else None,
+        now=now,
+        identity=source_identity(spec),
+        retry_in=None,
+    )

@@ -45,7 +45,10 @@ class Settings:
     backoff_initial_seconds: float = 5.0
     #: Cap in seconds on the retry delay: a broken source is re-tried every 5 minutes.
     backoff_max_seconds: float = 300.0
-    #: Seconds between recounts of attached pods (a list call per DatasetMount).
+    #: Seconds between reachability checks of a pinned source (one metadata request);
+    #: a source that went away turns the mount Degraded within this.
+    source_check_seconds: float = 300.0
+    #: Seconds between recounts of attached pods (from the operator's pod index).
     pods_interval_seconds: float = 30.0
     #: Seconds between checks while a deleted DatasetMount waits for its pods.
     deletion_poll_seconds: float = 15.0

@@ -59,6 +59,9 @@ class Failed:
     message: str
     #: Whether the source answered (False for network/auth failures, None if not tried).
     reachable: bool | None
+    #: The pinned manifest stays valid (a later reachability check failed, not the
+    #: resolution): ManifestResolved keeps its previous state.
+    keeps_pin: bool = False
 
 
 Outcome = Resolved | Failed
@@ -127,11 +130,29 @@ def build_status(
     A failure keeps the previously pinned digest and counts: pods already running
     keep reading the dataset they started with, and the digest stays visible.
     """
+    current = conditions_for(outcome)
+    if isinstance(outcome, Failed) and outcome.keeps_pin:
+        for index, condition in enumerate(current):
+            old = next(
+                (
+                    c
+                    for c in previous.get("conditions") or []
+                    if c.get("type") == condition.type == MANIFEST_RESOLVED
+                ),
+                None,
+            )
+            if old is not None:
+                current[index] = Condition(
+                    MANIFEST_RESOLVED,
+                    str(old.get("status")),
+                    str(old.get("reason")),
+                    str(old.get("message")),
+                )
     status: dict[str, Any] = {
         "phase": READY if isinstance(outcome, Resolved) else outcome.phase,
         "conditions": merge_conditions(
             previous.get("conditions") or [],
-            conditions_for(outcome),
+            current,
             now=now,
             generation=generation,
         ),

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from shardcache_operator import reconcile
+from shardcache_operator import handlers, reconcile
 
 from shardcache import manifest, source
 from tests.support.s3server import S3Server
@@ -28,6 +28,10 @@ FAST_RETRY = source.RetryPolicy(attempts=2, initial_delay=0.05, max_delay=0.1)
 
 def quick_resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> manifest.Manifest:
     return manifest.resolve(uri, format=fmt, storage_options=options, retry=FAST_RETRY)
+
+
+def quick_probe(uri: str, options: Mapping[str, str] | None) -> None:
+    handlers.probe_source(uri, options)
 
 
 def write_shards(server: S3Server, bucket: str, prefix: str, count: int, *, start: int = 0) -> None:
@@ -67,6 +71,7 @@ async def run(obj: dict[str, Any], server: S3Server, **kwargs: Any) -> reconcile
         obj,
         read_secret=kwargs.pop("read_secret", secrets_of(server)),
         resolve=quick_resolve,
+        probe=quick_probe,
         now=kwargs.pop("now", NOW),
         **kwargs,
     )
@@ -226,8 +231,89 @@ async def test_reconcile_survives_a_resolver_that_crashes(s3_server: S3Server) -
         raise RuntimeError("boom")
 
     result = await reconcile.reconcile(
-        dsm("s3://any/x/"), read_secret=secrets_of(s3_server), resolve=broken, now=NOW
+        dsm("s3://any/x/"),
+        read_secret=secrets_of(s3_server),
+        resolve=broken,
+        probe=quick_probe,
+        now=NOW,
     )
     assert result.status["phase"] == "Degraded"
     assert "boom" in conditions(result)["Ready"]["message"]
     assert result.retry_in is not None
+
+
+def dead_endpoint_secrets(server: S3Server) -> reconcile.SecretReader:
+    from tests.support.s3server import free_port
+
+    dead = {**server.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+
+    async def read_secret(namespace: str, name: str) -> Mapping[str, str] | None:
+        return dead
+
+    return read_secret
+
+
+async def check(obj: dict[str, Any], server: S3Server, **kwargs: Any) -> reconcile.Result:
+    result = await reconcile.check_source(
+        obj,
+        read_secret=kwargs.pop("read_secret", secrets_of(server)),
+        probe=quick_probe,
+        now=kwargs.pop("now", LATER),
+    )
+    assert result is not None
+    return result
+
+
+async def test_pinned_mount_degrades_when_its_source_goes_away_and_recovers(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    write_shards(s3_server, s3_bucket, "train", 2)
+    obj = dsm(f"s3://{s3_bucket}/train/")
+    obj["status"] = (await run(obj, s3_server)).status
+    assert (await check(obj, s3_server)).events == ()  # still there: nothing to say
+
+    down = await check(obj, s3_server, read_secret=dead_endpoint_secrets(s3_server))
+    assert down.status["phase"] == "Degraded"
+    assert down.status["manifestDigest"] == obj["status"]["manifestDigest"]
+    conditions_down = conditions(down)
+    assert conditions_down["SourceReachable"]["reason"] == "SourceUnreachable"
+    assert conditions_down["ManifestResolved"]["status"] == "True"  # the pin stands
+    assert conditions_down["Ready"]["status"] == "False"
+    assert [e.reason for e in down.events] == ["SourceUnreachable"]
+
+    obj["status"] = down.status
+    back = await check(obj, s3_server)
+    assert back.status["phase"] == "Ready"
+    assert [e.reason for e in back.events] == ["SourceRecovered"]
+
+
+async def test_pinned_mount_degrades_when_data_or_secret_disappears(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    write_shards(s3_server, s3_bucket, "train", 1)
+    obj = dsm(f"s3://{s3_bucket}/train/")
+    obj["status"] = (await run(obj, s3_server)).status
+
+    async def no_secret(namespace: str, name: str) -> Mapping[str, str] | None:
+        return None
+
+    secretless = await check(obj, s3_server, read_secret=no_secret)
+    assert secretless.status["phase"] == "Degraded"
+    assert conditions(secretless)["Ready"]["reason"] == "SecretNotFound"
+
+    s3_server.filesystem().delete_dir_contents(f"{s3_bucket}/train")
+    gone = await check(obj, s3_server)
+    assert gone.status["phase"] == "Degraded"
+    assert conditions(gone)["Ready"]["reason"] == "SourceGone"
+    assert "the pinned data is gone" in conditions(gone)["Ready"]["message"]
+
+
+async def test_check_leaves_unpinned_mounts_to_reconcile(s3_server: S3Server) -> None:
+    pending = dsm("s3://b/x/")
+    pending["status"] = {"phase": "Pending"}
+    assert (
+        await reconcile.check_source(
+            pending, read_secret=secrets_of(s3_server), probe=quick_probe, now=NOW
+        )
+        is None
+    )

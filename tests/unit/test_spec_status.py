@@ -100,3 +100,16 @@ def test_events_are_posted_on_changes_not_on_repeated_failures() -> None:
     assert reconcile._events(failed, first) == ()
     (event,) = reconcile._events(RESOLVED, first)
     assert (event.type, event.reason) == ("Normal", "ManifestPinned")
+
+
+def test_failed_reachability_check_keeps_manifest_resolved() -> None:
+    ready = status.build_status(RESOLVED, previous={}, generation=1, now=T0, resolved_source=SOURCE)
+    failed = status.Failed(status.DEGRADED, "SourceUnreachable", "refused", False, keeps_pin=True)
+    degraded = status.build_status(
+        failed, previous=ready, generation=1, now=T1, resolved_source=SOURCE
+    )
+    conditions = by_type(degraded)
+    assert conditions["ManifestResolved"] == by_type(ready)["ManifestResolved"]
+    assert conditions["Ready"]["status"] == "False"
+    assert conditions["Ready"]["lastTransitionTime"] == T1
+    assert degraded["manifestDigest"] == DIGEST
