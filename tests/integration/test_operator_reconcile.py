@@ -317,3 +317,17 @@ async def test_check_leaves_unpinned_mounts_to_reconcile(s3_server: S3Server) ->
         )
         is None
     )
+
+
+async def test_a_secret_the_operator_may_not_read_is_pending_with_the_fix(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    async def forbidden(namespace: str, name: str) -> Mapping[str, str] | None:
+        raise PermissionError(f"the operator's identity may not get Secret {namespace}/{name}")
+
+    result = await run(dsm(f"s3://{s3_bucket}/x/"), s3_server, read_secret=forbidden)
+    assert result.status["phase"] == "Pending"
+    ready = conditions(result)["Ready"]
+    assert ready["reason"] == "SecretForbidden"
+    assert "may not get Secret ml/s3-creds" in ready["message"]
+    assert result.retry_in is not None
