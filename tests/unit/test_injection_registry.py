@@ -1,0 +1,69 @@
+"""The operator's kopf registry: which handlers exist, under which ids and filters.
+
+Handler ids become annotation keys of kopf's progress storage on real objects, and
+the index id is the keyword handlers receive it under; an id like
+"register.<locals>.resolve" is rejected by the API server, so ids are explicit.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import kopf
+import pytest
+from shardcache_operator import app, handlers, injection, webhook
+from shardcache_operator import settings as settings_lib
+
+pytestmark = pytest.mark.unit
+
+ID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")
+
+
+class NoApi:
+    async def read_secret(self, namespace: str, name: str) -> None:
+        raise AssertionError("not called while registering")
+
+    async def read_datasetmount(self, namespace: str, name: str) -> None:
+        raise AssertionError("not called while registering")
+
+
+def registry(**settings: Any) -> kopf.OperatorRegistry:
+    return app.build_registry(settings_lib.Settings(**settings), NoApi())  # type: ignore[arg-type]
+
+
+def all_handlers(reg: kopf.OperatorRegistry) -> list[Any]:
+    return [
+        *reg._activities.get_all_handlers(),
+        *reg._indexing.get_all_handlers(),
+        *reg._changing.get_all_handlers(),
+        *reg._spawning.get_all_handlers(),
+        *reg._webhooks.get_all_handlers(),
+    ]
+
+
+def test_every_handler_id_is_a_valid_annotation_key_part() -> None:
+    ids = [h.id for h in all_handlers(registry())]
+    assert ids and all(ID.match(i) and "<" not in i for i in ids), ids
+
+
+def test_the_operator_registers_reconcile_timers_finalizer_index_and_webhook() -> None:
+    reg = registry()
+    changing = {(h.id, h.reason) for h in reg._changing.get_all_handlers()}
+    assert {i for i, _ in changing} == {"resolve", "resolve/spec", "finalize"}
+    timers = {h.id for h in reg._spawning.get_all_handlers()}
+    assert timers == {"check-source", "count-pods"}
+    (index,) = reg._indexing.get_all_handlers()
+    assert index.id == handlers.INDEX
+    assert index.labels == {injection.LABEL_MOUNT: kopf.PRESENT}
+    (mutate,) = reg._webhooks.get_all_handlers()
+    assert mutate.id == webhook.HANDLER_ID
+    assert list(mutate.operations or []) == ["CREATE"]
+    assert mutate.labels == {injection.LABEL_MOUNT: kopf.PRESENT}
+    assert mutate.persistent is True
+    activities = {h.id for h in reg._activities.get_all_handlers()}
+    assert activities == {"login", "configure"}
+
+
+def test_without_the_webhook_no_admission_handler_is_registered() -> None:
+    assert registry(webhook_enabled=False)._webhooks.get_all_handlers() == []
