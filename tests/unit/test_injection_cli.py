@@ -209,3 +209,34 @@ def test_missing_input_file_is_an_error_not_a_traceback(
     code, _, err = run(capsys, "-f", str(tmp_path / "absent.yaml"), "--mount", str(EXAMPLE_DSM))
     assert code != 0
     assert "absent.yaml" in err
+
+
+def test_every_example_workload_injects_with_the_example_datasetmounts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    mounts = [
+        str(p)
+        for p in sorted((ROOT / "examples").glob("*.yaml"))
+        if any(
+            isinstance(d, dict) and d.get("kind") == "DatasetMount"
+            for d in yaml.safe_load_all(p.read_text())
+        )
+    ]
+    workloads = [
+        p
+        for p in sorted((ROOT / "examples").glob("*.yaml"))
+        if any(
+            isinstance(d, dict) and d.get("kind") in ("Pod", "Job", "Deployment", "StatefulSet")
+            for d in yaml.safe_load_all(p.read_text())
+        )
+    ]
+    assert len(workloads) >= 2
+    for path in workloads:
+        args = ["-f", str(path)] + [arg for m in mounts for arg in ("--mount", m)]
+        code, out, err = run(capsys, *args)
+        assert code == 0, (path.name, err)
+        for doc in yaml.safe_load_all(out):
+            pod = pod_of(doc)
+            wanted = injection.requested_mounts(pod["metadata"])
+            sidecars = [c for c in pod["spec"]["initContainers"] if c.get("restartPolicy")]
+            assert [c["name"] for c in sidecars] == [f"shardcache-{m}" for m in wanted]
