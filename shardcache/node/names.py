@@ -74,6 +74,7 @@ def socket_path(run_dir: str | Path, mount: str) -> Path:
 def memory_dir(run_dir: str | Path, mount: str) -> Path:
     return mount_dir(run_dir, mount) / MEMORY_SUBDIR
 
+
 #: TCP port of the sidecar's HTTP endpoints that kubelet and Prometheus reach
 #: (/healthz, /readyz, /metrics, /ui). The control API stays on the Unix socket.
 DEFAULT_METRICS_PORT = 8470
