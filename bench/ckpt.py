@@ -105,7 +105,7 @@ def settle(root: Path, step: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minio", type=Path, default=None, help="MinIO binary")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
