@@ -1,0 +1,77 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "shardcache.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "shardcache.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "shardcache.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "shardcache.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "shardcache.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "shardcache.webhookServiceName" -}}
+{{- printf "%s-webhook" (include "shardcache.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "shardcache.webhookSecretName" -}}
+{{- printf "%s-webhook-tls" (include "shardcache.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "shardcache.operatorImage" -}}
+{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) -}}
+{{- end -}}
+
+{{- define "shardcache.sidecarImage" -}}
+{{- printf "%s:%s" .Values.sidecar.image.repository (default .Chart.AppVersion .Values.sidecar.image.tag) -}}
+{{- end -}}
+
+{{/* True (non-empty) when the API server calls the in-cluster Service, not webhook.url. */}}
+{{- define "shardcache.webhookInCluster" -}}
+{{- if and .Values.webhook.enabled (not .Values.webhook.url) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The operator's namespaced permissions, shared by the ClusterRole (all namespaces) and
+the per-namespace Roles (operator.watchNamespaces). Why each is needed:
+  datasetmounts get/list/watch: the objects it reconciles (kopf watches them);
+  datasetmounts patch: its finalizer and kopf's progress annotations;
+  datasetmounts/status patch: phase, conditions, pinned digest, attachedPods;
+  pods list/watch: the index that counts attached pods (never get, never write:
+    injection happens in the admission response, not by patching pods);
+  events create: the Events users see in `kubectl describe dsm`.
+*/}}
+{{- define "shardcache.namespacedRules" -}}
+- apiGroups: [shardcache.io]
+  resources: [datasetmounts]
+  verbs: [get, list, watch, patch]
+- apiGroups: [shardcache.io]
+  resources: [datasetmounts/status]
+  verbs: [get, patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end -}}

@@ -1,0 +1,175 @@
+"""The Helm chart: lint, render, schema, CRDs from crds/, and a server-side dry run."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import tarfile
+
+import kubernetes.client
+import pytest
+import yaml
+
+from tests.e2e import harness
+from tests.e2e.conftest import Release
+
+pytestmark = pytest.mark.e2e
+
+CRDS_DIR = harness.REPO_ROOT / "crds"
+#: Values of each mode the chart supports (docs/e2e.md, "Webhook modes").
+MODES: dict[str, list[str]] = {
+    "default": [],
+    "external-url": [
+        "--set=webhook.url=https://127.0.0.1:9443/shardcache-inject",
+        "--set=webhook.caBundle=Y2E=",
+    ],
+    "cert-manager": ["--set=webhook.certManager.enabled=true"],
+    "namespaced": [
+        "--set=operator.watchNamespaces={team-a,team-b}",
+        "--set=rbac.secretNamespaces={team-a}",
+        "--set=rbac.secretNames={s3-credentials}",
+    ],
+    "single-replica-no-peering": ["--set=peering.enabled=false", "--set=operator.replicas=1"],
+}
+
+
+def render(cluster: harness.Cluster, *args: str, check: bool = True) -> str:
+    result = cluster.run(
+        "helm", "template", "rendered", str(harness.CHART_DIR),
+        f"--namespace={harness.RELEASE_NAMESPACE}", f"--kube-version={harness.KUBE_VERSION}",
+        *args, check=check,
+    )  # fmt: skip
+    return result.stdout if result.returncode == 0 else result.stderr
+
+
+def documents(text: str) -> list[dict[str, object]]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_helm_lint_is_clean_in_every_mode(e2e_cluster: harness.Cluster, mode: str) -> None:
+    result = e2e_cluster.run(
+        "helm", "lint", "--strict", str(harness.CHART_DIR),
+        f"--kube-version={harness.KUBE_VERSION}", *MODES[mode],
+    )  # fmt: skip
+    assert "0 chart(s) failed" in result.stdout
+    assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
+
+
+def test_chart_crds_are_the_files_in_crds(e2e_cluster: harness.Cluster) -> None:
+    """One source: the chart's crds/ is the repo's crds/, also inside the packaged chart."""
+    assert (harness.CHART_DIR / "crds").resolve() == CRDS_DIR.resolve()
+    # `helm template --include-crds` renders the CRDs helm installs, file by file.
+    rendered = render(e2e_cluster, "--include-crds")
+    crds = [d for d in documents(rendered) if d["kind"] == "CustomResourceDefinition"]
+    expected = [
+        doc for path in sorted(CRDS_DIR.glob("*.yaml")) for doc in documents(path.read_text())
+    ]
+    assert sorted(crds, key=json.dumps) == sorted(expected, key=json.dumps)
+    package_dir = harness.helm_home() / "package"
+    package_dir.mkdir(exist_ok=True)
+    e2e_cluster.run("helm", "package", str(harness.CHART_DIR), f"--destination={package_dir}")
+    archive = next(package_dir.glob("shardcache-*.tgz"))
+    with tarfile.open(archive) as tar:
+        packaged = {
+            pathlib.PurePosixPath(m.name).name: tar.extractfile(m).read()
+            for m in tar.getmembers()
+            if pathlib.PurePosixPath(m.name).parent.name == "crds" and m.isfile()
+        }
+    archive.unlink()
+    assert packaged == {p.name: p.read_bytes() for p in CRDS_DIR.glob("*.yaml")}
+
+
+def test_values_schema_refuses_bad_values(e2e_cluster: harness.Cluster) -> None:
+    cases = {
+        "--set=webhook.failurePolicy=Sometimes": "failurePolicy",
+        "--set=webhook.url=https://example.invalid/other-path": "url",
+        "--set=webhook.url=https://127.0.0.1:9443/shardcache-inject": "caBundle",
+        "--set=operator.replicas=2,peering.enabled=false": "replicas",
+        "--set=operator.unknownKey=1": "unknownKey",
+        "--set=rbac.secretNamespaces={Not_A_Namespace}": "secretNamespaces",
+    }
+    for flag, named in cases.items():
+        result = e2e_cluster.run(
+            "helm", "template", "bad", str(harness.CHART_DIR),
+            f"--kube-version={harness.KUBE_VERSION}", flag, check=False,
+        )  # fmt: skip
+        assert result.returncode != 0, f"{flag} was accepted"
+        assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
+        assert named in result.stderr, f"{flag}: {result.stderr}"
+
+
+def test_rbac_grants_secrets_only_where_asked(e2e_cluster: harness.Cluster) -> None:
+    rendered = documents(render(e2e_cluster, *MODES["namespaced"]))
+    by_kind: dict[str, list[dict[str, object]]] = {}
+    for doc in rendered:
+        by_kind.setdefault(str(doc["kind"]), []).append(doc)
+    secret_rules = [
+        (doc["metadata"], rule)
+        for kind in ("ClusterRole", "Role")
+        for doc in by_kind.get(kind, [])
+        for rule in doc.get("rules", [])
+        if "secrets" in rule["resources"]
+    ]
+    assert [
+        (meta["namespace"], rule["verbs"], rule["resourceNames"]) for meta, rule in secret_rules
+    ] == [("team-a", ["get"], ["s3-credentials"])]
+    # Watching two namespaces: pods and DatasetMounts through Roles there, nothing cluster-wide.
+    (cluster_role,) = by_kind["ClusterRole"]
+    assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"]]
+    assert sorted(r["metadata"]["namespace"] for r in by_kind["Role"]) == [
+        "team-a", "team-a", "team-b",
+    ]  # fmt: skip
+    peerings = [(d["kind"], d["metadata"]["namespace"]) for d in by_kind["KopfPeering"]]
+    assert peerings == [("KopfPeering", "team-a"), ("KopfPeering", "team-b")]
+
+
+@pytest.mark.parametrize("mode", ["default", "external-url", "namespaced"])
+def test_rendered_chart_passes_server_side_dry_run(
+    e2e_cluster: harness.Cluster, release: Release, mode: str
+) -> None:
+    """Every rendered object is valid for the real API server (its CRDs are installed
+    by the `release` fixture; namespaced mode's namespaces are the release's)."""
+    args = list(MODES[mode])
+    if mode == "namespaced":
+        args = [
+            f"--set=operator.watchNamespaces={{{release.secret_namespace}}}",
+            f"--set=rbac.secretNamespaces={{{release.secret_namespace}}}",
+            "--set=peering.name=dry-run",
+        ]
+    rendered = render(e2e_cluster, *args)
+    kinds = sorted({str(doc["kind"]) for doc in documents(rendered)})
+    assert "MutatingWebhookConfiguration" in kinds and "Deployment" in kinds, kinds
+    result = e2e_cluster.run("kubectl", "apply", "--dry-run=server", "-f", "-", stdin=rendered)
+    applied = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(applied) == len(documents(rendered)), result.stdout
+    assert all("(server dry run)" in line for line in applied), result.stdout
+
+
+def test_notes_say_how_the_release_is_wired(e2e_cluster: harness.Cluster, release: Release) -> None:
+    status = e2e_cluster.run(
+        "helm", "status", release.name, f"--namespace={release.namespace}"
+    ).stdout
+    assert "external mode" in status or "chart-generated CA" in status, status
+    assert f"may read Secrets (get only) in: {release.secret_namespace}" in status, status
+
+
+def test_upgrade_keeps_the_chart_generated_ca(
+    e2e_cluster: harness.Cluster, release: Release, admin: kubernetes.client.ApiClient
+) -> None:
+    """The chart looks up its TLS Secret, so an upgrade keeps the CA that running
+    webhook configurations trust instead of generating a new one."""
+    secret_name = f"{release.name}-webhook-tls"
+    stored = kubernetes.client.CoreV1Api(admin).read_namespaced_secret(
+        secret_name, release.namespace
+    )
+    result = e2e_cluster.run(
+        "helm", "upgrade", release.name, str(harness.CHART_DIR),
+        f"--namespace={release.namespace}", "--reuse-values", "--dry-run=server",
+    )  # fmt: skip
+    manifest = result.stdout.split("MANIFEST:", 1)[1].split("NOTES:", 1)[0]
+    (rendered,) = [
+        d for d in documents(manifest)
+        if d["kind"] == "Secret" and d["metadata"]["name"] == secret_name
+    ]  # fmt: skip
+    assert rendered["data"] == stored.data

@@ -1,0 +1,135 @@
+"""DatasetMounts through the real API server: schema and CEL, reconcile against the real
+S3-compatible server, Secrets under least privilege, attached pods, deletion."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes.client
+import pytest
+from kubernetes.client.rest import ApiException
+from shardcache_operator import handlers
+
+from shardcache import manifest as manifest_lib
+from tests.e2e import harness, objects
+from tests.e2e.conftest import ReadyMount
+
+pytestmark = pytest.mark.e2e
+
+
+def test_datasetmount_on_real_s3_reaches_ready_with_the_pinned_digest(
+    admin: kubernetes.client.ApiClient,
+    object_store: harness.ObjectStore,
+    ready_mount: ReadyMount,
+) -> None:
+    expected = manifest_lib.resolve(
+        ready_mount.uri,
+        format="parquet",
+        storage_options={
+            "AWS_ACCESS_KEY_ID": object_store.access_key,
+            "AWS_SECRET_ACCESS_KEY": object_store.secret_key,
+            "AWS_ENDPOINT_URL": object_store.endpoint_url,
+            "AWS_REGION": object_store.region,
+        },
+    )
+    status = ready_mount.status
+    assert status["manifestDigest"] == expected.digest
+    assert (status["shards"], status["rows"]) == (3, 96)
+    assert status["bytes"] == expected.total_bytes
+    obj = objects.get_datasetmount(admin, ready_mount.namespace, ready_mount.name)
+    assert status["observedGeneration"] == obj["metadata"]["generation"]
+    for kind in ("SourceReachable", "ManifestResolved", "Ready"):
+        cond = objects.condition(status, kind)
+        assert cond["status"] == "True", (kind, cond)
+        assert cond["reason"] and cond["message"], (kind, cond)
+    assert obj["metadata"]["finalizers"] == [handlers.FINALIZER]
+    reasons = [
+        e.reason for e in objects.events_of(admin, ready_mount.namespace, obj["metadata"]["uid"])
+    ]
+    assert reasons == ["ManifestPinned"]
+
+
+INVALID: dict[str, tuple[dict[str, Any], str]] = {
+    # OpenAPI schema: enum, minimum, required, pattern.
+    "unknown-format": (
+        {"source": {"uri": "s3://b/p/", "format": "csv"}},
+        'Unsupported value: "csv"',
+    ),
+    "negative-prefetch": (
+        {"source": {"uri": "s3://b/p/"}, "prefetch": {"depth": -1}},
+        "spec.prefetch.depth",
+    ),
+    "missing-uri": ({"source": {"format": "parquet"}}, "spec.source.uri: Required value"),
+    # CEL (x-kubernetes-validations): rules across fields.
+    "fixed-rank-without-world-size": (
+        {"source": {"uri": "s3://b/p/"}, "sharding": {"rankFrom": "Fixed", "rank": 0}},
+        "rankFrom Fixed needs both rank and worldSize",
+    ),
+    "rank-beyond-world-size": (
+        {
+            "source": {"uri": "s3://b/p/"},
+            "sharding": {"rankFrom": "Fixed", "rank": 4, "worldSize": 4},
+        },
+        "rank must be smaller than worldSize",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_invalid_datasetmount_is_refused_by_the_api_server_with_its_message(
+    admin: kubernetes.client.ApiClient, release: object, workload_namespace: str, case: str
+) -> None:
+    spec, message = INVALID[case]
+    body = {
+        "apiVersion": f"{objects.GROUP}/{objects.VERSION}",
+        "kind": "DatasetMount",
+        "metadata": {"name": f"invalid-{case}"},
+        "spec": spec,
+    }
+    with pytest.raises(ApiException) as refused:
+        objects.create_datasetmount(admin, workload_namespace, body)
+    assert refused.value.status == 422, refused.value.body
+    assert message in json.loads(refused.value.body)["message"]
+
+
+def test_name_longer_than_a_label_value_is_refused_by_cel(
+    admin: kubernetes.client.ApiClient, release: object, workload_namespace: str
+) -> None:
+    body = objects.datasetmount("n" * 64, "s3://b/p/")
+    with pytest.raises(ApiException) as refused:
+        objects.create_datasetmount(admin, workload_namespace, body)
+    assert refused.value.status == 422
+    assert "metadata.name must be at most 63 characters" in refused.value.body
+
+
+def test_secret_the_operator_may_not_read_leaves_it_pending_with_the_reason(
+    admin: kubernetes.client.ApiClient,
+    operator: harness.Operator,
+    workload_namespace: str,
+    object_store: harness.ObjectStore,
+    s3_secret: str,
+) -> None:
+    """The chart grants `get` on the one Secret name it was given; another Secret in the
+    same namespace is not readable, and the DatasetMount says so instead of failing."""
+    other = objects.unique("other-credentials")
+    core = kubernetes.client.CoreV1Api(admin)
+    core.create_namespaced_secret(
+        workload_namespace,
+        kubernetes.client.V1Secret(
+            metadata={"name": other}, string_data={"AWS_ACCESS_KEY_ID": "x"}
+        ),
+    )
+    name = objects.unique("forbidden")
+    uri = f"s3://{object_store.make_bucket('e2e')}/data/"
+    objects.create_datasetmount(
+        admin, workload_namespace, objects.datasetmount(name, uri, secret=other)
+    )
+    status = objects.wait_phase(
+        admin, workload_namespace, name, "Pending", operator, reason="SecretForbidden"
+    )
+    assert (
+        f"may not get Secret {workload_namespace}/{other}"
+        in objects.condition(status, "Ready")["message"]
+    )
+    assert "manifestDigest" not in status

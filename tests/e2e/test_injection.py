@@ -1,0 +1,152 @@
+"""The webhook through the real API server: pods are stored as the webhook made them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes.client
+import pytest
+from kubernetes.client.rest import ApiException
+from shardcache_operator import injection
+
+from shardcache.node import names
+from tests.e2e import harness, objects
+from tests.e2e.conftest import ReadyMount
+
+pytestmark = pytest.mark.e2e
+
+#: The Job controller creates pods within a second or two of the Job.
+JOB_PODS_TIMEOUT_S = 90.0
+
+
+def create_pod(admin: kubernetes.client.ApiClient, namespace: str, body: dict[str, Any]) -> Any:
+    core = kubernetes.client.CoreV1Api(admin)
+    created = core.create_namespaced_pod(namespace, body)
+    # Read it back: what the API server stored, not what the create call echoed.
+    return admin.sanitize_for_serialization(
+        core.read_namespaced_pod(created.metadata.name, namespace)
+    )
+
+
+def assert_injected(stored: dict[str, Any], mount: ReadyMount, *, trainers: list[str]) -> None:
+    spec = stored["spec"]
+    sidecars = [
+        c for c in spec.get("initContainers", []) if c["name"] == f"shardcache-{mount.name}"
+    ]
+    assert len(sidecars) == 1, spec.get("initContainers")
+    sidecar = sidecars[0]
+    # A native sidecar, gated by a startup probe on the sidecar's /readyz.
+    assert sidecar["restartPolicy"] == "Always"
+    assert sidecar["image"] == ":".join(harness.SIDECAR_IMAGE)
+    assert sidecar["startupProbe"]["httpGet"]["path"] == "/readyz"
+    security = sidecar["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert sidecar["resources"]["requests"] and sidecar["resources"]["limits"]
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert env[names.ENV_MANIFEST_DIGEST] == mount.status["manifestDigest"]
+    assert env[names.ENV_SOURCE_URI] == mount.uri
+    assert sidecar["envFrom"] == [{"secretRef": {"name": objects.SECRET_NAME}}]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    run = volumes[f"shardcache-{mount.name}-run"]["emptyDir"]
+    assert run["medium"] == "Memory" and run["sizeLimit"]
+    assert volumes[f"shardcache-{mount.name}-disk"]["hostPath"]["type"] == "DirectoryOrCreate"
+    for container in spec["containers"]:
+        trainer_env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        if container["name"] not in trainers:
+            assert names.ENV_MOUNT not in trainer_env
+            continue
+        assert trainer_env[names.ENV_MOUNT] == mount.name
+        assert trainer_env[names.ENV_RUN_DIR] == names.DEFAULT_RUN_DIR
+        mounted = {m["name"] for m in container["volumeMounts"]}
+        assert f"shardcache-{mount.name}-run" in mounted
+        # Credentials go to the sidecar only.
+        assert "envFrom" not in container
+        assert not any(
+            "valueFrom" in e and "secretKeyRef" in e["valueFrom"] for e in container.get("env", [])
+        )
+    assert stored["metadata"]["annotations"][injection.ANNOTATION_INJECTED] == mount.name
+
+
+def test_opted_in_pod_is_stored_with_the_sidecar_injected(
+    admin: kubernetes.client.ApiClient, ready_mount: ReadyMount
+) -> None:
+    body = objects.pod(objects.unique("opted-in"), ready_mount.name, containers=2)
+    body["spec"]["initContainers"] = [
+        {"name": "setup", "image": objects.TRAINER_IMAGE, "command": ["true"]}
+    ]
+    stored = create_pod(admin, ready_mount.namespace, body)
+    assert_injected(stored, ready_mount, trainers=["trainer", "trainer-1"])
+    # The user's init container still runs first.
+    assert [c["name"] for c in stored["spec"]["initContainers"]] == [
+        "setup",
+        f"shardcache-{ready_mount.name}",
+    ]
+
+
+def test_pod_without_the_label_is_stored_untouched(
+    admin: kubernetes.client.ApiClient, ready_mount: ReadyMount
+) -> None:
+    body = objects.pod(objects.unique("plain"), None)
+    stored = create_pod(admin, ready_mount.namespace, body)
+    spec = stored["spec"]
+    assert "initContainers" not in spec
+    # Only what the API server itself adds (the ServiceAccount token volume).
+    assert all(v["name"].startswith("kube-api-access-") for v in spec["volumes"]), spec["volumes"]
+    assert "env" not in spec["containers"][0]
+    assert injection.ANNOTATION_INJECTED not in (stored["metadata"].get("annotations") or {})
+
+
+def test_pod_asking_for_a_missing_mount_is_refused_naming_it(
+    admin: kubernetes.client.ApiClient, ready_mount: ReadyMount
+) -> None:
+    core = kubernetes.client.CoreV1Api(admin)
+    with pytest.raises(ApiException) as refused:
+        core.create_namespaced_pod(ready_mount.namespace, objects.pod(None, "no-such-mount"))
+    message = json.loads(refused.value.body)["message"]
+    assert "inject.shardcache.io" in message, message
+    assert f"DatasetMount {ready_mount.namespace}/no-such-mount does not exist" in message
+
+
+def test_pods_of_a_job_are_injected(
+    admin: kubernetes.client.ApiClient, ready_mount: ReadyMount
+) -> None:
+    """kube-controller-manager's Job controller creates the pods; the webhook injects them."""
+    name = objects.unique("job")
+    template = objects.pod(None, ready_mount.name)
+    template["spec"]["restartPolicy"] = "Never"
+    del template["metadata"]["generateName"], template["apiVersion"], template["kind"]
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": 2,
+            "parallelism": 2,
+            "backoffLimit": 0,
+            "template": template,
+        },
+    }
+    kubernetes.client.BatchV1Api(admin).create_namespaced_job(ready_mount.namespace, job)
+    core = kubernetes.client.CoreV1Api(admin)
+
+    def job_pods() -> list[Any] | None:
+        listing = core.list_namespaced_pod(ready_mount.namespace, label_selector=f"job-name={name}")
+        return listing.items if len(listing.items) >= 2 else None
+
+    pods = harness.wait_until(f"2 pods of Job {name}", job_pods, timeout=JOB_PODS_TIMEOUT_S)
+    for pod in pods:
+        stored = admin.sanitize_for_serialization(pod)
+        # Indexed Job pods are named <job>-<index>-<random>.
+        assert stored["metadata"]["generateName"].startswith(f"{name}-")
+        assert_injected(stored, ready_mount, trainers=["trainer"])
+        sidecar = next(
+            c for c in stored["spec"]["initContainers"] if c["name"].startswith("shardcache-")
+        )
+        # Indexed Job: the sidecar's rank comes from the completion index annotation.
+        rank = next(e for e in sidecar["env"] if e["name"] == names.ENV_RANK)
+        assert injection.ANNOTATION_JOB_INDEX in rank["valueFrom"]["fieldRef"]["fieldPath"]
