@@ -37,6 +37,9 @@ import pyarrow.fs as pafs
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from shardcache_sidecar.checkpoint import agent as agent_mod  # noqa: E402
+from shardcache_sidecar.checkpoint import settings as settings_mod  # noqa: E402
+
 from shardcache import checkpoint, source  # noqa: E402
 from shardcache.node import names  # noqa: E402
 from tests.support import s3server  # noqa: E402
@@ -172,6 +175,19 @@ def main() -> int:
             )
 
         gbit = total * 8 / 1e9
+        # For the record (not a target): a new node restoring the last checkpoint.
+        restore_root = work / "other-node"
+        restorer = agent_mod.Agent(
+            settings_mod.CheckpointSettings(directory=restore_root, uri=uri),
+            storage_options=env,
+        )
+        started = time.perf_counter()
+        restored = restorer.restore()
+        took = time.perf_counter() - started
+        print(
+            f"restore of step {restored.step} on a new node: {took:.2f}s "
+            f"({gbit / took:.2f} Gbit/s, every byte verified)"
+        )
         print(
             f"best rounds: upload {gbit / min(upload_s):.2f} Gbit/s, raw {gbit / min(raw_s):.2f} "
             f"Gbit/s, ratio {min(raw_s) / min(upload_s):.3f}"
