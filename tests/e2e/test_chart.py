@@ -173,3 +173,26 @@ def test_upgrade_keeps_the_chart_generated_ca(
         if d["kind"] == "Secret" and d["metadata"]["name"] == secret_name
     ]  # fmt: skip
     assert rendered["data"] == stored.data
+
+
+def test_installed_operator_deployment_is_available_under_its_service_account(
+    admin: kubernetes.client.ApiClient, release: Release
+) -> None:
+    """kube-scheduler places the Deployment's pods on kwok's nodes and kwok reports them
+    Running and Ready (no process runs: the tests run the operator locally)."""
+    apps = kubernetes.client.AppsV1Api(admin)
+    name = f"{release.name}-operator"
+
+    def available() -> int | None:
+        status = apps.read_namespaced_deployment_status(name, release.namespace).status
+        return status.available_replicas if status.available_replicas == 2 else None
+
+    harness.wait_until(f"Deployment {name} with 2 available replicas", available, timeout=120)
+    spec = apps.read_namespaced_deployment(name, release.namespace).spec.template.spec
+    assert spec.service_account_name == release.service_account
+    assert [v.secret.secret_name for v in spec.volumes if v.secret] == [
+        f"{release.name}-webhook-tls"
+    ]
+    (container,) = spec.containers
+    assert container.security_context.read_only_root_filesystem is True
+    assert container.args == ["operator"]

@@ -12,7 +12,7 @@ from shardcache_operator import injection
 
 from shardcache.node import names
 from tests.e2e import harness, objects
-from tests.e2e.conftest import ReadyMount
+from tests.e2e.conftest import ReadyMount, Release
 
 pytestmark = pytest.mark.e2e
 
@@ -150,3 +150,21 @@ def test_pods_of_a_job_are_injected(
         # Indexed Job: the sidecar's rank comes from the completion index annotation.
         rank = next(e for e in sidecar["env"] if e["name"] == names.ENV_RANK)
         assert injection.ANNOTATION_JOB_INDEX in rank["valueFrom"]["fieldRef"]["fieldPath"]
+
+
+def test_pods_in_the_release_namespace_never_reach_the_webhook(
+    admin: kubernetes.client.ApiClient, release: Release, ready_mount: ReadyMount
+) -> None:
+    """The default namespaceSelector leaves out the operator's own namespace, so even a
+    labelled pod naming a missing mount is admitted there, as it was sent."""
+    core = kubernetes.client.CoreV1Api(admin)
+    name = objects.unique("exempt")
+    core.create_namespaced_pod(release.namespace, objects.pod(name, "no-such-mount"))
+    try:
+        stored = admin.sanitize_for_serialization(core.read_namespaced_pod(name, release.namespace))
+        assert "initContainers" not in stored["spec"]
+        assert injection.ANNOTATION_INJECTED not in (stored["metadata"].get("annotations") or {})
+    finally:
+        core.delete_namespaced_pod(
+            name, release.namespace, body=kubernetes.client.V1DeleteOptions(grace_period_seconds=0)
+        )
