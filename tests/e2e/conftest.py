@@ -136,6 +136,10 @@ def release_values(
             "secretNames": [objects.SECRET_NAME],
         },
     }
+    if provider == "kind":
+        # One replica: metrics come from one pod through port-forward, and a standby
+        # replica's counters would stay at zero.
+        values["operator"]["replicas"] = 1
     if provider == "local":
         assert tls is not None
         # No kubelet runs the Deployment: the API server calls the local operator.
