@@ -155,12 +155,16 @@ def main() -> int:
         stall_s: list[float] = []
         for r in range(args.rounds):
             prefix = f"{bucket}/raw-{r}"
+            # Each timed round starts with no dirty pages: the kernel's writeback of
+            # the round before (1 GiB through MinIO) must not land in this one.
+            os.sync()
             raw_s.append(raw_put(fs, src / "files", prefix, args.concurrency))
             fs.delete_dir(prefix)
 
             step = r + 1
             path = root / f"step-{step}"
             clone(src / "files", path)
+            os.sync()
             started = time.perf_counter()
             checkpoint.commit(path, step=step, data_state={"position": step})
             committed = time.perf_counter()

@@ -39,7 +39,7 @@ class CheckpointSettings:
     #: Seconds between scans of the checkpoint directory for new markers. A commit is
     #: picked up within this; a scan costs one readdir plus two small reads per
     #: checkpoint directory, nothing next to an upload.
-    poll_interval: float = 0.1
+    poll_interval: float = 0.05
     #: Read each object back and re-hash it before publishing. Off by default: it
     #: doubles the traffic, and restore verifies every byte anyway.
     verify_uploads: bool = False
