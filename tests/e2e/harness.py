@@ -268,6 +268,8 @@ class ExternalObjectStore:
 class Operator(Protocol):
     """The running operator, wherever it runs."""
 
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
     def restart(self) -> None: ...
     def metrics(self) -> str: ...
     def logs(self) -> str: ...
@@ -446,6 +448,24 @@ class InClusterOperator:
         self.cluster.run(
             "kubectl", "-n", self.namespace, "rollout", "restart", f"deployment/{self.deployment}"
         )
+        self.wait_rolled_out()
+
+    def _scale(self, replicas: int) -> None:
+        self.cluster.run(
+            "kubectl", "-n", self.namespace, "scale", f"deployment/{self.deployment}",
+            f"--replicas={replicas}",
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        self._scale(0)
+        self.cluster.run(
+            "kubectl", "-n", self.namespace, "wait", "--for=delete", "pod",
+            "--selector=app.kubernetes.io/component=operator",
+            f"--timeout={int(OPERATOR_READY_TIMEOUT_S)}s",
+        )  # fmt: skip
+
+    def start(self) -> None:
+        self._scale(1)
         self.wait_rolled_out()
 
     @contextlib.contextmanager

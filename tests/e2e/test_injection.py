@@ -168,3 +168,22 @@ def test_pods_in_the_release_namespace_never_reach_the_webhook(
         core.delete_namespaced_pod(
             name, release.namespace, body=kubernetes.client.V1DeleteOptions(grace_period_seconds=0)
         )
+
+
+def test_opted_in_pod_is_refused_while_the_webhook_is_down(
+    admin: kubernetes.client.ApiClient, operator: harness.Operator, ready_mount: ReadyMount
+) -> None:
+    """failurePolicy Fail (the chart's default): no trainer starts without its cache."""
+    core = kubernetes.client.CoreV1Api(admin)
+    operator.stop()
+    try:
+        with pytest.raises(ApiException) as refused:
+            core.create_namespaced_pod(ready_mount.namespace, objects.pod(None, ready_mount.name))
+        message = json.loads(refused.value.body)["message"]
+        assert 'failed calling webhook "inject.shardcache.io"' in message, message
+        # Pods that did not opt in do not depend on the operator.
+        core.create_namespaced_pod(ready_mount.namespace, objects.pod(None, None))
+    finally:
+        operator.start()
+    stored = create_pod(admin, ready_mount.namespace, objects.pod(None, ready_mount.name))
+    assert_injected(stored, ready_mount, trainers=["trainer"])
