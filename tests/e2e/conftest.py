@@ -176,7 +176,7 @@ def _delete_crds(admin: kubernetes.client.ApiClient) -> None:
         )
 
 
-def _wait_namespace_gone(admin: kubernetes.client.ApiClient, name: str) -> None:
+def wait_namespace_gone(admin: kubernetes.client.ApiClient, name: str) -> None:
     """A namespace being deleted refuses new objects: wait until it is gone."""
     core = kubernetes.client.CoreV1Api(admin)
     harness.wait_until(
@@ -209,7 +209,7 @@ def release(
     core = kubernetes.client.CoreV1Api(admin)
     with contextlib.suppress(ApiException):
         if core.read_namespace(harness.RELEASE_NAMESPACE).metadata.deletion_timestamp:
-            _wait_namespace_gone(admin, harness.RELEASE_NAMESPACE)
+            wait_namespace_gone(admin, harness.RELEASE_NAMESPACE)
     install = [
         "install", harness.RELEASE, str(harness.CHART_DIR),
         "-n", harness.RELEASE_NAMESPACE, "--create-namespace", "-f", str(values_file),
@@ -235,7 +235,7 @@ def release(
         # Gone, not just going: a session right after this one installs it again.
         with contextlib.suppress(ApiException):
             core.delete_namespace(harness.RELEASE_NAMESPACE)
-        _wait_namespace_gone(admin, harness.RELEASE_NAMESPACE)
+        wait_namespace_gone(admin, harness.RELEASE_NAMESPACE)
 
 
 def _release_all_datasetmounts(admin: kubernetes.client.ApiClient) -> None:

@@ -12,7 +12,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from tests.e2e import harness, objects
-from tests.e2e.conftest import Release
+from tests.e2e.conftest import Release, wait_namespace_gone
 
 pytestmark = pytest.mark.e2e
 
@@ -130,3 +130,48 @@ def test_service_account_token_is_refused_other_secrets(
             with pytest.raises(ApiException) as denied:
                 call()
             assert denied.value.status == 403
+
+
+def test_namespaced_install_reads_pods_only_in_its_namespaces(
+    e2e_cluster: harness.Cluster, admin: kubernetes.client.ApiClient, release: Release
+) -> None:
+    """operator.watchNamespaces: a second release whose identity reaches pods,
+    DatasetMounts and peering only in the namespace it watches, never cluster-wide."""
+    name, namespace, watched = "scoped", "shardcache-scoped", release.secret_namespace
+    install = e2e_cluster.run(
+        "helm", "install", name, str(harness.CHART_DIR), f"--namespace={namespace}",
+        "--create-namespace", f"--set=operator.watchNamespaces={{{watched}}}",
+        "--set=webhook.enabled=false", "--set=peering.name=scoped", "--set=operator.replicas=1",
+    )  # fmt: skip
+    assert "STATUS: deployed" in install.stdout
+    scoped = Release(name, namespace, f"{name}-shardcache", {}, watched)
+    try:
+        allowed = [
+            ("list", "pods", WS),
+            ("watch", "datasetmounts.shardcache.io", WS),
+            ("patch", "datasetmounts.shardcache.io/status", WS),
+            ("patch", "kopfpeerings.kopf.dev/scoped", WS),
+            ("list", "customresourcedefinitions.apiextensions.k8s.io", ""),
+        ]
+        denied = [
+            ("list", "pods", ALL),
+            ("list", "pods", "default"),
+            ("list", "datasetmounts.shardcache.io", ALL),
+            ("list", "datasetmounts.shardcache.io", "default"),
+            ("patch", "clusterkopfpeerings.kopf.dev/shardcache", ""),
+            ("get", f"secrets/{objects.SECRET_NAME}", WS),
+        ]
+        wrong = [
+            f"cannot {v} {r} in {ns or 'cluster'}"
+            for v, r, ns in allowed
+            if not can_i(e2e_cluster, scoped, v, r, ns)
+        ] + [
+            f"can {v} {r} in {ns or 'cluster'}"
+            for v, r, ns in denied
+            if can_i(e2e_cluster, scoped, v, r, ns)
+        ]
+        assert not wrong, "\n".join(wrong)
+    finally:
+        e2e_cluster.run("helm", "uninstall", name, f"--namespace={namespace}", check=False)
+        kubernetes.client.CoreV1Api(admin).delete_namespace(namespace)
+        wait_namespace_gone(admin, namespace)
