@@ -182,12 +182,16 @@ def test_installed_operator_deployment_is_available_under_its_service_account(
     Running and Ready (no process runs: the tests run the operator locally)."""
     apps = kubernetes.client.AppsV1Api(admin)
     name = f"{release.name}-operator"
+    # The chart's default (2) unless the provider's values say otherwise.
+    replicas = release.values["operator"].get("replicas", 2)
 
     def available() -> int | None:
         status = apps.read_namespaced_deployment_status(name, release.namespace).status
-        return status.available_replicas if status.available_replicas == 2 else None
+        return status.available_replicas if status.available_replicas == replicas else None
 
-    harness.wait_until(f"Deployment {name} with 2 available replicas", available, timeout=120)
+    harness.wait_until(
+        f"Deployment {name} with {replicas} available replicas", available, timeout=120
+    )
     spec = apps.read_namespaced_deployment(name, release.namespace).spec.template.spec
     assert spec.service_account_name == release.service_account
     assert [v.secret.secret_name for v in spec.volumes if v.secret] == [
