@@ -256,7 +256,8 @@ class CacheSpec:
     node_path: str = _field(
         "nodePath",
         "Directory on the node (hostPath, created if missing) that holds the disk tier. "
-        "It must be writable by the sidecar's user.",
+        "It must be writable by the sidecar's user: the chart's node-cache DaemonSet "
+        "prepares the default path on every node.",
         default=names.DEFAULT_DISK_DIR,
         pattern=r"^/.*",
     )

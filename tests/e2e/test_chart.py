@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import subprocess
+import sys
 import tarfile
 
 import kubernetes.client
 import pytest
 import yaml
+from shardcache_operator import injection
 
+from shardcache import spec
 from tests.e2e import harness
 from tests.e2e.conftest import Release
 
@@ -200,3 +205,34 @@ def test_installed_operator_deployment_is_available_under_its_service_account(
     (container,) = spec.containers
     assert container.security_context.read_only_root_filesystem is True
     assert container.args == ["operator"]
+
+
+def test_node_cache_daemonset_prepares_the_sidecars_directory(
+    e2e_cluster: harness.Cluster, tmp_path: pathlib.Path
+) -> None:
+    """The non-root sidecar cannot create its hostPath disk tier; the chart's DaemonSet
+    makes the default node path its own, with root confined to an init container."""
+    (daemonset,) = [d for d in documents(render(e2e_cluster)) if d["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]  # type: ignore[index]
+    (volume,) = pod["volumes"]
+    assert volume["hostPath"] == {"path": spec.CacheSpec().node_path, "type": "DirectoryOrCreate"}
+    (prepare,) = pod["initContainers"]
+    assert prepare["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert prepare["securityContext"]["allowPrivilegeEscalation"] is False
+    uid = injection.SidecarDefaults(image="x").run_as_user
+    assert prepare["command"][-2:] == [str(uid), str(uid)]
+    (idle,) = pod["containers"]
+    assert idle["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["automountServiceAccountToken"] is False
+    # The command itself, run here as root on a stand-in for the node directory.
+    node_dir = tmp_path / "node-cache"
+    node_dir.mkdir(mode=0o755)
+    argv = [*prepare["command"][:-3], str(node_dir), *prepare["command"][-2:]]
+    subprocess.run([sys.executable, *argv[1:]], check=True)
+    stat = os.stat(node_dir)
+    assert (stat.st_uid, stat.st_gid, stat.st_mode & 0o777) == (uid, uid, 0o750)
+    assert not [
+        d
+        for d in documents(render(e2e_cluster, "--set=nodeCache.prepare=false"))
+        if d["kind"] == "DaemonSet"
+    ]
