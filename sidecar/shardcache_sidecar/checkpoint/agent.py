@@ -203,6 +203,7 @@ class Agent:
                 retry=s.retry,
                 verify=s.verify_uploads,
                 observer=self.observer,
+                buffer_bytes=s.upload_buffer,
             )
             retention.publish_pointer(self.fs, self.prefix, manifest, retry=s.retry)
         except errors.InputError as exc:

@@ -40,6 +40,10 @@ class CheckpointSettings:
     #: picked up within this; a scan costs one readdir plus two small reads per
     #: checkpoint directory, nothing next to an upload.
     poll_interval: float = 0.05
+    #: Bytes of upload parts queued in memory across all files (pyarrow buffers a
+    #: multipart upload's parts until they are sent). 512 MiB lets a lone large file
+    #: keep its upload busy; counts against the sidecar's memory limit.
+    upload_buffer: int = 512 << 20
     #: Read each object back and re-hash it before publishing. Off by default: it
     #: doubles the traffic, and restore verifies every byte anyway.
     verify_uploads: bool = False

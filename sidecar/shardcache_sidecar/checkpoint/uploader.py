@@ -14,6 +14,7 @@ import concurrent.futures
 import hashlib
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -27,10 +28,41 @@ log = logging.getLogger(__name__)
 #: Read size when streaming a file: a multiple of pyarrow's multipart part size
 #: (10 MB and up), so each write hands whole parts to the background writer.
 CHUNK = 16 << 20
-#: Bytes of one file in flight before waiting for its parts (see put_file). 64 MiB is
-#: six parts of pyarrow's 10 MiB in flight per file, plenty next to the other files
-#: uploading at once, and bounds the agent to about concurrency x 64 MiB of buffers.
-DEFAULT_WINDOW = 64 << 20
+#: Bytes of queued parts the agent allows across all files being uploaded (see
+#: `Window`). 512 MiB: a file uploading alone (the usual large model file at the end)
+#: waits for its parts only every 512 MiB, so its upload hardly ever drains; eight at
+#: once get 64 MiB each, six parts of pyarrow's 10 MiB.
+DEFAULT_BUFFER = 512 << 20
+#: No file is held to less than this, however many are in flight.
+MIN_WINDOW = 32 << 20
+
+
+class Window:
+    """How many bytes one file may queue before it waits for its parts.
+
+    pyarrow keeps every part of a multipart upload in memory until it is sent, so a
+    fast reader and a slow store would buffer whole files. Each file flushes (waits
+    for its queued parts) after its share of the budget: the budget split between the
+    files in flight, so memory stays about `budget` while a lone large file still
+    keeps many parts in flight. A flush drains the pipeline, so fewer is faster.
+    """
+
+    def __init__(self, budget: int = DEFAULT_BUFFER) -> None:
+        self._budget = budget
+        self._active = 0
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self._lock:
+            self._active += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._active -= 1
+
+    def share(self) -> int:
+        with self._lock:
+            return max(MIN_WINDOW, self._budget // max(1, self._active))
 
 
 def list_files(directory: Path) -> list[tuple[str, int]]:
@@ -84,14 +116,13 @@ def put_file(
     *,
     expected_size: int,
     observer: metrics_mod.Observer,
-    window: int = DEFAULT_WINDOW,
+    window: Window | None = None,
 ) -> str:
     """Stream one file to the store; its sha256. Raises InputError if it changed size.
 
-    pyarrow queues every part of a multipart upload in memory until it is sent; a
-    flush every `window` bytes waits for the queued parts, so one file never holds
-    more than about `window` bytes of memory however slow the store is.
+    The stream is flushed whenever the file has queued its share of `window`.
     """
+    window = window or Window()
     h = hashlib.sha256()
     sent = 0
     unflushed = 0
@@ -107,7 +138,7 @@ def put_file(
             sent += len(chunk)
             unflushed += len(chunk)
             observer.transferred("upload", len(chunk))
-            if unflushed >= window:
+            if unflushed >= window.share():
                 out.flush()
                 unflushed = 0
     if sent != expected_size:
@@ -128,6 +159,7 @@ def upload(
     retry: source.RetryPolicy,
     verify: bool = False,
     observer: metrics_mod.Observer | None = None,
+    buffer_bytes: int = DEFAULT_BUFFER,
 ) -> layout.CheckpointManifest:
     """Upload `directory` as checkpoint `marker.step` and publish its manifest.
 
@@ -153,13 +185,18 @@ def upload(
             f"other content; the published checkpoint is kept: commit under a new step"
         )
 
+    window = Window(buffer_bytes)
+
     def one(item: tuple[str, int]) -> layout.FileEntry:
         rel, size = item
         remote = layout.data_path(prefix, step, rel)
         obs.file_started()
+        window.enter()
         try:
             digest = source.with_retries(
-                lambda: put_file(fs, directory / rel, remote, expected_size=size, observer=obs),
+                lambda: put_file(
+                    fs, directory / rel, remote, expected_size=size, observer=obs, window=window
+                ),
                 what=f"uploading {remote}",
                 policy=retry,
             )
@@ -174,6 +211,7 @@ def upload(
                         f"{digest} ({size} bytes): the store did not keep the bytes sent"
                     )
         finally:
+            window.leave()
             obs.file_finished()
         return layout.FileEntry(rel, size, digest)
 
