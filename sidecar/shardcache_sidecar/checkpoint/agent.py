@@ -205,6 +205,7 @@ class Agent:
                 observer=self.observer,
                 buffer_bytes=s.upload_buffer,
             )
+            uploaded = time.monotonic()
             retention.publish_pointer(self.fs, self.prefix, manifest, retry=s.retry)
         except errors.InputError as exc:
             log.error("checkpoint step %d in %s is not uploaded: %s", step, path, exc)
@@ -230,11 +231,14 @@ class Agent:
         seconds = time.monotonic() - started
         self.observer.published(step, seconds, manifest.created_at)
         log.info(
-            "published checkpoint step %d (%d files, %d bytes) in %.2fs",
+            "published checkpoint step %d (%d files, %d bytes) in %.2fs (files and "
+            "manifest %.2fs, pointer and status %.3fs)",
             step,
             len(manifest.files),
             manifest.total_bytes,
             seconds,
+            uploaded - started,
+            time.monotonic() - uploaded,
         )
         self._prune()
         return True
