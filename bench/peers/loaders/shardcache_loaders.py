@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,8 +113,19 @@ class SidecarLoader(EmbeddedLoader):
             memory_dir=memory_dir,
             reconnect_timeout=SIDECAR_START_TIMEOUT,
         )
+        transport = sidecar_client.Transport(settings)
+        deadline = time.monotonic() + SIDECAR_START_TIMEOUT
         try:
-            sidecar_client.Transport(settings).call("GET", control_protocol.READYZ)
+            while True:
+                try:
+                    # Retries while the socket is absent or the sidecar is starting; a
+                    # 503 from /readyz (gates still closed) is polled here.
+                    transport.call("GET", control_protocol.READYZ)
+                    return
+                except sidecar_client.Rejected:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
         except Exception:
             self.close()
             raise
