@@ -354,7 +354,7 @@ class CheckpointSpec:
     uri: str = _field(
         "uri",
         "Object store prefix checkpoints are uploaded to (s3://bucket/run-42/). Uses the "
-        "source's secretRef for credentials.",
+        "source's secretRef for credentials. Ranked pods publish under <uri>/rank-<rank>.",
         pattern=URI_PATTERN,
     )
     keep_last: int = _field(

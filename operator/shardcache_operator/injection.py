@@ -196,12 +196,12 @@ def _sidecar_env(
     if spec.checkpoint is not None:
         values += [
             (names.ENV_CHECKPOINT_DIR, spec.checkpoint.mount_path),
-            (names.ENV_CHECKPOINT_URI, spec.checkpoint.uri),
             (names.ENV_CHECKPOINT_KEEP_LAST, str(spec.checkpoint.keep_last)),
             (names.ENV_CHECKPOINT_RESTORE, spec.checkpoint.restore),
         ]
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values]
-    if spec.sharding.rank_from == "JobCompletionIndex" and indexed_job:
+    ranked_by_index = spec.sharding.rank_from == "JobCompletionIndex" and indexed_job
+    if ranked_by_index:
         # The downward API reads the index the Job controller stamped on the pod, so a
         # Job template injected offline gets the same env as a pod admitted online.
         env.append(
@@ -212,7 +212,28 @@ def _sidecar_env(
                 },
             }
         )
+    if spec.checkpoint is not None:
+        env.append(
+            {"name": names.ENV_CHECKPOINT_URI, "value": checkpoint_uri(spec, ranked_by_index)}
+        )
     return env
+
+
+def checkpoint_uri(spec: spec_model.DatasetMountSpec, ranked_by_index: bool) -> str:
+    """Where this pod's sidecar publishes checkpoints.
+
+    Every pod's agent owns its prefix (two agents publishing one step to one prefix is
+    refused as a duplicate), so a ranked pod publishes under `<uri>/rank-<rank>`. For an
+    Indexed Job the rank is only known in the pod: `$(SHARDCACHE_RANK)` is expanded by
+    the kubelet from the variable defined just before it.
+    """
+    assert spec.checkpoint is not None
+    base = spec.checkpoint.uri.rstrip("/")
+    if ranked_by_index:
+        return f"{base}/rank-$({names.ENV_RANK})"
+    if spec.sharding.rank_from == "Fixed" and spec.sharding.rank is not None:
+        return f"{base}/rank-{spec.sharding.rank}"
+    return spec.checkpoint.uri
 
 
 def _probe(path: str, port: int, *, period: int, failures: int) -> dict[str, Any]:

@@ -445,3 +445,30 @@ def test_datasetmount_being_deleted_is_not_ready() -> None:
     response, _ = admit(pod(), deleting)
     assert response["allowed"] is False
     assert "DatasetMount ml/imagenet is being deleted" in response["status"]["message"]
+
+
+def test_each_rank_of_an_indexed_job_publishes_checkpoints_under_its_own_prefix() -> None:
+    obj = pod(sharding={})
+    obj["metadata"]["annotations"] = {injection.ANNOTATION_JOB_INDEX: "3"}
+    obj["metadata"]["labels"]["batch.kubernetes.io/job-name"] = "resnet"
+    obj["metadata"]["ownerReferences"] = [
+        {"kind": "Job", "name": "resnet", "uid": "u", "apiVersion": "batch/v1"}
+    ]
+    checkpoint = {"uri": "s3://ckpt/run-1/"}
+    _, stored = admit(obj, dsm("imagenet", sharding={"worldSize": 4}, checkpoint=checkpoint))
+    env = sidecars(stored)[0]["env"]
+    order = [e["name"] for e in env]
+    # The kubelet expands $(VAR) only from variables defined before it.
+    assert order.index(names.ENV_RANK) < order.index(names.ENV_CHECKPOINT_URI)
+    assert env_of(sidecars(stored)[0])[names.ENV_CHECKPOINT_URI] == (
+        f"s3://ckpt/run-1/rank-$({names.ENV_RANK})"
+    )
+
+
+def test_a_fixed_rank_publishes_under_its_rank_and_an_unranked_pod_under_the_uri() -> None:
+    checkpoint = {"uri": "s3://ckpt/run-1"}
+    sharding = {"rankFrom": "Fixed", "rank": 2, "worldSize": 3}
+    _, stored = admit(pod(), dsm("imagenet", sharding=sharding, checkpoint=checkpoint))
+    assert env_of(sidecars(stored)[0])[names.ENV_CHECKPOINT_URI] == "s3://ckpt/run-1/rank-2"
+    _, stored = admit(pod(), dsm("imagenet", checkpoint=checkpoint))
+    assert env_of(sidecars(stored)[0])[names.ENV_CHECKPOINT_URI] == "s3://ckpt/run-1"
