@@ -77,7 +77,7 @@ def run_one(
     scratch = root / "scratch" / name
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
-    shm_scratch = Path(tempfile.mkdtemp(prefix=f"scb-peers-{name}-", dir=SHM))
+    shm_scratch = Path(tempfile.mkdtemp(prefix=f"scb-peers-{name}-", dir=args.shm_dir))
     inputs = memory.files_under([root / INPUTS[name]])
     memory.evict(inputs)
     resident = memory.resident_bytes(inputs)
@@ -176,6 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--docs", type=Path, help="rewrite the results section of this Markdown file")
     p.add_argument("--chart", type=Path, help="write the tokens/s bar chart (PNG) here")
     p.add_argument("--json", type=Path, help="write every measurement here")
+    p.add_argument(
+        "--shm-dir",
+        type=Path,
+        default=SHM,
+        help="memory-backed directory for memory tiers (default /dev/shm; e.g. a huge=always "
+        "tmpfs to see what a huge-page memory tier changes)",
+    )
     p.add_argument("--keep-scratch", action="store_true")
     p.add_argument("--prepare-only", action="store_true", help="generate and convert, then stop")
     p.add_argument(
