@@ -25,7 +25,6 @@ import pathlib
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -41,7 +40,7 @@ import kubernetes.config
 import pyarrow.fs
 from kubernetes.client.rest import ApiException
 
-from tests.support import toolpaths
+from tests.support import processes, toolpaths
 
 PROVIDER_ENV = "SHARDCACHE_E2E_CLUSTER"
 PROVIDERS = ("local", "kind")
@@ -391,14 +390,7 @@ class LocalOperator:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=STOP_TIMEOUT_S)
+        processes.stop(process, STOP_TIMEOUT_S)
 
     def restart(self) -> None:
         self.stop()

@@ -12,7 +12,6 @@ import os
 import pathlib
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -24,7 +23,7 @@ from collections.abc import Iterator
 import pyarrow.fs
 import pytest
 
-from tests.support import faultproxy, toolpaths
+from tests.support import faultproxy, processes, toolpaths
 
 HOST = "127.0.0.1"
 REGION = "us-east-1"
@@ -141,14 +140,7 @@ class S3Server:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=STOP_TIMEOUT_S)
+        processes.stop(process, STOP_TIMEOUT_S)
 
     @property
     def running(self) -> bool:
