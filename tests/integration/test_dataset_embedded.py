@@ -307,3 +307,36 @@ def test_bad_input_on_s3_says_what_was_expected(
         open_s3(s3_server, f"s3://{s3_bucket}/mixed", tmp_path)
     with pytest.raises(errors.InputError, match="unsupported format 'csv'"):
         open_s3(s3_server, f"s3://{s3_bucket}/mixed", tmp_path, format="csv")
+
+
+def test_a_later_epoch_reads_through_the_mappings_of_the_previous_one(tmp_path: Path) -> None:
+    datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), [500, 500])
+    with shardcache.open(str(tmp_path / "ds"), cache_dir=tmp_path / "c", block_size=100) as ds:
+        first = {b.column("uid")[0].as_py(): b for b in ds.batches(100)}
+        ds.set_epoch(1)
+        second = {b.column("uid")[0].as_py(): b for b in ds.batches(100)}
+    assert first.keys() == second.keys()
+    # Same rows at the same addresses: the epoch-0 mapping served epoch 1.
+    for uid, batch in first.items():
+        addr = batch.column("tokens").values.buffers()[1].address
+        assert second[uid].column("tokens").values.buffers()[1].address == addr
+
+
+def test_mappings_of_evicted_shards_are_let_go(tmp_path: Path) -> None:
+    datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), [400] * 6)
+    probe = pq.read_table(next((tmp_path / "ds").iterdir()))
+    limit = int(probe.nbytes * 2.6) + 4096
+    mem = tmp_path / "c" / "mem"
+    with shardcache.open(
+        str(tmp_path / "ds"), cache_dir=tmp_path / "c", memory_limit=limit, block_size=100
+    ) as ds:
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            for _ in ds.batches(64):
+                deleted = [
+                    line
+                    for line in Path("/proc/self/maps").read_text().splitlines()
+                    if str(mem) in line and line.endswith("(deleted)")
+                ]
+                # Only the shard being read may still be mapped after its eviction.
+                assert len({line.split()[-2] for line in deleted}) <= 1
