@@ -147,6 +147,10 @@ def result_line(rows: Sequence[dict[str, Any]]) -> str:
     return f"RESULT vs_mosaic={r['mosaic']} vs_litdata={r['litdata']} vs_pyarrow={r['pyarrow']}"
 
 
+def _label(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
 def chart(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib
 
@@ -163,8 +167,8 @@ def chart(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     ax.bar([i - width / 2 for i in x], cold, width, label="cold (first pass)", color="#8da0cb")
     ax.bar([i + width / 2 for i in x], warm, width, label="warm (second pass)", color="#1b4f9c")
     for i, (c, w) in enumerate(zip(cold, warm, strict=True)):
-        ax.annotate(f"{c:,.1f}", (i - width / 2, c), ha="center", va="bottom", fontsize=7)
-        ax.annotate(f"{w:,.1f}", (i + width / 2, w), ha="center", va="bottom", fontsize=7)
+        ax.annotate(_label(c), (i - width / 2, c), ha="center", va="bottom", fontsize=7)
+        ax.annotate(_label(w), (i + width / 2, w), ha="center", va="bottom", fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("million tokens/s delivered to the loop (log scale)")
     ax.set_xticks(list(x), names, rotation=20, ha="right")
