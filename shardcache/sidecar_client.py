@@ -19,12 +19,13 @@ import http.client
 import json
 import logging
 import os
+import queue
 import random
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +251,42 @@ class _ReaderState:
     position: int
 
 
+class _HoldDropper:
+    """Drops the sidecar's holds off the read path, on a thread of its own.
+
+    Once this process holds its own flock on an entry, the sidecar's hold is redundant;
+    waiting for its DELETE would add a round trip to every shard. The drop follows within
+    milliseconds, and `close()` drains what is queued.
+    """
+
+    def __init__(self, drop: Callable[[str], None]) -> None:
+        self._drop = drop
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, lease_id: str) -> None:
+        with self._lock:
+            # is_alive: after a fork (DataLoader workers) the child has no such thread.
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="shardcache-hold-dropper", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(lease_id)
+
+    def _run(self) -> None:
+        while (lease_id := self._queue.get()) is not None:
+            self._drop(lease_id)
+
+    def close(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive():
+            self._queue.put(None)
+            thread.join()
+
+
 class SidecarProvider:
     """`ShardProvider` backed by the pod's sidecar. Thread-safe."""
 
@@ -258,6 +295,7 @@ class SidecarProvider:
         self._transport = Transport(settings)
         self._readers: dict[str, _ReaderState] = {}
         self._lock = threading.Lock()
+        self._dropper = _HoldDropper(self._drop_sidecar_lease)
         self._manifest = self._fetch_manifest()
 
     @classmethod
@@ -411,9 +449,14 @@ class SidecarProvider:
             )
         try:
             pinned = lease_mod.pin(path, lock)
-        finally:
-            # Our own lock (or the entry's absence) makes the sidecar's hold unneeded.
+        except BaseException:
             self._drop_sidecar_lease(lease_id)
+            raise
+        # Our own lock (or the entry's absence) makes the sidecar's hold unneeded.
+        if pinned is None:
+            self._drop_sidecar_lease(lease_id)
+        else:
+            self._dropper.submit(lease_id)
         return pinned
 
     def _drop_sidecar_lease(self, lease_id: str) -> None:
@@ -438,6 +481,7 @@ class SidecarProvider:
             log.debug("unregistering reader %s: %s", reader_id, exc)
 
     def close(self) -> None:
+        self._dropper.close()
         with self._lock:
             reader_ids = list(self._readers)
         for reader_id in reader_ids:

@@ -162,6 +162,16 @@ class SidecarProcess:
         finally:
             conn.close()
 
+    def holds_drain(self, timeout: float = 10.0) -> int:
+        """The sidecar's holds once the client's asynchronous hand-over drops settle
+        (polled until zero or `timeout`); returns the last count seen."""
+        deadline = time.monotonic() + timeout
+        while True:
+            holds = int(self.control("GET", "/v1/status")[1]["holds"])
+            if holds == 0 or time.monotonic() > deadline:
+                return holds
+            time.sleep(0.02)
+
     def kill(self, sig: int = signal.SIGKILL) -> int:
         process, self.process = self.process, None
         if process is None:
