@@ -189,6 +189,25 @@ def upcoming_shards(runs: Sequence[Run], position: int) -> list[int]:
     return shard_order(list(skip(runs, position)))
 
 
+def run_ends(runs: Sequence[Run]) -> list[int]:
+    """Position just past each run: `next_shards` finds a position's run by bisection."""
+    return list(itertools.accumulate(len(r) for r in runs))
+
+
+def next_shards(runs: Sequence[Run], ends: Sequence[int], position: int, count: int) -> list[int]:
+    """The first `count` of `upcoming_shards(runs, position)`, without walking the runs
+    before `position`: the prefetcher asks this at every shard a reader acquires."""
+    out: list[int] = []
+    for i in range(bisect.bisect_right(ends, position), len(runs)):
+        if len(out) == count:
+            break
+        shard = runs[i].shard
+        if not out or out[-1] != shard:
+            # A shard's runs are contiguous in a plan (rule 4), so a repeat is the last one.
+            out.append(shard)
+    return out
+
+
 def shard_offsets(shard_rows: Sequence[int]) -> list[int]:
     """Global sample index of each shard's first row (manifest order)."""
     return [0, *itertools.accumulate(shard_rows)][:-1] if shard_rows else []

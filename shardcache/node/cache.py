@@ -128,6 +128,10 @@ class _Reader:
     params: plan.PlanParams
     runs: list[plan.Run]
     position: int
+    ends: list[int] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.ends = plan.run_ends(self.runs)
 
 
 class CacheNode:
@@ -331,7 +335,7 @@ class CacheNode:
             reader = self._readers.get(reader_id)
             if reader is None:
                 return []
-            return plan.upcoming_shards(reader.runs, reader.position)[:count]
+            return plan.next_shards(reader.runs, reader.ends, reader.position, count)
 
     def _schedule(self) -> None:
         if self._closed:

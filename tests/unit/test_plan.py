@@ -113,3 +113,14 @@ def test_global_index_and_locate_are_inverse() -> None:
 def test_bad_plan_parameters_name_what_is_wrong(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(errors.InputError, match=re.escape(message)):
         plan.PlanParams(**kwargs)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 5, 100])
+def test_next_shards_agrees_with_upcoming_shards_at_every_position(count: int) -> None:
+    runs = plan.rank_runs(ROWS, "d", plan.PlanParams(seed=4, block_size=9))
+    ends = plan.run_ends(runs)
+    for position in range(sum(len(r) for r in runs) + 1):
+        assert (
+            plan.next_shards(runs, ends, position, count)
+            == (plan.upcoming_shards(runs, position)[:count])
+        )
