@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from shardcache import control_protocol as proto
 from shardcache import errors, plan
 from shardcache import sidecar_client as client_mod
 from tests.support import datasets
+from tests.support.locks import exclusively_lockable
 from tests.support.sidecar import SidecarProcess
 
 pytestmark = pytest.mark.integration
@@ -50,18 +50,6 @@ def provider(proc: SidecarProcess, **kwargs: Any) -> client_mod.SidecarProvider:
 
 def uids(ds: shardcache.Dataset, batch_size: int = 50) -> list[int]:
     return [u for b in ds.batches(batch_size) for u in b.column("uid").to_pylist()]
-
-
-def exclusively_lockable(lock: Path) -> bool:
-    """Whether an evictor could take the entry now (nobody holds a lease on it)."""
-    fd = os.open(lock, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 def test_manifest_from_the_sidecar_matches_a_direct_resolve(

@@ -6,7 +6,6 @@ and for the trainer-death test a trainer subprocess.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import signal
@@ -26,6 +25,7 @@ import shardcache
 from shardcache import plan
 from shardcache import sidecar_client as client_mod
 from tests.support import datasets
+from tests.support.locks import exclusively_lockable
 from tests.support.s3server import S3Server
 from tests.support.sidecar import SidecarProcess
 
@@ -71,17 +71,6 @@ def sidecar_args(memory_limit: int) -> list[str]:
         "--memory-limit", str(memory_limit),
         "--prefetch-depth", "2",
     ]  # fmt: skip
-
-
-def locked_by_someone(lock: Path) -> bool:
-    fd = os.open(lock, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def test_sigkill_mid_epoch_and_restart_loses_and_repeats_no_row(
@@ -157,10 +146,10 @@ def test_a_shard_the_trainer_holds_survives_a_sidecar_restart_under_memory_press
         shards.acquire(reader, shard, epoch=0, position=0).release()
     stats = proc.control("GET", "/v1/status")[1]["stats"]
     assert stats["evictions"]["memory"] > 0
-    assert held.path.exists() and locked_by_someone(held.lock_path)
+    assert held.path.exists() and not exclusively_lockable(held.lock_path)
     assert batch.to_pydict() == table.slice(0, SHARDS[0]).to_pydict()
     held.release()
-    assert not locked_by_someone(held.lock_path)
+    assert exclusively_lockable(held.lock_path)
 
 
 TRAINER = textwrap.dedent(
@@ -192,9 +181,9 @@ def test_a_trainer_killed_with_sigkill_leaks_no_pin(
             line = trainer.stdout.readline().strip()
             assert line, f"the trainer exited with {trainer.poll()} before acquiring"
             lock = Path(line)
-            assert locked_by_someone(lock)
+            assert not exclusively_lockable(lock)
             assert proc.holds_drain() == 0  # only the trainer's own lock pins it
         finally:
             trainer.kill()
             trainer.wait(timeout=30)
-    assert not locked_by_someone(lock)
+    assert exclusively_lockable(lock)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
-import os
 import shutil
 import socket
 import tempfile
@@ -16,6 +14,7 @@ from shardcache import errors
 from shardcache import sidecar_client as client_mod
 from shardcache.node import lease as lease_mod
 from shardcache.node import names
+from tests.support.locks import exclusively_lockable
 
 pytestmark = pytest.mark.unit
 
@@ -78,27 +77,16 @@ def test_an_absent_sidecar_raises_unavailable_naming_socket_and_wait() -> None:
         shutil.rmtree(short)
 
 
-def exclusive_possible(lock: Path) -> bool:
-    fd = os.open(lock, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
-
-
 def test_a_pin_blocks_eviction_until_released(tmp_path: Path) -> None:
     data, lock = tmp_path / "k", tmp_path / "k.lock"
     data.write_bytes(b"x")
     lock.touch()
     pinned = lease_mod.pin(data, lock)
     assert pinned is not None and pinned.path == data
-    assert not exclusive_possible(lock)
+    assert not exclusively_lockable(lock)
     pinned.release()
     pinned.release()
-    assert exclusive_possible(lock) and not pinned.held
+    assert exclusively_lockable(lock) and not pinned.held
 
 
 def test_a_dropped_pin_unpins_when_collected(tmp_path: Path) -> None:
@@ -108,7 +96,7 @@ def test_a_dropped_pin_unpins_when_collected(tmp_path: Path) -> None:
     pinned = lease_mod.pin(data, lock)
     assert pinned is not None
     del pinned
-    assert exclusive_possible(lock)
+    assert exclusively_lockable(lock)
 
 
 def test_pinning_an_entry_that_went_away_returns_none(tmp_path: Path) -> None:
