@@ -10,6 +10,7 @@ calls it from an executor and embedded mode calls it directly.
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import dataclasses
 import logging
 import threading
@@ -82,6 +83,11 @@ class _Counting:
         self.stats = NodeStats()
         self._outer = outer
         self._lock = threading.Lock()
+
+    def snapshot(self) -> NodeStats:
+        """A copy the caller may read while fetch threads keep counting."""
+        with self._lock:
+            return copy.deepcopy(self.stats)
 
     def hit(self, tier: str) -> None:
         with self._lock:
@@ -378,7 +384,7 @@ class CacheNode:
         return True
 
     def stats(self) -> NodeStats:
-        stats = dataclasses.replace(self._events.stats)
+        stats = self._events.snapshot()
         stats.disk_resident_bytes = self.disk.resident_bytes()
         stats.disk_limit_bytes = self.settings.disk_limit
         stats.memory_resident_bytes = self.memory.resident_bytes()
