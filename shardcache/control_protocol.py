@@ -72,6 +72,10 @@ def position_path(reader_id: str) -> str:
     return f"{PREFIX}/readers/{reader_id}/position"
 
 
+def pinned_path(reader_id: str) -> str:
+    return f"{PREFIX}/readers/{reader_id}/pinned"
+
+
 def lease_path(lease_id: str) -> str:
     return f"{PREFIX}/leases/{lease_id}"
 

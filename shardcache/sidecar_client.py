@@ -10,11 +10,16 @@ outlives a sidecar restart. When the sidecar is killed and restarted (the kubele
 that to a native sidecar), calls retry with backoff for up to `reconnect_timeout`
 seconds, re-register the reader where it left off and carry on; the reading position
 lives in `Dataset`, so no row is lost or repeated.
+
+A warm shard costs no round trip: when the sidecar says an entry may be reused, the
+provider remembers it and, the next time that shard is asked for, pins it directly and
+tells the sidecar afterwards, off the read path (`SidecarProvider.acquire`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import http.client
 import json
 import logging
@@ -35,6 +40,7 @@ from shardcache import manifest as manifest_mod
 from shardcache import plan as plan_mod
 from shardcache.node import lease as lease_mod
 from shardcache.node import names
+from shardcache.node import tier as tier_mod
 
 log = logging.getLogger(__name__)
 
@@ -251,33 +257,46 @@ class _ReaderState:
     position: int
 
 
-class _HoldDropper:
-    """Drops the sidecar's holds off the read path, on a thread of its own.
+@dataclasses.dataclass(frozen=True)
+class _Handed:
+    """A memory-tier entry the sidecar handed over and said may be pinned again."""
 
-    Once this process holds its own flock on an entry, the sidecar's hold is redundant;
-    waiting for its DELETE would add a round trip to every shard. The drop follows within
-    milliseconds, and `close()` drains what is queued.
+    path: Path
+    lock: Path
+    size: int
+
+
+class _Notifier:
+    """Runs calls to the sidecar in the order queued, off the read path, on a thread
+    of its own: dropping the sidecar's holds once this process has its own lock, and
+    telling it about shards pinned without asking. Waiting for either would add a round
+    trip to every shard. They follow within milliseconds, and `close()` drains the queue.
+
+    A queued call must not raise: the trainer is not there to catch it. One that does
+    anyway is logged, and the thread goes on with the next.
     """
 
-    def __init__(self, drop: Callable[[str], None]) -> None:
-        self._drop = drop
-        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def submit(self, lease_id: str) -> None:
+    def submit(self, call: Callable[[], None]) -> None:
         with self._lock:
             # is_alive: after a fork (DataLoader workers) the child has no such thread.
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
-                    target=self._run, name="shardcache-hold-dropper", daemon=True
+                    target=self._run, name="shardcache-notifier", daemon=True
                 )
                 self._thread.start()
-        self._queue.put(lease_id)
+        self._queue.put(call)
 
     def _run(self) -> None:
-        while (lease_id := self._queue.get()) is not None:
-            self._drop(lease_id)
+        while (call := self._queue.get()) is not None:
+            try:
+                call()
+            except Exception:
+                log.exception("a background call to the sidecar failed; dropping it")
 
     def close(self) -> None:
         with self._lock:
@@ -295,7 +314,9 @@ class SidecarProvider:
         self._transport = Transport(settings)
         self._readers: dict[str, _ReaderState] = {}
         self._lock = threading.Lock()
-        self._dropper = _HoldDropper(self._drop_sidecar_lease)
+        self._notifier = _Notifier()
+        #: Entries handed over with reuse allowed, by shard index (see `acquire`).
+        self._handed: dict[int, _Handed] = {}
         self._manifest = self._fetch_manifest()
 
     @classmethod
@@ -398,7 +419,18 @@ class SidecarProvider:
     def acquire(
         self, reader_id: str, shard: int, *, epoch: int, position: int
     ) -> lease_mod.PinnedEntry:
+        """Pin `shard` in the memory tier for this process.
+
+        A shard handed over before with `reuse` (a later epoch, a resumed reader) is
+        pinned directly, and the sidecar told afterwards (`_pin_again`); any other, or
+        one whose entry went away, costs a round trip to the sidecar, which makes the
+        shard resident and hands it over.
+        """
         self._move(reader_id, epoch, position)
+        pinned = self._pin_again(shard)
+        if pinned is not None:
+            self._notifier.submit(functools.partial(self._notify_pinned, reader_id, shard))
+            return pinned
         body = {
             "shard": shard,
             "epoch": epoch,
@@ -412,7 +444,7 @@ class SidecarProvider:
             answer = self._reader_call(
                 reader_id, proto.acquire_path(reader_id), body, timeout=socket_timeout
             )
-            pinned = self._take_over(answer)
+            pinned = self._take_over(shard, answer)
             if pinned is not None:
                 return pinned
             # Only when the entry went away between the answer and our lock: the sidecar
@@ -422,6 +454,61 @@ class SidecarProvider:
             f"shard {shard} kept leaving the memory tier before this process could pin it; "
             "the memory limit is likely too small for the readers on this node"
         )
+
+    def _pin_again(self, shard: int) -> lease_mod.PinnedEntry | None:
+        """Pin the entry an earlier acquire of `shard` handed over, without the sidecar.
+
+        Safe without asking, because:
+
+        * eviction needs an exclusive flock on the entry's lock file, and `pin` takes a
+          shared one, then checks the lock file is still the one at that path and the
+          data file is there with the size handed over: an entry evicted before we
+          locked it fails the check, and one we locked cannot be evicted;
+        * a memory-tier key names immutable content (manifest digest, shard, decode
+          version), and a data file appears only by rename once complete, so an entry
+          evicted and made again under the same key has the same bytes;
+        * the sidecar said `reuse`: its own lookup checks no more than this (it does not
+          verify checksums in the memory tier).
+
+        Returns None (and forgets the entry) when the pin fails: the caller asks the
+        sidecar, which makes the shard resident again.
+        """
+        with self._lock:
+            handed = self._handed.get(shard)
+        if handed is None:
+            return None
+        pinned = lease_mod.pin(handed.path, handed.lock, handed.size)
+        if pinned is not None:
+            try:
+                tier_mod.mark_used(handed.path)  # what the sidecar's lookup would do
+            except FileNotFoundError:
+                pinned.release()
+                pinned = None
+        if pinned is None:
+            log.debug("shard %d: the entry handed over before went away; asking", shard)
+            with self._lock:
+                if self._handed.get(shard) == handed:
+                    del self._handed[shard]
+        return pinned
+
+    def _notify_pinned(self, reader_id: str, shard: int) -> None:
+        """Tell the sidecar a reader took `shard` without asking (on the notifier).
+
+        Sends the reader's latest epoch and position rather than those at the pin, so a
+        late notification never moves the sidecar's view of the reader back. Failures are
+        dropped: the next acquire's position corrects the sidecar.
+        """
+        with self._lock:
+            state = self._readers.get(reader_id)
+            if state is None:  # closed meanwhile
+                return
+            body = {"shard": shard, "epoch": state.params.epoch, "position": state.position}
+        try:
+            self._reader_call(reader_id, proto.pinned_path(reader_id), body, retry=False)
+        except errors.ShardcacheError as exc:
+            # Down or restarting (it re-learns the position at the next call), or an
+            # older sidecar without the route.
+            log.info("telling the sidecar reader %s pinned shard %d: %s", reader_id, shard, exc)
 
     def _inside_memory_dir(self, relative: object, what: str) -> Path:
         if not isinstance(relative, str) or not relative:
@@ -433,7 +520,7 @@ class SidecarProvider:
             )
         return path
 
-    def _take_over(self, answer: Any) -> lease_mod.PinnedEntry | None:
+    def _take_over(self, shard: int, answer: Any) -> lease_mod.PinnedEntry | None:
         if not isinstance(answer, Mapping):
             raise errors.CacheError(
                 f"sidecar sent an acquire answer that is not an object: {answer!r}"
@@ -456,8 +543,23 @@ class SidecarProvider:
         if pinned is None:
             self._drop_sidecar_lease(lease_id)
         else:
-            self._dropper.submit(lease_id)
+            self._notifier.submit(functools.partial(self._drop_sidecar_lease, lease_id))
+            self._remember(shard, pinned, answer)
         return pinned
+
+    def _remember(
+        self, shard: int, pinned: lease_mod.PinnedEntry, answer: Mapping[str, Any]
+    ) -> None:
+        size = answer.get("size")
+        handed = None
+        # An older sidecar sends no `reuse`: never pinned without asking.
+        if answer.get("reuse") is True and type(size) is int and size >= 0:
+            handed = _Handed(pinned.path, pinned.lock_path, size)
+        with self._lock:
+            if handed is not None:
+                self._handed[shard] = handed
+            else:
+                self._handed.pop(shard, None)
 
     def _drop_sidecar_lease(self, lease_id: str) -> None:
         if not proto.LEASE_ID_PATTERN.match(lease_id):
@@ -481,7 +583,7 @@ class SidecarProvider:
             log.debug("unregistering reader %s: %s", reader_id, exc)
 
     def close(self) -> None:
-        self._dropper.close()
+        self._notifier.close()
         with self._lock:
             reader_ids = list(self._readers)
         for reader_id in reader_ids:

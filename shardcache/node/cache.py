@@ -238,6 +238,13 @@ class CacheNode:
             f"({self.settings.memory_limit} bytes) is too small for the readers on this node"
         )
 
+    def note_reuse(self, shard: int) -> None:
+        """Count a memory-tier hit for `shard`, taken without a lookup here: a trainer
+        pinned an entry it had been handed before (docs/wire-format.md, the reuse fast
+        path), so the statistics still count every shard a reader took."""
+        self._check_index(shard)
+        self._events.hit(self.memory.name)
+
     def _materialize(self, shard: int, *, prefetch: bool, wait: float | None) -> None:
         """Make `shard` resident once; concurrent callers share one attempt."""
         with self._lock:

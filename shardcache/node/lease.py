@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import threading
 import weakref
 from pathlib import Path
@@ -63,12 +64,13 @@ def _close_quietly(fd: int) -> None:
         os.close(fd)
 
 
-def pin(path: Path, lock_path: Path) -> PinnedEntry | None:
+def pin(path: Path, lock_path: Path, size: int | None = None) -> PinnedEntry | None:
     """Take a shared lock on the entry whose data file is `path`.
 
     Returns None when the entry is gone or was replaced between the sidecar's answer and
     this call (the lock file no longer names the file we locked, or the data file is
-    missing): the caller asks the sidecar again. Never creates files.
+    missing, or, given `size`, is not `size` bytes long): the caller asks the sidecar
+    again. Never creates files.
     """
     try:
         fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
@@ -87,10 +89,18 @@ def pin(path: Path, lock_path: Path) -> PinnedEntry | None:
             locked.st_dev,
             locked.st_ino,
         )
-        if not same or not path.is_file():
+        if not same or not _is_entry_data(path, size):
             _close_quietly(fd)
             return None
     except BaseException:
         _close_quietly(fd)
         raise
     return PinnedEntry(path, lock_path, fd)
+
+
+def _is_entry_data(path: Path, size: int | None) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)

@@ -50,6 +50,7 @@ __all__ = [
     "TierFullError",
     "TierObserver",
     "check_key",
+    "mark_used",
     "read_meta",
     "sha256_file",
 ]
@@ -248,8 +249,9 @@ def _reserved_size(tmp_name: str) -> int:
         return 0
 
 
-def _touch(path: Path) -> None:
-    """Mark an entry used now. An explicit time, because the kernel's own (utime with no
+def mark_used(path: Path) -> None:
+    """Mark an entry used now (a lookup, or a trainer that pins an entry it was handed
+    before: `sidecar_client`). An explicit time, because the kernel's own (utime with no
     times) is a clock tick coarse, which would make entries used in a burst tie.
 
     Setting an explicit time needs ownership of the file; an entry written by a process
@@ -377,7 +379,7 @@ class Tier:
                     # crash in between leaves data without meta, which is never served.
                     os.replace(tmp_path, self._data(key))
                     os.replace(meta_tmp, self._meta(key))
-                    _touch(self._data(key))  # the newest entry is the last to evict
+                    mark_used(self._data(key))  # the newest entry is the last to evict
                 committed = True
             finally:
                 if not committed:
@@ -575,7 +577,7 @@ class Tier:
                     return None, "corrupted"
             if touch:
                 try:
-                    _touch(self._data(key))
+                    mark_used(self._data(key))
                 except FileNotFoundError:  # another process found it corrupted meanwhile
                     os.close(lease_fd)
                     return None, "missing"

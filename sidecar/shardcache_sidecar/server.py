@@ -384,6 +384,27 @@ class Sidecar:
         await self.blocking(node.update_reader, reader_id, epoch=epoch, position=position)
         return json_response({"reader": reader_id, "epoch": epoch, "position": position})
 
+    async def post_pinned(self, request: web.Request) -> web.Response:
+        """The reader pinned shard S itself, from an entry an earlier acquire handed it.
+
+        The client's warm path (the `reuse` fast path of docs/wire-format.md): no hold,
+        no lookup here; only what an acquire would have done besides leasing: move the
+        reader, so prefetch follows it, and count the memory-tier hit.
+        """
+        node = self.serving()
+        reader_id = self._known_reader(request)
+        body = await _json_body(request)
+        shard = proto.require_int(body, "shard")
+        epoch = proto.require_int(body, "epoch", minimum=0)
+        position = proto.require_int(body, "position", minimum=0)
+        _check_shard(node, shard)
+        self.registry.move(reader_id, epoch=epoch, position=position)
+        await self.blocking(node.update_reader, reader_id, epoch=epoch, position=position)
+        node.note_reuse(shard)
+        return json_response(
+            {"reader": reader_id, "shard": shard, "epoch": epoch, "position": position}
+        )
+
     def _known_reader(self, request: web.Request) -> str:
         reader_id = proto.check_reader_id(request.match_info["reader_id"])
         if self.registry.get(reader_id) is None:
@@ -408,14 +429,7 @@ class Sidecar:
             if wanted is None
             else min(wanted, self.settings.acquire_timeout)
         )
-        n = len(node.manifest.shards)
-        if not 0 <= shard < n:
-            raise RequestError(
-                400,
-                proto.KIND_INPUT,
-                proto.CODE_UNKNOWN_SHARD,
-                f"shard index {shard} is out of range: the manifest has {n} shards (0..{n - 1})",
-            )
+        _check_shard(node, shard)
         self.registry.move(reader_id, epoch=epoch, position=position)
         await self.blocking(node.update_reader, reader_id, epoch=epoch, position=position)
         entry = await self._acquire(node, shard, timeout)
@@ -440,6 +454,10 @@ class Sidecar:
                 "size": entry.size,
                 "memory_dir": str(memory_dir),
                 "handoff_timeout_s": self.settings.handoff_timeout,
+                # The client may pin this entry again later without asking (POST
+                # .../pinned instead) only if a lookup here would check no more than
+                # the client's pin does: the lock, the file and its size.
+                "reuse": node.memory.verify == "never",
             }
         )
 
@@ -474,6 +492,17 @@ class Sidecar:
             log.info("reader %s unregistered", reader_id, extra={"reader": reader_id})
         return json_response(
             {"reader": reader_id, "removed": reader is not None, "released_leases": len(holds)}
+        )
+
+
+def _check_shard(node: cache_mod.CacheNode, shard: int) -> None:
+    n = len(node.manifest.shards)
+    if not 0 <= shard < n:
+        raise RequestError(
+            400,
+            proto.KIND_INPUT,
+            proto.CODE_UNKNOWN_SHARD,
+            f"shard index {shard} is out of range: the manifest has {n} shards (0..{n - 1})",
         )
 
 
@@ -550,6 +579,7 @@ def control_app(sidecar: Sidecar) -> web.Application:
             web.delete(proto.reader_path("{reader_id}"), sidecar.delete_reader),
             web.post(proto.position_path("{reader_id}"), sidecar.post_position),
             web.post(proto.acquire_path("{reader_id}"), sidecar.post_acquire),
+            web.post(proto.pinned_path("{reader_id}"), sidecar.post_pinned),
             web.delete(proto.lease_path("{lease_id}"), sidecar.delete_lease),
         ]
     )
