@@ -167,9 +167,9 @@ class Dataset:
         try:
             for run in plan.skip(self.runs(), self._position):
                 if run.shard != current:
-                    if pending:
-                        # The partial batch must outlive the old shard's lease.
-                        pending = [_copy(b) for b in pending]
+                    # Pending slices stay valid after the old lease goes: eviction only
+                    # unlinks a memory-tier file, and the slices keep its mapping (and
+                    # so its pages) alive until the stitched batch is built from them.
                     if lease is not None:
                         lease.release()
                         lease = None
@@ -290,7 +290,3 @@ class Dataset:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _copy(batch: pa.RecordBatch) -> pa.RecordBatch:
-    return pa.concat_batches([batch, batch.slice(0, 0)])

@@ -34,6 +34,7 @@ RUNNER_TIMEOUT_S = 3600
 #: What each loader reads, relative to the work directory (evicted before it runs).
 INPUTS = {
     "shardcache-sidecar": "parquet",
+    "shardcache-sidecar-disk": "parquet",
     "shardcache-embedded": "parquet",
     "pyarrow": "parquet",
     "litdata": "litdata",
@@ -77,7 +78,12 @@ def run_one(
     scratch = root / "scratch" / name
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
-    shm_scratch = Path(tempfile.mkdtemp(prefix=f"scb-peers-{name}-", dir=args.shm_dir))
+    if name in loaders.TIER_ON_DISK:
+        # Medium Disk: the memory tier is a directory on a disk's filesystem. Not under
+        # `scratch`: the control socket beside it must fit in 107 bytes.
+        shm_scratch = Path(tempfile.mkdtemp(prefix=f"scb-{name}-", dir=args.disk_tier_dir))
+    else:
+        shm_scratch = Path(tempfile.mkdtemp(prefix=f"scb-peers-{name}-", dir=args.shm_dir))
     inputs = memory.files_under([root / INPUTS[name]])
     memory.evict(inputs)
     resident = memory.resident_bytes(inputs)
@@ -182,6 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         default=SHM,
         help="memory-backed directory for memory tiers (default /dev/shm; e.g. a huge=always "
         "tmpfs to see what a huge-page memory tier changes)",
+    )
+    p.add_argument(
+        "--disk-tier-dir",
+        type=Path,
+        default=Path("/var/tmp"),
+        help="directory on a disk filesystem for the memory tier of shardcache-sidecar-disk "
+        "(cache.medium Disk)",
     )
     p.add_argument("--keep-scratch", action="store_true")
     p.add_argument("--prepare-only", action="store_true", help="generate and convert, then stop")

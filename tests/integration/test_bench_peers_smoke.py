@@ -1,7 +1,8 @@
 """A tiny run of `make bench-peers`'s harness, so the benchmark does not rot.
 
 Only the torch-free loaders run here: shardcache embedded, shardcache through a real
-sidecar process, plain pyarrow, and the in-memory ceiling. MosaicML Streaming, LitData and the torch
+sidecar process (memory tier on tmpfs, and on the local disk), plain pyarrow, and the
+in-memory ceiling. MosaicML Streaming, LitData and the torch
 DataLoader are not part of this smoke run: they need the `bench` extra (torch with its
 CUDA runtime wheels, about 6 GiB installed and a new download for every fresh
 environment), which `make test` does not install; docs/benchmarks.md records the cost.
@@ -22,7 +23,13 @@ import pytest
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-TORCH_FREE = ["shardcache-sidecar", "shardcache-embedded", "pyarrow", "in-memory-ceiling"]
+TORCH_FREE = [
+    "shardcache-sidecar",
+    "shardcache-sidecar-disk",
+    "shardcache-embedded",
+    "pyarrow",
+    "in-memory-ceiling",
+]
 
 
 def _harness(
@@ -60,6 +67,10 @@ def test_every_torch_free_loader_delivers_each_sample_once_and_result_is_last(
         assert row["peak_rss"] > 0 and row["peak_pss"] > 0
     # Both shardcache modes resume from saved state mid-epoch; pyarrow cannot.
     assert rows["shardcache-sidecar"]["resume_ms"] is not None
+    assert rows["shardcache-sidecar-disk"]["resume_ms"] is not None
+    # Both sidecar rows had a memory tier, wherever it lived (tmpfs or the disk).
+    assert rows["shardcache-sidecar"]["tier_bytes"] > 0
+    assert rows["shardcache-sidecar-disk"]["tier_bytes"] > 0
     assert rows["shardcache-embedded"]["resume_ms"] is not None
     assert rows["pyarrow"]["resume_ms"] is None
     assert rows["in-memory-ceiling"]["resume_ms"] is None

@@ -13,6 +13,7 @@ from bench.peers.loaders import base
 #: Loader name -> "module:class". The order is the order of the table.
 REGISTRY: dict[str, str] = {
     "shardcache-sidecar": "bench.peers.loaders.shardcache_loaders:SidecarLoader",
+    "shardcache-sidecar-disk": "bench.peers.loaders.shardcache_loaders:DiskSidecarLoader",
     "shardcache-embedded": "bench.peers.loaders.shardcache_loaders:EmbeddedLoader",
     "pyarrow": "bench.peers.loaders.pyarrow_loader:PyarrowLoader",
     "litdata": "bench.peers.loaders.litdata_loader:LitdataLoader",
@@ -24,11 +25,26 @@ REGISTRY: dict[str, str] = {
 }
 
 #: Loaders that need nothing beyond shardcache's own dependencies (pyarrow, numpy).
-TORCH_FREE = ("shardcache-sidecar", "shardcache-embedded", "pyarrow", "in-memory-ceiling")
+TORCH_FREE = (
+    "shardcache-sidecar",
+    "shardcache-sidecar-disk",
+    "shardcache-embedded",
+    "pyarrow",
+    "in-memory-ceiling",
+)
+
+#: shardcache through its sidecar, one row per memory-tier medium (a DatasetMount's
+#: `cache.medium`); the RESULT line takes the fastest.
+SIDECAR = ("shardcache-sidecar", "shardcache-sidecar-disk")
+
+#: Loaders whose memory tier is a directory on the local disk's filesystem (medium
+#: Disk: the decoded shards live in the page cache) instead of a tmpfs.
+TIER_ON_DISK = ("shardcache-sidecar-disk",)
 
 #: The peer family each loader belongs to: a family's figure is its fastest variant.
 FAMILY: dict[str, str] = {
     "shardcache-sidecar": "shardcache",
+    "shardcache-sidecar-disk": "shardcache",
     "shardcache-embedded": "shardcache",
     "pyarrow": "pyarrow",
     "litdata": "litdata",

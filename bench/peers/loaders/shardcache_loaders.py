@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import shardcache
@@ -76,6 +77,9 @@ class EmbeddedLoader:
 
 
 class SidecarLoader(EmbeddedLoader):
+    #: Where the memory tier lives; the harness picks the directory (`setup.shm_scratch`).
+    tier = "memory tier on /dev/shm: cache.medium Memory"
+
     def __init__(self, setup: base.Setup) -> None:
         super().__init__(setup)
         # The same launcher as `shardcache demo` and `make bench-read`: the env the
@@ -97,7 +101,7 @@ class SidecarLoader(EmbeddedLoader):
             )
         )
         self.settings = (
-            f"`shardcache sidecar` process (ready_shards=0, memory tier on /dev/shm); trainer: "
+            f"`shardcache sidecar` process (ready_shards=0, {self.tier}); trainer: "
             f"shardcache.open() via $SHARDCACHE_RUN_DIR/$SHARDCACHE_MOUNT, shuffle=True, "
             f".batches({setup.batch_size})"
         )
@@ -110,3 +114,29 @@ class SidecarLoader(EmbeddedLoader):
     def close(self) -> None:
         super().close()
         self._stack.close()
+
+
+class DiskSidecarLoader(SidecarLoader):
+    """The same sidecar with `cache.medium: Disk`: its memory tier is a directory on the
+    local disk's filesystem (the harness passes one as `setup.shm_scratch`), so the
+    decoded shards the trainer maps are page-cache pages of that filesystem."""
+
+    def __init__(self, setup: base.Setup) -> None:
+        self.tier = f"memory tier in a directory on {filesystem_type(setup.shm_scratch)} (cache.medium Disk)"
+        super().__init__(setup)
+
+
+def filesystem_type(path: Path) -> str:
+    """The type of the filesystem holding `path` (tmpfs, ext4, xfs, ...) from the mount
+    table, so the settings line says where the memory tier really was."""
+    target = os.path.realpath(path)
+    best, fstype = "", "unknown"
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            # Mount points escape spaces as \040; good enough for the paths used here.
+            point = fields[1].replace("\\040", " ")
+            inside = target == point or target.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best):
+                best, fstype = point, fields[2]
+    return fstype
