@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -105,3 +107,41 @@ def test_pinning_an_entry_that_went_away_returns_none(tmp_path: Path) -> None:
     assert not lock.exists()
     lock.touch()
     assert lease_mod.pin(data, lock) is None  # lock file but no data
+
+
+def test_a_pin_with_an_expected_size_refuses_a_data_file_of_another_size(tmp_path: Path) -> None:
+    data, lock = tmp_path / "k", tmp_path / "k.lock"
+    data.write_bytes(b"xyz")
+    lock.touch()
+    assert lease_mod.pin(data, lock, 4) is None
+    assert exclusively_lockable(lock)  # a refused pin holds nothing
+    pinned = lease_mod.pin(data, lock, 3)
+    assert pinned is not None and not exclusively_lockable(lock)
+    pinned.release()
+
+
+def test_the_notifier_runs_calls_in_order_survives_a_failing_one_and_drains_on_close(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    notifier = client_mod._Notifier()
+    ran: list[int] = []
+    gate = threading.Event()
+
+    def fail() -> None:
+        raise RuntimeError("sidecar said no")
+
+    def blocked() -> None:
+        gate.wait(10)  # everything below queues up behind this
+
+    notifier.submit(blocked)
+    for i in range(5):
+        notifier.submit(functools.partial(ran.append, i))
+        if i == 2:
+            notifier.submit(fail)
+    gate.set()
+    notifier.close()  # waits for everything queued before it
+    assert ran == [0, 1, 2, 3, 4]
+    assert any("sidecar said no" in r.exc_text for r in caplog.records if r.exc_text)
+    notifier.submit(lambda: ran.append(5))  # usable again after close
+    notifier.close()
+    assert ran[-1] == 5
