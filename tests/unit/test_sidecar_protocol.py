@@ -90,5 +90,6 @@ def test_reader_ids_unsafe_in_a_path_are_refused(reader_id: str) -> None:
 
 def test_routes_carry_the_api_version() -> None:
     assert proto.acquire_path("r") == "/v1/readers/r/acquire"
+    assert proto.pinned_path("r") == "/v1/readers/r/pinned"
     assert proto.lease_path("ab") == "/v1/leases/ab"
     assert proto.MANIFEST.startswith(f"/{proto.VERSION}/")
