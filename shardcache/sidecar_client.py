@@ -464,9 +464,10 @@ class SidecarProvider:
           shared one, then checks the lock file is still the one at that path and the
           data file is there with the size handed over: an entry evicted before we
           locked it fails the check, and one we locked cannot be evicted;
-        * a memory-tier key names immutable content (manifest digest, shard, decode
-          version), and a data file appears only by rename once complete, so an entry
-          evicted and made again under the same key has the same bytes;
+        * a memory-tier key names immutable content (the source object's identity and
+          the decode version: `Manifest.decoded_key`), and a data file appears only by
+          rename once complete, so an entry evicted and made again under the same key
+          has the same bytes;
         * the sidecar said `reuse`: its own lookup checks no more than this (it does not
           verify checksums in the memory tier).
 
