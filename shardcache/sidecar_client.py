@@ -298,6 +298,12 @@ class _Notifier:
             except Exception:
                 log.exception("a background call to the sidecar failed; dropping it")
 
+    def flush(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the calls queued so far; whether they ran."""
+        done = threading.Event()
+        self.submit(done.set)
+        return done.wait(timeout)
+
     def close(self) -> None:
         with self._lock:
             thread, self._thread = self._thread, None
@@ -577,6 +583,9 @@ class SidecarProvider:
             state = self._readers.pop(reader_id, None)
         if state is None:
             return
+        # A notification already under way may register the reader again (a restarted
+        # sidecar answers it with unknown_reader); unregister after it, not before.
+        self._notifier.flush(self.settings.request_timeout)
         try:
             self._transport.call("DELETE", proto.reader_path(reader_id), retry=False)
         except (Rejected, errors.SidecarUnavailableError) as exc:

@@ -158,6 +158,7 @@ def test_a_second_epoch_pins_every_warm_shard_without_an_acquire_round_trip(
     assert (reader["epoch"], reader["position"]) == (1, last_position)
     assert proc.holds_drain() == 0  # no hold was made for the direct pins
     ds.close()
+    assert proc.control("GET", proto.STATUS)[1]["readers"] == []
 
 
 def test_prefetch_follows_a_reader_that_pinned_a_shard_itself(
@@ -338,4 +339,6 @@ def test_direct_pins_survive_a_sidecar_restart_between_epochs(
     (reader,) = shards.status()["readers"]
     assert reader["epoch"] == 1
     ds.close()
+    # Unregistered after the notifications, which cannot bring it back.
+    assert proc.control("GET", proto.STATUS)[1]["readers"] == []
     assert proc.stop() == 0

@@ -138,10 +138,14 @@ def test_the_notifier_runs_calls_in_order_survives_a_failing_one_and_drains_on_c
         notifier.submit(functools.partial(ran.append, i))
         if i == 2:
             notifier.submit(fail)
+    assert not notifier.flush(0.05)  # still blocked
     gate.set()
-    notifier.close()  # waits for everything queued before it
+    assert notifier.flush(10)
     assert ran == [0, 1, 2, 3, 4]
+    notifier.submit(functools.partial(ran.append, 9))
+    notifier.close()  # waits for everything queued before it
+    assert ran == [0, 1, 2, 3, 4, 9]
     assert any("sidecar said no" in r.exc_text for r in caplog.records if r.exc_text)
-    notifier.submit(lambda: ran.append(5))  # usable again after close
+    notifier.submit(functools.partial(ran.append, 5))  # usable again after close
     notifier.close()
     assert ran[-1] == 5
