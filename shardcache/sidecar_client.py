@@ -2,7 +2,7 @@
 
 The sidecar runs the node cache; this client speaks the control protocol
 (docs/wire-format.md, `control_protocol`) over the Unix socket in the shared volume with
-nothing but the standard library: `http.client` over an AF_UNIX socket, JSON bodies.
+nothing but the standard library: HTTP/1.1 over an AF_UNIX socket (`unix_http`), JSON bodies.
 
 Every acquired shard is handed over to this process (`node.lease`): the trainer holds a
 shared file lock on the memory-tier entry, so the pin dies with the trainer and
@@ -26,7 +26,6 @@ import logging
 import os
 import queue
 import random
-import socket
 import threading
 import time
 import uuid
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcache import control_protocol as proto
-from shardcache import errors
+from shardcache import errors, unix_http
 from shardcache import manifest as manifest_mod
 from shardcache import plan as plan_mod
 from shardcache.node import lease as lease_mod
@@ -131,22 +130,6 @@ class ClientSettings:
         return cls(socket_path=socket_path, memory_dir=memory, **options)
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: Path, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._socket_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(os.fspath(self._socket_path))
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-
-
 class Rejected(Exception):
     """The sidecar answered with an error body (see `wire`)."""
 
@@ -169,22 +152,13 @@ class Transport:
     def _once(
         self, method: str, path: str, body: Mapping[str, Any] | None, timeout: float
     ) -> tuple[int, Any]:
-        conn = _UnixHTTPConnection(self.settings.socket_path, timeout)
-        try:
-            payload = None if body is None else json.dumps(body).encode()
-            headers = {"Accept": "application/json", "Connection": "close"}
-            if payload is not None:
-                headers["Content-Type"] = "application/json"
-            conn.request(method, path, body=payload, headers=headers)
-            response = conn.getresponse()
-            raw = response.read()
-        finally:
-            conn.close()
+        payload = None if body is None else json.dumps(body).encode()
+        status, raw = unix_http.exchange(self.settings.socket_path, method, path, payload, timeout)
         try:
             decoded = json.loads(raw) if raw else None
         except ValueError:
             decoded = raw.decode(errors="replace")
-        return response.status, decoded
+        return status, decoded
 
     def call(
         self,
