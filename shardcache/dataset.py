@@ -10,6 +10,7 @@ sidecar's state.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
@@ -56,9 +57,14 @@ class _Mappings:
     """
 
     MAX_MAPPINGS = 512
+    #: A directory's mtime is trusted to show every later entry added or removed only
+    #: once it is this old: file timestamps come from a coarse clock (a scheduler tick),
+    #: so a change within the same tick as the one we saw could leave it unchanged.
+    SETTLED_NS = 100_000_000
 
     def __init__(self) -> None:
         self._maps: dict[str, tuple[tuple[int, int], pa.RecordBatch]] = {}
+        self._dirs: dict[str, int] | None = None
 
     def batch(self, path: Path) -> pa.RecordBatch:
         key = str(path)
@@ -72,6 +78,16 @@ class _Mappings:
         return batch
 
     def prune(self) -> None:
+        # Evicting an entry unlinks its file, which changes its directory's mtime: while
+        # no directory changed since a settled look, no mapped file can have gone, and one
+        # stat replaces one per mapping (they cost the loop GIL hand-offs too).
+        now = time.time_ns()
+        try:
+            dirs = {d: os.stat(d).st_mtime_ns for d in {os.path.dirname(k) for k in self._maps}}
+        except FileNotFoundError:
+            dirs = None
+        if dirs is not None and dirs == self._dirs:
+            return
         for key, (ident, _) in list(self._maps.items()):
             try:
                 st = os.stat(key)
@@ -80,9 +96,12 @@ class _Mappings:
                 continue
             if (st.st_dev, st.st_ino) != ident:
                 del self._maps[key]
+        settled = dirs is not None and all(now - m > self.SETTLED_NS for m in dirs.values())
+        self._dirs = dirs if settled else None
 
     def clear(self) -> None:
         self._maps.clear()
+        self._dirs = None
 
 
 def _combine(reader: ipc.RecordBatchFileReader) -> pa.RecordBatch:

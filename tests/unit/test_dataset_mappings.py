@@ -1,0 +1,65 @@
+"""The shard mappings a reader keeps across epochs, and when it lets them go."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from shardcache import dataset
+
+pytestmark = pytest.mark.unit
+
+
+def _shard(path: Path, first: int) -> Path:
+    batch = pa.record_batch({"uid": pa.array(range(first, first + 10), type=pa.int64())})
+    with ipc.new_file(str(path), batch.schema) as writer:
+        writer.write_batch(batch)
+    return path
+
+
+def _settle() -> None:
+    time.sleep(dataset._Mappings.SETTLED_NS / 1e9 + 0.05)
+
+
+def test_mappings_survive_prunes_while_their_directory_is_quiet(tmp_path: Path) -> None:
+    maps = dataset._Mappings()
+    paths = [_shard(tmp_path / f"s{i}", i * 10) for i in range(3)]
+    first = [maps.batch(p) for p in paths]
+    _settle()
+    maps.prune()  # a full look, now settled
+    maps.prune()  # the directory did not change: nothing to drop
+    assert [maps.batch(p) for p in paths] == first
+    for p, b in zip(paths, first, strict=True):
+        assert maps.batch(p).column(0).buffers()[1].address == b.column(0).buffers()[1].address
+
+
+def test_a_file_removed_after_a_settled_look_is_let_go_at_the_next_prune(tmp_path: Path) -> None:
+    maps = dataset._Mappings()
+    paths = [_shard(tmp_path / f"s{i}", i * 10) for i in range(3)]
+    for p in paths:
+        maps.batch(p)
+    _settle()
+    maps.prune()
+    os.unlink(paths[1])  # evicted: the directory's mtime moves
+    maps.prune()
+    assert sorted(maps._maps) == sorted(str(p) for p in (paths[0], paths[2]))
+
+
+def test_a_file_replaced_within_the_same_clock_tick_is_still_noticed(tmp_path: Path) -> None:
+    # No settling: the directory's mtime is too recent to be trusted, so every prune
+    # checks each file, even if the change landed in the same timestamp tick.
+    maps = dataset._Mappings()
+    path = _shard(tmp_path / "s", 0)
+    old = maps.batch(path)
+    maps.prune()
+    replacement = _shard(tmp_path / "s.new", 100)
+    os.replace(replacement, path)
+    maps.prune()
+    assert str(path) not in maps._maps
+    assert maps.batch(path).column(0)[0].as_py() == 100
+    assert old.column(0)[0].as_py() == 0  # the old mapping stayed valid while referenced
