@@ -123,9 +123,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_stats(stats: dict[str, float]) -> None:
     print("\ncache statistics (from the sidecar's /metrics):")
-    for name in sorted(stats):
-        if "_created" in name or "_bucket" in name:
-            continue
+    shown = sorted(n for n in stats if "_created" not in n and "_bucket" not in n)
+    width = max((len(n) for n in shown), default=0)
+    for name in shown:
         value = stats[name]
-        shown = f"{value:,.0f}" if value.is_integer() else f"{value:,.3f}"
-        print(f"  {name:<72} {shown:>16}")
+        text = f"{value:,.0f}" if value.is_integer() else f"{value:,.3f}"
+        print(f"  {name:<{width}} {text:>16}")
