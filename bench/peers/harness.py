@@ -159,6 +159,8 @@ Dataset: {e["samples"]:,} samples, {e["tokens"]:,} tokens ({e["tokens"] * 4 / (1
 
 `{report.result_line(rows)}`
 
+{report.result_basis(rows)}
+
 ![tokens/s per loader, cold and warm](benchmarks-peers.png)
 
 Settings used in this run:

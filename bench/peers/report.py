@@ -134,7 +134,7 @@ def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
     FAILED, so speed is never weighed against a wrong delivery.
     """
     sidecars = [r for r in rows if r["loader"] in loaders.SIDECAR]
-    out = {}
+    out: dict[str, str] = {}
     for family in ("mosaic", "litdata", "pyarrow"):
         members = [r for r in rows if r["family"] == family]
         ok = [r for r in members if r["status"] == "ok"]
@@ -146,6 +146,25 @@ def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
             best = max(r["warm_tps"] for r in sidecars)
             out[family] = f"{best / max(r['warm_tps'] for r in ok):.2f}"
     return out
+
+
+def result_basis(rows: Sequence[dict[str, Any]]) -> str:
+    """One sentence naming the rows the RESULT line divided, for the docs."""
+    sidecars = [r for r in rows if r["loader"] in loaders.SIDECAR and r["status"] == "ok"]
+    if not sidecars:
+        return "No exact sidecar row: no ratio."
+    best = max(sidecars, key=lambda r: r["warm_tps"])
+    peers = []
+    for family in ("mosaic", "litdata", "pyarrow"):
+        ok = [r for r in rows if r["family"] == family and r["status"] == "ok"]
+        if ok:
+            peers.append(max(ok, key=lambda r: r["warm_tps"])["loader"])
+    return (
+        f"shardcache's figure is `{best['loader']}` ({best['warm_tps'] / 1e6:,.1f} M tokens/s "
+        f"warm), the faster sidecar row; the peers' are "
+        + (", ".join(f"`{p}`" for p in peers) or "none")
+        + "."
+    )
 
 
 def result_line(rows: Sequence[dict[str, Any]]) -> str:

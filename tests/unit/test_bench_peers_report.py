@@ -45,3 +45,17 @@ def test_a_peer_whose_every_variant_failed_is_failed_and_one_not_run_is_na() -> 
         _row("litdata-dataloader", "litdata", 0.0, status="FAILED"),
     ]
     assert report.ratios(rows) == {"mosaic": "n/a", "litdata": "FAILED", "pyarrow": "n/a"}
+
+
+def test_the_docs_name_the_rows_the_result_divided() -> None:
+    rows = [
+        _row("shardcache-sidecar", "shardcache", 1.0e9),
+        _row("shardcache-sidecar-disk", "shardcache", 1.5e9),
+        _row("mosaic", "mosaic", 5.0e6),
+        _row("mosaic-dataloader", "mosaic", 15.0e6),
+        _row("pyarrow", "pyarrow", 120.0e6),
+    ]
+    assert report.result_basis(rows) == (
+        "shardcache's figure is `shardcache-sidecar-disk` (1,500.0 M tokens/s warm), the "
+        "faster sidecar row; the peers' are `mosaic-dataloader`, `pyarrow`."
+    )
