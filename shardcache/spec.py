@@ -386,6 +386,40 @@ class CheckpointSpec:
         "20Gi",
         "sizeLimit of the pod-local volume that holds checkpoints before upload.",
     )
+    restore_fallback: bool = _field(
+        "restoreFallback",
+        "When the checkpoint chosen by restore does not match its manifest (a damaged "
+        "copy in the store), restore the next older published checkpoint instead, and so "
+        "on; the pod stays unready only if every one is damaged. A pinned step that is "
+        "not published is still an error. Default false: silently resuming from an older "
+        "model is a decision the user must make.",
+        default=False,
+    )
+    concurrency: int = _field(
+        "concurrency",
+        "Checkpoint files uploaded (and downloaded at restore) at the same time; each "
+        "large file is also a parallel multipart upload. Default 8 keeps a 2-core sidecar "
+        "busy hashing while the network stays full.",
+        default=8,
+        minimum=1,
+        maximum=256,
+    )
+    verify_uploads: bool = _field(
+        "verifyUploads",
+        "Read every uploaded object back and compare its sha256 before publishing the "
+        "checkpoint. Default false: it doubles the traffic, and restore verifies every "
+        "byte anyway.",
+        default=False,
+    )
+    upload_buffer: int = _quantity(
+        "uploadBuffer",
+        "512Mi",
+        "Bytes of upload parts held in memory across all files being uploaded (the object "
+        "store client keeps a multipart upload's parts until they are sent); each file in "
+        "flight keeps at least 32Mi. It counts against the sidecar's memory limit "
+        "(sidecar.resources.limits.memory): lower it with a small limit. Default 512Mi "
+        "lets a lone large file keep its upload busy.",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

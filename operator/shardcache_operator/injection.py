@@ -198,6 +198,18 @@ def _sidecar_env(
             (names.ENV_CHECKPOINT_DIR, spec.checkpoint.mount_path),
             (names.ENV_CHECKPOINT_KEEP_LAST, str(spec.checkpoint.keep_last)),
             (names.ENV_CHECKPOINT_RESTORE, spec.checkpoint.restore),
+            # Written even at their defaults, like every other spec field: the pod shows
+            # the agent's effective settings, and the output depends on the spec alone.
+            (
+                names.ENV_CHECKPOINT_RESTORE_FALLBACK,
+                "true" if spec.checkpoint.restore_fallback else "false",
+            ),
+            (names.ENV_CHECKPOINT_CONCURRENCY, str(spec.checkpoint.concurrency)),
+            (
+                names.ENV_CHECKPOINT_VERIFY_UPLOADS,
+                "true" if spec.checkpoint.verify_uploads else "false",
+            ),
+            (names.ENV_CHECKPOINT_UPLOAD_BUFFER, str(spec.checkpoint.upload_buffer)),
         ]
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values]
     ranked_by_index = spec.sharding.rank_from == "JobCompletionIndex" and indexed_job

@@ -34,8 +34,10 @@ def test_defaults_and_overrides_from_env() -> None:
             **BASE,
             names.ENV_CHECKPOINT_KEEP_LAST: "5",
             names.ENV_CHECKPOINT_RESTORE: "1200",
-            settings.ENV_CHECKPOINT_RESTORE_FALLBACK: "true",
-            settings.ENV_CHECKPOINT_CONCURRENCY: "16",
+            names.ENV_CHECKPOINT_RESTORE_FALLBACK: "true",
+            names.ENV_CHECKPOINT_CONCURRENCY: "16",
+            names.ENV_CHECKPOINT_VERIFY_UPLOADS: "yes",
+            names.ENV_CHECKPOINT_UPLOAD_BUFFER: str(64 << 20),
         }
     )
     assert s is not None
@@ -45,6 +47,19 @@ def test_defaults_and_overrides_from_env() -> None:
         True,
         16,
     )
+    assert (s.verify_uploads, s.upload_buffer) == (True, 64 << 20)
+
+
+def test_switches_set_to_false_stay_off() -> None:
+    s = settings.CheckpointSettings.from_env(
+        {
+            **BASE,
+            names.ENV_CHECKPOINT_RESTORE_FALLBACK: "false",
+            names.ENV_CHECKPOINT_VERIFY_UPLOADS: "0",
+        }
+    )
+    assert s is not None
+    assert (s.restore_fallback, s.verify_uploads) == (False, False)
 
 
 @pytest.mark.parametrize(
@@ -55,6 +70,10 @@ def test_defaults_and_overrides_from_env() -> None:
         ({names.ENV_CHECKPOINT_RESTORE: "newest"}, "expected latest, none or a step"),
         ({names.ENV_CHECKPOINT_URI: "ftp://x/y"}, "unsupported URI scheme"),
         ({names.ENV_CHECKPOINT_DIR: ""}, "CHECKPOINT_DIR is not"),
+        ({names.ENV_CHECKPOINT_CONCURRENCY: "0"}, "CONCURRENCY: expected an integer >= 1"),
+        ({names.ENV_CHECKPOINT_UPLOAD_BUFFER: "-1"}, "BUFFER_BYTES: expected a byte count >= 0"),
+        ({names.ENV_CHECKPOINT_VERIFY_UPLOADS: "ture"}, "VERIFY_UPLOADS: expected one of 1, true"),
+        ({names.ENV_CHECKPOINT_RESTORE_FALLBACK: "maybe"}, "found 'maybe'"),
     ],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], match: str) -> None:

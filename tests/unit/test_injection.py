@@ -399,6 +399,64 @@ def test_checkpoint_volume_and_env_reach_sidecar_and_trainers() -> None:
     assert env_of(trainer)[names.ENV_CHECKPOINT_DIR] == "/checkpoints"
 
 
+CHECKPOINT_ENV = {
+    names.ENV_CHECKPOINT_DIR,
+    names.ENV_CHECKPOINT_URI,
+    names.ENV_CHECKPOINT_KEEP_LAST,
+    names.ENV_CHECKPOINT_RESTORE,
+    names.ENV_CHECKPOINT_RESTORE_FALLBACK,
+    names.ENV_CHECKPOINT_CONCURRENCY,
+    names.ENV_CHECKPOINT_VERIFY_UPLOADS,
+    names.ENV_CHECKPOINT_UPLOAD_BUFFER,
+}
+
+
+def checkpoint_env_of(stored: dict[str, Any]) -> dict[str, Any]:
+    env = env_of(sidecars(stored)[0])
+    return {k: v for k, v in env.items() if k.startswith("SHARDCACHE_CHECKPOINT_")}
+
+
+def test_checkpoint_agent_settings_reach_the_sidecar_env() -> None:
+    checkpoint = {
+        "uri": "s3://ckpt/run-1/",
+        "restoreFallback": True,
+        "concurrency": 16,
+        "verifyUploads": True,
+        "uploadBuffer": "64Mi",
+    }
+    _, stored = admit(pod(), dsm("imagenet", checkpoint=checkpoint))
+    assert checkpoint_env_of(stored) == {
+        names.ENV_CHECKPOINT_DIR: "/checkpoints",
+        names.ENV_CHECKPOINT_URI: "s3://ckpt/run-1/",
+        names.ENV_CHECKPOINT_KEEP_LAST: "3",
+        names.ENV_CHECKPOINT_RESTORE: "latest",
+        names.ENV_CHECKPOINT_RESTORE_FALLBACK: "true",
+        names.ENV_CHECKPOINT_CONCURRENCY: "16",
+        names.ENV_CHECKPOINT_VERIFY_UPLOADS: "true",
+        names.ENV_CHECKPOINT_UPLOAD_BUFFER: str(64 * 2**20),
+    }
+    (trainer,) = stored["spec"]["containers"]
+    # Agent tuning is for the sidecar alone.
+    assert set(env_of(trainer)) & CHECKPOINT_ENV == {names.ENV_CHECKPOINT_DIR}
+
+
+def test_checkpoint_agent_settings_are_written_at_their_defaults_too() -> None:
+    _, stored = admit(pod(), dsm("imagenet", checkpoint={"uri": "s3://ckpt/run-1/"}))
+    env = checkpoint_env_of(stored)
+    assert set(env) == CHECKPOINT_ENV
+    assert env[names.ENV_CHECKPOINT_RESTORE_FALLBACK] == "false"
+    assert env[names.ENV_CHECKPOINT_CONCURRENCY] == "8"
+    assert env[names.ENV_CHECKPOINT_VERIFY_UPLOADS] == "false"
+    assert env[names.ENV_CHECKPOINT_UPLOAD_BUFFER] == str(512 * 2**20)
+    _, again = admit(pod(), dsm("imagenet", checkpoint={"uri": "s3://ckpt/run-1/"}))
+    assert sidecars(again)[0]["env"] == sidecars(stored)[0]["env"]
+
+
+def test_without_checkpoint_no_agent_setting_is_written() -> None:
+    _, stored = admit(pod(), dsm("imagenet"))
+    assert checkpoint_env_of(stored) == {}
+
+
 def test_a_taken_mount_path_refuses_the_pod_with_the_reason() -> None:
     obj = pod(volumes=[{"name": "data", "emptyDir": {}}])
     obj["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/checkpoints"}]

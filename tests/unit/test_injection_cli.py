@@ -12,6 +12,7 @@ from shardcache_operator import injection
 
 from shardcache import cli
 from shardcache import spec as spec_model
+from shardcache.node import names
 
 pytestmark = pytest.mark.unit
 
@@ -131,6 +132,28 @@ def test_pinned_digest_from_the_mount_file_reaches_the_sidecar(
     assert code == 0 and err == ""
     env = sidecar_env(next(yaml.safe_load_all(out)))
     assert env["SHARDCACHE_MANIFEST_DIGEST"] == "sha256:" + "1" * 64
+
+
+def test_checkpoint_agent_settings_from_the_mount_file_reach_the_sidecar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dsm = yaml.safe_load(EXAMPLE_DSM.read_text())
+    dsm["spec"]["checkpoint"] = {
+        "uri": "s3://ckpt/run/",
+        "restoreFallback": True,
+        "concurrency": 4,
+        "verifyUploads": True,
+        "uploadBuffer": "1Gi",
+    }
+    mount = write(tmp_path, "dsm.yaml", [dsm])
+    source = write(tmp_path, "pod.yaml", WORKLOADS[:1])
+    code, out, err = run(capsys, "-f", source, "--mount", mount)
+    assert code == 0, err
+    env = sidecar_env(next(yaml.safe_load_all(out)))
+    assert env[names.ENV_CHECKPOINT_RESTORE_FALLBACK] == "true"
+    assert env[names.ENV_CHECKPOINT_CONCURRENCY] == "4"
+    assert env[names.ENV_CHECKPOINT_VERIFY_UPLOADS] == "true"
+    assert env[names.ENV_CHECKPOINT_UPLOAD_BUFFER] == str(2**30)
 
 
 def test_two_mount_files_and_a_label_naming_both(

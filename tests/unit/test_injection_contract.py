@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from shardcache_operator import injection
 from shardcache_sidecar import settings as sidecar_settings
+from shardcache_sidecar.checkpoint import settings as checkpoint_settings
 
 from shardcache import spec as spec_model
 from shardcache.node import names
@@ -38,7 +39,15 @@ def test_sidecar_settings_read_back_every_injected_value() -> None:
         "cache": {"memory": "3Gi", "disk": "40Gi"},
         "prefetch": {"depth": 6, "concurrency": 3, "readyShards": 2},
         "sharding": {"seed": 99, "shuffle": False, "blockSize": 512, "worldSize": 8},
-        "checkpoint": {"uri": "s3://ckpt/run/", "keepLast": 4, "restore": "1200"},
+        "checkpoint": {
+            "uri": "s3://ckpt/run/",
+            "keepLast": 4,
+            "restore": "1200",
+            "restoreFallback": True,
+            "concurrency": 12,
+            "verifyUploads": True,
+            "uploadBuffer": "96Mi",
+        },
     }
     settings = sidecar_settings.from_env(injected_sidecar_env(spec, rank="5"))
     run_dir = Path(names.DEFAULT_RUN_DIR)
@@ -62,6 +71,8 @@ def test_sidecar_settings_read_back_every_injected_value() -> None:
         4,
         "1200",
     )
+    assert (checkpoint.restore_fallback, checkpoint.verify_uploads) == (True, True)
+    assert (checkpoint.upload_concurrency, checkpoint.upload_buffer) == (12, 96 * 2**20)
 
 
 def test_sidecar_settings_accept_the_defaults_of_a_minimal_spec() -> None:
@@ -69,3 +80,19 @@ def test_sidecar_settings_accept_the_defaults_of_a_minimal_spec() -> None:
     assert settings.shuffle is True
     assert settings.checkpoint is None
     assert settings.memory_limit == 2 * 2**30
+
+
+def test_checkpoint_spec_defaults_are_the_agent_defaults() -> None:
+    # Existing DatasetMounts gain the new fields at their defaults: their pods' agents
+    # must behave exactly as before, when the webhook wrote none of these variables.
+    spec = {"source": {"uri": "s3://d/x/"}, "checkpoint": {"uri": "s3://ckpt/run/"}}
+    env = injected_sidecar_env(spec)
+    injected = checkpoint_settings.CheckpointSettings.from_env(env)
+    untuned = checkpoint_settings.CheckpointSettings.from_env(
+        {names.ENV_CHECKPOINT_URI: "s3://ckpt/run/", names.ENV_CHECKPOINT_DIR: "/checkpoints"}
+    )
+    assert injected is not None
+    assert injected == untuned
+    assert injected == checkpoint_settings.CheckpointSettings(
+        directory=Path("/checkpoints"), uri="s3://ckpt/run/"
+    )

@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from shardcache import checkpoint, errors, source
+from shardcache.node import names
 from shardcache_sidecar.checkpoint import layout, uploader
 from shardcache_sidecar.checkpoint import metrics as metrics_mod
 from shardcache_sidecar.checkpoint import settings as settings_mod
@@ -125,8 +126,8 @@ def restore(
             if not fallback:
                 raise layout.CorruptCheckpointError(
                     f"{exc}; the store holds a damaged copy of step {step}. Restore another "
-                    f"step (spec.checkpoint.restore), or set "
-                    f"{settings_mod.ENV_CHECKPOINT_RESTORE_FALLBACK}=1 to fall back to the "
+                    f"step (spec.checkpoint.restore), or set spec.checkpoint.restoreFallback "
+                    f"({names.ENV_CHECKPOINT_RESTORE_FALLBACK}=1) to fall back to the "
                     "previous checkpoint"
                 ) from exc
             log.error("checkpoint step %d is corrupted, falling back: %s", step, exc)

@@ -10,15 +10,8 @@ from pathlib import Path
 from shardcache import errors, source
 from shardcache.node import names
 
-#: Fall back to the previous checkpoint when the one to restore is corrupted. Off by
-#: default: silently restoring an older model is a decision the user must make.
-ENV_CHECKPOINT_RESTORE_FALLBACK = "SHARDCACHE_CHECKPOINT_RESTORE_FALLBACK"
-#: Files uploaded in parallel (each large file is itself a parallel multipart upload).
-ENV_CHECKPOINT_CONCURRENCY = "SHARDCACHE_CHECKPOINT_CONCURRENCY"
-#: Read every uploaded object back and compare its sha256 before publishing.
-ENV_CHECKPOINT_VERIFY_UPLOADS = "SHARDCACHE_CHECKPOINT_VERIFY_UPLOADS"
-
 _TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,10 +24,13 @@ class CheckpointSettings:
     keep_last: int = 3
     #: What to restore at start: "latest", "none" or a step number.
     restore: str = "latest"
-    #: Restore the next older checkpoint when the chosen one is corrupted.
+    #: Restore the next older published checkpoint when the chosen one does not match
+    #: its manifest. Off: silently restoring an older model is the user's decision
+    #: (spec.checkpoint.restoreFallback).
     restore_fallback: bool = False
-    #: Files uploaded at once. Eight keeps a 2-core sidecar busy hashing while the
-    #: network stays full; large files add parallel multipart parts on top.
+    #: Files uploaded (and restored) at once. Eight keeps a 2-core sidecar busy hashing
+    #: while the network stays full; large files add parallel multipart parts on top
+    #: (spec.checkpoint.concurrency).
     upload_concurrency: int = 8
     #: Seconds between scans of the checkpoint directory for new markers. A commit is
     #: picked up within this; a scan costs one readdir plus two small reads per
@@ -42,10 +38,12 @@ class CheckpointSettings:
     poll_interval: float = 0.05
     #: Bytes of upload parts queued in memory across all files (pyarrow buffers a
     #: multipart upload's parts until they are sent). 512 MiB lets a lone large file
-    #: keep its upload busy; counts against the sidecar's memory limit.
+    #: keep its upload busy; counts against the sidecar's memory limit
+    #: (spec.checkpoint.uploadBuffer).
     upload_buffer: int = 512 << 20
     #: Read each object back and re-hash it before publishing. Off by default: it
-    #: doubles the traffic, and restore verifies every byte anyway.
+    #: doubles the traffic, and restore verifies every byte anyway
+    #: (spec.checkpoint.verifyUploads).
     verify_uploads: bool = False
     #: Backoff for object store errors, per object.
     retry: source.RetryPolicy = dataclasses.field(default_factory=source.RetryPolicy)
@@ -65,7 +63,13 @@ class CheckpointSettings:
         source.split_uri(self.uri)  # an unsupported scheme stops the sidecar at start
         if self.upload_concurrency < 1:
             raise errors.InputError(
-                f"{ENV_CHECKPOINT_CONCURRENCY}: expected >= 1, found {self.upload_concurrency}"
+                f"{names.ENV_CHECKPOINT_CONCURRENCY}: expected an integer >= 1, "
+                f"found {self.upload_concurrency}"
+            )
+        if self.upload_buffer < 0:
+            raise errors.InputError(
+                f"{names.ENV_CHECKPOINT_UPLOAD_BUFFER}: expected a byte count >= 0, "
+                f"found {self.upload_buffer}"
             )
 
     @classmethod
@@ -86,9 +90,10 @@ class CheckpointSettings:
             uri=uri,
             keep_last=_int(env, names.ENV_CHECKPOINT_KEEP_LAST, 3),
             restore=env.get(names.ENV_CHECKPOINT_RESTORE, "latest").strip() or "latest",
-            restore_fallback=env.get(ENV_CHECKPOINT_RESTORE_FALLBACK, "").lower() in _TRUE,
-            upload_concurrency=_int(env, ENV_CHECKPOINT_CONCURRENCY, 8),
-            verify_uploads=env.get(ENV_CHECKPOINT_VERIFY_UPLOADS, "").lower() in _TRUE,
+            restore_fallback=_bool(env, names.ENV_CHECKPOINT_RESTORE_FALLBACK, False),
+            upload_concurrency=_int(env, names.ENV_CHECKPOINT_CONCURRENCY, 8),
+            upload_buffer=_int(env, names.ENV_CHECKPOINT_UPLOAD_BUFFER, 512 << 20),
+            verify_uploads=_bool(env, names.ENV_CHECKPOINT_VERIFY_UPLOADS, False),
         )
 
 
@@ -112,3 +117,17 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         return int(raw)
     except ValueError as exc:
         raise errors.InputError(f"{name}: expected an integer, found {raw!r}") from exc
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    # Strict: a typo such as "ture" must not silently leave the setting off.
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise errors.InputError(
+        f"{name}: expected one of {', '.join(_TRUE + _FALSE)}, found {env[name]!r}"
+    )
