@@ -61,6 +61,10 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         "spec.prefetch.depth",
     ),
     "missing-uri": ({"source": {"format": "parquet"}}, "spec.source.uri: Required value"),
+    "zero-checkpoint-concurrency": (
+        {"source": {"uri": "s3://b/p/"}, "checkpoint": {"uri": "s3://c/", "concurrency": 0}},
+        "spec.checkpoint.concurrency",
+    ),
     # CEL (x-kubernetes-validations): rules across fields.
     "fixed-rank-without-world-size": (
         {"source": {"uri": "s3://b/p/"}, "sharding": {"rankFrom": "Fixed", "rank": 0}},
@@ -91,6 +95,28 @@ def test_invalid_datasetmount_is_refused_by_the_api_server_with_its_message(
         objects.create_datasetmount(admin, workload_namespace, body)
     assert refused.value.status == 422, refused.value.body
     assert message in json.loads(refused.value.body)["message"]
+
+
+#: spec.checkpoint fields that tune the sidecar's checkpoint agent.
+AGENT_FIELDS = ("restoreFallback", "concurrency", "verifyUploads", "uploadBuffer")
+
+
+def test_api_server_defaults_checkpoint_agent_settings_to_the_agents_own(
+    admin: kubernetes.client.ApiClient, release: object, workload_namespace: str
+) -> None:
+    body = objects.datasetmount("ckpt-defaults", "s3://b/p/", checkpoint={"uri": "s3://c/"})
+    custom = kubernetes.client.CustomObjectsApi(admin)
+    # A dry run: the API server applies the CRD's defaults and stores nothing.
+    stored = custom.create_namespaced_custom_object(
+        objects.GROUP, objects.VERSION, workload_namespace, objects.PLURAL, body, dry_run="All"
+    )
+    checkpoint = stored["spec"]["checkpoint"]
+    assert {k: checkpoint[k] for k in AGENT_FIELDS} == {
+        "restoreFallback": False,
+        "concurrency": 8,
+        "verifyUploads": False,
+        "uploadBuffer": "512Mi",
+    }
 
 
 def test_name_longer_than_a_label_value_is_refused_by_cel(
