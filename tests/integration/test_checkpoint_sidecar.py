@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
+from shardcache_operator import injection
 from shardcache_sidecar.checkpoint import Agent, CheckpointSettings, layout
 
 from shardcache import checkpoint
+from shardcache import spec as spec_model
 from shardcache.node import names
 from tests.support import datasets
 from tests.support.faultproxy import FaultProxy
@@ -182,3 +184,74 @@ def test_sigterm_publishes_what_was_committed_before_exiting(
     assert sidecar.stop() == 0  # SIGTERM right after the trainer's last commit
     assert restore_elsewhere(s3_server, f"s3://{s3_bucket}/run", tmp_path / "next") == 99
     assert tree(tmp_path / "next" / "final") == STEP1
+
+
+def injected_agent_env(checkpoint_spec: dict[str, object]) -> dict[str, str]:
+    """The checkpoint agent tuning the webhook writes for `spec.checkpoint`."""
+    spec = spec_model.parse_spec({"source": {"uri": "s3://d/x/"}, "checkpoint": checkpoint_spec})
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "trainer"}]}}
+    mount = injection.Mount("ds", spec, None)
+    injected = injection.inject(pod, [mount], defaults=injection.SidecarDefaults(image="s:1"))
+    (sidecar,) = injected["spec"]["initContainers"]
+    tuning = {
+        names.ENV_CHECKPOINT_RESTORE_FALLBACK,
+        names.ENV_CHECKPOINT_CONCURRENCY,
+        names.ENV_CHECKPOINT_VERIFY_UPLOADS,
+        names.ENV_CHECKPOINT_UPLOAD_BUFFER,
+    }
+    env = {e["name"]: e["value"] for e in sidecar["env"] if e["name"] in tuning}
+    assert set(env) == tuning
+    return env
+
+
+def test_sidecar_with_the_webhooks_restore_fallback_skips_a_damaged_checkpoint(
+    sidecar_factory: Factory,
+    s3_server: S3Server,
+    s3_bucket: str,
+    fault_proxy: FaultProxy,
+    tmp_path: Path,
+) -> None:
+    # A previous pod published steps 1 and 2; then step 2 rotted in the store.
+    seed_root = tmp_path / "previous-pod"
+    settings = CheckpointSettings(directory=seed_root, uri=f"s3://{s3_bucket}/run")
+    seeder = Agent(settings, storage_options=s3_server.env())
+    for step in (1, 2):
+        checkpoint.commit(write(seed_root, f"step-{step}", STEP1), step=step)
+        assert seeder.scan() == [step]
+    fs = s3_server.filesystem()
+    victim = f"{s3_bucket}/run/step-000000000002/data/model.bin"
+    with fs.open_input_stream(victim) as f:
+        content = bytearray(f.read())
+    content[100] ^= 0x01
+    with fs.open_output_stream(victim) as out:
+        out.write(bytes(content))
+
+    root = tmp_path / "ckpt"
+    agent_env = injected_agent_env(
+        {"uri": f"s3://{s3_bucket}/run", "restoreFallback": True, "concurrency": 2}
+    )
+    datasets.write_dataset(s3_server.filesystem(), f"{s3_bucket}/ds", [60, 40])
+    env = {
+        **s3_server.env(),
+        "AWS_ENDPOINT_URL": fault_proxy.endpoint_url,
+        names.ENV_CHECKPOINT_URI: f"s3://{s3_bucket}/run",
+        names.ENV_CHECKPOINT_DIR: str(root),
+        **agent_env,
+    }
+    sidecar = sidecar_factory(f"s3://{s3_bucket}/ds", env=env)
+    sidecar.start(wait="healthy")
+    deadline = time.monotonic() + 60
+    while True:
+        status, body = sidecar.http_get("/readyz")
+        gates = {g["name"]: g for g in body["checks"]} if isinstance(body, dict) else {}
+        reason = str(gates.get("checkpoint-restore", {}).get("reason", ""))
+        if status == 200 or "failed" in reason:
+            break
+        assert time.monotonic() < deadline, f"never ready: {body}; log:\n{sidecar.log_tail()}"
+        time.sleep(0.02)
+    assert status == 200, f"restore did not fall back: {reason}"
+    assert "step 1" in reason
+    assert tree(root / "step-1") == STEP1
+    restored = checkpoint.read_root_file(root, checkpoint.RESTORE_NAME)
+    assert restored is not None
+    assert (restored["step"], [s for s, _ in restored["skipped"]]) == (1, [2])
