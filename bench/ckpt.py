@@ -139,7 +139,7 @@ def main() -> int:
             names.ENV_CHECKPOINT_URI: uri,
             names.ENV_CHECKPOINT_DIR: str(root),
             names.ENV_CHECKPOINT_KEEP_LAST: "1",
-            "SHARDCACHE_CHECKPOINT_CONCURRENCY": str(args.concurrency),
+            names.ENV_CHECKPOINT_CONCURRENCY: str(args.concurrency),
         }
         agent = subprocess.Popen(
             [sys.executable, "-m", "shardcache_sidecar.checkpoint"],
