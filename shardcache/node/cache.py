@@ -221,17 +221,29 @@ class CacheNode:
                 f"{len(self.manifest.shards)} shards"
             )
 
-    def acquire(self, shard: int, *, timeout: float | None = None) -> tier_mod.Entry:
-        """Block until `shard` is resident in the memory tier; return a lease on it."""
+    def acquire(
+        self,
+        shard: int,
+        *,
+        timeout: float | None = None,
+        beside: Sequence[tier_mod.Entry] = (),
+    ) -> tier_mod.Entry:
+        """Block until `shard` is resident in the memory tier; return a lease on it.
+
+        `beside`: memory-tier leases the caller keeps holding while it waits. If the
+        shard does not fit beside them, RoomHeldError is raised at once: only the
+        caller could free that room, so waiting for it would time out.
+        """
         self._check_index(shard)
         deadline = None if timeout is None else time.monotonic() + timeout
         key = self.manifest.decoded_key(shard)
+        held = sum(e.size for e in beside if e.leased)
         for _ in range(8):
             entry = self.memory.lookup(key)
             if entry is not None:
                 return entry
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._materialize(shard, prefetch=False, wait=remaining)
+            self._materialize(shard, prefetch=False, wait=remaining, held=held)
         raise errors.CacheError(
             f"shard {shard} ({self.manifest.shards[shard].path}) was evicted from the memory "
             "tier again and again before it could be leased: the memory limit "
@@ -245,8 +257,14 @@ class CacheNode:
         self._check_index(shard)
         self._events.hit(self.memory.name)
 
-    def _materialize(self, shard: int, *, prefetch: bool, wait: float | None) -> None:
-        """Make `shard` resident once; concurrent callers share one attempt."""
+    def _materialize(
+        self, shard: int, *, prefetch: bool, wait: float | None, held: int = 0
+    ) -> None:
+        """Make `shard` resident once; concurrent callers share one attempt.
+
+        `held` (bytes the caller leases in the memory tier) only applies when this call
+        makes the attempt: one shared with a readahead that found no room fails quietly,
+        and the caller's next try makes its own."""
         with self._lock:
             future = self._inflight.get(shard)
             owner = future is None
@@ -257,7 +275,7 @@ class CacheNode:
             future.result(timeout=wait)
             return
         try:
-            self._load(shard, prefetch=prefetch)
+            self._load(shard, prefetch=prefetch, held=held)
         except BaseException as exc:
             future.set_exception(exc)
             raise
@@ -267,7 +285,7 @@ class CacheNode:
             with self._lock:
                 self._inflight.pop(shard, None)
 
-    def _load(self, shard: int, *, prefetch: bool) -> None:
+    def _load(self, shard: int, *, prefetch: bool, held: int = 0) -> None:
         entry = self.manifest.shards[shard]
         mem_key = self.manifest.decoded_key(shard)
         if self.memory.contains(mem_key):
@@ -287,8 +305,15 @@ class CacheNode:
             # Readahead never evicts: an evicted shard would be one a reader needs
             # sooner. Acquires do evict (least recently used, never leased).
             mem_entry, _ = self.memory.get_or_insert(
-                mem_key, decoded.size, lambda tmp: decoded.write(str(tmp)), evict=not prefetch
+                mem_key,
+                decoded.size,
+                lambda tmp: decoded.write(str(tmp)),
+                evict=not prefetch,
+                held=held,
             )
+        except (tier_mod.RoomHeldError, tier_mod.EntryTooLargeError) as exc:
+            # Kept as their own types, so a caller can tell "does not fit" apart.
+            raise exc.about(f"shard {shard} ({entry.path})") from exc
         except tier_mod.TierFullError:
             if not prefetch:
                 raise

@@ -44,7 +44,9 @@ __all__ = [
     "TIER_LOCK_NAME",
     "Entry",
     "EntryMeta",
+    "EntryTooLargeError",
     "IncompatibleFormatError",
+    "RoomHeldError",
     "ScanReport",
     "Tier",
     "TierFullError",
@@ -93,6 +95,34 @@ class TierObserver(Protocol):
 
 class TierFullError(errors.CacheError):
     """An insert with evict=False found no free room (readahead backs off on this)."""
+
+
+class EntryTooLargeError(errors.CacheError):
+    """An entry is bigger than the whole tier: no eviction or wait can ever make room."""
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size, self.limit = size, limit
+
+    def about(self, what: str) -> EntryTooLargeError:
+        """The same error, its message prefixed with what the entry is (e.g. a shard)."""
+        return EntryTooLargeError(f"{what}: {self}", size=self.size, limit=self.limit)
+
+
+class RoomHeldError(TierFullError):
+    """An entry does not fit beside the entries its caller holds leases on (`held`).
+
+    Raised at once rather than after `wait_timeout`: only the caller could free that
+    room, and it said it will not while it waits.
+    """
+
+    def __init__(self, message: str, *, size: int, held: int, limit: int) -> None:
+        super().__init__(message)
+        self.size, self.held, self.limit = size, held, limit
+
+    def about(self, what: str) -> RoomHeldError:
+        """The same error, its message prefixed with what the entry is (e.g. a shard)."""
+        return RoomHeldError(f"{what}: {self}", size=self.size, held=self.held, limit=self.limit)
 
 
 class IncompatibleFormatError(errors.CacheError):
@@ -333,25 +363,47 @@ class Tier:
         return entry
 
     def insert(
-        self, key: str, size: int, produce: Callable[[Path], object], *, evict: bool = True
+        self,
+        key: str,
+        size: int,
+        produce: Callable[[Path], object],
+        *,
+        evict: bool = True,
+        held: int = 0,
     ) -> Entry:
         """Reserve `size` bytes, let `produce(tmp_path)` write them, commit, return a lease.
 
         `produce` must write exactly `size` bytes into `tmp_path` in place (open it for
-        writing; do not replace it with another file). Raises CacheError if the entry
-        can never fit, or if leased entries keep the room taken for `wait_timeout`
-        seconds; if `produce` raises, the reservation is removed and the error propagates.
-        With evict=False nothing is evicted and nothing waited for: if the free room is
-        too small, TierFullError is raised at once (for readahead, which should not push
-        out entries that are needed sooner).
+        writing; do not replace it with another file). Raises EntryTooLargeError (a
+        CacheError) if the entry can never fit, and CacheError if leased entries keep the
+        room taken for `wait_timeout` seconds; if `produce` raises, the reservation is
+        removed and the error propagates. With evict=False nothing is evicted and nothing
+        waited for: if the free room is too small, TierFullError is raised at once (for
+        readahead, which should not push out entries that are needed sooner).
+
+        `held` is how many bytes of this tier's entries the caller itself holds leases
+        on and keeps holding while this insert waits: if `size` does not fit beside
+        them, RoomHeldError is raised at once instead of waiting for room only the
+        caller could free.
         """
         check_key(key)
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise errors.InputError(f"entry size must be an int >= 0, found {size!r}")
         if size > self.limit_bytes:
-            raise errors.CacheError(
+            raise EntryTooLargeError(
                 f"entry {key} is {size} bytes but the {self.name} tier holds at most "
-                f"{self.limit_bytes} bytes; raise {self._limit_setting()} above {size}"
+                f"{self.limit_bytes} bytes; raise {self._limit_setting()} above {size}",
+                size=size,
+                limit=self.limit_bytes,
+            )
+        if size + held > self.limit_bytes:
+            raise RoomHeldError(
+                f"entry {key} ({size} bytes) does not fit beside the {held} bytes its "
+                f"caller holds leases on: the {self.name} tier holds at most "
+                f"{self.limit_bytes} bytes; release some, or raise {self._limit_setting()}",
+                size=size,
+                held=held,
+                limit=self.limit_bytes,
             )
         tmp_path, tmp_fd = self._reserve(key, size, evict=evict)
         meta_tmp = tmp_path.with_name(tmp_path.name + names.META_SUFFIX)
@@ -395,12 +447,19 @@ class Tier:
         return Entry(key=key, path=self._data(key), size=size, sha256=sha256, lease_fd=lease_fd)
 
     def get_or_insert(
-        self, key: str, size: int, produce: Callable[[Path], object], *, evict: bool = True
+        self,
+        key: str,
+        size: int,
+        produce: Callable[[Path], object],
+        *,
+        evict: bool = True,
+        held: int = 0,
     ) -> tuple[Entry, bool]:
         """lookup, else insert; one producer per key across threads and processes.
 
         Returns (entry, hit). A caller that finds another one producing the key waits
-        for it (on the per-key fill lock) and then gets its entry. `evict` as in insert.
+        for it (on the per-key fill lock) and then gets its entry. `evict` and `held`
+        as in insert.
         """
         check_key(key)
         entry, _ = self._lookup(key, touch=True)
@@ -411,7 +470,7 @@ class Tier:
                 entry, _ = self._lookup(key, touch=True)
                 if entry is None:
                     self._count_lookup(None)
-                    return self.insert(key, size, produce, evict=evict), False
+                    return self.insert(key, size, produce, evict=evict, held=held), False
             finally:
                 _locks.unlink_held(fill_fd, self._fill(key))
                 os.close(fill_fd)

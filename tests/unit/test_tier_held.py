@@ -1,0 +1,83 @@
+"""Inserts beside the caller's own leases: "does not fit" is told at once, not waited for."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from shardcache import errors
+from shardcache.node import names, tier
+
+pytestmark = pytest.mark.unit
+
+KIB = 1024
+# Far longer than any of these tests may take: a test that waits for it has failed.
+WAIT_TIMEOUT_S = 120.0
+
+
+def writer(size: int) -> Callable[[Path], None]:
+    def produce(path: Path) -> None:
+        path.write_bytes(b"x" * size)
+
+    return produce
+
+
+def memory_tier(root: Path, limit: int) -> tier.Tier:
+    return tier.Tier(
+        root,
+        limit_bytes=limit,
+        name="memory",
+        fsync=False,
+        verify="never",
+        wait_timeout=WAIT_TIMEOUT_S,
+    )
+
+
+def test_an_entry_that_does_not_fit_beside_the_callers_leases_fails_at_once(
+    tmp_path: Path,
+) -> None:
+    t = memory_tier(tmp_path, 30 * KIB)
+    a = t.insert("a", 10 * KIB, writer(10 * KIB))
+    b = t.insert("b", 10 * KIB, writer(10 * KIB))
+    started = time.monotonic()
+    with pytest.raises(tier.RoomHeldError) as info:
+        t.insert("c", 15 * KIB, writer(15 * KIB), held=a.size + b.size)
+    assert time.monotonic() - started < WAIT_TIMEOUT_S / 2
+    err = info.value
+    assert (err.size, err.held, err.limit) == (15 * KIB, 20 * KIB, 30 * KIB)
+    assert isinstance(err, errors.CacheError) and isinstance(err, tier.TierFullError)
+    assert "20480 bytes its caller holds" in str(err) and names.ENV_MEMORY_LIMIT in str(err)
+    assert t.keys() == ["a", "b"] and t.used_bytes() == 20 * KIB  # nothing reserved
+    shard = err.about("shard 3 (part-00003.parquet)")
+    assert str(shard).startswith("shard 3 (part-00003.parquet): entry c (15360 bytes)")
+    assert (shard.size, shard.held, shard.limit) == (err.size, err.held, err.limit)
+    a.release()
+    b.release()
+
+
+def test_an_entry_that_fits_beside_the_held_bytes_still_evicts_unleased_ones(
+    tmp_path: Path,
+) -> None:
+    t = memory_tier(tmp_path, 30 * KIB)
+    a = t.insert("a", 10 * KIB, writer(10 * KIB))
+    t.insert("old", 15 * KIB, writer(15 * KIB)).release()
+    c = t.get_or_insert("c", 20 * KIB, writer(20 * KIB), held=a.size)[0]
+    assert t.keys() == ["a", "c"]
+    a.release()
+    c.release()
+
+
+def test_an_entry_larger_than_the_whole_tier_is_too_large_whatever_is_held(
+    tmp_path: Path,
+) -> None:
+    t = memory_tier(tmp_path, 8 * KIB)
+    a = t.insert("a", 4 * KIB, writer(4 * KIB))
+    with pytest.raises(tier.EntryTooLargeError) as info:
+        t.insert("big", 9 * KIB, writer(9 * KIB), held=a.size)
+    assert not isinstance(info.value, tier.RoomHeldError)
+    assert (info.value.size, info.value.limit) == (9 * KIB, 8 * KIB)
+    assert "holds at most 8192 bytes" in str(info.value.about("shard 0 (p)"))
+    a.release()
