@@ -111,6 +111,29 @@ def _request_error(exc: BaseException) -> RequestError:
     )
 
 
+def partial_warm_reason(
+    resident: list[int], wanted: int, shard: int, exc: tier_mod.RoomHeldError
+) -> str:
+    """Why the warm gate opened with fewer shards than asked for."""
+    return (
+        f"first {len(resident)} of {wanted} startup shards {resident} resident; shard "
+        f"{shard} ({exc.size} bytes decoded) does not fit beside them ({exc.held} bytes) in "
+        f"the memory tier (limit {exc.limit} bytes): raise spec.cache.memory "
+        f"({names.ENV_MEMORY_LIMIT}) or lower spec.prefetch.readyShards "
+        f"({names.ENV_READY_SHARDS})"
+    )
+
+
+def too_large_reason(wanted: int, shard: int, exc: tier_mod.EntryTooLargeError) -> str:
+    """Why the warm gate stays closed for good: a shard no memory tier of this size holds."""
+    return (
+        f"shard {shard} of the first {wanted} startup shards is {exc.size} bytes decoded, "
+        f"more than the whole memory tier holds (limit {exc.limit} bytes): it can never be "
+        f"resident and every read of it fails; raise spec.cache.memory "
+        f"({names.ENV_MEMORY_LIMIT}) above {exc.size} bytes"
+    )
+
+
 class Sidecar:
     """State of one sidecar: settings, the cache node once it exists, readers, holds."""
 
@@ -136,6 +159,8 @@ class Sidecar:
         self.problem: _Problem | None = _Problem(
             503, proto.KIND_UNAVAILABLE, proto.CODE_STARTING, "the sidecar is starting"
         )
+        #: What the warm-up made resident once the warm gate opened (/v1/status).
+        self.startup: dict[str, Any] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self.metrics.watch(self._stats, self.readiness.is_ready)
@@ -230,6 +255,11 @@ class Sidecar:
         Each is acquired and held until all are in: readahead and other acquires may
         evict unleased shards, so a shard warmed first could otherwise be gone by the
         time the last one arrives, and readiness would never come.
+
+        Held shards can fill the memory tier: the next one then does not fit beside
+        them, which no retry changes. The gate opens with the shards that fit and says
+        so; the trainer still reads everything, shard by shard. A shard bigger than the
+        whole tier keeps the gate closed: every read of it would fail too.
         """
         k = self.settings.ready_shards
         shards = node.upcoming(STARTUP_READER, k) if k else []
@@ -238,12 +268,29 @@ class Sidecar:
             held: list[tier_mod.Entry] = []
             try:
                 for shard in shards:
-                    held.append(await self._acquire(node, shard, self.settings.acquire_timeout))
+                    held.append(
+                        await self._acquire(
+                            node, shard, self.settings.acquire_timeout, beside=tuple(held)
+                        )
+                    )
+            except tier_mod.RoomHeldError as exc:
+                resident = shards[: len(held)]
+                why = partial_warm_reason(resident, len(shards), shards[len(held)], exc)
+                log.warning(why)
+                self.startup = {"wanted": len(shards), "resident": len(held), "shards": resident}
+                self.readiness.open(GATE_WARM, why)
+                return
+            except tier_mod.EntryTooLargeError as exc:
+                why = too_large_reason(len(shards), shards[len(held)], exc)
+                log.error(why)
+                self.readiness.waiting(GATE_WARM, why)
+                return
             except (errors.ShardcacheError, TimeoutError) as exc:
                 why = f"making the first shards {shards} resident failed: {exc}; retrying in {delay:.0f} s"
                 log.warning(why)
                 self.readiness.waiting(GATE_WARM, why)
             else:
+                self.startup = {"wanted": len(shards), "resident": len(shards), "shards": shards}
                 self.readiness.open(GATE_WARM, f"first {len(shards)} shard(s) {shards} resident")
                 log.info("ready: the first %d shard(s) %s are resident", len(shards), shards)
                 return
@@ -329,6 +376,7 @@ class Sidecar:
                 "holds": len(self.registry.holds()),
                 "stats": None if stats is None else dataclasses.asdict(stats),
                 "ready": self.readiness.report(),
+                "startup": self.startup,
             }
         )
 
@@ -462,11 +510,17 @@ class Sidecar:
         )
 
     async def _acquire(
-        self, node: cache_mod.CacheNode, shard: int, timeout: float
+        self,
+        node: cache_mod.CacheNode,
+        shard: int,
+        timeout: float,
+        *,
+        beside: tuple[tier_mod.Entry, ...] = (),
     ) -> tier_mod.Entry:
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(
-            self.executor, functools.partial(node.acquire, shard, timeout=timeout)
+            self.executor,
+            functools.partial(node.acquire, shard, timeout=timeout, beside=beside),
         )
         try:
             return await asyncio.shield(future)
