@@ -19,6 +19,7 @@ import prometheus_client
 from prometheus_client import core as prom_core
 from prometheus_client import registry as prom_registry
 
+from shardcache.node import backing
 from shardcache.node import cache as cache_mod
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,13 @@ class Metrics:
             ["route", "status"],
             registry=r,
         )
+        self.memory_backing = prometheus_client.Gauge(
+            "shardcache_memory_tier_backing_info",
+            "1 for what backs the memory tier: filesystem and, for tmpfs, page size "
+            "(4KiB, huge); warm reads of 4 KiB-page tmpfs pay a TLB miss per page.",
+            ["filesystem", "pages"],
+            registry=r,
+        )
         for tier in TIERS:
             # Present from the first scrape, so rate() has a zero to start from.
             for counter in (
@@ -147,6 +155,15 @@ class Metrics:
     ) -> None:
         """Export gauges read from `stats()` (None while there is no node yet)."""
         self.registry.register(_StatsCollector(stats, ready))
+
+    def backed_by(self, found: backing.Backing | None) -> None:
+        """Record what backs the memory tier (once, at start-up)."""
+        if found is None:
+            self.memory_backing.labels("unknown", "unknown").set(1)
+        elif found.fstype == "tmpfs":
+            self.memory_backing.labels("tmpfs", "4KiB" if found.small_pages else "huge").set(1)
+        else:
+            self.memory_backing.labels(found.fstype, "page-cache").set(1)
 
     def render(self) -> bytes:
         return bytes(prometheus_client.generate_latest(self.registry))

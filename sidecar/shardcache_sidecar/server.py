@@ -35,6 +35,7 @@ from aiohttp import web
 from shardcache import control_protocol as proto
 from shardcache import errors
 from shardcache import manifest as manifest_mod
+from shardcache.node import backing as backing_mod
 from shardcache.node import cache as cache_mod
 from shardcache.node import names
 from shardcache.node import tier as tier_mod
@@ -161,6 +162,8 @@ class Sidecar:
         )
         #: What the warm-up made resident once the warm gate opened (/v1/status).
         self.startup: dict[str, Any] | None = None
+        #: What backs the memory tier, found at start (/v1/status, a metric, the log).
+        self.backing: backing_mod.Backing | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self.metrics.watch(self._stats, self.readiness.is_ready)
@@ -183,7 +186,25 @@ class Sidecar:
 
     # --- lifecycle --------------------------------------------------------------
     def start(self) -> None:
+        self._report_backing()
         self._tasks.append(asyncio.create_task(self._bring_up(), name="bring-up"))
+
+    def _report_backing(self) -> None:
+        """Say what backs the memory tier: its page size sets the warm read speed."""
+        found = self.backing = backing_mod.of(self.settings.memory_dir)
+        self.metrics.backed_by(found)
+        if found is None:
+            log.info("memory tier %s: backing unknown (no mount table)", self.settings.memory_dir)
+        elif found.small_pages:
+            log.info(
+                "memory tier %s: %s; warm reads pay a TLB miss every 4 KiB (about 15-25%% "
+                "slower than huge pages or a disk's page cache, docs/benchmarks.md): "
+                "cache.medium Disk or a huge-page tmpfs read faster",
+                self.settings.memory_dir,
+                found.describe(),
+            )
+        else:
+            log.info("memory tier %s: %s", self.settings.memory_dir, found.describe())
 
     async def _resolve(self) -> manifest_mod.Manifest | None:
         s = self.settings
@@ -377,6 +398,7 @@ class Sidecar:
                 "stats": None if stats is None else dataclasses.asdict(stats),
                 "ready": self.readiness.report(),
                 "startup": self.startup,
+                "memory_tier": None if self.backing is None else self.backing.to_json(),
             }
         )
 
@@ -439,18 +461,39 @@ class Sidecar:
         no lookup here; only what an acquire would have done besides leasing: move the
         reader, so prefetch follows it, and count the memory-tier hit.
         """
+        call = await self._shard_call(request)
+        await self._follow(call)
+        call.node.note_reuse(call.shard)
+        return json_response(
+            {
+                "reader": call.reader_id,
+                "shard": call.shard,
+                "epoch": call.epoch,
+                "position": call.position,
+            }
+        )
+
+    async def _shard_call(self, request: web.Request) -> _ShardCall:
+        """A reader's request about one shard, checked: known reader, shard in range."""
         node = self.serving()
         reader_id = self._known_reader(request)
         body = await _json_body(request)
-        shard = proto.require_int(body, "shard")
-        epoch = proto.require_int(body, "epoch", minimum=0)
-        position = proto.require_int(body, "position", minimum=0)
-        _check_shard(node, shard)
-        self.registry.move(reader_id, epoch=epoch, position=position)
-        await self.blocking(node.update_reader, reader_id, epoch=epoch, position=position)
-        node.note_reuse(shard)
-        return json_response(
-            {"reader": reader_id, "shard": shard, "epoch": epoch, "position": position}
+        call = _ShardCall(
+            node=node,
+            reader_id=reader_id,
+            body=body,
+            shard=proto.require_int(body, "shard"),
+            epoch=proto.require_int(body, "epoch", minimum=0),
+            position=proto.require_int(body, "position", minimum=0),
+        )
+        _check_shard(node, call.shard)
+        return call
+
+    async def _follow(self, call: _ShardCall) -> None:
+        """Move the reader to where the call says it is, so prefetch follows it."""
+        self.registry.move(call.reader_id, epoch=call.epoch, position=call.position)
+        await self.blocking(
+            call.node.update_reader, call.reader_id, epoch=call.epoch, position=call.position
         )
 
     def _known_reader(self, request: web.Request) -> str:
@@ -465,21 +508,15 @@ class Sidecar:
         return reader_id
 
     async def post_acquire(self, request: web.Request) -> web.Response:
-        node = self.serving()
-        reader_id = self._known_reader(request)
-        body = await _json_body(request)
-        shard = proto.require_int(body, "shard")
-        epoch = proto.require_int(body, "epoch", minimum=0)
-        position = proto.require_int(body, "position", minimum=0)
-        wanted = proto.optional_float(body, "timeout_s")
+        call = await self._shard_call(request)
+        node, reader_id, shard = call.node, call.reader_id, call.shard
+        wanted = proto.optional_float(call.body, "timeout_s")
         timeout = (
             self.settings.acquire_timeout
             if wanted is None
             else min(wanted, self.settings.acquire_timeout)
         )
-        _check_shard(node, shard)
-        self.registry.move(reader_id, epoch=epoch, position=position)
-        await self.blocking(node.update_reader, reader_id, epoch=epoch, position=position)
+        await self._follow(call)
         entry = await self._acquire(node, shard, timeout)
         if self.registry.get(reader_id) is None:
             # Unregistered while we waited: nobody will take this over.
@@ -547,6 +584,16 @@ class Sidecar:
         return json_response(
             {"reader": reader_id, "removed": reader is not None, "released_leases": len(holds)}
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShardCall:
+    node: cache_mod.CacheNode
+    reader_id: str
+    body: dict[str, Any]
+    shard: int
+    epoch: int
+    position: int
 
 
 def _check_shard(node: cache_mod.CacheNode, shard: int) -> None:

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ import shardcache
 from shardcache import control_protocol as proto
 from shardcache import errors, plan
 from shardcache import sidecar_client as client_mod
-from shardcache.node import names
+from shardcache.node import backing, names
 from tests.support import datasets
 from tests.support.sidecar import SidecarProcess
 
@@ -162,3 +163,24 @@ def test_missing_settings_exit_with_a_message() -> None:
     )
     assert result.returncode == 2
     assert names.ENV_SOURCE_URI in result.stderr
+
+
+@pytest.mark.parametrize("base", ["/dev/shm", "/tmp"])
+def test_the_sidecar_reports_what_backs_its_memory_tier(
+    sidecar_factory: Factory, dataset: str, base: str
+) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="scs-backing-", dir=base))
+    proc = sidecar_factory(dataset, workdir=workdir)
+    proc.start()
+    proc.wait_for("/readyz")
+    expected = backing.of(proc.memory_dir)
+    assert expected is not None
+    _, status = proc.control("GET", proto.STATUS)
+    assert status["memory_tier"] == expected.to_json()
+    _, text = proc.http_get("/metrics")
+    pages = (
+        ("4KiB" if expected.small_pages else "huge") if expected.fstype == "tmpfs" else "page-cache"
+    )
+    name = f'shardcache_memory_tier_backing_info{{filesystem="{expected.fstype}",pages="{pages}"}}'
+    assert metric(text, name) == 1
+    assert f"memory tier {proc.memory_dir}: {expected.describe()}" in proc.log_tail()
