@@ -59,6 +59,20 @@ def restore_elsewhere(s3_server: S3Server, uri: str, root: Path) -> int | None:
     return Agent(settings, storage_options=s3_server.env()).restore().step
 
 
+def publish_as_previous_pod(
+    s3_server: S3Server, bucket: str, tmp_path: Path, steps: dict[int, dict[str, bytes]]
+) -> None:
+    """Steps a previous pod committed and its agent published to s3://bucket/run."""
+    root = tmp_path / "previous-pod"
+    agent = Agent(
+        CheckpointSettings(directory=root, uri=f"s3://{bucket}/run"),
+        storage_options=s3_server.env(),
+    )
+    for step, files in steps.items():
+        checkpoint.commit(write(root, f"step-{step}", files), step=step)
+        assert agent.scan() == [step]
+
+
 def sidecar_with_checkpoints(
     factory: Factory, s3_server: S3Server, bucket: str, proxy: FaultProxy, root: Path
 ) -> SidecarProcess:
@@ -139,10 +153,7 @@ def test_readyz_stays_unready_until_the_checkpoint_is_restored(
     tmp_path: Path,
 ) -> None:
     # A previous pod published step 2.
-    seed_root = tmp_path / "previous-pod"
-    settings = CheckpointSettings(directory=seed_root, uri=f"s3://{s3_bucket}/run")
-    checkpoint.commit(write(seed_root, "step-2", STEP2), step=2)
-    assert Agent(settings, storage_options=s3_server.env()).scan() == [2]
+    publish_as_previous_pod(s3_server, s3_bucket, tmp_path, {2: STEP2})
 
     root = tmp_path / "ckpt"
     sidecar = sidecar_with_checkpoints(sidecar_factory, s3_server, s3_bucket, fault_proxy, root)
@@ -212,12 +223,7 @@ def test_sidecar_with_the_webhooks_restore_fallback_skips_a_damaged_checkpoint(
     tmp_path: Path,
 ) -> None:
     # A previous pod published steps 1 and 2; then step 2 rotted in the store.
-    seed_root = tmp_path / "previous-pod"
-    settings = CheckpointSettings(directory=seed_root, uri=f"s3://{s3_bucket}/run")
-    seeder = Agent(settings, storage_options=s3_server.env())
-    for step in (1, 2):
-        checkpoint.commit(write(seed_root, f"step-{step}", STEP1), step=step)
-        assert seeder.scan() == [step]
+    publish_as_previous_pod(s3_server, s3_bucket, tmp_path, {1: STEP1, 2: STEP1})
     fs = s3_server.filesystem()
     victim = f"{s3_bucket}/run/step-000000000002/data/model.bin"
     with fs.open_input_stream(victim) as f:
