@@ -28,7 +28,7 @@ from shardcache_sidecar.checkpoint import (
 import shardcache
 from shardcache import checkpoint, errors, source
 from shardcache.node import names
-from tests.support import datasets
+from tests.support import datasets, rot
 from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
 
@@ -188,13 +188,8 @@ def test_corrupted_object_is_detected_on_restore_and_fallback_happens_only_when_
         checkpoint.commit(write_checkpoint(root, f"step-{step}", model_files(step)), step=step)
         assert agent.scan() == [step]
     # Bit rot in the store: same size, other bytes.
-    fs = s3_server.filesystem()
     victim = f"{s3_bucket}/run/step-000000000002/data/model.bin"
-    with fs.open_input_stream(victim) as f:
-        content = bytearray(f.read())
-    content[12345] ^= 0x01
-    with fs.open_output_stream(victim) as out:
-        out.write(bytes(content))
+    rot.flip_bit(s3_server.filesystem(), victim, 12345)
 
     strict = make_agent("node-b")
     with pytest.raises(CorruptCheckpointError) as info:

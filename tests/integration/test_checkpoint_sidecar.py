@@ -20,7 +20,7 @@ from shardcache_sidecar.checkpoint import Agent, CheckpointSettings, layout
 from shardcache import checkpoint
 from shardcache import spec as spec_model
 from shardcache.node import names
-from tests.support import datasets
+from tests.support import datasets, rot
 from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
 from tests.support.sidecar import SidecarProcess
@@ -224,13 +224,8 @@ def test_sidecar_with_the_webhooks_restore_fallback_skips_a_damaged_checkpoint(
 ) -> None:
     # A previous pod published steps 1 and 2; then step 2 rotted in the store.
     publish_as_previous_pod(s3_server, s3_bucket, tmp_path, {1: STEP1, 2: STEP1})
-    fs = s3_server.filesystem()
     victim = f"{s3_bucket}/run/step-000000000002/data/model.bin"
-    with fs.open_input_stream(victim) as f:
-        content = bytearray(f.read())
-    content[100] ^= 0x01
-    with fs.open_output_stream(victim) as out:
-        out.write(bytes(content))
+    rot.flip_bit(s3_server.filesystem(), victim, 100)
 
     root = tmp_path / "ckpt"
     agent_env = injected_agent_env(
