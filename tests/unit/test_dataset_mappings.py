@@ -63,3 +63,29 @@ def test_a_file_replaced_within_the_same_clock_tick_is_still_noticed(tmp_path: P
     assert str(path) not in maps._maps
     assert maps.batch(path).column(0)[0].as_py() == 100
     assert old.column(0)[0].as_py() == 0  # the old mapping stayed valid while referenced
+
+
+def _mapped_rss_kib(path: Path) -> int:
+    """Resident KiB of this process's mappings of `path` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            inside = fields[-1] == str(path)
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+def test_a_new_mapping_has_its_pages_mapped_before_the_first_read(tmp_path: Path) -> None:
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    if (major, minor) < (5, 14):
+        pytest.skip("MADV_POPULATE_READ needs Linux 5.14")
+    batch = pa.record_batch({"uid": pa.array(range(1 << 18), type=pa.int64())})  # 2 MiB
+    path = tmp_path / "shard"
+    with ipc.new_file(str(path), batch.schema) as writer:
+        writer.write_batch(batch)
+    mapped = dataset.read_shard(path)
+    # Nothing has read the data yet, and still the whole file is in the page table.
+    assert _mapped_rss_kib(path) * 1024 >= path.stat().st_size - 4096
+    assert mapped.num_rows == 1 << 18
