@@ -20,6 +20,10 @@ Files of the directory protocol (all names start with `.shardcache-`, never uplo
 * `<root>/.shardcache-latest`        written by the agent: the newest step published in
   the object store and the steps retained there.
 * `<root>/.shardcache-restore`       written by the agent at start: what it restored.
+* `<root>/.shardcache-request-<id>.json`  written by `restore(step)` for a published step
+  not on the node: `{"version", "kind": "restore", "id", "step", "requested_at"}`; the
+  agent restores the step and rewrites the same file with the outcome (`phase`
+  restored + `name`, or failed + `error`); the trainer reads it and removes the file.
 
 The checkpoint root is $SHARDCACHE_CHECKPOINT_DIR (the volume shared with the sidecar);
 each checkpoint is a direct subdirectory of it.
@@ -30,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import Mapping
@@ -47,8 +52,14 @@ LATEST_NAME = ".shardcache-latest"
 RESTORE_NAME = ".shardcache-restore"
 #: Names with this prefix belong to shardcache: never uploaded, never a checkpoint.
 RESERVED_PREFIX = ".shardcache-"
+#: Restore requests: `<root>/.shardcache-request-<id>.json`. Not `.shardcache-restore-…`:
+#: the agent deletes names with that prefix at start as leftovers of a restore's staging.
+REQUEST_PREFIX = f"{RESERVED_PREFIX}request-"
+REQUEST_SUFFIX = ".json"
+_REQUEST_ID = re.compile(r"[0-9a-z]{1,64}")
 
 Phase = Literal["uploading", "uploaded", "restored", "failed"]
+AnswerPhase = Literal["restored", "failed"]
 _DONE_PHASES = ("uploaded", "restored")
 # wait(): poll the status file this often; a poll is a readdir and a few small reads.
 _WAIT_POLL_S = 0.02
@@ -242,6 +253,143 @@ def local_checkpoints(root: Path) -> list[LocalCheckpoint]:
     return found
 
 
+# --- restore requests -----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RestoreRequest:
+    """A trainer's request to restore a published step that is not on the node."""
+
+    id: str
+    step: int
+    requested_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": PROTOCOL_VERSION,
+            "kind": "restore",
+            "id": self.id,
+            "step": self.step,
+            "requested_at": self.requested_at,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoreAnswer:
+    """The agent's outcome of a restore request, written into the request's file."""
+
+    phase: AnswerPhase
+    step: int | None
+    #: The restored directory's name in the checkpoint root (restored only).
+    name: str | None = None
+    #: What went wrong and what to do (failed only).
+    error: str | None = None
+    answered_at: float = 0.0
+
+
+def request_path(root: Path, request_id: str) -> Path:
+    return root / f"{REQUEST_PREFIX}{request_id}{REQUEST_SUFFIX}"
+
+
+def request_id_of(name: str) -> str | None:
+    """The request id in a file name of the root, or None for any other file."""
+    if name.startswith(REQUEST_PREFIX) and name.endswith(REQUEST_SUFFIX):
+        return name[len(REQUEST_PREFIX) : -len(REQUEST_SUFFIX)]
+    return None
+
+
+def parse_request(text: str, *, request_id: str, where: str) -> RestoreRequest | RestoreAnswer:
+    """A request file's content: the request, or the agent's answer once it is there.
+
+    Raises InputError for a file that is neither, naming what was expected.
+    """
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise errors.InputError(
+            f'{where}: expected a JSON restore request {{"version": {PROTOCOL_VERSION}, '
+            f'"kind": "restore", "id", "step"}}, found {text.strip()[:80]!r}'
+        ) from exc
+    if not isinstance(data, dict):
+        raise errors.InputError(f"{where}: expected a JSON object, found {type(data).__name__}")
+    if data.get("version") != PROTOCOL_VERSION:
+        raise errors.InputError(
+            f"{where}: request version {data.get('version')!r} is not supported: expected "
+            f"{PROTOCOL_VERSION}"
+        )
+    if data.get("kind") != "restore":
+        raise errors.InputError(f"{where}: expected kind 'restore', found {data.get('kind')!r}")
+    phase = data.get("phase")
+    if phase in ("restored", "failed"):
+        return parse_answer(data, where=where)
+    # Checked for requests only: the agent answers a bad name too, and must read that
+    # answer back as answered.
+    if not _REQUEST_ID.fullmatch(request_id) or data.get("id") != request_id:
+        raise errors.InputError(
+            f"{where}: expected the id {request_id!r} of the file name (1-64 characters "
+            f"0-9 a-z) in the file, found {data.get('id')!r}"
+        )
+    if phase is not None:
+        raise errors.InputError(
+            f"{where}: expected phase restored or failed (or none), found {phase!r}"
+        )
+    requested_at = data.get("requested_at")
+    return RestoreRequest(
+        id=request_id,
+        step=_check_step(data.get("step"), what=where),
+        requested_at=float(requested_at) if isinstance(requested_at, int | float) else 0.0,
+    )
+
+
+def parse_answer(data: Mapping[str, Any], *, where: str) -> RestoreAnswer:
+    step = data.get("step")
+    answered_at = data.get("answered_at")
+    phase = data.get("phase")
+    name = data.get("name")
+    error = data.get("error")
+    if phase == "restored":
+        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+            raise errors.InputError(
+                f"{where}: a restored answer needs the directory name, found {name!r}"
+            )
+        return RestoreAnswer(
+            "restored",
+            step if isinstance(step, int) else None,
+            name=name,
+            answered_at=float(answered_at) if isinstance(answered_at, int | float) else 0.0,
+        )
+    if phase == "failed":
+        return RestoreAnswer(
+            "failed",
+            step if isinstance(step, int) and not isinstance(step, bool) else None,
+            error=str(error) if error is not None else "no reason given",
+            answered_at=float(answered_at) if isinstance(answered_at, int | float) else 0.0,
+        )
+    raise errors.InputError(f"{where}: expected phase restored or failed, found {phase!r}")
+
+
+def answer_json(
+    request_id: str,
+    step: object,
+    *,
+    name: str | None = None,
+    path: Path | None = None,
+    error: str | None = None,
+    requested_at: object = None,
+) -> dict[str, Any]:
+    """The file the agent writes over a request: restored (`name`) or failed (`error`)."""
+    return {
+        "version": PROTOCOL_VERSION,
+        "kind": "restore",
+        "id": request_id,
+        "step": step,
+        "requested_at": requested_at,
+        "phase": "failed" if error is not None else "restored",
+        "name": name,
+        "path": str(path) if path is not None else None,
+        "error": error,
+        "answered_at": time.time(),
+    }
+
+
 # --- the trainer's API ----------------------------------------------------------------
 def commit(
     path: str | os.PathLike[str],
@@ -359,11 +507,22 @@ def wait(
         time.sleep(_WAIT_POLL_S)
 
 
-def restore(step: int | None = None, *, root: str | os.PathLike[str] | None = None) -> Path | None:
+def restore(
+    step: int | None = None,
+    *,
+    timeout: float | None = None,
+    root: str | os.PathLike[str] | None = None,
+) -> Path | None:
     """The local directory of checkpoint `step` (default: the newest), or None if none.
 
     The sidecar restores the pinned checkpoint into the volume before the trainer
-    starts; this finds it (or any checkpoint committed since) on the node.
+    starts; this finds it (or any checkpoint committed since) on the node. A `step`
+    that is not on the node but published in the object store (going back after a
+    loss spike) is asked of the checkpoint agent, which restores it, every byte
+    verified, into the volume; this waits up to `timeout` seconds (None: no limit).
+
+    Raises InputError for a step neither here nor published, or when the agent could
+    not restore it (with its reason); TimeoutError when the agent does not answer.
     """
     base = checkpoint_root(root)
     restored = read_root_file(base, RESTORE_NAME) or {}
@@ -376,10 +535,66 @@ def restore(step: int | None = None, *, root: str | os.PathLike[str] | None = No
     for ckpt in available:
         if ckpt.step == step:
             return ckpt.path
+    published = (read_root_file(base, LATEST_NAME) or {}).get("steps")
+    published = published if isinstance(published, list) else []
+    if step not in published:
+        raise errors.InputError(
+            f"checkpoint step {step} is not on this node (have {[c.step for c in available]}) "
+            f"and not published in the object store (published steps: {published or 'none'}):"
+            " restore one of those"
+        )
+    return _request_restore(base, step, timeout)
+
+
+def _request_restore(base: Path, step: int, timeout: float | None) -> Path:
+    request = RestoreRequest(id=secrets.token_hex(8), step=step, requested_at=time.time())
+    path = request_path(base, request.id)
+    write_json_atomic(path, request.to_json())
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        answer = _read_answer(path, request)
+        if answer is not None:
+            path.unlink(missing_ok=True)
+            if answer.phase == "failed":
+                raise errors.InputError(f"checkpoint step {step} was not restored: {answer.error}")
+            assert answer.name is not None
+            return base / answer.name
+        if deadline is not None and time.monotonic() >= deadline:
+            # Withdrawn: an agent started later must not restore a step nobody waits for.
+            path.unlink(missing_ok=True)
+            raise TimeoutError(
+                f"checkpoint step {step} was not restored within {timeout}s (state: request "
+                f"{path.name} not answered by the agent); is the sidecar's checkpoint agent "
+                "running?"
+            )
+        time.sleep(_WAIT_POLL_S)
+
+
+def _read_answer(path: Path, request: RestoreRequest) -> RestoreAnswer | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise errors.InputError(
+            f"checkpoint step {request.step}: the restore request {str(path)!r} was removed "
+            "before the agent answered it; call checkpoint.restore() again"
+        ) from None
+    parsed = parse_request(text, request_id=request.id, where=str(path))
+    return parsed if isinstance(parsed, RestoreAnswer) else None
+
+
+def _on_node(step: int, *, root: str | os.PathLike[str] | None) -> Path:
+    """Checkpoint `step` on the node; never asks the agent (a data loader opened with
+    resume_from= must not block on a download nobody bounded)."""
+    step = _check_step(step, what="resume_from")
+    base = checkpoint_root(root)
+    available = [c for c in local_checkpoints(base) if not _failed(c)]
+    for ckpt in available:
+        if ckpt.step == step:
+            return ckpt.path
     raise errors.InputError(
-        f"checkpoint step {step} is not on this node (have {[c.step for c in available]}); "
-        f"to restore an older step, pin it in spec.checkpoint.restore "
-        f"(${names.ENV_CHECKPOINT_RESTORE}) so the sidecar restores it before the trainer starts"
+        f"resume_from: checkpoint step {step} is not on this node (have "
+        f"{[c.step for c in available]}); fetch a published step with "
+        f"checkpoint.restore({step}) first"
     )
 
 
@@ -401,9 +616,9 @@ def data_state(
         if path is None:
             return None
     elif isinstance(resume_from, int) and not isinstance(resume_from, bool):
-        path = restore(resume_from, root=root)
+        path = _on_node(resume_from, root=root)
     elif isinstance(resume_from, str) and resume_from.isdigit():
-        path = restore(int(resume_from), root=root)
+        path = _on_node(int(resume_from), root=root)
     elif isinstance(resume_from, os.PathLike | str):
         path = Path(resume_from)
     else:

@@ -1,4 +1,5 @@
-"""The checkpoint agent: restore at start, then publish every committed directory.
+"""The checkpoint agent: restore at start, then publish every committed directory
+and restore older published steps the trainer asks for.
 
 It runs on one background thread (object store calls block; the pool threads of the
 uploader do the parallel work). Its whole state is on disk — the markers and status
@@ -22,6 +23,9 @@ from shardcache_sidecar.checkpoint import metrics as metrics_mod
 from shardcache_sidecar.checkpoint import settings as settings_mod
 
 log = logging.getLogger(__name__)
+#: Seconds an answered restore request stays when the trainer never collects it (it
+#: died while waiting); long enough for any trainer alive to read it.
+ANSWER_TTL_S = 3600.0
 
 
 class Agent:
@@ -49,6 +53,9 @@ class Agent:
         self._published: list[int] = []
         self._thread: threading.Thread | None = None
         self.restored: restorer.RestoreResult | None = None
+        #: Directories restored on a trainer's request, by name, with the time of the
+        #: restore: kept off local retention until the trainer commits after that time.
+        self._held: dict[str, float] = {}
 
     # --- readiness ----------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
@@ -134,6 +141,113 @@ class Agent:
                 "uri": self.settings.uri,
             },
         )
+
+    # --- restore on request ---------------------------------------------------------
+    def serve_requests(self) -> list[int]:
+        """Answer every unanswered restore request in the root; the steps restored."""
+        try:
+            names_ = sorted(e.name for e in os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        restored: list[int] = []
+        for name in names_:
+            request_id = checkpoint.request_id_of(name)
+            if request_id is None:
+                continue
+            path = self.root / name
+            try:
+                text = path.read_text(encoding="utf-8")
+                parsed = checkpoint.parse_request(text, request_id=request_id, where=str(path))
+            except FileNotFoundError:
+                continue  # withdrawn by the trainer
+            except (errors.InputError, OSError, UnicodeDecodeError) as exc:
+                log.error("malformed checkpoint restore request: %s", exc)
+                self._answer(path, checkpoint.answer_json(request_id, None, error=str(exc)))
+                continue
+            if isinstance(parsed, checkpoint.RestoreAnswer):
+                self._forget_abandoned(path, parsed)
+                continue
+            if self.serve_request(path, parsed):
+                restored.append(parsed.step)
+        return restored
+
+    def serve_request(self, path: Path, request: checkpoint.RestoreRequest) -> bool:
+        """Restore the requested step with the start-up restore's verification."""
+        s = self.settings
+        step = request.step
+        started = time.monotonic()
+        try:
+            complete, _ = source.with_retries(
+                lambda: layout.list_steps(self.fs, self.prefix),
+                what=f"listing {s.uri}",
+                policy=s.retry,
+            )
+            if step not in complete:
+                raise errors.InputError(
+                    f"step {step} is not published under {s.uri} (published steps: "
+                    f"{complete or 'none'}); request a published step"
+                )
+            # Retention runs on this thread too: it never sees the restore half-way.
+            result = restorer.restore_step(
+                self.fs,
+                self.prefix,
+                self.root,
+                step,
+                concurrency=s.upload_concurrency,
+                retry=s.retry,
+                observer=self.observer,
+            )
+        except (errors.ShardcacheError, OSError) as exc:
+            log.error("checkpoint step %d requested by the trainer not restored: %s", step, exc)
+            self._answer(
+                path,
+                checkpoint.answer_json(
+                    request.id, step, error=str(exc), requested_at=request.requested_at
+                ),
+            )
+            return False
+        assert result.path is not None
+        self._held[result.path.name] = time.time()
+        self.observer.restored(step, time.monotonic() - started, result.created_at)
+        log.info(
+            "restored checkpoint step %d on request into %s (%d bytes downloaded, %d reused)",
+            step,
+            result.path,
+            result.downloaded_bytes,
+            result.reused_bytes,
+        )
+        self._answer(
+            path,
+            checkpoint.answer_json(
+                request.id,
+                step,
+                name=result.path.name,
+                path=result.path,
+                requested_at=request.requested_at,
+            ),
+        )
+        return True
+
+    def _answer(self, path: Path, answer: dict[str, object]) -> None:
+        if not path.exists():
+            return  # withdrawn (the trainer timed out): nobody reads the answer
+        try:
+            checkpoint.write_json_atomic(path, answer)
+        except OSError as exc:
+            log.warning("cannot answer the restore request %s: %s", path, exc)
+
+    def _forget_abandoned(self, path: Path, answer: checkpoint.RestoreAnswer) -> None:
+        # An answer nobody collected (the trainer died while waiting) goes after a while.
+        if answer.answered_at and time.time() - answer.answered_at > ANSWER_TTL_S:
+            path.unlink(missing_ok=True)
+
+    def _release_holds(self, marker: checkpoint.Marker) -> None:
+        """A commit made after an on-demand restore: the trainer has moved on from it."""
+        if marker.committed_at is None:
+            return
+        for name, since in list(self._held.items()):
+            if marker.committed_at > since:
+                del self._held[name]
 
     # --- upload -------------------------------------------------------------------
     def pending(self) -> list[tuple[Path, checkpoint.Marker]]:
@@ -224,6 +338,7 @@ class Agent:
             self._set_failed(path, step, str(exc), retryable=True)
             return False
         self._retry_at.pop(path, None)
+        self._release_holds(marker)
         # The pointer file first: once wait() sees "uploaded", latest() agrees.
         self._published = sorted({*self._published, step})
         self._write_latest(self._published)
@@ -254,7 +369,7 @@ class Agent:
             log.warning("retention failed (tried again after the next checkpoint): %s", exc)
             return
         self._write_latest(self._published)
-        retention.prune_local(self.root, s.keep_last)
+        retention.prune_local(self.root, s.keep_last, held=set(self._held))
 
     def _set_failed(self, path: Path, step: int, error: str, *, retryable: bool) -> None:
         try:
@@ -278,6 +393,7 @@ class Agent:
     def _run(self) -> None:
         self._restore_until_done()
         while not self._stop.is_set():
+            self._serve_logged()
             self._scan_logged()
             self._stop.wait(self.settings.poll_interval)
         # Drain: what the trainer committed before the pod stopped still goes up.
@@ -301,6 +417,12 @@ class Agent:
                 log.error("checkpoint restore failed: %s", exc)
                 self._tell(False, f"checkpoint restore failed: {exc}")
                 return
+
+    def _serve_logged(self) -> None:
+        try:
+            self.serve_requests()
+        except Exception:  # the agent outlives any one bad request
+            log.exception("serving checkpoint restore requests failed")
 
     def _scan_logged(self) -> None:
         try:

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import logging
 import shutil
+from collections.abc import Set
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -72,16 +73,18 @@ def _delete_published(fs: pafs.FileSystem, prefix: str, step: int) -> None:
     fs.delete_dir(layout.step_dir(prefix, step))
 
 
-def prune_local(root: Path, keep_last: int) -> list[Path]:
+def prune_local(root: Path, keep_last: int, *, held: Set[str] = frozenset()) -> list[Path]:
     """Delete published checkpoint directories on the node beyond the newest `keep_last`.
 
     Only directories whose status says uploaded or restored are counted or deleted: a
-    checkpoint not yet in the store is never removed.
+    checkpoint not yet in the store is never removed. Directories named in `held` (an
+    older step a trainer just asked for) are neither counted nor deleted.
     """
     done = [
         c
         for c in checkpoint.local_checkpoints(root)
-        if c.status is not None
+        if c.path.name not in held
+        and c.status is not None
         and c.status.step == c.step
         and c.status.phase in ("uploaded", "restored")
     ]
