@@ -5,7 +5,8 @@ or a marker file); the agent uploads it to the checkpoint URI, writes its manife
 and moves the `latest` pointer; retention keeps the last N. The bucket layout is
 specified in docs/checkpoints.md.
 
-    agent.py      the loop: restore at start, then scan for commits and publish them
+    agent.py      the loop: restore at start, then scan for commits and publish them,
+                  and restore the older published steps the trainer requests
     uploader.py   one directory -> objects in parallel, sha256 each, manifest last
     restorer.py   manifest -> verified files in the volume, reusing intact local copies
     retention.py  keep the last N, move the pointer forward
