@@ -204,3 +204,16 @@ def test_malformed_request_is_answered_as_failed_and_the_agent_serves_the_next(
         answer = json.loads(path.read_text())
         assert answer["phase"] == "failed" and reason in answer["error"]
     assert agent.readiness()[0]
+
+
+def test_request_name_that_cannot_be_answered_is_reported_once_and_skipped(
+    make_agent: AgentFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    publish(make_agent, (1,))
+    agent = make_agent("node-b")
+    agent.restore()
+    checkpoint.request_path(agent.root, "adir").mkdir()
+    for _ in range(3):
+        assert agent.serve_requests() == []
+    assert len([r for r in caplog.records if "cannot answer" in r.getMessage()]) == 1
+    assert restore_served_by(agent, 1) == agent.root / "step-1"

@@ -56,6 +56,9 @@ class Agent:
         #: Directories restored on a trainer's request, by name, with the time of the
         #: restore: kept off local retention until the trainer commits after that time.
         self._held: dict[str, float] = {}
+        #: Request files that cannot even be answered (a directory, no permission):
+        #: reported once, not at every scan.
+        self._unanswerable: set[str] = set()
 
     # --- readiness ----------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
@@ -152,7 +155,7 @@ class Agent:
         restored: list[int] = []
         for name in names_:
             request_id = checkpoint.request_id_of(name)
-            if request_id is None:
+            if request_id is None or name in self._unanswerable:
                 continue
             path = self.root / name
             try:
@@ -235,6 +238,7 @@ class Agent:
             checkpoint.write_json_atomic(path, answer)
         except OSError as exc:
             log.warning("cannot answer the restore request %s: %s", path, exc)
+            self._unanswerable.add(path.name)
 
     def _forget_abandoned(self, path: Path, answer: checkpoint.RestoreAnswer) -> None:
         # An answer nobody collected (the trainer died while waiting) goes after a while.
