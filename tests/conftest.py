@@ -7,4 +7,5 @@ pytest_plugins: list[str] = [
     "tests.support.s3server",
     "tests.support.sidecar",
     "tests.support.cluster",
+    "tests.support.checkpoints",
 ]

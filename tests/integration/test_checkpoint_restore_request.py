@@ -8,40 +8,17 @@ import concurrent.futures
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from shardcache_sidecar.checkpoint import Agent, CheckpointSettings
+from shardcache_sidecar.checkpoint import Agent
 
 from shardcache import checkpoint, errors
 from tests.support import rot
+from tests.support.checkpoints import AgentFactory, tree, write_checkpoint
 from tests.support.s3server import S3Server
 
 pytestmark = pytest.mark.integration
-
-AgentFactory = Callable[..., Agent]
-
-
-@pytest.fixture
-def make_agent(s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> Iterator[AgentFactory]:
-    made: list[Agent] = []
-
-    def make(node: str, **options: object) -> Agent:
-        settings = CheckpointSettings(
-            directory=tmp_path / node,
-            uri=f"s3://{s3_bucket}/run",
-            poll_interval=0.05,
-            retry_interval=0.2,
-            **options,  # type: ignore[arg-type]
-        )
-        agent = Agent(settings, storage_options=s3_server.env())
-        made.append(agent)
-        return agent
-
-    yield make
-    for agent in made:
-        agent.stop(timeout=30)
 
 
 def files_of(step: int) -> dict[str, bytes]:
@@ -52,27 +29,12 @@ def files_of(step: int) -> dict[str, bytes]:
     }
 
 
-def write(root: Path, name: str, files: dict[str, bytes]) -> Path:
-    for rel, content in files.items():
-        (root / name / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / name / rel).write_bytes(content)
-    return root / name
-
-
-def tree(path: Path) -> dict[str, bytes]:
-    return {
-        p.relative_to(path).as_posix(): p.read_bytes()
-        for p in sorted(path.rglob("*"))
-        if p.is_file() and not p.name.startswith(checkpoint.RESERVED_PREFIX)
-    }
-
-
 def publish(make_agent: AgentFactory, steps: tuple[int, ...]) -> None:
     """Steps a previous pod committed and published, with their data state."""
     agent = make_agent("previous-pod")
     root = agent.root
     for step in steps:
-        path = write(root, f"step-{step}", files_of(step))
+        path = write_checkpoint(root, f"step-{step}", files_of(step))
         checkpoint.commit(path, step=step, data_state={"position": step * 100})
         assert agent.scan() == [step]
 
@@ -124,13 +86,13 @@ def test_step_restored_on_demand_is_kept_from_retention_until_the_trainer_commit
 
     # A checkpoint written before the rollback and published after it: retention must
     # not take the step the trainer is loading.
-    write(root, "step-4", files_of(4))
+    write_checkpoint(root, "step-4", files_of(4))
     checkpoint.write_marker(root / "step-4", checkpoint.Marker(4, committed_at=asked_at - 1))
     assert agent.scan() == [4]
     assert [c.step for c in checkpoint.local_checkpoints(root)] == [1, 3, 4]
 
     # The trainer commits from the restored step on: it has moved on, retention resumes.
-    checkpoint.commit(write(root, "step-5", files_of(5)), step=5)
+    checkpoint.commit(write_checkpoint(root, "step-5", files_of(5)), step=5)
     assert agent.scan() == [5]
     assert [c.step for c in checkpoint.local_checkpoints(root)] == [4, 5]
 

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import prometheus_client
@@ -29,42 +28,11 @@ import shardcache
 from shardcache import checkpoint, errors, source
 from shardcache.node import names
 from tests.support import datasets, rot
+from tests.support.checkpoints import AgentFactory, tree, write_checkpoint
 from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
 
 pytestmark = pytest.mark.integration
-
-AgentFactory = Callable[..., Agent]
-
-
-@pytest.fixture
-def make_agent(s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> Iterator[AgentFactory]:
-    """Agents on the test's bucket; each `node` is a separate checkpoint directory."""
-    made: list[Agent] = []
-
-    def make(node: str = "node-a", *, uri: str | None = None, **options: object) -> Agent:
-        settings = CheckpointSettings(
-            directory=tmp_path / node,
-            uri=uri or f"s3://{s3_bucket}/run",
-            poll_interval=0.05,
-            retry_interval=0.2,
-            **options,  # type: ignore[arg-type]
-        )
-        agent = Agent(settings, storage_options=s3_server.env())
-        made.append(agent)
-        return agent
-
-    yield make
-    for agent in made:
-        agent.stop(timeout=30)
-
-
-def write_checkpoint(root: Path, name: str, files: dict[str, bytes]) -> Path:
-    path = root / name
-    for rel, content in files.items():
-        (path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (path / rel).write_bytes(content)
-    return path
 
 
 def model_files(step: int, big: int = 3 << 20) -> dict[str, bytes]:
@@ -79,14 +47,6 @@ def model_files(step: int, big: int = 3 << 20) -> dict[str, bytes]:
 def remote_keys(s3_server: S3Server, bucket: str) -> list[str]:
     infos = s3_server.filesystem().get_file_info(pafs.FileSelector(bucket, recursive=True))
     return sorted(i.path for i in infos if i.type == pafs.FileType.File)
-
-
-def tree(path: Path) -> dict[str, bytes]:
-    return {
-        p.relative_to(path).as_posix(): p.read_bytes()
-        for p in sorted(path.rglob("*"))
-        if p.is_file() and not p.name.startswith(checkpoint.RESERVED_PREFIX)
-    }
 
 
 def test_empty_bucket_gives_a_clean_start(make_agent: AgentFactory, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from shardcache import checkpoint
 from shardcache import spec as spec_model
 from shardcache.node import names
 from tests.support import datasets, rot
+from tests.support.checkpoints import tree, write_checkpoint
 from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
 from tests.support.sidecar import SidecarProcess
@@ -36,21 +37,6 @@ STEP2 = {
     "opt/b.bin": b"b" * 10_000,
     "rng.json": b'{"seed": 2}',
 }
-
-
-def write(root: Path, name: str, files: dict[str, bytes]) -> Path:
-    for rel, content in files.items():
-        (root / name / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / name / rel).write_bytes(content)
-    return root / name
-
-
-def tree(path: Path) -> dict[str, bytes]:
-    return {
-        p.relative_to(path).as_posix(): p.read_bytes()
-        for p in sorted(path.rglob("*"))
-        if p.is_file() and not p.name.startswith(checkpoint.RESERVED_PREFIX)
-    }
 
 
 def restore_elsewhere(s3_server: S3Server, uri: str, root: Path) -> int | None:
@@ -69,7 +55,7 @@ def publish_as_previous_pod(
         storage_options=s3_server.env(),
     )
     for step, files in steps.items():
-        checkpoint.commit(write(root, f"step-{step}", files), step=step)
+        checkpoint.commit(write_checkpoint(root, f"step-{step}", files), step=step)
         assert agent.scan() == [step]
 
 
@@ -107,12 +93,12 @@ def test_sigkill_mid_upload_never_exposes_a_partial_checkpoint_and_a_restart_com
     uri = f"s3://{s3_bucket}/run"
     sidecar = sidecar_with_checkpoints(sidecar_factory, s3_server, s3_bucket, fault_proxy, root)
     sidecar.start(wait="ready")
-    checkpoint.commit(write(root, "step-1", STEP1), step=1)
+    checkpoint.commit(write_checkpoint(root, "step-1", STEP1), step=1)
     checkpoint.wait(1, timeout=60, root=root)
 
     # Every request to the store now takes a second: the upload of step 2 is slow.
     fault_proxy.stall_next(100_000, 1.0)
-    checkpoint.commit(write(root, "step-2", STEP2), step=2, data_state={"position": 2})
+    checkpoint.commit(write_checkpoint(root, "step-2", STEP2), step=2, data_state={"position": 2})
     fs = s3_server.filesystem()
     data_dir = f"{s3_bucket}/run/step-000000000002/data"
     manifest = layout.manifest_path(f"{s3_bucket}/run", 2)
@@ -191,7 +177,7 @@ def test_sigterm_publishes_what_was_committed_before_exiting(
     root = tmp_path / "ckpt"
     sidecar = sidecar_with_checkpoints(sidecar_factory, s3_server, s3_bucket, fault_proxy, root)
     sidecar.start(wait="ready")
-    checkpoint.commit(write(root, "final", STEP1), step=99)
+    checkpoint.commit(write_checkpoint(root, "final", STEP1), step=99)
     assert sidecar.stop() == 0  # SIGTERM right after the trainer's last commit
     assert restore_elsewhere(s3_server, f"s3://{s3_bucket}/run", tmp_path / "next") == 99
     assert tree(tmp_path / "next" / "final") == STEP1
