@@ -41,8 +41,11 @@ sys.path.insert(0, str(REPO))
 from shardcache_sidecar.checkpoint import agent as agent_mod  # noqa: E402
 from shardcache_sidecar.checkpoint import settings as settings_mod  # noqa: E402
 
-from shardcache import checkpoint, source  # noqa: E402
-from shardcache.node import names  # noqa: E402
+from shardcache import (  # noqa: E402
+    checkpoint,
+    contract,
+    source,
+)
 from tests.support import s3server  # noqa: E402
 
 MiB = 1 << 20
@@ -136,10 +139,10 @@ def main() -> int:
             **os.environ,
             **env,
             "PYTHONPATH": str(REPO),
-            names.ENV_CHECKPOINT_URI: uri,
-            names.ENV_CHECKPOINT_DIR: str(root),
-            names.ENV_CHECKPOINT_KEEP_LAST: "1",
-            names.ENV_CHECKPOINT_CONCURRENCY: str(args.concurrency),
+            contract.ENV_CHECKPOINT_URI: uri,
+            contract.ENV_CHECKPOINT_DIR: str(root),
+            contract.ENV_CHECKPOINT_KEEP_LAST: "1",
+            contract.ENV_CHECKPOINT_CONCURRENCY: str(args.concurrency),
         }
         agent = subprocess.Popen(
             [sys.executable, "-m", "shardcache_sidecar.checkpoint"],

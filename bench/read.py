@@ -22,10 +22,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
+from shardcache_sidecar import launcher
 
 import shardcache
-from shardcache import _local, plan
-from shardcache.node import names
+from shardcache import contract, plan
 
 GiB = 1 << 30
 
@@ -81,9 +81,11 @@ def main() -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="shardcache-bench-", dir=base_dir))
     results: list[tuple[str, float, float]] = []
     try:
-        with _local.object_store(args.minio, work) as (root, storage_env):
+        with launcher.object_store(args.minio, work) as (root, storage_env):
             t = time.perf_counter()
-            total_tokens = _local.generate(root, storage_env, args.shards, rows, compression="zstd")
+            total_tokens = launcher.generate(
+                root, storage_env, args.shards, rows, compression="zstd"
+            )
             print(
                 f"dataset: {args.shards} Parquet shards x {rows:,} rows, {total_tokens:,} tokens "
                 f"({total_tokens * 4 / GiB:.2f} GiB of int32 tokens) at {root}, "
@@ -91,20 +93,20 @@ def main() -> int:
                 flush=True,
             )
             memory_limit = int(total_tokens * 4 * 1.5) + GiB
-            with _local.sidecar(
+            with launcher.sidecar(
                 root,
                 storage_env,
                 work,
                 memory_limit=memory_limit,
                 disk_limit=8 * GiB,
                 wait_ready=False,
-                extra_env={names.ENV_READY_SHARDS: "0", names.ENV_PREFETCH_DEPTH: "4"},
+                extra_env={contract.ENV_READY_SHARDS: "0", contract.ENV_PREFETCH_DEPTH: "4"},
             ) as (env, _):
                 ttfb_cold, cold_s, cold_tokens, cold_sum = sidecar_pass(env, args.batch_size, 0)
                 results.append(("(c) shardcache sidecar, cold from S3", cold_s, cold_tokens))
                 ttfb_warm, warm_s, warm_tokens, warm_sum = sidecar_pass(env, args.batch_size, 1)
                 results.append(("(b) shardcache sidecar, warm", warm_s, warm_tokens))
-                mem_dir = names.memory_dir(env[names.ENV_RUN_DIR], env[names.ENV_MOUNT])
+                mem_dir = contract.memory_dir(env[contract.ENV_RUN_DIR], env[contract.ENV_MOUNT])
                 files = sorted(p for p in mem_dir.iterdir() if p.name.endswith("-d1"))
                 assert len(files) == args.shards, f"expected {args.shards} decoded shards"
                 t = time.perf_counter()

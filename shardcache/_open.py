@@ -8,10 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shardcache import checkpoint, dataset, embedded, errors, plan, source
+from shardcache import checkpoint, contract, dataset, embedded, errors, plan, source
 from shardcache import manifest as manifest_mod
 from shardcache.node import cache as cache_mod
-from shardcache.node import names
 
 GiB = 1 << 30
 
@@ -103,8 +102,8 @@ def open(
             "the dataset changed"
         )
     root = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
-    disk_dir = root / names.DISK_SUBDIR
-    mem_dir = Path(memory_dir) if memory_dir is not None else root / names.MEMORY_SUBDIR
+    disk_dir = root / contract.DISK_SUBDIR
+    mem_dir = Path(memory_dir) if memory_dir is not None else root / contract.MEMORY_SUBDIR
     disk_dir.mkdir(parents=True, exist_ok=True)
     mem_dir.mkdir(parents=True, exist_ok=True)
     settings = cache_mod.NodeSettings(

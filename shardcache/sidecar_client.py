@@ -1,7 +1,7 @@
 """Sidecar mode: a `ShardProvider` that asks the pod's sidecar for shards.
 
 The sidecar runs the node cache; this client speaks the control protocol
-(docs/wire-format.md, `control_protocol`) over the Unix socket in the shared volume with
+(docs/wire-format.md, `shardcache.contract.protocol`) over the Unix socket in the shared volume with
 nothing but the standard library: HTTP/1.1 over an AF_UNIX socket (`unix_http`), JSON bodies.
 
 Every acquired shard is handed over to this process (`node.lease`): the trainer holds a
@@ -33,12 +33,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from shardcache import control_protocol as proto
-from shardcache import errors, unix_http
+from shardcache import contract, errors, unix_http
 from shardcache import manifest as manifest_mod
 from shardcache import plan as plan_mod
+from shardcache.contract import protocol
 from shardcache.node import lease as lease_mod
-from shardcache.node import names
 from shardcache.node import tier as tier_mod
 
 log = logging.getLogger(__name__)
@@ -98,21 +97,23 @@ class ClientSettings:
         """
         env = os.environ if environ is None else environ
         if socket_path is None:
-            socket_path = env.get(names.ENV_SOCKET) or None
+            socket_path = env.get(contract.ENV_SOCKET) or None
         if socket_path is None:
-            mount = mount or env.get(names.ENV_MOUNT) or None
+            mount = mount or env.get(contract.ENV_MOUNT) or None
             if mount is None:
                 raise errors.InputError(
                     "no dataset URI was given and this process is not set up for a sidecar: "
-                    f"expected ${names.ENV_MOUNT} (set by the shardcache webhook) or "
-                    f"${names.ENV_SOCKET}; pass a URI such as 's3://bucket/prefix' for "
+                    f"expected ${contract.ENV_MOUNT} (set by the shardcache webhook) or "
+                    f"${contract.ENV_SOCKET}; pass a URI such as 's3://bucket/prefix' for "
                     "embedded mode, or label the pod with shardcache.io/mount"
                 )
-            run_dir = env.get(names.ENV_RUN_DIR) or names.DEFAULT_RUN_DIR
-            socket_path = names.socket_path(run_dir, mount)
+            run_dir = env.get(contract.ENV_RUN_DIR) or contract.DEFAULT_RUN_DIR
+            socket_path = contract.socket_path(run_dir, mount)
         socket_path = Path(socket_path)
         memory = (
-            Path(memory_dir) if memory_dir is not None else socket_path.parent / names.MEMORY_SUBDIR
+            Path(memory_dir)
+            if memory_dir is not None
+            else socket_path.parent / contract.MEMORY_SUBDIR
         )
         options: dict[str, float] = {}
         if reconnect_timeout is None and env.get(ENV_RECONNECT_TIMEOUT):
@@ -133,7 +134,7 @@ class ClientSettings:
 class Rejected(Exception):
     """The sidecar answered with an error body (see `wire`)."""
 
-    def __init__(self, wire: proto.WireError) -> None:
+    def __init__(self, wire: protocol.WireError) -> None:
         super().__init__(wire.message)
         self.wire = wire
 
@@ -193,8 +194,8 @@ class Transport:
                             time.monotonic() - started,
                         )
                     return payload
-                wire = proto.WireError.from_body(status, payload)
-                if wire.kind != proto.KIND_UNAVAILABLE:
+                wire = protocol.WireError.from_body(status, payload)
+                if wire.kind != protocol.KIND_UNAVAILABLE:
                     raise Rejected(wire)
                 cause = wire.to_exception()
             if not retry:
@@ -334,7 +335,7 @@ class SidecarProvider:
             raise rejected.wire.to_exception() from None
 
     def _fetch_manifest(self) -> manifest_mod.Manifest:
-        payload = self._call("GET", proto.MANIFEST)
+        payload = self._call("GET", protocol.MANIFEST)
         if not isinstance(payload, Mapping):
             raise errors.CacheError(f"sidecar sent a manifest that is not an object: {payload!r}")
         # from_json recomputes the digest: what the sidecar serves is what it claims.
@@ -351,11 +352,11 @@ class SidecarProvider:
 
     def _register(self, reader_id: str, state: _ReaderState) -> None:
         body = {
-            **proto.params_to_json(state.params),
+            **protocol.params_to_json(state.params),
             "position": state.position,
             "digest": self._manifest.digest,
         }
-        self._call("PUT", proto.reader_path(reader_id), body)
+        self._call("PUT", protocol.reader_path(reader_id), body)
 
     def _state(self, reader_id: str) -> _ReaderState:
         with self._lock:
@@ -371,7 +372,7 @@ class SidecarProvider:
             try:
                 return self._transport.call("POST", path, body, **kw)
             except Rejected as rejected:
-                if rejected.wire.code != proto.CODE_UNKNOWN_READER:
+                if rejected.wire.code != protocol.CODE_UNKNOWN_READER:
                     raise rejected.wire.to_exception() from None
                 log.info(
                     "sidecar does not know reader %s (restarted?); registering again", reader_id
@@ -393,7 +394,7 @@ class SidecarProvider:
         """Tell the sidecar where the reader is, so it prefetches from there."""
         self._move(reader_id, epoch, position)
         self._reader_call(
-            reader_id, proto.position_path(reader_id), {"epoch": epoch, "position": position}
+            reader_id, protocol.position_path(reader_id), {"epoch": epoch, "position": position}
         )
 
     def acquire(
@@ -422,7 +423,7 @@ class SidecarProvider:
         socket_timeout = self.settings.acquire_timeout + self.settings.request_timeout
         for _ in range(5):
             answer = self._reader_call(
-                reader_id, proto.acquire_path(reader_id), body, timeout=socket_timeout
+                reader_id, protocol.acquire_path(reader_id), body, timeout=socket_timeout
             )
             pinned = self._take_over(shard, answer)
             if pinned is not None:
@@ -485,7 +486,7 @@ class SidecarProvider:
                 return
             body = {"shard": shard, "epoch": state.params.epoch, "position": state.position}
         try:
-            self._reader_call(reader_id, proto.pinned_path(reader_id), body, retry=False)
+            self._reader_call(reader_id, protocol.pinned_path(reader_id), body, retry=False)
         except errors.ShardcacheError as exc:
             # Down or restarting (it re-learns the position at the next call), or an
             # older sidecar without the route.
@@ -543,10 +544,10 @@ class SidecarProvider:
                 self._handed.pop(shard, None)
 
     def _drop_sidecar_lease(self, lease_id: str) -> None:
-        if not proto.LEASE_ID_PATTERN.match(lease_id):
+        if not protocol.LEASE_ID_PATTERN.match(lease_id):
             return
         try:
-            self._transport.call("DELETE", proto.lease_path(lease_id), retry=False)
+            self._transport.call("DELETE", protocol.lease_path(lease_id), retry=False)
         except (Rejected, errors.SidecarUnavailableError) as exc:
             # A sidecar that went away took its hold with it; one that forgot the lease
             # already expired it. Either way nothing stays pinned on our behalf.
@@ -561,7 +562,7 @@ class SidecarProvider:
         # sidecar answers it with unknown_reader); unregister after it, not before.
         self._notifier.flush(self.settings.request_timeout)
         try:
-            self._transport.call("DELETE", proto.reader_path(reader_id), retry=False)
+            self._transport.call("DELETE", protocol.reader_path(reader_id), retry=False)
         except (Rejected, errors.SidecarUnavailableError) as exc:
             # A restarted sidecar never knew this reader: nothing to undo.
             log.debug("unregistering reader %s: %s", reader_id, exc)
@@ -575,4 +576,4 @@ class SidecarProvider:
 
     def status(self) -> Any:
         """The sidecar's status document (readers, cache statistics); for tools and tests."""
-        return self._call("GET", proto.STATUS)
+        return self._call("GET", protocol.STATUS)

@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from shardcache_sidecar import launcher
 
 import shardcache
 from bench.peers import tally as tally_mod
-from shardcache import _local
+from shardcache import contract
 from shardcache import dataset as dataset_mod
-from shardcache.node import names
 
 Clock = dict[str, float]
 
@@ -59,17 +59,17 @@ def _sidecar_dataset(root: Path, tier_dir: Path) -> Iterator[shardcache.Dataset]
     uri = (root / "parquet").resolve().as_uri()
     work = Path(tempfile.mkdtemp(prefix="scb-breakdown-", dir=tier_dir))
     try:
-        with _local.sidecar(
+        with launcher.sidecar(
             uri,
             {},
             work,
             memory_limit=4 << 30,
             disk_limit=50 << 30,
             extra_env={
-                names.ENV_DISK_DIR: str(work / "disk"),
-                names.ENV_READY_SHARDS: "0",
-                names.ENV_SEED: "0",
-                names.ENV_SHUFFLE: "true",
+                contract.ENV_DISK_DIR: str(work / "disk"),
+                contract.ENV_READY_SHARDS: "0",
+                contract.ENV_SEED: "0",
+                contract.ENV_SHUFFLE: "true",
             },
         ) as (trainer_env, _):
             saved = dict(os.environ)

@@ -13,8 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardcache import errors
-from shardcache import spec as spec_model
-from shardcache_operator import injection, status
+from shardcache_operator import injection, specs, status
 
 #: Returns the DatasetMount object (as the API serves it) or None when it does not exist.
 Lookup = Callable[[str, str], Mapping[str, Any] | None]
@@ -87,7 +86,7 @@ def decide(
             warnings.append(f"{reason}; admitted without the cache for {name}")
             continue
         try:
-            mount = spec_model.load(obj)
+            mount = specs.load(obj)
         except errors.InputError as exc:
             return Decision(False, unchanged, [], message=f"{where} is invalid: {exc}")
         generation = (obj.get("metadata") or {}).get("generation")

@@ -1,4 +1,4 @@
-"""Generate the DatasetMount CRD from the spec model (`shardcache.spec`) and status schema.
+"""Generate the DatasetMount CRD from the spec model (`shardcache_operator.specs`) and status schema.
 
 `make crds` writes the result to crds/datasetmount.yaml; a unit test checks that the
 committed file equals `render()`, so the model stays the one source of truth.
@@ -14,11 +14,11 @@ from typing import Any
 
 import yaml
 
-from shardcache import spec as spec_model
+from shardcache_operator import specs
 from shardcache_operator import status as status_model
 
 HEADER = (
-    "# Generated from shardcache/spec.py and shardcache_operator/status.py by `make crds`.\n"
+    "# Generated from shardcache_operator/specs.py and shardcache_operator/status.py by `make crds`.\n"
     "# Do not edit by hand: change the model and regenerate.\n"
 )
 
@@ -27,7 +27,7 @@ def _schema_default(value: object) -> object:
     return dict(value) if isinstance(value, dict) else value
 
 
-def field_schema(kind: Any, info: spec_model.FieldInfo) -> dict[str, Any]:
+def field_schema(kind: Any, info: specs.FieldInfo) -> dict[str, Any]:
     """The OpenAPI schema of one model field."""
     if dataclasses.is_dataclass(kind) and isinstance(kind, type):
         schema = object_schema(kind, description=info.description)
@@ -35,11 +35,11 @@ def field_schema(kind: Any, info: spec_model.FieldInfo) -> dict[str, Any]:
         schema = {
             "description": info.description,
             "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "pattern": spec_model.QUANTITY_PATTERN,
+            "pattern": specs.QUANTITY_PATTERN,
             "x-kubernetes-int-or-string": True,
             # A structural int-or-string allows no minimum; the pattern covers strings.
             "x-kubernetes-validations": [
-                {"rule": rule.cel, "message": rule.message} for rule in spec_model.QUANTITY_RULES
+                {"rule": rule.cel, "message": rule.message} for rule in specs.QUANTITY_RULES
             ],
         }
     elif info.resource_map:
@@ -51,11 +51,10 @@ def field_schema(kind: Any, info: spec_model.FieldInfo) -> dict[str, Any]:
             "additionalProperties": {
                 "description": "A quantity: cpu in cores or millicores, memory in bytes.",
                 "anyOf": [{"type": "integer"}, {"type": "string"}],
-                "pattern": spec_model.RESOURCE_QUANTITY_PATTERN,
+                "pattern": specs.RESOURCE_QUANTITY_PATTERN,
                 "x-kubernetes-int-or-string": True,
                 "x-kubernetes-validations": [
-                    {"rule": rule.cel, "message": rule.message}
-                    for rule in spec_model.QUANTITY_RULES
+                    {"rule": rule.cel, "message": rule.message} for rule in specs.QUANTITY_RULES
                 ],
             },
         }
@@ -82,11 +81,11 @@ def field_schema(kind: Any, info: spec_model.FieldInfo) -> dict[str, Any]:
 
 def object_schema(cls: type[Any], *, description: str | None = None) -> dict[str, Any]:
     """The OpenAPI schema of a model dataclass, with its cross-field CEL rules."""
-    kinds = spec_model.field_types(cls)
+    kinds = specs.field_types(cls)
     properties: dict[str, Any] = {}
     required: list[str] = []
     for field in dataclasses.fields(cls):
-        info = spec_model.field_info(field)
+        info = specs.field_info(field)
         kind, _optional = kinds[field.name]
         properties[info.json] = field_schema(kind, info)
         if info.required:
@@ -121,11 +120,11 @@ def build() -> dict[str, Any]:
             "kind": {"type": "string", "description": "DatasetMount"},
             # The API server allows nothing but the type here (and name rules at the root).
             "metadata": {"type": "object"},
-            "spec": object_schema(spec_model.DatasetMountSpec),
+            "spec": object_schema(specs.DatasetMountSpec),
             "status": status_model.schema(),
         },
         "x-kubernetes-validations": [
-            {"rule": rule.cel, "message": rule.message} for rule in spec_model.ROOT_RULES
+            {"rule": rule.cel, "message": rule.message} for rule in specs.ROOT_RULES
         ],
     }
     columns = [
@@ -138,21 +137,21 @@ def build() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{spec_model.PLURAL}.{spec_model.GROUP}"},
+        "metadata": {"name": f"{specs.PLURAL}.{specs.GROUP}"},
         "spec": {
-            "group": spec_model.GROUP,
+            "group": specs.GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": spec_model.KIND,
-                "listKind": f"{spec_model.KIND}List",
-                "plural": spec_model.PLURAL,
-                "singular": spec_model.SINGULAR,
-                "shortNames": list(spec_model.SHORT_NAMES),
+                "kind": specs.KIND,
+                "listKind": f"{specs.KIND}List",
+                "plural": specs.PLURAL,
+                "singular": specs.SINGULAR,
+                "shortNames": list(specs.SHORT_NAMES),
                 "categories": ["shardcache"],
             },
             "versions": [
                 {
-                    "name": spec_model.VERSION,
+                    "name": specs.VERSION,
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},

@@ -18,8 +18,7 @@ import pyarrow.fs as pafs
 
 from shardcache import errors, source
 from shardcache import manifest as manifest_lib
-from shardcache import spec as spec_model
-from shardcache_operator import injection, kube, metrics, reconcile, status
+from shardcache_operator import injection, kube, metrics, reconcile, specs, status
 from shardcache_operator import settings as settings_lib
 
 logger = logging.getLogger(__name__)
@@ -27,7 +26,7 @@ logger = logging.getLogger(__name__)
 FINALIZER = "shardcache.io/finalizer"
 #: Annotation on a DatasetMount: delete it without waiting for attached pods.
 ANNOTATION_FORCE_DELETE = "shardcache.io/force-delete"
-RESOURCE = (spec_model.GROUP, spec_model.VERSION, spec_model.PLURAL)
+RESOURCE = (specs.GROUP, specs.VERSION, specs.PLURAL)
 _FINISHED_POD_PHASES = ("Succeeded", "Failed")
 #: kopf index of unfinished labelled pods, by (namespace, DatasetMount name).
 INDEX = "attached_pods"

@@ -7,7 +7,7 @@ See docs/operator.md for the layout this produces. In short, per mount:
   (`restartPolicy: Always`, startupProbe on /readyz), after the user's own init
   containers so those still run first;
 * one emptyDir (medium Memory unless `cache.medium: Disk`, sizeLimit = cache.memory)
-  at `names.mount_dir(run_dir, mount)` in the sidecar and the trainer containers: it
+  at `contract.mount_dir(run_dir, mount)` in the sidecar and the trainer containers: it
   holds the control socket and the memory tier the trainers mmap;
 * one hostPath (DirectoryOrCreate) for the node disk tier, in the sidecar only;
 * one emptyDir for checkpoints when `spec.checkpoint` is set, in both.
@@ -26,9 +26,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shardcache import errors
-from shardcache import spec as spec_model
-from shardcache.node import names
+from shardcache import contract, errors
+from shardcache_operator import specs
 
 #: Opt-in label. Value: one DatasetMount name, or several joined with "_" (a character
 #: DatasetMount names cannot contain), e.g. `shardcache.io/mount: train_eval`.
@@ -54,7 +53,7 @@ class Mount:
     """One DatasetMount to inject: its name, spec and the digest pinned in its status."""
 
     name: str
-    spec: spec_model.DatasetMountSpec
+    spec: specs.DatasetMountSpec
     digest: str | None
 
 
@@ -64,15 +63,15 @@ class SidecarDefaults:
 
     #: Image used when spec.sidecar.image is empty.
     image: str
-    #: Run directory inside pods; each mount gets a subdirectory (see names.mount_dir).
-    run_dir: str = names.DEFAULT_RUN_DIR
+    #: Run directory inside pods; each mount gets a subdirectory (see contract.mount_dir).
+    run_dir: str = contract.DEFAULT_RUN_DIR
     #: Non-root UID/GID of the sidecar; the node disk path must be writable by it.
     run_as_user: int = 65532
     #: Seconds the sidecar may take to become ready (restore + warm-up) before kubelet
     #: restarts it; generous because a checkpoint restore can be large.
     startup_timeout_seconds: int = 600
     #: First TCP port tried for a sidecar's probes/metrics; later mounts take the next free.
-    metrics_port: int = names.DEFAULT_METRICS_PORT
+    metrics_port: int = contract.DEFAULT_METRICS_PORT
 
 
 def requested_mounts(metadata: Mapping[str, Any]) -> list[str]:
@@ -148,10 +147,10 @@ def quantity(size: int) -> str:
     return str(size)
 
 
-def _memory_limit(resources: spec_model.ResourcesSpec, extra: int) -> dict[str, str]:
+def _memory_limit(resources: specs.ResourcesSpec, extra: int) -> dict[str, str]:
     limits = dict(resources.limits)
     if extra and "memory" in limits:
-        memory = spec_model.parse_quantity(limits["memory"], path="spec.sidecar.resources.limits")
+        memory = specs.parse_quantity(limits["memory"], path="spec.sidecar.resources.limits")
         limits["memory"] = quantity(memory + extra)
     return limits
 
@@ -167,49 +166,49 @@ def _sidecar_env(
     spec = mount.spec
     run_dir = defaults.run_dir
     values: list[tuple[str, str]] = [
-        (names.ENV_MOUNT, mount.name),
-        (names.ENV_RUN_DIR, run_dir),
-        (names.ENV_SOCKET, str(names.socket_path(run_dir, mount.name))),
-        (names.ENV_SOURCE_URI, spec.source.uri),
-        (names.ENV_SOURCE_FORMAT, spec.source.format),
+        (contract.ENV_MOUNT, mount.name),
+        (contract.ENV_RUN_DIR, run_dir),
+        (contract.ENV_SOCKET, str(contract.socket_path(run_dir, mount.name))),
+        (contract.ENV_SOURCE_URI, spec.source.uri),
+        (contract.ENV_SOURCE_FORMAT, spec.source.format),
     ]
     if mount.digest:
-        values.append((names.ENV_MANIFEST_DIGEST, mount.digest))
+        values.append((contract.ENV_MANIFEST_DIGEST, mount.digest))
     values += [
-        (names.ENV_MEMORY_DIR, str(names.memory_dir(run_dir, mount.name))),
-        (names.ENV_MEMORY_LIMIT, str(spec.cache.memory)),
-        (names.ENV_DISK_DIR, names.DEFAULT_DISK_DIR),
-        (names.ENV_DISK_LIMIT, str(spec.cache.disk)),
-        (names.ENV_PREFETCH_DEPTH, str(spec.prefetch.depth)),
-        (names.ENV_FETCH_CONCURRENCY, str(spec.prefetch.concurrency)),
-        (names.ENV_READY_SHARDS, str(spec.prefetch.ready_shards)),
-        (names.ENV_SEED, str(spec.sharding.seed)),
-        (names.ENV_SHUFFLE, "true" if spec.sharding.shuffle else "false"),
+        (contract.ENV_MEMORY_DIR, str(contract.memory_dir(run_dir, mount.name))),
+        (contract.ENV_MEMORY_LIMIT, str(spec.cache.memory)),
+        (contract.ENV_DISK_DIR, contract.DEFAULT_DISK_DIR),
+        (contract.ENV_DISK_LIMIT, str(spec.cache.disk)),
+        (contract.ENV_PREFETCH_DEPTH, str(spec.prefetch.depth)),
+        (contract.ENV_FETCH_CONCURRENCY, str(spec.prefetch.concurrency)),
+        (contract.ENV_READY_SHARDS, str(spec.prefetch.ready_shards)),
+        (contract.ENV_SEED, str(spec.sharding.seed)),
+        (contract.ENV_SHUFFLE, "true" if spec.sharding.shuffle else "false"),
     ]
     if spec.sharding.block_size is not None:
-        values.append((names.ENV_BLOCK_SIZE, str(spec.sharding.block_size)))
+        values.append((contract.ENV_BLOCK_SIZE, str(spec.sharding.block_size)))
     if world_size is not None:
-        values.append((names.ENV_WORLD_SIZE, str(world_size)))
+        values.append((contract.ENV_WORLD_SIZE, str(world_size)))
     if spec.sharding.rank_from == "Fixed" and spec.sharding.rank is not None:
-        values.append((names.ENV_RANK, str(spec.sharding.rank)))
-    values.append((names.ENV_METRICS_PORT, str(port)))
+        values.append((contract.ENV_RANK, str(spec.sharding.rank)))
+    values.append((contract.ENV_METRICS_PORT, str(port)))
     if spec.checkpoint is not None:
         values += [
-            (names.ENV_CHECKPOINT_DIR, spec.checkpoint.mount_path),
-            (names.ENV_CHECKPOINT_KEEP_LAST, str(spec.checkpoint.keep_last)),
-            (names.ENV_CHECKPOINT_RESTORE, spec.checkpoint.restore),
+            (contract.ENV_CHECKPOINT_DIR, spec.checkpoint.mount_path),
+            (contract.ENV_CHECKPOINT_KEEP_LAST, str(spec.checkpoint.keep_last)),
+            (contract.ENV_CHECKPOINT_RESTORE, spec.checkpoint.restore),
             # Written even at their defaults, like every other spec field: the pod shows
             # the agent's effective settings, and the output depends on the spec alone.
             (
-                names.ENV_CHECKPOINT_RESTORE_FALLBACK,
+                contract.ENV_CHECKPOINT_RESTORE_FALLBACK,
                 "true" if spec.checkpoint.restore_fallback else "false",
             ),
-            (names.ENV_CHECKPOINT_CONCURRENCY, str(spec.checkpoint.concurrency)),
+            (contract.ENV_CHECKPOINT_CONCURRENCY, str(spec.checkpoint.concurrency)),
             (
-                names.ENV_CHECKPOINT_VERIFY_UPLOADS,
+                contract.ENV_CHECKPOINT_VERIFY_UPLOADS,
                 "true" if spec.checkpoint.verify_uploads else "false",
             ),
-            (names.ENV_CHECKPOINT_UPLOAD_BUFFER, str(spec.checkpoint.upload_buffer)),
+            (contract.ENV_CHECKPOINT_UPLOAD_BUFFER, str(spec.checkpoint.upload_buffer)),
         ]
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values]
     ranked_by_index = spec.sharding.rank_from == "JobCompletionIndex" and indexed_job
@@ -218,7 +217,7 @@ def _sidecar_env(
         # Job template injected offline gets the same env as a pod admitted online.
         env.append(
             {
-                "name": names.ENV_RANK,
+                "name": contract.ENV_RANK,
                 "valueFrom": {
                     "fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION_JOB_INDEX}']"}
                 },
@@ -226,12 +225,12 @@ def _sidecar_env(
         )
     if spec.checkpoint is not None:
         env.append(
-            {"name": names.ENV_CHECKPOINT_URI, "value": checkpoint_uri(spec, ranked_by_index)}
+            {"name": contract.ENV_CHECKPOINT_URI, "value": checkpoint_uri(spec, ranked_by_index)}
         )
     return env
 
 
-def checkpoint_uri(spec: spec_model.DatasetMountSpec, ranked_by_index: bool) -> str:
+def checkpoint_uri(spec: specs.DatasetMountSpec, ranked_by_index: bool) -> str:
     """Where this pod's sidecar publishes checkpoints.
 
     Every pod's agent owns its prefix (two agents publishing one step to one prefix is
@@ -242,7 +241,7 @@ def checkpoint_uri(spec: spec_model.DatasetMountSpec, ranked_by_index: bool) -> 
     assert spec.checkpoint is not None
     base = spec.checkpoint.uri.rstrip("/")
     if ranked_by_index:
-        return f"{base}/rank-$({names.ENV_RANK})"
+        return f"{base}/rank-$({contract.ENV_RANK})"
     if spec.sharding.rank_from == "Fixed" and spec.sharding.rank is not None:
         return f"{base}/rank-{spec.sharding.rank}"
     return spec.checkpoint.uri
@@ -366,10 +365,10 @@ def inject(
                 "hostPath": {"path": spec.cache.node_path, "type": "DirectoryOrCreate"},
             }
         )
-        mount_dir = str(names.mount_dir(defaults.run_dir, mount.name))
+        mount_dir = str(contract.mount_dir(defaults.run_dir, mount.name))
         sidecar_mounts = [
             {"name": run_volume, "mountPath": mount_dir},
-            {"name": disk_volume, "mountPath": names.DEFAULT_DISK_DIR},
+            {"name": disk_volume, "mountPath": contract.DEFAULT_DISK_DIR},
         ]
         for trainer in trainers:
             _add_mount(trainer, run_volume, mount_dir, what=f"the {mount.name} cache")
@@ -428,12 +427,12 @@ def inject(
 
     for trainer in trainers:
         env = trainer.setdefault("env", [])
-        _set_env(env, names.ENV_RUN_DIR, defaults.run_dir)
-        _set_env(env, names.ENV_MOUNTS, ",".join(all_mounts))
+        _set_env(env, contract.ENV_RUN_DIR, defaults.run_dir)
+        _set_env(env, contract.ENV_MOUNTS, ",".join(all_mounts))
         # A user-chosen default mount wins over ours.
-        _set_env(env, names.ENV_MOUNT, all_mounts[0], keep=True)
+        _set_env(env, contract.ENV_MOUNT, all_mounts[0], keep=True)
         if checkpoint_dir is not None:
-            _set_env(env, names.ENV_CHECKPOINT_DIR, checkpoint_dir, keep=True)
+            _set_env(env, contract.ENV_CHECKPOINT_DIR, checkpoint_dir, keep=True)
 
     # After the user's init containers: those still run first, in their order, and any
     # native sidecars of theirs (e.g. a network proxy) are up before ours fetch data.

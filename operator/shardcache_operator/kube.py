@@ -15,7 +15,7 @@ from typing import Any, cast
 import kopf
 import kubernetes
 
-from shardcache import spec as spec_model
+from shardcache_operator import specs
 
 
 def configure(kubeconfig: str | None) -> kubernetes.client.ApiClient:
@@ -96,10 +96,10 @@ class Api:
         try:
             obj = await asyncio.to_thread(
                 self._custom.get_namespaced_custom_object,
-                spec_model.GROUP,
-                spec_model.VERSION,
+                specs.GROUP,
+                specs.VERSION,
                 namespace,
-                spec_model.PLURAL,
+                specs.PLURAL,
                 name,
             )
         except kubernetes.client.ApiException as exc:

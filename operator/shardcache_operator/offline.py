@@ -10,8 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardcache import errors
-from shardcache import spec as spec_model
-from shardcache_operator import injection
+from shardcache_operator import injection, specs
 
 #: Where each supported kind keeps its pod (template); () is the document itself.
 POD_PATHS: dict[str, tuple[str, ...]] = {
@@ -25,14 +24,14 @@ POD_PATHS: dict[str, tuple[str, ...]] = {
 }
 
 
-def load_mounts(documents: Sequence[object], *, source: str) -> dict[str, spec_model.DatasetMount]:
+def load_mounts(documents: Sequence[object], *, source: str) -> dict[str, specs.DatasetMount]:
     """DatasetMounts from the documents of one --mount file; anything else is an error."""
-    mounts: dict[str, spec_model.DatasetMount] = {}
+    mounts: dict[str, specs.DatasetMount] = {}
     for index, doc in enumerate(documents, start=1):
         if doc is None:
             continue
         try:
-            mount = spec_model.load(doc)
+            mount = specs.load(doc)
         except errors.InputError as exc:
             raise errors.InputError(f"{source}, document {index}: {exc}") from exc
         mounts[mount.name] = mount
@@ -68,7 +67,7 @@ def _indexed(doc: Mapping[str, Any]) -> bool | None:
 
 def inject_document(
     doc: object,
-    mounts: Mapping[str, spec_model.DatasetMount],
+    mounts: Mapping[str, specs.DatasetMount],
     *,
     defaults: injection.SidecarDefaults,
     where: str,

@@ -15,8 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from shardcache import errors
-from shardcache import spec as spec_model
-from shardcache_operator import status
+from shardcache_operator import specs, status
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ class Backoff:
         return float(min(self.max_seconds, self.initial_seconds * 2 ** max(0, retry)))
 
 
-def source_identity(spec: spec_model.DatasetMountSpec) -> dict[str, str]:
+def source_identity(spec: specs.DatasetMountSpec) -> dict[str, str]:
     """The spec fields a pinned digest depends on; any change resolves again."""
     identity = {"uri": spec.source.uri, "format": spec.source.format}
     if spec.source.version:
@@ -79,7 +78,7 @@ def source_identity(spec: spec_model.DatasetMountSpec) -> dict[str, str]:
 
 
 async def _options(
-    spec: spec_model.DatasetMountSpec,
+    spec: specs.DatasetMountSpec,
     namespace: str,
     read_secret: SecretReader,
     *,
@@ -112,9 +111,7 @@ async def _options(
     return options, None
 
 
-def _pinned(
-    spec: spec_model.DatasetMountSpec, previous: Mapping[str, Any]
-) -> status.Resolved | None:
+def _pinned(spec: specs.DatasetMountSpec, previous: Mapping[str, Any]) -> status.Resolved | None:
     """The pin in `previous` if it belongs to the spec's current source."""
     if not previous.get("manifestDigest") or previous.get("resolvedSource") != source_identity(
         spec
@@ -131,7 +128,7 @@ def _pinned(
 
 
 async def _check(
-    spec: spec_model.DatasetMountSpec,
+    spec: specs.DatasetMountSpec,
     pin: status.Resolved,
     *,
     namespace: str,
@@ -161,7 +158,7 @@ async def _check(
 
 
 async def _resolve(
-    spec: spec_model.DatasetMountSpec,
+    spec: specs.DatasetMountSpec,
     *,
     namespace: str,
     read_secret: SecretReader,
@@ -256,7 +253,7 @@ async def reconcile(
     generation = metadata.get("generation")
     generation = generation if isinstance(generation, int) else None
     try:
-        spec = spec_model.parse_spec(obj.get("spec"))
+        spec = specs.parse_spec(obj.get("spec"))
     except errors.InputError as exc:
         outcome: status.Outcome = status.Failed(status.INVALID, "InvalidSpec", str(exc), None)
         return _result(outcome, obj, generation=generation, now=now, identity=None, retry_in=None)
@@ -300,7 +297,7 @@ async def check_source(
     if previous.get("phase") not in (status.READY, status.DEGRADED):
         return None
     try:
-        spec = spec_model.parse_spec(obj.get("spec"))
+        spec = specs.parse_spec(obj.get("spec"))
     except errors.InputError:
         return None
     pin = _pinned(spec, previous)

@@ -10,8 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from shardcache import errors
-from shardcache.node import names
+from shardcache import contract, errors
 
 ENV_PREFIX = "SHARDCACHE_OPERATOR_"
 
@@ -22,7 +21,7 @@ class Settings:
     #: Sidecar image when a DatasetMount names none; the chart pins it to its version.
     sidecar_image: str = "shardcache-sidecar:0.1.0"
     #: Run directory inside pods (socket and memory tier live below it).
-    run_dir: str = names.DEFAULT_RUN_DIR
+    run_dir: str = contract.DEFAULT_RUN_DIR
     #: Non-root UID of the sidecar. 65532 is the conventional "nonroot" user of
     #: distroless images, so it exists in the image without an /etc/passwd edit.
     sidecar_uid: int = 65532

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shardcache import spec as spec_model
+from shardcache_operator import specs
 
 # Phases, in the order a DatasetMount usually passes through them.
 PENDING = "Pending"  # not resolved yet, or waiting for its Secret
@@ -73,7 +73,7 @@ def conditions_for(outcome: Outcome) -> list[Condition]:
         how = "kept the pinned" if outcome.reused else "resolved"
         message = (
             f"{how} manifest {outcome.digest}: {outcome.shards} {outcome.format} shards, "
-            f"{outcome.rows} rows, {spec_model.format_bytes(outcome.bytes)}"
+            f"{outcome.rows} rows, {specs.format_bytes(outcome.bytes)}"
         )
         return [
             Condition(SOURCE_REACHABLE, "True", "Listed", "the source answered"),
@@ -165,7 +165,7 @@ def build_status(
             shards=outcome.shards,
             rows=outcome.rows,
             bytes=outcome.bytes,
-            size=spec_model.format_bytes(outcome.bytes),
+            size=specs.format_bytes(outcome.bytes),
             resolvedSource=dict(resolved_source or {}),
         )
         if not outcome.reused or "resolvedAt" not in previous:

@@ -17,8 +17,7 @@ from typing import Any, Protocol
 import kopf
 
 from shardcache import errors
-from shardcache import spec as spec_model
-from shardcache_operator import admission, certs, injection, metrics
+from shardcache_operator import admission, certs, injection, metrics, specs
 from shardcache_operator import settings as settings_lib
 
 logger = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ def configuration(
         "webhooks": [
             {
                 # Webhook names need three dot-separated segments.
-                "name": f"{HANDLER_ID}.{spec_model.GROUP}",
+                "name": f"{HANDLER_ID}.{specs.GROUP}",
                 "admissionReviewVersions": ["v1"],
                 "clientConfig": client_config,
                 "rules": [

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal, Protocol
 
-from shardcache import errors
+from shardcache import contract, errors
 from shardcache.node import _locks, names
 
 __all__ = [
@@ -76,7 +76,7 @@ _HASH_CHUNK = 4 * 1024 * 1024
 _WAIT_FIRST_S = 0.01
 _WAIT_MAX_S = 0.5
 # Which setting a user raises when an entry does not fit, by tier name.
-_LIMIT_SETTINGS = {"disk": names.ENV_DISK_LIMIT, "memory": names.ENV_MEMORY_LIMIT}
+_LIMIT_SETTINGS = {"disk": contract.ENV_DISK_LIMIT, "memory": contract.ENV_MEMORY_LIMIT}
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The sidecar's HTTP servers: the control API on a Unix socket, probes on TCP.
 
 * Unix socket (shared volume, trainer only): the versioned control API of
-  docs/wire-format.md (`shardcache.control_protocol`) plus /healthz, /readyz, /metrics.
+  docs/wire-format.md (`shardcache.contract.protocol`) plus /healthz, /readyz, /metrics.
 * TCP (kubelet probes, Prometheus): /healthz, /readyz, /metrics only.
 
 Handlers are thin: they parse the request, call the `CacheNode` (blocking, so always in
@@ -32,9 +32,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from shardcache import control_protocol as proto
-from shardcache import errors
+from shardcache import contract, errors
 from shardcache import manifest as manifest_mod
+from shardcache.contract import protocol
 from shardcache.node import backing as backing_mod
 from shardcache.node import cache as cache_mod
 from shardcache.node import names
@@ -90,25 +90,31 @@ def json_response(doc: Any, status: int = 200) -> web.Response:
 
 
 def error_response(exc: RequestError) -> web.Response:
-    return json_response(proto.error_body(exc.kind, exc.code, exc.message), exc.status)
+    return json_response(protocol.error_body(exc.kind, exc.code, exc.message), exc.status)
 
 
 def _request_error(exc: BaseException) -> RequestError:
     """The wire form of an error raised by the cache or by request parsing."""
     if isinstance(exc, errors.ManifestMismatchError):
-        return RequestError(409, proto.KIND_INPUT, proto.CODE_MANIFEST_MISMATCH, str(exc))
+        return RequestError(409, protocol.KIND_INPUT, protocol.CODE_MANIFEST_MISMATCH, str(exc))
     if isinstance(exc, errors.InputError):
-        return RequestError(400, proto.KIND_INPUT, proto.CODE_BAD_REQUEST, str(exc))
+        return RequestError(400, protocol.KIND_INPUT, protocol.CODE_BAD_REQUEST, str(exc))
     if isinstance(exc, errors.SourceError):
-        return RequestError(502, proto.KIND_SOURCE, proto.CODE_SOURCE_FAILED, str(exc))
+        return RequestError(502, protocol.KIND_SOURCE, protocol.CODE_SOURCE_FAILED, str(exc))
     if isinstance(exc, TimeoutError):
         return RequestError(
-            504, proto.KIND_CACHE, proto.CODE_TIMEOUT, f"timed out waiting for the shard: {exc}"
+            504,
+            protocol.KIND_CACHE,
+            protocol.CODE_TIMEOUT,
+            f"timed out waiting for the shard: {exc}",
         )
     if isinstance(exc, errors.CacheError):
-        return RequestError(503, proto.KIND_CACHE, proto.CODE_INTERNAL, str(exc))
+        return RequestError(503, protocol.KIND_CACHE, protocol.CODE_INTERNAL, str(exc))
     return RequestError(
-        500, proto.KIND_CACHE, proto.CODE_INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+        500,
+        protocol.KIND_CACHE,
+        protocol.CODE_INTERNAL,
+        f"internal error: {type(exc).__name__}: {exc}",
     )
 
 
@@ -120,8 +126,8 @@ def partial_warm_reason(
         f"first {len(resident)} of {wanted} startup shards {resident} resident; shard "
         f"{shard} ({exc.size} bytes decoded) does not fit beside them ({exc.held} bytes) in "
         f"the memory tier (limit {exc.limit} bytes): raise spec.cache.memory "
-        f"({names.ENV_MEMORY_LIMIT}) or lower spec.prefetch.readyShards "
-        f"({names.ENV_READY_SHARDS})"
+        f"({contract.ENV_MEMORY_LIMIT}) or lower spec.prefetch.readyShards "
+        f"({contract.ENV_READY_SHARDS})"
     )
 
 
@@ -131,7 +137,7 @@ def too_large_reason(wanted: int, shard: int, exc: tier_mod.EntryTooLargeError) 
         f"shard {shard} of the first {wanted} startup shards is {exc.size} bytes decoded, "
         f"more than the whole memory tier holds (limit {exc.limit} bytes): it can never be "
         f"resident and every read of it fails; raise spec.cache.memory "
-        f"({names.ENV_MEMORY_LIMIT}) above {exc.size} bytes"
+        f"({contract.ENV_MEMORY_LIMIT}) above {exc.size} bytes"
     )
 
 
@@ -158,7 +164,7 @@ class Sidecar:
         self.node: cache_mod.CacheNode | None = None
         self.manifest: manifest_mod.Manifest | None = None
         self.problem: _Problem | None = _Problem(
-            503, proto.KIND_UNAVAILABLE, proto.CODE_STARTING, "the sidecar is starting"
+            503, protocol.KIND_UNAVAILABLE, protocol.CODE_STARTING, "the sidecar is starting"
         )
         #: What the warm-up made resident once the warm gate opened (/v1/status).
         self.startup: dict[str, Any] | None = None
@@ -181,7 +187,7 @@ class Sidecar:
         if self.problem is not None:
             raise self.problem.error()
         if self.node is None:
-            raise RequestError(503, proto.KIND_UNAVAILABLE, proto.CODE_STARTING, "starting")
+            raise RequestError(503, protocol.KIND_UNAVAILABLE, protocol.CODE_STARTING, "starting")
         return self.node
 
     # --- lifecycle --------------------------------------------------------------
@@ -215,13 +221,15 @@ class Sidecar:
                     manifest_mod.resolve, s.source_uri, format=s.source_format
                 )
             except errors.InputError as exc:
-                self._refuse(409, proto.CODE_BAD_REQUEST, f"the dataset source is unusable: {exc}")
+                self._refuse(
+                    409, protocol.CODE_BAD_REQUEST, f"the dataset source is unusable: {exc}"
+                )
                 return None
             except errors.SourceError as exc:
                 why = f"resolving the manifest of {s.source_uri} failed: {exc}; retrying in {delay:.0f} s"
                 log.warning(why)
                 self.readiness.waiting(GATE_MANIFEST, why)
-                self.problem = _Problem(503, proto.KIND_UNAVAILABLE, proto.CODE_STARTING, why)
+                self.problem = _Problem(503, protocol.KIND_UNAVAILABLE, protocol.CODE_STARTING, why)
             await asyncio.sleep(delay)
             delay = min(delay * 2, _RESOLVE_MAX_DELAY)
         return None
@@ -229,7 +237,7 @@ class Sidecar:
     def _refuse(self, status: int, code: str, message: str) -> None:
         """Stop serving data for good (until restarted with other settings), loudly."""
         log.error(message, extra={"code": code})
-        self.problem = _Problem(status, proto.KIND_INPUT, code, message)
+        self.problem = _Problem(status, protocol.KIND_INPUT, code, message)
         self.readiness.waiting(GATE_MANIFEST, message)
 
     async def _bring_up(self) -> None:
@@ -240,9 +248,9 @@ class Sidecar:
         if s.manifest_digest is not None and manifest.digest != s.manifest_digest:
             self._refuse(
                 409,
-                proto.CODE_MANIFEST_MISMATCH,
+                protocol.CODE_MANIFEST_MISMATCH,
                 f"{s.source_uri} resolves to manifest {manifest.digest}, but "
-                f"{names.ENV_MANIFEST_DIGEST} pins {s.manifest_digest}: the dataset changed "
+                f"{contract.ENV_MANIFEST_DIGEST} pins {s.manifest_digest}: the dataset changed "
                 "since it was pinned; refusing to serve it. Re-pin the DatasetMount (or "
                 "restore the pinned objects) and restart the pod.",
             )
@@ -353,7 +361,7 @@ class Sidecar:
 
     # --- probes -----------------------------------------------------------------
     async def healthz(self, request: web.Request) -> web.Response:
-        return json_response({"status": "alive", "version": proto.VERSION})
+        return json_response({"status": "alive", "version": protocol.VERSION})
 
     async def readyz(self, request: web.Request) -> web.Response:
         report = self.readiness.report()
@@ -375,7 +383,7 @@ class Sidecar:
         stats = await asyncio.get_running_loop().run_in_executor(None, self._stats)
         return json_response(
             {
-                "version": proto.VERSION,
+                "version": protocol.VERSION,
                 "source": self.settings.source_uri,
                 "manifest": None
                 if m is None
@@ -389,7 +397,7 @@ class Sidecar:
                 "readers": [
                     {
                         "id": r.reader_id,
-                        **proto.params_to_json(r.params),
+                        **protocol.params_to_json(r.params),
                         "position": r.position,
                     }
                     for r in self.registry.readers()
@@ -404,17 +412,17 @@ class Sidecar:
 
     async def put_reader(self, request: web.Request) -> web.Response:
         node = self.serving()
-        reader_id = proto.check_reader_id(request.match_info["reader_id"])
+        reader_id = protocol.check_reader_id(request.match_info["reader_id"])
         body = await _json_body(request)
-        params = proto.params_from_json(body)
-        position = proto.require_int(body, "position", minimum=0)
+        params = protocol.params_from_json(body)
+        position = protocol.require_int(body, "position", minimum=0)
         digest = body.get("digest")
         assert self.manifest is not None
         if digest is not None and digest != self.manifest.digest:
             raise RequestError(
                 409,
-                proto.KIND_INPUT,
-                proto.CODE_MANIFEST_MISMATCH,
+                protocol.KIND_INPUT,
+                protocol.CODE_MANIFEST_MISMATCH,
                 f"the reader expects manifest {digest}, this sidecar serves "
                 f"{self.manifest.digest}: the dataset changed under a running job",
             )
@@ -433,13 +441,13 @@ class Sidecar:
             "reader %s %s",
             reader_id,
             change.value,
-            extra={"reader": reader_id, **proto.params_to_json(params), "position": position},
+            extra={"reader": reader_id, **protocol.params_to_json(params), "position": position},
         )
         return json_response(
             {
                 "reader": reader_id,
                 "change": change.value,
-                "params": proto.params_to_json(params),
+                "params": protocol.params_to_json(params),
                 "position": position,
             }
         )
@@ -448,8 +456,8 @@ class Sidecar:
         node = self.serving()
         reader_id = self._known_reader(request)
         body = await _json_body(request)
-        epoch = proto.require_int(body, "epoch", minimum=0)
-        position = proto.require_int(body, "position", minimum=0)
+        epoch = protocol.require_int(body, "epoch", minimum=0)
+        position = protocol.require_int(body, "position", minimum=0)
         self.registry.move(reader_id, epoch=epoch, position=position)
         await self.blocking(node.update_reader, reader_id, epoch=epoch, position=position)
         return json_response({"reader": reader_id, "epoch": epoch, "position": position})
@@ -482,9 +490,9 @@ class Sidecar:
             node=node,
             reader_id=reader_id,
             body=body,
-            shard=proto.require_int(body, "shard"),
-            epoch=proto.require_int(body, "epoch", minimum=0),
-            position=proto.require_int(body, "position", minimum=0),
+            shard=protocol.require_int(body, "shard"),
+            epoch=protocol.require_int(body, "epoch", minimum=0),
+            position=protocol.require_int(body, "position", minimum=0),
         )
         _check_shard(node, call.shard)
         return call
@@ -497,20 +505,20 @@ class Sidecar:
         )
 
     def _known_reader(self, request: web.Request) -> str:
-        reader_id = proto.check_reader_id(request.match_info["reader_id"])
+        reader_id = protocol.check_reader_id(request.match_info["reader_id"])
         if self.registry.get(reader_id) is None:
             raise RequestError(
                 404,
-                proto.KIND_INPUT,
-                proto.CODE_UNKNOWN_READER,
-                f"unknown reader {reader_id!r}: register it with PUT {proto.reader_path(reader_id)}",
+                protocol.KIND_INPUT,
+                protocol.CODE_UNKNOWN_READER,
+                f"unknown reader {reader_id!r}: register it with PUT {protocol.reader_path(reader_id)}",
             )
         return reader_id
 
     async def post_acquire(self, request: web.Request) -> web.Response:
         call = await self._shard_call(request)
         node, reader_id, shard = call.node, call.reader_id, call.shard
-        wanted = proto.optional_float(call.body, "timeout_s")
+        wanted = protocol.optional_float(call.body, "timeout_s")
         timeout = (
             self.settings.acquire_timeout
             if wanted is None
@@ -523,8 +531,8 @@ class Sidecar:
             entry.release()
             raise RequestError(
                 409,
-                proto.KIND_INPUT,
-                proto.CODE_UNKNOWN_READER,
+                protocol.KIND_INPUT,
+                protocol.CODE_UNKNOWN_READER,
                 f"reader {reader_id!r} was unregistered",
             )
         hold = self.registry.hold(reader_id, shard, entry)
@@ -574,7 +582,7 @@ class Sidecar:
         return json_response({"lease": lease_id, "released": hold is not None})
 
     async def delete_reader(self, request: web.Request) -> web.Response:
-        reader_id = proto.check_reader_id(request.match_info["reader_id"])
+        reader_id = protocol.check_reader_id(request.match_info["reader_id"])
         reader, holds = self.registry.unregister(reader_id)
         for hold in holds:
             hold.lease.release()
@@ -601,8 +609,8 @@ def _check_shard(node: cache_mod.CacheNode, shard: int) -> None:
     if not 0 <= shard < n:
         raise RequestError(
             400,
-            proto.KIND_INPUT,
-            proto.CODE_UNKNOWN_SHARD,
+            protocol.KIND_INPUT,
+            protocol.CODE_UNKNOWN_SHARD,
             f"shard index {shard} is out of range: the manifest has {n} shards (0..{n - 1})",
         )
 
@@ -639,17 +647,21 @@ def _middleware(sidecar: Sidecar) -> Callable[..., Awaitable[web.StreamResponse]
             response = error_response(exc)
         except web.HTTPException as exc:
             # aiohttp's own 404/405: same JSON shape as every other error.
-            code = proto.CODE_UNKNOWN_ROUTE if exc.status in (404, 405) else proto.CODE_BAD_REQUEST
+            code = (
+                protocol.CODE_UNKNOWN_ROUTE
+                if exc.status in (404, 405)
+                else protocol.CODE_BAD_REQUEST
+            )
             message = f"{request.method} {request.path}: {exc.reason}"
-            response = error_response(RequestError(exc.status, proto.KIND_INPUT, code, message))
+            response = error_response(RequestError(exc.status, protocol.KIND_INPUT, code, message))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             rejected = _request_error(exc)
             if (
                 rejected.status >= 500
-                and rejected.kind == proto.KIND_CACHE
-                and rejected.code == proto.CODE_INTERNAL
+                and rejected.kind == protocol.KIND_CACHE
+                and rejected.code == protocol.CODE_INTERNAL
             ):
                 log.exception("%s %s failed", request.method, request.path)
             else:
@@ -663,9 +675,9 @@ def _middleware(sidecar: Sidecar) -> Callable[..., Awaitable[web.StreamResponse]
 
 def _probe_routes(sidecar: Sidecar) -> list[web.RouteDef]:
     return [
-        web.get(proto.HEALTHZ, sidecar.healthz),
-        web.get(proto.READYZ, sidecar.readyz),
-        web.get(proto.METRICS, sidecar.metrics_page),
+        web.get(protocol.HEALTHZ, sidecar.healthz),
+        web.get(protocol.READYZ, sidecar.readyz),
+        web.get(protocol.METRICS, sidecar.metrics_page),
     ]
 
 
@@ -674,14 +686,14 @@ def control_app(sidecar: Sidecar) -> web.Application:
     app.add_routes(_probe_routes(sidecar))
     app.add_routes(
         [
-            web.get(proto.MANIFEST, sidecar.get_manifest),
-            web.get(proto.STATUS, sidecar.get_status),
-            web.put(proto.reader_path("{reader_id}"), sidecar.put_reader),
-            web.delete(proto.reader_path("{reader_id}"), sidecar.delete_reader),
-            web.post(proto.position_path("{reader_id}"), sidecar.post_position),
-            web.post(proto.acquire_path("{reader_id}"), sidecar.post_acquire),
-            web.post(proto.pinned_path("{reader_id}"), sidecar.post_pinned),
-            web.delete(proto.lease_path("{lease_id}"), sidecar.delete_lease),
+            web.get(protocol.MANIFEST, sidecar.get_manifest),
+            web.get(protocol.STATUS, sidecar.get_status),
+            web.put(protocol.reader_path("{reader_id}"), sidecar.put_reader),
+            web.delete(protocol.reader_path("{reader_id}"), sidecar.delete_reader),
+            web.post(protocol.position_path("{reader_id}"), sidecar.post_position),
+            web.post(protocol.acquire_path("{reader_id}"), sidecar.post_acquire),
+            web.post(protocol.pinned_path("{reader_id}"), sidecar.post_pinned),
+            web.delete(protocol.lease_path("{lease_id}"), sidecar.delete_lease),
         ]
     )
     return app

@@ -1,7 +1,7 @@
 """The sidecar's settings: one typed dataclass, read once at start-up.
 
 Every field comes from a `SHARDCACHE_*` environment variable (names in
-`shardcache.node.names`, written into the pod by the webhook) and may be overridden by
+`shardcache.contract`, written into the pod by the webhook) and may be overridden by
 a command-line flag of `shardcache sidecar`. Invalid values stop the sidecar at start
 with a message naming the variable, what was expected and what was found.
 """
@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shardcache import errors, plan
+from shardcache import contract, errors, plan
 from shardcache import sidecar_client as client_mod
 from shardcache.node import cache as cache_mod
-from shardcache.node import names
 from shardcache_sidecar.checkpoint import settings as ckpt_settings
 
 GiB = 1 << 30
@@ -66,7 +65,7 @@ class Settings:
     #: TCP address of /healthz, /readyz and /metrics for kubelet and Prometheus.
     #: 0.0.0.0 because probes arrive on the pod IP.
     metrics_host: str = "0.0.0.0"
-    metrics_port: int = names.DEFAULT_METRICS_PORT
+    metrics_port: int = contract.DEFAULT_METRICS_PORT
     #: Seconds the sidecar keeps its own hold on a shard it handed to a client that did
     #: not take it over (the client died between the answer and its lock). The handover
     #: takes milliseconds; 30 s tolerates a stalled trainer without pinning for long.
@@ -86,7 +85,7 @@ class Settings:
     def __post_init__(self) -> None:
         if not self.source_uri:
             raise errors.InputError(
-                f"no dataset source: set ${names.ENV_SOURCE_URI} or --source, "
+                f"no dataset source: set ${contract.ENV_SOURCE_URI} or --source, "
                 "e.g. s3://bucket/prefix"
             )
         size = len(os.fsencode(self.socket_path))
@@ -114,7 +113,7 @@ class Settings:
             )
         if self.manifest_digest is not None and not self.manifest_digest.startswith("sha256:"):
             raise errors.InputError(
-                f"${names.ENV_MANIFEST_DIGEST}: expected 'sha256:<hex>', "
+                f"${contract.ENV_MANIFEST_DIGEST}: expected 'sha256:<hex>', "
                 f"found {self.manifest_digest!r}"
             )
         # PlanParams checks rank < world_size etc. with its own messages.
@@ -175,35 +174,35 @@ def from_env(
     env = os.environ if environ is None else environ
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     run_dir = Path(
-        given.pop("run_dir", None) or env.get(names.ENV_RUN_DIR) or names.DEFAULT_RUN_DIR
+        given.pop("run_dir", None) or env.get(contract.ENV_RUN_DIR) or contract.DEFAULT_RUN_DIR
     )
-    mount = given.pop("mount", None) or env.get(names.ENV_MOUNT) or "default"
+    mount = given.pop("mount", None) or env.get(contract.ENV_MOUNT) or "default"
     values: dict[str, Any] = {
-        "source_uri": env.get(names.ENV_SOURCE_URI, ""),
-        "socket_path": Path(env.get(names.ENV_SOCKET) or names.socket_path(run_dir, mount)),
-        "memory_dir": Path(env.get(names.ENV_MEMORY_DIR) or names.memory_dir(run_dir, mount)),
-        "disk_dir": Path(env.get(names.ENV_DISK_DIR) or names.DEFAULT_DISK_DIR),
-        "source_format": env.get(names.ENV_SOURCE_FORMAT) or None,
-        "manifest_digest": env.get(names.ENV_MANIFEST_DIGEST) or None,
+        "source_uri": env.get(contract.ENV_SOURCE_URI, ""),
+        "socket_path": Path(env.get(contract.ENV_SOCKET) or contract.socket_path(run_dir, mount)),
+        "memory_dir": Path(env.get(contract.ENV_MEMORY_DIR) or contract.memory_dir(run_dir, mount)),
+        "disk_dir": Path(env.get(contract.ENV_DISK_DIR) or contract.DEFAULT_DISK_DIR),
+        "source_format": env.get(contract.ENV_SOURCE_FORMAT) or None,
+        "manifest_digest": env.get(contract.ENV_MANIFEST_DIGEST) or None,
         "metrics_host": env.get(ENV_METRICS_HOST) or None,
         "log_format": env.get(ENV_LOG_FORMAT) or None,
         "log_level": env.get(ENV_LOG_LEVEL) or None,
     }
     ints = {
-        "memory_limit": names.ENV_MEMORY_LIMIT,
-        "disk_limit": names.ENV_DISK_LIMIT,
-        "prefetch_depth": names.ENV_PREFETCH_DEPTH,
-        "fetch_concurrency": names.ENV_FETCH_CONCURRENCY,
-        "ready_shards": names.ENV_READY_SHARDS,
-        "seed": names.ENV_SEED,
-        "block_size": names.ENV_BLOCK_SIZE,
-        "world_size": names.ENV_WORLD_SIZE,
-        "rank": names.ENV_RANK,
-        "metrics_port": names.ENV_METRICS_PORT,
+        "memory_limit": contract.ENV_MEMORY_LIMIT,
+        "disk_limit": contract.ENV_DISK_LIMIT,
+        "prefetch_depth": contract.ENV_PREFETCH_DEPTH,
+        "fetch_concurrency": contract.ENV_FETCH_CONCURRENCY,
+        "ready_shards": contract.ENV_READY_SHARDS,
+        "seed": contract.ENV_SEED,
+        "block_size": contract.ENV_BLOCK_SIZE,
+        "world_size": contract.ENV_WORLD_SIZE,
+        "rank": contract.ENV_RANK,
+        "metrics_port": contract.ENV_METRICS_PORT,
     }
     for field, var in ints.items():
         values[field] = _int(env, var)
-    values["shuffle"] = _bool(env, names.ENV_SHUFFLE)
+    values["shuffle"] = _bool(env, contract.ENV_SHUFFLE)
     values["checkpoint"] = ckpt_settings.CheckpointSettings.from_env(env)
     values.update(given)
     for field in ("socket_path", "memory_dir", "disk_dir"):

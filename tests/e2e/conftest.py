@@ -22,9 +22,8 @@ from typing import Any
 import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
-from shardcache_operator import certs, handlers
+from shardcache_operator import certs, handlers, specs
 
-from shardcache import spec as spec_model
 from tests.e2e import harness, objects
 
 CRD_NAMES = (
@@ -242,7 +241,7 @@ def _release_all_datasetmounts(admin: kubernetes.client.ApiClient) -> None:
     """Delete every DatasetMount (forced) while the operator still runs to drop its
     finalizer; strip what is left after the time-out so the CRD can go."""
     custom = kubernetes.client.CustomObjectsApi(admin)
-    group, version, plural = spec_model.GROUP, spec_model.VERSION, spec_model.PLURAL
+    group, version, plural = specs.GROUP, specs.VERSION, specs.PLURAL
 
     def remaining() -> list[dict[str, Any]]:
         listing = custom.list_cluster_custom_object(group, version, plural)

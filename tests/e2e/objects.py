@@ -7,9 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import kubernetes.client
-from shardcache_operator import injection
+from shardcache_operator import injection, specs
 
-from shardcache import spec as spec_model
 from tests.e2e import harness
 from tests.support import datasets
 
@@ -17,7 +16,7 @@ SECRET_NAME = "s3-credentials"
 #: Resolving a manifest of a few shards on loopback takes well under a second; the
 #: bound covers a busy machine and the operator's first list calls.
 PHASE_TIMEOUT_S = 90.0
-GROUP, VERSION, PLURAL = spec_model.GROUP, spec_model.VERSION, spec_model.PLURAL
+GROUP, VERSION, PLURAL = specs.GROUP, specs.VERSION, specs.PLURAL
 #: What trainer containers run: kwok never starts it, kind runs it (the sidecar image has
 #: Python, and it is loaded into kind already).
 TRAINER_IMAGE = ":".join(harness.SIDECAR_IMAGE)

@@ -12,9 +12,8 @@ import tarfile
 import kubernetes.client
 import pytest
 import yaml
-from shardcache_operator import injection
+from shardcache_operator import injection, specs
 
-from shardcache import spec
 from tests.e2e import harness
 from tests.e2e.conftest import Release
 
@@ -215,7 +214,7 @@ def test_node_cache_daemonset_prepares_the_sidecars_directory(
     (daemonset,) = [d for d in documents(render(e2e_cluster)) if d["kind"] == "DaemonSet"]
     pod = daemonset["spec"]["template"]["spec"]  # type: ignore[index]
     (volume,) = pod["volumes"]
-    assert volume["hostPath"] == {"path": spec.CacheSpec().node_path, "type": "DirectoryOrCreate"}
+    assert volume["hostPath"] == {"path": specs.CacheSpec().node_path, "type": "DirectoryOrCreate"}
     (prepare,) = pod["initContainers"]
     assert prepare["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
     assert prepare["securityContext"]["allowPrivilegeEscalation"] is False

@@ -10,7 +10,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 from shardcache_operator import injection
 
-from shardcache.node import names
+from shardcache import contract
 from tests.e2e import harness, objects
 from tests.e2e.conftest import ReadyMount, Release
 
@@ -47,8 +47,8 @@ def assert_injected(stored: dict[str, Any], mount: ReadyMount, *, trainers: list
     assert security["capabilities"]["drop"] == ["ALL"]
     assert sidecar["resources"]["requests"] and sidecar["resources"]["limits"]
     env = {e["name"]: e.get("value") for e in sidecar["env"]}
-    assert env[names.ENV_MANIFEST_DIGEST] == mount.status["manifestDigest"]
-    assert env[names.ENV_SOURCE_URI] == mount.uri
+    assert env[contract.ENV_MANIFEST_DIGEST] == mount.status["manifestDigest"]
+    assert env[contract.ENV_SOURCE_URI] == mount.uri
     assert sidecar["envFrom"] == [{"secretRef": {"name": objects.SECRET_NAME}}]
     volumes = {v["name"]: v for v in spec["volumes"]}
     run = volumes[f"shardcache-{mount.name}-run"]["emptyDir"]
@@ -57,10 +57,10 @@ def assert_injected(stored: dict[str, Any], mount: ReadyMount, *, trainers: list
     for container in spec["containers"]:
         trainer_env = {e["name"]: e.get("value") for e in container.get("env", [])}
         if container["name"] not in trainers:
-            assert names.ENV_MOUNT not in trainer_env
+            assert contract.ENV_MOUNT not in trainer_env
             continue
-        assert trainer_env[names.ENV_MOUNT] == mount.name
-        assert trainer_env[names.ENV_RUN_DIR] == names.DEFAULT_RUN_DIR
+        assert trainer_env[contract.ENV_MOUNT] == mount.name
+        assert trainer_env[contract.ENV_RUN_DIR] == contract.DEFAULT_RUN_DIR
         mounted = {m["name"] for m in container["volumeMounts"]}
         assert f"shardcache-{mount.name}-run" in mounted
         # Credentials go to the sidecar only.
@@ -148,7 +148,7 @@ def test_pods_of_a_job_are_injected(
             c for c in stored["spec"]["initContainers"] if c["name"].startswith("shardcache-")
         )
         # Indexed Job: the sidecar's rank comes from the completion index annotation.
-        rank = next(e for e in sidecar["env"] if e["name"] == names.ENV_RANK)
+        rank = next(e for e in sidecar["env"] if e["name"] == contract.ENV_RANK)
         assert injection.ANNOTATION_JOB_INDEX in rank["valueFrom"]["fieldRef"]["fieldPath"]
 
 

@@ -14,6 +14,7 @@ import pytest
 from shardcache_sidecar.checkpoint import Agent
 
 from shardcache import checkpoint, errors
+from shardcache.checkpoint import _protocol
 from tests.support import rot
 from tests.support.checkpoints import AgentFactory, tree, write_checkpoint
 from tests.support.s3server import S3Server
@@ -40,7 +41,7 @@ def publish(make_agent: AgentFactory, steps: tuple[int, ...]) -> None:
 
 
 def requests_in(root: Path) -> list[Path]:
-    return [p for p in root.iterdir() if checkpoint.request_id_of(p.name) is not None]
+    return [p for p in root.iterdir() if _protocol.request_id_of(p.name) is not None]
 
 
 def restore_served_by(agent: Agent, step: int) -> Path | None:
@@ -62,14 +63,14 @@ def test_older_published_step_is_restored_on_demand_with_its_bytes_and_data_stat
     agent.start()
     assert agent.wait_ready(60)
     root = agent.root
-    assert [c.step for c in checkpoint.local_checkpoints(root)] == [3]
+    assert [c.step for c in _protocol.local_checkpoints(root)] == [3]
 
     path = checkpoint.restore(1, timeout=60, root=root)
 
     assert path == root / "step-1"
     assert tree(path) == files_of(1)
     assert checkpoint.data_state(1, root=root) == {"position": 100}
-    assert [c.step for c in checkpoint.local_checkpoints(root)] == [1, 3]
+    assert [c.step for c in _protocol.local_checkpoints(root)] == [1, 3]
     assert checkpoint.restore(1, timeout=0, root=root) == path  # now local: no request
     assert requests_in(root) == []
 
@@ -87,14 +88,14 @@ def test_step_restored_on_demand_is_kept_from_retention_until_the_trainer_commit
     # A checkpoint written before the rollback and published after it: retention must
     # not take the step the trainer is loading.
     write_checkpoint(root, "step-4", files_of(4))
-    checkpoint.write_marker(root / "step-4", checkpoint.Marker(4, committed_at=asked_at - 1))
+    _protocol.write_marker(root / "step-4", _protocol.Marker(4, committed_at=asked_at - 1))
     assert agent.scan() == [4]
-    assert [c.step for c in checkpoint.local_checkpoints(root)] == [1, 3, 4]
+    assert [c.step for c in _protocol.local_checkpoints(root)] == [1, 3, 4]
 
     # The trainer commits from the restored step on: it has moved on, retention resumes.
     checkpoint.commit(write_checkpoint(root, "step-5", files_of(5)), step=5)
     assert agent.scan() == [5]
-    assert [c.step for c in checkpoint.local_checkpoints(root)] == [4, 5]
+    assert [c.step for c in _protocol.local_checkpoints(root)] == [4, 5]
 
 
 def test_step_never_published_is_an_input_error_naming_the_published_ones(
@@ -125,7 +126,7 @@ def test_damaged_step_in_the_store_fails_with_the_agents_reason_and_leaves_nothi
     message = str(info.value)
     assert "step 1 was not restored" in message
     assert "step-000000000001/data/model.bin: expected sha256" in message
-    assert [c.step for c in checkpoint.local_checkpoints(root)] == [2]
+    assert [c.step for c in _protocol.local_checkpoints(root)] == [2]
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["step-2"]
     assert [p.name for p in root.iterdir() if p.name.startswith(".shardcache-restore-")] == []
     assert requests_in(root) == []
@@ -152,10 +153,10 @@ def test_malformed_request_is_answered_as_failed_and_the_agent_serves_the_next(
     agent.start()
     assert agent.wait_ready(60)
     root = agent.root
-    junk = checkpoint.request_path(root, "junk")
+    junk = _protocol.request_path(root, "junk")
     junk.write_text("restore step 1 please")
-    bad_step = checkpoint.request_path(root, "badstep")
-    checkpoint.write_json_atomic(
+    bad_step = _protocol.request_path(root, "badstep")
+    _protocol.write_json_atomic(
         bad_step, {"version": 1, "kind": "restore", "id": "badstep", "step": "one"}
     )
 
@@ -174,7 +175,7 @@ def test_request_name_that_cannot_be_answered_is_reported_once_and_skipped(
     publish(make_agent, (1,))
     agent = make_agent("node-b")
     agent.restore()
-    checkpoint.request_path(agent.root, "adir").mkdir()
+    _protocol.request_path(agent.root, "adir").mkdir()
     for _ in range(3):
         assert agent.serve_requests() == []
     assert len([r for r in caplog.records if "cannot answer" in r.getMessage()]) == 1

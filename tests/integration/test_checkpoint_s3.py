@@ -25,8 +25,8 @@ from shardcache_sidecar.checkpoint import (
 )
 
 import shardcache
-from shardcache import checkpoint, errors, source
-from shardcache.node import names
+from shardcache import checkpoint, contract, errors, source
+from shardcache.checkpoint import _protocol
 from tests.support import datasets, rot
 from tests.support.checkpoints import AgentFactory, tree, write_checkpoint
 from tests.support.faultproxy import FaultProxy
@@ -133,7 +133,7 @@ def test_retention_keeps_the_last_n_in_the_bucket_and_on_the_node(
     assert layout.list_steps(fs, f"{s3_bucket}/run") == ([30, 40], [])
     assert not [k for k in remote_keys(s3_server, s3_bucket) if "/step-000000000010/" in k]
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["s30", "s40"]
-    latest = checkpoint.read_root_file(root, checkpoint.LATEST_NAME)
+    latest = _protocol.read_root_file(root, _protocol.LATEST_NAME)
     assert latest is not None and (latest["step"], latest["steps"]) == (40, [30, 40])
     # A step that retention removed from the node still counts as uploaded.
     checkpoint.wait(30, timeout=1, root=root)
@@ -200,7 +200,7 @@ def test_marker_file_written_without_the_library_is_uploaded(
     path = write_checkpoint(root, "from-bash", {"weights.pt": b"w" * 1000})
     # What `echo 12 > .tmp && mv .tmp .shardcache-commit` does in a shell trainer.
     (path / ".tmp-marker").write_text("12\n")
-    os.replace(path / ".tmp-marker", path / checkpoint.MARKER_NAME)
+    os.replace(path / ".tmp-marker", path / _protocol.MARKER_NAME)
     assert agent.scan() == [12]
     checkpoint.wait(12, timeout=1, root=root)
     assert make_agent("node-b").restore().step == 12
@@ -244,7 +244,7 @@ def test_missing_directory_and_bad_commits_are_clear_errors(tmp_path: Path) -> N
         checkpoint.commit(path, step=-1)
     with pytest.raises(errors.InputError, match="JSON-serialisable"):
         checkpoint.commit(path, step=1, data_state={"x": object()})
-    assert checkpoint.read_marker(path) is None
+    assert _protocol.read_marker(path) is None
 
 
 def test_unwritable_destination_is_a_clear_error_and_earlier_checkpoints_stay_intact(
@@ -261,7 +261,7 @@ def test_unwritable_destination_is_a_clear_error_and_earlier_checkpoints_stay_in
     assert missing.scan() == []
     with pytest.raises(errors.InputError, match="no-such-bucket-for-shardcache"):
         checkpoint.wait(2, timeout=5, root=root)
-    status = checkpoint.read_status(root / "step-2")
+    status = _protocol.read_status(root / "step-2")
     assert status is not None and status.phase == "failed" and not status.retryable
 
     assert checkpoint.latest(root=root) == 1
@@ -329,7 +329,7 @@ def test_resume_with_the_data_state_continues_the_uninterrupted_stream(
 
     # A new node: the agent restores, the trainer resumes model and data together.
     make_agent("node-b").restore()
-    monkeypatch.setenv(names.ENV_CHECKPOINT_DIR, str(tmp_path / "node-b"))
+    monkeypatch.setenv(contract.ENV_CHECKPOINT_DIR, str(tmp_path / "node-b"))
     model = checkpoint.restore()
     assert model is not None and (model / "model.bin").read_bytes() == b"weights after 9 steps"
     with shardcache.open(uri, cache_dir=tmp_path / "c2", resume_from="latest", **opts) as ds:  # type: ignore[arg-type]
@@ -360,7 +360,7 @@ def test_store_outage_during_upload_is_retried_until_published(
         # The store is down: the trainer's wait() keeps waiting and says why on timeout.
         with pytest.raises(TimeoutError, match="last error"):
             checkpoint.wait(1, timeout=3, root=root)
-        status = checkpoint.read_status(root / "step-1")
+        status = _protocol.read_status(root / "step-1")
         assert status is not None and status.phase in ("failed", "uploading")
         assert status.retryable and "connect" in str(status.error)
         fault_proxy.accept_connections()

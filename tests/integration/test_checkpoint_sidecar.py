@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
-from shardcache_operator import injection
+from shardcache_operator import injection, specs
 from shardcache_sidecar.checkpoint import Agent, CheckpointSettings, layout
 
-from shardcache import checkpoint
-from shardcache import spec as spec_model
-from shardcache.node import names
+from shardcache import checkpoint, contract
+from shardcache.checkpoint import _protocol
 from tests.support import datasets, rot
 from tests.support.checkpoints import tree, write_checkpoint
 from tests.support.faultproxy import FaultProxy
@@ -66,9 +65,9 @@ def sidecar_with_checkpoints(
     env = {
         **s3_server.env(),
         "AWS_ENDPOINT_URL": proxy.endpoint_url,
-        names.ENV_CHECKPOINT_URI: f"s3://{bucket}/run",
-        names.ENV_CHECKPOINT_DIR: str(root),
-        names.ENV_CHECKPOINT_KEEP_LAST: "3",
+        contract.ENV_CHECKPOINT_URI: f"s3://{bucket}/run",
+        contract.ENV_CHECKPOINT_DIR: str(root),
+        contract.ENV_CHECKPOINT_KEEP_LAST: "3",
         "SHARDCACHE_LOG_FORMAT": "text",
     }
     return factory(f"s3://{bucket}/ds", env=env)
@@ -185,16 +184,16 @@ def test_sigterm_publishes_what_was_committed_before_exiting(
 
 def injected_agent_env(checkpoint_spec: dict[str, object]) -> dict[str, str]:
     """The checkpoint agent tuning the webhook writes for `spec.checkpoint`."""
-    spec = spec_model.parse_spec({"source": {"uri": "s3://d/x/"}, "checkpoint": checkpoint_spec})
+    spec = specs.parse_spec({"source": {"uri": "s3://d/x/"}, "checkpoint": checkpoint_spec})
     pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "trainer"}]}}
     mount = injection.Mount("ds", spec, None)
     injected = injection.inject(pod, [mount], defaults=injection.SidecarDefaults(image="s:1"))
     (sidecar,) = injected["spec"]["initContainers"]
     tuning = {
-        names.ENV_CHECKPOINT_RESTORE_FALLBACK,
-        names.ENV_CHECKPOINT_CONCURRENCY,
-        names.ENV_CHECKPOINT_VERIFY_UPLOADS,
-        names.ENV_CHECKPOINT_UPLOAD_BUFFER,
+        contract.ENV_CHECKPOINT_RESTORE_FALLBACK,
+        contract.ENV_CHECKPOINT_CONCURRENCY,
+        contract.ENV_CHECKPOINT_VERIFY_UPLOADS,
+        contract.ENV_CHECKPOINT_UPLOAD_BUFFER,
     }
     env = {e["name"]: e["value"] for e in sidecar["env"] if e["name"] in tuning}
     assert set(env) == tuning
@@ -221,8 +220,8 @@ def test_sidecar_with_the_webhooks_restore_fallback_skips_a_damaged_checkpoint(
     env = {
         **s3_server.env(),
         "AWS_ENDPOINT_URL": fault_proxy.endpoint_url,
-        names.ENV_CHECKPOINT_URI: f"s3://{s3_bucket}/run",
-        names.ENV_CHECKPOINT_DIR: str(root),
+        contract.ENV_CHECKPOINT_URI: f"s3://{s3_bucket}/run",
+        contract.ENV_CHECKPOINT_DIR: str(root),
         **agent_env,
     }
     sidecar = sidecar_factory(f"s3://{s3_bucket}/ds", env=env)
@@ -239,6 +238,6 @@ def test_sidecar_with_the_webhooks_restore_fallback_skips_a_damaged_checkpoint(
     assert status == 200, f"restore did not fall back: {reason}"
     assert "step 1" in reason
     assert tree(root / "step-1") == STEP1
-    restored = checkpoint.read_root_file(root, checkpoint.RESTORE_NAME)
+    restored = _protocol.read_root_file(root, _protocol.RESTORE_NAME)
     assert restored is not None
     assert (restored["step"], [s for s, _ in restored["skipped"]]) == (1, [2])

@@ -15,10 +15,10 @@ import pyarrow.fs as pafs
 import pytest
 
 import shardcache
-from shardcache import control_protocol as proto
-from shardcache import errors, plan
+from shardcache import contract, errors, plan
 from shardcache import sidecar_client as client_mod
-from shardcache.node import backing, names
+from shardcache.contract import protocol
+from shardcache.node import backing
 from tests.support import datasets
 from tests.support.sidecar import SidecarProcess
 
@@ -89,7 +89,7 @@ def test_a_pinned_digest_that_differs_serves_no_data_and_says_why(
     sidecar_factory: Factory, dataset: str
 ) -> None:
     pinned = "sha256:" + "ab" * 32
-    proc = sidecar_factory(dataset, env={names.ENV_MANIFEST_DIGEST: pinned})
+    proc = sidecar_factory(dataset, env={contract.ENV_MANIFEST_DIGEST: pinned})
     proc.start()
     actual = shardcache.resolve(dataset).digest
     deadline = time.monotonic() + 30
@@ -100,8 +100,8 @@ def test_a_pinned_digest_that_differs_serves_no_data_and_says_why(
     assert status == 503
     assert pinned in str(body) and actual in str(body)
     assert proc.http_get("/healthz")[0] == 200
-    status, body = proc.control("GET", proto.MANIFEST)
-    assert (status, body["error"]["code"]) == (409, proto.CODE_MANIFEST_MISMATCH)
+    status, body = proc.control("GET", protocol.MANIFEST)
+    assert (status, body["error"]["code"]) == (409, protocol.CODE_MANIFEST_MISMATCH)
     with pytest.raises(errors.ManifestMismatchError, match="refusing to serve"):
         client_mod.SidecarProvider.from_env(environ=proc.client_env(), reconnect_timeout=5)
     assert "refusing to serve" in proc.log_tail()
@@ -109,7 +109,7 @@ def test_a_pinned_digest_that_differs_serves_no_data_and_says_why(
 
 def test_a_pinned_digest_that_matches_is_served(sidecar_factory: Factory, dataset: str) -> None:
     digest = shardcache.resolve(dataset).digest
-    proc = sidecar_factory(dataset, env={names.ENV_MANIFEST_DIGEST: digest})
+    proc = sidecar_factory(dataset, env={contract.ENV_MANIFEST_DIGEST: digest})
     proc.start(wait="ready")
     shards = client_mod.SidecarProvider.from_env(environ=proc.client_env())
     assert shards.manifest.digest == digest
@@ -162,7 +162,7 @@ def test_missing_settings_exit_with_a_message() -> None:
         timeout=60,
     )
     assert result.returncode == 2
-    assert names.ENV_SOURCE_URI in result.stderr
+    assert contract.ENV_SOURCE_URI in result.stderr
 
 
 @pytest.mark.parametrize("base", ["/dev/shm", "/tmp"])
@@ -175,7 +175,7 @@ def test_the_sidecar_reports_what_backs_its_memory_tier(
     proc.wait_for("/readyz")
     expected = backing.of(proc.memory_dir)
     assert expected is not None
-    _, status = proc.control("GET", proto.STATUS)
+    _, status = proc.control("GET", protocol.STATUS)
     assert status["memory_tier"] == expected.to_json()
     _, text = proc.http_get("/metrics")
     pages = (

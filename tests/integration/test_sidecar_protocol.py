@@ -14,9 +14,9 @@ import pyarrow.ipc as ipc
 import pytest
 
 import shardcache
-from shardcache import control_protocol as proto
 from shardcache import errors, plan
 from shardcache import sidecar_client as client_mod
+from shardcache.contract import protocol
 from tests.support import datasets
 from tests.support.locks import exclusively_lockable
 from tests.support.sidecar import SidecarProcess
@@ -134,73 +134,79 @@ def test_two_readers_of_one_sidecar_split_the_epoch(sidecar: SidecarProcess) -> 
 
 
 def test_bad_requests_get_4xx_json_and_the_sidecar_keeps_serving(sidecar: SidecarProcess) -> None:
-    params = proto.params_to_json(plan.PlanParams(block_size=BLOCK))
+    params = protocol.params_to_json(plan.PlanParams(block_size=BLOCK))
     good = {**params, "position": 0}
-    assert sidecar.control("PUT", proto.reader_path("r1"), good)[0] == 200
+    assert sidecar.control("PUT", protocol.reader_path("r1"), good)[0] == 200
     cases: list[tuple[str, str, Any, int, str]] = [
         (
             "POST",
-            proto.acquire_path("r1"),
+            protocol.acquire_path("r1"),
             {"shard": 99, "epoch": 0, "position": 0},
             400,
-            proto.CODE_UNKNOWN_SHARD,
+            protocol.CODE_UNKNOWN_SHARD,
         ),
         (
             "POST",
-            proto.acquire_path("r1"),
+            protocol.acquire_path("r1"),
             {"shard": -1, "epoch": 0, "position": 0},
             400,
-            proto.CODE_UNKNOWN_SHARD,
+            protocol.CODE_UNKNOWN_SHARD,
         ),
         (
             "POST",
-            proto.acquire_path("r1"),
+            protocol.acquire_path("r1"),
             {"shard": "3", "epoch": 0, "position": 0},
             400,
-            proto.CODE_BAD_REQUEST,
+            protocol.CODE_BAD_REQUEST,
         ),
         (
             "POST",
-            proto.acquire_path("nobody"),
+            protocol.acquire_path("nobody"),
             {"shard": 0, "epoch": 0, "position": 0},
             404,
-            proto.CODE_UNKNOWN_READER,
+            protocol.CODE_UNKNOWN_READER,
         ),
         (
             "PUT",
-            proto.reader_path("r2"),
+            protocol.reader_path("r2"),
             {**good, "rank": 2, "world_size": 2},
             400,
-            proto.CODE_BAD_REQUEST,
+            protocol.CODE_BAD_REQUEST,
         ),
-        ("PUT", proto.reader_path("r2"), {**good, "seed": True}, 400, proto.CODE_BAD_REQUEST),
-        ("PUT", proto.reader_path("r2"), {**good, "position": -5}, 400, proto.CODE_BAD_REQUEST),
-        ("PUT", proto.reader_path("r2"), [1, 2], 400, proto.CODE_BAD_REQUEST),
+        ("PUT", protocol.reader_path("r2"), {**good, "seed": True}, 400, protocol.CODE_BAD_REQUEST),
         (
             "PUT",
-            proto.reader_path("r2"),
+            protocol.reader_path("r2"),
+            {**good, "position": -5},
+            400,
+            protocol.CODE_BAD_REQUEST,
+        ),
+        ("PUT", protocol.reader_path("r2"), [1, 2], 400, protocol.CODE_BAD_REQUEST),
+        (
+            "PUT",
+            protocol.reader_path("r2"),
             {**good, "digest": "sha256:" + "0" * 64},
             409,
-            proto.CODE_MANIFEST_MISMATCH,
+            protocol.CODE_MANIFEST_MISMATCH,
         ),
-        ("PUT", proto.reader_path("bad%20id"), good, 400, proto.CODE_BAD_REQUEST),
-        ("GET", f"{proto.PREFIX}/nothing-here", None, 404, proto.CODE_UNKNOWN_ROUTE),
-        ("DELETE", proto.MANIFEST, None, 405, proto.CODE_UNKNOWN_ROUTE),
+        ("PUT", protocol.reader_path("bad%20id"), good, 400, protocol.CODE_BAD_REQUEST),
+        ("GET", f"{protocol.PREFIX}/nothing-here", None, 404, protocol.CODE_UNKNOWN_ROUTE),
+        ("DELETE", protocol.MANIFEST, None, 405, protocol.CODE_UNKNOWN_ROUTE),
     ]
     for method, path, body, status, code in cases:
         got_status, got = sidecar.control(method, path, body)
         assert (got_status, got["error"]["code"]) == (status, code), (method, path, body, got)
-        assert got["error"]["kind"] == proto.KIND_INPUT
+        assert got["error"]["kind"] == protocol.KIND_INPUT
         assert got["error"]["message"]
-    status, _ = sidecar.control("POST", proto.acquire_path("r1"), raw=b"{not json")
+    status, _ = sidecar.control("POST", protocol.acquire_path("r1"), raw=b"{not json")
     assert status == 400
     # Still serving, to this reader and a new one.
     status, answer = sidecar.control(
-        "POST", proto.acquire_path("r1"), {"shard": 0, "epoch": 0, "position": 0}
+        "POST", protocol.acquire_path("r1"), {"shard": 0, "epoch": 0, "position": 0}
     )
     assert status == 200 and answer["shard"] == 0
-    assert sidecar.control("DELETE", proto.lease_path(answer["lease"]))[1]["released"] is True
-    assert sidecar.control("DELETE", proto.lease_path(answer["lease"]))[1]["released"] is False
+    assert sidecar.control("DELETE", protocol.lease_path(answer["lease"]))[1]["released"] is True
+    assert sidecar.control("DELETE", protocol.lease_path(answer["lease"]))[1]["released"] is False
     shards = provider(sidecar)
     ds = shardcache.Dataset(shards, plan.PlanParams(block_size=BLOCK))
     assert sorted(uids(ds)) == list(range(sum(SHARDS)))
@@ -216,16 +222,16 @@ def test_client_maps_error_kinds_to_shardcache_errors(sidecar: SidecarProcess) -
 
 
 def test_registering_the_same_reader_id_again_is_idempotent(sidecar: SidecarProcess) -> None:
-    body = {**proto.params_to_json(plan.PlanParams(seed=3, block_size=BLOCK)), "position": 10}
-    first = sidecar.control("PUT", proto.reader_path("same"), body)[1]
-    again = sidecar.control("PUT", proto.reader_path("same"), {**body, "position": 40})[1]
-    other = sidecar.control("PUT", proto.reader_path("same"), {**body, "seed": 4})[1]
+    body = {**protocol.params_to_json(plan.PlanParams(seed=3, block_size=BLOCK)), "position": 10}
+    first = sidecar.control("PUT", protocol.reader_path("same"), body)[1]
+    again = sidecar.control("PUT", protocol.reader_path("same"), {**body, "position": 40})[1]
+    other = sidecar.control("PUT", protocol.reader_path("same"), {**body, "seed": 4})[1]
     assert [first["change"], again["change"], other["change"]] == [
         "created",
         "unchanged",
         "replaced",
     ]
-    readers = sidecar.control("GET", proto.STATUS)[1]["readers"]
+    readers = sidecar.control("GET", protocol.STATUS)[1]["readers"]
     assert [(r["id"], r["seed"], r["position"]) for r in readers] == [("same", 4, 10)]
 
 
@@ -234,10 +240,10 @@ def test_a_hold_nobody_takes_over_expires(
 ) -> None:
     proc = sidecar_factory(dataset[0], args=["--handoff-timeout", "0.5"])
     proc.start(wait="ready")
-    body = {**proto.params_to_json(plan.PlanParams()), "position": 0}
-    assert proc.control("PUT", proto.reader_path("r"), body)[0] == 200
+    body = {**protocol.params_to_json(plan.PlanParams()), "position": 0}
+    assert proc.control("PUT", protocol.reader_path("r"), body)[0] == 200
     status, answer = proc.control(
-        "POST", proto.acquire_path("r"), {"shard": 0, "epoch": 0, "position": 0}
+        "POST", protocol.acquire_path("r"), {"shard": 0, "epoch": 0, "position": 0}
     )
     assert status == 200
     lock = proc.memory_dir / answer["lock"]
@@ -246,4 +252,4 @@ def test_a_hold_nobody_takes_over_expires(
     while not exclusively_lockable(lock) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert exclusively_lockable(lock)
-    assert proc.control("GET", proto.STATUS)[1]["holds"] == 0
+    assert proc.control("GET", protocol.STATUS)[1]["holds"] == 0

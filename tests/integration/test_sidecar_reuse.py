@@ -23,9 +23,9 @@ import pyarrow.fs as pafs
 import pytest
 
 import shardcache
-from shardcache import control_protocol as proto
 from shardcache import plan
 from shardcache import sidecar_client as client_mod
+from shardcache.contract import protocol
 from shardcache.node import tier as tier_mod
 from tests.support import datasets
 from tests.support.locks import exclusively_lockable
@@ -37,8 +37,8 @@ SHARDS = [300, 0, 170, 512, 45, 260]
 NONEMPTY = sum(1 for rows in SHARDS if rows)
 BLOCK = 64
 SEED = 5
-ACQUIRE = proto.acquire_path("{reader_id}")
-PINNED = proto.pinned_path("{reader_id}")
+ACQUIRE = protocol.acquire_path("{reader_id}")
+PINNED = protocol.pinned_path("{reader_id}")
 
 Factory = Callable[..., SidecarProcess]
 
@@ -82,7 +82,7 @@ def requests(proc: SidecarProcess, route: str) -> int:
 
 
 def memory_hits(proc: SidecarProcess) -> int:
-    return int(proc.control("GET", proto.STATUS)[1]["stats"]["hits"]["memory"])
+    return int(proc.control("GET", protocol.STATUS)[1]["stats"]["hits"]["memory"])
 
 
 def eventually(probe: Callable[[], bool], timeout: float = 20.0) -> bool:
@@ -119,13 +119,13 @@ def test_the_acquire_answer_says_the_entry_may_be_reused(
 ) -> None:
     proc = sidecar_factory(dataset, args=["--block-size", str(BLOCK)])
     proc.start(wait="ready")
-    body = {**proto.params_to_json(plan.PlanParams(block_size=BLOCK)), "position": 0}
-    assert proc.control("PUT", proto.reader_path("r"), body)[0] == 200
+    body = {**protocol.params_to_json(plan.PlanParams(block_size=BLOCK)), "position": 0}
+    assert proc.control("PUT", protocol.reader_path("r"), body)[0] == 200
     status, answer = proc.control(
-        "POST", proto.acquire_path("r"), {"shard": 0, "epoch": 0, "position": 0}
+        "POST", protocol.acquire_path("r"), {"shard": 0, "epoch": 0, "position": 0}
     )
     assert status == 200 and answer["reuse"] is True  # the memory tier verifies no sha256
-    proc.control("DELETE", proto.lease_path(answer["lease"]))
+    proc.control("DELETE", protocol.lease_path(answer["lease"]))
 
 
 def test_a_second_epoch_pins_every_warm_shard_without_an_acquire_round_trip(
@@ -158,7 +158,7 @@ def test_a_second_epoch_pins_every_warm_shard_without_an_acquire_round_trip(
     assert (reader["epoch"], reader["position"]) == (1, last_position)
     assert proc.holds_drain() == 0  # no hold was made for the direct pins
     ds.close()
-    assert proc.control("GET", proto.STATUS)[1]["readers"] == []
+    assert proc.control("GET", protocol.STATUS)[1]["readers"] == []
 
 
 def test_prefetch_follows_a_reader_that_pinned_a_shard_itself(
@@ -282,30 +282,30 @@ def test_a_direct_pin_blocks_eviction_and_dies_with_the_trainer(
 def test_the_pinned_route_refuses_bad_requests(sidecar_factory: Factory, dataset: str) -> None:
     proc = sidecar_factory(dataset, args=["--block-size", str(BLOCK)])
     proc.start(wait="ready")
-    body = {**proto.params_to_json(plan.PlanParams(block_size=BLOCK)), "position": 0}
-    assert proc.control("PUT", proto.reader_path("r"), body)[0] == 200
+    body = {**protocol.params_to_json(plan.PlanParams(block_size=BLOCK)), "position": 0}
+    assert proc.control("PUT", protocol.reader_path("r"), body)[0] == 200
     good = {"shard": 0, "epoch": 0, "position": 0}
     cases: list[tuple[str, Any, int, str, str]] = [
-        ("nobody", good, 404, proto.CODE_UNKNOWN_READER, "unknown reader 'nobody'"),
-        ("r", {**good, "shard": 6}, 400, proto.CODE_UNKNOWN_SHARD, "out of range"),
-        ("r", {**good, "shard": -1}, 400, proto.CODE_UNKNOWN_SHARD, "out of range"),
-        ("r", {"epoch": 0, "position": 0}, 400, proto.CODE_BAD_REQUEST, "field 'shard'"),
-        ("r", {**good, "position": -3}, 400, proto.CODE_BAD_REQUEST, "field 'position'"),
-        ("r", [0], 400, proto.CODE_BAD_REQUEST, "expected a JSON object"),
+        ("nobody", good, 404, protocol.CODE_UNKNOWN_READER, "unknown reader 'nobody'"),
+        ("r", {**good, "shard": 6}, 400, protocol.CODE_UNKNOWN_SHARD, "out of range"),
+        ("r", {**good, "shard": -1}, 400, protocol.CODE_UNKNOWN_SHARD, "out of range"),
+        ("r", {"epoch": 0, "position": 0}, 400, protocol.CODE_BAD_REQUEST, "field 'shard'"),
+        ("r", {**good, "position": -3}, 400, protocol.CODE_BAD_REQUEST, "field 'position'"),
+        ("r", [0], 400, protocol.CODE_BAD_REQUEST, "expected a JSON object"),
     ]
     for reader, payload, status, code, message in cases:
-        got_status, got = proc.control("POST", proto.pinned_path(reader), payload)
+        got_status, got = proc.control("POST", protocol.pinned_path(reader), payload)
         assert (got_status, got["error"]["code"]) == (status, code), (reader, payload, got)
         assert message in got["error"]["message"], got
-    got_status, got = proc.control("POST", proto.pinned_path("r"), raw=b"{not json")
-    assert (got_status, got["error"]["code"]) == (400, proto.CODE_BAD_REQUEST)
+    got_status, got = proc.control("POST", protocol.pinned_path("r"), raw=b"{not json")
+    assert (got_status, got["error"]["code"]) == (400, protocol.CODE_BAD_REQUEST)
     assert "request body is not JSON" in got["error"]["message"]
     # A good one moves the reader and counts a hit.
     hits = memory_hits(proc)
-    answer = proc.control("POST", proto.pinned_path("r"), {**good, "epoch": 2, "position": 7})
+    answer = proc.control("POST", protocol.pinned_path("r"), {**good, "epoch": 2, "position": 7})
     assert answer == (200, {"reader": "r", "shard": 0, "epoch": 2, "position": 7})
     assert memory_hits(proc) == hits + 1
-    (state,) = proc.control("GET", proto.STATUS)[1]["readers"]
+    (state,) = proc.control("GET", protocol.STATUS)[1]["readers"]
     assert (state["epoch"], state["position"]) == (2, 7)
 
 
@@ -340,5 +340,5 @@ def test_direct_pins_survive_a_sidecar_restart_between_epochs(
     assert reader["epoch"] == 1
     ds.close()
     # Unregistered after the notifications, which cannot bring it back.
-    assert proc.control("GET", proto.STATUS)[1]["readers"] == []
+    assert proc.control("GET", protocol.STATUS)[1]["readers"] == []
     assert proc.stop() == 0

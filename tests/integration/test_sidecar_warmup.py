@@ -15,9 +15,8 @@ import pyarrow.fs as pafs
 import pytest
 
 import shardcache
-from shardcache import formats, plan, source
+from shardcache import contract, formats, plan, source
 from shardcache import sidecar_client as client_mod
-from shardcache.node import names
 from tests.support import datasets
 from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
@@ -73,7 +72,7 @@ def test_first_shards_that_do_not_fit_in_memory_become_ready_with_the_ones_that_
     sizes = decoded_sizes(uri)
     # Shards 0 and 1 fit; shard 2 would need more than the half of it that is left.
     limit = sizes[0] + sizes[1] + sizes[2] // 2
-    env = {names.ENV_MEMORY_LIMIT: str(limit), names.ENV_READY_SHARDS: "4"}
+    env = {contract.ENV_MEMORY_LIMIT: str(limit), contract.ENV_READY_SHARDS: "4"}
     proc = sidecar_factory(uri, env=env, args=NO_SHUFFLE)
     started = time.monotonic()
     proc.start()
@@ -85,8 +84,8 @@ def test_first_shards_that_do_not_fit_in_memory_become_ready_with_the_ones_that_
         "reason": (
             f"first 2 of 4 startup shards [0, 1] resident; shard 2 ({sizes[2]} bytes "
             f"decoded) does not fit beside them ({sizes[0] + sizes[1]} bytes) in the memory "
-            f"tier (limit {limit} bytes): raise spec.cache.memory ({names.ENV_MEMORY_LIMIT}) "
-            f"or lower spec.prefetch.readyShards ({names.ENV_READY_SHARDS})"
+            f"tier (limit {limit} bytes): raise spec.cache.memory ({contract.ENV_MEMORY_LIMIT}) "
+            f"or lower spec.prefetch.readyShards ({contract.ENV_READY_SHARDS})"
         ),
     }
     status = proc.control("GET", "/v1/status")[1]
@@ -112,7 +111,7 @@ def test_readyz_says_it_waits_for_the_first_shards_while_the_store_stalls(
         "AWS_ENDPOINT_URL": fault_proxy.endpoint_url,
         source.ENV_S3_CONNECT_TIMEOUT: "5",
         source.ENV_S3_REQUEST_TIMEOUT: "10",
-        names.ENV_READY_SHARDS: "2",
+        contract.ENV_READY_SHARDS: "2",
     }
     # Every request to the store is held a while (below the request timeout): the
     # manifest resolves slowly, then the first shards arrive slowly.
@@ -150,14 +149,14 @@ def test_a_startup_shard_larger_than_the_memory_tier_keeps_readyz_closed_and_say
     sizes = decoded_sizes(uri)
     limit = 3 * (sizes[0] + sizes[1])
     assert sizes[2] > limit  # the dataset is built so
-    env = {names.ENV_MEMORY_LIMIT: str(limit), names.ENV_READY_SHARDS: "4"}
+    env = {contract.ENV_MEMORY_LIMIT: str(limit), contract.ENV_READY_SHARDS: "4"}
     proc = sidecar_factory(uri, env=env, args=NO_SHUFFLE)
     proc.start()
     status, body = poll_readyz(proc, lambda s, b: "never" in warm_gate(b)["reason"])
     expected = (
         f"shard 2 of the first 4 startup shards is {sizes[2]} bytes decoded, more than the "
         f"whole memory tier holds (limit {limit} bytes): it can never be resident and every "
-        f"read of it fails; raise spec.cache.memory ({names.ENV_MEMORY_LIMIT}) above "
+        f"read of it fails; raise spec.cache.memory ({contract.ENV_MEMORY_LIMIT}) above "
         f"{sizes[2]} bytes"
     )
     assert status == 503

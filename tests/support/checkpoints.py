@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from shardcache_sidecar.checkpoint import Agent, CheckpointSettings
 
-from shardcache import checkpoint
+from shardcache.checkpoint import _protocol
 from tests.support.s3server import S3Server
 
 AgentFactory = Callable[..., Agent]
@@ -29,7 +29,7 @@ def tree(path: Path) -> dict[str, bytes]:
     return {
         p.relative_to(path).as_posix(): p.read_bytes()
         for p in sorted(path.rglob("*"))
-        if p.is_file() and not p.name.startswith(checkpoint.RESERVED_PREFIX)
+        if p.is_file() and not p.name.startswith(_protocol.RESERVED_PREFIX)
     }
 
 

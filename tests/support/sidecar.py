@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from shardcache.node import names
+from shardcache import contract
 
 HOST = "127.0.0.1"
 MOUNT = "m"
@@ -74,24 +74,24 @@ class SidecarProcess:
 
     @property
     def socket_path(self) -> Path:
-        return names.socket_path(self.run_dir, MOUNT)
+        return contract.socket_path(self.run_dir, MOUNT)
 
     @property
     def memory_dir(self) -> Path:
-        return names.memory_dir(self.run_dir, MOUNT)
+        return contract.memory_dir(self.run_dir, MOUNT)
 
     def client_env(self) -> dict[str, str]:
         """What the webhook gives a trainer container."""
-        return {names.ENV_RUN_DIR: str(self.run_dir), names.ENV_MOUNT: MOUNT}
+        return {contract.ENV_RUN_DIR: str(self.run_dir), contract.ENV_MOUNT: MOUNT}
 
     def start(self, *, wait: str = "healthy") -> None:
         env = {
             **os.environ,
-            names.ENV_SOURCE_URI: self.source_uri,
-            names.ENV_RUN_DIR: str(self.run_dir),
-            names.ENV_MOUNT: MOUNT,
-            names.ENV_DISK_DIR: str(self.disk_dir),
-            names.ENV_METRICS_PORT: str(self.port),
+            contract.ENV_SOURCE_URI: self.source_uri,
+            contract.ENV_RUN_DIR: str(self.run_dir),
+            contract.ENV_MOUNT: MOUNT,
+            contract.ENV_DISK_DIR: str(self.disk_dir),
+            contract.ENV_METRICS_PORT: str(self.port),
             "SHARDCACHE_METRICS_HOST": HOST,
             **self.extra_env,
         }

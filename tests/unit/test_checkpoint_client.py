@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import shardcache
-from shardcache import checkpoint, errors
-from shardcache.node import names
+from shardcache import checkpoint, contract, errors
+from shardcache.checkpoint import _protocol
 
 pytestmark = pytest.mark.unit
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.unit
 def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "checkpoints"
     path.mkdir()
-    monkeypatch.setenv(names.ENV_CHECKPOINT_DIR, str(path))
+    monkeypatch.setenv(contract.ENV_CHECKPOINT_DIR, str(path))
     return path
 
 
@@ -37,11 +37,11 @@ def finished(root: Path, name: str) -> Path:
 def test_commit_writes_the_marker_with_step_and_data_state(root: Path) -> None:
     path = finished(root, "step-3")
     checkpoint.commit(path, step=3, data_state={"position": 12})
-    marker = json.loads((path / checkpoint.MARKER_NAME).read_text())
+    marker = json.loads((path / _protocol.MARKER_NAME).read_text())
     assert (marker["version"], marker["step"], marker["data_state"]) == (1, 3, {"position": 12})
-    assert [c.step for c in checkpoint.local_checkpoints(root)] == [3]
+    assert [c.step for c in _protocol.local_checkpoints(root)] == [3]
     # No temp files are left next to the marker.
-    assert sorted(p.name for p in path.iterdir()) == [checkpoint.MARKER_NAME, "model.pt"]
+    assert sorted(p.name for p in path.iterdir()) == [_protocol.MARKER_NAME, "model.pt"]
 
 
 def test_committing_the_same_checkpoint_twice_is_harmless(root: Path) -> None:
@@ -56,7 +56,7 @@ def test_a_step_can_be_committed_only_once(root: Path) -> None:
     checkpoint.commit(finished(root, "a"), step=5)
     with pytest.raises(errors.InputError, match=r"step 5 is already committed as .*/a"):
         checkpoint.commit(finished(root, "b"), step=5)
-    assert checkpoint.read_marker(root / "b") is None
+    assert _protocol.read_marker(root / "b") is None
 
 
 def test_only_direct_subdirectories_of_the_volume_are_committed(root: Path, tmp_path: Path) -> None:
@@ -89,7 +89,7 @@ def test_a_file_is_not_a_checkpoint_directory(root: Path) -> None:
     [("12", 12), ("12\n", 12), ('{"step": 4}', 4), ("7 ", 7), ('{"version": 1, "step": 0}', 0)],
 )
 def test_marker_files_written_by_hand_are_understood(text: str, step: int) -> None:
-    assert checkpoint.parse_marker(text, where="m").step == step
+    assert _protocol.parse_marker(text, where="m").step == step
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,7 @@ def test_marker_files_written_by_hand_are_understood(text: str, step: int) -> No
 )
 def test_bad_marker_files_are_clear_errors(text: str, match: str) -> None:
     with pytest.raises(errors.InputError, match=match):
-        checkpoint.parse_marker(text, where="m")
+        _protocol.parse_marker(text, where="m")
 
 
 def test_wait_returns_once_the_agent_reports_the_upload(root: Path) -> None:
@@ -114,7 +114,7 @@ def test_wait_returns_once_the_agent_reports_the_upload(root: Path) -> None:
 
     def agent() -> None:
         time.sleep(0.2)
-        checkpoint.write_status(path, checkpoint.Status("uploaded", 8))
+        _protocol.write_status(path, _protocol.Status("uploaded", 8))
 
     thread = threading.Thread(target=agent)
     thread.start()
@@ -125,8 +125,8 @@ def test_wait_returns_once_the_agent_reports_the_upload(root: Path) -> None:
 def test_wait_times_out_with_the_state_and_last_error(root: Path) -> None:
     path = finished(root, "s")
     checkpoint.commit(path, step=8)
-    checkpoint.write_status(
-        path, checkpoint.Status("failed", 8, error="store unreachable", retryable=True)
+    _protocol.write_status(
+        path, _protocol.Status("failed", 8, error="store unreachable", retryable=True)
     )
     with pytest.raises(TimeoutError, match="store unreachable"):
         checkpoint.wait(8, timeout=0.2)
@@ -135,7 +135,7 @@ def test_wait_times_out_with_the_state_and_last_error(root: Path) -> None:
 def test_wait_raises_what_the_agent_refused(root: Path) -> None:
     path = finished(root, "s")
     checkpoint.commit(path, step=8)
-    checkpoint.write_status(path, checkpoint.Status("failed", 8, error="duplicate step"))
+    _protocol.write_status(path, _protocol.Status("failed", 8, error="duplicate step"))
     with pytest.raises(errors.InputError, match="duplicate step"):
         checkpoint.wait(8)
     with pytest.raises(errors.InputError, match="no checkpoint with step 9"):
@@ -173,6 +173,6 @@ def test_resume_from_a_checkpoint_without_data_state_is_a_clear_error(root: Path
 def test_no_checkpoint_directory_configured_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv(names.ENV_CHECKPOINT_DIR, raising=False)
-    with pytest.raises(errors.InputError, match=names.ENV_CHECKPOINT_DIR):
+    monkeypatch.delenv(contract.ENV_CHECKPOINT_DIR, raising=False)
+    with pytest.raises(errors.InputError, match=contract.ENV_CHECKPOINT_DIR):
         checkpoint.latest()

@@ -7,12 +7,11 @@ from pathlib import Path
 import pytest
 from shardcache_sidecar.checkpoint import settings
 
-from shardcache import errors
-from shardcache.node import names
+from shardcache import contract, errors
 
 pytestmark = pytest.mark.unit
 
-BASE = {names.ENV_CHECKPOINT_URI: "s3://b/run", names.ENV_CHECKPOINT_DIR: "/checkpoints"}
+BASE = {contract.ENV_CHECKPOINT_URI: "s3://b/run", contract.ENV_CHECKPOINT_DIR: "/checkpoints"}
 
 
 def test_no_uri_means_no_agent() -> None:
@@ -32,12 +31,12 @@ def test_defaults_and_overrides_from_env() -> None:
     s = settings.CheckpointSettings.from_env(
         {
             **BASE,
-            names.ENV_CHECKPOINT_KEEP_LAST: "5",
-            names.ENV_CHECKPOINT_RESTORE: "1200",
-            names.ENV_CHECKPOINT_RESTORE_FALLBACK: "true",
-            names.ENV_CHECKPOINT_CONCURRENCY: "16",
-            names.ENV_CHECKPOINT_VERIFY_UPLOADS: "yes",
-            names.ENV_CHECKPOINT_UPLOAD_BUFFER: str(64 << 20),
+            contract.ENV_CHECKPOINT_KEEP_LAST: "5",
+            contract.ENV_CHECKPOINT_RESTORE: "1200",
+            contract.ENV_CHECKPOINT_RESTORE_FALLBACK: "true",
+            contract.ENV_CHECKPOINT_CONCURRENCY: "16",
+            contract.ENV_CHECKPOINT_VERIFY_UPLOADS: "yes",
+            contract.ENV_CHECKPOINT_UPLOAD_BUFFER: str(64 << 20),
         }
     )
     assert s is not None
@@ -54,8 +53,8 @@ def test_switches_set_to_false_stay_off() -> None:
     s = settings.CheckpointSettings.from_env(
         {
             **BASE,
-            names.ENV_CHECKPOINT_RESTORE_FALLBACK: "false",
-            names.ENV_CHECKPOINT_VERIFY_UPLOADS: "0",
+            contract.ENV_CHECKPOINT_RESTORE_FALLBACK: "false",
+            contract.ENV_CHECKPOINT_VERIFY_UPLOADS: "0",
         }
     )
     assert s is not None
@@ -65,15 +64,18 @@ def test_switches_set_to_false_stay_off() -> None:
 @pytest.mark.parametrize(
     ("env", "match"),
     [
-        ({names.ENV_CHECKPOINT_KEEP_LAST: "0"}, "KEEP_LAST: expected an integer >= 1, found 0"),
-        ({names.ENV_CHECKPOINT_KEEP_LAST: "many"}, "expected an integer, found 'many'"),
-        ({names.ENV_CHECKPOINT_RESTORE: "newest"}, "expected latest, none or a step"),
-        ({names.ENV_CHECKPOINT_URI: "ftp://x/y"}, "unsupported URI scheme"),
-        ({names.ENV_CHECKPOINT_DIR: ""}, "CHECKPOINT_DIR is not"),
-        ({names.ENV_CHECKPOINT_CONCURRENCY: "0"}, "CONCURRENCY: expected an integer >= 1"),
-        ({names.ENV_CHECKPOINT_UPLOAD_BUFFER: "-1"}, "BUFFER_BYTES: expected a byte count >= 0"),
-        ({names.ENV_CHECKPOINT_VERIFY_UPLOADS: "ture"}, "VERIFY_UPLOADS: expected one of 1, true"),
-        ({names.ENV_CHECKPOINT_RESTORE_FALLBACK: "maybe"}, "found 'maybe'"),
+        ({contract.ENV_CHECKPOINT_KEEP_LAST: "0"}, "KEEP_LAST: expected an integer >= 1, found 0"),
+        ({contract.ENV_CHECKPOINT_KEEP_LAST: "many"}, "expected an integer, found 'many'"),
+        ({contract.ENV_CHECKPOINT_RESTORE: "newest"}, "expected latest, none or a step"),
+        ({contract.ENV_CHECKPOINT_URI: "ftp://x/y"}, "unsupported URI scheme"),
+        ({contract.ENV_CHECKPOINT_DIR: ""}, "CHECKPOINT_DIR is not"),
+        ({contract.ENV_CHECKPOINT_CONCURRENCY: "0"}, "CONCURRENCY: expected an integer >= 1"),
+        ({contract.ENV_CHECKPOINT_UPLOAD_BUFFER: "-1"}, "BUFFER_BYTES: expected a byte count >= 0"),
+        (
+            {contract.ENV_CHECKPOINT_VERIFY_UPLOADS: "ture"},
+            "VERIFY_UPLOADS: expected one of 1, true",
+        ),
+        ({contract.ENV_CHECKPOINT_RESTORE_FALLBACK: "maybe"}, "found 'maybe'"),
     ],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], match: str) -> None:

@@ -10,11 +10,10 @@ import celpy
 import jsonschema
 import pytest
 import yaml
-from shardcache_operator import crd
+from shardcache_operator import crd, specs
 from shardcache_operator import settings as settings_lib
 
 from shardcache import errors
-from shardcache import spec as spec_model
 
 pytestmark = pytest.mark.unit
 
@@ -112,7 +111,7 @@ def test_required_spec_fields_keep_their_names() -> None:
 @pytest.mark.parametrize("doc", [doc for _, doc in EXAMPLES], ids=[i for i, _ in EXAMPLES])
 def test_example_datasetmount_is_valid_against_committed_schema(doc: dict[str, Any]) -> None:
     jsonschema.Draft7Validator(committed_schema()).validate(doc)
-    spec_model.load(doc)  # and against the model
+    specs.load(doc)  # and against the model
 
 
 def test_examples_include_at_least_one_datasetmount() -> None:
@@ -141,7 +140,7 @@ def test_invalid_spec_is_rejected_by_schema_and_model(spec: dict[str, Any], wher
     failed_rules = [path for path, rule in CEL_RULES if not _holds(rule["rule"], doc, path)]
     assert schema_errors or failed_rules, "the API server would accept it"
     with pytest.raises(errors.InputError, match=where):
-        spec_model.load(doc)
+        specs.load(doc)
 
 
 def _rules(schema: dict[str, Any], path: str) -> list[tuple[str, dict[str, str]]]:
@@ -185,7 +184,7 @@ def _holds(rule: str, doc: dict[str, Any], path: str) -> bool:
 def _defaulted(doc: dict[str, Any]) -> dict[str, Any]:
     # The API server applies defaults before running CEL; the model's to_dict does the same.
     result = copy.deepcopy(doc)
-    result["spec"] = spec_model.to_dict(spec_model.parse_spec(doc["spec"]))
+    result["spec"] = specs.to_dict(specs.parse_spec(doc["spec"]))
     return result
 
 
@@ -218,10 +217,10 @@ SHARDINGS = [
 @pytest.mark.parametrize("sharding", SHARDINGS)
 def test_cel_rules_and_python_checks_agree(sharding: dict[str, Any]) -> None:
     rules = {rule["rule"]: rule["message"] for path, rule in CEL_RULES if path == "spec.sharding"}
-    model_rules = {rule.cel: rule for rule in spec_model.ShardingSpec.rules}
+    model_rules = {rule.cel: rule for rule in specs.ShardingSpec.rules}
     assert set(rules) == set(model_rules)
-    values = {**spec_model.to_dict(spec_model.ShardingSpec()), **sharding}
-    obj = spec_model.ShardingSpec(
+    values = {**specs.to_dict(specs.ShardingSpec()), **sharding}
+    obj = specs.ShardingSpec(
         seed=values["seed"],
         shuffle=values["shuffle"],
         rank_from=values["rankFrom"],
@@ -234,10 +233,10 @@ def test_cel_rules_and_python_checks_agree(sharding: dict[str, Any]) -> None:
     cel_ok = all(_evaluate(cel, values) for cel in rules)
     doc = minimal(sharding=sharding)
     if cel_ok:
-        spec_model.load(doc)
+        specs.load(doc)
     else:
         with pytest.raises(errors.InputError, match=r"spec\.sharding"):
-            spec_model.load(doc)
+            specs.load(doc)
 
 
 def test_root_rule_limits_name_length_to_a_label_value() -> None:
@@ -245,7 +244,7 @@ def test_root_rule_limits_name_length_to_a_label_value() -> None:
     assert _evaluate(root_rule["rule"], {"metadata": {"name": "a" * 63}})
     assert not _evaluate(root_rule["rule"], {"metadata": {"name": "a" * 64}})
     with pytest.raises(errors.InputError, match="63"):
-        spec_model.load({**minimal(), "metadata": {"name": "a" * 64}})
+        specs.load({**minimal(), "metadata": {"name": "a" * 64}})
 
 
 def test_kopf_peering_crds_match_what_kopf_looks_for() -> None:
@@ -267,7 +266,7 @@ def test_kopf_peering_crds_match_what_kopf_looks_for() -> None:
 
 @pytest.mark.parametrize("value", [-5, 0, 7, "2Gi", "500M"])
 def test_quantity_cel_rule_agrees_with_python(value: Any) -> None:
-    (rule,) = spec_model.QUANTITY_RULES
+    (rule,) = specs.QUANTITY_RULES
     assert _evaluate(rule.cel, value) == rule.check(value)
     paths = {path for path, r in CEL_RULES if r["rule"] == rule.cel}
     assert paths >= {"spec.cache.memory", "spec.cache.disk", "spec.checkpoint.size"}

@@ -11,7 +11,7 @@ import jsonpatch
 import pytest
 from shardcache_operator import admission, injection
 
-from shardcache.node import names
+from shardcache import contract
 
 pytestmark = pytest.mark.unit
 
@@ -124,7 +124,7 @@ def test_labelled_pod_gets_a_native_sidecar_with_a_startup_probe() -> None:
     assert sidecar["name"] == "shardcache-imagenet"
     assert sidecar["image"] == "shardcache-sidecar:test"
     assert sidecar["command"] == ["shardcache", "sidecar"]
-    port = names.DEFAULT_METRICS_PORT
+    port = contract.DEFAULT_METRICS_PORT
     assert sidecar["startupProbe"]["httpGet"] == {"path": "/readyz", "port": port}
     assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
     assert sidecar["ports"][0]["containerPort"] == port
@@ -141,23 +141,23 @@ def test_labelled_pod_gets_a_native_sidecar_with_a_startup_probe() -> None:
 def test_sidecar_env_carries_the_spec_and_the_pinned_digest() -> None:
     _, stored = admit(pod(), dsm("imagenet", prefetch={"depth": 9}, sharding={"seed": 42}))
     env = env_of(sidecars(stored)[0])
-    run_dir = names.DEFAULT_RUN_DIR
-    assert env[names.ENV_SOURCE_URI] == "s3://data/imagenet/"
-    assert env[names.ENV_SOURCE_FORMAT] == "parquet"
-    assert env[names.ENV_MANIFEST_DIGEST] == DIGEST
-    assert env[names.ENV_MOUNT] == "imagenet"
-    assert env[names.ENV_RUN_DIR] == run_dir
-    assert env[names.ENV_SOCKET] == str(names.socket_path(run_dir, "imagenet"))
-    assert env[names.ENV_MEMORY_DIR] == str(names.memory_dir(run_dir, "imagenet"))
-    assert env[names.ENV_MEMORY_LIMIT] == str(2 * 2**30)
-    assert env[names.ENV_DISK_DIR] == names.DEFAULT_DISK_DIR
-    assert env[names.ENV_DISK_LIMIT] == str(50 * 2**30)
-    assert env[names.ENV_PREFETCH_DEPTH] == "9"
-    assert env[names.ENV_SEED] == "42"
-    assert env[names.ENV_SHUFFLE] == "true"
-    assert env[names.ENV_METRICS_PORT] == str(names.DEFAULT_METRICS_PORT)
-    assert names.ENV_RANK not in env  # not an Indexed Job pod
-    assert names.ENV_CHECKPOINT_URI not in env
+    run_dir = contract.DEFAULT_RUN_DIR
+    assert env[contract.ENV_SOURCE_URI] == "s3://data/imagenet/"
+    assert env[contract.ENV_SOURCE_FORMAT] == "parquet"
+    assert env[contract.ENV_MANIFEST_DIGEST] == DIGEST
+    assert env[contract.ENV_MOUNT] == "imagenet"
+    assert env[contract.ENV_RUN_DIR] == run_dir
+    assert env[contract.ENV_SOCKET] == str(contract.socket_path(run_dir, "imagenet"))
+    assert env[contract.ENV_MEMORY_DIR] == str(contract.memory_dir(run_dir, "imagenet"))
+    assert env[contract.ENV_MEMORY_LIMIT] == str(2 * 2**30)
+    assert env[contract.ENV_DISK_DIR] == contract.DEFAULT_DISK_DIR
+    assert env[contract.ENV_DISK_LIMIT] == str(50 * 2**30)
+    assert env[contract.ENV_PREFETCH_DEPTH] == "9"
+    assert env[contract.ENV_SEED] == "42"
+    assert env[contract.ENV_SHUFFLE] == "true"
+    assert env[contract.ENV_METRICS_PORT] == str(contract.DEFAULT_METRICS_PORT)
+    assert contract.ENV_RANK not in env  # not an Indexed Job pod
+    assert contract.ENV_CHECKPOINT_URI not in env
 
 
 def test_volumes_memory_tier_in_both_disk_tier_in_sidecar_only() -> None:
@@ -168,14 +168,14 @@ def test_volumes_memory_tier_in_both_disk_tier_in_sidecar_only() -> None:
         "sizeLimit": "1Gi",
     }
     assert volumes["shardcache-imagenet-disk"]["hostPath"] == {
-        "path": names.DEFAULT_DISK_DIR,
+        "path": contract.DEFAULT_DISK_DIR,
         "type": "DirectoryOrCreate",
     }
-    mount_dir = str(names.mount_dir(names.DEFAULT_RUN_DIR, "imagenet"))
+    mount_dir = str(contract.mount_dir(contract.DEFAULT_RUN_DIR, "imagenet"))
     sidecar = sidecars(stored)[0]
     assert {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]} == {
         "shardcache-imagenet-run": mount_dir,
-        "shardcache-imagenet-disk": names.DEFAULT_DISK_DIR,
+        "shardcache-imagenet-disk": contract.DEFAULT_DISK_DIR,
     }
     (trainer,) = stored["spec"]["containers"]
     assert trainer["volumeMounts"] == [{"name": "shardcache-imagenet-run", "mountPath": mount_dir}]
@@ -198,9 +198,9 @@ def test_trainers_get_env_but_never_credentials() -> None:
     (trainer,) = stored["spec"]["containers"]
     env = env_of(trainer)
     assert env == {
-        names.ENV_RUN_DIR: names.DEFAULT_RUN_DIR,
-        names.ENV_MOUNTS: "imagenet",
-        names.ENV_MOUNT: "imagenet",
+        contract.ENV_RUN_DIR: contract.DEFAULT_RUN_DIR,
+        contract.ENV_MOUNTS: "imagenet",
+        contract.ENV_MOUNT: "imagenet",
     }
     assert "envFrom" not in trainer
     assert sidecars(stored)[0]["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
@@ -221,8 +221,8 @@ def test_job_template_pod_with_generate_name_gets_rank_from_completion_index() -
     assert response["allowed"] is True
     assert "name" not in stored["metadata"]
     env = env_of(sidecars(stored)[0])
-    assert env[names.ENV_WORLD_SIZE] == "4"
-    assert env[names.ENV_RANK] == {
+    assert env[contract.ENV_WORLD_SIZE] == "4"
+    assert env[contract.ENV_RANK] == {
         "fieldRef": {
             "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
         }
@@ -233,7 +233,7 @@ def test_world_size_annotation_overrides_the_spec_and_bad_values_are_refused() -
     obj = pod()
     obj["metadata"]["annotations"] = {injection.ANNOTATION_WORLD_SIZE: "16"}
     _, stored = admit(obj, dsm("imagenet", sharding={"worldSize": 4}))
-    assert env_of(sidecars(stored)[0])[names.ENV_WORLD_SIZE] == "16"
+    assert env_of(sidecars(stored)[0])[contract.ENV_WORLD_SIZE] == "16"
     obj["metadata"]["annotations"] = {injection.ANNOTATION_WORLD_SIZE: "many"}
     response, _ = admit(obj, dsm("imagenet"))
     assert response["allowed"] is False
@@ -245,7 +245,7 @@ def test_fixed_rank_is_passed_as_a_value() -> None:
         pod(), dsm("imagenet", sharding={"rankFrom": "Fixed", "rank": 2, "worldSize": 3})
     )
     env = env_of(sidecars(stored)[0])
-    assert (env[names.ENV_RANK], env[names.ENV_WORLD_SIZE]) == ("2", "3")
+    assert (env[contract.ENV_RANK], env[contract.ENV_WORLD_SIZE]) == ("2", "3")
 
 
 def test_user_init_containers_keep_their_order_and_run_first() -> None:
@@ -273,7 +273,7 @@ def test_names_and_ports_never_collide_with_the_pods_own() -> None:
         ],
     )
     obj["spec"]["containers"][0]["ports"] = [
-        {"name": "shardcache", "containerPort": names.DEFAULT_METRICS_PORT}
+        {"name": "shardcache", "containerPort": contract.DEFAULT_METRICS_PORT}
     ]
     response, stored = admit(obj, dsm("imagenet"))
     assert response["allowed"] is True
@@ -283,9 +283,9 @@ def test_names_and_ports_never_collide_with_the_pods_own() -> None:
     assert len(volumes) == len(set(volumes))
     sidecar = sidecars(stored)[0]
     assert sidecar["name"] == "shardcache-imagenet-2"
-    assert sidecar["ports"][0]["containerPort"] == names.DEFAULT_METRICS_PORT + 1
+    assert sidecar["ports"][0]["containerPort"] == contract.DEFAULT_METRICS_PORT + 1
     assert sidecar["ports"][0]["name"] != "shardcache"
-    assert sidecar["startupProbe"]["httpGet"]["port"] == names.DEFAULT_METRICS_PORT + 1
+    assert sidecar["startupProbe"]["httpGet"]["port"] == contract.DEFAULT_METRICS_PORT + 1
     # The user's own volumes are untouched and ours are the ones mounted.
     assert {"name": "shardcache-imagenet-run", "emptyDir": {}} in stored["spec"]["volumes"]
     mounted = {m["name"] for m in sidecar["volumeMounts"]}
@@ -299,8 +299,8 @@ def test_two_mounts_get_two_sidecars_with_distinct_ports() -> None:
     assert (first["name"], second["name"]) == ("shardcache-imagenet", "shardcache-captions")
     assert first["ports"][0]["containerPort"] != second["ports"][0]["containerPort"]
     env = env_of(stored["spec"]["containers"][0])
-    assert env[names.ENV_MOUNTS] == "imagenet,captions"
-    assert env[names.ENV_MOUNT] == "imagenet"
+    assert env[contract.ENV_MOUNTS] == "imagenet,captions"
+    assert env[contract.ENV_MOUNT] == "imagenet"
     assert stored["metadata"]["annotations"][injection.ANNOTATION_INJECTED] == "imagenet,captions"
     assert len(stored["spec"]["volumes"]) == 4
 
@@ -331,9 +331,9 @@ def test_inject_is_idempotent_as_a_function() -> None:
 
 
 def _spec() -> Any:
-    from shardcache import spec as spec_model
+    from shardcache_operator import specs
 
-    return spec_model.parse_spec({"source": {"uri": "s3://data/imagenet/"}})
+    return specs.parse_spec({"source": {"uri": "s3://data/imagenet/"}})
 
 
 def test_missing_datasetmount_is_refused_naming_it() -> None:
@@ -386,28 +386,28 @@ def test_checkpoint_volume_and_env_reach_sidecar_and_trainers() -> None:
     _, stored = admit(pod(), dsm("imagenet", checkpoint=checkpoint))
     sidecar = sidecars(stored)[0]
     env = env_of(sidecar)
-    assert env[names.ENV_CHECKPOINT_URI] == "s3://ckpt/run-1/"
-    assert env[names.ENV_CHECKPOINT_KEEP_LAST] == "2"
-    assert env[names.ENV_CHECKPOINT_RESTORE] == "300"
-    assert env[names.ENV_CHECKPOINT_DIR] == "/checkpoints"
+    assert env[contract.ENV_CHECKPOINT_URI] == "s3://ckpt/run-1/"
+    assert env[contract.ENV_CHECKPOINT_KEEP_LAST] == "2"
+    assert env[contract.ENV_CHECKPOINT_RESTORE] == "300"
+    assert env[contract.ENV_CHECKPOINT_DIR] == "/checkpoints"
     volumes = {v["name"]: v for v in stored["spec"]["volumes"]}
     assert volumes["shardcache-imagenet-ckpt"]["emptyDir"] == {"sizeLimit": "20Gi"}
     (trainer,) = stored["spec"]["containers"]
     assert {"name": "shardcache-imagenet-ckpt", "mountPath": "/checkpoints"} in trainer[
         "volumeMounts"
     ]
-    assert env_of(trainer)[names.ENV_CHECKPOINT_DIR] == "/checkpoints"
+    assert env_of(trainer)[contract.ENV_CHECKPOINT_DIR] == "/checkpoints"
 
 
 CHECKPOINT_ENV = {
-    names.ENV_CHECKPOINT_DIR,
-    names.ENV_CHECKPOINT_URI,
-    names.ENV_CHECKPOINT_KEEP_LAST,
-    names.ENV_CHECKPOINT_RESTORE,
-    names.ENV_CHECKPOINT_RESTORE_FALLBACK,
-    names.ENV_CHECKPOINT_CONCURRENCY,
-    names.ENV_CHECKPOINT_VERIFY_UPLOADS,
-    names.ENV_CHECKPOINT_UPLOAD_BUFFER,
+    contract.ENV_CHECKPOINT_DIR,
+    contract.ENV_CHECKPOINT_URI,
+    contract.ENV_CHECKPOINT_KEEP_LAST,
+    contract.ENV_CHECKPOINT_RESTORE,
+    contract.ENV_CHECKPOINT_RESTORE_FALLBACK,
+    contract.ENV_CHECKPOINT_CONCURRENCY,
+    contract.ENV_CHECKPOINT_VERIFY_UPLOADS,
+    contract.ENV_CHECKPOINT_UPLOAD_BUFFER,
 }
 
 
@@ -426,28 +426,28 @@ def test_checkpoint_agent_settings_reach_the_sidecar_env() -> None:
     }
     _, stored = admit(pod(), dsm("imagenet", checkpoint=checkpoint))
     assert checkpoint_env_of(stored) == {
-        names.ENV_CHECKPOINT_DIR: "/checkpoints",
-        names.ENV_CHECKPOINT_URI: "s3://ckpt/run-1/",
-        names.ENV_CHECKPOINT_KEEP_LAST: "3",
-        names.ENV_CHECKPOINT_RESTORE: "latest",
-        names.ENV_CHECKPOINT_RESTORE_FALLBACK: "true",
-        names.ENV_CHECKPOINT_CONCURRENCY: "16",
-        names.ENV_CHECKPOINT_VERIFY_UPLOADS: "true",
-        names.ENV_CHECKPOINT_UPLOAD_BUFFER: str(64 * 2**20),
+        contract.ENV_CHECKPOINT_DIR: "/checkpoints",
+        contract.ENV_CHECKPOINT_URI: "s3://ckpt/run-1/",
+        contract.ENV_CHECKPOINT_KEEP_LAST: "3",
+        contract.ENV_CHECKPOINT_RESTORE: "latest",
+        contract.ENV_CHECKPOINT_RESTORE_FALLBACK: "true",
+        contract.ENV_CHECKPOINT_CONCURRENCY: "16",
+        contract.ENV_CHECKPOINT_VERIFY_UPLOADS: "true",
+        contract.ENV_CHECKPOINT_UPLOAD_BUFFER: str(64 * 2**20),
     }
     (trainer,) = stored["spec"]["containers"]
     # Agent tuning is for the sidecar alone.
-    assert set(env_of(trainer)) & CHECKPOINT_ENV == {names.ENV_CHECKPOINT_DIR}
+    assert set(env_of(trainer)) & CHECKPOINT_ENV == {contract.ENV_CHECKPOINT_DIR}
 
 
 def test_checkpoint_agent_settings_are_written_at_their_defaults_too() -> None:
     _, stored = admit(pod(), dsm("imagenet", checkpoint={"uri": "s3://ckpt/run-1/"}))
     env = checkpoint_env_of(stored)
     assert set(env) == CHECKPOINT_ENV
-    assert env[names.ENV_CHECKPOINT_RESTORE_FALLBACK] == "false"
-    assert env[names.ENV_CHECKPOINT_CONCURRENCY] == "8"
-    assert env[names.ENV_CHECKPOINT_VERIFY_UPLOADS] == "false"
-    assert env[names.ENV_CHECKPOINT_UPLOAD_BUFFER] == str(512 * 2**20)
+    assert env[contract.ENV_CHECKPOINT_RESTORE_FALLBACK] == "false"
+    assert env[contract.ENV_CHECKPOINT_CONCURRENCY] == "8"
+    assert env[contract.ENV_CHECKPOINT_VERIFY_UPLOADS] == "false"
+    assert env[contract.ENV_CHECKPOINT_UPLOAD_BUFFER] == str(512 * 2**20)
     _, again = admit(pod(), dsm("imagenet", checkpoint={"uri": "s3://ckpt/run-1/"}))
     assert sidecars(again)[0]["env"] == sidecars(stored)[0]["env"]
 
@@ -471,15 +471,15 @@ def test_containers_annotation_limits_which_containers_are_trainers() -> None:
     obj["metadata"]["annotations"] = {injection.ANNOTATION_CONTAINERS: "trainer"}
     _, stored = admit(obj, dsm("imagenet"))
     trainer, logger = stored["spec"]["containers"]
-    assert names.ENV_MOUNT in env_of(trainer)
+    assert contract.ENV_MOUNT in env_of(trainer)
     assert logger == {"name": "logger", "image": "fluentbit"}
 
 
 def test_user_chosen_default_mount_is_kept() -> None:
     obj = pod(label="imagenet_captions")
-    obj["spec"]["containers"][0]["env"] = [{"name": names.ENV_MOUNT, "value": "captions"}]
+    obj["spec"]["containers"][0]["env"] = [{"name": contract.ENV_MOUNT, "value": "captions"}]
     _, stored = admit(obj, dsm("imagenet"), dsm("captions"))
-    assert env_of(stored["spec"]["containers"][0])[names.ENV_MOUNT] == "captions"
+    assert env_of(stored["spec"]["containers"][0])[contract.ENV_MOUNT] == "captions"
 
 
 def test_long_mount_names_give_valid_container_and_volume_names() -> None:
@@ -517,9 +517,9 @@ def test_each_rank_of_an_indexed_job_publishes_checkpoints_under_its_own_prefix(
     env = sidecars(stored)[0]["env"]
     order = [e["name"] for e in env]
     # The kubelet expands $(VAR) only from variables defined before it.
-    assert order.index(names.ENV_RANK) < order.index(names.ENV_CHECKPOINT_URI)
-    assert env_of(sidecars(stored)[0])[names.ENV_CHECKPOINT_URI] == (
-        f"s3://ckpt/run-1/rank-$({names.ENV_RANK})"
+    assert order.index(contract.ENV_RANK) < order.index(contract.ENV_CHECKPOINT_URI)
+    assert env_of(sidecars(stored)[0])[contract.ENV_CHECKPOINT_URI] == (
+        f"s3://ckpt/run-1/rank-$({contract.ENV_RANK})"
     )
 
 
@@ -527,6 +527,6 @@ def test_a_fixed_rank_publishes_under_its_rank_and_an_unranked_pod_under_the_uri
     checkpoint = {"uri": "s3://ckpt/run-1"}
     sharding = {"rankFrom": "Fixed", "rank": 2, "worldSize": 3}
     _, stored = admit(pod(), dsm("imagenet", sharding=sharding, checkpoint=checkpoint))
-    assert env_of(sidecars(stored)[0])[names.ENV_CHECKPOINT_URI] == "s3://ckpt/run-1/rank-2"
+    assert env_of(sidecars(stored)[0])[contract.ENV_CHECKPOINT_URI] == "s3://ckpt/run-1/rank-2"
     _, stored = admit(pod(), dsm("imagenet", checkpoint=checkpoint))
-    assert env_of(sidecars(stored)[0])[names.ENV_CHECKPOINT_URI] == "s3://ckpt/run-1"
+    assert env_of(sidecars(stored)[0])[contract.ENV_CHECKPOINT_URI] == "s3://ckpt/run-1"

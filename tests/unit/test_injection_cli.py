@@ -8,11 +8,9 @@ from typing import Any
 
 import pytest
 import yaml
-from shardcache_operator import injection
+from shardcache_operator import injection, specs
 
-from shardcache import cli
-from shardcache import spec as spec_model
-from shardcache.node import names
+from shardcache import cli, contract
 
 pytestmark = pytest.mark.unit
 
@@ -78,7 +76,7 @@ def test_example_job_is_injected_exactly_as_the_pure_function_does(
     assert code == 0
     (job,) = yaml.safe_load_all(out)
     original = yaml.safe_load(EXAMPLE_JOB.read_text())
-    mount = spec_model.load(yaml.safe_load(EXAMPLE_DSM.read_text()))
+    mount = specs.load(yaml.safe_load(EXAMPLE_DSM.read_text()))
     expected = injection.inject(
         original["spec"]["template"],
         [injection.Mount(mount.name, mount.spec, mount.manifest_digest)],
@@ -150,10 +148,10 @@ def test_checkpoint_agent_settings_from_the_mount_file_reach_the_sidecar(
     code, out, err = run(capsys, "-f", source, "--mount", mount)
     assert code == 0, err
     env = sidecar_env(next(yaml.safe_load_all(out)))
-    assert env[names.ENV_CHECKPOINT_RESTORE_FALLBACK] == "true"
-    assert env[names.ENV_CHECKPOINT_CONCURRENCY] == "4"
-    assert env[names.ENV_CHECKPOINT_VERIFY_UPLOADS] == "true"
-    assert env[names.ENV_CHECKPOINT_UPLOAD_BUFFER] == str(2**30)
+    assert env[contract.ENV_CHECKPOINT_RESTORE_FALLBACK] == "true"
+    assert env[contract.ENV_CHECKPOINT_CONCURRENCY] == "4"
+    assert env[contract.ENV_CHECKPOINT_VERIFY_UPLOADS] == "true"
+    assert env[contract.ENV_CHECKPOINT_UPLOAD_BUFFER] == str(2**30)
 
 
 def test_two_mount_files_and_a_label_naming_both(

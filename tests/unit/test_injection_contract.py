@@ -1,7 +1,7 @@
 """The env the injection writes is exactly what the sidecar's settings read.
 
 The webhook (operator) and the sidecar never import each other; this test holds the two
-sides of the environment-variable contract in `shardcache.node.names` together.
+sides of the environment-variable contract in `shardcache.contract` together.
 """
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shardcache_operator import injection
+from shardcache_operator import injection, specs
 from shardcache_sidecar import settings as sidecar_settings
 from shardcache_sidecar.checkpoint import settings as checkpoint_settings
 
-from shardcache import spec as spec_model
-from shardcache.node import names
+from shardcache import contract
 
 pytestmark = pytest.mark.unit
 
@@ -23,13 +22,13 @@ DIGEST = "sha256:" + "5e" * 32
 
 
 def injected_sidecar_env(spec: dict[str, Any], *, rank: str | None = None) -> dict[str, str]:
-    mount = injection.Mount("imagenet", spec_model.parse_spec(spec), DIGEST)
+    mount = injection.Mount("imagenet", specs.parse_spec(spec), DIGEST)
     pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "trainer"}]}}
     injected = injection.inject(pod, [mount], defaults=injection.SidecarDefaults(image="s:1"))
     (sidecar,) = injected["spec"]["initContainers"]
     env = {e["name"]: e["value"] for e in sidecar["env"] if "value" in e}
     if rank is not None:  # what the downward API would resolve to
-        env[names.ENV_RANK] = rank
+        env[contract.ENV_RANK] = rank
     return env
 
 
@@ -50,19 +49,19 @@ def test_sidecar_settings_read_back_every_injected_value() -> None:
         },
     }
     settings = sidecar_settings.from_env(injected_sidecar_env(spec, rank="5"))
-    run_dir = Path(names.DEFAULT_RUN_DIR)
+    run_dir = Path(contract.DEFAULT_RUN_DIR)
     assert settings.source_uri == "s3://data/imagenet/"
     assert settings.source_format == "arrow"
     assert settings.manifest_digest == DIGEST
-    assert settings.socket_path == names.socket_path(run_dir, "imagenet")
-    assert settings.memory_dir == names.memory_dir(run_dir, "imagenet")
-    assert settings.disk_dir == Path(names.DEFAULT_DISK_DIR)
+    assert settings.socket_path == contract.socket_path(run_dir, "imagenet")
+    assert settings.memory_dir == contract.memory_dir(run_dir, "imagenet")
+    assert settings.disk_dir == Path(contract.DEFAULT_DISK_DIR)
     assert (settings.memory_limit, settings.disk_limit) == (3 * 2**30, 40 * 2**30)
     assert (settings.prefetch_depth, settings.fetch_concurrency) == (6, 3)
     assert settings.ready_shards == 2
     assert (settings.seed, settings.shuffle, settings.block_size) == (99, False, 512)
     assert (settings.world_size, settings.rank) == (8, 5)
-    assert settings.metrics_port == names.DEFAULT_METRICS_PORT
+    assert settings.metrics_port == contract.DEFAULT_METRICS_PORT
     checkpoint = settings.checkpoint
     assert checkpoint is not None
     assert checkpoint.directory == Path("/checkpoints")
@@ -89,7 +88,7 @@ def test_checkpoint_spec_defaults_are_the_agent_defaults() -> None:
     env = injected_sidecar_env(spec)
     injected = checkpoint_settings.CheckpointSettings.from_env(env)
     untuned = checkpoint_settings.CheckpointSettings.from_env(
-        {names.ENV_CHECKPOINT_URI: "s3://ckpt/run/", names.ENV_CHECKPOINT_DIR: "/checkpoints"}
+        {contract.ENV_CHECKPOINT_URI: "s3://ckpt/run/", contract.ENV_CHECKPOINT_DIR: "/checkpoints"}
     )
     assert injected is not None
     assert injected == untuned

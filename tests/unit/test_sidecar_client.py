@@ -12,23 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from shardcache import errors
+from shardcache import contract, errors
 from shardcache import sidecar_client as client_mod
 from shardcache.node import lease as lease_mod
-from shardcache.node import names
 from tests.support.locks import exclusively_lockable
 
 pytestmark = pytest.mark.unit
 
 
 def test_socket_and_memory_dir_come_from_run_dir_and_mount() -> None:
-    s = client_mod.ClientSettings.from_env({names.ENV_RUN_DIR: "/r", names.ENV_MOUNT: "m"})
+    s = client_mod.ClientSettings.from_env({contract.ENV_RUN_DIR: "/r", contract.ENV_MOUNT: "m"})
     assert (s.socket_path, s.memory_dir) == (Path("/r/m/control.sock"), Path("/r/m/mem"))
     assert s.reconnect_timeout == 120.0
 
 
 def test_an_explicit_socket_wins_and_the_memory_dir_sits_beside_it() -> None:
-    env = {names.ENV_SOCKET: "/x/control.sock", names.ENV_MOUNT: "m"}
+    env = {contract.ENV_SOCKET: "/x/control.sock", contract.ENV_MOUNT: "m"}
     s = client_mod.ClientSettings.from_env(env, reconnect_timeout=5)
     assert (s.socket_path, s.memory_dir, s.reconnect_timeout) == (
         Path("/x/control.sock"),
@@ -41,7 +40,7 @@ def test_an_explicit_socket_wins_and_the_memory_dir_sits_beside_it() -> None:
 
 
 def test_the_reconnect_timeout_comes_from_the_environment_unless_given() -> None:
-    env = {names.ENV_SOCKET: "/x/control.sock", client_mod.ENV_RECONNECT_TIMEOUT: "7.5"}
+    env = {contract.ENV_SOCKET: "/x/control.sock", client_mod.ENV_RECONNECT_TIMEOUT: "7.5"}
     assert client_mod.ClientSettings.from_env(env).reconnect_timeout == 7.5
     assert client_mod.ClientSettings.from_env(env, reconnect_timeout=3).reconnect_timeout == 3
     with pytest.raises(errors.InputError, match="expected seconds as a number, found 'soon'"):
@@ -49,14 +48,14 @@ def test_the_reconnect_timeout_comes_from_the_environment_unless_given() -> None
 
 
 def test_without_a_uri_or_sidecar_variables_the_error_says_what_to_do() -> None:
-    with pytest.raises(errors.InputError, match=names.ENV_MOUNT) as info:
+    with pytest.raises(errors.InputError, match=contract.ENV_MOUNT) as info:
         client_mod.ClientSettings.from_env({})
     assert "embedded mode" in str(info.value)
 
 
 def test_a_socket_path_too_long_for_af_unix_is_refused_up_front() -> None:
     with pytest.raises(errors.InputError, match="at most 107"):
-        client_mod.ClientSettings.from_env({names.ENV_SOCKET: "/" + "s" * 120})
+        client_mod.ClientSettings.from_env({contract.ENV_SOCKET: "/" + "s" * 120})
 
 
 def test_an_absent_sidecar_raises_unavailable_naming_socket_and_wait() -> None:

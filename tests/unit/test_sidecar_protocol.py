@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from shardcache import control_protocol as proto
 from shardcache import errors, plan
+from shardcache.contract import protocol
 
 pytestmark = pytest.mark.unit
 
@@ -23,8 +23,8 @@ GOOD: dict[str, Any] = {
 
 def test_plan_params_round_trip_through_json() -> None:
     params = plan.PlanParams(seed=5, epoch=2, rank=1, world_size=4, shuffle=False, block_size=128)
-    assert proto.params_to_json(params) == GOOD
-    assert proto.params_from_json(GOOD) == params
+    assert protocol.params_to_json(params) == GOOD
+    assert protocol.params_from_json(GOOD) == params
 
 
 @pytest.mark.parametrize(
@@ -43,25 +43,25 @@ def test_bad_plan_params_name_the_field_and_what_was_found(
     field: str, value: object, message: str
 ) -> None:
     with pytest.raises(errors.InputError) as info:
-        proto.params_from_json({**GOOD, field: value})
+        protocol.params_from_json({**GOOD, field: value})
     assert str(info.value) == message
 
 
 @pytest.mark.parametrize(
     ("kind", "code", "cls"),
     [
-        (proto.KIND_INPUT, proto.CODE_BAD_REQUEST, errors.InputError),
-        (proto.KIND_INPUT, proto.CODE_MANIFEST_MISMATCH, errors.ManifestMismatchError),
-        (proto.KIND_SOURCE, proto.CODE_SOURCE_FAILED, errors.SourceError),
-        (proto.KIND_CACHE, proto.CODE_TIMEOUT, errors.CacheError),
-        (proto.KIND_UNAVAILABLE, proto.CODE_STARTING, errors.SidecarUnavailableError),
+        (protocol.KIND_INPUT, protocol.CODE_BAD_REQUEST, errors.InputError),
+        (protocol.KIND_INPUT, protocol.CODE_MANIFEST_MISMATCH, errors.ManifestMismatchError),
+        (protocol.KIND_SOURCE, protocol.CODE_SOURCE_FAILED, errors.SourceError),
+        (protocol.KIND_CACHE, protocol.CODE_TIMEOUT, errors.CacheError),
+        (protocol.KIND_UNAVAILABLE, protocol.CODE_STARTING, errors.SidecarUnavailableError),
     ],
 )
 def test_error_bodies_map_back_to_shardcache_errors_with_the_message(
     kind: str, code: str, cls: type[errors.ShardcacheError]
 ) -> None:
-    body = proto.error_body(kind, code, "shard 3 (a.parquet): connection refused")
-    wire = proto.WireError.from_body(502, body)
+    body = protocol.error_body(kind, code, "shard 3 (a.parquet): connection refused")
+    wire = protocol.WireError.from_body(502, body)
     assert (wire.kind, wire.code) == (kind, code)
     exc = wire.to_exception()
     assert type(exc) is cls
@@ -71,7 +71,7 @@ def test_error_bodies_map_back_to_shardcache_errors_with_the_message(
 
 @pytest.mark.parametrize("body", [None, "Bad Gateway", {"error": "nope"}, [1]])
 def test_a_malformed_error_body_is_a_cache_error_that_shows_it(body: object) -> None:
-    wire = proto.WireError.from_body(502, body)
+    wire = protocol.WireError.from_body(502, body)
     exc = wire.to_exception()
     assert type(exc) is errors.CacheError
     assert repr(body) in str(exc)
@@ -79,17 +79,17 @@ def test_a_malformed_error_body_is_a_cache_error_that_shows_it(body: object) -> 
 
 @pytest.mark.parametrize("reader_id", ["a", "0c3c291d9f9146bcbe896eaa553a69f2", "rank-0.w_1"])
 def test_reader_ids_safe_in_a_path_are_accepted(reader_id: str) -> None:
-    assert proto.check_reader_id(reader_id) == reader_id
+    assert protocol.check_reader_id(reader_id) == reader_id
 
 
 @pytest.mark.parametrize("reader_id", ["", "-x", "a/b", "a b", "x" * 129, "ü"])
 def test_reader_ids_unsafe_in_a_path_are_refused(reader_id: str) -> None:
     with pytest.raises(errors.InputError, match="reader id"):
-        proto.check_reader_id(reader_id)
+        protocol.check_reader_id(reader_id)
 
 
 def test_routes_carry_the_api_version() -> None:
-    assert proto.acquire_path("r") == "/v1/readers/r/acquire"
-    assert proto.pinned_path("r") == "/v1/readers/r/pinned"
-    assert proto.lease_path("ab") == "/v1/leases/ab"
-    assert proto.MANIFEST.startswith(f"/{proto.VERSION}/")
+    assert protocol.acquire_path("r") == "/v1/readers/r/acquire"
+    assert protocol.pinned_path("r") == "/v1/readers/r/pinned"
+    assert protocol.lease_path("ab") == "/v1/leases/ab"
+    assert protocol.MANIFEST.startswith(f"/{protocol.VERSION}/")

@@ -7,35 +7,34 @@ from pathlib import Path
 import pytest
 from shardcache_sidecar import settings
 
-from shardcache import errors
-from shardcache.node import names
+from shardcache import contract, errors
 
 pytestmark = pytest.mark.unit
 
 
 def test_layout_follows_run_dir_and_mount_like_the_client() -> None:
     env = {
-        names.ENV_SOURCE_URI: "s3://b/p",
-        names.ENV_RUN_DIR: "/run/sc",
-        names.ENV_MOUNT: "tokens",
-        names.ENV_RANK: "3",
-        names.ENV_WORLD_SIZE: "8",
-        names.ENV_SHUFFLE: "false",
-        names.ENV_MEMORY_LIMIT: "1048576",
+        contract.ENV_SOURCE_URI: "s3://b/p",
+        contract.ENV_RUN_DIR: "/run/sc",
+        contract.ENV_MOUNT: "tokens",
+        contract.ENV_RANK: "3",
+        contract.ENV_WORLD_SIZE: "8",
+        contract.ENV_SHUFFLE: "false",
+        contract.ENV_MEMORY_LIMIT: "1048576",
     }
     s = settings.from_env(env)
     assert s.socket_path == Path("/run/sc/tokens/control.sock")
     assert s.memory_dir == Path("/run/sc/tokens/mem")
-    assert s.disk_dir == Path(names.DEFAULT_DISK_DIR)
+    assert s.disk_dir == Path(contract.DEFAULT_DISK_DIR)
     assert (s.rank, s.world_size, s.shuffle, s.memory_limit) == (3, 8, False, 1048576)
-    assert s.metrics_port == names.DEFAULT_METRICS_PORT
+    assert s.metrics_port == contract.DEFAULT_METRICS_PORT
     assert s.ready_shards == 2
     assert s.manifest_digest is None
     assert s.startup_plan().rank == 3
 
 
 def test_flags_override_the_environment() -> None:
-    env = {names.ENV_SOURCE_URI: "s3://b/p", names.ENV_PREFETCH_DEPTH: "9"}
+    env = {contract.ENV_SOURCE_URI: "s3://b/p", contract.ENV_PREFETCH_DEPTH: "9"}
     s = settings.from_env(
         env,
         {
@@ -52,22 +51,25 @@ def test_flags_override_the_environment() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({}, names.ENV_SOURCE_URI),
+        ({}, contract.ENV_SOURCE_URI),
         (
-            {names.ENV_READY_SHARDS: "two"},
-            f"${names.ENV_READY_SHARDS}: expected an integer, found 'two'",
+            {contract.ENV_READY_SHARDS: "two"},
+            f"${contract.ENV_READY_SHARDS}: expected an integer, found 'two'",
         ),
-        ({names.ENV_SHUFFLE: "maybe"}, f"${names.ENV_SHUFFLE}: expected true or false"),
-        ({names.ENV_RANK: "4", names.ENV_WORLD_SIZE: "4"}, "rank must be in [0, world_size=4)"),
-        ({names.ENV_MANIFEST_DIGEST: "md5:x"}, "expected 'sha256:<hex>'"),
-        ({names.ENV_RUN_DIR: "/" + "x" * 120}, "Unix sockets allow at most 107"),
-        ({names.ENV_FETCH_CONCURRENCY: "0"}, "fetch_concurrency must be >= 1"),
+        ({contract.ENV_SHUFFLE: "maybe"}, f"${contract.ENV_SHUFFLE}: expected true or false"),
+        (
+            {contract.ENV_RANK: "4", contract.ENV_WORLD_SIZE: "4"},
+            "rank must be in [0, world_size=4)",
+        ),
+        ({contract.ENV_MANIFEST_DIGEST: "md5:x"}, "expected 'sha256:<hex>'"),
+        ({contract.ENV_RUN_DIR: "/" + "x" * 120}, "Unix sockets allow at most 107"),
+        ({contract.ENV_FETCH_CONCURRENCY: "0"}, "fetch_concurrency must be >= 1"),
     ],
 )
 def test_bad_settings_say_which_variable_and_what_was_found(
     env: dict[str, str], message: str
 ) -> None:
-    base = {names.ENV_SOURCE_URI: "s3://b/p"} if env else {}
+    base = {contract.ENV_SOURCE_URI: "s3://b/p"} if env else {}
     with pytest.raises(errors.InputError) as info:
         settings.from_env({**base, **env})
     assert message in str(info.value)

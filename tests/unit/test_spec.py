@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from shardcache_operator import specs
 
 from shardcache import errors
-from shardcache import spec as spec_model
 
 pytestmark = pytest.mark.unit
 
 
-def parse(**spec: Any) -> spec_model.DatasetMountSpec:
+def parse(**spec: Any) -> specs.DatasetMountSpec:
     body: dict[str, Any] = {"source": {"uri": "s3://bucket/train/"}}
     body.update(spec)
-    return spec_model.parse_spec(body)
+    return specs.parse_spec(body)
 
 
 @pytest.mark.parametrize(
@@ -33,7 +33,7 @@ def parse(**spec: Any) -> spec_model.DatasetMountSpec:
     ],
 )
 def test_quantity_parses_to_bytes(text: Any, expected: int) -> None:
-    assert spec_model.parse_quantity(text) == expected
+    assert specs.parse_quantity(text) == expected
 
 
 @pytest.mark.parametrize("bad", ["-1Gi", -3, "2GB", "lots", "", "0.5", True, 1.5])
@@ -101,7 +101,7 @@ def test_checkpoint_fields_are_parsed_with_defaults() -> None:
 )
 def test_invalid_spec_error_names_the_field_path(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(errors.InputError, match=message):
-        spec_model.parse_spec(spec)
+        specs.parse_spec(spec)
 
 
 def test_cross_field_rule_is_checked_offline() -> None:
@@ -113,12 +113,12 @@ def test_cross_field_rule_is_checked_offline() -> None:
 
 def test_to_dict_round_trips_through_from_dict() -> None:
     spec = parse(checkpoint={"uri": "s3://ckpt/"}, cache={"memory": "1Gi", "medium": "Disk"})
-    assert spec_model.parse_spec(spec_model.to_dict(spec)) == spec
+    assert specs.parse_spec(specs.to_dict(spec)) == spec
 
 
 def test_load_refuses_a_document_that_is_not_a_datasetmount() -> None:
     with pytest.raises(errors.InputError, match=r"expected kind DatasetMount .* found kind 'Pod'"):
-        spec_model.load({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}})
+        specs.load({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}})
 
 
 def test_load_takes_the_pinned_digest_from_status_then_from_version() -> None:
@@ -130,13 +130,13 @@ def test_load_takes_the_pinned_digest_from_status_then_from_version() -> None:
         "metadata": {"name": "d", "namespace": "ns"},
         "spec": {"source": {"uri": "s3://b/", "version": digest}},
     }
-    assert spec_model.load(doc).manifest_digest == digest
+    assert specs.load(doc).manifest_digest == digest
     doc["status"] = {"manifestDigest": pinned, "phase": "Ready"}
-    loaded = spec_model.load(doc)
+    loaded = specs.load(doc)
     assert (loaded.manifest_digest, loaded.phase, loaded.namespace) == (pinned, "Ready", "ns")
 
 
 def test_format_bytes_uses_binary_units() -> None:
-    assert spec_model.format_bytes(0) == "0"
-    assert spec_model.format_bytes(1536) == "1.5Ki"
-    assert spec_model.format_bytes(3 * 2**40) == "3Ti"
+    assert specs.format_bytes(0) == "0"
+    assert specs.format_bytes(1536) == "1.5Ki"
+    assert specs.format_bytes(3 * 2**40) == "3Ti"

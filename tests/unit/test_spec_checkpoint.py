@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from shardcache_operator import specs
 
 from shardcache import errors
-from shardcache import spec as spec_model
 
 pytestmark = pytest.mark.unit
 
 
-def checkpoint_of(**fields: Any) -> spec_model.CheckpointSpec:
-    spec = spec_model.parse_spec(
+def checkpoint_of(**fields: Any) -> specs.CheckpointSpec:
+    spec = specs.parse_spec(
         {"source": {"uri": "s3://bucket/train/"}, "checkpoint": {"uri": "s3://ckpt/", **fields}}
     )
     assert spec.checkpoint is not None
@@ -39,16 +39,16 @@ def test_agent_tuning_fields_are_read_from_their_json_names() -> None:
 
 
 def test_agent_tuning_round_trips_through_to_dict() -> None:
-    spec = spec_model.parse_spec(
+    spec = specs.parse_spec(
         {
             "source": {"uri": "s3://bucket/train/"},
             "checkpoint": {"uri": "s3://ckpt/", "restoreFallback": True, "concurrency": 3},
         }
     )
-    as_dict = spec_model.to_dict(spec)
+    as_dict = specs.to_dict(spec)
     assert as_dict["checkpoint"]["restoreFallback"] is True
     assert as_dict["checkpoint"]["uploadBuffer"] == 512 * 2**20
-    assert spec_model.parse_spec(as_dict) == spec
+    assert specs.parse_spec(as_dict) == spec
 
 
 @pytest.mark.parametrize(

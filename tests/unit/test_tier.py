@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache import errors
+from shardcache import contract, errors
 from shardcache.node import names, tier
 
 pytestmark = pytest.mark.unit
@@ -158,7 +158,7 @@ def test_insert_waits_for_leases_then_fails_naming_the_limit(
     message = str(info.value)
     assert "limit 20480 bytes" in message
     assert "20480 bytes held by leases" in message
-    assert names.ENV_DISK_LIMIT in message
+    assert contract.ENV_DISK_LIMIT in message
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, "one warning per wait, not one per poll"
     assert "disk tier is full" in warnings[0].getMessage()
@@ -190,9 +190,9 @@ def test_entry_larger_than_the_limit_is_a_clear_error(tmp_path: Path) -> None:
         t.insert("big", 9 * KIB, writer("big", 9 * KIB))
     message = str(info.value)
     assert "9216 bytes" in message and "8192 bytes" in message
-    assert names.ENV_DISK_LIMIT in message
+    assert contract.ENV_DISK_LIMIT in message
     memory = tier.Tier(tmp_path / "mem", limit_bytes=8, name="memory", fsync=False)
-    with pytest.raises(errors.CacheError, match=names.ENV_MEMORY_LIMIT):
+    with pytest.raises(errors.CacheError, match=contract.ENV_MEMORY_LIMIT):
         memory.insert("big", 9, writer("big", 9))
     assert t.used_bytes() == 0
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shardcache import errors
-from shardcache.node import names, tier
+from shardcache import contract, errors
+from shardcache.node import tier
 
 pytestmark = pytest.mark.unit
 
@@ -49,7 +49,7 @@ def test_an_entry_that_does_not_fit_beside_the_callers_leases_fails_at_once(
     err = info.value
     assert (err.size, err.held, err.limit) == (15 * KIB, 20 * KIB, 30 * KIB)
     assert isinstance(err, errors.CacheError) and isinstance(err, tier.TierFullError)
-    assert "20480 bytes its caller holds" in str(err) and names.ENV_MEMORY_LIMIT in str(err)
+    assert "20480 bytes its caller holds" in str(err) and contract.ENV_MEMORY_LIMIT in str(err)
     assert t.keys() == ["a", "b"] and t.used_bytes() == 20 * KIB  # nothing reserved
     shard = err.about("shard 3 (part-00003.parquet)")
     assert str(shard).startswith("shard 3 (part-00003.parquet): entry c (15360 bytes)")

@@ -16,11 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from shardcache_sidecar import launcher
+
 import shardcache
 from bench.peers.loaders import base
-from shardcache import _local
+from shardcache import contract
 from shardcache import plan as plan_mod
-from shardcache.node import names
 
 #: The sidecar's own defaults (sidecar/shardcache_sidecar/settings.py): 4 GiB holds the
 #: whole 1 GiB benchmark decoded, so the warm pass reads only resident shards.
@@ -86,17 +87,17 @@ class SidecarLoader(EmbeddedLoader):
         # webhook writes, /readyz on its TCP port as the startup probe sees it.
         self._stack = contextlib.ExitStack()
         self._trainer_env, _ = self._stack.enter_context(
-            _local.sidecar(
+            launcher.sidecar(
                 self._uri,
                 {},
                 setup.shm_scratch,
                 memory_limit=SIDECAR_MEMORY_LIMIT,
                 disk_limit=SIDECAR_DISK_LIMIT,
                 extra_env={
-                    names.ENV_DISK_DIR: str(setup.scratch / "disk"),
-                    names.ENV_READY_SHARDS: "0",
-                    names.ENV_SEED: str(setup.seed),
-                    names.ENV_SHUFFLE: "true",
+                    contract.ENV_DISK_DIR: str(setup.scratch / "disk"),
+                    contract.ENV_READY_SHARDS: "0",
+                    contract.ENV_SEED: str(setup.seed),
+                    contract.ENV_SHUFFLE: "true",
                 },
             )
         )
@@ -107,7 +108,7 @@ class SidecarLoader(EmbeddedLoader):
         )
 
     def _open(self) -> shardcache.Dataset:
-        os.environ.pop(names.ENV_SOCKET, None)
+        os.environ.pop(contract.ENV_SOCKET, None)
         os.environ.update(self._trainer_env)
         return shardcache.open(shuffle=True, seed=self._setup.seed)
 

@@ -12,8 +12,7 @@ import signal
 import sys
 import threading
 
-from shardcache import errors
-from shardcache.node import names
+from shardcache import contract, errors
 from shardcache_sidecar.checkpoint import agent as agent_mod
 from shardcache_sidecar.checkpoint import settings as settings_mod
 
@@ -29,7 +28,8 @@ def main() -> int:
         return 2
     if settings is None:
         print(
-            f"error: set {names.ENV_CHECKPOINT_URI} and {names.ENV_CHECKPOINT_DIR}", file=sys.stderr
+            f"error: set {contract.ENV_CHECKPOINT_URI} and {contract.ENV_CHECKPOINT_DIR}",
+            file=sys.stderr,
         )
         return 2
     stop = threading.Event()

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from shardcache import checkpoint, errors, source
+from shardcache import errors, source
+from shardcache.checkpoint import _protocol
 from shardcache_sidecar.checkpoint import layout, restorer, retention, uploader
 from shardcache_sidecar.checkpoint import metrics as metrics_mod
 from shardcache_sidecar.checkpoint import settings as settings_mod
@@ -91,13 +92,13 @@ class Agent:
         except (errors.ShardcacheError, OSError) as exc:
             # Tell the trainer too (checkpoint.restore() raises it), where the volume lets us.
             with contextlib.suppress(OSError):
-                checkpoint.write_json_atomic(
-                    self.root / checkpoint.RESTORE_NAME,
-                    {"version": checkpoint.PROTOCOL_VERSION, "phase": "failed", "error": str(exc)},
+                _protocol.write_json_atomic(
+                    self.root / _protocol.RESTORE_NAME,
+                    {"version": _protocol.PROTOCOL_VERSION, "phase": "failed", "error": str(exc)},
                 )
             raise
         self.observer.restored(result.step, time.monotonic() - started, result.created_at)
-        checkpoint.write_json_atomic(self.root / checkpoint.RESTORE_NAME, result.to_json())
+        _protocol.write_json_atomic(self.root / _protocol.RESTORE_NAME, result.to_json())
         if result.step is not None:
             log.info(
                 "restored checkpoint step %d into %s (%d bytes downloaded, %d reused)",
@@ -135,10 +136,10 @@ class Agent:
         self._write_latest(complete)
 
     def _write_latest(self, published: list[int]) -> None:
-        checkpoint.write_json_atomic(
-            self.root / checkpoint.LATEST_NAME,
+        _protocol.write_json_atomic(
+            self.root / _protocol.LATEST_NAME,
             {
-                "version": checkpoint.PROTOCOL_VERSION,
+                "version": _protocol.PROTOCOL_VERSION,
                 "step": published[-1] if published else None,
                 "steps": published,
                 "uri": self.settings.uri,
@@ -154,27 +155,27 @@ class Agent:
             return []
         restored: list[int] = []
         for name in names_:
-            request_id = checkpoint.request_id_of(name)
+            request_id = _protocol.request_id_of(name)
             if request_id is None or name in self._unanswerable:
                 continue
             path = self.root / name
             try:
                 text = path.read_text(encoding="utf-8")
-                parsed = checkpoint.parse_request(text, request_id=request_id, where=str(path))
+                parsed = _protocol.parse_request(text, request_id=request_id, where=str(path))
             except FileNotFoundError:
                 continue  # withdrawn by the trainer
             except (errors.InputError, OSError, UnicodeDecodeError) as exc:
                 log.error("malformed checkpoint restore request: %s", exc)
-                self._answer(path, checkpoint.answer_json(request_id, None, error=str(exc)))
+                self._answer(path, _protocol.answer_json(request_id, None, error=str(exc)))
                 continue
-            if isinstance(parsed, checkpoint.RestoreAnswer):
+            if isinstance(parsed, _protocol.RestoreAnswer):
                 self._forget_abandoned(path, parsed)
                 continue
             if self.serve_request(path, parsed):
                 restored.append(parsed.step)
         return restored
 
-    def serve_request(self, path: Path, request: checkpoint.RestoreRequest) -> bool:
+    def serve_request(self, path: Path, request: _protocol.RestoreRequest) -> bool:
         """Restore the requested step with the start-up restore's verification."""
         s = self.settings
         step = request.step
@@ -204,7 +205,7 @@ class Agent:
             log.error("checkpoint step %d requested by the trainer not restored: %s", step, exc)
             self._answer(
                 path,
-                checkpoint.answer_json(
+                _protocol.answer_json(
                     request.id, step, error=str(exc), requested_at=request.requested_at
                 ),
             )
@@ -221,7 +222,7 @@ class Agent:
         )
         self._answer(
             path,
-            checkpoint.answer_json(
+            _protocol.answer_json(
                 request.id,
                 step,
                 name=result.path.name,
@@ -235,17 +236,17 @@ class Agent:
         if not path.exists():
             return  # withdrawn (the trainer timed out): nobody reads the answer
         try:
-            checkpoint.write_json_atomic(path, answer)
+            _protocol.write_json_atomic(path, answer)
         except OSError as exc:
             log.warning("cannot answer the restore request %s: %s", path, exc)
             self._unanswerable.add(path.name)
 
-    def _forget_abandoned(self, path: Path, answer: checkpoint.RestoreAnswer) -> None:
+    def _forget_abandoned(self, path: Path, answer: _protocol.RestoreAnswer) -> None:
         # An answer nobody collected (the trainer died while waiting) goes after a while.
         if answer.answered_at and time.time() - answer.answered_at > ANSWER_TTL_S:
             path.unlink(missing_ok=True)
 
-    def _release_holds(self, marker: checkpoint.Marker) -> None:
+    def _release_holds(self, marker: _protocol.Marker) -> None:
         """A commit made after an on-demand restore: the trainer has moved on from it."""
         if marker.committed_at is None:
             return
@@ -254,9 +255,9 @@ class Agent:
                 del self._held[name]
 
     # --- upload -------------------------------------------------------------------
-    def pending(self) -> list[tuple[Path, checkpoint.Marker]]:
+    def pending(self) -> list[tuple[Path, _protocol.Marker]]:
         """Committed directories not yet published, oldest step first."""
-        found: list[tuple[Path, checkpoint.Marker]] = []
+        found: list[tuple[Path, _protocol.Marker]] = []
         try:
             entries = list(os.scandir(self.root))
         except FileNotFoundError:
@@ -266,15 +267,15 @@ class Agent:
             if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
                 continue
             path = Path(entry.path)
-            status = checkpoint.read_status(path)
+            status = _protocol.read_status(path)
             try:
-                marker = checkpoint.read_marker(path)
+                marker = _protocol.read_marker(path)
             except errors.InputError as exc:
                 if status is None or status.phase != "failed":
                     log.error("%s", exc)
-                    checkpoint.write_status(
+                    _protocol.write_status(
                         path,
-                        checkpoint.Status("failed", -1, error=str(exc), updated_at=time.time()),
+                        _protocol.Status("failed", -1, error=str(exc), updated_at=time.time()),
                     )
                 continue
             if marker is None:
@@ -298,16 +299,16 @@ class Agent:
                 published.append(marker.step)
         return published
 
-    def publish(self, path: Path, marker: checkpoint.Marker) -> bool:
+    def publish(self, path: Path, marker: _protocol.Marker) -> bool:
         s = self.settings
         step = marker.step
         started = time.monotonic()
         # A retry keeps the last error visible, for wait()'s timeout message.
-        previous = checkpoint.read_status(path)
+        previous = _protocol.read_status(path)
         last_error = previous.error if previous is not None and previous.step == step else None
-        checkpoint.write_status(
+        _protocol.write_status(
             path,
-            checkpoint.Status(
+            _protocol.Status(
                 "uploading", step, error=last_error, retryable=True, updated_at=time.time()
             ),
         )
@@ -346,7 +347,7 @@ class Agent:
         # The pointer file first: once wait() sees "uploaded", latest() agrees.
         self._published = sorted({*self._published, step})
         self._write_latest(self._published)
-        checkpoint.write_status(path, checkpoint.Status("uploaded", step, updated_at=time.time()))
+        _protocol.write_status(path, _protocol.Status("uploaded", step, updated_at=time.time()))
         seconds = time.monotonic() - started
         self.observer.published(step, seconds, manifest.created_at)
         log.info(
@@ -377,9 +378,9 @@ class Agent:
 
     def _set_failed(self, path: Path, step: int, error: str, *, retryable: bool) -> None:
         try:
-            checkpoint.write_status(
+            _protocol.write_status(
                 path,
-                checkpoint.Status(
+                _protocol.Status(
                     "failed", step, error=error, retryable=retryable, updated_at=time.time()
                 ),
             )

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from shardcache import checkpoint, errors, source
-from shardcache.node import names
+from shardcache import contract, errors, source
+from shardcache.checkpoint import _protocol
 from shardcache_sidecar.checkpoint import layout, uploader
 from shardcache_sidecar.checkpoint import metrics as metrics_mod
 from shardcache_sidecar.checkpoint import settings as settings_mod
@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 #: Piece size of parallel ranged downloads: large enough that a request's latency is
 #: small next to its transfer, small enough that a 1 GiB file is 32 requests at once.
 RANGE = 32 << 20
-STAGING_PREFIX = f"{checkpoint.RESERVED_PREFIX}restore-"
-TRASH_PREFIX = f"{checkpoint.RESERVED_PREFIX}trash-"
+STAGING_PREFIX = f"{_protocol.RESERVED_PREFIX}restore-"
+TRASH_PREFIX = f"{_protocol.RESERVED_PREFIX}trash-"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,7 @@ class RestoreResult:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "version": checkpoint.PROTOCOL_VERSION,
+            "version": _protocol.PROTOCOL_VERSION,
             "phase": "restored" if self.step is not None else "clean",
             "step": self.step,
             "path": str(self.path) if self.path is not None else None,
@@ -127,7 +127,7 @@ def restore(
                 raise layout.CorruptCheckpointError(
                     f"{exc}; the store holds a damaged copy of step {step}. Restore another "
                     f"step (spec.checkpoint.restore), or set spec.checkpoint.restoreFallback "
-                    f"({names.ENV_CHECKPOINT_RESTORE_FALLBACK}=1) to fall back to the "
+                    f"({contract.ENV_CHECKPOINT_RESTORE_FALLBACK}=1) to fall back to the "
                     "previous checkpoint"
                 ) from exc
             log.error("checkpoint step %d is corrupted, falling back: %s", step, exc)
@@ -214,14 +214,14 @@ def restore_step(
         _assemble(dest, staging, reused, {f.path for f in manifest.files})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    checkpoint.write_marker(
+    _protocol.write_marker(
         dest,
-        checkpoint.Marker(
+        _protocol.Marker(
             step=step, data_state=manifest.data_state, committed_at=manifest.created_at
         ),
     )
-    checkpoint.write_status(
-        dest, checkpoint.Status(phase="restored", step=step, updated_at=time.time())
+    _protocol.write_status(
+        dest, _protocol.Status(phase="restored", step=step, updated_at=time.time())
     )
     reused_bytes = sum(e.size for e in reused)
     return RestoreResult(

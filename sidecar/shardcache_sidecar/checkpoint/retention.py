@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from shardcache import checkpoint, source
+from shardcache import source
+from shardcache.checkpoint import _protocol
 from shardcache_sidecar.checkpoint import layout
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def prune_local(root: Path, keep_last: int, *, held: Set[str] = frozenset()) -> 
     """
     done = [
         c
-        for c in checkpoint.local_checkpoints(root)
+        for c in _protocol.local_checkpoints(root)
         if c.path.name not in held
         and c.status is not None
         and c.status.step == c.step
@@ -97,5 +98,5 @@ def prune_local(root: Path, keep_last: int, *, held: Set[str] = frozenset()) -> 
             # the volume's sizeLimit, not retention, bounds what stays on the node.
             log.warning("retention: cannot remove all of %s from the node", path)
         else:
-            checkpoint.remove_status(path)
+            _protocol.remove_status(path)
     return removed

@@ -7,8 +7,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from shardcache import errors, source
-from shardcache.node import names
+from shardcache import contract, errors, source
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -57,18 +56,18 @@ class CheckpointSettings:
     def __post_init__(self) -> None:
         if self.keep_last < 1:
             raise errors.InputError(
-                f"{names.ENV_CHECKPOINT_KEEP_LAST}: expected an integer >= 1, found {self.keep_last}"
+                f"{contract.ENV_CHECKPOINT_KEEP_LAST}: expected an integer >= 1, found {self.keep_last}"
             )
         parse_restore(self.restore)
         source.split_uri(self.uri)  # an unsupported scheme stops the sidecar at start
         if self.upload_concurrency < 1:
             raise errors.InputError(
-                f"{names.ENV_CHECKPOINT_CONCURRENCY}: expected an integer >= 1, "
+                f"{contract.ENV_CHECKPOINT_CONCURRENCY}: expected an integer >= 1, "
                 f"found {self.upload_concurrency}"
             )
         if self.upload_buffer < 0:
             raise errors.InputError(
-                f"{names.ENV_CHECKPOINT_UPLOAD_BUFFER}: expected a byte count >= 0, "
+                f"{contract.ENV_CHECKPOINT_UPLOAD_BUFFER}: expected a byte count >= 0, "
                 f"found {self.upload_buffer}"
             )
 
@@ -76,24 +75,24 @@ class CheckpointSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> CheckpointSettings | None:
         """The settings, or None when no checkpoint URI is configured."""
         env = os.environ if env is None else env
-        uri = env.get(names.ENV_CHECKPOINT_URI, "").strip()
+        uri = env.get(contract.ENV_CHECKPOINT_URI, "").strip()
         if not uri:
             return None
-        directory = env.get(names.ENV_CHECKPOINT_DIR, "").strip()
+        directory = env.get(contract.ENV_CHECKPOINT_DIR, "").strip()
         if not directory:
             raise errors.InputError(
-                f"{names.ENV_CHECKPOINT_URI} is set but {names.ENV_CHECKPOINT_DIR} is not: "
+                f"{contract.ENV_CHECKPOINT_URI} is set but {contract.ENV_CHECKPOINT_DIR} is not: "
                 "expected the path of the checkpoint volume shared with the trainer"
             )
         return cls(
             directory=Path(directory),
             uri=uri,
-            keep_last=_int(env, names.ENV_CHECKPOINT_KEEP_LAST, 3),
-            restore=env.get(names.ENV_CHECKPOINT_RESTORE, "latest").strip() or "latest",
-            restore_fallback=_bool(env, names.ENV_CHECKPOINT_RESTORE_FALLBACK, False),
-            upload_concurrency=_int(env, names.ENV_CHECKPOINT_CONCURRENCY, 8),
-            upload_buffer=_int(env, names.ENV_CHECKPOINT_UPLOAD_BUFFER, 512 << 20),
-            verify_uploads=_bool(env, names.ENV_CHECKPOINT_VERIFY_UPLOADS, False),
+            keep_last=_int(env, contract.ENV_CHECKPOINT_KEEP_LAST, 3),
+            restore=env.get(contract.ENV_CHECKPOINT_RESTORE, "latest").strip() or "latest",
+            restore_fallback=_bool(env, contract.ENV_CHECKPOINT_RESTORE_FALLBACK, False),
+            upload_concurrency=_int(env, contract.ENV_CHECKPOINT_CONCURRENCY, 8),
+            upload_buffer=_int(env, contract.ENV_CHECKPOINT_UPLOAD_BUFFER, 512 << 20),
+            verify_uploads=_bool(env, contract.ENV_CHECKPOINT_VERIFY_UPLOADS, False),
         )
 
 
@@ -105,7 +104,7 @@ def parse_restore(value: str) -> int | str | None:
     if text.isdigit():
         return int(text)
     raise errors.InputError(
-        f"{names.ENV_CHECKPOINT_RESTORE}: expected latest, none or a step number, found {value!r}"
+        f"{contract.ENV_CHECKPOINT_RESTORE}: expected latest, none or a step number, found {value!r}"
     )
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from shardcache import checkpoint, errors, source
+from shardcache import errors, source
+from shardcache.checkpoint import _protocol
 from shardcache_sidecar.checkpoint import layout
 from shardcache_sidecar.checkpoint import metrics as metrics_mod
 
@@ -76,7 +77,7 @@ def list_files(directory: Path) -> list[tuple[str, int]]:
         dirnames.sort()
         base = Path(dirpath)
         for name in filenames:
-            if name.startswith(checkpoint.RESERVED_PREFIX):
+            if name.startswith(_protocol.RESERVED_PREFIX):
                 continue
             path = base / name
             rel = path.relative_to(directory).as_posix()
@@ -153,7 +154,7 @@ def upload(
     fs: pafs.FileSystem,
     prefix: str,
     directory: Path,
-    marker: checkpoint.Marker,
+    marker: _protocol.Marker,
     *,
     concurrency: int,
     retry: source.RetryPolicy,
@@ -235,7 +236,7 @@ def upload(
 
 
 def _local_manifest(
-    directory: Path, files: list[tuple[str, int]], marker: checkpoint.Marker, created_at: float
+    directory: Path, files: list[tuple[str, int]], marker: _protocol.Marker, created_at: float
 ) -> layout.CheckpointManifest:
     return layout.CheckpointManifest(
         step=marker.step,

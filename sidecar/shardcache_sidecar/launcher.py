@@ -23,8 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from shardcache import source
-from shardcache.node import names
+from shardcache import contract, source
 
 READY_TIMEOUT_S = 120.0
 
@@ -146,13 +145,13 @@ def sidecar(
     env = {
         **os.environ,
         **storage_env,
-        names.ENV_SOURCE_URI: root,
-        names.ENV_RUN_DIR: str(run_dir),
-        names.ENV_MOUNT: mount,
-        names.ENV_DISK_DIR: str(work / "disk"),
-        names.ENV_MEMORY_LIMIT: str(memory_limit),
-        names.ENV_DISK_LIMIT: str(disk_limit),
-        names.ENV_METRICS_PORT: str(port),
+        contract.ENV_SOURCE_URI: root,
+        contract.ENV_RUN_DIR: str(run_dir),
+        contract.ENV_MOUNT: mount,
+        contract.ENV_DISK_DIR: str(work / "disk"),
+        contract.ENV_MEMORY_LIMIT: str(memory_limit),
+        contract.ENV_DISK_LIMIT: str(disk_limit),
+        contract.ENV_METRICS_PORT: str(port),
         "SHARDCACHE_METRICS_HOST": "127.0.0.1",
         "SHARDCACHE_LOG_FORMAT": "text",
         **(extra_env or {}),
@@ -161,4 +160,4 @@ def sidecar(
     base = f"http://127.0.0.1:{port}"
     with process([sys.executable, "-m", "shardcache", "sidecar"], env, log) as proc:
         wait_http(f"{base}/readyz" if wait_ready else f"{base}/healthz", "the sidecar", proc, log)
-        yield {names.ENV_RUN_DIR: str(run_dir), names.ENV_MOUNT: mount}, base
+        yield {contract.ENV_RUN_DIR: str(run_dir), contract.ENV_MOUNT: mount}, base

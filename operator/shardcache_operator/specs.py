@@ -1,4 +1,4 @@
-"""The DatasetMount spec model, shared by the operator, the webhook and the sidecar.
+"""The DatasetMount spec model: the operator's reconcile, its webhook and `shardcache inject`.
 
 One source of truth: the dataclasses below carry, per field, its JSON name, its
 description, its default and its value checks. `from_dict` validates a `spec` mapping
@@ -10,7 +10,9 @@ Checks across fields are `Rule`s: a CEL expression for the API server
 (`x-kubernetes-validations`) and the same check in Python for offline tools
 (`shardcache inject`) and the webhook; a unit test evaluates both on the same documents.
 
-Stdlib only: trainers import this package.
+It lives in the operator because only the operator reads DatasetMounts; what the
+sidecar and trainers need of a spec reaches them as environment variables defined in
+the contract (`shardcache.contract`).
 """
 
 # `_field` wraps `dataclasses.field` to attach the schema metadata; ruff cannot tell.
@@ -26,8 +28,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from shardcache import errors
-from shardcache.node import names
+from shardcache import contract, errors
 
 GROUP = "shardcache.io"
 VERSION = "v1alpha1"
@@ -264,7 +265,7 @@ class CacheSpec:
         "Directory on the node (hostPath, created if missing) that holds the disk tier. "
         "It must be writable by the sidecar's user: the chart's node-cache DaemonSet "
         "prepares the default path on every node.",
-        default=names.DEFAULT_DISK_DIR,
+        default=contract.DEFAULT_DISK_DIR,
         pattern=r"^/.*",
     )
 

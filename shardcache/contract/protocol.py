@@ -1,6 +1,6 @@
 """The control protocol between a trainer and its sidecar, defined once for both ends.
 
-HTTP/1.1 over the Unix socket `names.socket_path(...)`, JSON bodies, every data-plane
+HTTP/1.1 over the Unix socket `contract.socket_path(...)`, JSON bodies, every data-plane
 route under `/<CONTROL_API_VERSION>/`. The spec, with every request and response, is
 docs/wire-format.md; this module holds what both ends must agree on byte for byte:
 route paths, the JSON form of a reader's plan parameters, and the error body with the
@@ -17,11 +17,10 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from shardcache import errors
+from shardcache import contract, errors
 from shardcache import plan as plan_mod
-from shardcache.node import names
 
-VERSION: Final = names.CONTROL_API_VERSION
+VERSION: Final = contract.CONTROL_API_VERSION
 PREFIX: Final = f"/{VERSION}"
 
 # Unversioned probe routes: kubelet and Prometheus reach them by these fixed paths.

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from shardcache import _local
+from shardcache_sidecar import launcher
 
 _READY_TIMEOUT_S = 60.0
 _MOUNT = "demo"
@@ -82,15 +82,15 @@ def run(args: argparse.Namespace) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="shardcache-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        with _local.object_store(args.minio, work) as (root, storage_env):
+        with launcher.object_store(args.minio, work) as (root, storage_env):
             started = time.monotonic()
-            tokens = _local.generate(root, storage_env, args.shards, args.rows)
+            tokens = launcher.generate(root, storage_env, args.shards, args.rows)
             print(
                 f"generated {args.shards} shards x {args.rows:,} rows ({tokens:,} tokens) "
                 f"at {root} in {time.monotonic() - started:.1f}s",
                 flush=True,
             )
-            with _local.sidecar(root, storage_env, work, mount=_MOUNT) as (trainer_env, base):
+            with launcher.sidecar(root, storage_env, work, mount=_MOUNT) as (trainer_env, base):
                 print(f"sidecar ready ({trainer_env})", flush=True)
                 os.environ.update(trainer_env)
                 with shardcache.open() as ds:

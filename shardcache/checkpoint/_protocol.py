@@ -1,0 +1,364 @@
+"""The files of the checkpoint directory protocol, shared by the trainer API and the agent.
+
+The trainer (`shardcache.checkpoint`) and the sidecar's checkpoint agent talk only
+through files in the checkpoint volume; this module reads and writes them, so both ends
+parse them the same way. The layout is in `shardcache.checkpoint`'s docstring and
+docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from shardcache import contract, errors
+
+#: Version of the marker, status and pointer files of the directory protocol.
+PROTOCOL_VERSION = 1
+MARKER_NAME = ".shardcache-commit"
+STATUS_DIR = ".shardcache-status"
+LATEST_NAME = ".shardcache-latest"
+RESTORE_NAME = ".shardcache-restore"
+#: Names with this prefix belong to shardcache: never uploaded, never a checkpoint.
+RESERVED_PREFIX = ".shardcache-"
+#: Restore requests: `<root>/.shardcache-request-<id>.json`. Not `.shardcache-restore-…`:
+#: the agent deletes names with that prefix at start as leftovers of a restore's staging.
+REQUEST_PREFIX = f"{RESERVED_PREFIX}request-"
+REQUEST_SUFFIX = ".json"
+_REQUEST_ID = re.compile(r"[0-9a-z]{1,64}")
+
+Phase = Literal["uploading", "uploaded", "restored", "failed"]
+AnswerPhase = Literal["restored", "failed"]
+DONE_PHASES = ("uploaded", "restored")
+
+
+@dataclasses.dataclass(frozen=True)
+class Marker:
+    """What a trainer committed: the step and the data loader's state at that step."""
+
+    step: int
+    data_state: dict[str, Any] | None = None
+    committed_at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": PROTOCOL_VERSION,
+            "step": self.step,
+            "data_state": self.data_state,
+            "committed_at": self.committed_at,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """The agent's view of one checkpoint directory."""
+
+    phase: Phase
+    step: int
+    #: For failures: what went wrong and what to do, and whether retrying may help.
+    error: str | None = None
+    retryable: bool = False
+    updated_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": PROTOCOL_VERSION, **dataclasses.asdict(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalCheckpoint:
+    path: Path
+    marker: Marker
+    status: Status | None
+
+    @property
+    def step(self) -> int:
+        return self.marker.step
+
+
+# --- files of the protocol ------------------------------------------------------------
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write JSON so a reader sees the old file or the new one, never a torn one.
+
+    Atomic (temp file + rename) but not fsynced: the checkpoint volume is pod-local and
+    does not outlive the node, and an fsync while the node writes gigabytes can take
+    long enough to show up in the trainer's step time.
+    """
+    tmp = path.with_name(f"{RESERVED_PREFIX}tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            json.dump(data, out, sort_keys=True)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_step(step: object, *, what: str) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise errors.InputError(f"{what}: expected the step as an integer >= 0, found {step!r}")
+    return step
+
+
+def parse_marker(text: str, *, where: str) -> Marker:
+    """A marker file's content: JSON, or the step number alone (for shell trainers)."""
+    stripped = text.strip()
+    if stripped.isdigit():
+        return Marker(step=int(stripped))
+    try:
+        data = json.loads(stripped)
+    except json.JSONDecodeError as exc:
+        raise errors.InputError(
+            f'{where}: expected JSON {{"step": N}} or a step number, found {stripped[:80]!r}'
+        ) from exc
+    if isinstance(data, int):
+        return Marker(step=check_step(data, what=where))
+    if not isinstance(data, dict):
+        raise errors.InputError(f"{where}: expected a JSON object, found {type(data).__name__}")
+    version = data.get("version", PROTOCOL_VERSION)
+    if version != PROTOCOL_VERSION:
+        raise errors.InputError(
+            f"{where}: marker version {version!r} is not supported: expected {PROTOCOL_VERSION}"
+        )
+    state = data.get("data_state")
+    if state is not None and not isinstance(state, dict):
+        raise errors.InputError(f"{where}: data_state must be an object, found {state!r}")
+    committed_at = data.get("committed_at")
+    return Marker(
+        step=check_step(data.get("step"), what=where),
+        data_state=state,
+        committed_at=float(committed_at) if isinstance(committed_at, int | float) else None,
+    )
+
+
+def read_marker(checkpoint: Path) -> Marker | None:
+    """The marker of a checkpoint directory, or None while it is not committed."""
+    path = checkpoint / MARKER_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return parse_marker(text, where=str(path))
+
+
+def write_marker(checkpoint: Path, marker: Marker) -> None:
+    write_json_atomic(checkpoint / MARKER_NAME, marker.to_json())
+
+
+def status_path(checkpoint: Path) -> Path:
+    return checkpoint.parent / STATUS_DIR / f"{checkpoint.name}.json"
+
+
+def read_status(checkpoint: Path) -> Status | None:
+    try:
+        data = json.loads(status_path(checkpoint).read_text(encoding="utf-8"))
+        return Status(
+            phase=data["phase"],
+            step=int(data["step"]),
+            error=data.get("error"),
+            retryable=bool(data.get("retryable", False)),
+            updated_at=float(data.get("updated_at", 0.0)),
+        )
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (ValueError, KeyError, TypeError):
+        # A status from another version: the agent rewrites it; treat as unknown.
+        return None
+
+
+def write_status(checkpoint: Path, status: Status) -> None:
+    path = status_path(checkpoint)
+    path.parent.mkdir(exist_ok=True)
+    write_json_atomic(path, status.to_json())
+
+
+def remove_status(checkpoint: Path) -> None:
+    status_path(checkpoint).unlink(missing_ok=True)
+
+
+def read_root_file(root: Path, name: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads((root / name).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def checkpoint_root(root: str | os.PathLike[str] | None = None) -> Path:
+    """The checkpoint root: `root`, else $SHARDCACHE_CHECKPOINT_DIR."""
+    if root is not None:
+        return Path(root)
+    env = os.environ.get(contract.ENV_CHECKPOINT_DIR)
+    if not env:
+        raise errors.InputError(
+            f"no checkpoint directory: ${contract.ENV_CHECKPOINT_DIR} is not set (set "
+            "spec.checkpoint in the DatasetMount, or pass root=)"
+        )
+    return Path(env)
+
+
+def local_checkpoints(root: Path) -> list[LocalCheckpoint]:
+    """Committed checkpoint directories under `root`, oldest step first.
+
+    A directory with an unreadable marker is skipped here; the agent reports it in the
+    directory's status file.
+    """
+    found: list[LocalCheckpoint] = []
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        path = Path(entry.path)
+        try:
+            marker = read_marker(path)
+        except errors.InputError:
+            continue
+        if marker is not None:
+            found.append(LocalCheckpoint(path, marker, read_status(path)))
+    found.sort(key=lambda c: (c.step, c.path.name))
+    return found
+
+
+# --- restore requests -----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RestoreRequest:
+    """A trainer's request to restore a published step that is not on the node."""
+
+    id: str
+    step: int
+    requested_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": PROTOCOL_VERSION,
+            "kind": "restore",
+            "id": self.id,
+            "step": self.step,
+            "requested_at": self.requested_at,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoreAnswer:
+    """The agent's outcome of a restore request, written into the request's file."""
+
+    phase: AnswerPhase
+    step: int | None
+    #: The restored directory's name in the checkpoint root (restored only).
+    name: str | None = None
+    #: What went wrong and what to do (failed only).
+    error: str | None = None
+    answered_at: float = 0.0
+
+
+def request_path(root: Path, request_id: str) -> Path:
+    return root / f"{REQUEST_PREFIX}{request_id}{REQUEST_SUFFIX}"
+
+
+def request_id_of(name: str) -> str | None:
+    """The request id in a file name of the root, or None for any other file."""
+    if name.startswith(REQUEST_PREFIX) and name.endswith(REQUEST_SUFFIX):
+        return name[len(REQUEST_PREFIX) : -len(REQUEST_SUFFIX)]
+    return None
+
+
+def parse_request(text: str, *, request_id: str, where: str) -> RestoreRequest | RestoreAnswer:
+    """A request file's content: the request, or the agent's answer once it is there.
+
+    Raises InputError for a file that is neither, naming what was expected.
+    """
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise errors.InputError(
+            f'{where}: expected a JSON restore request {{"version": {PROTOCOL_VERSION}, '
+            f'"kind": "restore", "id", "step"}}, found {text.strip()[:80]!r}'
+        ) from exc
+    if not isinstance(data, dict):
+        raise errors.InputError(f"{where}: expected a JSON object, found {type(data).__name__}")
+    if data.get("version") != PROTOCOL_VERSION:
+        raise errors.InputError(
+            f"{where}: request version {data.get('version')!r} is not supported: expected "
+            f"{PROTOCOL_VERSION}"
+        )
+    if data.get("kind") != "restore":
+        raise errors.InputError(f"{where}: expected kind 'restore', found {data.get('kind')!r}")
+    phase = data.get("phase")
+    if phase in ("restored", "failed"):
+        return parse_answer(data, where=where)
+    # Checked for requests only: the agent answers a bad name too, and must read that
+    # answer back as answered.
+    if not _REQUEST_ID.fullmatch(request_id) or data.get("id") != request_id:
+        raise errors.InputError(
+            f"{where}: expected the id {request_id!r} of the file name (1-64 characters "
+            f"0-9 a-z) in the file, found {data.get('id')!r}"
+        )
+    if phase is not None:
+        raise errors.InputError(
+            f"{where}: expected phase restored or failed (or none), found {phase!r}"
+        )
+    requested_at = data.get("requested_at")
+    return RestoreRequest(
+        id=request_id,
+        step=check_step(data.get("step"), what=where),
+        requested_at=float(requested_at) if isinstance(requested_at, int | float) else 0.0,
+    )
+
+
+def parse_answer(data: Mapping[str, Any], *, where: str) -> RestoreAnswer:
+    step = data.get("step")
+    answered_at = data.get("answered_at")
+    phase = data.get("phase")
+    name = data.get("name")
+    error = data.get("error")
+    if phase == "restored":
+        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+            raise errors.InputError(
+                f"{where}: a restored answer needs the directory name, found {name!r}"
+            )
+        return RestoreAnswer(
+            "restored",
+            step if isinstance(step, int) else None,
+            name=name,
+            answered_at=float(answered_at) if isinstance(answered_at, int | float) else 0.0,
+        )
+    if phase == "failed":
+        return RestoreAnswer(
+            "failed",
+            step if isinstance(step, int) and not isinstance(step, bool) else None,
+            error=str(error) if error is not None else "no reason given",
+            answered_at=float(answered_at) if isinstance(answered_at, int | float) else 0.0,
+        )
+    raise errors.InputError(f"{where}: expected phase restored or failed, found {phase!r}")
+
+
+def answer_json(
+    request_id: str,
+    step: object,
+    *,
+    name: str | None = None,
+    path: Path | None = None,
+    error: str | None = None,
+    requested_at: object = None,
+) -> dict[str, Any]:
+    """The file the agent writes over a request: restored (`name`) or failed (`error`)."""
+    return {
+        "version": PROTOCOL_VERSION,
+        "kind": "restore",
+        "id": request_id,
+        "step": step,
+        "requested_at": requested_at,
+        "phase": "failed" if error is not None else "restored",
+        "name": name,
+        "path": str(path) if path is not None else None,
+        "error": error,
+        "answered_at": time.time(),
+    }
