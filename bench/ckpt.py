@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from shardcache_sidecar.checkpoint import agent as agent_mod  # noqa: E402
-from shardcache_sidecar.checkpoint import settings as settings_mod  # noqa: E402
+from shardcache_sidecar.checkpoint import agent_config  # noqa: E402
 
 from shardcache import (  # noqa: E402
     checkpoint,
@@ -193,7 +193,7 @@ def main() -> int:
         # For the record (not a target): a new node restoring the last checkpoint.
         restore_root = work / "other-node"
         restorer = agent_mod.Agent(
-            settings_mod.CheckpointSettings(directory=restore_root, uri=uri),
+            agent_config.CheckpointSettings(directory=restore_root, uri=uri),
             storage_options=env,
         )
         started = time.perf_counter()

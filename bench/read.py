@@ -25,7 +25,7 @@ import pyarrow.ipc as ipc
 from shardcache_sidecar import launcher
 
 import shardcache
-from shardcache import contract, plan
+from shardcache import contract, plans
 
 GiB = 1 << 30
 
@@ -74,8 +74,8 @@ def main() -> int:
     args = parser.parse_args()
 
     # Rows per shard: a multiple of the block size, so shuffled blocks stay aligned
-    # with batches (the recommended layout; see docs/reading-plan.md). ~191 tokens/row.
-    block = plan.DEFAULT_BLOCK_SIZE
+    # with batches (the recommended layout; see docs/reading-plans.md). ~191 tokens/row.
+    block = plans.DEFAULT_BLOCK_SIZE
     rows = max(block, int(args.gib * GiB / 4 / 191 / args.shards) // block * block)
     base_dir = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     work = args.workdir or Path(tempfile.mkdtemp(prefix="shardcache-bench-", dir=base_dir))

@@ -10,7 +10,7 @@ state = ds.state_dict()                 # resume later with ds.load_state_dict(s
 from __future__ import annotations
 
 from shardcache._open import open
-from shardcache.dataset import Dataset
+from shardcache.datasets import Dataset
 from shardcache.errors import (
     CacheError,
     InputError,
@@ -20,8 +20,8 @@ from shardcache.errors import (
     SourceError,
     StateMismatchError,
 )
-from shardcache.manifest import Manifest, resolve
-from shardcache.plan import PlanParams
+from shardcache.manifests import Manifest, resolve
+from shardcache.plans import PlanParams
 
 __version__ = "0.1.0"
 

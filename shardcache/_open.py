@@ -8,9 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shardcache import checkpoint, contract, dataset, embedded, errors, plan, source
-from shardcache import manifest as manifest_mod
-from shardcache.node import cache as cache_mod
+from shardcache import checkpoint, contract, datasets, embedded, errors, manifests, plans, source
+from shardcache.node import caches
 
 GiB = 1 << 30
 
@@ -47,7 +46,7 @@ def open(
     rank: int = 0,
     world_size: int = 1,
     epoch: int = 0,
-    block_size: int = plan.DEFAULT_BLOCK_SIZE,
+    block_size: int = plans.DEFAULT_BLOCK_SIZE,
     format: str | None = None,
     digest: str | None = None,
     memory_dir: str | os.PathLike[str] | None = None,
@@ -60,7 +59,7 @@ def open(
     mount: str | None = None,
     resume_from: str | int | os.PathLike[str] | None = None,
     **options: Any,
-) -> dataset.Dataset:
+) -> datasets.Dataset:
     """Open a dataset for one rank.
 
     With a URI (`file://…`, `s3://…`, anything pyarrow's filesystems open), the cache
@@ -75,7 +74,7 @@ def open(
         raise errors.InputError(f"unknown option(s) {sorted(options)} for shardcache.open()")
     # Read the saved state first: a bad `resume_from` fails before any cache starts.
     state = checkpoint.data_state(resume_from) if resume_from is not None else None
-    params = plan.PlanParams(
+    params = plans.PlanParams(
         seed=seed,
         epoch=epoch,
         rank=rank,
@@ -91,9 +90,9 @@ def open(
             raise errors.ManifestMismatchError(
                 f"the sidecar serves {shards.manifest.digest}, expected {digest}"
             )
-        return _resumed(dataset.Dataset(shards, params), state)
+        return _resumed(datasets.Dataset(shards, params), state)
 
-    manifest = manifest_mod.resolve(
+    manifest = manifests.resolve(
         source_uri, format=format, storage_options=storage_options, retry=retry
     )
     if digest is not None and manifest.digest != digest:
@@ -106,7 +105,7 @@ def open(
     mem_dir = Path(memory_dir) if memory_dir is not None else root / contract.MEMORY_SUBDIR
     disk_dir.mkdir(parents=True, exist_ok=True)
     mem_dir.mkdir(parents=True, exist_ok=True)
-    settings = cache_mod.NodeSettings(
+    settings = caches.NodeSettings(
         disk_dir=disk_dir,
         memory_dir=mem_dir,
         disk_limit=disk_limit if disk_limit is not None else _default_disk_limit(disk_dir),
@@ -115,13 +114,11 @@ def open(
         fetch_concurrency=fetch_concurrency,
         retry=retry or source.RetryPolicy(),
     )
-    node = cache_mod.CacheNode(
-        manifest, settings, storage_options=dict(storage_options or {}) or None
-    )
-    return _resumed(dataset.Dataset(embedded.EmbeddedProvider(node), params), state)
+    node = caches.CacheNode(manifest, settings, storage_options=dict(storage_options or {}) or None)
+    return _resumed(datasets.Dataset(embedded.EmbeddedProvider(node), params), state)
 
 
-def _resumed(ds: dataset.Dataset, state: dict[str, Any] | None) -> dataset.Dataset:
+def _resumed(ds: datasets.Dataset, state: dict[str, Any] | None) -> datasets.Dataset:
     if state is not None:
         try:
             ds.load_state_dict(state)

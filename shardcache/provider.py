@@ -12,8 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from shardcache import manifest as manifest_mod
-from shardcache import plan as plan_mod
+from shardcache import manifests, plans
 
 
 class ShardLease(Protocol):
@@ -31,9 +30,9 @@ class ShardLease(Protocol):
 
 class ShardProvider(Protocol):
     @property
-    def manifest(self) -> manifest_mod.Manifest: ...
+    def manifest(self) -> manifests.Manifest: ...
 
-    def open_reader(self, params: plan_mod.PlanParams, *, position: int) -> str:
+    def open_reader(self, params: plans.PlanParams, *, position: int) -> str:
         """Register a reader (its plan) so the prefetcher can follow it; returns its id."""
         ...
 

@@ -33,12 +33,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from shardcache import contract, errors, unix_http
-from shardcache import manifest as manifest_mod
-from shardcache import plan as plan_mod
+from shardcache import contract, errors, manifests, plans, unix_http
 from shardcache.contract import protocol
-from shardcache.node import lease as lease_mod
-from shardcache.node import tier as tier_mod
+from shardcache.node import leases, tiers
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +225,7 @@ class Transport:
 
 @dataclasses.dataclass
 class _ReaderState:
-    params: plan_mod.PlanParams
+    params: plans.PlanParams
     position: int
 
 
@@ -323,7 +320,7 @@ class SidecarProvider:
         return cls(settings)
 
     @property
-    def manifest(self) -> manifest_mod.Manifest:
+    def manifest(self) -> manifests.Manifest:
         return self._manifest
 
     def _call(
@@ -334,15 +331,15 @@ class SidecarProvider:
         except Rejected as rejected:
             raise rejected.wire.to_exception() from None
 
-    def _fetch_manifest(self) -> manifest_mod.Manifest:
+    def _fetch_manifest(self) -> manifests.Manifest:
         payload = self._call("GET", protocol.MANIFEST)
         if not isinstance(payload, Mapping):
             raise errors.CacheError(f"sidecar sent a manifest that is not an object: {payload!r}")
         # from_json recomputes the digest: what the sidecar serves is what it claims.
-        return manifest_mod.Manifest.from_json(payload)
+        return manifests.Manifest.from_json(payload)
 
     # --- readers ----------------------------------------------------------------
-    def open_reader(self, params: plan_mod.PlanParams, *, position: int) -> str:
+    def open_reader(self, params: plans.PlanParams, *, position: int) -> str:
         reader_id = uuid.uuid4().hex
         state = _ReaderState(params, position)
         with self._lock:
@@ -399,7 +396,7 @@ class SidecarProvider:
 
     def acquire(
         self, reader_id: str, shard: int, *, epoch: int, position: int
-    ) -> lease_mod.PinnedEntry:
+    ) -> leases.PinnedEntry:
         """Pin `shard` in the memory tier for this process.
 
         A shard handed over before with `reuse` (a later epoch, a resumed reader) is
@@ -436,7 +433,7 @@ class SidecarProvider:
             "the memory limit is likely too small for the readers on this node"
         )
 
-    def _pin_again(self, shard: int) -> lease_mod.PinnedEntry | None:
+    def _pin_again(self, shard: int) -> leases.PinnedEntry | None:
         """Pin the entry an earlier acquire of `shard` handed over, without the sidecar.
 
         Safe without asking, because:
@@ -459,10 +456,10 @@ class SidecarProvider:
             handed = self._handed.get(shard)
         if handed is None:
             return None
-        pinned = lease_mod.pin(handed.path, handed.lock, handed.size)
+        pinned = leases.pin(handed.path, handed.lock, handed.size)
         if pinned is not None:
             try:
-                tier_mod.mark_used(handed.path)  # what the sidecar's lookup would do
+                tiers.mark_used(handed.path)  # what the sidecar's lookup would do
             except FileNotFoundError:
                 pinned.release()
                 pinned = None
@@ -502,7 +499,7 @@ class SidecarProvider:
             )
         return path
 
-    def _take_over(self, shard: int, answer: Any) -> lease_mod.PinnedEntry | None:
+    def _take_over(self, shard: int, answer: Any) -> leases.PinnedEntry | None:
         if not isinstance(answer, Mapping):
             raise errors.CacheError(
                 f"sidecar sent an acquire answer that is not an object: {answer!r}"
@@ -517,7 +514,7 @@ class SidecarProvider:
                 "sidecar's memory volume into the trainer container"
             )
         try:
-            pinned = lease_mod.pin(path, lock)
+            pinned = leases.pin(path, lock)
         except BaseException:
             self._drop_sidecar_lease(lease_id)
             raise
@@ -529,9 +526,7 @@ class SidecarProvider:
             self._remember(shard, pinned, answer)
         return pinned
 
-    def _remember(
-        self, shard: int, pinned: lease_mod.PinnedEntry, answer: Mapping[str, Any]
-    ) -> None:
+    def _remember(self, shard: int, pinned: leases.PinnedEntry, answer: Mapping[str, Any]) -> None:
         size = answer.get("size")
         handed = None
         # An older sidecar sends no `reuse`: never pinned without asking.

@@ -37,8 +37,7 @@ from shardcache_sidecar import launcher
 
 import shardcache
 from bench.peers import tally as tally_mod
-from shardcache import contract
-from shardcache import dataset as dataset_mod
+from shardcache import contract, datasets
 
 Clock = dict[str, float]
 
@@ -97,10 +96,10 @@ def _mapped_ranges(mappings: Any) -> list[tuple[int, int]]:
 def measure(ds: shardcache.Dataset, epoch: int, batch_size: int) -> dict[str, float]:
     clock: Clock = {}
     provider, mappings = ds.provider, ds._mappings
-    originals = (provider.acquire, mappings.prune, dataset_mod.pa.concat_batches)
+    originals = (provider.acquire, mappings.prune, datasets.pa.concat_batches)
     provider.acquire = _timed(clock, "acquire", provider.acquire)  # type: ignore[method-assign]
     mappings.prune = _timed(clock, "prune", mappings.prune)  # type: ignore[method-assign]
-    dataset_mod.pa.concat_batches = _timed(clock, "concat", pa.concat_batches)
+    datasets.pa.concat_batches = _timed(clock, "concat", pa.concat_batches)
     try:
         ds.set_epoch(epoch)
         tally = tally_mod.Tally()
@@ -133,7 +132,7 @@ def measure(ds: shardcache.Dataset, epoch: int, batch_size: int) -> dict[str, fl
         parts["tally"] = tallied
     finally:
         provider.acquire, mappings.prune = originals[0], originals[1]  # type: ignore[method-assign]
-        dataset_mod.pa.concat_batches = originals[2]
+        datasets.pa.concat_batches = originals[2]
     tally.flush()
     return {
         "total_ms": total * 1e3,

@@ -9,13 +9,12 @@ from typing import Any
 
 import kopf
 
-from shardcache_operator import handlers, health, kube, webhook
-from shardcache_operator import settings as settings_lib
+from shardcache_operator import configuration, handlers, health, kube, webhook
 
 logger = logging.getLogger(__name__)
 
 
-def build_registry(settings: settings_lib.Settings, api: kube.Api) -> kopf.OperatorRegistry:
+def build_registry(settings: configuration.Settings, api: kube.Api) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(id="login", registry=registry)
@@ -48,7 +47,7 @@ def build_registry(settings: settings_lib.Settings, api: kube.Api) -> kopf.Opera
     return registry
 
 
-async def run(settings: settings_lib.Settings) -> None:
+async def run(settings: configuration.Settings) -> None:
     """Run until SIGINT/SIGTERM; a standby replica waits in kopf's peering."""
     api = kube.Api(kube.configure(settings.kubeconfig))
     registry = build_registry(settings, api)

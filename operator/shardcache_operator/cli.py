@@ -13,8 +13,7 @@ from typing import Any
 import yaml
 
 from shardcache import errors
-from shardcache_operator import injection, offline
-from shardcache_operator import settings as settings_lib
+from shardcache_operator import configuration, injection, offline
 
 
 def register_operator(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -79,7 +78,7 @@ def run_operator(args: argparse.Namespace) -> int:
     if args.namespaces:
         overrides["namespaces"] = tuple(args.namespaces)
     try:
-        settings = settings_lib.from_env(os.environ, **overrides)
+        settings = configuration.from_env(os.environ, **overrides)
     except errors.InputError as exc:
         print(f"shardcache operator: {exc}", file=sys.stderr)
         return 2
@@ -108,7 +107,7 @@ def register_inject(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     parser.add_argument("-o", "--output", help="output file (default: stdout)")
     parser.add_argument(
         "--sidecar-image",
-        default=settings_lib.Settings.sidecar_image,
+        default=configuration.Settings.sidecar_image,
         help="sidecar image for mounts that name none",
     )
     parser.set_defaults(func=run_inject)

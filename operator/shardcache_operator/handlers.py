@@ -16,10 +16,8 @@ from typing import Any
 import kopf
 import pyarrow.fs as pafs
 
-from shardcache import errors, source
-from shardcache import manifest as manifest_lib
-from shardcache_operator import injection, kube, metrics, reconcile, specs, status
-from shardcache_operator import settings as settings_lib
+from shardcache import errors, manifests, source
+from shardcache_operator import configuration, injection, kube, metrics, reconcile, specs, status
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +33,7 @@ INDEX = "attached_pods"
 def resolve_manifest(
     uri: str, fmt: str, storage_options: Mapping[str, str] | None
 ) -> reconcile.ManifestLike:
-    return manifest_lib.resolve(uri, format=fmt, storage_options=storage_options)
+    return manifests.resolve(uri, format=fmt, storage_options=storage_options)
 
 
 def probe_source(uri: str, storage_options: Mapping[str, str] | None) -> None:
@@ -58,7 +56,7 @@ def probe_source(uri: str, storage_options: Mapping[str, str] | None) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-    settings: settings_lib.Settings
+    settings: configuration.Settings
     api: kube.Api
     resolve: reconcile.Resolver = resolve_manifest
     probe: reconcile.Prober = probe_source

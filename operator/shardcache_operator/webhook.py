@@ -17,13 +17,12 @@ from typing import Any, Protocol
 import kopf
 
 from shardcache import errors
-from shardcache_operator import admission, certs, injection, metrics, specs
-from shardcache_operator import settings as settings_lib
+from shardcache_operator import admission, certs, configuration, injection, metrics, specs
 
 logger = logging.getLogger(__name__)
 
 
-def defaults_of(settings: settings_lib.Settings) -> injection.SidecarDefaults:
+def defaults_of(settings: configuration.Settings) -> injection.SidecarDefaults:
     return injection.SidecarDefaults(
         image=settings.sidecar_image,
         run_dir=settings.run_dir,
@@ -36,7 +35,7 @@ def defaults_of(settings: settings_lib.Settings) -> injection.SidecarDefaults:
 HANDLER_ID = "shardcache-inject"
 
 
-def configuration(
+def build_configuration(
     name: str,
     *,
     ca_bundle: str,
@@ -94,7 +93,7 @@ def configuration(
     }
 
 
-def server(settings: settings_lib.Settings) -> kopf.WebhookServer:
+def server(settings: configuration.Settings) -> kopf.WebhookServer:
     """kopf's HTTPS server with our certificates (never kopf's oscrypto self-signing)."""
     cert_file, key_file, ca_file = (
         settings.webhook_cert_file,
@@ -132,7 +131,7 @@ class DatasetMountReader(Protocol):
 
 def register(
     registry: kopf.OperatorRegistry,
-    settings: settings_lib.Settings,
+    settings: configuration.Settings,
     api: DatasetMountReader,
 ) -> None:
     defaults = defaults_of(settings)

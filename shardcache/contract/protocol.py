@@ -17,8 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from shardcache import contract, errors
-from shardcache import plan as plan_mod
+from shardcache import contract, errors, plans
 
 VERSION: Final = contract.CONTROL_API_VERSION
 PREFIX: Final = f"/{VERSION}"
@@ -164,7 +163,7 @@ def require_str(body: Mapping[str, Any], key: str) -> str:
     return value
 
 
-def params_to_json(params: plan_mod.PlanParams) -> dict[str, Any]:
+def params_to_json(params: plans.PlanParams) -> dict[str, Any]:
     return {
         "seed": params.seed,
         "epoch": params.epoch,
@@ -175,10 +174,10 @@ def params_to_json(params: plan_mod.PlanParams) -> dict[str, Any]:
     }
 
 
-def params_from_json(body: Mapping[str, Any]) -> plan_mod.PlanParams:
+def params_from_json(body: Mapping[str, Any]) -> plans.PlanParams:
     """Plan parameters from a request body; `InputError` names the bad field."""
     # PlanParams validates the ranges (rank < world_size, ...) with its own messages.
-    return plan_mod.PlanParams(
+    return plans.PlanParams(
         seed=require_int(body, "seed"),
         epoch=require_int(body, "epoch", minimum=0),
         rank=require_int(body, "rank", minimum=0),

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from shardcache import errors, plan
+from shardcache import errors, plans
 from shardcache.inspect import locate, render, session
 
 
@@ -24,8 +24,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--block-size",
         type=int,
-        default=plan.DEFAULT_BLOCK_SIZE,
-        help=f"rows per shuffle block (default {plan.DEFAULT_BLOCK_SIZE})",
+        default=plans.DEFAULT_BLOCK_SIZE,
+        help=f"rows per shuffle block (default {plans.DEFAULT_BLOCK_SIZE})",
     )
     g.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="manifest order")
 

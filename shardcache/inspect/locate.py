@@ -1,6 +1,6 @@
 """Where samples are seen: the exact rows of (epoch, rank, step), and the reverse.
 
-Pure functions of the manifest's row counts and the reading plan (`shardcache.plan`),
+Pure functions of the manifest's row counts and the reading plan (`shardcache.plans`),
 so the answer is the one every trainer computes, without reading any data. Step N of
 an epoch is batch N of `Dataset.batches(batch_size)`: positions [N*B, (N+1)*B) of the
 rank's stream, the last step possibly short.
@@ -12,7 +12,7 @@ import bisect
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from shardcache import errors, plan
+from shardcache import errors, plans
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Query:
     batch_size: int = 32
     seed: int = 0
     shuffle: bool = True
-    block_size: int = plan.DEFAULT_BLOCK_SIZE
+    block_size: int = plans.DEFAULT_BLOCK_SIZE
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -43,8 +43,8 @@ class Query:
         if self.epoch < 0:
             raise errors.InputError(f"epoch must be >= 0, got {self.epoch}")
 
-    def params(self) -> plan.PlanParams:
-        return plan.PlanParams(
+    def params(self) -> plans.PlanParams:
+        return plans.PlanParams(
             seed=self.seed,
             epoch=self.epoch,
             rank=self.rank,
@@ -83,7 +83,7 @@ class Sighting:
 
 
 def rank_samples(shard_rows: Sequence[int], query: Query) -> int:
-    lo, hi = plan.rank_bounds(sum(shard_rows), query.params())
+    lo, hi = plans.rank_bounds(sum(shard_rows), query.params())
     return hi - lo
 
 
@@ -104,11 +104,11 @@ def step_rows(shard_rows: Sequence[int], digest: str, query: Query) -> list[Prov
         )
     start = query.step * query.batch_size
     stop = min(start + query.batch_size, samples)
-    offsets = plan.shard_offsets(shard_rows)
-    runs = plan.rank_runs(shard_rows, digest, query.params())
+    offsets = plans.shard_offsets(shard_rows)
+    runs = plans.rank_runs(shard_rows, digest, query.params())
     out: list[Provenance] = []
     position = start
-    for run in plan.skip(runs, start):
+    for run in plans.skip(runs, start):
         take = min(len(run), stop - position)
         for row in range(run.start, run.start + take):
             out.append(Provenance(run.shard, row, offsets[run.shard] + row, position))
@@ -125,20 +125,20 @@ def sightings(
     `query.world_size` at `query.batch_size` (`query.rank` and `query.step` are ignored).
     Every sample is seen exactly once per epoch."""
     total = sum(shard_rows)
-    offsets = plan.shard_offsets(shard_rows)
+    offsets = plans.shard_offsets(shard_rows)
     wanted: dict[int, list[int]] = {}
     for index in sorted(set(indices)):
         if not 0 <= index < total:
             raise errors.InputError(
                 f"sample index {index} is out of range: the dataset has {total} samples"
             )
-        shard, row = plan.locate(offsets, index)
+        shard, row = plans.locate(offsets, index)
         wanted.setdefault(shard, []).append(row)
     params = query.params()
     w = query.world_size
     found: list[Sighting] = []
     offset = 0
-    for run in plan.global_runs(shard_rows, digest, params):
+    for run in plans.global_runs(shard_rows, digest, params):
         rows = wanted.get(run.shard)
         if rows:
             i = bisect.bisect_left(rows, run.start)

@@ -17,14 +17,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 
-from shardcache import dataset, errors, plan, provider
-from shardcache import manifest as manifest_mod
+from shardcache import datasets, errors, manifests, plans, provider
 from shardcache.inspect import locate, predicate, render, stats
 
 
 class ShardRows(Protocol):
     @property
-    def manifest(self) -> manifest_mod.Manifest: ...
+    def manifest(self) -> manifests.Manifest: ...
 
     def read(self, shard: int) -> pa.RecordBatch:
         """Every row and column of manifest shard `shard`."""
@@ -45,7 +44,7 @@ class ProviderRows:
         self._mapped: collections.OrderedDict[int, pa.RecordBatch] = collections.OrderedDict()
 
     @property
-    def manifest(self) -> manifest_mod.Manifest:
+    def manifest(self) -> manifests.Manifest:
         return self._provider.manifest
 
     def read(self, shard: int) -> pa.RecordBatch:
@@ -62,12 +61,12 @@ class ProviderRows:
             # sits at the end of its epoch, where nothing is upcoming to read ahead.
             end = self.manifest.total_rows
             if self._reader is None:
-                self._reader = self._provider.open_reader(plan.PlanParams(), position=end)
+                self._reader = self._provider.open_reader(plans.PlanParams(), position=end)
             reader = self._reader
         lease = self._provider.acquire(reader, shard, epoch=0, position=end)
         try:
             # The mapping outlives the lease (see provider.ShardLease.release).
-            batch = dataset.read_shard(lease.path)
+            batch = datasets.read_shard(lease.path)
         finally:
             lease.release()
         with self._lock:
@@ -123,7 +122,7 @@ class Inspector:
         self._schema: pa.Schema | None = None
 
     @property
-    def manifest(self) -> manifest_mod.Manifest:
+    def manifest(self) -> manifests.Manifest:
         return self.rows.manifest
 
     @property
@@ -180,7 +179,7 @@ class Inspector:
         pred = predicate.parse(expression)
         predicate.check(pred, self.schema)
         m = self.manifest
-        offsets = plan.shard_offsets(m.shard_rows)
+        offsets = plans.shard_offsets(m.shard_rows)
         indices: list[int] = []
         truncated = False
         for shard in range(len(m.shards)):
@@ -230,7 +229,7 @@ class Inspector:
 # --- output forms ---------------------------------------------------------------
 
 
-def dataset_json(manifest: manifest_mod.Manifest) -> dict[str, Any]:
+def dataset_json(manifest: manifests.Manifest) -> dict[str, Any]:
     return {
         "root": public_uri(manifest.root),
         "format": manifest.format,
@@ -242,7 +241,7 @@ def dataset_json(manifest: manifest_mod.Manifest) -> dict[str, Any]:
 
 def step_json(
     view: StepView,
-    manifest: manifest_mod.Manifest,
+    manifest: manifests.Manifest,
     *,
     options: render.RenderOptions = render.FULL,
     decode: render.Decode | None = None,

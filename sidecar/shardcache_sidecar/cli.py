@@ -18,8 +18,7 @@ import threading
 from typing import Any
 
 from shardcache import errors
-from shardcache_sidecar import logs, server
-from shardcache_sidecar import settings as settings_mod
+from shardcache_sidecar import configuration, logs, server
 
 log = logging.getLogger("shardcache_sidecar")
 
@@ -76,7 +75,7 @@ _NOT_SETTINGS = {"command", "func"}
 def run(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in _NOT_SETTINGS}
     try:
-        settings = settings_mod.from_env(overrides=overrides)
+        settings = configuration.from_env(overrides=overrides)
     except errors.InputError as exc:
         print(f"shardcache sidecar: {exc}", file=sys.stderr)
         return 2
@@ -101,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _main(settings: settings_mod.Settings) -> None:
+async def _main(settings: configuration.Settings) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -19,8 +19,7 @@ import prometheus_client
 from prometheus_client import core as prom_core
 from prometheus_client import registry as prom_registry
 
-from shardcache.node import backing
-from shardcache.node import cache as cache_mod
+from shardcache.node import backings, caches
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 class _StatsCollector(prom_registry.Collector):
     def __init__(
         self,
-        stats: Callable[[], cache_mod.NodeStats | None],
+        stats: Callable[[], caches.NodeStats | None],
         ready: Callable[[], bool],
     ) -> None:
         self._stats = stats
@@ -150,13 +149,13 @@ class Metrics:
 
     def watch(
         self,
-        stats: Callable[[], cache_mod.NodeStats | None],
+        stats: Callable[[], caches.NodeStats | None],
         ready: Callable[[], bool],
     ) -> None:
         """Export gauges read from `stats()` (None while there is no node yet)."""
         self.registry.register(_StatsCollector(stats, ready))
 
-    def backed_by(self, found: backing.Backing | None) -> None:
+    def backed_by(self, found: backings.Backing | None) -> None:
         """Record what backs the memory tier (once, at start-up)."""
         if found is None:
             self.memory_backing.labels("unknown", "unknown").set(1)

@@ -5,7 +5,7 @@ tells the `CacheNode`. Reader ids are chosen by the client, so registering the s
 again (after a sidecar restart, or a client retry) is the same reader, not a new one.
 
 A hold is the sidecar's own lease on a shard between answering an acquire and the
-client taking its own file lock on the entry (`shardcache.node.lease`). A client that
+client taking its own file lock on the entry (`shardcache.node.leases`). A client that
 dies in between never drops it, so holds expire after `handoff_timeout` seconds.
 """
 
@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from shardcache import plan
+from shardcache import plans
 
 L = TypeVar("L")
 
@@ -33,7 +33,7 @@ class Change(enum.Enum):
 @dataclasses.dataclass
 class Reader:
     reader_id: str
-    params: plan.PlanParams
+    params: plans.PlanParams
     position: int
     registered_at: float
     last_seen: float
@@ -48,7 +48,7 @@ class Hold(Generic[L]):
     created: float
 
 
-def _same_plan(a: plan.PlanParams, b: plan.PlanParams) -> bool:
+def _same_plan(a: plans.PlanParams, b: plans.PlanParams) -> bool:
     # The epoch moves with the reader (update_reader); everything else defines it.
     return a.with_epoch(0) == b.with_epoch(0)
 
@@ -63,7 +63,7 @@ class Registry(Generic[L]):
         self._holds: dict[str, Hold[L]] = {}
 
     # --- readers ----------------------------------------------------------------
-    def register(self, reader_id: str, params: plan.PlanParams, position: int) -> Change:
+    def register(self, reader_id: str, params: plans.PlanParams, position: int) -> Change:
         now = self._clock()
         old = self._readers.get(reader_id)
         if old is None:

@@ -32,17 +32,13 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from shardcache import contract, errors
-from shardcache import manifest as manifest_mod
+from shardcache import contract, errors, manifests
 from shardcache.contract import protocol
-from shardcache.node import backing as backing_mod
-from shardcache.node import cache as cache_mod
-from shardcache.node import names
-from shardcache.node import tier as tier_mod
+from shardcache.node import backings, caches, names, tiers
+from shardcache_sidecar import configuration
 from shardcache_sidecar import metrics as metrics_mod
 from shardcache_sidecar import readers as readers_mod
 from shardcache_sidecar import readiness as readiness_mod
-from shardcache_sidecar import settings as settings_mod
 from shardcache_sidecar.checkpoint import agent as checkpoint_agent
 from shardcache_sidecar.checkpoint import hook as checkpoint_hook
 from shardcache_sidecar.ui import routes as ui_routes
@@ -119,7 +115,7 @@ def _request_error(exc: BaseException) -> RequestError:
 
 
 def partial_warm_reason(
-    resident: list[int], wanted: int, shard: int, exc: tier_mod.RoomHeldError
+    resident: list[int], wanted: int, shard: int, exc: tiers.RoomHeldError
 ) -> str:
     """Why the warm gate opened with fewer shards than asked for."""
     return (
@@ -131,7 +127,7 @@ def partial_warm_reason(
     )
 
 
-def too_large_reason(wanted: int, shard: int, exc: tier_mod.EntryTooLargeError) -> str:
+def too_large_reason(wanted: int, shard: int, exc: tiers.EntryTooLargeError) -> str:
     """Why the warm gate stays closed for good: a shard no memory tier of this size holds."""
     return (
         f"shard {shard} of the first {wanted} startup shards is {exc.size} bytes decoded, "
@@ -144,7 +140,7 @@ def too_large_reason(wanted: int, shard: int, exc: tier_mod.EntryTooLargeError) 
 class Sidecar:
     """State of one sidecar: settings, the cache node once it exists, readers, holds."""
 
-    def __init__(self, settings: settings_mod.Settings) -> None:
+    def __init__(self, settings: configuration.Settings) -> None:
         self.settings = settings
         self.metrics = metrics_mod.Metrics()
         self.readiness = readiness_mod.Readiness()
@@ -153,7 +149,7 @@ class Sidecar:
             GATE_WARM,
             f"waiting for the first {settings.ready_shards} shard(s) of the startup plan",
         )
-        self.registry: readers_mod.Registry[tier_mod.Entry] = readers_mod.Registry(
+        self.registry: readers_mod.Registry[tiers.Entry] = readers_mod.Registry(
             clock=time.monotonic
         )
         # Dedicated: acquires block for as long as a cold fetch takes, and must not
@@ -161,28 +157,28 @@ class Sidecar:
         self.executor = concurrent.futures.ThreadPoolExecutor(
             settings.control_threads, thread_name_prefix="shardcache-control"
         )
-        self.node: cache_mod.CacheNode | None = None
-        self.manifest: manifest_mod.Manifest | None = None
+        self.node: caches.CacheNode | None = None
+        self.manifest: manifests.Manifest | None = None
         self.problem: _Problem | None = _Problem(
             503, protocol.KIND_UNAVAILABLE, protocol.CODE_STARTING, "the sidecar is starting"
         )
         #: What the warm-up made resident once the warm gate opened (/v1/status).
         self.startup: dict[str, Any] | None = None
         #: What backs the memory tier, found at start (/v1/status, a metric, the log).
-        self.backing: backing_mod.Backing | None = None
+        self.backing: backings.Backing | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self.metrics.watch(self._stats, self.readiness.is_ready)
 
     # --- helpers ----------------------------------------------------------------
-    def _stats(self) -> cache_mod.NodeStats | None:
+    def _stats(self) -> caches.NodeStats | None:
         return None if self.node is None else self.node.stats()
 
     async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
-    def serving(self) -> cache_mod.CacheNode:
+    def serving(self) -> caches.CacheNode:
         """The node, or the reason data is not served (starting, digest mismatch, ...)."""
         if self.problem is not None:
             raise self.problem.error()
@@ -197,7 +193,7 @@ class Sidecar:
 
     def _report_backing(self) -> None:
         """Say what backs the memory tier: its page size sets the warm read speed."""
-        found = self.backing = backing_mod.of(self.settings.memory_dir)
+        found = self.backing = backings.of(self.settings.memory_dir)
         self.metrics.backed_by(found)
         if found is None:
             log.info("memory tier %s: backing unknown (no mount table)", self.settings.memory_dir)
@@ -212,14 +208,12 @@ class Sidecar:
         else:
             log.info("memory tier %s: %s", self.settings.memory_dir, found.describe())
 
-    async def _resolve(self) -> manifest_mod.Manifest | None:
+    async def _resolve(self) -> manifests.Manifest | None:
         s = self.settings
         delay = _RESOLVE_FIRST_DELAY
         while not self._closing:
             try:
-                return await self.blocking(
-                    manifest_mod.resolve, s.source_uri, format=s.source_format
-                )
+                return await self.blocking(manifests.resolve, s.source_uri, format=s.source_format)
             except errors.InputError as exc:
                 self._refuse(
                     409, protocol.CODE_BAD_REQUEST, f"the dataset source is unusable: {exc}"
@@ -256,7 +250,7 @@ class Sidecar:
             )
             return
         node = await self.blocking(
-            cache_mod.CacheNode, manifest, s.node_settings(), observer=self.metrics
+            caches.CacheNode, manifest, s.node_settings(), observer=self.metrics
         )
         self.manifest, self.node = manifest, node
         params = s.startup_plan()
@@ -278,7 +272,7 @@ class Sidecar:
         self._tasks.append(asyncio.create_task(self._warm(node), name="warm"))
         self._tasks.append(asyncio.create_task(self._maintain(), name="maintain"))
 
-    async def _warm(self, node: cache_mod.CacheNode) -> None:
+    async def _warm(self, node: caches.CacheNode) -> None:
         """Make the startup plan's first shards resident, then open the warm gate.
 
         Each is acquired and held until all are in: readahead and other acquires may
@@ -294,7 +288,7 @@ class Sidecar:
         shards = node.upcoming(STARTUP_READER, k) if k else []
         delay = _RESOLVE_FIRST_DELAY
         while not self._closing:
-            held: list[tier_mod.Entry] = []
+            held: list[tiers.Entry] = []
             try:
                 for shard in shards:
                     held.append(
@@ -302,14 +296,14 @@ class Sidecar:
                             node, shard, self.settings.acquire_timeout, beside=tuple(held)
                         )
                     )
-            except tier_mod.RoomHeldError as exc:
+            except tiers.RoomHeldError as exc:
                 resident = shards[: len(held)]
                 why = partial_warm_reason(resident, len(shards), shards[len(held)], exc)
                 log.warning(why)
                 self.startup = {"wanted": len(shards), "resident": len(held), "shards": resident}
                 self.readiness.open(GATE_WARM, why)
                 return
-            except tier_mod.EntryTooLargeError as exc:
+            except tiers.EntryTooLargeError as exc:
                 why = too_large_reason(len(shards), shards[len(held)], exc)
                 log.error(why)
                 self.readiness.waiting(GATE_WARM, why)
@@ -556,12 +550,12 @@ class Sidecar:
 
     async def _acquire(
         self,
-        node: cache_mod.CacheNode,
+        node: caches.CacheNode,
         shard: int,
         timeout: float,
         *,
-        beside: tuple[tier_mod.Entry, ...] = (),
-    ) -> tier_mod.Entry:
+        beside: tuple[tiers.Entry, ...] = (),
+    ) -> tiers.Entry:
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(
             self.executor,
@@ -596,7 +590,7 @@ class Sidecar:
 
 @dataclasses.dataclass(frozen=True)
 class _ShardCall:
-    node: cache_mod.CacheNode
+    node: caches.CacheNode
     reader_id: str
     body: dict[str, Any]
     shard: int
@@ -604,7 +598,7 @@ class _ShardCall:
     position: int
 
 
-def _check_shard(node: cache_mod.CacheNode, shard: int) -> None:
+def _check_shard(node: caches.CacheNode, shard: int) -> None:
     n = len(node.manifest.shards)
     if not 0 <= shard < n:
         raise RequestError(
@@ -615,7 +609,7 @@ def _check_shard(node: cache_mod.CacheNode, shard: int) -> None:
         )
 
 
-def _release_result(future: asyncio.Future[tier_mod.Entry]) -> None:
+def _release_result(future: asyncio.Future[tiers.Entry]) -> None:
     if not future.cancelled() and future.exception() is None:
         future.result().release()
 
@@ -733,7 +727,7 @@ def remove_stale_socket(path: Path) -> None:
 
 
 async def serve(
-    settings: settings_mod.Settings,
+    settings: configuration.Settings,
     stop: asyncio.Event,
     *,
     on_start: Callable[[Sidecar], None] | None = None,

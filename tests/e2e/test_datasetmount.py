@@ -11,7 +11,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 from shardcache_operator import handlers
 
-from shardcache import manifest as manifest_lib
+from shardcache import manifests
 from tests.e2e import harness, objects
 from tests.e2e.conftest import ReadyMount
 
@@ -23,7 +23,7 @@ def test_datasetmount_on_real_s3_reaches_ready_with_the_pinned_digest(
     object_store: harness.ObjectStore,
     ready_mount: ReadyMount,
 ) -> None:
-    expected = manifest_lib.resolve(
+    expected = manifests.resolve(
         ready_mount.uri,
         format="parquet",
         storage_options={

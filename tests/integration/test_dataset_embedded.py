@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardcache
-from shardcache import errors, plan, source
+from shardcache import errors, plans, source
 from tests.support import datasets
 from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
@@ -48,7 +48,7 @@ def uids(batches: list[pa.RecordBatch]) -> list[int]:
 
 def expected_in_plan_order(ds: shardcache.Dataset, table: pa.Table) -> pa.Table:
     """A direct read of the same rows, in the plan's order, without shardcache."""
-    offsets = plan.shard_offsets(ds.manifest.shard_rows)
+    offsets = plans.shard_offsets(ds.manifest.shard_rows)
     pieces = [table.slice(offsets[r.shard] + r.start, len(r)) for r in ds.runs()]
     return pa.concat_tables(pieces).combine_chunks()
 

@@ -1,6 +1,6 @@
 """Reconcile against a real S3-compatible server (MinIO on loopback).
 
-The reconcile core gets the real `shardcache.manifest.resolve`; the Secret comes from a
+The reconcile core gets the real `shardcache.manifests.resolve`; the Secret comes from a
 small in-memory stand-in for the API read (the real API server arrives with the e2e
 tier), holding the server's real credentials.
 """
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from shardcache_operator import handlers, reconcile
 
-from shardcache import manifest, source
+from shardcache import manifests, source
 from tests.support.s3server import S3Server
 
 pytestmark = pytest.mark.integration
@@ -26,8 +26,8 @@ LATER = "2026-01-01T00:05:00Z"
 FAST_RETRY = source.RetryPolicy(attempts=2, initial_delay=0.05, max_delay=0.1)
 
 
-def quick_resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> manifest.Manifest:
-    return manifest.resolve(uri, format=fmt, storage_options=options, retry=FAST_RETRY)
+def quick_resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> manifests.Manifest:
+    return manifests.resolve(uri, format=fmt, storage_options=options, retry=FAST_RETRY)
 
 
 def quick_probe(uri: str, options: Mapping[str, str] | None) -> None:
@@ -83,7 +83,7 @@ async def test_reconcile_pins_the_digest_of_the_real_bucket(
     write_shards(s3_server, s3_bucket, "train", 3)
     uri = f"s3://{s3_bucket}/train/"
     result = await run(dsm(uri), s3_server)
-    expected = manifest.resolve(uri, storage_options=s3_server.env())
+    expected = manifests.resolve(uri, storage_options=s3_server.env())
     assert result.status["phase"] == "Ready"
     assert result.status["manifestDigest"] == expected.digest
     assert result.status["shards"] == 3
@@ -137,7 +137,7 @@ async def test_explicit_version_pin_is_checked_against_the_source(
 ) -> None:
     write_shards(s3_server, s3_bucket, "train", 2)
     uri = f"s3://{s3_bucket}/train/"
-    digest = manifest.resolve(uri, storage_options=s3_server.env()).digest
+    digest = manifests.resolve(uri, storage_options=s3_server.env()).digest
     ok = await run(dsm(uri, source={"version": digest}), s3_server)
     assert ok.status["phase"] == "Ready"
     wrong = "sha256:" + "0" * 64
@@ -227,7 +227,7 @@ async def test_invalid_datasetmounts_get_clear_messages_and_others_still_resolve
 
 
 async def test_reconcile_survives_a_resolver_that_crashes(s3_server: S3Server) -> None:
-    def broken(uri: str, fmt: str, options: Mapping[str, str] | None) -> manifest.Manifest:
+    def broken(uri: str, fmt: str, options: Mapping[str, str] | None) -> manifests.Manifest:
         raise RuntimeError("boom")
 
     result = await reconcile.reconcile(

@@ -24,8 +24,7 @@ from kopf._core.engines import admission as kopf_admission
 from kopf._core.engines import indexing
 from kopf._core.reactor import inventory
 from prometheus_client.parser import text_string_to_metric_families
-from shardcache_operator import certs, health, injection, metrics, webhook
-from shardcache_operator import settings as settings_lib
+from shardcache_operator import certs, configuration, health, injection, metrics, webhook
 
 from tests.support.s3server import free_port
 
@@ -103,7 +102,7 @@ class Endpoint:
 
 @pytest.fixture
 async def endpoint(tmp_path: Path) -> AsyncIterator[Endpoint]:
-    settings = settings_lib.Settings(
+    settings = configuration.Settings(
         webhook_addr="127.0.0.1",
         webhook_port=free_port(),
         webhook_cert_dir=str(tmp_path / "tls"),
@@ -285,7 +284,7 @@ def test_generated_serving_certificate_chains_to_its_ca() -> None:
 
 def test_configuration_for_the_chart_matches_what_kopf_manages() -> None:
     registry = kopf.OperatorRegistry()
-    webhook.register(registry, settings_lib.Settings(), FakeDatasetMounts())
+    webhook.register(registry, configuration.Settings(), FakeDatasetMounts())
     pods = references.Resource(
         group="", version="v1", plural="pods", kind="Pod", namespaced=True, verbs=["create"]
     )
@@ -295,7 +294,9 @@ def test_configuration_for_the_chart_matches_what_kopf_manages() -> None:
         name_suffix="shardcache.io",
         client_config={"url": "https://127.0.0.1:9443"},
     )
-    config = webhook.configuration("shardcache.io", ca_bundle="Q0E=", url="https://127.0.0.1:9443")
+    config = webhook.build_configuration(
+        "shardcache.io", ca_bundle="Q0E=", url="https://127.0.0.1:9443"
+    )
     (ours,) = config["webhooks"]
     assert ours["name"] == managed["name"]
     assert ours["clientConfig"]["url"] == managed["clientConfig"]["url"]
@@ -303,7 +304,7 @@ def test_configuration_for_the_chart_matches_what_kopf_manages() -> None:
     assert ours["failurePolicy"] == managed["failurePolicy"] == "Fail"
     assert ours["rules"][0]["operations"] == managed["rules"][0]["operations"] == ["CREATE"]
     assert ours["rules"][0]["resources"] == managed["rules"][0]["resources"] == ["pods"]
-    in_cluster = webhook.configuration(
+    in_cluster = webhook.build_configuration(
         "shardcache", ca_bundle="Q0E=", service="shardcache-webhook", namespace="shardcache"
     )
     service = in_cluster["webhooks"][0]["clientConfig"]["service"]

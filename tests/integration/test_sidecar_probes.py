@@ -15,10 +15,9 @@ import pyarrow.fs as pafs
 import pytest
 
 import shardcache
-from shardcache import contract, errors, plan
-from shardcache import sidecar_client as client_mod
+from shardcache import contract, errors, plans, sidecar_client
 from shardcache.contract import protocol
-from shardcache.node import backing
+from shardcache.node import backings
 from tests.support import datasets
 from tests.support.sidecar import SidecarProcess
 
@@ -67,8 +66,8 @@ def test_probes_and_metrics_on_tcp_and_on_the_socket(
     assert proc.control("GET", "/healthz")[0] == 200
     assert proc.control("GET", "/readyz")[0] == 200
 
-    shards = client_mod.SidecarProvider.from_env(environ=proc.client_env())
-    ds = shardcache.Dataset(shards, plan.PlanParams())
+    shards = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
+    ds = shardcache.Dataset(shards, plans.PlanParams())
     assert sum(b.num_rows for b in ds.batches(64)) == sum(SHARDS)
 
     status, text = proc.http_get("/metrics")
@@ -103,7 +102,7 @@ def test_a_pinned_digest_that_differs_serves_no_data_and_says_why(
     status, body = proc.control("GET", protocol.MANIFEST)
     assert (status, body["error"]["code"]) == (409, protocol.CODE_MANIFEST_MISMATCH)
     with pytest.raises(errors.ManifestMismatchError, match="refusing to serve"):
-        client_mod.SidecarProvider.from_env(environ=proc.client_env(), reconnect_timeout=5)
+        sidecar_client.SidecarProvider.from_env(environ=proc.client_env(), reconnect_timeout=5)
     assert "refusing to serve" in proc.log_tail()
 
 
@@ -111,7 +110,7 @@ def test_a_pinned_digest_that_matches_is_served(sidecar_factory: Factory, datase
     digest = shardcache.resolve(dataset).digest
     proc = sidecar_factory(dataset, env={contract.ENV_MANIFEST_DIGEST: digest})
     proc.start(wait="ready")
-    shards = client_mod.SidecarProvider.from_env(environ=proc.client_env())
+    shards = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
     assert shards.manifest.digest == digest
 
 
@@ -123,7 +122,7 @@ def test_an_unusable_source_is_reported_and_clients_fail_fast(
     proc.start()
     with pytest.raises(errors.InputError, match="nothing found"):
         # Fails on the sidecar's answer, not after the reconnect timeout.
-        client_mod.SidecarProvider.from_env(environ=proc.client_env(), reconnect_timeout=60)
+        sidecar_client.SidecarProvider.from_env(environ=proc.client_env(), reconnect_timeout=60)
     status, body = proc.http_get("/readyz")
     assert status == 503 and str(missing) in str(body)
     assert proc.http_get("/healthz")[0] == 200
@@ -173,7 +172,7 @@ def test_the_sidecar_reports_what_backs_its_memory_tier(
     proc = sidecar_factory(dataset, workdir=workdir)
     proc.start()
     proc.wait_for("/readyz")
-    expected = backing.of(proc.memory_dir)
+    expected = backings.of(proc.memory_dir)
     assert expected is not None
     _, status = proc.control("GET", protocol.STATUS)
     assert status["memory_tier"] == expected.to_json()

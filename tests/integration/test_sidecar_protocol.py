@@ -14,8 +14,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 import shardcache
-from shardcache import errors, plan
-from shardcache import sidecar_client as client_mod
+from shardcache import errors, plans, sidecar_client
 from shardcache.contract import protocol
 from tests.support import datasets
 from tests.support.locks import exclusively_lockable
@@ -43,9 +42,9 @@ def sidecar(sidecar_factory: Factory, dataset: tuple[str, pa.Table]) -> SidecarP
     return proc
 
 
-def provider(proc: SidecarProcess, **kwargs: Any) -> client_mod.SidecarProvider:
+def provider(proc: SidecarProcess, **kwargs: Any) -> sidecar_client.SidecarProvider:
     kwargs.setdefault("reconnect_timeout", 5.0)
-    return client_mod.SidecarProvider.from_env(environ=proc.client_env(), **kwargs)
+    return sidecar_client.SidecarProvider.from_env(environ=proc.client_env(), **kwargs)
 
 
 def uids(ds: shardcache.Dataset, batch_size: int = 50) -> list[int]:
@@ -64,12 +63,12 @@ def test_acquire_hands_over_a_pinned_decoded_shard_that_release_unpins(
     sidecar: SidecarProcess, dataset: tuple[str, pa.Table]
 ) -> None:
     shards = provider(sidecar)
-    reader = shards.open_reader(plan.PlanParams(shuffle=False, block_size=BLOCK), position=0)
+    reader = shards.open_reader(plans.PlanParams(shuffle=False, block_size=BLOCK), position=0)
     lease = shards.acquire(reader, 3, epoch=0, position=0)
     assert lease.path.parent == sidecar.memory_dir
     with pa.memory_map(str(lease.path)) as source:
         batch = ipc.open_file(source).get_batch(0)
-    offsets = plan.shard_offsets(SHARDS)
+    offsets = plans.shard_offsets(SHARDS)
     assert batch.to_pydict() == dataset[1].slice(offsets[3], SHARDS[3]).to_pydict()
     # The pin is this process's own lock, and the sidecar lets go of its hold (the
     # client drops it off the read path, within milliseconds).
@@ -104,11 +103,11 @@ def test_readahead_hints_move_the_reader_and_prefetch_from_there(
     sidecar = sidecar_factory(dataset[0], args=args)
     sidecar.start(wait="ready")
     shards = provider(sidecar)
-    params = plan.PlanParams(shuffle=False, block_size=BLOCK)
+    params = plans.PlanParams(shuffle=False, block_size=BLOCK)
     reader = shards.open_reader(params, position=0)
-    runs = plan.rank_runs(shards.manifest.shard_rows, shards.manifest.digest, params)
+    runs = plans.rank_runs(shards.manifest.shard_rows, shards.manifest.digest, params)
     near_end = sum(SHARDS) - 10  # inside the last shard
-    last = plan.upcoming_shards(runs, near_end)[0]
+    last = plans.upcoming_shards(runs, near_end)[0]
     key = shards.manifest.decoded_key(last)
     assert last != 0 and not (sidecar.memory_dir / key).exists()
     shards.readahead(reader, epoch=1, position=near_end)
@@ -125,7 +124,7 @@ def test_two_readers_of_one_sidecar_split_the_epoch(sidecar: SidecarProcess) -> 
     seen: list[int] = []
     for rank in range(2):
         ds = shardcache.Dataset(
-            shards, plan.PlanParams(seed=1, rank=rank, world_size=2, block_size=BLOCK)
+            shards, plans.PlanParams(seed=1, rank=rank, world_size=2, block_size=BLOCK)
         )
         seen += uids(ds)
     status = shards.status()
@@ -134,7 +133,7 @@ def test_two_readers_of_one_sidecar_split_the_epoch(sidecar: SidecarProcess) -> 
 
 
 def test_bad_requests_get_4xx_json_and_the_sidecar_keeps_serving(sidecar: SidecarProcess) -> None:
-    params = protocol.params_to_json(plan.PlanParams(block_size=BLOCK))
+    params = protocol.params_to_json(plans.PlanParams(block_size=BLOCK))
     good = {**params, "position": 0}
     assert sidecar.control("PUT", protocol.reader_path("r1"), good)[0] == 200
     cases: list[tuple[str, str, Any, int, str]] = [
@@ -208,13 +207,13 @@ def test_bad_requests_get_4xx_json_and_the_sidecar_keeps_serving(sidecar: Sideca
     assert sidecar.control("DELETE", protocol.lease_path(answer["lease"]))[1]["released"] is True
     assert sidecar.control("DELETE", protocol.lease_path(answer["lease"]))[1]["released"] is False
     shards = provider(sidecar)
-    ds = shardcache.Dataset(shards, plan.PlanParams(block_size=BLOCK))
+    ds = shardcache.Dataset(shards, plans.PlanParams(block_size=BLOCK))
     assert sorted(uids(ds)) == list(range(sum(SHARDS)))
 
 
 def test_client_maps_error_kinds_to_shardcache_errors(sidecar: SidecarProcess) -> None:
     shards = provider(sidecar)
-    reader = shards.open_reader(plan.PlanParams(block_size=BLOCK), position=0)
+    reader = shards.open_reader(plans.PlanParams(block_size=BLOCK), position=0)
     with pytest.raises(errors.InputError, match="out of range: the manifest has 6 shards"):
         shards.acquire(reader, 6, epoch=0, position=0)
     with pytest.raises(errors.InputError, match="unknown reader"):
@@ -222,7 +221,7 @@ def test_client_maps_error_kinds_to_shardcache_errors(sidecar: SidecarProcess) -
 
 
 def test_registering_the_same_reader_id_again_is_idempotent(sidecar: SidecarProcess) -> None:
-    body = {**protocol.params_to_json(plan.PlanParams(seed=3, block_size=BLOCK)), "position": 10}
+    body = {**protocol.params_to_json(plans.PlanParams(seed=3, block_size=BLOCK)), "position": 10}
     first = sidecar.control("PUT", protocol.reader_path("same"), body)[1]
     again = sidecar.control("PUT", protocol.reader_path("same"), {**body, "position": 40})[1]
     other = sidecar.control("PUT", protocol.reader_path("same"), {**body, "seed": 4})[1]
@@ -240,7 +239,7 @@ def test_a_hold_nobody_takes_over_expires(
 ) -> None:
     proc = sidecar_factory(dataset[0], args=["--handoff-timeout", "0.5"])
     proc.start(wait="ready")
-    body = {**protocol.params_to_json(plan.PlanParams()), "position": 0}
+    body = {**protocol.params_to_json(plans.PlanParams()), "position": 0}
     assert proc.control("PUT", protocol.reader_path("r"), body)[0] == 200
     status, answer = proc.control(
         "POST", protocol.acquire_path("r"), {"shard": 0, "epoch": 0, "position": 0}

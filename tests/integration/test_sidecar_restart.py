@@ -22,8 +22,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 import shardcache
-from shardcache import plan
-from shardcache import sidecar_client as client_mod
+from shardcache import plans, sidecar_client
 from tests.support import datasets
 from tests.support.locks import exclusively_lockable
 from tests.support.s3server import S3Server
@@ -133,8 +132,10 @@ def test_a_shard_the_trainer_holds_survives_a_sidecar_restart_under_memory_press
     _, largest = reference(uri, s3_server, tmp_path / "ref", epochs=1)
     proc = sidecar_factory(uri, env=s3_server.env(), args=sidecar_args(int(3.5 * largest)))
     proc.start(wait="ready")
-    shards = client_mod.SidecarProvider.from_env(environ=proc.client_env(), reconnect_timeout=60)
-    reader = shards.open_reader(plan.PlanParams(shuffle=False, block_size=BLOCK), position=0)
+    shards = sidecar_client.SidecarProvider.from_env(
+        environ=proc.client_env(), reconnect_timeout=60
+    )
+    reader = shards.open_reader(plans.PlanParams(shuffle=False, block_size=BLOCK), position=0)
     held = shards.acquire(reader, 0, epoch=0, position=0)
     with pa.memory_map(str(held.path)) as mapped:
         batch = ipc.open_file(mapped).get_batch(0)
@@ -155,9 +156,9 @@ def test_a_shard_the_trainer_holds_survives_a_sidecar_restart_under_memory_press
 TRAINER = textwrap.dedent(
     """
     import sys, time
-    from shardcache import plan, sidecar_client
+    from shardcache import plans, sidecar_client
     shards = sidecar_client.SidecarProvider.from_env()
-    reader = shards.open_reader(plan.PlanParams(shuffle=False), position=0)
+    reader = shards.open_reader(plans.PlanParams(shuffle=False), position=0)
     lease = shards.acquire(reader, 0, epoch=0, position=0)
     print(lease.lock_path, flush=True)
     time.sleep(600)

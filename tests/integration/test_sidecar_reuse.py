@@ -23,10 +23,9 @@ import pyarrow.fs as pafs
 import pytest
 
 import shardcache
-from shardcache import plan
-from shardcache import sidecar_client as client_mod
+from shardcache import plans, sidecar_client
 from shardcache.contract import protocol
-from shardcache.node import tier as tier_mod
+from shardcache.node import tiers
 from tests.support import datasets
 from tests.support.locks import exclusively_lockable
 from tests.support.sidecar import SidecarProcess
@@ -50,9 +49,9 @@ def dataset(tmp_path: Path) -> str:
     return f"file://{root}"
 
 
-def provider(proc: SidecarProcess, **kwargs: Any) -> client_mod.SidecarProvider:
+def provider(proc: SidecarProcess, **kwargs: Any) -> sidecar_client.SidecarProvider:
     kwargs.setdefault("reconnect_timeout", 10.0)
-    return client_mod.SidecarProvider.from_env(environ=proc.client_env(), **kwargs)
+    return sidecar_client.SidecarProvider.from_env(environ=proc.client_env(), **kwargs)
 
 
 def uids(ds: shardcache.Dataset, batch_size: int = 50) -> list[int]:
@@ -97,13 +96,13 @@ def eventually(probe: Callable[[], bool], timeout: float = 20.0) -> bool:
 
 
 def evict(proc: SidecarProcess, key: str) -> bool:
-    memory = tier_mod.Tier(
+    memory = tiers.Tier(
         proc.memory_dir, limit_bytes=1 << 40, name="memory", fsync=False, verify="never"
     )
     return memory.evict(key)
 
 
-def acquired_at(runs: list[plan.Run]) -> list[tuple[int, int]]:
+def acquired_at(runs: list[plans.Run]) -> list[tuple[int, int]]:
     """(shard, position) of every acquire a `Dataset` makes over `runs`."""
     out: list[tuple[int, int]] = []
     position = 0
@@ -119,7 +118,7 @@ def test_the_acquire_answer_says_the_entry_may_be_reused(
 ) -> None:
     proc = sidecar_factory(dataset, args=["--block-size", str(BLOCK)])
     proc.start(wait="ready")
-    body = {**protocol.params_to_json(plan.PlanParams(block_size=BLOCK)), "position": 0}
+    body = {**protocol.params_to_json(plans.PlanParams(block_size=BLOCK)), "position": 0}
     assert proc.control("PUT", protocol.reader_path("r"), body)[0] == 200
     status, answer = proc.control(
         "POST", protocol.acquire_path("r"), {"shard": 0, "epoch": 0, "position": 0}
@@ -135,7 +134,7 @@ def test_a_second_epoch_pins_every_warm_shard_without_an_acquire_round_trip(
     proc = sidecar_factory(dataset, args=["--block-size", str(BLOCK)])
     proc.start(wait="ready")
     shards = provider(proc)
-    ds = shardcache.Dataset(shards, plan.PlanParams(seed=SEED, block_size=BLOCK))
+    ds = shardcache.Dataset(shards, plans.PlanParams(seed=SEED, block_size=BLOCK))
     assert uids(ds) == want[0]
     # A shard's runs are contiguous in a plan: one acquire per shard, all round trips.
     assert requests(proc, ACQUIRE) == NONEMPTY
@@ -169,10 +168,10 @@ def test_prefetch_follows_a_reader_that_pinned_a_shard_itself(
     proc = sidecar_factory(dataset, args=[*args, "--block-size", str(BLOCK)])
     proc.start(wait="ready")
     shards = provider(proc)
-    params = plan.PlanParams(shuffle=False, block_size=BLOCK)
+    params = plans.PlanParams(shuffle=False, block_size=BLOCK)
     reader = shards.open_reader(params, position=0)
-    runs = plan.rank_runs(shards.manifest.shard_rows, shards.manifest.digest, params)
-    first, after = plan.upcoming_shards(runs, 0)[:2]
+    runs = plans.rank_runs(shards.manifest.shard_rows, shards.manifest.digest, params)
+    first, after = plans.upcoming_shards(runs, 0)[:2]
     key = shards.manifest.decoded_key(after)
     shards.acquire(reader, first, epoch=0, position=0).release()  # a round trip
     # The acquire moved the reader, so the next shard is prefetched; take it away again.
@@ -200,7 +199,7 @@ def test_an_evicted_entry_falls_back_to_the_round_trip_and_yields_the_same_strea
     proc = sidecar_factory(dataset, args=args)
     proc.start(wait="ready")
     shards = provider(proc)
-    ds = shardcache.Dataset(shards, plan.PlanParams(seed=SEED, block_size=BLOCK))
+    ds = shardcache.Dataset(shards, plans.PlanParams(seed=SEED, block_size=BLOCK))
     assert uids(ds) == want[0]
     assert requests(proc, ACQUIRE) == NONEMPTY
 
@@ -218,9 +217,9 @@ def test_an_evicted_entry_falls_back_to_the_round_trip_and_yields_the_same_strea
 TRAINER = textwrap.dedent(
     """
     import sys, time
-    from shardcache import plan, sidecar_client
+    from shardcache import plans, sidecar_client
     shards = sidecar_client.SidecarProvider.from_env()
-    reader = shards.open_reader(plan.PlanParams(shuffle=False), position=0)
+    reader = shards.open_reader(plans.PlanParams(shuffle=False), position=0)
     shards.acquire(reader, 0, epoch=0, position=0).release()
     print("handed", flush=True)
     sys.stdin.readline()
@@ -267,7 +266,7 @@ def test_a_direct_pin_blocks_eviction_and_dies_with_the_trainer(
             # The sidecar walks every other shard through a memory tier with room for
             # about two: it must evict, and cannot take the pinned one.
             shards = provider(proc)
-            reader = shards.open_reader(plan.PlanParams(shuffle=False), position=0)
+            reader = shards.open_reader(plans.PlanParams(shuffle=False), position=0)
             for shard in range(1, len(rows)):
                 shards.acquire(reader, shard, epoch=0, position=0).release()
             assert shards.status()["stats"]["evictions"]["memory"] > 0
@@ -282,7 +281,7 @@ def test_a_direct_pin_blocks_eviction_and_dies_with_the_trainer(
 def test_the_pinned_route_refuses_bad_requests(sidecar_factory: Factory, dataset: str) -> None:
     proc = sidecar_factory(dataset, args=["--block-size", str(BLOCK)])
     proc.start(wait="ready")
-    body = {**protocol.params_to_json(plan.PlanParams(block_size=BLOCK)), "position": 0}
+    body = {**protocol.params_to_json(plans.PlanParams(block_size=BLOCK)), "position": 0}
     assert proc.control("PUT", protocol.reader_path("r"), body)[0] == 200
     good = {"shard": 0, "epoch": 0, "position": 0}
     cases: list[tuple[str, Any, int, str, str]] = [
@@ -320,7 +319,7 @@ def test_direct_pins_survive_a_sidecar_restart_between_epochs(
     proc = sidecar_factory(dataset, args=["--block-size", str(BLOCK)])
     proc.start(wait="ready")
     shards = provider(proc, reconnect_timeout=60.0)
-    ds = shardcache.Dataset(shards, plan.PlanParams(seed=SEED, block_size=BLOCK))
+    ds = shardcache.Dataset(shards, plans.PlanParams(seed=SEED, block_size=BLOCK))
     got = [uids(ds)]
     # SIGKILL and restart; the memory tier (the shared volume) stays.
     proc.kill(signal.SIGKILL)

@@ -10,8 +10,7 @@ from collections.abc import Callable
 import pyarrow as pa
 import pytest
 
-from shardcache import errors, plan, source
-from shardcache import sidecar_client as client_mod
+from shardcache import errors, plans, sidecar_client, source
 from tests.support import datasets
 from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
@@ -55,11 +54,11 @@ def test_readyz_waits_while_the_source_is_down_and_turns_ready_when_it_is_back(
     assert status == 503 and "resolving the manifest" in str(body) and "retrying" in str(body)
     assert proc.http_get("/healthz")[0] == 200
     with pytest.raises(errors.SidecarUnavailableError, match="resolving the manifest"):
-        client_mod.SidecarProvider.from_env(environ=proc.client_env(), reconnect_timeout=1)
+        sidecar_client.SidecarProvider.from_env(environ=proc.client_env(), reconnect_timeout=1)
 
     fault_proxy.accept_connections()
     proc.wait_for("/readyz", timeout=90)
-    shards = client_mod.SidecarProvider.from_env(environ=proc.client_env())
+    shards = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
     assert shards.manifest.shard_rows == SHARDS
 
 
@@ -72,8 +71,10 @@ def test_a_source_failure_reaches_the_client_as_source_error_and_the_sidecar_rec
     args = ["--no-shuffle", "--ready-shards", "1", "--prefetch-depth", "0"]
     proc = sidecar_factory(s3_dataset[0], env=through_proxy(s3_server, fault_proxy), args=args)
     proc.start(wait="ready")
-    shards = client_mod.SidecarProvider.from_env(environ=proc.client_env(), reconnect_timeout=10)
-    reader = shards.open_reader(plan.PlanParams(shuffle=False), position=0)
+    shards = sidecar_client.SidecarProvider.from_env(
+        environ=proc.client_env(), reconnect_timeout=10
+    )
+    reader = shards.open_reader(plans.PlanParams(shuffle=False), position=0)
     shards.acquire(reader, 0, epoch=0, position=0).release()  # resident since start-up
 
     fault_proxy.refuse_connections()
@@ -99,9 +100,9 @@ def test_probes_and_other_readers_are_served_while_an_acquire_waits_on_a_stalled
     args = ["--no-shuffle", "--ready-shards", "1", "--prefetch-depth", "0"]
     proc = sidecar_factory(s3_dataset[0], env=through_proxy(s3_server, fault_proxy), args=args)
     proc.start(wait="ready")
-    shards = client_mod.SidecarProvider.from_env(environ=proc.client_env())
-    slow = shards.open_reader(plan.PlanParams(shuffle=False), position=0)
-    other = shards.open_reader(plan.PlanParams(shuffle=False), position=0)
+    shards = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
+    slow = shards.open_reader(plans.PlanParams(shuffle=False), position=0)
+    other = shards.open_reader(plans.PlanParams(shuffle=False), position=0)
     # Every request to the store hangs for a while (below the S3 request timeout).
     fault_proxy.stall_next(1000, 1.5)
     result: list[object] = []

@@ -15,8 +15,7 @@ import pyarrow.fs as pafs
 import pytest
 
 import shardcache
-from shardcache import contract, formats, plan, source
-from shardcache import sidecar_client as client_mod
+from shardcache import contract, formats, plans, sidecar_client, source
 from tests.support import datasets
 from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
@@ -93,8 +92,8 @@ def test_first_shards_that_do_not_fit_in_memory_become_ready_with_the_ones_that_
     said = [json.loads(line) for line in proc.log_tail().splitlines() if "first 2 of 4" in line]
     assert [line["level"] for line in said] == ["WARNING"]
 
-    shards = client_mod.SidecarProvider.from_env(environ=proc.client_env())
-    ds = shardcache.Dataset(shards, plan.PlanParams(seed=7))
+    shards = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
+    ds = shardcache.Dataset(shards, plans.PlanParams(seed=7))
     uids = [uid for batch in ds.batches(64) for uid in batch.column("uid").to_pylist()]
     assert sorted(uids) == table.column("uid").to_pylist()  # every uid, each once
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.node import names, tier
+from shardcache.node import names, tiers
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def stop(process: multiprocessing.context.SpawnProcess, *, kill: bool = False) -
 
 # --- workers (run in spawned processes) ----------------------------------------------
 def _insert_then_hang(root: str, key: str, size: int, marker: str) -> None:
-    t = tier.Tier(Path(root), limit_bytes=1024 * KIB, name="disk")
+    t = tiers.Tier(Path(root), limit_bytes=1024 * KIB, name="disk")
 
     def produce(path: Path) -> None:
         with open(path, "wb") as f:
@@ -70,7 +70,7 @@ def _insert_then_hang(root: str, key: str, size: int, marker: str) -> None:
 
 
 def _lease_then_hang(root: str, key: str, marker: str) -> None:
-    t = tier.Tier(Path(root), limit_bytes=1024 * KIB, name="disk")
+    t = tiers.Tier(Path(root), limit_bytes=1024 * KIB, name="disk")
     entry = t.lookup(key)
     assert entry is not None
     Path(marker).touch()
@@ -85,7 +85,7 @@ def _get_or_insert(
     barrier: multiprocessing.synchronize.Barrier,
     results: multiprocessing.queues.Queue[tuple[int, bool, str, bytes]],
 ) -> None:
-    t = tier.Tier(Path(root), limit_bytes=1024 * KIB, name="disk")
+    t = tiers.Tier(Path(root), limit_bytes=1024 * KIB, name="disk")
 
     def produce(path: Path) -> None:
         with open(log, "a") as f:
@@ -108,9 +108,9 @@ def _insert_many(
     barrier: multiprocessing.synchronize.Barrier,
     results: multiprocessing.queues.Queue[tuple[str, int]],
 ) -> None:
-    t = tier.Tier(Path(root), limit_bytes=limit, name="disk", wait_timeout=30.0)
+    t = tiers.Tier(Path(root), limit_bytes=limit, name="disk", wait_timeout=30.0)
     rng = random.Random(seed)
-    held: list[tier.Entry] = []
+    held: list[tiers.Entry] = []
     barrier.wait(timeout=20)
     for i in range(count):
         key = f"{prefix}{i}"
@@ -145,7 +145,7 @@ def test_sigkill_during_produce_leaves_no_entry_and_scan_removes_its_temp_file(
     worker = start(_insert_then_hang, str(root), "k1", 64 * KIB, str(marker))
     try:
         wait_for(marker)
-        t = tier.Tier(root, limit_bytes=1024 * KIB, name="disk")
+        t = tiers.Tier(root, limit_bytes=1024 * KIB, name="disk")
         assert t.used_bytes() == 64 * KIB, "the reservation counts while producing"
         assert t.scan().removed_tmp == 0, "a live writer's temp file is left alone"
     finally:
@@ -170,7 +170,7 @@ def test_sigkill_during_produce_leaves_no_entry_and_scan_removes_its_temp_file(
 
 def test_lease_held_by_a_killed_process_is_released_by_the_kernel(tmp_path: Path) -> None:
     root = tmp_path / "disk"
-    t = tier.Tier(root, limit_bytes=1024 * KIB, name="disk")
+    t = tiers.Tier(root, limit_bytes=1024 * KIB, name="disk")
     t.insert("k1", 4 * KIB, lambda p: p.write_bytes(payload("k1", 4 * KIB))).release()
     marker = tmp_path / "leased"
     worker = start(_lease_then_hang, str(root), "k1", str(marker))
@@ -221,7 +221,7 @@ def _bytes_on_disk(root: Path) -> int:
 def test_byte_limit_holds_under_concurrent_inserts_from_two_processes(tmp_path: Path) -> None:
     root = tmp_path / "disk"
     limit = 256 * KIB
-    t = tier.Tier(root, limit_bytes=limit, name="disk")
+    t = tiers.Tier(root, limit_bytes=limit, name="disk")
     barrier = SPAWN.Barrier(2)
     results: multiprocessing.queues.Queue[tuple[str, int]] = SPAWN.Queue()
     workers = [
@@ -234,7 +234,7 @@ def test_byte_limit_holds_under_concurrent_inserts_from_two_processes(tmp_path: 
 
     def watch() -> None:
         nonlocal samples
-        lock_path = root / tier.TIER_LOCK_NAME
+        lock_path = root / tiers.TIER_LOCK_NAME
         while not done.is_set():
             # Changes that grow the tier happen under the tier lock (docs/cache-format.md);
             # a shared lock gives a consistent snapshot of the directory.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardcache.node import backing
+from shardcache.node import backings
 
 pytestmark = pytest.mark.unit
 
@@ -21,25 +21,25 @@ MOUNTINFO = """\
 @pytest.mark.parametrize(
     ("path", "expected"),
     [
-        ("/var/run/shardcache/data/mem", backing.Backing("/var/run/shardcache", "tmpfs", "never")),
-        ("/var/cache/shardcache", backing.Backing("/", "ext4", None)),
-        ("/mnt/huge pages/mem", backing.Backing("/mnt/huge pages", "tmpfs", "always")),
+        ("/var/run/shardcache/data/mem", backings.Backing("/var/run/shardcache", "tmpfs", "never")),
+        ("/var/cache/shardcache", backings.Backing("/", "ext4", None)),
+        ("/mnt/huge pages/mem", backings.Backing("/mnt/huge pages", "tmpfs", "always")),
         # The later of two mounts at one point is the one that is visible.
-        ("/dev/shm/x", backing.Backing("/dev/shm", "tmpfs", "within_size")),
+        ("/dev/shm/x", backings.Backing("/dev/shm", "tmpfs", "within_size")),
         # A sibling whose name starts alike is not inside.
-        ("/var/run/shardcachex", backing.Backing("/", "ext4", None)),
+        ("/var/run/shardcachex", backings.Backing("/", "ext4", None)),
     ],
 )
 def test_the_deepest_latest_mount_covering_a_path_backs_it(
-    path: str, expected: backing.Backing
+    path: str, expected: backings.Backing
 ) -> None:
-    assert backing.parse(path, MOUNTINFO) == expected
+    assert backings.parse(path, MOUNTINFO) == expected
 
 
 def test_only_a_tmpfs_without_huge_pages_counts_as_small_pages() -> None:
-    small = backing.parse("/var/run/shardcache/m", MOUNTINFO)
-    huge = backing.parse("/mnt/huge pages", MOUNTINFO)
-    disk = backing.parse("/var/cache", MOUNTINFO)
+    small = backings.parse("/var/run/shardcache/m", MOUNTINFO)
+    huge = backings.parse("/mnt/huge pages", MOUNTINFO)
+    disk = backings.parse("/var/cache", MOUNTINFO)
     assert small is not None and small.small_pages
     assert small.describe() == "tmpfs at /var/run/shardcache, 4 KiB pages"
     assert huge is not None and not huge.small_pages
@@ -55,10 +55,10 @@ def test_only_a_tmpfs_without_huge_pages_counts_as_small_pages() -> None:
 
 
 def test_no_mount_table_means_unknown_not_an_error() -> None:
-    assert backing.parse("/anything", "") is None
-    assert backing.parse("/anything", "garbage line\n") is None
+    assert backings.parse("/anything", "") is None
+    assert backings.parse("/anything", "garbage line\n") is None
 
 
 def test_this_machines_dev_shm_is_a_tmpfs() -> None:
-    found = backing.of("/dev/shm")
+    found = backings.of("/dev/shm")
     assert found is not None and found.fstype == "tmpfs"

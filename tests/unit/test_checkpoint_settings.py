@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from shardcache_sidecar.checkpoint import settings
+from shardcache_sidecar.checkpoint import agent_config
 
 from shardcache import contract, errors
 
@@ -15,11 +15,11 @@ BASE = {contract.ENV_CHECKPOINT_URI: "s3://b/run", contract.ENV_CHECKPOINT_DIR: 
 
 
 def test_no_uri_means_no_agent() -> None:
-    assert settings.CheckpointSettings.from_env({}) is None
+    assert agent_config.CheckpointSettings.from_env({}) is None
 
 
 def test_defaults_and_overrides_from_env() -> None:
-    s = settings.CheckpointSettings.from_env(BASE)
+    s = agent_config.CheckpointSettings.from_env(BASE)
     assert s is not None
     assert (s.directory, s.uri, s.keep_last, s.restore, s.restore_fallback) == (
         Path("/checkpoints"),
@@ -28,7 +28,7 @@ def test_defaults_and_overrides_from_env() -> None:
         "latest",
         False,
     )
-    s = settings.CheckpointSettings.from_env(
+    s = agent_config.CheckpointSettings.from_env(
         {
             **BASE,
             contract.ENV_CHECKPOINT_KEEP_LAST: "5",
@@ -50,7 +50,7 @@ def test_defaults_and_overrides_from_env() -> None:
 
 
 def test_switches_set_to_false_stay_off() -> None:
-    s = settings.CheckpointSettings.from_env(
+    s = agent_config.CheckpointSettings.from_env(
         {
             **BASE,
             contract.ENV_CHECKPOINT_RESTORE_FALLBACK: "false",
@@ -80,11 +80,11 @@ def test_switches_set_to_false_stay_off() -> None:
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], match: str) -> None:
     with pytest.raises(errors.InputError, match=match):
-        settings.CheckpointSettings.from_env({**BASE, **env})
+        agent_config.CheckpointSettings.from_env({**BASE, **env})
 
 
 @pytest.mark.parametrize(
     ("value", "parsed"), [("latest", "latest"), ("none", None), ("NONE", None), ("42", 42)]
 )
 def test_restore_choice(value: str, parsed: object) -> None:
-    assert settings.parse_restore(value) == parsed
+    assert agent_config.parse_restore(value) == parsed

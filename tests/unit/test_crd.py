@@ -10,8 +10,7 @@ import celpy
 import jsonschema
 import pytest
 import yaml
-from shardcache_operator import crd, specs
-from shardcache_operator import settings as settings_lib
+from shardcache_operator import configuration, crd, specs
 
 from shardcache import errors
 
@@ -261,7 +260,7 @@ def test_kopf_peering_crds_match_what_kopf_looks_for() -> None:
         assert version["schema"]["openAPIV3Schema"]["x-kubernetes-preserve-unknown-fields"]
     peering = yaml.safe_load((ROOT / "examples" / "peering.yaml").read_text())
     assert (peering["apiVersion"], peering["kind"]) == ("kopf.dev/v1", "ClusterKopfPeering")
-    assert peering["metadata"]["name"] == settings_lib.Settings().peering_name
+    assert peering["metadata"]["name"] == configuration.Settings().peering_name
 
 
 @pytest.mark.parametrize("value", [-5, 0, 7, "2Gi", "500M"])

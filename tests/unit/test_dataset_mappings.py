@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from shardcache import dataset
+from shardcache import datasets
 
 pytestmark = pytest.mark.unit
 
@@ -23,11 +23,11 @@ def _shard(path: Path, first: int) -> Path:
 
 
 def _settle() -> None:
-    time.sleep(dataset._Mappings.SETTLED_NS / 1e9 + 0.05)
+    time.sleep(datasets._Mappings.SETTLED_NS / 1e9 + 0.05)
 
 
 def test_mappings_survive_prunes_while_their_directory_is_quiet(tmp_path: Path) -> None:
-    maps = dataset._Mappings()
+    maps = datasets._Mappings()
     paths = [_shard(tmp_path / f"s{i}", i * 10) for i in range(3)]
     first = [maps.batch(p) for p in paths]
     _settle()
@@ -39,7 +39,7 @@ def test_mappings_survive_prunes_while_their_directory_is_quiet(tmp_path: Path) 
 
 
 def test_a_file_removed_after_a_settled_look_is_let_go_at_the_next_prune(tmp_path: Path) -> None:
-    maps = dataset._Mappings()
+    maps = datasets._Mappings()
     paths = [_shard(tmp_path / f"s{i}", i * 10) for i in range(3)]
     for p in paths:
         maps.batch(p)
@@ -53,7 +53,7 @@ def test_a_file_removed_after_a_settled_look_is_let_go_at_the_next_prune(tmp_pat
 def test_a_file_replaced_within_the_same_clock_tick_is_still_noticed(tmp_path: Path) -> None:
     # No settling: the directory's mtime is too recent to be trusted, so every prune
     # checks each file, even if the change landed in the same timestamp tick.
-    maps = dataset._Mappings()
+    maps = datasets._Mappings()
     path = _shard(tmp_path / "s", 0)
     old = maps.batch(path)
     maps.prune()
@@ -85,7 +85,7 @@ def test_a_new_mapping_has_its_pages_mapped_before_the_first_read(tmp_path: Path
     path = tmp_path / "shard"
     with ipc.new_file(str(path), batch.schema) as writer:
         writer.write_batch(batch)
-    mapped = dataset.read_shard(path)
+    mapped = datasets.read_shard(path)
     # Nothing has read the data yet, and still the whole file is in the page table.
     assert _mapped_rss_kib(path) * 1024 >= path.stat().st_size - 4096
     assert mapped.num_rows == 1 << 18

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from shardcache_operator import injection, specs
-from shardcache_sidecar import settings as sidecar_settings
-from shardcache_sidecar.checkpoint import settings as checkpoint_settings
+from shardcache_sidecar import configuration
+from shardcache_sidecar.checkpoint import agent_config
 
 from shardcache import contract
 
@@ -48,7 +48,7 @@ def test_sidecar_settings_read_back_every_injected_value() -> None:
             "uploadBuffer": "96Mi",
         },
     }
-    settings = sidecar_settings.from_env(injected_sidecar_env(spec, rank="5"))
+    settings = configuration.from_env(injected_sidecar_env(spec, rank="5"))
     run_dir = Path(contract.DEFAULT_RUN_DIR)
     assert settings.source_uri == "s3://data/imagenet/"
     assert settings.source_format == "arrow"
@@ -75,7 +75,7 @@ def test_sidecar_settings_read_back_every_injected_value() -> None:
 
 
 def test_sidecar_settings_accept_the_defaults_of_a_minimal_spec() -> None:
-    settings = sidecar_settings.from_env(injected_sidecar_env({"source": {"uri": "s3://d/x/"}}))
+    settings = configuration.from_env(injected_sidecar_env({"source": {"uri": "s3://d/x/"}}))
     assert settings.shuffle is True
     assert settings.checkpoint is None
     assert settings.memory_limit == 2 * 2**30
@@ -86,12 +86,12 @@ def test_checkpoint_spec_defaults_are_the_agent_defaults() -> None:
     # must behave exactly as before, when the webhook wrote none of these variables.
     spec = {"source": {"uri": "s3://d/x/"}, "checkpoint": {"uri": "s3://ckpt/run/"}}
     env = injected_sidecar_env(spec)
-    injected = checkpoint_settings.CheckpointSettings.from_env(env)
-    untuned = checkpoint_settings.CheckpointSettings.from_env(
+    injected = agent_config.CheckpointSettings.from_env(env)
+    untuned = agent_config.CheckpointSettings.from_env(
         {contract.ENV_CHECKPOINT_URI: "s3://ckpt/run/", contract.ENV_CHECKPOINT_DIR: "/checkpoints"}
     )
     assert injected is not None
     assert injected == untuned
-    assert injected == checkpoint_settings.CheckpointSettings(
+    assert injected == agent_config.CheckpointSettings(
         directory=Path("/checkpoints"), uri="s3://ckpt/run/"
     )

@@ -12,8 +12,7 @@ from typing import Any
 
 import kopf
 import pytest
-from shardcache_operator import app, handlers, injection, webhook
-from shardcache_operator import settings as settings_lib
+from shardcache_operator import app, configuration, handlers, injection, webhook
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +28,7 @@ class NoApi:
 
 
 def registry(**settings: Any) -> kopf.OperatorRegistry:
-    return app.build_registry(settings_lib.Settings(**settings), NoApi())  # type: ignore[arg-type]
+    return app.build_registry(configuration.Settings(**settings), NoApi())  # type: ignore[arg-type]
 
 
 def all_handlers(reg: kopf.OperatorRegistry) -> list[Any]:

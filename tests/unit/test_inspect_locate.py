@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from shardcache import errors, plan
+from shardcache import errors, plans
 from shardcache.inspect import locate
 
 pytestmark = pytest.mark.unit
@@ -14,9 +14,9 @@ DIGEST = "sha256:test"
 
 
 def stream(query: locate.Query) -> list[int]:
-    """Reference: the rank's whole epoch as global indices, straight from the plan."""
-    offsets = plan.shard_offsets(ROWS)
-    runs = plan.rank_runs(ROWS, DIGEST, query.params())
+    """Reference: the rank's whole epoch as global indices, straight from the plans."""
+    offsets = plans.shard_offsets(ROWS)
+    runs = plans.rank_runs(ROWS, DIGEST, query.params())
     return [offsets[r.shard] + i for r in runs for i in range(r.start, r.stop)]
 
 
@@ -41,7 +41,7 @@ def test_steps_concatenated_are_the_ranks_stream_in_batches(
 
 def test_provenance_names_shard_row_and_position() -> None:
     q = locate.Query(world_size=2, rank=1, step=3, batch_size=10, seed=2, block_size=16)
-    offsets = plan.shard_offsets(ROWS)
+    offsets = plans.shard_offsets(ROWS)
     for slot, p in enumerate(locate.step_rows(ROWS, DIGEST, q)):
         assert p.index == offsets[p.shard] + p.row
         assert 0 <= p.row < ROWS[p.shard]

@@ -8,7 +8,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from shardcache import errors, manifest
+from shardcache import errors, manifests
 from tests.support import datasets
 
 pytestmark = pytest.mark.unit
@@ -21,7 +21,7 @@ def write(tmp_path: Path, rows: list[int], fmt: str = "parquet") -> str:
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow", "jsonl"])
 def test_manifest_lists_shards_with_rows_and_schema(tmp_path: Path, fmt: str) -> None:
-    m = manifest.resolve(write(tmp_path, [5, 0, 7], fmt))
+    m = manifests.resolve(write(tmp_path, [5, 0, 7], fmt))
     assert m.format == fmt
     assert [s.rows for s in m.shards] == [5, 0, 7]
     assert [s.path for s in m.shards] == [
@@ -49,32 +49,32 @@ def test_manifest_order_is_sorted_relative_paths_recursively_skipping_hidden(
             pq.write_table(datasets.make_table(0, 2), root / rel)
         else:
             (root / rel).write_bytes(b"ignored")
-    m = manifest.resolve(str(root))
+    m = manifests.resolve(str(root))
     assert [s.path for s in m.shards] == ["a.parquet", "b/1.parquet", "b/2.parquet"]
 
 
 def test_digest_is_stable_and_changes_with_content(tmp_path: Path) -> None:
     uri = write(tmp_path, [3, 4])
-    assert manifest.resolve(uri).digest == manifest.resolve(uri).digest
+    assert manifests.resolve(uri).digest == manifests.resolve(uri).digest
     pq.write_table(datasets.make_table(100, 5), tmp_path / "ds" / "part-00001.parquet")
-    changed = manifest.resolve(uri)
-    original = manifest.resolve(write(tmp_path / "y", [3, 4]))
+    changed = manifests.resolve(uri)
+    original = manifests.resolve(write(tmp_path / "y", [3, 4]))
     assert changed.shards[1].rows == 5
     assert changed.digest != original.digest
 
 
 def test_manifest_json_round_trip_verifies_the_digest(tmp_path: Path) -> None:
-    m = manifest.resolve(write(tmp_path, [3, 4]))
-    assert manifest.Manifest.from_json(m.to_json()) == m
+    m = manifests.resolve(write(tmp_path, [3, 4]))
+    assert manifests.Manifest.from_json(m.to_json()) == m
     tampered = m.to_json()
     tampered["shards"][0]["rows"] = 99
     with pytest.raises(errors.ManifestMismatchError, match="altered"):
-        manifest.Manifest.from_json(tampered)
+        manifests.Manifest.from_json(tampered)
 
 
 def test_single_file_uri_is_a_one_shard_dataset(tmp_path: Path) -> None:
     write(tmp_path, [3, 4])
-    m = manifest.resolve(str(tmp_path / "ds" / "part-00001.parquet"))
+    m = manifests.resolve(str(tmp_path / "ds" / "part-00001.parquet"))
     assert [s.path for s in m.shards] == ["part-00001.parquet"]
     assert m.shard_uri_path(0) == str(tmp_path / "ds" / "part-00001.parquet")
 
@@ -83,18 +83,18 @@ def test_mismatched_schemas_name_both_shards(tmp_path: Path) -> None:
     write(tmp_path, [3, 4])
     pq.write_table(pa.table({"other": [1]}), tmp_path / "ds" / "part-00002.parquet")
     with pytest.raises(errors.InputError, match=r"'part-00002.parquet'.*'part-00000.parquet'"):
-        manifest.resolve(f"file://{tmp_path}/ds")
+        manifests.resolve(f"file://{tmp_path}/ds")
 
 
 def test_empty_dataset_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "_SUCCESS").write_bytes(b"")
     with pytest.raises(errors.InputError, match="empty dataset"):
-        manifest.resolve(str(tmp_path / "empty"))
+        manifests.resolve(str(tmp_path / "empty"))
 
 
 def test_empty_shard_is_legal(tmp_path: Path) -> None:
-    m = manifest.resolve(write(tmp_path, [0, 2]))
+    m = manifests.resolve(write(tmp_path, [0, 2]))
     assert m.total_rows == 2
 
 
@@ -108,19 +108,19 @@ def test_empty_shard_is_legal(tmp_path: Path) -> None:
 )
 def test_bad_uris_say_what_was_expected(uri: str, message: str) -> None:
     with pytest.raises(errors.InputError, match=re.escape(message)):
-        manifest.resolve(uri)
+        manifests.resolve(uri)
 
 
 def test_unknown_extensions_need_an_explicit_format(tmp_path: Path) -> None:
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "a.csv").write_text("a\n1\n")
     with pytest.raises(errors.InputError, match="cannot infer the format"):
-        manifest.resolve(str(tmp_path / "ds"))
+        manifests.resolve(str(tmp_path / "ds"))
     with pytest.raises(errors.InputError, match="unsupported format 'csv'"):
-        manifest.resolve(str(tmp_path / "ds"), format="csv")
+        manifests.resolve(str(tmp_path / "ds"), format="csv")
 
 
 def test_bytes_of_another_format_are_a_clear_error(tmp_path: Path) -> None:
     write(tmp_path, [3])
     with pytest.raises(errors.InputError, match="not readable as arrow"):
-        manifest.resolve(f"file://{tmp_path}/ds", format="arrow")
+        manifests.resolve(f"file://{tmp_path}/ds", format="arrow")

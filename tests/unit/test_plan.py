@@ -5,14 +5,14 @@ from typing import Any
 
 import pytest
 
-from shardcache import errors, plan
+from shardcache import errors, plans
 
 pytestmark = pytest.mark.unit
 
 ROWS = [100, 0, 37, 250, 8, 64, 1]
 
 
-def rows_of(runs: list[plan.Run]) -> list[tuple[int, int]]:
+def rows_of(runs: list[plans.Run]) -> list[tuple[int, int]]:
     return [(r.shard, i) for r in runs for i in range(r.start, r.stop)]
 
 
@@ -22,10 +22,10 @@ def test_every_row_appears_exactly_once_across_ranks(world_size: int, epoch: int
     seen: list[tuple[int, int]] = []
     sizes = []
     for rank in range(world_size):
-        params = plan.PlanParams(
+        params = plans.PlanParams(
             seed=5, epoch=epoch, rank=rank, world_size=world_size, block_size=16
         )
-        got = rows_of(plan.rank_runs(ROWS, "sha256:x", params))
+        got = rows_of(plans.rank_runs(ROWS, "sha256:x", params))
         sizes.append(len(got))
         seen += got
     assert len(seen) == sum(ROWS)
@@ -34,37 +34,37 @@ def test_every_row_appears_exactly_once_across_ranks(world_size: int, epoch: int
 
 
 def test_same_inputs_give_the_same_order() -> None:
-    p = plan.PlanParams(seed=3, epoch=2, rank=1, world_size=2, block_size=10)
-    assert plan.rank_runs(ROWS, "d", p) == plan.rank_runs(ROWS, "d", p)
+    p = plans.PlanParams(seed=3, epoch=2, rank=1, world_size=2, block_size=10)
+    assert plans.rank_runs(ROWS, "d", p) == plans.rank_runs(ROWS, "d", p)
 
 
 @pytest.mark.parametrize(
     "other",
     [
-        plan.PlanParams(seed=3, epoch=3, block_size=10),
-        plan.PlanParams(seed=4, epoch=2, block_size=10),
+        plans.PlanParams(seed=3, epoch=3, block_size=10),
+        plans.PlanParams(seed=4, epoch=2, block_size=10),
     ],
 )
-def test_another_epoch_or_seed_gives_another_order(other: plan.PlanParams) -> None:
-    base = plan.PlanParams(seed=3, epoch=2, block_size=10)
-    assert rows_of(plan.rank_runs(ROWS, "d", base)) != rows_of(plan.rank_runs(ROWS, "d", other))
+def test_another_epoch_or_seed_gives_another_order(other: plans.PlanParams) -> None:
+    base = plans.PlanParams(seed=3, epoch=2, block_size=10)
+    assert rows_of(plans.rank_runs(ROWS, "d", base)) != rows_of(plans.rank_runs(ROWS, "d", other))
 
 
 def test_another_digest_gives_another_order() -> None:
-    p = plan.PlanParams(seed=3, block_size=10)
-    assert rows_of(plan.rank_runs(ROWS, "a", p)) != rows_of(plan.rank_runs(ROWS, "b", p))
+    p = plans.PlanParams(seed=3, block_size=10)
+    assert rows_of(plans.rank_runs(ROWS, "a", p)) != rows_of(plans.rank_runs(ROWS, "b", p))
 
 
 def test_without_shuffle_single_rank_reads_manifest_order() -> None:
-    p = plan.PlanParams(shuffle=False)
-    assert rows_of(plan.rank_runs(ROWS, "d", p)) == [
+    p = plans.PlanParams(shuffle=False)
+    assert rows_of(plans.rank_runs(ROWS, "d", p)) == [
         (s, i) for s, n in enumerate(ROWS) for i in range(n)
     ]
 
 
 def test_blocks_keep_rows_in_order_inside_a_block() -> None:
-    p = plan.PlanParams(seed=1, block_size=16)
-    for run in plan.rank_runs(ROWS, "d", p):
+    p = plans.PlanParams(seed=1, block_size=16)
+    for run in plans.rank_runs(ROWS, "d", p):
         # Every run is one block or adjacent blocks: it starts on a block boundary
         # (or the shard end) and spans at most the shard.
         assert run.start % 16 == 0
@@ -73,32 +73,32 @@ def test_blocks_keep_rows_in_order_inside_a_block() -> None:
 
 def test_each_shard_is_read_in_one_contiguous_span() -> None:
     # One lease per shard: a shard's blocks are never interleaved with another's.
-    p = plan.PlanParams(seed=9, block_size=8)
-    order = [r.shard for r in plan.rank_runs(ROWS, "d", p)]
+    p = plans.PlanParams(seed=9, block_size=8)
+    order = [r.shard for r in plans.rank_runs(ROWS, "d", p)]
     spans = [s for i, s in enumerate(order) if i == 0 or order[i - 1] != s]
     assert len(spans) == len(set(spans))
 
 
 def test_skip_resumes_at_the_exact_row() -> None:
-    runs = plan.rank_runs(ROWS, "d", plan.PlanParams(seed=2, block_size=7))
+    runs = plans.rank_runs(ROWS, "d", plans.PlanParams(seed=2, block_size=7))
     full = rows_of(runs)
     for position in [0, 1, 6, 7, 8, 99, 100, 101, len(full) - 1, len(full)]:
-        assert rows_of(list(plan.skip(runs, position))) == full[position:]
+        assert rows_of(list(plans.skip(runs, position))) == full[position:]
 
 
 def test_upcoming_shards_follow_the_plan_from_a_position() -> None:
-    runs = plan.rank_runs(ROWS, "d", plan.PlanParams(seed=2, block_size=1000))
-    order = plan.shard_order(runs)
-    assert plan.upcoming_shards(runs, 0) == order
+    runs = plans.rank_runs(ROWS, "d", plans.PlanParams(seed=2, block_size=1000))
+    order = plans.shard_order(runs)
+    assert plans.upcoming_shards(runs, 0) == order
     first = runs[0]
-    assert plan.upcoming_shards(runs, len(first)) == order[1:]
+    assert plans.upcoming_shards(runs, len(first)) == order[1:]
 
 
 def test_global_index_and_locate_are_inverse() -> None:
-    offsets = plan.shard_offsets(ROWS)
+    offsets = plans.shard_offsets(ROWS)
     for shard, n in enumerate(ROWS):
         for row in range(n):
-            assert plan.locate(offsets, plan.global_index(offsets, shard, row)) == (shard, row)
+            assert plans.locate(offsets, plans.global_index(offsets, shard, row)) == (shard, row)
 
 
 @pytest.mark.parametrize(
@@ -112,15 +112,15 @@ def test_global_index_and_locate_are_inverse() -> None:
 )
 def test_bad_plan_parameters_name_what_is_wrong(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(errors.InputError, match=re.escape(message)):
-        plan.PlanParams(**kwargs)
+        plans.PlanParams(**kwargs)
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 5, 100])
 def test_next_shards_agrees_with_upcoming_shards_at_every_position(count: int) -> None:
-    runs = plan.rank_runs(ROWS, "d", plan.PlanParams(seed=4, block_size=9))
-    ends = plan.run_ends(runs)
+    runs = plans.rank_runs(ROWS, "d", plans.PlanParams(seed=4, block_size=9))
+    ends = plans.run_ends(runs)
     for position in range(sum(len(r) for r in runs) + 1):
         assert (
-            plan.next_shards(runs, ends, position, count)
-            == (plan.upcoming_shards(runs, position)[:count])
+            plans.next_shards(runs, ends, position, count)
+            == (plans.upcoming_shards(runs, position)[:count])
         )

@@ -12,60 +12,63 @@ from pathlib import Path
 
 import pytest
 
-from shardcache import contract, errors
-from shardcache import sidecar_client as client_mod
-from shardcache.node import lease as lease_mod
+from shardcache import contract, errors, sidecar_client
+from shardcache.node import leases
 from tests.support.locks import exclusively_lockable
 
 pytestmark = pytest.mark.unit
 
 
 def test_socket_and_memory_dir_come_from_run_dir_and_mount() -> None:
-    s = client_mod.ClientSettings.from_env({contract.ENV_RUN_DIR: "/r", contract.ENV_MOUNT: "m"})
+    s = sidecar_client.ClientSettings.from_env(
+        {contract.ENV_RUN_DIR: "/r", contract.ENV_MOUNT: "m"}
+    )
     assert (s.socket_path, s.memory_dir) == (Path("/r/m/control.sock"), Path("/r/m/mem"))
     assert s.reconnect_timeout == 120.0
 
 
 def test_an_explicit_socket_wins_and_the_memory_dir_sits_beside_it() -> None:
     env = {contract.ENV_SOCKET: "/x/control.sock", contract.ENV_MOUNT: "m"}
-    s = client_mod.ClientSettings.from_env(env, reconnect_timeout=5)
+    s = sidecar_client.ClientSettings.from_env(env, reconnect_timeout=5)
     assert (s.socket_path, s.memory_dir, s.reconnect_timeout) == (
         Path("/x/control.sock"),
         Path("/x/mem"),
         5,
     )
-    assert client_mod.ClientSettings.from_env(env, mount="other").socket_path == Path(
+    assert sidecar_client.ClientSettings.from_env(env, mount="other").socket_path == Path(
         "/x/control.sock"
     )
 
 
 def test_the_reconnect_timeout_comes_from_the_environment_unless_given() -> None:
-    env = {contract.ENV_SOCKET: "/x/control.sock", client_mod.ENV_RECONNECT_TIMEOUT: "7.5"}
-    assert client_mod.ClientSettings.from_env(env).reconnect_timeout == 7.5
-    assert client_mod.ClientSettings.from_env(env, reconnect_timeout=3).reconnect_timeout == 3
+    env = {contract.ENV_SOCKET: "/x/control.sock", sidecar_client.ENV_RECONNECT_TIMEOUT: "7.5"}
+    assert sidecar_client.ClientSettings.from_env(env).reconnect_timeout == 7.5
+    assert sidecar_client.ClientSettings.from_env(env, reconnect_timeout=3).reconnect_timeout == 3
     with pytest.raises(errors.InputError, match="expected seconds as a number, found 'soon'"):
-        client_mod.ClientSettings.from_env({**env, client_mod.ENV_RECONNECT_TIMEOUT: "soon"})
+        sidecar_client.ClientSettings.from_env(
+            {**env, sidecar_client.ENV_RECONNECT_TIMEOUT: "soon"}
+        )
 
 
 def test_without_a_uri_or_sidecar_variables_the_error_says_what_to_do() -> None:
     with pytest.raises(errors.InputError, match=contract.ENV_MOUNT) as info:
-        client_mod.ClientSettings.from_env({})
+        sidecar_client.ClientSettings.from_env({})
     assert "embedded mode" in str(info.value)
 
 
 def test_a_socket_path_too_long_for_af_unix_is_refused_up_front() -> None:
     with pytest.raises(errors.InputError, match="at most 107"):
-        client_mod.ClientSettings.from_env({contract.ENV_SOCKET: "/" + "s" * 120})
+        sidecar_client.ClientSettings.from_env({contract.ENV_SOCKET: "/" + "s" * 120})
 
 
 def test_an_absent_sidecar_raises_unavailable_naming_socket_and_wait() -> None:
     # A short directory: pytest's tmp_path can exceed the 107-byte socket path limit.
     short = Path(tempfile.mkdtemp(prefix="scu-", dir="/tmp"))
     path = short / "control.sock"
-    settings = client_mod.ClientSettings(path, short / "mem", reconnect_timeout=0.3)
+    settings = sidecar_client.ClientSettings(path, short / "mem", reconnect_timeout=0.3)
     started = time.monotonic()
     with pytest.raises(errors.SidecarUnavailableError) as info:
-        client_mod.SidecarProvider(settings)
+        sidecar_client.SidecarProvider(settings)
     assert time.monotonic() - started >= 0.3
     assert str(path) in str(info.value) and "waited 0.3 s" in str(info.value)
     # A socket file with nobody listening (a killed sidecar) is the same.
@@ -73,7 +76,7 @@ def test_an_absent_sidecar_raises_unavailable_naming_socket_and_wait() -> None:
         dead.bind(str(path))
     try:
         with pytest.raises(errors.SidecarUnavailableError, match="Connection refused"):
-            client_mod.SidecarProvider(settings)
+            sidecar_client.SidecarProvider(settings)
     finally:
         shutil.rmtree(short)
 
@@ -82,7 +85,7 @@ def test_a_pin_blocks_eviction_until_released(tmp_path: Path) -> None:
     data, lock = tmp_path / "k", tmp_path / "k.lock"
     data.write_bytes(b"x")
     lock.touch()
-    pinned = lease_mod.pin(data, lock)
+    pinned = leases.pin(data, lock)
     assert pinned is not None and pinned.path == data
     assert not exclusively_lockable(lock)
     pinned.release()
@@ -94,7 +97,7 @@ def test_a_dropped_pin_unpins_when_collected(tmp_path: Path) -> None:
     data, lock = tmp_path / "k", tmp_path / "k.lock"
     data.write_bytes(b"x")
     lock.touch()
-    pinned = lease_mod.pin(data, lock)
+    pinned = leases.pin(data, lock)
     assert pinned is not None
     del pinned
     assert exclusively_lockable(lock)
@@ -102,19 +105,19 @@ def test_a_dropped_pin_unpins_when_collected(tmp_path: Path) -> None:
 
 def test_pinning_an_entry_that_went_away_returns_none(tmp_path: Path) -> None:
     data, lock = tmp_path / "k", tmp_path / "k.lock"
-    assert lease_mod.pin(data, lock) is None  # no lock file: never created by pin
+    assert leases.pin(data, lock) is None  # no lock file: never created by pin
     assert not lock.exists()
     lock.touch()
-    assert lease_mod.pin(data, lock) is None  # lock file but no data
+    assert leases.pin(data, lock) is None  # lock file but no data
 
 
 def test_a_pin_with_an_expected_size_refuses_a_data_file_of_another_size(tmp_path: Path) -> None:
     data, lock = tmp_path / "k", tmp_path / "k.lock"
     data.write_bytes(b"xyz")
     lock.touch()
-    assert lease_mod.pin(data, lock, 4) is None
+    assert leases.pin(data, lock, 4) is None
     assert exclusively_lockable(lock)  # a refused pin holds nothing
-    pinned = lease_mod.pin(data, lock, 3)
+    pinned = leases.pin(data, lock, 3)
     assert pinned is not None and not exclusively_lockable(lock)
     pinned.release()
 
@@ -122,7 +125,7 @@ def test_a_pin_with_an_expected_size_refuses_a_data_file_of_another_size(tmp_pat
 def test_the_notifier_runs_calls_in_order_survives_a_failing_one_and_drains_on_close(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    notifier = client_mod._Notifier()
+    notifier = sidecar_client._Notifier()
     ran: list[int] = []
     gate = threading.Event()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from shardcache_sidecar import metrics, readiness
 
-from shardcache.node import cache as cache_mod
+from shardcache.node import caches
 
 pytestmark = pytest.mark.unit
 
@@ -19,7 +19,7 @@ def sample(text: str, name: str) -> float:
 
 def test_observer_events_and_node_stats_become_metrics() -> None:
     m = metrics.Metrics()
-    stats: list[cache_mod.NodeStats] = []
+    stats: list[caches.NodeStats] = []
     m.watch(lambda: stats[0] if stats else None, lambda: bool(stats))
     before = m.render().decode()
     assert sample(before, "shardcache_ready") == 0
@@ -31,7 +31,7 @@ def test_observer_events_and_node_stats_become_metrics() -> None:
     m.fetched(1000, 0.2)
     m.fetch_failed(3, OSError("boom"))
     stats.append(
-        cache_mod.NodeStats(
+        caches.NodeStats(
             disk_resident_bytes=10,
             disk_limit_bytes=100,
             memory_resident_bytes=5,

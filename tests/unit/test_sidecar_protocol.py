@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from shardcache import errors, plan
+from shardcache import errors, plans
 from shardcache.contract import protocol
 
 pytestmark = pytest.mark.unit
@@ -22,7 +22,7 @@ GOOD: dict[str, Any] = {
 
 
 def test_plan_params_round_trip_through_json() -> None:
-    params = plan.PlanParams(seed=5, epoch=2, rank=1, world_size=4, shuffle=False, block_size=128)
+    params = plans.PlanParams(seed=5, epoch=2, rank=1, world_size=4, shuffle=False, block_size=128)
     assert protocol.params_to_json(params) == GOOD
     assert protocol.params_from_json(GOOD) == params
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from shardcache_sidecar import readers
 
-from shardcache import plan
+from shardcache import plans
 
 pytestmark = pytest.mark.unit
 
@@ -20,12 +20,12 @@ class Clock:
 
 def test_reregistering_an_id_is_the_same_reader_and_a_new_plan_replaces_it() -> None:
     registry: readers.Registry[str] = readers.Registry(clock=Clock())
-    params = plan.PlanParams(seed=1, rank=0, world_size=2)
+    params = plans.PlanParams(seed=1, rank=0, world_size=2)
     assert registry.register("r", params, 0) is readers.Change.CREATED
     # After a sidecar restart the client registers again, at a later epoch/position.
     assert registry.register("r", params.with_epoch(3), 50) is readers.Change.UNCHANGED
     assert (
-        registry.register("r", plan.PlanParams(seed=2, world_size=2), 0) is readers.Change.REPLACED
+        registry.register("r", plans.PlanParams(seed=2, world_size=2), 0) is readers.Change.REPLACED
     )
     assert len(registry) == 1
     reader = registry.get("r")
@@ -34,7 +34,7 @@ def test_reregistering_an_id_is_the_same_reader_and_a_new_plan_replaces_it() -> 
 
 def test_move_follows_epoch_and_position_of_known_readers_only() -> None:
     registry: readers.Registry[str] = readers.Registry(clock=Clock())
-    registry.register("r", plan.PlanParams(), 0)
+    registry.register("r", plans.PlanParams(), 0)
     moved = registry.move("r", epoch=2, position=77)
     assert moved is not None and (moved.params.epoch, moved.position) == (2, 77)
     assert registry.move("unknown", epoch=0, position=0) is None
@@ -43,8 +43,8 @@ def test_move_follows_epoch_and_position_of_known_readers_only() -> None:
 def test_holds_expire_after_the_handoff_timeout_and_go_with_their_reader() -> None:
     clock = Clock()
     registry: readers.Registry[str] = readers.Registry(clock=clock)
-    registry.register("a", plan.PlanParams(), 0)
-    registry.register("b", plan.PlanParams(), 0)
+    registry.register("a", plans.PlanParams(), 0)
+    registry.register("b", plans.PlanParams(), 0)
     old = registry.hold("a", 0, "lease-a0")
     clock.now += 20
     young = registry.hold("a", 1, "lease-a1")

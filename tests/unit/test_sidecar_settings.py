@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from shardcache_sidecar import settings
+from shardcache_sidecar import configuration
 
 from shardcache import contract, errors
 
@@ -22,7 +22,7 @@ def test_layout_follows_run_dir_and_mount_like_the_client() -> None:
         contract.ENV_SHUFFLE: "false",
         contract.ENV_MEMORY_LIMIT: "1048576",
     }
-    s = settings.from_env(env)
+    s = configuration.from_env(env)
     assert s.socket_path == Path("/run/sc/tokens/control.sock")
     assert s.memory_dir == Path("/run/sc/tokens/mem")
     assert s.disk_dir == Path(contract.DEFAULT_DISK_DIR)
@@ -35,7 +35,7 @@ def test_layout_follows_run_dir_and_mount_like_the_client() -> None:
 
 def test_flags_override_the_environment() -> None:
     env = {contract.ENV_SOURCE_URI: "s3://b/p", contract.ENV_PREFETCH_DEPTH: "9"}
-    s = settings.from_env(
+    s = configuration.from_env(
         env,
         {
             "source_uri": "file:///d",
@@ -71,5 +71,5 @@ def test_bad_settings_say_which_variable_and_what_was_found(
 ) -> None:
     base = {contract.ENV_SOURCE_URI: "s3://b/p"} if env else {}
     with pytest.raises(errors.InputError) as info:
-        settings.from_env({**base, **env})
+        configuration.from_env({**base, **env})
     assert message in str(info.value)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from shardcache_operator import settings as settings_lib
+from shardcache_operator import configuration
 
 from shardcache import errors
 
@@ -11,8 +11,8 @@ pytestmark = pytest.mark.unit
 
 
 def test_defaults_need_no_environment() -> None:
-    settings = settings_lib.from_env({})
-    assert settings == settings_lib.Settings()
+    settings = configuration.from_env({})
+    assert settings == configuration.Settings()
     assert settings.webhook_port == 9443
     assert settings.missing_policy == "Refuse"
 
@@ -25,7 +25,7 @@ def test_environment_is_typed_and_overrides_win() -> None:
         "SHARDCACHE_OPERATOR_NAMESPACES": "ml, research",
         "SHARDCACHE_OPERATOR_BACKOFF_MAX_SECONDS": "60.5",
     }
-    settings = settings_lib.from_env(env, webhook_port=9000, priority=None)
+    settings = configuration.from_env(env, webhook_port=9000, priority=None)
     assert settings.sidecar_image == "reg/sidecar:1"
     assert settings.webhook_port == 9000
     assert settings.standalone is True
@@ -44,4 +44,4 @@ def test_environment_is_typed_and_overrides_win() -> None:
 )
 def test_bad_environment_values_are_named(name: str, value: str, message: str) -> None:
     with pytest.raises(errors.InputError, match=message):
-        settings_lib.from_env({f"SHARDCACHE_OPERATOR_{name}": value})
+        configuration.from_env({f"SHARDCACHE_OPERATOR_{name}": value})

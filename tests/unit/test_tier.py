@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import contract, errors
-from shardcache.node import names, tier
+from shardcache.node import names, tiers
 
 pytestmark = pytest.mark.unit
 
@@ -59,9 +59,9 @@ def writer(key: str, size: int) -> Callable[[Path], None]:
 
 def make_tier(
     tmp_path: Path, limit: int = 64 * KIB, **kwargs: object
-) -> tuple[tier.Tier, RecordingObserver]:
+) -> tuple[tiers.Tier, RecordingObserver]:
     observer = RecordingObserver()
-    t = tier.Tier(
+    t = tiers.Tier(
         tmp_path / "tier",
         limit_bytes=limit,
         name="disk",
@@ -72,7 +72,7 @@ def make_tier(
     return t, observer
 
 
-def put(t: tier.Tier, key: str, size: int) -> None:
+def put(t: tiers.Tier, key: str, size: int) -> None:
     t.insert(key, size, writer(key, size)).release()
 
 
@@ -191,7 +191,7 @@ def test_entry_larger_than_the_limit_is_a_clear_error(tmp_path: Path) -> None:
     message = str(info.value)
     assert "9216 bytes" in message and "8192 bytes" in message
     assert contract.ENV_DISK_LIMIT in message
-    memory = tier.Tier(tmp_path / "mem", limit_bytes=8, name="memory", fsync=False)
+    memory = tiers.Tier(tmp_path / "mem", limit_bytes=8, name="memory", fsync=False)
     with pytest.raises(errors.CacheError, match=contract.ENV_MEMORY_LIMIT):
         memory.insert("big", 9, writer("big", 9))
     assert t.used_bytes() == 0
@@ -239,7 +239,7 @@ def test_bit_flip_goes_unnoticed_only_when_verification_is_off(tmp_path: Path) -
     entry = t.lookup("flip")
     assert entry is not None
     entry.release()
-    checking = tier.Tier(t.root, limit_bytes=t.limit_bytes, name="disk", verify="always")
+    checking = tiers.Tier(t.root, limit_bytes=t.limit_bytes, name="disk", verify="always")
     assert checking.scan().corrupted == 1
     assert t.keys() == []
 
@@ -299,12 +299,12 @@ def test_meta_format_version_mismatch_is_reported_clearly(
     put(t, "future", 1 * KIB)
     meta_path = t.root / ("future" + names.META_SUFFIX)
     doc = json.loads(meta_path.read_text())
-    assert doc["format_version"] == tier.FORMAT_VERSION
+    assert doc["format_version"] == tiers.FORMAT_VERSION
     doc["format_version"] = 99
     meta_path.write_text(json.dumps(doc))
 
-    with pytest.raises(tier.IncompatibleFormatError) as info:
-        tier.read_meta(meta_path, "future")
+    with pytest.raises(tiers.IncompatibleFormatError) as info:
+        tiers.read_meta(meta_path, "future")
     assert "format_version 99, expected 1" in str(info.value)
     with caplog.at_level(logging.WARNING):
         assert t.lookup("future") is None
@@ -349,7 +349,7 @@ def test_scan_removes_stale_temp_files_and_incomplete_entries(tmp_path: Path) ->
     assert t.used_bytes() == 2 * KIB + 2 * KIB + 4096  # orphans still take room
 
     report = t.scan()
-    assert report == tier.ScanReport(
+    assert report == tiers.ScanReport(
         entries=1,
         bytes=2 * KIB,
         verified=1,
@@ -359,7 +359,7 @@ def test_scan_removes_stale_temp_files_and_incomplete_entries(tmp_path: Path) ->
         incompatible=0,
     )
     assert sorted(p.name for p in t.root.iterdir()) == sorted(
-        [tier.TIER_LOCK_NAME, "good", "good.lock", "good" + names.META_SUFFIX]
+        [tiers.TIER_LOCK_NAME, "good", "good.lock", "good" + names.META_SUFFIX]
     )
 
 
@@ -403,14 +403,14 @@ def test_get_or_insert_from_many_threads_produces_once(tmp_path: Path) -> None:
     assert len(results) == 6
     assert len({sha for sha, _ in results}) == 1
     assert sorted(hit for _, hit in results) == [False] + [True] * 5
-    assert not (t.root / ("k" + tier.FILL_LOCK_SUFFIX)).exists()
+    assert not (t.root / ("k" + tiers.FILL_LOCK_SUFFIX)).exists()
 
 
 def test_settings_out_of_range_are_input_errors(tmp_path: Path) -> None:
     with pytest.raises(errors.InputError, match="limit"):
-        tier.Tier(tmp_path, limit_bytes=-1, name="disk")
+        tiers.Tier(tmp_path, limit_bytes=-1, name="disk")
     with pytest.raises(errors.InputError, match="verify"):
-        tier.Tier(tmp_path, limit_bytes=1, name="disk", verify="sometimes")  # type: ignore[arg-type]
+        tiers.Tier(tmp_path, limit_bytes=1, name="disk", verify="sometimes")  # type: ignore[arg-type]
     t, _ = make_tier(tmp_path)
     with pytest.raises(errors.InputError, match="size"):
         t.insert("k", -1, writer("k", 0))
@@ -466,7 +466,7 @@ def test_insert_without_eviction_fails_fast_when_full_and_keeps_entries(tmp_path
     put(t, "a", 10 * KIB)
     put(t, "b", 8 * KIB)
     started = time.monotonic()
-    with pytest.raises(tier.TierFullError, match="2048 of 20480 bytes free"):
+    with pytest.raises(tiers.TierFullError, match="2048 of 20480 bytes free"):
         t.get_or_insert("c", 4 * KIB, writer("c", 4 * KIB), evict=False)
     assert time.monotonic() - started < 1.0, "no waiting when evict=False"
     assert t.keys() == ["a", "b"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import contract, errors
-from shardcache.node import tier
+from shardcache.node import tiers
 
 pytestmark = pytest.mark.unit
 
@@ -25,8 +25,8 @@ def writer(size: int) -> Callable[[Path], None]:
     return produce
 
 
-def memory_tier(root: Path, limit: int) -> tier.Tier:
-    return tier.Tier(
+def memory_tier(root: Path, limit: int) -> tiers.Tier:
+    return tiers.Tier(
         root,
         limit_bytes=limit,
         name="memory",
@@ -43,12 +43,12 @@ def test_an_entry_that_does_not_fit_beside_the_callers_leases_fails_at_once(
     a = t.insert("a", 10 * KIB, writer(10 * KIB))
     b = t.insert("b", 10 * KIB, writer(10 * KIB))
     started = time.monotonic()
-    with pytest.raises(tier.RoomHeldError) as info:
+    with pytest.raises(tiers.RoomHeldError) as info:
         t.insert("c", 15 * KIB, writer(15 * KIB), held=a.size + b.size)
     assert time.monotonic() - started < WAIT_TIMEOUT_S / 2
     err = info.value
     assert (err.size, err.held, err.limit) == (15 * KIB, 20 * KIB, 30 * KIB)
-    assert isinstance(err, errors.CacheError) and isinstance(err, tier.TierFullError)
+    assert isinstance(err, errors.CacheError) and isinstance(err, tiers.TierFullError)
     assert "20480 bytes its caller holds" in str(err) and contract.ENV_MEMORY_LIMIT in str(err)
     assert t.keys() == ["a", "b"] and t.used_bytes() == 20 * KIB  # nothing reserved
     shard = err.about("shard 3 (part-00003.parquet)")
@@ -75,9 +75,9 @@ def test_an_entry_larger_than_the_whole_tier_is_too_large_whatever_is_held(
 ) -> None:
     t = memory_tier(tmp_path, 8 * KIB)
     a = t.insert("a", 4 * KIB, writer(4 * KIB))
-    with pytest.raises(tier.EntryTooLargeError) as info:
+    with pytest.raises(tiers.EntryTooLargeError) as info:
         t.insert("big", 9 * KIB, writer(9 * KIB), held=a.size)
-    assert not isinstance(info.value, tier.RoomHeldError)
+    assert not isinstance(info.value, tiers.RoomHeldError)
     assert (info.value.size, info.value.limit) == (9 * KIB, 8 * KIB)
     assert "holds at most 8192 bytes" in str(info.value.about("shard 0 (p)"))
     a.release()

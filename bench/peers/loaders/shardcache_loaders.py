@@ -20,10 +20,9 @@ from shardcache_sidecar import launcher
 
 import shardcache
 from bench.peers.loaders import base
-from shardcache import contract
-from shardcache import plan as plan_mod
+from shardcache import contract, plans
 
-#: The sidecar's own defaults (sidecar/shardcache_sidecar/settings.py): 4 GiB holds the
+#: The sidecar's own defaults (sidecar/shardcache_sidecar/configuration.py): 4 GiB holds the
 #: whole 1 GiB benchmark decoded, so the warm pass reads only resident shards.
 SIDECAR_MEMORY_LIMIT = 4 << 30
 SIDECAR_DISK_LIMIT = 50 << 30
@@ -38,7 +37,7 @@ class EmbeddedLoader:
         self._ds: shardcache.Dataset | None = None
         self.settings = (
             f"shardcache.open('file://…/parquet', shuffle=True, block_size="
-            f"{plan_mod.DEFAULT_BLOCK_SIZE}, memory_dir=/dev/shm/…).batches("
+            f"{plans.DEFAULT_BLOCK_SIZE}, memory_dir=/dev/shm/…).batches("
             f"{setup.batch_size}), cache in the trainer process"
         )
 

@@ -14,7 +14,7 @@ import threading
 
 from shardcache import contract, errors
 from shardcache_sidecar.checkpoint import agent as agent_mod
-from shardcache_sidecar.checkpoint import settings as settings_mod
+from shardcache_sidecar.checkpoint import agent_config
 
 
 def main() -> int:
@@ -22,7 +22,7 @@ def main() -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        settings = settings_mod.CheckpointSettings.from_env()
+        settings = agent_config.CheckpointSettings.from_env()
     except errors.InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

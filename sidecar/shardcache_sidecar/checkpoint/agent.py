@@ -19,9 +19,8 @@ from pathlib import Path
 
 from shardcache import errors, source
 from shardcache.checkpoint import _protocol
-from shardcache_sidecar.checkpoint import layout, restorer, retention, uploader
+from shardcache_sidecar.checkpoint import agent_config, layout, restorer, retention, uploader
 from shardcache_sidecar.checkpoint import metrics as metrics_mod
-from shardcache_sidecar.checkpoint import settings as settings_mod
 
 log = logging.getLogger(__name__)
 #: Seconds an answered restore request stays when the trainer never collects it (it
@@ -32,7 +31,7 @@ ANSWER_TTL_S = 3600.0
 class Agent:
     def __init__(
         self,
-        settings: settings_mod.CheckpointSettings,
+        settings: agent_config.CheckpointSettings,
         *,
         observer: metrics_mod.Observer | None = None,
         storage_options: dict[str, str] | None = None,

@@ -12,8 +12,8 @@ from typing import Protocol
 import prometheus_client as prom
 
 from shardcache_sidecar.checkpoint import agent as agent_mod
+from shardcache_sidecar.checkpoint import agent_config
 from shardcache_sidecar.checkpoint import metrics as metrics_mod
-from shardcache_sidecar.checkpoint import settings as settings_mod
 
 #: The /readyz gate that stays closed until the restore at start is done.
 GATE_RESTORE = "checkpoint-restore"
@@ -30,7 +30,7 @@ class Gates(Protocol):
 
 
 def attach(
-    settings: settings_mod.CheckpointSettings, gates: Gates, registry: prom.CollectorRegistry
+    settings: agent_config.CheckpointSettings, gates: Gates, registry: prom.CollectorRegistry
 ) -> agent_mod.Agent:
     """Start the agent; /readyz waits for its restore."""
     wanted = settings.restore

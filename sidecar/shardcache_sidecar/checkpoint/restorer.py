@@ -21,9 +21,8 @@ import pyarrow.fs as pafs
 
 from shardcache import contract, errors, source
 from shardcache.checkpoint import _protocol
-from shardcache_sidecar.checkpoint import layout, uploader
+from shardcache_sidecar.checkpoint import agent_config, layout, uploader
 from shardcache_sidecar.checkpoint import metrics as metrics_mod
-from shardcache_sidecar.checkpoint import settings as settings_mod
 
 log = logging.getLogger(__name__)
 #: Piece size of parallel ranged downloads: large enough that a request's latency is
@@ -95,7 +94,7 @@ def restore(
     manifest (unless `fallback`, which then tries the next older one), InputError for
     a pinned step that is not published, SourceError when the store keeps failing.
     """
-    choice = settings_mod.parse_restore(wanted)
+    choice = agent_config.parse_restore(wanted)
     try:
         root.mkdir(parents=True, exist_ok=True)
         clean_leftovers(root)

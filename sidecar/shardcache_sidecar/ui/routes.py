@@ -27,7 +27,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from shardcache import errors, plan
+from shardcache import errors, plans
 from shardcache.inspect import images, locate, render, session
 
 T = TypeVar("T")
@@ -60,12 +60,12 @@ class Defaults:
 
     seed: int = 0
     shuffle: bool = True
-    block_size: int = plan.DEFAULT_BLOCK_SIZE
+    block_size: int = plans.DEFAULT_BLOCK_SIZE
     world_size: int = 1
     batch_size: int = 32
 
     @classmethod
-    def from_plan(cls, params: plan.PlanParams, *, batch_size: int = 32) -> Defaults:
+    def from_plan(cls, params: plans.PlanParams, *, batch_size: int = 32) -> Defaults:
         return cls(
             seed=params.seed,
             shuffle=params.shuffle,

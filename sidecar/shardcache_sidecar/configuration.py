@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shardcache import contract, errors, plan
-from shardcache import sidecar_client as client_mod
-from shardcache.node import cache as cache_mod
-from shardcache_sidecar.checkpoint import settings as ckpt_settings
+from shardcache import contract, errors, plans, sidecar_client
+from shardcache.node import caches
+from shardcache_sidecar.checkpoint import agent_config
 
 GiB = 1 << 30
 
@@ -59,7 +58,7 @@ class Settings:
     #: The startup plan (pre-registered so prefetch starts before the trainer does).
     seed: int = 0
     shuffle: bool = True
-    block_size: int = plan.DEFAULT_BLOCK_SIZE
+    block_size: int = plans.DEFAULT_BLOCK_SIZE
     world_size: int = 1
     rank: int = 0
     #: TCP address of /healthz, /readyz and /metrics for kubelet and Prometheus.
@@ -80,7 +79,7 @@ class Settings:
     log_format: str = "json"
     log_level: str = "INFO"
     #: The checkpoint agent's settings ($SHARDCACHE_CHECKPOINT_*); None runs no agent.
-    checkpoint: ckpt_settings.CheckpointSettings | None = None
+    checkpoint: agent_config.CheckpointSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.source_uri:
@@ -89,10 +88,10 @@ class Settings:
                 "e.g. s3://bucket/prefix"
             )
         size = len(os.fsencode(self.socket_path))
-        if size > client_mod.MAX_SOCKET_PATH_BYTES:
+        if size > sidecar_client.MAX_SOCKET_PATH_BYTES:
             raise errors.InputError(
                 f"control socket path {str(self.socket_path)!r} is {size} bytes; Unix sockets "
-                f"allow at most {client_mod.MAX_SOCKET_PATH_BYTES}: use a shorter run directory"
+                f"allow at most {sidecar_client.MAX_SOCKET_PATH_BYTES}: use a shorter run directory"
             )
         for name in ("memory_limit", "disk_limit", "prefetch_depth", "ready_shards"):
             if getattr(self, name) < 0:
@@ -119,8 +118,8 @@ class Settings:
         # PlanParams checks rank < world_size etc. with its own messages.
         self.startup_plan()
 
-    def startup_plan(self) -> plan.PlanParams:
-        return plan.PlanParams(
+    def startup_plan(self) -> plans.PlanParams:
+        return plans.PlanParams(
             seed=self.seed,
             epoch=0,
             rank=self.rank,
@@ -129,8 +128,8 @@ class Settings:
             block_size=self.block_size,
         )
 
-    def node_settings(self) -> cache_mod.NodeSettings:
-        return cache_mod.NodeSettings(
+    def node_settings(self) -> caches.NodeSettings:
+        return caches.NodeSettings(
             disk_dir=self.disk_dir,
             memory_dir=self.memory_dir,
             disk_limit=self.disk_limit,
@@ -203,7 +202,7 @@ def from_env(
     for field, var in ints.items():
         values[field] = _int(env, var)
     values["shuffle"] = _bool(env, contract.ENV_SHUFFLE)
-    values["checkpoint"] = ckpt_settings.CheckpointSettings.from_env(env)
+    values["checkpoint"] = agent_config.CheckpointSettings.from_env(env)
     values.update(given)
     for field in ("socket_path", "memory_dir", "disk_dir"):
         values[field] = Path(values[field])

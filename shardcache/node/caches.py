@@ -22,9 +22,8 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardcache import errors, formats, plan, source
-from shardcache import manifest as manifest_mod
-from shardcache.node import tier as tier_mod
+from shardcache import errors, formats, manifests, plans, source
+from shardcache.node import tiers
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ class NodeSettings:
     wait_timeout: float = 300.0
 
 
-class NodeObserver(tier_mod.TierObserver, Protocol):
+class NodeObserver(tiers.TierObserver, Protocol):
     def fetched(self, nbytes: int, seconds: float) -> None: ...
 
     def fetch_failed(self, shard: int, error: BaseException) -> None: ...
@@ -131,19 +130,19 @@ class _Counting:
 
 @dataclasses.dataclass
 class _Reader:
-    params: plan.PlanParams
-    runs: list[plan.Run]
+    params: plans.PlanParams
+    runs: list[plans.Run]
     position: int
     ends: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.ends = plan.run_ends(self.runs)
+        self.ends = plans.run_ends(self.runs)
 
 
 class CacheNode:
     def __init__(
         self,
-        manifest: manifest_mod.Manifest,
+        manifest: manifests.Manifest,
         settings: NodeSettings,
         *,
         filesystem: pafs.FileSystem | None = None,
@@ -156,7 +155,7 @@ class CacheNode:
             filesystem, _ = source.filesystem(manifest.root, storage_options=storage_options)
         self._fs = filesystem
         self._events = _Counting(observer)
-        self.disk = tier_mod.Tier(
+        self.disk = tiers.Tier(
             settings.disk_dir,
             limit_bytes=settings.disk_limit,
             name="disk",
@@ -167,7 +166,7 @@ class CacheNode:
         )
         # Memory-tier files are written by this code and never leave tmpfs: a full
         # checksum on every acquire would cost a pass over the data; sizes are checked.
-        self.memory = tier_mod.Tier(
+        self.memory = tiers.Tier(
             settings.memory_dir,
             limit_bytes=settings.memory_limit,
             name="memory",
@@ -186,8 +185,8 @@ class CacheNode:
         self._closed = False
 
     # --- readers ----------------------------------------------------------------
-    def register_reader(self, reader_id: str, params: plan.PlanParams, position: int = 0) -> None:
-        runs = plan.rank_runs(self.manifest.shard_rows, self.manifest.digest, params)
+    def register_reader(self, reader_id: str, params: plans.PlanParams, position: int = 0) -> None:
+        runs = plans.rank_runs(self.manifest.shard_rows, self.manifest.digest, params)
         with self._lock:
             self._readers[reader_id] = _Reader(params, runs, position)
         self._schedule()
@@ -199,7 +198,7 @@ class CacheNode:
                 raise errors.InputError(f"unknown reader {reader_id!r}: register it first")
             if epoch != reader.params.epoch:
                 params = reader.params.with_epoch(epoch)
-                runs = plan.rank_runs(self.manifest.shard_rows, self.manifest.digest, params)
+                runs = plans.rank_runs(self.manifest.shard_rows, self.manifest.digest, params)
                 self._readers[reader_id] = _Reader(params, runs, position)
             else:
                 reader.position = position
@@ -226,8 +225,8 @@ class CacheNode:
         shard: int,
         *,
         timeout: float | None = None,
-        beside: Sequence[tier_mod.Entry] = (),
-    ) -> tier_mod.Entry:
+        beside: Sequence[tiers.Entry] = (),
+    ) -> tiers.Entry:
         """Block until `shard` is resident in the memory tier; return a lease on it.
 
         `beside`: memory-tier leases the caller keeps holding while it waits. If the
@@ -311,10 +310,10 @@ class CacheNode:
                 evict=not prefetch,
                 held=held,
             )
-        except (tier_mod.RoomHeldError, tier_mod.EntryTooLargeError) as exc:
+        except (tiers.RoomHeldError, tiers.EntryTooLargeError) as exc:
             # Kept as their own types, so a caller can tell "does not fit" apart.
             raise exc.about(f"shard {shard} ({entry.path})") from exc
-        except tier_mod.TierFullError:
+        except tiers.TierFullError:
             if not prefetch:
                 raise
             self._warn_small_memory(decoded.size)
@@ -373,7 +372,7 @@ class CacheNode:
             reader = self._readers.get(reader_id)
             if reader is None:
                 return []
-            return plan.next_shards(reader.runs, reader.ends, reader.position, count)
+            return plans.next_shards(reader.runs, reader.ends, reader.position, count)
 
     def _schedule(self) -> None:
         if self._closed:

@@ -2,7 +2,7 @@
 
 Batches are slices of memory-mapped Arrow IPC files in the memory tier. A batch is
 copied only when it is stitched from more than one run of rows: across a shuffle-block
-boundary inside a shard, or across two shards (see docs/reading-plan.md). The position
+boundary inside a shard, or across two shards (see docs/reading-plans.md). The position
 in the epoch is counted in samples on the client, so resuming never depends on the
 sidecar's state.
 """
@@ -21,8 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from shardcache import errors, plan, provider
-from shardcache import manifest as manifest_mod
+from shardcache import errors, manifests, plans, provider
 
 STATE_VERSION = 1
 
@@ -129,18 +128,18 @@ def _combine(reader: ipc.RecordBatchFileReader) -> pa.RecordBatch:
 class Dataset:
     """One rank's view of a dataset. Create it with `shardcache.open()`."""
 
-    def __init__(self, shards: provider.ShardProvider, params: plan.PlanParams) -> None:
+    def __init__(self, shards: provider.ShardProvider, params: plans.PlanParams) -> None:
         self._provider = shards
         self._params = params
         self._position = 0
-        self._runs_cache: tuple[int, list[plan.Run]] | None = None
+        self._runs_cache: tuple[int, list[plans.Run]] | None = None
         self._reader_id = f"{params.rank}-{uuid.uuid4().hex[:12]}"
         self._registered = False
         self._mappings = _Mappings()
 
     # --- description --------------------------------------------------------------
     @property
-    def manifest(self) -> manifest_mod.Manifest:
+    def manifest(self) -> manifests.Manifest:
         return self._provider.manifest
 
     @property
@@ -150,7 +149,7 @@ class Dataset:
         return self._provider
 
     @property
-    def params(self) -> plan.PlanParams:
+    def params(self) -> plans.PlanParams:
         return self._params
 
     @property
@@ -164,15 +163,15 @@ class Dataset:
 
     def __len__(self) -> int:
         """Samples this rank reads in one epoch."""
-        lo, hi = plan.rank_bounds(self.manifest.total_rows, self._params)
+        lo, hi = plans.rank_bounds(self.manifest.total_rows, self._params)
         return hi - lo
 
-    def runs(self) -> list[plan.Run]:
+    def runs(self) -> list[plans.Run]:
         """This rank's reading plan for the current epoch."""
         epoch = self._params.epoch
         if self._runs_cache is None or self._runs_cache[0] != epoch:
             m = self.manifest
-            self._runs_cache = (epoch, plan.rank_runs(m.shard_rows, m.digest, self._params))
+            self._runs_cache = (epoch, plans.rank_runs(m.shard_rows, m.digest, self._params))
         return self._runs_cache[1]
 
     # --- iteration --------------------------------------------------------------
@@ -201,7 +200,7 @@ class Dataset:
         pending: list[pa.RecordBatch] = []
         pending_rows = 0
         try:
-            for run in plan.skip(self.runs(), self._position):
+            for run in plans.skip(self.runs(), self._position):
                 if run.shard != current:
                     # Pending slices stay valid after the old lease goes: eviction only
                     # unlinks a memory-tier file, and the slices keep its mapping (and
@@ -252,7 +251,7 @@ class Dataset:
         p = self._params
         return {
             "version": STATE_VERSION,
-            "plan_version": plan.PLAN_VERSION,
+            "plan_version": plans.PLAN_VERSION,
             "digest": self.manifest.digest,
             "seed": p.seed,
             "shuffle": p.shuffle,
