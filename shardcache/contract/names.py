@@ -1,7 +1,8 @@
 """Names of everything the webhook writes into a pod and the sidecar and client read.
 
-Environment variable names, the shared volume's layout (run directory, control socket,
-memory tier) and the sidecar's probe port. Changing a value here changes the contract
+Environment variable names (short names for the rows of `variables`, the contract
+table), the shared volume's layout (run directory, control socket, memory tier) and the
+sidecar's probe port. Changing a value here changes the contract
 between the operator, the sidecar and the trainer, so it is versioned by
 `CONTROL_API_VERSION` (docs/wire-format.md).
 """
@@ -9,47 +10,48 @@ between the operator, the sidecar and the trainer, so it is versioned by
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Final
+
+from shardcache.contract import variables
 
 #: Version of the control protocol spoken over the Unix socket (see docs/wire-format.md).
 CONTROL_API_VERSION = "v1"
 
-# --- environment variables -------------------------------------------------------
-#: Root of the per-pod shared run directory; each mount has a subdirectory.
-ENV_RUN_DIR = "SHARDCACHE_RUN_DIR"
-#: Name of the DatasetMount that `shardcache.open()` uses when none is given.
-ENV_MOUNT = "SHARDCACHE_MOUNT"
-#: Comma-separated names of every DatasetMount injected into the pod.
-ENV_MOUNTS = "SHARDCACHE_MOUNTS"
-#: Explicit control socket path; overrides the one derived from run dir and mount.
-ENV_SOCKET = "SHARDCACHE_SOCKET"
-
-# Settings the webhook writes for the sidecar (the checkpoint directory also reaches
-# trainers: they commit into it).
-ENV_SOURCE_URI = "SHARDCACHE_SOURCE_URI"
-ENV_SOURCE_FORMAT = "SHARDCACHE_SOURCE_FORMAT"
-ENV_MANIFEST_DIGEST = "SHARDCACHE_MANIFEST_DIGEST"
-ENV_MEMORY_DIR = "SHARDCACHE_MEMORY_DIR"
-ENV_MEMORY_LIMIT = "SHARDCACHE_MEMORY_LIMIT_BYTES"
-ENV_DISK_DIR = "SHARDCACHE_DISK_DIR"
-ENV_DISK_LIMIT = "SHARDCACHE_DISK_LIMIT_BYTES"
-ENV_PREFETCH_DEPTH = "SHARDCACHE_PREFETCH_DEPTH"
-ENV_FETCH_CONCURRENCY = "SHARDCACHE_FETCH_CONCURRENCY"
-ENV_READY_SHARDS = "SHARDCACHE_READY_SHARDS"
-ENV_SEED = "SHARDCACHE_SEED"
-ENV_SHUFFLE = "SHARDCACHE_SHUFFLE"
-ENV_BLOCK_SIZE = "SHARDCACHE_BLOCK_SIZE"
-ENV_WORLD_SIZE = "SHARDCACHE_WORLD_SIZE"
-ENV_RANK = "SHARDCACHE_RANK"
-ENV_METRICS_PORT = "SHARDCACHE_METRICS_PORT"
-ENV_CHECKPOINT_DIR = "SHARDCACHE_CHECKPOINT_DIR"
-ENV_CHECKPOINT_URI = "SHARDCACHE_CHECKPOINT_URI"
-ENV_CHECKPOINT_KEEP_LAST = "SHARDCACHE_CHECKPOINT_KEEP_LAST"
-ENV_CHECKPOINT_RESTORE = "SHARDCACHE_CHECKPOINT_RESTORE"
-#: Checkpoint agent tuning, from spec.checkpoint (see docs/checkpoints.md).
-ENV_CHECKPOINT_RESTORE_FALLBACK = "SHARDCACHE_CHECKPOINT_RESTORE_FALLBACK"
-ENV_CHECKPOINT_CONCURRENCY = "SHARDCACHE_CHECKPOINT_CONCURRENCY"
-ENV_CHECKPOINT_VERIFY_UPLOADS = "SHARDCACHE_CHECKPOINT_VERIFY_UPLOADS"
-ENV_CHECKPOINT_UPLOAD_BUFFER = "SHARDCACHE_CHECKPOINT_UPLOAD_BUFFER_BYTES"
+# --- environment variable names ---------------------------------------------------
+# Short names for the rows of the contract table (`variables`), where each variable's
+# type, default, spec field and readers are defined.
+ENV_RUN_DIR: Final = variables.RUN_DIR.env
+ENV_MOUNT: Final = variables.MOUNT.env
+ENV_MOUNTS: Final = variables.MOUNTS.env
+ENV_SOCKET: Final = variables.SOCKET.env
+ENV_SOURCE_URI: Final = variables.SOURCE_URI.env
+ENV_SOURCE_FORMAT: Final = variables.SOURCE_FORMAT.env
+ENV_MANIFEST_DIGEST: Final = variables.MANIFEST_DIGEST.env
+ENV_MEMORY_DIR: Final = variables.MEMORY_DIR.env
+ENV_MEMORY_LIMIT: Final = variables.MEMORY_LIMIT.env
+ENV_DISK_DIR: Final = variables.DISK_DIR.env
+ENV_DISK_LIMIT: Final = variables.DISK_LIMIT.env
+ENV_PREFETCH_DEPTH: Final = variables.PREFETCH_DEPTH.env
+ENV_FETCH_CONCURRENCY: Final = variables.FETCH_CONCURRENCY.env
+ENV_READY_SHARDS: Final = variables.READY_SHARDS.env
+ENV_SEED: Final = variables.SEED.env
+ENV_SHUFFLE: Final = variables.SHUFFLE.env
+ENV_BLOCK_SIZE: Final = variables.BLOCK_SIZE.env
+ENV_WORLD_SIZE: Final = variables.WORLD_SIZE.env
+ENV_RANK: Final = variables.RANK.env
+ENV_METRICS_PORT: Final = variables.METRICS_PORT.env
+ENV_METRICS_HOST: Final = variables.METRICS_HOST.env
+ENV_LOG_FORMAT: Final = variables.LOG_FORMAT.env
+ENV_LOG_LEVEL: Final = variables.LOG_LEVEL.env
+ENV_CHECKPOINT_DIR: Final = variables.CHECKPOINT_DIR.env
+ENV_CHECKPOINT_URI: Final = variables.CHECKPOINT_URI.env
+ENV_CHECKPOINT_KEEP_LAST: Final = variables.CHECKPOINT_KEEP_LAST.env
+ENV_CHECKPOINT_RESTORE: Final = variables.CHECKPOINT_RESTORE.env
+ENV_CHECKPOINT_RESTORE_FALLBACK: Final = variables.CHECKPOINT_RESTORE_FALLBACK.env
+ENV_CHECKPOINT_CONCURRENCY: Final = variables.CHECKPOINT_CONCURRENCY.env
+ENV_CHECKPOINT_VERIFY_UPLOADS: Final = variables.CHECKPOINT_VERIFY_UPLOADS.env
+ENV_CHECKPOINT_UPLOAD_BUFFER: Final = variables.CHECKPOINT_UPLOAD_BUFFER.env
+ENV_RECONNECT_TIMEOUT: Final = variables.RECONNECT_TIMEOUT.env
 
 #: S3 settings read by `shardcache.source` (the usual AWS variable names).
 ENV_S3_ENDPOINT = "AWS_ENDPOINT_URL"
@@ -58,9 +60,9 @@ ENV_S3_REGION = "AWS_REGION"
 
 # --- paths -----------------------------------------------------------------------
 #: Default run directory inside pods (a memory-backed volume per mount below it).
-DEFAULT_RUN_DIR = "/var/run/shardcache"
+DEFAULT_RUN_DIR: Final = variables.RUN_DIR.required_default
 #: Default node-local disk tier directory (a hostPath shared by all pods on the node).
-DEFAULT_DISK_DIR = "/var/cache/shardcache"
+DEFAULT_DISK_DIR: Final = variables.DISK_DIR.required_default
 SOCKET_NAME = "control.sock"
 MEMORY_SUBDIR = "mem"
 DISK_SUBDIR = "disk"
@@ -81,4 +83,4 @@ def memory_dir(run_dir: str | Path, mount: str) -> Path:
 
 #: TCP port of the sidecar's HTTP endpoints that kubelet and Prometheus reach
 #: (/healthz, /readyz, /metrics, /ui). The control API stays on the Unix socket.
-DEFAULT_METRICS_PORT = 8470
+DEFAULT_METRICS_PORT: Final = variables.METRICS_PORT.required_default

@@ -1,0 +1,189 @@
+"""The one set of parsers for settings given as text: environment variables and flags.
+
+Every reader of a shared variable (`shardcache.contract.variables`), the sidecar's
+flags and the operator's own `SHARDCACHE_OPERATOR_*` settings parse with these, so a
+value means the same thing wherever it is read. A parser is given the text and the
+label of where it came from (`$SHARDCACHE_SEED`, `--seed`); a bad value raises
+`errors.InputError` naming the label, what was expected and what was found.
+
+Booleans are strict everywhere: `true`/`false`, `yes`/`no`, `on`/`off` or `1`/`0`, in
+any case. Anything else, a typo such as `ture` included, is an error rather than
+silently off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from shardcache import errors
+
+T_co = TypeVar("T_co", covariant=True)
+
+#: The words a boolean setting accepts (compared case-insensitively).
+TRUE_WORDS = ("true", "yes", "on", "1")
+FALSE_WORDS = ("false", "no", "off", "0")
+BOOLEAN_EXPECTED = "true or false (also yes/no, on/off, 1/0)"
+
+
+class ParseError(ValueError):
+    """A value that is not what its setting expects; `label` is filled in by the caller."""
+
+    def __init__(self, expected: str, found: str) -> None:
+        super().__init__(f"expected {expected}, found {found}")
+        self.expected = expected
+        self.found = found
+
+
+@dataclasses.dataclass(frozen=True)
+class Parser(Generic[T_co]):
+    """Text to a typed value; `kind` is how docs and `--help` describe the values."""
+
+    kind: str
+    convert: Callable[[str], T_co]
+
+    def __call__(self, label: str, text: str) -> T_co:
+        """The value of `text`, or `InputError` naming `label` (`$NAME`, `--flag`)."""
+        try:
+            return self.convert(text.strip())
+        except ParseError as exc:
+            raise errors.InputError(f"{label}: {exc}") from None
+
+
+def render(value: object) -> str:
+    """A value as a setting's text: booleans as `true`/`false`, lists comma-separated."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple | list):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def quantity(size: int) -> str:
+    """Bytes as the shortest exact Kubernetes quantity: 4294967296 -> "4Gi"."""
+    for unit, factor in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if size and size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
+def _boolean(text: str) -> bool:
+    word = text.lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ParseError(BOOLEAN_EXPECTED, repr(text))
+
+
+def _range_text(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"{minimum}-{maximum}"
+    if minimum is not None:
+        return f">= {minimum}"
+    if maximum is not None:
+        return f"<= {maximum}"
+    return ""
+
+
+def integer(*, minimum: int | None = None, maximum: int | None = None) -> Parser[int]:
+    """A decimal integer, optionally bounded: `integer(minimum=1)`."""
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ParseError("an integer", repr(text)) from None
+        if minimum is not None and value < minimum:
+            raise ParseError(f"an integer >= {minimum}", str(value))
+        if maximum is not None and value > maximum:
+            raise ParseError(f"an integer <= {maximum}", str(value))
+        return value
+
+    bounds = _range_text(minimum, maximum)
+    return Parser(f"integer {bounds}".strip(), convert)
+
+
+def _byte_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ParseError("a byte count >= 0", repr(text)) from None
+    if value < 0:
+        raise ParseError("a byte count >= 0", str(value))
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ParseError("seconds as a number", repr(text)) from None
+    # NaN compares false with everything, so `not value > 0` also refuses it.
+    if not value > 0:
+        raise ParseError("seconds > 0", text)
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ParseError("a number", repr(text)) from None
+
+
+def _text(text: str) -> str:
+    if not text:
+        raise ParseError("a non-empty string", repr(text))
+    return text
+
+
+def _path(text: str) -> str:
+    if not text.startswith("/"):
+        raise ParseError("an absolute path", repr(text))
+    return text
+
+
+def choice(*choices: str, fold_case: bool = False) -> Parser[str]:
+    """One of `choices`; with `fold_case`, in any case (the value is then lower-cased)."""
+
+    def convert(text: str) -> str:
+        value = text.lower() if fold_case else text
+        if value not in choices:
+            raise ParseError(f"one of {', '.join(choices)}", repr(text))
+        return value
+
+    return Parser(" | ".join(choices), convert)
+
+
+def pattern(regex: str, *, expected: str, kind: str) -> Parser[str]:
+    """Text matching `regex` in full (case-insensitively); `expected` says what fits."""
+    compiled = re.compile(regex, re.IGNORECASE)
+
+    def convert(text: str) -> str:
+        if not compiled.fullmatch(text):
+            raise ParseError(expected, repr(text))
+        return text
+
+    return Parser(kind, convert)
+
+
+def words(text: str) -> tuple[str, ...]:
+    """A comma-separated list; blanks around and between items are dropped."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+BOOLEAN: Parser[bool] = Parser("boolean", _boolean)
+#: Bytes as a plain integer: the variables say so in their names (`..._BYTES`).
+BYTES: Parser[int] = Parser("bytes", _byte_count)
+SECONDS: Parser[float] = Parser("seconds > 0", _seconds)
+NUMBER: Parser[float] = Parser("number", _number)
+TEXT: Parser[str] = Parser("string", _text)
+PATH: Parser[str] = Parser("path", _path)
+WORDS: Parser[tuple[str, ...]] = Parser("comma-separated list", words)
+#: A manifest digest as the operator pins it (only the algorithm prefix is checked here;
+#: the sidecar compares the whole digest with the one it resolves).
+DIGEST: Parser[str] = pattern(r"sha256:\S+", expected="'sha256:<hex>'", kind="sha256 digest")
+

@@ -1,0 +1,499 @@
+"""The contract table: every `SHARDCACHE_*` variable that crosses a process boundary.
+
+One row per variable: its name, its parser (type and range), the DatasetMount spec
+field it comes from, its default (defined here once), who reads it and which
+containers the webhook writes it into. Everything else loops over `TABLE`:
+
+* the spec model (`shardcache_operator.specs`) takes its field defaults from the rows,
+  so the generated CRD shows them too;
+* the webhook's env builders (`shardcache_operator.injection`) write the rows marked
+  for the sidecar or the trainer containers;
+* the sidecar's settings and flags, the checkpoint agent's settings, the client
+  (`sidecar_client`) and the local launcher read and write through `Variable.read`,
+  `Variable.get` and `Variable.render`.
+
+docs/wire-format.md ("Environment") shows this table; tests/unit/test_contract_table.py
+checks it against the CRD's defaults, the docs and what the webhook writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, Generic, TypeVar
+
+from shardcache import plans
+from shardcache.contract import parsers
+
+T = TypeVar("T")
+
+GiB: Final = 1 << 30
+MiB: Final = 1 << 20
+
+
+class Reader(enum.Enum):
+    """Who reads a variable."""
+
+    SIDECAR = "sidecar"
+    #: The sidecar's checkpoint agent (`shardcache_sidecar.checkpoint`).
+    AGENT = "agent"
+    #: The trainer process: `shardcache.open()`, `shardcache.checkpoint`, user code.
+    TRAINER = "trainer"
+
+
+class Container(enum.Enum):
+    """Where the webhook writes a variable."""
+
+    SIDECAR = "sidecar"
+    TRAINER = "trainer"
+
+
+class _Same(enum.Enum):
+    SAME = "same"
+
+
+#: `Variable.spec_default` when the spec's default is the variable's own.
+SAME: Final = _Same.SAME
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable(Generic[T]):
+    """One row of the contract table."""
+
+    env: str
+    parser: parsers.Parser[T]
+    #: What readers use when the variable is unset or empty; None: no value (the doc
+    #: says what that means).
+    default: T | None
+    readers: frozenset[Reader]
+    doc: str
+    #: The DatasetMount spec field (JSON path below `spec`) the webhook takes it from.
+    spec_field: str | None = None
+    #: The spec field's default when it is not `default`: None for optional fields
+    #: the webhook then leaves unset (so the reader's default applies).
+    spec_default: T | None | _Same = SAME
+    #: Containers the webhook writes it into; empty: set by hand or by the launcher.
+    injected: frozenset[Container] = frozenset()
+
+    def parse(self, text: str) -> T:
+        """`text` as this variable's value; `InputError` names the variable."""
+        return self.parser(f"${self.env}", text)
+
+    def get(self, environ: Mapping[str, str]) -> T | None:
+        """The value set in `environ`, or None when unset or empty."""
+        text = environ.get(self.env, "")
+        return self.parse(text) if text.strip() else None
+
+    def read(self, environ: Mapping[str, str]) -> T | None:
+        """The value set in `environ`, else the default."""
+        value = self.get(environ)
+        return self.default if value is None else value
+
+    def render(self, value: T) -> str:
+        """`value` as the text this variable carries (booleans as true/false)."""
+        return parsers.render(value)
+
+    @property
+    def spec_value_default(self) -> T | None:
+        """The default of `spec_field` in the spec model (None: none)."""
+        return self.default if self.spec_default is SAME else self.spec_default
+
+    @property
+    def required_default(self) -> T:
+        """The default, for a reader's typed dataclass field; only rows that have one."""
+        if self.default is None:
+            raise TypeError(f"{self.env} has no default")
+        return self.default
+
+
+def _readers(*readers: Reader) -> frozenset[Reader]:
+    return frozenset(readers)
+
+
+def _into(*containers: Container) -> frozenset[Container]:
+    return frozenset(containers)
+
+
+_SIDECAR = _readers(Reader.SIDECAR)
+_AGENT = _readers(Reader.AGENT)
+_IN_SIDECAR = _into(Container.SIDECAR)
+
+# --- where things are -------------------------------------------------------------
+RUN_DIR: Final = Variable(
+    "SHARDCACHE_RUN_DIR",
+    parsers.PATH,
+    "/var/run/shardcache",
+    _readers(Reader.SIDECAR, Reader.TRAINER),
+    "Root of the pod's shared run directory; each mount has a subdirectory holding its "
+    "control socket and memory tier.",
+    injected=_into(Container.SIDECAR, Container.TRAINER),
+)
+MOUNT: Final = Variable(
+    "SHARDCACHE_MOUNT",
+    parsers.TEXT,
+    None,
+    _readers(Reader.SIDECAR, Reader.TRAINER),
+    "The DatasetMount a sidecar serves, and the one `shardcache.open()` uses when given "
+    "none (a value the user set on a trainer is kept). Unset: the trainer is not in an "
+    "injected pod; a sidecar started by hand serves the mount `default`.",
+    injected=_into(Container.SIDECAR, Container.TRAINER),
+)
+MOUNTS: Final = Variable(
+    "SHARDCACHE_MOUNTS",
+    parsers.WORDS,
+    None,
+    _readers(Reader.TRAINER),
+    "Every DatasetMount injected into the pod, comma-separated, for trainers that read "
+    "several.",
+    injected=_into(Container.TRAINER),
+)
+SOCKET: Final = Variable(
+    "SHARDCACHE_SOCKET",
+    parsers.PATH,
+    None,
+    _readers(Reader.SIDECAR, Reader.TRAINER),
+    "The control socket; overrides the one derived from the run directory and the mount "
+    "(`<run dir>/<mount>/control.sock`).",
+    injected=_IN_SIDECAR,
+)
+MEMORY_DIR: Final = Variable(
+    "SHARDCACHE_MEMORY_DIR",
+    parsers.PATH,
+    None,
+    _SIDECAR,
+    "The memory tier; unset: `<run dir>/<mount>/mem`, where trainers look for it.",
+    injected=_IN_SIDECAR,
+)
+DISK_DIR: Final = Variable(
+    "SHARDCACHE_DISK_DIR",
+    parsers.PATH,
+    "/var/cache/shardcache",
+    _SIDECAR,
+    "The node disk tier in the sidecar container (the hostPath spec.cache.nodePath is "
+    "mounted here).",
+    injected=_IN_SIDECAR,
+)
+METRICS_PORT: Final = Variable(
+    "SHARDCACHE_METRICS_PORT",
+    parsers.integer(minimum=0, maximum=65535),
+    8470,
+    _SIDECAR,
+    "TCP port of /healthz, /readyz, /metrics and /ui; the webhook picks the first free "
+    "port from this one. The control API stays on the Unix socket.",
+    injected=_IN_SIDECAR,
+)
+METRICS_HOST: Final = Variable(
+    "SHARDCACHE_METRICS_HOST",
+    parsers.TEXT,
+    "0.0.0.0",
+    _SIDECAR,
+    "Address of the probe and metrics listener; all interfaces because kubelet probes "
+    "arrive on the pod IP (the local launcher uses 127.0.0.1).",
+)
+LOG_FORMAT: Final = Variable(
+    "SHARDCACHE_LOG_FORMAT",
+    parsers.choice("json", "text"),
+    "json",
+    _SIDECAR,
+    "Sidecar log lines: json (one object per line, for log pipelines) or text.",
+)
+LOG_LEVEL: Final = Variable(
+    "SHARDCACHE_LOG_LEVEL",
+    parsers.TEXT,
+    "INFO",
+    _SIDECAR,
+    "Sidecar log level (a Python logging level name).",
+)
+
+# --- the dataset and its cache ------------------------------------------------------
+SOURCE_URI: Final = Variable(
+    "SHARDCACHE_SOURCE_URI",
+    parsers.TEXT,
+    None,
+    _SIDECAR,
+    "Dataset URI (s3://bucket/prefix, file:///data, ...). Required by the sidecar.",
+    spec_field="source.uri",
+    injected=_IN_SIDECAR,
+)
+SOURCE_FORMAT: Final = Variable(
+    "SHARDCACHE_SOURCE_FORMAT",
+    parsers.choice("parquet", "arrow", "jsonl"),
+    None,
+    _SIDECAR,
+    "Shard format. Unset (a sidecar started by hand): inferred from the file names; "
+    "the spec always names one, so every pod and the operator agree.",
+    spec_field="source.format",
+    spec_default="parquet",
+    injected=_IN_SIDECAR,
+)
+MANIFEST_DIGEST: Final = Variable(
+    "SHARDCACHE_MANIFEST_DIGEST",
+    parsers.DIGEST,
+    None,
+    _SIDECAR,
+    "The pinned manifest digest (status.manifestDigest, else spec.source.version); when "
+    "the source resolves to another, no data is served. Unset: not pinned.",
+    injected=_IN_SIDECAR,
+)
+MEMORY_LIMIT: Final = Variable(
+    "SHARDCACHE_MEMORY_LIMIT_BYTES",
+    parsers.BYTES,
+    # The sizeLimit of the pod's memory volume, and what the sidecar's memory limit is
+    # raised by: 2 GiB holds a few decoded shards of a typical dataset ahead of a
+    # reader without doubling a small sidecar's footprint.
+    2 * GiB,
+    _SIDECAR,
+    "Bytes of decoded shards in the memory tier.",
+    spec_field="cache.memory",
+    injected=_IN_SIDECAR,
+)
+DISK_LIMIT: Final = Variable(
+    "SHARDCACHE_DISK_LIMIT_BYTES",
+    parsers.BYTES,
+    # Source bytes shared by every pod on the node: room for several datasets on a
+    # typical node's local disk.
+    50 * GiB,
+    _SIDECAR,
+    "Bytes of source shards in the node disk tier (LRU, shared by the node's pods).",
+    spec_field="cache.disk",
+    injected=_IN_SIDECAR,
+)
+PREFETCH_DEPTH: Final = Variable(
+    "SHARDCACHE_PREFETCH_DEPTH",
+    parsers.integer(minimum=0, maximum=1024),
+    # Enough to hide one slow fetch behind the shards a reader is consuming, while a
+    # memory tier of 2 GiB still holds them.
+    4,
+    _SIDECAR,
+    "Shards decoded ahead of each reader's position (0 disables read-ahead).",
+    spec_field="prefetch.depth",
+    injected=_IN_SIDECAR,
+)
+FETCH_CONCURRENCY: Final = Variable(
+    "SHARDCACHE_FETCH_CONCURRENCY",
+    parsers.integer(minimum=1, maximum=256),
+    # Each fetch is followed by a decode that takes a core; four fill a 2-4 core sidecar.
+    4,
+    _SIDECAR,
+    "Shards fetched from the source (and decoded) at the same time.",
+    spec_field="prefetch.concurrency",
+    injected=_IN_SIDECAR,
+)
+READY_SHARDS: Final = Variable(
+    "SHARDCACHE_READY_SHARDS",
+    parsers.integer(minimum=0),
+    # Two: the first shard to read and the next, so neither the first step nor the one
+    # after it waits on the object store. The native sidecar's startup probe is there
+    # to hold the trainer until its data is warm; 0 would start it on a cold cache. The
+    # gate opens early, and says so, when they do not fit in the memory tier together.
+    2,
+    _SIDECAR,
+    "Shards of the startup plan resident before /readyz passes (0: ready as soon as the "
+    "manifest is verified).",
+    spec_field="prefetch.readyShards",
+    injected=_IN_SIDECAR,
+)
+
+# --- the startup plan (the reader the sidecar registers for itself) -----------------
+SEED: Final = Variable(
+    "SHARDCACHE_SEED",
+    parsers.integer(),
+    0,
+    _SIDECAR,
+    "Seed of the shard and block permutation.",
+    spec_field="sharding.seed",
+    injected=_IN_SIDECAR,
+)
+SHUFFLE: Final = Variable(
+    "SHARDCACHE_SHUFFLE",
+    parsers.BOOLEAN,
+    True,
+    _SIDECAR,
+    "Shuffle shards and blocks each epoch (false: file order).",
+    spec_field="sharding.shuffle",
+    injected=_IN_SIDECAR,
+)
+BLOCK_SIZE: Final = Variable(
+    "SHARDCACHE_BLOCK_SIZE",
+    parsers.integer(minimum=1),
+    plans.DEFAULT_BLOCK_SIZE,
+    _SIDECAR,
+    "Rows per shuffle block inside a shard.",
+    spec_field="sharding.blockSize",
+    spec_default=None,
+    injected=_IN_SIDECAR,
+)
+WORLD_SIZE: Final = Variable(
+    "SHARDCACHE_WORLD_SIZE",
+    parsers.integer(minimum=1),
+    1,
+    _SIDECAR,
+    "Ranks reading the dataset (the pod annotation shardcache.io/world-size wins over "
+    "the spec).",
+    spec_field="sharding.worldSize",
+    spec_default=None,
+    injected=_IN_SIDECAR,
+)
+RANK: Final = Variable(
+    "SHARDCACHE_RANK",
+    parsers.integer(minimum=0),
+    0,
+    _SIDECAR,
+    "This pod's rank: spec.sharding.rank with rankFrom Fixed, the Indexed Job's "
+    "completion index (downward API) with JobCompletionIndex.",
+    spec_field="sharding.rank",
+    spec_default=None,
+    injected=_IN_SIDECAR,
+)
+
+# --- checkpoints ------------------------------------------------------------------------
+CHECKPOINT_DIR: Final = Variable(
+    "SHARDCACHE_CHECKPOINT_DIR",
+    parsers.PATH,
+    None,
+    _readers(Reader.AGENT, Reader.TRAINER),
+    "The checkpoint volume, shared by the trainer (it commits checkpoints into it) and "
+    "the agent (it uploads and restores them). Required by the agent.",
+    spec_field="checkpoint.mountPath",
+    spec_default="/checkpoints",
+    injected=_into(Container.SIDECAR, Container.TRAINER),
+)
+CHECKPOINT_URI: Final = Variable(
+    "SHARDCACHE_CHECKPOINT_URI",
+    parsers.TEXT,
+    None,
+    _AGENT,
+    "Object store prefix checkpoints are published under (ranked pods: <uri>/rank-<rank>). "
+    "Unset: no checkpoint agent.",
+    spec_field="checkpoint.uri",
+    injected=_IN_SIDECAR,
+)
+CHECKPOINT_KEEP_LAST: Final = Variable(
+    "SHARDCACHE_CHECKPOINT_KEEP_LAST",
+    parsers.integer(minimum=1),
+    # The newest, a fallback if it turns out damaged, and one more while a new one is
+    # being published.
+    3,
+    _AGENT,
+    "Published checkpoints kept, in the store and on the node.",
+    spec_field="checkpoint.keepLast",
+    injected=_IN_SIDECAR,
+)
+CHECKPOINT_RESTORE: Final = Variable(
+    "SHARDCACHE_CHECKPOINT_RESTORE",
+    parsers.pattern(
+        r"latest|none|[0-9]+",
+        expected="latest, none or a step number",
+        kind="latest | none | step",
+    ),
+    "latest",
+    _AGENT,
+    "What the agent restores before the trainer starts.",
+    spec_field="checkpoint.restore",
+    injected=_IN_SIDECAR,
+)
+CHECKPOINT_RESTORE_FALLBACK: Final = Variable(
+    "SHARDCACHE_CHECKPOINT_RESTORE_FALLBACK",
+    parsers.BOOLEAN,
+    # Silently resuming from an older model is a decision the user must make.
+    False,
+    _AGENT,
+    "Restore the next older published checkpoint when the chosen one does not match "
+    "its manifest.",
+    spec_field="checkpoint.restoreFallback",
+    injected=_IN_SIDECAR,
+)
+CHECKPOINT_CONCURRENCY: Final = Variable(
+    "SHARDCACHE_CHECKPOINT_CONCURRENCY",
+    parsers.integer(minimum=1, maximum=256),
+    # Keeps a 2-core sidecar busy hashing while the network stays full.
+    8,
+    _AGENT,
+    "Checkpoint files uploaded (and downloaded at restore) at the same time.",
+    spec_field="checkpoint.concurrency",
+    injected=_IN_SIDECAR,
+)
+CHECKPOINT_VERIFY_UPLOADS: Final = Variable(
+    "SHARDCACHE_CHECKPOINT_VERIFY_UPLOADS",
+    parsers.BOOLEAN,
+    # It doubles the traffic, and restore verifies every byte anyway.
+    False,
+    _AGENT,
+    "Read every uploaded object back and compare its sha256 before publishing.",
+    spec_field="checkpoint.verifyUploads",
+    injected=_IN_SIDECAR,
+)
+CHECKPOINT_UPLOAD_BUFFER: Final = Variable(
+    "SHARDCACHE_CHECKPOINT_UPLOAD_BUFFER_BYTES",
+    parsers.BYTES,
+    # Lets a lone large file keep its multipart upload busy; counts against the
+    # sidecar's memory limit.
+    512 * MiB,
+    _AGENT,
+    "Bytes of upload parts held in memory across all files being uploaded.",
+    spec_field="checkpoint.uploadBuffer",
+    injected=_IN_SIDECAR,
+)
+
+# --- the client ---------------------------------------------------------------------
+RECONNECT_TIMEOUT: Final = Variable(
+    "SHARDCACHE_RECONNECT_TIMEOUT_SECONDS",
+    parsers.SECONDS,
+    # A crashed native sidecar is restarted within seconds, but the kubelet's back-off
+    # grows to tens of seconds after repeated crashes; two minutes rides out the first few.
+    120.0,
+    _readers(Reader.TRAINER),
+    "Seconds a trainer keeps retrying a sidecar that does not answer.",
+)
+
+#: Every row, in the order the webhook writes them.
+TABLE: Final[tuple[Variable[Any], ...]] = (
+    MOUNT,
+    RUN_DIR,
+    MOUNTS,
+    SOCKET,
+    SOURCE_URI,
+    SOURCE_FORMAT,
+    MANIFEST_DIGEST,
+    MEMORY_DIR,
+    MEMORY_LIMIT,
+    DISK_DIR,
+    DISK_LIMIT,
+    PREFETCH_DEPTH,
+    FETCH_CONCURRENCY,
+    READY_SHARDS,
+    SEED,
+    SHUFFLE,
+    BLOCK_SIZE,
+    WORLD_SIZE,
+    RANK,
+    METRICS_PORT,
+    METRICS_HOST,
+    LOG_FORMAT,
+    LOG_LEVEL,
+    CHECKPOINT_DIR,
+    CHECKPOINT_KEEP_LAST,
+    CHECKPOINT_RESTORE,
+    CHECKPOINT_RESTORE_FALLBACK,
+    CHECKPOINT_CONCURRENCY,
+    CHECKPOINT_VERIFY_UPLOADS,
+    CHECKPOINT_UPLOAD_BUFFER,
+    CHECKPOINT_URI,
+    RECONNECT_TIMEOUT,
+)
+
+BY_ENV: Final[Mapping[str, Variable[Any]]] = {v.env: v for v in TABLE}
+
+
+def read_by(reader: Reader) -> tuple[Variable[Any], ...]:
+    return tuple(v for v in TABLE if reader in v.readers)
+
+
+def injected_into(container: Container) -> tuple[Variable[Any], ...]:
+    return tuple(v for v in TABLE if container in v.injected)
+
+
+def environ(values: Iterable[tuple[Variable[Any], object]]) -> dict[str, str]:
+    """`{name: text}` for (variable, value) pairs, e.g. a launcher's sidecar env."""
+    return {variable.env: parsers.render(value) for variable, value in values}
