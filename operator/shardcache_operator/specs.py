@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from shardcache import contract, errors
+from shardcache.contract import parsers, variables
 
 GROUP = "shardcache.io"
 VERSION = "v1alpha1"
@@ -167,13 +168,13 @@ def _field(
     return dataclasses.field(metadata=meta)
 
 
-def _quantity(json: str, default: str, description: str) -> Any:
+def _quantity(json: str, default: int, description: str) -> Any:
     return _field(
         json,
         description,
-        default=parse_quantity(default),
+        default=default,
         quantity=True,
-        schema_default=default,
+        schema_default=parsers.quantity(default),
     )
 
 
@@ -211,7 +212,7 @@ class SourceSpec:
     format: str = _field(
         "format",
         "File format of the shards: parquet, arrow (Arrow IPC) or jsonl.",
-        default="parquet",
+        default=variables.SOURCE_FORMAT.spec_value_default,
         enum=FORMATS,
     )
     secret_ref: SecretRef | None = _field(
@@ -236,7 +237,7 @@ class CacheSpec:
 
     memory: int = _quantity(
         "memory",
-        "2Gi",
+        variables.MEMORY_LIMIT.required_default,
         "Size of the memory tier per pod: decoded Arrow shards that trainers mmap. "
         "It is the sizeLimit of the pod's memory-backed volume; with medium Memory the "
         "sidecar's memory limit is raised by this much, since tmpfs pages count against it.",
@@ -256,7 +257,7 @@ class CacheSpec:
     )
     disk: int = _quantity(
         "disk",
-        "50Gi",
+        variables.DISK_LIMIT.required_default,
         "Byte limit of the node-local disk tier (source bytes, LRU, shared by all pods on "
         "the node that use the same nodePath).",
     )
@@ -277,22 +278,24 @@ class PrefetchSpec:
     depth: int = _field(
         "depth",
         "Shards prefetched ahead of each reader's position (0 disables read-ahead).",
-        default=4,
+        default=variables.PREFETCH_DEPTH.default,
         minimum=0,
         maximum=1024,
     )
     concurrency: int = _field(
         "concurrency",
         "Shards fetched from the source at the same time.",
-        default=4,
+        default=variables.FETCH_CONCURRENCY.default,
         minimum=1,
         maximum=256,
     )
     ready_shards: int = _field(
         "readyShards",
-        "Shards that must be resident before the sidecar reports ready, so trainers start "
-        "on a warm cache (0: ready as soon as the manifest is verified).",
-        default=0,
+        "Shards of the startup plan that must be resident before the sidecar reports "
+        "ready, so trainers start on a warm cache: the default 2 is the first shard to read "
+        "and the next. 0: ready as soon as the manifest is verified. When they do not fit "
+        "in cache.memory together, the sidecar becomes ready with those that fit.",
+        default=variables.READY_SHARDS.default,
         minimum=0,
     )
 
@@ -323,22 +326,26 @@ class ShardingSpec:
     rules: ClassVar[tuple[Rule, ...]] = (_RANK_NEEDS_FIXED, _RANK_BELOW_WORLD, _RANK_ONLY_FIXED)
 
     seed: int = _field(
-        "seed", "Seed of the shard and block permutation; same seed, same order.", default=0
+        "seed",
+        "Seed of the shard and block permutation; same seed, same order.",
+        default=variables.SEED.default,
     )
     shuffle: bool = _field(
-        "shuffle", "Shuffle shards and blocks each epoch (false: file order).", default=True
+        "shuffle",
+        "Shuffle shards and blocks each epoch (false: file order).",
+        default=variables.SHUFFLE.default,
     )
     block_size: int | None = _field(
         "blockSize",
         "Rows per shuffle block inside a shard. Omit to let the sidecar choose.",
-        default=None,
+        default=variables.BLOCK_SIZE.spec_value_default,
         minimum=1,
     )
     world_size: int | None = _field(
         "worldSize",
         "Number of ranks reading the dataset. Omit to take it from the readers; a pod "
         "annotation shardcache.io/world-size overrides it per pod.",
-        default=None,
+        default=variables.WORLD_SIZE.spec_value_default,
         minimum=1,
     )
     rank_from: str = _field(
@@ -350,7 +357,10 @@ class ShardingSpec:
         enum=RANK_SOURCES,
     )
     rank: int | None = _field(
-        "rank", "Rank of every pod when rankFrom is Fixed.", default=None, minimum=0
+        "rank",
+        "Rank of every pod when rankFrom is Fixed.",
+        default=variables.RANK.spec_value_default,
+        minimum=0,
     )
 
 
@@ -367,24 +377,24 @@ class CheckpointSpec:
     keep_last: int = _field(
         "keepLast",
         "Number of committed checkpoints kept; older ones are deleted.",
-        default=3,
+        default=variables.CHECKPOINT_KEEP_LAST.default,
         minimum=1,
     )
     restore: str = _field(
         "restore",
         "What the sidecar restores before the trainer starts: latest, none, or a step number.",
-        default="latest",
+        default=variables.CHECKPOINT_RESTORE.default,
         pattern=RESTORE_PATTERN,
     )
     mount_path: str = _field(
         "mountPath",
         "Directory in the trainer containers where checkpoints are written and restored.",
-        default="/checkpoints",
+        default=variables.CHECKPOINT_DIR.spec_value_default,
         pattern=r"^/.*",
     )
     size: int = _quantity(
         "size",
-        "20Gi",
+        parse_quantity("20Gi"),
         "sizeLimit of the pod-local volume that holds checkpoints before upload.",
     )
     restore_fallback: bool = _field(
@@ -394,14 +404,14 @@ class CheckpointSpec:
         "on; the pod stays unready only if every one is damaged. A pinned step that is "
         "not published is still an error. Default false: silently resuming from an older "
         "model is a decision the user must make.",
-        default=False,
+        default=variables.CHECKPOINT_RESTORE_FALLBACK.default,
     )
     concurrency: int = _field(
         "concurrency",
         "Checkpoint files uploaded (and downloaded at restore) at the same time; each "
         "large file is also a parallel multipart upload. Default 8 keeps a 2-core sidecar "
         "busy hashing while the network stays full.",
-        default=8,
+        default=variables.CHECKPOINT_CONCURRENCY.default,
         minimum=1,
         maximum=256,
     )
@@ -410,11 +420,11 @@ class CheckpointSpec:
         "Read every uploaded object back and compare its sha256 before publishing the "
         "checkpoint. Default false: it doubles the traffic, and restore verifies every "
         "byte anyway.",
-        default=False,
+        default=variables.CHECKPOINT_VERIFY_UPLOADS.default,
     )
     upload_buffer: int = _quantity(
         "uploadBuffer",
-        "512Mi",
+        variables.CHECKPOINT_UPLOAD_BUFFER.required_default,
         "Bytes of upload parts held in memory across all files being uploaded (the object "
         "store client keeps a multipart upload's parts until they are sent); each file in "
         "flight keeps at least 32Mi. It counts against the sidecar's memory limit "

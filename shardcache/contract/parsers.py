@@ -43,6 +43,9 @@ class Parser(Generic[T_co]):
 
     kind: str
     convert: Callable[[str], T_co]
+    #: Bounds of a numeric parser, so a schema can state the same range.
+    minimum: int | None = None
+    maximum: int | None = None
 
     def __call__(self, label: str, text: str) -> T_co:
         """The value of `text`, or `InputError` naming `label` (`$NAME`, `--flag`)."""
@@ -103,7 +106,7 @@ def integer(*, minimum: int | None = None, maximum: int | None = None) -> Parser
         return value
 
     bounds = _range_text(minimum, maximum)
-    return Parser(f"integer {bounds}".strip(), convert)
+    return Parser(f"integer {bounds}".strip(), convert, minimum=minimum, maximum=maximum)
 
 
 def _byte_count(text: str) -> int:
