@@ -34,16 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from shardcache import contract, errors, manifests, plans, unix_http
-from shardcache.contract import protocol
+from shardcache.contract import protocol, variables
 from shardcache.node import leases, tiers
 
 log = logging.getLogger(__name__)
 
 # AF_UNIX paths are limited to 108 bytes including the terminating NUL (Linux).
 MAX_SOCKET_PATH_BYTES = 107
-#: Seconds a trainer keeps retrying an unreachable sidecar (`ClientSettings.reconnect_timeout`).
-#: Read by the client only, so it lives here rather than in `names`.
-ENV_RECONNECT_TIMEOUT = "SHARDCACHE_RECONNECT_TIMEOUT_SECONDS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,10 +49,9 @@ class ClientSettings:
     #: The memory-tier directory as mounted in this container; the sidecar's answers
     #: name files relative to it, so the two containers may mount it at different paths.
     memory_dir: Path
-    #: Seconds to keep retrying while the sidecar does not answer. A crashed native
-    #: sidecar is restarted by the kubelet within seconds, but its back-off grows to
-    #: tens of seconds after repeated crashes; two minutes rides out the first few.
-    reconnect_timeout: float = 120.0
+    #: Seconds to keep retrying while the sidecar does not answer
+    #: ($SHARDCACHE_RECONNECT_TIMEOUT_SECONDS; the contract table says why two minutes).
+    reconnect_timeout: float = variables.RECONNECT_TIMEOUT.required_default
     #: Seconds one short control call (register, release, ...) may take.
     request_timeout: float = 30.0
     #: Seconds one acquire may wait for its shard. A cold shard of a few GiB from a slow
@@ -94,9 +90,9 @@ class ClientSettings:
         """
         env = os.environ if environ is None else environ
         if socket_path is None:
-            socket_path = env.get(contract.ENV_SOCKET) or None
+            socket_path = variables.SOCKET.get(env)
         if socket_path is None:
-            mount = mount or env.get(contract.ENV_MOUNT) or None
+            mount = mount or variables.MOUNT.get(env)
             if mount is None:
                 raise errors.InputError(
                     "no dataset URI was given and this process is not set up for a sidecar: "
@@ -104,7 +100,7 @@ class ClientSettings:
                     f"${contract.ENV_SOCKET}; pass a URI such as 's3://bucket/prefix' for "
                     "embedded mode, or label the pod with shardcache.io/mount"
                 )
-            run_dir = env.get(contract.ENV_RUN_DIR) or contract.DEFAULT_RUN_DIR
+            run_dir = variables.RUN_DIR.get(env) or contract.DEFAULT_RUN_DIR
             socket_path = contract.socket_path(run_dir, mount)
         socket_path = Path(socket_path)
         memory = (
@@ -113,14 +109,8 @@ class ClientSettings:
             else socket_path.parent / contract.MEMORY_SUBDIR
         )
         options: dict[str, float] = {}
-        if reconnect_timeout is None and env.get(ENV_RECONNECT_TIMEOUT):
-            raw = env[ENV_RECONNECT_TIMEOUT]
-            try:
-                reconnect_timeout = float(raw)
-            except ValueError:
-                raise errors.InputError(
-                    f"${ENV_RECONNECT_TIMEOUT}: expected seconds as a number, found {raw!r}"
-                ) from None
+        if reconnect_timeout is None:
+            reconnect_timeout = variables.RECONNECT_TIMEOUT.get(env)
         if reconnect_timeout is not None:
             options["reconnect_timeout"] = reconnect_timeout
         if acquire_timeout is not None:

@@ -1,7 +1,9 @@
 """Operator settings: a typed dataclass read once at start-up from env, then CLI flags.
 
 Every field names its environment variable (prefix SHARDCACHE_OPERATOR_); the Helm
-chart sets them. Units are in the field names or comments.
+chart sets them. Units are in the field names or comments. The values are parsed with
+the contract's parsers (`shardcache.contract.parsers`), like every other setting: strict
+booleans, and errors that name the variable, what was expected and what was found.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from shardcache import contract, errors
+from shardcache import contract
+from shardcache.contract import parsers
 
 ENV_PREFIX = "SHARDCACHE_OPERATOR_"
+POLICIES = ("Refuse", "Admit")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,37 +93,31 @@ class Settings:
     kubeconfig: str | None = None
 
 
-def _coerce(field: dataclasses.Field[Any], text: str) -> Any:
+#: Text settings with a fixed set of values.
+_CHOICES: dict[str, parsers.Parser[Any]] = {"missing_policy": parsers.choice(*POLICIES)}
+
+
+def _parser(field: dataclasses.Field[Any]) -> parsers.Parser[Any]:
+    """The contract's parser for a field's annotated type (the env of the chart is text)."""
     kind = str(field.type)
-    name = ENV_PREFIX + field.name.upper()
-    try:
-        if kind.startswith("bool"):
-            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(text)
-            return text.lower() in ("true", "1", "yes")
-        if kind.startswith("int"):
-            return int(text)
-        if kind.startswith("float"):
-            return float(text)
-        if kind.startswith("tuple"):
-            return tuple(part.strip() for part in text.split(",") if part.strip())
-    except ValueError as exc:
-        raise errors.InputError(f"{name}: expected {kind}, found {text!r}") from exc
-    return text
+    if kind.startswith("bool"):
+        return parsers.BOOLEAN
+    if kind.startswith("int"):
+        return parsers.integer()
+    if kind.startswith("float"):
+        return parsers.NUMBER
+    if kind.startswith("tuple"):
+        return parsers.WORDS
+    return _CHOICES.get(field.name, parsers.TEXT)
 
 
 def from_env(environ: Mapping[str, str], **overrides: Any) -> Settings:
     """Settings from SHARDCACHE_OPERATOR_* variables, then `overrides` (None = keep)."""
     values: dict[str, Any] = {}
     for field in dataclasses.fields(Settings):
-        text = environ.get(ENV_PREFIX + field.name.upper())
-        if text is not None and text != "":
-            values[field.name] = _coerce(field, text)
+        name = ENV_PREFIX + field.name.upper()
+        text = environ.get(name, "")
+        if text.strip():
+            values[field.name] = _parser(field)(f"${name}", text)
     values.update({k: v for k, v in overrides.items() if v is not None})
-    settings = Settings(**values)
-    if settings.missing_policy not in ("Refuse", "Admit"):
-        raise errors.InputError(
-            f"{ENV_PREFIX}MISSING_POLICY: expected Refuse or Admit, "
-            f"found {settings.missing_policy!r}"
-        )
-    return settings
+    return Settings(**values)

@@ -13,6 +13,7 @@ silently off.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 from collections.abc import Callable
@@ -53,6 +54,13 @@ class Parser(Generic[T_co]):
             return self.convert(text.strip())
         except ParseError as exc:
             raise errors.InputError(f"{label}: {exc}") from None
+
+    def flag_type(self, text: str) -> T_co:
+        """The value of `text` for argparse's `type=`: it names the flag itself."""
+        try:
+            return self.convert(text.strip())
+        except ParseError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def render(value: object) -> str:
@@ -144,9 +152,16 @@ def _text(text: str) -> str:
 
 
 def _path(text: str) -> str:
-    if not text.startswith("/"):
-        raise ParseError("an absolute path", repr(text))
+    # Relative paths are fine for a sidecar started by hand; pods get absolute ones.
+    if not text:
+        raise ParseError("a path", repr(text))
     return text
+
+
+def _one_of(choices: tuple[str, ...]) -> str:
+    if len(choices) == 2:
+        return f"{choices[0]} or {choices[1]}"
+    return f"one of {', '.join(choices)}"
 
 
 def choice(*choices: str, fold_case: bool = False) -> Parser[str]:
@@ -155,7 +170,7 @@ def choice(*choices: str, fold_case: bool = False) -> Parser[str]:
     def convert(text: str) -> str:
         value = text.lower() if fold_case else text
         if value not in choices:
-            raise ParseError(f"one of {', '.join(choices)}", repr(text))
+            raise ParseError(_one_of(choices), repr(text))
         return value
 
     return Parser(" | ".join(choices), convert)
@@ -189,4 +204,3 @@ WORDS: Parser[tuple[str, ...]] = Parser("comma-separated list", words)
 #: A manifest digest as the operator pins it (only the algorithm prefix is checked here;
 #: the sidecar compares the whole digest with the one it resolves).
 DIGEST: Parser[str] = pattern(r"sha256:\S+", expected="'sha256:<hex>'", kind="sha256 digest")
-

@@ -72,7 +72,7 @@ class Variable(Generic[T]):
     spec_field: str | None = None
     #: The spec field's default when it is not `default`: None for optional fields
     #: the webhook then leaves unset (so the reader's default applies).
-    spec_default: T | None | _Same = SAME
+    spec_default: T | _Same | None = SAME
     #: Containers the webhook writes it into; empty: set by hand or by the launcher.
     injected: frozenset[Container] = frozenset()
 
@@ -144,8 +144,7 @@ MOUNTS: Final = Variable(
     parsers.WORDS,
     None,
     _readers(Reader.TRAINER),
-    "Every DatasetMount injected into the pod, comma-separated, for trainers that read "
-    "several.",
+    "Every DatasetMount injected into the pod, comma-separated, for trainers that read several.",
     injected=_into(Container.TRAINER),
 )
 SOCKET: Final = Variable(
@@ -329,8 +328,7 @@ WORLD_SIZE: Final = Variable(
     parsers.integer(minimum=1),
     1,
     _SIDECAR,
-    "Ranks reading the dataset (the pod annotation shardcache.io/world-size wins over "
-    "the spec).",
+    "Ranks reading the dataset (the pod annotation shardcache.io/world-size wins over the spec).",
     spec_field="sharding.worldSize",
     spec_default=None,
     injected=_IN_SIDECAR,
@@ -399,8 +397,7 @@ CHECKPOINT_RESTORE_FALLBACK: Final = Variable(
     # Silently resuming from an older model is a decision the user must make.
     False,
     _AGENT,
-    "Restore the next older published checkpoint when the chosen one does not match "
-    "its manifest.",
+    "Restore the next older published checkpoint when the chosen one does not match its manifest.",
     spec_field="checkpoint.restoreFallback",
     injected=_IN_SIDECAR,
 )
@@ -495,5 +492,14 @@ def injected_into(container: Container) -> tuple[Variable[Any], ...]:
 
 
 def environ(values: Iterable[tuple[Variable[Any], object]]) -> dict[str, str]:
-    """`{name: text}` for (variable, value) pairs, e.g. a launcher's sidecar env."""
-    return {variable.env: parsers.render(value) for variable, value in values}
+    """`{name: text}` for (variable, value) pairs, e.g. a launcher's sidecar env.
+
+    Each text is parsed back, so a value its readers would refuse fails here, naming
+    the variable, rather than in the process that reads it.
+    """
+    result: dict[str, str] = {}
+    for variable, value in values:
+        text = parsers.render(value)
+        variable.parse(text)
+        result[variable.env] = text
+    return result

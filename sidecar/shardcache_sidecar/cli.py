@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from shardcache import errors
+from shardcache.contract import parsers
 from shardcache_sidecar import configuration, logs, server
 
 log = logging.getLogger("shardcache_sidecar")
@@ -31,32 +32,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    add("--source", dest="source_uri", help="dataset URI ($SHARDCACHE_SOURCE_URI)")
-    add("--format", dest="source_format", help="shard format; default: from file names")
-    add("--digest", dest="manifest_digest", help="pinned manifest digest sha256:...")
-    add("--run-dir", help="run directory holding <mount>/control.sock and <mount>/mem")
-    add("--mount", help="mount name (a subdirectory of the run directory)")
-    add("--socket", dest="socket_path", help="control socket path (overrides run dir/mount)")
-    add("--memory-dir", help="memory-tier directory (default <run dir>/<mount>/mem)")
-    add("--disk-dir", help="disk-tier directory")
-    add("--memory-limit", type=int, help="memory-tier limit in bytes")
-    add("--disk-limit", type=int, help="disk-tier limit in bytes")
-    add("--prefetch-depth", type=int, help="shards decoded ahead of each reader")
-    add("--fetch-concurrency", type=int, help="concurrent source fetches")
-    add("--ready-shards", type=int, help="shards of the startup plan resident before /readyz")
-    add("--seed", type=int, help="startup plan: seed")
-    add("--rank", type=int, help="startup plan: rank")
-    add("--world-size", type=int, help="startup plan: world size")
-    add("--block-size", type=int, help="startup plan: rows per shuffle block")
-    add(
-        "--no-shuffle",
-        dest="shuffle",
-        action="store_const",
-        const=False,
-        help="startup plan: no shuffle",
-    )
-    add("--metrics-host", help="TCP address for /healthz, /readyz, /metrics (default 0.0.0.0)")
-    add("--metrics-port", type=int, help="TCP port for /healthz, /readyz, /metrics")
+    # One flag per contract variable the sidecar reads, parsed like the variable.
+    for option in configuration.OPTIONS:
+        help_text = f"{option.variable.doc} (${option.variable.env})"
+        if option.variable.parser is parsers.BOOLEAN:
+            add(
+                option.flag,
+                dest=option.field,
+                action=argparse.BooleanOptionalAction,
+                help=help_text,
+            )
+        else:
+            add(
+                option.flag,
+                dest=option.field,
+                type=option.variable.parser.flag_type,
+                metavar=_metavar(option.variable.parser.kind),
+                help=help_text,
+            )
+    # Sidecar-only tuning, no environment variable: nothing else sets them.
     add(
         "--handoff-timeout",
         type=float,
@@ -64,9 +58,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add("--acquire-timeout", type=float, help="longest an acquire may wait, seconds")
     add("--control-threads", type=int, help="threads for blocking cache calls (waiting acquires)")
-    add("--log-format", choices=("json", "text"))
-    add("--log-level")
     parser.set_defaults(func=run)
+
+
+def _metavar(kind: str) -> str:
+    """`{json,text}` for a choice, else the kind's first word: `INTEGER`, `BYTES`."""
+    if " | " in kind:
+        return "{" + kind.replace(" | ", ",") + "}"
+    return kind.split()[0].upper()
 
 
 _NOT_SETTINGS = {"command", "func"}

@@ -15,15 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from shardcache import contract, errors, plans, sidecar_client
+from shardcache.contract import variables
 from shardcache.node import caches
 from shardcache_sidecar.checkpoint import agent_config
-
-GiB = 1 << 30
-
-#: Not shared with the operator, so defined here rather than in `names`.
-ENV_METRICS_HOST = "SHARDCACHE_METRICS_HOST"
-ENV_LOG_FORMAT = "SHARDCACHE_LOG_FORMAT"
-ENV_LOG_LEVEL = "SHARDCACHE_LOG_LEVEL"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,30 +35,28 @@ class Settings:
     #: Pinned manifest digest ("sha256:..."). When set and the source resolves to
     #: another digest, no data is served and /readyz says why.
     manifest_digest: str | None = None
-    #: Bytes of decoded shards in the memory tier. Counts against the pod's memory
-    #: limit; 4 GiB holds several shards ahead of a reader.
-    memory_limit: int = 4 * GiB
+    # Defaults of the settings the webhook writes are the contract table's
+    # (`shardcache.contract.variables`), where each says why it was chosen.
+    #: Bytes of decoded shards in the memory tier. Counts against the pod's memory limit.
+    memory_limit: int = variables.MEMORY_LIMIT.required_default
     #: Bytes of source shards on the node's disk. Shared by every pod on the node.
-    disk_limit: int = 50 * GiB
+    disk_limit: int = variables.DISK_LIMIT.required_default
     #: Shards decoded ahead of each reader (see NodeSettings.prefetch_depth).
-    prefetch_depth: int = 4
+    prefetch_depth: int = variables.PREFETCH_DEPTH.required_default
     #: Concurrent source fetches + decodes; each decode takes a core.
-    fetch_concurrency: int = 4
+    fetch_concurrency: int = variables.FETCH_CONCURRENCY.required_default
     #: /readyz waits until this many shards of the startup plan are resident, so a
-    #: native sidecar's startup probe holds the trainer back until data is warm. Two:
-    #: the first shard to read and the next, so the first step and the one after it
-    #: do not wait on the object store.
-    ready_shards: int = 2
+    #: native sidecar's startup probe holds the trainer back until data is warm.
+    ready_shards: int = variables.READY_SHARDS.required_default
     #: The startup plan (pre-registered so prefetch starts before the trainer does).
-    seed: int = 0
-    shuffle: bool = True
-    block_size: int = plans.DEFAULT_BLOCK_SIZE
-    world_size: int = 1
-    rank: int = 0
+    seed: int = variables.SEED.required_default
+    shuffle: bool = variables.SHUFFLE.required_default
+    block_size: int = variables.BLOCK_SIZE.required_default
+    world_size: int = variables.WORLD_SIZE.required_default
+    rank: int = variables.RANK.required_default
     #: TCP address of /healthz, /readyz and /metrics for kubelet and Prometheus.
-    #: 0.0.0.0 because probes arrive on the pod IP.
-    metrics_host: str = "0.0.0.0"
-    metrics_port: int = contract.DEFAULT_METRICS_PORT
+    metrics_host: str = variables.METRICS_HOST.required_default
+    metrics_port: int = variables.METRICS_PORT.required_default
     #: Seconds the sidecar keeps its own hold on a shard it handed to a client that did
     #: not take it over (the client died between the answer and its lock). The handover
     #: takes milliseconds; 30 s tolerates a stalled trainer without pinning for long.
@@ -76,8 +68,8 @@ class Settings:
     #: bounds how many readers can wait at once; 32 covers 8 GPUs x 4 loader workers.
     control_threads: int = 32
     #: "json" (one object per line, for log pipelines) or "text".
-    log_format: str = "json"
-    log_level: str = "INFO"
+    log_format: str = variables.LOG_FORMAT.required_default
+    log_level: str = variables.LOG_LEVEL.required_default
     #: The checkpoint agent's settings ($SHARDCACHE_CHECKPOINT_*); None runs no agent.
     checkpoint: agent_config.CheckpointSettings | None = None
 
@@ -139,26 +131,47 @@ class Settings:
         )
 
 
-def _int(env: Mapping[str, str], name: str) -> int | None:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise errors.InputError(f"${name}: expected an integer, found {raw!r}") from None
+#: A sidecar started by hand without a mount name serves this one (in a pod the
+#: webhook always names it; the client has no such fallback, see `variables.MOUNT`).
+LOCAL_MOUNT = "default"
 
 
-def _bool(env: Mapping[str, str], name: str) -> bool | None:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return None
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise errors.InputError(f"${name}: expected true or false, found {raw!r}")
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """A setting read from a contract variable, and the flag of `shardcache sidecar`
+    that overrides it."""
+
+    field: str
+    variable: variables.Variable[Any]
+    flag: str
+
+
+#: Every contract variable the sidecar reads (a unit test holds this to the table's
+#: readers column). `run_dir` and `mount` only place the socket and the memory tier.
+OPTIONS: tuple[Option, ...] = (
+    Option("source_uri", variables.SOURCE_URI, "--source"),
+    Option("source_format", variables.SOURCE_FORMAT, "--format"),
+    Option("manifest_digest", variables.MANIFEST_DIGEST, "--digest"),
+    Option("run_dir", variables.RUN_DIR, "--run-dir"),
+    Option("mount", variables.MOUNT, "--mount"),
+    Option("socket_path", variables.SOCKET, "--socket"),
+    Option("memory_dir", variables.MEMORY_DIR, "--memory-dir"),
+    Option("disk_dir", variables.DISK_DIR, "--disk-dir"),
+    Option("memory_limit", variables.MEMORY_LIMIT, "--memory-limit"),
+    Option("disk_limit", variables.DISK_LIMIT, "--disk-limit"),
+    Option("prefetch_depth", variables.PREFETCH_DEPTH, "--prefetch-depth"),
+    Option("fetch_concurrency", variables.FETCH_CONCURRENCY, "--fetch-concurrency"),
+    Option("ready_shards", variables.READY_SHARDS, "--ready-shards"),
+    Option("seed", variables.SEED, "--seed"),
+    Option("shuffle", variables.SHUFFLE, "--shuffle"),
+    Option("block_size", variables.BLOCK_SIZE, "--block-size"),
+    Option("world_size", variables.WORLD_SIZE, "--world-size"),
+    Option("rank", variables.RANK, "--rank"),
+    Option("metrics_host", variables.METRICS_HOST, "--metrics-host"),
+    Option("metrics_port", variables.METRICS_PORT, "--metrics-port"),
+    Option("log_format", variables.LOG_FORMAT, "--log-format"),
+    Option("log_level", variables.LOG_LEVEL, "--log-level"),
+)
 
 
 def from_env(
@@ -168,46 +181,18 @@ def from_env(
 
     The socket is $SHARDCACHE_SOCKET, else `<run dir>/<mount>/control.sock`; the memory
     directory $SHARDCACHE_MEMORY_DIR, else `<run dir>/<mount>/mem`, the layout the
-    client derives from the same variables.
+    client derives from the same variables. Unset values take the table's defaults.
     """
     env = os.environ if environ is None else environ
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    run_dir = Path(
-        given.pop("run_dir", None) or env.get(contract.ENV_RUN_DIR) or contract.DEFAULT_RUN_DIR
-    )
-    mount = given.pop("mount", None) or env.get(contract.ENV_MOUNT) or "default"
-    values: dict[str, Any] = {
-        "source_uri": env.get(contract.ENV_SOURCE_URI, ""),
-        "socket_path": Path(env.get(contract.ENV_SOCKET) or contract.socket_path(run_dir, mount)),
-        "memory_dir": Path(env.get(contract.ENV_MEMORY_DIR) or contract.memory_dir(run_dir, mount)),
-        "disk_dir": Path(env.get(contract.ENV_DISK_DIR) or contract.DEFAULT_DISK_DIR),
-        "source_format": env.get(contract.ENV_SOURCE_FORMAT) or None,
-        "manifest_digest": env.get(contract.ENV_MANIFEST_DIGEST) or None,
-        "metrics_host": env.get(ENV_METRICS_HOST) or None,
-        "log_format": env.get(ENV_LOG_FORMAT) or None,
-        "log_level": env.get(ENV_LOG_LEVEL) or None,
-    }
-    ints = {
-        "memory_limit": contract.ENV_MEMORY_LIMIT,
-        "disk_limit": contract.ENV_DISK_LIMIT,
-        "prefetch_depth": contract.ENV_PREFETCH_DEPTH,
-        "fetch_concurrency": contract.ENV_FETCH_CONCURRENCY,
-        "ready_shards": contract.ENV_READY_SHARDS,
-        "seed": contract.ENV_SEED,
-        "block_size": contract.ENV_BLOCK_SIZE,
-        "world_size": contract.ENV_WORLD_SIZE,
-        "rank": contract.ENV_RANK,
-        "metrics_port": contract.ENV_METRICS_PORT,
-    }
-    for field, var in ints.items():
-        values[field] = _int(env, var)
-    values["shuffle"] = _bool(env, contract.ENV_SHUFFLE)
+    values: dict[str, Any] = {option.field: option.variable.read(env) for option in OPTIONS}
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    run_dir = Path(values.pop("run_dir"))
+    mount = values.pop("mount") or LOCAL_MOUNT
+    # A socket moved by flag moves nothing else: the memory tier stays where the
+    # run directory and mount put it.
+    values["socket_path"] = Path(values["socket_path"] or contract.socket_path(run_dir, mount))
+    values["memory_dir"] = Path(values["memory_dir"] or contract.memory_dir(run_dir, mount))
+    values["disk_dir"] = Path(values["disk_dir"])
+    values["source_uri"] = values["source_uri"] or ""
     values["checkpoint"] = agent_config.CheckpointSettings.from_env(env)
-    values.update(given)
-    for field in ("socket_path", "memory_dir", "disk_dir"):
-        values[field] = Path(values[field])
-    # Unset values take the dataclass defaults; a socket moved by flag moves nothing else.
-    return Settings(**{k: v for k, v in values.items() if v is not None or k in _NULLABLE})
-
-
-_NULLABLE = frozenset({"source_format", "manifest_digest"})
+    return Settings(**values)

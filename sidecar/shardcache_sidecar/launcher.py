@@ -23,7 +23,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from shardcache import contract, source
+from shardcache import source
+from shardcache.contract import variables
 
 READY_TIMEOUT_S = 120.0
 
@@ -142,22 +143,25 @@ def sidecar(
     """
     run_dir = work / "run"
     port = free_port()
-    env = {
-        **os.environ,
-        **storage_env,
-        contract.ENV_SOURCE_URI: root,
-        contract.ENV_RUN_DIR: str(run_dir),
-        contract.ENV_MOUNT: mount,
-        contract.ENV_DISK_DIR: str(work / "disk"),
-        contract.ENV_MEMORY_LIMIT: str(memory_limit),
-        contract.ENV_DISK_LIMIT: str(disk_limit),
-        contract.ENV_METRICS_PORT: str(port),
-        "SHARDCACHE_METRICS_HOST": "127.0.0.1",
-        "SHARDCACHE_LOG_FORMAT": "text",
-        **(extra_env or {}),
-    }
+    # What the webhook would write into the sidecar container, for this machine:
+    # probes on loopback only, and logs for a person rather than a log pipeline.
+    sidecar_env = variables.environ(
+        [
+            (variables.SOURCE_URI, root),
+            (variables.RUN_DIR, run_dir),
+            (variables.MOUNT, mount),
+            (variables.DISK_DIR, work / "disk"),
+            (variables.MEMORY_LIMIT, memory_limit),
+            (variables.DISK_LIMIT, disk_limit),
+            (variables.METRICS_PORT, port),
+            (variables.METRICS_HOST, "127.0.0.1"),
+            (variables.LOG_FORMAT, "text"),
+        ]
+    )
+    env = {**os.environ, **storage_env, **sidecar_env, **(extra_env or {})}
     log = work / f"sidecar-{port}.log"
     base = f"http://127.0.0.1:{port}"
     with process([sys.executable, "-m", "shardcache", "sidecar"], env, log) as proc:
         wait_http(f"{base}/readyz" if wait_ready else f"{base}/healthz", "the sidecar", proc, log)
-        yield {contract.ENV_RUN_DIR: str(run_dir), contract.ENV_MOUNT: mount}, base
+        # The trainer's env: what the webhook writes into trainer containers.
+        yield variables.environ([(variables.RUN_DIR, run_dir), (variables.MOUNT, mount)]), base

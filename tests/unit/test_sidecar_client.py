@@ -41,13 +41,11 @@ def test_an_explicit_socket_wins_and_the_memory_dir_sits_beside_it() -> None:
 
 
 def test_the_reconnect_timeout_comes_from_the_environment_unless_given() -> None:
-    env = {contract.ENV_SOCKET: "/x/control.sock", sidecar_client.ENV_RECONNECT_TIMEOUT: "7.5"}
+    env = {contract.ENV_SOCKET: "/x/control.sock", contract.ENV_RECONNECT_TIMEOUT: "7.5"}
     assert sidecar_client.ClientSettings.from_env(env).reconnect_timeout == 7.5
     assert sidecar_client.ClientSettings.from_env(env, reconnect_timeout=3).reconnect_timeout == 3
     with pytest.raises(errors.InputError, match="expected seconds as a number, found 'soon'"):
-        sidecar_client.ClientSettings.from_env(
-            {**env, sidecar_client.ENV_RECONNECT_TIMEOUT: "soon"}
-        )
+        sidecar_client.ClientSettings.from_env({**env, contract.ENV_RECONNECT_TIMEOUT: "soon"})
 
 
 def test_without_a_uri_or_sidecar_variables_the_error_says_what_to_do() -> None:

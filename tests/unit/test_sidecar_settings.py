@@ -63,7 +63,10 @@ def test_flags_override_the_environment() -> None:
         ),
         ({contract.ENV_MANIFEST_DIGEST: "md5:x"}, "expected 'sha256:<hex>'"),
         ({contract.ENV_RUN_DIR: "/" + "x" * 120}, "Unix sockets allow at most 107"),
-        ({contract.ENV_FETCH_CONCURRENCY: "0"}, "fetch_concurrency must be >= 1"),
+        (
+            {contract.ENV_FETCH_CONCURRENCY: "0"},
+            f"${contract.ENV_FETCH_CONCURRENCY}: expected an integer >= 1, found 0",
+        ),
     ],
 )
 def test_bad_settings_say_which_variable_and_what_was_found(

@@ -37,8 +37,8 @@ def test_environment_is_typed_and_overrides_win() -> None:
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("WEBHOOK_PORT", "https", "SHARDCACHE_OPERATOR_WEBHOOK_PORT: expected int"),
-        ("STANDALONE", "maybe", "SHARDCACHE_OPERATOR_STANDALONE: expected bool"),
+        ("WEBHOOK_PORT", "https", "SHARDCACHE_OPERATOR_WEBHOOK_PORT: expected an integer"),
+        ("STANDALONE", "maybe", "SHARDCACHE_OPERATOR_STANDALONE: expected true or false"),
         ("MISSING_POLICY", "Ignore", "expected Refuse or Admit, found 'Ignore'"),
     ],
 )

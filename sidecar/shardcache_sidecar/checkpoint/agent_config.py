@@ -6,11 +6,10 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Final
 
 from shardcache import contract, errors, source
-
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+from shardcache.contract import variables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,31 +18,29 @@ class CheckpointSettings:
     directory: Path
     #: Object store prefix checkpoints are published under (any pyarrow filesystem URI).
     uri: str
+    # Defaults of the settings the webhook writes are the contract table's
+    # (`shardcache.contract.variables`), where each says why it was chosen.
     #: Published checkpoints kept (remote and on the node); spec.checkpoint.keepLast.
-    keep_last: int = 3
+    keep_last: int = variables.CHECKPOINT_KEEP_LAST.required_default
     #: What to restore at start: "latest", "none" or a step number.
-    restore: str = "latest"
+    restore: str = variables.CHECKPOINT_RESTORE.required_default
     #: Restore the next older published checkpoint when the chosen one does not match
-    #: its manifest. Off: silently restoring an older model is the user's decision
-    #: (spec.checkpoint.restoreFallback).
-    restore_fallback: bool = False
-    #: Files uploaded (and restored) at once. Eight keeps a 2-core sidecar busy hashing
-    #: while the network stays full; large files add parallel multipart parts on top
-    #: (spec.checkpoint.concurrency).
-    upload_concurrency: int = 8
+    #: its manifest (spec.checkpoint.restoreFallback).
+    restore_fallback: bool = variables.CHECKPOINT_RESTORE_FALLBACK.required_default
+    #: Files uploaded (and restored) at once; large files add parallel multipart parts
+    #: on top (spec.checkpoint.concurrency).
+    upload_concurrency: int = variables.CHECKPOINT_CONCURRENCY.required_default
     #: Seconds between scans of the checkpoint directory for new markers. A commit is
     #: picked up within this; a scan costs one readdir plus two small reads per
     #: checkpoint directory, nothing next to an upload.
     poll_interval: float = 0.05
     #: Bytes of upload parts queued in memory across all files (pyarrow buffers a
-    #: multipart upload's parts until they are sent). 512 MiB lets a lone large file
-    #: keep its upload busy; counts against the sidecar's memory limit
-    #: (spec.checkpoint.uploadBuffer).
-    upload_buffer: int = 512 << 20
-    #: Read each object back and re-hash it before publishing. Off by default: it
-    #: doubles the traffic, and restore verifies every byte anyway
+    #: multipart upload's parts until they are sent); counts against the sidecar's
+    #: memory limit (spec.checkpoint.uploadBuffer).
+    upload_buffer: int = variables.CHECKPOINT_UPLOAD_BUFFER.required_default
+    #: Read each object back and re-hash it before publishing
     #: (spec.checkpoint.verifyUploads).
-    verify_uploads: bool = False
+    verify_uploads: bool = variables.CHECKPOINT_VERIFY_UPLOADS.required_default
     #: Backoff for object store errors, per object.
     retry: source.RetryPolicy = dataclasses.field(default_factory=source.RetryPolicy)
     #: Seconds before a checkpoint whose upload failed transiently is tried again.
@@ -75,25 +72,29 @@ class CheckpointSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> CheckpointSettings | None:
         """The settings, or None when no checkpoint URI is configured."""
         env = os.environ if env is None else env
-        uri = env.get(contract.ENV_CHECKPOINT_URI, "").strip()
-        if not uri:
+        uri = variables.CHECKPOINT_URI.get(env)
+        if uri is None:
             return None
-        directory = env.get(contract.ENV_CHECKPOINT_DIR, "").strip()
-        if not directory:
+        directory = variables.CHECKPOINT_DIR.get(env)
+        if directory is None:
             raise errors.InputError(
                 f"{contract.ENV_CHECKPOINT_URI} is set but {contract.ENV_CHECKPOINT_DIR} is not: "
                 "expected the path of the checkpoint volume shared with the trainer"
             )
-        return cls(
-            directory=Path(directory),
-            uri=uri,
-            keep_last=_int(env, contract.ENV_CHECKPOINT_KEEP_LAST, 3),
-            restore=env.get(contract.ENV_CHECKPOINT_RESTORE, "latest").strip() or "latest",
-            restore_fallback=_bool(env, contract.ENV_CHECKPOINT_RESTORE_FALLBACK, False),
-            upload_concurrency=_int(env, contract.ENV_CHECKPOINT_CONCURRENCY, 8),
-            upload_buffer=_int(env, contract.ENV_CHECKPOINT_UPLOAD_BUFFER, 512 << 20),
-            verify_uploads=_bool(env, contract.ENV_CHECKPOINT_VERIFY_UPLOADS, False),
-        )
+        values: dict[str, Any] = {f: variable.read(env) for f, variable in FIELDS.items()}
+        return cls(directory=Path(directory), uri=uri, **values)
+
+
+#: The contract variables the agent reads besides its URI and directory, by field (a
+#: unit test holds `FIELDS`, URI and directory to the table's readers column).
+FIELDS: Final[Mapping[str, variables.Variable[Any]]] = {
+    "keep_last": variables.CHECKPOINT_KEEP_LAST,
+    "restore": variables.CHECKPOINT_RESTORE,
+    "restore_fallback": variables.CHECKPOINT_RESTORE_FALLBACK,
+    "upload_concurrency": variables.CHECKPOINT_CONCURRENCY,
+    "upload_buffer": variables.CHECKPOINT_UPLOAD_BUFFER,
+    "verify_uploads": variables.CHECKPOINT_VERIFY_UPLOADS,
+}
 
 
 def parse_restore(value: str) -> int | str | None:
@@ -105,28 +106,4 @@ def parse_restore(value: str) -> int | str | None:
         return int(text)
     raise errors.InputError(
         f"{contract.ENV_CHECKPOINT_RESTORE}: expected latest, none or a step number, found {value!r}"
-    )
-
-
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError as exc:
-        raise errors.InputError(f"{name}: expected an integer, found {raw!r}") from exc
-
-
-def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    # Strict: a typo such as "ture" must not silently leave the setting off.
-    raw = env.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise errors.InputError(
-        f"{name}: expected one of {', '.join(_TRUE + _FALSE)}, found {env[name]!r}"
     )
