@@ -1,0 +1,131 @@
+"""The env the webhook writes: the contract table's rows, valued for one pod.
+
+The sidecar container gets every row marked `Container.SIDECAR`, the trainer containers
+every row marked `Container.TRAINER` (`shardcache.contract.variables`). A row with a
+spec field takes that field's value; the rest the pod's layout decides (its run
+directory, the port it was given, the pinned digest, the rank). Rows without a value
+(no checkpoint, no pinned digest, no fixed rank) are left out, so the reader's default
+applies. Spec fields are written even at their defaults: the pod shows the sidecar's
+effective settings, and the output depends on the spec alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shardcache import contract
+from shardcache.contract import parsers, variables
+from shardcache_operator import specs
+
+#: Trainer variables a user may set on a container themselves: their value wins.
+USER_WINS = frozenset({variables.MOUNT.env, variables.CHECKPOINT_DIR.env})
+
+
+def spec_value(spec: object, path: str) -> object:
+    """The value at a JSON path below `spec` ("prefetch.depth"); None when an object on
+    the way is absent (no `checkpoint`)."""
+    value = spec
+    for json_name in path.split("."):
+        if value is None:
+            return None
+        if not dataclasses.is_dataclass(value) or isinstance(value, type):
+            raise TypeError(f"{path}: {json_name!r} is below a plain value")
+        fields = {specs.field_info(f).json: f.name for f in dataclasses.fields(value)}
+        value = getattr(value, fields[json_name])
+    return value
+
+
+def checkpoint_uri(spec: specs.DatasetMountSpec, ranked_by_index: bool) -> str | None:
+    """Where this pod's sidecar publishes checkpoints (None: no checkpoints).
+
+    Every pod's agent owns its prefix (two agents publishing one step to one prefix is
+    refused as a duplicate), so a ranked pod publishes under `<uri>/rank-<rank>`. For an
+    Indexed Job the rank is only known in the pod: `$(SHARDCACHE_RANK)` is expanded by
+    the kubelet from the variable defined before it.
+    """
+    if spec.checkpoint is None:
+        return None
+    base = spec.checkpoint.uri.rstrip("/")
+    if ranked_by_index:
+        return f"{base}/rank-$({contract.ENV_RANK})"
+    if spec.sharding.rank_from == "Fixed" and spec.sharding.rank is not None:
+        return f"{base}/rank-{spec.sharding.rank}"
+    return spec.checkpoint.uri
+
+
+def sidecar_env(
+    mount: str,
+    spec: specs.DatasetMountSpec,
+    *,
+    digest: str | None,
+    run_dir: str,
+    port: int,
+    world_size: int | None,
+    rank_field: str | None,
+) -> list[dict[str, Any]]:
+    """The sidecar container's env.
+
+    `world_size`: the pod's (annotation, else spec). `rank_field`: the downward API
+    field path of the pod's rank (an Indexed Job's completion index), or None.
+    """
+    fixed_rank = spec.sharding.rank if spec.sharding.rank_from == "Fixed" else None
+    layout: Mapping[str, object] = {
+        variables.MOUNT.env: mount,
+        variables.RUN_DIR.env: run_dir,
+        variables.SOCKET.env: contract.socket_path(run_dir, mount),
+        variables.MANIFEST_DIGEST.env: digest,
+        variables.MEMORY_DIR.env: contract.memory_dir(run_dir, mount),
+        variables.DISK_DIR.env: contract.DEFAULT_DISK_DIR,
+        variables.WORLD_SIZE.env: world_size,
+        variables.RANK.env: fixed_rank,
+        variables.METRICS_PORT.env: port,
+        variables.CHECKPOINT_URI.env: checkpoint_uri(spec, rank_field is not None),
+    }
+    env: list[dict[str, Any]] = []
+    for variable in variables.injected_into(variables.Container.SIDECAR):
+        if variable is variables.RANK and rank_field is not None:
+            env.append({"name": variable.env, "valueFrom": {"fieldRef": {"fieldPath": rank_field}}})
+            continue
+        if variable.env in layout:
+            value = layout[variable.env]
+        elif variable.spec_field is not None:
+            value = spec_value(spec, variable.spec_field)
+        else:
+            raise AssertionError(f"{variable.env}: no value for the sidecar")
+        if value is not None:
+            env.append({"name": variable.env, "value": parsers.render(value)})
+    return env
+
+
+def _set(env: list[dict[str, Any]], name: str, value: str) -> None:
+    for entry in env:
+        if entry.get("name") == name:
+            if name not in USER_WINS:
+                entry.clear()
+                entry.update(name=name, value=value)
+            return
+    env.append({"name": name, "value": value})
+
+
+def set_trainer_env(
+    container: dict[str, Any],
+    *,
+    run_dir: str,
+    mounts: Sequence[str],
+    checkpoint_dir: str | None,
+) -> None:
+    """Write the trainer variables into `container`'s env (values the user set for
+    `USER_WINS` stay). `mounts`: every mount of the pod, the default first."""
+    layout: Mapping[str, object] = {
+        variables.RUN_DIR.env: run_dir,
+        variables.MOUNTS.env: tuple(mounts),
+        variables.MOUNT.env: mounts[0],
+        variables.CHECKPOINT_DIR.env: checkpoint_dir,
+    }
+    env = container.setdefault("env", [])
+    for variable in variables.injected_into(variables.Container.TRAINER):
+        value = layout[variable.env]
+        if value is not None:
+            _set(env, variable.env, parsers.render(value))

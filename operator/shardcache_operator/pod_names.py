@@ -1,0 +1,95 @@
+"""Names and ports for what the injection adds to a pod, never colliding with its own.
+
+A taken name gets a numeric suffix (`-2`, `-3`, ...), a taken port the next free number,
+and long names are cut with a hash suffix so they stay valid DNS labels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: Kubernetes limits a port name to 15 characters (an IANA service name).
+PORT_NAME_LIMIT = 15
+#: The sidecar's name is `shardcache-<mount>` cut to this, leaving room for `-run`,
+#: `-disk` and `-ckpt` volume suffixes within a 63-character DNS label.
+BASE_LIMIT = 56
+
+
+def dns_label(text: str, *, limit: int = 63) -> str:
+    """`text` as a DNS label of at most `limit` characters (a hash keeps cut ones unique)."""
+    label = re.sub(r"[^a-z0-9-]", "-", text.lower()).strip("-")
+    if len(label) <= limit:
+        return label
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{label[: limit - 9].rstrip('-')}-{digest}"
+
+
+def unique(base: str, taken: set[str], *, limit: int = 63) -> str:
+    """`base`, or `base-2`, `base-3`, ... whichever is free; recorded in `taken`."""
+    candidate, n = base[:limit], 1
+    while candidate in taken:
+        n += 1
+        suffix = f"-{n}"
+        candidate = base[: limit - len(suffix)] + suffix
+    taken.add(candidate)
+    return candidate
+
+
+@dataclasses.dataclass(frozen=True)
+class MountNames:
+    """What one mount's injection is called in the pod."""
+
+    sidecar: str
+    run_volume: str
+    disk_volume: str
+    #: None when the mount has no checkpoints.
+    checkpoint_volume: str | None
+    port: int
+    port_name: str
+
+
+class Taken:
+    """The names and ports a pod already uses; each allocation adds to them."""
+
+    def __init__(
+        self,
+        *,
+        containers: Sequence[Mapping[str, Any]],
+        init_containers: Sequence[Mapping[str, Any]],
+        ephemeral: Sequence[Mapping[str, Any]],
+        volumes: Sequence[Mapping[str, Any]],
+    ) -> None:
+        every = [*containers, *init_containers]
+        self.containers = {str(c.get("name")) for c in [*every, *ephemeral]}
+        self.volumes = {str(v.get("name")) for v in volumes}
+        self.ports = {
+            int(p["containerPort"])
+            for c in every
+            for p in c.get("ports") or []
+            if isinstance(p.get("containerPort"), int)
+        }
+        self.port_names = {str(p.get("name")) for c in every for p in c.get("ports") or []}
+
+    def port(self, first: int) -> int:
+        """`first`, or the next number no container of the pod uses."""
+        port = first
+        while port in self.ports:
+            port += 1
+        self.ports.add(port)
+        return port
+
+    def allocate(self, mount: str, *, first_port: int, checkpoints: bool) -> MountNames:
+        """Names for one mount's sidecar, volumes and port, in a fixed order so that
+        injecting the same pod twice gives the same names."""
+        base = dns_label(f"shardcache-{mount}", limit=BASE_LIMIT)
+        sidecar = unique(base, self.containers)
+        run_volume = unique(f"{base}-run", self.volumes)
+        disk_volume = unique(f"{base}-disk", self.volumes)
+        port = self.port(first_port)
+        port_name = unique("shardcache", self.port_names, limit=PORT_NAME_LIMIT)
+        checkpoint_volume = unique(f"{base}-ckpt", self.volumes) if checkpoints else None
+        return MountNames(sidecar, run_volume, disk_volume, checkpoint_volume, port, port_name)

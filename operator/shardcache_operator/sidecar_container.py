@@ -1,0 +1,83 @@
+"""The cache sidecar container of one mount: a native sidecar with probes and a
+locked-down security context.
+
+Appended to `initContainers` with `restartPolicy: Always`, so it starts before the
+trainers, runs beside them and stops after them; its startup probe on /readyz holds
+the trainers back until the manifest is verified and the first shards are warm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shardcache.contract import parsers, protocol
+from shardcache_operator import pod_names, specs
+
+
+def _probe(path: str, port: int, *, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "timeoutSeconds": 2,
+        "failureThreshold": failures,
+    }
+
+
+def _limits(resources: specs.ResourcesSpec, extra: int) -> dict[str, str]:
+    """The limits, with the memory limit raised by `extra` bytes when there is one."""
+    limits = dict(resources.limits)
+    if extra and "memory" in limits:
+        memory = specs.parse_quantity(limits["memory"], path="spec.sidecar.resources.limits")
+        limits["memory"] = parsers.quantity(memory + extra)
+    return limits
+
+
+def build(
+    spec: specs.DatasetMountSpec,
+    names: pod_names.MountNames,
+    *,
+    image: str,
+    env: list[dict[str, Any]],
+    volume_mounts: Sequence[dict[str, Any]],
+    run_as_user: int,
+    startup_timeout_seconds: int,
+) -> dict[str, Any]:
+    """The container; `image` is the operator's default, used when the spec names none."""
+    port = names.port
+    # tmpfs pages the sidecar writes are charged to its cgroup.
+    extra_memory = spec.cache.memory if spec.cache.medium == "Memory" else 0
+    sidecar: dict[str, Any] = {
+        "name": names.sidecar,
+        "image": spec.sidecar.image or image,
+        "imagePullPolicy": spec.sidecar.image_pull_policy,
+        "command": ["shardcache", "sidecar"],
+        # A native sidecar: starts before the trainers, runs beside them, stops after.
+        "restartPolicy": "Always",
+        "env": env,
+        "ports": [{"name": names.port_name, "containerPort": port, "protocol": "TCP"}],
+        "startupProbe": _probe(
+            protocol.READYZ, port, period=1, failures=max(1, startup_timeout_seconds)
+        ),
+        "readinessProbe": _probe(protocol.READYZ, port, period=5, failures=3),
+        "livenessProbe": _probe(protocol.HEALTHZ, port, period=10, failures=6),
+        "resources": {
+            "requests": dict(spec.sidecar.resources.requests),
+            "limits": _limits(spec.sidecar.resources, extra_memory),
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": run_as_user,
+            "runAsGroup": run_as_user,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": list(volume_mounts),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if spec.source.secret_ref is not None:
+        # Credentials reach the sidecar only; trainer containers never see them.
+        sidecar["envFrom"] = [{"secretRef": {"name": spec.source.secret_ref.name}}]
+    return sidecar
