@@ -173,7 +173,7 @@ def choice(*choices: str, fold_case: bool = False) -> Parser[str]:
             raise ParseError(_one_of(choices), repr(text))
         return value
 
-    return Parser(" | ".join(choices), convert)
+    return Parser("/".join(choices), convert)
 
 
 def pattern(regex: str, *, expected: str, kind: str) -> Parser[str]:

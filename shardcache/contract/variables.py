@@ -362,7 +362,7 @@ CHECKPOINT_URI: Final = Variable(
     parsers.TEXT,
     None,
     _AGENT,
-    "Object store prefix checkpoints are published under (ranked pods: <uri>/rank-<rank>). "
+    "Object store prefix checkpoints are published under (ranked pods: `<uri>/rank-<rank>`). "
     "Unset: no checkpoint agent.",
     spec_field="checkpoint.uri",
     injected=_IN_SIDECAR,
@@ -383,7 +383,7 @@ CHECKPOINT_RESTORE: Final = Variable(
     parsers.pattern(
         r"latest|none|[0-9]+",
         expected="latest, none or a step number",
-        kind="latest | none | step",
+        kind="latest/none/step",
     ),
     "latest",
     _AGENT,

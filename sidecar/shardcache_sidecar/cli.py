@@ -63,8 +63,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _metavar(kind: str) -> str:
     """`{json,text}` for a choice, else the kind's first word: `INTEGER`, `BYTES`."""
-    if " | " in kind:
-        return "{" + kind.replace(" | ", ",") + "}"
+    if "/" in kind:
+        return "{" + kind.replace("/", ",") + "}"
     return kind.split()[0].upper()
 
 
