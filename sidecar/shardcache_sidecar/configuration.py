@@ -1,9 +1,11 @@
 """The sidecar's settings: one typed dataclass, read once at start-up.
 
-Every field comes from a `SHARDCACHE_*` environment variable (names in
-`shardcache.contract`, written into the pod by the webhook) and may be overridden by
-a command-line flag of `shardcache sidecar`. Invalid values stop the sidecar at start
-with a message naming the variable, what was expected and what was found.
+Most fields come from a row of the contract table (`shardcache.contract.variables`,
+written into the pod by the webhook; `OPTIONS` below says which), take its default, and
+may be overridden by the flag `shardcache sidecar` builds from the same row. Env and
+flags are parsed with the row's parser, so an invalid value stops the sidecar at start
+with a message naming the variable or flag, what was expected and what was found;
+`Settings` checks the ranges again for values given in code.
 """
 
 from __future__ import annotations
