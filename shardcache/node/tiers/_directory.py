@@ -17,6 +17,7 @@ from pathlib import Path
 from shardcache.node import _locks, names
 from shardcache.node.tiers import _entries
 
+# One logger for the whole package, as before it was split into modules.
 logger = logging.getLogger("shardcache.node.tiers")
 
 
