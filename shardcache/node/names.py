@@ -9,3 +9,7 @@ from __future__ import annotations
 LOCK_SUFFIX = ".lock"
 META_SUFFIX = ".meta.json"
 TMP_PREFIX = ".tmp-"
+#: The tier-wide lock: held exclusively while counting, evicting, reserving and committing.
+TIER_LOCK_NAME = ".tier.lock"
+#: Per-key lock held exclusively by the one process producing that key in get_or_insert.
+FILL_LOCK_SUFFIX = ".fill.lock"

@@ -13,8 +13,7 @@ import sys
 import threading
 
 from shardcache import contract, errors
-from shardcache_sidecar.checkpoint import agent as agent_mod
-from shardcache_sidecar.checkpoint import agent_config
+from shardcache_sidecar.checkpoint import agent, agent_config
 
 
 def main() -> int:
@@ -35,18 +34,18 @@ def main() -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    agent = agent_mod.Agent(settings)
-    agent.start()
+    running = agent.Agent(settings)
+    running.start()
     while not stop.is_set():
-        if agent.wait_ready(0.1):
+        if running.wait_ready(0.1):
             print("ready", flush=True)
             break
-        ready, why = agent.readiness()
+        ready, why = running.readiness()
         if not ready and why.startswith("checkpoint restore failed"):
             print(why, flush=True)
             break
     stop.wait()
-    agent.stop()
+    running.stop()
     return 0
 
 

@@ -19,8 +19,14 @@ from pathlib import Path
 
 from shardcache import errors, source
 from shardcache.checkpoint import _protocol
-from shardcache_sidecar.checkpoint import agent_config, layout, restorer, retention, uploader
-from shardcache_sidecar.checkpoint import metrics as metrics_mod
+from shardcache_sidecar.checkpoint import (
+    agent_config,
+    layout,
+    metrics,
+    restorer,
+    retention,
+    uploader,
+)
 
 log = logging.getLogger(__name__)
 #: Seconds an answered restore request stays when the trainer never collects it (it
@@ -33,7 +39,7 @@ class Agent:
         self,
         settings: agent_config.CheckpointSettings,
         *,
-        observer: metrics_mod.Observer | None = None,
+        observer: metrics.Observer | None = None,
         storage_options: dict[str, str] | None = None,
         on_readiness: Callable[[bool, str], None] | None = None,
     ) -> None:
@@ -42,7 +48,7 @@ class Agent:
         self.settings = settings
         self._on_readiness = on_readiness
         self.root = settings.directory
-        self.observer = observer or metrics_mod.NullObserver()
+        self.observer = observer or metrics.NullObserver()
         self.fs, self.prefix = source.filesystem(settings.uri, storage_options=storage_options)
         self.prefix = self.prefix.rstrip("/")
         self._stop = threading.Event()

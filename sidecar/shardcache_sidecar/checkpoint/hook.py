@@ -11,9 +11,7 @@ from typing import Protocol
 
 import prometheus_client as prom
 
-from shardcache_sidecar.checkpoint import agent as agent_mod
-from shardcache_sidecar.checkpoint import agent_config
-from shardcache_sidecar.checkpoint import metrics as metrics_mod
+from shardcache_sidecar.checkpoint import agent, agent_config, metrics
 
 #: The /readyz gate that stays closed until the restore at start is done.
 GATE_RESTORE = "checkpoint-restore"
@@ -31,7 +29,7 @@ class Gates(Protocol):
 
 def attach(
     settings: agent_config.CheckpointSettings, gates: Gates, registry: prom.CollectorRegistry
-) -> agent_mod.Agent:
+) -> agent.Agent:
     """Start the agent; /readyz waits for its restore."""
     wanted = settings.restore
     gates.require(GATE_RESTORE, f"restoring checkpoint {wanted} from {settings.uri}")
@@ -42,14 +40,12 @@ def attach(
         else:
             gates.waiting(GATE_RESTORE, reason)
 
-    agent = agent_mod.Agent(
-        settings, observer=metrics_mod.Metrics(registry), on_readiness=on_readiness
-    )
-    agent.start()
-    return agent
+    started = agent.Agent(settings, observer=metrics.Metrics(registry), on_readiness=on_readiness)
+    started.start()
+    return started
 
 
-async def detach(agent: agent_mod.Agent) -> None:
+async def detach(running: agent.Agent) -> None:
     """Publish what is committed (bounded by the drain timeout), then stop."""
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, agent.stop, agent.settings.drain_timeout)
+    await loop.run_in_executor(None, running.stop, running.settings.drain_timeout)

@@ -21,8 +21,7 @@ import pyarrow.fs as pafs
 
 from shardcache import contract, errors, source
 from shardcache.checkpoint import _protocol
-from shardcache_sidecar.checkpoint import agent_config, layout, uploader
-from shardcache_sidecar.checkpoint import metrics as metrics_mod
+from shardcache_sidecar.checkpoint import agent_config, layout, metrics, uploader
 
 log = logging.getLogger(__name__)
 #: Piece size of parallel ranged downloads: large enough that a request's latency is
@@ -86,7 +85,7 @@ def restore(
     fallback: bool,
     concurrency: int,
     retry: source.RetryPolicy,
-    observer: metrics_mod.Observer | None = None,
+    observer: metrics.Observer | None = None,
 ) -> RestoreResult:
     """Restore what `wanted` ("latest", "none" or a step) names into `root`.
 
@@ -156,9 +155,9 @@ def restore_step(
     *,
     concurrency: int,
     retry: source.RetryPolicy,
-    observer: metrics_mod.Observer | None = None,
+    observer: metrics.Observer | None = None,
 ) -> RestoreResult:
-    obs = observer or metrics_mod.NullObserver()
+    obs = observer or metrics.NullObserver()
     where = layout.manifest_path(prefix, step)
     raw = source.with_retries(
         lambda: layout.read_json(fs, where), what=f"reading {where}", policy=retry

@@ -22,8 +22,7 @@ import pyarrow.fs as pafs
 
 from shardcache import errors, source
 from shardcache.checkpoint import _protocol
-from shardcache_sidecar.checkpoint import layout
-from shardcache_sidecar.checkpoint import metrics as metrics_mod
+from shardcache_sidecar.checkpoint import layout, metrics
 
 log = logging.getLogger(__name__)
 #: Read size when streaming a file: a multiple of pyarrow's multipart part size
@@ -116,7 +115,7 @@ def put_file(
     remote: str,
     *,
     expected_size: int,
-    observer: metrics_mod.Observer,
+    observer: metrics.Observer,
     window: Window | None = None,
 ) -> str:
     """Stream one file to the store; its sha256. Raises InputError if it changed size.
@@ -159,7 +158,7 @@ def upload(
     concurrency: int,
     retry: source.RetryPolicy,
     verify: bool = False,
-    observer: metrics_mod.Observer | None = None,
+    observer: metrics.Observer | None = None,
     buffer_bytes: int = DEFAULT_BUFFER,
 ) -> layout.CheckpointManifest:
     """Upload `directory` as checkpoint `marker.step` and publish its manifest.
@@ -168,7 +167,7 @@ def upload(
     (the published one is left alone), InputError for unreadable local files,
     SourceError when the store keeps failing.
     """
-    obs = observer or metrics_mod.NullObserver()
+    obs = observer or metrics.NullObserver()
     step = marker.step
     files = list_files(directory)
     manifest_at = layout.manifest_path(prefix, step)

@@ -15,8 +15,7 @@ import sys
 from aiohttp import web
 
 from shardcache import errors
-from shardcache.inspect import cli as inspect_cli
-from shardcache.inspect import render, session
+from shardcache.inspect import cli, render, session
 from shardcache_sidecar.ui import routes
 
 #: One above the sidecar's metrics port, so a local sidecar and this can run together.
@@ -37,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any)"
     )
     p.add_argument("--tokenizer", help="a HuggingFace tokenizer.json to decode token ids")
-    inspect_cli.add_plan_arguments(p)
+    cli.add_plan_arguments(p)
     p.set_defaults(func=run)
 
 

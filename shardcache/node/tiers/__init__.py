@@ -1,0 +1,65 @@
+"""A storage tier: a byte-limited, LRU, checksummed directory of immutable files.
+
+The disk tier (source bytes, shared by every sidecar on the node) and the memory tier
+(decoded Arrow IPC on a memory-backed volume, memory-mapped by trainers) are both a
+`Tier`. Several processes may use one directory at once; everything that must agree
+between them is on disk and guarded by flock (see `_locks`), never in process memory:
+
+* an entry is a data file `<key>` plus a meta file `<key>.meta.json` (size, sha256,
+  format version); it is visible once its meta file is renamed into place;
+* a lease is a shared flock on `<key>.lock`, held by `Entry` until released; eviction
+  needs an exclusive flock on it, so a leased entry is never evicted, and a dead
+  process's leases vanish with it;
+* an insert first reserves its bytes as a temp file `.tmp-<pid>-<token>-<size>-<key>`,
+  under the tier-wide lock `.tier.lock` that also guards counting and evicting, so the
+  total of entries plus reservations never exceeds the limit;
+* least recently used is the data file's mtime, which a lookup touches.
+
+The format is specified in docs/cache-format.md; `FORMAT_VERSION` is its version.
+The modules, by what they hold:
+
+* `_entries`: an entry's key, meta file and checksum, and `Entry`, the lease on one;
+* `_errors`: what an insert raises when an entry does not fit;
+* `_directory`: the tier's files by name, the directory listing, reservations;
+* `_eviction`: which entries make room, least recently used first;
+* `_tier`: `Tier`, which does lookups, inserts, eviction and start-up repair with them.
+"""
+
+from __future__ import annotations
+
+from shardcache.node.names import FILL_LOCK_SUFFIX, TIER_LOCK_NAME
+from shardcache.node.tiers._entries import (
+    FORMAT_VERSION,
+    Entry,
+    EntryMeta,
+    check_key,
+    mark_used,
+    read_meta,
+    sha256_file,
+)
+from shardcache.node.tiers._errors import (
+    EntryTooLargeError,
+    IncompatibleFormatError,
+    RoomHeldError,
+    TierFullError,
+)
+from shardcache.node.tiers._tier import ScanReport, Tier, TierObserver
+
+__all__ = [
+    "FILL_LOCK_SUFFIX",
+    "FORMAT_VERSION",
+    "TIER_LOCK_NAME",
+    "Entry",
+    "EntryMeta",
+    "EntryTooLargeError",
+    "IncompatibleFormatError",
+    "RoomHeldError",
+    "ScanReport",
+    "Tier",
+    "TierFullError",
+    "TierObserver",
+    "check_key",
+    "mark_used",
+    "read_meta",
+    "sha256_file",
+]

@@ -1,0 +1,171 @@
+"""The files of one tier directory, by name: paths of a key, listing, reservations.
+
+Every name here is specified in docs/cache-format.md and defined once in
+`shardcache.node.names`. Nothing in this module decides what to keep or evict; it only
+says what is on disk and creates or removes single files, under locks the caller holds
+where a docstring says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import secrets
+from pathlib import Path
+
+from shardcache.node import _locks, names
+from shardcache.node.tiers import _entries
+
+# One logger for the whole package, as before it was split into modules.
+logger = logging.getLogger("shardcache.node.tiers")
+
+
+@dataclasses.dataclass
+class Listing:
+    """One pass over the tier directory, classified by file name."""
+
+    data: dict[str, os.stat_result] = dataclasses.field(default_factory=dict)
+    meta: set[str] = dataclasses.field(default_factory=set)
+    leases: set[str] = dataclasses.field(default_factory=set)
+    fills: set[str] = dataclasses.field(default_factory=set)
+    tmp: dict[str, int] = dataclasses.field(default_factory=dict)  # name -> bytes counted
+    tmp_meta: set[str] = dataclasses.field(default_factory=set)
+
+    @property
+    def reserved(self) -> int:
+        return sum(self.tmp.values())
+
+    @property
+    def used(self) -> int:
+        return sum(st.st_size for st in self.data.values()) + self.reserved
+
+    def committed(self) -> dict[str, os.stat_result]:
+        return {key: st for key, st in self.data.items() if key in self.meta}
+
+
+def reserved_size(tmp_name: str) -> int:
+    """The size a temp file reserves, from its name `.tmp-<pid>-<token>-<size>-<key>`."""
+    parts = tmp_name[len(names.TMP_PREFIX) :].split("-", 3)
+    try:
+        return int(parts[2])
+    except (IndexError, ValueError):
+        return 0
+
+
+def unlink(path: Path) -> bool:
+    """Remove a file; whether it was there."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+class Directory:
+    """The files of the tier named `name` (used in log messages) under `root`."""
+
+    def __init__(self, root: Path, *, name: str) -> None:
+        self.root = root
+        self.name = name
+        self.tier_lock = root / names.TIER_LOCK_NAME
+
+    def data(self, key: str) -> Path:
+        return self.root / key
+
+    def meta(self, key: str) -> Path:
+        return self.root / (key + names.META_SUFFIX)
+
+    def lease(self, key: str) -> Path:
+        return self.root / (key + names.LOCK_SUFFIX)
+
+    def fill(self, key: str) -> Path:
+        return self.root / (key + names.FILL_LOCK_SUFFIX)
+
+    def listing(self) -> Listing:
+        """Every file of the tier, classified; files removed meanwhile are skipped."""
+        listing = Listing()
+        with os.scandir(self.root) as it:
+            for item in it:
+                name = item.name
+                try:
+                    if not item.is_file(follow_symlinks=False):
+                        continue
+                    if name.startswith(names.TMP_PREFIX):
+                        if name.endswith(names.META_SUFFIX):
+                            listing.tmp_meta.add(name)
+                        else:
+                            st = item.stat(follow_symlinks=False)
+                            listing.tmp[name] = max(st.st_size, reserved_size(name))
+                    elif name.startswith("."):
+                        continue
+                    elif name.endswith(names.META_SUFFIX):
+                        listing.meta.add(name[: -len(names.META_SUFFIX)])
+                    elif name.endswith(names.FILL_LOCK_SUFFIX):
+                        listing.fills.add(name[: -len(names.FILL_LOCK_SUFFIX)])
+                    elif name.endswith(names.LOCK_SUFFIX):
+                        listing.leases.add(name[: -len(names.LOCK_SUFFIX)])
+                    elif _entries.KEY_PATTERN.fullmatch(name):
+                        listing.data[name] = item.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # removed while we listed
+        return listing
+
+    def reclaim_tmp(self, listing: Listing) -> int:
+        """Remove temp files whose writer died; call with the tier lock held exclusively.
+
+        A live writer holds an exclusive flock on its temp file from creation (under the
+        tier lock) to commit (also under the tier lock), so a temp file we can lock here
+        belongs to a dead process. Works across PID namespaces, unlike checking the pid.
+        """
+        removed = 0
+        for name in list(listing.tmp):
+            path = self.root / name
+            fd = _locks.acquire(path, _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False)
+            if fd is None:
+                continue
+            try:
+                unlink(path)
+            finally:
+                os.close(fd)
+            del listing.tmp[name]
+            removed += 1
+            logger.warning("%s tier: removed %s left by a dead writer", self.name, name)
+        for name in list(listing.tmp_meta):
+            if name[: -len(names.META_SUFFIX)] not in listing.tmp:
+                unlink(self.root / name)
+                listing.tmp_meta.discard(name)
+        return removed
+
+    def create_reservation(self, key: str, size: int) -> tuple[Path, int]:
+        """Create `.tmp-<pid>-<token>-<size>-<key>`, locked; call under the tier lock."""
+        path = self.root / f"{names.TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{size}-{key}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        # Not pre-sized: the size in the name is what counts, and an empty file lets the
+        # size check after produce catch a writer that wrote less than it declared.
+        try:
+            _locks.lock(fd, _locks.EXCLUSIVE)
+        except BaseException:
+            os.close(fd)
+            unlink(path)
+            raise
+        return path, fd
+
+    def write_file(self, path: Path, content: bytes, *, fsync: bool) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[os.write(fd, view) :]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def fsync(self) -> None:
+        """Make renames in the directory durable."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

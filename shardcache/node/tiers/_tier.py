@@ -1,0 +1,514 @@
+"""The `Tier` class: lookups, inserts, eviction and start-up repair of one directory.
+
+The package docstring (`shardcache.node.tiers`) says how processes share a tier; the
+files are `_directory`, the entry and lease types `_entries`, the eviction order
+`_eviction`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal, Protocol
+
+from shardcache import contract, errors
+from shardcache.node import _locks, names
+from shardcache.node.tiers import _directory, _entries, _errors, _eviction
+
+# Backoff while waiting for leases to be released: first poll soon, then settle at a rate
+# that costs nothing (each poll lists the directory under the tier lock).
+_WAIT_FIRST_S = 0.01
+_WAIT_MAX_S = 0.5
+# Which setting a user raises when an entry does not fit, by tier name.
+_LIMIT_SETTINGS = {"disk": contract.ENV_DISK_LIMIT, "memory": contract.ENV_MEMORY_LIMIT}
+
+# One logger for the whole package, as before it was split into modules.
+logger = logging.getLogger("shardcache.node.tiers")
+
+
+class TierObserver(Protocol):
+    """Metrics hooks; the sidecar maps them to Prometheus counters. `tier` is Tier.name."""
+
+    def hit(self, tier: str) -> None: ...
+
+    def miss(self, tier: str) -> None: ...
+
+    def evicted(self, tier: str, nbytes: int) -> None: ...
+
+    def corrupted(self, tier: str, key: str) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanReport:
+    """What `Tier.scan` found and did."""
+
+    entries: int  #: valid entries left in the tier
+    bytes: int  #: their total size
+    verified: int  #: entries whose sha256 was checked (verify == "always")
+    removed_tmp: int  #: temp files of dead writers removed
+    removed_incomplete: int  #: data without meta (or meta without data) removed
+    corrupted: int  #: entries removed because size or sha256 mismatched
+    incompatible: int  #: entries removed because their meta is invalid or of another format
+
+
+_Outcome = Literal["hit", "missing", "corrupted", "incompatible"]
+
+
+class Tier:
+    """A byte-limited, LRU, checksummed directory of immutable entries (package docstring)."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        limit_bytes: int,
+        name: str,
+        fsync: bool = True,
+        verify: Literal["always", "never"] = "always",
+        observer: TierObserver | None = None,
+        wait_timeout: float = 300.0,
+    ) -> None:
+        if limit_bytes < 0:
+            raise errors.InputError(f"{name} tier limit must be >= 0 bytes, found {limit_bytes}")
+        if verify not in ("always", "never"):
+            raise errors.InputError(f"verify must be 'always' or 'never', found {verify!r}")
+        if wait_timeout < 0:
+            raise errors.InputError(f"wait_timeout must be >= 0 s, found {wait_timeout}")
+        self.root = Path(root)
+        self.limit_bytes = limit_bytes
+        self.name = name
+        self.fsync = fsync
+        self.verify = verify
+        self.observer = observer
+        self.wait_timeout = wait_timeout
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._files = _directory.Directory(self.root, name=name)
+
+    def __repr__(self) -> str:
+        return f"Tier(name={self.name!r}, root={str(self.root)!r}, limit_bytes={self.limit_bytes})"
+
+    # --- public API --------------------------------------------------------------------
+    def lookup(self, key: str) -> _entries.Entry | None:
+        """Return a leased, verified entry, or None (missing, or corrupted and removed).
+
+        Touches the entry's LRU time. Verification always checks the size, and the full
+        sha256 when verify == "always". A bad entry is removed, logged and counted.
+        """
+        _entries.check_key(key)
+        entry, _ = self._lookup(key, touch=True)
+        self._count_lookup(entry)
+        return entry
+
+    def insert(
+        self,
+        key: str,
+        size: int,
+        produce: Callable[[Path], object],
+        *,
+        evict: bool = True,
+        held: int = 0,
+    ) -> _entries.Entry:
+        """Reserve `size` bytes, let `produce(tmp_path)` write them, commit, return a lease.
+
+        `produce` must write exactly `size` bytes into `tmp_path` in place (open it for
+        writing; do not replace it with another file). Raises EntryTooLargeError (a
+        CacheError) if the entry can never fit, and CacheError if leased entries keep the
+        room taken for `wait_timeout` seconds; if `produce` raises, the reservation is
+        removed and the error propagates. With evict=False nothing is evicted and nothing
+        waited for: if the free room is too small, TierFullError is raised at once (for
+        readahead, which should not push out entries that are needed sooner).
+
+        `held` is how many bytes of this tier's entries the caller itself holds leases
+        on and keeps holding while this insert waits: if `size` does not fit beside
+        them, RoomHeldError is raised at once instead of waiting for room only the
+        caller could free.
+        """
+        _entries.check_key(key)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise errors.InputError(f"entry size must be an int >= 0, found {size!r}")
+        if size > self.limit_bytes:
+            raise _errors.EntryTooLargeError(
+                f"entry {key} is {size} bytes but the {self.name} tier holds at most "
+                f"{self.limit_bytes} bytes; raise {self._limit_setting()} above {size}",
+                size=size,
+                limit=self.limit_bytes,
+            )
+        if size + held > self.limit_bytes:
+            raise _errors.RoomHeldError(
+                f"entry {key} ({size} bytes) does not fit beside the {held} bytes its "
+                f"caller holds leases on: the {self.name} tier holds at most "
+                f"{self.limit_bytes} bytes; release some, or raise {self._limit_setting()}",
+                size=size,
+                held=held,
+                limit=self.limit_bytes,
+            )
+        tmp_path, tmp_fd = self._reserve(key, size, evict=evict)
+        meta_tmp = tmp_path.with_name(tmp_path.name + names.META_SUFFIX)
+        committed = False
+        try:
+            produce(tmp_path)
+            try:
+                written = os.stat(tmp_path).st_size
+            except FileNotFoundError:
+                raise errors.CacheError(
+                    f"producing {key} for the {self.name} tier removed its temp file {tmp_path}"
+                ) from None
+            if written != size:
+                raise errors.CacheError(
+                    f"producing {key} for the {self.name} tier wrote {written} bytes, "
+                    f"expected the declared size {size}"
+                )
+            sha256 = _entries.sha256_file(tmp_path, fsync=self.fsync)
+            meta = _entries.EntryMeta(key=key, size=size, sha256=sha256)
+            self._files.write_file(meta_tmp, meta.to_json(), fsync=self.fsync)
+            lease_fd = self._take_lease(key, create=True)
+            try:
+                with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+                    # Data first, meta last: the meta rename is the commit point, and a
+                    # crash in between leaves data without meta, which is never served.
+                    os.replace(tmp_path, self._files.data(key))
+                    os.replace(meta_tmp, self._files.meta(key))
+                    _entries.mark_used(
+                        self._files.data(key)
+                    )  # the newest entry is the last to evict
+                committed = True
+            finally:
+                if not committed:
+                    os.close(lease_fd)
+        finally:
+            if not committed:
+                with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+                    _directory.unlink(tmp_path)
+                    _directory.unlink(meta_tmp)
+            os.close(tmp_fd)
+        if self.fsync:
+            self._files.fsync()
+        return _entries.Entry(
+            key=key, path=self._files.data(key), size=size, sha256=sha256, lease_fd=lease_fd
+        )
+
+    def get_or_insert(
+        self,
+        key: str,
+        size: int,
+        produce: Callable[[Path], object],
+        *,
+        evict: bool = True,
+        held: int = 0,
+    ) -> tuple[_entries.Entry, bool]:
+        """lookup, else insert; one producer per key across threads and processes.
+
+        Returns (entry, hit). A caller that finds another one producing the key waits
+        for it (on the per-key fill lock) and then gets its entry. `evict` and `held`
+        as in insert.
+        """
+        _entries.check_key(key)
+        entry, _ = self._lookup(key, touch=True)
+        if entry is None:
+            fill_fd = _locks.acquire(self._files.fill(key), _locks.EXCLUSIVE, create=True)
+            assert fill_fd is not None  # blocking acquire with create never returns None
+            try:
+                entry, _ = self._lookup(key, touch=True)
+                if entry is None:
+                    self._count_lookup(None)
+                    return self.insert(key, size, produce, evict=evict, held=held), False
+            finally:
+                _locks.unlink_held(fill_fd, self._files.fill(key))
+                os.close(fill_fd)
+        self._count_lookup(entry)
+        return entry, True
+
+    def contains(self, key: str) -> bool:
+        """Whether a committed entry exists (no lease, no verification)."""
+        _entries.check_key(key)
+        return self._files.meta(key).exists() and self._files.data(key).exists()
+
+    def keys(self) -> list[str]:
+        """Keys of the committed entries, sorted."""
+        return sorted(self._files.listing().committed())
+
+    def resident_bytes(self) -> int:
+        """Bytes of committed entries in this tier, written by any process."""
+        with _locks.held(self._files.tier_lock, _locks.SHARED):
+            return sum(st.st_size for st in self._files.listing().committed().values())
+
+    def used_bytes(self) -> int:
+        """What counts against the limit: every data file plus every live reservation."""
+        with _locks.held(self._files.tier_lock, _locks.SHARED):
+            return self._files.listing().used
+
+    def leased_bytes(self) -> int:
+        """Bytes of entries some process holds a lease on (a snapshot, best effort)."""
+        leased = 0
+        with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+            for key, st in self._files.listing().committed().items():
+                fd = _locks.acquire(
+                    self._files.lease(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False
+                )
+                if fd is None:
+                    leased += st.st_size if self._files.lease(key).exists() else 0
+                else:
+                    os.close(fd)
+        return leased
+
+    def evict(self, key: str) -> bool:
+        """Remove the entry unless it is leased; return whether it was removed."""
+        _entries.check_key(key)
+        with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+            try:
+                size = os.stat(self._files.data(key)).st_size
+            except FileNotFoundError:
+                size = None
+            if size is None and not self._files.meta(key).exists():
+                return False
+            return self._remove_unleased(key, size or 0)
+
+    def scan(self) -> ScanReport:
+        """Repair the directory at start-up and report what was found.
+
+        Removes temp files of dead writers, data without meta and meta without data
+        (unless a live process holds their lease), then checks every entry like lookup
+        does (sha256 too when verify == "always") without touching LRU times.
+        """
+        removed_incomplete = 0
+        with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+            listing = self._files.listing()
+            removed_tmp = self._files.reclaim_tmp(listing)
+            for key in set(listing.data) | listing.meta | listing.leases:
+                if key in listing.data and key in listing.meta:
+                    continue
+                lock = _locks.acquire(
+                    self._files.lease(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=True
+                )
+                if lock is None:
+                    continue  # a live process is committing it or leases it: leave it
+                try:
+                    removed = _directory.unlink(self._files.data(key)) | _directory.unlink(
+                        self._files.meta(key)
+                    )
+                    removed_incomplete += removed
+                    if removed:
+                        logger.warning(
+                            "%s tier: removed incomplete entry %s (data or meta file missing)",
+                            self.name,
+                            key,
+                        )
+                    _locks.unlink_held(lock, self._files.lease(key))
+                finally:
+                    os.close(lock)
+            for key in listing.fills:
+                fill = _locks.acquire(
+                    self._files.fill(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False
+                )
+                if fill is not None:
+                    _locks.unlink_held(fill, self._files.fill(key))
+                    os.close(fill)
+            complete = sorted(listing.committed())
+        counts = {"hit": 0, "missing": 0, "corrupted": 0, "incompatible": 0}
+        total = 0
+        for key in complete:
+            entry, outcome = self._lookup(key, touch=False)
+            counts[outcome] += 1
+            if entry is not None:
+                total += entry.size
+                entry.release()
+        report = ScanReport(
+            entries=counts["hit"],
+            bytes=total,
+            verified=counts["hit"] + counts["corrupted"] if self.verify == "always" else 0,
+            removed_tmp=removed_tmp,
+            removed_incomplete=removed_incomplete,
+            corrupted=counts["corrupted"],
+            incompatible=counts["incompatible"],
+        )
+        logger.info("%s tier scan of %s: %s", self.name, self.root, report)
+        return report
+
+    # --- internals -------------------------------------------------------------------
+    def _limit_setting(self) -> str:
+        return _LIMIT_SETTINGS.get(self.name, f"the {self.name} tier's limit_bytes")
+
+    def _count_lookup(self, entry: _entries.Entry | None) -> None:
+        if self.observer is not None:
+            if entry is None:
+                self.observer.miss(self.name)
+            else:
+                self.observer.hit(self.name)
+
+    def _take_lease(self, key: str, *, create: bool) -> int:
+        fd = _locks.acquire(self._files.lease(key), _locks.SHARED, create=create)
+        if fd is None:
+            raise FileNotFoundError(self._files.lease(key))
+        return fd
+
+    def _lookup(self, key: str, *, touch: bool) -> tuple[_entries.Entry | None, _Outcome]:
+        if not self._files.meta(key).exists():  # cheap miss without creating a lock file
+            return None, "missing"
+        lease_fd = _locks.acquire(self._files.lease(key), _locks.SHARED, create=False)
+        if lease_fd is None:
+            return None, "missing"  # evicted since we looked
+        try:
+            try:
+                meta: _entries.EntryMeta | None = _entries.read_meta(self._files.meta(key), key)
+                problem = ""
+            except FileNotFoundError:
+                os.close(lease_fd)
+                return None, "missing"
+            except errors.CacheError as exc:
+                meta, problem = None, str(exc)
+            try:
+                st = os.stat(self._files.data(key))
+                data_id: tuple[int, int] | None = (st.st_dev, st.st_ino)
+            except FileNotFoundError:
+                data_id = None
+            if meta is None:
+                self._discard(key, lease_fd, data_id, problem, corrupted=False)
+                return None, "incompatible"
+            if data_id is None:
+                self._discard(key, lease_fd, None, "its data file is missing", corrupted=True)
+                return None, "corrupted"
+            if st.st_size != meta.size:
+                why = f"size {st.st_size} bytes, expected {meta.size} (truncated or overwritten)"
+                self._discard(key, lease_fd, data_id, why, corrupted=True)
+                return None, "corrupted"
+            if self.verify == "always":
+                found = _entries.sha256_file(self._files.data(key))
+                if found != meta.sha256:
+                    why = f"sha256 {found}, expected {meta.sha256} (corrupted)"
+                    self._discard(key, lease_fd, data_id, why, corrupted=True)
+                    return None, "corrupted"
+            if touch:
+                try:
+                    _entries.mark_used(self._files.data(key))
+                except FileNotFoundError:  # another process found it corrupted meanwhile
+                    os.close(lease_fd)
+                    return None, "missing"
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(lease_fd)
+            raise
+        entry = _entries.Entry(
+            key=key,
+            path=self._files.data(key),
+            size=meta.size,
+            sha256=meta.sha256,
+            lease_fd=lease_fd,
+        )
+        return entry, "hit"
+
+    def _discard(
+        self,
+        key: str,
+        lease_fd: int,
+        data_id: tuple[int, int] | None,
+        why: str,
+        *,
+        corrupted: bool,
+    ) -> None:
+        """Remove a bad entry we hold a lease on, and release that lease.
+
+        Only the data and meta files go; the lease lock file stays, because other
+        processes may hold leases on it and a new lock file would split them from the
+        next writer. The data file is removed only if it is still the one we examined,
+        so a good entry committed meanwhile by someone else survives.
+        """
+        try:
+            logger.warning(
+                "%s tier: removing entry %s from %s: %s; it will be produced again",
+                self.name,
+                key,
+                self.root,
+                why,
+            )
+            if corrupted and self.observer is not None:
+                self.observer.corrupted(self.name, key)
+            with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+                try:
+                    st = os.stat(self._files.data(key))
+                    current: tuple[int, int] | None = (st.st_dev, st.st_ino)
+                except FileNotFoundError:
+                    current = None
+                if current == data_id:
+                    _directory.unlink(self._files.meta(key))
+                    if current is not None:
+                        _directory.unlink(self._files.data(key))
+        finally:
+            os.close(lease_fd)
+
+    def _remove_unleased(self, key: str, size: int) -> bool:
+        """Remove an entry if no lease is held; call with the tier lock held exclusively."""
+        lock = _locks.acquire(
+            self._files.lease(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=True
+        )
+        if lock is None:
+            return False
+        try:
+            _directory.unlink(
+                self._files.meta(key)
+            )  # uncommit first: a reader never sees data without meta
+            _directory.unlink(self._files.data(key))
+            _locks.unlink_held(lock, self._files.lease(key))
+        finally:
+            os.close(lock)
+        if self.observer is not None:
+            self.observer.evicted(self.name, size)
+        logger.debug("%s tier: evicted %s (%d bytes)", self.name, key, size)
+        return True
+
+    def _reserve(self, key: str, size: int, *, evict: bool) -> tuple[Path, int]:
+        """Make room for `size` bytes and reserve them as a locked temp file."""
+        deadline = time.monotonic() + self.wait_timeout
+        delay = _WAIT_FIRST_S
+        warned = False
+        while True:
+            with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+                listing = self._files.listing()
+                self._files.reclaim_tmp(listing)
+                used = listing.used
+                leased = 0
+                if used + size > self.limit_bytes and not evict:
+                    raise _errors.TierFullError(
+                        f"{self.name} tier has {self.limit_bytes - used} of {self.limit_bytes} "
+                        f"bytes free, {key} needs {size}; not evicting (evict=False)"
+                    )
+                if used + size > self.limit_bytes:
+                    used, leased = _eviction.evict_for(
+                        listing.data,
+                        used=used,
+                        size=size,
+                        limit=self.limit_bytes,
+                        remove=self._remove_unleased,
+                    )
+                if used + size <= self.limit_bytes:
+                    return self._files.create_reservation(key, size)
+                reserved = listing.reserved
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise errors.CacheError(
+                    f"{self.name} tier cannot make room for {key} ({size} bytes) within "
+                    f"{self.wait_timeout:g} s: limit {self.limit_bytes} bytes, {leased} bytes "
+                    f"held by leases, {reserved} bytes reserved by inserts in progress; "
+                    f"readers must release entries, or raise {self._limit_setting()}"
+                )
+            if not warned:
+                warned = True
+                logger.warning(
+                    "%s tier is full: limit %d bytes, %d bytes leased, %d bytes reserved by "
+                    "inserts in progress; waiting up to %g s for leases to be released to "
+                    "insert %s (%d bytes). Raise %s if this persists.",
+                    self.name,
+                    self.limit_bytes,
+                    leased,
+                    reserved,
+                    self.wait_timeout,
+                    key,
+                    size,
+                    self._limit_setting(),
+                )
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, _WAIT_MAX_S)

@@ -1,0 +1,316 @@
+"""The sidecar's state and its lifecycle: bring-up, warm-up, maintenance, shutdown.
+
+Start-up is asynchronous: the servers answer at once (/healthz is 200, data routes say
+"starting"), while the manifest is resolved, checked against the pinned digest, and the
+first shards of the startup plan are fetched; /readyz turns 200 when all of it is done.
+
+`Sidecar` is the app state every handler (`control`, `probes`) reaches through
+`request.app[SIDECAR]`: settings, metrics, readiness gates, the reader registry, and
+the cache node once it exists. Calls into the node block (an acquire can wait minutes
+for a cold shard), so they run in a dedicated thread pool (`blocking`, `acquire`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from shardcache import contract, errors, manifests
+from shardcache.contract import protocol
+from shardcache.node import backings, caches, tiers
+from shardcache_sidecar import configuration, metrics, readers, readiness
+from shardcache_sidecar.server import replies
+
+# The logger name the sidecar's logs carried before the server was split (the JSON
+# `logger` field), shared by the server's modules.
+log = logging.getLogger("shardcache_sidecar.server")
+T = TypeVar("T")
+
+#: Reader id of the plan pre-registered from the sidecar's own settings at start-up.
+STARTUP_READER = "startup"
+GATE_MANIFEST = "manifest"
+GATE_WARM = "warm"
+# How often holds nobody took over are looked for (seconds).
+_MAINTENANCE_INTERVAL = 0.2
+# Backoff while the source keeps failing at start-up (seconds).
+_RESOLVE_FIRST_DELAY, _RESOLVE_MAX_DELAY = 1.0, 30.0
+
+
+def partial_warm_reason(
+    resident: list[int], wanted: int, shard: int, exc: tiers.RoomHeldError
+) -> str:
+    """Why the warm gate opened with fewer shards than asked for."""
+    return (
+        f"first {len(resident)} of {wanted} startup shards {resident} resident; shard "
+        f"{shard} ({exc.size} bytes decoded) does not fit beside them ({exc.held} bytes) in "
+        f"the memory tier (limit {exc.limit} bytes): raise spec.cache.memory "
+        f"({contract.ENV_MEMORY_LIMIT}) or lower spec.prefetch.readyShards "
+        f"({contract.ENV_READY_SHARDS})"
+    )
+
+
+def too_large_reason(wanted: int, shard: int, exc: tiers.EntryTooLargeError) -> str:
+    """Why the warm gate stays closed for good: a shard no memory tier of this size holds."""
+    return (
+        f"shard {shard} of the first {wanted} startup shards is {exc.size} bytes decoded, "
+        f"more than the whole memory tier holds (limit {exc.limit} bytes): it can never be "
+        f"resident and every read of it fails; raise spec.cache.memory "
+        f"({contract.ENV_MEMORY_LIMIT}) above {exc.size} bytes"
+    )
+
+
+class Sidecar:
+    """State of one sidecar: settings, the cache node once it exists, readers, holds."""
+
+    def __init__(self, settings: configuration.Settings) -> None:
+        self.settings = settings
+        self.metrics = metrics.Metrics()
+        self.readiness = readiness.Readiness()
+        self.readiness.require(GATE_MANIFEST, f"resolving the manifest of {settings.source_uri}")
+        self.readiness.require(
+            GATE_WARM,
+            f"waiting for the first {settings.ready_shards} shard(s) of the startup plan",
+        )
+        self.registry: readers.Registry[tiers.Entry] = readers.Registry(clock=time.monotonic)
+        # Dedicated: acquires block for as long as a cold fetch takes, and must not
+        # starve the loop's default executor (DNS, file I/O inside aiohttp).
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            settings.control_threads, thread_name_prefix="shardcache-control"
+        )
+        self.node: caches.CacheNode | None = None
+        self.manifest: manifests.Manifest | None = None
+        self.problem: replies.Problem | None = replies.Problem(
+            503, protocol.KIND_UNAVAILABLE, protocol.CODE_STARTING, "the sidecar is starting"
+        )
+        #: What the warm-up made resident once the warm gate opened (/v1/status).
+        self.startup: dict[str, Any] | None = None
+        #: What backs the memory tier, found at start (/v1/status, a metric, the log).
+        self.backing: backings.Backing | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        self.metrics.watch(self.stats, self.readiness.is_ready)
+
+    # --- for the handlers -------------------------------------------------------
+    def stats(self) -> caches.NodeStats | None:
+        return None if self.node is None else self.node.stats()
+
+    async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    def serving(self) -> caches.CacheNode:
+        """The node, or the reason data is not served (starting, digest mismatch, ...)."""
+        if self.problem is not None:
+            raise self.problem.error()
+        if self.node is None:
+            raise replies.RequestError(
+                503, protocol.KIND_UNAVAILABLE, protocol.CODE_STARTING, "starting"
+            )
+        return self.node
+
+    async def acquire(
+        self,
+        node: caches.CacheNode,
+        shard: int,
+        timeout: float,
+        *,
+        beside: tuple[tiers.Entry, ...] = (),
+    ) -> tiers.Entry:
+        """Lease shard `shard`, fetching it if it is not resident (in the thread pool)."""
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(
+            self.executor,
+            functools.partial(node.acquire, shard, timeout=timeout, beside=beside),
+        )
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The request went away (shutdown); a lease that arrives later is let go.
+            future.add_done_callback(_release_result)
+            raise
+
+    # --- lifecycle --------------------------------------------------------------
+    def start(self) -> None:
+        self._report_backing()
+        self._tasks.append(asyncio.create_task(self._bring_up(), name="bring-up"))
+
+    def _report_backing(self) -> None:
+        """Say what backs the memory tier: its page size sets the warm read speed."""
+        found = self.backing = backings.of(self.settings.memory_dir)
+        self.metrics.backed_by(found)
+        if found is None:
+            log.info("memory tier %s: backing unknown (no mount table)", self.settings.memory_dir)
+        elif found.small_pages:
+            log.info(
+                "memory tier %s: %s; warm reads pay a TLB miss every 4 KiB (about 15-25%% "
+                "slower than huge pages or a disk's page cache, docs/benchmarks.md): "
+                "cache.medium Disk or a huge-page tmpfs read faster",
+                self.settings.memory_dir,
+                found.describe(),
+            )
+        else:
+            log.info("memory tier %s: %s", self.settings.memory_dir, found.describe())
+
+    async def _resolve(self) -> manifests.Manifest | None:
+        s = self.settings
+        delay = _RESOLVE_FIRST_DELAY
+        while not self._closing:
+            try:
+                return await self.blocking(manifests.resolve, s.source_uri, format=s.source_format)
+            except errors.InputError as exc:
+                self._refuse(
+                    409, protocol.CODE_BAD_REQUEST, f"the dataset source is unusable: {exc}"
+                )
+                return None
+            except errors.SourceError as exc:
+                why = f"resolving the manifest of {s.source_uri} failed: {exc}; retrying in {delay:.0f} s"
+                log.warning(why)
+                self.readiness.waiting(GATE_MANIFEST, why)
+                self.problem = replies.Problem(
+                    503, protocol.KIND_UNAVAILABLE, protocol.CODE_STARTING, why
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RESOLVE_MAX_DELAY)
+        return None
+
+    def _refuse(self, status: int, code: str, message: str) -> None:
+        """Stop serving data for good (until restarted with other settings), loudly."""
+        log.error(message, extra={"code": code})
+        self.problem = replies.Problem(status, protocol.KIND_INPUT, code, message)
+        self.readiness.waiting(GATE_MANIFEST, message)
+
+    async def _bring_up(self) -> None:
+        s = self.settings
+        manifest = await self._resolve()
+        if manifest is None:
+            return
+        if s.manifest_digest is not None and manifest.digest != s.manifest_digest:
+            self._refuse(
+                409,
+                protocol.CODE_MANIFEST_MISMATCH,
+                f"{s.source_uri} resolves to manifest {manifest.digest}, but "
+                f"{contract.ENV_MANIFEST_DIGEST} pins {s.manifest_digest}: the dataset changed "
+                "since it was pinned; refusing to serve it. Re-pin the DatasetMount (or "
+                "restore the pinned objects) and restart the pod.",
+            )
+            return
+        node = await self.blocking(
+            caches.CacheNode, manifest, s.node_settings(), observer=self.metrics
+        )
+        self.manifest, self.node = manifest, node
+        params = s.startup_plan()
+        self.registry.register(STARTUP_READER, params, 0)
+        await self.blocking(node.register_reader, STARTUP_READER, params, 0)
+        self.problem = None
+        self.readiness.open(
+            GATE_MANIFEST, f"manifest {manifest.digest}, {len(manifest.shards)} shards"
+        )
+        log.info(
+            "serving %s",
+            s.source_uri,
+            extra={
+                "digest": manifest.digest,
+                "shards": len(manifest.shards),
+                "rows": manifest.total_rows,
+            },
+        )
+        self._tasks.append(asyncio.create_task(self._warm(node), name="warm"))
+        self._tasks.append(asyncio.create_task(self._maintain(), name="maintain"))
+
+    async def _warm(self, node: caches.CacheNode) -> None:
+        """Make the startup plan's first shards resident, then open the warm gate.
+
+        Each is acquired and held until all are in: readahead and other acquires may
+        evict unleased shards, so a shard warmed first could otherwise be gone by the
+        time the last one arrives, and readiness would never come.
+
+        Held shards can fill the memory tier: the next one then does not fit beside
+        them, which no retry changes. The gate opens with the shards that fit and says
+        so; the trainer still reads everything, shard by shard. A shard bigger than the
+        whole tier keeps the gate closed: every read of it would fail too.
+        """
+        k = self.settings.ready_shards
+        shards = node.upcoming(STARTUP_READER, k) if k else []
+        delay = _RESOLVE_FIRST_DELAY
+        while not self._closing:
+            held: list[tiers.Entry] = []
+            try:
+                for shard in shards:
+                    held.append(
+                        await self.acquire(
+                            node, shard, self.settings.acquire_timeout, beside=tuple(held)
+                        )
+                    )
+            except tiers.RoomHeldError as exc:
+                resident = shards[: len(held)]
+                why = partial_warm_reason(resident, len(shards), shards[len(held)], exc)
+                log.warning(why)
+                self.startup = {"wanted": len(shards), "resident": len(held), "shards": resident}
+                self.readiness.open(GATE_WARM, why)
+                return
+            except tiers.EntryTooLargeError as exc:
+                why = too_large_reason(len(shards), shards[len(held)], exc)
+                log.error(why)
+                self.readiness.waiting(GATE_WARM, why)
+                return
+            except (errors.ShardcacheError, TimeoutError) as exc:
+                why = f"making the first shards {shards} resident failed: {exc}; retrying in {delay:.0f} s"
+                log.warning(why)
+                self.readiness.waiting(GATE_WARM, why)
+            else:
+                self.startup = {"wanted": len(shards), "resident": len(shards), "shards": shards}
+                self.readiness.open(GATE_WARM, f"first {len(shards)} shard(s) {shards} resident")
+                log.info("ready: the first %d shard(s) %s are resident", len(shards), shards)
+                return
+            finally:
+                for entry in held:
+                    entry.release()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RESOLVE_MAX_DELAY)
+
+    async def _maintain(self) -> None:
+        while not self._closing:
+            for hold in self.registry.expired(self.settings.handoff_timeout):
+                log.warning(
+                    "dropping hold on shard %d: reader %s never took it over within %g s "
+                    "(the trainer died or cannot see the memory directory)",
+                    hold.shard,
+                    hold.reader_id,
+                    self.settings.handoff_timeout,
+                )
+                hold.lease.release()
+            await asyncio.sleep(_MAINTENANCE_INTERVAL)
+
+    async def close(self) -> None:
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for hold in self.registry.holds():
+            self.registry.drop(hold.lease_id)
+            hold.lease.release()
+        if self.node is not None:
+            node, self.node = self.node, None
+            await asyncio.get_running_loop().run_in_executor(None, node.close)
+        # Acquires still waiting on the source are abandoned, not awaited: the process
+        # is going away and the kernel drops their locks.
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+#: Where handlers find the sidecar: `request.app[SIDECAR]`.
+SIDECAR = web.AppKey("sidecar", Sidecar)
+
+
+def _release_result(future: asyncio.Future[tiers.Entry]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().release()

@@ -1,0 +1,84 @@
+"""What the sidecar answers when it refuses a request: JSON errors with a `kind`.
+
+Every error body has the shape of docs/wire-format.md (`protocol.error_body`); the
+`kind` tells the client whether to retry (unavailable, source, cache) or fix its input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from aiohttp import web
+
+from shardcache import errors
+from shardcache.contract import protocol
+
+
+class RequestError(Exception):
+    """A request the sidecar refuses, with its HTTP status and wire error."""
+
+    def __init__(self, status: int, kind: str, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.code, self.message = status, kind, code, message
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Why data routes are not served (yet)."""
+
+    status: int
+    kind: str
+    code: str
+    message: str
+
+    def error(self) -> RequestError:
+        return RequestError(self.status, self.kind, self.code, self.message)
+
+
+def json_response(doc: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=json.dumps(doc).encode(), status=status, content_type="application/json"
+    )
+
+
+def error_response(exc: RequestError) -> web.Response:
+    return json_response(protocol.error_body(exc.kind, exc.code, exc.message), exc.status)
+
+
+def request_error(exc: BaseException) -> RequestError:
+    """The wire form of an error raised by the cache or by request parsing."""
+    if isinstance(exc, errors.ManifestMismatchError):
+        return RequestError(409, protocol.KIND_INPUT, protocol.CODE_MANIFEST_MISMATCH, str(exc))
+    if isinstance(exc, errors.InputError):
+        return RequestError(400, protocol.KIND_INPUT, protocol.CODE_BAD_REQUEST, str(exc))
+    if isinstance(exc, errors.SourceError):
+        return RequestError(502, protocol.KIND_SOURCE, protocol.CODE_SOURCE_FAILED, str(exc))
+    if isinstance(exc, TimeoutError):
+        return RequestError(
+            504,
+            protocol.KIND_CACHE,
+            protocol.CODE_TIMEOUT,
+            f"timed out waiting for the shard: {exc}",
+        )
+    if isinstance(exc, errors.CacheError):
+        return RequestError(503, protocol.KIND_CACHE, protocol.CODE_INTERNAL, str(exc))
+    return RequestError(
+        500,
+        protocol.KIND_CACHE,
+        protocol.CODE_INTERNAL,
+        f"internal error: {type(exc).__name__}: {exc}",
+    )
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """The request's body, which must be a JSON object (InputError otherwise)."""
+    raw = await request.read()
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError as exc:
+        raise errors.InputError(f"request body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise errors.InputError(f"request body: expected a JSON object, found {raw[:80]!r}")
+    return body

@@ -1,0 +1,176 @@
+"""The two aiohttp apps, the error middleware they share, and running them until stopped.
+
+* Unix socket (shared volume, trainer only): `control.ROUTES` plus `probes.ROUTES`.
+* TCP (kubelet probes, Prometheus): `probes.ROUTES`, and the read-only web inspector
+  at /ui (on this port, never on the socket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from shardcache import errors
+from shardcache.contract import protocol
+from shardcache_sidecar import configuration
+from shardcache_sidecar.checkpoint import agent, hook
+from shardcache_sidecar.server import control, lifecycle, probes, replies
+from shardcache_sidecar.ui import routes
+
+# The logger name the sidecar's logs carried before the server was split.
+log = logging.getLogger("shardcache_sidecar.server")
+
+# Seconds in-flight requests get to finish after SIGTERM.
+_SHUTDOWN_TIMEOUT = 3.0
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def errors_to_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error becomes a JSON body with a `kind`; every answer is counted by route."""
+    route = (
+        request.match_info.route.resource.canonical
+        if request.match_info.route.resource
+        else "unmatched"
+    )
+    try:
+        response = await handler(request)
+    except replies.RequestError as exc:
+        response = replies.error_response(exc)
+    except web.HTTPException as exc:
+        # aiohttp's own 404/405: same JSON shape as every other error.
+        code = (
+            protocol.CODE_UNKNOWN_ROUTE if exc.status in (404, 405) else protocol.CODE_BAD_REQUEST
+        )
+        message = f"{request.method} {request.path}: {exc.reason}"
+        response = replies.error_response(
+            replies.RequestError(exc.status, protocol.KIND_INPUT, code, message)
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        rejected = replies.request_error(exc)
+        if (
+            rejected.status >= 500
+            and rejected.kind == protocol.KIND_CACHE
+            and rejected.code == protocol.CODE_INTERNAL
+        ):
+            log.exception("%s %s failed", request.method, request.path)
+        else:
+            log.warning("%s %s: %s", request.method, request.path, rejected.message)
+        response = replies.error_response(rejected)
+    request.app[lifecycle.SIDECAR].metrics.requests.labels(route, str(response.status)).inc()
+    return response
+
+
+def _app(sidecar: lifecycle.Sidecar) -> web.Application:
+    app = web.Application(middlewares=[errors_to_json])
+    app[lifecycle.SIDECAR] = sidecar
+    app.add_routes(probes.ROUTES)
+    return app
+
+
+def control_app(sidecar: lifecycle.Sidecar) -> web.Application:
+    """The Unix socket's app: probes and the control API."""
+    app = _app(sidecar)
+    app.add_routes(control.ROUTES)
+    return app
+
+
+def probe_app(sidecar: lifecycle.Sidecar) -> web.Application:
+    """The TCP port's app: probes, metrics and the web inspector."""
+    app = _app(sidecar)
+    # The web inspector (/ui): read-only, here on the metrics port, never on the socket.
+    defaults = routes.Defaults.from_plan(sidecar.settings.startup_plan())
+    routes.mount(app, routes.NodeInspector(sidecar.serving), defaults)
+    return app
+
+
+def remove_stale_socket(path: Path) -> None:
+    """Remove a socket file left by a killed sidecar; refuse if one is still serving."""
+    if not path.exists() and not path.is_symlink():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(os.fspath(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        log.info("removing stale control socket %s", path)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return
+    except OSError as exc:
+        raise errors.InputError(
+            f"{path} exists and is not a usable socket ({exc}); remove it"
+        ) from exc
+    finally:
+        probe.close()
+    raise errors.InputError(
+        f"another sidecar is already serving on {path}: stop it first, or use another run directory"
+    )
+
+
+async def serve(
+    settings: configuration.Settings,
+    stop: asyncio.Event,
+    *,
+    on_start: Callable[[lifecycle.Sidecar], None] | None = None,
+) -> None:
+    """Run the sidecar until `stop` is set; then shut down cleanly and remove the socket."""
+    settings.socket_path.parent.mkdir(parents=True, exist_ok=True)
+    settings.memory_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_socket(settings.socket_path)
+    sidecar = lifecycle.Sidecar(settings)
+    checkpoints: agent.Agent | None = None
+    # Waiting acquires can take minutes; on SIGTERM they get a few seconds, not the
+    # default minute, so the cache closes and the checkpoint agent drains within the
+    # pod's grace period.
+    runner_options: dict[str, Any] = {
+        "access_log": None,
+        "handle_signals": False,
+        "shutdown_timeout": _SHUTDOWN_TIMEOUT,
+    }
+    control_runner = web.AppRunner(control_app(sidecar), **runner_options)
+    probe_runner = web.AppRunner(probe_app(sidecar), **runner_options)
+    await control_runner.setup()
+    await probe_runner.setup()
+    try:
+        await web.UnixSite(control_runner, os.fspath(settings.socket_path)).start()
+        # The trainer may run as another user than the sidecar; the socket lives in
+        # the pod's own volume, so the pod boundary is the access boundary.
+        os.chmod(settings.socket_path, 0o666)
+        await web.TCPSite(probe_runner, settings.metrics_host, settings.metrics_port).start()
+        log.info(
+            "listening",
+            extra={
+                "socket": str(settings.socket_path),
+                "metrics": f"{settings.metrics_host}:{settings.metrics_port}",
+            },
+        )
+        sidecar.start()
+        if settings.checkpoint is not None:
+            checkpoints = hook.attach(
+                settings.checkpoint, sidecar.readiness, sidecar.metrics.registry
+            )
+        if on_start is not None:
+            # Where other agents (checkpoints) hook in, e.g. to add a readiness gate.
+            on_start(sidecar)
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await control_runner.cleanup()
+        await probe_runner.cleanup()
+        if checkpoints is not None:
+            await hook.detach(checkpoints)
+        await sidecar.close()
+        with contextlib.suppress(FileNotFoundError):
+            settings.socket_path.unlink()

@@ -1,0 +1,52 @@
+"""Which error becomes which HTTP status and wire `kind`: retry later, or fix the input."""
+
+from __future__ import annotations
+
+import pytest
+from shardcache_sidecar.server import replies
+
+from shardcache import errors
+from shardcache.contract import protocol
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "kind", "code"),
+    [
+        (
+            errors.ManifestMismatchError("digest"),
+            409,
+            protocol.KIND_INPUT,
+            protocol.CODE_MANIFEST_MISMATCH,
+        ),
+        (errors.InputError("bad"), 400, protocol.KIND_INPUT, protocol.CODE_BAD_REQUEST),
+        (errors.SourceError("gone"), 502, protocol.KIND_SOURCE, protocol.CODE_SOURCE_FAILED),
+        (TimeoutError("slow"), 504, protocol.KIND_CACHE, protocol.CODE_TIMEOUT),
+        (errors.CacheError("full"), 503, protocol.KIND_CACHE, protocol.CODE_INTERNAL),
+        (RuntimeError("bug"), 500, protocol.KIND_CACHE, protocol.CODE_INTERNAL),
+    ],
+)
+def test_each_error_maps_to_its_status_kind_and_code(
+    exc: BaseException, status: int, kind: str, code: str
+) -> None:
+    rejected = replies.request_error(exc)
+    assert (rejected.status, rejected.kind, rejected.code) == (status, kind, code)
+
+
+def test_an_unexpected_error_names_its_type_in_the_message() -> None:
+    assert replies.request_error(KeyError("x")).message == "internal error: KeyError: 'x'"
+
+
+def test_an_error_response_is_the_wire_error_body() -> None:
+    response = replies.error_response(
+        replies.RequestError(404, protocol.KIND_INPUT, protocol.CODE_UNKNOWN_READER, "who?")
+    )
+    assert response.status == 404
+    assert response.content_type == "application/json"
+    assert (
+        response.body
+        == replies.json_response(
+            protocol.error_body(protocol.KIND_INPUT, protocol.CODE_UNKNOWN_READER, "who?")
+        ).body
+    )
