@@ -38,14 +38,14 @@ import pyarrow.fs as pafs
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from shardcache_sidecar.checkpoint import agent as agent_mod  # noqa: E402
-from shardcache_sidecar.checkpoint import agent_config  # noqa: E402
+from shardcache_sidecar.checkpoint import agent, agent_config  # noqa: E402
 
 from shardcache import (  # noqa: E402
     checkpoint,
     contract,
     source,
 )
+from shardcache.checkpoint import _protocol  # noqa: E402
 from tests.support import s3server  # noqa: E402
 
 MiB = 1 << 20
@@ -102,7 +102,7 @@ def settle(root: Path, step: int) -> None:
     so its deletes do not run during the next raw round."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        latest = checkpoint.read_root_file(root, checkpoint.LATEST_NAME) or {}
+        latest = _protocol.read_root_file(root, _protocol.LATEST_NAME) or {}
         if latest.get("steps") == [step]:
             return
         time.sleep(0.05)
@@ -120,7 +120,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="shardcache-bench-ckpt-", dir=args.workdir))
     server = s3server.S3Server(args.minio or s3server.minio_binary(), work / "minio")
-    agent: subprocess.Popen[str] | None = None
+    agent_process: subprocess.Popen[str] | None = None
     try:
         server.start()
         bucket = server.make_bucket("bench")
@@ -144,15 +144,15 @@ def main() -> int:
             contract.ENV_CHECKPOINT_KEEP_LAST: "1",
             contract.ENV_CHECKPOINT_CONCURRENCY: str(args.concurrency),
         }
-        agent = subprocess.Popen(
+        agent_process = subprocess.Popen(
             [sys.executable, "-m", "shardcache_sidecar.checkpoint"],
             env=agent_env,
             stdout=subprocess.PIPE,
             stderr=open(work / "agent.log", "w"),  # noqa: SIM115 - lives as long as the agent
             text=True,
         )
-        assert agent.stdout is not None
-        if agent.stdout.readline().strip() != "ready":
+        assert agent_process.stdout is not None
+        if agent_process.stdout.readline().strip() != "ready":
             raise SystemExit(f"the agent did not start:\n{(work / 'agent.log').read_text()}")
 
         raw_s: list[float] = []
@@ -192,7 +192,7 @@ def main() -> int:
         gbit = total * 8 / 1e9
         # For the record (not a target): a new node restoring the last checkpoint.
         restore_root = work / "other-node"
-        restorer = agent_mod.Agent(
+        restorer = agent.Agent(
             agent_config.CheckpointSettings(directory=restore_root, uri=uri),
             storage_options=env,
         )
@@ -217,9 +217,9 @@ def main() -> int:
         )
         return 0
     finally:
-        if agent is not None:
-            agent.terminate()
-            agent.wait(60)
+        if agent_process is not None:
+            agent_process.terminate()
+            agent_process.wait(60)
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
 

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shardcache import checkpoint, contract, datasets, embedded, errors, manifests, plans, source
+from shardcache import (
+    _open_options,
+    checkpoint,
+    contract,
+    datasets,
+    embedded,
+    errors,
+    manifests,
+    plans,
+    source,
+)
 from shardcache.node import caches
 
 GiB = 1 << 30
@@ -52,8 +63,8 @@ def open(
     memory_dir: str | os.PathLike[str] | None = None,
     memory_limit: int | None = None,
     disk_limit: int | None = None,
-    prefetch_depth: int = 4,
-    fetch_concurrency: int = 4,
+    prefetch_depth: int | None = None,
+    fetch_concurrency: int | None = None,
     storage_options: Mapping[str, str] | None = None,
     retry: source.RetryPolicy | None = None,
     mount: str | None = None,
@@ -63,15 +74,30 @@ def open(
     """Open a dataset for one rank.
 
     With a URI (`file://…`, `s3://…`, anything pyarrow's filesystems open), the cache
-    runs in this process under `cache_dir`. Without one, the sidecar injected into the
-    pod serves the dataset named by `mount` (default: $SHARDCACHE_MOUNT).
+    runs in this process under `cache_dir` (default `$XDG_CACHE_HOME/shardcache`); it
+    is sized by `memory_limit` and `disk_limit` (bytes; default from the free space),
+    reads ahead `prefetch_depth` shards with `fetch_concurrency` fetches at a time
+    (`shardcache.node.caches.NodeSettings` says why its defaults, 4 and 4), and reads
+    the store with `storage_options` and `retry`. Those options configure a cache in
+    this process, so they are refused without a URI.
+
+    Without a URI, the sidecar injected into the pod serves the dataset named by `mount`
+    (default: $SHARDCACHE_MOUNT); its DatasetMount configures the cache, and `mount` is
+    refused with a URI.
+
     `digest` pins the manifest: a dataset that differs is an error.
     `resume_from` ("latest", a step, or a checkpoint directory) continues the data
     stream where a checkpoint committed with `data_state=` left it (see
     `shardcache.checkpoint`); "latest" with no checkpoint yet starts from the beginning.
+
+    Raises `InputError` for an unknown option, an option of the wrong type or value, or
+    an option the chosen mode does not use.
     """
+    # Every named parameter, before any other local exists.
+    given = {name: value for name, value in locals().items() if name != "options"}
     if options:
         raise errors.InputError(f"unknown option(s) {sorted(options)} for shardcache.open()")
+    _open_options.check(given)
     # Read the saved state first: a bad `resume_from` fails before any cache starts.
     state = checkpoint.data_state(resume_from) if resume_from is not None else None
     params = plans.PlanParams(
@@ -105,14 +131,20 @@ def open(
     mem_dir = Path(memory_dir) if memory_dir is not None else root / contract.MEMORY_SUBDIR
     disk_dir.mkdir(parents=True, exist_ok=True)
     mem_dir.mkdir(parents=True, exist_ok=True)
-    settings = caches.NodeSettings(
+    sized = caches.NodeSettings(
         disk_dir=disk_dir,
         memory_dir=mem_dir,
         disk_limit=disk_limit if disk_limit is not None else _default_disk_limit(disk_dir),
         memory_limit=memory_limit if memory_limit is not None else _default_memory_limit(mem_dir),
-        prefetch_depth=prefetch_depth,
-        fetch_concurrency=fetch_concurrency,
-        retry=retry or source.RetryPolicy(),
+    )
+    # Options left out keep NodeSettings' defaults, so each default is written once.
+    settings = dataclasses.replace(
+        sized,
+        prefetch_depth=sized.prefetch_depth if prefetch_depth is None else prefetch_depth,
+        fetch_concurrency=sized.fetch_concurrency
+        if fetch_concurrency is None
+        else fetch_concurrency,
+        retry=sized.retry if retry is None else retry,
     )
     node = caches.CacheNode(manifest, settings, storage_options=dict(storage_options or {}) or None)
     return _resumed(datasets.Dataset(embedded.EmbeddedProvider(node), params), state)

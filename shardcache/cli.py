@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
+import select
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
 ENTRY_POINT_GROUP = "shardcache.commands"
+#: Exit status of a command whose reader went away, as a shell reports a process that
+#: SIGPIPE ended (`yes | head` leaves 141 in PIPESTATUS).
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +65,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
-    return func(args)
+    try:
+        status = func(args)
+        # Output still buffered would meet a closed pipe at exit, outside this `try`.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise
+        return _quit_on_broken_pipe()
+    return status
+
+
+def _stdout_gone() -> bool:
+    """Whether standard output is a pipe or socket whose reader has gone.
+
+    Python ignores SIGPIPE, so a write to a closed pipe raises BrokenPipeError. Only that
+    one on stdout means `| head` has read enough; one from a socket a command talks to
+    (the sidecar's clients) is an error to report.
+    """
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False  # not a real file descriptor (captured, replaced, closed)
+
+
+def _quit_on_broken_pipe() -> int:
+    """End quietly, as a CLI that SIGPIPE ends does, instead of with a traceback.
+
+    SIGPIPE's default action is not restored for the whole run: the sidecar and web
+    commands write to sockets and must see EPIPE as an error, not die of a signal.
+    """
+    # Point stdout at /dev/null so that the interpreter's final flush of what is still
+    # buffered does not raise again ("Exception ignored ... BrokenPipeError").
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

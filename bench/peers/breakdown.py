@@ -36,8 +36,8 @@ import pyarrow as pa
 from shardcache_sidecar import launcher
 
 import shardcache
-from bench.peers import tally as tally_mod
-from shardcache import contract, datasets
+from bench.peers import tallies
+from shardcache import contract
 
 Clock = dict[str, float]
 
@@ -96,13 +96,14 @@ def _mapped_ranges(mappings: Any) -> list[tuple[int, int]]:
 def measure(ds: shardcache.Dataset, epoch: int, batch_size: int) -> dict[str, float]:
     clock: Clock = {}
     provider, mappings = ds.provider, ds._mappings
-    originals = (provider.acquire, mappings.prune, datasets.pa.concat_batches)
+    # `shardcache.datasets` calls `pa.concat_batches` through the module: patched here, timed there.
+    originals = (provider.acquire, mappings.prune, pa.concat_batches)
     provider.acquire = _timed(clock, "acquire", provider.acquire)  # type: ignore[method-assign]
     mappings.prune = _timed(clock, "prune", mappings.prune)  # type: ignore[method-assign]
-    datasets.pa.concat_batches = _timed(clock, "concat", pa.concat_batches)
+    pa.concat_batches = _timed(clock, "concat", pa.concat_batches)
     try:
         ds.set_epoch(epoch)
-        tally = tally_mod.Tally()
+        tally = tallies.Tally()
         handed: list[float] = []
         tallied = 0.0
         addresses: list[int] = []
@@ -132,7 +133,7 @@ def measure(ds: shardcache.Dataset, epoch: int, batch_size: int) -> dict[str, fl
         parts["tally"] = tallied
     finally:
         provider.acquire, mappings.prune = originals[0], originals[1]  # type: ignore[method-assign]
-        datasets.pa.concat_batches = originals[2]
+        pa.concat_batches = originals[2]
     tally.flush()
     return {
         "total_ms": total * 1e3,
@@ -159,7 +160,7 @@ def ceiling_ms(root: Path, batch_size: int, rounds: int) -> list[float]:
     out = []
     for round_ in range(rounds):
         random.Random(round_).shuffle(batches)
-        tally = tally_mod.Tally()
+        tally = tallies.Tally()
         started = time.perf_counter()
         for batch in batches:
             tally.add_record_batch(batch)

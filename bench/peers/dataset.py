@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.peers import tally as tally_mod
+from bench.peers import tallies
 
 VOCAB = 50257
 SPEC_NAME = "dataset.json"
@@ -97,7 +97,7 @@ def ensure(root: Path, params: Params) -> dict[str, Any]:
     for stale in out.glob("*.parquet"):
         stale.unlink()
     started = time.perf_counter()
-    expected = tally_mod.Tally()
+    expected = tallies.Tally()
     files: list[str] = []
     uid = 0
     for i in range(file_count(params)):

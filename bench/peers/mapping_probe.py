@@ -3,7 +3,7 @@
     python -m bench.peers.mapping_probe [--root DIR] [--huge-mount DIR]
 
 The same decoded rows (one Arrow IPC record batch) are tallied as the benchmark loop
-does (`tally.Tally`, batches of 256 rows) from: process memory; a fresh
+does (`tallies.Tally`, batches of 256 rows) from: process memory; a fresh
 `pyarrow.memory_map` of a file on /dev/shm (what a shardcache reader does for each shard
 of each epoch); the same mapping read again; a file in the page cache of the local
 disk; and, with `--huge-mount` (root only; it mounts a tmpfs there with `huge=always`
@@ -24,14 +24,13 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from bench.peers import dataset
-from bench.peers import tally as tally_mod
+from bench.peers import dataset, tallies
 
 ROUNDS = 5
 
 
 def loop_gbps(batch: pa.RecordBatch, batch_size: int = 256) -> float:
-    t = tally_mod.Tally()
+    t = tallies.Tally()
     started = time.perf_counter()
     for offset in range(0, batch.num_rows, batch_size):
         t.add_record_batch(batch.slice(offset, batch_size))

@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.peers import loaders
-from bench.peers import tally as tally_mod
+from bench.peers import loaders, tallies
 
 MiB = 1 << 20
 DOCS_BEGIN = "<!-- bench-peers:results:begin -->"
@@ -31,12 +30,12 @@ def judge(raw: dict[str, Any], expected: dict[str, int], family: str) -> dict[st
         return row
     problems = []
     for name in ("cold", "warm"):
-        wrong = tally_mod.mismatch(expected, raw[name]["tally"])
+        wrong = tallies.mismatch(expected, raw[name]["tally"])
         if wrong:
             problems.append(f"{name} pass: {wrong}")
     resume = raw["resume"]
     if resume["supported"]:
-        wrong = tally_mod.mismatch(expected, resume["tally"])
+        wrong = tallies.mismatch(expected, resume["tally"])
         if wrong:
             problems.append(f"resumed epoch: {wrong}")
     if problems:

@@ -1,6 +1,6 @@
 """Measure one loader, in a process of its own: `python -m bench.peers.runner LOADER ...`.
 
-Three passes over the dataset, each tallied (`tally.Tally`) as the loop receives it:
+Three passes over the dataset, each tallied (`tallies.Tally`) as the loop receives it:
 
 - cold: epoch 0 from a freshly created loader whose caches are empty and whose input
   files the harness evicted from the page cache; time to first batch counts from
@@ -32,12 +32,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.peers import loaders
-from bench.peers import tally as tally_mod
+from bench.peers import loaders, tallies
 from bench.peers.loaders import base
 
 
-def consume(kind: base.Kind, item: Any, tally: tally_mod.Tally) -> int:
+def consume(kind: base.Kind, item: Any, tally: tallies.Tally) -> int:
     """The loop body: hand one delivery to the tally; returns samples in it."""
     if kind == "arrow":
         tally.add_record_batch(item)
@@ -52,9 +51,9 @@ def consume(kind: base.Kind, item: Any, tally: tally_mod.Tally) -> int:
 
 def _drain(
     kind: base.Kind, items: Iterator[Any], started: float, limit: int | None = None
-) -> tuple[tally_mod.Tally, float | None, float]:
+) -> tuple[tallies.Tally, float | None, float]:
     """Consume until exhausted (or `limit` samples); (tally, first-batch s, total s)."""
-    tally = tally_mod.Tally()
+    tally = tallies.Tally()
     first: float | None = None
     seen = 0
     for item in items:

@@ -101,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         columns = inspector.columns(args.columns)
         if args.tui:
-            import shardcache.inspect.tui as tui
+            from shardcache.inspect import tui
 
             tui.InspectApp(inspector, query, columns=columns, decode=decode).run()
             return 0

@@ -165,6 +165,40 @@ def test_bad_arguments_give_a_clear_error_and_a_nonzero_exit(
     assert "Traceback" not in proc.stderr
 
 
+def test_output_into_a_pipe_closed_early_ends_quietly_like_head_expects(
+    dataset_uri: str, cache_dir: Path
+) -> None:
+    # `shardcache inspect ... --json | head -1`: the whole epoch as one step is some
+    # 270 KB, well past what a pipe buffers (64 KiB), so the writer is still writing
+    # when its reader goes away.
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shardcache",
+            "inspect",
+            dataset_uri,
+            "--cache-dir",
+            str(cache_dir),
+            "--json",
+            "--batch-size",
+            "200",
+            "--max-chars",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline() == b"{\n"
+        proc.stdout.close()
+        stderr = proc.stderr.read().decode()
+        proc.wait(timeout=120)
+    assert stderr == ""
+    # As a shell reports a process that SIGPIPE ended (128 + 13).
+    assert proc.returncode == 141
+
+
 def test_missing_dataset_is_a_clear_error(tmp_path: Path, cache_dir: Path) -> None:
     proc = inspect((tmp_path / "nothing").as_uri(), cache_dir)
     assert proc.returncode == 2

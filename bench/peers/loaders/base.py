@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-#: How a loader delivers samples to the loop (see `tally.Tally.add_*`):
+#: How a loader delivers samples to the loop (see `tallies.Tally.add_*`):
 #: "arrow" - pyarrow RecordBatches; "sample" - {uid, tokens} dicts one by one;
 #: "arrays" - (uids, flat token ids, offsets) tensors or arrays per batch.
 Kind = Literal["arrow", "sample", "arrays"]
