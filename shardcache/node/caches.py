@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from shardcache import errors, formats, manifests, plans, source
+from shardcache.contract import variables
 from shardcache.node import tiers
 
 log = logging.getLogger(__name__)
@@ -35,15 +36,15 @@ class NodeSettings:
     disk_dir: Path
     memory_dir: Path
     #: Bytes of source shards kept on the node's disk; shared by every pod on the node.
-    disk_limit: int = 50 * GiB
-    #: Bytes of decoded shards in the memory-backed volume. Counts against the pod's
-    #: memory; 4 GiB holds a few 1 GiB shards ahead of a reader.
+    disk_limit: int = variables.DISK_LIMIT.required_default
+    #: Bytes of decoded shards in the memory tier. Not the sidecar's default (the
+    #: contract's): in-process on a laptop or notebook there is no pod memory limit to
+    #: share, and 4 GiB holds a few 1 GiB shards ahead of a reader.
     memory_limit: int = 4 * GiB
-    #: Shards decoded ahead of each reader. Four hides a source latency of ~4 shard
-    #: read times; more only helps with bursty stores.
-    prefetch_depth: int = 4
+    #: Shards decoded ahead of each reader (the contract's default, and its reason).
+    prefetch_depth: int = variables.PREFETCH_DEPTH.required_default
     #: Concurrent source fetches + decodes. Decoding takes a core each.
-    fetch_concurrency: int = 4
+    fetch_concurrency: int = variables.FETCH_CONCURRENCY.required_default
     retry: source.RetryPolicy = dataclasses.field(default_factory=source.RetryPolicy)
     #: Longest an acquire waits for room in a full memory tier (seconds).
     wait_timeout: float = 300.0

@@ -11,7 +11,7 @@ specified in docs/checkpoints.md.
     restorer.py   manifest -> verified files in the volume, reusing intact local copies
     retention.py  keep the last N, move the pointer forward
     layout.py     object names, the manifest and pointer formats (versioned)
-    settings.py   typed settings from the environment
+    agent_config.py  typed settings from the environment (contract rows)
     metrics.py    Prometheus series and the hooks the transfer code calls
 
 Run it alone (laptops, tests) with `python -m shardcache_sidecar.checkpoint`.
