@@ -118,6 +118,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument(
+        "--logs",
+        type=Path,
+        default=None,
+        help="copy the sidecar's and the ranks' logs here before cleaning up",
+    )
+    p.add_argument(
         "--verify-rows",
         action="store_true",
         help="check every uid of every pass, not only counts and sums (slow)",
@@ -233,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         with launcher.object_store(args.minio, work) as (root, storage_env):
             return run(args, work, root, storage_env, cores, rows, runnable, max_ranks)
     finally:
+        if args.logs is not None:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            for log in work.glob("*.log"):
+                shutil.copy(log, args.logs / log.name)
         if args.keep:
             print(f"work directory kept: {work}")
         else:
