@@ -176,6 +176,17 @@ def shard_layout(trainer_env: dict[str, str]) -> dict[str, Any]:
         os.environ.update(saved)
 
 
+def uids_by_pass(
+    cold: node_ranks.Pass, results: list[node_report.KResult]
+) -> dict[str, list[list[list[int]]]]:
+    """{"cold": passes, "raw-K": passes, "sidecar-K": passes}; a pass is its ranks' uids."""
+    out = {"cold": [[r["uids"] for r in cold.ranks]]}
+    for result in results:
+        for mode, passes in (("raw", result.raw), ("sidecar", result.sidecar)):
+            out[f"{mode}-{result.k}"] = [[r["uids"] for r in p.ranks] for p in passes]
+    return out
+
+
 @dataclasses.dataclass
 class Bench:
     """One run's settings and the sidecar under test."""
@@ -376,6 +387,8 @@ def run(
                     "cold_gbps": cold_gbps,
                     "cold_ratio": cold_ratio,
                     "k": {str(r.k): r.figures() for r in results},
+                    # Each pass's uids, rank by rank, for tests to check independently.
+                    **({"uids": uids_by_pass(cold_pass, results)} if args.verify_rows else {}),
                 },
                 indent=2,
             )
