@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import statistics
 from collections.abc import Sequence
@@ -81,6 +82,9 @@ def k_block(r: KResult) -> str:
     opens = [x["first_s"] * 1e3 for x in first.ranks]
     raw_opens = [x["first_s"] * 1e3 for x in r.raw[0].ranks]
     calls, acquires = r.calls(), r.calls("acquire")
+    routes = collections.Counter(
+        name for p in r.sidecar for x in p.ranks for name, _, _ in x["calls"]
+    )
     # Control calls made on the rank's main thread block its loop; the notifier's do not.
     blocked = [sum(s for _, s, main in x["calls"] if main) / x["end_s"] for x in first.ranks]
     pss = [x["pss"] / MiB for x in r.sidecar[-1].ranks]
@@ -104,6 +108,8 @@ def k_block(r: KResult) -> str:
         f"   control requests, client side: {len(calls)}, p50 {percentile(calls, 50) * 1e3:.3f} "
         f"ms, p99 {percentile(calls, 99) * 1e3:.3f} ms; acquire p50 "
         f"{percentile(acquires, 50) * 1e3:.3f} ms, p99 {percentile(acquires, 99) * 1e3:.3f} ms",
+        "   requests per rank-epoch by route: "
+        + ", ".join(f"{name} {n / len(r.sidecar) / r.k:.1f}" for name, n in routes.most_common()),
         f"   first epoch blocked in control calls: median {statistics.median(blocked):.1%} of a "
         f"rank's pass, max {max(blocked):.1%}",
         f"   sidecar CPU {r.cpu_s:.3f} s for {r.requests:.0f} control requests: "
