@@ -166,3 +166,37 @@ def test_a_rank_killed_mid_shard_leaves_no_lease_that_blocks_eviction(
     shards.close()
     assert not (proc.memory_dir / key).exists(), "the killed rank's shard was never evicted"
     assert evictions >= 1
+
+
+def test_nothing_stays_pinned_once_ranks_close_or_die(
+    sidecar_factory: Factory, tmp_path: Path
+) -> None:
+    """Whatever the sidecar holds or hands out for a reader (today: hand-over holds;
+    leases granted ahead of time, should it grant them) goes when the reader closes or
+    its process dies: no hold remains and every memory-tier entry can be evicted."""
+    rows = [200] * 6
+    root = tmp_path / "eq"
+    datasets.write_dataset(pafs.LocalFileSystem(), str(root), rows)
+    uri = f"file://{root}"
+    proc = sidecar_factory(uri, args=["--ready-shards", "0"])
+    proc.start()
+    env = {**os.environ, **proc.client_env()}
+    closing = subprocess.Popen(
+        [sys.executable, "-c", RANK, "1", "2", "1"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", STALLED_RANK], env=env, stdout=subprocess.PIPE, text=True
+    ) as stalled:
+        try:
+            assert stalled.stdout is not None
+            assert stalled.stdout.readline().strip() == "mid-shard", stalled.poll()
+            out, _ = closing.communicate(timeout=120)
+            assert closing.returncode == 0 and json.loads(out)[0], "the closing rank read nothing"
+        finally:
+            closing.kill()
+            stalled.send_signal(signal.SIGKILL)
+            stalled.wait(timeout=30)
+    assert proc.holds_drain(timeout=45) == 0
+    locks = sorted(proc.memory_dir.glob("*.lock"))
+    assert locks, "no shard reached the memory tier: the test is moot"
+    assert [lock.name for lock in locks if not exclusively_lockable(lock)] == []
