@@ -27,6 +27,7 @@ K=8, cold_ratio >= 0.8.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -41,7 +42,14 @@ from typing import Any
 from shardcache_sidecar import launcher
 
 import shardcache
-from bench import node_ceiling, node_dataset, node_probes, node_ranks, node_report
+from bench import (
+    node_ceiling,
+    node_dataset,
+    node_probes,
+    node_profile,
+    node_ranks,
+    node_report,
+)
 from shardcache import contract, plans, source
 from shardcache.contract import protocol
 
@@ -129,6 +137,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="check every uid of every pass, not only counts and sums (slow)",
     )
     p.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="sample the sidecar with py-spy during the warm passes into this "
+        "file (collapsed stacks) and print a summary; inflates its CPU figures",
+    )
     args = p.parse_args(argv)
     if args.passes < 1 or args.shards < 1:
         p.error("--passes and --shards must be >= 1")
@@ -364,9 +379,16 @@ def run(
             bench.sidecar_pid = node_probes.find_child("shardcache sidecar")
             (work / "layout.json").write_text(json.dumps(shard_layout(trainer_env)))
             evicted = node_probes.evictions(node_probes.metrics(bench.metrics_url))
-            for i, k in enumerate(runnable):
-                results.append(bench.warm(k, first_epoch=1 + i * args.passes))
-                print(node_report.k_block(results[-1]), flush=True)
+            with (
+                node_profile.sampling(bench.sidecar_pid, args.profile)
+                if args.profile is not None
+                else contextlib.nullcontext()
+            ):
+                for i, k in enumerate(runnable):
+                    results.append(bench.warm(k, first_epoch=1 + i * args.passes))
+                    print(node_report.k_block(results[-1]), flush=True)
+            if args.profile is not None:
+                print(node_profile.summary(args.profile))
             if node_probes.evictions(node_probes.metrics(bench.metrics_url)) != evicted:
                 raise SystemExit(
                     "FAILED: shards were evicted during the warm passes, under the raw ranks"
