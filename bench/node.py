@@ -5,9 +5,9 @@
 1. A tokenized-text dataset is generated into a work directory on tmpfs (`file://`, or
    MinIO with `--minio`; `bench.node_dataset`).
 2. Cold: an all-core decode ceiling (threads = usable cores, each reading a shard,
-   sha256, decoding Parquet, writing Arrow IPC; `bench.node_ceiling`), then a fresh
-   sidecar at its default settings serving the first epoch to the largest K ranks,
-   timed from its /healthz answering to the last rank's end.
+   sha256, decoding Parquet, writing Arrow IPC; `bench.node_ceiling`; best of two),
+   then a fresh sidecar at its default settings serving the first epoch to the
+   largest K ranks, timed from its /healthz answering to the last rank's end.
 3. Warm, for each K: K rank processes (`bench.node_rank`) read an epoch per pass
    through the sidecar, and K more read the same plans from the decoded files directly
    ("raw"), alternating pass by pass on the same epochs. The first pass is each
@@ -296,7 +296,11 @@ def run(
     fs, prefix = source.filesystem(root, storage_options=storage_env or None)
     sources = [f"{prefix}/{node_dataset.shard_name(i)}" for i in range(args.shards)]
     source_bytes = sum(fs.get_file_info(s).size or 0 for s in sources)
-    ceiling = node_ceiling.measure(fs, sources, work / "ceiling", cores)
+    # A ceiling is the best the machine did: best of two, as other work may interfere.
+    ceiling = min(
+        (node_ceiling.measure(fs, sources, work / "ceiling", cores) for _ in range(2)),
+        key=lambda c: c.seconds,
+    )
     total_rows = args.shards * rows
     if (ceiling.rows, ceiling.uid_sum, ceiling.tokens) != (
         total_rows,
@@ -307,7 +311,7 @@ def run(
     ceiling_gbps = tokens * 4 / ceiling.seconds / 1e9
     print(
         f"all-core decode ceiling ({cores} threads: read, sha256, Parquet decode, Arrow IPC "
-        f"write): {ceiling.seconds:.2f} s, {ceiling_gbps:.2f} GB/s",
+        f"write; best of 2): {ceiling.seconds:.2f} s, {ceiling_gbps:.2f} GB/s",
         flush=True,
     )
 
