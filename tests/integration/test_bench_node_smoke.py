@@ -63,8 +63,8 @@ def test_bench_node_ranks_read_every_row_exactly_once_and_result_is_last(tmp_pat
             assert all(ranks), f"{name} pass {i}: a rank read nothing"
             every = sorted(uid for rank in ranks for uid in rank)
             assert every == list(range(total_rows)), f"{name} pass {i}: rows missing or repeated"
-    for k in ("1", "2"):
-        assert results["k"][k]["memory_tier_bytes"] > 0
+    for key in ("1", "2"):
+        assert results["k"][key]["memory_tier_bytes"] > 0
     # One copy per node: the memory tier does not grow with K.
     assert results["k"]["2"]["memory_tier_bytes"] == results["k"]["1"]["memory_tier_bytes"]
     # The work directory (the dataset, the tiers) is removed.
