@@ -20,3 +20,21 @@ bench-peers: install bench-deps
 	nice $(PY) -m bench.peers.harness --size $(BENCH_PEERS_SIZE) --root $(BENCH_PEERS_ROOT) \
 	  --docs docs/benchmarks.md --chart docs/benchmarks-peers.png \
 	  --json $(BENCH_PEERS_ROOT)/results.json $(BENCH_PEERS_ARGS)
+
+# `make bench-node` (issue 14): K local ranks through one sidecar against the same K
+# reading the decoded files directly, the cold epoch beside an all-core decode ceiling,
+# control latency, sidecar CPU per request, PSS. Not part of `make test` (its smoke run
+# is: tests/integration/test_bench_node_smoke.py). The defaults fit a 2-core machine in
+# under two minutes; bench/node_device.sh is the 16-core run (6 GiB, 48 shards).
+#: Token bytes to generate (file:// on /dev/shm by default).
+BENCH_NODE_SIZE ?= 512MiB
+BENCH_NODE_SHARDS ?= 32
+#: Rank counts; those above the usable cores (cgroup CPU quota) print n/a.
+BENCH_NODE_KS ?= 1,2,4,8,16
+#: e.g. BENCH_NODE_ARGS='--minio $(MINIO_DIR)/minio' (after `make tools-minio`).
+BENCH_NODE_ARGS ?=
+
+.PHONY: bench-node
+bench-node: install
+	nice $(PY) -m bench.node --size $(BENCH_NODE_SIZE) --shards $(BENCH_NODE_SHARDS) \
+	  --ks $(BENCH_NODE_KS) $(BENCH_NODE_ARGS)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# `make bench-node` on a 16-core machine (issue 14's shape: 6 GiB of tokens in 48 shards,
+# K = 1,2,4,8,16, file:// on tmpfs), as one prepared command. That machine has no network
+# and no MinIO, but pyarrow, aiohttp and prometheus-client: nothing is installed from an
+# index. Run from the repository root:   OUT=/some/dir bash bench/node_device.sh
+# Writes $OUT/bench-node.txt (the report, RESULT last), $OUT/bench-node.json (figures),
+# $OUT/machine.txt and $OUT/logs/ (sidecar and rank logs). About 2-4 minutes; the run is
+# cut at BENCH_NODE_TIMEOUT seconds (default 540) so it ends inside a 10-minute slot.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/bench-node-out}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+
+{
+  date -u
+  git rev-parse HEAD 2>/dev/null || echo "(no git metadata in this copy)"
+  nproc; cat /sys/fs/cgroup/cpu.max 2>/dev/null || true
+  lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)|Thread|Socket|NUMA node\(s\)' || true
+  free -g; df -h /dev/shm /tmp
+  "$PY" -c 'import sys, pyarrow, aiohttp, prometheus_client; print(sys.version, "pyarrow", pyarrow.__version__, "aiohttp", aiohttp.__version__)'
+} >"$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+# The project from this tree, without pip: its packages on PYTHONPATH, and the CLI's
+# subcommand entry points (`shardcache sidecar`, which the benchmark starts) declared
+# by a metadata stub, unless the project is installed already.
+export PYTHONPATH="$PWD:$PWD/sidecar:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}"
+if ! "$PY" -c 'import importlib.metadata as m, sys; sys.exit(not any(e.name == "sidecar" for e in m.entry_points(group="shardcache.commands")))'; then
+  stub=$(mktemp -d)
+  info="$stub/shardcache-0.1.0.dist-info"
+  mkdir -p "$info"
+  printf 'Metadata-Version: 2.1\nName: shardcache\nVersion: 0.1.0\n' >"$info/METADATA"
+  printf '[shardcache.commands]\nsidecar = shardcache_sidecar.cli:register\n' >"$info/entry_points.txt"
+  export PYTHONPATH="$PYTHONPATH:$stub"
+fi
+
+timeout --signal=INT --kill-after=30 "${BENCH_NODE_TIMEOUT:-540}" \
+  "$PY" -m bench.node --size 6GiB --shards 48 --ks 1,2,4,8,16 \
+    --json "$OUT/bench-node.json" --logs "$OUT/logs" "$@" 2>&1 | tee "$OUT/bench-node.txt"
+exit "${PIPESTATUS[0]}"
