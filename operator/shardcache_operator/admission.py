@@ -93,11 +93,13 @@ def decide(
         observed = (obj.get("status") or {}).get("observedGeneration")
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
             reason = f"{where} is being deleted"
-        elif mount.phase == status.READY and generation is not None and observed != generation:
+        elif (
+            mount.phase == status.Phase.READY and generation is not None and observed != generation
+        ):
             # The spec changed and the operator has not caught up: the pinned digest may
             # belong to the old source.
             reason = f"{where} is not Ready (generation {generation} is not reconciled yet)"
-        elif mount.phase != status.READY:
+        elif mount.phase != status.Phase.READY:
             reason = (
                 f"{where} is not Ready (phase {mount.phase or 'unknown'}: {_ready_message(obj)})"
             )

@@ -14,8 +14,7 @@ from typing import Any
 
 import yaml
 
-from shardcache_operator import specs
-from shardcache_operator import status as status_model
+from shardcache_operator import specs, status
 
 HEADER = (
     "# Generated from shardcache_operator/specs.py and shardcache_operator/status.py by `make crds`.\n"
@@ -121,7 +120,7 @@ def build() -> dict[str, Any]:
             # The API server allows nothing but the type here (and name rules at the root).
             "metadata": {"type": "object"},
             "spec": object_schema(specs.DatasetMountSpec),
-            "status": status_model.schema(),
+            "status": status.schema(),
         },
         "x-kubernetes-validations": [
             {"rule": rule.cel, "message": rule.message} for rule in specs.ROOT_RULES

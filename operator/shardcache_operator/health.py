@@ -9,7 +9,7 @@ import aiohttp.web
 from shardcache_operator import metrics
 
 
-def application(ready: asyncio.Event) -> aiohttp.web.Application:
+def application(ready: asyncio.Event, meters: metrics.Metrics) -> aiohttp.web.Application:
     """`ready` is set once kopf has started serving (watching, peering, webhook)."""
 
     async def healthz(_: aiohttp.web.Request) -> aiohttp.web.Response:
@@ -22,8 +22,9 @@ def application(ready: asyncio.Event) -> aiohttp.web.Application:
         return aiohttp.web.Response(status=503, text="starting\n")
 
     async def metrics_view(_: aiohttp.web.Request) -> aiohttp.web.Response:
-        body, content_type = metrics.exposition()
-        return aiohttp.web.Response(body=body, headers={"Content-Type": content_type})
+        return aiohttp.web.Response(
+            body=meters.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE}
+        )
 
     app = aiohttp.web.Application()
     app.router.add_get("/healthz", healthz)
@@ -32,9 +33,11 @@ def application(ready: asyncio.Event) -> aiohttp.web.Application:
     return app
 
 
-async def start(addr: str, port: int, ready: asyncio.Event) -> aiohttp.web.AppRunner:
+async def start(
+    addr: str, port: int, ready: asyncio.Event, meters: metrics.Metrics
+) -> aiohttp.web.AppRunner:
     """Serve on addr:port until the returned runner is cleaned up."""
-    runner = aiohttp.web.AppRunner(application(ready), access_log=None)
+    runner = aiohttp.web.AppRunner(application(ready, meters), access_log=None)
     await runner.setup()
     await aiohttp.web.TCPSite(runner, addr, port).start()
     return runner

@@ -1,7 +1,9 @@
-"""Prometheus metrics of the operator, on their own registry.
+"""Prometheus metrics of the operator, one registry per `Metrics` object.
 
-Names follow the Prometheus conventions: `shardcache_operator_` prefix, base units
-(`_seconds`), `_total` on counters, and labels with bounded values only (phases,
+The operator's `context.Context` holds one `Metrics` (no module globals), as the
+sidecar's does, so tests build fresh registries and several operators can share a
+process. Names follow the Prometheus conventions: `shardcache_operator_` prefix, base
+units (`_seconds`), `_total` on counters, and labels with bounded values only (phases,
 results, reasons) except the per-DatasetMount gauge, which has one series per object.
 """
 
@@ -13,82 +15,84 @@ import prometheus_client
 
 from shardcache_operator import status
 
-REGISTRY = prometheus_client.CollectorRegistry(auto_describe=True)
-
-RECONCILE_TOTAL = prometheus_client.Counter(
-    "shardcache_operator_reconcile_total",
-    "DatasetMount reconciliations, by resulting phase.",
-    ["phase"],
-    registry=REGISTRY,
-)
-RECONCILE_DURATION = prometheus_client.Histogram(
-    "shardcache_operator_reconcile_duration_seconds",
-    "Time to reconcile one DatasetMount, manifest resolution included.",
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
-    registry=REGISTRY,
-)
-SOURCE_ERRORS_TOTAL = prometheus_client.Counter(
-    "shardcache_operator_source_errors_total",
-    "Failed manifest resolutions, by condition reason.",
-    ["reason"],
-    registry=REGISTRY,
-)
-DATASETMOUNTS = prometheus_client.Gauge(
-    "shardcache_operator_datasetmounts",
-    "DatasetMounts known to this replica, by phase.",
-    ["phase"],
-    registry=REGISTRY,
-)
-ATTACHED_PODS = prometheus_client.Gauge(
-    "shardcache_operator_attached_pods",
-    "Unfinished pods labelled with a DatasetMount.",
-    ["namespace", "datasetmount"],
-    registry=REGISTRY,
-)
-ADMISSION_TOTAL = prometheus_client.Counter(
-    "shardcache_operator_admission_reviews_total",
-    "Pod admission reviews, by result: injected, unchanged, refused.",
-    ["result"],
-    registry=REGISTRY,
-)
-ADMISSION_DURATION = prometheus_client.Histogram(
-    "shardcache_operator_admission_duration_seconds",
-    "Time to answer one pod admission review, DatasetMount reads included.",
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-    registry=REGISTRY,
-)
-UP = prometheus_client.Gauge(
-    "shardcache_operator_up",
-    "1 while the operator's event loop answers.",
-    registry=REGISTRY,
-)
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+# Reconciles list a bucket: milliseconds for a kept pin, minutes for a large dataset.
+RECONCILE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# Admission reviews answer within the webhook's 10 s timeout or fail the pod.
+ADMISSION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
-class PhaseBook:
-    """Phase of each DatasetMount, so the per-phase gauge can be recomputed exactly."""
+class Metrics:
+    """Every operator metric, on its own registry."""
 
     def __init__(self) -> None:
+        self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
+        self.reconcile_total = prometheus_client.Counter(
+            "shardcache_operator_reconcile_total",
+            "DatasetMount reconciliations, by resulting phase.",
+            ["phase"],
+            registry=self.registry,
+        )
+        self.reconcile_duration = prometheus_client.Histogram(
+            "shardcache_operator_reconcile_duration_seconds",
+            "Time to reconcile one DatasetMount, manifest resolution included.",
+            buckets=RECONCILE_BUCKETS,
+            registry=self.registry,
+        )
+        self.source_errors_total = prometheus_client.Counter(
+            "shardcache_operator_source_errors_total",
+            "Failed manifest resolutions, by condition reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.datasetmounts = prometheus_client.Gauge(
+            "shardcache_operator_datasetmounts",
+            "DatasetMounts known to this replica, by phase.",
+            ["phase"],
+            registry=self.registry,
+        )
+        self.attached_pods = prometheus_client.Gauge(
+            "shardcache_operator_attached_pods",
+            "Unfinished pods labelled with a DatasetMount.",
+            ["namespace", "datasetmount"],
+            registry=self.registry,
+        )
+        self.admission_total = prometheus_client.Counter(
+            "shardcache_operator_admission_reviews_total",
+            "Pod admission reviews, by result: injected, unchanged, refused.",
+            ["result"],
+            registry=self.registry,
+        )
+        self.admission_duration = prometheus_client.Histogram(
+            "shardcache_operator_admission_duration_seconds",
+            "Time to answer one pod admission review, DatasetMount reads included.",
+            buckets=ADMISSION_BUCKETS,
+            registry=self.registry,
+        )
+        self.up = prometheus_client.Gauge(
+            "shardcache_operator_up",
+            "1 while the operator's event loop answers.",
+            registry=self.registry,
+        )
+        # Phase of each DatasetMount, so the per-phase gauge is recomputed exactly
+        # rather than incremented and decremented on transitions kopf may replay.
         self._phases: dict[tuple[str, str], str] = {}
 
-    def set(self, namespace: str, name: str, phase: str | None) -> None:
-        """Record a phase; None forgets the object (deleted) and its pod gauge."""
+    def set_phase(self, namespace: str, name: str, phase: status.Phase | None) -> None:
+        """Record a DatasetMount's phase; None forgets it (deleted) and its pod gauge."""
         if phase is None:
             self._phases.pop((namespace, name), None)
             with contextlib.suppress(KeyError):
-                ATTACHED_PODS.remove(namespace, name)
+                self.attached_pods.remove(namespace, name)
         else:
-            self._phases[(namespace, name)] = phase
-        counts = dict.fromkeys(status.PHASES, 0)
+            self._phases[(namespace, name)] = status.Phase(phase).value
+        counts = {each.value: 0 for each in status.Phase}
         for known in self._phases.values():
             counts[known] = counts.get(known, 0) + 1
         for each, count in counts.items():
-            DATASETMOUNTS.labels(phase=each).set(count)
+            self.datasetmounts.labels(phase=each).set(count)
 
-
-PHASES = PhaseBook()
-
-
-def exposition() -> tuple[bytes, str]:
-    """The text exposition of every operator metric and its content type."""
-    UP.set(1)
-    return prometheus_client.generate_latest(REGISTRY), prometheus_client.CONTENT_TYPE_LATEST
+    def exposition(self) -> bytes:
+        """The text exposition of every metric (content type `CONTENT_TYPE`)."""
+        self.up.set(1)
+        return prometheus_client.generate_latest(self.registry)

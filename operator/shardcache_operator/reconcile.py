@@ -92,7 +92,7 @@ async def _options(
     if spec.source.secret_ref is None:
         return None, None
     secret = spec.source.secret_ref.name
-    phase = status.DEGRADED if pinned else status.PENDING
+    phase = status.Phase.DEGRADED if pinned else status.Phase.PENDING
     try:
         options = await read_secret(namespace, secret)
     except PermissionError as exc:
@@ -100,14 +100,18 @@ async def _options(
             f"{exc}: grant it with the chart's rbac.secretNamespaces (and "
             "rbac.secretNames), or a Role with verb get on this Secret"
         )
-        return None, status.Failed(phase, "SecretForbidden", message, None, pinned)
+        return None, status.Failed(
+            phase, "SecretForbidden", message, reachable=None, keeps_pin=pinned
+        )
     if options is None:
         message = (
             f"Secret {namespace}/{secret} named in spec.source.secretRef.name does not exist: "
             "create it with keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and "
             "AWS_ENDPOINT_URL, AWS_REGION as needed)"
         )
-        return None, status.Failed(phase, "SecretNotFound", message, None, pinned)
+        return None, status.Failed(
+            phase, "SecretNotFound", message, reachable=None, keeps_pin=pinned
+        )
     return options, None
 
 
@@ -144,16 +148,28 @@ async def _check(
     try:
         await asyncio.wait_for(asyncio.to_thread(probe, uri, options), timeout)
     except errors.InputError as exc:
-        return status.Failed(status.DEGRADED, "SourceGone", str(exc), True, True)
+        return status.Failed(
+            status.Phase.DEGRADED, "SourceGone", str(exc), reachable=True, keeps_pin=True
+        )
     except errors.SourceError as exc:
-        return status.Failed(status.DEGRADED, "SourceUnreachable", str(exc), False, True)
+        return status.Failed(
+            status.Phase.DEGRADED,
+            "SourceUnreachable",
+            str(exc),
+            reachable=False,
+            keeps_pin=True,
+        )
     except TimeoutError:
         message = f"{uri} did not answer within {timeout:g} s"
-        return status.Failed(status.DEGRADED, "SourceUnreachable", message, False, True)
+        return status.Failed(
+            status.Phase.DEGRADED, "SourceUnreachable", message, reachable=False, keeps_pin=True
+        )
     except Exception as exc:  # report and carry on; the next check tries again
         logger.exception("checking %s failed unexpectedly", uri)
         message = f"unexpected error while checking {uri}: {exc!r}"
-        return status.Failed(status.DEGRADED, "CheckFailed", message, None, True)
+        return status.Failed(
+            status.Phase.DEGRADED, "CheckFailed", message, reachable=None, keeps_pin=True
+        )
     return pin
 
 
@@ -174,22 +190,22 @@ async def _resolve(
             asyncio.to_thread(resolve, uri, spec.source.format, options), timeout
         )
     except errors.InputError as exc:
-        return status.Failed(status.INVALID, "InvalidSource", str(exc), None)
+        return status.Failed(status.Phase.INVALID, "InvalidSource", str(exc), reachable=None)
     except errors.SourceError as exc:
-        return status.Failed(status.DEGRADED, "SourceUnreachable", str(exc), False)
+        return status.Failed(status.Phase.DEGRADED, "SourceUnreachable", str(exc), reachable=False)
     except TimeoutError:
         message = f"resolving the manifest of {uri} took longer than {timeout:g} s"
-        return status.Failed(status.DEGRADED, "ResolveTimeout", message, False)
+        return status.Failed(status.Phase.DEGRADED, "ResolveTimeout", message, reachable=False)
     except Exception as exc:  # a bug or an unforeseen library error: report, retry, live on
         logger.exception("resolving %s failed unexpectedly", uri)
         message = f"unexpected error while resolving {uri}: {exc!r}"
-        return status.Failed(status.DEGRADED, "ResolveFailed", message, None)
+        return status.Failed(status.Phase.DEGRADED, "ResolveFailed", message, reachable=None)
     if spec.source.version and manifest.digest != spec.source.version:
         message = (
             f"spec.source.version pins {spec.source.version}, but {uri} has manifest "
             f"{manifest.digest}: restore the pinned data or update spec.source.version"
         )
-        return status.Failed(status.INVALID, "DigestMismatch", message, True)
+        return status.Failed(status.Phase.INVALID, "DigestMismatch", message, reachable=True)
     return status.Resolved(
         digest=manifest.digest,
         format=manifest.format,
@@ -204,10 +220,10 @@ def _events(outcome: status.Outcome, previous: Mapping[str, Any]) -> tuple[Event
     before = {c.get("type"): c for c in previous.get("conditions") or []}
     old = before.get(status.MANIFEST_RESOLVED) or {}
     if isinstance(outcome, status.Resolved):
-        if outcome.reused and previous.get("phase") == status.READY:
+        if outcome.reused and previous.get("phase") == status.Phase.READY:
             return ()
         message = status.conditions_for(outcome)[1].message
-        if outcome.reused and previous.get("phase") == status.DEGRADED:
+        if outcome.reused and previous.get("phase") == status.Phase.DEGRADED:
             return (Event("Normal", "SourceRecovered", message),)
         return (Event("Normal", "ManifestPinned", message),)
     if previous.get("phase") == outcome.phase and old.get("reason") == outcome.reason:
@@ -255,7 +271,9 @@ async def reconcile(
     try:
         spec = specs.parse_spec(obj.get("spec"))
     except errors.InputError as exc:
-        outcome: status.Outcome = status.Failed(status.INVALID, "InvalidSpec", str(exc), None)
+        outcome: status.Outcome = status.Failed(
+            status.Phase.INVALID, "InvalidSpec", str(exc), reachable=None
+        )
         return _result(outcome, obj, generation=generation, now=now, identity=None, retry_in=None)
     identity = source_identity(spec)
     pin = _pinned(spec, obj.get("status") or {})
@@ -273,7 +291,10 @@ async def reconcile(
             spec, namespace=namespace, read_secret=read_secret, resolve=resolve, timeout=timeout
         )
     retry_in: float | None = None
-    if isinstance(outcome, status.Failed) and outcome.phase in (status.DEGRADED, status.PENDING):
+    if isinstance(outcome, status.Failed) and outcome.phase in (
+        status.Phase.DEGRADED,
+        status.Phase.PENDING,
+    ):
         retry_in = backoff.delay(retry)
     return _result(
         outcome, obj, generation=generation, now=now, identity=identity, retry_in=retry_in
@@ -294,7 +315,7 @@ async def check_source(
     when the object is not pinned for its current source: that is `reconcile`'s job.
     """
     previous = obj.get("status") or {}
-    if previous.get("phase") not in (status.READY, status.DEGRADED):
+    if previous.get("phase") not in (status.Phase.READY, status.Phase.DEGRADED):
         return None
     try:
         spec = specs.parse_spec(obj.get("spec"))

@@ -10,18 +10,27 @@ unchanged object produces an identical status.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardcache_operator import specs
 
-# Phases, in the order a DatasetMount usually passes through them.
-PENDING = "Pending"  # not resolved yet, or waiting for its Secret
-READY = "Ready"  # manifest resolved and digest pinned: pods are admitted
-DEGRADED = "Degraded"  # the source failed; retried with backoff
-INVALID = "Invalid"  # the spec or the data at the source is wrong: fix it
-TERMINATING = "Terminating"  # deleted, waiting for attached pods to finish
-PHASES = (PENDING, READY, DEGRADED, INVALID, TERMINATING)
+
+class Phase(enum.StrEnum):
+    """status.phase, in the order a DatasetMount usually passes through them.
+
+    The values are the wire format (status and the CRD's Phase printer column); a
+    member compares equal to its value, so phases read back from the API compare
+    without conversion.
+    """
+
+    PENDING = "Pending"  # not resolved yet, or waiting for its Secret
+    READY = "Ready"  # manifest resolved and digest pinned: pods are admitted
+    DEGRADED = "Degraded"  # the source failed; retried with backoff
+    INVALID = "Invalid"  # the spec or the data at the source is wrong: fix it
+    TERMINATING = "Terminating"  # deleted, waiting for attached pods to finish
+
 
 SOURCE_REACHABLE = "SourceReachable"
 MANIFEST_RESOLVED = "ManifestResolved"
@@ -54,9 +63,11 @@ class Resolved:
 class Failed:
     """Reconciling stopped short of a pinned manifest."""
 
-    phase: str  # PENDING, DEGRADED or INVALID
+    phase: Phase  # PENDING, DEGRADED or INVALID
     reason: str
     message: str
+    # The flags are keyword-only: bare True/False at a call site would not say which.
+    _: dataclasses.KW_ONLY
     #: Whether the source answered (False for network/auth failures, None if not tried).
     reachable: bool | None
     #: The pinned manifest stays valid (a later reachability check failed, not the
@@ -65,6 +76,10 @@ class Failed:
 
 
 Outcome = Resolved | Failed
+
+
+def phase_of(outcome: Outcome) -> Phase:
+    return Phase.READY if isinstance(outcome, Resolved) else outcome.phase
 
 
 def conditions_for(outcome: Outcome) -> list[Condition]:
@@ -149,7 +164,8 @@ def build_status(
                     str(old.get("message")),
                 )
     status: dict[str, Any] = {
-        "phase": READY if isinstance(outcome, Resolved) else outcome.phase,
+        # The plain string: the status dict is serialized as JSON and YAML alike.
+        "phase": phase_of(outcome).value,
         "conditions": merge_conditions(
             previous.get("conditions") or [],
             current,
@@ -186,7 +202,7 @@ def build_status(
 
 
 def is_ready(status: Mapping[str, Any] | None) -> bool:
-    return bool(status) and status is not None and status.get("phase") == READY
+    return bool(status) and status is not None and status.get("phase") == Phase.READY
 
 
 def _prop(kind: str, description: str, **extra: Any) -> dict[str, Any]:
@@ -235,7 +251,7 @@ def schema() -> dict[str, Any]:
                 "Pending (not resolved yet or waiting for its Secret), Ready (digest pinned, "
                 "pods admitted), Degraded (source failing, retried with backoff), Invalid "
                 "(fix the spec or the data), Terminating (deleted, pods still attached).",
-                enum=list(PHASES),
+                enum=[phase.value for phase in Phase],
             ),
             "conditions": {
                 "type": "array",

@@ -1,5 +1,8 @@
 """The mutating admission webhook for pods: a thin kopf handler around `admission.decide`.
 
+The handler is a module-level function reading the API client, settings and metrics
+from kopf's `memo` (a `context.Context`); `register` only wires it.
+
 The webhook configuration selects pods by the opt-in label (objectSelector on
 `shardcache.io/mount`), so unlabelled pods never reach the operator. TLS comes from
 certificate files (the chart's Secret) or from `certs.generate` at start-up.
@@ -12,12 +15,12 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import kopf
 
 from shardcache import errors
-from shardcache_operator import admission, certs, configuration, injection, metrics, specs
+from shardcache_operator import admission, certs, configuration, context, injection, specs
 
 logger = logging.getLogger(__name__)
 
@@ -123,20 +126,64 @@ def server(settings: configuration.Settings) -> kopf.WebhookServer:
     )
 
 
-class DatasetMountReader(Protocol):
-    """What the webhook needs from the API (`kube.Api` in the operator)."""
-
-    async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-
-
-def register(
-    registry: kopf.OperatorRegistry,
-    settings: configuration.Settings,
-    api: DatasetMountReader,
+async def inject(
+    *,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    warnings: list[str],
+    memo: context.Context,
+    **_: Any,
 ) -> None:
-    defaults = defaults_of(settings)
+    """Inject the requested DatasetMounts into the pod, or refuse it with the reason."""
+    started = time.monotonic()
+    pod = dict(body)
+    metadata: Mapping[str, Any] = pod.get("metadata") or {}
+    namespace = str(metadata.get("namespace") or "default")
+    # Read every requested DatasetMount first; the decision itself is pure.
+    fetched: dict[str, Mapping[str, Any] | Exception | None] = {}
+    try:
+        wanted = injection.requested_mounts(metadata)
+    except errors.InputError:
+        wanted = []  # decide() refuses with the message
+    for name in wanted:
+        if name in injection.injected_mounts(metadata):
+            continue
+        try:
+            fetched[name] = await memo.api.read_datasetmount(namespace, name)
+        except Exception as exc:  # the API failed: refuse this pod, keep serving
+            fetched[name] = exc
 
-    @kopf.on.mutate(
+    def lookup(_namespace: str, name: str) -> Mapping[str, Any] | None:
+        found = fetched.get(name)
+        if isinstance(found, Exception):
+            raise admission.LookupFailed(str(found))
+        return found
+
+    decision = admission.decide(
+        pod,
+        namespace=namespace,
+        lookup=lookup,
+        defaults=defaults_of(memo.settings),
+        missing_policy=memo.settings.missing_policy,
+    )
+    memo.metrics.admission_duration.observe(time.monotonic() - started)
+    warnings.extend(decision.warnings)
+    if not decision.allowed:
+        memo.metrics.admission_total.labels(result="refused").inc()
+        raise kopf.AdmissionError(decision.message, code=403)
+    if not decision.patch:
+        memo.metrics.admission_total.labels(result="unchanged").inc()
+        return
+    memo.metrics.admission_total.labels(result="injected").inc()
+    # kopf turns the merged fields into a JSON patch against the admitted pod.
+    for op in decision.patch:
+        _, parent, key = op["path"].split("/")
+        patch.setdefault(parent, {})[key] = op["value"]
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Wire the pod webhook onto `registry`; it reads the `context.Context` memo."""
+    kopf.on.mutate(
         "",
         "v1",
         "pods",
@@ -148,55 +195,4 @@ def register(
         # then wait for it (failurePolicy Fail) instead of starting without their data.
         persistent=True,
         registry=registry,
-    )
-    async def inject(
-        body: kopf.Body,
-        patch: kopf.Patch,
-        warnings: list[str],
-        **_: Any,
-    ) -> None:
-        """Inject the requested DatasetMounts into the pod, or refuse it with the reason."""
-        started = time.monotonic()
-        pod = dict(body)
-        metadata: Mapping[str, Any] = pod.get("metadata") or {}
-        namespace = str(metadata.get("namespace") or "default")
-        # Read every requested DatasetMount first; the decision itself is pure.
-        fetched: dict[str, Mapping[str, Any] | Exception | None] = {}
-        try:
-            wanted = injection.requested_mounts(metadata)
-        except errors.InputError:
-            wanted = []  # decide() refuses with the message
-        for name in wanted:
-            if name in injection.injected_mounts(metadata):
-                continue
-            try:
-                fetched[name] = await api.read_datasetmount(namespace, name)
-            except Exception as exc:  # the API failed: refuse this pod, keep serving
-                fetched[name] = exc
-
-        def lookup(_namespace: str, name: str) -> Mapping[str, Any] | None:
-            found = fetched.get(name)
-            if isinstance(found, Exception):
-                raise admission.LookupFailed(str(found))
-            return found
-
-        decision = admission.decide(
-            pod,
-            namespace=namespace,
-            lookup=lookup,
-            defaults=defaults,
-            missing_policy=settings.missing_policy,
-        )
-        metrics.ADMISSION_DURATION.observe(time.monotonic() - started)
-        warnings.extend(decision.warnings)
-        if not decision.allowed:
-            metrics.ADMISSION_TOTAL.labels(result="refused").inc()
-            raise kopf.AdmissionError(decision.message, code=403)
-        if not decision.patch:
-            metrics.ADMISSION_TOTAL.labels(result="unchanged").inc()
-            return
-        metrics.ADMISSION_TOTAL.labels(result="injected").inc()
-        # kopf turns the merged fields into a JSON patch against the admitted pod.
-        for op in decision.patch:
-            _, parent, key = op["path"].split("/")
-            patch.setdefault(parent, {})[key] = op["value"]
+    )(inject)

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from shardcache_operator import handlers, reconcile
+from shardcache_operator import reconcile, sources
 
 from shardcache import manifests, source
 from tests.support.s3server import S3Server
@@ -31,7 +31,7 @@ def quick_resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> mani
 
 
 def quick_probe(uri: str, options: Mapping[str, str] | None) -> None:
-    handlers.probe_source(uri, options)
+    sources.probe_source(uri, options)
 
 
 def write_shards(server: S3Server, bucket: str, prefix: str, count: int, *, start: int = 0) -> None:

@@ -24,7 +24,7 @@ from kopf._core.engines import admission as kopf_admission
 from kopf._core.engines import indexing
 from kopf._core.reactor import inventory
 from prometheus_client.parser import text_string_to_metric_families
-from shardcache_operator import certs, configuration, health, injection, metrics, webhook
+from shardcache_operator import certs, configuration, context, health, injection, status, webhook
 
 from tests.support.s3server import free_port
 
@@ -49,6 +49,9 @@ class FakeDatasetMounts:
     def __init__(self, *objects: dict[str, Any]) -> None:
         self.objects = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objects}
         self.reads = 0
+
+    async def read_secret(self, namespace: str, name: str) -> None:
+        raise AssertionError("the webhook reads no Secrets")
 
     async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None:
         self.reads += 1
@@ -84,10 +87,12 @@ def pod(label: str | None) -> dict[str, Any]:
 
 
 class Endpoint:
-    def __init__(self, url: str, ca_bundle: str, api: FakeDatasetMounts) -> None:
+    def __init__(self, url: str, ca_bundle: str, memo: context.Context) -> None:
         self.url = url
         self.ca_bundle = ca_bundle
-        self.api = api
+        self.memo = memo
+        assert isinstance(memo.api, FakeDatasetMounts)
+        self.api = memo.api
         self.ssl = ssl.create_default_context(cadata=base64.b64decode(ca_bundle).decode())
 
     async def post(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -109,8 +114,9 @@ async def endpoint(tmp_path: Path) -> AsyncIterator[Endpoint]:
         sidecar_image="sidecar:test",
     )
     api = FakeDatasetMounts(dsm("imagenet"), dsm("captions"), dsm("cold", phase="Pending"))
+    memo = context.Context(settings=settings, api=api)
     registry = kopf.OperatorRegistry()
-    webhook.register(registry, settings, api)
+    webhook.register(registry)
     kopf_settings = kopf.OperatorSettings()
     insights = references.Insights()
     insights.webhook_resources.add(
@@ -129,13 +135,13 @@ async def endpoint(tmp_path: Path) -> AsyncIterator[Endpoint]:
         registry=registry,
         insights=insights,
         memories=inventory.ResourceMemories(),
-        memobase=kopf.Memo(),
+        memobase=memo,
         indices=indexing.OperatorIndexers().indices,
     )
     serving = webhook.server(settings)(fn)
     client_config = await serving.__anext__()
     try:
-        yield Endpoint(client_config["url"], client_config["caBundle"], api)
+        yield Endpoint(client_config["url"], client_config["caBundle"], memo)
     finally:
         await serving.aclose()
 
@@ -220,10 +226,11 @@ async def test_healthz_readyz_and_metrics_follow_prometheus_conventions(
 ) -> None:
     await endpoint.post(review(pod("imagenet")))
     await endpoint.post(review(pod("missing")))
-    metrics.PHASES.set("ml", "imagenet", "Ready")
-    metrics.ATTACHED_PODS.labels(namespace="ml", datasetmount="imagenet").set(3)
+    meters = endpoint.memo.metrics
+    meters.set_phase("ml", "imagenet", status.Phase.READY)
+    meters.attached_pods.labels(namespace="ml", datasetmount="imagenet").set(3)
     ready = asyncio.Event()
-    runner = await health.start("127.0.0.1", 0, ready)
+    runner = await health.start("127.0.0.1", 0, ready, meters)
     try:
         port = runner.addresses[0][1]
         base = f"http://127.0.0.1:{port}"
@@ -284,7 +291,7 @@ def test_generated_serving_certificate_chains_to_its_ca() -> None:
 
 def test_configuration_for_the_chart_matches_what_kopf_manages() -> None:
     registry = kopf.OperatorRegistry()
-    webhook.register(registry, configuration.Settings(), FakeDatasetMounts())
+    webhook.register(registry)
     pods = references.Resource(
         group="", version="v1", plural="pods", kind="Pod", namespaced=True, verbs=["create"]
     )

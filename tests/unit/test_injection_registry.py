@@ -19,16 +19,8 @@ pytestmark = pytest.mark.unit
 ID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")
 
 
-class NoApi:
-    async def read_secret(self, namespace: str, name: str) -> None:
-        raise AssertionError("not called while registering")
-
-    async def read_datasetmount(self, namespace: str, name: str) -> None:
-        raise AssertionError("not called while registering")
-
-
 def registry(**settings: Any) -> kopf.OperatorRegistry:
-    return app.build_registry(configuration.Settings(**settings), NoApi())  # type: ignore[arg-type]
+    return app.build_registry(configuration.Settings(**settings))
 
 
 def all_handlers(reg: kopf.OperatorRegistry) -> list[Any]:
@@ -66,3 +58,14 @@ def test_the_operator_registers_reconcile_timers_finalizer_index_and_webhook() -
 
 def test_without_the_webhook_no_admission_handler_is_registered() -> None:
     assert registry(webhook_enabled=False)._webhooks.get_all_handlers() == []
+
+
+def test_handlers_are_module_level_functions_not_closures() -> None:
+    # State travels in kopf's memo (context.Context); a closure would hide it.
+    fns = [h.fn for h in all_handlers(registry())]
+    assert fns and all(fn.__qualname__ == fn.__name__ for fn in fns), fns
+    assert {fn.__module__ for fn in fns} == {
+        "shardcache_operator.app",
+        "shardcache_operator.handlers",
+        "shardcache_operator.webhook",
+    }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 from shardcache_operator import reconcile, status
 
 pytestmark = pytest.mark.unit
@@ -42,7 +43,9 @@ def test_transition_time_moves_only_when_a_condition_status_changes() -> None:
         RESOLVED, previous=ready, generation=2, now=T1, resolved_source=SOURCE
     )
     assert all(c["lastTransitionTime"] == T0 for c in again["conditions"])
-    failed = status.Failed(status.DEGRADED, "SourceUnreachable", "connection refused", False)
+    failed = status.Failed(
+        status.Phase.DEGRADED, "SourceUnreachable", "connection refused", reachable=False
+    )
     degraded = status.build_status(
         failed, previous=again, generation=2, now=T1, resolved_source=SOURCE
     )
@@ -56,7 +59,7 @@ def test_transition_time_moves_only_when_a_condition_status_changes() -> None:
 def test_failure_keeps_the_previous_pin_and_attached_pods() -> None:
     ready = status.build_status(RESOLVED, previous={}, generation=1, now=T0, resolved_source=SOURCE)
     ready["attachedPods"] = 4
-    failed = status.Failed(status.DEGRADED, "SourceUnreachable", "timed out", False)
+    failed = status.Failed(status.Phase.DEGRADED, "SourceUnreachable", "timed out", reachable=False)
     degraded = status.build_status(
         failed, previous=ready, generation=1, now=T1, resolved_source=SOURCE
     )
@@ -70,7 +73,9 @@ def test_failure_keeps_the_previous_pin_and_attached_pods() -> None:
 
 
 def test_invalid_spec_leaves_source_reachability_unknown() -> None:
-    failed = status.Failed(status.INVALID, "InvalidSpec", "spec.source.uri: ...", None)
+    failed = status.Failed(
+        status.Phase.INVALID, "InvalidSpec", "spec.source.uri: ...", reachable=None
+    )
     st = status.build_status(failed, previous={}, generation=1, now=T0, resolved_source=None)
     assert st["phase"] == "Invalid"
     assert by_type(st)["SourceReachable"]["status"] == "Unknown"
@@ -92,7 +97,7 @@ def test_backoff_doubles_and_is_capped() -> None:
 
 
 def test_events_are_posted_on_changes_not_on_repeated_failures() -> None:
-    failed = status.Failed(status.DEGRADED, "SourceUnreachable", "refused", False)
+    failed = status.Failed(status.Phase.DEGRADED, "SourceUnreachable", "refused", reachable=False)
     first = status.build_status(failed, previous={}, generation=1, now=T0, resolved_source=None)
     assert reconcile._events(failed, {}) == (
         reconcile.Event("Warning", "SourceUnreachable", "refused"),
@@ -104,7 +109,9 @@ def test_events_are_posted_on_changes_not_on_repeated_failures() -> None:
 
 def test_failed_reachability_check_keeps_manifest_resolved() -> None:
     ready = status.build_status(RESOLVED, previous={}, generation=1, now=T0, resolved_source=SOURCE)
-    failed = status.Failed(status.DEGRADED, "SourceUnreachable", "refused", False, keeps_pin=True)
+    failed = status.Failed(
+        status.Phase.DEGRADED, "SourceUnreachable", "refused", reachable=False, keeps_pin=True
+    )
     degraded = status.build_status(
         failed, previous=ready, generation=1, now=T1, resolved_source=SOURCE
     )
@@ -113,3 +120,25 @@ def test_failed_reachability_check_keeps_manifest_resolved() -> None:
     assert conditions["Ready"]["status"] == "False"
     assert conditions["Ready"]["lastTransitionTime"] == T1
     assert degraded["manifestDigest"] == DIGEST
+
+
+def test_failure_flags_must_be_named_at_the_call_site() -> None:
+    with pytest.raises(TypeError):
+        status.Failed(status.Phase.DEGRADED, "SourceGone", "gone", True, True)  # type: ignore[misc]
+
+
+def test_phases_keep_their_wire_strings_and_status_holds_plain_strings() -> None:
+    assert [p.value for p in status.Phase] == [
+        "Pending",
+        "Ready",
+        "Degraded",
+        "Invalid",
+        "Terminating",
+    ]
+    assert status.schema()["properties"]["phase"]["enum"] == [p.value for p in status.Phase]
+    failed = status.Failed(status.Phase.DEGRADED, "SourceUnreachable", "refused", reachable=False)
+    for outcome in (RESOLVED, failed):
+        st = status.build_status(outcome, previous={}, generation=1, now=T0, resolved_source=None)
+        # Plain str, not the enum: the status is also written as YAML (safe_dump).
+        assert type(st["phase"]) is str
+        assert yaml.safe_load(yaml.safe_dump(st)) == st

@@ -1,0 +1,40 @@
+"""What every kopf handler of the operator needs, handed to it as kopf's `memo`.
+
+`app.run` builds one `Context` and passes it to `kopf.operator(memo=...)`; kopf gives
+each handler a shallow copy (docs.kopf.dev, "In-memory containers"), so the API
+client, settings and metrics are shared and handlers hold no state of their own.
+Tests build a Context with fakes and fresh metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from shardcache_operator import configuration, metrics, reconcile, sources
+
+
+class Api(Protocol):
+    """The API reads handlers make (`kube.Api` in the operator)."""
+
+    async def read_secret(self, namespace: str, name: str) -> Mapping[str, str] | None: ...
+
+    async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    settings: configuration.Settings
+    api: Api
+    metrics: metrics.Metrics = dataclasses.field(default_factory=metrics.Metrics)
+    resolve: reconcile.Resolver = sources.resolve_manifest
+    probe: reconcile.Prober = sources.probe_source
+
+    @property
+    def backoff(self) -> reconcile.Backoff:
+        """Retry delays of failed reconciles, from the settings."""
+        return reconcile.Backoff(
+            initial_seconds=self.settings.backoff_initial_seconds,
+            max_seconds=self.settings.backoff_max_seconds,
+        )

@@ -1,0 +1,237 @@
+"""The DatasetMount handlers, called as kopf calls them, with a Context as the memo.
+
+No cluster: the body and patch are kopf's own structures, the API reads and the source
+are fakes, kopf's Event queue is captured, and every test gets fresh metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+from kopf._core.engines import posting
+from shardcache_operator import app, configuration, context, handlers, metrics, status
+
+from shardcache import errors
+
+pytestmark = pytest.mark.unit
+
+DIGEST = "sha256:" + "ef" * 32
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeManifest:
+    digest: str = DIGEST
+    format: str = "parquet"
+    shards: tuple[Any, ...] = ("a", "b")
+    total_rows: int = 200
+    total_bytes: int = 4096
+
+
+class FakeApi:
+    async def read_secret(self, namespace: str, name: str) -> Mapping[str, str] | None:
+        return {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+
+    async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None:
+        raise AssertionError("DatasetMount handlers do not read DatasetMounts")
+
+
+def resolves(uri: str, fmt: str, options: Mapping[str, str] | None) -> FakeManifest:
+    return FakeManifest()
+
+
+def unreachable(uri: str, fmt: str, options: Mapping[str, str] | None) -> FakeManifest:
+    raise errors.SourceError(f"{uri}: connection refused")
+
+
+def present(uri: str, options: Mapping[str, str] | None) -> None:
+    return None
+
+
+def gone(uri: str, options: Mapping[str, str] | None) -> None:
+    raise errors.InputError(f"nothing found at {uri!r} any more")
+
+
+def memo(**fields: Any) -> context.Context:
+    settings = configuration.Settings(backoff_initial_seconds=7, deletion_poll_seconds=11)
+    return context.Context(settings=settings, api=FakeApi(), **fields)
+
+
+def dsm(**status_fields: Any) -> kopf.Body:
+    return kopf.Body(
+        {
+            "apiVersion": "shardcache.io/v1alpha1",
+            "kind": "DatasetMount",
+            "metadata": {"name": "data", "namespace": "ml", "generation": 1, "uid": "u-1"},
+            "spec": {"source": {"uri": "s3://bucket/data/", "secretRef": {"name": "creds"}}},
+            "status": status_fields,
+        }
+    )
+
+
+def capture_events() -> asyncio.Queue[posting.K8sEvent]:
+    """kopf.event() enqueues to the operator's poster; here, to a queue the test reads."""
+    queue: asyncio.Queue[posting.K8sEvent] = asyncio.Queue()
+    posting.settings_var.set(kopf.OperatorSettings())
+    posting.event_queue_var.set(queue)
+    posting.event_queue_loop_var.set(asyncio.get_running_loop())
+    return queue
+
+
+def drained(queue: asyncio.Queue[posting.K8sEvent]) -> list[tuple[str, str]]:
+    events = []
+    while not queue.empty():
+        event = queue.get_nowait()
+        events.append((event.type, event.reason))
+    return events
+
+
+def sample(meters: metrics.Metrics, name: str, **labels: str) -> float | None:
+    return meters.registry.get_sample_value(name, labels)
+
+
+async def test_resolve_pins_the_manifest_counts_pods_and_records_it() -> None:
+    events = capture_events()
+    ctx = memo(resolve=resolves, probe=present)
+    patch = kopf.Patch()
+    index = {("ml", "data"): ["train-0", "train-1"]}
+    await handlers.resolve(
+        body=dsm(), patch=patch, retry=0, namespace="ml", name="data", memo=ctx, attached_pods=index
+    )
+    assert patch.status["phase"] == "Ready"
+    assert patch.status["manifestDigest"] == DIGEST
+    assert patch.status["attachedPods"] == 2
+    assert drained(events) == [("Normal", "ManifestPinned")]
+    meters = ctx.metrics
+    assert sample(meters, "shardcache_operator_reconcile_total", phase="Ready") == 1
+    assert sample(meters, "shardcache_operator_datasetmounts", phase="Ready") == 1
+    assert sample(meters, "shardcache_operator_reconcile_duration_seconds_count") == 1
+
+
+async def test_resolve_failure_is_status_event_metric_and_a_retry_after_backoff() -> None:
+    events = capture_events()
+    ctx = memo(resolve=unreachable, probe=present)
+    patch = kopf.Patch()
+    with pytest.raises(kopf.TemporaryError) as raised:
+        await handlers.resolve(
+            body=dsm(),
+            patch=patch,
+            retry=0,
+            namespace="ml",
+            name="data",
+            memo=ctx,
+            attached_pods={},
+        )
+    assert raised.value.delay == 7
+    assert patch.status["phase"] == "Degraded"
+    assert patch.status["attachedPods"] == 0
+    assert drained(events) == [("Warning", "SourceUnreachable")]
+    meters = ctx.metrics
+    assert (
+        sample(meters, "shardcache_operator_source_errors_total", reason="SourceUnreachable") == 1
+    )
+    assert sample(meters, "shardcache_operator_datasetmounts", phase="Degraded") == 1
+
+
+async def test_check_source_writes_only_what_changed_when_the_data_goes() -> None:
+    events = capture_events()
+    pinned = kopf.Patch()
+    ctx = memo(resolve=resolves, probe=gone)
+    await handlers.resolve(
+        body=dsm(), patch=pinned, retry=0, namespace="ml", name="data", memo=ctx, attached_pods={}
+    )
+    drained(events)
+    patch = kopf.Patch()
+    await handlers.check_source(body=dsm(**pinned.status), patch=patch, memo=ctx)
+    assert patch.status["phase"] == "Degraded"
+    assert "manifestDigest" not in patch.status  # unchanged, so not written again
+    assert drained(events) == [("Warning", "SourceGone")]
+    meters = ctx.metrics
+    assert sample(meters, "shardcache_operator_source_errors_total", reason="SourceGone") == 1
+    assert sample(meters, "shardcache_operator_datasetmounts", phase="Ready") == 0
+    assert sample(meters, "shardcache_operator_datasetmounts", phase="Degraded") == 1
+
+
+async def test_finalize_waits_for_attached_pods_unless_forced() -> None:
+    events = capture_events()
+    ctx = memo()
+    index = {("ml", "data"): ["train-0"]}
+    patch = kopf.Patch()
+    with pytest.raises(kopf.TemporaryError) as raised:
+        handlers.finalize(
+            body=dsm(phase="Ready"),
+            patch=patch,
+            namespace="ml",
+            name="data",
+            annotations={},
+            memo=ctx,
+            attached_pods=index,
+        )
+    assert raised.value.delay == 11
+    assert patch.status["phase"] == status.Phase.TERMINATING == "Terminating"
+    assert drained(events) == [("Normal", "WaitingForPods")]
+    assert sample(ctx.metrics, "shardcache_operator_datasetmounts", phase="Terminating") == 1
+    handlers.finalize(
+        body=dsm(phase="Terminating"),
+        patch=kopf.Patch(),
+        namespace="ml",
+        name="data",
+        annotations={handlers.ANNOTATION_FORCE_DELETE: "true"},
+        memo=ctx,
+        attached_pods=index,
+    )
+    assert sample(ctx.metrics, "shardcache_operator_datasetmounts", phase="Terminating") == 0
+
+
+def test_count_pods_sets_the_gauge_and_patches_only_a_change() -> None:
+    ctx = memo()
+    index = {("ml", "data"): ["a", "b", "c"]}
+    patch = kopf.Patch()
+    handlers.count_pods(
+        body=dsm(attachedPods=1),
+        patch=patch,
+        namespace="ml",
+        name="data",
+        memo=ctx,
+        attached_pods=index,
+    )
+    assert patch.status["attachedPods"] == 3
+    labels = {"namespace": "ml", "datasetmount": "data"}
+    assert sample(ctx.metrics, "shardcache_operator_attached_pods", **labels) == 3
+    unchanged = kopf.Patch()
+    handlers.count_pods(
+        body=dsm(attachedPods=3),
+        patch=unchanged,
+        namespace="ml",
+        name="data",
+        memo=ctx,
+        attached_pods=index,
+    )
+    assert not unchanged
+
+
+def test_every_context_gets_its_own_metrics_registry() -> None:
+    first, second = memo(), memo()
+    first.metrics.set_phase("ml", "data", status.Phase.READY)
+    assert sample(first.metrics, "shardcache_operator_datasetmounts", phase="Ready") == 1
+    assert sample(second.metrics, "shardcache_operator_datasetmounts", phase="Ready") is None
+
+
+def test_startup_takes_the_webhook_server_from_the_memo(tmp_path: Path) -> None:
+    settings = configuration.Settings(
+        webhook_cert_dir=str(tmp_path), webhook_configuration="shardcache.io"
+    )
+    kopf_settings = kopf.OperatorSettings()
+    app.configure(settings=kopf_settings, memo=context.Context(settings=settings, api=FakeApi()))
+    assert isinstance(kopf_settings.admission.server, kopf.WebhookServer)
+    assert kopf_settings.admission.managed == "shardcache.io"
+    assert kopf_settings.persistence.finalizer == handlers.FINALIZER
+    without = kopf.OperatorSettings()
+    no_webhook = configuration.Settings(webhook_enabled=False)
+    app.configure(settings=without, memo=context.Context(settings=no_webhook, api=FakeApi()))
+    assert without.admission.server is None
