@@ -38,6 +38,9 @@ from typing import Any
 from images import definition, inputs, oci, rootfs
 
 RECORD_NAME = "build.json"
+# Builds of other keys kept beside the newest (other worktrees or branches on this
+# machine may still use theirs); older ones are removed after a build (~0.5 GB each).
+KEEP_OTHER_BUILDS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +206,16 @@ def _record(directory: Path) -> dict[str, Any] | None:
     return data
 
 
+def _prune(root: Path, *, keep: Path) -> None:
+    built = sorted(
+        (d for d in root.iterdir() if d != keep and (d / RECORD_NAME).is_file()),
+        key=lambda d: (d / RECORD_NAME).stat().st_mtime,
+        reverse=True,
+    )
+    for old in built[KEEP_OTHER_BUILDS:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def archives(*, cache: Path | None = None, build_missing: bool = True) -> Mapping[str, Archive]:
     """The archive of every image in images/image.toml, built first if missing.
 
@@ -230,6 +243,7 @@ def archives(*, cache: Path | None = None, build_missing: bool = True) -> Mappin
                 shutil.rmtree(partial, ignore_errors=True)
                 raise
             os.replace(partial, final)
+            _prune(root, keep=final)
             record = _record(final)
             assert record is not None
     result: dict[str, Archive] = {}
