@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from shardcache_operator import injection
+from shardcache_operator import injection, settings
 
 from shardcache import cli
 from shardcache import spec as spec_model
@@ -82,7 +82,7 @@ def test_example_job_is_injected_exactly_as_the_pure_function_does(
     expected = injection.inject(
         original["spec"]["template"],
         [injection.Mount(mount.name, mount.spec, mount.manifest_digest)],
-        defaults=injection.SidecarDefaults(image="shardcache-sidecar:0.1.0"),
+        defaults=injection.SidecarDefaults(image=settings.Settings().sidecar_image),
         indexed_job=True,
     )
     assert job["spec"]["template"] == expected
