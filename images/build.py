@@ -53,6 +53,8 @@ class Archive:
     reference: str
     # name:version: the chart's default tag (its appVersion).
     version_reference: str
+    # The archive's size: the one uncompressed layer plus a few kB of JSON, so about
+    # what the image takes on a node.
     size_bytes: int
 
     def to_json(self) -> dict[str, Any]:
@@ -254,7 +256,7 @@ def archives(*, cache: Path | None = None, build_missing: bool = True) -> Mappin
             path=final / info["archive"],
             reference=reference,
             version_reference=version_reference,
-            size_bytes=int(info["content_bytes"]),
+            size_bytes=int(info["archive_bytes"]),
         )
     return result
 
