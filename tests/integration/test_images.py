@@ -303,3 +303,60 @@ def test_dockerfile_route_ships_the_same_rootfs(
     assert 'ENTRYPOINT ["shardcache"]' in dockerfile
     layer_digest = oci.read_manifest(archive.path)["layers"][0]["digest"]
     assert oci.file_digest(tmp_path / "rootfs.tar") == layer_digest
+
+
+def test_sidecar_serves_trainers_in_their_containers_like_a_pod(
+    service_bundle: oci_runtime.Bundle,
+    trainer_bundle: oci_runtime.Bundle,
+    dataset: Path,
+    tmp_path: Path,
+) -> None:
+    """The sidecar image serving (not just --help) with a read-only root and only its
+    volumes writable: the run directory (socket, memory tier) shared with the trainer
+    containers, and the node disk tier, the way the webhook lays out a pod."""
+    run_dir, disk_dir = tmp_path / "run", tmp_path / "disk"
+    for d in (run_dir, disk_dir):
+        d.mkdir()
+        os.chown(d, 65532, 65532)
+    common = {"SHARDCACHE_RUN_DIR": "/run/shardcache", "SHARDCACHE_MOUNT": "m"}
+    sidecar_env = {
+        **common,
+        "SHARDCACHE_SOURCE_URI": "file:///data",
+        "SHARDCACHE_DISK_DIR": "/node-cache",
+        "SHARDCACHE_MEMORY_LIMIT_BYTES": str(64 << 20),
+        "SHARDCACHE_DISK_LIMIT_BYTES": str(64 << 20),
+    }
+    log = tmp_path / "sidecar.log"
+    with oci_runtime.started(
+        service_bundle,
+        ["shardcache", "sidecar"],
+        name="sidecar",
+        mounts=[
+            oci_runtime.bind(dataset, "/data"),
+            oci_runtime.bind(run_dir, "/run/shardcache", readonly=False),
+            oci_runtime.bind(disk_dir, "/node-cache", readonly=False),
+        ],
+        env=sidecar_env,
+        log=log,
+    ) as sidecar:
+        deadline = time.monotonic() + 60
+        while not list(run_dir.rglob("*.sock")):
+            assert sidecar.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "no control socket:\n" + log.read_text()
+            time.sleep(0.2)
+        results = []
+        for rank in (0, 1):
+            proc = oci_runtime.run(
+                trainer_bundle,
+                mounts=[oci_runtime.bind(run_dir, "/run/shardcache", readonly=False)],
+                env={**common, "SHARDCACHE_RANK": str(rank), "SHARDCACHE_WORLD_SIZE": "2"},
+            )
+            assert proc.returncode == 0, proc.stdout + proc.stderr + log.read_text()
+            results.append(_result(proc.stdout))
+        assert sidecar.poll() is None, log.read_text()
+    summed = {k: sum(int(str(r[k])) for r in results) for k in ("rows", "id_sum", "id_sq_sum")}
+    assert summed == _totals(SHARDS * ROWS_PER_SHARD)
+    assert "Read-only file system" not in log.read_text()
+    # The node disk tier got the shards: written by 65532 through its volume.
+    cached = [p for p in disk_dir.rglob("*") if p.is_file()]
+    assert cached and all(p.stat().st_uid == 65532 for p in cached)
