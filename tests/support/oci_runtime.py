@@ -51,7 +51,7 @@ def unpack(archive: Path, dest: Path) -> Bundle:
         manifest = json.load(_member(tar, index["manifests"][0]["digest"]))
         image_config = json.load(_member(tar, manifest["config"]["digest"]))
         for layer in manifest["layers"]:
-            with tarfile.open(fileobj=_member(tar, layer["digest"]), mode="r|") as layer_tar:
+            with tarfile.open(fileobj=_member(tar, layer["digest"]), mode="r|*") as layer_tar:
                 # Root extracts with the layer's owners; "fully_trusted": it is our own
                 # build, and the tar filter would refuse the absolute symlinks a
                 # Debian tree has.
