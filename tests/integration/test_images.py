@@ -171,6 +171,12 @@ def test_root_filesystem_is_readonly_and_user_is_65532(
     assert out[1:4] == [f"/x {erofs}", f"/usr/local/lib/x {erofs}", f"/home/nonroot/x {erofs}"]
 
 
+def test_tls_trust_store_holds_the_debian_ca_bundle(service_bundle: oci_runtime.Bundle) -> None:
+    # HTTPS object stores and the API server's client libraries verify against it.
+    probe = "import ssl; print(ssl.create_default_context().cert_store_stats()['x509_ca'])"
+    assert int(_ok(oci_runtime.run(service_bundle, ["python3", "-c", probe]))) > 100
+
+
 def test_every_module_of_the_service_imports(service_bundle: oci_runtime.Bundle) -> None:
     packages = ["shardcache", "shardcache_sidecar", "shardcache_operator", "kopf", "aiohttp"]
     # The trimmed packages too: a trim that removed something used shows up here.
