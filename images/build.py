@@ -235,9 +235,11 @@ def archives(*, cache: Path | None = None, build_missing: bool = True) -> Mappin
             if not build_missing:
                 raise FileNotFoundError(f"no images built for key {key[:16]} in {root}")
             _log(f"no images for key {key[:16]} in {root}: building")
-            shutil.rmtree(final, ignore_errors=True)
+            # Under the lock no other build runs: work directories left here are
+            # from a killed build (~1 GB each).
+            for stale in [*root.glob("shardcache-image-*"), *root.glob(".*.partial"), final]:
+                shutil.rmtree(stale, ignore_errors=True)
             partial = root / f".{key[:16]}.partial"
-            shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
             try:
                 build(partial, defn=defn, key=key, sources=sources)
