@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import time
 from collections.abc import Mapping
@@ -298,7 +299,9 @@ def test_containerd_imports_and_runs_both_archives(
             assert {archive.reference, archive.version_reference} <= listed
         probe = "import os, shardcache, pyarrow; print(os.getuid(), shardcache.__version__)"
         out = containerd.ctr(
-            "run", "--rm", "--read-only", archives["trainer"].reference, "probe",
+            # A unique id: runc's state directory for the namespace is machine-wide.
+            "run", "--rm", "--read-only", archives["trainer"].reference,
+            f"shardcache-image-test-{secrets.token_hex(4)}",
             "python3", "-c", probe,
         )  # fmt: skip
         assert out.split() == ["65532", build.project_version()]
