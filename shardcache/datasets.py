@@ -317,6 +317,8 @@ class Dataset:
                 + "); open the dataset with the same arguments as the run that saved it"
             )
         self._params = self._params.with_epoch(saved.epoch)
+        # A skip the checkpoint agent applied at restore may run past the epoch's end.
+        saved = states.clamp(saved, len(self))
         if saved.position > len(self):
             raise errors.StateMismatchError(
                 f"position {saved.position} is past the end of epoch {saved.epoch} for rank "

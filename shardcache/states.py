@@ -179,12 +179,13 @@ def mismatches(saved: DataState, ours: DataState) -> list[str]:
 
 
 def skip_batches(
-    state: DataState, batches: int, *, batch_size: int | None, rank_samples: int
+    state: DataState, batches: int, *, batch_size: int | None, rank_samples: int | None
 ) -> tuple[DataState, Skip | None]:
     """`state` with its next `batches` batches skipped: the position moves past them and
     the range is recorded. A skip never crosses the end of the epoch (`rank_samples`
-    samples); it is cut there. Returns the new state and the recorded skip (None when
-    nothing was left to skip)."""
+    samples); it is cut there. The checkpoint agent, which does not know the dataset,
+    passes None: `clamp` cuts the skip when the dataset loads the state. Returns the new
+    state and the recorded skip (None when nothing was left to skip)."""
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
         raise errors.InputError(f"skip: expected a number of batches >= 1, found {batches!r}")
     size = batch_size if batch_size is not None else state.batch_size
@@ -196,7 +197,9 @@ def skip_batches(
     if size < 1:
         raise errors.InputError(f"skip: batch_size must be >= 1, found {size}")
     start = state.position
-    stop = min(start + batches * size, rank_samples)
+    stop = start + batches * size
+    if rank_samples is not None:
+        stop = min(stop, rank_samples)
     if stop <= start:
         return dataclasses.replace(state, batch_size=size), None
     skip = Skip(state.epoch, start, stop)
@@ -204,6 +207,22 @@ def skip_batches(
         state, position=stop, batch_size=size, skips=normalise([*state.skips, skip])
     )
     return new, skip
+
+
+def clamp(state: DataState, rank_samples: int) -> DataState:
+    """`state` with a skip that runs past the end of its epoch (`rank_samples` samples)
+    cut at the end: what a skip applied without knowing the dataset becomes. A position
+    past the end that no skip explains is left for the caller to refuse."""
+    if state.position <= rank_samples:
+        return state
+    last = state.skips_in(state.epoch)[-1:] or None
+    if last is None or last[0].stop != state.position or last[0].start > rank_samples:
+        return state
+    skip = last[0]
+    kept = [s for s in state.skips if s != skip]
+    if skip.start < rank_samples:
+        kept.append(Skip(skip.epoch, skip.start, rank_samples))
+    return dataclasses.replace(state, position=rank_samples, skips=normalise(kept))
 
 
 def skipped_before(skips: Sequence[Skip], position: int) -> int:

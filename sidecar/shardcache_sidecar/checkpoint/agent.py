@@ -18,10 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shardcache import errors, source
-from shardcache.checkpoint import _protocol
+from shardcache.checkpoint import _protocol, layout
 from shardcache_sidecar.checkpoint import (
     agent_config,
-    layout,
     metrics,
     restorer,
     retention,
