@@ -176,26 +176,29 @@ class Inspector:
         `epochs` epochs from `query.epoch` at `query`'s world size and batch size."""
         if epochs < 1:
             raise errors.InputError(f"epochs must be >= 1, got {epochs}")
-        pred = predicate.parse(expression)
-        predicate.check(pred, self.schema)
+        indices, truncated = self.matching(expression, limit=limit)
         m = self.manifest
-        offsets = plans.shard_offsets(m.shard_rows)
-        indices: list[int] = []
-        truncated = False
-        for shard in range(len(m.shards)):
-            batch = self.rows.read(shard).select(pred.columns)
-            for row in predicate.matching_rows(pred, batch):
-                if len(indices) == limit:
-                    truncated = True
-                    break
-                indices.append(offsets[shard] + row)
-            if truncated:
-                break
         found: list[locate.Sighting] = []
         for epoch in range(query.epoch, query.epoch + epochs):
             found += locate.sightings(m.shard_rows, m.digest, query.replace(epoch=epoch), indices)
         found.sort(key=lambda s: (s.index, s.epoch))
         return WhereResult(expression, indices, found, truncated)
+
+    def matching(self, expression: str, *, limit: int = 100) -> tuple[list[int], bool]:
+        """Dataset-wide indices of the first `limit` samples matching `expression`, in
+        manifest order, and whether more matched."""
+        pred = predicate.parse(expression)
+        predicate.check(pred, self.schema)
+        m = self.manifest
+        offsets = plans.shard_offsets(m.shard_rows)
+        indices: list[int] = []
+        for shard in range(len(m.shards)):
+            batch = self.rows.read(shard).select(pred.columns)
+            for row in predicate.matching_rows(pred, batch):
+                if len(indices) == limit:
+                    return indices, True
+                indices.append(offsets[shard] + row)
+        return indices, False
 
     def cell(self, shard: int, row: int, column: str) -> Any:
         self.columns([column])
