@@ -49,7 +49,7 @@ class Rank:
             if batch is not None:
                 step = self.epoch_steps
                 self.epoch_steps += 1
-                return self.ds.epoch, step, batch.column("uid").to_pylist()  # type: ignore[attr-defined]
+                return self.ds.epoch, step, batch.column("uid").to_pylist()
             self.ds.set_epoch(self.ds.epoch + 1)
             self._it, self.epoch_steps = None, 0
 
@@ -134,16 +134,16 @@ def test_lineage_equals_a_brute_force_replay_across_checkpoints_skips_and_a_rewi
     by_key = {(r.index, r.epoch): r for r in got}
     assert len(by_key) == TOTAL * len(epochs)
     for (uid, epoch), s in seen.items():
-        r = by_key[(uid, epoch)]
+        got_read = by_key[(uid, epoch)]
         if s.global_step > last:
-            assert r.status == "pending"
+            assert got_read.status == "pending"
             continue
         before = -(-s.global_step // 4) * 4
         want = lineage.Read(
             index=uid,
             epoch=epoch,
             rank=s.rank,
-            position=r.position,
+            position=got_read.position,
             status="read",
             step=s.step,
             slot=s.slot,
@@ -151,7 +151,7 @@ def test_lineage_equals_a_brute_force_replay_across_checkpoints_skips_and_a_rewi
             before=before,
             checkpoints=tuple(range(before, last + 1, 4)),
         )
-        assert r == want
+        assert got_read == want
     # Everything lineage calls read was read, and nothing it calls skipped was.
     read = {k for k, r in by_key.items() if r.status == "read"}
     assert read == {k for k, s in seen.items() if s.global_step <= last}
