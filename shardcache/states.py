@@ -239,3 +239,39 @@ def step_of(skips: Sequence[Skip], position: int, batch_size: int) -> int:
     holds the sample at `position`: skipped samples are never yielded, so they do not
     count. Exact because a skip starts where a yielded batch ended."""
     return (position - skipped_before(skips, position)) // batch_size
+
+
+def kept(skips: Sequence[Skip], start: int, stop: int) -> list[tuple[int, int]]:
+    """Positions [start, stop) of one epoch less `skips` (that epoch's): what is read."""
+    out: list[tuple[int, int]] = []
+    pos = start
+    for s in sorted(skips):
+        if s.stop <= pos or s.start >= stop:
+            continue
+        if s.start > pos:
+            out.append((pos, s.start))
+        pos = max(pos, s.stop)
+    if pos < stop:
+        out.append((pos, stop))
+    return out
+
+
+def positions_of(
+    skips: Sequence[Skip], samples: int, first: int, count: int
+) -> list[tuple[int, int]]:
+    """Position ranges of the `count` samples handed out from the `first`-th on, in an
+    epoch of `samples` positions with `skips` (that epoch's) passed over."""
+    out: list[tuple[int, int]] = []
+    seen = 0
+    for lo, hi in kept(skips, 0, samples):
+        n = hi - lo
+        if seen + n > first and count > 0:
+            a = lo + max(0, first - seen)
+            b = min(hi, a + count)
+            out.append((a, b))
+            count -= b - a
+            first = seen + n
+        seen += n
+        if count <= 0:
+            break
+    return out

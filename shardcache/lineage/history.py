@@ -124,22 +124,6 @@ def _interval(
     return out
 
 
-def _minus(
-    epoch: int, start: int, stop: int, skips: Sequence[states.Skip]
-) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    pos = start
-    for s in sorted(s for s in skips if s.epoch == epoch):
-        if s.stop <= pos or s.start >= stop:
-            continue
-        if s.start > pos:
-            out.append((pos, s.start))
-        pos = max(pos, s.stop)
-    if pos < stop:
-        out.append((pos, stop))
-    return out
-
-
 def _covered(skip: states.Skip, skips: Sequence[states.Skip]) -> bool:
     return any(
         s.epoch == skip.epoch and s.start <= skip.start and skip.stop <= s.stop for s in skips
@@ -227,7 +211,7 @@ def build(
                         f"({[k.to_json() for k in lost]}): not one run"
                     )
             for epoch, a, b in _interval(begin, (s.epoch, s.position), samples):
-                for x, y in _minus(epoch, a, b, s.skips):
+                for x, y in states.kept(s.skips_in(epoch), a, b):
                     spans.append(Span(rank, epoch, x, y, prev.step if prev else None, ckpt.step))
             prev = Checkpoint(ckpt.step, s)
             clamped.append(prev)

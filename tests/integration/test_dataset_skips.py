@@ -4,6 +4,8 @@ once, and a resume after a skip is exact (embedded cache over local files)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -162,3 +164,39 @@ def test_an_unknown_state_version_is_refused_by_name(root: Path) -> None:
         state = {**ds.state_dict(), "version": 9}
         with pytest.raises(errors.StateMismatchError, match="state version 9 is not supported"):
             ds.load_state_dict(state)
+
+
+def test_the_inspector_honours_skips_step_n_is_the_nth_batch_handed_out(root: Path) -> None:
+    from shardcache.inspect import locate, session
+
+    with open_rank(root, 0) as ds:
+        handed = [uid_list(b) for _, b in zip(range(3), ds.batches(BATCH), strict=False)]
+        ds.skip_batches(2)
+        handed += [uid_list(b) for b in ds.batches(BATCH)]
+        state = ds.state_dict()
+        skips = ds.skips
+    (root / "state.json").write_text(json.dumps(state))
+    inspector = session.open_uri(str(root / "ds"), cache_dir=str(root / "c"))
+    try:
+        base = locate.Query(world_size=3, seed=5, block_size=16, batch_size=BATCH)
+        assert inspector.steps(base) > len(handed)  # without the skips: more steps
+        for step, want in enumerate(handed):
+            view = inspector.step(base.replace(step=step), ["uid"], skips=skips)
+            assert view.batch.column("uid").to_pylist() == want, f"step {step}"
+            assert view.steps == len(handed)
+        skipped_uids = set(range(TOTAL)) - {u for b in handed for u in b}
+        found = inspector.where("uid >= 0", base, limit=TOTAL, skips={0: skips})
+        marked = {s.index for s in found.sightings if s.skipped}
+        assert marked and marked == {s.index for s in found.sightings if s.rank == 0} & skipped_uids
+    finally:
+        inspector.close()
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardcache", "inspect", str(root / "ds"), "--cache-dir",
+         str(root / "c"), "--world-size", "3", "--seed", "5", "--block-size", "16",
+         "--batch-size", str(BATCH), "--step", "3", "--json", "--data-state",
+         str(root / "state.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = [s["values"]["uid"]["value"] for s in json.loads(proc.stdout)["samples"]]
+    assert got == handed[3]
