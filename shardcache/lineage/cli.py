@@ -8,9 +8,9 @@ import json
 import sys
 from typing import Any
 
-from shardcache import errors, manifests
+from shardcache import errors
 from shardcache.inspect import session
-from shardcache.lineage import history, published, queries
+from shardcache.lineage import published, queries
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,57 +64,23 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-def load(manifest: manifests.Manifest, checkpoint_uri: str) -> history.History:
-    fs, prefix = published.open_uri(checkpoint_uri)
-    return history.build(
-        manifest.digest, manifest.shard_rows, published.chains(fs, prefix), where=checkpoint_uri
-    )
-
-
 def _run(args: argparse.Namespace) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise errors.InputError(f"--batch-size must be >= 1, got {args.batch_size}")
     inspector = session.open_uri(args.uri, mount=args.mount, cache_dir=args.cache_dir)
     try:
-        hist = load(inspector.manifest, args.checkpoint_uri)
+        hist = published.history_of(inspector.manifest, args.checkpoint_uri)
         if args.consumed is not None:
             report = queries.consumed(hist, args.consumed)
             print(json.dumps(report, indent=2) if args.json else consumed_text(report))
             return 0
         indices, truncated = inspector.matching(args.where, limit=args.limit)
         found = queries.reads(hist, indices, batch_size=args.batch_size)
-        data = reads_json(hist, args.where, indices, truncated, found)
+        data = queries.reads_json(hist, args.where, indices, truncated, found)
         print(json.dumps(data, indent=2) if args.json else reads_text(data))
         return 0 if indices else 1
     finally:
         inspector.close()
-
-
-def reads_json(
-    hist: history.History,
-    expression: str,
-    indices: list[int],
-    truncated: bool,
-    found: list[queries.Read],
-) -> dict[str, Any]:
-    """What `--json` prints and the web inspector's lineage view serves."""
-    p = hist.params
-    return {
-        "expression": expression,
-        "matches": len(indices),
-        "truncated": truncated,
-        "run": {
-            "digest": hist.digest,
-            "world_size": p.world_size,
-            "seed": p.seed,
-            "shuffle": p.shuffle,
-            "block_size": p.block_size,
-            "batch_size": hist.batch_size(0),
-            "checkpoints": [{"step": s, "complete": hist.complete(s)} for s in hist.steps()],
-            "skips": {str(r): [s.to_json() for s in hist.skips(r)] for r in hist.chains},
-        },
-        "reads": [r.to_json() for r in found],
-    }
 
 
 def _steps(steps: list[int]) -> str:

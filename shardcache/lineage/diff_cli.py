@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from shardcache import errors, manifests, plans
-from shardcache.lineage import diff, history, published
+from shardcache.lineage import diff, published
 
 #: (option, type, default) of the plan options each run has.
 _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
@@ -102,10 +102,7 @@ def side_plan(
     uri = values["checkpoint-uri"]
     if uri is None:
         return diff.RunPlan(manifest, params, batch_size), 0
-    fs, prefix = published.open_uri(uri)
-    hist = history.build(
-        manifest.digest, manifest.shard_rows, published.chains(fs, prefix), where=uri
-    )
+    hist = published.history_of(manifest, uri)
     for name, given, found in (
         ("seed", getattr(args, f"{side}_seed"), hist.params.seed),
         ("world-size", getattr(args, f"{side}_world_size"), hist.params.world_size),

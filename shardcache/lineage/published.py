@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import pyarrow.fs as pafs
 
-from shardcache import errors, source, states
+from shardcache import errors, manifests, source, states
 from shardcache.checkpoint import layout
 from shardcache.lineage import history
 
@@ -38,7 +38,7 @@ def rank_prefixes(fs: pafs.FileSystem, prefix: str) -> dict[int | None, str]:
     return dict(sorted(ranks.items())) if ranks else {None: prefix}
 
 
-def manifests(fs: pafs.FileSystem, prefix: str) -> list[layout.CheckpointManifest]:
+def checkpoint_manifests(fs: pafs.FileSystem, prefix: str) -> list[layout.CheckpointManifest]:
     """The published checkpoints under one prefix, oldest step first."""
     complete, _ = source.with_retries(
         lambda: layout.list_steps(fs, prefix), what=f"listing checkpoints under {prefix}"
@@ -60,7 +60,7 @@ def chains(fs: pafs.FileSystem, prefix: str) -> dict[int, list[history.Checkpoin
     """Every rank's published checkpoints with their data states."""
     out: dict[int, list[history.Checkpoint]] = {}
     for expected, rank_prefix in rank_prefixes(fs, prefix).items():
-        for manifest in manifests(fs, rank_prefix):
+        for manifest in checkpoint_manifests(fs, rank_prefix):
             where = layout.manifest_path(rank_prefix, manifest.step)
             if manifest.data_state is None:
                 raise errors.InputError(
@@ -75,3 +75,11 @@ def chains(fs: pafs.FileSystem, prefix: str) -> dict[int, list[history.Checkpoin
                 )
             out.setdefault(state.rank, []).append(history.Checkpoint(manifest.step, state))
     return out
+
+
+def history_of(manifest: manifests.Manifest, checkpoint_uri: str) -> history.History:
+    """The run published under `checkpoint_uri`, over the dataset `manifest` pins."""
+    fs, prefix = open_uri(checkpoint_uri)
+    return history.build(
+        manifest.digest, manifest.shard_rows, chains(fs, prefix), where=checkpoint_uri
+    )

@@ -169,3 +169,30 @@ def consumed(hist: history.History, step: int) -> dict[str, Any]:
         "ranks": ranks,
         "samples": sum(r["samples"] for r in ranks),
     }
+
+
+def reads_json(
+    hist: history.History,
+    expression: str,
+    indices: list[int],
+    truncated: bool,
+    found: list[Read],
+) -> dict[str, Any]:
+    """What `--json` prints and the web inspector's lineage view serves."""
+    p = hist.params
+    return {
+        "expression": expression,
+        "matches": len(indices),
+        "truncated": truncated,
+        "run": {
+            "digest": hist.digest,
+            "world_size": p.world_size,
+            "seed": p.seed,
+            "shuffle": p.shuffle,
+            "block_size": p.block_size,
+            "batch_size": hist.batch_size(0),
+            "checkpoints": [{"step": s, "complete": hist.complete(s)} for s in hist.steps()],
+            "skips": {str(r): [s.to_json() for s in hist.skips(r)] for r in hist.chains},
+        },
+        "reads": [r.to_json() for r in found],
+    }

@@ -67,7 +67,7 @@ def plan(
     )
     out: list[Planned] = []
     for rank, rank_prefix in published.rank_prefixes(fs, prefix).items():
-        found = {m.step: m for m in published.manifests(fs, rank_prefix)}
+        found = {m.step: m for m in published.checkpoint_manifests(fs, rank_prefix)}
         where = f"{rank_prefix} (rank {rank})" if rank is not None else rank_prefix
         if step not in found:
             raise errors.InputError(
