@@ -253,6 +253,10 @@ def list_steps(fs: pafs.FileSystem, prefix: str) -> tuple[list[int], list[int]]:
 #: next `batches` batches (`shardcache skip`). Beside the checkpoint, not in its manifest:
 #: a published manifest is immutable and covered by its digest.
 SKIP_REQUEST_NAME = "skip-request.json"
+#: `step-…/skip-applied.json`: written by the agent each time it restored the step with
+#: the skip (the request, the range it recorded, when); the operator reports the newest
+#: in the DatasetMount's status.
+SKIP_APPLIED_NAME = "skip-applied.json"
 #: Where `shardcache skip` sets aside the manifest of a checkpoint newer than the one a
 #: run is rewound to: no longer a checkpoint (restore, retention and the rewound run's
 #: uploads of the same step ignore it), still there for lineage and forensics.
@@ -302,6 +306,10 @@ class SkipRequest:
 
 def skip_request_path(prefix: str, step: int) -> str:
     return f"{step_dir(prefix, step)}/{SKIP_REQUEST_NAME}"
+
+
+def skip_applied_path(prefix: str, step: int) -> str:
+    return f"{step_dir(prefix, step)}/{SKIP_APPLIED_NAME}"
 
 
 def discarded_path(prefix: str, step: int) -> str:

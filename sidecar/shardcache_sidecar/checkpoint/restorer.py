@@ -232,6 +232,8 @@ def restore_step(
     _protocol.write_status(
         dest, _protocol.Status(phase="restored", step=step, updated_at=time.time())
     )
+    if request is not None and applied is not None:
+        record_applied(fs, prefix, request, applied)
     reused_bytes = sum(e.size for e in reused)
     return RestoreResult(
         step=step,
@@ -280,6 +282,25 @@ def apply_skip(
         state.rank,
     )
     return new.to_json(), {**skip.to_json(), "batches": request.batches, "rank": state.rank}
+
+
+def record_applied(
+    fs: pafs.FileSystem, prefix: str, request: layout.SkipRequest, applied: dict[str, int]
+) -> None:
+    """Say in the store that the skip was applied (the operator reports it). Best
+    effort: the trainer already has its state, and a lost record only loses a report."""
+    record = {
+        "version": layout.LAYOUT_VERSION,
+        "step": request.step,
+        "requested_at": request.requested_at,
+        "reason": request.reason,
+        "applied_at": time.time(),
+        **applied,
+    }
+    try:
+        layout.write_json(fs, layout.skip_applied_path(prefix, request.step), record)
+    except (OSError, errors.ShardcacheError) as exc:
+        log.warning("could not record the applied skip of step %d: %s", request.step, exc)
 
 
 def _intact(local: Path, entry: layout.FileEntry) -> bool:
