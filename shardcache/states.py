@@ -191,8 +191,8 @@ def skip_batches(
     size = batch_size if batch_size is not None else state.batch_size
     if size is None:
         raise errors.InputError(
-            "skip: the batch size is not known (no batches() call yet, and the state has "
-            "none): pass batch_size="
+            "skip: the batch size is not known (no batches() call yet, and the state "
+            "records none): give it (batch_size=, or shardcache skip --batch-size)"
         )
     if size < 1:
         raise errors.InputError(f"skip: batch_size must be >= 1, found {size}")

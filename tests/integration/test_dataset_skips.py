@@ -138,7 +138,7 @@ def test_a_skip_stops_at_the_end_of_the_epoch(root: Path) -> None:
 
 def test_skip_without_a_known_batch_size_says_to_pass_one(root: Path) -> None:
     with open_rank(root, 0) as ds:
-        with pytest.raises(errors.InputError, match="pass batch_size="):
+        with pytest.raises(errors.InputError, match="batch_size=, or shardcache skip --batch-size"):
             ds.skip_batches(1)
         with pytest.raises(errors.InputError, match=">= 1"):
             ds.skip_batches(0, batch_size=4)
