@@ -21,9 +21,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from shardcache import errors, manifests, plans, provider
+from shardcache import errors, manifests, plans, provider, states
 
-STATE_VERSION = 1
+#: The state dict's format (`shardcache.states`); version 1 states still load.
+STATE_VERSION = states.STATE_VERSION
 
 
 #: Linux's MADV_POPULATE_READ (5.14+; the mmap module of Python 3.11 has no name for it).
@@ -132,6 +133,12 @@ class Dataset:
         self._provider = shards
         self._params = params
         self._position = 0
+        #: The batch size of the last batches() call: what skip_batches() skips in.
+        self._batch_size: int | None = None
+        self._skips: tuple[states.Skip, ...] = ()
+        #: Bumped by every skip, so an iterator in flight notices it and reads on from
+        #: the new position.
+        self._skip_count = 0
         self._runs_cache: tuple[int, list[plans.Run]] | None = None
         self._reader_id = f"{params.rank}-{uuid.uuid4().hex[:12]}"
         self._registered = False
@@ -158,8 +165,14 @@ class Dataset:
 
     @property
     def position(self) -> int:
-        """Samples this rank has been handed so far in the current epoch."""
+        """Where this rank is in the current epoch's stream: samples handed out so far,
+        plus samples skipped (`skip_batches`)."""
         return self._position
+
+    @property
+    def skips(self) -> tuple[states.Skip, ...]:
+        """Every range of positions this rank skipped, all epochs, oldest first."""
+        return self._skips
 
     def __len__(self) -> int:
         """Samples this rank reads in one epoch."""
@@ -193,6 +206,7 @@ class Dataset:
         """
         if batch_size < 1:
             raise errors.InputError(f"batch_size must be >= 1, got {batch_size}")
+        self._batch_size = batch_size
         self._ensure_reader()
         lease: provider.ShardLease | None = None
         current = -1
@@ -200,40 +214,49 @@ class Dataset:
         pending: list[pa.RecordBatch] = []
         pending_rows = 0
         try:
-            for run in plans.skip(self.runs(), self._position):
-                if run.shard != current:
-                    # Pending slices stay valid after the old lease goes: eviction only
-                    # unlinks a memory-tier file, and the slices keep its mapping (and
-                    # so its pages) alive until the stitched batch is built from them.
-                    if lease is not None:
-                        lease.release()
-                        lease = None
-                    lease = self._provider.acquire(
-                        self._reader_id,
-                        run.shard,
-                        epoch=self._params.epoch,
-                        position=self._position + pending_rows,
-                    )
-                    self._mappings.prune()
-                    shard_batch = select(self._mappings.batch(lease.path), columns)
-                    current = run.shard
-                assert shard_batch is not None
-                start = run.start
-                while start < run.stop:
-                    take = min(batch_size - pending_rows, run.stop - start)
-                    piece = shard_batch.slice(start, take)
-                    start += take
-                    if not pending and take == batch_size:
-                        self._position += take
-                        yield piece
-                        continue
-                    pending.append(piece)
-                    pending_rows += take
-                    if pending_rows == batch_size:
-                        batch = pa.concat_batches(pending)
-                        pending, pending_rows = [], 0
-                        self._position += batch.num_rows
-                        yield batch
+            while True:
+                # A skip between two batches moves the position: the plan is walked
+                # again from there (nothing is pending right after a batch is yielded).
+                seen = self._skip_count
+                for run in plans.skip(self.runs(), self._position):
+                    if run.shard != current:
+                        # Pending slices stay valid after the old lease goes: eviction
+                        # only unlinks a memory-tier file, and the slices keep its
+                        # mapping (and so its pages) alive until the stitched batch is
+                        # built from them.
+                        if lease is not None:
+                            lease.release()
+                            lease = None
+                        lease = self._provider.acquire(
+                            self._reader_id,
+                            run.shard,
+                            epoch=self._params.epoch,
+                            position=self._position + pending_rows,
+                        )
+                        self._mappings.prune()
+                        shard_batch = select(self._mappings.batch(lease.path), columns)
+                        current = run.shard
+                    assert shard_batch is not None
+                    start = run.start
+                    while start < run.stop and seen == self._skip_count:
+                        take = min(batch_size - pending_rows, run.stop - start)
+                        piece = shard_batch.slice(start, take)
+                        start += take
+                        if not pending and take == batch_size:
+                            self._position += take
+                            yield piece
+                            continue
+                        pending.append(piece)
+                        pending_rows += take
+                        if pending_rows == batch_size:
+                            batch = pa.concat_batches(pending)
+                            pending, pending_rows = [], 0
+                            self._position += batch.num_rows
+                            yield batch
+                    if seen != self._skip_count:
+                        break
+                else:
+                    break
             if pending and not drop_last:
                 batch = pa.concat_batches(pending)
                 self._position += batch.num_rows
@@ -242,70 +265,70 @@ class Dataset:
             if lease is not None:
                 lease.release()
 
+    def skip_batches(self, batches: int, *, batch_size: int | None = None) -> states.Skip | None:
+        """Skip this rank's next `batches` batches without reading them.
+
+        The skipped range of positions is recorded in `state_dict()`, so a resumed run,
+        the inspector and `shardcache lineage` know these samples were never read; they
+        are never yielded and the rest of the epoch is read as planned. The batch size
+        is `batch_size`, else the last `batches()` call's, else the loaded state's. A
+        skip stops at the end of the epoch. May be called between batches while a
+        `batches()` iterator is open: it continues after the skipped range. Returns the
+        recorded range, or None when the epoch had nothing left to skip.
+        """
+        if batch_size is None:
+            batch_size = self._batch_size
+        new, skip = states.skip_batches(
+            self._state(), batches, batch_size=batch_size, rank_samples=len(self)
+        )
+        self._position = new.position
+        self._batch_size = new.batch_size
+        self._skips = new.skips
+        self._skip_count += 1
+        return skip
+
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         return self.batches(1024)
 
     # --- state ------------------------------------------------------------------
+    def _state(self) -> states.DataState:
+        return states.DataState(
+            digest=self.manifest.digest,
+            params=self._params,
+            position=self._position,
+            batch_size=self._batch_size,
+            skips=self._skips,
+        )
+
     def state_dict(self) -> dict[str, Any]:
-        """A small JSON-serialisable dict: where this rank is in the stream."""
-        p = self._params
-        return {
-            "version": STATE_VERSION,
-            "plan_version": plans.PLAN_VERSION,
-            "digest": self.manifest.digest,
-            "seed": p.seed,
-            "shuffle": p.shuffle,
-            "block_size": p.block_size,
-            "world_size": p.world_size,
-            "rank": p.rank,
-            "epoch": p.epoch,
-            "position": self._position,
-        }
+        """A small JSON-serialisable dict: where this rank is in the stream, and the
+        ranges it skipped (docs/reading-plan.md, "State dict")."""
+        return self._state().to_json()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at the exact next sample of the run that saved `state`."""
-        if not isinstance(state, dict):
-            raise errors.StateMismatchError(
-                f"expected a state dict from Dataset.state_dict(), got {type(state).__name__}"
-            )
-        required = ("version", "plan_version", "digest", "seed", "shuffle", "block_size",
-                    "world_size", "rank", "epoch", "position")  # fmt: skip
-        missing = [k for k in required if k not in state]
-        if missing:
-            raise errors.StateMismatchError(f"state dict lacks {missing}: not a shardcache state")
-        ours = self.state_dict()
-        differ = [
-            f"{key}: state has {state[key]!r}, this dataset has {ours[key]!r}"
-            for key in (
-                "version",
-                "plan_version",
-                "digest",
-                "seed",
-                "shuffle",
-                "block_size",
-                "world_size",
-                "rank",
-            )
-            if state[key] != ours[key]
-        ]
+        """Resume at the exact next sample of the run that saved `state`, with its
+        skips. States of every supported version load (version 1 has no skips)."""
+        saved = states.parse(state)
+        differ = states.mismatches(saved, self._state())
         if differ:
             raise errors.StateMismatchError(
                 "cannot resume: the state was saved by another dataset or configuration ("
                 + "; ".join(differ)
                 + "); open the dataset with the same arguments as the run that saved it"
             )
-        epoch, position = int(state["epoch"]), int(state["position"])
-        if epoch < 0 or position < 0:
+        self._params = self._params.with_epoch(saved.epoch)
+        # A skip the checkpoint agent applied at restore may run past the epoch's end.
+        saved = states.clamp(saved, len(self))
+        if saved.position > len(self):
             raise errors.StateMismatchError(
-                f"epoch and position must be >= 0, got epoch={epoch} position={position}"
-            )
-        self._params = self._params.with_epoch(epoch)
-        if position > len(self):
-            raise errors.StateMismatchError(
-                f"position {position} is past the end of epoch {epoch} for rank "
+                f"position {saved.position} is past the end of epoch {saved.epoch} for rank "
                 f"{self._params.rank} ({len(self)} samples)"
             )
-        self._position = position
+        self._position = saved.position
+        self._skips = saved.skips
+        if saved.batch_size is not None:
+            self._batch_size = saved.batch_size
+        self._skip_count += 1
 
     # --- lifecycle ----------------------------------------------------------------
     def _ensure_reader(self) -> None:

@@ -51,7 +51,9 @@ class Settings:
     #: Seconds between reachability checks of a pinned source (one metadata request);
     #: a source that went away turns the mount Degraded within this.
     source_check_seconds: float = 300.0
-    #: Seconds between recounts of attached pods (from the operator's pod index).
+    #: Seconds between recounts of attached pods (from the operator's pod index), and
+    #: between looks for skips the sidecars applied at restore (a listing of the
+    #: checkpoint store per DatasetMount with spec.checkpoint; status.lastSkip).
     pods_interval_seconds: float = 30.0
     #: Seconds between checks while a deleted DatasetMount waits for its pods.
     deletion_poll_seconds: float = 15.0

@@ -8,6 +8,7 @@ operator with their own context.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import time
@@ -16,7 +17,16 @@ from typing import Any
 
 import kopf
 
-from shardcache_operator import configuration, context, injection, reconcile, specs, status
+from shardcache import errors
+from shardcache_operator import (
+    configuration,
+    context,
+    injection,
+    reconcile,
+    skips,
+    specs,
+    status,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +131,35 @@ async def check_source(
     apply_result(memo, result, body=body, patch=patch, status_update=changed)
 
 
+async def check_skips(
+    *, body: kopf.Body, patch: kopf.Patch, namespace: str | None, memo: context.Context, **_: Any
+) -> None:
+    """status.lastSkip and a SkipApplied Event when sidecars restored with a skip."""
+    try:
+        spec = specs.parse_spec(body.get("spec"))
+    except errors.InputError:
+        return
+    if spec.checkpoint is None:
+        return
+    options = None
+    try:
+        if spec.source.secret_ref is not None:
+            options = await memo.api.read_secret(namespace or "", spec.source.secret_ref.name)
+        records = await asyncio.wait_for(
+            asyncio.to_thread(skips.read_applied, spec.checkpoint.uri, options),
+            memo.settings.resolve_timeout_seconds,
+        )
+    except (errors.ShardcacheError, OSError, PermissionError, TimeoutError) as exc:
+        # The source checks report an unreachable store or Secret; this only reports skips.
+        logger.debug("checking %s for applied skips: %s", spec.checkpoint.uri, exc)
+        return
+    update, events = skips.report(body.get("status") or {}, records)
+    if update:
+        patch.status.update(update)
+    for reason, message in events:
+        kopf.event(body, type="Normal", reason=reason, message=message)
+
+
 def count_pods(
     *,
     body: kopf.Body,
@@ -199,4 +238,11 @@ def register(registry: kopf.OperatorRegistry, settings: configuration.Settings) 
         id="count-pods",
         registry=registry,
     )(count_pods)
+    kopf.timer(
+        *RESOURCE,
+        interval=settings.pods_interval_seconds,
+        initial_delay=settings.pods_interval_seconds,
+        id="check-skips",
+        registry=registry,
+    )(check_skips)
     kopf.on.delete(*RESOURCE, id="finalize", registry=registry)(finalize)

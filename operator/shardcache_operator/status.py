@@ -282,5 +282,41 @@ def schema() -> dict[str, Any]:
                 "string", "When the manifest was last resolved.", format="date-time"
             ),
             "resolvedSource": source,
+            "lastSkip": {
+                "type": "object",
+                "description": "The newest skip the sidecars applied when they restored a "
+                "checkpoint (`shardcache skip`; docs/debugging.md).",
+                "properties": {
+                    "step": _prop("integer", "The checkpoint restored.", format="int64"),
+                    "batches": _prop("integer", "Batches skipped after it.", format="int64"),
+                    "reason": _prop("string", "The note given with the request."),
+                    "requestedAt": _prop(
+                        "string", "When the skip was requested.", format="date-time"
+                    ),
+                    "appliedAt": _prop(
+                        "string", "When a sidecar last applied it.", format="date-time"
+                    ),
+                    "ranges": {
+                        "type": "array",
+                        "description": "The positions each rank skipped.",
+                        "items": {
+                            "type": "object",
+                            "description": "One rank's skipped range of an epoch.",
+                            "properties": {
+                                "rank": _prop("integer", "The rank.", format="int64"),
+                                "epoch": _prop("integer", "The epoch.", format="int64"),
+                                "start": _prop(
+                                    "integer", "First position skipped.", format="int64"
+                                ),
+                                "stop": _prop(
+                                    "integer",
+                                    "Position after the last one skipped.",
+                                    format="int64",
+                                ),
+                            },
+                        },
+                    },
+                },
+            },
         },
     }

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from shardcache import errors, plans
+from shardcache import errors, plans, states
 from shardcache.inspect import locate, render, session
 
 
@@ -64,6 +64,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--epochs", type=int, default=1, help="with --where: epochs from --epoch")
     p.add_argument("--limit", type=int, default=100, help="with --where: most samples reported")
+    p.add_argument(
+        "--data-state",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="a rank's saved data state (a state dict, a checkpoint's .shardcache-commit "
+        "marker or its checkpoint.json), one per rank: steps then count only the batches "
+        "the rank was handed, and --where marks the samples it skipped",
+    )
     p.add_argument("--tui", action="store_true", help="interactive terminal UI (textual)")
     p.set_defaults(func=run)
 
@@ -79,6 +88,24 @@ def query_from(args: argparse.Namespace) -> locate.Query:
         shuffle=args.shuffle,
         block_size=args.block_size,
     )
+
+
+def load_skips(paths: list[str]) -> dict[int, tuple[states.Skip, ...]]:
+    """{rank: skips} from saved data states, in any of the files that carry one."""
+    out: dict[int, tuple[states.Skip, ...]] = {}
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise errors.InputError(f"--data-state {path}: cannot read it as JSON: {exc}") from exc
+        if isinstance(data, dict) and isinstance(data.get("data_state"), dict):
+            data = data["data_state"]  # a commit marker or a checkpoint manifest
+        state = states.parse(data, where=f"--data-state {path}")
+        if state.rank in out:
+            raise errors.InputError(f"--data-state: two states of rank {state.rank}")
+        out[state.rank] = state.skips
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,20 +124,25 @@ def _run(args: argparse.Namespace) -> int:
     if args.max_chars < 0:
         raise errors.InputError(f"--max-chars must be >= 0, got {args.max_chars}")
     decode = render.load_tokenizer(args.tokenizer) if args.tokenizer else None
+    skips = load_skips(args.data_state)
     inspector = session.open_uri(args.uri, mount=args.mount, cache_dir=args.cache_dir)
     try:
         columns = inspector.columns(args.columns)
         if args.tui:
             from shardcache.inspect import tui
 
+            if skips:
+                raise errors.InputError("--data-state is not supported with --tui yet")
             tui.InspectApp(inspector, query, columns=columns, decode=decode).run()
             return 0
         if args.where is not None:
-            result = inspector.where(args.where, query, epochs=args.epochs, limit=args.limit)
+            result = inspector.where(
+                args.where, query, epochs=args.epochs, limit=args.limit, skips=skips
+            )
             data = session.where_json(result)
             print(json.dumps(data, indent=2) if args.json else session.where_text(data, query))
             return 0 if result.indices else 1
-        view = inspector.step(query, columns)
+        view = inspector.step(query, columns, skips=skips.get(query.rank, ()))
         if args.json:
             options = render.FULL
         else:

@@ -3,16 +3,18 @@
 Pure functions of the manifest's row counts and the reading plan (`shardcache.plans`),
 so the answer is the one every trainer computes, without reading any data. Step N of
 an epoch is batch N of `Dataset.batches(batch_size)`: positions [N*B, (N+1)*B) of the
-rank's stream, the last step possibly short.
+rank's stream, the last step possibly short. Given the ranges a rank skipped
+(`shardcache.states.Skip`, from a run's data states), steps count only the batches
+handed out, as the dataset does, and a skipped sample is reported as skipped.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from shardcache import errors, plans
+from shardcache import errors, plans, states
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +75,16 @@ class Provenance:
 
 @dataclasses.dataclass(frozen=True)
 class Sighting:
-    """Sample `index` is seen by `rank` at `step` of `epoch`, as row `slot` of the batch."""
+    """Sample `index` is seen by `rank` at `step` of `epoch`, as row `slot` of the batch;
+    or, `skipped`, would have been but the rank skipped it (`step` and `slot` are then
+    where it would have been without the skips)."""
 
     index: int
     epoch: int
     rank: int
     step: int
     slot: int
+    skipped: bool = False
 
 
 def rank_samples(shard_rows: Sequence[int], query: Query) -> int:
@@ -87,43 +92,63 @@ def rank_samples(shard_rows: Sequence[int], query: Query) -> int:
     return hi - lo
 
 
-def step_count(shard_rows: Sequence[int], query: Query) -> int:
-    """Steps (batches, the last maybe short) the rank takes in the epoch."""
-    return -(-rank_samples(shard_rows, query) // query.batch_size)
+def _epoch_skips(query: Query, skips: Sequence[states.Skip]) -> list[states.Skip]:
+    return [s for s in skips if s.epoch == query.epoch]
 
 
-def step_rows(shard_rows: Sequence[int], digest: str, query: Query) -> list[Provenance]:
-    """The samples of `query.step`, in the order the batch holds them."""
+def handed_out(shard_rows: Sequence[int], query: Query, skips: Sequence[states.Skip] = ()) -> int:
+    """Samples the rank is handed in the epoch: its share less what it skipped."""
     samples = rank_samples(shard_rows, query)
-    steps = -(-samples // query.batch_size)
+    return sum(hi - lo for lo, hi in states.kept(_epoch_skips(query, skips), 0, samples))
+
+
+def step_count(shard_rows: Sequence[int], query: Query, skips: Sequence[states.Skip] = ()) -> int:
+    """Steps (batches, the last maybe short) the rank takes in the epoch."""
+    return -(-handed_out(shard_rows, query, skips) // query.batch_size)
+
+
+def step_rows(
+    shard_rows: Sequence[int], digest: str, query: Query, skips: Sequence[states.Skip] = ()
+) -> list[Provenance]:
+    """The samples of `query.step`, in the order the batch holds them; `skips` are the
+    rank's (any epoch), passed over as the dataset does."""
+    samples = rank_samples(shard_rows, query)
+    handed = handed_out(shard_rows, query, skips)
+    steps = -(-handed // query.batch_size)
     if query.step >= steps:
         raise errors.InputError(
             f"step {query.step} is past the end of epoch {query.epoch} for rank {query.rank}: "
             f"expected 0 <= step < {steps} ({samples} samples at batch size {query.batch_size}"
             f", world size {query.world_size})"
         )
-    start = query.step * query.batch_size
-    stop = min(start + query.batch_size, samples)
     offsets = plans.shard_offsets(shard_rows)
     runs = plans.rank_runs(shard_rows, digest, query.params())
     out: list[Provenance] = []
-    position = start
-    for run in plans.skip(runs, start):
-        take = min(len(run), stop - position)
-        for row in range(run.start, run.start + take):
-            out.append(Provenance(run.shard, row, offsets[run.shard] + row, position))
-            position += 1
-        if position >= stop:
-            break
+    first = query.step * query.batch_size
+    count = min(query.batch_size, handed - first)
+    for start, stop in states.positions_of(_epoch_skips(query, skips), samples, first, count):
+        position = start
+        for run in plans.skip(runs, start):
+            take = min(len(run), stop - position)
+            for row in range(run.start, run.start + take):
+                out.append(Provenance(run.shard, row, offsets[run.shard] + row, position))
+                position += 1
+            if position >= stop:
+                break
     return out
 
 
 def sightings(
-    shard_rows: Sequence[int], digest: str, query: Query, indices: Iterable[int]
+    shard_rows: Sequence[int],
+    digest: str,
+    query: Query,
+    indices: Iterable[int],
+    skips: Mapping[int, Sequence[states.Skip]] | None = None,
 ) -> list[Sighting]:
     """Where each dataset-wide sample index is seen in `query.epoch`, for every rank of
     `query.world_size` at `query.batch_size` (`query.rank` and `query.step` are ignored).
-    Every sample is seen exactly once per epoch."""
+    Every sample is seen exactly once per epoch, or skipped by its rank (`skips`, per
+    rank)."""
     total = sum(shard_rows)
     offsets = plans.shard_offsets(shard_rows)
     wanted: dict[int, list[int]] = {}
@@ -152,13 +177,17 @@ def sightings(
                 while total * (rank + 1) // w <= pos:
                     rank += 1
                 in_rank = pos - total * rank // w
+                mine = [s for s in (skips or {}).get(rank, ()) if s.epoch == query.epoch]
+                skipped = states.is_skipped(mine, in_rank)
+                handed = in_rank if skipped else in_rank - states.skipped_before(mine, in_rank)
                 found.append(
                     Sighting(
                         index=offsets[run.shard] + rows[i],
                         epoch=query.epoch,
                         rank=rank,
-                        step=in_rank // query.batch_size,
-                        slot=in_rank % query.batch_size,
+                        step=handed // query.batch_size,
+                        slot=handed % query.batch_size,
+                        skipped=skipped,
                     )
                 )
                 i += 1

@@ -11,13 +11,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 
-from shardcache import datasets, errors, manifests, plans, provider
+from shardcache import datasets, errors, manifests, plans, provider, states
 from shardcache.inspect import locate, predicate, render, stats
 
 
@@ -143,10 +143,18 @@ class Inspector:
     def steps(self, query: locate.Query) -> int:
         return locate.step_count(self.manifest.shard_rows, query)
 
-    def step(self, query: locate.Query, columns: Sequence[str] | None = None) -> StepView:
+    def step(
+        self,
+        query: locate.Query,
+        columns: Sequence[str] | None = None,
+        *,
+        skips: Sequence[states.Skip] = (),
+    ) -> StepView:
+        """The samples of a step; `skips` (the rank's) are passed over as the dataset
+        does, so step N is the N-th batch the rank was handed."""
         names = self.columns(columns)
         m = self.manifest
-        prov = locate.step_rows(m.shard_rows, m.digest, query)
+        prov = locate.step_rows(m.shard_rows, m.digest, query, skips)
         pieces: list[pa.RecordBatch] = []
         i = 0
         while i < len(prov):
@@ -163,39 +171,51 @@ class Inspector:
         batch = pa.concat_batches(pieces) if len(pieces) > 1 else pieces[0]
         return StepView(
             query=query,
-            steps=locate.step_count(m.shard_rows, query),
+            steps=locate.step_count(m.shard_rows, query, skips),
             rank_samples=locate.rank_samples(m.shard_rows, query),
             provenance=prov,
             batch=batch,
         )
 
     def where(
-        self, expression: str, query: locate.Query, *, epochs: int = 1, limit: int = 100
+        self,
+        expression: str,
+        query: locate.Query,
+        *,
+        epochs: int = 1,
+        limit: int = 100,
+        skips: Mapping[int, Sequence[states.Skip]] | None = None,
     ) -> WhereResult:
         """Samples matching `expression`, and at which (epoch, rank, step) each is seen in
-        `epochs` epochs from `query.epoch` at `query`'s world size and batch size."""
+        `epochs` epochs from `query.epoch` at `query`'s world size and batch size; with
+        `skips` (per rank), a sample its rank skipped is marked so."""
         if epochs < 1:
             raise errors.InputError(f"epochs must be >= 1, got {epochs}")
+        indices, truncated = self.matching(expression, limit=limit)
+        m = self.manifest
+        found: list[locate.Sighting] = []
+        for epoch in range(query.epoch, query.epoch + epochs):
+            found += locate.sightings(
+                m.shard_rows, m.digest, query.replace(epoch=epoch), indices, skips
+            )
+        found.sort(key=lambda s: (s.index, s.epoch))
+        return WhereResult(expression, indices, found, truncated)
+
+    def matching(self, expression: str, *, limit: int = 100) -> tuple[list[int], bool]:
+        """Dataset-wide indices of the first `limit` samples matching `expression`, in
+        manifest order, and whether more matched."""
         pred = predicate.parse(expression)
         predicate.check(pred, self.schema)
         m = self.manifest
         offsets = plans.shard_offsets(m.shard_rows)
         indices: list[int] = []
-        truncated = False
         for shard in range(len(m.shards)):
             batch = self.rows.read(shard).select(pred.columns)
             for row in predicate.matching_rows(pred, batch):
                 if len(indices) == limit:
-                    truncated = True
-                    break
+                    return indices, True
                 indices.append(offsets[shard] + row)
-            if truncated:
-                break
-        found: list[locate.Sighting] = []
-        for epoch in range(query.epoch, query.epoch + epochs):
-            found += locate.sightings(m.shard_rows, m.digest, query.replace(epoch=epoch), indices)
-        found.sort(key=lambda s: (s.index, s.epoch))
-        return WhereResult(expression, indices, found, truncated)
+        return indices, False
 
     def cell(self, shard: int, row: int, column: str) -> Any:
         self.columns([column])
@@ -322,6 +342,11 @@ def where_text(data: dict[str, Any], query: locate.Query) -> str:
     )
     lines = [head]
     for s in data["sightings"]:
+        if s.get("skipped"):
+            lines.append(
+                f"  index {s['index']}: epoch {s['epoch']} rank {s['rank']}: skipped, never read"
+            )
+            continue
         lines.append(
             f"  index {s['index']}: epoch {s['epoch']} rank {s['rank']} step {s['step']} "
             f"(row {s['slot']} of the batch)"

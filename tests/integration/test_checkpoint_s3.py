@@ -21,12 +21,11 @@ from shardcache_sidecar.checkpoint import (
     CheckpointSettings,
     CorruptCheckpointError,
     Metrics,
-    layout,
 )
 
 import shardcache
 from shardcache import checkpoint, contract, errors, source
-from shardcache.checkpoint import _protocol
+from shardcache.checkpoint import _protocol, layout
 from tests.support import datasets, rot
 from tests.support.checkpoints import AgentFactory, tree, write_checkpoint
 from tests.support.faultproxy import FaultProxy

@@ -15,10 +15,10 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 from shardcache_operator import injection, specs
-from shardcache_sidecar.checkpoint import Agent, CheckpointSettings, layout
+from shardcache_sidecar.checkpoint import Agent, CheckpointSettings
 
 from shardcache import checkpoint, contract
-from shardcache.checkpoint import _protocol
+from shardcache.checkpoint import _protocol, layout
 from tests.support import datasets, rot
 from tests.support.checkpoints import tree, write_checkpoint
 from tests.support.faultproxy import FaultProxy

@@ -5,9 +5,9 @@ from __future__ import annotations
 import copy
 
 import pytest
-from shardcache_sidecar.checkpoint import layout
 
 from shardcache import errors
+from shardcache.checkpoint import layout
 
 pytestmark = pytest.mark.unit
 

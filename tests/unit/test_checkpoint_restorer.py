@@ -1,9 +1,13 @@
-"""Pure parts of the restorer: how files are split for parallel ranged downloads."""
+"""Pure parts of the restorer: how files are split for parallel ranged downloads, and
+how a skip request changes the restored data state."""
 
 from __future__ import annotations
 
 import pytest
 from shardcache_sidecar.checkpoint import restorer
+
+from shardcache import errors, states
+from shardcache.checkpoint import layout
 
 pytestmark = pytest.mark.unit
 
@@ -21,3 +25,48 @@ def test_ranges_cover_the_file_exactly_once_in_order(size: int) -> None:
 
 def test_an_empty_file_is_one_empty_piece() -> None:
     assert restorer.ranges(0) == [(0, 0)]
+
+
+STATE = {
+    "version": 2, "plan_version": 1, "digest": "sha256:d", "seed": 0, "shuffle": True,
+    "block_size": 8, "world_size": 4, "rank": 2, "epoch": 0, "position": 64,
+    "batch_size": 16, "skips": [],
+}  # fmt: skip
+
+
+def test_a_skip_request_moves_the_restored_position_and_records_the_skip() -> None:
+    request = layout.SkipRequest(step=9, batches=3)
+    state, applied = restorer.apply_skip(dict(STATE), request, where="t")
+    assert state is not None
+    parsed = states.parse(state)
+    assert parsed.position == 64 + 3 * 16
+    assert parsed.skips == (states.Skip(0, 64, 112),)
+    assert applied == {"epoch": 0, "start": 64, "stop": 112, "batches": 3, "rank": 2}
+
+
+def test_no_request_leaves_the_state_alone() -> None:
+    assert restorer.apply_skip(dict(STATE), None, where="t") == (STATE, None)
+
+
+@pytest.mark.parametrize(
+    "state,request_size,message",
+    [
+        (None, None, "has no data state"),
+        ({**STATE, "batch_size": None}, None, "--batch-size B"),
+    ],
+)
+def test_a_skip_the_state_cannot_take_fails_the_restore_with_what_to_do(
+    state: dict[str, object] | None, request_size: int | None, message: str
+) -> None:
+    request = layout.SkipRequest(step=9, batches=3, batch_size=request_size)
+    with pytest.raises(errors.InputError, match=message):
+        restorer.apply_skip(state, request, where="t")
+
+
+def test_a_skip_request_round_trips_and_a_bad_one_is_refused() -> None:
+    request = layout.SkipRequest(step=9, batches=3, batch_size=4, requested_at=1.5, reason="r")
+    assert layout.SkipRequest.from_json(request.to_json(), where="t") == request
+    with pytest.raises(errors.InputError, match="batches must be an integer >= 1"):
+        layout.SkipRequest.from_json({**request.to_json(), "batches": 0}, where="t")
+    with pytest.raises(errors.InputError, match="version 2 is not supported"):
+        layout.SkipRequest.from_json({**request.to_json(), "version": 2}, where="t")

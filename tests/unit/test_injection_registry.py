@@ -43,7 +43,7 @@ def test_the_operator_registers_reconcile_timers_finalizer_index_and_webhook() -
     changing = {(h.id, h.reason) for h in reg._changing.get_all_handlers()}
     assert {i for i, _ in changing} == {"resolve", "resolve/spec", "finalize"}
     timers = {h.id for h in reg._spawning.get_all_handlers()}
-    assert timers == {"check-source", "count-pods"}
+    assert timers == {"check-source", "count-pods", "check-skips"}
     (index,) = reg._indexing.get_all_handlers()
     assert index.id == handlers.INDEX
     assert index.labels == {injection.LABEL_MOUNT: kopf.PRESENT}

@@ -19,9 +19,9 @@ Run it alone (laptops, tests) with `python -m shardcache_sidecar.checkpoint`.
 
 from __future__ import annotations
 
+from shardcache.checkpoint.layout import CorruptCheckpointError, DuplicateStepError
 from shardcache_sidecar.checkpoint.agent import Agent
 from shardcache_sidecar.checkpoint.agent_config import CheckpointSettings
-from shardcache_sidecar.checkpoint.layout import CorruptCheckpointError, DuplicateStepError
 from shardcache_sidecar.checkpoint.metrics import Metrics
 
 __all__ = ["Agent", "CheckpointSettings", "CorruptCheckpointError", "DuplicateStepError", "Metrics"]

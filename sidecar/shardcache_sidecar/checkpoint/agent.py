@@ -18,10 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shardcache import errors, source
-from shardcache.checkpoint import _protocol
+from shardcache.checkpoint import _protocol, layout
 from shardcache_sidecar.checkpoint import (
     agent_config,
-    layout,
     metrics,
     restorer,
     retention,
@@ -106,8 +105,8 @@ class Agent:
         _protocol.write_json_atomic(self.root / _protocol.RESTORE_NAME, result.to_json())
         if result.step is not None:
             log.info(
-                "restored checkpoint step %d into %s (%d bytes downloaded, %d reused)",
-                result.step,
+                "%s into %s (%d bytes downloaded, %d reused)",
+                _restored_reason(result),
                 result.path,
                 result.downloaded_bytes,
                 result.reused_bytes,
@@ -115,10 +114,7 @@ class Agent:
         self._note_published()
         self.restored = result
         self._ready.set()
-        self._tell(
-            True,
-            "no checkpoint to restore" if result.step is None else f"restored step {result.step}",
-        )
+        self._tell(True, _restored_reason(result))
         return result
 
     def _tell(self, ready: bool, reason: str) -> None:
@@ -450,4 +446,10 @@ class Agent:
 def _restored_reason(result: restorer.RestoreResult) -> str:
     if result.step is None:
         return "no checkpoint to restore"
+    if result.skip is not None:
+        k = result.skip
+        return (
+            f"restored checkpoint step {result.step} with a skip of {k['batches']} batches "
+            f"(rank {k['rank']}: epoch {k['epoch']} positions [{k['start']}, {k['stop']}))"
+        )
     return f"restored checkpoint step {result.step}"

@@ -5,6 +5,10 @@ node (same name, size and sha256) is reused instead of downloaded. The checkpoin
 assembled in a hidden staging directory and renamed into place, so the trainer never
 sees a half-restored directory; it gets the marker of the step it was published with,
 so `shardcache.checkpoint.restore()` and `resume_from=` find it.
+
+A skip requested for the step (`shardcache skip`, `layout.SkipRequest`) is applied to
+the marker's data state, so the trainer resumes with the skip already recorded; every
+restore of that step applies it again, identically.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from shardcache import contract, errors, source
-from shardcache.checkpoint import _protocol
-from shardcache_sidecar.checkpoint import agent_config, layout, metrics, uploader
+from shardcache import contract, errors, source, states
+from shardcache.checkpoint import _protocol, layout
+from shardcache_sidecar.checkpoint import agent_config, metrics, uploader
 
 log = logging.getLogger(__name__)
 #: Piece size of parallel ranged downloads: large enough that a request's latency is
@@ -41,6 +45,8 @@ class RestoreResult:
     #: Steps skipped because they were corrupted (only with fallback), with the reason.
     skipped: tuple[tuple[int, str], ...] = ()
     created_at: float | None = None
+    #: The skip applied to the restored data state (epoch, start, stop, batches), if any.
+    skip: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -51,6 +57,7 @@ class RestoreResult:
             "downloaded_bytes": self.downloaded_bytes,
             "reused_bytes": self.reused_bytes,
             "skipped": [list(s) for s in self.skipped],
+            "skip": self.skip,
         }
 
 
@@ -165,6 +172,12 @@ def restore_step(
     if raw is None:
         raise errors.SourceError(f"{where} disappeared while restoring (deleted by retention?)")
     manifest = layout.CheckpointManifest.from_json(raw, where=where)
+    request = source.with_retries(
+        lambda: layout.read_skip_request(fs, prefix, step),
+        what=f"reading the skip request of step {step}",
+        policy=retry,
+    )
+    data_state, applied = apply_skip(manifest.data_state, request, where=where)
     dest = root / manifest.name
     staging = root / f"{STAGING_PREFIX}{manifest.name}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -214,13 +227,13 @@ def restore_step(
         shutil.rmtree(staging, ignore_errors=True)
     _protocol.write_marker(
         dest,
-        _protocol.Marker(
-            step=step, data_state=manifest.data_state, committed_at=manifest.created_at
-        ),
+        _protocol.Marker(step=step, data_state=data_state, committed_at=manifest.created_at),
     )
     _protocol.write_status(
         dest, _protocol.Status(phase="restored", step=step, updated_at=time.time())
     )
+    if request is not None and applied is not None:
+        record_applied(fs, prefix, request, applied)
     reused_bytes = sum(e.size for e in reused)
     return RestoreResult(
         step=step,
@@ -228,7 +241,66 @@ def restore_step(
         downloaded_bytes=manifest.total_bytes - reused_bytes,
         reused_bytes=reused_bytes,
         created_at=manifest.created_at,
+        skip=applied,
     )
+
+
+def apply_skip(
+    data_state: dict[str, object] | None, request: layout.SkipRequest | None, *, where: str
+) -> tuple[dict[str, object] | None, dict[str, int] | None]:
+    """The data state the trainer gets, with the requested skip recorded, and the skip.
+
+    The agent does not know the dataset, so a skip past the end of the epoch is cut
+    when the dataset loads the state (`states.clamp`). Raises InputError when the
+    checkpoint has no data state to skip in, or no batch size is known.
+    """
+    if request is None:
+        return data_state, None
+    if data_state is None:
+        raise errors.InputError(
+            f"{where}: a skip of {request.batches} batches is requested, but the checkpoint "
+            "has no data state: commit with data_state=dataset.state_dict()"
+        )
+    state = states.parse(data_state, where=f"{where} data_state")
+    try:
+        new, skip = states.skip_batches(
+            state, request.batches, batch_size=request.batch_size, rank_samples=None
+        )
+    except errors.InputError as exc:
+        raise errors.InputError(
+            f"{where}: cannot apply the requested skip: {exc}; request it again with "
+            "shardcache skip --batch-size B"
+        ) from exc
+    assert skip is not None
+    log.warning(
+        "restoring step %d with a skip of %d batches: epoch %d positions [%d, %d) of rank %d",
+        request.step,
+        request.batches,
+        skip.epoch,
+        skip.start,
+        skip.stop,
+        state.rank,
+    )
+    return new.to_json(), {**skip.to_json(), "batches": request.batches, "rank": state.rank}
+
+
+def record_applied(
+    fs: pafs.FileSystem, prefix: str, request: layout.SkipRequest, applied: dict[str, int]
+) -> None:
+    """Say in the store that the skip was applied (the operator reports it). Best
+    effort: the trainer already has its state, and a lost record only loses a report."""
+    record = {
+        "version": layout.LAYOUT_VERSION,
+        "step": request.step,
+        "requested_at": request.requested_at,
+        "reason": request.reason,
+        "applied_at": time.time(),
+        **applied,
+    }
+    try:
+        layout.write_json(fs, layout.skip_applied_path(prefix, request.step), record)
+    except (OSError, errors.ShardcacheError) as exc:
+        log.warning("could not record the applied skip of step %d: %s", request.step, exc)
 
 
 def _intact(local: Path, entry: layout.FileEntry) -> bool:

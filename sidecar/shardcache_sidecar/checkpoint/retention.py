@@ -16,8 +16,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from shardcache import source
-from shardcache.checkpoint import _protocol
-from shardcache_sidecar.checkpoint import layout
+from shardcache.checkpoint import _protocol, layout
 
 log = logging.getLogger(__name__)
 

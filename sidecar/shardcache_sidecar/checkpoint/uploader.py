@@ -21,8 +21,8 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from shardcache import errors, source
-from shardcache.checkpoint import _protocol
-from shardcache_sidecar.checkpoint import layout, metrics
+from shardcache.checkpoint import _protocol, layout
+from shardcache_sidecar.checkpoint import metrics
 
 log = logging.getLogger(__name__)
 #: Read size when streaming a file: a multiple of pyarrow's multipart part size

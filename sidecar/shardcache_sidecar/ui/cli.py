@@ -36,6 +36,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any)"
     )
     p.add_argument("--tokenizer", help="a HuggingFace tokenizer.json to decode token ids")
+    p.add_argument(
+        "--checkpoint-uri",
+        help="where a run publishes its checkpoints: adds the lineage view, and steps "
+        "honour the run's skips",
+    )
     cli.add_plan_arguments(p)
     p.set_defaults(func=run)
 
@@ -55,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"shardcache web: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve(inspector, defaults, decode, args.host, args.port))
+        asyncio.run(_serve(inspector, defaults, decode, args.host, args.port, args.checkpoint_uri))
     except OSError as exc:
         print(f"shardcache web: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
@@ -70,9 +75,10 @@ async def _serve(
     decode: render.Decode | None,
     host: str,
     port: int,
+    checkpoint_uri: str | None = None,
 ) -> None:
     app = web.Application()
-    routes.mount(app, lambda: inspector, defaults, decode=decode)
+    routes.mount(app, lambda: inspector, defaults, decode=decode, checkpoint_uri=checkpoint_uri)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     stop = asyncio.Event()

@@ -8,6 +8,12 @@
     GET /ui/api/image         the bytes of an image cell (?shard&row&column), typed
     GET /ui/api/stats         column statistics and length histograms
     GET /ui/api/where         ?expr=...: at which (epoch, rank, step) matches are seen
+    GET /ui/api/lineage       ?expr=...[&limit=N]: which steps, ranks and checkpoints of the run
+                              read the matches; ?consumed=STEP: what that checkpoint
+                              consumed (only with a run's checkpoint URI configured)
+
+With a run's checkpoint URI, the step and where views honour the skips its ranks
+recorded, whenever the view's plan is the run's.
 
 Reading shards may block on a cold fetch, so the inspector runs in a small executor of
 its own. Bad input is a 400 with a JSON message; the server keeps serving.
@@ -27,8 +33,9 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from shardcache import errors, plans
+from shardcache import errors, plans, states
 from shardcache.inspect import images, locate, render, session
+from shardcache.lineage import history, published, queries
 
 T = TypeVar("T")
 
@@ -50,6 +57,8 @@ PAGE_OPTIONS = render.RenderOptions(
 STATS_ROWS = 100_000
 #: Samples a reverse lookup reports.
 WHERE_LIMIT = 50
+#: Samples a lineage query may ask to follow (?limit=): a response stays small.
+LINEAGE_LIMIT = 1000
 
 InspectorSource = Callable[[], session.Inspector]
 
@@ -77,11 +86,16 @@ class Defaults:
 
 class _UI:
     def __init__(
-        self, source: InspectorSource, defaults: Defaults, decode: render.Decode | None
+        self,
+        source: InspectorSource,
+        defaults: Defaults,
+        decode: render.Decode | None,
+        checkpoint_uri: str | None = None,
     ) -> None:
         self.source = source
         self.defaults = defaults
         self.decode = decode
+        self.checkpoint_uri = checkpoint_uri
         self.executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="shardcache-ui")
         self._stats: dict[str, dict[str, Any]] = {}
 
@@ -122,6 +136,7 @@ class _UI:
                 "columns": [{"name": f.name, "type": str(f.type)} for f in insp.schema],
                 "defaults": dataclasses.asdict(self.defaults),
                 "tokenizer": self.decode is not None,
+                "lineage": self.checkpoint_uri is not None,
             }
 
         return await self._answer(work)
@@ -131,7 +146,8 @@ class _UI:
             query = self.query(request)
             columns = _names(request.query.get("columns"))
             insp = self.source()
-            view = insp.step(query, columns)
+            skips = self.run_skips(insp, query).get(query.rank, ())
+            view = insp.step(query, columns, skips=skips)
             data = session.step_json(view, insp.manifest, options=PAGE_OPTIONS, decode=self.decode)
             for sample in data["samples"]:
                 p = sample["provenance"]
@@ -179,12 +195,59 @@ class _UI:
             epochs = _int(request.query, "epochs", 1)
             if not 1 <= epochs <= 100:
                 raise errors.InputError(f"epochs must be in [1, 100], got {epochs}")
-            result = self.source().where(
-                expr, self.query(request), epochs=epochs, limit=WHERE_LIMIT
+            insp = self.source()
+            query = self.query(request)
+            result = insp.where(
+                expr, query, epochs=epochs, limit=WHERE_LIMIT, skips=self.run_skips(insp, query)
             )
             return session.where_json(result)
 
         return await self._answer(work)
+
+    async def lineage(self, request: web.Request) -> web.StreamResponse:
+        def work() -> dict[str, Any]:
+            insp = self.source()
+            hist = self.history(insp)
+            if hist is None:
+                raise errors.InputError(
+                    "no run to follow: start the inspector with the run's checkpoints "
+                    "(shardcache web URI --checkpoint-uri CKPT)"
+                )
+            if request.query.get("consumed"):
+                return queries.consumed(hist, _int(request.query, "consumed", 0))
+            expr = request.query.get("expr", "")
+            limit = _int(request.query, "limit", WHERE_LIMIT)
+            if not 1 <= limit <= LINEAGE_LIMIT:
+                raise errors.InputError(f"limit must be in [1, {LINEAGE_LIMIT}], got {limit}")
+            indices, truncated = insp.matching(expr, limit=limit)
+            found = queries.reads(hist, indices)
+            return queries.reads_json(hist, expr, indices, truncated, found)
+
+        return await self._answer(work)
+
+    # --- the run's checkpoints ----------------------------------------------------
+    def history(self, insp: session.Inspector) -> history.History | None:
+        """The run, read afresh: it publishes checkpoints while the page is open."""
+        if self.checkpoint_uri is None:
+            return None
+        return published.history_of(insp.manifest, self.checkpoint_uri)
+
+    def run_skips(
+        self, insp: session.Inspector, query: locate.Query
+    ) -> dict[int, tuple[states.Skip, ...]]:
+        """The run's skips per rank, when `query` views the run's plan; else none."""
+        hist = self.history(insp)
+        if hist is None:
+            return {}
+        p = hist.params
+        if (p.seed, p.world_size, p.shuffle, p.block_size) != (
+            query.seed,
+            query.world_size,
+            query.shuffle,
+            query.block_size,
+        ):
+            return {}
+        return {r: hist.skips(r) for r in hist.chains}
 
     async def _answer(self, work: Callable[[], dict[str, Any]]) -> web.StreamResponse:
         try:
@@ -240,9 +303,11 @@ def mount(
     defaults: Defaults,
     *,
     decode: render.Decode | None = None,
+    checkpoint_uri: str | None = None,
 ) -> None:
-    """Add the inspector's GET routes under /ui to `app`."""
-    ui = _UI(source, defaults, decode)
+    """Add the inspector's GET routes under /ui to `app`; with `checkpoint_uri` (where a
+    run publishes its checkpoints) the lineage view follows that run."""
+    ui = _UI(source, defaults, decode, checkpoint_uri)
     app.add_routes(
         [
             web.get(PREFIX, ui.page),
@@ -253,6 +318,7 @@ def mount(
             web.get(PREFIX + "/api/image", ui.image),
             web.get(PREFIX + "/api/stats", ui.stats),
             web.get(PREFIX + "/api/where", ui.where),
+            web.get(PREFIX + "/api/lineage", ui.lineage),
         ]
     )
 

@@ -173,6 +173,84 @@ async function find(event) {
   }
 }
 
+// The lineage view: which (epoch, step, rank) of the run read the matches, and which
+// checkpoints include them; a link shows the step with the run's plan (and its skips).
+function runParams(run, read) {
+  const p = new URLSearchParams();
+  p.set("epoch", read.epoch);
+  p.set("rank", read.rank);
+  p.set("step", read.step);
+  p.set("world_size", run.world_size);
+  p.set("seed", run.seed);
+  p.set("block_size", run.block_size);
+  p.set("batch_size", run.batch_size || form.elements.batch_size.value);
+  p.set("shuffle", run.shuffle ? "true" : "false");
+  return p;
+}
+
+function describeRead(r) {
+  const where = `sample ${r.index}: epoch ${r.epoch}, rank ${r.rank}`;
+  if (r.status === "skipped") return `${where}: skipped, never read`;
+  const at = r.step !== null ? `, step ${r.step}` : "";
+  if (r.status === "pending") return `${where}${at}: after the newest checkpoint`;
+  const since = r.after !== null ? `after checkpoint ${r.after}` : "before the oldest kept";
+  return `${where}${at}: read ${since}; in checkpoints ${r.checkpoints.join(", ")}`;
+}
+
+async function follow(event) {
+  event.preventDefault();
+  const list = document.getElementById("lineage-results");
+  list.replaceChildren();
+  list.dataset.loaded = "";
+  try {
+    const data = await getJSON("/ui/api/lineage", new URLSearchParams({ expr: event.target.elements.expr.value }));
+    const run = data.run;
+    document.getElementById("lineage-run").textContent =
+      `run: world size ${run.world_size}, batch size ${run.batch_size}, seed ${run.seed}, ` +
+      `checkpoints ${run.checkpoints.map((c) => c.step).join(", ") || "none"}`;
+    if (!data.reads.length) list.append(el("li", {}, `no sample matches ${data.expression}`));
+    for (const r of data.reads) {
+      if (r.status === "skipped" || r.step === null) {
+        list.append(el("li", { class: "note", "data-status": r.status }, describeRead(r)));
+        continue;
+      }
+      const link = el("a", { href: "#", "data-status": r.status }, describeRead(r));
+      link.addEventListener("click", (e) => {
+        e.preventDefault();
+        fillForm(runParams(run, r));
+        show(true);
+      });
+      list.append(el("li", {}, link));
+    }
+    if (data.truncated) list.append(el("li", { class: "note" }, "more matches not shown"));
+    list.dataset.loaded = "reads";
+  } catch (err) {
+    list.append(el("li", { class: "error" }, err.message));
+    list.dataset.loaded = "error";
+  }
+}
+
+async function consumed(event) {
+  event.preventDefault();
+  const list = document.getElementById("lineage-results");
+  list.replaceChildren();
+  list.dataset.loaded = "";
+  try {
+    const data = await getJSON("/ui/api/lineage", new URLSearchParams({ consumed: event.target.elements.consumed.value }));
+    list.append(el("li", {}, `checkpoint ${data.step}: ${data.samples.toLocaleString()} samples since the previous one` +
+      (data.complete ? "" : " (not published by every rank)")));
+    for (const r of data.ranks) {
+      const ranges = r.epochs.map((e) => `epoch ${e.epoch}: ` + e.ranges.map(([lo, hi]) => `[${lo}, ${hi})`).join(" ")).join("; ");
+      const skipped = (r.skips || []).map((s) => ` skipped epoch ${s.epoch} [${s.start}, ${s.stop})`).join(";");
+      list.append(el("li", { class: "consumed" }, r.published ? `rank ${r.rank}: ${ranges}${skipped}` : `rank ${r.rank}: not published`));
+    }
+    list.dataset.loaded = "consumed";
+  } catch (err) {
+    list.append(el("li", { class: "error" }, err.message));
+    list.dataset.loaded = "error";
+  }
+}
+
 function histogram(h) {
   const width = 300, height = 70, n = h.counts.length;
   const max = Math.max(...h.counts, 1);
@@ -238,6 +316,7 @@ async function start() {
     document.getElementById("dataset").textContent =
       `${d.root} · ${d.format} · ${d.shards} shards · ${d.rows.toLocaleString()} samples · ${d.digest.slice(0, 19)}…`;
     fillForm(new URLSearchParams(location.search), info.defaults);
+    document.getElementById("lineage").hidden = !info.lineage;
   } catch (err) {
     say(err.message, true);
     return;
@@ -247,6 +326,8 @@ async function start() {
     button.addEventListener("click", () => move(button.dataset.move, Number(button.dataset.by)));
   }
   document.getElementById("where-form").addEventListener("submit", find);
+  document.getElementById("lineage-form").addEventListener("submit", follow);
+  document.getElementById("consumed-form").addEventListener("submit", consumed);
   window.addEventListener("popstate", () => { fillForm(new URLSearchParams(location.search)); show(false); });
   show(false);
   loadStats();

@@ -1,5 +1,8 @@
 """Where checkpoints live in the bucket, and the manifest that makes one visible.
 
+In the client library because both ends read it: the sidecar's agent publishes and
+restores, and `shardcache lineage`, `diff` and `skip` read the published data states.
+
 Specified in docs/checkpoints.md (`LAYOUT_VERSION`). Under the checkpoint URI:
 
     latest                              pointer to the newest published step
@@ -243,3 +246,77 @@ def list_steps(fs: pafs.FileSystem, prefix: str) -> tuple[list[int], list[int]]:
     complete = [s for s, m in zip(steps, manifests, strict=True) if m.type == pafs.FileType.File]
     incomplete = [s for s, m in zip(steps, manifests, strict=True) if m.type != pafs.FileType.File]
     return complete, incomplete
+
+
+# --- skip requests ------------------------------------------------------------------------
+#: `step-…/skip-request.json`: the data state of this checkpoint, as restored, skips the
+#: next `batches` batches (`shardcache skip`). Beside the checkpoint, not in its manifest:
+#: a published manifest is immutable and covered by its digest.
+SKIP_REQUEST_NAME = "skip-request.json"
+#: `step-…/skip-applied.json`: written by the agent each time it restored the step with
+#: the skip (the request, the range it recorded, when); the operator reports the newest
+#: in the DatasetMount's status.
+SKIP_APPLIED_NAME = "skip-applied.json"
+#: Where `shardcache skip` sets aside the manifest of a checkpoint newer than the one a
+#: run is rewound to: no longer a checkpoint (restore, retention and the rewound run's
+#: uploads of the same step ignore it), still there for lineage and forensics.
+DISCARDED_NAME = "checkpoint.discarded.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class SkipRequest:
+    """Restore checkpoint `step` with its data state skipping the next `batches` batches
+    of `batch_size` rows (None: the batch size recorded in the data state)."""
+
+    step: int
+    batches: int
+    batch_size: int | None = None
+    requested_at: float = 0.0
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": LAYOUT_VERSION, "kind": "skip", **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: object, *, where: str) -> SkipRequest:
+        if not isinstance(data, dict) or data.get("kind") != "skip":
+            raise errors.InputError(f'{where}: expected a skip request {{"kind": "skip", …}}')
+        if data.get("version") != LAYOUT_VERSION:
+            raise errors.InputError(
+                f"{where}: skip request version {data.get('version')!r} is not supported: "
+                f"expected {LAYOUT_VERSION}"
+            )
+        step, batches, size = data.get("step"), data.get("batches"), data.get("batch_size")
+        for name, value, low in (("step", step, 0), ("batches", batches, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise errors.InputError(
+                    f"{where}: {name} must be an integer >= {low}, found {value!r}"
+                )
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise errors.InputError(f"{where}: batch_size must be null or >= 1, found {size!r}")
+        assert isinstance(step, int) and isinstance(batches, int)
+        return cls(
+            step=step,
+            batches=batches,
+            batch_size=size,
+            requested_at=float(data.get("requested_at") or 0.0),
+            reason=str(data.get("reason") or ""),
+        )
+
+
+def skip_request_path(prefix: str, step: int) -> str:
+    return f"{step_dir(prefix, step)}/{SKIP_REQUEST_NAME}"
+
+
+def skip_applied_path(prefix: str, step: int) -> str:
+    return f"{step_dir(prefix, step)}/{SKIP_APPLIED_NAME}"
+
+
+def discarded_path(prefix: str, step: int) -> str:
+    return f"{step_dir(prefix, step)}/{DISCARDED_NAME}"
+
+
+def read_skip_request(fs: pafs.FileSystem, prefix: str, step: int) -> SkipRequest | None:
+    where = skip_request_path(prefix, step)
+    data = read_json(fs, where)
+    return None if data is None else SkipRequest.from_json(data, where=where)

@@ -1,0 +1,202 @@
+"""Where two runs' data first differ, and why.
+
+A run's batches are a pure function of its plan (manifest, seed, world size, shuffle,
+block size), its batch size and the ranges its ranks skipped; two runs are compared
+batch by batch in (epoch, step, rank) order without reading any data. Samples are
+compared by identity (shard path and version, row), so two manifests that list the
+same shard agree on its rows. A step counts the batches a rank was handed in the
+epoch, from 0: skipped batches are not handed out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shardcache import manifests, plans, states
+
+#: A run of rows [start, stop) of one shard, named by its identity (path, version).
+Segment = tuple[tuple[str, str], int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """One run's data, as `shardcache diff` compares it."""
+
+    manifest: manifests.Manifest
+    #: seed, world size, shuffle and block size (epoch and rank are ignored).
+    params: plans.PlanParams
+    batch_size: int
+    #: Per rank, the ranges it skipped (from its newest checkpoint's data state).
+    skips: Mapping[int, Sequence[states.Skip]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    epoch: int
+    step: int
+    rank: int
+    reasons: tuple[str, ...]
+    #: The samples of that step in each run, as (shard path, row).
+    a: tuple[tuple[str, int], ...]
+    b: tuple[tuple[str, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "rank": self.rank,
+            "reasons": list(self.reasons),
+            "a": [list(x) for x in self.a],
+            "b": [list(x) for x in self.b],
+        }
+
+
+def segments(run: RunPlan, rank: int, epoch: int) -> list[Segment]:
+    """The rows `rank` is handed in `epoch`, in order, skips removed."""
+    if rank >= run.params.world_size:
+        return []
+    m = run.manifest
+    params = dataclasses.replace(run.params, rank=rank, epoch=epoch)
+    skips = sorted(s for s in run.skips.get(rank, ()) if s.epoch == epoch)
+    out: list[Segment] = []
+    pos = 0
+    for r in plans.rank_runs(m.shard_rows, m.digest, params):
+        key = (m.shards[r.shard].path, m.shards[r.shard].version)
+        lo, hi = pos, pos + len(r)
+        cursor = lo
+        for s in skips:
+            if s.stop <= cursor or s.start >= hi:
+                continue
+            if s.start > cursor:
+                out.append((key, r.start + cursor - lo, r.start + s.start - lo))
+            cursor = max(cursor, s.stop)
+        if cursor < hi:
+            out.append((key, r.start + cursor - lo, r.start + hi - lo))
+        pos = hi
+    return out
+
+
+def first_mismatch(a: Sequence[Segment], b: Sequence[Segment]) -> int | None:
+    """The offset of the first sample where two handed-out streams differ (one
+    ending before the other counts), or None when they are equal."""
+    i = j = oa = ob = pos = 0
+    while i < len(a) and j < len(b):
+        (ka, sa, ea), (kb, sb, eb) = a[i], b[j]
+        ra, rb = sa + oa, sb + ob
+        if ka != kb or ra != rb:
+            return pos
+        n = min(ea - ra, eb - rb)
+        pos, oa, ob = pos + n, oa + n, ob + n
+        if sa + oa == ea:
+            i, oa = i + 1, 0
+        if sb + ob == eb:
+            j, ob = j + 1, 0
+    return pos if i < len(a) or j < len(b) else None
+
+
+def take(segs: Sequence[Segment], start: int, count: int) -> tuple[tuple[str, int], ...]:
+    out: list[tuple[str, int]] = []
+    pos = 0
+    for (path, _), lo, hi in segs:
+        n = hi - lo
+        if pos + n > start and len(out) < count:
+            first = lo + max(0, start - pos)
+            for row in range(first, min(hi, first + count - len(out))):
+                out.append((path, row))
+        pos += n
+        if len(out) >= count:
+            break
+    return tuple(out)
+
+
+def first_difference(a: RunPlan, b: RunPlan, epochs: Sequence[int]) -> Difference | None:
+    """The first (epoch, step, rank) whose batch differs between the runs, or None."""
+    world = max(a.params.world_size, b.params.world_size)
+    for epoch in epochs:
+        best: tuple[int, int, list[Segment], list[Segment]] | None = None
+        for rank in range(world):
+            sa, sb = segments(a, rank, epoch), segments(b, rank, epoch)
+            at = first_mismatch(sa, sb)
+            if at is None and a.batch_size == b.batch_size:
+                continue
+            if a.batch_size != b.batch_size:
+                if not sa and not sb:
+                    continue
+                step = 0
+            else:
+                assert at is not None
+                step = at // a.batch_size
+            if best is None or step < best[0]:
+                best = (step, rank, sa, sb)
+        if best is not None:
+            step, rank, sa, sb = best
+            return Difference(
+                epoch=epoch,
+                step=step,
+                rank=rank,
+                reasons=tuple(reasons(a, b, rank, epoch)),
+                a=take(sa, step * a.batch_size, a.batch_size),
+                b=take(sb, step * b.batch_size, b.batch_size),
+            )
+    return None
+
+
+def shard_changes(a: manifests.Manifest, b: manifests.Manifest) -> dict[str, list[str]]:
+    """Shards only in A, only in B, and in both with other content (version, size, rows)."""
+    sa = {s.path: s for s in a.shards}
+    sb = {s.path: s for s in b.shards}
+    return {
+        "only_in_a": sorted(set(sa) - set(sb)),
+        "only_in_b": sorted(set(sb) - set(sa)),
+        "changed": sorted(p for p in set(sa) & set(sb) if sa[p] != sb[p]),
+    }
+
+
+def reasons(a: RunPlan, b: RunPlan, rank: int, epoch: int) -> list[str]:
+    """Why the runs' batches differ: every plan input that differs, and the skips of
+    `rank` in `epoch` that differ."""
+    out: list[str] = []
+    if a.manifest.digest != b.manifest.digest:
+        changes = shard_changes(a.manifest, b.manifest)
+        detail = "; ".join(
+            f"{label} {_few(paths)}"
+            for label, paths in (
+                ("shards only in A:", changes["only_in_a"]),
+                ("shards only in B:", changes["only_in_b"]),
+                ("shards changed:", changes["changed"]),
+            )
+            if paths
+        )
+        out.append(
+            f"another dataset: digest {a.manifest.digest} vs {b.manifest.digest}"
+            + (f" ({detail})" if detail else " (same shards, another format or order)")
+        )
+    pa_, pb = a.params, b.params
+    for name, x, y in (
+        ("seed", pa_.seed, pb.seed),
+        ("world size", pa_.world_size, pb.world_size),
+        ("batch size", a.batch_size, b.batch_size),
+        ("shuffle", pa_.shuffle, pb.shuffle),
+        ("block size", pa_.block_size, pb.block_size),
+    ):
+        if x != y:
+            out.append(f"another {name}: {x} vs {y}")
+    ka = [s for s in a.skips.get(rank, ()) if s.epoch == epoch]
+    kb = [s for s in b.skips.get(rank, ()) if s.epoch == epoch]
+    if ka != kb:
+        out.append(
+            f"a skip: rank {rank} in epoch {epoch} skipped positions {_ranges(ka)} in A, "
+            f"{_ranges(kb)} in B"
+        )
+    return out or ["the batches differ"]
+
+
+def _few(items: Sequence[str], limit: int = 5) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _ranges(skips: Sequence[states.Skip]) -> str:
+    return " ".join(f"[{s.start}, {s.stop})" for s in skips) or "none"

@@ -1,0 +1,155 @@
+"""`shardcache diff`: the first step and rank where two runs' batches differ, and why.
+
+Each plan option comes in three spellings: `--seed 3` sets both runs, `--a-seed` and
+`--b-seed` one run. `--a-checkpoint-uri` (or `--b-…`) reads a run's plan, batch size and
+skips from the data states it published, which then win over the shared options.
+Silent, with exit status 0, when the runs' data is identical; 1 when it differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from shardcache import errors, manifests, plans
+from shardcache.lineage import diff, published
+
+#: (option, type, default) of the plan options each run has.
+_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("seed", int, 0),
+    ("world-size", int, 1),
+    ("batch-size", int, 32),
+    ("block-size", int, plans.DEFAULT_BLOCK_SIZE),
+    ("shuffle", str, "on"),
+    ("digest", str, None),
+    ("checkpoint-uri", str, None),
+)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "diff",
+        help="the first step and rank where two runs' data differ, and why",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        epilog=(
+            "Each option X is --X (both runs), --a-X or --b-X (one run). --shuffle takes "
+            "on or off; --digest pins the dataset a run must resolve to."
+        ),
+    )
+    p.add_argument("uri", help="run A's dataset URI (and run B's unless URI_B is given)")
+    p.add_argument("uri_b", nargs="?", metavar="URI_B", help="run B's dataset URI")
+    for name, kind, _ in _OPTIONS:
+        dest = name.replace("-", "_")
+        p.add_argument(f"--{name}", dest=dest, type=kind)
+        p.add_argument(f"--a-{name}", dest=f"a_{dest}", type=kind, help=argparse.SUPPRESS)
+        p.add_argument(f"--b-{name}", dest=f"b_{dest}", type=kind, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--epochs",
+        type=int,
+        help="epochs compared from 0 (default 1, or up to the newest checkpoint's epoch)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except errors.InputError as exc:
+        print(f"shardcache diff: {exc}", file=sys.stderr)
+        return 2
+    except errors.ShardcacheError as exc:
+        print(f"shardcache diff: {exc}", file=sys.stderr)
+        return 1
+
+
+def _value(args: argparse.Namespace, side: str, name: str) -> Any:
+    dest = name.replace("-", "_")
+    own = getattr(args, f"{side}_{dest}")
+    return own if own is not None else getattr(args, dest)
+
+
+def side_plan(
+    args: argparse.Namespace, side: str, manifest: manifests.Manifest
+) -> tuple[diff.RunPlan, int]:
+    """Run `side`'s plan, and the newest epoch its checkpoints reached (0 without)."""
+    values = {
+        name: (v if (v := _value(args, side, name)) is not None else default)
+        for name, _, default in _OPTIONS
+    }
+    digest = values["digest"]
+    if digest is not None and digest != manifest.digest:
+        raise errors.ManifestMismatchError(
+            f"run {side.upper()}: the dataset resolves to {manifest.digest}, but "
+            f"--{side}-digest pins {digest}: the dataset changed"
+        )
+    if values["shuffle"] not in ("on", "off"):
+        raise errors.InputError(
+            f"--{side}-shuffle: expected on or off, found {values['shuffle']!r}"
+        )
+    for name in ("world-size", "batch-size", "block-size"):
+        if values[name] < 1:
+            raise errors.InputError(f"--{side}-{name} must be >= 1, got {values[name]}")
+    params = plans.PlanParams(
+        seed=values["seed"],
+        world_size=values["world-size"],
+        shuffle=values["shuffle"] == "on",
+        block_size=values["block-size"],
+    )
+    batch_size = values["batch-size"]
+    uri = values["checkpoint-uri"]
+    if uri is None:
+        return diff.RunPlan(manifest, params, batch_size), 0
+    hist = published.history_of(manifest, uri)
+    for name, given, found in (
+        ("seed", getattr(args, f"{side}_seed"), hist.params.seed),
+        ("world-size", getattr(args, f"{side}_world_size"), hist.params.world_size),
+        ("batch-size", getattr(args, f"{side}_batch_size"), hist.batch_size(0)),
+    ):
+        if given is not None and found is not None and given != found:
+            raise errors.InputError(
+                f"--{side}-{name} {given} contradicts run {side.upper()}'s checkpoints "
+                f"({found}): leave it out"
+            )
+    recorded = hist.batch_size(0)
+    plan = diff.RunPlan(
+        manifest,
+        hist.params,
+        recorded if recorded is not None else batch_size,
+        {r: hist.skips(r) for r in hist.chains},
+    )
+    newest = max(c[-1].state.epoch for c in hist.chains.values() if c)
+    return plan, newest
+
+
+def _run(args: argparse.Namespace) -> int:
+    manifest_a = manifests.resolve(args.uri)
+    manifest_b = manifests.resolve(args.uri_b) if args.uri_b else manifest_a
+    a, epoch_a = side_plan(args, "a", manifest_a)
+    b, epoch_b = side_plan(args, "b", manifest_b)
+    epochs = args.epochs if args.epochs is not None else max(epoch_a, epoch_b) + 1
+    if epochs < 1:
+        raise errors.InputError(f"--epochs must be >= 1, got {epochs}")
+    found = diff.first_difference(a, b, range(epochs))
+    if found is None:
+        if args.json:
+            print(json.dumps({"identical": True, "epochs": epochs}))
+        return 0
+    data = {"identical": False, "epochs": epochs, **found.to_json()}
+    print(json.dumps(data, indent=2) if args.json else text(data))
+    return 1
+
+
+def text(data: dict[str, Any]) -> str:
+    lines = [
+        f"first difference: epoch {data['epoch']} step {data['step']} rank {data['rank']}",
+        *(f"  because of {r}" for r in data["reasons"]),
+    ]
+    for side in ("a", "b"):
+        samples = data[side]
+        shown = ", ".join(f"{path}:{row}" for path, row in samples[:4])
+        more = f" … ({len(samples)} samples)" if len(samples) > 4 else ""
+        lines.append(f"  run {side.upper()} reads {shown or 'nothing'}{more}")
+    return "\n".join(lines)

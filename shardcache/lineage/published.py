@@ -1,0 +1,85 @@
+"""The data states a run published with its checkpoints, read from the object store.
+
+A checkpoint URI holds either one run's checkpoints directly (`step-…/checkpoint.json`,
+one pod or a single process), or one prefix per rank, `rank-<r>/step-…`, which is what
+the webhook gives ranked pods (docs/checkpoints.md). Only published checkpoints count:
+a step directory without a manifest is an upload in flight or one set aside by
+`shardcache skip`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import pyarrow.fs as pafs
+
+from shardcache import errors, manifests, source, states
+from shardcache.checkpoint import layout
+from shardcache.lineage import history
+
+_RANK_DIR = re.compile(r"^rank-(\d+)$")
+
+
+def open_uri(
+    uri: str, *, storage_options: Mapping[str, str] | None = None
+) -> tuple[pafs.FileSystem, str]:
+    return source.filesystem(uri, storage_options=storage_options)
+
+
+def rank_prefixes(fs: pafs.FileSystem, prefix: str) -> dict[int | None, str]:
+    """{rank: prefix} for per-rank prefixes, else {None: prefix}."""
+    infos = fs.get_file_info(pafs.FileSelector(prefix, allow_not_found=True, recursive=False))
+    ranks = {
+        int(m.group(1)): f"{prefix}/{info.base_name}"
+        for info in infos
+        if info.type == pafs.FileType.Directory and (m := _RANK_DIR.match(info.base_name))
+    }
+    return dict(sorted(ranks.items())) if ranks else {None: prefix}
+
+
+def checkpoint_manifests(fs: pafs.FileSystem, prefix: str) -> list[layout.CheckpointManifest]:
+    """The published checkpoints under one prefix, oldest step first."""
+    complete, _ = source.with_retries(
+        lambda: layout.list_steps(fs, prefix), what=f"listing checkpoints under {prefix}"
+    )
+    out = []
+    for step in complete:
+        where = layout.manifest_path(prefix, step)
+        raw = _read(fs, where)
+        if raw is not None:  # deleted by retention since the listing
+            out.append(layout.CheckpointManifest.from_json(raw, where=where))
+    return out
+
+
+def _read(fs: pafs.FileSystem, where: str) -> object | None:
+    return source.with_retries(lambda: layout.read_json(fs, where), what=f"reading {where}")
+
+
+def chains(fs: pafs.FileSystem, prefix: str) -> dict[int, list[history.Checkpoint]]:
+    """Every rank's published checkpoints with their data states."""
+    out: dict[int, list[history.Checkpoint]] = {}
+    for expected, rank_prefix in rank_prefixes(fs, prefix).items():
+        for manifest in checkpoint_manifests(fs, rank_prefix):
+            where = layout.manifest_path(rank_prefix, manifest.step)
+            if manifest.data_state is None:
+                raise errors.InputError(
+                    f"{where}: checkpoint step {manifest.step} has no data state: lineage "
+                    "needs checkpoints committed with data_state=dataset.state_dict()"
+                )
+            state = states.parse(manifest.data_state, where=f"{where} data_state")
+            if expected is not None and state.rank != expected:
+                raise errors.InputError(
+                    f"{where}: the data state is of rank {state.rank}, but it is published "
+                    f"under rank-{expected}"
+                )
+            out.setdefault(state.rank, []).append(history.Checkpoint(manifest.step, state))
+    return out
+
+
+def history_of(manifest: manifests.Manifest, checkpoint_uri: str) -> history.History:
+    """The run published under `checkpoint_uri`, over the dataset `manifest` pins."""
+    fs, prefix = open_uri(checkpoint_uri)
+    return history.build(
+        manifest.digest, manifest.shard_rows, chains(fs, prefix), where=checkpoint_uri
+    )

@@ -1,0 +1,277 @@
+"""The data state dict: where one rank is in its stream, and what it skipped on purpose.
+
+`Dataset.state_dict()` writes it, `load_state_dict()`, the checkpoint agent (which
+applies a requested skip at restore) and the lineage tools read it; this module is the
+one parser, so they agree. The format is versioned (docs/reading-plan.md, "State
+dict"); version 1 states (no skips, no batch size) still load.
+
+A skip is a range of positions `[start, stop)` of one epoch of this rank's stream that
+was passed over without being read: `Dataset.skip_batches(k)` or a skip applied by the
+agent at restore. Skips are kept for every epoch, so a state tells the whole history
+of what the rank did not read; a run carries a handful, not one per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from shardcache import errors, plans
+
+#: Version 2 added `batch_size` and `skips`.
+STATE_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
+#: The keys that say which stream a state belongs to; a resume needs all of them equal.
+IDENTITY_KEYS = ("plan_version", "digest", "seed", "shuffle", "block_size", "world_size", "rank")
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Skip:
+    """Positions [start, stop) of `epoch` that this rank passed over without reading."""
+
+    epoch: int
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def to_json(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "start": self.start, "stop": self.stop}
+
+
+@dataclasses.dataclass(frozen=True)
+class DataState:
+    """A parsed, validated state dict."""
+
+    digest: str
+    params: plans.PlanParams
+    position: int
+    #: The batch size of the last `batches()` call; None before any (or in version 1).
+    batch_size: int | None = None
+    skips: tuple[Skip, ...] = ()
+    plan_version: int = plans.PLAN_VERSION
+
+    @property
+    def epoch(self) -> int:
+        return self.params.epoch
+
+    @property
+    def rank(self) -> int:
+        return self.params.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.params.world_size
+
+    def skips_in(self, epoch: int) -> list[Skip]:
+        return [s for s in self.skips if s.epoch == epoch]
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.params
+        return {
+            "version": STATE_VERSION,
+            "plan_version": self.plan_version,
+            "digest": self.digest,
+            "seed": p.seed,
+            "shuffle": p.shuffle,
+            "block_size": p.block_size,
+            "world_size": p.world_size,
+            "rank": p.rank,
+            "epoch": p.epoch,
+            "position": self.position,
+            "batch_size": self.batch_size,
+            "skips": [s.to_json() for s in self.skips],
+        }
+
+
+def _int(data: Mapping[str, Any], key: str, *, where: str, minimum: int = 0) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise errors.StateMismatchError(
+            f"{where}: {key} must be an integer >= {minimum}, found {value!r}"
+        )
+    return value
+
+
+def parse(state: object, *, where: str = "state dict") -> DataState:
+    """A state dict of any supported version; StateMismatchError says what is wrong."""
+    if not isinstance(state, Mapping):
+        raise errors.StateMismatchError(
+            f"{where}: expected a state dict from Dataset.state_dict(), got {type(state).__name__}"
+        )
+    required = ("version", "digest", "epoch", "position", *IDENTITY_KEYS)
+    missing = [k for k in required if k not in state]
+    if missing:
+        raise errors.StateMismatchError(f"{where}: lacks {missing}: not a shardcache state")
+    version = state["version"]
+    if version not in SUPPORTED_VERSIONS:
+        raise errors.StateMismatchError(
+            f"{where}: state version {version!r} is not supported: expected one of "
+            f"{list(SUPPORTED_VERSIONS)} (saved by another shardcache version)"
+        )
+    try:
+        params = plans.PlanParams(
+            seed=_int(state, "seed", where=where, minimum=-(2**63)),
+            epoch=_int(state, "epoch", where=where),
+            rank=_int(state, "rank", where=where),
+            world_size=_int(state, "world_size", where=where, minimum=1),
+            shuffle=bool(state["shuffle"]),
+            block_size=_int(state, "block_size", where=where, minimum=1),
+        )
+    except errors.StateMismatchError:
+        raise
+    except errors.InputError as exc:
+        raise errors.StateMismatchError(f"{where}: {exc}") from exc
+    batch_size = state.get("batch_size") if version >= 2 else None
+    if batch_size is not None:
+        batch_size = _int(state, "batch_size", where=where, minimum=1)
+    raw_skips = state.get("skips", []) if version >= 2 else []
+    if not isinstance(raw_skips, list):
+        raise errors.StateMismatchError(f"{where}: skips must be a list, found {raw_skips!r}")
+    skips: list[Skip] = []
+    for raw in raw_skips:
+        if not isinstance(raw, Mapping):
+            raise errors.StateMismatchError(
+                f'{where}: a skip must be {{"epoch", "start", "stop"}}, found {raw!r}'
+            )
+        skip = Skip(
+            _int(raw, "epoch", where=f"{where} skip"),
+            _int(raw, "start", where=f"{where} skip"),
+            _int(raw, "stop", where=f"{where} skip"),
+        )
+        if skip.stop <= skip.start:
+            raise errors.StateMismatchError(
+                f"{where}: a skip must end after it starts, found {skip.to_json()}"
+            )
+        skips.append(skip)
+    return DataState(
+        digest=str(state["digest"]),
+        params=params,
+        position=_int(state, "position", where=where),
+        batch_size=batch_size,
+        skips=normalise(skips),
+        plan_version=_int(state, "plan_version", where=where),
+    )
+
+
+def normalise(skips: Iterable[Skip]) -> tuple[Skip, ...]:
+    """Sorted, with overlapping or adjacent ranges of one epoch merged."""
+    out: list[Skip] = []
+    for s in sorted(skips):
+        prev = out[-1] if out else None
+        if prev is not None and prev.epoch == s.epoch and s.start <= prev.stop:
+            out[-1] = Skip(s.epoch, prev.start, max(prev.stop, s.stop))
+        else:
+            out.append(s)
+    return tuple(out)
+
+
+def mismatches(saved: DataState, ours: DataState) -> list[str]:
+    """What differs between the stream a state was saved from and ours, in words."""
+    a, b = saved.to_json(), ours.to_json()
+    return [
+        f"{key}: state has {a[key]!r}, this dataset has {b[key]!r}"
+        for key in IDENTITY_KEYS
+        if a[key] != b[key]
+    ]
+
+
+def skip_batches(
+    state: DataState, batches: int, *, batch_size: int | None, rank_samples: int | None
+) -> tuple[DataState, Skip | None]:
+    """`state` with its next `batches` batches skipped: the position moves past them and
+    the range is recorded. A skip never crosses the end of the epoch (`rank_samples`
+    samples); it is cut there. The checkpoint agent, which does not know the dataset,
+    passes None: `clamp` cuts the skip when the dataset loads the state. Returns the new
+    state and the recorded skip (None when nothing was left to skip)."""
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+        raise errors.InputError(f"skip: expected a number of batches >= 1, found {batches!r}")
+    size = batch_size if batch_size is not None else state.batch_size
+    if size is None:
+        raise errors.InputError(
+            "skip: the batch size is not known (no batches() call yet, and the state "
+            "records none): give it (batch_size=, or shardcache skip --batch-size)"
+        )
+    if size < 1:
+        raise errors.InputError(f"skip: batch_size must be >= 1, found {size}")
+    start = state.position
+    stop = start + batches * size
+    if rank_samples is not None:
+        stop = min(stop, rank_samples)
+    if stop <= start:
+        return dataclasses.replace(state, batch_size=size), None
+    skip = Skip(state.epoch, start, stop)
+    new = dataclasses.replace(
+        state, position=stop, batch_size=size, skips=normalise([*state.skips, skip])
+    )
+    return new, skip
+
+
+def clamp(state: DataState, rank_samples: int) -> DataState:
+    """`state` with a skip that runs past the end of its epoch (`rank_samples` samples)
+    cut at the end: what a skip applied without knowing the dataset becomes. A position
+    past the end that no skip explains is left for the caller to refuse."""
+    if state.position <= rank_samples:
+        return state
+    last = state.skips_in(state.epoch)[-1:] or None
+    if last is None or last[0].stop != state.position or last[0].start > rank_samples:
+        return state
+    skip = last[0]
+    kept = [s for s in state.skips if s != skip]
+    if skip.start < rank_samples:
+        kept.append(Skip(skip.epoch, skip.start, rank_samples))
+    return dataclasses.replace(state, position=rank_samples, skips=normalise(kept))
+
+
+def skipped_before(skips: Sequence[Skip], position: int) -> int:
+    """Samples of `skips` (one epoch's) that lie before `position`."""
+    return sum(max(0, min(s.stop, position) - s.start) for s in skips)
+
+
+def is_skipped(skips: Sequence[Skip], position: int) -> bool:
+    return any(s.start <= position < s.stop for s in skips)
+
+
+def step_of(skips: Sequence[Skip], position: int, batch_size: int) -> int:
+    """The batch (counting from 0, as `Dataset.batches` yields them in the epoch) that
+    holds the sample at `position`: skipped samples are never yielded, so they do not
+    count. Exact because a skip starts where a yielded batch ended."""
+    return (position - skipped_before(skips, position)) // batch_size
+
+
+def kept(skips: Sequence[Skip], start: int, stop: int) -> list[tuple[int, int]]:
+    """Positions [start, stop) of one epoch less `skips` (that epoch's): what is read."""
+    out: list[tuple[int, int]] = []
+    pos = start
+    for s in sorted(skips):
+        if s.stop <= pos or s.start >= stop:
+            continue
+        if s.start > pos:
+            out.append((pos, s.start))
+        pos = max(pos, s.stop)
+    if pos < stop:
+        out.append((pos, stop))
+    return out
+
+
+def positions_of(
+    skips: Sequence[Skip], samples: int, first: int, count: int
+) -> list[tuple[int, int]]:
+    """Position ranges of the `count` samples handed out from the `first`-th on, in an
+    epoch of `samples` positions with `skips` (that epoch's) passed over."""
+    out: list[tuple[int, int]] = []
+    seen = 0
+    for lo, hi in kept(skips, 0, samples):
+        n = hi - lo
+        if seen + n > first and count > 0:
+            a = lo + max(0, first - seen)
+            b = min(hi, a + count)
+            out.append((a, b))
+            count -= b - a
+            first = seen + n
+        seen += n
+        if count <= 0:
+            break
+    return out

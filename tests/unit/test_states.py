@@ -1,0 +1,92 @@
+"""The data state dict: versions, skips, and the agent's skip cut at the epoch's end."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardcache import errors, plans, states
+
+pytestmark = pytest.mark.unit
+
+
+def state(**changes: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "version": 2, "plan_version": 1, "digest": "sha256:d", "seed": 0, "shuffle": True,
+        "block_size": 8, "world_size": 2, "rank": 1, "epoch": 1, "position": 40,
+        "batch_size": 8, "skips": [{"epoch": 1, "start": 8, "stop": 16}],
+    }  # fmt: skip
+    base.update(changes)
+    return base
+
+
+def test_a_state_round_trips_and_a_version_1_state_reads_as_one_without_skips() -> None:
+    parsed = states.parse(state())
+    assert parsed.to_json() == state()
+    old = {k: v for k, v in state().items() if k not in ("batch_size", "skips")}
+    old["version"] = 1
+    v1 = states.parse(old)
+    assert (v1.skips, v1.batch_size, v1.position) == ((), None, 40)
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"version": 3}, "state version 3 is not supported"),
+        ({"position": -1}, "position must be an integer >= 0"),
+        ({"rank": 2}, "rank must be in"),
+        ({"skips": [{"epoch": 1, "start": 5, "stop": 5}]}, "must end after it starts"),
+        ({"skips": "x"}, "skips must be a list"),
+        ({"batch_size": 0}, "batch_size must be an integer >= 1"),
+    ],
+)
+def test_a_bad_state_is_refused_with_what_is_wrong(
+    changes: dict[str, object], message: str
+) -> None:
+    with pytest.raises(errors.StateMismatchError, match=message):
+        states.parse(state(**changes))
+
+
+def test_skips_are_sorted_and_adjacent_ranges_merged() -> None:
+    merged = states.normalise(
+        [
+            states.Skip(1, 16, 24),
+            states.Skip(0, 4, 8),
+            states.Skip(1, 8, 16),
+            states.Skip(1, 30, 32),
+        ]
+    )
+    assert merged == (states.Skip(0, 4, 8), states.Skip(1, 8, 24), states.Skip(1, 30, 32))
+
+
+def test_skip_batches_moves_the_position_and_records_the_range() -> None:
+    new, skip = states.skip_batches(states.parse(state()), 3, batch_size=None, rank_samples=100)
+    assert skip == states.Skip(1, 40, 64)
+    assert new.position == 64 and new.skips[-1] == skip
+    cut, skip = states.skip_batches(states.parse(state()), 30, batch_size=None, rank_samples=50)
+    assert skip == states.Skip(1, 40, 50) and cut.position == 50
+
+
+def test_a_skip_past_the_end_that_the_agent_applied_is_cut_when_loaded() -> None:
+    applied, _ = states.skip_batches(states.parse(state()), 100, batch_size=None, rank_samples=None)
+    assert applied.position == 840
+    loaded = states.clamp(applied, 50)
+    assert loaded.position == 50 and loaded.skips[-1] == states.Skip(1, 40, 50)
+    at_end = states.clamp(states.parse(state(position=50, skips=[])), 50)
+    assert at_end.position == 50
+    # A position past the end that no skip explains is left for the loader to refuse.
+    assert states.clamp(states.parse(state(position=60, skips=[])), 50).position == 60
+
+
+def test_steps_count_only_batches_handed_out() -> None:
+    skips = [states.Skip(0, 16, 40)]
+    assert states.step_of(skips, 15, 8) == 1
+    assert states.step_of(skips, 40, 8) == 2
+    assert states.kept(skips, 0, 48) == [(0, 16), (40, 48)]
+    assert states.positions_of(skips, 48, 12, 8) == [(12, 16), (40, 44)]
+
+
+def test_plan_params_come_back_as_saved() -> None:
+    parsed = states.parse(state(seed=7, shuffle=False))
+    assert parsed.params == plans.PlanParams(
+        seed=7, epoch=1, rank=1, world_size=2, shuffle=False, block_size=8
+    )
