@@ -203,7 +203,8 @@ class CacheNode:
                 self._readers[reader_id] = _Reader(params, runs, position)
             else:
                 reader.position = position
-        self._schedule()
+        # Only this reader's window moved; the others' were scheduled when they moved.
+        self._schedule(reader_id)
 
     def unregister_reader(self, reader_id: str) -> None:
         with self._lock:
@@ -249,6 +250,19 @@ class CacheNode:
             "tier again and again before it could be leased: the memory limit "
             f"({self.settings.memory_limit} bytes) is too small for the readers on this node"
         )
+
+    def lookup(self, shard: int, *, count: bool = True) -> tiers.Entry | None:
+        """A lease on `shard` if it is resident in the memory tier, else None; never
+        fetches, never waits for room (the sidecar calls it on its event loop).
+
+        A hit is counted unless `count` is False (a lease granted ahead of the reader:
+        counted when the reader takes it, `note_reuse`); a miss is not, since the
+        caller's `acquire` that follows counts it."""
+        self._check_index(shard)
+        entry = self.memory.lookup(self.manifest.decoded_key(shard), count=False)
+        if entry is not None and count:
+            self._events.hit(self.memory.name)
+        return entry
 
     def note_reuse(self, shard: int) -> None:
         """Count a memory-tier hit for `shard`, taken without a lookup here: a trainer
@@ -375,12 +389,13 @@ class CacheNode:
                 return []
             return plans.next_shards(reader.runs, reader.ends, reader.position, count)
 
-    def _schedule(self) -> None:
+    def _schedule(self, only: str | None = None) -> None:
+        """Prefetch what the readers (or reader `only`) will read next and is missing."""
         if self._closed:
             return
         depth = self.settings.prefetch_depth
         wanted: list[int] = []
-        for reader_id in self.reader_ids():
+        for reader_id in self.reader_ids() if only is None else [only]:
             for shard in self.upcoming(reader_id, depth + 1):
                 if shard not in wanted:
                     wanted.append(shard)
