@@ -199,13 +199,13 @@ def _handover(
 ) -> dict[str, Any]:
     """Hold `entry` for the reader until it takes it over; what the answer says of it."""
     hold = sidecar.registry.hold(reader_id, shard, entry)
-    memory_dir = sidecar.settings.memory_dir
-    lock = entry.path.with_name(entry.key + names.LOCK_SUFFIX)
+    # A memory-tier entry is the file named by its key in the memory directory, its
+    # lock file beside it (`tiers`); pathlib's relative_to cost more than the rest.
     return {
         "lease": hold.lease_id,
         "shard": shard,
-        "path": entry.path.relative_to(memory_dir).as_posix(),
-        "lock": lock.relative_to(memory_dir).as_posix(),
+        "path": entry.key,
+        "lock": entry.key + names.LOCK_SUFFIX,
         "size": entry.size,
     }
 
