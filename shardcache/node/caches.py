@@ -24,7 +24,7 @@ import pyarrow.fs as pafs
 
 from shardcache import errors, formats, manifests, plans, source
 from shardcache.contract import variables
-from shardcache.node import tiers
+from shardcache.node import quotas, tiers
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,9 @@ class NodeSettings:
     memory_limit: int = 4 * GiB
     #: Shards decoded ahead of each reader (the contract's default, and its reason).
     prefetch_depth: int = variables.PREFETCH_DEPTH.required_default
-    #: Concurrent source fetches + decodes. Decoding takes a core each.
+    #: Concurrent source fetches + decodes. Decoding takes a core each. 0 (the
+    #: contract's default): sized from the container's CPU quota and memory limit
+    #: (`quotas.fetch_concurrency`), never from the host's core count.
     fetch_concurrency: int = variables.FETCH_CONCURRENCY.required_default
     retry: source.RetryPolicy = dataclasses.field(default_factory=source.RetryPolicy)
     #: Longest an acquire waits for room in a full memory tier (seconds).
@@ -179,8 +181,14 @@ class CacheNode:
         self._lock = threading.Lock()
         self._inflight: dict[int, concurrent.futures.Future[None]] = {}
         self._readers: dict[str, _Reader] = {}
+        #: Fetches and decodes run at once: the setting, else sized from the quota.
+        self.fetch_concurrency = settings.fetch_concurrency or quotas.fetch_concurrency(
+            quotas.read(),
+            shard_bytes=max((s.size for s in manifest.shards), default=0),
+            memory_tier_bytes=settings.memory_limit,
+        )
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            settings.fetch_concurrency, thread_name_prefix="shardcache-fetch"
+            self.fetch_concurrency, thread_name_prefix="shardcache-fetch"
         )
         self._warned_small_memory = False
         self._closed = False

@@ -225,12 +225,12 @@ def _grant_ahead(
     limit = min(count, node.settings.prefetch_depth)
     budget = node.settings.memory_limit // (2 * max(1, len(sidecar.registry)))
     upcoming = node.upcoming(reader_id, limit + 1)
-    if shard in upcoming:
-        upcoming = upcoming[upcoming.index(shard) + 1 :]
+    if not upcoming or upcoming[0] != shard:
+        # Not where the reader's plan says it is (a tool, a test, a plan moved under
+        # it): "the next shards" would be a guess.
+        return []
     granted: list[tuple[int, tiers.Entry]] = []
-    for next_shard in upcoming[:limit]:
-        if next_shard == shard:
-            break
+    for next_shard in upcoming[1 : limit + 1]:
         entry = node.lookup(next_shard, count=False)
         if entry is None:
             break

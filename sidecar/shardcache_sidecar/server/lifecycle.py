@@ -220,6 +220,8 @@ class Sidecar:
                 "digest": manifest.digest,
                 "shards": len(manifest.shards),
                 "rows": manifest.total_rows,
+                # Sized from the CPU quota and memory limit unless set (`quotas`).
+                "fetch_concurrency": node.fetch_concurrency,
             },
         )
         self._tasks.append(asyncio.create_task(self._warm(node), name="warm"))
