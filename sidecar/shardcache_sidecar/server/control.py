@@ -189,7 +189,7 @@ async def post_acquire(request: web.Request) -> web.Response:
     if ahead:
         answer["ahead"] = [
             _handover(sidecar, reader_id, s, e)
-            for s, e in _grant_ahead(sidecar, node, reader_id, shard, ahead)
+            for s, e in _grant_ahead(sidecar, node, reader_id, entry, shard, ahead)
         ]
     return replies.json_response(answer)
 
@@ -211,19 +211,31 @@ def _handover(
 
 
 def _grant_ahead(
-    sidecar: lifecycle.Sidecar, node: caches.CacheNode, reader_id: str, shard: int, count: int
+    sidecar: lifecycle.Sidecar,
+    node: caches.CacheNode,
+    reader_id: str,
+    acquired: tiers.Entry,
+    shard: int,
+    count: int,
 ) -> list[tuple[int, tiers.Entry]]:
     """Leases on the reader's next shards after `shard`, as far as they are resident.
 
     They save the reader a round trip per shard; it pins them at once (its own locks,
-    dropped when it closes the reader or dies). So that readers granted ahead never
-    hold the room another reader's acquire needs, the shards granted to one reader in
-    one answer stay within the prefetch depth and a share of half the memory tier per
-    registered reader. Stops at the first shard that is not resident: the grants are
-    the next shards in plan order, with no gap the reader would stop at.
+    dropped when it closes the reader or dies). Stops at the first shard that is not
+    resident: the grants are the next shards in plan order, with no gap.
+
+    Pins granted ahead must never take the room that keeps readers going, or a reader
+    waits for room another one holds for later (a rank blocked in a collective with the
+    waiting one never gets there: a deadlock until the acquire times out). So the
+    memory tier first keeps room for two shards per registered reader (the one it reads
+    and the next) and for the startup shards a restarted sidecar warms; what is left,
+    shared among the readers, bounds one answer's grants, besides the prefetch depth.
+    Shards are taken to be the size of the acquired one.
     """
     limit = min(count, node.settings.prefetch_depth)
-    budget = node.settings.memory_limit // (2 * max(1, len(sidecar.registry)))
+    readers = max(1, len(sidecar.registry))
+    kept = (2 * readers + sidecar.settings.ready_shards) * max(1, acquired.size)
+    budget = (node.settings.memory_limit - kept) // readers
     upcoming = node.upcoming(reader_id, limit + 1)
     if not upcoming or upcoming[0] != shard:
         # Not where the reader's plan says it is (a tool, a test, a plan moved under
