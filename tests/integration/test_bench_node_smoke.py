@@ -23,7 +23,7 @@ NUMBER_OR_NA = r"(n/a|\d+\.\d+)"
 RESULT = re.compile(
     rf"^RESULT k8_ratio={NUMBER_OR_NA} k16_ratio={NUMBER_OR_NA} "
     rf"cpu_ms_per_request={NUMBER_OR_NA} p99_control_ms={NUMBER_OR_NA} "
-    rf"cold_ratio=(\d+\.\d+) p99_at_k=(\d+)$"
+    rf"cold_ratio=(\d+\.\d+) p99_at_k=(\d+) cpu_ms_per_shard={NUMBER_OR_NA}$"
 )
 
 
