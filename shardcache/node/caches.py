@@ -178,6 +178,9 @@ class CacheNode:
             observer=self._events,
             wait_timeout=settings.wait_timeout,
         )
+        # Memory-tier keys by shard, computed once: a key is a sha256 of the shard's
+        # identity, and the prefetcher looks up several at every request.
+        self._memory_keys = [manifest.decoded_key(i) for i in range(len(manifest.shards))]
         self._lock = threading.Lock()
         self._inflight: dict[int, concurrent.futures.Future[None]] = {}
         self._readers: dict[str, _Reader] = {}
@@ -267,7 +270,7 @@ class CacheNode:
         counted when the reader takes it, `note_reuse`); a miss is not, since the
         caller's `acquire` that follows counts it."""
         self._check_index(shard)
-        entry = self.memory.lookup(self.manifest.decoded_key(shard), count=False)
+        entry = self.memory.lookup(self._memory_keys[shard], count=False)
         if entry is not None and count:
             self._events.hit(self.memory.name)
         return entry
@@ -408,7 +411,7 @@ class CacheNode:
                 if shard not in wanted:
                     wanted.append(shard)
         for shard in wanted:
-            if self.memory.contains(self.manifest.decoded_key(shard)):
+            if self.memory.contains(self._memory_keys[shard]):
                 continue
             with self._lock:
                 if shard in self._inflight:

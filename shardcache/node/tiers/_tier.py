@@ -229,7 +229,7 @@ class Tier:
     def contains(self, key: str) -> bool:
         """Whether a committed entry exists (no lease, no verification)."""
         _entries.check_key(key)
-        return self._files.meta(key).exists() and self._files.data(key).exists()
+        return self._files.committed(key)
 
     def keys(self) -> list[str]:
         """Keys of the committed entries, sorted."""
