@@ -62,6 +62,10 @@ def unlink(path: Path) -> bool:
     return True
 
 
+#: Entries whose paths are kept (a dataset's shards, many times over); beyond, start over.
+_KNOWN_PATHS = 65536
+
+
 class Directory:
     """The files of the tier named `name` (used in log messages) under `root`."""
 
@@ -70,15 +74,30 @@ class Directory:
         self.name = name
         self.tier_lock = root / names.TIER_LOCK_NAME
         self._prefix = os.path.join(os.fspath(root), "")
+        self._known: dict[str, tuple[Path, Path, Path]] = {}
 
     def data(self, key: str) -> Path:
-        return self.root / key
+        return self._paths(key)[0]
 
     def meta(self, key: str) -> Path:
-        return self.root / (key + names.META_SUFFIX)
+        return self._paths(key)[1]
 
     def lease(self, key: str) -> Path:
-        return self.root / (key + names.LOCK_SUFFIX)
+        return self._paths(key)[2]
+
+    def _paths(self, key: str) -> tuple[Path, Path, Path]:
+        """An entry's data, meta and lease paths, built once per key: a lookup uses each
+        several times, and building a `Path` cost more than the system calls on it."""
+        paths = self._known.get(key)
+        if paths is None:
+            if len(self._known) >= _KNOWN_PATHS:
+                self._known.clear()
+            paths = self._known[key] = (
+                self.root / key,
+                self.root / (key + names.META_SUFFIX),
+                self.root / (key + names.LOCK_SUFFIX),
+            )
+        return paths
 
     def fill(self, key: str) -> Path:
         return self.root / (key + names.FILL_LOCK_SUFFIX)
