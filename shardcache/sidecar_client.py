@@ -34,6 +34,7 @@ import random
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -314,6 +315,12 @@ class _Notifier:
             thread.join()
 
 
+def _after_fork_in_child(provider: weakref.ref[SidecarProvider]) -> None:
+    found = provider()
+    if found is not None:
+        found._after_fork()
+
+
 class SidecarProvider:
     """`ShardProvider` backed by the pod's sidecar. Thread-safe."""
 
@@ -333,6 +340,12 @@ class SidecarProvider:
         #: its answer to the last registration.
         self._features: frozenset[str] = frozenset()
         self._notes_sent = 0.0  # time.monotonic() of the last batch (on the notifier)
+        # A forked child (DataLoader workers) shares the parent's lock descriptors, so
+        # its copies of the pins granted ahead would keep those shards pinned for as
+        # long as it lives; it closes them at once (the parent's locks stay).
+        os.register_at_fork(
+            after_in_child=functools.partial(_after_fork_in_child, weakref.ref(self))
+        )
         self._manifest = self._fetch_manifest()
 
     @classmethod
@@ -523,6 +536,15 @@ class SidecarProvider:
                     del self._handed[shard]
         return pinned
 
+    def _after_fork(self) -> None:
+        """In a forked child: drop the parent's pins granted ahead and pending notes.
+        A fresh lock first: another thread of the parent may have held it at the fork."""
+        self._lock = threading.Lock()
+        ahead, self._ahead, self._notes = self._ahead, {}, {}
+        for pins in ahead.values():
+            for pinned in pins.values():
+                pinned.release()  # closes this process's descriptor; no unlock
+
     def _take_ahead(self, reader_id: str, answer: Mapping[str, Any]) -> None:
         """Pin the shards granted ahead in `answer`; they replace the reader's earlier
         ones (a new round trip means the reader is past those, or moved elsewhere)."""
@@ -530,9 +552,15 @@ class SidecarProvider:
         taken: dict[int, leases.PinnedEntry] = {}
         for grant in grants if isinstance(grants, list) else []:
             shard = grant.get("shard") if isinstance(grant, Mapping) else None
-            if type(shard) is not int:
-                raise errors.CacheError(f"sidecar sent a bad grant ahead: {grant!r}")
-            pinned = self._take_over(reader_id, shard, {**grant, "reuse": answer.get("reuse")})
+            try:
+                if type(shard) is not int:
+                    raise errors.CacheError(f"sidecar sent a bad grant ahead: {grant!r}")
+                pinned = self._take_over(reader_id, shard, {**grant, "reuse": answer.get("reuse")})
+            except errors.ShardcacheError as exc:
+                # A grant only saves a round trip: without it the shard is asked for
+                # when the reader gets there. Its hold, if any, expires at the sidecar.
+                log.warning("not taking a shard granted ahead: %s", exc)
+                continue
             if pinned is not None:
                 taken[shard] = pinned
         with self._lock:

@@ -293,3 +293,37 @@ def test_leases_granted_ahead_are_released_when_the_reader_closes_or_dies(
         proc.memory_dir, limit_bytes=1 << 40, name="memory", fsync=False, verify="never"
     )
     assert all(memory.evict(key) for key in keys)
+
+
+def test_a_forked_child_does_not_keep_the_parents_leases_granted_ahead(
+    sidecar_factory: Factory, tmp_path: Path
+) -> None:
+    # DataLoader workers are forked from the trainer: sharing its lock descriptors, a
+    # child would keep every shard granted ahead pinned for as long as it lives.
+    rows = [200] * 6
+    root = tmp_path / "eq"
+    datasets.write_dataset(pafs.LocalFileSystem(), str(root), rows)
+    proc = sidecar_factory(f"file://{root}", args=["--ready-shards", "0"])
+    proc.start()
+    warmer = sidecar_client.SidecarProvider.from_env(environ=proc.client_env(), ahead=0)
+    keys = [warmer.manifest.decoded_key(s) for s in range(len(rows))]
+    reader = warmer.open_reader(plans.PlanParams(shuffle=False), position=0)
+    for shard in range(len(rows)):  # every shard resident
+        warmer.acquire(reader, shard, epoch=0, position=200 * shard).release()
+    warmer.close()
+    shards = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
+    reader = shards.open_reader(plans.PlanParams(shuffle=False), position=0)
+    shards.acquire(reader, 0, epoch=0, position=0).release()
+    assert shards.flush() and proc.holds_drain() == 0
+    assert pinned_shards(proc, keys) == [1, 2, 3, 4]
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child)
+        time.sleep(60)
+        os._exit(0)
+    try:
+        shards.close_reader(reader)
+        assert pinned_shards(proc, keys) == []
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        shards.close()

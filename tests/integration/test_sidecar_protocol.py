@@ -323,3 +323,52 @@ def test_the_notes_route_refuses_bad_requests(sidecar: SidecarProcess) -> None:
     # A lease nobody holds (already dropped, expired) is no error: dropping is idempotent.
     gone = {**good, "released": ["0" * 32]}
     assert sidecar.control("POST", protocol.notes_path("r"), gone)[1]["released"] == 0
+
+
+def test_a_client_talking_to_a_sidecar_without_the_features_uses_the_first_v1_routes(
+    sidecar: SidecarProcess, dataset: tuple[str, pa.Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An older sidecar answers a registration without `features`: the client must not
+    # send `notes` or ask for grants ahead, and still read exactly the same rows.
+    call = sidecar_client.Transport.call
+
+    def older(self: sidecar_client.Transport, method: str, path: str, *a: Any, **kw: Any) -> Any:
+        answer = call(self, method, path, *a, **kw)
+        if method == "PUT" and isinstance(answer, dict):
+            answer.pop("features", None)
+        return answer
+
+    monkeypatch.setattr(sidecar_client.Transport, "call", older)
+    params = plans.PlanParams(seed=2, block_size=BLOCK)
+    with shardcache.open(
+        dataset[0], cache_dir=sidecar.workdir / "ref", seed=2, block_size=BLOCK
+    ) as ds:
+        want = [uids(ds)]
+        ds.set_epoch(1)
+        want.append(uids(ds))
+    shards = provider(sidecar)
+    ds = shardcache.Dataset(shards, params)
+    got = [uids(ds)]
+    ds.set_epoch(1)
+    got.append(uids(ds))
+    assert shards.flush()
+    ds.close()
+    assert got == want
+    routes = requests_by_route(sidecar)
+    nonempty = sum(1 for rows in SHARDS if rows)
+    assert routes.get(protocol.notes_path("{reader_id}"), 0) == 0
+    assert routes[protocol.acquire_path("{reader_id}")] == nonempty  # one per shard
+    assert routes[protocol.lease_path("{lease_id}")] == nonempty  # each hold dropped
+    assert routes[protocol.pinned_path("{reader_id}")] == nonempty  # epoch 1: pinned
+
+
+def requests_by_route(proc: SidecarProcess) -> dict[str, int]:
+    """Answered (200) control requests by route, from the sidecar's /metrics."""
+    status, text = proc.http_get("/metrics")
+    assert status == 200
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith("shardcache_control_requests_total{") and 'status="200"' in line:
+            route = line.split('route="', 1)[1].split('"', 1)[0]
+            out[route] = out.get(route, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return out
