@@ -44,8 +44,7 @@ ROUTES = web.RouteTableDef()
 async def get_manifest(request: web.Request) -> web.Response:
     sidecar = request.app[lifecycle.SIDECAR]
     sidecar.serving()
-    assert sidecar.manifest is not None
-    return replies.json_response(sidecar.manifest.to_json())
+    return web.Response(body=sidecar.manifest_body, content_type="application/json")
 
 
 @ROUTES.get(protocol.STATUS)
@@ -166,8 +165,10 @@ async def post_acquire(request: web.Request) -> web.Response:
     timeout = settings.acquire_timeout if wanted is None else min(wanted, settings.acquire_timeout)
     ahead = min(protocol.optional_int(call.body, "ahead", minimum=0, default=0), protocol.MAX_AHEAD)
     await _follow(sidecar, call.node, call.reader_id, call.epoch, call.position)
-    # A resident shard is leased here at once; only a miss waits in the thread pool.
-    entry = node.lookup(shard)
+    # A resident shard is leased here at once; only a miss waits in the thread pool. A
+    # lookup here checks the lock, the files and the size: a memory tier that hashed
+    # its entries on every lookup would do it in the thread pool instead.
+    entry = node.lookup(shard) if node.memory.verify == "never" else None
     if entry is None:
         entry = await sidecar.acquire(node, shard, timeout)
     if sidecar.registry.get(reader_id) is None:
@@ -186,7 +187,7 @@ async def post_acquire(request: web.Request) -> web.Response:
     # instead) only if a lookup here would check no more than the client's pin does:
     # the lock, the file and its size.
     answer["reuse"] = node.memory.verify == "never"
-    if ahead:
+    if ahead and node.memory.verify == "never":
         answer["ahead"] = [
             _handover(sidecar, reader_id, s, e)
             for s, e in _grant_ahead(sidecar, node, reader_id, entry, shard, ahead)
