@@ -193,6 +193,7 @@ class CacheNode:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             self.fetch_concurrency, thread_name_prefix="shardcache-fetch"
         )
+        self._working = threading.BoundedSemaphore(self.fetch_concurrency)
         self._warned_small_memory = False
         self._closed = False
 
@@ -315,17 +316,22 @@ class CacheNode:
         mem_key = self.manifest.decoded_key(shard)
         if self.memory.contains(mem_key):
             return
-        try:
-            disk_entry, _ = self.disk.get_or_insert(
-                self.manifest.source_key(shard),
-                entry.size,
-                lambda tmp: self._fetch(shard, tmp),
-            )
-        except errors.ShardcacheError as exc:
-            self._events.fetch_failed(shard, exc)
-            raise
-        with disk_entry:
-            decoded = self._decode(shard, disk_entry.path)
+        # Readahead and the acquires that fetch for themselves (one control thread
+        # each) share the fetch concurrency: a 2-CPU pod with 16 ranks waiting on cold
+        # shards decodes two at a time, not sixteen. Only the fetch and the decode
+        # count: the insert below may wait for room, which must not hold a slot.
+        with self._working:
+            try:
+                disk_entry, _ = self.disk.get_or_insert(
+                    self.manifest.source_key(shard),
+                    entry.size,
+                    lambda tmp: self._fetch(shard, tmp),
+                )
+            except errors.ShardcacheError as exc:
+                self._events.fetch_failed(shard, exc)
+                raise
+            with disk_entry:
+                decoded = self._decode(shard, disk_entry.path)
         try:
             # Readahead never evicts: an evicted shard would be one a reader needs
             # sooner. Acquires do evict (least recently used, never leased).
