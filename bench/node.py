@@ -237,7 +237,16 @@ class Bench:
                 self.expected.check(f"sidecar K={k} epoch {epoch}", through[-1], verify_rows=verify)
             memory_tier = node_probes.memory_tier_bytes(samples)
             sidecar_pss = node_probes.pss_bytes(self.sidecar_pid)
-        return node_report.KResult(k, raw, through, cpu_s, requests, memory_tier, sidecar_pss)
+        return node_report.KResult(
+            k,
+            raw,
+            through,
+            cpu_s,
+            requests,
+            memory_tier,
+            sidecar_pss,
+            shard_epochs=self.args.shards * len(through),
+        )
 
     def _metrics(self) -> dict[str, float]:
         return node_probes.metrics(self.metrics_url)

@@ -41,6 +41,7 @@ _ROUTES = {
     ("POST", "acquire"): "acquire",
     ("POST", "position"): "position",
     ("POST", "pinned"): "pinned",
+    ("POST", "notes"): "notes",
     ("DELETE", "leases"): "release",
     ("PUT", "readers"): "register",
     ("DELETE", "readers"): "unregister",

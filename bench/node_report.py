@@ -38,6 +38,10 @@ class KResult:
     requests: float
     memory_tier_bytes: int
     sidecar_pss: int
+    #: Shards of the dataset times the sidecar passes: what the CPU was spent serving.
+    #: Per shard is the figure to compare across protocol changes that fold several
+    #: requests into one (notes, grants ahead), which raise the CPU per request.
+    shard_epochs: int = 0
 
     def ratio(self) -> float:
         """Sidecar over raw on each process's first epoch (every shard a round trip)."""
@@ -62,6 +66,9 @@ class KResult:
     def cpu_ms_per_request(self) -> float | None:
         return self.cpu_s / self.requests * 1e3 if self.requests else None
 
+    def cpu_ms_per_shard(self) -> float | None:
+        return self.cpu_s / self.shard_epochs * 1e3 if self.shard_epochs else None
+
     def figures(self) -> dict[str, Any]:
         return {
             "raw_gbps": self.raw[0].gbps(),
@@ -72,6 +79,7 @@ class KResult:
             "p50_control_ms": percentile(self.calls(), 50) * 1e3,
             "p99_control_ms": percentile(self.calls(), 99) * 1e3,
             "cpu_ms_per_request": self.cpu_ms_per_request(),
+            "cpu_ms_per_shard": self.cpu_ms_per_shard(),
             "rank_pss_bytes": [r["pss"] for r in self.sidecar[-1].ranks],
             "memory_tier_bytes": self.memory_tier_bytes,
         }
@@ -113,7 +121,8 @@ def k_block(r: KResult) -> str:
         f"   first epoch blocked in control calls: median {statistics.median(blocked):.1%} of a "
         f"rank's pass, max {max(blocked):.1%}",
         f"   sidecar CPU {r.cpu_s:.3f} s for {r.requests:.0f} control requests: "
-        f"{fmt(r.cpu_ms_per_request())} ms per request",
+        f"{fmt(r.cpu_ms_per_request())} ms per request, {fmt(r.cpu_ms_per_shard())} ms per "
+        "shard of an epoch",
         f"   PSS per rank p50 {statistics.median(pss):.0f} MiB (raw ranks "
         f"{statistics.median(raw_pss):.0f} MiB); sidecar {r.sidecar_pss / MiB:.0f} MiB; "
         f"memory tier {r.memory_tier_bytes / MiB:.0f} MiB",
@@ -140,10 +149,13 @@ def result_line(results: Sequence[KResult], cold_ratio: float) -> str:
     """`RESULT k8_ratio=… k16_ratio=… cpu_ms_per_request=… p99_control_ms=… cold_ratio=…`,
     then `p99_at_k`: the K the p99 is from (8, else the largest K run).
 
-    The CPU per request is over every warm sidecar pass of every K together."""
+    The CPU per request is over every warm sidecar pass of every K together; so is
+    `cpu_ms_per_shard` (per dataset shard and epoch served, all ranks), after the rest."""
     by_k = {r.k: r for r in results}
     requests = sum(r.requests for r in results)
     cpu_ms = sum(r.cpu_s for r in results) / requests * 1e3 if requests else None
+    shard_epochs = sum(r.shard_epochs for r in results)
+    per_shard = sum(r.cpu_s for r in results) / shard_epochs * 1e3 if shard_epochs else None
     p99_k = 8 if 8 in by_k else max(by_k)
     p99_ms = percentile(by_k[p99_k].calls(), 99) * 1e3
 
@@ -152,5 +164,6 @@ def result_line(results: Sequence[KResult], cold_ratio: float) -> str:
 
     return (
         f"RESULT k8_ratio={ratio(8)} k16_ratio={ratio(16)} cpu_ms_per_request={fmt(cpu_ms)} "
-        f"p99_control_ms={fmt(p99_ms)} cold_ratio={cold_ratio:.3f} p99_at_k={p99_k}"
+        f"p99_control_ms={fmt(p99_ms)} cold_ratio={cold_ratio:.3f} p99_at_k={p99_k} "
+        f"cpu_ms_per_shard={fmt(per_shard)}"
     )

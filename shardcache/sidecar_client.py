@@ -13,7 +13,12 @@ lives in `Dataset`, so no row is lost or repeated.
 
 A warm shard costs no round trip: when the sidecar says an entry may be reused, the
 provider remembers it and, the next time that shard is asked for, pins it directly and
-tells the sidecar afterwards, off the read path (`SidecarProvider.acquire`).
+tells the sidecar afterwards, off the read path (`SidecarProvider.acquire`). Nor does a
+shard the sidecar granted ahead: an acquire asks for leases on the reader's next
+resident shards too, and the provider pins them at once and hands them out as the
+reader gets there. What the sidecar is told afterwards (shards pinned, holds dropped)
+goes in one batched request per reader where the sidecar serves it (`notes`), over
+connections kept alive between requests.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import random
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,6 +47,11 @@ log = logging.getLogger(__name__)
 
 # AF_UNIX paths are limited to 108 bytes including the terminating NUL (Linux).
 MAX_SOCKET_PATH_BYTES = 107
+#: Seconds between two batches of notes to the sidecar. A reader taking warm shards
+#: back to back (hundreds a second on a fast node) then costs the sidecar one request
+#: per interval rather than one per shard; prefetch learns where the reader is at most
+#: this much later, a small fraction of the time one shard takes to decode.
+NOTES_INTERVAL = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +68,10 @@ class ClientSettings:
     #: Seconds one acquire may wait for its shard. A cold shard of a few GiB from a slow
     #: store takes minutes; ten of them is a store that is not coming back.
     acquire_timeout: float = 600.0
+    #: Shards an acquire asks the sidecar to grant ahead (it grants fewer: those resident,
+    #: within its prefetch depth and a share of its memory tier). Each saves a round trip;
+    #: eight cover the default prefetch depth twice over. 0 asks for none.
+    ahead: int = 8
 
     def __post_init__(self) -> None:
         size = len(os.fsencode(self.socket_path))
@@ -68,6 +83,10 @@ class ClientSettings:
         for name in ("reconnect_timeout", "request_timeout", "acquire_timeout"):
             if getattr(self, name) <= 0:
                 raise errors.InputError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if not 0 <= self.ahead <= protocol.MAX_AHEAD:
+            raise errors.InputError(
+                f"ahead must be in [0, {protocol.MAX_AHEAD}] shards, got {self.ahead}"
+            )
 
     @classmethod
     def from_env(
@@ -79,6 +98,7 @@ class ClientSettings:
         memory_dir: str | Path | None = None,
         reconnect_timeout: float | None = None,
         acquire_timeout: float | None = None,
+        ahead: int | None = None,
     ) -> ClientSettings:
         """Where the sidecar is, from explicit arguments or the webhook's variables.
 
@@ -108,13 +128,15 @@ class ClientSettings:
             if memory_dir is not None
             else socket_path.parent / contract.MEMORY_SUBDIR
         )
-        options: dict[str, float] = {}
+        options: dict[str, Any] = {}
         if reconnect_timeout is None:
             reconnect_timeout = variables.RECONNECT_TIMEOUT.get(env)
         if reconnect_timeout is not None:
             options["reconnect_timeout"] = reconnect_timeout
         if acquire_timeout is not None:
             options["acquire_timeout"] = acquire_timeout
+        if ahead is not None:
+            options["ahead"] = ahead
         return cls(socket_path=socket_path, memory_dir=memory, **options)
 
 
@@ -132,16 +154,27 @@ _DOWN = (OSError, http.client.HTTPException)
 
 
 class Transport:
-    """One JSON request per connection, retried while the sidecar is unreachable."""
+    """JSON requests on kept-alive connections, retried while the sidecar is unreachable."""
 
     def __init__(self, settings: ClientSettings) -> None:
         self.settings = settings
+        self._connections = unix_http.Connections(settings.socket_path)
+
+    def close(self) -> None:
+        self._connections.close()
 
     def _once(
         self, method: str, path: str, body: Mapping[str, Any] | None, timeout: float
     ) -> tuple[int, Any]:
         payload = None if body is None else json.dumps(body).encode()
-        status, raw = unix_http.exchange(self.settings.socket_path, method, path, payload, timeout)
+        status, raw = unix_http.exchange(
+            self.settings.socket_path,
+            method,
+            path,
+            payload,
+            timeout,
+            connections=self._connections,
+        )
         try:
             decoded = json.loads(raw) if raw else None
         except ValueError:
@@ -219,6 +252,14 @@ class _ReaderState:
     position: int
 
 
+@dataclasses.dataclass
+class _Notes:
+    """What to tell the sidecar about one reader in the next batch (`notes`)."""
+
+    pinned: list[int] = dataclasses.field(default_factory=list)
+    released: list[str] = dataclasses.field(default_factory=list)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Handed:
     """A memory-tier entry the sidecar handed over and said may be pinned again."""
@@ -274,6 +315,12 @@ class _Notifier:
             thread.join()
 
 
+def _after_fork_in_child(provider: weakref.ref[SidecarProvider]) -> None:
+    found = provider()
+    if found is not None:
+        found._after_fork()
+
+
 class SidecarProvider:
     """`ShardProvider` backed by the pod's sidecar. Thread-safe."""
 
@@ -285,6 +332,20 @@ class SidecarProvider:
         self._notifier = _Notifier()
         #: Entries handed over with reuse allowed, by shard index (see `acquire`).
         self._handed: dict[int, _Handed] = {}
+        #: Shards granted ahead and pinned, not yet handed out: reader -> shard -> pin.
+        self._ahead: dict[str, dict[int, leases.PinnedEntry]] = {}
+        #: Notes not sent yet, by reader; a flush is queued on the notifier while any are.
+        self._notes: dict[str, _Notes] = {}
+        #: What the sidecar serves beyond the first v1 routes (`protocol.FEATURES`), from
+        #: its answer to the last registration.
+        self._features: frozenset[str] = frozenset()
+        self._notes_sent = 0.0  # time.monotonic() of the last batch (on the notifier)
+        # A forked child (DataLoader workers) shares the parent's lock descriptors, so
+        # its copies of the pins granted ahead would keep those shards pinned for as
+        # long as it lives; it closes them at once (the parent's locks stay).
+        os.register_at_fork(
+            after_in_child=functools.partial(_after_fork_in_child, weakref.ref(self))
+        )
         self._manifest = self._fetch_manifest()
 
     @classmethod
@@ -296,6 +357,7 @@ class SidecarProvider:
         memory_dir: str | Path | None = None,
         reconnect_timeout: float | None = None,
         acquire_timeout: float | None = None,
+        ahead: int | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> SidecarProvider:
         """The provider for this pod's sidecar (precedence: `ClientSettings.from_env`)."""
@@ -306,6 +368,7 @@ class SidecarProvider:
             memory_dir=memory_dir,
             reconnect_timeout=reconnect_timeout,
             acquire_timeout=acquire_timeout,
+            ahead=ahead,
         )
         return cls(settings)
 
@@ -343,7 +406,12 @@ class SidecarProvider:
             "position": state.position,
             "digest": self._manifest.digest,
         }
-        self._call("PUT", protocol.reader_path(reader_id), body)
+        answer = self._call("PUT", protocol.reader_path(reader_id), body)
+        features = answer.get("features") if isinstance(answer, Mapping) else None
+        with self._lock:
+            self._features = frozenset(
+                f for f in (features if isinstance(features, list) else []) if isinstance(f, str)
+            )
 
     def _state(self, reader_id: str) -> _ReaderState:
         with self._lock:
@@ -389,22 +457,29 @@ class SidecarProvider:
     ) -> leases.PinnedEntry:
         """Pin `shard` in the memory tier for this process.
 
-        A shard handed over before with `reuse` (a later epoch, a resumed reader) is
-        pinned directly, and the sidecar told afterwards (`_pin_again`); any other, or
-        one whose entry went away, costs a round trip to the sidecar, which makes the
-        shard resident and hands it over.
+        A shard the sidecar granted ahead is already pinned; one handed over before
+        with `reuse` (a later epoch, a resumed reader) is pinned directly (`_pin_again`).
+        Either way the sidecar is told afterwards. Any other, or one whose entry went
+        away, costs a round trip to the sidecar, which makes the shard resident, hands
+        it over, and grants the reader's next resident shards ahead.
         """
         self._move(reader_id, epoch, position)
-        pinned = self._pin_again(shard)
+        with self._lock:
+            pinned = self._ahead.get(reader_id, {}).pop(shard, None)
+        if pinned is None:
+            pinned = self._pin_again(shard)
         if pinned is not None:
-            self._notifier.submit(functools.partial(self._notify_pinned, reader_id, shard))
+            self._note_pinned(reader_id, shard)
             return pinned
-        body = {
+        body: dict[str, Any] = {
             "shard": shard,
             "epoch": epoch,
             "position": position,
             "timeout_s": self.settings.acquire_timeout,
         }
+        with self._lock:
+            if protocol.FEATURE_AHEAD in self._features and self.settings.ahead:
+                body["ahead"] = self.settings.ahead
         # The socket waits a little longer than the sidecar, so a slow shard comes back
         # as the sidecar's own timeout error rather than a cut connection.
         socket_timeout = self.settings.acquire_timeout + self.settings.request_timeout
@@ -412,8 +487,9 @@ class SidecarProvider:
             answer = self._reader_call(
                 reader_id, protocol.acquire_path(reader_id), body, timeout=socket_timeout
             )
-            pinned = self._take_over(shard, answer)
+            pinned = self._take_over(reader_id, shard, answer)
             if pinned is not None:
+                self._take_ahead(reader_id, answer)
                 return pinned
             # Only when the entry went away between the answer and our lock: the sidecar
             # restarted and evicted it. Asking again makes it resident again.
@@ -460,6 +536,102 @@ class SidecarProvider:
                     del self._handed[shard]
         return pinned
 
+    def _after_fork(self) -> None:
+        """In a forked child: drop the parent's pins granted ahead and pending notes.
+        A fresh lock first: another thread of the parent may have held it at the fork."""
+        self._lock = threading.Lock()
+        ahead, self._ahead, self._notes = self._ahead, {}, {}
+        for pins in ahead.values():
+            for pinned in pins.values():
+                pinned.release()  # closes this process's descriptor; no unlock
+
+    def _take_ahead(self, reader_id: str, answer: Mapping[str, Any]) -> None:
+        """Pin the shards granted ahead in `answer`; they replace the reader's earlier
+        ones (a new round trip means the reader is past those, or moved elsewhere)."""
+        grants = answer.get("ahead")
+        taken: dict[int, leases.PinnedEntry] = {}
+        for grant in grants if isinstance(grants, list) else []:
+            shard = grant.get("shard") if isinstance(grant, Mapping) else None
+            try:
+                if type(shard) is not int:
+                    raise errors.CacheError(f"sidecar sent a bad grant ahead: {grant!r}")
+                pinned = self._take_over(reader_id, shard, {**grant, "reuse": answer.get("reuse")})
+            except errors.ShardcacheError as exc:
+                # A grant only saves a round trip: without it the shard is asked for
+                # when the reader gets there. Its hold, if any, expires at the sidecar.
+                log.warning("not taking a shard granted ahead: %s", exc)
+                continue
+            if pinned is not None:
+                taken[shard] = pinned
+        with self._lock:
+            stale = self._ahead.pop(reader_id, {})
+            if reader_id in self._readers:
+                self._ahead[reader_id] = taken
+            else:  # closed meanwhile (another thread): nothing will take them
+                stale.update(taken)
+        for old in stale.values():
+            old.release()
+
+    def _note_pinned(self, reader_id: str, shard: int) -> None:
+        if self._has(protocol.FEATURE_NOTES):
+            self._note(reader_id, pinned=shard)
+        else:
+            self._notifier.submit(functools.partial(self._notify_pinned, reader_id, shard))
+
+    def _note_released(self, reader_id: str, lease_id: str) -> None:
+        if self._has(protocol.FEATURE_NOTES):
+            self._note(reader_id, released=lease_id)
+        else:
+            self._notifier.submit(functools.partial(self._drop_sidecar_lease, lease_id))
+
+    def _has(self, feature: str) -> bool:
+        with self._lock:
+            return feature in self._features
+
+    def _note(self, reader_id: str, *, pinned: int | None = None, released: str = "") -> None:
+        """Add to the reader's next batch; queue a flush unless one is queued already."""
+        with self._lock:
+            queued = bool(self._notes)
+            notes = self._notes.setdefault(reader_id, _Notes())
+            if pinned is not None:
+                notes.pinned.append(pinned)
+            if released:
+                notes.released.append(released)
+        if not queued:
+            self._notifier.submit(self._send_notes)
+
+    def _send_notes(self) -> None:
+        """Send every reader's batch (on the notifier): one request per reader for all
+        that piled up while the previous batch was on its way.
+
+        Sends the reader's latest epoch and position, so a late batch never moves the
+        sidecar's view of the reader back. Failures are dropped: the next acquire's
+        position corrects the sidecar, and a hold not dropped expires there.
+        """
+        pause = self._notes_sent + NOTES_INTERVAL - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)  # notes queued meanwhile go in this batch
+        with self._lock:
+            batches, self._notes = self._notes, {}
+            bodies = []
+            for reader_id, notes in batches.items():
+                state = self._readers.get(reader_id)
+                if state is None:  # closed meanwhile: unregistering drops its holds
+                    continue
+                body = {
+                    "epoch": state.params.epoch,
+                    "position": state.position,
+                    "pinned": notes.pinned,
+                    "released": notes.released,
+                }
+                bodies.append((reader_id, body))
+        for reader_id, body in bodies:
+            try:
+                self._reader_call(reader_id, protocol.notes_path(reader_id), body, retry=False)
+            except errors.ShardcacheError as exc:
+                log.info("telling the sidecar about reader %s: %s", reader_id, exc)
+        self._notes_sent = time.monotonic()
+
     def _notify_pinned(self, reader_id: str, shard: int) -> None:
         """Tell the sidecar a reader took `shard` without asking (on the notifier).
 
@@ -489,7 +661,7 @@ class SidecarProvider:
             )
         return path
 
-    def _take_over(self, shard: int, answer: Any) -> leases.PinnedEntry | None:
+    def _take_over(self, reader_id: str, shard: int, answer: Any) -> leases.PinnedEntry | None:
         if not isinstance(answer, Mapping):
             raise errors.CacheError(
                 f"sidecar sent an acquire answer that is not an object: {answer!r}"
@@ -512,7 +684,7 @@ class SidecarProvider:
         if pinned is None:
             self._drop_sidecar_lease(lease_id)
         else:
-            self._notifier.submit(functools.partial(self._drop_sidecar_lease, lease_id))
+            self._note_released(reader_id, lease_id)
             self._remember(shard, pinned, answer)
         return pinned
 
@@ -541,6 +713,10 @@ class SidecarProvider:
     def close_reader(self, reader_id: str) -> None:
         with self._lock:
             state = self._readers.pop(reader_id, None)
+            ahead = self._ahead.pop(reader_id, {})
+        # Shards granted ahead that the reader never got to: unpinned now, not at exit.
+        for pinned in ahead.values():
+            pinned.release()
         if state is None:
             return
         # A notification already under way may register the reader again (a restarted
@@ -558,6 +734,13 @@ class SidecarProvider:
             reader_ids = list(self._readers)
         for reader_id in reader_ids:
             self.close_reader(reader_id)
+        self._transport.close()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until what this provider queued for the sidecar has been sent (pinned
+        shards, dropped holds); whether it was within `timeout` seconds (default: the
+        request timeout). For tools and tests that read the sidecar's statistics."""
+        return self._notifier.flush(self.settings.request_timeout if timeout is None else timeout)
 
     def status(self) -> Any:
         """The sidecar's status document (readers, cache statistics); for tools and tests."""

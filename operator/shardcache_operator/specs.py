@@ -284,9 +284,11 @@ class PrefetchSpec:
     )
     concurrency: int = _field(
         "concurrency",
-        "Shards fetched from the source at the same time.",
+        "Shards fetched from the source (and decoded) at the same time; 0: one per CPU "
+        "of the sidecar's CPU limit, as many as its memory limit holds beside the memory "
+        "tier.",
         default=variables.FETCH_CONCURRENCY.default,
-        minimum=1,
+        minimum=0,
         maximum=256,
     )
     ready_shards: int = _field(

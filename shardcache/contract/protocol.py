@@ -35,6 +35,18 @@ STATUS: Final = f"{PREFIX}/status"
 READER_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 LEASE_ID_PATTERN: Final = re.compile(r"^[0-9a-f]{32}$")
 
+# --- features: what a sidecar serves beyond the first v1 routes ----------------------
+# Additions to v1 are optional for both ends: a sidecar lists the ones it serves in its
+# answer to a reader's registration, and a client uses only those it finds there, so a
+# newer client keeps working with an older sidecar and the other way round.
+#: acquire takes `ahead` and answers with leases on the reader's next resident shards.
+FEATURE_AHEAD: Final = "ahead"
+#: POST /v1/readers/{id}/notes: pinned shards and dropped holds, batched.
+FEATURE_NOTES: Final = "notes"
+FEATURES: Final = (FEATURE_AHEAD, FEATURE_NOTES)
+#: Most shards one acquire answer grants ahead; a client asking for more gets this many.
+MAX_AHEAD: Final = 16
+
 # --- error kinds: what the caller should do ---------------------------------------
 #: Fix the request; retrying will not help.
 KIND_INPUT: Final = "input"
@@ -72,6 +84,10 @@ def position_path(reader_id: str) -> str:
 
 def pinned_path(reader_id: str) -> str:
     return f"{PREFIX}/readers/{reader_id}/pinned"
+
+
+def notes_path(reader_id: str) -> str:
+    return f"{PREFIX}/readers/{reader_id}/notes"
 
 
 def lease_path(lease_id: str) -> str:
@@ -137,6 +153,32 @@ def require_int(body: Mapping[str, Any], key: str, *, minimum: int | None = None
         raise errors.InputError(f"field {key!r}: expected an integer, found {value!r}")
     if minimum is not None and value < minimum:
         raise errors.InputError(f"field {key!r}: expected an integer >= {minimum}, found {value}")
+    return value
+
+
+def optional_int(body: Mapping[str, Any], key: str, *, minimum: int, default: int) -> int:
+    if body.get(key) is None:
+        return default
+    return require_int(body, key, minimum=minimum)
+
+
+def int_list(body: Mapping[str, Any], key: str) -> list[int]:
+    """A list of integers (empty when absent); InputError names the bad field."""
+    value = body.get(key, [])
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise errors.InputError(f"field {key!r}: expected a list of integers, found {value!r}")
+    return value
+
+
+def lease_list(body: Mapping[str, Any], key: str) -> list[str]:
+    """A list of lease ids (empty when absent); InputError names the bad field."""
+    value = body.get(key, [])
+    if not isinstance(value, list) or not all(
+        isinstance(v, str) and LEASE_ID_PATTERN.match(v) for v in value
+    ):
+        raise errors.InputError(f"field {key!r}: expected a list of lease ids, found {value!r}")
     return value
 
 

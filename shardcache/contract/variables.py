@@ -271,11 +271,15 @@ PREFETCH_DEPTH: Final = Variable(
 )
 FETCH_CONCURRENCY: Final = Variable(
     "SHARDCACHE_FETCH_CONCURRENCY",
-    parsers.integer(minimum=1, maximum=256),
-    # Each fetch is followed by a decode that takes a core; four fill a 2-4 core sidecar.
-    4,
+    parsers.integer(minimum=0, maximum=256),
+    # Each fetch is followed by a decode that takes a core, so the right number is the
+    # container's CPUs: a fixed 4 left 12 of 16 cores idle in a cold epoch and would
+    # overcommit a 2-CPU pod. 0 sizes it from the CPU quota and the memory limit.
+    0,
     _SIDECAR,
-    "Shards fetched from the source (and decoded) at the same time.",
+    "Shards fetched from the source (and decoded) at the same time; 0: one per CPU of "
+    "the container's CPU quota (cgroup), as many as its memory limit holds beside the "
+    "memory tier.",
     spec_field="prefetch.concurrency",
     injected=_IN_SIDECAR,
 )

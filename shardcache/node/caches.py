@@ -24,7 +24,7 @@ import pyarrow.fs as pafs
 
 from shardcache import errors, formats, manifests, plans, source
 from shardcache.contract import variables
-from shardcache.node import tiers
+from shardcache.node import quotas, tiers
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,9 @@ class NodeSettings:
     memory_limit: int = 4 * GiB
     #: Shards decoded ahead of each reader (the contract's default, and its reason).
     prefetch_depth: int = variables.PREFETCH_DEPTH.required_default
-    #: Concurrent source fetches + decodes. Decoding takes a core each.
+    #: Concurrent source fetches + decodes. Decoding takes a core each. 0 (the
+    #: contract's default): sized from the container's CPU quota and memory limit
+    #: (`quotas.fetch_concurrency`), never from the host's core count.
     fetch_concurrency: int = variables.FETCH_CONCURRENCY.required_default
     retry: source.RetryPolicy = dataclasses.field(default_factory=source.RetryPolicy)
     #: Longest an acquire waits for room in a full memory tier (seconds).
@@ -176,12 +178,22 @@ class CacheNode:
             observer=self._events,
             wait_timeout=settings.wait_timeout,
         )
+        # Memory-tier keys by shard, computed once: a key is a sha256 of the shard's
+        # identity, and the prefetcher looks up several at every request.
+        self._memory_keys = [manifest.decoded_key(i) for i in range(len(manifest.shards))]
         self._lock = threading.Lock()
         self._inflight: dict[int, concurrent.futures.Future[None]] = {}
         self._readers: dict[str, _Reader] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            settings.fetch_concurrency, thread_name_prefix="shardcache-fetch"
+        #: Fetches and decodes run at once: the setting, else sized from the quota.
+        self.fetch_concurrency = settings.fetch_concurrency or quotas.fetch_concurrency(
+            quotas.read(),
+            shard_bytes=max((s.size for s in manifest.shards), default=0),
+            memory_tier_bytes=settings.memory_limit,
         )
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self.fetch_concurrency, thread_name_prefix="shardcache-fetch"
+        )
+        self._working = threading.BoundedSemaphore(self.fetch_concurrency)
         self._warned_small_memory = False
         self._closed = False
 
@@ -203,7 +215,8 @@ class CacheNode:
                 self._readers[reader_id] = _Reader(params, runs, position)
             else:
                 reader.position = position
-        self._schedule()
+        # Only this reader's window moved; the others' were scheduled when they moved.
+        self._schedule(reader_id)
 
     def unregister_reader(self, reader_id: str) -> None:
         with self._lock:
@@ -250,6 +263,19 @@ class CacheNode:
             f"({self.settings.memory_limit} bytes) is too small for the readers on this node"
         )
 
+    def lookup(self, shard: int, *, count: bool = True) -> tiers.Entry | None:
+        """A lease on `shard` if it is resident in the memory tier, else None; never
+        fetches, never waits for room (the sidecar calls it on its event loop).
+
+        A hit is counted unless `count` is False (a lease granted ahead of the reader:
+        counted when the reader takes it, `note_reuse`); a miss is not, since the
+        caller's `acquire` that follows counts it."""
+        self._check_index(shard)
+        entry = self.memory.lookup(self._memory_keys[shard], count=False)
+        if entry is not None and count:
+            self._events.hit(self.memory.name)
+        return entry
+
     def note_reuse(self, shard: int) -> None:
         """Count a memory-tier hit for `shard`, taken without a lookup here: a trainer
         pinned an entry it had been handed before (docs/wire-format.md, the reuse fast
@@ -290,17 +316,22 @@ class CacheNode:
         mem_key = self.manifest.decoded_key(shard)
         if self.memory.contains(mem_key):
             return
-        try:
-            disk_entry, _ = self.disk.get_or_insert(
-                self.manifest.source_key(shard),
-                entry.size,
-                lambda tmp: self._fetch(shard, tmp),
-            )
-        except errors.ShardcacheError as exc:
-            self._events.fetch_failed(shard, exc)
-            raise
-        with disk_entry:
-            decoded = self._decode(shard, disk_entry.path)
+        # Readahead and the acquires that fetch for themselves (one control thread
+        # each) share the fetch concurrency: a 2-CPU pod with 16 ranks waiting on cold
+        # shards decodes two at a time, not sixteen. Only the fetch and the decode
+        # count: the insert below may wait for room, which must not hold a slot.
+        with self._working:
+            try:
+                disk_entry, _ = self.disk.get_or_insert(
+                    self.manifest.source_key(shard),
+                    entry.size,
+                    lambda tmp: self._fetch(shard, tmp),
+                )
+            except errors.ShardcacheError as exc:
+                self._events.fetch_failed(shard, exc)
+                raise
+            with disk_entry:
+                decoded = self._decode(shard, disk_entry.path)
         try:
             # Readahead never evicts: an evicted shard would be one a reader needs
             # sooner. Acquires do evict (least recently used, never leased).
@@ -375,17 +406,18 @@ class CacheNode:
                 return []
             return plans.next_shards(reader.runs, reader.ends, reader.position, count)
 
-    def _schedule(self) -> None:
+    def _schedule(self, only: str | None = None) -> None:
+        """Prefetch what the readers (or reader `only`) will read next and is missing."""
         if self._closed:
             return
         depth = self.settings.prefetch_depth
         wanted: list[int] = []
-        for reader_id in self.reader_ids():
+        for reader_id in self.reader_ids() if only is None else [only]:
             for shard in self.upcoming(reader_id, depth + 1):
                 if shard not in wanted:
                     wanted.append(shard)
         for shard in wanted:
-            if self.memory.contains(self.manifest.decoded_key(shard)):
+            if self.memory.contains(self._memory_keys[shard]):
                 continue
             with self._lock:
                 if shard in self._inflight:

@@ -45,7 +45,8 @@ class Settings:
     disk_limit: int = variables.DISK_LIMIT.required_default
     #: Shards decoded ahead of each reader (see NodeSettings.prefetch_depth).
     prefetch_depth: int = variables.PREFETCH_DEPTH.required_default
-    #: Concurrent source fetches + decodes; each decode takes a core.
+    #: Concurrent source fetches + decodes; each decode takes a core. 0: sized from the
+    #: container's CPU quota and memory limit (`shardcache.node.quotas`).
     fetch_concurrency: int = variables.FETCH_CONCURRENCY.required_default
     #: /readyz waits until this many shards of the startup plan are resident, so a
     #: native sidecar's startup probe holds the trainer back until data is warm.
@@ -87,12 +88,17 @@ class Settings:
                 f"control socket path {str(self.socket_path)!r} is {size} bytes; Unix sockets "
                 f"allow at most {sidecar_client.MAX_SOCKET_PATH_BYTES}: use a shorter run directory"
             )
-        for name in ("memory_limit", "disk_limit", "prefetch_depth", "ready_shards"):
+        for name in (
+            "memory_limit",
+            "disk_limit",
+            "prefetch_depth",
+            "ready_shards",
+            "fetch_concurrency",
+        ):
             if getattr(self, name) < 0:
                 raise errors.InputError(f"{name} must be >= 0, found {getattr(self, name)}")
-        for name in ("fetch_concurrency", "control_threads"):
-            if getattr(self, name) < 1:
-                raise errors.InputError(f"{name} must be >= 1, found {getattr(self, name)}")
+        if self.control_threads < 1:
+            raise errors.InputError(f"control_threads must be >= 1, found {self.control_threads}")
         for name in ("handoff_timeout", "acquire_timeout"):
             if getattr(self, name) <= 0:
                 raise errors.InputError(f"{name} must be > 0 seconds, found {getattr(self, name)}")

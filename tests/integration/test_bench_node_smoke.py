@@ -23,7 +23,7 @@ NUMBER_OR_NA = r"(n/a|\d+\.\d+)"
 RESULT = re.compile(
     rf"^RESULT k8_ratio={NUMBER_OR_NA} k16_ratio={NUMBER_OR_NA} "
     rf"cpu_ms_per_request={NUMBER_OR_NA} p99_control_ms={NUMBER_OR_NA} "
-    rf"cold_ratio=(\d+\.\d+) p99_at_k=(\d+)$"
+    rf"cold_ratio=(\d+\.\d+) p99_at_k=(\d+) cpu_ms_per_shard={NUMBER_OR_NA}$"
 )
 
 
@@ -44,9 +44,12 @@ def test_bench_node_ranks_read_every_row_exactly_once_and_result_is_last(tmp_pat
     last = done.stdout.strip().splitlines()[-1]
     match = RESULT.match(last)
     assert match, f"the last line is not a RESULT line: {last!r}"
-    k8, k16, cpu_ms, p99_ms, cold_ratio, p99_at_k = match.groups()
+    k8, k16, cpu_ms, p99_ms, cold_ratio, p99_at_k, per_shard = match.groups()
     assert (k8, k16, p99_at_k) == ("n/a", "n/a", "2")  # only K=1 and K=2 ran
-    assert cpu_ms != "n/a" and float(cpu_ms) > 0
+    # Measured, though it may round to 0: over passes this small the sidecar can take
+    # less CPU than one clock tick.
+    assert cpu_ms != "n/a" and float(cpu_ms) >= 0
+    assert per_shard != "n/a" and float(per_shard) >= 0
     assert p99_ms != "n/a" and float(p99_ms) > 0
     assert float(cold_ratio) > 0
 

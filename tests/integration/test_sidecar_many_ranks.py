@@ -3,7 +3,8 @@
 Against a real `shardcache sidecar` process (file:// source) and real rank processes:
 while a memory tier smaller than the dataset evicts and re-fetches shards, every rank
 reads exactly its plan and together they read every row once per epoch; a rank killed
-in the middle of a shard leaves nothing that keeps the shard from being evicted.
+in the middle of a shard leaves nothing that keeps the shard from being evicted, and
+leases granted ahead of a reader go when it closes or dies.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import pytest
 
 import shardcache
 from shardcache import plans, sidecar_client
+from shardcache.node import tiers
 from tests.support import datasets
 from tests.support.locks import exclusively_lockable
 from tests.support.sidecar import SidecarProcess
@@ -200,3 +203,127 @@ def test_nothing_stays_pinned_once_ranks_close_or_die(
     locks = sorted(proc.memory_dir.glob("*.lock"))
     assert locks, "no shard reached the memory tier: the test is moot"
     assert [lock.name for lock in locks if not exclusively_lockable(lock)] == []
+
+
+# Takes shard 0 (and with it leases on the next shards, granted ahead) and lets it go,
+# says so, then waits: for "close" (closes its reader) or to die.
+AHEAD_RANK = textwrap.dedent(
+    """
+    import sys, time
+    from shardcache import plans, sidecar_client
+    shards = sidecar_client.SidecarProvider.from_env()
+    reader = shards.open_reader(plans.PlanParams(shuffle=False), position=0)
+    shards.acquire(reader, 0, epoch=0, position=0).release()
+    print("acquired", flush=True)
+    assert sys.stdin.readline().strip() == "close"
+    shards.close_reader(reader)
+    print("closed", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def pinned_shards(proc: SidecarProcess, keys: list[str]) -> list[int]:
+    """Shards whose memory-tier entry some process holds a lock on."""
+    return [
+        shard
+        for shard, key in enumerate(keys)
+        if (proc.memory_dir / (key + ".lock")).exists()
+        and not exclusively_lockable(proc.memory_dir / (key + ".lock"))
+    ]
+
+
+def eventually(probe: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.parametrize("end", ["close", "sigkill"])
+def test_leases_granted_ahead_are_released_when_the_reader_closes_or_dies(
+    sidecar_factory: Factory, tmp_path: Path, end: str
+) -> None:
+    rows = [200] * 6
+    root = tmp_path / "eq"
+    datasets.write_dataset(pafs.LocalFileSystem(), str(root), rows)
+    uri = f"file://{root}"
+    proc = sidecar_factory(uri, args=["--ready-shards", "0", "--prefetch-depth", "4"])
+    proc.start()
+    # Make every shard resident first: only resident shards are granted ahead.
+    warmer = sidecar_client.SidecarProvider.from_env(environ=proc.client_env(), ahead=0)
+    keys = [warmer.manifest.decoded_key(s) for s in range(len(rows))]
+    reader = warmer.open_reader(plans.PlanParams(shuffle=False), position=0)
+    for shard in range(len(rows)):
+        warmer.acquire(reader, shard, epoch=0, position=200 * shard).release()
+    warmer.close()
+    assert proc.holds_drain() == 0 and pinned_shards(proc, keys) == []
+
+    with subprocess.Popen(
+        [sys.executable, "-c", AHEAD_RANK],
+        env={**os.environ, **proc.client_env()},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as rank:
+        try:
+            assert rank.stdin is not None and rank.stdout is not None
+            line = rank.stdout.readline().strip()
+            assert line == "acquired", f"the rank exited with {rank.poll()} before acquiring"
+            # The next shards of its plan, within the prefetch depth, pinned by the rank
+            # itself; the sidecar's own holds on them went once the rank had its locks.
+            assert proc.holds_drain() == 0
+            assert pinned_shards(proc, keys) == [1, 2, 3, 4]
+            if end == "close":
+                rank.stdin.write("close\n")
+                rank.stdin.flush()
+                assert rank.stdout.readline().strip() == "closed", rank.poll()
+            else:
+                rank.send_signal(signal.SIGKILL)
+                rank.wait(timeout=30)
+            assert eventually(lambda: pinned_shards(proc, keys) == [])
+        finally:
+            rank.kill()
+            rank.wait(timeout=30)
+    assert proc.holds_drain() == 0
+    # And the sidecar can evict every one of them.
+    memory = tiers.Tier(
+        proc.memory_dir, limit_bytes=1 << 40, name="memory", fsync=False, verify="never"
+    )
+    assert all(memory.evict(key) for key in keys)
+
+
+def test_a_forked_child_does_not_keep_the_parents_leases_granted_ahead(
+    sidecar_factory: Factory, tmp_path: Path
+) -> None:
+    # DataLoader workers are forked from the trainer: sharing its lock descriptors, a
+    # child would keep every shard granted ahead pinned for as long as it lives.
+    rows = [200] * 6
+    root = tmp_path / "eq"
+    datasets.write_dataset(pafs.LocalFileSystem(), str(root), rows)
+    proc = sidecar_factory(f"file://{root}", args=["--ready-shards", "0"])
+    proc.start()
+    warmer = sidecar_client.SidecarProvider.from_env(environ=proc.client_env(), ahead=0)
+    keys = [warmer.manifest.decoded_key(s) for s in range(len(rows))]
+    reader = warmer.open_reader(plans.PlanParams(shuffle=False), position=0)
+    for shard in range(len(rows)):  # every shard resident
+        warmer.acquire(reader, shard, epoch=0, position=200 * shard).release()
+    warmer.close()
+    shards = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
+    reader = shards.open_reader(plans.PlanParams(shuffle=False), position=0)
+    shards.acquire(reader, 0, epoch=0, position=0).release()
+    assert shards.flush() and proc.holds_drain() == 0
+    assert pinned_shards(proc, keys) == [1, 2, 3, 4]
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child)
+        time.sleep(60)
+        os._exit(0)
+    try:
+        shards.close_reader(reader)
+        assert pinned_shards(proc, keys) == []
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        shards.close()

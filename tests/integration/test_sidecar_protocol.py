@@ -252,3 +252,123 @@ def test_a_hold_nobody_takes_over_expires(
         time.sleep(0.1)
     assert exclusively_lockable(lock)
     assert proc.control("GET", protocol.STATUS)[1]["holds"] == 0
+
+
+def test_an_acquire_grants_the_readers_next_resident_shards_ahead(
+    sidecar: SidecarProcess,
+) -> None:
+    params = plans.PlanParams(shuffle=False, block_size=BLOCK)
+    # Read an epoch first (nothing granted ahead) so every shard is resident.
+    warm = shardcache.Dataset(provider(sidecar, ahead=0), params)
+    assert len(uids(warm)) == sum(SHARDS)
+    warm.close()
+    body = {**protocol.params_to_json(params), "position": 0}
+    status, registered = sidecar.control("PUT", protocol.reader_path("r"), body)
+    assert (status, registered["features"]) == (200, list(protocol.FEATURES))
+
+    status, answer = sidecar.control(
+        "POST", protocol.acquire_path("r"), {"shard": 0, "epoch": 0, "position": 0, "ahead": 3}
+    )
+    assert status == 200 and answer["shard"] == 0
+    # The next shards of the plan (shard 1 has no rows, so no run), each with a hold.
+    assert [g["shard"] for g in answer["ahead"]] == [2, 3, 4]
+    assert sidecar.control("GET", protocol.STATUS)[1]["holds"] == 4
+    for grant in answer["ahead"]:
+        assert set(grant) == {"lease", "shard", "path", "lock", "size"}
+        assert (sidecar.memory_dir / grant["path"]).stat().st_size == grant["size"]
+        assert not exclusively_lockable(sidecar.memory_dir / grant["lock"])
+    # Asking for none grants none; an acquire away from where the plan is grants none.
+    none = sidecar.control(
+        "POST", protocol.acquire_path("r"), {"shard": 0, "epoch": 0, "position": 0}
+    )
+    assert "ahead" not in none[1]
+    elsewhere = sidecar.control(
+        "POST", protocol.acquire_path("r"), {"shard": 5, "epoch": 0, "position": 0, "ahead": 3}
+    )
+    assert elsewhere[1]["ahead"] == []
+
+    # One batch drops every hold and says which shard the reader took itself.
+    hits = sidecar.control("GET", protocol.STATUS)[1]["stats"]["hits"]["memory"]
+    leases = [answer["lease"], *(g["lease"] for g in answer["ahead"])]
+    leases += [none[1]["lease"], elsewhere[1]["lease"]]
+    note = {"epoch": 0, "position": 300, "pinned": [2], "released": leases}
+    status, noted = sidecar.control("POST", protocol.notes_path("r"), note)
+    assert (status, noted) == (
+        200,
+        {"reader": "r", "epoch": 0, "position": 300, "pinned": 1, "released": 6},
+    )
+    state = sidecar.control("GET", protocol.STATUS)[1]
+    assert state["holds"] == 0 and state["stats"]["hits"]["memory"] == hits + 1
+    assert [(r["id"], r["position"]) for r in state["readers"]] == [("r", 300)]
+    for grant in answer["ahead"]:
+        assert exclusively_lockable(sidecar.memory_dir / grant["lock"])
+
+
+def test_the_notes_route_refuses_bad_requests(sidecar: SidecarProcess) -> None:
+    body = {**protocol.params_to_json(plans.PlanParams(block_size=BLOCK)), "position": 0}
+    assert sidecar.control("PUT", protocol.reader_path("r"), body)[0] == 200
+    good = {"epoch": 0, "position": 0, "pinned": [0], "released": []}
+    cases: list[tuple[str, Any, int, str, str]] = [
+        ("nobody", good, 404, protocol.CODE_UNKNOWN_READER, "unknown reader 'nobody'"),
+        ("r", {**good, "pinned": [6]}, 400, protocol.CODE_UNKNOWN_SHARD, "out of range"),
+        ("r", {**good, "pinned": [True]}, 400, protocol.CODE_BAD_REQUEST, "field 'pinned'"),
+        ("r", {**good, "pinned": 3}, 400, protocol.CODE_BAD_REQUEST, "field 'pinned'"),
+        ("r", {**good, "released": ["x"]}, 400, protocol.CODE_BAD_REQUEST, "field 'released'"),
+        ("r", {"position": 0}, 400, protocol.CODE_BAD_REQUEST, "field 'epoch'"),
+    ]
+    for reader, payload, status, code, message in cases:
+        got_status, got = sidecar.control("POST", protocol.notes_path(reader), payload)
+        assert (got_status, got["error"]["code"]) == (status, code), (reader, payload, got)
+        assert message in got["error"]["message"], got
+    # A lease nobody holds (already dropped, expired) is no error: dropping is idempotent.
+    gone = {**good, "released": ["0" * 32]}
+    assert sidecar.control("POST", protocol.notes_path("r"), gone)[1]["released"] == 0
+
+
+def test_a_client_talking_to_a_sidecar_without_the_features_uses_the_first_v1_routes(
+    sidecar: SidecarProcess, dataset: tuple[str, pa.Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An older sidecar answers a registration without `features`: the client must not
+    # send `notes` or ask for grants ahead, and still read exactly the same rows.
+    call = sidecar_client.Transport.call
+
+    def older(self: sidecar_client.Transport, method: str, path: str, *a: Any, **kw: Any) -> Any:
+        answer = call(self, method, path, *a, **kw)
+        if method == "PUT" and isinstance(answer, dict):
+            answer.pop("features", None)
+        return answer
+
+    monkeypatch.setattr(sidecar_client.Transport, "call", older)
+    params = plans.PlanParams(seed=2, block_size=BLOCK)
+    with shardcache.open(
+        dataset[0], cache_dir=sidecar.workdir / "ref", seed=2, block_size=BLOCK
+    ) as ds:
+        want = [uids(ds)]
+        ds.set_epoch(1)
+        want.append(uids(ds))
+    shards = provider(sidecar)
+    ds = shardcache.Dataset(shards, params)
+    got = [uids(ds)]
+    ds.set_epoch(1)
+    got.append(uids(ds))
+    assert shards.flush()
+    ds.close()
+    assert got == want
+    routes = requests_by_route(sidecar)
+    nonempty = sum(1 for rows in SHARDS if rows)
+    assert routes.get(protocol.notes_path("{reader_id}"), 0) == 0
+    assert routes[protocol.acquire_path("{reader_id}")] == nonempty  # one per shard
+    assert routes[protocol.lease_path("{lease_id}")] == nonempty  # each hold dropped
+    assert routes[protocol.pinned_path("{reader_id}")] == nonempty  # epoch 1: pinned
+
+
+def requests_by_route(proc: SidecarProcess) -> dict[str, int]:
+    """Answered (200) control requests by route, from the sidecar's /metrics."""
+    status, text = proc.http_get("/metrics")
+    assert status == 200
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith("shardcache_control_requests_total{") and 'status="200"' in line:
+            route = line.split('route="', 1)[1].split('"', 1)[0]
+            out[route] = out.get(route, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return out

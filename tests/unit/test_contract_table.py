@@ -223,7 +223,7 @@ def test_other_boolean_words_are_refused_naming_the_variable(text: str) -> None:
     ("variable", "text", "message"),
     [
         (variables.PREFETCH_DEPTH, "1025", "expected an integer <= 1024, found 1025"),
-        (variables.FETCH_CONCURRENCY, "0", "expected an integer >= 1, found 0"),
+        (variables.FETCH_CONCURRENCY, "-1", "expected an integer >= 0, found -1"),
         (variables.SEED, "1.5", "expected an integer, found '1.5'"),
         (variables.MEMORY_LIMIT, "2Gi", "expected a byte count >= 0, found '2Gi'"),
         (variables.RECONNECT_TIMEOUT, "0", "expected seconds > 0, found 0"),

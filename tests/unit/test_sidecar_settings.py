@@ -64,8 +64,8 @@ def test_flags_override_the_environment() -> None:
         ({contract.ENV_MANIFEST_DIGEST: "md5:x"}, "expected 'sha256:<hex>'"),
         ({contract.ENV_RUN_DIR: "/" + "x" * 120}, "Unix sockets allow at most 107"),
         (
-            {contract.ENV_FETCH_CONCURRENCY: "0"},
-            f"${contract.ENV_FETCH_CONCURRENCY}: expected an integer >= 1, found 0",
+            {contract.ENV_FETCH_CONCURRENCY: "-1"},
+            f"${contract.ENV_FETCH_CONCURRENCY}: expected an integer >= 0, found -1",
         ),
     ],
 )

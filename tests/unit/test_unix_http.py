@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,77 @@ def test_exchange_over_a_real_unix_socket(tmp_path: Path) -> None:
         server.close()
     assert (status, body) == (201, b'{"ok": true}')
     assert seen[0].startswith(b"PUT /v1/readers/x HTTP/1.1\r\n")
+
+
+def serve(path: Path, answers_per_connection: list[int]) -> tuple[threading.Thread, list[bytes]]:
+    """A server that answers that many requests on each connection it accepts in turn,
+    then closes it; what it received, per connection."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(4)
+    received: list[bytes] = []
+
+    def run() -> None:
+        with server:
+            for count in answers_per_connection:
+                conn, _ = server.accept()
+                with conn:
+                    seen = b""
+                    for n in range(count):
+                        while seen.count(b"\r\n\r\n") <= n:
+                            data = conn.recv(4096)
+                            if not data:  # the client closed it: no more requests here
+                                break
+                            seen += data
+                        else:
+                            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                            continue
+                        break
+                    received.append(seen)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, received
+
+
+def test_kept_alive_connections_carry_several_requests(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    thread, received = serve(path, [3])
+    connections = unix_http.Connections(path)
+    try:
+        for _ in range(3):
+            assert connections.exchange("GET", "/healthz", None, 5.0) == (200, b"ok")
+    finally:
+        connections.close()
+        thread.join(timeout=5)
+    # One connection, three requests on it, each asking to keep it.
+    assert len(received) == 1 and received[0].count(b"GET /healthz HTTP/1.1\r\n") == 3
+    assert received[0].count(b"Connection: keep-alive\r\n") == 3
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    # The server answers one request per connection and closes it (its keep-alive
+    # timeout, a restart): the next request goes out again on a new connection.
+    thread, received = serve(path, [1, 1])
+    connections = unix_http.Connections(path)
+    try:
+        assert connections.exchange("GET", "/a", None, 5.0) == (200, b"ok")
+        time.sleep(0.1)  # the server has closed it by now
+        assert connections.exchange("GET", "/b", None, 5.0) == (200, b"ok")
+    finally:
+        connections.close()
+        thread.join(timeout=5)
+    assert [r.split(b" ", 2)[1] for r in received] == [b"/a", b"/b"]
+
+
+def test_an_answer_framed_by_the_end_of_the_connection_is_not_reused() -> None:
+    response = unix_http.Response()
+    response.feed(b"HTTP/1.1 200 OK\r\n\r\nbody")
+    assert not response.reusable
+    closing = unix_http.Response()
+    assert closing.feed(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
+    assert not closing.reusable
+    kept = unix_http.Response()
+    assert kept.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    assert kept.reusable

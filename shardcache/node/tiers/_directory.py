@@ -62,6 +62,10 @@ def unlink(path: Path) -> bool:
     return True
 
 
+#: Entries whose paths are kept (a dataset's shards, many times over); beyond, start over.
+_KNOWN_PATHS = 65536
+
+
 class Directory:
     """The files of the tier named `name` (used in log messages) under `root`."""
 
@@ -69,18 +73,42 @@ class Directory:
         self.root = root
         self.name = name
         self.tier_lock = root / names.TIER_LOCK_NAME
+        self._prefix = os.path.join(os.fspath(root), "")
+        self._known: dict[str, tuple[Path, Path, Path]] = {}
 
     def data(self, key: str) -> Path:
-        return self.root / key
+        return self._paths(key)[0]
 
     def meta(self, key: str) -> Path:
-        return self.root / (key + names.META_SUFFIX)
+        return self._paths(key)[1]
 
     def lease(self, key: str) -> Path:
-        return self.root / (key + names.LOCK_SUFFIX)
+        return self._paths(key)[2]
+
+    def _paths(self, key: str) -> tuple[Path, Path, Path]:
+        """An entry's data, meta and lease paths, built once per key: a lookup uses each
+        several times, and building a `Path` cost more than the system calls on it."""
+        paths = self._known.get(key)
+        if paths is None:
+            if len(self._known) >= _KNOWN_PATHS:
+                self._known.clear()
+            paths = self._known[key] = (
+                self.root / key,
+                self.root / (key + names.META_SUFFIX),
+                self.root / (key + names.LOCK_SUFFIX),
+            )
+        return paths
 
     def fill(self, key: str) -> Path:
         return self.root / (key + names.FILL_LOCK_SUFFIX)
+
+    def committed(self, key: str) -> bool:
+        """Whether the entry's meta and data files both exist. With string paths: the
+        prefetcher asks this for every shard ahead of a reader at every request it
+        makes, where building `Path`s cost more than the two stat calls."""
+        return os.path.exists(self._prefix + key + names.META_SUFFIX) and os.path.exists(
+            self._prefix + key
+        )
 
     def listing(self) -> Listing:
         """Every file of the tier, classified; files removed meanwhile are skipped."""

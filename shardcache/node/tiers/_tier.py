@@ -93,15 +93,18 @@ class Tier:
         return f"Tier(name={self.name!r}, root={str(self.root)!r}, limit_bytes={self.limit_bytes})"
 
     # --- public API --------------------------------------------------------------------
-    def lookup(self, key: str) -> _entries.Entry | None:
+    def lookup(self, key: str, *, count: bool = True) -> _entries.Entry | None:
         """Return a leased, verified entry, or None (missing, or corrupted and removed).
 
         Touches the entry's LRU time. Verification always checks the size, and the full
         sha256 when verify == "always". A bad entry is removed, logged and counted.
+        `count=False` leaves the hit or miss uncounted, for a caller that counts it
+        itself once it knows whether the lookup served a reader.
         """
         _entries.check_key(key)
         entry, _ = self._lookup(key, touch=True)
-        self._count_lookup(entry)
+        if count:
+            self._count_lookup(entry)
         return entry
 
     def insert(
@@ -226,7 +229,7 @@ class Tier:
     def contains(self, key: str) -> bool:
         """Whether a committed entry exists (no lease, no verification)."""
         _entries.check_key(key)
-        return self._files.meta(key).exists() and self._files.data(key).exists()
+        return self._files.committed(key)
 
     def keys(self) -> list[str]:
         """Keys of the committed entries, sorted."""

@@ -7,10 +7,14 @@
     POST   /v1/readers/{id}/position     where the reader is now
     POST   /v1/readers/{id}/acquire      lease a shard, blocking until it is resident
     POST   /v1/readers/{id}/pinned       the reader pinned a shard itself (warm path)
+    POST   /v1/readers/{id}/notes        pinned shards and dropped holds, batched
     DELETE /v1/leases/{id}               release a hold the reader did not take over
 
-Handlers are thin: they parse the request, call the `CacheNode` through the sidecar's
-thread pool (`lifecycle.Sidecar.blocking`) and shape the answer. Errors are raised
+Handlers are thin: they parse the request, call the `CacheNode` and shape the answer.
+What cannot block runs on the event loop (moving a reader, a lookup of a resident
+shard): a hop to a thread and back cost more than the call. What can (a fetch, an
+acquire that waits for room, a plan computed for a new reader) runs in the sidecar's
+thread pool (`lifecycle.Sidecar.blocking`, `lifecycle.Sidecar.acquire`). Errors are raised
 (`replies.RequestError`, `errors.InputError`, ...) and become JSON bodies with a `kind`
 in the server's middleware; bad input gets a 4xx and the sidecar keeps serving
 everyone else.
@@ -26,7 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from shardcache.contract import protocol
-from shardcache.node import caches, names
+from shardcache.node import caches, names, tiers
 from shardcache_sidecar import readers
 from shardcache_sidecar.server import lifecycle, replies
 
@@ -40,8 +44,7 @@ ROUTES = web.RouteTableDef()
 async def get_manifest(request: web.Request) -> web.Response:
     sidecar = request.app[lifecycle.SIDECAR]
     sidecar.serving()
-    assert sidecar.manifest is not None
-    return replies.json_response(sidecar.manifest.to_json())
+    return web.Response(body=sidecar.manifest_body, content_type="application/json")
 
 
 @ROUTES.get(protocol.STATUS)
@@ -120,6 +123,7 @@ async def put_reader(request: web.Request) -> web.Response:
             "change": change.value,
             "params": protocol.params_to_json(params),
             "position": position,
+            "features": list(protocol.FEATURES),
         }
     )
 
@@ -147,8 +151,7 @@ async def post_position(request: web.Request) -> web.Response:
     body = await replies.json_body(request)
     epoch = protocol.require_int(body, "epoch", minimum=0)
     position = protocol.require_int(body, "position", minimum=0)
-    sidecar.registry.move(reader_id, epoch=epoch, position=position)
-    await sidecar.blocking(node.update_reader, reader_id, epoch=epoch, position=position)
+    await _follow(sidecar, node, reader_id, epoch, position)
     return replies.json_response({"reader": reader_id, "epoch": epoch, "position": position})
 
 
@@ -160,8 +163,14 @@ async def post_acquire(request: web.Request) -> web.Response:
     node, reader_id, shard = call.node, call.reader_id, call.shard
     wanted = protocol.optional_float(call.body, "timeout_s")
     timeout = settings.acquire_timeout if wanted is None else min(wanted, settings.acquire_timeout)
-    await _follow(sidecar, call)
-    entry = await sidecar.acquire(node, shard, timeout)
+    ahead = min(protocol.optional_int(call.body, "ahead", minimum=0, default=0), protocol.MAX_AHEAD)
+    await _follow(sidecar, call.node, call.reader_id, call.epoch, call.position)
+    # A resident shard is leased here at once; only a miss waits in the thread pool. A
+    # lookup here checks the lock, the files and the size: a memory tier that hashed
+    # its entries on every lookup would do it in the thread pool instead.
+    entry = node.lookup(shard) if node.memory.verify == "never" else None
+    if entry is None:
+        entry = await sidecar.acquire(node, shard, timeout)
     if sidecar.registry.get(reader_id) is None:
         # Unregistered while we waited: nobody will take this over.
         entry.release()
@@ -171,24 +180,79 @@ async def post_acquire(request: web.Request) -> web.Response:
             protocol.CODE_UNKNOWN_READER,
             f"reader {reader_id!r} was unregistered",
         )
+    answer = _handover(sidecar, reader_id, shard, entry)
+    answer["memory_dir"] = str(settings.memory_dir)
+    answer["handoff_timeout_s"] = settings.handoff_timeout
+    # The client may pin this entry again later without asking (POST .../pinned
+    # instead) only if a lookup here would check no more than the client's pin does:
+    # the lock, the file and its size.
+    answer["reuse"] = node.memory.verify == "never"
+    if ahead and node.memory.verify == "never":
+        answer["ahead"] = [
+            _handover(sidecar, reader_id, s, e)
+            for s, e in _grant_ahead(sidecar, node, reader_id, entry, shard, ahead)
+        ]
+    return replies.json_response(answer)
+
+
+def _handover(
+    sidecar: lifecycle.Sidecar, reader_id: str, shard: int, entry: tiers.Entry
+) -> dict[str, Any]:
+    """Hold `entry` for the reader until it takes it over; what the answer says of it."""
     hold = sidecar.registry.hold(reader_id, shard, entry)
-    memory_dir = settings.memory_dir
-    lock = entry.path.with_name(entry.key + names.LOCK_SUFFIX)
-    return replies.json_response(
-        {
-            "lease": hold.lease_id,
-            "shard": shard,
-            "path": entry.path.relative_to(memory_dir).as_posix(),
-            "lock": lock.relative_to(memory_dir).as_posix(),
-            "size": entry.size,
-            "memory_dir": str(memory_dir),
-            "handoff_timeout_s": settings.handoff_timeout,
-            # The client may pin this entry again later without asking (POST
-            # .../pinned instead) only if a lookup here would check no more than
-            # the client's pin does: the lock, the file and its size.
-            "reuse": node.memory.verify == "never",
-        }
-    )
+    # A memory-tier entry is the file named by its key in the memory directory, its
+    # lock file beside it (`tiers`); pathlib's relative_to cost more than the rest.
+    return {
+        "lease": hold.lease_id,
+        "shard": shard,
+        "path": entry.key,
+        "lock": entry.key + names.LOCK_SUFFIX,
+        "size": entry.size,
+    }
+
+
+def _grant_ahead(
+    sidecar: lifecycle.Sidecar,
+    node: caches.CacheNode,
+    reader_id: str,
+    acquired: tiers.Entry,
+    shard: int,
+    count: int,
+) -> list[tuple[int, tiers.Entry]]:
+    """Leases on the reader's next shards after `shard`, as far as they are resident.
+
+    They save the reader a round trip per shard; it pins them at once (its own locks,
+    dropped when it closes the reader or dies). Stops at the first shard that is not
+    resident: the grants are the next shards in plan order, with no gap.
+
+    Pins granted ahead must never take the room that keeps readers going, or a reader
+    waits for room another one holds for later (a rank blocked in a collective with the
+    waiting one never gets there: a deadlock until the acquire times out). So the
+    memory tier first keeps room for two shards per registered reader (the one it reads
+    and the next) and for the startup shards a restarted sidecar warms; what is left,
+    shared among the readers, bounds one answer's grants, besides the prefetch depth.
+    Shards are taken to be the size of the acquired one.
+    """
+    limit = min(count, node.settings.prefetch_depth)
+    readers = max(1, len(sidecar.registry))
+    kept = (2 * readers + sidecar.settings.ready_shards) * max(1, acquired.size)
+    budget = (node.settings.memory_limit - kept) // readers
+    upcoming = node.upcoming(reader_id, limit + 1)
+    if not upcoming or upcoming[0] != shard:
+        # Not where the reader's plan says it is (a tool, a test, a plan moved under
+        # it): "the next shards" would be a guess.
+        return []
+    granted: list[tuple[int, tiers.Entry]] = []
+    for next_shard in upcoming[1 : limit + 1]:
+        entry = node.lookup(next_shard, count=False)
+        if entry is None:
+            break
+        if entry.size > budget:
+            entry.release()
+            break
+        budget -= entry.size
+        granted.append((next_shard, entry))
+    return granted
 
 
 @ROUTES.post(protocol.pinned_path("{reader_id}"))
@@ -201,7 +265,7 @@ async def post_pinned(request: web.Request) -> web.Response:
     """
     sidecar = request.app[lifecycle.SIDECAR]
     call = await _shard_call(sidecar, request)
-    await _follow(sidecar, call)
+    await _follow(sidecar, call.node, call.reader_id, call.epoch, call.position)
     call.node.note_reuse(call.shard)
     return replies.json_response(
         {
@@ -209,6 +273,41 @@ async def post_pinned(request: web.Request) -> web.Response:
             "shard": call.shard,
             "epoch": call.epoch,
             "position": call.position,
+        }
+    )
+
+
+@ROUTES.post(protocol.notes_path("{reader_id}"))
+async def post_notes(request: web.Request) -> web.Response:
+    """What a reader did without asking, batched: the shards it pinned itself (each as
+    a `pinned` call) and the holds it no longer needs (each as a lease release), then
+    where it is now. One request for what were several, sent off the read path."""
+    sidecar = request.app[lifecycle.SIDECAR]
+    node = sidecar.serving()
+    reader_id = _known_reader(sidecar, request)
+    body = await replies.json_body(request)
+    epoch = protocol.require_int(body, "epoch", minimum=0)
+    position = protocol.require_int(body, "position", minimum=0)
+    pinned = protocol.int_list(body, "pinned")
+    released = protocol.lease_list(body, "released")
+    for shard in pinned:
+        _check_shard(node, shard)
+    dropped = 0
+    for lease_id in released:
+        hold = sidecar.registry.drop(lease_id)
+        if hold is not None:
+            hold.lease.release()
+            dropped += 1
+    await _follow(sidecar, node, reader_id, epoch, position)
+    for shard in pinned:
+        node.note_reuse(shard)
+    return replies.json_response(
+        {
+            "reader": reader_id,
+            "epoch": epoch,
+            "position": position,
+            "pinned": len(pinned),
+            "released": dropped,
         }
     )
 
@@ -250,12 +349,20 @@ async def _shard_call(sidecar: lifecycle.Sidecar, request: web.Request) -> _Shar
     return call
 
 
-async def _follow(sidecar: lifecycle.Sidecar, call: _ShardCall) -> None:
-    """Move the reader to where the call says it is, so prefetch follows it."""
-    sidecar.registry.move(call.reader_id, epoch=call.epoch, position=call.position)
-    await sidecar.blocking(
-        call.node.update_reader, call.reader_id, epoch=call.epoch, position=call.position
-    )
+async def _follow(
+    sidecar: lifecycle.Sidecar, node: caches.CacheNode, reader_id: str, epoch: int, position: int
+) -> None:
+    """Move the reader to where the call says it is, so prefetch follows it.
+
+    On the event loop, unless the reader enters another epoch: its new plan is computed
+    then, which for a large manifest takes long enough to stall other readers."""
+    reader = sidecar.registry.get(reader_id)
+    new_epoch = reader is None or reader.params.epoch != epoch
+    sidecar.registry.move(reader_id, epoch=epoch, position=position)
+    if new_epoch:
+        await sidecar.blocking(node.update_reader, reader_id, epoch=epoch, position=position)
+    else:
+        node.update_reader(reader_id, epoch=epoch, position=position)
 
 
 def _known_reader(sidecar: lifecycle.Sidecar, request: web.Request) -> str:

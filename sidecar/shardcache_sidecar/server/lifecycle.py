@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -87,6 +88,9 @@ class Sidecar:
         )
         self.node: caches.CacheNode | None = None
         self.manifest: manifests.Manifest | None = None
+        #: The manifest's JSON, encoded once: every rank fetches it when it opens the
+        #: dataset, K at once on a K-GPU node, and a large one takes milliseconds.
+        self.manifest_body = b""
         self.problem: replies.Problem | None = replies.Problem(
             503, protocol.KIND_UNAVAILABLE, protocol.CODE_STARTING, "the sidecar is starting"
         )
@@ -205,6 +209,7 @@ class Sidecar:
         node = await self.blocking(
             caches.CacheNode, manifest, s.node_settings(), observer=self.metrics
         )
+        self.manifest_body = json.dumps(manifest.to_json()).encode()
         self.manifest, self.node = manifest, node
         params = s.startup_plan()
         self.registry.register(STARTUP_READER, params, 0)
@@ -220,6 +225,8 @@ class Sidecar:
                 "digest": manifest.digest,
                 "shards": len(manifest.shards),
                 "rows": manifest.total_rows,
+                # Sized from the CPU quota and memory limit unless set (`quotas`).
+                "fetch_concurrency": node.fetch_concurrency,
             },
         )
         self._tasks.append(asyncio.create_task(self._warm(node), name="warm"))

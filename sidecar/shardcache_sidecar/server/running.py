@@ -68,7 +68,7 @@ async def errors_to_json(request: web.Request, handler: Handler) -> web.StreamRe
         else:
             log.warning("%s %s: %s", request.method, request.path, rejected.message)
         response = replies.error_response(rejected)
-    request.app[lifecycle.SIDECAR].metrics.requests.labels(route, str(response.status)).inc()
+    request.app[lifecycle.SIDECAR].metrics.request(route, response.status)
     return response
 
 
