@@ -9,7 +9,6 @@ real pod objects moving through real phases.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import kubernetes.client
@@ -25,6 +24,8 @@ pytestmark = pytest.mark.e2e
 RUNNING_TIMEOUT_S = 90.0
 #: Pod counts refresh every operator.settings.podsIntervalSeconds (2 s in the e2e values).
 COUNT_TIMEOUT_S = 60.0
+# What kopf logs each time the finalizer is retried while pods still hold the mount.
+FINALIZER_POLL = "Handler 'finalize' failed temporarily: waiting for"
 
 
 def ready_mount(
@@ -137,8 +138,15 @@ def test_attached_pods_are_counted_and_deletion_waits_for_them(
     obj = objects.get_datasetmount(admin, ns, name)
     assert obj["metadata"]["deletionTimestamp"]
     assert obj["metadata"]["finalizers"] == [handlers.FINALIZER]
-    # Several deletion polls (2 s each) later there is still exactly one Event about it.
-    time.sleep(3 * harness.OPERATOR_SETTINGS["deletionPollSeconds"])
+    # Three more deletion polls later there is still exactly one Event about it; each
+    # poll is kopf retrying the finalizer, which it logs.
+    polls = harness.log_mentions(operator, FINALIZER_POLL)
+    harness.wait_until(
+        "three more deletion polls of the finalizer",
+        lambda: harness.log_mentions(operator, FINALIZER_POLL) >= polls + 3,
+        timeout=90,
+        describe=operator.logs,
+    )
     waiting = [
         e
         for e in objects.events_of(admin, ns, obj["metadata"]["uid"])

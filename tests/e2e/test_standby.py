@@ -8,7 +8,6 @@ one runs, and serves the DatasetMounts once the active one is gone.
 from __future__ import annotations
 
 import pathlib
-import time
 
 import kubernetes.client
 import pytest
@@ -58,8 +57,13 @@ def test_the_standby_replica_takes_over_when_the_active_one_stops(
         objects.create_datasetmount(admin, workload_namespace, objects.datasetmount(first, uri))
         created.append(first)
         objects.wait_phase(admin, workload_namespace, first, "Ready", operator)
-        # A few of kopf's peering rounds: the standby stays paused, the active one works.
-        time.sleep(3)
+        # The standby has seen the active peer and paused: it reconciled nothing.
+        harness.wait_until(
+            "the standby to pause in favour of the active operator",
+            lambda: harness.log_mentions(standby, "Pausing operations in favour of"),
+            timeout=TAKEOVER_TIMEOUT_S,
+            describe=standby.logs,
+        )
         assert reconciled(operator) >= 1
         assert reconciled(standby) == 0, standby.logs()
 
