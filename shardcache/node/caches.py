@@ -299,8 +299,14 @@ class CacheNode:
         except errors.ShardcacheError as exc:
             self._events.fetch_failed(shard, exc)
             raise
-        with disk_entry:
-            decoded = self._decode(shard, disk_entry.path)
+        try:
+            with disk_entry:
+                decoded = self._decode(shard, disk_entry.path)
+        except errors.ShardcacheError:
+            # Bytes that are not the pinned shard (damaged on the way) are not kept:
+            # the next acquire fetches again instead of meeting them from the disk tier.
+            self.disk.evict(self.manifest.source_key(shard))
+            raise
         try:
             # Readahead never evicts: an evicted shard would be one a reader needs
             # sooner. Acquires do evict (least recently used, never leased).
