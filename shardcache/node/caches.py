@@ -22,7 +22,7 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardcache import errors, formats, manifests, plans, source
+from shardcache import errors, faultpoints, formats, manifests, plans, source
 from shardcache.contract import variables
 from shardcache.node import tiers
 
@@ -307,6 +307,7 @@ class CacheNode:
             # the next acquire fetches again instead of meeting them from the disk tier.
             self.disk.evict(self.manifest.source_key(shard))
             raise
+        faultpoints.reach("cache.decode")
         try:
             # Readahead never evicts: an evicted shard would be one a reader needs
             # sooner. Acquires do evict (least recently used, never leased).
@@ -355,6 +356,7 @@ class CacheNode:
             what=f"fetching shard {shard} ({entry.path}) from {self.manifest.root}",
             policy=self.settings.retry,
         )
+        faultpoints.reach("cache.fetch")
         self._events.fetched(entry.size, time.monotonic() - started)
 
     def _decode(self, shard: int, path: Path) -> formats.Decoded:

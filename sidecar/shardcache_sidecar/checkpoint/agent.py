@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from shardcache import errors, source
+from shardcache import errors, faultpoints, source
 from shardcache.checkpoint import _protocol
 from shardcache_sidecar.checkpoint import (
     agent_config,
@@ -216,6 +216,7 @@ class Agent:
             )
             return False
         assert result.path is not None
+        faultpoints.reach("checkpoint.answer")
         self._held[result.path.name] = time.time()
         self.observer.restored(step, time.monotonic() - started, result.created_at)
         log.info(
@@ -330,6 +331,7 @@ class Agent:
                 buffer_bytes=s.upload_buffer,
             )
             uploaded = time.monotonic()
+            faultpoints.reach("checkpoint.latest")
             retention.publish_pointer(self.fs, self.prefix, manifest, retry=s.retry)
         except errors.InputError as exc:
             log.error("checkpoint step %d in %s is not uploaded: %s", step, path, exc)
@@ -347,6 +349,7 @@ class Agent:
             self._retry_at[path] = time.monotonic() + s.retry_interval
             self._set_failed(path, step, str(exc), retryable=True)
             return False
+        faultpoints.reach("checkpoint.status")
         self._retry_at.pop(path, None)
         self._release_holds(marker)
         # The pointer file first: once wait() sees "uploaded", latest() agrees.

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from shardcache import contract, errors, source
+from shardcache import contract, errors, faultpoints, source
 from shardcache.checkpoint import _protocol
 from shardcache_sidecar.checkpoint import agent_config, layout, metrics, uploader
 
@@ -182,6 +182,7 @@ def restore_step(
             policy=retry,
         )
         obs.transferred("download", length)
+        faultpoints.reach("checkpoint.restore.fetch")
 
     def verify(entry: layout.FileEntry) -> None:
         found = uploader.sha256_file(staging / entry.path)
@@ -209,6 +210,7 @@ def restore_step(
             tasks = [(e, off, n) for e in missing for off, n in ranges(e.size)]
             list(pool.map(fetch, tasks))
             list(pool.map(verify, missing))
+        faultpoints.reach("checkpoint.restore.assemble")
         _assemble(dest, staging, reused, {f.path for f in manifest.files})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
