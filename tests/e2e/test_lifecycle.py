@@ -193,3 +193,43 @@ def test_force_delete_annotation_releases_it_with_pods_attached(
     core = kubernetes.client.CoreV1Api(admin)
     assert core.read_namespaced_pod(pods[0], ns).status.phase == "Running"
     delete_pod(admin, ns, pods[0])
+
+
+def finish_pod(admin: kubernetes.client.ApiClient, namespace: str, name: str, phase: str) -> None:
+    """The pod's containers exited: its phase as the kubelet reports it (a status patch
+    where the fake nodes run no containers)."""
+    core = kubernetes.client.CoreV1Api(admin)
+    core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": phase}})
+    harness.wait_until(
+        f"pod {name} to be {phase}",
+        lambda: core.read_namespaced_pod(name, namespace).status.phase == phase,
+        timeout=RUNNING_TIMEOUT_S,
+    )
+
+
+def test_pods_that_finish_stop_holding_the_deletion_and_it_completes(
+    admin: kubernetes.client.ApiClient,
+    operator: harness.Operator,
+    workload_namespace: str,
+    object_store: harness.ObjectStore,
+    s3_secret: str,
+) -> None:
+    ns = workload_namespace
+    name = ready_mount(admin, operator, ns, object_store, "finished")
+    pods = start_pods(admin, ns, name, 2)
+    wait_attached(admin, operator, ns, name, 2)
+
+    finish_pod(admin, ns, pods[0], "Succeeded")
+    wait_attached(admin, operator, ns, name, 1)
+    custom = kubernetes.client.CustomObjectsApi(admin)
+    custom.delete_namespaced_custom_object(objects.GROUP, objects.VERSION, ns, objects.PLURAL, name)
+    status = objects.wait_phase(admin, ns, name, "Terminating", operator)
+    assert status["attachedPods"] == 1  # the running pod still holds it
+
+    finish_pod(admin, ns, pods[1], "Failed")
+    wait_gone(admin, operator, ns, name)
+    # Released because the pods finished, not because they went: both are still there.
+    core = kubernetes.client.CoreV1Api(admin)
+    assert [core.read_namespaced_pod(p, ns).status.phase for p in pods] == ["Succeeded", "Failed"]
+    for pod in pods:
+        delete_pod(admin, ns, pod)
