@@ -14,6 +14,7 @@ import collections
 import pathlib
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -28,6 +29,8 @@ def main() -> int:
     parser.add_argument("--minio", type=pathlib.Path, default=None, help="MinIO binary")
     parser.add_argument("--report", type=pathlib.Path, default=None, help="Markdown out")
     args = parser.parse_args()
+    # SIGTERM (a CI timeout) unwinds through the finally below: MinIO and agents stop.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="shardcache-soak-"))

@@ -102,12 +102,14 @@ class AgentProcess:
         self.process: subprocess.Popen[bytes] | None = None
         #: Every process started, so an episode that fails leaves none running.
         self.started: list[subprocess.Popen[bytes]] = []
+        self._log_mark = 0
 
     def start(self, fault: str | None = None) -> None:
         env = dict(self.env)
         if fault is not None:
             env[faultpoints.ENV_TEST_FAULT] = fault
         self.root.mkdir(parents=True, exist_ok=True)
+        self._log_mark = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "shardcache_sidecar.checkpoint"],
@@ -139,16 +141,29 @@ class AgentProcess:
         )
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
+        """SIGTERM once it said ready (its handler is installed by then); it drains."""
+        process = self.process
+        if process is None or process.poll() is not None:
             return
-        self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=PROCESS_TIMEOUT_S)
+        waiting.wait_until(
+            "the agent to start (print ready) before it is stopped",
+            lambda: "ready" in self.log_since_start() or process.poll() is not None,
+            timeout=PROCESS_TIMEOUT_S,
+            describe=self.log_tail,
+        )
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=PROCESS_TIMEOUT_S)
         assert code == 0, f"agent exited {code}:\n{self.log_tail()}"
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=PROCESS_TIMEOUT_S)
+
+    def log_since_start(self) -> str:
+        with self.log_path.open("rb") as log:
+            log.seek(self._log_mark)
+            return log.read().decode(errors="replace")
 
     def log_tail(self, lines: int = 60) -> str:
         try:
