@@ -139,6 +139,40 @@ class Agent:
             return
         self._published = complete
         self._write_latest(complete)
+        self._repair_pointer(complete)
+
+    def _repair_pointer(self, complete: list[int]) -> None:
+        """Move `latest` to the newest complete step if a crash left it behind.
+
+        A kill between a step's manifest and the pointer leaves the pointer on an older
+        step; after the restart, the start-up restore may take that newest step from the
+        node's own copy (marking it restored), so no publish follows that would move
+        the pointer. Found by the crash soak (docs/faults.md).
+        """
+        if not complete:
+            return
+        s = self.settings
+        newest = complete[-1]
+        try:
+            pointer = source.with_retries(
+                lambda: layout.parse_pointer(
+                    layout.read_json(self.fs, layout.pointer_path(self.prefix))
+                ),
+                what=f"reading the latest pointer under {s.uri}",
+                policy=s.retry,
+            )
+            if pointer is not None and pointer >= newest:
+                return
+            where = layout.manifest_path(self.prefix, newest)
+            raw = source.with_retries(
+                lambda: layout.read_json(self.fs, where), what=f"reading {where}", policy=s.retry
+            )
+            manifest = layout.CheckpointManifest.from_json(raw, where=where)
+            retention.publish_pointer(self.fs, self.prefix, manifest, retry=s.retry)
+        except (errors.ShardcacheError, OSError) as exc:
+            log.warning("cannot move the latest pointer to step %d: %s", newest, exc)
+            return
+        log.warning("the latest pointer named step %s; moved to step %d", pointer, newest)
 
     def _write_latest(self, published: list[int]) -> None:
         _protocol.write_json_atomic(
