@@ -9,6 +9,7 @@ an object of the same size whose rows changed (the node cache's decode check).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -123,7 +124,9 @@ def test_embedded_an_object_with_other_rows_at_the_same_size_is_refused(tmp_path
 
 
 @pytest.fixture
-def pinned_sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[SidecarProcess, str]:
+def pinned_sidecar(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[SidecarProcess, str]]:
     root, _ = write(tmp_path)
     digest = shardcache.resolve(str(root)).digest
     proc = SidecarProcess(

@@ -27,7 +27,8 @@ def wait_until(
     interval: float = 0.02,
     describe: Callable[[], str] | None = None,
 ) -> T:
-    """Poll `check()` until it returns something other than None/False, then return it.
+    """Poll `check()` until it returns something true (not None, False, 0 or empty),
+    then return it.
 
     On time-out, fail naming `what` was awaited and, through `describe`, what was last
     seen, so a red run says why without rerunning it.
@@ -35,7 +36,7 @@ def wait_until(
     deadline = time.monotonic() + timeout
     while True:
         value = check()
-        if value is not None and value is not False:
+        if value:
             return value
         if time.monotonic() >= deadline:
             seen = f"\nlast seen: {describe()}" if describe else ""
