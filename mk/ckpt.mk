@@ -2,3 +2,11 @@
 .PHONY: bench-ckpt
 bench-ckpt: install tools-minio
 	$(PY) bench/ckpt.py --minio $(MINIO_DIR)/minio
+
+# The crash matrix at random (nightly size, not in `make test`): >= 100 SIGKILLs at
+# named fault points, each process restarted and every invariant checked. The fixed,
+# representative set runs in `make test` (tests/integration/test_crash_matrix.py).
+SOAK_KILLS ?= 100
+.PHONY: soak
+soak: install tools-minio
+	$(PY) -m tests.crash_soak --kills $(SOAK_KILLS) --minio $(MINIO_DIR)/minio $(SOAK_ARGS)

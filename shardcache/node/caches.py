@@ -22,7 +22,7 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardcache import errors, formats, manifests, plans, source
+from shardcache import errors, faultpoints, formats, manifests, plans, source
 from shardcache.contract import variables
 from shardcache.node import quotas, tiers
 
@@ -330,8 +330,16 @@ class CacheNode:
             except errors.ShardcacheError as exc:
                 self._events.fetch_failed(shard, exc)
                 raise
-            with disk_entry:
-                decoded = self._decode(shard, disk_entry.path)
+            try:
+                with disk_entry:
+                    decoded = self._decode(shard, disk_entry.path)
+            except errors.ShardcacheError:
+                # Bytes that are not the pinned shard (damaged on the way) are not
+                # kept: the next acquire fetches again instead of meeting them from
+                # the disk tier.
+                self.disk.evict(self.manifest.source_key(shard))
+                raise
+        faultpoints.reach("cache.decode")
         try:
             # Readahead never evicts: an evicted shard would be one a reader needs
             # sooner. Acquires do evict (least recently used, never leased).
@@ -380,6 +388,7 @@ class CacheNode:
             what=f"fetching shard {shard} ({entry.path}) from {self.manifest.root}",
             policy=self.settings.retry,
         )
+        faultpoints.reach("cache.fetch")
         self._events.fetched(entry.size, time.monotonic() - started)
 
     def _decode(self, shard: int, path: Path) -> formats.Decoded:

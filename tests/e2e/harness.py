@@ -277,6 +277,22 @@ class Operator(Protocol):
     def logs(self) -> str: ...
 
 
+def log_mentions(operator: Operator, text: str) -> int:
+    """How often the operator's log says `text`: the whole log of a local process (it is
+    appended across restarts); the recent tail of an in-cluster one.
+
+    Tests wait for the count to grow (kopf logs every timer round and every retry of a
+    handler) rather than sleep for "a few rounds".
+    """
+    path = getattr(operator, "log_path", None)
+    if isinstance(path, pathlib.Path):
+        try:
+            return path.read_text(errors="replace").count(text)
+        except FileNotFoundError:
+            return 0
+    return operator.logs().count(text)
+
+
 def metric_value(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
     """Sum of the samples of `name` whose labels include `labels` (0 when absent)."""
     total = 0.0

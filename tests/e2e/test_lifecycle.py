@@ -9,7 +9,6 @@ real pod objects moving through real phases.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import kubernetes.client
@@ -25,6 +24,8 @@ pytestmark = pytest.mark.e2e
 RUNNING_TIMEOUT_S = 90.0
 #: Pod counts refresh every operator.settings.podsIntervalSeconds (2 s in the e2e values).
 COUNT_TIMEOUT_S = 60.0
+# What kopf logs each time the finalizer is retried while pods still hold the mount.
+FINALIZER_POLL = "Handler 'finalize' failed temporarily: waiting for"
 
 
 def ready_mount(
@@ -137,8 +138,15 @@ def test_attached_pods_are_counted_and_deletion_waits_for_them(
     obj = objects.get_datasetmount(admin, ns, name)
     assert obj["metadata"]["deletionTimestamp"]
     assert obj["metadata"]["finalizers"] == [handlers.FINALIZER]
-    # Several deletion polls (2 s each) later there is still exactly one Event about it.
-    time.sleep(3 * harness.OPERATOR_SETTINGS["deletionPollSeconds"])
+    # Three more deletion polls later there is still exactly one Event about it; each
+    # poll is kopf retrying the finalizer, which it logs.
+    polls = harness.log_mentions(operator, FINALIZER_POLL)
+    harness.wait_until(
+        "three more deletion polls of the finalizer",
+        lambda: harness.log_mentions(operator, FINALIZER_POLL) >= polls + 3,
+        timeout=90,
+        describe=operator.logs,
+    )
     waiting = [
         e
         for e in objects.events_of(admin, ns, obj["metadata"]["uid"])
@@ -185,3 +193,43 @@ def test_force_delete_annotation_releases_it_with_pods_attached(
     core = kubernetes.client.CoreV1Api(admin)
     assert core.read_namespaced_pod(pods[0], ns).status.phase == "Running"
     delete_pod(admin, ns, pods[0])
+
+
+def finish_pod(admin: kubernetes.client.ApiClient, namespace: str, name: str, phase: str) -> None:
+    """The pod's containers exited: its phase as the kubelet reports it (a status patch
+    where the fake nodes run no containers)."""
+    core = kubernetes.client.CoreV1Api(admin)
+    core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": phase}})
+    harness.wait_until(
+        f"pod {name} to be {phase}",
+        lambda: core.read_namespaced_pod(name, namespace).status.phase == phase,
+        timeout=RUNNING_TIMEOUT_S,
+    )
+
+
+def test_pods_that_finish_stop_holding_the_deletion_and_it_completes(
+    admin: kubernetes.client.ApiClient,
+    operator: harness.Operator,
+    workload_namespace: str,
+    object_store: harness.ObjectStore,
+    s3_secret: str,
+) -> None:
+    ns = workload_namespace
+    name = ready_mount(admin, operator, ns, object_store, "finished")
+    pods = start_pods(admin, ns, name, 2)
+    wait_attached(admin, operator, ns, name, 2)
+
+    finish_pod(admin, ns, pods[0], "Succeeded")
+    wait_attached(admin, operator, ns, name, 1)
+    custom = kubernetes.client.CustomObjectsApi(admin)
+    custom.delete_namespaced_custom_object(objects.GROUP, objects.VERSION, ns, objects.PLURAL, name)
+    status = objects.wait_phase(admin, ns, name, "Terminating", operator)
+    assert status["attachedPods"] == 1  # the running pod still holds it
+
+    finish_pod(admin, ns, pods[1], "Failed")
+    wait_gone(admin, operator, ns, name)
+    # Released because the pods finished, not because they went: both are still there.
+    core = kubernetes.client.CoreV1Api(admin)
+    assert [core.read_namespaced_pod(p, ns).status.phase for p in pods] == ["Succeeded", "Failed"]
+    for pod in pods:
+        delete_pod(admin, ns, pod)

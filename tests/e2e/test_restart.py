@@ -9,8 +9,6 @@ added twice, and the pod count is unchanged.
 
 from __future__ import annotations
 
-import time
-
 import kubernetes.client
 import pytest
 
@@ -20,6 +18,14 @@ from tests.e2e.conftest import ReadyMount
 pytestmark = pytest.mark.e2e
 
 RESUME_TIMEOUT_S = 90.0
+SETTLE_TIMEOUT_S = 90.0
+# What kopf logs (INFO) each time the pod-count timer ran.
+COUNT_ROUND = "Timer 'count-pods' succeeded."
+
+
+def attached(admin: kubernetes.client.ApiClient, mount: ReadyMount) -> object:
+    obj = objects.get_datasetmount(admin, mount.namespace, mount.name)
+    return (obj.get("status") or {}).get("attachedPods")
 
 
 def snapshot(admin: kubernetes.client.ApiClient, mount: ReadyMount) -> dict[str, object]:
@@ -47,8 +53,13 @@ def test_restarting_the_operator_causes_no_duplicate_side_effects(
 ) -> None:
     core = kubernetes.client.CoreV1Api(admin)
     core.create_namespaced_pod(ready_mount.namespace, objects.pod(None, ready_mount.name))
-    # Let the pod count settle so the comparison is about the restart alone.
-    time.sleep(2 * harness.OPERATOR_SETTINGS["podsIntervalSeconds"] + 1)
+    # The pod counted first, so the comparison is about the restart alone.
+    harness.wait_until(
+        "status.attachedPods to count the new pod",
+        lambda: attached(admin, ready_mount) == 1,
+        timeout=SETTLE_TIMEOUT_S,
+        describe=operator.logs,
+    )
     before = snapshot(admin, ready_mount)
     assert [e[1] for e in before["events"]] == ["ManifestPinned"]
 
@@ -66,8 +77,15 @@ def test_restarting_the_operator_causes_no_duplicate_side_effects(
         timeout=RESUME_TIMEOUT_S,
         describe=operator.logs,
     )
-    # A few timer rounds and deletion polls, where any repeated side effect would show.
-    time.sleep(2 * harness.OPERATOR_SETTINGS["podsIntervalSeconds"] + 1)
+    # Two more rounds of the pod-count timer after the resume, where any repeated side
+    # effect would show: waited for in the log, not on the clock.
+    rounds = harness.log_mentions(operator, COUNT_ROUND)
+    harness.wait_until(
+        "two rounds of the count-pods timer after the resume",
+        lambda: harness.log_mentions(operator, COUNT_ROUND) >= rounds + 2,
+        timeout=SETTLE_TIMEOUT_S,
+        describe=operator.logs,
+    )
     after = snapshot(admin, ready_mount)
     changed = {key: (before[key], after[key]) for key in before if before[key] != after[key]}
     if "status" in changed:

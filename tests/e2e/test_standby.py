@@ -8,7 +8,6 @@ one runs, and serves the DatasetMounts once the active one is gone.
 from __future__ import annotations
 
 import pathlib
-import time
 
 import kubernetes.client
 import pytest
@@ -18,6 +17,8 @@ from tests.e2e import harness, objects
 pytestmark = pytest.mark.e2e
 
 TAKEOVER_TIMEOUT_S = 90.0
+# The chart's peering (values: peering.name).
+PEERING = "shardcache"
 
 
 class Standby(harness.LocalOperator):
@@ -25,6 +26,14 @@ class Standby(harness.LocalOperator):
 
     def argv(self) -> list[str]:
         return [*super().argv(), "--priority=0"]
+
+
+def peering_priorities(admin: kubernetes.client.ApiClient) -> set[int]:
+    """The priorities of the peers in the chart's ClusterKopfPeering (0: the standby)."""
+    custom = kubernetes.client.CustomObjectsApi(admin)
+    peering = custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", PEERING)
+    peers = (peering.get("status") or {}).values()
+    return {0 if int(p.get("priority", 0)) == 0 else 1 for p in peers if isinstance(p, dict)}
 
 
 def reconciled(operator: harness.Operator) -> float:
@@ -58,8 +67,15 @@ def test_the_standby_replica_takes_over_when_the_active_one_stops(
         objects.create_datasetmount(admin, workload_namespace, objects.datasetmount(first, uri))
         created.append(first)
         objects.wait_phase(admin, workload_namespace, first, "Ready", operator)
-        # A few of kopf's peering rounds: the standby stays paused, the active one works.
-        time.sleep(3)
+        # Both are in the peering, the standby (priority 0) below the active one: from
+        # then on it is paused (kopf starts mandatory peering paused, and logs nothing
+        # while it stays so), and it has reconciled nothing.
+        harness.wait_until(
+            "the standby's keep-alive beside the active operator's in the peering",
+            lambda: peering_priorities(admin) >= {0, 1} or None,
+            timeout=TAKEOVER_TIMEOUT_S,
+            describe=lambda: f"{peering_priorities(admin)}\n{standby.logs()}",
+        )
         assert reconciled(operator) >= 1
         assert reconciled(standby) == 0, standby.logs()
 

@@ -138,10 +138,8 @@ def test_no_agent_running_is_a_timeout_that_asks_about_the_agent(
     publish(make_agent, (1, 2))
     agent = make_agent("node-b")
     agent.restore()  # restored at start, then the agent died: nobody serves requests
-    started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"step 1 .*within 0\.5s.*checkpoint agent running"):
         checkpoint.restore(1, timeout=0.5, root=agent.root)
-    assert time.monotonic() - started >= 0.5
     assert requests_in(agent.root) == []  # withdrawn
 
 

@@ -26,7 +26,7 @@ from shardcache_sidecar.checkpoint import (
 import shardcache
 from shardcache import checkpoint, contract, errors, source
 from shardcache.checkpoint import _protocol, layout
-from tests.support import datasets, rot
+from tests.support import datasets, rot, waiting
 from tests.support.checkpoints import AgentFactory, tree, write_checkpoint
 from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
@@ -164,9 +164,11 @@ def test_corrupted_object_is_detected_on_restore_and_fallback_happens_only_when_
     # Started as in the sidecar: never ready, and the reason (for /readyz) says why.
     strict_bg = make_agent("node-c")
     strict_bg.start()
-    deadline = time.monotonic() + 60
-    while "failed" not in strict_bg.readiness()[1] and time.monotonic() < deadline:
-        time.sleep(0.05)
+    waiting.wait_until(
+        "the background restore to report its failure",
+        lambda: "failed" in strict_bg.readiness()[1],
+        describe=lambda: str(strict_bg.readiness()),
+    )
     ready, why = strict_bg.readiness()
     assert not ready and "model.bin" in why
 
@@ -281,6 +283,7 @@ def test_metrics_count_bytes_steps_and_age(make_agent: AgentFactory, tmp_path: P
     agent.observer = Metrics(registry)
     files = model_files(11)
     assert registry.get_sample_value("shardcache_checkpoint_last_committed_step") == -1
+    before_commit = time.time()
     checkpoint.commit(write_checkpoint(tmp_path / "node-a", "s11", files), step=11)
     assert agent.scan() == [11]
 
@@ -294,7 +297,8 @@ def test_metrics_count_bytes_steps_and_age(make_agent: AgentFactory, tmp_path: P
     assert sample("shardcache_checkpoint_uploads_in_flight") == 0
     assert sample("shardcache_checkpoint_upload_duration_seconds_count") == 1
     age = sample("shardcache_checkpoint_age_seconds")
-    assert age is not None and 0 <= age < 120
+    # Measured from the commit: no more than the time since just before it, however slow.
+    assert age is not None and 0 <= age <= time.time() - before_commit
 
 
 def test_resume_with_the_data_state_continues_the_uninterrupted_stream(

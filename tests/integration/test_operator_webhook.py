@@ -12,7 +12,7 @@ import re
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import jsonpatch
@@ -24,7 +24,16 @@ from kopf._core.engines import admission as kopf_admission
 from kopf._core.engines import indexing
 from kopf._core.reactor import inventory
 from prometheus_client.parser import text_string_to_metric_families
-from shardcache_operator import certs, configuration, context, health, injection, status, webhook
+from shardcache_operator import (
+    certs,
+    configuration,
+    context,
+    handlers,
+    health,
+    injection,
+    status,
+    webhook,
+)
 
 from tests.support.s3server import free_port
 
@@ -228,7 +237,16 @@ async def test_healthz_readyz_and_metrics_follow_prometheus_conventions(
     await endpoint.post(review(pod("missing")))
     meters = endpoint.memo.metrics
     meters.set_phase("ml", "imagenet", status.Phase.READY)
-    meters.attached_pods.labels(namespace="ml", datasetmount="imagenet").set(3)
+    # Counted by the handler from the pod index, as the operator does: the gauge shows
+    # what count_pods() computed, not a value the test wrote.
+    handlers.count_pods(
+        body=kopf.Body(cast(kopf.RawBody, dsm("imagenet"))),
+        patch=kopf.Patch(),
+        namespace="ml",
+        name="imagenet",
+        memo=endpoint.memo,
+        attached_pods={("ml", "imagenet"): ["trainer-0", "trainer-1", "trainer-2"]},
+    )
     ready = asyncio.Event()
     runner = await health.start("127.0.0.1", 0, ready, meters)
     try:

@@ -7,9 +7,9 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
@@ -18,7 +18,7 @@ import shardcache
 from shardcache import contract, errors, plans, sidecar_client
 from shardcache.contract import protocol
 from shardcache.node import backings
-from tests.support import datasets
+from tests.support import datasets, waiting
 from tests.support.sidecar import SidecarProcess
 
 pytestmark = pytest.mark.integration
@@ -91,11 +91,14 @@ def test_a_pinned_digest_that_differs_serves_no_data_and_says_why(
     proc = sidecar_factory(dataset, env={contract.ENV_MANIFEST_DIGEST: pinned})
     proc.start()
     actual = shardcache.resolve(dataset).digest
-    deadline = time.monotonic() + 30
-    status, body = proc.http_get("/readyz")
-    while actual not in str(body) and time.monotonic() < deadline:
-        time.sleep(0.05)
-        status, body = proc.http_get("/readyz")
+
+    def says_digest() -> tuple[int, Any] | None:
+        reply = proc.http_get("/readyz")
+        return reply if actual in str(reply[1]) else None
+
+    status, body = waiting.wait_until(
+        "/readyz to name the resolved digest", says_digest, describe=proc.log_tail
+    )
     assert status == 503
     assert pinned in str(body) and actual in str(body)
     assert proc.http_get("/healthz")[0] == 200

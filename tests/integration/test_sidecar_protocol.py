@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import pytest
 import shardcache
 from shardcache import errors, plans, sidecar_client
 from shardcache.contract import protocol
-from tests.support import datasets
+from tests.support import datasets, waiting
 from tests.support.locks import exclusively_lockable
 from tests.support.sidecar import SidecarProcess
 
@@ -113,10 +112,9 @@ def test_readahead_hints_move_the_reader_and_prefetch_from_there(
     shards.readahead(reader, epoch=1, position=near_end)
     (state,) = [r for r in shards.status()["readers"] if r["id"] == reader]
     assert (state["epoch"], state["position"]) == (1, near_end)
-    deadline = time.monotonic() + 30
-    while not (sidecar.memory_dir / key).exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert (sidecar.memory_dir / key).exists()
+    waiting.wait_until(
+        f"readahead to make shard {last} resident", (sidecar.memory_dir / key).exists
+    )
 
 
 def test_two_readers_of_one_sidecar_split_the_epoch(sidecar: SidecarProcess) -> None:
@@ -247,10 +245,10 @@ def test_a_hold_nobody_takes_over_expires(
     assert status == 200
     lock = proc.memory_dir / answer["lock"]
     assert not exclusively_lockable(lock)  # held by the sidecar for the handover
-    deadline = time.monotonic() + 10
-    while not exclusively_lockable(lock) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert exclusively_lockable(lock)
+    waiting.wait_until(
+        "the sidecar to drop its handover lock after the 0.5 s handoff timeout",
+        lambda: exclusively_lockable(lock),
+    )
     assert proc.control("GET", protocol.STATUS)[1]["holds"] == 0
 
 

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pytest
 
 import shardcache
 from shardcache import plans, sidecar_client
-from tests.support import datasets
+from tests.support import datasets, waiting
 from tests.support.locks import exclusively_lockable
 from tests.support.s3server import S3Server
 from tests.support.sidecar import SidecarProcess
@@ -93,7 +92,11 @@ def test_sigkill_mid_epoch_and_restart_loses_and_repeats_no_row(
     restarted = threading.Event()
 
     def restart_later() -> None:
-        time.sleep(1.0)  # the trainer meanwhile finds the socket dead and retries
+        # Only once the trainer has found the socket dead and is retrying.
+        waiting.wait_until(
+            "the trainer to find the killed sidecar not answering",
+            lambda: any("is not answering" in r.getMessage() for r in caplog.records),
+        )
         proc.start(wait="none")
         restarted.set()
 

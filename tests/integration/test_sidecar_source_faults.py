@@ -4,14 +4,13 @@ with their kind and the shard's name, and the sidecar keeps serving afterwards."
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
 
 from shardcache import errors, plans, sidecar_client, source
-from tests.support import datasets
+from tests.support import datasets, waiting
 from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
 from tests.support.sidecar import SidecarProcess
@@ -46,11 +45,17 @@ def test_readyz_waits_while_the_source_is_down_and_turns_ready_when_it_is_back(
     fault_proxy.refuse_connections()
     proc = sidecar_factory(s3_dataset[0], env=through_proxy(s3_server, fault_proxy))
     proc.start()
-    deadline = time.monotonic() + 60
-    status, body = proc.http_get("/readyz")
-    while "retrying" not in str(body) and time.monotonic() < deadline:
-        time.sleep(0.2)
-        status, body = proc.http_get("/readyz")
+
+    def retrying() -> tuple[int, object] | None:
+        reply = proc.http_get("/readyz")
+        return reply if "retrying" in str(reply[1]) else None
+
+    status, body = waiting.wait_until(
+        "/readyz to say the manifest resolve is retrying",
+        retrying,
+        interval=0.2,
+        describe=proc.log_tail,
+    )
     assert status == 503 and "resolving the manifest" in str(body) and "retrying" in str(body)
     assert proc.http_get("/healthz")[0] == 200
     with pytest.raises(errors.SidecarUnavailableError, match="resolving the manifest"):
@@ -106,19 +111,17 @@ def test_probes_and_other_readers_are_served_while_an_acquire_waits_on_a_stalled
     # Every request to the store hangs for a while (below the S3 request timeout).
     fault_proxy.stall_next(1000, 1.5)
     result: list[object] = []
-    waiting = threading.Thread(
+    acquiring = threading.Thread(
         target=lambda: result.append(shards.acquire(slow, 4, epoch=0, position=0)), daemon=True
     )
-    waiting.start()
-    deadline = time.monotonic() + 30
-    while fault_proxy.stalls_injected == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert fault_proxy.stalls_injected > 0 and waiting.is_alive()
+    acquiring.start()
+    waiting.wait_until("the proxy to hold a store request", lambda: fault_proxy.stalls_injected)
+    assert acquiring.is_alive()
     # While that acquire waits on the store, the event loop answers everyone else.
     assert proc.http_get("/healthz")[0] == 200
     assert proc.control("GET", "/readyz")[0] == 200
     shards.acquire(other, 0, epoch=0, position=0).release()  # resident: no store needed
-    assert waiting.is_alive()
+    assert acquiring.is_alive()
     fault_proxy.clear_faults()
-    waiting.join(60)
-    assert not waiting.is_alive() and len(result) == 1
+    acquiring.join(60)
+    assert not acquiring.is_alive() and len(result) == 1

@@ -51,14 +51,23 @@ class KubeCluster:
 
 
 def run_cluster_script(command: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, str(CLUSTER_SCRIPT), command],
-        capture_output=True,
-        text=True,
-        timeout=UP_TIMEOUT_S,
-        check=False,
-    )
-    return result
+    # The fixture's own limit: pytest's per-test timeout covers test bodies only
+    # (timeout_func_only), so a slow cold start fails here, saying what it waited for.
+    try:
+        return subprocess.run(
+            [sys.executable, str(CLUSTER_SCRIPT), command],
+            capture_output=True,
+            text=True,
+            timeout=UP_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(
+            f"`cluster.py {command}` did not finish within {UP_TIMEOUT_S:g} s "
+            f"(a cold API server, etcd and tool start); output so far:\n{exc.stdout!r}\n"
+            f"{exc.stderr!r}",
+            pytrace=False,
+        )
 
 
 def cluster_is_up() -> bool:

@@ -11,6 +11,14 @@ Faults (each takes effect from the next request, thread-safe):
   stall_next(n, seconds)  hold the next n requests that long before forwarding them
   refuse_connections()    close the listening socket and reset open connections, until
   accept_connections()    listens again on the same port
+  break_next(n, kind, target_contains="")
+                          answer the next n GETs whose target contains that text with the
+                          server's real answer, broken as a real network breaks it:
+      "reset"     the head and half the body, then a TCP reset
+      "truncate"  the head (its Content-Length still the real one) and half the body,
+                  then an orderly close
+      "drip"      the body one byte every 2 s, far below any sane throughput
+      "corrupt"   a 200 with the right Content-Length and other bytes (bit flips)
 
 The S3 signature covers the Host header the client sent; the proxy forwards the head
 unchanged, and the server checks the signature against that same header, so signed
@@ -28,6 +36,12 @@ from collections.abc import Coroutine
 HEAD_LIMIT = 64 * 1024
 COPY_CHUNK = 64 * 1024
 CLOSE_TIMEOUT_S = 10.0
+# A drip: one byte every 2 s. S3 clients (the AWS SDK under pyarrow) give up on a body
+# slower than 1 byte/s for their request timeout; a client with a timeout below 2 s must
+# time out and retry rather than wait out the whole body.
+DRIP_BYTES = 1
+DRIP_INTERVAL_S = 2.0
+BREAKS = ("reset", "truncate", "drip", "corrupt")
 
 SLOWDOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n'
@@ -66,6 +80,23 @@ def parse_request_head(raw: bytes) -> RequestHead:
     return RequestHead(parts[0], parts[1], headers, raw)
 
 
+def split_response(raw: bytes) -> tuple[bytes, int]:
+    """(head, Content-Length) of a response head read up to its blank line."""
+    for line in raw.decode("latin-1").split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            return raw, int(value.strip())
+    raise ValueError(f"response without Content-Length: {raw[:200]!r}")
+
+
+def corrupted(body: bytes) -> bytes:
+    """Same length, other bytes: one bit flipped in every 64th byte from the middle on."""
+    out = bytearray(body)
+    for i in range(len(out) // 2, len(out), 64):
+        out[i] ^= 0x10
+    return bytes(out)
+
+
 def error_response(status: int, body: bytes) -> bytes:
     reason = {500: "Internal Server Error", 503: "Service Unavailable"}.get(status, "Error")
     head = (
@@ -91,6 +122,10 @@ class FaultProxy:
         self._requests_seen = 0
         self._faults_injected = 0
         self._stalls_injected = 0
+        self._break_remaining = 0
+        self._break_kind = ""
+        self._break_target = ""
+        self._breaks_injected = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
@@ -125,6 +160,20 @@ class FaultProxy:
             self._fail_remaining = count
             self._fail_status = status
 
+    @property
+    def breaks_injected(self) -> int:
+        """Answers broken by `break_next`."""
+        with self._lock:
+            return self._breaks_injected
+
+    def break_next(self, count: int, kind: str, target_contains: str = "") -> None:
+        if kind not in BREAKS:
+            raise ValueError(f"break kind must be one of {BREAKS}, found {kind!r}")
+        with self._lock:
+            self._break_remaining = count
+            self._break_kind = kind
+            self._break_target = target_contains
+
     def stall_next(self, count: int, seconds: float) -> None:
         with self._lock:
             self._stall_remaining = count
@@ -134,6 +183,7 @@ class FaultProxy:
         with self._lock:
             self._fail_remaining = 0
             self._stall_remaining = 0
+            self._break_remaining = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -197,6 +247,51 @@ class FaultProxy:
                 return 0, self._stall_seconds
             return 0, 0.0
 
+    def _take_break(self, head: RequestHead) -> str:
+        """The break to apply to the answer of `head`, or ""."""
+        with self._lock:
+            if (
+                self._break_remaining > 0
+                and head.method == "GET"
+                and self._break_target in head.target
+            ):
+                self._break_remaining -= 1
+                self._breaks_injected += 1
+                return self._break_kind
+            return ""
+
+    async def _broken_answer(
+        self, head: RequestHead, kind: str, writer: asyncio.StreamWriter
+    ) -> None:
+        """Fetch the real answer on a connection of its own, then send it on broken."""
+        up_reader, up_writer = await asyncio.open_connection(self.upstream_host, self.upstream_port)
+        try:
+            up_writer.write(head.raw)
+            await up_writer.drain()
+            resp_head, length = split_response(await up_reader.readuntil(b"\r\n\r\n"))
+            body = await up_reader.readexactly(length)
+        finally:
+            up_writer.close()
+            with contextlib.suppress(ConnectionError, OSError):
+                await up_writer.wait_closed()
+        if kind == "corrupt":
+            writer.write(resp_head + corrupted(body))
+            await writer.drain()
+            return
+        if kind == "drip":
+            writer.write(resp_head)
+            for i in range(0, len(body), DRIP_BYTES):
+                writer.write(body[i : i + DRIP_BYTES])
+                await writer.drain()
+                await asyncio.sleep(DRIP_INTERVAL_S)
+            return
+        writer.write(resp_head + body[: len(body) // 2])
+        await writer.drain()
+        if kind == "reset":
+            writer.transport.abort()
+        else:  # truncate: an orderly close, short of the promised length
+            writer.close()
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -219,6 +314,14 @@ class FaultProxy:
                 status, stall = self._take_fault()
                 if stall:
                     await asyncio.sleep(stall)
+                broken = "" if status else self._take_break(head)
+                if broken:
+                    # A GET has no body; the connection ends with this broken answer
+                    # (a drip that finishes is a whole answer: the connection stays).
+                    await self._broken_answer(head, broken, writer)
+                    if broken in ("reset", "truncate"):
+                        return
+                    continue
                 if status:
                     if not head.expects_continue:
                         await copy_body(head, reader, None)

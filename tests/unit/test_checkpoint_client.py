@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 import shardcache
 from shardcache import checkpoint, contract, errors
 from shardcache.checkpoint import _protocol
+from tests.support import waiting
 
 pytestmark = pytest.mark.unit
 
@@ -108,18 +108,39 @@ def test_bad_marker_files_are_clear_errors(text: str, match: str) -> None:
         _protocol.parse_marker(text, where="m")
 
 
-def test_wait_returns_once_the_agent_reports_the_upload(root: Path) -> None:
+def test_wait_returns_once_the_agent_reports_the_upload(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = finished(root, "s")
     checkpoint.commit(path, step=8)
+    looks = [0]
+    find = checkpoint._find
+
+    def counted(base: Path, step: int) -> _protocol.LocalCheckpoint | None:
+        looks[0] += 1
+        return find(base, step)
+
+    monkeypatch.setattr(checkpoint, "_find", counted)
+    reported = threading.Event()
+    returned = threading.Event()
 
     def agent() -> None:
-        time.sleep(0.2)
-        _protocol.write_status(path, _protocol.Status("uploaded", 8))
+        # Reports only after wait() looked, found nothing uploaded, and looked again:
+        # a wait() that returned at once, before any report, never gets a report.
+        waiting.wait_until(
+            "wait() to look at the checkpoint twice",
+            lambda: looks[0] >= 2 or returned.is_set(),
+        )
+        if not returned.is_set():
+            reported.set()
+            _protocol.write_status(path, _protocol.Status("uploaded", 8))
 
     thread = threading.Thread(target=agent)
     thread.start()
     checkpoint.wait(8, timeout=30)
+    returned.set()
     thread.join()
+    assert reported.is_set(), "wait() returned before the agent reported the upload"
 
 
 def test_wait_times_out_with_the_state_and_last_error(root: Path) -> None:

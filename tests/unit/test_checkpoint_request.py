@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from shardcache import checkpoint, errors
 from shardcache.checkpoint import _protocol
+from tests.support import waiting
 
 pytestmark = pytest.mark.unit
 
@@ -35,10 +35,7 @@ def answer_when_asked(root: Path, answer: dict[str, object] | None = None) -> th
     """An agent stand-in: waits for one request and writes `answer` (restored) over it."""
 
     def run() -> None:
-        deadline = time.monotonic() + 10
-        while not requests_in(root) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        (path,) = requests_in(root)
+        (path,) = waiting.wait_until("the trainer's restore request", lambda: requests_in(root))
         request = _protocol.parse_request(
             path.read_text(), request_id=_protocol.request_id_of(path.name) or "", where="t"
         )

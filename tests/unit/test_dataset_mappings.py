@@ -22,15 +22,18 @@ def _shard(path: Path, first: int) -> Path:
     return path
 
 
-def _settle() -> None:
-    time.sleep(datasets._Mappings.SETTLED_NS / 1e9 + 0.05)
+def _settle(directory: Path) -> None:
+    """Backdate the directory's mtime past the settle age, as if it had been quiet that
+    long: deterministic where sleeping for it would be a race with the clock."""
+    past = time.time_ns() - 10 * datasets._Mappings.SETTLED_NS
+    os.utime(directory, ns=(past, past))
 
 
 def test_mappings_survive_prunes_while_their_directory_is_quiet(tmp_path: Path) -> None:
     maps = datasets._Mappings()
     paths = [_shard(tmp_path / f"s{i}", i * 10) for i in range(3)]
     first = [maps.batch(p) for p in paths]
-    _settle()
+    _settle(tmp_path)
     maps.prune()  # a full look, now settled
     maps.prune()  # the directory did not change: nothing to drop
     assert [maps.batch(p) for p in paths] == first
@@ -43,7 +46,7 @@ def test_a_file_removed_after_a_settled_look_is_let_go_at_the_next_prune(tmp_pat
     paths = [_shard(tmp_path / f"s{i}", i * 10) for i in range(3)]
     for p in paths:
         maps.batch(p)
-    _settle()
+    _settle(tmp_path)
     maps.prune()
     os.unlink(paths[1])  # evicted: the directory's mtime moves
     maps.prune()

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, Protocol
 
-from shardcache import contract, errors
+from shardcache import contract, errors, faultpoints
 from shardcache.node import _locks, names
 from shardcache.node.tiers import _directory, _entries, _errors, _eviction
 
@@ -175,6 +175,7 @@ class Tier:
                     # Data first, meta last: the meta rename is the commit point, and a
                     # crash in between leaves data without meta, which is never served.
                     os.replace(tmp_path, self._files.data(key))
+                    faultpoints.reach("cache.insert")
                     os.replace(meta_tmp, self._files.meta(key))
                     _entries.mark_used(
                         self._files.data(key)
@@ -454,6 +455,7 @@ class Tier:
             _directory.unlink(
                 self._files.meta(key)
             )  # uncommit first: a reader never sees data without meta
+            faultpoints.reach("cache.evict")
             _directory.unlink(self._files.data(key))
             _locks.unlink_held(lock, self._files.lease(key))
         finally:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from shardcache import errors, source
+from shardcache import errors, faultpoints, source
 from shardcache.checkpoint import _protocol, layout
 from shardcache_sidecar.checkpoint import (
     agent_config,
@@ -135,6 +135,40 @@ class Agent:
             return
         self._published = complete
         self._write_latest(complete)
+        self._repair_pointer(complete)
+
+    def _repair_pointer(self, complete: list[int]) -> None:
+        """Move `latest` to the newest complete step if a crash left it behind.
+
+        A kill between a step's manifest and the pointer leaves the pointer on an older
+        step; after the restart, the start-up restore may take that newest step from the
+        node's own copy (marking it restored), so no publish follows that would move
+        the pointer. Found by the crash soak (docs/faults.md).
+        """
+        if not complete:
+            return
+        s = self.settings
+        newest = complete[-1]
+        try:
+            pointer = source.with_retries(
+                lambda: layout.parse_pointer(
+                    layout.read_json(self.fs, layout.pointer_path(self.prefix))
+                ),
+                what=f"reading the latest pointer under {s.uri}",
+                policy=s.retry,
+            )
+            if pointer is not None and pointer >= newest:
+                return
+            where = layout.manifest_path(self.prefix, newest)
+            raw = source.with_retries(
+                lambda: layout.read_json(self.fs, where), what=f"reading {where}", policy=s.retry
+            )
+            manifest = layout.CheckpointManifest.from_json(raw, where=where)
+            retention.publish_pointer(self.fs, self.prefix, manifest, retry=s.retry)
+        except (errors.ShardcacheError, OSError) as exc:
+            log.warning("cannot move the latest pointer to step %d: %s", newest, exc)
+            return
+        log.warning("the latest pointer named step %s; moved to step %d", pointer, newest)
 
     def _write_latest(self, published: list[int]) -> None:
         _protocol.write_json_atomic(
@@ -212,6 +246,7 @@ class Agent:
             )
             return False
         assert result.path is not None
+        faultpoints.reach("checkpoint.answer")
         self._held[result.path.name] = time.time()
         self.observer.restored(step, time.monotonic() - started, result.created_at)
         log.info(
@@ -326,6 +361,7 @@ class Agent:
                 buffer_bytes=s.upload_buffer,
             )
             uploaded = time.monotonic()
+            faultpoints.reach("checkpoint.latest")
             retention.publish_pointer(self.fs, self.prefix, manifest, retry=s.retry)
         except errors.InputError as exc:
             log.error("checkpoint step %d in %s is not uploaded: %s", step, path, exc)
@@ -343,6 +379,7 @@ class Agent:
             self._retry_at[path] = time.monotonic() + s.retry_interval
             self._set_failed(path, step, str(exc), retryable=True)
             return False
+        faultpoints.reach("checkpoint.status")
         self._retry_at.pop(path, None)
         self._release_holds(marker)
         # The pointer file first: once wait() sees "uploaded", latest() agrees.

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from shardcache import contract, errors, source, states
+from shardcache import contract, errors, faultpoints, source, states
 from shardcache.checkpoint import _protocol, layout
 from shardcache_sidecar.checkpoint import agent_config, metrics, uploader
 
@@ -195,6 +195,7 @@ def restore_step(
             policy=retry,
         )
         obs.transferred("download", length)
+        faultpoints.reach("checkpoint.restore.fetch")
 
     def verify(entry: layout.FileEntry) -> None:
         found = uploader.sha256_file(staging / entry.path)
@@ -222,6 +223,7 @@ def restore_step(
             tasks = [(e, off, n) for e in missing for off, n in ranges(e.size)]
             list(pool.map(fetch, tasks))
             list(pool.map(verify, missing))
+        faultpoints.reach("checkpoint.restore.assemble")
         _assemble(dest, staging, reused, {f.path for f in manifest.files})
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from shardcache import source
+from shardcache import faultpoints, source
 from shardcache.checkpoint import _protocol, layout
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ def prune_remote(
 def _delete_published(fs: pafs.FileSystem, prefix: str, step: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         fs.delete_file(layout.manifest_path(prefix, step))
+    faultpoints.reach("checkpoint.retention")
     fs.delete_dir(layout.step_dir(prefix, step))
 
 

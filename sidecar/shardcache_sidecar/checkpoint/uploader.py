@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from shardcache import errors, source
+from shardcache import errors, faultpoints, source
 from shardcache.checkpoint import _protocol, layout
 from shardcache_sidecar.checkpoint import metrics
 
@@ -210,6 +210,7 @@ def upload(
                         f"{remote}: read back sha256 {found} ({found_size} bytes), expected "
                         f"{digest} ({size} bytes): the store did not keep the bytes sent"
                     )
+            faultpoints.reach("checkpoint.upload.file")
         finally:
             window.leave()
             obs.file_finished()
@@ -226,6 +227,7 @@ def upload(
         data_state=marker.data_state,
         created_at=marker.committed_at if marker.committed_at is not None else time.time(),
     )
+    faultpoints.reach("checkpoint.upload.manifest")
     source.with_retries(
         lambda: layout.write_json(fs, manifest_at, manifest.to_json()),
         what=f"writing {manifest_at}",
