@@ -32,11 +32,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from shardcache_sidecar.checkpoint import layout, restorer
+from shardcache_sidecar.checkpoint import restorer
 
 import shardcache
 from shardcache import checkpoint, contract, faultpoints, manifests, plans, sidecar_client
-from shardcache.checkpoint import _protocol
+from shardcache.checkpoint import _protocol, layout
 from shardcache.node import tiers
 from tests.support import datasets, waiting
 from tests.support.checkpoints import tree, write_checkpoint
