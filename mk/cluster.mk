@@ -1,5 +1,6 @@
 # A real control plane on loopback for e2e tests and by hand (tests/cluster/cluster.py):
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok's fake nodes.
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok's fake nodes,
+# and the real node (containerd, kubelet, kube-proxy; mk/node.mk) unless SHARDCACHE_NODE=0.
 # `make cluster-up` leaves .cluster/kubeconfig, .cluster/bin/helm and .cluster/bin/kubectl;
 # a second call finds it up. `make cluster-down` stops everything it started.
 CLUSTER_TOOLS := tools-kubernetes tools-etcd tools-helm tools-kwok

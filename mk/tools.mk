@@ -7,14 +7,16 @@ include tests/cluster/versions.env
 BUILD_TOOL := tests/cluster/build.sh
 MINIO_DIR := $(TOOLS_CACHE)/minio-$(MINIO_VERSION)
 KUBE_DIR := $(TOOLS_CACHE)/kubernetes-$(KUBE_VERSION)
+KUBENODE_DIR := $(TOOLS_CACHE)/kubenode-$(KUBE_VERSION)
 ETCD_DIR := $(TOOLS_CACHE)/etcd-$(ETCD_VERSION)
 HELM_DIR := $(TOOLS_CACHE)/helm-$(HELM_VERSION)
 KWOK_DIR := $(TOOLS_CACHE)/kwok-$(KWOK_VERSION)
 
-.PHONY: tools tools-minio tools-kubernetes tools-etcd tools-helm tools-kwok
-tools: tools-minio tools-kubernetes tools-etcd tools-helm tools-kwok
+.PHONY: tools tools-minio tools-kubernetes tools-kubenode tools-etcd tools-helm tools-kwok
+tools: tools-minio tools-kubernetes tools-kubenode tools-etcd tools-helm tools-kwok
 tools-minio: $(MINIO_DIR)/minio
 tools-kubernetes: $(KUBE_DIR)/kube-apiserver
+tools-kubenode: $(KUBENODE_DIR)/kubelet
 tools-etcd: $(ETCD_DIR)/etcd
 tools-helm: $(HELM_DIR)/helm
 tools-kwok: $(KWOK_DIR)/kwok
@@ -27,6 +29,8 @@ $(MINIO_DIR)/minio:
 	$(BUILD_TOOL) minio $(MINIO_VERSION) $(MINIO_DIR)
 $(KUBE_DIR)/kube-apiserver:
 	$(BUILD_TOOL) kubernetes $(KUBE_VERSION) $(KUBE_DIR)
+$(KUBENODE_DIR)/kubelet:
+	$(BUILD_TOOL) kubenode $(KUBE_VERSION) $(KUBENODE_DIR)
 $(ETCD_DIR)/etcd:
 	$(BUILD_TOOL) etcd $(ETCD_VERSION) $(ETCD_DIR)
 $(HELM_DIR)/helm:
@@ -34,4 +38,4 @@ $(HELM_DIR)/helm:
 $(KWOK_DIR)/kwok:
 	$(BUILD_TOOL) kwok $(KWOK_VERSION) $(KWOK_DIR)
 
-TEST_PREREQS += tools-minio tools-kubernetes tools-etcd tools-helm tools-kwok
+TEST_PREREQS += tools-minio tools-kubernetes tools-kubenode tools-etcd tools-helm tools-kwok

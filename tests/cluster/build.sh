@@ -2,6 +2,7 @@
 # Build one Go-built test tool into a versioned directory outside the repo:
 #   build.sh kubernetes VERSION DEST   kube-apiserver, kube-controller-manager,
 #                                      kube-scheduler, kubectl (k8s.io/kubernetes in go.mod)
+#   build.sh kubenode VERSION DEST     kubelet, kube-proxy (the same module: the real node)
 #   build.sh etcd VERSION DEST         etcd (go.etcd.io/etcd/server/v3 in go.mod)
 #   build.sh helm VERSION DEST     helm.sh/helm/v3/cmd/helm
 #   build.sh kwok VERSION DEST     sigs.k8s.io/kwok/cmd/kwok
@@ -16,7 +17,7 @@ export GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0
 # -s -w: no symbol tables; these binaries are only run, never debugged, and it halves them.
 strip_flags="-s -w"
 
-what=${1:?usage: build.sh kubernetes|etcd|helm|kwok|minio VERSION DEST}
+what=${1:?usage: build.sh kubernetes|kubenode|etcd|helm|kwok|minio VERSION DEST}
 version=${2:?VERSION}
 dest=${3:?DEST}
 
@@ -86,6 +87,17 @@ kubernetes)
 		k8s.io/kubernetes/cmd/kubectl)
 	finish "$dest"
 	;;
+kubenode)
+	# A separate cache entry from `kubernetes`, so the control plane alone (every e2e
+	# test but the node tier) never waits for these; the shared Go build cache makes
+	# this an incremental build of the kubelet's own packages.
+	check_pinned k8s.io/kubernetes
+	rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+	(cd "$here" && nice -n 10 go build -trimpath -ldflags "$(kube_ldflags "$version")" -o "$dest.tmp/" \
+		k8s.io/kubernetes/cmd/kubelet \
+		k8s.io/kubernetes/cmd/kube-proxy)
+	finish "$dest"
+	;;
 etcd)
 	check_pinned go.etcd.io/etcd/server/v3
 	rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
@@ -130,7 +142,7 @@ helm | kwok | minio)
 	finish "$dest"
 	;;
 *)
-	echo "build.sh: unknown tool '$what' (expected kubernetes, etcd, helm, kwok or minio)" >&2
+	echo "build.sh: unknown tool '$what' (expected kubernetes, kubenode, etcd, helm, kwok or minio)" >&2
 	exit 2
 	;;
 esac

@@ -8,10 +8,14 @@ envtest starts one, plus the controllers e2e tests need:
                             garbage collector, ...), one service-account identity each
   kube-scheduler            places pods on the fake nodes
   kwok                      fakes kubelets: its Nodes are Ready and pods bound to them Running
+  the real node             containerd + kubelet + kube-proxy (node.py, network.py): pods
+                            really run, on a bridge in 198.18.0.0/15 with no uplink;
+                            SHARDCACHE_NODE=0 leaves it out
 
   python tests/cluster/cluster.py up     start (a second call finds it up and returns)
-  python tests/cluster/cluster.py down   stop everything `up` started
+  python tests/cluster/cluster.py down   stop everything `up` started, clean the host
   python tests/cluster/cluster.py status
+  python tests/cluster/cluster.py import-image ARCHIVE...   OCI archives into the node
 
 Everything lives in .cluster/ at the repo root: kubeconfig (admin, a client certificate
 in system:masters), bin/helm and bin/kubectl, pki/, logs/, state.json with the pids. The
@@ -48,19 +52,49 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+if __package__ in (None, ""):
+    # Run as a script (`python tests/cluster/cluster.py`): its siblings are tests.cluster.*.
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tests.cluster import images, network, node  # noqa: E402
+
 CLUSTER_DIR = REPO_ROOT / ".cluster"
 VERSIONS_FILE = REPO_ROOT / "tests" / "cluster" / "versions.env"
 HOST = "127.0.0.1"
-SERVICE_CIDR = "10.0.0.0/24"
+# Inside 198.18.0.0/15 (network.py), like everything the node tier routes.
+SERVICE_CIDR = network.SERVICE_CIDR
 # The first address of SERVICE_CIDR: the `kubernetes` Service, which the serving cert names.
-KUBERNETES_SERVICE_IP = "10.0.0.1"
+KUBERNETES_SERVICE_IP = network.KUBERNETES_SERVICE_IP
 FAKE_NODES = ("kwok-node-0", "kwok-node-1")
+# kwok's fake pod addresses: never routed anywhere, but kept out of the real node's range.
+FAKE_POD_CIDR = "198.18.128.0/17"
 # A cold start of the API server on two busy cores (bootstrap RBAC, CRD and APIService
 # controllers) takes 10-40 s; beyond 180 s something is wrong, and the logs say what.
 READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 20.0
 # Components in start order; `down` stops them in reverse.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "containerd",
+    "kubelet",
+    "kube-proxy",
+)
+NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy")
+# The real node: containerd's socket answering, then the kubelet registering and its
+# runtime and CNI reporting ready. ~10-20 s here; the bound covers a loaded machine.
+NODE_READY_TIMEOUT_S = 180.0
+# Deleting the node's pods on `down`: the kubelet stops them, tears their network down
+# (CNI DEL) and unmounts their volumes, so what is left for clean_host is a crash's debris.
+DRAIN_TIMEOUT_S = 60.0
+
+
+def node_enabled() -> bool:
+    """The real node is part of the cluster unless SHARDCACHE_NODE=0."""
+    return os.environ.get("SHARDCACHE_NODE", "1") not in ("0", "false", "no", "off")
 
 
 # -- binaries ------------------------------------------------------------------------
@@ -85,13 +119,15 @@ class Binaries:
     kubectl: pathlib.Path
     helm: pathlib.Path
     kwok: pathlib.Path
+    kubelet: pathlib.Path | None
+    kube_proxy: pathlib.Path | None
 
     @property
     def kwok_stages(self) -> pathlib.Path:
         return self.kwok.parent / "stages"
 
     @classmethod
-    def from_cache(cls) -> Binaries:
+    def from_cache(cls, *, with_node: bool) -> Binaries:
         cache = pathlib.Path(
             os.environ.get("TOOLS_CACHE") or pathlib.Path.home() / ".cache" / "shardcache-tools"
         )
@@ -105,8 +141,22 @@ class Binaries:
             kubectl=kube / "kubectl",
             helm=cache / f"helm-{v['HELM_VERSION']}" / "helm",
             kwok=cache / f"kwok-{v['KWOK_VERSION']}" / "kwok",
+            kubelet=cache / f"kubenode-{v['KUBE_VERSION']}" / "kubelet" if with_node else None,
+            kube_proxy=cache / f"kubenode-{v['KUBE_VERSION']}" / "kube-proxy"
+            if with_node
+            else None,
         )
-        missing = [str(p) for p in dataclasses.astuple(binaries) if not p.is_file()]
+        missing = [
+            str(p) for p in dataclasses.astuple(binaries) if p is not None and not p.is_file()
+        ]
+        if with_node:
+            missing += [
+                f"{tool} (Debian package; `make cluster-up` installs it)"
+                for tool in ("containerd", "ctr", "runc", "iptables", "gcc")
+                if shutil.which(tool) is None
+            ]
+            if not pathlib.Path("/usr/lib/cni/bridge").is_file():
+                missing.append("/usr/lib/cni/bridge (Debian containernetworking-plugins)")
         if not list(binaries.kwok_stages.glob("*.yaml")):
             missing.append(str(binaries.kwok_stages / "*.yaml"))
         if missing:
@@ -269,7 +319,14 @@ def pid_alive(pid: int, binary: str) -> bool:
     return cmdline.split(b"\0", 1)[0].decode(errors="replace") == binary
 
 
-def spawn(name: str, argv: list[str], logs: pathlib.Path) -> int:
+def spawn(
+    name: str,
+    argv: list[str],
+    logs: pathlib.Path,
+    *,
+    env: dict[str, str] | None = None,
+    pass_fds: Sequence[int] = (),
+) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     with (logs / f"{name}.log").open("ab") as log:
         process = subprocess.Popen(
@@ -280,6 +337,8 @@ def spawn(name: str, argv: list[str], logs: pathlib.Path) -> int:
             # Its own session: `make` returning or a terminal closing does not signal it.
             start_new_session=True,
             cwd=CLUSTER_DIR,
+            env=env,
+            pass_fds=pass_fds,
         )
     # Popen can return while the child is still inside execve (its /proc entry shows the
     # python that forked it); wait until it is the binary, so pid_alive() means it.
@@ -412,16 +471,32 @@ def is_up(state: dict[str, object]) -> bool:
 
 def up() -> int:
     state = load_state()
+    with_node = node_enabled()
     if state is not None:
-        if is_up(state):
+        if is_up(state) and bool(state.get("node")) == with_node:
             print(
                 f"cluster: already up at {state['server']} (kubeconfig {CLUSTER_DIR / 'kubeconfig'})"
             )
             return 0
-        # Half-up (a component died, or the machine restarted): start over cleanly.
+        # Half-up (a component died, or the machine restarted), or up with the node when
+        # asked without it (or the reverse): start over cleanly.
         down()
 
-    binaries = Binaries.from_cache()
+    binaries = Binaries.from_cache(with_node=with_node)
+    node_paths = node.Paths.under(CLUSTER_DIR)
+    lock_fd = -1
+    if with_node:
+        # A crash or a kill -9 of an earlier run leaves containers, mounts, netns, chains,
+        # the bridge and changed sysctls behind: clear them before starting anew.
+        if node.machine_lock_free() or _lock_holder() == str(REPO_ROOT):
+            report = node.clean_host(node_paths)
+            if any(report.values()):
+                print(f"cluster: cleaned what an earlier run left: {report}")
+        lock_fd = node.take_machine_lock(REPO_ROOT)
+        shutil.rmtree(node_paths.root, ignore_errors=True)
+        network.create_bridge()
+    # The API server listens where pods reach it (the bridge) when there are pods.
+    api_host = network.HOST_ADDRESS if with_node else HOST
     pki = CLUSTER_DIR / "pki"
     logs = CLUSTER_DIR / "logs"
     for sub in ("pki", "etcd", "kubeconfigs"):
@@ -443,13 +518,19 @@ def up() -> int:
             "kubernetes.default.svc",
             "kubernetes.default.svc.cluster.local",
         ),
-        server_ips=(HOST, KUBERNETES_SERVICE_IP),
+        server_ips=(HOST, network.HOST_ADDRESS, KUBERNETES_SERVICE_IP),
     )
     (pki / "apiserver.crt").write_bytes(serving.cert_pem)
     write_private(pki / "apiserver.key", serving.key_pem)
     admin = issue(ca_key, ca_cert, "shardcache-admin", organization="system:masters")
     (pki / "admin.crt").write_bytes(admin.cert_pem)
     write_private(pki / "admin.key", admin.key_pem)
+    # What the API server shows the kubelet for exec, logs and port-forward.
+    kubelet_client = issue(
+        ca_key, ca_cert, "kube-apiserver-kubelet-client", organization="system:masters"
+    )
+    (pki / "apiserver-kubelet-client.crt").write_bytes(kubelet_client.cert_pem)
+    write_private(pki / "apiserver-kubelet-client.key", kubelet_client.key_pem)
     # The identities the bootstrap RBAC policy grants the control-plane components.
     controller_manager = issue(ca_key, ca_cert, "system:kube-controller-manager")
     scheduler = issue(ca_key, ca_cert, "system:kube-scheduler")
@@ -462,9 +543,21 @@ def up() -> int:
     )
 
     ports = {
-        name: free_port() for name in ("apiserver", "etcd", "etcd-peer", "kcm", "scheduler", "kwok")
+        name: free_port()
+        for name in (
+            "apiserver",
+            "etcd",
+            "etcd-peer",
+            "kcm",
+            "scheduler",
+            "kwok",
+            "kubelet",
+            "kubelet-healthz",
+            "proxy-healthz",
+            "proxy-metrics",
+        )
     }
-    server = f"https://{HOST}:{ports['apiserver']}"
+    server = f"https://{api_host}:{ports['apiserver']}"
     (CLUSTER_DIR / "kubeconfig").write_text(
         kubeconfig(server, ca.cert_pem, admin, "shardcache-admin")
     )
@@ -500,13 +593,19 @@ def up() -> int:
         "kube-apiserver": [
             str(binaries.kube_apiserver),
             f"--etcd-servers={etcd_url}",
-            f"--advertise-address={HOST}",
-            f"--bind-address={HOST}",
+            # The `kubernetes` Service's endpoint: pods reach it through kube-proxy.
+            f"--advertise-address={api_host}",
+            f"--bind-address={api_host}",
             f"--secure-port={ports['apiserver']}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP",
             "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
             f"--service-account-issuer={server}",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -552,17 +651,49 @@ def up() -> int:
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             f"--server-address={HOST}:{ports['kwok']}",
             "--node-lease-duration-seconds=40",
-            "--cidr=10.244.0.0/16",
+            f"--cidr={FAKE_POD_CIDR}",
             f"--node-ip={HOST}",
             # The release's "fast" stages, kept beside the binary by build.sh.
             *(f"--config={stage}" for stage in sorted(binaries.kwok_stages.glob("*.yaml"))),
         ],
     }
+    node_image_names: dict[str, str] = {}
+    if with_node:
+        assert binaries.kubelet is not None and binaries.kube_proxy is not None
+        node_image_names = _prepare_node(
+            node_paths, binaries, ports, server=server, ca=ca, ca_key=ca_key, ca_cert=ca_cert
+        )
+        containerd = shutil.which("containerd")
+        assert containerd is not None
+        argv["containerd"] = [containerd, "--config", str(node_paths.containerd_config)]
+        argv["kubelet"] = node.kubelet_argv(
+            binaries.kubelet, node_paths, kubeconfig=CLUSTER_DIR / "kubeconfigs" / "kubelet"
+        )
+        argv["kube-proxy"] = node.proxy_argv(binaries.kube_proxy, node_paths)
     binary_of = {name: args[0] for name, args in argv.items()}
     pids: dict[str, int] = {}
 
     def save() -> None:
-        state = {"server": server, "ports": ports, "pids": pids, "binaries": binary_of}
+        state = {
+            "server": server,
+            "ports": ports,
+            "pids": pids,
+            "binaries": binary_of,
+            "node": (
+                {
+                    "name": node.NODE_NAME,
+                    "containerd_socket": str(node_paths.containerd_socket),
+                    "images": node_image_names,
+                    "label": node.REAL_NODE_LABEL,
+                    "host_address": network.HOST_ADDRESS,
+                    "pod_cidr": network.POD_CIDR,
+                    "service_cidr": SERVICE_CIDR,
+                    "kubernetes_service_ip": KUBERNETES_SERVICE_IP,
+                }
+                if with_node
+                else None
+            ),
+        }
         (CLUSTER_DIR / "state.json").write_text(json.dumps(state, indent=2) + "\n")
 
     started = time.monotonic()
@@ -589,12 +720,36 @@ def up() -> int:
         for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
             pids[name] = spawn(name, argv[name], logs)
             save()
-        for node in FAKE_NODES:
-            status, body = api.request("POST", "/api/v1/nodes", fake_node(node))
+        for fake in FAKE_NODES:
+            status, body = api.request("POST", "/api/v1/nodes", fake_node(fake))
             if status not in (201, 409):
                 raise SystemExit(
-                    f"cluster: creating fake node {node} answered {status}: {body[:500]!r}"
+                    f"cluster: creating fake node {fake} answered {status}: {body[:500]!r}"
                 )
+        if with_node:
+            # containerd carries the machine lock: it holds it while it (or a shim) runs.
+            pids["containerd"] = spawn(
+                "containerd",
+                argv["containerd"],
+                logs,
+                env=node.containerd_env(),
+                pass_fds=(lock_fd,),
+            )
+            os.close(lock_fd)
+            lock_fd = -1
+            save()
+            wait_for(
+                "containerd's socket",
+                lambda: _ctr_answers(node_paths),
+                60.0,
+                pids,
+                binary_of,
+            )
+            for archive in node_image_names.values():
+                images.import_image(pathlib.Path(archive), address=node_paths.containerd_socket)
+            for name in ("kubelet", "kube-proxy"):
+                pids[name] = spawn(name, argv[name], logs)
+                save()
 
         def default_service_account() -> bool:
             return (
@@ -607,57 +762,193 @@ def up() -> int:
         )
 
         def nodes_ready() -> bool:
-            for node in FAKE_NODES:
-                status, body = api.request("GET", f"/api/v1/nodes/{node}")
-                conditions = (
-                    json.loads(body).get("status", {}).get("conditions", [])
-                    if status == 200
-                    else []
-                )
-                if not any(
-                    c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
-                ):
+            for name in FAKE_NODES + ((node.NODE_NAME,) if with_node else ()):
+                if not _node_ready(api, name):
                     return False
             return True
 
-        wait_for("Ready fake nodes (kwok)", nodes_ready, READY_TIMEOUT_S, pids, binary_of)
+        wait_for(
+            "Ready nodes (kwok's, and the real one)",
+            nodes_ready,
+            NODE_READY_TIMEOUT_S,
+            pids,
+            binary_of,
+        )
     except BaseException:
+        if lock_fd >= 0:
+            os.close(lock_fd)
         down()
         raise
     print(
-        f"cluster: up at {server} in {time.monotonic() - started:.1f}s; "
-        f"kubeconfig {CLUSTER_DIR / 'kubeconfig'}, helm {bin_dir / 'helm'}, kubectl {bin_dir / 'kubectl'}"
+        f"cluster: up at {server} in {time.monotonic() - started:.1f}s"
+        + (f" with the real node {node.NODE_NAME}" if with_node else "")
+        + f"; kubeconfig {CLUSTER_DIR / 'kubeconfig'}, helm {bin_dir / 'helm'}, "
+        f"kubectl {bin_dir / 'kubectl'}"
     )
     return 0
+
+
+def _lock_holder() -> str:
+    try:
+        return (node.MACHINE_DIR / "lock").read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def _ctr_answers(paths: node.Paths) -> bool:
+    return (
+        subprocess.run(
+            ["ctr", "--address", str(paths.containerd_socket), "version"],
+            capture_output=True,
+            check=False,
+            timeout=10,
+        ).returncode
+        == 0
+    )
+
+
+def _node_ready(api: Api, name: str) -> bool:
+    status, body = api.request("GET", f"/api/v1/nodes/{name}")
+    conditions = json.loads(body).get("status", {}).get("conditions", []) if status == 200 else []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _prepare_node(
+    paths: node.Paths,
+    binaries: Binaries,
+    ports: dict[str, int],
+    *,
+    server: str,
+    ca: KeyPair,
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+) -> dict[str, str]:
+    """Certificates, configuration files and images of the real node; returns the images
+    to import ({name: archive})."""
+    pki = CLUSTER_DIR / "pki"
+    kubeconfigs = CLUSTER_DIR / "kubeconfigs"
+    # The Node authorizer and NodeRestriction know a kubelet by exactly this identity.
+    kubelet_identity = issue(
+        ca_key, ca_cert, f"system:node:{node.NODE_NAME}", organization="system:nodes"
+    )
+    (kubeconfigs / "kubelet").write_text(
+        kubeconfig(server, ca.cert_pem, kubelet_identity, "kubelet")
+    )
+    kubelet_serving = issue(
+        ca_key,
+        ca_cert,
+        f"system:node:{node.NODE_NAME}",
+        server_names=(node.NODE_NAME,),
+        server_ips=(network.HOST_ADDRESS,),
+    )
+    (pki / "kubelet.crt").write_bytes(kubelet_serving.cert_pem)
+    write_private(pki / "kubelet.key", kubelet_serving.key_pem)
+    # Bound to system:node-proxier by the bootstrap RBAC policy.
+    proxy_identity = issue(ca_key, ca_cert, "system:kube-proxy")
+    (kubeconfigs / "kube-proxy").write_text(
+        kubeconfig(server, ca.cert_pem, proxy_identity, "kube-proxy")
+    )
+    kube_version = parse_versions(VERSIONS_FILE.read_text())["KUBE_VERSION"]
+    pause = images.pause_image(kube_version)
+    toolbox = images.toolbox_image()
+    node.write_files(
+        paths,
+        sandbox_image=pause.name,
+        kubelet=node.kubelet_config(
+            paths,
+            port=ports["kubelet"],
+            healthz_port=ports["kubelet-healthz"],
+            ca_file=pki / "ca.crt",
+            cert_file=pki / "kubelet.crt",
+            key_file=pki / "kubelet.key",
+        ),
+        proxy=node.proxy_config(
+            kubeconfig=kubeconfigs / "kube-proxy",
+            healthz_port=ports["proxy-healthz"],
+            metrics_port=ports["proxy-metrics"],
+        ),
+    )
+    node.save_sysctls()
+    return {pause.name: str(pause.archive), toolbox.name: str(toolbox.archive)}
+
+
+def _stop(name: str, pid: int, binary: str) -> None:
+    if not pid_alive(pid, binary):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while pid_alive(pid, binary) and time.monotonic() < deadline:
+        _reap(pid)
+        time.sleep(0.1)
+    if pid_alive(pid, binary):
+        os.kill(pid, signal.SIGKILL)
+        while pid_alive(pid, binary) and time.monotonic() < deadline + STOP_TIMEOUT_S:
+            _reap(pid)
+            time.sleep(0.1)
+
+
+def _drain_real_node(state: dict[str, object]) -> None:
+    """Delete the pods bound to the real node and wait (bounded) for the kubelet to stop
+    them: it runs CNI DEL and unmounts their volumes, the clean way out."""
+    try:
+        api = Api.admin(str(state["server"]))
+        selector = f"spec.nodeName={node.NODE_NAME}"
+        status, body = api.request("GET", f"/api/v1/pods?fieldSelector={selector}")
+        if status != 200:
+            return
+        for pod in json.loads(body).get("items", []):
+            meta = pod["metadata"]
+            api.request(
+                "DELETE",
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 1},
+            )
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            status, body = api.request("GET", f"/api/v1/pods?fieldSelector={selector}")
+            if status != 200 or not json.loads(body).get("items"):
+                return
+            time.sleep(0.5)
+        print(f"cluster: pods on {node.NODE_NAME} still there after {DRAIN_TIMEOUT_S:.0f}s")
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        print(f"cluster: could not drain {node.NODE_NAME}: {exc}")
 
 
 def down() -> int:
     state = load_state()
     if state is None:
+        if node_enabled() and node.machine_lock_free():
+            # No state, but maybe debris of a run whose state file went with a crash.
+            node_paths = node.Paths.under(CLUSTER_DIR)
+            report = node.clean_host(node_paths)
+            if any(report.values()):
+                print(f"cluster: cleaned what an earlier run left: {report}")
         print("cluster: not up")
         return 0
     pids = state.get("pids", {})
     binaries = state.get("binaries", {})
     assert isinstance(pids, dict) and isinstance(binaries, dict)
+    with_node = bool(state.get("node"))
+    alive = running_components(state)
+    if with_node and alive.get("kubelet") and alive.get("kube-apiserver"):
+        _drain_real_node(state)
+    node_paths = node.Paths.under(CLUSTER_DIR)
     for name in reversed(COMPONENTS):
         if name not in pids:
             continue
-        pid, binary = int(pids[name]), str(binaries[name])
-        if not pid_alive(pid, binary):
-            continue
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while pid_alive(pid, binary) and time.monotonic() < deadline:
-            _reap(pid)
-            time.sleep(0.1)
-        if pid_alive(pid, binary):
-            os.kill(pid, signal.SIGKILL)
-            while pid_alive(pid, binary) and time.monotonic() < deadline + STOP_TIMEOUT_S:
-                _reap(pid)
-                time.sleep(0.1)
+        if name == "containerd":
+            # Whatever the drain did not stop goes now, while containerd can still do it.
+            node.remove_containers(node_paths)
+        _stop(name, int(pids[name]), str(binaries[name]))
     still = [name for name, alive in running_components(state).items() if alive]
     if still:
         raise SystemExit(f"cluster: could not stop {', '.join(still)}")
+    if with_node:
+        report = node.clean_host(node_paths)
+        left = {k: v for k, v in node.leftovers(node_paths).items() if v}
+        if left:
+            raise SystemExit(f"cluster: the real node left {left} (cleanup found {report})")
+        shutil.rmtree(node_paths.root, ignore_errors=True)
     (CLUSTER_DIR / "state.json").unlink(missing_ok=True)
     for sub in ("etcd", "pki", "kubeconfigs"):
         shutil.rmtree(CLUSTER_DIR / sub, ignore_errors=True)
@@ -678,21 +969,51 @@ def status() -> int:
     if state is None:
         print("cluster: not up")
         return 1
-    print(json.dumps({"server": state["server"], "running": running_components(state)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "server": state["server"],
+                "running": running_components(state),
+                "node": state.get("node"),
+            },
+            indent=2,
+        )
+    )
     return 0 if is_up(state) else 1
+
+
+def import_images(archives: Sequence[str]) -> int:
+    """Import OCI archives into the real node's containerd (`k8s.io` namespace)."""
+    state = load_state()
+    if state is None or not state.get("node") or not is_up(state):
+        raise SystemExit(
+            "import-image: the cluster with its real node is not up; run `make cluster-up`"
+        )
+    socket_path = pathlib.Path(node.Paths.under(CLUSTER_DIR).containerd_socket)
+    for archive in archives:
+        names = images.import_image(pathlib.Path(archive), address=socket_path)
+        print(f"import-image: {archive}: {', '.join(names)}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=("up", "down", "status"))
+    parser.add_argument("command", choices=("up", "down", "status", "import-image"))
+    parser.add_argument("archives", nargs="*", help="import-image: OCI archives (tar)")
     args = parser.parse_args(argv)
+    if args.command != "import-image" and args.archives:
+        parser.error(f"{args.command} takes no arguments")
+    if args.command == "import-image" and not args.archives:
+        parser.error("import-image needs at least one OCI archive")
     CLUSTER_DIR.mkdir(exist_ok=True)
     # One command at a time per checkout: a test session's fixture and a `make cluster-up`
     # in another shell would otherwise both start a control plane on one data dir.
     with (CLUSTER_DIR / "lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if args.command == "import-image":
+            return import_images(args.archives)
         return {"up": up, "down": down, "status": status}[args.command]()
 
 

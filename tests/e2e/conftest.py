@@ -146,6 +146,10 @@ def release_values(
             "url": f"https://{harness.HOST}:{tls.port}/shardcache-inject",
             "caBundle": tls.ca_bundle,
         }
+        # The node-cache DaemonSet tolerates every taint, so it would also go to the
+        # cluster's real node (tests/node), where its image was never imported: keep it
+        # on kwok's nodes (label `type: kwok`) with everything else of this tier.
+        values["nodeCache"] = {"nodeSelector": {"type": "kwok"}}
     return values
 
 
