@@ -8,10 +8,11 @@ stdout, each prefixed with `TRAINER ` (tests/node/jobs.py parses them):
 
   start       first thing it does: whether the sidecar already answered on its socket,
               which AWS_* variables its own environment holds (names only), its uid,
-              and what the checkpoint agent restored into the checkpoint volume
+              the run volume's mount (type, size), and what the checkpoint agent
+              restored into the checkpoint volume
   resumed     the data position it continues from and the sample ids the restored
               checkpoint says were read before it (only with TRAINER_RESUME)
-  progress    after every batch: rows read so far
+  progress    rows read so far, each time another TRAINER_PROGRESS_ROWS were read
   checkpoint  a checkpoint committed with the data state and published by the sidecar
   done        rows read, the sorted sample ids as [start, stop) runs, and checksums of
               the rows' content, so the test compares them with the dataset's totals
@@ -74,6 +75,18 @@ def sidecar_answers() -> bool:
     return head.startswith(b"HTTP/1.1 200")
 
 
+def run_volume() -> dict[str, str]:
+    """The mount that holds the control socket and the memory tier (the run volume)."""
+    directory = str(sidecar_client.ClientSettings.from_env().socket_path.parent)
+    best: dict[str, str] = {}
+    for line in pathlib.Path("/proc/self/mounts").read_text().splitlines():
+        _, point, fstype, options, *_ = line.split()
+        inside = directory == point or directory.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best.get("point", "")):
+            best = {"point": point, "fstype": fstype, "options": options}
+    return best
+
+
 def runs(uids: list[int]) -> list[list[int]]:
     """Sorted ids as [start, stop) runs: a rank's share compresses to a few of them."""
     out: list[list[int]] = []
@@ -108,6 +121,7 @@ def main() -> int:
         rank=rank,
         uid=os.getuid(),
         sidecar_answering=sidecar_answers(),
+        run_volume=run_volume(),
         aws_env=sorted(k for k in os.environ if k.startswith("AWS_")),
         checkpoints=listing(root),
     )
@@ -126,6 +140,7 @@ def main() -> int:
         emit("resumed", rank=rank, position=ds.position, directory=restored.name, runs=read_before)
     checkpoint_at = env_int("TRAINER_CHECKPOINT_AT", 0)
     step_seconds = env_float("TRAINER_STEP_SECONDS", 0.0)
+    progress_every = env_int("TRAINER_PROGRESS_ROWS", 1)
     uids: list[int] = []
     text_crc = 0
     token_sum = 0
@@ -133,7 +148,8 @@ def main() -> int:
         uids += batch.column("uid").to_pylist()
         text_crc += sum(zlib.crc32(t.encode()) for t in batch.column("text").to_pylist())
         token_sum += sum(sum(t) for t in batch.column("tokens").to_pylist())
-        emit("progress", rank=rank, rows=len(uids), position=ds.position)
+        if len(uids) // progress_every != (len(uids) - batch.num_rows) // progress_every:
+            emit("progress", rank=rank, rows=len(uids), position=ds.position)
         if checkpoint_at and not read_before and len(uids) >= checkpoint_at and root:
             commit_and_hold(ds, root, rank=rank, uids=uids)
             checkpoint_at = 0
