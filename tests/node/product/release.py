@@ -82,7 +82,8 @@ def release_values(
             "tolerations": real_node.tolerations,
         },
         "sidecar": {"image": {"repository": repository, "tag": tag}},
-        "rbac": {"secretNamespaces": [namespace], "secretNames": [SECRET_NAME]},
+        # `default`: where examples/ put their DatasetMounts and Secret (test_examples.py).
+        "rbac": {"secretNamespaces": [namespace, "default"], "secretNames": [SECRET_NAME]},
         "nodeCache": {"nodeSelector": real_node.node_selector},
     }  # fmt: skip
 
