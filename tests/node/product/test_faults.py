@@ -109,7 +109,8 @@ def test_replacement_pod_restores_the_checkpoint_before_its_trainer_and_resumes_
         "a checkpoint committed and published",
     )  # fmt: skip
     first_log = pods.log(core, namespace, first_name, jobs.TRAINER_CONTAINER)
-    assert jobs.event(first_log, "start")["checkpoints"]["dirs"] == []  # a fresh start
+    first_start = jobs.event(first_log, "start")["checkpoints"]
+    assert first_start["dirs"] == [] and first_start["restore"]["phase"] == "clean"
     core.delete_namespaced_pod(first_name, namespace)
 
     pods.wait_job_complete(admin, namespace, name)
@@ -121,7 +122,9 @@ def test_replacement_pod_restores_the_checkpoint_before_its_trainer_and_resumes_
     # The trainer's very first look at its volume finds the checkpoint there: the
     # sidecar restored it from the object store before the trainer was started.
     assert start["checkpoints"]["dirs"] == [f"step-{step}"], start
-    assert start["checkpoints"]["restore"] is not None, start
+    restore = start["checkpoints"]["restore"]
+    assert restore["phase"] == "restored" and restore["step"] == step, restore
+    assert restore["downloaded_bytes"] > 0, restore  # from the object store: a new pod
     resumed = jobs.event(log, "resumed")
     assert resumed["position"] == step == committed["position"]
     assert resumed["runs"] == committed["runs"]
