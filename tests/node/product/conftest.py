@@ -30,7 +30,7 @@ from shardcache_operator import handlers, specs
 from images import build
 from tests.cluster import images
 from tests.e2e import harness, objects
-from tests.node.product import jobs, release
+from tests.node.product import jobs, pods, release
 from tests.support import cluster, s3server
 
 
@@ -132,25 +132,48 @@ def operator(
     values_file.write_text(json.dumps(values, indent=2))
     cache_existed = release.NODE_CACHE_PATH.exists()
     core = kubernetes.client.CoreV1Api(admin)
-    node_cluster.run(
-        "helm", "install", release.RELEASE, str(harness.CHART_DIR), "-n", release.RELEASE_NAMESPACE,
-        "--create-namespace", "-f", str(values_file), "--wait", "--timeout=5m",
-    )  # fmt: skip
     in_cluster = harness.InClusterOperator(
         node_cluster, release.OPERATOR_DEPLOYMENT, release.RELEASE_NAMESPACE
     )
+    apps = kubernetes.client.AppsV1Api(admin)
     try:
-        in_cluster.wait_rolled_out()
+        # No `helm --wait`: a cold start on two busy cores can outlast one helm call's
+        # time-out here; the waits below are bounded and say what they saw.
         node_cluster.run(
-            "kubectl", "-n", release.RELEASE_NAMESPACE, "rollout", "status",
-            f"daemonset/{release.NODE_CACHE_DAEMONSET}", f"--timeout={int(release.ROLLOUT_TIMEOUT_S)}s",
+            "helm", "install", release.RELEASE, str(harness.CHART_DIR),
+            "-n", release.RELEASE_NAMESPACE, "--create-namespace", "-f", str(values_file),
         )  # fmt: skip
+        harness.wait_until(
+            "both operator replicas Ready on the real node",
+            lambda: (
+                apps.read_namespaced_deployment_status(
+                    release.OPERATOR_DEPLOYMENT, release.RELEASE_NAMESPACE
+                ).status.ready_replicas
+                == 2
+            ),
+            timeout=release.ROLLOUT_TIMEOUT_S,
+            interval=2,
+            describe=lambda: (
+                pods.describe(core, release.RELEASE_NAMESPACE) + "\n" + in_cluster.logs()
+            ),
+        )
+        harness.wait_until(
+            "the node-cache DaemonSet Ready",
+            lambda: (
+                apps.read_namespaced_daemon_set_status(
+                    release.NODE_CACHE_DAEMONSET, release.RELEASE_NAMESPACE
+                ).status.number_ready
+                == 1
+            ),
+            timeout=release.ROLLOUT_TIMEOUT_S,
+            interval=2,
+            describe=lambda: pods.describe(core, release.RELEASE_NAMESPACE),
+        )
         yield in_cluster
     finally:
         node_cluster.run(
-            "helm", "uninstall", release.RELEASE, "-n", release.RELEASE_NAMESPACE, "--wait", "--timeout=3m",
-            check=False,
-        )  # fmt: skip
+            "helm", "uninstall", release.RELEASE, "-n", release.RELEASE_NAMESPACE, check=False
+        )
         ext = kubernetes.client.ApiextensionsV1Api(admin)
         for name in release.CRD_NAMES:
             with contextlib.suppress(ApiException):
