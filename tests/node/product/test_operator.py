@@ -73,6 +73,5 @@ def test_the_webhook_is_called_through_the_charts_service_and_ca(
     probe = objects.pod("webhook-probe", "no-such-mount")
     with pytest.raises(ApiException) as refused:
         kubernetes.client.CoreV1Api(admin).create_namespaced_pod(namespace, probe, dry_run="All")
-    assert refused.value.status == 400
     body = str(refused.value.body)
     assert "no-such-mount" in body and "failed calling webhook" not in body, body
