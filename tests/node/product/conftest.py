@@ -33,6 +33,23 @@ from tests.e2e import harness, objects
 from tests.node.product import jobs, pods, release
 from tests.support import cluster, s3server
 
+#: The order the modules run in: the operator first (everything else needs it), the
+#: Job, then faults and limits, and the examples last (they cordon kwok's nodes).
+MODULE_ORDER = ("test_operator", "test_job", "test_faults", "test_limits", "test_examples")
+PRODUCT_DIR = pathlib.Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    slots = [i for i, item in enumerate(items) if PRODUCT_DIR in item.path.parents]
+    ours = [items[i] for i in slots]
+
+    def rank(item: pytest.Item) -> int:
+        stem = item.path.stem
+        return MODULE_ORDER.index(stem) if stem in MODULE_ORDER else len(MODULE_ORDER)
+
+    for slot, item in zip(slots, sorted(ours, key=rank), strict=True):
+        items[slot] = item
+
 
 @pytest.fixture(scope="package")
 def real_node(kube_cluster: cluster.KubeCluster) -> release.RealNode:
