@@ -39,11 +39,11 @@ demo: install tools-minio
 	$(VENV)/bin/shardcache demo --minio $(MINIO_DIR)/minio
 
 lint: install
-	$(VENV)/bin/ruff check shardcache sidecar operator tests bench
-	$(VENV)/bin/ruff format --check shardcache sidecar operator tests bench
+	$(VENV)/bin/ruff check shardcache sidecar operator images tests bench
+	$(VENV)/bin/ruff format --check shardcache sidecar operator images tests bench
 
 typecheck: install
-	$(VENV)/bin/mypy shardcache sidecar/shardcache_sidecar operator/shardcache_operator
+	$(VENV)/bin/mypy shardcache sidecar/shardcache_sidecar operator/shardcache_operator images
 
 layers: install
 	$(VENV)/bin/lint-imports

@@ -103,9 +103,7 @@ def wheelhouse(dest: Path) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="shardcache-src-") as src:
         inputs.copy_project(Path(src))
         rootfs.run([*pip, "--no-deps", f"--wheel-dir={dest}", src], what="pip wheel (project)")
-    return [
-        {"wheel": w.name, "sha256": oci.file_digest(w)} for w in sorted(dest.glob("*.whl"))
-    ]
+    return [{"wheel": w.name, "sha256": oci.file_digest(w)} for w in sorted(dest.glob("*.whl"))]
 
 
 def _build_image(
@@ -130,7 +128,8 @@ def _build_image(
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(definition.IMAGES_DIR / src, target)
         target.chmod(0o755 if os.access(definition.IMAGES_DIR / src, os.X_OK) else 0o644)
-    rootfs.trim(root)
+    rootfs.trim(root, site_globs=base.site_trim)
+    rootfs.link_duplicates(rootfs.site_packages(root))
     rootfs.finish(root, user=base.user, group=base.group)
     rootfs.compile_bytecode(root)
     layer = work / f"{image.key}.layer.tar"
@@ -225,7 +224,11 @@ def archives(*, cache: Path | None = None, build_missing: bool = True) -> Mappin
             partial = root / f".{key[:16]}.partial"
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
-            build(partial, defn=defn, key=key, sources=sources)
+            try:
+                build(partial, defn=defn, key=key, sources=sources)
+            except BaseException:
+                shutil.rmtree(partial, ignore_errors=True)
+                raise
             os.replace(partial, final)
             record = _record(final)
             assert record is not None
@@ -266,8 +269,17 @@ def write_lock(path: Path = inputs.LOCK_FILE) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         rootfs.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--dry-run",
-             "--ignore-installed", f"--report={report}", spec],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--dry-run",
+                "--ignore-installed",
+                f"--report={report}",
+                spec,
+            ],
             what="pip resolve",
         )
         data = json.loads(report.read_text())

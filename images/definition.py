@@ -26,6 +26,8 @@ class DefinitionError(ValueError):
 class Base:
     suite: str
     packages: tuple[str, ...]
+    # Globs under the image's dist-packages to delete after pip install.
+    site_trim: tuple[str, ...]
     user: int
     group: int
     workdir: str
@@ -96,6 +98,7 @@ def parse(text: str) -> Definition:
     base = Base(
         suite=_str(base_data, "suite", where="base"),
         packages=_strings(base_data.get("packages"), where="base.packages"),
+        site_trim=_strings(base_data.get("site_trim", []), where="base.site_trim"),
         user=_int(base_data, "user", where="base"),
         group=_int(base_data, "group", where="base"),
         workdir=_str(base_data, "workdir", where="base"),

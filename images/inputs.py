@@ -51,9 +51,7 @@ def project_files(repo: Path = REPO_ROOT) -> list[Path]:
 
 def definition_files(images_dir: Path = definition.IMAGES_DIR) -> list[Path]:
     """The files under images/ that shape the images (all but docs), relative, sorted."""
-    return sorted(
-        p.relative_to(images_dir) for p in _files_under(images_dir) if p.suffix != ".md"
-    )
+    return sorted(p.relative_to(images_dir) for p in _files_under(images_dir) if p.suffix != ".md")
 
 
 def copy_project(dest: Path, repo: Path = REPO_ROOT) -> None:

@@ -22,7 +22,7 @@ import tarfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -163,38 +163,38 @@ def write_archive(
     return manifest_desc
 
 
+def _member(tar: tarfile.TarFile, name: str, archive: Path) -> IO[bytes]:
+    member = tar.extractfile(name)
+    if member is None:
+        raise ValueError(f"{archive}: {name} is missing")
+    return member
+
+
+def _blob(tar: tarfile.TarFile, digest: str, archive: Path) -> IO[bytes]:
+    return _member(tar, f"blobs/sha256/{digest.removeprefix('sha256:')}", archive)
+
+
 def read_index(archive: Path) -> dict[str, Any]:
     """index.json of an OCI archive (for checks and for listing the names it carries)."""
     with tarfile.open(archive) as tar:
-        member = tar.extractfile("index.json")
-        if member is None:
-            raise ValueError(f"{archive}: no index.json")
-        data: dict[str, Any] = json.load(member)
+        data: dict[str, Any] = json.load(_member(tar, "index.json", archive))
         return data
 
 
-def _blob(tar: tarfile.TarFile, digest: str) -> tarfile.ExFileObject:
-    member = tar.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}")
-    if member is None:
-        raise ValueError(f"{tar.name}: blob {digest} is missing")
-    return member
+def read_manifest(archive: Path) -> dict[str, Any]:
+    """The manifest of the archive's first (here: only) image."""
+    with tarfile.open(archive) as tar:
+        index = json.load(_member(tar, "index.json", archive))
+        data: dict[str, Any] = json.load(_blob(tar, index["manifests"][0]["digest"], archive))
+        return data
 
 
 def extract_layer(archive: Path, dest: Path) -> None:
     """Copy the single layer of `archive` to `dest` (the rootfs tarball of the Dockerfile)."""
-    with tarfile.open(archive) as tar:
-        index = json.load(_blob_or_index(tar))
-        manifest = json.load(_blob(tar, index["manifests"][0]["digest"]))
-        (layer,) = manifest["layers"]
-        tmp = dest.with_name(dest.name + ".tmp")
-        with _blob(tar, layer["digest"]) as src, tmp.open("wb") as out:
+    (layer,) = read_manifest(archive)["layers"]
+    tmp = dest.with_name(dest.name + ".tmp")
+    with tarfile.open(archive) as tar, _blob(tar, layer["digest"], archive) as src:
+        with tmp.open("wb") as out:
             while chunk := src.read(_CHUNK):
                 out.write(chunk)
-        os.replace(tmp, dest)
-
-
-def _blob_or_index(tar: tarfile.TarFile) -> tarfile.ExFileObject:
-    member = tar.extractfile("index.json")
-    if member is None:
-        raise ValueError(f"{tar.name}: no index.json")
-    return member
+    os.replace(tmp, dest)

@@ -13,6 +13,7 @@ build runs as root on the project machine.
 from __future__ import annotations
 
 import compileall
+import hashlib
 import os
 import py_compile
 import re
@@ -153,18 +154,23 @@ def debian_rootfs(
                 f"--include={','.join(packages)}",
                 *(f"--dpkgopt=path-exclude={p}" for p in EXCLUDE_FROM_PACKAGES),
                 # The packages' names and versions, for the build record.
-                f'--customize-hook=ls "$1/var/cache/apt/archives" > {debs}',
+                f'--extract-hook=ls "$1/var/cache/apt/archives" > {debs}',
                 suite,
                 str(target),
                 str(sources_file),
             ],
             what="mmdebstrap",
         )
-        return sorted(n for n in debs.read_text().split() if n.endswith(".deb"))
+        packages_found = sorted(n for n in debs.read_text().split() if n.endswith(".deb"))
+    # mmdebstrap leaves device nodes in /dev; the runtime mounts its own /dev, and a
+    # copy of the tree would try to read them.
+    shutil.rmtree(target / "dev")
+    (target / "dev").mkdir()
+    return packages_found
 
 
 def python_version(rootfs: Path) -> str:
-    """"3.11": the Debian interpreter's version, from its standard library directory."""
+    """ "3.11": the Debian interpreter's version, from its standard library directory."""
     found = sorted(
         p.name.removeprefix("python")
         for p in (rootfs / "usr/lib").glob("python3.*")
@@ -224,8 +230,8 @@ def install_wheels(
         shutil.rmtree(scripts)
 
 
-def trim(rootfs: Path) -> None:
-    """Remove what the image never uses (see TRIM_*)."""
+def trim(rootfs: Path, *, site_globs: Sequence[str] = ()) -> None:
+    """Remove what the image never uses: TRIM_*, and `site_globs` under dist-packages."""
     for rel in TRIM_PATHS:
         path = rootfs / rel
         if path.is_dir() and not path.is_symlink():
@@ -236,7 +242,13 @@ def trim(rootfs: Path) -> None:
     for name in TRIM_STDLIB:
         shutil.rmtree(stdlib / name, ignore_errors=True)
     site = site_packages(rootfs)
-    for top in (site.iterdir() if site.is_dir() else ()):
+    for pattern in site_globs:
+        for path in site.glob(pattern):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    for top in site.iterdir() if site.is_dir() else ():
         if not top.is_dir() or top.name.endswith((".dist-info", ".libs")):
             continue
         for dirpath, dirnames, filenames in os.walk(top):
@@ -248,6 +260,31 @@ def trim(rootfs: Path) -> None:
                     (Path(dirpath) / f).unlink()
     for cache in list(rootfs.rglob("__pycache__")):
         shutil.rmtree(cache)
+
+
+def link_duplicates(root: Path, *, min_size: int = 1 << 20) -> int:
+    """Hard-link identical large files under `root`; returns the bytes saved.
+
+    Wheels cannot carry symlinks, so a library's soname aliases arrive as full
+    copies (pyarrow's libarrow_python.so three times); the layer stores a hard link
+    once.
+    """
+    by_size: dict[int, list[Path]] = {}
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_size >= min_size:
+            by_size.setdefault(path.stat().st_size, []).append(path)
+    saved = 0
+    for size, paths in by_size.items():
+        seen: dict[bytes, Path] = {}
+        for path in sorted(paths):
+            digest = hashlib.sha256(path.read_bytes()).digest()
+            if digest in seen:
+                path.unlink()
+                os.link(seen[digest], path)
+                saved += size
+            else:
+                seen[digest] = path
+    return saved
 
 
 def finish(rootfs: Path, *, user: int, group: int) -> None:
@@ -264,8 +301,6 @@ def finish(rootfs: Path, *, user: int, group: int) -> None:
     # Mount points: the runtime mounts these; /tmp is where a pod's emptyDir goes.
     for d in ("proc", "sys", "dev", "run", "tmp", "root"):
         (rootfs / d).mkdir(exist_ok=True)
-    shutil.rmtree(rootfs / "dev")
-    (rootfs / "dev").mkdir()
     (rootfs / "tmp").chmod(0o1777)
     (rootfs / "root").chmod(0o700)
     # The `python` name the chart's node-cache DaemonSet runs (python-is-python3 would
@@ -332,7 +367,8 @@ def write_layer(rootfs: Path, out: Path) -> int:
             base = Path(dirpath)
             for name in sorted(dirnames) + sorted(filenames):
                 path = base / name
-                tar.add(path, arcname=str(path.relative_to(rootfs)), recursive=False,
-                        filter=normalise)
+                tar.add(
+                    path, arcname=str(path.relative_to(rootfs)), recursive=False, filter=normalise
+                )
     os.replace(tmp, out)
     return total

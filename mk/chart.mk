@@ -1,16 +1,16 @@
 # The Helm chart and the e2e tier (docs/e2e.md).
 #   make chart               helm lint --strict, then package helm/shardcache into dist/
 #   make e2e                 the e2e suite against the loopback control plane (default)
-#   make e2e CLUSTER=kind    the same suite against a kind cluster: builds the images,
-#                            creates the cluster if missing, `kind load`s the images.
+#   make e2e CLUSTER=kind    the same suite against a kind cluster: builds the image
+#                            archives (mk/images.mk), creates the cluster if missing,
+#                            `kind load image-archive`s them.
 #                            Needs docker, kind, helm, kubectl on PATH and an S3 endpoint
 #                            (SHARDCACHE_E2E_S3_*); it cannot run on the project machine.
 CLUSTER ?= local
 KIND_CLUSTER_NAME ?= shardcache-e2e
-E2E_IMAGE_TAG := e2e
 CHART_KUBE_VERSION = $(patsubst v%,%,$(KUBE_VERSION))
 
-.PHONY: chart e2e e2e-local e2e-kind images
+.PHONY: chart e2e e2e-local e2e-kind
 chart: tools-helm
 	$(HELM_DIR)/helm lint --strict helm/shardcache --kube-version $(CHART_KUBE_VERSION)
 	mkdir -p dist
@@ -21,13 +21,12 @@ e2e: e2e-$(CLUSTER)
 e2e-local: install tools-minio tools-kubernetes tools-etcd tools-helm tools-kwok
 	SHARDCACHE_E2E_CLUSTER=local $(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
-images:
-	docker build -f operator/Dockerfile -t shardcache-operator:$(E2E_IMAGE_TAG) .
-	docker build -f sidecar/Dockerfile -t shardcache-sidecar:$(E2E_IMAGE_TAG) .
-
-e2e-kind: install images
+# The archives `make image-archives` builds are what kind's node imports (with
+# containerd, like the local node tier): no docker build, no registry.
+e2e-kind: install image-archives
 	@command -v kind >/dev/null || { echo "make e2e CLUSTER=kind: kind is not on PATH"; exit 2; }
 	kind get clusters | grep -qx '$(KIND_CLUSTER_NAME)' || kind create cluster --name '$(KIND_CLUSTER_NAME)' --wait 120s
-	kind load docker-image --name '$(KIND_CLUSTER_NAME)' \
-		shardcache-operator:$(E2E_IMAGE_TAG) shardcache-sidecar:$(E2E_IMAGE_TAG)
+	for archive in $$($(PY) -c 'from images import build; print(" ".join(str(a.path) for a in build.archives().values()))'); do \
+		kind load image-archive --name '$(KIND_CLUSTER_NAME)' $$archive || exit 1; \
+	done
 	SHARDCACHE_E2E_CLUSTER=kind KIND_CLUSTER_NAME='$(KIND_CLUSTER_NAME)' $(PY) -m pytest tests/e2e $(PYTEST_ARGS)

@@ -89,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per batch")
     parser.add_argument("--result-file", type=Path)
+    parser.add_argument(
+        "--fail-after-batches", type=int, default=0,
+        help="exit with status 3 after N batches of this run, as a preempted trainer",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     rank = _env_int("SHARDCACHE_RANK", "JOB_COMPLETION_INDEX", "RANK", default=0)
@@ -106,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         options["resume_from"] = "latest"
     ds = shardcache.open(args.source, **options)
     start = {"epoch": ds.epoch, "position": ds.position}
+    run_batches = 0
     _log(
         f"rank {rank} of {world_size}, {len(ds)} rows per epoch, starting at epoch "
         f"{ds.epoch} position {ds.position}"
@@ -120,9 +125,14 @@ def main(argv: list[str] | None = None) -> int:
                 tally["id_sum"] += total
                 tally["id_sq_sum"] += squares
                 tally["batches"] += 1
+                run_batches += 1
                 if args.sleep:
                     time.sleep(args.sleep)
-                if ckpt_dir and args.checkpoint_every and tally["batches"] % args.checkpoint_every == 0:
+                if (
+                    ckpt_dir
+                    and args.checkpoint_every
+                    and tally["batches"] % args.checkpoint_every == 0
+                ):
                     tally["step"] += 1
                     path = Path(ckpt_dir) / f"step-{tally['step']:08d}"
                     path.mkdir()
@@ -131,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
                         path, step=tally["step"], data_state=ds.state_dict()
                     )
                     _log(f"committed checkpoint step {tally['step']} at row {tally['rows']}")
+                if args.fail_after_batches and run_batches >= args.fail_after_batches:
+                    _log(f"failing on purpose after {run_batches} batches")
+                    return 3
     finally:
         ds.close()
     result = {

@@ -40,6 +40,7 @@ import kubernetes.config
 import pyarrow.fs
 from kubernetes.client.rest import ApiException
 
+import shardcache
 from tests.support import processes, toolpaths
 
 PROVIDER_ENV = "SHARDCACHE_E2E_CLUSTER"
@@ -53,9 +54,11 @@ HOST = "127.0.0.1"
 SERVICE_ACCOUNT = "shardcache"
 #: Kubernetes release the chart is rendered for without a cluster (helm template).
 KUBE_VERSION = toolpaths.parse_versions(toolpaths.VERSIONS_FILE.read_text())["KUBE_VERSION"]
-#: Tags `make e2e CLUSTER=kind` builds and loads; the local provider runs no image.
-OPERATOR_IMAGE = ("shardcache-operator", "e2e")
-SIDECAR_IMAGE = ("shardcache-sidecar", "e2e")
+#: The one image (images/image.toml) runs both the operator and the sidecar; its
+#: archive (`make image-archives`) carries this name, which `make e2e CLUSTER=kind`
+#: loads. The local provider runs no image.
+OPERATOR_IMAGE = ("localhost/shardcache", shardcache.__version__)
+SIDECAR_IMAGE = OPERATOR_IMAGE
 #: Operator start-up: interpreter, kopf, the kubernetes client, first list calls.
 OPERATOR_READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 20.0
