@@ -218,14 +218,19 @@ def kubelet_config(
         "makeIPTablesUtilChains": False,
         "rotateCertificates": False,
         "serverTLSBootstrap": False,
-        # A shared, busy test machine: eviction for memory or disk pressure would kill the
-        # tests' pods for other people's usage. The limits a test checks (a pod's memory
-        # limit, an emptyDir's sizeLimit) are enforced per pod regardless.
+        # A shared, busy test machine: node-level eviction for memory or disk pressure
+        # would kill the tests' pods for other people's usage, so every signal is off
+        # ("0%" disables one). What a test checks per pod still holds: memory limits are
+        # the cgroup's, a Memory emptyDir's sizeLimit is its tmpfs size.
         "evictionHard": {
-            "memory.available": "64Mi",
-            "nodefs.available": "1%",
-            "imagefs.available": "1%",
-            "nodefs.inodesFree": "1%",
+            signal: "0%"
+            for signal in (
+                "memory.available",
+                "nodefs.available",
+                "nodefs.inodesFree",
+                "imagefs.available",
+                "imagefs.inodesFree",
+            )
         },
         "mergeDefaultEvictionSettings": False,
         # Imported images cannot be pulled back: never garbage-collect them.

@@ -5,6 +5,7 @@
  *   toolbox echo WORD...       print the words
  *   toolbox cat FILE           print a file (/proc/mounts, /proc/self/status, ...)
  *   toolbox connect IP PORT    open a TCP connection (5 s), print "connected IP:PORT"
+ *   toolbox chown UID GID PATH give PATH to UID:GID (needs CAP_CHOWN when not the owner)
  *
  * Built with `gcc -static` by tests/cluster/images.py; no libc beyond the static one.
  */
@@ -94,6 +95,15 @@ int main(int argc, char **argv) {
     return do_cat(argv[2]);
   if (argc == 4 && !strcmp(argv[1], "connect"))
     return do_connect(argv[2], argv[3]);
-  fprintf(stderr, "usage: toolbox sleep [FILE] | echo WORD... | cat FILE | connect IP PORT\n");
+  if (argc == 5 && !strcmp(argv[1], "chown")) {
+    if (chown(argv[4], (uid_t)atoi(argv[2]), (gid_t)atoi(argv[3])) < 0) {
+      perror(argv[4]);
+      return 1;
+    }
+    printf("chowned %s to %s:%s\n", argv[4], argv[2], argv[3]);
+    return 0;
+  }
+  fprintf(stderr, "usage: toolbox sleep [FILE] | echo WORD... | cat FILE | connect IP PORT"
+                  " | chown UID GID PATH\n");
   return 2;
 }
