@@ -120,8 +120,23 @@ def node_store(real_node: release.RealNode) -> Iterator[s3server.S3Server]:
 
 
 @pytest.fixture(scope="package")
-def namespace_name() -> str:
-    return f"node-product-{secrets.token_hex(3)}"
+def namespace_name(admin: kubernetes.client.ApiClient) -> Iterator[str]:
+    """The workload namespace, created before the release (the chart's Secret-reading
+    Role goes into it); `namespace` below fills it and deletes it before the release goes."""
+    name = f"node-product-{secrets.token_hex(3)}"
+    core = kubernetes.client.CoreV1Api(admin)
+    core.create_namespace(kubernetes.client.V1Namespace(metadata={"name": name}))
+    harness.wait_until(
+        f"the default ServiceAccount of {name}",
+        lambda: core.read_namespaced_service_account("default", name),
+        timeout=60,
+    )
+    try:
+        yield name
+    finally:
+        # Normally `namespace` deleted it already; not when the release failed to start.
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(name)
 
 
 def _absent(read: Any) -> bool:
@@ -230,12 +245,6 @@ def namespace(
     """The workload namespace: the object store's Secret, the trainer program. Deleted
     (pods terminated on the node, DatasetMounts released) before the release goes."""
     core = kubernetes.client.CoreV1Api(admin)
-    core.create_namespace(kubernetes.client.V1Namespace(metadata={"name": namespace_name}))
-    harness.wait_until(
-        f"the default ServiceAccount of {namespace_name}",
-        lambda: core.read_namespaced_service_account("default", namespace_name),
-        timeout=60,
-    )
     core.create_namespaced_secret(
         namespace_name,
         kubernetes.client.V1Secret(

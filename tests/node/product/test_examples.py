@@ -26,7 +26,8 @@ from tests.e2e import harness, objects
 from tests.node.product import pods, release
 from tests.support import datasets, s3server
 
-pytestmark = pytest.mark.node
+# Fixture set-up (images, the release, a Ready mount) counts towards the first test.
+pytestmark = [pytest.mark.node, pytest.mark.timeout(900)]
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "examples"
 NAMESPACE = "default"

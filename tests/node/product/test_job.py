@@ -21,7 +21,8 @@ from shardcache_operator import injection
 from tests.e2e import harness
 from tests.node.product import jobs, pods, release
 
-pytestmark = pytest.mark.node
+# Fixture set-up (images, the release, a Ready mount) counts towards the first test.
+pytestmark = [pytest.mark.node, pytest.mark.timeout(900)]
 
 RANKS = 2
 #: The second pod stays up this long after its epoch, so the test can look inside it

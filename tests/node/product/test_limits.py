@@ -16,7 +16,8 @@ from tests.e2e import harness
 from tests.node.product import jobs, pods, release
 from tests.support import s3server
 
-pytestmark = pytest.mark.node
+# Fixture set-up (images, the release, a Ready mount) counts towards the first test.
+pytestmark = [pytest.mark.node, pytest.mark.timeout(900)]
 
 #: Ten shards of 50,000 rows: about 3.5 MiB each once decoded to Arrow, 35 MiB in all.
 SHARDS = (50_000,) * 10

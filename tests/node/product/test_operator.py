@@ -14,7 +14,8 @@ from kubernetes.client.rest import ApiException
 from tests.e2e import harness, objects
 from tests.node.product import pods, release
 
-pytestmark = pytest.mark.node
+# Fixture set-up (images, the release, a Ready mount) counts towards the first test.
+pytestmark = [pytest.mark.node, pytest.mark.timeout(900)]
 
 
 def test_two_operator_replicas_run_on_the_real_node_from_the_built_image(
