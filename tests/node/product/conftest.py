@@ -168,6 +168,24 @@ def operator(
         node_cluster, release.OPERATOR_DEPLOYMENT, release.RELEASE_NAMESPACE
     )
     apps = kubernetes.client.AppsV1Api(admin)
+    # What an interrupted earlier session on a reused cluster left must go first.
+    if (
+        node_cluster.run(
+            "helm", "status", release.RELEASE, "-n", release.RELEASE_NAMESPACE, check=False
+        ).returncode
+        == 0
+    ):
+        node_cluster.run("helm", "uninstall", release.RELEASE, "-n", release.RELEASE_NAMESPACE)
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(release.RELEASE_NAMESPACE)
+    harness.wait_until(
+        f"namespace {release.RELEASE_NAMESPACE} gone or not terminating",
+        lambda: (
+            _absent(lambda: core.read_namespace(release.RELEASE_NAMESPACE))
+            or core.read_namespace(release.RELEASE_NAMESPACE).metadata.deletion_timestamp is None
+        ),
+        timeout=release.GONE_TIMEOUT_S,
+    )
     try:
         # No `helm --wait`: a cold start on two busy cores can outlast one helm call's
         # time-out here; the waits below are bounded and say what they saw.
