@@ -51,11 +51,19 @@ def test_sidecar_killed_mid_epoch_is_restarted_and_no_row_is_lost_or_repeated(
     killed = pods.kill_9(sidecar.container_id)
     killed_at = time.time()
 
-    pod = pods.wait_pod(core, namespace, name, lambda p: p.status.phase == "Succeeded", "Succeeded")
+    def restarted(pod: kubernetes.client.V1Pod) -> bool:
+        status = pods.sidecar_status(pod)
+        return bool(status.restart_count >= 1 and status.state.running is not None)
+
+    # Seen while the trainer still reads: the kubelet restarted the killed sidecar.
+    pod = pods.wait_pod(core, namespace, name, restarted, "the sidecar restarted")
     sidecar = pods.sidecar_status(pod)
-    assert sidecar.restart_count >= 1, f"the kubelet did not restart the sidecar ({killed})"
-    assert sidecar.last_state.terminated is not None
-    assert sidecar.last_state.terminated.exit_code == 137  # SIGKILL
+    assert sidecar.last_state.terminated is not None, f"{sidecar} (killed {killed})"
+    assert sidecar.last_state.terminated.exit_code == 137, sidecar.last_state  # SIGKILL
+    assert pod.status.phase == "Running"
+
+    pod = pods.wait_pod(core, namespace, name, lambda p: p.status.phase == "Succeeded", "done")
+    assert pods.sidecar_status(pod).restart_count == 1, "killed once, restarted once"
     log = pods.log(core, namespace, name, jobs.TRAINER_CONTAINER)
     done = jobs.event(log, "done")
     assert before["rows"] < total and done["t"] > killed_at, "the kill was not mid-epoch"
