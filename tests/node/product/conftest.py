@@ -139,6 +139,13 @@ def namespace_name(admin: kubernetes.client.ApiClient) -> Iterator[str]:
             core.delete_namespace(name)
 
 
+def _entries(directory: pathlib.Path) -> set[str] | None:
+    try:
+        return {p.name for p in directory.iterdir()}
+    except FileNotFoundError:
+        return None
+
+
 def _absent(read: Any) -> bool:
     try:
         read()
@@ -162,7 +169,7 @@ def operator(
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="shardcache-node-release-"))
     values_file = workdir / "values.json"
     values_file.write_text(json.dumps(values, indent=2))
-    cache_existed = release.NODE_CACHE_PATH.exists()
+    cache_before = _entries(release.NODE_CACHE_PATH)
     core = kubernetes.client.CoreV1Api(admin)
     in_cluster = harness.InClusterOperator(
         node_cluster, release.OPERATOR_DEPLOYMENT, release.RELEASE_NAMESPACE
@@ -235,9 +242,17 @@ def operator(
             lambda: _absent(lambda: core.read_namespace(release.RELEASE_NAMESPACE)),
             timeout=release.GONE_TIMEOUT_S,
         )
-        if not cache_existed:
-            # The DaemonSet made it for this session; the host keeps nothing of the tests.
+        # The host keeps nothing of the tests: the directory the DaemonSet made, or (when
+        # it was there before) the disk-tier entries this session added to it.
+        if cache_before is None:
             shutil.rmtree(release.NODE_CACHE_PATH, ignore_errors=True)
+        else:
+            for name in (_entries(release.NODE_CACHE_PATH) or set()) - cache_before:
+                path = release.NODE_CACHE_PATH / name
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
