@@ -149,8 +149,17 @@ def wait_event(
     """Poll the trainer's log until one of its events satisfies `check`."""
 
     def seen() -> dict[str, Any] | None:
+        # Read the state first: a trainer that has exited has written all it will.
+        state = core.read_namespaced_pod(pod, namespace)
         text = log(core, namespace, pod, jobs.TRAINER_CONTAINER)
-        return next((e for e in jobs.events(text) if check(e)), None)
+        found = next((e for e in jobs.events(text) if check(e)), None)
+        statuses = [s for s in state.status.container_statuses or [] if s.state.terminated]
+        if found is None and any(s.name == jobs.TRAINER_CONTAINER for s in statuses):
+            raise AssertionError(
+                f"the trainer of {namespace}/{pod} exited before {what}; its log:\n"
+                + "\n".join(text.splitlines()[-30:])
+            )
+        return found
 
     return harness.wait_until(
         f"trainer of {namespace}/{pod}: {what}",
