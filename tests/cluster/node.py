@@ -386,13 +386,12 @@ def restore_sysctls() -> dict[str, tuple[str, str]]:
 
 
 def _ctr(paths: Paths, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["ctr", "--address", str(paths.containerd_socket), "--namespace", "k8s.io", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
+    argv = ["ctr", "--address", str(paths.containerd_socket), "--namespace", "k8s.io", *args]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    except subprocess.TimeoutExpired:
+        # A hung containerd: the caller goes on to kill shims and cgroups directly.
+        return subprocess.CompletedProcess(argv, 124, "", "ctr timed out")
 
 
 def remove_containers(paths: Paths) -> None:

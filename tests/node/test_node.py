@@ -8,12 +8,16 @@ two kill the node and take the cluster down.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import ipaddress
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +25,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from tests.cluster import network, node
+from tests.cluster import network, node, oci
 from tests.support import cluster
 
 pytestmark = pytest.mark.node
@@ -368,6 +372,60 @@ def test_an_image_nobody_imported_fails_on_the_loopback_proxy_without_leaving_th
     assert f"proxyconnect tcp: dial tcp {node.NO_PULL_PROXY.removeprefix('http://')}" in messages[0]
 
 
+def test_an_archive_imported_through_the_cli_runs_as_a_pod(
+    real_node: dict[str, Any],
+    kube_cluster: cluster.KubeCluster,
+    core: kubernetes.client.CoreV1Api,
+    namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    # The way the product images get onto the node: any OCI archive whose index names
+    # its image, through `cluster.py import-image`.
+    toolbox_archive = pathlib.Path(real_node["images"][toolbox(real_node)])
+    binary = _file_from_archive(toolbox_archive, "toolbox")
+    name = f"shardcache.test/imported:{namespace}"
+    archive = tmp_path / "imported.tar"
+    archive.write_bytes(
+        oci.image_archive(
+            name,
+            [oci.layer([oci.File("bin/tool", binary, 0o755)])],
+            oci.Config(entrypoint=("/bin/tool",), cmd=("sleep",)),
+        )
+    )
+    result = run_cluster("import-image", str(archive))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert name in result.stdout
+
+    body = real_node_pod("imported", name)
+    body["spec"]["initContainers"] = []
+    body["spec"]["containers"][0]["args"] = []  # the image's own entrypoint and cmd
+    body["spec"]["containers"][0]["volumeMounts"] = []
+    core.create_namespaced_pod(namespace, body)
+    wait_ready(core, namespace, "imported")
+    out = kubectl(
+        kube_cluster, "-n", namespace, "exec", "imported", "--", "/bin/tool", "echo", "hi"
+    )
+    assert out == "hi\n"
+
+
+def _file_from_archive(archive: pathlib.Path, path: str) -> bytes:
+    """One file of the (single) layer of an OCI archive oci.py wrote."""
+    with tarfile.open(archive) as outer:
+        for member in outer.getmembers():
+            if not member.name.startswith("blobs/") or not member.isfile():
+                continue
+            blob = outer.extractfile(member)
+            assert blob is not None
+            data = blob.read()
+            with contextlib.suppress(tarfile.ReadError):
+                with tarfile.open(fileobj=io.BytesIO(data)) as layer:
+                    if path in layer.getnames():
+                        found = layer.extractfile(path)
+                        assert found is not None
+                        return found.read()
+    raise AssertionError(f"{archive} has no layer holding {path}")
+
+
 def test_pods_without_the_toleration_stay_on_kwok_nodes(
     real_node: dict[str, Any], core: kubernetes.client.CoreV1Api, namespace: str
 ) -> None:
@@ -388,9 +446,9 @@ def test_pods_without_the_toleration_stay_on_kwok_nodes(
     assert annotations.get("kwok.x-k8s.io/node") == "fake", node_name
 
 
-def run_cluster(command: str) -> subprocess.CompletedProcess[str]:
+def run_cluster(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(cluster.CLUSTER_SCRIPT), command],
+        [sys.executable, str(cluster.CLUSTER_SCRIPT), *args],
         capture_output=True,
         text=True,
         timeout=cluster.UP_TIMEOUT_S,
