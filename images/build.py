@@ -38,6 +38,9 @@ from typing import Any
 from images import definition, inputs, oci, rootfs
 
 RECORD_NAME = "build.json"
+# Builds of other keys kept beside the newest (other worktrees or branches on this
+# machine may still use theirs); older ones are removed after a build (~0.5 GB each).
+KEEP_OTHER_BUILDS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +53,8 @@ class Archive:
     reference: str
     # name:version: the chart's default tag (its appVersion).
     version_reference: str
+    # The archive's size: the one uncompressed layer plus a few kB of JSON, so about
+    # what the image takes on a node.
     size_bytes: int
 
     def to_json(self) -> dict[str, Any]:
@@ -203,6 +208,16 @@ def _record(directory: Path) -> dict[str, Any] | None:
     return data
 
 
+def _prune(root: Path, *, keep: Path) -> None:
+    built = sorted(
+        (d for d in root.iterdir() if d != keep and (d / RECORD_NAME).is_file()),
+        key=lambda d: (d / RECORD_NAME).stat().st_mtime,
+        reverse=True,
+    )
+    for old in built[KEEP_OTHER_BUILDS:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def archives(*, cache: Path | None = None, build_missing: bool = True) -> Mapping[str, Archive]:
     """The archive of every image in images/image.toml, built first if missing.
 
@@ -220,9 +235,11 @@ def archives(*, cache: Path | None = None, build_missing: bool = True) -> Mappin
             if not build_missing:
                 raise FileNotFoundError(f"no images built for key {key[:16]} in {root}")
             _log(f"no images for key {key[:16]} in {root}: building")
-            shutil.rmtree(final, ignore_errors=True)
+            # Under the lock no other build runs: work directories left here are
+            # from a killed build (~1 GB each).
+            for stale in [*root.glob("shardcache-image-*"), *root.glob(".*.partial"), final]:
+                shutil.rmtree(stale, ignore_errors=True)
             partial = root / f".{key[:16]}.partial"
-            shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
             try:
                 build(partial, defn=defn, key=key, sources=sources)
@@ -230,6 +247,7 @@ def archives(*, cache: Path | None = None, build_missing: bool = True) -> Mappin
                 shutil.rmtree(partial, ignore_errors=True)
                 raise
             os.replace(partial, final)
+            _prune(root, keep=final)
             record = _record(final)
             assert record is not None
     result: dict[str, Archive] = {}
@@ -240,7 +258,7 @@ def archives(*, cache: Path | None = None, build_missing: bool = True) -> Mappin
             path=final / info["archive"],
             reference=reference,
             version_reference=version_reference,
-            size_bytes=int(info["content_bytes"]),
+            size_bytes=int(info["archive_bytes"]),
         )
     return result
 

@@ -2,7 +2,8 @@
 #   make image-archives   build them here as OCI archives, no Docker: Debian packages
 #                         (mmdebstrap) + the project's wheels, cached under
 #                         $(TOOLS_CACHE)/images/<content key>/ (a second run is a no-op)
-#   make images           the same images with docker or podman (CONTAINER_ENGINE),
+#   make images           the same images with docker, podman or buildah (the first on
+#                         PATH, or CONTAINER_ENGINE=...),
 #                         from the rootfs tarball and a Dockerfile rendered from the
 #                         definition; tags localhost/shardcache:<version> and
 #                         localhost/shardcache-trainer:<version>
@@ -10,7 +11,7 @@
 # (tests/integration/test_images.py). Installed with apt-get when missing.
 IMAGE_TOOLS := mmdebstrap runc containerd
 IMAGE_CONTEXT := .images
-CONTAINER_ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+CONTAINER_ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null || command -v buildah 2>/dev/null)
 
 .PHONY: image-tools image-archives images
 image-tools:
@@ -25,7 +26,7 @@ image-archives: install image-tools
 	$(PY) -m images.build
 
 images: install image-tools
-	@test -n "$(CONTAINER_ENGINE)" || { echo "make images: neither docker nor podman is on PATH (make image-archives needs neither)"; exit 2; }
+	@test -n "$(CONTAINER_ENGINE)" || { echo "make images: no docker, podman or buildah on PATH (make image-archives needs none)"; exit 2; }
 	for image in shardcache trainer; do \
 		ref=$$($(PY) -m images.build docker-context $$image $(IMAGE_CONTEXT)/$$image) && \
 		$(CONTAINER_ENGINE) build -t $$ref $(IMAGE_CONTEXT)/$$image || exit 1; \

@@ -19,7 +19,7 @@ ENV_PREFIX = "SHARDCACHE_OPERATOR_"
 class Settings:
     # --- what gets injected ---------------------------------------------------------
     #: Sidecar image when a DatasetMount names none; the chart pins it to its version.
-    sidecar_image: str = "shardcache-sidecar:0.1.0"
+    sidecar_image: str = "localhost/shardcache:0.1.0"
     #: Run directory inside pods (socket and memory tier live below it).
     run_dir: str = contract.DEFAULT_RUN_DIR
     #: Non-root UID of the sidecar. 65532 is the conventional "nonroot" user of

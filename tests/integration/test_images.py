@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import time
 from collections.abc import Mapping
@@ -143,6 +144,8 @@ def test_image_config_is_the_definition(service_bundle: oci_runtime.Bundle) -> N
         (None, "run the node cache sidecar"),  # the image's own entrypoint + cmd
         (["shardcache", "sidecar", "--help"], "usage: shardcache sidecar"),
         (["shardcache", "operator", "--help"], "usage: shardcache operator"),
+        # The chart's node-cache DaemonSet runs `python -c …` in this image.
+        (["python", "-c", "import os; print('python as', os.getuid())"], "python as 65532"),
     ],
 )
 def test_entry_commands_run_as_nonroot_on_a_readonly_root(
@@ -169,6 +172,12 @@ def test_root_filesystem_is_readonly_and_user_is_65532(
     assert out[1:4] == [f"/x {erofs}", f"/usr/local/lib/x {erofs}", f"/home/nonroot/x {erofs}"]
 
 
+def test_tls_trust_store_holds_the_debian_ca_bundle(service_bundle: oci_runtime.Bundle) -> None:
+    # HTTPS object stores and the API server's client libraries verify against it.
+    probe = "import ssl; print(ssl.create_default_context().cert_store_stats()['x509_ca'])"
+    assert int(_ok(oci_runtime.run(service_bundle, ["python3", "-c", probe]))) > 100
+
+
 def test_every_module_of_the_service_imports(service_bundle: oci_runtime.Bundle) -> None:
     packages = ["shardcache", "shardcache_sidecar", "shardcache_operator", "kopf", "aiohttp"]
     # The trimmed packages too: a trim that removed something used shows up here.
@@ -188,12 +197,16 @@ def test_every_module_of_the_service_imports(service_bundle: oci_runtime.Bundle)
 
 
 def test_bytecode_is_precompiled_for_the_image_paths(service_bundle: oci_runtime.Bundle) -> None:
+    # This interpreter's magic number, and flags 0b11: checked-hash pycs, valid whatever
+    # mtimes the layer carries.
     probe = (
-        "import importlib, importlib.util, os, sys\n"
+        "import importlib, importlib.util, sys\n"
         "for name in sys.argv[1:]:\n"
         "    mod = importlib.import_module(name)\n"
-        "    pyc = importlib.util.cache_from_source(mod.__file__)\n"
-        "    print(name, os.path.exists(pyc))\n"
+        "    with open(importlib.util.cache_from_source(mod.__file__), 'rb') as f:\n"
+        "        head = f.read(8)\n"
+        "    ok = head[:4] == importlib.util.MAGIC_NUMBER and head[4] == 0b11\n"
+        "    print(name, ok)\n"
     )
     names = ["json", "asyncio", "shardcache", "shardcache_sidecar.cli", "kopf", "pyarrow"]
     out = _ok(oci_runtime.run(service_bundle, ["python3", "-c", probe, *names]))
@@ -286,7 +299,9 @@ def test_containerd_imports_and_runs_both_archives(
             assert {archive.reference, archive.version_reference} <= listed
         probe = "import os, shardcache, pyarrow; print(os.getuid(), shardcache.__version__)"
         out = containerd.ctr(
-            "run", "--rm", "--read-only", archives["trainer"].reference, "probe",
+            # A unique id: runc's state directory for the namespace is machine-wide.
+            "run", "--rm", "--read-only", archives["trainer"].reference,
+            f"shardcache-image-test-{secrets.token_hex(4)}",
             "python3", "-c", probe,
         )  # fmt: skip
         assert out.split() == ["65532", build.project_version()]
@@ -303,3 +318,60 @@ def test_dockerfile_route_ships_the_same_rootfs(
     assert 'ENTRYPOINT ["shardcache"]' in dockerfile
     layer_digest = oci.read_manifest(archive.path)["layers"][0]["digest"]
     assert oci.file_digest(tmp_path / "rootfs.tar") == layer_digest
+
+
+def test_sidecar_serves_trainers_in_their_containers_like_a_pod(
+    service_bundle: oci_runtime.Bundle,
+    trainer_bundle: oci_runtime.Bundle,
+    dataset: Path,
+    tmp_path: Path,
+) -> None:
+    """The sidecar image serving (not just --help) with a read-only root and only its
+    volumes writable: the run directory (socket, memory tier) shared with the trainer
+    containers, and the node disk tier, the way the webhook lays out a pod."""
+    run_dir, disk_dir = tmp_path / "run", tmp_path / "disk"
+    for d in (run_dir, disk_dir):
+        d.mkdir()
+        os.chown(d, 65532, 65532)
+    common = {"SHARDCACHE_RUN_DIR": "/run/shardcache", "SHARDCACHE_MOUNT": "m"}
+    sidecar_env = {
+        **common,
+        "SHARDCACHE_SOURCE_URI": "file:///data",
+        "SHARDCACHE_DISK_DIR": "/node-cache",
+        "SHARDCACHE_MEMORY_LIMIT_BYTES": str(64 << 20),
+        "SHARDCACHE_DISK_LIMIT_BYTES": str(64 << 20),
+    }
+    log = tmp_path / "sidecar.log"
+    with oci_runtime.started(
+        service_bundle,
+        ["shardcache", "sidecar"],
+        name="sidecar",
+        mounts=[
+            oci_runtime.bind(dataset, "/data"),
+            oci_runtime.bind(run_dir, "/run/shardcache", readonly=False),
+            oci_runtime.bind(disk_dir, "/node-cache", readonly=False),
+        ],
+        env=sidecar_env,
+        log=log,
+    ) as sidecar:
+        deadline = time.monotonic() + 60
+        while not list(run_dir.rglob("*.sock")):
+            assert sidecar.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "no control socket:\n" + log.read_text()
+            time.sleep(0.2)
+        results = []
+        for rank in (0, 1):
+            proc = oci_runtime.run(
+                trainer_bundle,
+                mounts=[oci_runtime.bind(run_dir, "/run/shardcache", readonly=False)],
+                env={**common, "SHARDCACHE_RANK": str(rank), "SHARDCACHE_WORLD_SIZE": "2"},
+            )
+            assert proc.returncode == 0, proc.stdout + proc.stderr + log.read_text()
+            results.append(_result(proc.stdout))
+        assert sidecar.poll() is None, log.read_text()
+    summed = {k: sum(int(str(r[k])) for r in results) for k in ("rows", "id_sum", "id_sq_sum")}
+    assert summed == _totals(SHARDS * ROWS_PER_SHARD)
+    assert "Read-only file system" not in log.read_text()
+    # The node disk tier got the shards: written by 65532 through its volume.
+    cached = [p for p in disk_dir.rglob("*") if p.is_file()]
+    assert cached and all(p.stat().st_uid == 65532 for p in cached)

@@ -51,7 +51,7 @@ def unpack(archive: Path, dest: Path) -> Bundle:
         manifest = json.load(_member(tar, index["manifests"][0]["digest"]))
         image_config = json.load(_member(tar, manifest["config"]["digest"]))
         for layer in manifest["layers"]:
-            with tarfile.open(fileobj=_member(tar, layer["digest"]), mode="r|") as layer_tar:
+            with tarfile.open(fileobj=_member(tar, layer["digest"]), mode="r|*") as layer_tar:
                 # Root extracts with the layer's owners; "fully_trusted": it is our own
                 # build, and the tar filter would refuse the absolute symlinks a
                 # Debian tree has.
@@ -131,6 +131,45 @@ def run(
         )
     finally:
         subprocess.run(["runc", "delete", "--force", name], capture_output=True)
+
+
+@contextlib.contextmanager
+def started(
+    bundle: Bundle,
+    args: Sequence[str] | None = None,
+    *,
+    name: str,
+    mounts: Sequence[Mapping[str, Any]] = (),
+    env: Mapping[str, str] | None = None,
+    log: Path,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run a long-lived container (a sidecar) while the block runs; killed after it.
+
+    Each container gets its own bundle directory (runc reads config.json from it), so
+    one image can run several containers at once.
+    """
+    spec = runtime_spec(bundle, args, mounts=mounts, env=env)
+    spec["root"]["path"] = str(bundle.path / "rootfs")
+    config_dir = bundle.path.parent / f"{bundle.path.name}-{name}"
+    config_dir.mkdir()
+    (config_dir / "config.json").write_text(json.dumps(spec))
+    container = f"shardcache-image-test-{name}-{secrets.token_hex(4)}"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            ["runc", "run", "--bundle", str(config_dir), container],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield proc
+    finally:
+        subprocess.run(["runc", "kill", container, "KILL"], capture_output=True)
+        try:
+            proc.wait(timeout=30)
+        finally:
+            subprocess.run(["runc", "delete", "--force", container], capture_output=True)
+            shutil.rmtree(config_dir, ignore_errors=True)
 
 
 def bind(source: Path, destination: str, *, readonly: bool = True) -> dict[str, Any]:

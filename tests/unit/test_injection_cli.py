@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from shardcache_operator import injection, specs
+from shardcache_operator import configuration, injection, specs
 
 from shardcache import cli, contract
 
@@ -80,7 +80,7 @@ def test_example_job_is_injected_exactly_as_the_pure_function_does(
     expected = injection.inject(
         original["spec"]["template"],
         [injection.Mount(mount.name, mount.spec, mount.manifest_digest)],
-        defaults=injection.SidecarDefaults(image="shardcache-sidecar:0.1.0"),
+        defaults=injection.SidecarDefaults(image=configuration.Settings().sidecar_image),
         indexed_job=True,
     )
     assert job["spec"]["template"] == expected
