@@ -20,7 +20,7 @@ GROUP, VERSION, PLURAL = specs.GROUP, specs.VERSION, specs.PLURAL
 #: What trainer containers run: kwok never starts it, kind runs it (the sidecar image has
 #: Python, and it is loaded into kind already).
 TRAINER_IMAGE = ":".join(harness.SIDECAR_IMAGE)
-TRAINER_COMMAND = ["python", "-c", "import time; time.sleep(3600)"]
+TRAINER_COMMAND = ["python3", "-c", "import time; time.sleep(3600)"]
 
 
 def write_shards(store: harness.ObjectStore, shard_rows: tuple[int, ...]) -> str:

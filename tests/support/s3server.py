@@ -37,22 +37,24 @@ def minio_binary() -> pathlib.Path:
     return toolpaths.tool_binary("minio", "MINIO_VERSION", "minio")
 
 
-def free_port() -> int:
+def free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
 class S3Server:
     """One MinIO process; `stop()` and `start()` keep its port, data and credentials."""
 
-    def __init__(self, binary: pathlib.Path, workdir: pathlib.Path) -> None:
+    def __init__(self, binary: pathlib.Path, workdir: pathlib.Path, *, host: str = HOST) -> None:
+        # Loopback, or the real node's bridge address when pods must reach it.
+        self.host = host
         self.binary = binary
         self.data_dir = workdir / "data"
         self.log_path = workdir / "minio.log"
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.console_port = free_port()
+        self.port = free_port(host)
+        self.console_port = free_port(host)
         self.access_key = "shardcache-" + secrets.token_hex(4)
         self.secret_key = secrets.token_urlsafe(24)
         self.region = REGION
@@ -60,11 +62,11 @@ class S3Server:
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def host_port(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def env(self) -> dict[str, str]:
         """The AWS variables that point an SDK (or a subprocess) at this server."""
@@ -104,7 +106,7 @@ class S3Server:
                     "--address",
                     self.host_port,
                     "--console-address",
-                    f"{HOST}:{self.console_port}",
+                    f"{self.host}:{self.console_port}",
                     str(self.data_dir),
                 ],
                 env=env,
