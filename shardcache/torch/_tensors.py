@@ -1,0 +1,126 @@
+"""Batches of Arrow pieces as dicts of tensors.
+
+On the host, a fixed-width column is a tensor over the Arrow buffer itself (DLPack: no
+copy) when the batch is one piece, and one concatenation when it spans several. The
+memory-tier mappings are read-only: writing into such a tensor faults, so clone it
+first if it must change. A list column becomes its flat values plus `<name>_offsets`
+(int64, from 0), or with `lists="padded"` one [rows, length] tensor padded with
+`pad_value` (length: `pad_to`, or the batch's longest list). A packed batch is one
+[sequences, pack] tensor under the packed column's name.
+
+`move` puts each piece somewhere before it is assembled (the device prefetcher copies
+it to the GPU); the assembly (concatenation, offsets, padding) then runs there too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pyarrow as pa
+import torch
+
+from shardcache import batching, columns, errors
+
+DTYPES: dict[str, torch.dtype] = {
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "uint16": torch.uint16,
+    "uint32": torch.uint32,
+    "uint64": torch.uint64,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bool": torch.bool,
+}
+
+#: Puts a fixed-width Arrow array (no nulls) somewhere as a tensor of `dtype`.
+Move = Callable[[pa.Array, torch.dtype], torch.Tensor]
+
+LISTS = ("offsets", "padded")
+
+
+def host_tensor(array: pa.Array, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor over the array's own buffer: no copy."""
+    if not len(array):
+        return torch.empty(0, dtype=dtype)
+    tensor = torch.from_dlpack(array)
+    return tensor.view(torch.bool) if dtype is torch.bool else tensor
+
+
+def _cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(list(parts))
+
+
+def _values(pieces: Sequence[pa.Array], name: str, move: Move) -> torch.Tensor:
+    parts = []
+    for piece in pieces:
+        array, dtype = columns.fixed(piece, name=name)
+        parts.append(move(array, DTYPES[dtype]))
+    return _cat(parts)
+
+
+def _offsets(pieces: Sequence[pa.Array]) -> list[int]:
+    out = [0]
+    for piece in pieces:
+        offsets = columns.list_offsets(piece)
+        base = out[-1]
+        out.extend(base + o for o in offsets[1:])
+    return out
+
+
+def _padded(
+    values: torch.Tensor, offsets: torch.Tensor, *, pad_value: int, pad_to: int | None
+) -> torch.Tensor:
+    lengths = offsets[1:] - offsets[:-1]
+    longest = int(lengths.max()) if len(lengths) else 0
+    width = longest if pad_to is None else pad_to
+    if longest > width:
+        raise errors.InputError(
+            f"pad_to={pad_to}: a list in this batch has {longest} values; raise pad_to, "
+            "or pack the lists with pack="
+        )
+    out = torch.full((len(lengths), width), pad_value, dtype=values.dtype, device=values.device)
+    # Row-major masked assignment fills each row's first `length` slots in value order.
+    mask = torch.arange(width, device=values.device)[None, :] < lengths[:, None]
+    out[mask] = values
+    return out
+
+
+def collate(
+    batch: batching.HostBatch,
+    *,
+    lists: str = "offsets",
+    pad_value: int = 0,
+    pad_to: int | None = None,
+    move: Move = host_tensor,
+) -> dict[str, torch.Tensor]:
+    """The batch as tensors, by column name (see the module docstring)."""
+    if lists not in LISTS:
+        raise errors.InputError(f"lists: expected one of {LISTS}, found {lists!r}")
+    if batch.shape is not None:
+        assert batch.column is not None
+        flat = _values(batch.tokens, batch.column, move)
+        return {batch.column: flat.view(batch.shape)}
+    out: dict[str, torch.Tensor] = {}
+    schema = batch.pieces[0].schema
+    for index, field in enumerate(schema):
+        pieces = [piece.column(index) for piece in batch.pieces]
+        if not columns.is_list(field.type):
+            out[field.name] = _values(pieces, field.name, move)
+            continue
+        nulls = sum(p.null_count for p in pieces)
+        if nulls:
+            raise errors.InputError(f"{field.name}: expected no null lists, found {nulls}")
+        values = _values([p.flatten() for p in pieces], field.name, move)
+        offsets = torch.tensor(_offsets(pieces), dtype=torch.int64).to(
+            values.device, non_blocking=True
+        )
+        if lists == "padded":
+            out[field.name] = _padded(values, offsets, pad_value=pad_value, pad_to=pad_to)
+        else:
+            out[field.name] = values
+            out[f"{field.name}_offsets"] = offsets
+    return out
