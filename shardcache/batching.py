@@ -98,7 +98,7 @@ def list_column(schema: pa.Schema, name: str | None) -> str:
                 f"pack: expected exactly one list column to pack, found {lists or 'none'}; "
                 "name it with pack_column="
             )
-        return lists[0]
+        return str(lists[0])
     if name not in lists:
         raise errors.InputError(
             f"pack_column: expected one of the list columns {lists}, found {name!r}"
@@ -232,12 +232,12 @@ class Reader:
             skip = 0
             held.append(_Chunk(position, values, size, used))
             available += size - used
-            self._cursor = min(len(self._ds), position + step)
-            self._note(held)
+            following = min(len(self._ds), position + step)
+            self._note(held, following)
             while available >= want:
                 tokens = _take(held, want)
                 available -= want
-                self._note(held)
+                self._note(held, following)
                 yield HostBatch(tokens=tokens, column=column, shape=(self._opt.batch_size, length))
         if available and not self._opt.drop_last:
             tokens = _take(held, available)
@@ -246,16 +246,17 @@ class Reader:
             if missing:
                 value_type = tokens[0].type if tokens else pa.int64()
                 tokens.append(pa.array([self._opt.pad_value] * missing, type=value_type))
-            self._note(held)
+            self._note(held, len(self._ds))
             yield HostBatch(tokens=tokens, column=self._column, shape=(rows, length))
         self._cursor, self._skip = len(self._ds), 0
 
-    def _note(self, held: collections.deque[_Chunk]) -> None:
-        # The first token not yet emitted: the front held chunk's, or the next chunk's.
+    def _note(self, held: collections.deque[_Chunk], following: int) -> None:
+        # The first token not yet emitted: the front held chunk's, or else the first of
+        # the chunk this process reads next (at `following`).
         if held:
             self._cursor, self._skip = held[0].position, held[0].used
         else:
-            self._skip = 0
+            self._cursor, self._skip = following, 0
 
 
 def _take(held: collections.deque[_Chunk], count: int) -> list[pa.Array]:

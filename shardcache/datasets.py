@@ -287,6 +287,9 @@ class Dataset:
         now on (the device prefetcher registers them with the GPU driver)."""
         self._mappings.listeners.append(listener)
 
+    def remove_mapping_listener(self, listener: MappingListener) -> None:
+        self._mappings.listeners.remove(listener)
+
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         return self.batches(1024)
 

@@ -101,11 +101,10 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         at the start of the current epoch (or where `resume_from` put a fresh dataset)."""
         ds = self.shardcache_dataset()
         pending, self._pending = self._pending, None
-        if pending is None:
-            if not self._opened_fresh or ds.epoch != self._epoch:
-                state = ds.state_dict()
-                state.update(epoch=self._epoch, position=0)
-                ds.load_state_dict(state)
+        if pending is None and (not self._opened_fresh or ds.epoch != self._epoch):
+            state = ds.state_dict()
+            state.update(epoch=self._epoch, position=0)
+            ds.load_state_dict(state)
         self._opened_fresh = False
         reader = batching.Reader(ds, self.options, split)
         if pending is not None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 import torch
+import torch.utils.dlpack
 
 from shardcache import batching, columns, errors
 
@@ -46,7 +47,7 @@ def host_tensor(array: pa.Array, dtype: torch.dtype) -> torch.Tensor:
     """A tensor over the array's own buffer: no copy."""
     if not len(array):
         return torch.empty(0, dtype=dtype)
-    tensor = torch.from_dlpack(array)
+    tensor = torch.utils.dlpack.from_dlpack(array)
     return tensor.view(torch.bool) if dtype is torch.bool else tensor
 
 
