@@ -41,7 +41,8 @@ def _offsets(pieces: Sequence[pa.Array]) -> npt.NDArray[np.int64]:
     out = [0]
     for piece in pieces:
         offsets = columns.list_offsets(piece)
-        out.extend(out[-1] + o for o in offsets[1:])
+        base = out[-1]
+        out.extend(base + o for o in offsets[1:])
     return np.asarray(out, dtype=np.int64)
 
 
