@@ -27,7 +27,7 @@ LISTS = ("offsets", "padded")
 
 
 def _values(pieces: Sequence[pa.Array], name: str) -> npt.NDArray[Any]:
-    parts = []
+    parts: list[npt.NDArray[Any]] = []
     for piece in pieces:
         array, dtype = columns.fixed(piece, name=name)
         view = array.to_numpy(zero_copy_only=True)

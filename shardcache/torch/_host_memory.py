@@ -18,6 +18,9 @@ from __future__ import annotations
 import bisect
 import ctypes
 import dataclasses
+import glob
+import os
+import sys
 from collections.abc import Callable
 from typing import Protocol
 
@@ -50,17 +53,20 @@ class CudaRegistrar:
 
     @classmethod
     def load(cls) -> CudaRegistrar | None:
-        """The runtime library this process has loaded (torch loads it with CUDA), or
-        None if there is none."""
+        """The CUDA runtime library this process has loaded (torch loads it with
+        CUDA), else one installed beside torch; None if there is none."""
+        paths: list[str] = []
         try:
             with open("/proc/self/maps") as maps:
-                paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+                paths += sorted({ln.split()[-1] for ln in maps if "libcudart.so" in ln})
         except OSError:
-            return None
-        for path in sorted(paths):
+            pass
+        for entry in sys.path:
+            paths += sorted(glob.glob(os.path.join(entry, "nvidia", "*", "lib", "libcudart.so*")))
+        for path in paths:
             try:
                 return cls(ctypes.CDLL(path))
-            except OSError:
+            except (OSError, AttributeError):
                 continue
         return None
 

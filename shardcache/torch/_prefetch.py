@@ -92,6 +92,8 @@ class DevicePrefetcher:
         self.register = register
         self.stats = Stats()
         self._state: dict[str, Any] | None = None
+        self._registered: _host_memory.Registry | None = None
+        self._stream: Any = None
 
     # --- state --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -121,15 +123,23 @@ class DevicePrefetcher:
             self.stats.batches += 1
             yield tensors
 
+    def _registry(self, stream: Any) -> _host_memory.Registry | None:
+        # One registry for the prefetcher's life: mappings stay registered across
+        # epochs while the reader keeps them (they are re-read at the pinned rate), and
+        # go when the reader drops them or `close()` is called.
+        if self._registered is None and self.register:
+            registrar = _host_memory.CudaRegistrar.load()
+            if registrar is not None:
+                self._registered = _host_memory.Registry(registrar, settle=stream.synchronize)
+                self.dataset.shardcache_dataset().add_mapping_listener(self._registered)
+        return self._registered
+
     def _cuda(self) -> Iterator[dict[str, torch.Tensor]]:
         device = self.device
-        stream = _new_stream(device)
-        ds = self.dataset.shardcache_dataset()
-        registry: _host_memory.Registry | None = None
-        registrar = _host_memory.CudaRegistrar.load() if self.register else None
-        if registrar is not None:
-            registry = _host_memory.Registry(registrar, settle=stream.synchronize)
-            ds.add_mapping_listener(registry)
+        if self._stream is None:
+            self._stream = _new_stream(device)
+        stream = self._stream
+        registry = self._registry(stream)
         reader = self.dataset.reader()
         self._state = reader.state_dict()
         queue: collections.deque[_InFlight] = collections.deque()
@@ -155,10 +165,21 @@ class DevicePrefetcher:
         finally:
             stream.synchronize()
             if registry is not None:
-                self.stats.registered += registry.registered
-                self.stats.refused += registry.refused
-                ds.remove_mapping_listener(registry)
-                registry.close()
+                self.stats.registered, self.stats.refused = registry.registered, registry.refused
+
+    def close(self) -> None:
+        """Unregister the mappings this prefetcher registered (after the copies in
+        flight), and stop following the reader's mappings."""
+        if self._registered is not None:
+            self.dataset.shardcache_dataset().remove_mapping_listener(self._registered)
+            self._registered.close()
+            self._registered = None
+
+    def __enter__(self) -> DevicePrefetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _hand_over(self, flight: _InFlight) -> dict[str, torch.Tensor]:
         current = torch.cuda.current_stream(self.device)
