@@ -14,6 +14,7 @@ it to the GPU); the assembly (concatenation, offsets, padding) then runs there t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import pyarrow as pa
@@ -73,20 +74,29 @@ def _offsets(pieces: Sequence[pa.Array]) -> list[int]:
 
 
 def _padded(
-    values: torch.Tensor, offsets: torch.Tensor, *, pad_value: int, pad_to: int | None
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    longest: int,
+    *,
+    pad_value: int,
+    pad_to: int | None,
 ) -> torch.Tensor:
-    lengths = offsets[1:] - offsets[:-1]
-    longest = int(lengths.max()) if len(lengths) else 0
     width = longest if pad_to is None else pad_to
     if longest > width:
         raise errors.InputError(
             f"pad_to={pad_to}: a list in this batch has {longest} values; raise pad_to, "
             "or pack the lists with pack="
         )
-    out = torch.full((len(lengths), width), pad_value, dtype=values.dtype, device=values.device)
-    # Row-major masked assignment fills each row's first `length` slots in value order.
-    mask = torch.arange(width, device=values.device)[None, :] < lengths[:, None]
-    out[mask] = values
+    rows = len(offsets) - 1
+    out = torch.full((rows, width), pad_value, dtype=values.dtype, device=values.device)
+    # Scatter by (row, column) indices whose count is known on the host: no device
+    # synchronisation (a boolean mask would wait for the device to count it).
+    lengths = offsets[1:] - offsets[:-1]
+    row = torch.repeat_interleave(
+        torch.arange(rows, device=values.device), lengths, output_size=len(values)
+    )
+    column = torch.arange(len(values), device=values.device) - offsets[:-1][row]
+    out[row, column] = values
     return out
 
 
@@ -116,11 +126,11 @@ def collate(
         if nulls:
             raise errors.InputError(f"{field.name}: expected no null lists, found {nulls}")
         values = _values([p.flatten() for p in pieces], field.name, move)
-        offsets = torch.tensor(_offsets(pieces), dtype=torch.int64).to(
-            values.device, non_blocking=True
-        )
+        host_offsets = _offsets(pieces)
+        offsets = torch.tensor(host_offsets, dtype=torch.int64).to(values.device)
         if lists == "padded":
-            out[field.name] = _padded(values, offsets, pad_value=pad_value, pad_to=pad_to)
+            longest = max((b - a for a, b in itertools.pairwise(host_offsets)), default=0)
+            out[field.name] = _padded(values, offsets, longest, pad_value=pad_value, pad_to=pad_to)
         else:
             out[field.name] = values
             out[f"{field.name}_offsets"] = offsets

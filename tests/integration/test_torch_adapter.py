@@ -309,3 +309,35 @@ def test_jax_prefetcher_places_batches_and_keeps_handed_state(uri: str, tmp_path
 def test_split_index_is_checked() -> None:
     with pytest.raises(errors.InputError):
         batching.Split(2, 2)
+
+
+class _CoverAll:
+    registered = refused = 0
+
+    def covers(self, address: int, size: int) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("registered", [True, False])
+@pytest.mark.parametrize("extra", [{}, {"lists": "padded"}, {"pack": 5, "columns": ["tokens"]}])
+def test_prefetcher_copy_path_assembles_the_plain_paths_tensors(
+    make, registered: bool, extra: dict[str, object]
+) -> None:  # type: ignore[no-untyped-def]
+    # The device path's byte copies and reassembly, run on the CPU: raw value bytes,
+    # reinterpreted, concatenated, offsets and padding built where they landed.
+    import functools
+
+    ds = make(**extra)
+    prefetcher = shardcache.torch.DevicePrefetcher(ds, device="cpu")
+    registry = _CoverAll() if registered else None
+    keep: list[object] = []
+    move = functools.partial(prefetcher._copy, registry=registry, keep=keep)
+    plain = make(**extra)
+    for batch, expected in zip(ds.reader(), plain, strict=True):
+        got = shardcache.torch.collate(batch, lists=ds.lists, pad_value=0, move=move)
+        assert got.keys() == expected.keys()
+        for key in got:
+            assert got[key].dtype == expected[key].dtype
+            assert torch.equal(got[key], expected[key])
+    assert (prefetcher.stats.direct_bytes > 0) == registered
+    assert (prefetcher.stats.staged_bytes > 0) != registered
