@@ -19,6 +19,7 @@ from typing import Any
 import jax
 
 from shardcache import numpy as shardcache_numpy
+from shardcache import stalls
 
 
 class Batches(shardcache_numpy.Batches):
@@ -58,8 +59,13 @@ class DevicePrefetcher:
         self.sharding = sharding
         self.depth = depth
         self._state: dict[str, Any] | None = None
+        #: How long the loop waited for batches, against its steps.
+        self.stalls = stalls.StallMeter()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self.stalls.wrap(self._placed())
+
+    def _placed(self) -> Iterator[dict[str, Any]]:
         queue: collections.deque[tuple[dict[str, Any], dict[str, Any]]] = collections.deque()
         self._state = self.batches.state_dict()
         for batch in self.batches:

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from shardcache import _open, _open_options, batching, columns, datasets, errors, ranks
+from shardcache import _open, _open_options, batching, columns, datasets, errors, ranks, stalls
 
 LISTS = ("offsets", "padded")
 
@@ -138,6 +138,8 @@ class Batches:
         self.lists, self.pad_to = lists, pad_to
         self._reader = batching.Reader(self._dataset, self.options)
         self._fresh = True
+        #: How long the loop waited for batches, against its steps.
+        self.stalls = stalls.StallMeter()
 
     @property
     def dataset(self) -> datasets.Dataset:
@@ -153,6 +155,9 @@ class Batches:
             self._fresh = True
 
     def __iter__(self) -> Iterator[dict[str, npt.NDArray[Any]]]:
+        return self.stalls.wrap(self._batches())
+
+    def _batches(self) -> Iterator[dict[str, npt.NDArray[Any]]]:
         if not self._fresh:
             # A finished pass: the next one is the same epoch again, from its start.
             state = self._dataset.state_dict()

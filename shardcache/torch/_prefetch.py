@@ -28,7 +28,7 @@ import pyarrow as pa
 import torch
 import torch.utils.dlpack
 
-from shardcache import columns
+from shardcache import columns, stalls
 from shardcache.torch import _datasets, _host_memory, _tensors
 
 
@@ -91,6 +91,8 @@ class DevicePrefetcher:
         self.depth = depth
         self.register = register
         self.stats = Stats()
+        #: How long the training loop waited for batches, against its steps.
+        self.stalls = stalls.StallMeter()
         self._state: dict[str, Any] | None = None
         self._registered: _host_memory.Registry | None = None
         self._stream: Any = None
@@ -110,9 +112,8 @@ class DevicePrefetcher:
 
     # --- iteration ----------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        if self.device.type != "cuda":
-            return self._plain()
-        return self._cuda()
+        batches = self._cuda() if self.device.type == "cuda" else self._plain()
+        return self.stalls.wrap(batches)
 
     def _plain(self) -> Iterator[dict[str, torch.Tensor]]:
         reader = self.dataset.reader()

@@ -341,3 +341,10 @@ def test_prefetcher_copy_path_assembles_the_plain_paths_tensors(
             assert torch.equal(got[key], expected[key])
     assert (prefetcher.stats.direct_bytes > 0) == registered
     assert (prefetcher.stats.staged_bytes > 0) != registered
+
+
+def test_device_prefetcher_measures_the_loops_waits(make) -> None:  # type: ignore[no-untyped-def]
+    prefetcher = shardcache.torch.DevicePrefetcher(make(), device="cpu")
+    count = sum(1 for _ in prefetcher)
+    assert prefetcher.stalls.batches == count > 0
+    assert prefetcher.stalls.wait_seconds > 0
