@@ -65,11 +65,3 @@ def as_bytes(array: pa.Array) -> pa.Array:
         return pa.array([], pa.uint8())
     view = data.slice(array.offset * width, len(array) * width)
     return pa.Array.from_buffers(pa.uint8(), len(view), [None, view])
-
-
-def list_offsets(array: pa.Array) -> list[int]:
-    """The offsets of a list array's rows into its flattened values, from 0
-    (len(array) + 1 of them; small beside the values, so built as Python ints)."""
-    offsets = array.offsets.to_pylist()
-    first = offsets[0] if offsets else 0
-    return [o - first for o in offsets]

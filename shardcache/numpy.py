@@ -38,12 +38,14 @@ def _values(pieces: Sequence[pa.Array], name: str) -> npt.NDArray[Any]:
 
 
 def _offsets(pieces: Sequence[pa.Array]) -> npt.NDArray[np.int64]:
-    out = [0]
+    """The pieces' offsets rebased into one int64 array from 0 (vectorised)."""
+    parts: list[npt.NDArray[np.int64]] = [np.zeros(1, dtype=np.int64)]
+    base = 0
     for piece in pieces:
-        offsets = columns.list_offsets(piece)
-        base = out[-1]
-        out.extend(base + o for o in offsets[1:])
-    return np.asarray(out, dtype=np.int64)
+        offsets = piece.offsets.to_numpy(zero_copy_only=True).astype(np.int64)
+        parts.append(offsets[1:] - offsets[0] + base)
+        base += int(offsets[-1] - offsets[0])
+    return np.concatenate(parts)
 
 
 def _padded(

@@ -14,10 +14,10 @@ it to the GPU); the assembly (concatenation, offsets, padding) then runs there t
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 import torch.utils.dlpack
 
@@ -64,13 +64,25 @@ def _values(pieces: Sequence[pa.Array], name: str, move: Move) -> torch.Tensor:
     return _cat(parts)
 
 
-def _offsets(pieces: Sequence[pa.Array]) -> list[int]:
-    out = [0]
+def _offsets(pieces: Sequence[pa.Array], move: Move) -> torch.Tensor:
+    """The pieces' offsets rebased into one int64 tensor from 0, built where `move`
+    puts them: no Python loop over rows (a batch has tens of thousands)."""
+    parts: list[torch.Tensor] = []
+    base = 0
     for piece in pieces:
-        offsets = columns.list_offsets(piece)
-        base = out[-1]
-        out.extend(base + o for o in offsets[1:])
-    return out
+        raw = piece.offsets  # n + 1 offsets, a zero-copy slice of the offsets buffer
+        first, last = raw[0].as_py(), raw[len(raw) - 1].as_py()
+        offsets = move(raw, DTYPES[columns.DTYPES[raw.type]]).to(torch.int64)
+        if not parts:
+            parts.append(torch.zeros(1, dtype=torch.int64, device=offsets.device))
+        parts.append(offsets[1:] - first + base)
+        base += last - first
+    return _cat(parts)
+
+
+def _longest(pieces: Sequence[pa.Array]) -> int:
+    lengths = [pc.max(pc.list_value_length(piece)).as_py() for piece in pieces if len(piece)]
+    return max((n for n in lengths if n is not None), default=0)
 
 
 def _padded(
@@ -126,10 +138,9 @@ def collate(
         if nulls:
             raise errors.InputError(f"{field.name}: expected no null lists, found {nulls}")
         values = _values([p.flatten() for p in pieces], field.name, move)
-        host_offsets = _offsets(pieces)
-        offsets = torch.tensor(host_offsets, dtype=torch.int64).to(values.device)
+        offsets = _offsets(pieces, move)
         if lists == "padded":
-            longest = max((b - a for a, b in itertools.pairwise(host_offsets)), default=0)
+            longest = _longest(pieces)
             out[field.name] = _padded(values, offsets, longest, pad_value=pad_value, pad_to=pad_to)
         else:
             out[field.name] = values
