@@ -75,13 +75,14 @@ def write_dataset(root: Path, size: int, shards: int) -> int:
     return rows_total
 
 
-def open_options(work: Path, size: int) -> dict[str, Any]:
+def open_options(work: Path, size: int, block_size: int = 4096) -> dict[str, Any]:
     return {
         "cache_dir": str(work / "cache"),
         "memory_dir": str(work / "memory"),
         "memory_limit": 3 * size + (256 << 20),
         "disk_limit": 3 * size + (256 << 20),
         "shuffle": True,
+        "block_size": block_size,
     }
 
 
@@ -117,7 +118,7 @@ def verify(args: argparse.Namespace, work: Path) -> str:
     for extra in ({}, {"lists": "padded"}, {"pack": 2048}):
         kw: dict[str, Any] = dict(
             open_options(work, args.size),
-            batch_size=args.rows // 4,
+            batch_size=args.row_sizes[0] // 4,
             columns=["tokens"],
             rank=0,
             world_size=1,
@@ -154,7 +155,7 @@ def rank_main(args: argparse.Namespace) -> None:
         columns=["tokens"],
         rank=args.rank,
         world_size=args.world,
-        **open_options(Path(args.work), args.size),
+        **open_options(Path(args.work), args.size, args.block_size),
     )
     ds.shardcache_dataset()  # opened (manifest, cache) before the timed passes
     device = "cpu" if not torch.cuda.is_available() else None
@@ -195,14 +196,25 @@ def rank_main(args: argparse.Namespace) -> None:
     )
 
 
-def run_ranks(args: argparse.Namespace, k: int, *, register: bool, tag: str) -> dict[str, Any]:
+def run_ranks(
+    args: argparse.Namespace, k: int, *, register: bool, tag: str, rows: int
+) -> dict[str, Any]:
     work = Path(args.work)
     procs = []
     for rank in range(k):
         env = dict(os.environ, LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(k))
         cmd = [sys.executable, "-m", "bench.gpu", "--rank-of", f"{rank}/{k}", "--tag", tag]
         cmd += ["--work", str(work), "--source", str(args.source), "--size", str(args.size)]
-        cmd += ["--rows", str(args.rows), "--depth", str(args.depth), "--passes", str(args.passes)]
+        cmd += [
+            "--rows",
+            str(rows),
+            "--block-size",
+            str(args.block_size),
+            "--depth",
+            str(args.depth),
+            "--passes",
+            str(args.passes),
+        ]
         if not register:
             cmd.append("--no-register")
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
@@ -219,7 +231,7 @@ def run_ranks(args: argparse.Namespace, k: int, *, register: bool, tag: str) -> 
         if proc.returncode != 0:
             raise SystemExit(f"bench-gpu: a rank process exited with {proc.returncode}")
         ranks += [json.loads(line[5:]) for line in out.splitlines() if line.startswith("RANK ")]
-    result: dict[str, Any] = {"k": k, "register": register, "passes": []}
+    result: dict[str, Any] = {"k": k, "register": register, "rows": rows, "passes": []}
     for epoch in range(args.passes):
         start = min(r["passes"][epoch]["start"] for r in ranks)
         end = max(r["passes"][epoch]["end"] for r in ranks)
@@ -237,7 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.gpu", description=__doc__.split("\n")[0])
     p.add_argument("--size", type=parse_size, default=parse_size("512MiB"))
     p.add_argument("--shards", type=int, default=16)
-    p.add_argument("--rows", type=int, default=16384)
+    p.add_argument(
+        "--rows",
+        default="16384",
+        help="rows per batch; more values (e.g. 16384,65536) add K=1 runs at those sizes",
+    )
+    p.add_argument("--block-size", type=int, default=4096, help="shuffle block (rows)")
     p.add_argument("--ranks", default="1,8")
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--passes", type=int, default=2)
@@ -252,11 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.rank_of:
         args.rank, args.world = (int(x) for x in args.rank_of.split("/"))
+        args.rows = int(args.rows)
         rank_main(args)
         return 0
 
     import torch
 
+    args.row_sizes = [int(r) for r in str(args.rows).split(",") if r]
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     work = args.root or Path(tempfile.mkdtemp(prefix="shardcache-bench-gpu-", dir=shm))
     args.work = str(work)
@@ -279,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cache warmed in {time.perf_counter() - t0:.1f} s", flush=True)
 
         cuda = torch.cuda.is_available()
-        batch_bytes = args.rows * 256 * 4
+        batch_bytes = args.row_sizes[0] * 256 * 4
         limit = pinned_limit(batch_bytes, 4 << 30) if cuda else None
         gpu = torch.cuda.get_device_name(0) if cuda else "none"
         print(f"device: {gpu}; torch {torch.__version__}", flush=True)
@@ -291,16 +310,18 @@ def main(argv: list[str] | None = None) -> int:
             print(verify(args, work), flush=True)
         results = []
         ks = [int(k) for k in args.ranks.split(",") if k]
-        runs = [(k, True) for k in ks] + ([(1, False)] if cuda else [])
-        for k, register in runs:
-            tag = f"k{k}{'' if register else '-staged'}"
-            res = run_ranks(args, k, register=register, tag=tag)
+        first = args.row_sizes[0]
+        runs = [(k, True, first) for k in ks] + ([(1, False, first)] if cuda else [])
+        runs += [(1, True, rows) for rows in args.row_sizes[1:]]
+        for k, register, rows in runs:
+            tag = f"k{k}-r{rows}{'' if register else '-staged'}"
+            res = run_ranks(args, k, register=register, tag=tag, rows=rows)
             results.append(res)
             for i, ps in enumerate(res["passes"]):
                 gbps = ps["tokens_per_s"] * 4 / 1e9
                 ratio = f" ratio={gbps * 1e9 / limit:.2f}" if limit else ""
                 print(
-                    f"K={k} {'registered' if register else 'staged    '} pass {i + 1}: "
+                    f"K={k} rows={rows} {'registered' if register else 'staged    '} pass {i + 1}: "
                     f"{ps['tokens_per_s'] / 1e9:.3f} Gtokens/s = {gbps:.2f} GB/s{ratio} "
                     f"({ps['seconds']:.2f} s)"
                 )
@@ -310,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"refused {res['refused']}",
                 flush=True,
             )
-        steady = next(r for r in results if r["k"] == 1 and r["register"])["passes"][-1]
+        steady = next(r for r in results if r["k"] == 1 and r["register"] and r["rows"] == first)[
+            "passes"
+        ][-1]
         if cuda and limit:
             ratio_s = f"{steady['tokens_per_s'] * 4 / limit:.2f}"
             tps = f"{steady['tokens_per_s']:.4g}"
@@ -327,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                         "limit_bytes_per_s": limit,
                         "device": gpu,
                         "runs": results,
-                        "rows": args.rows,
+                        "rows": args.row_sizes,
                         "size": args.size,
                     },
                     indent=2,

@@ -25,6 +25,6 @@ cat "$OUT/machine.txt"
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 timeout --signal=INT --kill-after=20 "${BENCH_GPU_TIMEOUT:-290}" \
-  "$PY" -m bench.gpu --size 4GiB --shards 32 --rows 16384 --ranks 1,8 --passes 3 \
+  "$PY" -m bench.gpu --size 4GiB --shards 32 --rows 16384,65536 --ranks 1,8 --passes 3 \
     --json "$OUT/bench-gpu.json" "$@" 2>&1 | tee "$OUT/bench-gpu.txt"
 exit "${PIPESTATUS[0]}"

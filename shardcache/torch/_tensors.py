@@ -72,10 +72,10 @@ def _offsets(pieces: Sequence[pa.Array], move: Move) -> torch.Tensor:
     for piece in pieces:
         raw = piece.offsets  # n + 1 offsets, a zero-copy slice of the offsets buffer
         first, last = raw[0].as_py(), raw[len(raw) - 1].as_py()
-        offsets = move(raw, DTYPES[columns.DTYPES[raw.type]]).to(torch.int64)
+        offsets = move(raw.slice(1), DTYPES[columns.DTYPES[raw.type]])
         if not parts:
             parts.append(torch.zeros(1, dtype=torch.int64, device=offsets.device))
-        parts.append(offsets[1:] - first + base)
+        parts.append(offsets.to(torch.int64).sub_(first - base))
         base += last - first
     return _cat(parts)
 
