@@ -18,11 +18,11 @@ from typing import Any
 
 import jax
 
-from shardcache import numpy as shardcache_numpy
+import shardcache.numpy
 from shardcache import stalls
 
 
-class Batches(shardcache_numpy.Batches):
+class Batches(shardcache.numpy.Batches):
     """`shardcache.numpy.Batches` for this JAX process's share of the dataset."""
 
     def __init__(
@@ -51,7 +51,7 @@ class DevicePrefetcher:
     copies of the next batches overlap the current step."""
 
     def __init__(
-        self, batches: shardcache_numpy.Batches, *, sharding: Any = None, depth: int = 2
+        self, batches: shardcache.numpy.Batches, *, sharding: Any = None, depth: int = 2
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
