@@ -276,34 +276,41 @@ def test_numpy_batches_match_torch_and_resume(uri: str, tmp_path: Path) -> None:
     torch_ds.close()
 
 
+JAX_CHECK = """
+import json, sys
+import jax
+import numpy as np
+import shardcache.jax
+
+uri, cache = sys.argv[1:3]
+kw = {"cache_dir": cache, "block_size": 5, "batch_size": 4, "columns": ["tokens"], "pack": 8}
+with shardcache.jax.Batches(uri, **kw) as plain:
+    expected = [b["tokens"] for b in plain]
+batches = shardcache.jax.Batches(uri, **kw)
+prefetcher = shardcache.jax.DevicePrefetcher(batches, sharding=jax.devices()[0], depth=2)
+it = iter(prefetcher)
+head = [next(it)["tokens"] for _ in range(2)]
+assert isinstance(head[0], jax.Array) and head[0].shape == (4, 8), head[0]
+again = shardcache.jax.Batches(uri, **kw)
+again.load_state_dict(prefetcher.state_dict())
+got = [np.asarray(a) for a in head] + [b["tokens"] for b in again]
+assert len(got) == len(expected), (len(got), len(expected))
+assert all(np.array_equal(a, b) for a, b in zip(got, expected))
+print(json.dumps({"batches": len(got), "waits": prefetcher.stalls.batches}))
+"""
+
+
 def test_jax_prefetcher_places_batches_and_keeps_handed_state(uri: str, tmp_path: Path) -> None:
-    import jax
-    import numpy as np
-
-    import shardcache.jax
-
-    kw = {
-        "cache_dir": str(tmp_path / "cache"),
-        "block_size": 5,
-        "batch_size": 4,
-        "columns": ["tokens"],
-        "pack": 8,
-    }
-    with shardcache.jax.Batches(uri, **kw) as plain:
-        expected = [b["tokens"] for b in plain]
-    batches = shardcache.jax.Batches(uri, **kw)
-    prefetcher = shardcache.jax.DevicePrefetcher(batches, sharding=jax.devices()[0], depth=2)
-    it = iter(prefetcher)
-    head = [next(it)["tokens"] for _ in range(2)]
-    assert isinstance(head[0], jax.Array) and head[0].shape == (4, 8)
-    again = shardcache.jax.Batches(uri, **kw)
-    again.load_state_dict(prefetcher.state_dict())
-    got = [np.asarray(a) for a in head] + [b["tokens"] for b in again]
-    assert len(got) == len(expected)
-    for a, b in zip(got, expected, strict=True):
-        assert np.array_equal(a, b)
-    batches.close()
-    again.close()
+    # In a process of its own: JAX starts threads, and the DataLoader tests here fork.
+    out = subprocess.run(
+        [sys.executable, "-c", JAX_CHECK, uri, str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["batches"] > 2 and result["waits"] == 2
 
 
 def test_split_index_is_checked() -> None:
