@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -39,14 +39,34 @@ def read_shard(path: Path, columns: Sequence[str] | None = None) -> pa.RecordBat
     over a 4 KiB-page tmpfs (docs/benchmarks.md: the first warm pass over 1 GiB took
     217 ms instead of 157). The mapping lives as long as any buffer of the batch.
     """
+    return select(map_shard(path)[0], columns)
+
+
+def map_shard(path: Path) -> tuple[pa.RecordBatch, pa.Buffer]:
+    """`read_shard(path)` and the buffer over the whole mapping (read-only), which the
+    device prefetcher registers with the GPU driver as one range."""
     with open(path, "rb") as f:
         mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
     # Not Linux, or a kernel before 5.14: the pages fault in as they are read.
     with contextlib.suppress(OSError, ValueError):
         mapped.madvise(MADV_POPULATE_READ)
-    reader = ipc.open_file(pa.py_buffer(mapped))
+    root = pa.py_buffer(mapped)
+    reader = ipc.open_file(root)
     batch = reader.get_batch(0) if reader.num_record_batches == 1 else _combine(reader)
-    return select(batch, columns)
+    return batch, root
+
+
+class MappingListener(Protocol):
+    """Told when a reader maps a shard file and when it lets the mapping go.
+
+    `mapped` is called while the reader holds the shard's lease (the memory tier will
+    not evict it then); `dropped` before the reader's last reference to the mapping
+    goes, so a listener that holds `root` itself decides when the pages are unmapped.
+    """
+
+    def mapped(self, root: pa.Buffer) -> None: ...
+
+    def dropped(self, root: pa.Buffer) -> None: ...
 
 
 def select(batch: pa.RecordBatch, columns: Sequence[str] | None) -> pa.RecordBatch:
@@ -80,19 +100,34 @@ class _Mappings:
     SETTLED_NS = 100_000_000
 
     def __init__(self) -> None:
-        self._maps: dict[str, tuple[tuple[int, int], pa.RecordBatch]] = {}
+        self._maps: dict[str, tuple[tuple[int, int], pa.RecordBatch, pa.Buffer]] = {}
         self._dirs: dict[str, int] | None = None
+        self.listeners: list[MappingListener] = []
 
     def batch(self, path: Path) -> pa.RecordBatch:
         key = str(path)
         st = os.stat(key)
         ident = (st.st_dev, st.st_ino)
         cached = self._maps.pop(key, None)
-        batch = cached[1] if cached is not None and cached[0] == ident else read_shard(path)
-        self._maps[key] = (ident, batch)  # most recently used last
+        if cached is not None and cached[0] == ident:
+            batch, root = cached[1], cached[2]
+        else:
+            if cached is not None:
+                self._dropped(cached[2])
+            batch, root = map_shard(path)
+            for listener in self.listeners:
+                listener.mapped(root)
+        self._maps[key] = (ident, batch, root)  # most recently used last
         while len(self._maps) > self.MAX_MAPPINGS:
-            del self._maps[next(iter(self._maps))]
+            self._drop(next(iter(self._maps)))
         return batch
+
+    def _drop(self, key: str) -> None:
+        self._dropped(self._maps.pop(key)[2])
+
+    def _dropped(self, root: pa.Buffer) -> None:
+        for listener in self.listeners:
+            listener.dropped(root)
 
     def prune(self) -> None:
         # Evicting an entry unlinks its file, which changes its directory's mtime: while
@@ -105,19 +140,20 @@ class _Mappings:
             dirs = None
         if dirs is not None and dirs == self._dirs:
             return
-        for key, (ident, _) in list(self._maps.items()):
+        for key, (ident, _, _) in list(self._maps.items()):
             try:
                 st = os.stat(key)
             except FileNotFoundError:
-                del self._maps[key]
+                self._drop(key)
                 continue
             if (st.st_dev, st.st_ino) != ident:
-                del self._maps[key]
+                self._drop(key)
         settled = dirs is not None and all(now - m > self.SETTLED_NS for m in dirs.values())
         self._dirs = dirs if settled else None
 
     def clear(self) -> None:
-        self._maps.clear()
+        for key in list(self._maps):
+            self._drop(key)
         self._dirs = None
 
 
@@ -204,6 +240,17 @@ class Dataset:
         The last batch may be short unless `drop_last`. `state_dict()` taken after a
         batch was handed out counts that batch as read.
         """
+        for pieces in self.batch_pieces(batch_size, columns=columns, drop_last=drop_last):
+            yield pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+
+    def batch_pieces(
+        self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
+    ) -> Generator[list[pa.RecordBatch], None, None]:
+        """Like `batches`, but each batch as the zero-copy slices it is made of, in
+        order: one slice, or several where the batch crosses a shuffle-block or shard
+        boundary. For consumers that put the pieces together themselves (on a GPU,
+        say) instead of having them copied into one batch here.
+        """
         if batch_size < 1:
             raise errors.InputError(f"batch_size must be >= 1, got {batch_size}")
         self._batch_size = batch_size
@@ -240,27 +287,20 @@ class Dataset:
                     start = run.start
                     while start < run.stop and seen == self._skip_count:
                         take = min(batch_size - pending_rows, run.stop - start)
-                        piece = shard_batch.slice(start, take)
-                        start += take
-                        if not pending and take == batch_size:
-                            self._position += take
-                            yield piece
-                            continue
-                        pending.append(piece)
+                        pending.append(shard_batch.slice(start, take))
                         pending_rows += take
+                        start += take
                         if pending_rows == batch_size:
-                            batch = pa.concat_batches(pending)
-                            pending, pending_rows = [], 0
-                            self._position += batch.num_rows
-                            yield batch
+                            out, pending, pending_rows = pending, [], 0
+                            self._position += batch_size
+                            yield out
                     if seen != self._skip_count:
                         break
                 else:
                     break
             if pending and not drop_last:
-                batch = pa.concat_batches(pending)
-                self._position += batch.num_rows
-                yield batch
+                self._position += pending_rows
+                yield pending
         finally:
             if lease is not None:
                 lease.release()
@@ -286,6 +326,14 @@ class Dataset:
         self._skips = new.skips
         self._skip_count += 1
         return skip
+
+    def add_mapping_listener(self, listener: MappingListener) -> None:
+        """Have `listener` told of every shard mapping this reader makes and drops from
+        now on (the device prefetcher registers them with the GPU driver)."""
+        self._mappings.listeners.append(listener)
+
+    def remove_mapping_listener(self, listener: MappingListener) -> None:
+        self._mappings.listeners.remove(listener)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         return self.batches(1024)

@@ -1,0 +1,289 @@
+"""Batches for the framework adapters (`shardcache.torch`, `shardcache.numpy`).
+
+A `Reader` turns one rank's stream into batches of zero-copy Arrow pieces, for one of
+`Split.count` loader processes (DataLoader workers), and packs a token-list column into
+fixed-length sequences when asked. It knows no framework: the adapters turn the pieces
+into tensors or arrays, on the host or straight on a device.
+
+The split is by batch: the rank's stream, cut into batches of `batch_size` rows from
+where the reader started, deals batch j to worker j mod count. A DataLoader collects
+from its workers in that same round-robin order, so the batches it yields are the ones
+a single process would yield, in the same order: nothing read twice, nothing skipped,
+whatever the number of workers.
+
+State (`state_dict()`, a small JSON dict) is this worker's cursor: the first row of the
+batch it reads next and, when packing, how many tokens of that batch were already
+emitted; the remainder carried to the next packed batch is re-read from there on resume
+instead of being stored. Every worker resumes at its own cursor; the number of workers
+must match the run that saved the state (as torchdata's StatefulDataLoader requires).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.types as patypes
+
+from shardcache import datasets, errors
+
+STATE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How a reader cuts its batches."""
+
+    #: Rows per batch; with `pack`, sequences per batch.
+    batch_size: int
+    #: Columns to read (all when None).
+    columns: tuple[str, ...] | None = None
+    #: Drop the last, short batch of the epoch (and, when packing, the last partial
+    #: sequence) instead of yielding it.
+    drop_last: bool = False
+    #: Pack the token lists of `pack_column` into sequences of this many tokens.
+    pack: int | None = None
+    #: The list column to pack; default: the dataset's only list column.
+    pack_column: str | None = None
+    #: Fills the end of the epoch's last packed sequence.
+    pad_value: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise errors.InputError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.pack is not None and self.pack < 1:
+            raise errors.InputError(f"pack must be a sequence length >= 1, got {self.pack}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """This process's share of a rank's batches: every `count`-th, from `index`."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise errors.InputError(f"split index must be in [0, {self.count}), got {self.index}")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostBatch:
+    """One batch as zero-copy Arrow pieces.
+
+    Unpacked: `pieces` are record-batch slices whose rows, in order, are the batch.
+    Packed: `tokens` are flat value arrays whose concatenation is `shape[0]` sequences
+    of `shape[1]` tokens, row-major, for column `column`.
+    """
+
+    pieces: list[pa.RecordBatch] = dataclasses.field(default_factory=list)
+    tokens: list[pa.Array] = dataclasses.field(default_factory=list)
+    column: str | None = None
+    shape: tuple[int, int] | None = None
+
+    @property
+    def packed(self) -> bool:
+        return self.shape is not None
+
+
+def list_column(schema: pa.Schema, name: str | None) -> str:
+    """The list column to pack: `name`, or the schema's only list column."""
+    lists = [f.name for f in schema if patypes.is_list(f.type) or patypes.is_large_list(f.type)]
+    if name is None:
+        if len(lists) != 1:
+            raise errors.InputError(
+                f"pack: expected exactly one list column to pack, found {lists or 'none'}; "
+                "name it with pack_column="
+            )
+        return str(lists[0])
+    if name not in lists:
+        raise errors.InputError(
+            f"pack_column: expected one of the list columns {lists}, found {name!r}"
+        )
+    value_type = schema.field(name).type.value_type
+    if not patypes.is_integer(value_type):
+        raise errors.InputError(
+            f"pack_column {name!r}: expected integer tokens, found {value_type}"
+        )
+    return name
+
+
+@dataclasses.dataclass
+class _Chunk:
+    """A read batch whose tokens are not all emitted yet."""
+
+    position: int
+    values: list[pa.Array]
+    size: int
+    used: int = 0
+
+
+class Reader:
+    """Batches of one rank's stream for one loader process; resumable."""
+
+    def __init__(
+        self, dataset: datasets.Dataset, options: Options, split: Split | None = None
+    ) -> None:
+        self._ds = dataset
+        self._opt = options
+        self._split = split or Split()
+        self._cursor = min(len(dataset), dataset.position + self._split.index * options.batch_size)
+        self._skip = 0
+        #: The packed column, known from the first batch's schema.
+        self._column: str | None = None
+
+    @property
+    def dataset(self) -> datasets.Dataset:
+        return self._ds
+
+    @property
+    def options(self) -> Options:
+        return self._opt
+
+    # --- state ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        ds = self._ds.state_dict()
+        ds["position"] = self._cursor
+        return {
+            "version": STATE_VERSION,
+            "dataset": ds,
+            "skip": self._skip,
+            "batch_size": self._opt.batch_size,
+            "pack": self._opt.pack,
+            "split": [self._split.index, self._split.count],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the exact next batch of the run that saved `state`."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise errors.StateMismatchError(
+                f"expected a reader state of version {STATE_VERSION}, found "
+                f"{state.get('version') if isinstance(state, dict) else type(state).__name__}"
+            )
+        ours = self.state_dict()
+        saved = {key: state.get(key) for key in ("batch_size", "pack", "split")}
+        if isinstance(saved["split"], list | tuple):
+            saved["split"] = list(saved["split"])
+        differ = [
+            f"{key}: state has {saved[key]!r}, this reader has {ours[key]!r}"
+            for key in saved
+            if saved[key] != ours[key]
+        ]
+        if differ:
+            raise errors.StateMismatchError(
+                "cannot resume: the state was saved with other batching ("
+                + "; ".join(differ)
+                + "); use the same batch_size, pack and number of loader workers"
+            )
+        self._ds.load_state_dict(state["dataset"])
+        self._cursor = self._ds.position
+        self._skip = int(state["skip"])
+
+    # --- iteration --------------------------------------------------------------
+    def _seek(self, position: int) -> None:
+        state = self._ds.state_dict()
+        state["position"] = position
+        self._ds.load_state_dict(state)
+
+    def _chunks(self) -> Iterator[tuple[int, list[pa.RecordBatch]]]:
+        """(position, pieces) of this process's read batches from the cursor on."""
+        size, count = self._opt.batch_size, self._split.count
+        start = min(self._cursor, len(self._ds))
+        self._seek(start)
+        # Unpacked, the last short batch is dropped by the dataset; packed, its tokens
+        # still count.
+        drop = self._opt.drop_last and self._opt.pack is None
+        pieces = self._ds.batch_pieces(size, columns=self._opt.columns, drop_last=drop)
+        for j, chunk in enumerate(pieces):
+            if j % count == 0:
+                yield start + j * size, chunk
+
+    def __iter__(self) -> Iterator[HostBatch]:
+        if self._opt.pack is None:
+            return self._unpacked()
+        return self._packed()
+
+    def _unpacked(self) -> Iterator[HostBatch]:
+        step = self._opt.batch_size * self._split.count
+        for position, chunk in self._chunks():
+            # Counted as read once handed out: the state taken now resumes after it.
+            self._cursor = min(len(self._ds), position + step)
+            yield HostBatch(pieces=chunk)
+        self._cursor = len(self._ds)
+
+    def _packed(self) -> Iterator[HostBatch]:
+        assert self._opt.pack is not None
+        length = self._opt.pack
+        want = self._opt.batch_size * length
+        step = self._opt.batch_size * self._split.count
+        held: collections.deque[_Chunk] = collections.deque()
+        available = 0
+        skip = self._skip
+        for position, chunk in self._chunks():
+            if self._column is None:
+                self._column = list_column(chunk[0].schema, self._opt.pack_column)
+            column = self._column
+            values = [piece.column(column).flatten() for piece in chunk]
+            size = sum(len(v) for v in values)
+            used = min(skip, size)
+            skip = 0
+            held.append(_Chunk(position, values, size, used))
+            available += size - used
+            following = min(len(self._ds), position + step)
+            self._note(held, following)
+            while available >= want:
+                tokens = _take(held, want)
+                available -= want
+                self._note(held, following)
+                yield HostBatch(tokens=tokens, column=column, shape=(self._opt.batch_size, length))
+        if available and not self._opt.drop_last:
+            tokens = _take(held, available)
+            rows = -(-available // length)
+            missing = rows * length - available
+            if missing:
+                value_type = tokens[0].type if tokens else pa.int64()
+                tokens.append(pa.array([self._opt.pad_value] * missing, type=value_type))
+            self._note(held, len(self._ds))
+            yield HostBatch(tokens=tokens, column=self._column, shape=(rows, length))
+        self._cursor, self._skip = len(self._ds), 0
+
+    def _note(self, held: collections.deque[_Chunk], following: int) -> None:
+        # The first token not yet emitted: the front held chunk's, or else the first of
+        # the chunk this process reads next (at `following`).
+        if held:
+            self._cursor, self._skip = held[0].position, held[0].used
+        else:
+            self._cursor, self._skip = following, 0
+
+
+def _take(held: collections.deque[_Chunk], count: int) -> list[pa.Array]:
+    """The next `count` tokens of the held chunks, as zero-copy slices; chunks used up
+    are dropped."""
+    out: list[pa.Array] = []
+    while count:
+        chunk = held[0]
+        offset = chunk.used
+        for values in chunk.values:
+            if offset >= len(values):
+                offset -= len(values)
+                continue
+            take = min(count, len(values) - offset)
+            out.append(values.slice(offset, take))
+            chunk.used += take
+            count -= take
+            offset = 0
+            if not count:
+                break
+        if chunk.used == chunk.size:
+            held.popleft()
+    while held and held[0].used == held[0].size:
+        held.popleft()
+    return out
+
+
+def concat_pieces(pieces: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
+    """The pieces as one record batch (a copy only when there are several)."""
+    return pieces[0] if len(pieces) == 1 else pa.concat_batches(list(pieces))

@@ -1,0 +1,89 @@
+"""JAX adapter: numpy batches put on devices ahead of the step, with `jax.device_put`.
+
+    batches = shardcache.jax.Batches("s3://bucket/tokens/", batch_size=1024,
+                                     columns=["tokens"], pack=2048)
+    for batch in shardcache.jax.DevicePrefetcher(batches, sharding=sharding, depth=2):
+        state = ...                   # batch["tokens"] is a jax.Array, already placed
+
+`Batches` is `shardcache.numpy.Batches` with the rank taken from JAX
+(`jax.process_index()` of `jax.process_count()`) instead of $RANK. The prefetcher's
+state counts the batches handed over, not those in flight, as for torch.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+
+import shardcache.numpy
+from shardcache import stalls
+
+
+class Batches(shardcache.numpy.Batches):
+    """`shardcache.numpy.Batches` for this JAX process's share of the dataset."""
+
+    def __init__(
+        self,
+        source: str | None = None,
+        *,
+        batch_size: int,
+        columns: Sequence[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            source,
+            batch_size=batch_size,
+            columns=columns,
+            rank=jax.process_index() if rank is None else rank,
+            world_size=jax.process_count() if world_size is None else world_size,
+            **options,
+        )
+
+
+class DevicePrefetcher:
+    """Iterate `batches` as dicts of jax.Arrays placed by `sharding` (default: the
+    default device), `depth` batches ahead: `jax.device_put` is asynchronous, so the
+    copies of the next batches overlap the current step."""
+
+    def __init__(
+        self, batches: shardcache.numpy.Batches, *, sharding: Any = None, depth: int = 2
+    ) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self.batches = batches
+        self.sharding = sharding
+        self.depth = depth
+        self._state: dict[str, Any] | None = None
+        #: How long the loop waited for batches, against its steps.
+        self.stalls = stalls.StallMeter()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self.stalls.wrap(self._placed())
+
+    def _placed(self) -> Iterator[dict[str, Any]]:
+        queue: collections.deque[tuple[dict[str, Any], dict[str, Any]]] = collections.deque()
+        self._state = self.batches.state_dict()
+        for batch in self.batches:
+            queue.append((jax.device_put(batch, self.sharding), self.batches.state_dict()))
+            if len(queue) > self.depth:
+                placed, self._state = queue.popleft()
+                yield placed
+        while queue:
+            placed, self._state = queue.popleft()
+            yield placed
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._state if self._state is not None else self.batches.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batches.load_state_dict(state)
+        self._state = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batches.set_epoch(epoch)
+        self._state = None

@@ -1,0 +1,181 @@
+"""`IterableDataset`: a shardcache dataset as a torch IterableDataset of tensor batches.
+
+It yields whole batches (dicts of tensors), so hand it to a DataLoader with
+`batch_size=None`. Each DataLoader worker opens the dataset in its own process and
+reads every `num_workers`-th batch of the rank's stream (`shardcache.batching`): the
+loader yields the same batches in the same order with any number of workers.
+
+State follows torchdata's `Stateful` protocol on both the dataset and its iterator,
+which is what `StatefulDataLoader` looks for: in each worker it loads the dataset's
+state, creates the iterator, then loads the iterator's state; both are the same small
+JSON dict here, so either alone resumes at the exact next batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.utils.data
+
+from shardcache import _open, _open_options, batching, datasets, errors
+from shardcache.torch import _ranks, _tensors
+
+
+class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
+    """Batches of a shardcache dataset as dicts of tensors, for one rank.
+
+    `source` and `open_options` are `shardcache.open()`'s; `rank` and `world_size`
+    default to torch.distributed's, else to $RANK/$WORLD_SIZE (torchrun sets them).
+    `batch_size` rows per batch, or with `pack` that many sequences of `pack` tokens
+    made by concatenating the lists of `pack_column` (remainder carried to the next
+    batch, and in the state). `lists` and `pad_to`: see `shardcache.torch.collate`.
+    Call `set_epoch(epoch)` at the top of each epoch, as with a DistributedSampler.
+    """
+
+    def __init__(
+        self,
+        source: str | None = None,
+        *,
+        batch_size: int,
+        columns: list[str] | tuple[str, ...] | None = None,
+        drop_last: bool = False,
+        pack: int | None = None,
+        pack_column: str | None = None,
+        pad_value: int = 0,
+        lists: str = "offsets",
+        pad_to: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        **open_options: Any,
+    ) -> None:
+        super().__init__()
+        unknown = sorted(set(open_options) - set(_open_options.KINDS))
+        if unknown:
+            raise errors.InputError(f"unknown option(s) {unknown} for shardcache.open()")
+        if lists not in _tensors.LISTS:
+            raise errors.InputError(f"lists: expected one of {_tensors.LISTS}, found {lists!r}")
+        found = _ranks.discover(rank, world_size)
+        self.rank, self.world_size, self.local_rank = (
+            found.rank,
+            found.world_size,
+            found.local_rank,
+        )
+        self._open_args: dict[str, Any] = dict(
+            open_options, source_uri=source, rank=found.rank, world_size=found.world_size
+        )
+        _open_options.check(self._open_args)
+        self.options = batching.Options(
+            batch_size=batch_size,
+            columns=tuple(columns) if columns is not None else None,
+            drop_last=drop_last,
+            pack=pack,
+            pack_column=pack_column,
+            pad_value=pad_value,
+        )
+        self.lists, self.pad_to = lists, pad_to
+        self._epoch: int = open_options.get("epoch", 0)
+        self._pending: dict[str, Any] | None = None
+        # Per process, never pickled into DataLoader workers.
+        self._dataset: datasets.Dataset | None = None
+        self._opened_fresh = False
+        self._live: _Iterator | None = None
+
+    # --- pickling into workers ----------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_dataset=None, _live=None, _opened_fresh=False)
+        return state
+
+    # --- the dataset in this process ---------------------------------------------
+    def shardcache_dataset(self) -> datasets.Dataset:
+        """The shardcache `Dataset` this process reads (opened on first use)."""
+        if self._dataset is None:
+            self._dataset = _open.open(**self._open_args)
+            self._opened_fresh = True
+        return self._dataset
+
+    def reader(self, split: batching.Split | None = None) -> batching.Reader:
+        """A batch reader for this process: at the loaded state if one is pending, else
+        at the start of the current epoch (or where `resume_from` put a fresh dataset)."""
+        ds = self.shardcache_dataset()
+        pending, self._pending = self._pending, None
+        if pending is None and (not self._opened_fresh or ds.epoch != self._epoch):
+            state = ds.state_dict()
+            state.update(epoch=self._epoch, position=0)
+            ds.load_state_dict(state)
+        self._opened_fresh = False
+        reader = batching.Reader(ds, self.options, split)
+        if pending is not None:
+            reader.load_state_dict(pending)
+            self._epoch = reader.dataset.epoch
+        return reader
+
+    def collate(self, batch: batching.HostBatch) -> dict[str, torch.Tensor]:
+        return _tensors.collate(
+            batch, lists=self.lists, pad_value=self.options.pad_value, pad_to=self.pad_to
+        )
+
+    # --- iteration ----------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Read `epoch` next (from its start, unless a state of that epoch was loaded)."""
+        if epoch != self._epoch:
+            self._epoch = epoch
+            if self._pending is not None and self._pending["dataset"]["epoch"] != epoch:
+                self._pending = None
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        split = batching.Split(info.id, info.num_workers) if info is not None else None
+        self._live = _Iterator(self, split)
+        return self._live
+
+    # --- state --------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the latest iterator in this process is (a small JSON dict)."""
+        if self._live is not None:
+            return self._live.state_dict()
+        if self._pending is not None:
+            return self._pending
+        return self.reader().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the next iterator at the exact next batch of the run that saved it."""
+        if not isinstance(state, dict) or "dataset" not in state:
+            raise errors.StateMismatchError(
+                "expected a state from shardcache.torch.IterableDataset.state_dict(), "
+                f"found {type(state).__name__}"
+            )
+        self._pending = state
+        self._live = None
+
+    def close(self) -> None:
+        if self._dataset is not None:
+            self._dataset.close()
+            self._dataset = None
+
+
+class _Iterator:
+    """One pass over the rest of an epoch; `Stateful` for StatefulDataLoader."""
+
+    def __init__(self, owner: IterableDataset, split: batching.Split | None) -> None:
+        self._owner = owner
+        self._split = split
+        self._reader = owner.reader(split)
+        self._batches: Iterator[batching.HostBatch] | None = None
+
+    def __iter__(self) -> _Iterator:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self._batches is None:
+            self._batches = iter(self._reader)
+        return self._owner.collate(next(self._batches))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._reader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._reader.load_state_dict(state)
+        self._batches = None
