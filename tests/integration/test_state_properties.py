@@ -152,7 +152,7 @@ def test_a_position_past_the_end_of_the_epoch_is_refused(embedded: Opener) -> No
         assert uids(ds, 8) == []
         with pytest.raises(errors.StateMismatchError, match=f"position {end + 1} is past the end"):
             ds.load_state_dict({**state, "position": end + 1})
-        with pytest.raises(errors.StateMismatchError, match="must be >= 0"):
+        with pytest.raises(errors.StateMismatchError, match="epoch must be an integer >= 0"):
             ds.load_state_dict({**state, "epoch": -1})
 
 
