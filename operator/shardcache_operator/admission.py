@@ -53,11 +53,13 @@ def decide(
     lookup: Lookup,
     defaults: injection.SidecarDefaults,
     missing_policy: str = REFUSE,
+    load: Callable[[Mapping[str, Any]], specs.DatasetMount] = specs.load,
 ) -> Decision:
     """Inject the mounts the pod asks for, or refuse it naming the mount and the reason.
 
     `missing_policy` applies to DatasetMounts that do not exist; for existing ones
-    that are not Ready, their own spec.admission.policy decides.
+    that are not Ready, their own spec.admission.policy decides. `load` parses a
+    mount object (the webhook's caches parsed specs per generation).
     """
     unchanged = dict(pod)
     metadata = pod.get("metadata") or {}
@@ -86,7 +88,7 @@ def decide(
             warnings.append(f"{reason}; admitted without the cache for {name}")
             continue
         try:
-            mount = specs.load(obj)
+            mount = load(obj)
         except errors.InputError as exc:
             return Decision(False, unchanged, [], message=f"{where} is invalid: {exc}")
         generation = (obj.get("metadata") or {}).get("generation")

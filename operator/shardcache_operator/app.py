@@ -13,7 +13,7 @@ from typing import Any
 
 import kopf
 
-from shardcache_operator import configuration, context, handlers, health, kube, webhook
+from shardcache_operator import configuration, context, handlers, health, injection, kube, webhook
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,13 @@ def configure(settings: kopf.OperatorSettings, memo: context.Context, **_: Any) 
     )
     # Only our explicit Events reach users, not every handler log line.
     settings.posting.level = logging.ERROR
+    # Pods are watched for the attached-pods index only, so the API server sends only
+    # labelled ones: an unlabelled burst of 1,000 pods cost a quarter of a core in
+    # kopf's event processing (issue 18), and memory would grow with every pod.
+    settings.watching.label_selectors["", "v1", "pods"] = injection.LABEL_MOUNT
+    # Deleting a DatasetMount stops its check-source timer; never wait a minute for it.
+    settings.background.instant_exit_timeout = handlers.INSTANT_EXIT_TIMEOUT_SECONDS
+    settings.background.cancellation_polling = handlers.CANCELLATION_POLLING_SECONDS
     if memo.settings.webhook_enabled:
         settings.admission.server = webhook.server(memo.settings)
         settings.admission.managed = memo.settings.webhook_configuration
@@ -59,6 +66,13 @@ async def run(settings: configuration.Settings) -> None:
     # Equal priorities make kopf freeze every replica; a random one elects an active
     # replica and leaves the others on standby.
     priority = settings.priority if settings.priority is not None else random.randint(1, 2**30)
+    # One task writes every pod count, woken by pod events (see pod_counts).
+    counts = asyncio.create_task(
+        memo.pod_counts.run(
+            memo.api.write_attached_pods, memo.metrics, interval=settings.pods_interval_seconds
+        ),
+        name="pod-counts",
+    )
     try:
         await kopf.operator(
             registry=build_registry(settings),
@@ -71,4 +85,5 @@ async def run(settings: configuration.Settings) -> None:
             ready_flag=ready,
         )
     finally:
+        counts.cancel()
         await runner.cleanup()

@@ -16,7 +16,15 @@ from typing import Any
 
 import kopf
 
-from shardcache_operator import configuration, context, injection, reconcile, specs, status
+from shardcache_operator import (
+    configuration,
+    context,
+    injection,
+    pod_counts,
+    reconcile,
+    specs,
+    status,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +36,18 @@ _FINISHED_POD_PHASES = ("Succeeded", "Failed")
 #: kopf index of unfinished labelled pods, by (namespace, DatasetMount name); handlers
 #: receive it as a keyword of this name (in **kwargs: kopf's handler types fix the rest).
 INDEX = "attached_pods"
+#: kopf index of DatasetMount objects by (namespace, name), as the watch last showed
+#: them: what the webhook admits pods from (`mounts`). kopf feeds indexes on standby
+#: replicas too, and they serve the webhook as well.
+MOUNT_INDEX = "datasetmounts"
+#: Seconds kopf waits for a stopped timer to return before falling back to polling it
+#: (kopf's default is a few zero-time loop cycles). The source check is async and
+#: returns at once from its sleep; 0.1 s covers it finishing a probe's last step.
+INSTANT_EXIT_TIMEOUT_SECONDS = 0.1
+#: How often kopf re-checks a timer that did not exit instantly (kopf's default, 60 s,
+#: held a deletion for a minute once: issue 18). The check-source timer probes with a
+#: bounded timeout, so a short poll is enough.
+CANCELLATION_POLLING_SECONDS = 1.0
 
 
 def now_text() -> str:
@@ -35,7 +55,7 @@ def now_text() -> str:
 
 
 def attached_count(index: Mapping[tuple[str, str], Any], namespace: str, name: str) -> int:
-    return len(list(index.get((namespace, name), [])))
+    return pod_counts.count(index, namespace, name)
 
 
 def apply_result(
@@ -69,6 +89,28 @@ def index_pod(
     except Exception:  # a malformed label on someone's pod must not stop indexing
         return {}
     return {(namespace or "", mount): name for mount in mounts}
+
+
+def index_mount(
+    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """(namespace, name) -> the DatasetMount object (a plain dict, as the API serves it)."""
+    return {(namespace or "", name): dict(body)}
+
+
+def pod_event(*, meta: kopf.Meta, memo: context.Context, **kwargs: Any) -> None:
+    """Every pod event, after kopf updated its pod index: recount (coalesced, see
+    `pod_counts`). Unlabelled pods should never get here: the watch is label-selected."""
+    opted_in = injection.LABEL_MOUNT in meta.labels
+    memo.metrics.pod_events_total.labels(opted_in=str(opted_in).lower()).inc()
+    if opted_in:
+        memo.pod_counts.touch(kwargs[INDEX], kwargs[MOUNT_INDEX])
+
+
+def mount_event(*, memo: context.Context, **kwargs: Any) -> None:
+    """Every DatasetMount event: a status written from a count that changed meanwhile
+    (by `resolve`, say) is put right by the next flush."""
+    memo.pod_counts.touch(kwargs[INDEX], kwargs[MOUNT_INDEX])
 
 
 async def resolve(
@@ -121,23 +163,6 @@ async def check_source(
     apply_result(memo, result, body=body, patch=patch, status_update=changed)
 
 
-def count_pods(
-    *,
-    body: kopf.Body,
-    patch: kopf.Patch,
-    namespace: str | None,
-    name: str,
-    memo: context.Context,
-    **kwargs: Any,
-) -> None:
-    """Keep status.attachedPods current (the Pods printer column)."""
-    ns = namespace or ""
-    count = attached_count(kwargs[INDEX], ns, name)
-    memo.metrics.attached_pods.labels(namespace=ns, datasetmount=name).set(count)
-    if (body.get("status") or {}).get("attachedPods") != count:
-        patch.status["attachedPods"] = count
-
-
 def finalize(
     *,
     body: kopf.Body,
@@ -176,12 +201,21 @@ def finalize(
 def register(registry: kopf.OperatorRegistry, settings: configuration.Settings) -> None:
     """Wire the DatasetMount handlers onto `registry`; `settings` gives timer intervals.
 
+    Pod counts have no timer: `pod_event` and `mount_event` wake the one `pod_counts`
+    writer `app.run` starts, so an idle cluster costs no wake-ups per mount.
+
     Explicit ids: handler ids become annotation keys (progress storage), so they stay
     stable whatever the functions are called.
     """
+    # The pod watch itself is label-selected on the server (`app.configure`); the
+    # filter here only keeps the index honest should that setting ever be lost.
     kopf.index(
         "", "v1", "pods", id=INDEX, labels={injection.LABEL_MOUNT: kopf.PRESENT}, registry=registry
     )(index_pod)
+    # No label filter: `pod_event` counts any unlabelled pod that reaches it.
+    kopf.on.event("", "v1", "pods", id="pod-event", registry=registry)(pod_event)
+    kopf.index(*RESOURCE, id=MOUNT_INDEX, registry=registry)(index_mount)
+    kopf.on.event(*RESOURCE, id="mount-event", registry=registry)(mount_event)
     kopf.on.resume(*RESOURCE, id="resolve", registry=registry)(resolve)
     kopf.on.create(*RESOURCE, id="resolve", registry=registry)(resolve)
     kopf.on.update(*RESOURCE, id="resolve", field="spec", registry=registry)(resolve)
@@ -192,11 +226,4 @@ def register(registry: kopf.OperatorRegistry, settings: configuration.Settings) 
         id="check-source",
         registry=registry,
     )(check_source)
-    kopf.timer(
-        *RESOURCE,
-        interval=settings.pods_interval_seconds,
-        initial_delay=settings.pods_interval_seconds,
-        id="count-pods",
-        registry=registry,
-    )(count_pods)
     kopf.on.delete(*RESOURCE, id="finalize", registry=registry)(finalize)

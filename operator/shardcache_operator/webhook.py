@@ -10,6 +10,7 @@ certificate files (the chart's Secret) or from `certs.generate` at start-up.
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 import time
@@ -20,7 +21,16 @@ from typing import Any
 import kopf
 
 from shardcache import errors
-from shardcache_operator import admission, certs, configuration, context, injection, specs
+from shardcache_operator import (
+    admission,
+    certs,
+    configuration,
+    context,
+    handlers,
+    injection,
+    mounts,
+    specs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +43,13 @@ def defaults_of(settings: configuration.Settings) -> injection.SidecarDefaults:
         startup_timeout_seconds=settings.startup_timeout_seconds,
     )
 
+
+#: Our patch is final: injection reads only the pod as the API server first shows it
+#: and is idempotent, so a second call per pod (IfNeeded) only doubled the webhook
+#: traffic of a burst (issue 18). kopf's managed mode writes no reinvocationPolicy,
+#: which the API server defaults to Never too. docs/operator.md says when to change it:
+#: another mutating webhook ordered after ours that adds trainer containers.
+REINVOCATION_POLICY = "Never"
 
 #: Handler id; kopf serves it at the URL path /<id>, which a configuration must name.
 HANDLER_ID = "shardcache-inject"
@@ -89,7 +106,7 @@ def build_configuration(
                 "failurePolicy": "Fail",
                 "sideEffects": "None",
                 "matchPolicy": "Equivalent",
-                "reinvocationPolicy": "IfNeeded",
+                "reinvocationPolicy": REINVOCATION_POLICY,
                 "timeoutSeconds": 10,
             }
         ],
@@ -132,14 +149,20 @@ async def inject(
     patch: kopf.Patch,
     warnings: list[str],
     memo: context.Context,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
-    """Inject the requested DatasetMounts into the pod, or refuse it with the reason."""
+    """Inject the requested DatasetMounts into the pod, or refuse it with the reason.
+
+    Mounts come from memory (kopf's watch-fed index, `handlers.MOUNT_INDEX`); one the
+    watch has not delivered yet is read from the API once and then served from memory
+    (`mounts.Store`), so a burst of pods costs no API reads.
+    """
     started = time.monotonic()
     pod = dict(body)
     metadata: Mapping[str, Any] = pod.get("metadata") or {}
     namespace = str(metadata.get("namespace") or "default")
-    # Read every requested DatasetMount first; the decision itself is pure.
+    index: mounts.MountIndex = kwargs[handlers.MOUNT_INDEX]
+    # Find every requested DatasetMount first; the decision itself is pure.
     fetched: dict[str, Mapping[str, Any] | Exception | None] = {}
     try:
         wanted = injection.requested_mounts(metadata)
@@ -148,10 +171,19 @@ async def inject(
     for name in wanted:
         if name in injection.injected_mounts(metadata):
             continue
+        fetched[name] = memo.mounts.lookup(index, namespace, name, now=time.monotonic())
+        if fetched[name] is not None:
+            memo.metrics.admission_lookups_total.labels(source="memory").inc()
+            continue
+        memo.metrics.admission_lookups_total.labels(source="api").inc()
         try:
-            fetched[name] = await memo.api.read_datasetmount(namespace, name)
+            found = await memo.api.read_datasetmount(namespace, name)
         except Exception as exc:  # the API failed: refuse this pod, keep serving
             fetched[name] = exc
+            continue
+        fetched[name] = found
+        if found is not None:
+            memo.mounts.remember(found, now=time.monotonic())
 
     def lookup(_namespace: str, name: str) -> Mapping[str, Any] | None:
         found = fetched.get(name)
@@ -165,6 +197,7 @@ async def inject(
         lookup=lookup,
         defaults=defaults_of(memo.settings),
         missing_policy=memo.settings.missing_policy,
+        load=functools.partial(memo.mounts.load, known=len(index)),
     )
     memo.metrics.admission_duration.observe(time.monotonic() - started)
     warnings.extend(decision.warnings)

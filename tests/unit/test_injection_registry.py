@@ -42,11 +42,17 @@ def test_the_operator_registers_reconcile_timers_finalizer_index_and_webhook() -
     reg = registry()
     changing = {(h.id, h.reason) for h in reg._changing.get_all_handlers()}
     assert {i for i, _ in changing} == {"resolve", "resolve/spec", "finalize"}
+    # Pod counts follow pod events; the only timer is the source check.
     timers = {h.id for h in reg._spawning.get_all_handlers()}
-    assert timers == {"check-source", "count-pods"}
-    (index,) = reg._indexing.get_all_handlers()
-    assert index.id == handlers.INDEX
-    assert index.labels == {injection.LABEL_MOUNT: kopf.PRESENT}
+    assert timers == {"check-source"}
+    indexes = {h.id: h for h in reg._indexing.get_all_handlers()}
+    assert set(indexes) == {handlers.INDEX, handlers.MOUNT_INDEX}
+    assert indexes[handlers.INDEX].labels == {injection.LABEL_MOUNT: kopf.PRESENT}
+    events = {h.id: h for h in reg._watching.get_all_handlers()}
+    assert set(events) == {"pod-event", "mount-event"}
+    # No client-side label filter: the handler itself counts unlabelled pods that get
+    # past the server-side selector (there should be none).
+    assert not events["pod-event"].labels
     (mutate,) = reg._webhooks.get_all_handlers()
     assert mutate.id == webhook.HANDLER_ID
     assert list(mutate.operations or []) == ["CREATE"]

@@ -40,6 +40,9 @@ class FakeApi:
     async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None:
         raise AssertionError("DatasetMount handlers do not read DatasetMounts")
 
+    async def write_attached_pods(self, namespace: str, name: str, count: int) -> None:
+        raise AssertionError("handlers leave pod counts to pod_counts.Writer")
+
 
 def resolves(uri: str, fmt: str, options: Mapping[str, str] | None) -> FakeManifest:
     return FakeManifest()
@@ -188,31 +191,32 @@ async def test_finalize_waits_for_attached_pods_unless_forced() -> None:
     assert sample(ctx.metrics, "shardcache_operator_datasetmounts", phase="Terminating") == 0
 
 
-def test_count_pods_sets_the_gauge_and_patches_only_a_change() -> None:
+def test_pod_events_wake_the_count_writer_and_count_unlabelled_pods_separately() -> None:
     ctx = memo()
-    index = {("ml", "data"): ["a", "b", "c"]}
-    patch = kopf.Patch()
-    handlers.count_pods(
-        body=dsm(attachedPods=1),
-        patch=patch,
-        namespace="ml",
-        name="data",
-        memo=ctx,
-        attached_pods=index,
+    pods = {("ml", "data"): ["a"]}
+    known = {("ml", "data"): [dict(dsm())]}
+    labelled = kopf.Meta({"metadata": {"labels": {"shardcache.io/mount": "data"}}})
+    handlers.pod_event(meta=labelled, memo=ctx, attached_pods=pods, datasetmounts=known)
+    handlers.pod_event(
+        meta=kopf.Meta({"metadata": {}}), memo=ctx, attached_pods={}, datasetmounts={}
     )
-    assert patch.status["attachedPods"] == 3
-    labels = {"namespace": "ml", "datasetmount": "data"}
-    assert sample(ctx.metrics, "shardcache_operator_attached_pods", **labels) == 3
-    unchanged = kopf.Patch()
-    handlers.count_pods(
-        body=dsm(attachedPods=3),
-        patch=unchanged,
-        namespace="ml",
-        name="data",
-        memo=ctx,
-        attached_pods=index,
-    )
-    assert not unchanged
+    assert sample(ctx.metrics, "shardcache_operator_pod_events_total", opted_in="true") == 1
+    assert sample(ctx.metrics, "shardcache_operator_pod_events_total", opted_in="false") == 1
+    written: list[tuple[str, str, int]] = []
+
+    async def write(namespace: str, name: str, count: int) -> None:
+        written.append((namespace, name, count))
+
+    # The labelled pod's event handed the writer kopf's indexes; the unlabelled one did not.
+    assert asyncio.run(ctx.pod_counts.flush(write, ctx.metrics)) == 1
+    assert written == [("ml", "data", 1)]
+
+
+def test_the_mount_index_holds_each_object_as_a_plain_dict() -> None:
+    body = dsm(phase="Ready")
+    entry = handlers.index_mount(namespace="ml", name="data", body=body)
+    assert entry == {("ml", "data"): dict(body)}
+    assert type(entry[("ml", "data")]) is dict
 
 
 def test_every_context_gets_its_own_metrics_registry() -> None:
@@ -231,6 +235,11 @@ def test_startup_takes_the_webhook_server_from_the_memo(tmp_path: Path) -> None:
     assert isinstance(kopf_settings.admission.server, kopf.WebhookServer)
     assert kopf_settings.admission.managed == "shardcache.io"
     assert kopf_settings.persistence.finalizer == handlers.FINALIZER
+    # The pod watch is label-selected on the server; the DatasetMount watch is not.
+    assert kopf_settings.watching.label_selectors["", "v1", "pods"] == "shardcache.io/mount"
+    assert len(kopf_settings.watching.label_selectors) == 1
+    assert kopf_settings.background.instant_exit_timeout == handlers.INSTANT_EXIT_TIMEOUT_SECONDS
+    assert kopf_settings.background.cancellation_polling <= 1.0
     without = kopf.OperatorSettings()
     no_webhook = configuration.Settings(webhook_enabled=False)
     app.configure(settings=without, memo=context.Context(settings=no_webhook, api=FakeApi()))
