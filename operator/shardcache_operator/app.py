@@ -13,7 +13,15 @@ from typing import Any
 
 import kopf
 
-from shardcache_operator import configuration, context, handlers, health, injection, kube, webhook
+from shardcache_operator import (
+    configuration,
+    context,
+    handlers,
+    health,
+    kube,
+    pod_watch,
+    webhook,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +43,6 @@ def configure(settings: kopf.OperatorSettings, memo: context.Context, **_: Any) 
     )
     # Only our explicit Events reach users, not every handler log line.
     settings.posting.level = logging.ERROR
-    # Pods are watched for the attached-pods index only, so the API server sends only
-    # labelled ones: an unlabelled burst of 1,000 pods cost a quarter of a core in
-    # kopf's event processing (issue 18), and memory would grow with every pod.
-    settings.watching.label_selectors["", "v1", "pods"] = injection.LABEL_MOUNT
     # Deleting a DatasetMount stops its check-source timer; never wait a minute for it.
     settings.background.instant_exit_timeout = handlers.INSTANT_EXIT_TIMEOUT_SECONDS
     settings.background.cancellation_polling = handlers.CANCELLATION_POLLING_SECONDS
@@ -66,14 +70,27 @@ async def run(settings: configuration.Settings) -> None:
     # Equal priorities make kopf freeze every replica; a random one elects an active
     # replica and leaves the others on standby.
     priority = settings.priority if settings.priority is not None else random.randint(1, 2**30)
-    # One task writes every pod count, woken by pod events (see pod_counts).
-    counts = asyncio.create_task(
-        memo.pod_counts.run(
-            memo.api.write_attached_pods, memo.metrics, interval=settings.pods_interval_seconds
-        ),
-        name="pod-counts",
+    # The pod watch (label-selected, not through kopf: see pod_watch) and the one task
+    # that writes every pod count, woken by it.
+    watcher = pod_watch.Watcher(
+        memo.pods,
+        memo.metrics,
+        lambda: memo.pod_counts.touch(memo.pods),
+        namespaces=settings.namespaces,
     )
+    tasks = [
+        asyncio.create_task(watcher.run(kube.connection_info), name="pod-watch"),
+        asyncio.create_task(
+            memo.pod_counts.run(
+                memo.api.write_attached_pods, memo.metrics, interval=settings.pods_interval_seconds
+            ),
+            name="pod-counts",
+        ),
+    ]
     try:
+        # Handlers count pods (the finalizer releases a mount with none): never from an
+        # index that has not listed them yet.
+        await watcher.synced.wait()
         await kopf.operator(
             registry=build_registry(settings),
             memo=memo,
@@ -85,5 +102,6 @@ async def run(settings: configuration.Settings) -> None:
             ready_flag=ready,
         )
     finally:
-        counts.cancel()
+        for task in tasks:
+            task.cancel()
         await runner.cleanup()

@@ -13,7 +13,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from shardcache_operator import configuration, metrics, mounts, pod_counts, reconcile, sources
+from shardcache_operator import (
+    configuration,
+    metrics,
+    mounts,
+    pod_counts,
+    pod_watch,
+    reconcile,
+    sources,
+)
 
 
 class Api(Protocol):
@@ -35,6 +43,8 @@ class Context:
     probe: reconcile.Prober = sources.probe_source
     #: API reads of mounts not indexed yet, and parsed specs, for the webhook.
     mounts: mounts.Store = dataclasses.field(default_factory=mounts.Store)
+    #: Unfinished opted-in pods per DatasetMount, from the operator's pod watch.
+    pods: pod_watch.Index = dataclasses.field(default_factory=pod_watch.Index)
     #: Event-driven writes of status.attachedPods.
     pod_counts: pod_counts.Writer = dataclasses.field(default_factory=pod_counts.Writer)
 

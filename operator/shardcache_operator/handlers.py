@@ -19,8 +19,6 @@ import kopf
 from shardcache_operator import (
     configuration,
     context,
-    injection,
-    pod_counts,
     reconcile,
     specs,
     status,
@@ -32,10 +30,6 @@ FINALIZER = "shardcache.io/finalizer"
 #: Annotation on a DatasetMount: delete it without waiting for attached pods.
 ANNOTATION_FORCE_DELETE = "shardcache.io/force-delete"
 RESOURCE = (specs.GROUP, specs.VERSION, specs.PLURAL)
-_FINISHED_POD_PHASES = ("Succeeded", "Failed")
-#: kopf index of unfinished labelled pods, by (namespace, DatasetMount name); handlers
-#: receive it as a keyword of this name (in **kwargs: kopf's handler types fix the rest).
-INDEX = "attached_pods"
 #: kopf index of DatasetMount objects by (namespace, name), as the watch last showed
 #: them: what the webhook admits pods from (`mounts`). kopf feeds indexes on standby
 #: replicas too, and they serve the webhook as well.
@@ -52,10 +46,6 @@ CANCELLATION_POLLING_SECONDS = 1.0
 
 def now_text() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def attached_count(index: Mapping[tuple[str, str], Any], namespace: str, name: str) -> int:
-    return pod_counts.count(index, namespace, name)
 
 
 def apply_result(
@@ -78,39 +68,18 @@ def apply_result(
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
-def index_pod(
-    *, namespace: str | None, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any
-) -> dict[tuple[str, str], str]:
-    """(namespace, DatasetMount name) -> this pod's name, for each mount it uses."""
-    if status.get("phase") in _FINISHED_POD_PHASES:
-        return {}
-    try:
-        mounts = injection.requested_mounts(meta)
-    except Exception:  # a malformed label on someone's pod must not stop indexing
-        return {}
-    return {(namespace or "", mount): name for mount in mounts}
-
-
-def index_mount(
+async def index_mount(
     *, namespace: str | None, name: str, body: kopf.Body, **_: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """(namespace, name) -> the DatasetMount object (a plain dict, as the API serves it)."""
     return {(namespace or "", name): dict(body)}
 
 
-def pod_event(*, meta: kopf.Meta, memo: context.Context, **kwargs: Any) -> None:
-    """Every pod event, after kopf updated its pod index: recount (coalesced, see
-    `pod_counts`). Unlabelled pods should never get here: the watch is label-selected."""
-    opted_in = injection.LABEL_MOUNT in meta.labels
-    memo.metrics.pod_events_total.labels(opted_in=str(opted_in).lower()).inc()
-    if opted_in:
-        memo.pod_counts.touch(kwargs[INDEX], kwargs[MOUNT_INDEX])
-
-
-def mount_event(*, memo: context.Context, **kwargs: Any) -> None:
+async def mount_event(*, memo: context.Context, **kwargs: Any) -> None:
     """Every DatasetMount event: a status written from a count that changed meanwhile
-    (by `resolve`, say) is put right by the next flush."""
-    memo.pod_counts.touch(kwargs[INDEX], kwargs[MOUNT_INDEX])
+    (by `resolve`, say) is put right by the next flush. Async: it only sets a flag,
+    not worth a hop to kopf's thread pool."""
+    memo.pod_counts.touch(memo.pods, kwargs[MOUNT_INDEX])
 
 
 async def resolve(
@@ -136,7 +105,7 @@ async def resolve(
         timeout=memo.settings.resolve_timeout_seconds,
     )
     new_status = dict(result.status)
-    new_status["attachedPods"] = attached_count(kwargs[INDEX], namespace or "", name)
+    new_status["attachedPods"] = memo.pods.count(namespace or "", name)
     apply_result(memo, result, body=body, patch=patch, status_update=new_status)
     memo.metrics.reconcile_duration.observe(time.monotonic() - started)
     memo.metrics.reconcile_total.labels(phase=status.phase_of(result.outcome).value).inc()
@@ -181,7 +150,7 @@ def finalize(
     they are content-addressed and the disk tier's LRU reclaims them.
     """
     ns = namespace or ""
-    count = attached_count(kwargs[INDEX], ns, name)
+    count = memo.pods.count(ns, name)
     forced = annotations.get(ANNOTATION_FORCE_DELETE) == "true"
     if count and not forced:
         patch.status["phase"] = status.Phase.TERMINATING.value
@@ -201,19 +170,13 @@ def finalize(
 def register(registry: kopf.OperatorRegistry, settings: configuration.Settings) -> None:
     """Wire the DatasetMount handlers onto `registry`; `settings` gives timer intervals.
 
-    Pod counts have no timer: `pod_event` and `mount_event` wake the one `pod_counts`
-    writer `app.run` starts, so an idle cluster costs no wake-ups per mount.
+    Pods are not watched through kopf (see `pod_watch`), and pod counts have no timer:
+    the pod watch and `mount_event` wake the one `pod_counts` writer `app.run` starts,
+    so an idle cluster costs no wake-ups per mount.
 
     Explicit ids: handler ids become annotation keys (progress storage), so they stay
     stable whatever the functions are called.
     """
-    # The pod watch itself is label-selected on the server (`app.configure`); the
-    # filter here only keeps the index honest should that setting ever be lost.
-    kopf.index(
-        "", "v1", "pods", id=INDEX, labels={injection.LABEL_MOUNT: kopf.PRESENT}, registry=registry
-    )(index_pod)
-    # No label filter: `pod_event` counts any unlabelled pod that reaches it.
-    kopf.on.event("", "v1", "pods", id="pod-event", registry=registry)(pod_event)
     kopf.index(*RESOURCE, id=MOUNT_INDEX, registry=registry)(index_mount)
     kopf.on.event(*RESOURCE, id="mount-event", registry=registry)(mount_event)
     kopf.on.resume(*RESOURCE, id="resolve", registry=registry)(resolve)

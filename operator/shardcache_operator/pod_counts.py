@@ -3,8 +3,8 @@
 A timer per DatasetMount polled kopf's pod index every 30 s: with 500 mounts it wrote
 ~1,600 status patches an hour, drew HTTP 429s from API priority and fairness, kept a
 tenth of a core busy at idle, and (being synchronous) once held a deletion for a
-minute (issue 18). Instead, every pod watch event `touch`es one `Writer`; its single
-task wakes, waits `interval` seconds so a burst of pods becomes one write per mount,
+minute (issue 18). Instead, every pod event that changes a mount's set of pods
+(`pod_watch`) and every DatasetMount event `touch`es one `Writer`; its single task wakes, waits `interval` seconds so a burst of pods becomes one write per mount,
 compares the index's count with the status the watch last showed, and patches only the
 mounts whose count changed. With nothing changing it sleeps on an event: no wake-ups.
 """
@@ -20,7 +20,7 @@ from shardcache_operator import metrics, mounts
 
 logger = logging.getLogger(__name__)
 
-#: kopf's pod index: (namespace, DatasetMount name) -> the unfinished pods using it.
+#: (namespace, DatasetMount name) -> the unfinished pods using it (`pod_watch.Index`).
 PodIndex = Mapping[tuple[str, str], Iterable[Any]]
 #: Writes status.attachedPods of one DatasetMount: (namespace, name, count).
 StatusWriter = Callable[[str, str, int], Awaitable[None]]
@@ -60,10 +60,13 @@ class Writer:
         #: Counts written whose watch event has not come back yet.
         self._written: dict[mounts.Key, int] = {}
 
-    def touch(self, pods: PodIndex, known: mounts.MountIndex) -> None:
-        """A pod or a mount changed; the arguments are kopf's indexes as handlers get them
-        (live views: kept, they stay current)."""
-        self._pods, self._mounts = pods, known
+    def touch(self, pods: PodIndex | None = None, known: mounts.MountIndex | None = None) -> None:
+        """A pod or a mount changed. The arguments are live views (kept, they stay
+        current): the pod watch's index, kopf's DatasetMount index as handlers get it."""
+        if pods is not None:
+            self._pods = pods
+        if known is not None:
+            self._mounts = known
         self._changed.set()
 
     async def flush(self, write: StatusWriter, meters: metrics.Metrics) -> int:

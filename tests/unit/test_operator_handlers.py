@@ -102,10 +102,9 @@ async def test_resolve_pins_the_manifest_counts_pods_and_records_it() -> None:
     events = capture_events()
     ctx = memo(resolve=resolves, probe=present)
     patch = kopf.Patch()
-    index = {("ml", "data"): ["train-0", "train-1"]}
-    await handlers.resolve(
-        body=dsm(), patch=patch, retry=0, namespace="ml", name="data", memo=ctx, attached_pods=index
-    )
+    ctx.pods.set("ml", "train-0", ("data",))
+    ctx.pods.set("ml", "train-1", ("data",))
+    await handlers.resolve(body=dsm(), patch=patch, retry=0, namespace="ml", name="data", memo=ctx)
     assert patch.status["phase"] == "Ready"
     assert patch.status["manifestDigest"] == DIGEST
     assert patch.status["attachedPods"] == 2
@@ -128,7 +127,6 @@ async def test_resolve_failure_is_status_event_metric_and_a_retry_after_backoff(
             namespace="ml",
             name="data",
             memo=ctx,
-            attached_pods={},
         )
     assert raised.value.delay == 7
     assert patch.status["phase"] == "Degraded"
@@ -145,9 +143,7 @@ async def test_check_source_writes_only_what_changed_when_the_data_goes() -> Non
     events = capture_events()
     pinned = kopf.Patch()
     ctx = memo(resolve=resolves, probe=gone)
-    await handlers.resolve(
-        body=dsm(), patch=pinned, retry=0, namespace="ml", name="data", memo=ctx, attached_pods={}
-    )
+    await handlers.resolve(body=dsm(), patch=pinned, retry=0, namespace="ml", name="data", memo=ctx)
     drained(events)
     patch = kopf.Patch()
     await handlers.check_source(body=dsm(**pinned.status), patch=patch, memo=ctx)
@@ -163,7 +159,7 @@ async def test_check_source_writes_only_what_changed_when_the_data_goes() -> Non
 async def test_finalize_waits_for_attached_pods_unless_forced() -> None:
     events = capture_events()
     ctx = memo()
-    index = {("ml", "data"): ["train-0"]}
+    ctx.pods.set("ml", "train-0", ("data",))
     patch = kopf.Patch()
     with pytest.raises(kopf.TemporaryError) as raised:
         handlers.finalize(
@@ -173,7 +169,6 @@ async def test_finalize_waits_for_attached_pods_unless_forced() -> None:
             name="data",
             annotations={},
             memo=ctx,
-            attached_pods=index,
         )
     assert raised.value.delay == 11
     assert patch.status["phase"] == status.Phase.TERMINATING == "Terminating"
@@ -186,35 +181,26 @@ async def test_finalize_waits_for_attached_pods_unless_forced() -> None:
         name="data",
         annotations={handlers.ANNOTATION_FORCE_DELETE: "true"},
         memo=ctx,
-        attached_pods=index,
     )
     assert sample(ctx.metrics, "shardcache_operator_datasetmounts", phase="Terminating") == 0
 
 
-def test_pod_events_wake_the_count_writer_and_count_unlabelled_pods_separately() -> None:
+async def test_a_mount_event_hands_the_writer_the_mount_index_and_pod_counts() -> None:
     ctx = memo()
-    pods = {("ml", "data"): ["a"]}
-    known = {("ml", "data"): [dict(dsm())]}
-    labelled = kopf.Meta({"metadata": {"labels": {"shardcache.io/mount": "data"}}})
-    handlers.pod_event(meta=labelled, memo=ctx, attached_pods=pods, datasetmounts=known)
-    handlers.pod_event(
-        meta=kopf.Meta({"metadata": {}}), memo=ctx, attached_pods={}, datasetmounts={}
-    )
-    assert sample(ctx.metrics, "shardcache_operator_pod_events_total", opted_in="true") == 1
-    assert sample(ctx.metrics, "shardcache_operator_pod_events_total", opted_in="false") == 1
+    ctx.pods.set("ml", "a", ("data",))
+    await handlers.mount_event(memo=ctx, datasetmounts={("ml", "data"): [dict(dsm())]})
     written: list[tuple[str, str, int]] = []
 
     async def write(namespace: str, name: str, count: int) -> None:
         written.append((namespace, name, count))
 
-    # The labelled pod's event handed the writer kopf's indexes; the unlabelled one did not.
-    assert asyncio.run(ctx.pod_counts.flush(write, ctx.metrics)) == 1
+    assert await ctx.pod_counts.flush(write, ctx.metrics) == 1
     assert written == [("ml", "data", 1)]
 
 
-def test_the_mount_index_holds_each_object_as_a_plain_dict() -> None:
+async def test_the_mount_index_holds_each_object_as_a_plain_dict() -> None:
     body = dsm(phase="Ready")
-    entry = handlers.index_mount(namespace="ml", name="data", body=body)
+    entry = await handlers.index_mount(namespace="ml", name="data", body=body)
     assert entry == {("ml", "data"): dict(body)}
     assert type(entry[("ml", "data")]) is dict
 
@@ -235,9 +221,6 @@ def test_startup_takes_the_webhook_server_from_the_memo(tmp_path: Path) -> None:
     assert isinstance(kopf_settings.admission.server, kopf.WebhookServer)
     assert kopf_settings.admission.managed == "shardcache.io"
     assert kopf_settings.persistence.finalizer == handlers.FINALIZER
-    # The pod watch is label-selected on the server; the DatasetMount watch is not.
-    assert kopf_settings.watching.label_selectors["", "v1", "pods"] == "shardcache.io/mount"
-    assert len(kopf_settings.watching.label_selectors) == 1
     assert kopf_settings.background.instant_exit_timeout == handlers.INSTANT_EXIT_TIMEOUT_SECONDS
     assert kopf_settings.background.cancellation_polling <= 1.0
     without = kopf.OperatorSettings()
