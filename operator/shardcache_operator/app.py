@@ -47,7 +47,7 @@ def configure(settings: kopf.OperatorSettings, memo: context.Context, **_: Any) 
     settings.background.instant_exit_timeout = handlers.INSTANT_EXIT_TIMEOUT_SECONDS
     settings.background.cancellation_polling = handlers.CANCELLATION_POLLING_SECONDS
     if memo.settings.webhook_enabled:
-        settings.admission.server = webhook.server(memo.settings)
+        settings.admission.server = webhook.Server(webhook.server(memo.settings), memo)
         settings.admission.managed = memo.settings.webhook_configuration
 
 

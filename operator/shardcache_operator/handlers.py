@@ -69,9 +69,14 @@ def apply_result(
 
 
 async def index_mount(
-    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+    *, namespace: str | None, name: str, body: kopf.Body, memo: context.Context, **kwargs: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
-    """(namespace, name) -> the DatasetMount object (a plain dict, as the API serves it)."""
+    """(namespace, name) -> the DatasetMount object (a plain dict, as the API serves it).
+
+    Also hands the webhook the index itself (a live view; kopf passes every index to
+    every handler, this one included), since kopf does not give it to custom servers.
+    """
+    memo.mounts.index = kwargs[MOUNT_INDEX]
     return {(namespace or "", name): dict(body)}
 
 

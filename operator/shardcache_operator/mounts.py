@@ -58,6 +58,9 @@ class Store:
     """Short-lived API reads and parsed specs, beside kopf's DatasetMount index."""
 
     def __init__(self) -> None:
+        #: kopf's DatasetMount index, live, as its indexer last handed it over (kopf
+        #: feeds indexes on standby replicas too); empty until the first DatasetMount.
+        self.index: MountIndex = {}
         #: (namespace, name) -> (monotonic time read, the object) for mounts not indexed yet.
         self._reads: dict[Key, tuple[float, Mapping[str, Any]]] = {}
         #: (namespace, name) -> ((uid, generation), parsed spec or why it is invalid).

@@ -157,7 +157,9 @@ async def endpoint(tmp_path: Path) -> AsyncIterator[Endpoint]:
         # feeds the DatasetMount index is the e2e tier's (test_admission_index.py).
         indices={handlers.MOUNT_INDEX: index},
     )
-    serving = webhook.server(settings)(fn)
+    # The operator's server: pod reviews answered by webhook.answer, others by kopf.
+    memo.mounts.index = index
+    serving = webhook.Server(webhook.server(settings), memo)(fn)
     client_config = await serving.__anext__()
     try:
         yield Endpoint(client_config["url"], client_config["caBundle"], memo, index)

@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 import pytest
 from kopf._core.engines import posting
-from shardcache_operator import app, configuration, context, handlers, metrics, status
+from shardcache_operator import app, configuration, context, handlers, metrics, status, webhook
 
 from shardcache import errors
 
@@ -200,9 +200,14 @@ async def test_a_mount_event_hands_the_writer_the_mount_index_and_pod_counts() -
 
 async def test_the_mount_index_holds_each_object_as_a_plain_dict() -> None:
     body = dsm(phase="Ready")
-    entry = await handlers.index_mount(namespace="ml", name="data", body=body)
+    ctx, index = memo(), {("ml", "data"): [dict(body)]}
+    entry = await handlers.index_mount(
+        namespace="ml", name="data", body=body, memo=ctx, datasetmounts=index
+    )
     assert entry == {("ml", "data"): dict(body)}
     assert type(entry[("ml", "data")]) is dict
+    # The webhook's custom server gets kopf's live index through the memo.
+    assert ctx.mounts.index is index
 
 
 def test_every_context_gets_its_own_metrics_registry() -> None:
@@ -218,7 +223,7 @@ def test_startup_takes_the_webhook_server_from_the_memo(tmp_path: Path) -> None:
     )
     kopf_settings = kopf.OperatorSettings()
     app.configure(settings=kopf_settings, memo=context.Context(settings=settings, api=FakeApi()))
-    assert isinstance(kopf_settings.admission.server, kopf.WebhookServer)
+    assert isinstance(kopf_settings.admission.server, webhook.Server)
     assert kopf_settings.admission.managed == "shardcache.io"
     assert kopf_settings.persistence.finalizer == handlers.FINALIZER
     assert kopf_settings.background.instant_exit_timeout == handlers.INSTANT_EXIT_TIMEOUT_SECONDS
