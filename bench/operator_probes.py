@@ -11,6 +11,7 @@ cluster uses that identity, so the count is exact: watches, reads, patches, Even
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -46,8 +47,8 @@ def peak_rss_bytes(pid: int) -> int:
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of a non-empty sample."""
     ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[rank]
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
 
 
 def flow_schema(namespace: str, service_account: str) -> dict[str, Any]:
