@@ -43,6 +43,9 @@ def configure(settings: kopf.OperatorSettings, memo: context.Context, **_: Any) 
     )
     # Only our explicit Events reach users, not every handler log line.
     settings.posting.level = logging.ERROR
+    # No access-log line per admission review (a burst is thousands): formatting them
+    # cost the webhook server as much as TLS. Errors are still logged.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     # Deleting a DatasetMount stops its check-source timer; never wait a minute for it.
     settings.background.instant_exit_timeout = handlers.INSTANT_EXIT_TIMEOUT_SECONDS
     settings.background.cancellation_polling = handlers.CANCELLATION_POLLING_SECONDS
