@@ -53,11 +53,13 @@ def decide(
     lookup: Lookup,
     defaults: injection.SidecarDefaults,
     missing_policy: str = REFUSE,
+    load: Callable[[Mapping[str, Any]], specs.DatasetMount] = specs.load,
 ) -> Decision:
     """Inject the mounts the pod asks for, or refuse it naming the mount and the reason.
 
     `missing_policy` applies to DatasetMounts that do not exist; for existing ones
-    that are not Ready, their own spec.admission.policy decides.
+    that are not Ready, their own spec.admission.policy decides. `load` parses a
+    mount object (the webhook's caches parsed specs per generation).
     """
     unchanged = dict(pod)
     metadata = pod.get("metadata") or {}
@@ -86,7 +88,7 @@ def decide(
             warnings.append(f"{reason}; admitted without the cache for {name}")
             continue
         try:
-            mount = specs.load(obj)
+            mount = load(obj)
         except errors.InputError as exc:
             return Decision(False, unchanged, [], message=f"{where} is invalid: {exc}")
         generation = (obj.get("metadata") or {}).get("generation")
@@ -141,12 +143,30 @@ def review(
     missing_policy: str = REFUSE,
 ) -> dict[str, Any]:
     """An AdmissionReview v1 response to an AdmissionReview v1 request for a pod."""
-    body = request.get("request") or {}
-    pod = body.get("object") or {}
-    namespace = str(body.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
     decision = decide(
-        pod, namespace=namespace, lookup=lookup, defaults=defaults, missing_policy=missing_policy
+        pod_of(request),
+        namespace=namespace_of(request),
+        lookup=lookup,
+        defaults=defaults,
+        missing_policy=missing_policy,
     )
+    return respond(request, decision)
+
+
+def pod_of(request: Mapping[str, Any]) -> dict[str, Any]:
+    return dict((request.get("request") or {}).get("object") or {})
+
+
+def namespace_of(request: Mapping[str, Any]) -> str:
+    """The pod's namespace: the request's (pods created with generateName have none)."""
+    body = request.get("request") or {}
+    metadata = (body.get("object") or {}).get("metadata") or {}
+    return str(body.get("namespace") or metadata.get("namespace") or "")
+
+
+def respond(request: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
+    """The AdmissionReview v1 response carrying `decision` (its JSON patch as is)."""
+    body = request.get("request") or {}
     response: dict[str, Any] = {"uid": body.get("uid", ""), "allowed": decision.allowed}
     if decision.warnings:
         response["warnings"] = list(decision.warnings)

@@ -13,7 +13,15 @@ from typing import Any
 
 import kopf
 
-from shardcache_operator import configuration, context, handlers, health, kube, webhook
+from shardcache_operator import (
+    configuration,
+    context,
+    handlers,
+    health,
+    kube,
+    pod_watch,
+    webhook,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +43,14 @@ def configure(settings: kopf.OperatorSettings, memo: context.Context, **_: Any) 
     )
     # Only our explicit Events reach users, not every handler log line.
     settings.posting.level = logging.ERROR
+    # No access-log line per admission review (a burst is thousands): formatting them
+    # cost the webhook server as much as TLS. Errors are still logged.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # Deleting a DatasetMount stops its check-source timer; never wait a minute for it.
+    settings.background.instant_exit_timeout = handlers.INSTANT_EXIT_TIMEOUT_SECONDS
+    settings.background.cancellation_polling = handlers.CANCELLATION_POLLING_SECONDS
     if memo.settings.webhook_enabled:
-        settings.admission.server = webhook.server(memo.settings)
+        settings.admission.server = webhook.Server(webhook.server(memo.settings), memo)
         settings.admission.managed = memo.settings.webhook_configuration
 
 
@@ -59,7 +73,27 @@ async def run(settings: configuration.Settings) -> None:
     # Equal priorities make kopf freeze every replica; a random one elects an active
     # replica and leaves the others on standby.
     priority = settings.priority if settings.priority is not None else random.randint(1, 2**30)
+    # The pod watch (label-selected, not through kopf: see pod_watch) and the one task
+    # that writes every pod count, woken by it.
+    watcher = pod_watch.Watcher(
+        memo.pods,
+        memo.metrics,
+        lambda: memo.pod_counts.touch(memo.pods),
+        namespaces=settings.namespaces,
+    )
+    tasks = [
+        asyncio.create_task(watcher.run(kube.connection_info), name="pod-watch"),
+        asyncio.create_task(
+            memo.pod_counts.run(
+                memo.api.write_attached_pods, memo.metrics, interval=settings.pods_interval_seconds
+            ),
+            name="pod-counts",
+        ),
+    ]
     try:
+        # Handlers count pods (the finalizer releases a mount with none): never from an
+        # index that has not listed them yet.
+        await watcher.synced.wait()
         await kopf.operator(
             registry=build_registry(settings),
             memo=memo,
@@ -71,4 +105,6 @@ async def run(settings: configuration.Settings) -> None:
             ready_flag=ready,
         )
     finally:
+        for task in tasks:
+            task.cancel()
         await runner.cleanup()

@@ -2,7 +2,8 @@
 
 `app.run` builds one `Context` and passes it to `kopf.operator(memo=...)`; kopf gives
 each handler a shallow copy (docs.kopf.dev, "In-memory containers"), so the API
-client, settings and metrics are shared and handlers hold no state of their own.
+client, settings, metrics, the webhook's mount store and the pod-count writer are
+shared and handlers hold no state of their own.
 Tests build a Context with fakes and fresh metrics.
 """
 
@@ -12,7 +13,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from shardcache_operator import configuration, metrics, reconcile, sources
+from shardcache_operator import (
+    configuration,
+    metrics,
+    mounts,
+    pod_counts,
+    pod_watch,
+    reconcile,
+    sources,
+)
 
 
 class Api(Protocol):
@@ -22,6 +31,8 @@ class Api(Protocol):
 
     async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
+    async def write_attached_pods(self, namespace: str, name: str, count: int) -> None: ...
+
 
 @dataclasses.dataclass(frozen=True)
 class Context:
@@ -30,6 +41,12 @@ class Context:
     metrics: metrics.Metrics = dataclasses.field(default_factory=metrics.Metrics)
     resolve: reconcile.Resolver = sources.resolve_manifest
     probe: reconcile.Prober = sources.probe_source
+    #: API reads of mounts not indexed yet, and parsed specs, for the webhook.
+    mounts: mounts.Store = dataclasses.field(default_factory=mounts.Store)
+    #: Unfinished opted-in pods per DatasetMount, from the operator's pod watch.
+    pods: pod_watch.Index = dataclasses.field(default_factory=pod_watch.Index)
+    #: Event-driven writes of status.attachedPods.
+    pod_counts: pod_counts.Writer = dataclasses.field(default_factory=pod_counts.Writer)
 
     @property
     def backoff(self) -> reconcile.Backoff:

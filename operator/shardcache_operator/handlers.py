@@ -21,7 +21,6 @@ from shardcache import errors
 from shardcache_operator import (
     configuration,
     context,
-    injection,
     reconcile,
     skips,
     specs,
@@ -34,18 +33,22 @@ FINALIZER = "shardcache.io/finalizer"
 #: Annotation on a DatasetMount: delete it without waiting for attached pods.
 ANNOTATION_FORCE_DELETE = "shardcache.io/force-delete"
 RESOURCE = (specs.GROUP, specs.VERSION, specs.PLURAL)
-_FINISHED_POD_PHASES = ("Succeeded", "Failed")
-#: kopf index of unfinished labelled pods, by (namespace, DatasetMount name); handlers
-#: receive it as a keyword of this name (in **kwargs: kopf's handler types fix the rest).
-INDEX = "attached_pods"
+#: kopf index of DatasetMount objects by (namespace, name), as the watch last showed
+#: them: what the webhook admits pods from (`mounts`). kopf feeds indexes on standby
+#: replicas too, and they serve the webhook as well.
+MOUNT_INDEX = "datasetmounts"
+#: Seconds kopf waits for a stopped timer to return before falling back to polling it
+#: (kopf's default is a few zero-time loop cycles). The source check is async and
+#: returns at once from its sleep; 0.1 s covers it finishing a probe's last step.
+INSTANT_EXIT_TIMEOUT_SECONDS = 0.1
+#: How often kopf re-checks a timer that did not exit instantly (kopf's default, 60 s,
+#: held a deletion for a minute once: issue 18). The check-source timer probes with a
+#: bounded timeout, so a short poll is enough.
+CANCELLATION_POLLING_SECONDS = 1.0
 
 
 def now_text() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def attached_count(index: Mapping[tuple[str, str], Any], namespace: str, name: str) -> int:
-    return len(list(index.get((namespace, name), [])))
 
 
 def apply_result(
@@ -68,17 +71,23 @@ def apply_result(
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
-def index_pod(
-    *, namespace: str | None, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any
-) -> dict[tuple[str, str], str]:
-    """(namespace, DatasetMount name) -> this pod's name, for each mount it uses."""
-    if status.get("phase") in _FINISHED_POD_PHASES:
-        return {}
-    try:
-        mounts = injection.requested_mounts(meta)
-    except Exception:  # a malformed label on someone's pod must not stop indexing
-        return {}
-    return {(namespace or "", mount): name for mount in mounts}
+async def index_mount(
+    *, namespace: str | None, name: str, body: kopf.Body, memo: context.Context, **kwargs: Any
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """(namespace, name) -> the DatasetMount object (a plain dict, as the API serves it).
+
+    Also hands the webhook the index itself (a live view; kopf passes every index to
+    every handler, this one included), since kopf does not give it to custom servers.
+    """
+    memo.mounts.index = kwargs[MOUNT_INDEX]
+    return {(namespace or "", name): dict(body)}
+
+
+async def mount_event(*, memo: context.Context, **kwargs: Any) -> None:
+    """Every DatasetMount event: a status written from a count that changed meanwhile
+    (by `resolve`, say) is put right by the next flush. Async: it only sets a flag,
+    not worth a hop to kopf's thread pool."""
+    memo.pod_counts.touch(memo.pods, kwargs[MOUNT_INDEX])
 
 
 async def resolve(
@@ -104,7 +113,7 @@ async def resolve(
         timeout=memo.settings.resolve_timeout_seconds,
     )
     new_status = dict(result.status)
-    new_status["attachedPods"] = attached_count(kwargs[INDEX], namespace or "", name)
+    new_status["attachedPods"] = memo.pods.count(namespace or "", name)
     apply_result(memo, result, body=body, patch=patch, status_update=new_status)
     memo.metrics.reconcile_duration.observe(time.monotonic() - started)
     memo.metrics.reconcile_total.labels(phase=status.phase_of(result.outcome).value).inc()
@@ -129,6 +138,11 @@ async def check_source(
     before = body.get("status") or {}
     changed = {k: v for k, v in result.status.items() if before.get(k) != v}
     apply_result(memo, result, body=body, patch=patch, status_update=changed)
+
+
+def has_checkpoint(*, spec: kopf.Spec, **_: Any) -> bool:
+    """kopf's `when=` filter of check-skips: only mounts that write checkpoints."""
+    return bool(spec.get("checkpoint"))
 
 
 async def check_skips(
@@ -160,23 +174,6 @@ async def check_skips(
         kopf.event(body, type="Normal", reason=reason, message=message)
 
 
-def count_pods(
-    *,
-    body: kopf.Body,
-    patch: kopf.Patch,
-    namespace: str | None,
-    name: str,
-    memo: context.Context,
-    **kwargs: Any,
-) -> None:
-    """Keep status.attachedPods current (the Pods printer column)."""
-    ns = namespace or ""
-    count = attached_count(kwargs[INDEX], ns, name)
-    memo.metrics.attached_pods.labels(namespace=ns, datasetmount=name).set(count)
-    if (body.get("status") or {}).get("attachedPods") != count:
-        patch.status["attachedPods"] = count
-
-
 def finalize(
     *,
     body: kopf.Body,
@@ -195,7 +192,7 @@ def finalize(
     they are content-addressed and the disk tier's LRU reclaims them.
     """
     ns = namespace or ""
-    count = attached_count(kwargs[INDEX], ns, name)
+    count = memo.pods.count(ns, name)
     forced = annotations.get(ANNOTATION_FORCE_DELETE) == "true"
     if count and not forced:
         patch.status["phase"] = status.Phase.TERMINATING.value
@@ -215,12 +212,15 @@ def finalize(
 def register(registry: kopf.OperatorRegistry, settings: configuration.Settings) -> None:
     """Wire the DatasetMount handlers onto `registry`; `settings` gives timer intervals.
 
+    Pods are not watched through kopf (see `pod_watch`), and pod counts have no timer:
+    the pod watch and `mount_event` wake the one `pod_counts` writer `app.run` starts,
+    so an idle cluster costs no wake-ups per mount.
+
     Explicit ids: handler ids become annotation keys (progress storage), so they stay
     stable whatever the functions are called.
     """
-    kopf.index(
-        "", "v1", "pods", id=INDEX, labels={injection.LABEL_MOUNT: kopf.PRESENT}, registry=registry
-    )(index_pod)
+    kopf.index(*RESOURCE, id=MOUNT_INDEX, registry=registry)(index_mount)
+    kopf.on.event(*RESOURCE, id="mount-event", registry=registry)(mount_event)
     kopf.on.resume(*RESOURCE, id="resolve", registry=registry)(resolve)
     kopf.on.create(*RESOURCE, id="resolve", registry=registry)(resolve)
     kopf.on.update(*RESOURCE, id="resolve", field="spec", registry=registry)(resolve)
@@ -231,18 +231,14 @@ def register(registry: kopf.OperatorRegistry, settings: configuration.Settings) 
         id="check-source",
         registry=registry,
     )(check_source)
+    # Only mounts with spec.checkpoint have skips to look for: kopf starts no timer for
+    # the others, so idle mounts cost nothing here.
     kopf.timer(
         *RESOURCE,
-        interval=settings.pods_interval_seconds,
-        initial_delay=settings.pods_interval_seconds,
-        id="count-pods",
-        registry=registry,
-    )(count_pods)
-    kopf.timer(
-        *RESOURCE,
-        interval=settings.pods_interval_seconds,
-        initial_delay=settings.pods_interval_seconds,
+        interval=settings.skips_interval_seconds,
+        initial_delay=settings.skips_interval_seconds,
         id="check-skips",
+        when=has_checkpoint,
         registry=registry,
     )(check_skips)
     kopf.on.delete(*RESOURCE, id="finalize", registry=registry)(finalize)

@@ -107,3 +107,15 @@ class Api:
                 return None
             raise
         return cast(dict[str, Any], obj)
+
+    async def write_attached_pods(self, namespace: str, name: str, count: int) -> None:
+        """Merge-patch status.attachedPods of a DatasetMount (its status subresource)."""
+        await asyncio.to_thread(
+            self._custom.patch_namespaced_custom_object_status,
+            specs.GROUP,
+            specs.VERSION,
+            namespace,
+            specs.PLURAL,
+            name,
+            {"status": {"attachedPods": count}},
+        )

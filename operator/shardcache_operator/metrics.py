@@ -69,6 +69,26 @@ class Metrics:
             buckets=ADMISSION_BUCKETS,
             registry=self.registry,
         )
+        self.admission_lookups_total = prometheus_client.Counter(
+            "shardcache_operator_admission_lookups_total",
+            "DatasetMounts looked up by the webhook, by where the answer came from: "
+            "memory (the watch-fed index or an earlier read) or api (a read, once per mount "
+            "the watch has not delivered yet).",
+            ["source"],
+            registry=self.registry,
+        )
+        self.pod_events_total = prometheus_client.Counter(
+            "shardcache_operator_pod_events_total",
+            "Pod watch events that reached the operator's handlers, by whether the pod "
+            "carries the opt-in label (the watch's label selector keeps the others out).",
+            ["opted_in"],
+            registry=self.registry,
+        )
+        self.pod_count_writes_total = prometheus_client.Counter(
+            "shardcache_operator_pod_count_writes_total",
+            "status.attachedPods patches (one per changed count per coalescing interval).",
+            registry=self.registry,
+        )
         self.up = prometheus_client.Gauge(
             "shardcache_operator_up",
             "1 while the operator's event loop answers.",

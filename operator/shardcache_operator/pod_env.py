@@ -23,6 +23,19 @@ from shardcache_operator import specs
 USER_WINS = frozenset({variables.MOUNT.env, variables.CHECKPOINT_DIR.env})
 
 
+#: JSON name -> attribute name, per model class: the webhook resolves every spec
+#: variable of every pod through this, so it is built once per class, not per call.
+_JSON_FIELDS: dict[type[Any], dict[str, str]] = {}
+
+
+def _json_fields(cls: type[Any]) -> dict[str, str]:
+    fields = _JSON_FIELDS.get(cls)
+    if fields is None:
+        fields = {specs.field_info(f).json: f.name for f in dataclasses.fields(cls)}
+        _JSON_FIELDS[cls] = fields
+    return fields
+
+
 def spec_value(spec: object, path: str) -> object:
     """The value at a JSON path below `spec` ("prefetch.depth"); None when an object on
     the way is absent (no `checkpoint`)."""
@@ -32,8 +45,7 @@ def spec_value(spec: object, path: str) -> object:
             return None
         if not dataclasses.is_dataclass(value) or isinstance(value, type):
             raise TypeError(f"{path}: {json_name!r} is below a plain value")
-        fields = {specs.field_info(f).json: f.name for f in dataclasses.fields(value)}
-        value = getattr(value, fields[json_name])
+        value = getattr(value, _json_fields(type(value))[json_name])
     return value
 
 

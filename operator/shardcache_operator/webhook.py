@@ -1,7 +1,8 @@
-"""The mutating admission webhook for pods: a thin kopf handler around `admission.decide`.
+"""The mutating admission webhook for pods, around the pure `admission.decide`.
 
-The handler is a module-level function reading the API client, settings and metrics
-from kopf's `memo` (a `context.Context`); `register` only wires it.
+`Server` wraps kopf's HTTPS server and answers pod reviews itself (`answer`); the kopf
+handler `inject` stays registered for kopf's managed mode. Both read the API client,
+settings, metrics and the DatasetMounts in memory from the `context.Context` memo.
 
 The webhook configuration selects pods by the opt-in label (objectSelector on
 `shardcache.io/mount`), so unlabelled pods never reach the operator. TLS comes from
@@ -10,17 +11,27 @@ certificate files (the chart's Secret) or from `certs.generate` at start-up.
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import kopf
 
 from shardcache import errors
-from shardcache_operator import admission, certs, configuration, context, injection, specs
+from shardcache_operator import (
+    admission,
+    certs,
+    configuration,
+    context,
+    handlers,
+    injection,
+    mounts,
+    specs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +44,13 @@ def defaults_of(settings: configuration.Settings) -> injection.SidecarDefaults:
         startup_timeout_seconds=settings.startup_timeout_seconds,
     )
 
+
+#: Our patch is final: injection reads only the pod as the API server first shows it
+#: and is idempotent, so a second call per pod (IfNeeded) only doubled the webhook
+#: traffic of a burst (issue 18). kopf's managed mode writes no reinvocationPolicy,
+#: which the API server defaults to Never too. docs/operator.md says when to change it:
+#: another mutating webhook ordered after ours that adds trainer containers.
+REINVOCATION_POLICY = "Never"
 
 #: Handler id; kopf serves it at the URL path /<id>, which a configuration must name.
 HANDLER_ID = "shardcache-inject"
@@ -89,7 +107,7 @@ def build_configuration(
                 "failurePolicy": "Fail",
                 "sideEffects": "None",
                 "matchPolicy": "Equivalent",
-                "reinvocationPolicy": "IfNeeded",
+                "reinvocationPolicy": REINVOCATION_POLICY,
                 "timeoutSeconds": 10,
             }
         ],
@@ -126,20 +144,18 @@ def server(settings: configuration.Settings) -> kopf.WebhookServer:
     )
 
 
-async def inject(
-    *,
-    body: kopf.Body,
-    patch: kopf.Patch,
-    warnings: list[str],
-    memo: context.Context,
-    **_: Any,
-) -> None:
-    """Inject the requested DatasetMounts into the pod, or refuse it with the reason."""
+async def decide(
+    pod: Mapping[str, Any], namespace: str, memo: context.Context, index: mounts.MountIndex
+) -> admission.Decision:
+    """`admission.decide` for one pod, its DatasetMounts found in memory, and metrics.
+
+    Mounts come from kopf's watch-fed index (`handlers.MOUNT_INDEX`); one the watch has
+    not delivered yet is read from the API once and then served from memory
+    (`mounts.Store`), so a burst of pods costs no API reads.
+    """
     started = time.monotonic()
-    pod = dict(body)
     metadata: Mapping[str, Any] = pod.get("metadata") or {}
-    namespace = str(metadata.get("namespace") or "default")
-    # Read every requested DatasetMount first; the decision itself is pure.
+    # Find every requested DatasetMount first; the decision itself is pure.
     fetched: dict[str, Mapping[str, Any] | Exception | None] = {}
     try:
         wanted = injection.requested_mounts(metadata)
@@ -148,10 +164,19 @@ async def inject(
     for name in wanted:
         if name in injection.injected_mounts(metadata):
             continue
+        fetched[name] = memo.mounts.lookup(index, namespace, name, now=time.monotonic())
+        if fetched[name] is not None:
+            memo.metrics.admission_lookups_total.labels(source="memory").inc()
+            continue
+        memo.metrics.admission_lookups_total.labels(source="api").inc()
         try:
-            fetched[name] = await memo.api.read_datasetmount(namespace, name)
+            found = await memo.api.read_datasetmount(namespace, name)
         except Exception as exc:  # the API failed: refuse this pod, keep serving
             fetched[name] = exc
+            continue
+        fetched[name] = found
+        if found is not None:
+            memo.mounts.remember(found, now=time.monotonic())
 
     def lookup(_namespace: str, name: str) -> Mapping[str, Any] | None:
         found = fetched.get(name)
@@ -165,20 +190,74 @@ async def inject(
         lookup=lookup,
         defaults=defaults_of(memo.settings),
         missing_policy=memo.settings.missing_policy,
+        load=functools.partial(memo.mounts.load, known=len(index)),
     )
     memo.metrics.admission_duration.observe(time.monotonic() - started)
+    result = "refused" if not decision.allowed else "injected" if decision.patch else "unchanged"
+    memo.metrics.admission_total.labels(result=result).inc()
+    return decision
+
+
+async def inject(
+    *,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    warnings: list[str],
+    memo: context.Context,
+    **kwargs: Any,
+) -> None:
+    """Inject the requested DatasetMounts into the pod, or refuse it with the reason.
+
+    The kopf handler: registered so that kopf's managed mode writes the webhook
+    configuration; `Server` answers its requests without going through kopf.
+    """
+    pod = dict(body)
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+    decision = await decide(pod, namespace, memo, kwargs[handlers.MOUNT_INDEX])
     warnings.extend(decision.warnings)
     if not decision.allowed:
-        memo.metrics.admission_total.labels(result="refused").inc()
         raise kopf.AdmissionError(decision.message, code=403)
-    if not decision.patch:
-        memo.metrics.admission_total.labels(result="unchanged").inc()
-        return
-    memo.metrics.admission_total.labels(result="injected").inc()
     # kopf turns the merged fields into a JSON patch against the admitted pod.
     for op in decision.patch:
         _, parent, key = op["path"].split("/")
         patch.setdefault(parent, {})[key] = op["value"]
+
+
+async def answer(request: Mapping[str, Any], memo: context.Context) -> dict[str, Any]:
+    """The AdmissionReview response to a pod's AdmissionReview request, straight from
+    `admission`: our JSON patch as computed, no kopf handler machinery."""
+    pod = admission.pod_of(request)
+    namespace = admission.namespace_of(request) or "default"
+    decision = await decide(pod, namespace, memo, memo.mounts.index)
+    return admission.respond(request, decision)
+
+
+class Server:
+    """kopf's HTTPS webhook server, answering the pod webhook itself.
+
+    Through kopf, each review cost a memo recall, body wrappers, a diff, handler
+    bookkeeping and a JSON-patch diff of the whole pod (`kopf.Patch.as_json_patch`),
+    about as much CPU as the injection itself; in a 1,000-pod burst the operator was
+    CPU-bound there (issue 18). The decision is pure and computes its own JSON patch,
+    so requests for `HANDLER_ID` are answered by `answer`; anything else (none today)
+    still goes to kopf. kopf keeps the handler registered, so its managed mode writes
+    the configuration as before.
+    """
+
+    def __init__(self, inner: kopf.WebhookServer, memo: context.Context) -> None:
+        self._inner = inner
+        self._memo = memo
+
+    async def __call__(self, fn: Any) -> AsyncIterator[Any]:
+        memo = self._memo
+
+        async def serve(request: Any, *, webhook: str | None = None, **kwargs: Any) -> Any:
+            if webhook == HANDLER_ID:
+                return await answer(request, memo)
+            return await fn(request, webhook=webhook, **kwargs)
+
+        async for config in self._inner(serve):
+            yield config
 
 
 def register(registry: kopf.OperatorRegistry) -> None:

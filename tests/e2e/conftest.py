@@ -163,7 +163,7 @@ def _absent(read: Callable[[], object]) -> bool:
     return False
 
 
-def _delete_crds(admin: kubernetes.client.ApiClient) -> None:
+def delete_crds(admin: kubernetes.client.ApiClient) -> None:
     ext = kubernetes.client.ApiextensionsV1Api(admin)
     for name in CRD_NAMES:
         try:
@@ -208,7 +208,7 @@ def release(
     )
     if leftover.returncode == 0:
         e2e_cluster.run("helm", "uninstall", harness.RELEASE, "-n", harness.RELEASE_NAMESPACE)
-        _delete_crds(admin)
+        delete_crds(admin)
     core = kubernetes.client.CoreV1Api(admin)
     with contextlib.suppress(ApiException):
         if core.read_namespace(harness.RELEASE_NAMESPACE).metadata.deletion_timestamp:
@@ -234,7 +234,7 @@ def release(
             "helm", "uninstall", harness.RELEASE, "-n", harness.RELEASE_NAMESPACE, check=False
         )
         # helm leaves CRDs installed on purpose; a later session must get today's.
-        _delete_crds(admin)
+        delete_crds(admin)
         # Gone, not just going: a session right after this one installs it again.
         with contextlib.suppress(ApiException):
             core.delete_namespace(harness.RELEASE_NAMESPACE)

@@ -12,7 +12,7 @@ import re
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 import jsonpatch
@@ -21,7 +21,6 @@ import pytest
 from cryptography import x509
 from kopf._cogs.structs import references
 from kopf._core.engines import admission as kopf_admission
-from kopf._core.engines import indexing
 from kopf._core.reactor import inventory
 from prometheus_client.parser import text_string_to_metric_families
 from shardcache_operator import (
@@ -96,8 +95,16 @@ def pod(label: str | None) -> dict[str, Any]:
 
 
 class Endpoint:
-    def __init__(self, url: str, ca_bundle: str, memo: context.Context) -> None:
+    def __init__(
+        self,
+        url: str,
+        ca_bundle: str,
+        memo: context.Context,
+        index: dict[tuple[str, str], list[dict[str, Any]]],
+    ) -> None:
         self.url = url
+        #: kopf's DatasetMount index as the webhook sees it (empty: the watch is silent).
+        self.index = index
         self.ca_bundle = ca_bundle
         self.memo = memo
         assert isinstance(memo.api, FakeDatasetMounts)
@@ -124,6 +131,7 @@ async def endpoint(tmp_path: Path) -> AsyncIterator[Endpoint]:
     )
     api = FakeDatasetMounts(dsm("imagenet"), dsm("captions"), dsm("cold", phase="Pending"))
     memo = context.Context(settings=settings, api=api)
+    index: dict[tuple[str, str], list[dict[str, Any]]] = {}
     registry = kopf.OperatorRegistry()
     webhook.register(registry)
     kopf_settings = kopf.OperatorSettings()
@@ -145,12 +153,16 @@ async def endpoint(tmp_path: Path) -> AsyncIterator[Endpoint]:
         insights=insights,
         memories=inventory.ResourceMemories(),
         memobase=memo,
-        indices=indexing.OperatorIndexers().indices,
+        # kopf hands handlers its indexes as a mapping of id -> index; the watch that
+        # feeds the DatasetMount index is the e2e tier's (test_admission_index.py).
+        indices={handlers.MOUNT_INDEX: index},
     )
-    serving = webhook.server(settings)(fn)
+    # The operator's server: pod reviews answered by webhook.answer, others by kopf.
+    memo.mounts.index = index
+    serving = webhook.Server(webhook.server(settings), memo)(fn)
     client_config = await serving.__anext__()
     try:
-        yield Endpoint(client_config["url"], client_config["caBundle"], memo)
+        yield Endpoint(client_config["url"], client_config["caBundle"], memo, index)
     finally:
         await serving.aclose()
 
@@ -190,6 +202,33 @@ async def test_labelled_pod_is_injected_through_kopf(endpoint: Endpoint) -> None
     again = (await endpoint.post(review(patched)))["response"]
     assert again["allowed"] is True and "patch" not in again
     assert endpoint.api.reads == reads
+
+
+async def test_a_mount_missing_from_the_index_is_read_once_then_served_from_memory(
+    endpoint: Endpoint,
+) -> None:
+    for i in range(3):
+        answer = await endpoint.post(review(pod("imagenet"), uid=f"uid-{i}"))
+        assert answer["response"]["allowed"] is True and answer["response"]["patch"]
+    assert endpoint.api.reads == 1
+    sample = endpoint.memo.metrics.registry.get_sample_value
+    assert sample("shardcache_operator_admission_lookups_total", {"source": "api"}) == 1
+    assert sample("shardcache_operator_admission_lookups_total", {"source": "memory"}) == 2
+    # Parsed once for all three pods: same uid and generation.
+    assert endpoint.memo.mounts.parses == 1
+
+
+async def test_an_indexed_mount_costs_no_read_and_its_status_there_decides(
+    endpoint: Endpoint,
+) -> None:
+    endpoint.index[("ml", "captions")] = [dsm("captions", phase="Degraded")]
+    answer = await endpoint.post(review(pod("captions")))
+    assert answer["response"]["allowed"] is False
+    assert "is not Ready (phase Degraded" in answer["response"]["status"]["message"]
+    endpoint.index[("ml", "captions")] = [dsm("captions")]
+    answer = await endpoint.post(review(pod("captions"), uid="uid-2"))
+    assert answer["response"]["allowed"] is True
+    assert endpoint.api.reads == 0
 
 
 async def test_unlabelled_pod_passes_untouched(endpoint: Endpoint) -> None:
@@ -237,16 +276,15 @@ async def test_healthz_readyz_and_metrics_follow_prometheus_conventions(
     await endpoint.post(review(pod("missing")))
     meters = endpoint.memo.metrics
     meters.set_phase("ml", "imagenet", status.Phase.READY)
-    # Counted by the handler from the pod index, as the operator does: the gauge shows
-    # what count_pods() computed, not a value the test wrote.
-    handlers.count_pods(
-        body=kopf.Body(cast(kopf.RawBody, dsm("imagenet"))),
-        patch=kopf.Patch(),
-        namespace="ml",
-        name="imagenet",
-        memo=endpoint.memo,
-        attached_pods={("ml", "imagenet"): ["trainer-0", "trainer-1", "trainer-2"]},
-    )
+    # Counted from the pod index by the count writer, as the operator does: the gauge
+    # shows what the writer computed, not a value the test wrote.
+    pods = {("ml", "imagenet"): ["trainer-0", "trainer-1", "trainer-2"]}
+    endpoint.memo.pod_counts.touch(pods, {("ml", "imagenet"): [dsm("imagenet")]})
+
+    async def write(namespace: str, name: str, count: int) -> None:
+        pass
+
+    await endpoint.memo.pod_counts.flush(write, meters)
     ready = asyncio.Event()
     runner = await health.start("127.0.0.1", 0, ready, meters)
     try:
@@ -327,6 +365,8 @@ def test_configuration_for_the_chart_matches_what_kopf_manages() -> None:
     assert ours["clientConfig"]["url"] == managed["clientConfig"]["url"]
     assert ours["objectSelector"] == managed["objectSelector"]
     assert ours["failurePolicy"] == managed["failurePolicy"] == "Fail"
+    # kopf writes no reinvocationPolicy; the API server's default is Never, as ours.
+    assert ours["reinvocationPolicy"] == managed.get("reinvocationPolicy", "Never") == "Never"
     assert ours["rules"][0]["operations"] == managed["rules"][0]["operations"] == ["CREATE"]
     assert ours["rules"][0]["resources"] == managed["rules"][0]["resources"] == ["pods"]
     in_cluster = webhook.build_configuration(

@@ -42,11 +42,17 @@ def test_the_operator_registers_reconcile_timers_finalizer_index_and_webhook() -
     reg = registry()
     changing = {(h.id, h.reason) for h in reg._changing.get_all_handlers()}
     assert {i for i, _ in changing} == {"resolve", "resolve/spec", "finalize"}
+    # Pod counts follow pod events; the only timer is the source check.
     timers = {h.id for h in reg._spawning.get_all_handlers()}
-    assert timers == {"check-source", "count-pods", "check-skips"}
+    assert timers == {"check-source", "check-skips"}
+    # Pods are watched by pod_watch, not kopf: kopf indexes and watches DatasetMounts only.
     (index,) = reg._indexing.get_all_handlers()
-    assert index.id == handlers.INDEX
-    assert index.labels == {injection.LABEL_MOUNT: kopf.PRESENT}
+    assert index.id == handlers.MOUNT_INDEX
+    (event,) = reg._watching.get_all_handlers()
+    assert event.id == "mount-event"
+    every = [*reg._indexing.get_all_handlers(), *reg._watching.get_all_handlers()]
+    every += [*reg._changing.get_all_handlers(), *reg._spawning.get_all_handlers()]
+    assert all(h.selector.any_name == "datasetmounts" for h in every)
     (mutate,) = reg._webhooks.get_all_handlers()
     assert mutate.id == webhook.HANDLER_ID
     assert list(mutate.operations or []) == ["CREATE"]

@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 import pytest
 from kopf._core.engines import posting
-from shardcache_operator import app, configuration, context, handlers, metrics, status
+from shardcache_operator import app, configuration, context, handlers, metrics, status, webhook
 
 from shardcache import errors
 
@@ -39,6 +39,9 @@ class FakeApi:
 
     async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None:
         raise AssertionError("DatasetMount handlers do not read DatasetMounts")
+
+    async def write_attached_pods(self, namespace: str, name: str, count: int) -> None:
+        raise AssertionError("handlers leave pod counts to pod_counts.Writer")
 
 
 def resolves(uri: str, fmt: str, options: Mapping[str, str] | None) -> FakeManifest:
@@ -99,10 +102,9 @@ async def test_resolve_pins_the_manifest_counts_pods_and_records_it() -> None:
     events = capture_events()
     ctx = memo(resolve=resolves, probe=present)
     patch = kopf.Patch()
-    index = {("ml", "data"): ["train-0", "train-1"]}
-    await handlers.resolve(
-        body=dsm(), patch=patch, retry=0, namespace="ml", name="data", memo=ctx, attached_pods=index
-    )
+    ctx.pods.set("ml", "train-0", ("data",))
+    ctx.pods.set("ml", "train-1", ("data",))
+    await handlers.resolve(body=dsm(), patch=patch, retry=0, namespace="ml", name="data", memo=ctx)
     assert patch.status["phase"] == "Ready"
     assert patch.status["manifestDigest"] == DIGEST
     assert patch.status["attachedPods"] == 2
@@ -125,7 +127,6 @@ async def test_resolve_failure_is_status_event_metric_and_a_retry_after_backoff(
             namespace="ml",
             name="data",
             memo=ctx,
-            attached_pods={},
         )
     assert raised.value.delay == 7
     assert patch.status["phase"] == "Degraded"
@@ -142,9 +143,7 @@ async def test_check_source_writes_only_what_changed_when_the_data_goes() -> Non
     events = capture_events()
     pinned = kopf.Patch()
     ctx = memo(resolve=resolves, probe=gone)
-    await handlers.resolve(
-        body=dsm(), patch=pinned, retry=0, namespace="ml", name="data", memo=ctx, attached_pods={}
-    )
+    await handlers.resolve(body=dsm(), patch=pinned, retry=0, namespace="ml", name="data", memo=ctx)
     drained(events)
     patch = kopf.Patch()
     await handlers.check_source(body=dsm(**pinned.status), patch=patch, memo=ctx)
@@ -160,7 +159,7 @@ async def test_check_source_writes_only_what_changed_when_the_data_goes() -> Non
 async def test_finalize_waits_for_attached_pods_unless_forced() -> None:
     events = capture_events()
     ctx = memo()
-    index = {("ml", "data"): ["train-0"]}
+    ctx.pods.set("ml", "train-0", ("data",))
     patch = kopf.Patch()
     with pytest.raises(kopf.TemporaryError) as raised:
         handlers.finalize(
@@ -170,7 +169,6 @@ async def test_finalize_waits_for_attached_pods_unless_forced() -> None:
             name="data",
             annotations={},
             memo=ctx,
-            attached_pods=index,
         )
     assert raised.value.delay == 11
     assert patch.status["phase"] == status.Phase.TERMINATING == "Terminating"
@@ -183,36 +181,33 @@ async def test_finalize_waits_for_attached_pods_unless_forced() -> None:
         name="data",
         annotations={handlers.ANNOTATION_FORCE_DELETE: "true"},
         memo=ctx,
-        attached_pods=index,
     )
     assert sample(ctx.metrics, "shardcache_operator_datasetmounts", phase="Terminating") == 0
 
 
-def test_count_pods_sets_the_gauge_and_patches_only_a_change() -> None:
+async def test_a_mount_event_hands_the_writer_the_mount_index_and_pod_counts() -> None:
     ctx = memo()
-    index = {("ml", "data"): ["a", "b", "c"]}
-    patch = kopf.Patch()
-    handlers.count_pods(
-        body=dsm(attachedPods=1),
-        patch=patch,
-        namespace="ml",
-        name="data",
-        memo=ctx,
-        attached_pods=index,
+    ctx.pods.set("ml", "a", ("data",))
+    await handlers.mount_event(memo=ctx, datasetmounts={("ml", "data"): [dict(dsm())]})
+    written: list[tuple[str, str, int]] = []
+
+    async def write(namespace: str, name: str, count: int) -> None:
+        written.append((namespace, name, count))
+
+    assert await ctx.pod_counts.flush(write, ctx.metrics) == 1
+    assert written == [("ml", "data", 1)]
+
+
+async def test_the_mount_index_holds_each_object_as_a_plain_dict() -> None:
+    body = dsm(phase="Ready")
+    ctx, index = memo(), {("ml", "data"): [dict(body)]}
+    entry = await handlers.index_mount(
+        namespace="ml", name="data", body=body, memo=ctx, datasetmounts=index
     )
-    assert patch.status["attachedPods"] == 3
-    labels = {"namespace": "ml", "datasetmount": "data"}
-    assert sample(ctx.metrics, "shardcache_operator_attached_pods", **labels) == 3
-    unchanged = kopf.Patch()
-    handlers.count_pods(
-        body=dsm(attachedPods=3),
-        patch=unchanged,
-        namespace="ml",
-        name="data",
-        memo=ctx,
-        attached_pods=index,
-    )
-    assert not unchanged
+    assert entry == {("ml", "data"): dict(body)}
+    assert type(entry[("ml", "data")]) is dict
+    # The webhook's custom server gets kopf's live index through the memo.
+    assert ctx.mounts.index is index
 
 
 def test_every_context_gets_its_own_metrics_registry() -> None:
@@ -228,9 +223,11 @@ def test_startup_takes_the_webhook_server_from_the_memo(tmp_path: Path) -> None:
     )
     kopf_settings = kopf.OperatorSettings()
     app.configure(settings=kopf_settings, memo=context.Context(settings=settings, api=FakeApi()))
-    assert isinstance(kopf_settings.admission.server, kopf.WebhookServer)
+    assert isinstance(kopf_settings.admission.server, webhook.Server)
     assert kopf_settings.admission.managed == "shardcache.io"
     assert kopf_settings.persistence.finalizer == handlers.FINALIZER
+    assert kopf_settings.background.instant_exit_timeout == handlers.INSTANT_EXIT_TIMEOUT_SECONDS
+    assert kopf_settings.background.cancellation_polling <= 1.0
     without = kopf.OperatorSettings()
     no_webhook = configuration.Settings(webhook_enabled=False)
     app.configure(settings=without, memo=context.Context(settings=no_webhook, api=FakeApi()))

@@ -1,0 +1,160 @@
+"""What `make bench-operator` reads while it runs: process CPU and memory from /proc,
+the API server's own metrics, and client-side latencies.
+
+The operator's API requests are counted by the API server itself: the benchmark adds a
+FlowSchema that matches only the operator's ServiceAccount (same priority level as the
+built-in `service-accounts` schema, so API priority and fairness treats it as before)
+and reads `apiserver_flowcontrol_dispatched_requests_total` for it. Nothing else in the
+cluster uses that identity, so the count is exact: watches, reads, patches, Events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import kubernetes.client
+
+FLOW_SCHEMA = "shardcache-bench-operator"
+#: The API server's webhook-call histogram (seconds) and our webhook's name in the chart.
+WEBHOOK_HISTOGRAM = "apiserver_admission_webhook_admission_duration_seconds"
+WEBHOOK_NAME = "inject.shardcache.io"
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (its threads included)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # Fields 14 and 15 of stat(5), counted after the ")" that ends the command name.
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """The process's peak resident set (VmHWM)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sample."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def flow_schema(namespace: str, service_account: str) -> dict[str, Any]:
+    """A FlowSchema matching only the operator's ServiceAccount (see the module doc)."""
+    return {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "FlowSchema",
+        "metadata": {"name": FLOW_SCHEMA},
+        "spec": {
+            # Ahead of the built-in `service-accounts` schema (precedence 9000).
+            "matchingPrecedence": 500,
+            "priorityLevelConfiguration": {"name": "workload-low"},
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [
+                {
+                    "subjects": [
+                        {
+                            "kind": "ServiceAccount",
+                            "serviceAccount": {"name": service_account, "namespace": namespace},
+                        }
+                    ],
+                    "resourceRules": [
+                        {
+                            "verbs": ["*"],
+                            "apiGroups": ["*"],
+                            "resources": ["*"],
+                            "clusterScope": True,
+                            "namespaces": ["*"],
+                        }
+                    ],
+                    "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                }
+            ],
+        },
+    }
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class Scrape:
+    """One read of the API server's /metrics."""
+
+    samples: tuple[tuple[str, tuple[tuple[str, str], ...], float], ...]
+
+    @classmethod
+    def take(cls, admin: kubernetes.client.ApiClient) -> Scrape:
+        response = admin.call_api("GET", f"{admin.configuration.host}/metrics")
+        text = bytes(response.read()).decode()
+        samples = []
+        for line in text.splitlines():
+            if line.startswith("#"):
+                continue
+            match = _SAMPLE.match(line)
+            if match:
+                labels = tuple(sorted(_LABEL.findall(match.group(2) or "")))
+                samples.append((match.group(1), labels, float(match.group(3))))
+        return cls(tuple(samples))
+
+    def total(self, name: str, /, **labels: str) -> float:
+        return sum(
+            value
+            for sample, have, value in self.samples
+            if sample == name and all((k, v) in have for k, v in labels.items())
+        )
+
+    def buckets(self, name: str, /, **labels: str) -> dict[float, float]:
+        """Cumulative counts of a histogram by upper bound (+Inf as inf)."""
+        result: dict[float, float] = {}
+        for sample, have, value in self.samples:
+            if sample != f"{name}_bucket" or not all((k, v) in have for k, v in labels.items()):
+                continue
+            bound = float(dict(have)["le"])
+            result[bound] = result.get(bound, 0.0) + value
+        return result
+
+
+def operator_requests(scrape: Scrape) -> float:
+    return scrape.total("apiserver_flowcontrol_dispatched_requests_total", flow_schema=FLOW_SCHEMA)
+
+
+def operator_rejections(scrape: Scrape) -> float:
+    """Requests of the operator that API priority and fairness answered with 429."""
+    return scrape.total("apiserver_flowcontrol_rejected_requests_total", flow_schema=FLOW_SCHEMA)
+
+
+def histogram_quantile(
+    q: float, before: Mapping[float, float], after: Mapping[float, float]
+) -> float:
+    """Quantile (0..1) of the observations between two scrapes, interpolated linearly
+    inside the bucket it falls in, as Prometheus' histogram_quantile does."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return float("nan")
+    rank = q * counts[-1]
+    previous_bound, previous_count = 0.0, 0.0
+    for bound, count in zip(bounds, counts, strict=True):
+        if count >= rank:
+            if bound == float("inf"):
+                return previous_bound
+            share = (
+                (rank - previous_count) / (count - previous_count) if count > previous_count else 0
+            )
+            return previous_bound + (bound - previous_bound) * share
+        previous_bound, previous_count = bound, count
+    return previous_bound

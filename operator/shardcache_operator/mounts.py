@@ -1,0 +1,121 @@
+"""DatasetMounts from memory for the webhook: kopf's watch-fed index, plus what it lacks.
+
+The webhook sits in front of every labelled pod (failurePolicy Fail), so it answers
+from memory: one API read per pod put a 1,000-pod burst behind 1,000 reads in a handful
+of worker threads (issue 18). kopf already watches DatasetMounts; its index
+(`handlers.MOUNT_INDEX`, fed on every replica, standby included, and emptied of deleted
+objects by kopf itself) holds each object as the watch last showed it.
+
+A `Store` adds the two things the index does not cover:
+
+- A mount created just before its pods may not have reached the watch yet. The webhook
+  then reads it from the API once and `remember`s it; the next pods are served from
+  that copy until the index has the object (then the index wins and the copy is
+  dropped), or for `READ_TTL_SECONDS` at most, so a copy can never outlive the object
+  for long if the watch were to miss it.
+- Parsing a spec costs far more than a dict lookup, and specs change only with the
+  object's generation. Parsed specs are kept per (uid, generation); status changes
+  (phase, attachedPods) bump neither, so they reuse the parsed spec.
+
+Single-threaded: kopf's handlers and the webhook run on the operator's event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from shardcache import errors
+from shardcache_operator import specs
+
+Key = tuple[str, str]
+#: kopf's DatasetMount index as handlers receive it: (namespace, name) -> its objects.
+MountIndex = Mapping[Key, Iterable[Mapping[str, Any]]]
+#: How long a mount read from the API is served before the watch delivers it. The watch
+#: normally does within milliseconds; this bounds how long a copy of a mount deleted in
+#: that window could still admit pods.
+READ_TTL_SECONDS = 10.0
+
+
+def key_of(obj: Mapping[str, Any]) -> Key:
+    metadata = obj.get("metadata") or {}
+    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+
+
+def _identity(obj: Mapping[str, Any]) -> tuple[str, object]:
+    metadata = obj.get("metadata") or {}
+    return str(metadata.get("uid") or ""), metadata.get("generation")
+
+
+def indexed(index: MountIndex, namespace: str, name: str) -> Mapping[str, Any] | None:
+    """The object of that name in kopf's index (one per key), or None."""
+    for obj in index.get((namespace, name), ()):
+        return obj
+    return None
+
+
+class Store:
+    """Short-lived API reads and parsed specs, beside kopf's DatasetMount index."""
+
+    def __init__(self) -> None:
+        #: kopf's DatasetMount index, live, as its indexer last handed it over (kopf
+        #: feeds indexes on standby replicas too); empty until the first DatasetMount.
+        self.index: MountIndex = {}
+        #: (namespace, name) -> (monotonic time read, the object) for mounts not indexed yet.
+        self._reads: dict[Key, tuple[float, Mapping[str, Any]]] = {}
+        #: (namespace, name) -> ((uid, generation), parsed spec or why it is invalid).
+        self._parsed: dict[Key, tuple[tuple[str, object], specs.DatasetMountSpec | Exception]] = {}
+        #: Specs parsed (cache misses), for tests and the benchmark.
+        self.parses = 0
+
+    def lookup(
+        self, index: MountIndex, namespace: str, name: str, *, now: float
+    ) -> Mapping[str, Any] | None:
+        """The mount from memory, or None when memory has nothing (read the API then)."""
+        key = (namespace, name)
+        found = indexed(index, namespace, name)
+        if found is not None:
+            self._reads.pop(key, None)
+            return found
+        read = self._reads.get(key)
+        if read is None:
+            return None
+        if now - read[0] > READ_TTL_SECONDS:
+            del self._reads[key]
+            return None
+        return read[1]
+
+    def remember(self, obj: Mapping[str, Any], *, now: float) -> None:
+        """Serve `obj`, just read from the API, until the index has it."""
+        self._reads[key_of(obj)] = (now, obj)
+        for key in [k for k, (at, _) in self._reads.items() if now - at > READ_TTL_SECONDS]:
+            del self._reads[key]
+
+    def load(self, obj: Mapping[str, Any], *, known: int) -> specs.DatasetMount:
+        """`specs.load(obj)`, parsing the spec only once per (uid, generation).
+
+        `known` is how many mounts the operator knows (the index's size): cached specs of
+        deleted mounts are dropped when the cache grows past twice that.
+        """
+        key, identity = key_of(obj), _identity(obj)
+        cached = self._parsed.get(key)
+        if cached is None or cached[0] != identity:
+            try:
+                parsed: specs.DatasetMountSpec | Exception = specs.parse_spec(
+                    obj.get("spec"), path=f"{specs.KIND} {key[1]}: spec"
+                )
+            except errors.InputError as exc:
+                parsed = exc
+            self.parses += 1
+            cached = (identity, parsed)
+            if len(self._parsed) >= 2 * known + 16:
+                self._parsed.clear()
+            self._parsed[key] = cached
+        result = cached[1]
+
+        def parse(_: object, *, path: str) -> specs.DatasetMountSpec:
+            if isinstance(result, Exception):
+                raise errors.InputError(str(result))
+            return result
+
+        return specs.load(obj, parse=parse)

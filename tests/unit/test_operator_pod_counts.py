@@ -1,0 +1,70 @@
+"""status.attachedPods from pod events: one write per changed count, none otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from shardcache_operator import metrics, pod_counts
+
+pytestmark = pytest.mark.unit
+
+
+def dsm(name: str, attached: int | None) -> dict[str, Any]:
+    status = {} if attached is None else {"attachedPods": attached}
+    return {"metadata": {"name": name, "namespace": "ml"}, "status": status}
+
+
+class Recorder:
+    def __init__(self, fail: int = 0) -> None:
+        self.calls: list[tuple[str, str, int]] = []
+        self.fail = fail
+
+    async def __call__(self, namespace: str, name: str, count: int) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("429 Too Many Requests")
+        self.calls.append((namespace, name, count))
+
+
+async def test_only_mounts_whose_count_changed_are_written_once() -> None:
+    writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder()
+    known = {("ml", "a"): [dsm("a", 2)], ("ml", "b"): [dsm("b", 0)], ("ml", "c"): [dsm("c", None)]}
+    pods = {("ml", "a"): ["p1", "p2"], ("ml", "b"): ["p3"], ("ml", "x"): ["p4"]}
+    writer.touch(pods, known)
+    assert await writer.flush(write, meters) == 2
+    assert sorted(write.calls) == [("ml", "b", 1), ("ml", "c", 0)]
+    # Written but not yet seen back through the watch: not written again.
+    assert await writer.flush(write, meters) == 0
+    sample = meters.registry.get_sample_value
+    assert (
+        sample("shardcache_operator_attached_pods", {"namespace": "ml", "datasetmount": "a"}) == 2
+    )
+    assert sample("shardcache_operator_pod_count_writes_total") == 2
+
+
+async def test_a_failed_write_is_retried_on_the_next_flush() -> None:
+    writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder(fail=1)
+    writer.touch({("ml", "a"): ["p1"]}, {("ml", "a"): [dsm("a", 0)]})
+    assert await writer.flush(write, meters) == 0
+    assert await writer.flush(write, meters) == 1
+    assert write.calls == [("ml", "a", 1)]
+
+
+async def test_a_burst_of_touches_becomes_one_write_and_idle_means_no_wakeups() -> None:
+    writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder()
+    known = {("ml", "a"): [dsm("a", 0)]}
+    pods: dict[tuple[str, str], list[str]] = {("ml", "a"): []}
+    task = asyncio.create_task(writer.run(write, meters, interval=0.2))
+    try:
+        for i in range(50):
+            pods[("ml", "a")].append(f"p{i}")
+            writer.touch(pods, known)
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.5)
+        assert write.calls == [("ml", "a", 50)]
+        await asyncio.sleep(0.5)  # nothing touched it: nothing written
+        assert write.calls == [("ml", "a", 50)]
+    finally:
+        task.cancel()
