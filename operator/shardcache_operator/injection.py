@@ -74,6 +74,8 @@ class SidecarDefaults:
     startup_timeout_seconds: int = 600
     #: First TCP port tried for a sidecar's probes/metrics; later mounts take the next free.
     metrics_port: int = contract.DEFAULT_METRICS_PORT
+    #: First TCP port tried for a sidecar's loopback web inspector.
+    ui_port: int = contract.DEFAULT_UI_PORT
 
 
 def requested_mounts(metadata: Mapping[str, Any]) -> list[str]:
@@ -168,6 +170,7 @@ def _sidecar(
         digest=mount.digest,
         run_dir=defaults.run_dir,
         port=names.port,
+        ui_port=names.ui_port,
         world_size=_world_size(mount, annotations),
         rank_field=_rank_field(mount.spec, indexed_job),
     )
@@ -180,6 +183,22 @@ def _sidecar(
         run_as_user=defaults.run_as_user,
         startup_timeout_seconds=defaults.startup_timeout_seconds,
     )
+
+
+def refuse_unsafe_pod(pod_spec: Mapping[str, Any], mounts: Sequence[Mount]) -> None:
+    """Refuse pod settings that defeat the sidecar's isolation (docs/security.md).
+
+    * `hostNetwork`: the sidecar's ports would bind the node's addresses, so its probes
+      and its loopback-only inspector would be reachable node-wide, and two such pods on
+      one node would collide on the same port.
+    """
+    names = ", ".join(m.name for m in mounts)
+    if pod_spec.get("hostNetwork") is True:
+        raise errors.InputError(
+            f"pods using DatasetMount {names} cannot set hostNetwork: the cache sidecar's "
+            "ports would open on the node's network and collide with other pods; run the "
+            "pod without hostNetwork"
+        )
 
 
 def inject(
@@ -204,6 +223,7 @@ def inject(
     todo = [m for m in mounts if m.name not in done]
     if not todo:
         return result
+    refuse_unsafe_pod(pod_spec, todo)
     if indexed_job is None:
         indexed_job = ANNOTATION_JOB_INDEX in annotations
 
@@ -225,6 +245,7 @@ def inject(
         names = taken.allocate(
             mount.name,
             first_port=defaults.metrics_port,
+            first_ui_port=defaults.ui_port,
             checkpoints=mount.spec.checkpoint is not None,
         )
         parts = pod_volumes.volumes_for(mount.name, mount.spec, names, run_dir=defaults.run_dir)

@@ -62,6 +62,7 @@ def sidecar_env(
     digest: str | None,
     run_dir: str,
     port: int,
+    ui_port: int,
     world_size: int | None,
     rank_field: str | None,
 ) -> list[dict[str, Any]]:
@@ -81,6 +82,7 @@ def sidecar_env(
         variables.WORLD_SIZE.env: world_size,
         variables.RANK.env: fixed_rank,
         variables.METRICS_PORT.env: port,
+        variables.UI_PORT.env: ui_port,
         variables.CHECKPOINT_URI.env: checkpoint_uri(spec, rank_field is not None),
     }
     env: list[dict[str, Any]] = []

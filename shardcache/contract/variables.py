@@ -178,8 +178,18 @@ METRICS_PORT: Final = Variable(
     parsers.integer(minimum=0, maximum=65535),
     8470,
     _SIDECAR,
-    "TCP port of /healthz, /readyz, /metrics and /ui; the webhook picks the first free "
-    "port from this one. The control API stays on the Unix socket.",
+    "TCP port of /healthz, /readyz and /metrics (nothing else: the inspector has its "
+    "own loopback port); the webhook picks the first free port from this one. The "
+    "control API stays on the Unix socket.",
+    injected=_IN_SIDECAR,
+)
+UI_PORT: Final = Variable(
+    "SHARDCACHE_UI_PORT",
+    parsers.integer(minimum=0, maximum=65535),
+    8490,
+    _SIDECAR,
+    "TCP port of the web inspector (/ui), bound to 127.0.0.1 only: reach it with "
+    "kubectl port-forward; the webhook picks the first free port from this one.",
     injected=_IN_SIDECAR,
 )
 METRICS_HOST: Final = Variable(
@@ -466,6 +476,7 @@ TABLE: Final[tuple[Variable[Any], ...]] = (
     WORLD_SIZE,
     RANK,
     METRICS_PORT,
+    UI_PORT,
     METRICS_HOST,
     LOG_FORMAT,
     LOG_LEVEL,

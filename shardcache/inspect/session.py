@@ -170,10 +170,19 @@ class Inspector:
         )
 
     def where(
-        self, expression: str, query: locate.Query, *, epochs: int = 1, limit: int = 100
+        self,
+        expression: str,
+        query: locate.Query,
+        *,
+        epochs: int = 1,
+        limit: int = 100,
+        max_rows: int | None = None,
     ) -> WhereResult:
         """Samples matching `expression`, and at which (epoch, rank, step) each is seen in
-        `epochs` epochs from `query.epoch` at `query`'s world size and batch size."""
+        `epochs` epochs from `query.epoch` at `query`'s world size and batch size.
+
+        `max_rows` bounds the rows scanned (a served inspector's cost per request); past
+        it the result is truncated like one past `limit`."""
         if epochs < 1:
             raise errors.InputError(f"epochs must be >= 1, got {epochs}")
         pred = predicate.parse(expression)
@@ -182,7 +191,12 @@ class Inspector:
         offsets = plans.shard_offsets(m.shard_rows)
         indices: list[int] = []
         truncated = False
+        scanned = 0
         for shard in range(len(m.shards)):
+            if max_rows is not None and scanned + m.shard_rows[shard] > max_rows:
+                truncated = True
+                break
+            scanned += m.shard_rows[shard]
             batch = self.rows.read(shard).select(pred.columns)
             for row in predicate.matching_rows(pred, batch):
                 if len(indices) == limit:
