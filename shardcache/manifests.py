@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardcache import errors, formats, source
+from shardcache import errors, formats, source, uris
 
 MANIFEST_VERSION = 1
 _INSPECT_CONCURRENCY = 16
@@ -132,7 +132,7 @@ def _list(fs: pafs.FileSystem, root: str, uri: str) -> list[pafs.FileInfo]:
         return [info]
     if info.type == pafs.FileType.NotFound:
         raise errors.InputError(
-            f"nothing found at {uri!r}: expected a file or a prefix with shards"
+            f"nothing found at {uris.redact(uri)!r}: expected a file or a prefix with shards"
         )
     selector = pafs.FileSelector(root, recursive=True)
     return [i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
@@ -152,7 +152,7 @@ def resolve(
     store keeps failing after retries.
     """
     fs, root = source.filesystem(uri, storage_options=storage_options)
-    what = f"listing {uri}"
+    what = f"listing {uris.redact(uri)}"
     infos = source.with_retries(lambda: _list(fs, root, uri), what=what, policy=retry)
     single = len(infos) == 1 and infos[0].path.rstrip("/") == root.rstrip("/")
     files: list[tuple[str, pafs.FileInfo]] = []
@@ -164,7 +164,7 @@ def resolve(
     files.sort(key=lambda f: f[0])
     if not files:
         raise errors.InputError(
-            f"empty dataset at {uri!r}: expected at least one shard file "
+            f"empty dataset at {uris.redact(uri)!r}: expected at least one shard file "
             "(names starting with '.' or '_' are ignored)"
         )
     fmt = format or formats.infer([info.path for _, info in files])

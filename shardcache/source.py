@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import pyarrow.fs as pafs
 
-from shardcache import errors
+from shardcache import errors, uris
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,11 +63,12 @@ def split_uri(uri: str) -> tuple[str, str]:
         if not uri:
             raise errors.InputError("expected a dataset URI such as s3://bucket/prefix, got ''")
         return "file", str(Path(uri).absolute())
+    uris.refuse_userinfo(uri, where="dataset URI")
     parsed = urllib.parse.urlsplit(uri)
     scheme = parsed.scheme.lower()
     if scheme not in SUPPORTED_SCHEMES:
         raise errors.InputError(
-            f"unsupported URI scheme {scheme!r} in {uri!r}: expected one of "
+            f"unsupported URI scheme {scheme!r} in {uris.redact(uri)!r}: expected one of "
             + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
         )
     if scheme == "file":
@@ -84,12 +85,14 @@ def filesystem(
         return pafs.LocalFileSystem(), path
     if scheme == "s3":
         if not path or path.startswith("/"):
-            raise errors.InputError(f"expected s3://BUCKET/PREFIX, got {uri!r}")
+            raise errors.InputError(f"expected s3://BUCKET/PREFIX, got {uris.redact(uri)!r}")
         return _s3(storage_options), path
     try:
         fs, inner = pafs.FileSystem.from_uri(uri)
     except (OSError, ValueError) as exc:
-        raise errors.InputError(f"cannot open a filesystem for {uri!r}: {exc}") from exc
+        raise errors.InputError(
+            f"cannot open a filesystem for {uris.redact(uri)!r}: {exc}"
+        ) from exc
     return fs, inner
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import pyarrow.fs as pafs
 
-from shardcache import errors, manifests, source
+from shardcache import errors, manifests, source, uris
 from shardcache_operator import reconcile
 
 
@@ -33,5 +33,7 @@ def probe_source(uri: str, storage_options: Mapping[str, str] | None) -> None:
         selector = pafs.FileSelector(root, recursive=False, allow_not_found=True)
         return bool(fs.get_file_info(selector))
 
-    if not source.with_retries(present, what=f"checking {uri}"):
-        raise errors.InputError(f"nothing found at {uri!r} any more: the pinned data is gone")
+    if not source.with_retries(present, what=f"checking {uris.redact(uri)}"):
+        raise errors.InputError(
+            f"nothing found at {uris.redact(uri)!r} any more: the pinned data is gone"
+        )

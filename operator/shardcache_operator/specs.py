@@ -28,7 +28,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from shardcache import contract, errors
+from shardcache import contract, errors, uris
 from shardcache.contract import parsers, variables
 
 GROUP = "shardcache.io"
@@ -52,6 +52,8 @@ RESOURCE_QUANTITY_PATTERN = (
     r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE]\+?[0-9]+))?$"
 )
 URI_PATTERN = r"^[a-z][a-z0-9+.-]*://.+$"
+#: Longest URI: far beyond any real bucket path, small enough for CEL's cost budget.
+MAX_URI_LENGTH = 2048
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 RESTORE_PATTERN = r"^(latest|none|[0-9]+)$"
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -123,6 +125,8 @@ class FieldInfo:
     pattern: str | None = None
     minimum: int | None = None
     maximum: int | None = None
+    #: Longest accepted string; also bounds the API server's CEL cost estimate.
+    max_length: int | None = None
     #: Map values are resource quantities (CPU "250m", memory "1Gi").
     resource_map: bool = False
 
@@ -185,6 +189,14 @@ def field_info(field: dataclasses.Field[Any]) -> FieldInfo:
     return info
 
 
+#: URIs are copied into pod env, status and events: credentials in them are refused.
+_URI_WITHOUT_USERINFO = Rule(
+    cel=f"!has(self.uri) || !self.uri.matches('{uris.USERINFO_CEL_PATTERN}')",
+    message=f"uri: {uris.ADVICE}",
+    check=lambda s: not uris.has_userinfo(s.uri),
+)
+
+
 # --- the model ---------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class SecretRef:
@@ -203,11 +215,15 @@ class SecretRef:
 class SourceSpec:
     """Where the dataset lives."""
 
+    rules: ClassVar[tuple[Rule, ...]] = (_URI_WITHOUT_USERINFO,)
+
     uri: str = _field(
         "uri",
         "URI of the dataset: a directory or glob of shard files on any pyarrow filesystem "
-        "(s3://bucket/prefix, gs://..., hdfs://..., file:///...).",
+        "(s3://bucket/prefix, gs://..., hdfs://..., file:///...). Credentials in the URI "
+        "(user:password@) are refused: use secretRef.",
         pattern=URI_PATTERN,
+        max_length=MAX_URI_LENGTH,
     )
     format: str = _field(
         "format",
@@ -368,11 +384,15 @@ class ShardingSpec:
 class CheckpointSpec:
     """Checkpoint upload and restore (carried out by the sidecar's checkpoint agent)."""
 
+    rules: ClassVar[tuple[Rule, ...]] = (_URI_WITHOUT_USERINFO,)
+
     uri: str = _field(
         "uri",
         "Object store prefix checkpoints are uploaded to (s3://bucket/run-42/). Uses the "
-        "source's secretRef for credentials. Ranked pods publish under <uri>/rank-<rank>.",
+        "source's secretRef for credentials (credentials in the URI are refused). Ranked "
+        "pods publish under <uri>/rank-<rank>.",
         pattern=URI_PATTERN,
+        max_length=MAX_URI_LENGTH,
     )
     keep_last: int = _field(
         "keepLast",
@@ -600,6 +620,10 @@ def _convert(kind: Any, info: FieldInfo, raw: object, *, path: str) -> Any:
         if info.enum is not None and raw not in info.enum:
             raise errors.InputError(
                 f"{path}: expected one of {', '.join(info.enum)}, found {raw!r}"
+            )
+        if info.max_length is not None and len(raw) > info.max_length:
+            raise errors.InputError(
+                f"{path}: expected at most {info.max_length} characters, found {len(raw)}"
             )
         if info.pattern is not None and not re.match(info.pattern, raw):
             raise errors.InputError(

@@ -218,7 +218,7 @@ LOG_LEVEL: Final = Variable(
 # --- the dataset and its cache ------------------------------------------------------
 SOURCE_URI: Final = Variable(
     "SHARDCACHE_SOURCE_URI",
-    parsers.TEXT,
+    parsers.URI,
     None,
     _SIDECAR,
     "Dataset URI (s3://bucket/prefix, file:///data, ...). Required by the sidecar.",
@@ -369,7 +369,7 @@ CHECKPOINT_DIR: Final = Variable(
 )
 CHECKPOINT_URI: Final = Variable(
     "SHARDCACHE_CHECKPOINT_URI",
-    parsers.TEXT,
+    parsers.URI,
     None,
     _AGENT,
     "Object store prefix checkpoints are published under (ranked pods: `<uri>/rank-<rank>`). "

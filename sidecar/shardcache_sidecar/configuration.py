@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shardcache import contract, errors, plans, sidecar_client
+from shardcache import contract, errors, plans, sidecar_client, uris
 from shardcache.contract import variables
 from shardcache.node import caches
 from shardcache_sidecar.checkpoint import agent_config
@@ -84,6 +84,7 @@ class Settings:
                 f"no dataset source: set ${contract.ENV_SOURCE_URI} or --source, "
                 "e.g. s3://bucket/prefix"
             )
+        uris.refuse_userinfo(self.source_uri, where="the dataset source")
         size = len(os.fsencode(self.socket_path))
         if size > sidecar_client.MAX_SOCKET_PATH_BYTES:
             raise errors.InputError(
