@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardcache import errors
-from shardcache_operator import injection, specs, status
+from shardcache_operator import authority, injection, specs, status
 
 #: Returns the DatasetMount object (as the API serves it) or None when it does not exist.
 Lookup = Callable[[str, str], Mapping[str, Any] | None]
@@ -53,11 +53,13 @@ def decide(
     lookup: Lookup,
     defaults: injection.SidecarDefaults,
     missing_policy: str = REFUSE,
+    policy: authority.Policy = authority.DEFAULT,
 ) -> Decision:
     """Inject the mounts the pod asks for, or refuse it naming the mount and the reason.
 
     `missing_policy` applies to DatasetMounts that do not exist; for existing ones
-    that are not Ready, their own spec.admission.policy decides.
+    that are not Ready, their own spec.admission.policy decides. A DatasetMount that
+    asks for more than the platform's `policy` allows is refused whatever its state.
     """
     unchanged = dict(pod)
     metadata = pod.get("metadata") or {}
@@ -65,7 +67,7 @@ def decide(
         wanted = injection.requested_mounts(metadata)
     except errors.InputError as exc:
         return Decision(False, unchanged, [], message=str(exc))
-    already = set(injection.injected_mounts(metadata))
+    already = set(injection.injected_mounts(pod))
     mounts: list[injection.Mount] = []
     warnings: list[str] = []
     for name in wanted:
@@ -89,6 +91,9 @@ def decide(
             mount = specs.load(obj)
         except errors.InputError as exc:
             return Decision(False, unchanged, [], message=f"{where} is invalid: {exc}")
+        refused = authority.violations(mount.spec, policy, default_image=defaults.image)
+        if refused:
+            return Decision(False, unchanged, [], message=f"{where}: {'; '.join(refused)}")
         generation = (obj.get("metadata") or {}).get("generation")
         observed = (obj.get("status") or {}).get("observedGeneration")
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
@@ -139,13 +144,19 @@ def review(
     lookup: Lookup,
     defaults: injection.SidecarDefaults,
     missing_policy: str = REFUSE,
+    policy: authority.Policy = authority.DEFAULT,
 ) -> dict[str, Any]:
     """An AdmissionReview v1 response to an AdmissionReview v1 request for a pod."""
     body = request.get("request") or {}
     pod = body.get("object") or {}
     namespace = str(body.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
     decision = decide(
-        pod, namespace=namespace, lookup=lookup, defaults=defaults, missing_policy=missing_policy
+        pod,
+        namespace=namespace,
+        lookup=lookup,
+        defaults=defaults,
+        missing_policy=missing_policy,
+        policy=policy,
     )
     response: dict[str, Any] = {"uid": body.get("uid", ""), "allowed": decision.allowed}
     if decision.warnings:

@@ -101,10 +101,26 @@ def requested_mounts(metadata: Mapping[str, Any]) -> list[str]:
     return result
 
 
-def injected_mounts(metadata: Mapping[str, Any]) -> list[str]:
+def injected_mounts(pod: Mapping[str, Any]) -> list[str]:
+    """Mounts already injected into `pod`: named by its `shardcache.io/injected`
+    annotation *and* served by a native sidecar of ours in the pod.
+
+    The annotation alone proves nothing: the pod author can write it, and a labelled
+    pod must not skip injection that way (docs/security.md). The sidecar is recognised
+    by its restart policy and the mount it serves ($SHARDCACHE_MOUNT in its env).
+    """
+    metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     value = str(annotations.get(ANNOTATION_INJECTED) or "")
-    return [name for name in value.split(",") if name]
+    spec = pod.get("spec") or {}
+    served = {
+        str(entry.get("value"))
+        for container in spec.get("initContainers") or []
+        if isinstance(container, Mapping) and container.get("restartPolicy") == "Always"
+        for entry in container.get("env") or []
+        if isinstance(entry, Mapping) and entry.get("name") == contract.ENV_MOUNT
+    }
+    return [name for name in value.split(",") if name and name in served]
 
 
 def _containers(spec: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
@@ -188,11 +204,21 @@ def _sidecar(
 def refuse_unsafe_pod(pod_spec: Mapping[str, Any], mounts: Sequence[Mount]) -> None:
     """Refuse pod settings that defeat the sidecar's isolation (docs/security.md).
 
+    * `shareProcessNamespace` (unless every mount allows it): the trainer could read
+      /proc/<sidecar>/environ, i.e. the credentials only the sidecar is given.
     * `hostNetwork`: the sidecar's ports would bind the node's addresses, so its probes
       and its loopback-only inspector would be reachable node-wide, and two such pods on
       one node would collide on the same port.
     """
     names = ", ".join(m.name for m in mounts)
+    strict = [m.name for m in mounts if not m.spec.admission.allow_share_process_namespace]
+    if pod_spec.get("shareProcessNamespace") is True and strict:
+        raise errors.InputError(
+            f"pods using DatasetMount {', '.join(strict)} cannot set shareProcessNamespace: "
+            "the trainer could read the cache sidecar's environment, which holds the "
+            "source's credentials; remove it, or set spec.admission."
+            "allowShareProcessNamespace: true on the DatasetMount"
+        )
     if pod_spec.get("hostNetwork") is True:
         raise errors.InputError(
             f"pods using DatasetMount {names} cannot set hostNetwork: the cache sidecar's "
@@ -219,7 +245,7 @@ def inject(
     metadata = result.setdefault("metadata", {})
     annotations = dict(metadata.get("annotations") or {})
     pod_spec = result.setdefault("spec", {})
-    done = injected_mounts(metadata)
+    done = injected_mounts(result)
     todo = [m for m in mounts if m.name not in done]
     if not todo:
         return result

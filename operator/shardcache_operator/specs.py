@@ -46,12 +46,20 @@ RANK_SOURCES = ("JobCompletionIndex", "Fixed", "Reader")
 PULL_POLICIES = ("IfNotPresent", "Always", "Never")
 
 #: A byte size: a non-negative integer or a Kubernetes quantity without fractions of a byte.
-QUANTITY_PATTERN = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[kMGTPE]|([eE]\+?[0-9]+))?$"
+#: At most 19 digits and a decimal exponent of at most 18, so "1e5000" or "1e30" never
+#: reach the parser from the API server; the parser caps the value at `MAX_BYTES`.
+QUANTITY_PATTERN = (
+    r"^\+?(([0-9]{1,19}(\.[0-9]{0,19})?)|(\.[0-9]{1,19}))"
+    r"(([KMGTPE]i)|[kMGTPE]|([eE]\+?(1[0-8]|0?[0-9])))?$"
+)
+#: Largest byte size: a Kubernetes quantity is an int64 of bytes.
+MAX_BYTES = 2**63 - 1
 #: Any Kubernetes resource quantity (CPU may use milli units, e.g. "250m").
 RESOURCE_QUANTITY_PATTERN = (
     r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE]\+?[0-9]+))?$"
 )
 URI_PATTERN = r"^[a-z][a-z0-9+.-]*://.+$"
+NODE_PATH_PATTERN = r"^(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+$"
 #: Longest URI: far beyond any real bucket path, small enough for CEL's cost budget.
 MAX_URI_LENGTH = 2048
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
@@ -72,10 +80,12 @@ def parse_quantity(value: object, *, path: str = "quantity") -> int:
     if isinstance(value, bool):
         raise errors.InputError(f"{path}: expected a byte size like '2Gi', found {value!r}")
     if isinstance(value, int):
-        if value < 0:
-            raise errors.InputError(f"{path}: expected a non-negative byte size, found {value}")
+        if not 0 <= value <= MAX_BYTES:
+            raise errors.InputError(
+                f"{path}: expected a byte size from 0 to {MAX_BYTES}, found {value}"
+            )
         return value
-    if not isinstance(value, str) or not _QUANTITY_RE.match(value.strip()):
+    if not isinstance(value, str) or len(value) > 64 or not _QUANTITY_RE.match(value.strip()):
         raise errors.InputError(
             f"{path}: expected a non-negative byte size like '2Gi', '500M' or 1048576, "
             f"found {value!r}"
@@ -92,6 +102,11 @@ def parse_quantity(value: object, *, path: str = "quantity") -> int:
     amount = decimal.Decimal(number) * multiplier
     if amount != amount.to_integral_value():
         raise errors.InputError(f"{path}: {value!r} is not a whole number of bytes")
+    if amount > MAX_BYTES:
+        raise errors.InputError(
+            f"{path}: {value!r} is over the largest byte size a Kubernetes quantity holds "
+            f"({MAX_BYTES} bytes, just under 8Ei)"
+        )
     return int(amount)
 
 
@@ -281,9 +296,13 @@ class CacheSpec:
         "nodePath",
         "Directory on the node (hostPath, created if missing) that holds the disk tier. "
         "It must be writable by the sidecar's user: the chart's node-cache DaemonSet "
-        "prepares the default path on every node.",
+        "prepares the default path on every node. Only paths the platform allows "
+        "(chart value policy.nodePaths) are admitted.",
         default=contract.DEFAULT_DISK_DIR,
-        pattern=r"^/.*",
+        # Absolute, no "." or ".." segments, no "//": compared exactly with the
+        # platform's allow-list (`authority.Policy.node_paths`).
+        pattern=NODE_PATH_PATTERN,
+        max_length=255,
     )
 
 
@@ -478,8 +497,11 @@ class SidecarSpec:
 
     image: str | None = _field(
         "image",
-        "Sidecar image. Omit to use the operator's configured default image.",
+        "Sidecar image. Omit to use the operator's configured default image; another "
+        "image must be on the platform's list (chart value policy.sidecarImages), since "
+        "the sidecar receives the source's credentials.",
         default=None,
+        max_length=512,
     )
     image_pull_policy: str = _field(
         "imagePullPolicy",
@@ -502,6 +524,13 @@ class AdmissionSpec:
         "mount and why) or Admit it without injection.",
         default="Refuse",
         enum=POLICIES,
+    )
+    allow_share_process_namespace: bool = _field(
+        "allowShareProcessNamespace",
+        "Admit pods with shareProcessNamespace: true. Default false: in such a pod the "
+        "trainer can read the sidecar's environment, which holds the object store "
+        "credentials; allow it only for a source whose credentials the trainer may have.",
+        default=False,
     )
 
 

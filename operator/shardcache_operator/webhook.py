@@ -146,7 +146,7 @@ async def inject(
     except errors.InputError:
         wanted = []  # decide() refuses with the message
     for name in wanted:
-        if name in injection.injected_mounts(metadata):
+        if name in injection.injected_mounts(pod):
             continue
         try:
             fetched[name] = await memo.api.read_datasetmount(namespace, name)
@@ -165,6 +165,7 @@ async def inject(
         lookup=lookup,
         defaults=defaults_of(memo.settings),
         missing_policy=memo.settings.missing_policy,
+        policy=memo.settings.policy(),
     )
     memo.metrics.admission_duration.observe(time.monotonic() - started)
     warnings.extend(decision.warnings)
