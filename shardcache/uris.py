@@ -21,8 +21,14 @@ from shardcache import errors
 _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@]*@)")
 _QUERY = re.compile(r"[?#].*$", re.DOTALL)
 
-#: The pattern the CRD's CEL rule matches (RE2, as the API server evaluates it).
+#: Azure's abfs:// names its container there (`abfs://container@account/...`): user
+#: info without a ":" is that, not a credential.
+_CONTAINER_SCHEMES = ("abfs://", "abfss://")
+
+#: The patterns the CRD's CEL rule matches (RE2, as the API server evaluates it): a
+#: URI with user info, and the abfs:// container form that is not one.
 USERINFO_CEL_PATTERN = "^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*@"
+CONTAINER_CEL_PATTERN = "^abfss?://[^/?#@:]*@"
 
 #: What a refusal tells the user to do instead.
 ADVICE = (
@@ -33,12 +39,16 @@ ADVICE = (
 
 def has_userinfo(uri: str) -> bool:
     """Whether `uri` carries user info (`scheme://user[:password]@host/...`)."""
-    return _USERINFO.match(uri) is not None
+    found = _USERINFO.match(uri)
+    if found is None:
+        return False
+    container = found["scheme"].lower() in _CONTAINER_SCHEMES and ":" not in found["userinfo"]
+    return not container
 
 
 def redact(uri: str) -> str:
     """`uri` fit to show: user info replaced by `***@`, query and fragment dropped."""
-    text = _USERINFO.sub(r"\g<scheme>***@", uri, count=1)
+    text = _USERINFO.sub(r"\g<scheme>***@", uri, count=1) if has_userinfo(uri) else uri
     return _QUERY.sub("", text) if "://" in text else text
 
 

@@ -46,6 +46,11 @@ class Settings:
     #: ("64Gi"). See `authority.Policy` for why the defaults.
     max_cache_memory: int = authority.Policy.max_cache_memory
     max_cache_disk: int = authority.Policy.max_cache_disk
+    #: Resolve file:// sources (the operator's own filesystem): single-tenant only.
+    allow_file_sources: bool = False
+    #: Lend tenants' sources the operator's ambient cloud identity (no secretRef, or a
+    #: scheme other than s3://). Off: anonymous or refused (`sources.Access`).
+    allow_ambient_credentials: bool = False
 
     # --- what is watched ----------------------------------------------------------------
     #: Namespaces to serve; empty means all (cluster-wide).

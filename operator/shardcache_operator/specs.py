@@ -206,7 +206,10 @@ def field_info(field: dataclasses.Field[Any]) -> FieldInfo:
 
 #: URIs are copied into pod env, status and events: credentials in them are refused.
 _URI_WITHOUT_USERINFO = Rule(
-    cel=f"!has(self.uri) || !self.uri.matches('{uris.USERINFO_CEL_PATTERN}')",
+    cel=(
+        f"!has(self.uri) || !self.uri.matches('{uris.USERINFO_CEL_PATTERN}') "
+        f"|| self.uri.matches('{uris.CONTAINER_CEL_PATTERN}')"
+    ),
     message=f"uri: {uris.ADVICE}",
     check=lambda s: not uris.has_userinfo(s.uri),
 )
@@ -248,8 +251,9 @@ class SourceSpec:
     )
     secret_ref: SecretRef | None = _field(
         "secretRef",
-        "Secret with the object store endpoint and credentials. Omit for public "
-        "buckets or when the node's identity grants access.",
+        "Secret with the object store endpoint and credentials. Omit for public s3:// "
+        "buckets: the operator then reads the source anonymously (never with its own "
+        "identity), and the sidecar with the pod's own identity.",
         default=None,
     )
     version: str | None = _field(

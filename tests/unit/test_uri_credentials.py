@@ -27,6 +27,7 @@ HOSTILE = [
     f"s3://{SECRET}@bucket/train/",
     f"gs://user:{SECRET}@bucket/x",
     f"file://user:{SECRET}@/data",
+    f"abfss://container:{SECRET}@account/x",
 ]
 
 
@@ -39,7 +40,14 @@ def test_redact_hides_user_info_and_keeps_the_rest(uri: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "uri", ["s3://bucket/a@b/c.parquet", "file:///data/x@y", "s3://bucket", "/plain/path"]
+    "uri",
+    [
+        "s3://bucket/a@b/c.parquet",
+        "file:///data/x@y",
+        "s3://bucket",
+        "/plain/path",
+        "abfs://container@account.dfs.core.windows.net/x",
+    ],
 )
 def test_an_at_sign_in_the_path_is_not_user_info(uri: str) -> None:
     assert not uris.has_userinfo(uri)
@@ -66,7 +74,11 @@ def test_crd_rule_refuses_what_the_parser_refuses(uri: str) -> None:
     (rule,) = specs.SourceSpec.rules
     env = celpy.Environment()
     program = env.program(env.compile(rule.cel))
-    for value, allowed in ((uri, False), ("s3://bucket/a@b/", True)):
+    for value, allowed in (
+        (uri, False),
+        ("s3://bucket/a@b/", True),
+        ("abfs://container@account/x", True),
+    ):
         assert bool(program.evaluate({"self": celpy.json_to_cel({"uri": value})})) is allowed
 
 
