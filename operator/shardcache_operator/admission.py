@@ -150,14 +150,19 @@ def review(
     body = request.get("request") or {}
     pod = body.get("object") or {}
     namespace = str(body.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
-    decision = decide(
-        pod,
-        namespace=namespace,
-        lookup=lookup,
-        defaults=defaults,
-        missing_policy=missing_policy,
-        policy=policy,
-    )
+    try:
+        decision = decide(
+            pod,
+            namespace=namespace,
+            lookup=lookup,
+            defaults=defaults,
+            missing_policy=missing_policy,
+            policy=policy,
+        )
+    except errors.InputError as exc:
+        # A pod the API server would not have stored (a field of the wrong type): a
+        # refusal that names it, never a 500 (tests/unit/test_fuzz_admission.py).
+        decision = Decision(False, dict(pod), [], message=f"the pod cannot be admitted: {exc}")
     response: dict[str, Any] = {"uid": body.get("uid", ""), "allowed": decision.allowed}
     if decision.warnings:
         response["warnings"] = list(decision.warnings)

@@ -113,11 +113,12 @@ def injected_mounts(pod: Mapping[str, Any]) -> list[str]:
     annotations = metadata.get("annotations") or {}
     value = str(annotations.get(ANNOTATION_INJECTED) or "")
     spec = pod.get("spec") or {}
+    init = spec.get("initContainers") if isinstance(spec, Mapping) else None
     served = {
         str(entry.get("value"))
-        for container in spec.get("initContainers") or []
+        for container in (init if isinstance(init, list) else [])
         if isinstance(container, Mapping) and container.get("restartPolicy") == "Always"
-        for entry in container.get("env") or []
+        for entry in (container.get("env") if isinstance(container.get("env"), list) else [])
         if isinstance(entry, Mapping) and entry.get("name") == contract.ENV_MOUNT
     }
     return [name for name in value.split(",") if name and name in served]
@@ -127,6 +128,11 @@ def _containers(spec: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
     value = spec.get(key) or []
     if not isinstance(value, list):
         raise errors.InputError(f"spec.{key}: expected a list, found {type(value).__name__}")
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise errors.InputError(
+                f"spec.{key}[{index}]: expected an object, found {type(item).__name__}"
+            )
     return value
 
 
