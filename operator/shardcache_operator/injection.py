@@ -114,13 +114,14 @@ def injected_mounts(pod: Mapping[str, Any]) -> list[str]:
     value = str(annotations.get(ANNOTATION_INJECTED) or "")
     spec = pod.get("spec") or {}
     init = spec.get("initContainers") if isinstance(spec, Mapping) else None
-    served = {
-        str(entry.get("value"))
-        for container in (init if isinstance(init, list) else [])
-        if isinstance(container, Mapping) and container.get("restartPolicy") == "Always"
-        for entry in (container.get("env") if isinstance(container.get("env"), list) else [])
-        if isinstance(entry, Mapping) and entry.get("name") == contract.ENV_MOUNT
-    }
+    served: set[str] = set()
+    for container in init if isinstance(init, list) else []:
+        if not isinstance(container, Mapping) or container.get("restartPolicy") != "Always":
+            continue
+        env = container.get("env")
+        for entry in env if isinstance(env, list) else []:
+            if isinstance(entry, Mapping) and entry.get("name") == contract.ENV_MOUNT:
+                served.add(str(entry.get("value")))
     return [name for name in value.split(",") if name and name in served]
 
 
