@@ -22,7 +22,10 @@ import pyarrow.fs as pafs
 from shardcache import errors, formats, source, uris
 
 MANIFEST_VERSION = 1
-_INSPECT_CONCURRENCY = 16
+#: Shards inspected at once. Inspection reads metadata only (a JSON Lines shard in
+#: `jsonl.INSPECT_CHUNK` pieces), so memory is bounded by this times a few MiB, whatever
+#: the shards hold; 8 keeps a listing of thousands of shards fast on slow stores.
+_INSPECT_CONCURRENCY = 8
 _NO_FIELDS = formats.fingerprint(pa.schema([]))
 
 

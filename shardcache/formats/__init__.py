@@ -86,6 +86,18 @@ class Decoded:
 _IPC_OPTIONS = ipc.IpcWriteOptions(compression=None)
 
 
+def decoded_size(name: str, source: pa.NativeFile) -> int | None:
+    """Bytes the shard will take decoded, from its metadata alone, or None when the
+    format's metadata does not say (Parquet, JSON Lines: then `decode` is the check).
+
+    Called before `decode` so a small file that decodes to gigabytes (a decompression
+    bomb) is refused without being decoded (issue 13, row 4; docs/security.md).
+    """
+    if name == "arrow":
+        return arrow.decoded_size(source)
+    return None
+
+
 def decode(name: str, source: pa.NativeFile) -> Decoded:
     """Decode a whole shard into one uncompressed record batch and size its IPC file."""
     table = get(name).read(source)

@@ -355,6 +355,18 @@ class CacheNode:
         entry = self.manifest.shards[shard]
         try:
             with pa.OSFile(str(path), "rb") as f:
+                # Bounded before decoding: a decompression bomb never reaches memory.
+                size = formats.decoded_size(self.manifest.format, f)
+                limit = self.settings.memory_limit
+                if size is not None and size > limit:
+                    raise tiers.EntryTooLargeError(
+                        f"shard {shard} ({entry.path}) takes {size} bytes decoded (from its "
+                        f"metadata), more than the memory tier's {limit}: refused before "
+                        "decoding; raise cache.memory or write smaller shards",
+                        size=size,
+                        limit=limit,
+                    )
+                f.seek(0)
                 decoded = formats.decode(self.manifest.format, f)
         except (ValueError, TypeError, OSError) as exc:
             raise errors.InputError(
