@@ -121,7 +121,11 @@ def decide(
                 )
             warnings.append(f"{reason}; admitted without the cache for {name}")
             continue
-        mounts.append(injection.Mount(name=name, spec=mount.spec, digest=mount.manifest_digest))
+        mounts.append(
+            injection.Mount(
+                name=name, spec=mount.spec, digest=mount.manifest_digest, namespace=namespace
+            )
+        )
     if not mounts:
         return Decision(True, unchanged, [], warnings=tuple(warnings))
     try:

@@ -57,6 +57,11 @@ class Mount:
     name: str
     spec: specs.DatasetMountSpec
     digest: str | None
+    #: The namespace of the DatasetMount (and the pod): the sidecar keeps its disk tier
+    #: in a directory of its own below the node path, so one tenant's sidecars never
+    #: read what another's wrote (docs/security.md). None (offline, no namespace): the
+    #: node path itself.
+    namespace: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +196,7 @@ def _sidecar(
         mount.name,
         mount.spec,
         digest=mount.digest,
+        namespace=mount.namespace,
         run_dir=defaults.run_dir,
         port=names.port,
         ui_port=names.ui_port,

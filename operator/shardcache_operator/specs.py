@@ -293,8 +293,9 @@ class CacheSpec:
     disk: int = _quantity(
         "disk",
         variables.DISK_LIMIT.required_default,
-        "Byte limit of the node-local disk tier (source bytes, LRU, shared by all pods on "
-        "the node that use the same nodePath).",
+        "Byte limit of the node-local disk tier (source bytes, LRU, shared by the pods of "
+        "this namespace on the node that use the same nodePath; each namespace has its own "
+        "directory below it).",
     )
     node_path: str = _field(
         "nodePath",

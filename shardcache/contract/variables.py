@@ -169,8 +169,9 @@ DISK_DIR: Final = Variable(
     parsers.PATH,
     "/var/cache/shardcache",
     _SIDECAR,
-    "The node disk tier in the sidecar container (the hostPath spec.cache.nodePath is "
-    "mounted here).",
+    "The node disk tier in the sidecar container. The hostPath spec.cache.nodePath is "
+    "mounted at the default; the webhook points each sidecar at `ns-<namespace>` below "
+    "it, so tenants never share cache entries.",
     injected=_IN_SIDECAR,
 )
 METRICS_PORT: Final = Variable(

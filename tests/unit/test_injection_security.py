@@ -5,10 +5,15 @@ Each test is a row of issue 13's table (docs/security.md, "pod author").
 
 from __future__ import annotations
 
+import base64
+import json
+
+import jsonpatch
 import pytest
+from shardcache_operator import admission
 
 from shardcache import contract
-from tests.unit.test_injection import admit, dsm, env_of, pod, sidecars
+from tests.unit.test_injection import DEFAULTS, admit, dsm, env_of, pod, review_request, sidecars
 
 pytestmark = pytest.mark.unit
 
@@ -35,3 +40,23 @@ def test_host_network_pod_is_refused_with_a_message() -> None:
 def test_host_network_false_is_admitted() -> None:
     response, _ = admit(pod(hostNetwork=False), dsm("imagenet"))
     assert response["allowed"] is True
+
+
+def test_disk_tier_is_partitioned_per_namespace() -> None:
+    """Issue 13, row 2: one tenant's sidecars never read what another's wrote."""
+    dirs = set()
+    for namespace in ("team-a", "team-b"):
+        reply = admission.review(
+            review_request(pod(), namespace=namespace),
+            lookup=lambda _ns, name: {**dsm(name), "metadata": {"name": name}},
+            defaults=DEFAULTS,
+        )
+        stored = jsonpatch.apply_patch(
+            pod(), json.loads(base64.b64decode(reply["response"]["patch"]))
+        )
+        (sidecar,) = sidecars(stored)
+        dirs.add(env_of(sidecar)[contract.ENV_DISK_DIR])
+    assert dirs == {
+        f"{contract.DEFAULT_DISK_DIR}/ns-team-a",
+        f"{contract.DEFAULT_DISK_DIR}/ns-team-b",
+    }
