@@ -21,7 +21,9 @@ import pyarrow.fs as pafs
 
 from shardcache import errors, formats, source, uris
 
-MANIFEST_VERSION = 1
+#: 2: a shard's `version` is its content identity (`source.content_identity`), not
+#: its mtime; digests differ from version 1, so pins made before must be re-resolved.
+MANIFEST_VERSION = 2
 #: Shards inspected at once. Inspection reads metadata only (a JSON Lines shard in
 #: `jsonl.INSPECT_CHUNK` pieces), so memory is bounded by this times a few MiB, whatever
 #: the shards hold; 8 keeps a listing of thousands of shards fast on slow stores.
@@ -34,7 +36,9 @@ class ShardEntry:
     #: Path relative to the manifest root, '/'-separated.
     path: str
     size: int
-    #: Object version: the etag where the store has one, else mtime in nanoseconds.
+    #: Content identity (`source.content_identity`): "etag:<ETag>" on object stores,
+    #: "sha256:<hex>" for local files, else "mtime:<ns>". Every fetch is checked
+    #: against it, and the digest covers it.
     version: str
     rows: int
     #: `formats.fingerprint` of the shard's schema.
@@ -178,6 +182,7 @@ def resolve(
 
         def read_meta() -> ShardEntry:
             with fs.open_input_file(info.path) as f:
+                version = source.content_identity(fs, info, f)
                 try:
                     rows, schema = reader.inspect(f)
                 except (ValueError, TypeError) as exc:
@@ -185,7 +190,6 @@ def resolve(
                     raise errors.InputError(
                         f"shard {info.path!r} is not readable as {fmt}: {exc}"
                     ) from exc
-            version = str(info.mtime_ns) if info.mtime_ns is not None else "0"
             return ShardEntry(rel, info.size or 0, version, rows, formats.fingerprint(schema))
 
         return source.with_retries(read_meta, what=f"reading {info.path}", policy=retry)

@@ -22,7 +22,7 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardcache import errors, formats, manifests, plans, source
+from shardcache import errors, formats, manifests, plans, source, uris
 from shardcache.contract import variables
 from shardcache.node import tiers
 
@@ -290,12 +290,26 @@ class CacheNode:
         mem_key = self.manifest.decoded_key(shard)
         if self.memory.contains(mem_key):
             return
+        key = self.manifest.source_key(shard)
         try:
-            disk_entry, _ = self.disk.get_or_insert(
-                self.manifest.source_key(shard),
-                entry.size,
-                lambda tmp: self._fetch(shard, tmp),
+            disk_entry, hit = self.disk.get_or_insert(
+                key, entry.size, lambda tmp: self._fetch(shard, tmp)
             )
+            if hit and not self._intact(shard, disk_entry.path):
+                # Checked against the manifest, not the entry's own meta file: whoever
+                # wrote the entry wrote that too. Fetched again, and checked on fetch.
+                disk_entry.release()
+                self.disk.evict(key)
+                disk_entry, hit = self.disk.get_or_insert(
+                    key, entry.size, lambda tmp: self._fetch(shard, tmp)
+                )
+                if hit and not self._intact(shard, disk_entry.path):
+                    disk_entry.release()  # another reader leases the bad entry: never served
+                    raise errors.ManifestMismatchError(
+                        f"shard {shard} ({entry.path}) in the disk tier is not the content "
+                        f"the manifest pinned ({entry.version}) and is in use elsewhere; "
+                        "retry once it is released"
+                    )
         except errors.ShardcacheError as exc:
             self._events.fetch_failed(shard, exc)
             raise
@@ -346,10 +360,29 @@ class CacheNode:
             self.manifest.shard_uri_path(shard),
             tmp,
             expected_size=entry.size,
-            what=f"fetching shard {shard} ({entry.path}) from {self.manifest.root}",
+            what=f"fetching shard {shard} ({entry.path}) from {uris.redact(self.manifest.root)}",
             policy=self.settings.retry,
+            identity=entry.version,
         )
         self._events.fetched(entry.size, time.monotonic() - started)
+
+    def _intact(self, shard: int, path: Path) -> bool:
+        """Whether a disk-tier hit holds the bytes the manifest pinned, where its identity
+        is a content hash (file:// sources); an ETag is checked on every fetch instead."""
+        identity = self.manifest.shards[shard].version
+        if not identity.startswith(source.SHA256_PREFIX):
+            return True
+        found = source.SHA256_PREFIX + tiers.sha256_file(path)
+        if found != identity:
+            log.warning(
+                "disk tier: shard %d (%s) is %s, the manifest pinned %s; fetching it again",
+                shard,
+                self.manifest.shards[shard].path,
+                found,
+                identity,
+            )
+            return False
+        return True
 
     def _decode(self, shard: int, path: Path) -> formats.Decoded:
         entry = self.manifest.shards[shard]
