@@ -389,13 +389,14 @@ class CacheNode:
         try:
             with pa.OSFile(str(path), "rb") as f:
                 # Bounded before decoding: a decompression bomb never reaches memory.
-                size = formats.decoded_size(self.manifest.format, f)
                 limit = self.settings.memory_limit
+                size = formats.decoded_size(self.manifest.format, f, limit=limit)
                 if size is not None and size > limit:
                     raise tiers.EntryTooLargeError(
-                        f"shard {shard} ({entry.path}) takes {size} bytes decoded (from its "
-                        f"metadata), more than the memory tier's {limit}: refused before "
-                        "decoding; raise cache.memory or write smaller shards",
+                        f"shard {shard} ({entry.path}) takes over {size} bytes decoded (from its "
+                        f"metadata) but the memory tier holds at most {limit} bytes: refused "
+                        "before decoding; raise the memory limit (cache.memory) or write "
+                        "smaller shards",
                         size=size,
                         limit=limit,
                     )

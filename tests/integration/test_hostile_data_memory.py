@@ -118,3 +118,36 @@ def test_cache_refuses_the_bomb_from_its_metadata_before_decoding(
     assert "REFUSED" in out and "refused before decoding" in out, out
     # The memory limit plus the interpreter, pyarrow and the cache: far below 1 GiB.
     assert peak < memory_limit + 200 * MiB, f"peak RSS {peak / MiB:.0f} MiB"
+
+
+def test_cache_refuses_a_parquet_dictionary_bomb_before_decoding(tmp_path: Path) -> None:
+    """A 32 KB Parquet shard whose one dictionary value repeats half a million times:
+    300 MB of strings once decoded."""
+    import pyarrow.parquet as pq
+
+    directory = tmp_path / "ds"
+    directory.mkdir()
+    rows = 500_000
+    column = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(rows, dtype=np.int32)), pa.array(["y" * 600])
+    )
+    # Without the stored Arrow schema a reader decodes the column as plain strings.
+    pq.write_table(
+        pa.table({"s": column}), directory / "bomb.parquet", compression="zstd", store_schema=False
+    )
+    assert (directory / "bomb.parquet").stat().st_size < 256 * 1024
+    memory_limit = 64 * MiB
+    peak, out = peak_rss(
+        f"""
+        import shardcache
+        from shardcache import errors
+        try:
+            with shardcache.open({directory.as_uri()!r}, cache_dir={str(tmp_path / "c")!r},
+                                 memory_limit={memory_limit}, fetch_concurrency=4) as ds:
+                next(iter(ds.batches(16)))
+        except errors.ShardcacheError as exc:
+            print("REFUSED", exc)
+        """
+    )
+    assert "REFUSED" in out and "refused before decoding" in out, out
+    assert peak < memory_limit + 200 * MiB, f"peak RSS {peak / MiB:.0f} MiB"
