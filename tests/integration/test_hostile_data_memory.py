@@ -143,7 +143,7 @@ def test_cache_refuses_a_parquet_dictionary_bomb_before_decoding(tmp_path: Path)
         from shardcache import errors
         try:
             with shardcache.open({directory.as_uri()!r}, cache_dir={str(tmp_path / "c")!r},
-                                 memory_limit={memory_limit}, fetch_concurrency=4) as ds:
+                                 memory_limit={memory_limit}) as ds:
                 next(iter(ds.batches(16)))
         except errors.ShardcacheError as exc:
             print("REFUSED", exc)
