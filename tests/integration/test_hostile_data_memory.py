@@ -47,10 +47,13 @@ def write_bomb(directory: Path) -> Path:
 
 def peak_rss(code: str) -> tuple[int, str]:
     """Run `code` in a fresh interpreter; (its peak RSS in bytes, its stdout)."""
+    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec, so a child
+    # of a large pytest process would report the parent's size.
     script = textwrap.dedent(code) + textwrap.dedent(
         """
-        import resource
-        print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        with open("/proc/self/status") as status:
+            hwm = next(line for line in status if line.startswith("VmHWM:"))
+        print("PEAK", int(hwm.split()[1]) * 1024)
         """
     )
     proc = subprocess.run(
