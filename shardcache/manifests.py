@@ -19,10 +19,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardcache import errors, formats, source
+from shardcache import errors, formats, source, uris
 
-MANIFEST_VERSION = 1
-_INSPECT_CONCURRENCY = 16
+#: 2: a shard's `version` is its content identity (`source.content_identity`), not
+#: its mtime; digests differ from version 1, so pins made before must be re-resolved.
+MANIFEST_VERSION = 2
+#: Shards inspected at once. Inspection reads metadata only (a JSON Lines shard in
+#: `jsonl.INSPECT_CHUNK` pieces), so memory is bounded by this times a few MiB, whatever
+#: the shards hold; 8 keeps a listing of thousands of shards fast on slow stores.
+_INSPECT_CONCURRENCY = 8
 _NO_FIELDS = formats.fingerprint(pa.schema([]))
 
 
@@ -31,7 +36,9 @@ class ShardEntry:
     #: Path relative to the manifest root, '/'-separated.
     path: str
     size: int
-    #: Object version: the etag where the store has one, else mtime in nanoseconds.
+    #: Content identity (`source.content_identity`): "etag:<ETag>" on object stores,
+    #: "sha256:<hex>" for local files, else "mtime:<ns>". Every fetch is checked
+    #: against it, and the digest covers it.
     version: str
     rows: int
     #: `formats.fingerprint` of the shard's schema.
@@ -132,7 +139,7 @@ def _list(fs: pafs.FileSystem, root: str, uri: str) -> list[pafs.FileInfo]:
         return [info]
     if info.type == pafs.FileType.NotFound:
         raise errors.InputError(
-            f"nothing found at {uri!r}: expected a file or a prefix with shards"
+            f"nothing found at {uris.redact(uri)!r}: expected a file or a prefix with shards"
         )
     selector = pafs.FileSelector(root, recursive=True)
     return [i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
@@ -152,7 +159,7 @@ def resolve(
     store keeps failing after retries.
     """
     fs, root = source.filesystem(uri, storage_options=storage_options)
-    what = f"listing {uri}"
+    what = f"listing {uris.redact(uri)}"
     infos = source.with_retries(lambda: _list(fs, root, uri), what=what, policy=retry)
     single = len(infos) == 1 and infos[0].path.rstrip("/") == root.rstrip("/")
     files: list[tuple[str, pafs.FileInfo]] = []
@@ -164,7 +171,7 @@ def resolve(
     files.sort(key=lambda f: f[0])
     if not files:
         raise errors.InputError(
-            f"empty dataset at {uri!r}: expected at least one shard file "
+            f"empty dataset at {uris.redact(uri)!r}: expected at least one shard file "
             "(names starting with '.' or '_' are ignored)"
         )
     fmt = format or formats.infer([info.path for _, info in files])
@@ -175,6 +182,7 @@ def resolve(
 
         def read_meta() -> ShardEntry:
             with fs.open_input_file(info.path) as f:
+                version = source.content_identity(fs, info, f)
                 try:
                     rows, schema = reader.inspect(f)
                 except (ValueError, TypeError) as exc:
@@ -182,7 +190,6 @@ def resolve(
                     raise errors.InputError(
                         f"shard {info.path!r} is not readable as {fmt}: {exc}"
                     ) from exc
-            version = str(info.mtime_ns) if info.mtime_ns is not None else "0"
             return ShardEntry(rel, info.size or 0, version, rows, formats.fingerprint(schema))
 
         return source.with_retries(read_meta, what=f"reading {info.path}", policy=retry)

@@ -9,6 +9,7 @@ or else from the process environment.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import random
@@ -18,9 +19,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardcache import errors
+from shardcache import errors, uris
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,11 +65,12 @@ def split_uri(uri: str) -> tuple[str, str]:
         if not uri:
             raise errors.InputError("expected a dataset URI such as s3://bucket/prefix, got ''")
         return "file", str(Path(uri).absolute())
+    uris.refuse_userinfo(uri, where="dataset URI")
     parsed = urllib.parse.urlsplit(uri)
     scheme = parsed.scheme.lower()
     if scheme not in SUPPORTED_SCHEMES:
         raise errors.InputError(
-            f"unsupported URI scheme {scheme!r} in {uri!r}: expected one of "
+            f"unsupported URI scheme {scheme!r} in {uris.redact(uri)!r}: expected one of "
             + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
         )
     if scheme == "file":
@@ -84,12 +87,14 @@ def filesystem(
         return pafs.LocalFileSystem(), path
     if scheme == "s3":
         if not path or path.startswith("/"):
-            raise errors.InputError(f"expected s3://BUCKET/PREFIX, got {uri!r}")
+            raise errors.InputError(f"expected s3://BUCKET/PREFIX, got {uris.redact(uri)!r}")
         return _s3(storage_options), path
     try:
         fs, inner = pafs.FileSystem.from_uri(uri)
     except (OSError, ValueError) as exc:
-        raise errors.InputError(f"cannot open a filesystem for {uri!r}: {exc}") from exc
+        raise errors.InputError(
+            f"cannot open a filesystem for {uris.redact(uri)!r}: {exc}"
+        ) from exc
     return fs, inner
 
 
@@ -170,6 +175,42 @@ def with_retries(op: Callable[[], T], *, what: str, policy: RetryPolicy | None =
     raise AssertionError("unreachable")
 
 
+#: Content identities (`content_identity`): what a manifest pins per shard.
+ETAG_PREFIX = "etag:"
+SHA256_PREFIX = "sha256:"
+MTIME_PREFIX = "mtime:"
+
+
+def _etag(stream: pa.NativeFile) -> str | None:
+    try:
+        value = stream.metadata().get("ETag")
+    except (OSError, NotImplementedError):
+        return None
+    if not value:
+        return None
+    text = value.decode() if isinstance(value, bytes) else str(value)
+    return text.strip('"')
+
+
+def content_identity(fs: pafs.FileSystem, info: pafs.FileInfo, opened: pa.NativeFile) -> str:
+    """What identifies a shard's bytes, pinned in the manifest and checked on every fetch.
+
+    The object store's ETag where it gives one (S3; it changes whenever the object is
+    written); for local files a sha256 of the content, since their mtime can be set
+    back; else the mtime, the weakest (docs/security.md).
+    """
+    etag = _etag(opened)
+    if etag:
+        return ETAG_PREFIX + etag
+    if isinstance(fs, pafs.LocalFileSystem):
+        h = hashlib.sha256()
+        with fs.open_input_stream(info.path) as f:
+            while chunk := f.read(_COPY_CHUNK):
+                h.update(chunk)
+        return SHA256_PREFIX + h.hexdigest()
+    return MTIME_PREFIX + str(info.mtime_ns if info.mtime_ns is not None else 0)
+
+
 def download(
     fs: pafs.FileSystem,
     path: str,
@@ -178,19 +219,36 @@ def download(
     expected_size: int,
     what: str,
     policy: RetryPolicy | None = None,
+    identity: str | None = None,
 ) -> None:
-    """Copy one object to a local file, retried as a whole; checks the size."""
+    """Copy one object to a local file, retried as a whole; checks the size and, when
+    given, the content identity the manifest pinned (`content_identity`). A changed
+    object raises `ManifestMismatchError` naming both identities; its bytes stay in
+    `dest`, which the caller discards: they are never served."""
 
     def attempt() -> None:
         written = 0
+        h = hashlib.sha256()
         with fs.open_input_stream(path) as src, open(dest, "wb") as out:
+            found_etag = _etag(src)
             while chunk := src.read(_COPY_CHUNK):
                 out.write(chunk)
+                h.update(chunk)
                 written += len(chunk)
         if written != expected_size:
             raise errors.ManifestMismatchError(
                 f"{what}: expected {expected_size} bytes as pinned in the manifest, "
                 f"found {written}: the object changed after the manifest was resolved"
+            )
+        found: str | None = None
+        if identity is not None and identity.startswith(ETAG_PREFIX):
+            found = ETAG_PREFIX + (found_etag or "none")
+        elif identity is not None and identity.startswith(SHA256_PREFIX):
+            found = SHA256_PREFIX + h.hexdigest()
+        if found is not None and found != identity:
+            raise errors.ManifestMismatchError(
+                f"{what}: the object is {found}, the manifest pinned {identity}: it changed "
+                "after the manifest was resolved and is not served; re-pin the dataset"
             )
 
     with_retries(attempt, what=what, policy=policy)

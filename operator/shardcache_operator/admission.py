@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardcache import errors
-from shardcache_operator import injection, specs, status
+from shardcache_operator import authority, injection, specs, status
 
 #: Returns the DatasetMount object (as the API serves it) or None when it does not exist.
 Lookup = Callable[[str, str], Mapping[str, Any] | None]
@@ -54,12 +54,14 @@ def decide(
     defaults: injection.SidecarDefaults,
     missing_policy: str = REFUSE,
     load: Callable[[Mapping[str, Any]], specs.DatasetMount] = specs.load,
+    policy: authority.Policy = authority.DEFAULT,
 ) -> Decision:
     """Inject the mounts the pod asks for, or refuse it naming the mount and the reason.
 
     `missing_policy` applies to DatasetMounts that do not exist; for existing ones
-    that are not Ready, their own spec.admission.policy decides. `load` parses a
-    mount object (the webhook's caches parsed specs per generation).
+    that are not Ready, their own spec.admission.policy decides. A DatasetMount that
+    asks for more than the platform's `policy` allows is refused whatever its state.
+    `load` parses a mount object (the webhook's caches parsed specs per generation).
     """
     unchanged = dict(pod)
     metadata = pod.get("metadata") or {}
@@ -67,7 +69,7 @@ def decide(
         wanted = injection.requested_mounts(metadata)
     except errors.InputError as exc:
         return Decision(False, unchanged, [], message=str(exc))
-    already = set(injection.injected_mounts(metadata))
+    already = set(injection.injected_mounts(pod))
     mounts: list[injection.Mount] = []
     warnings: list[str] = []
     for name in wanted:
@@ -91,6 +93,9 @@ def decide(
             mount = load(obj)
         except errors.InputError as exc:
             return Decision(False, unchanged, [], message=f"{where} is invalid: {exc}")
+        refused = authority.violations(mount.spec, policy, default_image=defaults.image)
+        if refused:
+            return Decision(False, unchanged, [], message=f"{where}: {'; '.join(refused)}")
         generation = (obj.get("metadata") or {}).get("generation")
         observed = (obj.get("status") or {}).get("observedGeneration")
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
@@ -118,7 +123,11 @@ def decide(
                 )
             warnings.append(f"{reason}; admitted without the cache for {name}")
             continue
-        mounts.append(injection.Mount(name=name, spec=mount.spec, digest=mount.manifest_digest))
+        mounts.append(
+            injection.Mount(
+                name=name, spec=mount.spec, digest=mount.manifest_digest, namespace=namespace
+            )
+        )
     if not mounts:
         return Decision(True, unchanged, [], warnings=tuple(warnings))
     try:
@@ -141,16 +150,28 @@ def review(
     lookup: Lookup,
     defaults: injection.SidecarDefaults,
     missing_policy: str = REFUSE,
+    policy: authority.Policy = authority.DEFAULT,
 ) -> dict[str, Any]:
     """An AdmissionReview v1 response to an AdmissionReview v1 request for a pod."""
-    decision = decide(
+    decision = admit(
         pod_of(request),
         namespace=namespace_of(request),
         lookup=lookup,
         defaults=defaults,
         missing_policy=missing_policy,
+        policy=policy,
     )
     return respond(request, decision)
+
+
+def admit(pod: Mapping[str, Any], *, namespace: str, **options: Any) -> Decision:
+    """`decide`, except that a pod the API server would not have stored (a field of
+    the wrong type) is refused with a message naming it, never an exception that
+    would answer 500 (tests/unit/test_fuzz_admission.py)."""
+    try:
+        return decide(pod, namespace=namespace, **options)
+    except errors.InputError as exc:
+        return Decision(False, dict(pod), [], message=f"the pod cannot be admitted: {exc}")
 
 
 def pod_of(request: Mapping[str, Any]) -> dict[str, Any]:

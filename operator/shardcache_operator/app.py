@@ -7,6 +7,7 @@ memo; the registry holds only wiring.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from typing import Any
@@ -20,6 +21,7 @@ from shardcache_operator import (
     health,
     kube,
     pod_watch,
+    sources,
     webhook,
 )
 
@@ -67,7 +69,17 @@ def build_registry(settings: configuration.Settings) -> kopf.OperatorRegistry:
 
 async def run(settings: configuration.Settings) -> None:
     """Run until SIGINT/SIGTERM; a standby replica waits in kopf's peering."""
-    memo = context.Context(settings=settings, api=kube.Api(kube.configure(settings.kubeconfig)))
+    # Tenants' sources are read with the access the platform allows (docs/security.md).
+    access = sources.Access(
+        file_sources=settings.allow_file_sources,
+        ambient_credentials=settings.allow_ambient_credentials,
+    )
+    memo = context.Context(
+        settings=settings,
+        api=kube.Api(kube.configure(settings.kubeconfig)),
+        resolve=functools.partial(sources.resolve_manifest, access=access),
+        probe=functools.partial(sources.probe_source, access=access),
+    )
     ready = asyncio.Event()
     runner = await health.start(settings.health_addr, settings.health_port, ready, memo.metrics)
     # Equal priorities make kopf freeze every replica; a random one elects an active

@@ -12,8 +12,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from shardcache import contract
+from shardcache import contract, errors
 from shardcache.contract import parsers
+from shardcache_operator import authority, specs
 
 ENV_PREFIX = "SHARDCACHE_OPERATOR_"
 POLICIES = ("Refuse", "Admit")
@@ -35,6 +36,21 @@ class Settings:
     #: What to do with a pod whose DatasetMount does not exist: Refuse (default: the
     #: trainer would fail later anyway, louder and later) or Admit without injection.
     missing_policy: str = "Refuse"
+
+    # --- what DatasetMounts may ask for (`authority.Policy`, docs/security.md) ----------
+    #: hostPath directories spec.cache.nodePath may name (chart: policy.nodePaths).
+    node_paths: tuple[str, ...] = authority.Policy.node_paths
+    #: Images spec.sidecar.image may name besides `sidecar_image` (policy.sidecarImages).
+    sidecar_images: tuple[str, ...] = authority.Policy.sidecar_images
+    #: Caps in bytes on spec.cache.memory and spec.cache.disk; quantities in env
+    #: ("64Gi"). See `authority.Policy` for why the defaults.
+    max_cache_memory: int = authority.Policy.max_cache_memory
+    max_cache_disk: int = authority.Policy.max_cache_disk
+    #: Resolve file:// sources (the operator's own filesystem): single-tenant only.
+    allow_file_sources: bool = False
+    #: Lend tenants' sources the operator's ambient cloud identity (no secretRef, or a
+    #: scheme other than s3://). Off: anonymous or refused (`sources.Access`).
+    allow_ambient_credentials: bool = False
 
     # --- what is watched ----------------------------------------------------------------
     #: Namespaces to serve; empty means all (cluster-wide).
@@ -99,9 +115,28 @@ class Settings:
     #: kubeconfig for running outside the cluster; unset uses in-cluster config first.
     kubeconfig: str | None = None
 
+    def policy(self) -> authority.Policy:
+        return authority.Policy(
+            node_paths=self.node_paths,
+            sidecar_images=self.sidecar_images,
+            max_cache_memory=self.max_cache_memory,
+            max_cache_disk=self.max_cache_disk,
+        )
 
-#: Text settings with a fixed set of values.
-_CHOICES: dict[str, parsers.Parser[Any]] = {"missing_policy": parsers.choice(*POLICIES)}
+
+def _quantity(text: str) -> int:
+    try:
+        return specs.parse_quantity(text, path="value")
+    except errors.InputError:
+        raise parsers.ParseError("a byte size like '64Gi' or 1048576", repr(text)) from None
+
+
+#: Settings whose text is not read by their annotated type alone.
+_CHOICES: dict[str, parsers.Parser[Any]] = {
+    "missing_policy": parsers.choice(*POLICIES),
+    "max_cache_memory": parsers.Parser("quantity", _quantity),
+    "max_cache_disk": parsers.Parser("quantity", _quantity),
+}
 
 
 def _parser(field: dataclasses.Field[Any]) -> parsers.Parser[Any]:
@@ -109,6 +144,8 @@ def _parser(field: dataclasses.Field[Any]) -> parsers.Parser[Any]:
     kind = str(field.type)
     if kind.startswith("bool"):
         return parsers.BOOLEAN
+    if field.name in _CHOICES:
+        return _CHOICES[field.name]
     if kind.startswith("int"):
         return parsers.integer()
     if kind.startswith("float"):

@@ -71,6 +71,8 @@ def field_schema(kind: Any, info: specs.FieldInfo) -> dict[str, Any]:
             schema["enum"] = list(info.enum)
         if info.pattern is not None:
             schema["pattern"] = info.pattern
+        if info.max_length is not None:
+            schema["maxLength"] = info.max_length
     else:
         raise TypeError(f"{info.json}: no schema for model type {kind!r}")
     if info.schema_default is not None:

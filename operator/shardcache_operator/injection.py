@@ -57,6 +57,11 @@ class Mount:
     name: str
     spec: specs.DatasetMountSpec
     digest: str | None
+    #: The namespace of the DatasetMount (and the pod): the sidecar keeps its disk tier
+    #: in a directory of its own below the node path, so one tenant's sidecars never
+    #: read what another's wrote (docs/security.md). None (offline, no namespace): the
+    #: node path itself.
+    namespace: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +79,8 @@ class SidecarDefaults:
     startup_timeout_seconds: int = 600
     #: First TCP port tried for a sidecar's probes/metrics; later mounts take the next free.
     metrics_port: int = contract.DEFAULT_METRICS_PORT
+    #: First TCP port tried for a sidecar's loopback web inspector.
+    ui_port: int = contract.DEFAULT_UI_PORT
 
 
 def requested_mounts(metadata: Mapping[str, Any]) -> list[str]:
@@ -99,16 +106,39 @@ def requested_mounts(metadata: Mapping[str, Any]) -> list[str]:
     return result
 
 
-def injected_mounts(metadata: Mapping[str, Any]) -> list[str]:
+def injected_mounts(pod: Mapping[str, Any]) -> list[str]:
+    """Mounts already injected into `pod`: named by its `shardcache.io/injected`
+    annotation *and* served by a native sidecar of ours in the pod.
+
+    The annotation alone proves nothing: the pod author can write it, and a labelled
+    pod must not skip injection that way (docs/security.md). The sidecar is recognised
+    by its restart policy and the mount it serves ($SHARDCACHE_MOUNT in its env).
+    """
+    metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     value = str(annotations.get(ANNOTATION_INJECTED) or "")
-    return [name for name in value.split(",") if name]
+    spec = pod.get("spec") or {}
+    init = spec.get("initContainers") if isinstance(spec, Mapping) else None
+    served: set[str] = set()
+    for container in init if isinstance(init, list) else []:
+        if not isinstance(container, Mapping) or container.get("restartPolicy") != "Always":
+            continue
+        env = container.get("env")
+        for entry in env if isinstance(env, list) else []:
+            if isinstance(entry, Mapping) and entry.get("name") == contract.ENV_MOUNT:
+                served.add(str(entry.get("value")))
+    return [name for name in value.split(",") if name and name in served]
 
 
 def _containers(spec: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
     value = spec.get(key) or []
     if not isinstance(value, list):
         raise errors.InputError(f"spec.{key}: expected a list, found {type(value).__name__}")
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise errors.InputError(
+                f"spec.{key}[{index}]: expected an object, found {type(item).__name__}"
+            )
     return value
 
 
@@ -166,8 +196,10 @@ def _sidecar(
         mount.name,
         mount.spec,
         digest=mount.digest,
+        namespace=mount.namespace,
         run_dir=defaults.run_dir,
         port=names.port,
+        ui_port=names.ui_port,
         world_size=_world_size(mount, annotations),
         rank_field=_rank_field(mount.spec, indexed_job),
     )
@@ -180,6 +212,32 @@ def _sidecar(
         run_as_user=defaults.run_as_user,
         startup_timeout_seconds=defaults.startup_timeout_seconds,
     )
+
+
+def refuse_unsafe_pod(pod_spec: Mapping[str, Any], mounts: Sequence[Mount]) -> None:
+    """Refuse pod settings that defeat the sidecar's isolation (docs/security.md).
+
+    * `shareProcessNamespace` (unless every mount allows it): the trainer could read
+      /proc/<sidecar>/environ, i.e. the credentials only the sidecar is given.
+    * `hostNetwork`: the sidecar's ports would bind the node's addresses, so its probes
+      and its loopback-only inspector would be reachable node-wide, and two such pods on
+      one node would collide on the same port.
+    """
+    names = ", ".join(m.name for m in mounts)
+    strict = [m.name for m in mounts if not m.spec.admission.allow_share_process_namespace]
+    if pod_spec.get("shareProcessNamespace") is True and strict:
+        raise errors.InputError(
+            f"pods using DatasetMount {', '.join(strict)} cannot set shareProcessNamespace: "
+            "the trainer could read the cache sidecar's environment, which holds the "
+            "source's credentials; remove it, or set spec.admission."
+            "allowShareProcessNamespace: true on the DatasetMount"
+        )
+    if pod_spec.get("hostNetwork") is True:
+        raise errors.InputError(
+            f"pods using DatasetMount {names} cannot set hostNetwork: the cache sidecar's "
+            "ports would open on the node's network and collide with other pods; run the "
+            "pod without hostNetwork"
+        )
 
 
 def inject(
@@ -200,10 +258,11 @@ def inject(
     metadata = result.setdefault("metadata", {})
     annotations = dict(metadata.get("annotations") or {})
     pod_spec = result.setdefault("spec", {})
-    done = injected_mounts(metadata)
+    done = injected_mounts(result)
     todo = [m for m in mounts if m.name not in done]
     if not todo:
         return result
+    refuse_unsafe_pod(pod_spec, todo)
     if indexed_job is None:
         indexed_job = ANNOTATION_JOB_INDEX in annotations
 
@@ -225,6 +284,7 @@ def inject(
         names = taken.allocate(
             mount.name,
             first_port=defaults.metrics_port,
+            first_ui_port=defaults.ui_port,
             checkpoints=mount.spec.checkpoint is not None,
         )
         parts = pod_volumes.volumes_for(mount.name, mount.spec, names, run_dir=defaults.run_dir)

@@ -109,7 +109,12 @@ def inject_document(
         if not mounts[name].manifest_digest
     ]
     selected = [
-        injection.Mount(name=name, spec=mounts[name].spec, digest=mounts[name].manifest_digest)
+        injection.Mount(
+            name=name,
+            spec=mounts[name].spec,
+            digest=mounts[name].manifest_digest,
+            namespace=mounts[name].namespace,
+        )
         for name in wanted
     ]
     try:

@@ -67,13 +67,27 @@ def checkpoint_uri(spec: specs.DatasetMountSpec, ranked_by_index: bool) -> str |
     return spec.checkpoint.uri
 
 
+def disk_dir(namespace: str | None) -> str:
+    """The sidecar's disk tier: one directory per namespace below the mounted node path.
+
+    Tenants do not share cache entries: a sidecar of one namespace never reads what a
+    sidecar of another wrote (the cost: a dataset two namespaces use is cached twice).
+    Namespace names are DNS labels, so the name is a safe single path component.
+    """
+    if not namespace:
+        return contract.DEFAULT_DISK_DIR
+    return f"{contract.DEFAULT_DISK_DIR}/ns-{namespace}"
+
+
 def sidecar_env(
     mount: str,
     spec: specs.DatasetMountSpec,
     *,
     digest: str | None,
+    namespace: str | None = None,
     run_dir: str,
     port: int,
+    ui_port: int,
     world_size: int | None,
     rank_field: str | None,
 ) -> list[dict[str, Any]]:
@@ -89,10 +103,11 @@ def sidecar_env(
         variables.SOCKET.env: contract.socket_path(run_dir, mount),
         variables.MANIFEST_DIGEST.env: digest,
         variables.MEMORY_DIR.env: contract.memory_dir(run_dir, mount),
-        variables.DISK_DIR.env: contract.DEFAULT_DISK_DIR,
+        variables.DISK_DIR.env: disk_dir(namespace),
         variables.WORLD_SIZE.env: world_size,
         variables.RANK.env: fixed_rank,
         variables.METRICS_PORT.env: port,
+        variables.UI_PORT.env: ui_port,
         variables.CHECKPOINT_URI.env: checkpoint_uri(spec, rank_field is not None),
     }
     env: list[dict[str, Any]] = []

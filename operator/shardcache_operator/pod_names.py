@@ -12,6 +12,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shardcache.contract import variables
+
+UI_PORT_ENV = variables.UI_PORT.env
+
 #: Kubernetes limits a port name to 15 characters (an IANA service name).
 PORT_NAME_LIMIT = 15
 #: The sidecar's name is `shardcache-<mount>` cut to this, leaving room for `-run`,
@@ -50,6 +54,8 @@ class MountNames:
     checkpoint_volume: str | None
     port: int
     port_name: str
+    #: The web inspector's port; loopback only, so it is declared on no container.
+    ui_port: int
 
 
 class Taken:
@@ -73,6 +79,13 @@ class Taken:
             if isinstance(p.get("containerPort"), int)
         }
         self.port_names = {str(p.get("name")) for c in every for p in c.get("ports") or []}
+        # Loopback ports of sidecars injected earlier: declared nowhere but in their env.
+        self.ports |= {
+            int(e["value"])
+            for c in every
+            for e in c.get("env") or []
+            if e.get("name") == UI_PORT_ENV and str(e.get("value", "")).isdigit()
+        }
 
     def port(self, first: int) -> int:
         """`first`, or the next number no container of the pod uses."""
@@ -82,7 +95,9 @@ class Taken:
         self.ports.add(port)
         return port
 
-    def allocate(self, mount: str, *, first_port: int, checkpoints: bool) -> MountNames:
+    def allocate(
+        self, mount: str, *, first_port: int, first_ui_port: int, checkpoints: bool
+    ) -> MountNames:
         """Names for one mount's sidecar, volumes and port, in a fixed order so that
         injecting the same pod twice gives the same names."""
         base = dns_label(f"shardcache-{mount}", limit=BASE_LIMIT)
@@ -92,4 +107,7 @@ class Taken:
         port = self.port(first_port)
         port_name = unique("shardcache", self.port_names, limit=PORT_NAME_LIMIT)
         checkpoint_volume = unique(f"{base}-ckpt", self.volumes) if checkpoints else None
-        return MountNames(sidecar, run_volume, disk_volume, checkpoint_volume, port, port_name)
+        ui_port = self.port(first_ui_port)
+        return MountNames(
+            sidecar, run_volume, disk_volume, checkpoint_volume, port, port_name, ui_port
+        )

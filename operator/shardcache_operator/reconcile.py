@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from shardcache import errors
+from shardcache import errors, uris
 from shardcache_operator import specs, status
 
 logger = logging.getLogger(__name__)
@@ -145,6 +145,7 @@ async def _check(
     if failure is not None:
         return failure
     uri = spec.source.uri
+    shown = uris.redact(uri)
     try:
         await asyncio.wait_for(asyncio.to_thread(probe, uri, options), timeout)
     except errors.InputError as exc:
@@ -160,13 +161,13 @@ async def _check(
             keeps_pin=True,
         )
     except TimeoutError:
-        message = f"{uri} did not answer within {timeout:g} s"
+        message = f"{shown} did not answer within {timeout:g} s"
         return status.Failed(
             status.Phase.DEGRADED, "SourceUnreachable", message, reachable=False, keeps_pin=True
         )
     except Exception as exc:  # report and carry on; the next check tries again
-        logger.exception("checking %s failed unexpectedly", uri)
-        message = f"unexpected error while checking {uri}: {exc!r}"
+        logger.exception("checking %s failed unexpectedly", shown)
+        message = f"unexpected error while checking {shown}: {exc!r}"
         return status.Failed(
             status.Phase.DEGRADED, "CheckFailed", message, reachable=None, keeps_pin=True
         )
@@ -185,6 +186,7 @@ async def _resolve(
     if failure is not None:
         return failure
     uri = spec.source.uri
+    shown = uris.redact(uri)
     try:
         manifest = await asyncio.wait_for(
             asyncio.to_thread(resolve, uri, spec.source.format, options), timeout
@@ -194,15 +196,15 @@ async def _resolve(
     except errors.SourceError as exc:
         return status.Failed(status.Phase.DEGRADED, "SourceUnreachable", str(exc), reachable=False)
     except TimeoutError:
-        message = f"resolving the manifest of {uri} took longer than {timeout:g} s"
+        message = f"resolving the manifest of {shown} took longer than {timeout:g} s"
         return status.Failed(status.Phase.DEGRADED, "ResolveTimeout", message, reachable=False)
     except Exception as exc:  # a bug or an unforeseen library error: report, retry, live on
-        logger.exception("resolving %s failed unexpectedly", uri)
-        message = f"unexpected error while resolving {uri}: {exc!r}"
+        logger.exception("resolving %s failed unexpectedly", shown)
+        message = f"unexpected error while resolving {shown}: {exc!r}"
         return status.Failed(status.Phase.DEGRADED, "ResolveFailed", message, reachable=None)
     if spec.source.version and manifest.digest != spec.source.version:
         message = (
-            f"spec.source.version pins {spec.source.version}, but {uri} has manifest "
+            f"spec.source.version pins {spec.source.version}, but {shown} has manifest "
             f"{manifest.digest}: restore the pinned data or update spec.source.version"
         )
         return status.Failed(status.Phase.INVALID, "DigestMismatch", message, reachable=True)

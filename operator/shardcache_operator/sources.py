@@ -1,27 +1,80 @@
 """The source I/O the reconcile core is given: manifest resolution and a cheap probe.
 
 Both block (pyarrow filesystems); the core runs them in threads with a timeout.
+
+The operator reads sources that tenants name, so it never lends them its own identity
+(`Access`, docs/security.md): an s3:// source without `spec.source.secretRef` is read
+anonymously, never with the operator's ambient credentials (environment, instance
+metadata, a projected service account token); other object stores, whose clients
+would use the operator's cloud identity, and file:// (the operator's own filesystem)
+are refused, unless the platform allows them in the chart's values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import pyarrow.fs as pafs
 
-from shardcache import errors, manifests, source
+from shardcache import errors, manifests, source, uris
 from shardcache_operator import reconcile
 
 
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """What the operator may use to read a tenant's source (chart values `policy.*`)."""
+
+    #: Resolve file:// URIs. Off: they name the operator pod's own files, which a
+    #: tenant must not list; on for single-tenant and local clusters.
+    file_sources: bool = False
+    #: Use the operator's ambient credentials for sources without a secretRef, and
+    #: read object stores other than s3:// (their clients use the operator's identity).
+    ambient_credentials: bool = False
+
+
+def storage_options(
+    uri: str, options: Mapping[str, str] | None, access: Access
+) -> Mapping[str, str] | None:
+    """The storage options the operator reads `uri` with, or `InputError` saying why
+    the operator does not read it at all."""
+    scheme, _ = source.split_uri(uri)
+    if scheme == "file":
+        if not access.file_sources:
+            raise errors.InputError(
+                "file:// sources are not resolved by the operator: the path would be read "
+                "on the operator's own filesystem, not where your pods run; use an object "
+                "store URI (a platform can allow file:// with the chart value "
+                "policy.allowFileSources on a single-tenant cluster)"
+            )
+        return options
+    if access.ambient_credentials:
+        return options
+    if scheme != "s3":
+        raise errors.InputError(
+            f"{scheme}:// sources are not resolved by the operator: its client would use the "
+            "operator's own cloud identity; use s3:// (with spec.source.secretRef, or a "
+            "public bucket read anonymously), or ask the platform for the chart value "
+            "policy.allowAmbientCredentials"
+        )
+    # No Secret: anonymous (`source.filesystem` reads an empty mapping as "no credentials"),
+    # never the operator's environment.
+    return options if options is not None else {}
+
+
 def resolve_manifest(
-    uri: str, fmt: str, storage_options: Mapping[str, str] | None
+    uri: str, fmt: str, storage_options_: Mapping[str, str] | None, *, access: Access | None = None
 ) -> reconcile.ManifestLike:
-    return manifests.resolve(uri, format=fmt, storage_options=storage_options)
+    options = storage_options(uri, storage_options_, access or Access())
+    return manifests.resolve(uri, format=fmt, storage_options=options)
 
 
-def probe_source(uri: str, storage_options: Mapping[str, str] | None) -> None:
+def probe_source(
+    uri: str, storage_options_: Mapping[str, str] | None, *, access: Access | None = None
+) -> None:
     """Two metadata requests at most: does the dataset's root still exist, non-empty?"""
-    fs, root = source.filesystem(uri, storage_options=storage_options)
+    options = storage_options(uri, storage_options_, access or Access())
+    fs, root = source.filesystem(uri, storage_options=options)
 
     def present() -> bool:
         info = fs.get_file_info(root)
@@ -33,5 +86,7 @@ def probe_source(uri: str, storage_options: Mapping[str, str] | None) -> None:
         selector = pafs.FileSelector(root, recursive=False, allow_not_found=True)
         return bool(fs.get_file_info(selector))
 
-    if not source.with_retries(present, what=f"checking {uri}"):
-        raise errors.InputError(f"nothing found at {uri!r} any more: the pinned data is gone")
+    if not source.with_retries(present, what=f"checking {uris.redact(uri)}"):
+        raise errors.InputError(
+            f"nothing found at {uris.redact(uri)!r} any more: the pinned data is gone"
+        )

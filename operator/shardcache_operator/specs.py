@@ -28,7 +28,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from shardcache import contract, errors
+from shardcache import contract, errors, uris
 from shardcache.contract import parsers, variables
 
 GROUP = "shardcache.io"
@@ -46,12 +46,22 @@ RANK_SOURCES = ("JobCompletionIndex", "Fixed", "Reader")
 PULL_POLICIES = ("IfNotPresent", "Always", "Never")
 
 #: A byte size: a non-negative integer or a Kubernetes quantity without fractions of a byte.
-QUANTITY_PATTERN = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[kMGTPE]|([eE]\+?[0-9]+))?$"
+#: At most 19 digits and a decimal exponent of at most 18, so "1e5000" or "1e30" never
+#: reach the parser from the API server; the parser caps the value at `MAX_BYTES`.
+QUANTITY_PATTERN = (
+    r"^\+?(([0-9]{1,19}(\.[0-9]{0,19})?)|(\.[0-9]{1,19}))"
+    r"(([KMGTPE]i)|[kMGTPE]|([eE]\+?(1[0-8]|0?[0-9])))?$"
+)
+#: Largest byte size: a Kubernetes quantity is an int64 of bytes.
+MAX_BYTES = 2**63 - 1
 #: Any Kubernetes resource quantity (CPU may use milli units, e.g. "250m").
 RESOURCE_QUANTITY_PATTERN = (
     r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE]\+?[0-9]+))?$"
 )
 URI_PATTERN = r"^[a-z][a-z0-9+.-]*://.+$"
+NODE_PATH_PATTERN = r"^(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+$"
+#: Longest URI: far beyond any real bucket path, small enough for CEL's cost budget.
+MAX_URI_LENGTH = 2048
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 RESTORE_PATTERN = r"^(latest|none|[0-9]+)$"
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -70,10 +80,12 @@ def parse_quantity(value: object, *, path: str = "quantity") -> int:
     if isinstance(value, bool):
         raise errors.InputError(f"{path}: expected a byte size like '2Gi', found {value!r}")
     if isinstance(value, int):
-        if value < 0:
-            raise errors.InputError(f"{path}: expected a non-negative byte size, found {value}")
+        if not 0 <= value <= MAX_BYTES:
+            raise errors.InputError(
+                f"{path}: expected a byte size from 0 to {MAX_BYTES}, found {value}"
+            )
         return value
-    if not isinstance(value, str) or not _QUANTITY_RE.match(value.strip()):
+    if not isinstance(value, str) or len(value) > 64 or not _QUANTITY_RE.match(value.strip()):
         raise errors.InputError(
             f"{path}: expected a non-negative byte size like '2Gi', '500M' or 1048576, "
             f"found {value!r}"
@@ -90,6 +102,11 @@ def parse_quantity(value: object, *, path: str = "quantity") -> int:
     amount = decimal.Decimal(number) * multiplier
     if amount != amount.to_integral_value():
         raise errors.InputError(f"{path}: {value!r} is not a whole number of bytes")
+    if amount > MAX_BYTES:
+        raise errors.InputError(
+            f"{path}: {value!r} is over the largest byte size a Kubernetes quantity holds "
+            f"({MAX_BYTES} bytes, just under 8Ei)"
+        )
     return int(amount)
 
 
@@ -123,6 +140,8 @@ class FieldInfo:
     pattern: str | None = None
     minimum: int | None = None
     maximum: int | None = None
+    #: Longest accepted string; also bounds the API server's CEL cost estimate.
+    max_length: int | None = None
     #: Map values are resource quantities (CPU "250m", memory "1Gi").
     resource_map: bool = False
 
@@ -185,6 +204,17 @@ def field_info(field: dataclasses.Field[Any]) -> FieldInfo:
     return info
 
 
+#: URIs are copied into pod env, status and events: credentials in them are refused.
+_URI_WITHOUT_USERINFO = Rule(
+    cel=(
+        f"!has(self.uri) || !self.uri.matches('{uris.USERINFO_CEL_PATTERN}') "
+        f"|| self.uri.matches('{uris.CONTAINER_CEL_PATTERN}')"
+    ),
+    message=f"uri: {uris.ADVICE}",
+    check=lambda s: not uris.has_userinfo(s.uri),
+)
+
+
 # --- the model ---------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class SecretRef:
@@ -203,11 +233,15 @@ class SecretRef:
 class SourceSpec:
     """Where the dataset lives."""
 
+    rules: ClassVar[tuple[Rule, ...]] = (_URI_WITHOUT_USERINFO,)
+
     uri: str = _field(
         "uri",
         "URI of the dataset: a directory or glob of shard files on any pyarrow filesystem "
-        "(s3://bucket/prefix, gs://..., hdfs://..., file:///...).",
+        "(s3://bucket/prefix, gs://..., hdfs://..., file:///...). Credentials in the URI "
+        "(user:password@) are refused: use secretRef.",
         pattern=URI_PATTERN,
+        max_length=MAX_URI_LENGTH,
     )
     format: str = _field(
         "format",
@@ -217,8 +251,9 @@ class SourceSpec:
     )
     secret_ref: SecretRef | None = _field(
         "secretRef",
-        "Secret with the object store endpoint and credentials. Omit for public "
-        "buckets or when the node's identity grants access.",
+        "Secret with the object store endpoint and credentials. Omit for public s3:// "
+        "buckets: the operator then reads the source anonymously (never with its own "
+        "identity), and the sidecar with the pod's own identity.",
         default=None,
     )
     version: str | None = _field(
@@ -258,16 +293,21 @@ class CacheSpec:
     disk: int = _quantity(
         "disk",
         variables.DISK_LIMIT.required_default,
-        "Byte limit of the node-local disk tier (source bytes, LRU, shared by all pods on "
-        "the node that use the same nodePath).",
+        "Byte limit of the node-local disk tier (source bytes, LRU, shared by the pods of "
+        "this namespace on the node that use the same nodePath; each namespace has its own "
+        "directory below it).",
     )
     node_path: str = _field(
         "nodePath",
         "Directory on the node (hostPath, created if missing) that holds the disk tier. "
         "It must be writable by the sidecar's user: the chart's node-cache DaemonSet "
-        "prepares the default path on every node.",
+        "prepares the default path on every node. Only paths the platform allows "
+        "(chart value policy.nodePaths) are admitted.",
         default=contract.DEFAULT_DISK_DIR,
-        pattern=r"^/.*",
+        # Absolute, no "." or ".." segments, no "//": compared exactly with the
+        # platform's allow-list (`authority.Policy.node_paths`).
+        pattern=NODE_PATH_PATTERN,
+        max_length=255,
     )
 
 
@@ -370,11 +410,15 @@ class ShardingSpec:
 class CheckpointSpec:
     """Checkpoint upload and restore (carried out by the sidecar's checkpoint agent)."""
 
+    rules: ClassVar[tuple[Rule, ...]] = (_URI_WITHOUT_USERINFO,)
+
     uri: str = _field(
         "uri",
         "Object store prefix checkpoints are uploaded to (s3://bucket/run-42/). Uses the "
-        "source's secretRef for credentials. Ranked pods publish under <uri>/rank-<rank>.",
+        "source's secretRef for credentials (credentials in the URI are refused). Ranked "
+        "pods publish under <uri>/rank-<rank>.",
         pattern=URI_PATTERN,
+        max_length=MAX_URI_LENGTH,
     )
     keep_last: int = _field(
         "keepLast",
@@ -460,8 +504,11 @@ class SidecarSpec:
 
     image: str | None = _field(
         "image",
-        "Sidecar image. Omit to use the operator's configured default image.",
+        "Sidecar image. Omit to use the operator's configured default image; another "
+        "image must be on the platform's list (chart value policy.sidecarImages), since "
+        "the sidecar receives the source's credentials.",
         default=None,
+        max_length=512,
     )
     image_pull_policy: str = _field(
         "imagePullPolicy",
@@ -484,6 +531,13 @@ class AdmissionSpec:
         "mount and why) or Admit it without injection.",
         default="Refuse",
         enum=POLICIES,
+    )
+    allow_share_process_namespace: bool = _field(
+        "allowShareProcessNamespace",
+        "Admit pods with shareProcessNamespace: true. Default false: in such a pod the "
+        "trainer can read the sidecar's environment, which holds the object store "
+        "credentials; allow it only for a source whose credentials the trainer may have.",
+        default=False,
     )
 
 
@@ -612,6 +666,10 @@ def _convert(kind: Any, info: FieldInfo, raw: object, *, path: str) -> Any:
         if info.enum is not None and raw not in info.enum:
             raise errors.InputError(
                 f"{path}: expected one of {', '.join(info.enum)}, found {raw!r}"
+            )
+        if info.max_length is not None and len(raw) > info.max_length:
+            raise errors.InputError(
+                f"{path}: expected at most {info.max_length} characters, found {len(raw)}"
             )
         if info.pattern is not None and not re.match(info.pattern, raw):
             raise errors.InputError(

@@ -159,10 +159,11 @@ async def decide(
     fetched: dict[str, Mapping[str, Any] | Exception | None] = {}
     try:
         wanted = injection.requested_mounts(metadata)
+        injected = injection.injected_mounts(pod)
     except errors.InputError:
-        wanted = []  # decide() refuses with the message
+        wanted, injected = [], ()  # admit() refuses with the message
     for name in wanted:
-        if name in injection.injected_mounts(metadata):
+        if name in injected:
             continue
         fetched[name] = memo.mounts.lookup(index, namespace, name, now=time.monotonic())
         if fetched[name] is not None:
@@ -184,13 +185,14 @@ async def decide(
             raise admission.LookupFailed(str(found))
         return found
 
-    decision = admission.decide(
+    decision = admission.admit(
         pod,
         namespace=namespace,
         lookup=lookup,
         defaults=defaults_of(memo.settings),
         missing_policy=memo.settings.missing_policy,
         load=functools.partial(memo.mounts.load, known=len(index)),
+        policy=memo.settings.policy(),
     )
     memo.metrics.admission_duration.observe(time.monotonic() - started)
     result = "refused" if not decision.allowed else "injected" if decision.patch else "unchanged"

@@ -9,10 +9,12 @@ docs/checkpoints.md.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
 import secrets
+import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -83,6 +85,56 @@ class LocalCheckpoint:
 
 
 # --- files of the protocol ------------------------------------------------------------
+#: Largest protocol file read (markers, statuses, requests are a few hundred bytes; a
+#: data_state may be larger): a bound on what the agent reads for the trainer.
+MAX_PROTOCOL_FILE = 4 << 20
+
+
+def read_small_text(path: Path) -> str:
+    """The text of a protocol file, never through a symbolic link.
+
+    The sidecar's agent reads these files for the trainer, which can write the volume:
+    a link (to the sidecar's own files) or a special file is refused with an
+    `InputError` naming the path, and nothing of what it points to is read.
+    Missing files raise `FileNotFoundError` as usual.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise errors.InputError(
+                f"{path}: is a symbolic link; shardcache's protocol files are never read "
+                "through links: write the file itself"
+            ) from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise errors.InputError(f"{path}: is not a regular file; refused")
+        if info.st_size > MAX_PROTOCOL_FILE:
+            raise errors.InputError(
+                f"{path}: {info.st_size} bytes, over the {MAX_PROTOCOL_FILE} a protocol file "
+                "may have"
+            )
+        data = f.read(MAX_PROTOCOL_FILE + 1)
+    return data.decode("utf-8")
+
+
+def refuse_linked_dir(path: Path) -> None:
+    """Raise `InputError` if `path` exists as anything but a real directory (a link
+    to elsewhere, a file): nothing is written through it."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        raise errors.InputError(
+            f"{path}: is a symbolic link or not a directory; shardcache writes its status "
+            "files only into a real directory: remove it (the agent recreates it)"
+        )
+
+
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Write JSON so a reader sees the old file or the new one, never a torn one.
 
@@ -91,8 +143,11 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     long enough to show up in the trainer's step time.
     """
     tmp = path.with_name(f"{RESERVED_PREFIX}tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    # Exclusive and no-follow: a link planted under the temporary name is not written
+    # through; the rename then replaces whatever `path` is (a link itself, not its target).
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        with open(tmp, "w", encoding="utf-8") as out:
+        with os.fdopen(os.open(tmp, flags, 0o644), "w", encoding="utf-8") as out:
             json.dump(data, out, sort_keys=True)
         os.replace(tmp, path)
     finally:
@@ -112,10 +167,12 @@ def parse_marker(text: str, *, where: str) -> Marker:
         return Marker(step=int(stripped))
     try:
         data = json.loads(stripped)
-    except json.JSONDecodeError as exc:
+    except json.JSONDecodeError:
+        # The content is not echoed: it is the trainer's, but status files are read widely.
         raise errors.InputError(
-            f'{where}: expected JSON {{"step": N}} or a step number, found {stripped[:80]!r}'
-        ) from exc
+            f'{where}: expected JSON {{"step": N}} or a step number, found {len(stripped)} '
+            "bytes that are neither"
+        ) from None
     if isinstance(data, int):
         return Marker(step=check_step(data, what=where))
     if not isinstance(data, dict):
@@ -140,9 +197,11 @@ def read_marker(checkpoint: Path) -> Marker | None:
     """The marker of a checkpoint directory, or None while it is not committed."""
     path = checkpoint / MARKER_NAME
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_small_text(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except UnicodeDecodeError:
+        raise errors.InputError(f"{path}: expected UTF-8 text") from None
     return parse_marker(text, where=str(path))
 
 
@@ -156,7 +215,8 @@ def status_path(checkpoint: Path) -> Path:
 
 def read_status(checkpoint: Path) -> Status | None:
     try:
-        data = json.loads(status_path(checkpoint).read_text(encoding="utf-8"))
+        refuse_linked_dir(status_path(checkpoint).parent)
+        data = json.loads(read_small_text(status_path(checkpoint)))
         return Status(
             phase=data["phase"],
             step=int(data["step"]),
@@ -166,13 +226,14 @@ def read_status(checkpoint: Path) -> Status | None:
         )
     except (FileNotFoundError, NotADirectoryError):
         return None
-    except (ValueError, KeyError, TypeError):
-        # A status from another version: the agent rewrites it; treat as unknown.
+    except (ValueError, KeyError, TypeError, errors.InputError):
+        # A status from another version (or a link): the agent rewrites it; unknown.
         return None
 
 
 def write_status(checkpoint: Path, status: Status) -> None:
     path = status_path(checkpoint)
+    refuse_linked_dir(path.parent)
     path.parent.mkdir(exist_ok=True)
     write_json_atomic(path, status.to_json())
 
@@ -183,8 +244,8 @@ def remove_status(checkpoint: Path) -> None:
 
 def read_root_file(root: Path, name: str) -> dict[str, Any] | None:
     try:
-        data = json.loads((root / name).read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
+        data = json.loads(read_small_text(root / name))
+    except (FileNotFoundError, ValueError, errors.InputError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -277,11 +338,11 @@ def parse_request(text: str, *, request_id: str, where: str) -> RestoreRequest |
     """
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except ValueError:
         raise errors.InputError(
             f'{where}: expected a JSON restore request {{"version": {PROTOCOL_VERSION}, '
-            f'"kind": "restore", "id", "step"}}, found {text.strip()[:80]!r}'
-        ) from exc
+            f'"kind": "restore", "id", "step"}}, found {len(text)} bytes that are not JSON'
+        ) from None
     if not isinstance(data, dict):
         raise errors.InputError(f"{where}: expected a JSON object, found {type(data).__name__}")
     if data.get("version") != PROTOCOL_VERSION:

@@ -91,13 +91,15 @@ class CheckpointManifest:
                 f"{where}: checkpoint layout version {data.get('version')!r} is not "
                 f"supported: expected {LAYOUT_VERSION} (written by another shardcache version)"
             )
+        raw_files = data.get("files")
+        if not isinstance(raw_files, list):
+            raise CorruptCheckpointError(f"{where}: expected 'files' to be a list")
         try:
             manifest = cls(
                 step=int(data["step"]),
                 name=str(data["name"]),
                 files=tuple(
-                    FileEntry(str(f["path"]), int(f["size"]), str(f["sha256"]))
-                    for f in data["files"]
+                    _entry(f, where=f"{where}: files[{i}]") for i, f in enumerate(raw_files)
                 ),
                 data_state=data.get("data_state"),
                 created_at=float(data["created_at"]),
@@ -112,7 +114,52 @@ class CheckpointManifest:
         check_name(manifest.name, where=where)
         for f in manifest.files:
             check_relpath(f.path, where=where)
+        _check_tree(manifest.files, where=where)
         return manifest
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _entry(raw: object, *, where: str) -> FileEntry:
+    """One `files` entry, checked so a hostile manifest fails here, naming the entry,
+    and never deeper (a NUL byte in a path, a negative size)."""
+    if not isinstance(raw, dict):
+        raise CorruptCheckpointError(f"{where}: expected an object with path, size, sha256")
+    path, size, digest = raw.get("path"), raw.get("size"), raw.get("sha256")
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise CorruptCheckpointError(
+            f"{where}: path {path!r} is not a usable file name (empty, not text, or a NUL byte)"
+        )
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise CorruptCheckpointError(
+            f"{where} {path!r}: size {size!r} is not a byte count (an integer >= 0)"
+        )
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        raise CorruptCheckpointError(
+            f"{where} {path!r}: sha256 {digest!r} is not 64 lowercase hex digits"
+        )
+    return FileEntry(path, size, digest)
+
+
+def _check_tree(files: tuple[FileEntry, ...], *, where: str) -> None:
+    """No path twice, and none that is both a file and a directory ("a" and "a/b")."""
+    paths = {f.path for f in files}
+    if len(paths) != len(files):
+        seen: set[str] = set()
+        for f in files:
+            if f.path in seen:
+                raise CorruptCheckpointError(f"{where}: file {f.path!r} is listed twice")
+            seen.add(f.path)
+    for f in files:
+        parts = f.path.split("/")
+        for i in range(1, len(parts)):
+            parent = "/".join(parts[:i])
+            if parent in paths:
+                raise CorruptCheckpointError(
+                    f"{where}: {parent!r} is listed as a file and as the directory of "
+                    f"{f.path!r}; a path cannot be both"
+                )
 
 
 def _digest(body: Mapping[str, Any]) -> str:
@@ -121,7 +168,7 @@ def _digest(body: Mapping[str, Any]) -> str:
 
 
 def check_name(name: str, *, where: str) -> None:
-    if not name or "/" in name or name.startswith(".") or name in ("..",):
+    if not name or "/" in name or "\x00" in name or name.startswith(".") or name in ("..",):
         raise CorruptCheckpointError(f"{where}: invalid checkpoint directory name {name!r}")
 
 

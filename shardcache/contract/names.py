@@ -40,6 +40,7 @@ ENV_BLOCK_SIZE: Final = variables.BLOCK_SIZE.env
 ENV_WORLD_SIZE: Final = variables.WORLD_SIZE.env
 ENV_RANK: Final = variables.RANK.env
 ENV_METRICS_PORT: Final = variables.METRICS_PORT.env
+ENV_UI_PORT: Final = variables.UI_PORT.env
 ENV_METRICS_HOST: Final = variables.METRICS_HOST.env
 ENV_LOG_FORMAT: Final = variables.LOG_FORMAT.env
 ENV_LOG_LEVEL: Final = variables.LOG_LEVEL.env
@@ -84,3 +85,4 @@ def memory_dir(run_dir: str | Path, mount: str) -> Path:
 #: TCP port of the sidecar's HTTP endpoints that kubelet and Prometheus reach
 #: (/healthz, /readyz, /metrics, /ui). The control API stays on the Unix socket.
 DEFAULT_METRICS_PORT: Final = variables.METRICS_PORT.required_default
+DEFAULT_UI_PORT: Final = variables.UI_PORT.required_default

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from shardcache import errors
+from shardcache import errors, uris
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -151,6 +151,15 @@ def _text(text: str) -> str:
     return text
 
 
+def _uri(text: str) -> str:
+    if not text:
+        raise ParseError("a URI such as s3://bucket/prefix", repr(text))
+    if uris.has_userinfo(text):
+        # The refusal names the variable but never echoes the credentials.
+        raise ParseError(f"a URI without credentials ({uris.ADVICE})", repr(uris.redact(text)))
+    return text
+
+
 def _path(text: str) -> str:
     # Relative paths are fine for a sidecar started by hand; pods get absolute ones.
     if not text:
@@ -200,6 +209,8 @@ SECONDS: Parser[float] = Parser("seconds > 0", _seconds)
 NUMBER: Parser[float] = Parser("number", _number)
 TEXT: Parser[str] = Parser("string", _text)
 PATH: Parser[str] = Parser("path", _path)
+#: A dataset or checkpoint URI; one with credentials in it is refused (`shardcache.uris`).
+URI: Parser[str] = Parser("URI", _uri)
 WORDS: Parser[tuple[str, ...]] = Parser("comma-separated list", words)
 #: A manifest digest as the operator pins it (only the algorithm prefix is checked here;
 #: the sidecar compares the whole digest with the one it resolves).

@@ -169,8 +169,9 @@ DISK_DIR: Final = Variable(
     parsers.PATH,
     "/var/cache/shardcache",
     _SIDECAR,
-    "The node disk tier in the sidecar container (the hostPath spec.cache.nodePath is "
-    "mounted here).",
+    "The node disk tier in the sidecar container. The hostPath spec.cache.nodePath is "
+    "mounted at the default; the webhook points each sidecar at `ns-<namespace>` below "
+    "it, so tenants never share cache entries.",
     injected=_IN_SIDECAR,
 )
 METRICS_PORT: Final = Variable(
@@ -178,8 +179,18 @@ METRICS_PORT: Final = Variable(
     parsers.integer(minimum=0, maximum=65535),
     8470,
     _SIDECAR,
-    "TCP port of /healthz, /readyz, /metrics and /ui; the webhook picks the first free "
-    "port from this one. The control API stays on the Unix socket.",
+    "TCP port of /healthz, /readyz and /metrics (nothing else: the inspector has its "
+    "own loopback port); the webhook picks the first free port from this one. The "
+    "control API stays on the Unix socket.",
+    injected=_IN_SIDECAR,
+)
+UI_PORT: Final = Variable(
+    "SHARDCACHE_UI_PORT",
+    parsers.integer(minimum=0, maximum=65535),
+    8490,
+    _SIDECAR,
+    "TCP port of the web inspector (/ui), bound to 127.0.0.1 only: reach it with "
+    "kubectl port-forward; the webhook picks the first free port from this one.",
     injected=_IN_SIDECAR,
 )
 METRICS_HOST: Final = Variable(
@@ -208,7 +219,7 @@ LOG_LEVEL: Final = Variable(
 # --- the dataset and its cache ------------------------------------------------------
 SOURCE_URI: Final = Variable(
     "SHARDCACHE_SOURCE_URI",
-    parsers.TEXT,
+    parsers.URI,
     None,
     _SIDECAR,
     "Dataset URI (s3://bucket/prefix, file:///data, ...). Required by the sidecar.",
@@ -363,7 +374,7 @@ CHECKPOINT_DIR: Final = Variable(
 )
 CHECKPOINT_URI: Final = Variable(
     "SHARDCACHE_CHECKPOINT_URI",
-    parsers.TEXT,
+    parsers.URI,
     None,
     _AGENT,
     "Object store prefix checkpoints are published under (ranked pods: `<uri>/rank-<rank>`). "
@@ -470,6 +481,7 @@ TABLE: Final[tuple[Variable[Any], ...]] = (
     WORLD_SIZE,
     RANK,
     METRICS_PORT,
+    UI_PORT,
     METRICS_HOST,
     LOG_FORMAT,
     LOG_LEVEL,

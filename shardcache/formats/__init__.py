@@ -86,6 +86,22 @@ class Decoded:
 _IPC_OPTIONS = ipc.IpcWriteOptions(compression=None)
 
 
+def decoded_size(name: str, source: pa.NativeFile, *, limit: int) -> int | None:
+    """Bytes the shard will take decoded, without decoding it (a number over `limit` as
+    soon as it is known to exceed it), or None when the format cannot say (JSON Lines:
+    its text is about its decoded size, so `decode` is the check).
+
+    Called before `decode` so a small file that decodes to gigabytes (a decompression
+    bomb, a dictionary expanding a million-fold) is refused without being decoded
+    (issue 13, row 4; docs/security.md).
+    """
+    if name == "arrow":
+        return arrow.decoded_size(source)
+    if name == "parquet":
+        return parquet.decoded_size(source, limit=limit)
+    return None
+
+
 def decode(name: str, source: pa.NativeFile) -> Decoded:
     """Decode a whole shard into one uncompressed record batch and size its IPC file."""
     table = get(name).read(source)

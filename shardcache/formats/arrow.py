@@ -5,6 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from shardcache.formats import ipc_messages
+
 EXTENSIONS: tuple[str, ...] = (".arrow", ".feather", ".ipc", ".arrows")
 
 
@@ -18,12 +20,14 @@ def _open(source: pa.NativeFile) -> ipc.RecordBatchFileReader | ipc.RecordBatchS
 
 
 def inspect(source: pa.NativeFile) -> tuple[int, pa.Schema]:
-    reader = _open(source)
-    if isinstance(reader, ipc.RecordBatchFileReader):
-        rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
-    else:
-        rows = sum(batch.num_rows for batch in reader)
-    return rows, reader.schema
+    """Rows and schema from metadata only: no batch is read or decompressed."""
+    schema = _open(source).schema
+    return ipc_messages.totals(source).rows, schema
+
+
+def decoded_size(source: pa.NativeFile) -> int:
+    """Bytes the shard takes once decoded, from metadata only."""
+    return ipc_messages.totals(source).decoded_bytes
 
 
 def read(source: pa.NativeFile) -> pa.Table:

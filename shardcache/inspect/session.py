@@ -185,13 +185,17 @@ class Inspector:
         epochs: int = 1,
         limit: int = 100,
         skips: Mapping[int, Sequence[states.Skip]] | None = None,
+        max_rows: int | None = None,
     ) -> WhereResult:
         """Samples matching `expression`, and at which (epoch, rank, step) each is seen in
         `epochs` epochs from `query.epoch` at `query`'s world size and batch size; with
-        `skips` (per rank), a sample its rank skipped is marked so."""
+        `skips` (per rank), a sample its rank skipped is marked so.
+
+        `max_rows` bounds the rows scanned (a served inspector's cost per request); past
+        it the result is truncated like one past `limit`."""
         if epochs < 1:
             raise errors.InputError(f"epochs must be >= 1, got {epochs}")
-        indices, truncated = self.matching(expression, limit=limit)
+        indices, truncated = self.matching(expression, limit=limit, max_rows=max_rows)
         m = self.manifest
         found: list[locate.Sighting] = []
         for epoch in range(query.epoch, query.epoch + epochs):
@@ -201,15 +205,21 @@ class Inspector:
         found.sort(key=lambda s: (s.index, s.epoch))
         return WhereResult(expression, indices, found, truncated)
 
-    def matching(self, expression: str, *, limit: int = 100) -> tuple[list[int], bool]:
+    def matching(
+        self, expression: str, *, limit: int = 100, max_rows: int | None = None
+    ) -> tuple[list[int], bool]:
         """Dataset-wide indices of the first `limit` samples matching `expression`, in
-        manifest order, and whether more matched."""
+        manifest order (scanning at most `max_rows` rows), and whether more may match."""
         pred = predicate.parse(expression)
         predicate.check(pred, self.schema)
         m = self.manifest
         offsets = plans.shard_offsets(m.shard_rows)
         indices: list[int] = []
+        scanned = 0
         for shard in range(len(m.shards)):
+            if max_rows is not None and scanned + m.shard_rows[shard] > max_rows:
+                return indices, True
+            scanned += m.shard_rows[shard]
             batch = self.rows.read(shard).select(pred.columns)
             for row in predicate.matching_rows(pred, batch):
                 if len(indices) == limit:

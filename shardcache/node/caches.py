@@ -22,7 +22,7 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardcache import errors, faultpoints, formats, manifests, plans, source
+from shardcache import errors, faultpoints, formats, manifests, plans, source, uris
 from shardcache.contract import variables
 from shardcache.node import quotas, tiers
 
@@ -320,13 +320,28 @@ class CacheNode:
         # each) share the fetch concurrency: a 2-CPU pod with 16 ranks waiting on cold
         # shards decodes two at a time, not sixteen. Only the fetch and the decode
         # count: the insert below may wait for room, which must not hold a slot.
+        key = self.manifest.source_key(shard)
         with self._working:
             try:
-                disk_entry, _ = self.disk.get_or_insert(
-                    self.manifest.source_key(shard),
-                    entry.size,
-                    lambda tmp: self._fetch(shard, tmp),
+                disk_entry, hit = self.disk.get_or_insert(
+                    key, entry.size, lambda tmp: self._fetch(shard, tmp)
                 )
+                if hit and not self._intact(shard, disk_entry.path):
+                    # Checked against the manifest, not the entry's own meta file:
+                    # whoever wrote the entry wrote that too. Fetched again, and checked
+                    # on fetch.
+                    disk_entry.release()
+                    self.disk.evict(key)
+                    disk_entry, hit = self.disk.get_or_insert(
+                        key, entry.size, lambda tmp: self._fetch(shard, tmp)
+                    )
+                    if hit and not self._intact(shard, disk_entry.path):
+                        disk_entry.release()  # another reader leases the bad entry
+                        raise errors.ManifestMismatchError(
+                            f"shard {shard} ({entry.path}) in the disk tier is not the "
+                            f"content the manifest pinned ({entry.version}) and is in use "
+                            "elsewhere; retry once it is released"
+                        )
             except errors.ShardcacheError as exc:
                 self._events.fetch_failed(shard, exc)
                 raise
@@ -337,7 +352,7 @@ class CacheNode:
                 # Bytes that are not the pinned shard (damaged on the way) are not
                 # kept: the next acquire fetches again instead of meeting them from
                 # the disk tier.
-                self.disk.evict(self.manifest.source_key(shard))
+                self.disk.evict(key)
                 raise
         faultpoints.reach("cache.decode")
         try:
@@ -385,16 +400,48 @@ class CacheNode:
             self.manifest.shard_uri_path(shard),
             tmp,
             expected_size=entry.size,
-            what=f"fetching shard {shard} ({entry.path}) from {self.manifest.root}",
+            what=f"fetching shard {shard} ({entry.path}) from {uris.redact(self.manifest.root)}",
             policy=self.settings.retry,
+            identity=entry.version,
         )
         faultpoints.reach("cache.fetch")
         self._events.fetched(entry.size, time.monotonic() - started)
+
+    def _intact(self, shard: int, path: Path) -> bool:
+        """Whether a disk-tier hit holds the bytes the manifest pinned, where its identity
+        is a content hash (file:// sources); an ETag is checked on every fetch instead."""
+        identity = self.manifest.shards[shard].version
+        if not identity.startswith(source.SHA256_PREFIX):
+            return True
+        found = source.SHA256_PREFIX + tiers.sha256_file(path)
+        if found != identity:
+            log.warning(
+                "disk tier: shard %d (%s) is %s, the manifest pinned %s; fetching it again",
+                shard,
+                self.manifest.shards[shard].path,
+                found,
+                identity,
+            )
+            return False
+        return True
 
     def _decode(self, shard: int, path: Path) -> formats.Decoded:
         entry = self.manifest.shards[shard]
         try:
             with pa.OSFile(str(path), "rb") as f:
+                # Bounded before decoding: a decompression bomb never reaches memory.
+                limit = self.settings.memory_limit
+                size = formats.decoded_size(self.manifest.format, f, limit=limit)
+                if size is not None and size > limit:
+                    raise tiers.EntryTooLargeError(
+                        f"shard {shard} ({entry.path}) takes over {size} bytes decoded (from its "
+                        f"metadata) but the memory tier holds at most {limit} bytes: refused "
+                        "before decoding; raise the memory limit (cache.memory) or write "
+                        "smaller shards",
+                        size=size,
+                        limit=limit,
+                    )
+                f.seek(0)
                 decoded = formats.decode(self.manifest.format, f)
         except (ValueError, TypeError, OSError) as exc:
             raise errors.InputError(

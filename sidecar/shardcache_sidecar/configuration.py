@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shardcache import contract, errors, plans, sidecar_client
+from shardcache import contract, errors, plans, sidecar_client, uris
 from shardcache.contract import variables
 from shardcache.node import caches
 from shardcache_sidecar.checkpoint import agent_config
@@ -60,6 +60,9 @@ class Settings:
     #: TCP address of /healthz, /readyz and /metrics for kubelet and Prometheus.
     metrics_host: str = variables.METRICS_HOST.required_default
     metrics_port: int = variables.METRICS_PORT.required_default
+    #: TCP port of the web inspector. It binds `UI_HOST` only: the inspector reads the
+    #: dataset, so it is never reachable from the pod network (port-forward reaches it).
+    ui_port: int = variables.UI_PORT.required_default
     #: Seconds the sidecar keeps its own hold on a shard it handed to a client that did
     #: not take it over (the client died between the answer and its lock). The handover
     #: takes milliseconds; 30 s tolerates a stalled trainer without pinning for long.
@@ -82,6 +85,7 @@ class Settings:
                 f"no dataset source: set ${contract.ENV_SOURCE_URI} or --source, "
                 "e.g. s3://bucket/prefix"
             )
+        uris.refuse_userinfo(self.source_uri, where="the dataset source")
         size = len(os.fsencode(self.socket_path))
         if size > sidecar_client.MAX_SOCKET_PATH_BYTES:
             raise errors.InputError(
@@ -102,10 +106,11 @@ class Settings:
         for name in ("handoff_timeout", "acquire_timeout"):
             if getattr(self, name) <= 0:
                 raise errors.InputError(f"{name} must be > 0 seconds, found {getattr(self, name)}")
-        if not 0 <= self.metrics_port <= 65535:
-            raise errors.InputError(
-                f"metrics port must be in [0, 65535], found {self.metrics_port}"
-            )
+        for name in ("metrics_port", "ui_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise errors.InputError(
+                    f"{name} must be in [0, 65535], found {getattr(self, name)}"
+                )
         if self.log_format not in ("json", "text"):
             raise errors.InputError(
                 f"log format must be 'json' or 'text', found {self.log_format!r}"
@@ -138,6 +143,9 @@ class Settings:
             fetch_concurrency=self.fetch_concurrency,
         )
 
+
+#: Where the web inspector listens: loopback only, never the pod IP (docs/security.md).
+UI_HOST = "127.0.0.1"
 
 #: A sidecar started by hand without a mount name serves this one (in a pod the
 #: webhook always names it; the client has no such fallback, see `variables.MOUNT`).
@@ -177,6 +185,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("rank", variables.RANK, "--rank"),
     Option("metrics_host", variables.METRICS_HOST, "--metrics-host"),
     Option("metrics_port", variables.METRICS_PORT, "--metrics-port"),
+    Option("ui_port", variables.UI_PORT, "--ui-port"),
     Option("log_format", variables.LOG_FORMAT, "--log-format"),
     Option("log_level", variables.LOG_LEVEL, "--log-level"),
 )

@@ -154,6 +154,7 @@ def sidecar(
             (variables.MEMORY_LIMIT, memory_limit),
             (variables.DISK_LIMIT, disk_limit),
             (variables.METRICS_PORT, port),
+            (variables.UI_PORT, free_port()),
             (variables.METRICS_HOST, "127.0.0.1"),
             (variables.LOG_FORMAT, "text"),
         ]

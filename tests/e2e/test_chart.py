@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 import tarfile
+from typing import Any
 
 import kubernetes.client
 import pytest
@@ -148,6 +149,29 @@ def test_rendered_chart_passes_server_side_dry_run(
     applied = [line for line in result.stdout.splitlines() if line.strip()]
     assert len(applied) == len(documents(rendered)), result.stdout
     assert all("(server dry run)" in line for line in applied), result.stdout
+
+
+def test_network_policy_admits_only_the_namespace_and_the_scrapers(
+    e2e_cluster: harness.Cluster, release: Release
+) -> None:
+    """The optional NetworkPolicy, applied through the real API server (dry run)."""
+    rendered = render(
+        e2e_cluster,
+        "--set=networkPolicy.enabled=true",
+        f"--set=networkPolicy.namespaces={{{release.secret_namespace}}}",
+        '--set-json=networkPolicy.metricsFrom=[{"namespaceSelector":{}}]',
+        "--show-only=templates/networkpolicy.yaml",
+    )
+    (policy,) = documents(rendered)
+    spec: Any = policy["spec"]
+    assert spec["podSelector"]["matchExpressions"][0]["key"] == "shardcache.io/mount"
+    same_namespace, scrapers = spec["ingress"]
+    assert same_namespace == {"from": [{"podSelector": {}}]}
+    assert scrapers["ports"] == [{"protocol": "TCP", "port": 8470, "endPort": 8479}]
+    result = e2e_cluster.run("kubectl", "apply", "--dry-run=server", "-f", "-", stdin=rendered)
+    assert "networkpolicy" in result.stdout and "(server dry run)" in result.stdout
+    # Off by default.
+    assert "NetworkPolicy" not in {doc["kind"] for doc in documents(render(e2e_cluster))}
 
 
 def test_notes_say_how_the_release_is_wired(e2e_cluster: harness.Cluster, release: Release) -> None:

@@ -162,6 +162,11 @@ def test_malformed_request_is_answered_as_failed_and_the_agent_serves_the_next(
 
     assert tree(root / "step-1") == files_of(1)
     for path, reason in ((junk, "expected a JSON restore request"), (bad_step, "integer >= 0")):
+        # Requests are served in name order and the trainer's id is random: a bad request
+        # may come after the good one, so wait for its answer.
+        deadline = time.monotonic() + 30
+        while "phase" not in path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
         answer = json.loads(path.read_text())
         assert answer["phase"] == "failed" and reason in answer["error"]
     assert agent.readiness()[0]

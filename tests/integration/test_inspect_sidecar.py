@@ -1,10 +1,11 @@
-"""The inspector against a real sidecar: /ui on its metrics port, and
+"""The inspector against a real sidecar: /ui on its loopback port, and
 `shardcache inspect --mount` through its control socket."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -51,15 +52,18 @@ def reader_uids(data: tuple[str, Path], *, rank: int, step: int) -> list[int]:
         return [int(u) for u in list(ds.batches(BATCH))[step].column("uid").to_pylist()]
 
 
-def get(proc: SidecarProcess, path: str) -> tuple[int, str, bytes]:
+def get(proc: SidecarProcess, path: str, *, port: int | None = None) -> tuple[int, str, bytes]:
+    """GET `path`: /ui paths on the inspector's port, the rest on the probe port."""
+    if port is None:
+        port = proc.ui_port if path.startswith("/ui") else proc.port
     try:
-        with urllib.request.urlopen(f"http://{HOST}:{proc.port}{path}", timeout=30) as r:
+        with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=30) as r:
             return r.status, r.headers.get("Content-Type", ""), r.read()
     except urllib.error.HTTPError as err:
         return err.code, err.headers.get("Content-Type", ""), err.read()
 
 
-def test_ui_on_the_metrics_port_shows_what_the_reader_gets(
+def test_ui_on_its_loopback_port_shows_what_the_reader_gets(
     sidecar: SidecarProcess, data: tuple[str, Path]
 ) -> None:
     status, _, body = get(sidecar, "/ui/api/info")
@@ -112,6 +116,37 @@ def test_ui_never_shows_credentials_and_is_not_on_the_control_socket(
         assert SECRET.encode() not in body
     status, _ = sidecar.control("GET", "/ui")
     assert status == 404
+
+
+def test_ui_is_not_on_the_probe_port_and_listens_on_loopback_only(
+    sidecar: SidecarProcess,
+) -> None:
+    # The probe port (the pod IP in a pod) answers probes and metrics, never /ui.
+    for path in ("/ui", "/ui/api/info", "/ui/api/step"):
+        assert get(sidecar, path, port=sidecar.port)[0] == 404, path
+    assert get(sidecar, "/metrics")[0] == 200
+    # Bound to 127.0.0.1 itself, not to every address: another address of this host
+    # (127.0.0.2 is one on Linux) gets no answer.
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.2", sidecar.ui_port), timeout=5).close()
+    assert get(sidecar, "/ui/api/info")[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("query", "limit"),
+    [
+        ("batch_size=100000000", "limit of 1024 rows"),
+        ("batch_size=1024&columns=" + ",".join(["uid"] * 17), "limit of 16384 cells"),
+        (f"block_size={BLOCK - 1}", f"floor of {BLOCK} rows"),
+    ],
+)
+def test_over_limit_requests_get_a_4xx_that_names_the_limit(
+    sidecar: SidecarProcess, query: str, limit: str
+) -> None:
+    status, _, body = get(sidecar, f"/ui/api/step?rank=0&step=0&{query}")
+    assert status == 400
+    assert limit in json.loads(body)["error"]
+    assert get(sidecar, "/healthz")[0] == 200
 
 
 def test_inspect_mount_reads_through_the_sidecar(

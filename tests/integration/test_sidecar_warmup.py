@@ -152,11 +152,17 @@ def test_a_startup_shard_larger_than_the_memory_tier_keeps_readyz_closed_and_say
     proc = sidecar_factory(uri, env=env, args=NO_SHUFFLE)
     proc.start()
     status, body = poll_readyz(proc, lambda s, b: "never" in warm_gate(b)["reason"])
+    # Refused before decoding (docs/security.md): the size said is the one the shard's
+    # metadata gives, a bound the decoded file stays near.
+    manifest = shardcache.resolve(uri)
+    with pa.OSFile(f"{uri.removeprefix('file://')}/{manifest.shards[2].path}", "rb") as f:
+        reported = formats.decoded_size(manifest.format, f, limit=limit)
+    assert reported is not None and reported > limit
     expected = (
-        f"shard 2 of the first 4 startup shards is {sizes[2]} bytes decoded, more than the "
+        f"shard 2 of the first 4 startup shards is {reported} bytes decoded, more than the "
         f"whole memory tier holds (limit {limit} bytes): it can never be resident and every "
         f"read of it fails; raise spec.cache.memory ({contract.ENV_MEMORY_LIMIT}) above "
-        f"{sizes[2]} bytes"
+        f"{reported} bytes"
     )
     assert status == 503
     assert warm_gate(body) == {"name": "warm", "ok": False, "reason": expected}

@@ -67,6 +67,8 @@ class SidecarProcess:
         self.disk_dir = self.workdir / "disk"
         self.log_path = self.workdir / "sidecar.log"
         self.port = free_port()
+        #: The web inspector's loopback port.
+        self.ui_port = free_port()
         self.source_uri = source_uri
         self.extra_env = dict(env or {})
         self.args = list(args or [])
@@ -92,6 +94,7 @@ class SidecarProcess:
             contract.ENV_MOUNT: MOUNT,
             contract.ENV_DISK_DIR: str(self.disk_dir),
             contract.ENV_METRICS_PORT: str(self.port),
+            contract.ENV_UI_PORT: str(self.ui_port),
             "SHARDCACHE_METRICS_HOST": HOST,
             **self.extra_env,
         }

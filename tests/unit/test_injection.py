@@ -150,7 +150,7 @@ def test_sidecar_env_carries_the_spec_and_the_pinned_digest() -> None:
     assert env[contract.ENV_SOCKET] == str(contract.socket_path(run_dir, "imagenet"))
     assert env[contract.ENV_MEMORY_DIR] == str(contract.memory_dir(run_dir, "imagenet"))
     assert env[contract.ENV_MEMORY_LIMIT] == str(2 * 2**30)
-    assert env[contract.ENV_DISK_DIR] == contract.DEFAULT_DISK_DIR
+    assert env[contract.ENV_DISK_DIR] == f"{contract.DEFAULT_DISK_DIR}/ns-ml"
     assert env[contract.ENV_DISK_LIMIT] == str(50 * 2**30)
     assert env[contract.ENV_PREFETCH_DEPTH] == "9"
     assert env[contract.ENV_SEED] == "42"

@@ -79,7 +79,7 @@ def test_example_job_is_injected_exactly_as_the_pure_function_does(
     mount = specs.load(yaml.safe_load(EXAMPLE_DSM.read_text()))
     expected = injection.inject(
         original["spec"]["template"],
-        [injection.Mount(mount.name, mount.spec, mount.manifest_digest)],
+        [injection.Mount(mount.name, mount.spec, mount.manifest_digest, mount.namespace)],
         defaults=injection.SidecarDefaults(image=configuration.Settings().sidecar_image),
         indexed_job=True,
     )

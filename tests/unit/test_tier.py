@@ -494,3 +494,16 @@ def test_scan_leaves_an_entry_alone_while_its_lease_is_held(tmp_path: Path) -> N
         os.close(fd)
     assert t.scan().removed_incomplete == 1
     assert not (t.root / "committing").exists()
+
+
+def test_eviction_never_deletes_a_file_the_tier_did_not_create(tmp_path: Path) -> None:
+    """Issue 13, row 6: a file already in the (shared, node-wide) directory, named like
+    an entry but never committed by the tier, survives eviction."""
+    t, _ = make_tier(tmp_path, limit=32 * KIB)
+    t.root.mkdir(parents=True, exist_ok=True)
+    foreign = t.root / "precious"
+    foreign.write_bytes(b"y" * (8 * KIB))
+    for i in range(4):
+        put(t, f"k{i}", 8 * KIB)
+    assert foreign.read_bytes() == b"y" * (8 * KIB)
+    assert len(t.keys()) >= 2

@@ -482,8 +482,10 @@ class Tier:
                         f"bytes free, {key} needs {size}; not evicting (evict=False)"
                     )
                 if used + size > self.limit_bytes:
+                    # Only entries this tier committed (data and meta): a file it did
+                    # not create in a shared directory is never deleted (docs/security.md).
                     used, leased = _eviction.evict_for(
-                        listing.data,
+                        listing.committed(),
                         used=used,
                         size=size,
                         limit=self.limit_bytes,

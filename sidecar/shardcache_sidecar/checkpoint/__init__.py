@@ -11,6 +11,7 @@ specified in docs/checkpoints.md.
     restorer.py   manifest -> verified files in the volume, reusing intact local copies
     retention.py  keep the last N, move the pointer forward
     layout.py     object names, the manifest and pointer formats (versioned)
+    nofollow.py   files of the volume opened without following the trainer's links
     agent_config.py  typed settings from the environment (contract rows)
     metrics.py    Prometheus series and the hooks the transfer code calls
 

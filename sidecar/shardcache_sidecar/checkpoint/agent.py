@@ -195,7 +195,7 @@ class Agent:
                 continue
             path = self.root / name
             try:
-                text = path.read_text(encoding="utf-8")
+                text = _protocol.read_small_text(path)
                 parsed = _protocol.parse_request(text, request_id=request_id, where=str(path))
             except FileNotFoundError:
                 continue  # withdrawn by the trainer
@@ -309,10 +309,7 @@ class Agent:
             except errors.InputError as exc:
                 if status is None or status.phase != "failed":
                     log.error("%s", exc)
-                    _protocol.write_status(
-                        path,
-                        _protocol.Status("failed", -1, error=str(exc), updated_at=time.time()),
-                    )
+                    self._set_failed(path, -1, str(exc), retryable=False)
                 continue
             if marker is None:
                 continue
@@ -331,7 +328,15 @@ class Agent:
         """Publish everything committed so far; the steps published."""
         published = []
         for path, marker in self.pending():
-            if self.publish(path, marker):
+            try:
+                done = self.publish(path, marker)
+            except errors.InputError as exc:
+                # The volume refuses what the agent writes (the trainer turned the status
+                # directory into a link): nothing is written through it; tried again later.
+                log.error("checkpoint step %d in %s is not uploaded: %s", marker.step, path, exc)
+                self._retry_at[path] = time.monotonic() + self.settings.retry_interval
+                continue
+            if done:
                 published.append(marker.step)
         return published
 
@@ -422,7 +427,7 @@ class Agent:
                     "failed", step, error=error, retryable=retryable, updated_at=time.time()
                 ),
             )
-        except OSError as exc:  # the directory itself is gone
+        except (OSError, errors.InputError) as exc:  # the directory is gone, or a link
             log.warning("cannot record the failure in %s: %s", path, exc)
 
     # --- lifecycle ----------------------------------------------------------------
@@ -459,6 +464,13 @@ class Agent:
                 self._restore_error = str(exc)
                 log.error("checkpoint restore failed: %s", exc)
                 self._tell(False, f"checkpoint restore failed: {exc}")
+                return
+            except Exception as exc:  # a bug or a hostile input no check foresaw
+                # The thread must outlive it: keep serving commits and requests, and say
+                # in /readyz what is wrong instead of "restoring" forever.
+                self._restore_error = f"unexpected error ({exc!r}); see the sidecar's log"
+                log.exception("checkpoint restore failed unexpectedly")
+                self._tell(False, f"checkpoint restore failed: {self._restore_error}")
                 return
 
     def _serve_logged(self) -> None:

@@ -25,7 +25,7 @@ import pyarrow.fs as pafs
 
 from shardcache import contract, errors, faultpoints, source, states
 from shardcache.checkpoint import _protocol, layout
-from shardcache_sidecar.checkpoint import agent_config, metrics, uploader
+from shardcache_sidecar.checkpoint import agent_config, metrics, nofollow, uploader
 
 log = logging.getLogger(__name__)
 #: Piece size of parallel ranged downloads: large enough that a request's latency is
@@ -184,13 +184,13 @@ def restore_step(
     staging.mkdir()
 
     def intact(entry: layout.FileEntry) -> bool:
-        return _intact(dest / entry.path, entry)
+        return _intact(dest, entry)
 
     def fetch(task: tuple[layout.FileEntry, int, int]) -> None:
         entry, offset, length = task
         remote = layout.data_path(prefix, step, entry.path)
         source.with_retries(
-            lambda: _fetch_range(fs, remote, staging / entry.path, entry, offset, length),
+            lambda: _fetch_range(fs, remote, staging, entry, offset, length),
             what=f"downloading {remote} [{offset}, {offset + length})",
             policy=retry,
         )
@@ -198,7 +198,7 @@ def restore_step(
         faultpoints.reach("checkpoint.restore.fetch")
 
     def verify(entry: layout.FileEntry) -> None:
-        found = uploader.sha256_file(staging / entry.path)
+        found = uploader.sha256_file(staging, entry.path)
         if found != entry.sha256:
             remote = layout.data_path(prefix, step, entry.path)
             raise layout.CorruptCheckpointError(
@@ -215,10 +215,12 @@ def restore_step(
             for entry in reused:
                 obs.transferred("reused", entry.size)
             for entry in missing:
-                target = staging / entry.path
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with open(target, "wb") as out:
-                    out.truncate(entry.size)
+                # The trainer can write the volume: no link below staging is followed.
+                fd = nofollow.open_write(staging, entry.path, create=True)
+                try:
+                    os.ftruncate(fd, entry.size)
+                finally:
+                    os.close(fd)
             # Large files as parallel ranged reads, all files' ranges on one pool.
             tasks = [(e, off, n) for e in missing for off, n in ranges(e.size)]
             list(pool.map(fetch, tasks))
@@ -305,12 +307,21 @@ def record_applied(
         log.warning("could not record the applied skip of step %d: %s", request.step, exc)
 
 
-def _intact(local: Path, entry: layout.FileEntry) -> bool:
+def _intact(dest: Path, entry: layout.FileEntry) -> bool:
+    """Whether `dest/entry.path` is a regular file (reached without links) with the
+    entry's size and sha256: a link the trainer planted is never reused."""
     try:
-        if not local.is_file() or local.stat().st_size != entry.size:
+        fd = nofollow.open_read(dest, entry.path)
+    except (OSError, errors.InputError):
+        return False
+    try:
+        if os.fstat(fd).st_size != entry.size:
             return False
-        return uploader.sha256_file(local) == entry.sha256
-    except OSError:
+    finally:
+        os.close(fd)
+    try:
+        return uploader.sha256_file(dest, entry.path) == entry.sha256
+    except (OSError, errors.InputError):
         return False
 
 
@@ -322,7 +333,7 @@ def ranges(size: int) -> list[tuple[int, int]]:
 def _fetch_range(
     fs: pafs.FileSystem,
     remote: str,
-    target: Path,
+    staging: Path,
     entry: layout.FileEntry,
     offset: int,
     length: int,
@@ -335,7 +346,7 @@ def _fetch_range(
         data = src.read_at(length, offset) if length else b""
     if len(data) != length:
         raise errors.SourceError(f"{remote}: short read at {offset}: {len(data)} of {length}")
-    fd = os.open(target, os.O_WRONLY)
+    fd = nofollow.open_write(staging, entry.path)
     try:
         os.pwrite(fd, data, offset)
     finally:
@@ -348,7 +359,7 @@ def _assemble(dest: Path, staging: Path, reused: list[layout.FileEntry], wanted:
         return  # the copy on the node is the checkpoint already
     for entry in reused:
         target = staging / entry.path
-        target.parent.mkdir(parents=True, exist_ok=True)
+        nofollow.make_parents(staging, entry.path)
         os.replace(dest / entry.path, target)
     if dest.exists():
         trash = dest.with_name(f"{TRASH_PREFIX}{dest.name}")
@@ -361,4 +372,7 @@ def _assemble(dest: Path, staging: Path, reused: list[layout.FileEntry], wanted:
 
 
 def _files(directory: Path) -> set[str]:
-    return {rel for rel, _ in uploader.list_files(directory)}
+    try:
+        return {rel for rel, _ in uploader.list_files(directory)}
+    except errors.InputError:
+        return set()  # a link or special file in it: the directory is rebuilt

@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 
 from shardcache import errors, faultpoints, source
 from shardcache.checkpoint import _protocol, layout
-from shardcache_sidecar.checkpoint import metrics
+from shardcache_sidecar.checkpoint import metrics, nofollow
 
 log = logging.getLogger(__name__)
 #: Read size when streaming a file: a multiple of pyarrow's multipart part size
@@ -66,34 +66,29 @@ class Window:
 
 
 def list_files(directory: Path) -> list[tuple[str, int]]:
-    """(relative path, size) of every file of a checkpoint, sorted; protocol files left out."""
-    if not directory.is_dir():
+    """(relative path, size) of every file of a checkpoint, sorted; protocol files left out.
+
+    A symbolic link or special file anywhere in the directory refuses the checkpoint
+    (`nofollow.SymlinkError`, named in its status): the agent never follows one.
+    """
+    if not directory.is_dir() or directory.is_symlink():
         raise errors.InputError(
             f"checkpoint directory {str(directory)!r} disappeared before it was uploaded"
         )
-    found: list[tuple[str, int]] = []
-    for dirpath, dirnames, filenames in os.walk(directory):
-        dirnames.sort()
-        base = Path(dirpath)
-        for name in filenames:
-            if name.startswith(_protocol.RESERVED_PREFIX):
-                continue
-            path = base / name
-            rel = path.relative_to(directory).as_posix()
-            try:
-                size = path.stat().st_size
-            except OSError as exc:
-                raise errors.InputError(
-                    f"cannot read checkpoint file {str(path)!r}: {exc}"
-                ) from exc
-            found.append((rel, size))
-    found.sort()
-    return found
+    try:
+        return nofollow.regular_files(directory, skip_prefix=_protocol.RESERVED_PREFIX)
+    except nofollow.SymlinkError as exc:
+        raise nofollow.SymlinkError(f"checkpoint {directory.name!r}: {exc}") from None
+    except OSError as exc:
+        raise errors.InputError(
+            f"cannot list checkpoint directory {str(directory)!r}: {exc}"
+        ) from exc
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(root: Path, rel: str) -> str:
+    """sha256 of the regular file `root/rel`, opened without following links."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(nofollow.open_read(root, rel), "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -111,7 +106,8 @@ def sha256_object(fs: pafs.FileSystem, path: str) -> tuple[str, int]:
 
 def put_file(
     fs: pafs.FileSystem,
-    local: Path,
+    directory: Path,
+    rel: str,
     remote: str,
     *,
     expected_size: int,
@@ -123,11 +119,14 @@ def put_file(
     The stream is flushed whenever the file has queued its share of `window`.
     """
     window = window or Window()
+    local = directory / rel
     h = hashlib.sha256()
     sent = 0
     unflushed = 0
     try:
-        src = open(local, "rb")  # noqa: SIM115 - closed below, after the stream
+        src = os.fdopen(nofollow.open_read(directory, rel), "rb")
+    except nofollow.SymlinkError:
+        raise
     except OSError as exc:
         raise errors.InputError(f"cannot read checkpoint file {str(local)!r}: {exc}") from exc
     layout.ensure_parent(fs, remote)
@@ -195,7 +194,7 @@ def upload(
         try:
             digest = source.with_retries(
                 lambda: put_file(
-                    fs, directory / rel, remote, expected_size=size, observer=obs, window=window
+                    fs, directory, rel, remote, expected_size=size, observer=obs, window=window
                 ),
                 what=f"uploading {remote}",
                 policy=retry,
@@ -243,7 +242,7 @@ def _local_manifest(
         step=marker.step,
         name=directory.name,
         files=tuple(
-            layout.FileEntry(rel, size, sha256_file(directory / rel)) for rel, size in files
+            layout.FileEntry(rel, size, sha256_file(directory, rel)) for rel, size in files
         ),
         data_state=marker.data_state,
         created_at=created_at,

@@ -29,6 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
+from shardcache import uris
 from shardcache.contract import protocol
 from shardcache.node import caches, names, tiers
 from shardcache_sidecar import readers
@@ -56,7 +57,7 @@ async def get_status(request: web.Request) -> web.Response:
     return replies.json_response(
         {
             "version": protocol.VERSION,
-            "source": sidecar.settings.source_uri,
+            "source": uris.redact(sidecar.settings.source_uri),
             "manifest": None
             if m is None
             else {

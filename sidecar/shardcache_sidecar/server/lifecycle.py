@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from shardcache import contract, errors, manifests
+from shardcache import contract, errors, manifests, uris
 from shardcache.contract import protocol
 from shardcache.node import backings, caches, tiers
 from shardcache_sidecar import configuration, metrics, readers, readiness
@@ -75,7 +75,9 @@ class Sidecar:
         self.settings = settings
         self.metrics = metrics.Metrics()
         self.readiness = readiness.Readiness()
-        self.readiness.require(GATE_MANIFEST, f"resolving the manifest of {settings.source_uri}")
+        self.readiness.require(
+            GATE_MANIFEST, f"resolving the manifest of {uris.redact(settings.source_uri)}"
+        )
         self.readiness.require(
             GATE_WARM,
             f"waiting for the first {settings.ready_shards} shard(s) of the startup plan",
@@ -175,7 +177,7 @@ class Sidecar:
                 )
                 return None
             except errors.SourceError as exc:
-                why = f"resolving the manifest of {s.source_uri} failed: {exc}; retrying in {delay:.0f} s"
+                why = f"resolving the manifest of {uris.redact(s.source_uri)} failed: {exc}; retrying in {delay:.0f} s"
                 log.warning(why)
                 self.readiness.waiting(GATE_MANIFEST, why)
                 self.problem = replies.Problem(
@@ -200,7 +202,7 @@ class Sidecar:
             self._refuse(
                 409,
                 protocol.CODE_MANIFEST_MISMATCH,
-                f"{s.source_uri} resolves to manifest {manifest.digest}, but "
+                f"{uris.redact(s.source_uri)} resolves to manifest {manifest.digest}, but "
                 f"{contract.ENV_MANIFEST_DIGEST} pins {s.manifest_digest}: the dataset changed "
                 "since it was pinned; refusing to serve it. Re-pin the DatasetMount (or "
                 "restore the pinned objects) and restart the pod.",
@@ -220,7 +222,7 @@ class Sidecar:
         )
         log.info(
             "serving %s",
-            s.source_uri,
+            uris.redact(s.source_uri),
             extra={
                 "digest": manifest.digest,
                 "shards": len(manifest.shards),

@@ -1,8 +1,9 @@
 """The two aiohttp apps, the error middleware they share, and running them until stopped.
 
 * Unix socket (shared volume, trainer only): `control.ROUTES` plus `probes.ROUTES`.
-* TCP (kubelet probes, Prometheus): `probes.ROUTES`, and the read-only web inspector
-  at /ui (on this port, never on the socket).
+* TCP on the pod IP (kubelet probes, Prometheus): `probes.ROUTES` only.
+* TCP on 127.0.0.1 (`kubectl port-forward`): the read-only web inspector at /ui. It
+  reads the dataset, so it never listens where other pods can reach it.
 """
 
 from __future__ import annotations
@@ -87,9 +88,14 @@ def control_app(sidecar: lifecycle.Sidecar) -> web.Application:
 
 
 def probe_app(sidecar: lifecycle.Sidecar) -> web.Application:
-    """The TCP port's app: probes, metrics and the web inspector."""
-    app = _app(sidecar)
-    # The web inspector (/ui): read-only, here on the metrics port, never on the socket.
+    """The pod-IP port's app: /healthz, /readyz and /metrics, nothing else."""
+    return _app(sidecar)
+
+
+def ui_app(sidecar: lifecycle.Sidecar) -> web.Application:
+    """The loopback port's app: the web inspector (/ui), never on the socket."""
+    app = web.Application(middlewares=[errors_to_json])
+    app[lifecycle.SIDECAR] = sidecar
     defaults = routes.Defaults.from_plan(sidecar.settings.startup_plan())
     routes.mount(app, routes.NodeInspector(sidecar.serving), defaults)
     return app
@@ -141,19 +147,23 @@ async def serve(
     }
     control_runner = web.AppRunner(control_app(sidecar), **runner_options)
     probe_runner = web.AppRunner(probe_app(sidecar), **runner_options)
+    ui_runner = web.AppRunner(ui_app(sidecar), **runner_options)
     await control_runner.setup()
     await probe_runner.setup()
+    await ui_runner.setup()
     try:
         await web.UnixSite(control_runner, os.fspath(settings.socket_path)).start()
         # The trainer may run as another user than the sidecar; the socket lives in
         # the pod's own volume, so the pod boundary is the access boundary.
         os.chmod(settings.socket_path, 0o666)
         await web.TCPSite(probe_runner, settings.metrics_host, settings.metrics_port).start()
+        await web.TCPSite(ui_runner, configuration.UI_HOST, settings.ui_port).start()
         log.info(
             "listening",
             extra={
                 "socket": str(settings.socket_path),
                 "metrics": f"{settings.metrics_host}:{settings.metrics_port}",
+                "ui": f"{configuration.UI_HOST}:{settings.ui_port}",
             },
         )
         sidecar.start()
@@ -169,6 +179,7 @@ async def serve(
     finally:
         await control_runner.cleanup()
         await probe_runner.cleanup()
+        await ui_runner.cleanup()
         if checkpoints is not None:
             await hook.detach(checkpoints)
         await sidecar.close()

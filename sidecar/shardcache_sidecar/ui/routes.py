@@ -17,6 +17,12 @@ recorded, whenever the view's plan is the run's.
 
 Reading shards may block on a cold fetch, so the inspector runs in a small executor of
 its own. Bad input is a 400 with a JSON message; the server keeps serving.
+
+Every request has a bounded cost (docs/security.md): at most `MAX_BATCH_SIZE` rows and
+`MAX_CELLS` cells per step, a `block_size` floor (a tiny block makes the plan hold one
+entry per row), `MAX_IMAGE_BYTES` per image, `WHERE_SCAN_ROWS` rows scanned per lookup
+and `MAX_RESPONSE_BYTES` per JSON answer. Over a limit is a 4xx naming the limit. The
+inspector listens on loopback only (`shardcache_sidecar.server.running`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import importlib.resources
+import json
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -59,6 +66,20 @@ STATS_ROWS = 100_000
 WHERE_LIMIT = 50
 #: Samples a lineage query may ask to follow (?limit=): a response stays small.
 LINEAGE_LIMIT = 1000
+#: Rows in one step's answer: a large training batch, far below "the whole dataset".
+MAX_BATCH_SIZE = 1024
+#: Cells (rows x columns) in one step's answer; with PAGE_OPTIONS' per-cell bound this
+#: keeps an answer to a few MiB even for wide tables.
+MAX_CELLS = 16_384
+#: Smallest block size a query may ask for (unless the job itself uses a smaller one):
+#: the plan holds one entry per block, so block_size=1 costs memory per row.
+MIN_BLOCK_SIZE = 256
+#: Bytes of one image cell served as is.
+MAX_IMAGE_BYTES = 16 << 20
+#: Rows a reverse lookup scans before it stops and says the answer is truncated.
+WHERE_SCAN_ROWS = 2_000_000
+#: Bytes of one JSON answer (the last guard; the limits above keep answers far below).
+MAX_RESPONSE_BYTES = 16 << 20
 
 InspectorSource = Callable[[], session.Inspector]
 
@@ -107,15 +128,28 @@ class _UI:
     def query(self, request: web.Request) -> locate.Query:
         q = request.query
         d = self.defaults
+        batch_size = _int(q, "batch_size", d.batch_size)
+        if batch_size > MAX_BATCH_SIZE:
+            raise errors.InputError(
+                f"batch_size {batch_size} is over the inspector's limit of {MAX_BATCH_SIZE} "
+                "rows per answer: ask for a smaller batch"
+            )
+        block_size = _int(q, "block_size", d.block_size)
+        floor = min(MIN_BLOCK_SIZE, d.block_size)
+        if block_size < floor:
+            raise errors.InputError(
+                f"block_size {block_size} is under the inspector's floor of {floor} rows "
+                f"(the smaller of the job's block size and {MIN_BLOCK_SIZE})"
+            )
         return locate.Query(
             epoch=_int(q, "epoch", 0),
             rank=_int(q, "rank", 0),
             world_size=_int(q, "world_size", d.world_size),
             step=_int(q, "step", 0),
-            batch_size=_int(q, "batch_size", d.batch_size),
+            batch_size=batch_size,
             seed=_int(q, "seed", d.seed),
             shuffle=_bool(q, "shuffle", d.shuffle),
-            block_size=_int(q, "block_size", d.block_size),
+            block_size=block_size,
         )
 
     # --- handlers -----------------------------------------------------------------
@@ -146,6 +180,12 @@ class _UI:
             query = self.query(request)
             columns = _names(request.query.get("columns"))
             insp = self.source()
+            width = len(insp.columns(columns))
+            if query.batch_size * width > MAX_CELLS:
+                raise errors.InputError(
+                    f"{query.batch_size} rows x {width} columns is over the inspector's limit "
+                    f"of {MAX_CELLS} cells per answer: ask for fewer rows or columns"
+                )
             skips = self.run_skips(insp, query).get(query.rank, ())
             view = insp.step(query, columns, skips=skips)
             data = session.step_json(view, insp.manifest, options=PAGE_OPTIONS, decode=self.decode)
@@ -166,6 +206,11 @@ class _UI:
             value = self.source().cell(_int(q, "shard", 0), _int(q, "row", 0), column)
             if not isinstance(value, bytes):
                 raise errors.InputError(f"column {column!r} is not binary: expected an image cell")
+            if len(value) > MAX_IMAGE_BYTES:
+                raise _TooLarge(
+                    f"the cell is {len(value)} bytes, over the inspector's limit of "
+                    f"{MAX_IMAGE_BYTES} bytes per image"
+                )
             info = images.sniff(value)
             if info is None:
                 raise errors.InputError(
@@ -175,6 +220,8 @@ class _UI:
 
         try:
             body, mime = await self.run(work)
+        except _TooLarge as exc:
+            return _error(413, str(exc))
         except errors.InputError as exc:
             return _error(400, str(exc))
         return web.Response(body=body, content_type=mime, headers=_HEADERS)
@@ -198,7 +245,12 @@ class _UI:
             insp = self.source()
             query = self.query(request)
             result = insp.where(
-                expr, query, epochs=epochs, limit=WHERE_LIMIT, skips=self.run_skips(insp, query)
+                expr,
+                query,
+                epochs=epochs,
+                limit=WHERE_LIMIT,
+                skips=self.run_skips(insp, query),
+                max_rows=WHERE_SCAN_ROWS,
             )
             return session.where_json(result)
 
@@ -256,7 +308,18 @@ class _UI:
             return _error(400, str(exc))
         except (errors.SourceError, errors.CacheError) as exc:
             return _error(503, str(exc))
-        return web.json_response(data, headers=_HEADERS)
+        text = json.dumps(data)
+        if len(text) > MAX_RESPONSE_BYTES:
+            return _error(
+                413,
+                f"the answer is {len(text)} bytes, over the inspector's limit of "
+                f"{MAX_RESPONSE_BYTES}: ask for fewer rows or columns",
+            )
+        return web.Response(text=text, content_type="application/json", headers=_HEADERS)
+
+
+class _TooLarge(errors.InputError):
+    """A well-formed request whose answer would be over a size limit (HTTP 413)."""
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -1,0 +1,156 @@
+"""Bounded memory against hostile shards, measured as peak RSS in a subprocess.
+
+Issue 13, rows 3 and 4: a few-KB zstd Arrow IPC file that decodes to 1 GiB, and a large
+JSON Lines file. The operator's manifest resolution (`manifests.resolve`, what it runs)
+reads metadata only, and the cache refuses the bomb from its metadata before decoding
+it. The bounds are measured with a wide margin (docs/security.md), not timed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+#: Rows of zeros in the bomb: 1 GiB of int64 once decoded.
+BOMB_ROWS = (1 << 30) // 8
+#: The operator's bound from the issue: resolution stays under this on the bomb.
+RESOLVE_RSS_BOUND = 200 * MiB
+
+
+def write_bomb(directory: Path) -> Path:
+    """One zstd-compressed record batch of 1 GiB of zeros, in a file of a few KB.
+
+    `np.zeros` is calloc'd: its pages are never written, so making the file costs
+    the compressor's time, not 1 GiB of this process's memory.
+    """
+    directory.mkdir()
+    zeros = np.zeros(BOMB_ROWS, dtype=np.int64)
+    column = pa.Array.from_buffers(pa.int64(), BOMB_ROWS, [None, pa.py_buffer(zeros)])
+    batch = pa.record_batch([column], names=["x"])
+    path = directory / "bomb.arrow"
+    options = ipc.IpcWriteOptions(compression="zstd")
+    with ipc.new_file(str(path), batch.schema, options=options) as writer:
+        writer.write_batch(batch)
+    return path
+
+
+def peak_rss(code: str) -> tuple[int, str]:
+    """Run `code` in a fresh interpreter; (its peak RSS in bytes, its stdout)."""
+    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec, so a child
+    # of a large pytest process would report the parent's size.
+    script = textwrap.dedent(code) + textwrap.dedent(
+        """
+        with open("/proc/self/status") as status:
+            hwm = next(line for line in status if line.startswith("VmHWM:"))
+        print("PEAK", int(hwm.split()[1]) * 1024)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    peak = next(
+        int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("PEAK")
+    )
+    return peak, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_bomb(tmp_path_factory.mktemp("hostile") / "ds")
+
+
+def test_resolving_an_arrow_bomb_reads_metadata_only(bomb: Path) -> None:
+    assert bomb.stat().st_size < 256 * 1024
+    peak, out = peak_rss(
+        f"""
+        from shardcache import manifests
+        m = manifests.resolve({bomb.parent.as_uri()!r})
+        print("ROWS", m.total_rows)
+        """
+    )
+    assert f"ROWS {BOMB_ROWS}" in out
+    assert peak < RESOLVE_RSS_BOUND, f"peak RSS {peak / MiB:.0f} MiB"
+
+
+def test_resolving_a_large_jsonl_shard_streams_it(tmp_path: Path) -> None:
+    directory = tmp_path / "ds"
+    directory.mkdir()
+    line = json.dumps({"id": 1, "text": "x" * 1000}) + "\n"
+    with open(directory / "big.jsonl", "w") as out:
+        for _ in range(120_000):  # ~120 MiB
+            out.write(line)
+    peak, out = peak_rss(
+        f"""
+        from shardcache import manifests
+        m = manifests.resolve({directory.as_uri()!r})
+        print("ROWS", m.total_rows)
+        """
+    )
+    assert "ROWS 120000" in out
+    assert peak < RESOLVE_RSS_BOUND, f"peak RSS {peak / MiB:.0f} MiB"
+
+
+def test_cache_refuses_the_bomb_from_its_metadata_before_decoding(
+    bomb: Path, tmp_path: Path
+) -> None:
+    memory_limit = 64 * MiB
+    peak, out = peak_rss(
+        f"""
+        import shardcache
+        from shardcache import errors
+        try:
+            with shardcache.open({bomb.parent.as_uri()!r}, cache_dir={str(tmp_path / "c")!r},
+                                 memory_limit={memory_limit}) as ds:
+                next(iter(ds.batches(16)))
+        except errors.ShardcacheError as exc:
+            print("REFUSED", exc)
+        """
+    )
+    assert "REFUSED" in out and "refused before decoding" in out, out
+    # The memory limit plus the interpreter, pyarrow and the cache: far below 1 GiB.
+    assert peak < memory_limit + 200 * MiB, f"peak RSS {peak / MiB:.0f} MiB"
+
+
+def test_cache_refuses_a_parquet_dictionary_bomb_before_decoding(tmp_path: Path) -> None:
+    """A 32 KB Parquet shard whose one dictionary value repeats half a million times:
+    300 MB of strings once decoded."""
+    import pyarrow.parquet as pq
+
+    directory = tmp_path / "ds"
+    directory.mkdir()
+    rows = 500_000
+    column = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(rows, dtype=np.int32)), pa.array(["y" * 600])
+    )
+    # Without the stored Arrow schema a reader decodes the column as plain strings.
+    pq.write_table(
+        pa.table({"s": column}), directory / "bomb.parquet", compression="zstd", store_schema=False
+    )
+    assert (directory / "bomb.parquet").stat().st_size < 256 * 1024
+    memory_limit = 64 * MiB
+    peak, out = peak_rss(
+        f"""
+        import shardcache
+        from shardcache import errors
+        try:
+            with shardcache.open({directory.as_uri()!r}, cache_dir={str(tmp_path / "c")!r},
+                                 memory_limit={memory_limit}) as ds:
+                next(iter(ds.batches(16)))
+        except errors.ShardcacheError as exc:
+            print("REFUSED", exc)
+        """
+    )
+    assert "REFUSED" in out and "refused before decoding" in out, out
+    assert peak < memory_limit + 200 * MiB, f"peak RSS {peak / MiB:.0f} MiB"
