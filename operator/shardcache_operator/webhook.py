@@ -161,7 +161,7 @@ async def decide(
         wanted = injection.requested_mounts(metadata)
         injected = injection.injected_mounts(pod)
     except errors.InputError:
-        wanted, injected = [], ()  # admit() refuses with the message
+        wanted, injected = [], []  # admit() refuses with the message
     for name in wanted:
         if name in injected:
             continue

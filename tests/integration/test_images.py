@@ -58,6 +58,11 @@ OPTIONAL_MISSING = {
     "missing gunicorn",
     "missing pyarrow._cuda",
     "missing kubernetes.e2e_test",
+    # The framework adapters (shardcache.torch, .jax, .numpy) are the trainer's extras:
+    # the service image runs the operator and the sidecar, which use none of them.
+    "missing torch",
+    "missing jax",
+    "missing numpy",
 }
 
 

@@ -316,14 +316,23 @@ def test_a_forked_child_does_not_keep_the_parents_leases_granted_ahead(
     shards.acquire(reader, 0, epoch=0, position=0).release()
     assert shards.flush() and proc.holds_drain() == 0
     assert pinned_shards(proc, keys) == [1, 2, 3, 4]
+    ready_r, ready_w = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover (the child)
+        # fork() returns here only after the client's at-fork hooks ran in this child:
+        # say so, then live on holding whatever descriptors it still has.
+        os.write(ready_w, b"1")
         time.sleep(60)
         os._exit(0)
     try:
+        os.close(ready_w)
+        # Wait for the child's hooks, not for a clock: until they ran, the child shares
+        # the parent's lock descriptors as any forked child does.
+        assert os.read(ready_r, 1) == b"1"
         shards.close_reader(reader)
         assert pinned_shards(proc, keys) == []
     finally:
+        os.close(ready_r)
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
         shards.close()
