@@ -6,7 +6,7 @@ See docs/operator.md for the layout this produces. In short, per mount:
 * one cache sidecar, appended to `initContainers` as a native sidecar
   (`restartPolicy: Always`, startupProbe on /readyz), after the user's own init
   containers so those still run first;
-* one emptyDir (medium Memory unless `cache.medium: Disk`, sizeLimit = cache.memory)
+* one emptyDir (medium Memory unless `cache.medium: Disk`, sizeLimit = cache.memory + headroom)
   at `contract.mount_dir(run_dir, mount)` in the sidecar and the trainer containers: it
   holds the control socket and the memory tier the trainers mmap;
 * one hostPath (DirectoryOrCreate) for the node disk tier, in the sidecar only;

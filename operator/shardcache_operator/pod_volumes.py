@@ -1,8 +1,9 @@
 """The volumes one mount adds to a pod, and where the sidecar and the trainers mount them.
 
 * the run volume: an emptyDir (medium Memory unless `cache.medium: Disk`, sizeLimit
-  `cache.memory`) at `contract.mount_dir(run_dir, mount)` in the sidecar and the
-  trainers: it holds the control socket and the memory tier the trainers mmap;
+  `run_volume_bytes(cache.memory)`, the tier plus headroom) at
+  `contract.mount_dir(run_dir, mount)` in the sidecar and the trainers: it holds the
+  control socket and the memory tier the trainers mmap;
 * the disk tier: a hostPath (DirectoryOrCreate) at `cache.nodePath`, in the sidecar only;
 * the checkpoint volume when `spec.checkpoint` is set: an emptyDir in both.
 """
@@ -16,6 +17,24 @@ from typing import Any
 from shardcache import contract, errors
 from shardcache.contract import parsers
 from shardcache_operator import pod_names, specs
+
+MiB = 1 << 20
+#: The run volume's room over the memory tier's limit, as a fraction of that limit.
+#: The tier counts only its files, but a reader keeps the shard it just released
+#: mapped until its next acquire returns (zero-copy slices of a batch that spans two
+#: shards), so an evicted file's pages stay in the volume a while: about one decoded
+#: shard per reader beyond the limit. The webhook knows neither the decoded shard size
+#: nor the number of readers, so it gives a quarter of the tier (one shard per reader
+#: when the tier holds four or more per reader, as its prefetch depth wants); when that
+#: is not enough the tier treats ENOSPC as "no room yet" and evicts or waits.
+RUN_VOLUME_HEADROOM = 0.25
+
+
+def run_volume_bytes(memory_tier_bytes: int) -> int:
+    """The run volume's sizeLimit: the memory tier plus `RUN_VOLUME_HEADROOM`, the
+    headroom rounded up to whole MiB (so the quantity reads as one, e.g. 16Mi -> 20Mi)."""
+    headroom = -(-int(memory_tier_bytes * RUN_VOLUME_HEADROOM) // MiB) * MiB
+    return memory_tier_bytes + headroom
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +57,9 @@ def volumes_for(
     mount: str, spec: specs.DatasetMountSpec, names: pod_names.MountNames, *, run_dir: str
 ) -> MountVolumes:
     """The volumes of `mount` and their mount points (nothing is added to a pod here)."""
-    run_source: dict[str, Any] = {"sizeLimit": parsers.quantity(spec.cache.memory)}
+    run_source: dict[str, Any] = {
+        "sizeLimit": parsers.quantity(run_volume_bytes(spec.cache.memory))
+    }
     if spec.cache.medium == "Memory":
         run_source["medium"] = "Memory"
     mount_dir = str(contract.mount_dir(run_dir, mount))

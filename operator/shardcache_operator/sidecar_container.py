@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardcache.contract import parsers, protocol
-from shardcache_operator import pod_names, specs
+from shardcache_operator import pod_names, pod_volumes, specs
 
 
 def _probe(path: str, port: int, *, period: int, failures: int) -> dict[str, Any]:
@@ -45,8 +45,11 @@ def build(
 ) -> dict[str, Any]:
     """The container; `image` is the operator's default, used when the spec names none."""
     port = names.port
-    # tmpfs pages the sidecar writes are charged to its cgroup.
-    extra_memory = spec.cache.memory if spec.cache.medium == "Memory" else 0
+    # tmpfs pages the sidecar writes are charged to its cgroup: the whole run volume,
+    # headroom included, can be resident.
+    extra_memory = (
+        pod_volumes.run_volume_bytes(spec.cache.memory) if spec.cache.medium == "Memory" else 0
+    )
     sidecar: dict[str, Any] = {
         "name": names.sidecar,
         "image": spec.sidecar.image or image,

@@ -100,6 +100,13 @@ class Metrics:
             "Shard fetches that failed after retries.",
             registry=r,
         )
+        self.manifests = prometheus_client.Counter(
+            "shardcache_manifest_loads",
+            "Manifests loaded at start-up, by where from: the object store (source) or "
+            "the pinned copy in the node disk tier (node).",
+            ["origin"],
+            registry=r,
+        )
         self.hits = prometheus_client.Counter(
             "shardcache_cache_hits",
             "Lookups that found the shard in the tier.",
@@ -199,3 +206,8 @@ class Metrics:
 
     def fetch_failed(self, shard: int, error: BaseException) -> None:
         self.source_errors.inc()
+
+    def manifest_loaded(self, origin: str) -> None:
+        """`origin`: "source" (resolved from the object store) or "node" (the pinned
+        copy in the node disk tier, `shardcache.node.pinned_manifests`)."""
+        self.manifests.labels(origin=origin).inc()

@@ -9,7 +9,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from shardcache_operator import admission, injection
+from shardcache_operator import admission, injection, pod_volumes
 
 from shardcache import contract
 
@@ -163,9 +163,10 @@ def test_sidecar_env_carries_the_spec_and_the_pinned_digest() -> None:
 def test_volumes_memory_tier_in_both_disk_tier_in_sidecar_only() -> None:
     _, stored = admit(pod(), dsm("imagenet", cache={"memory": "1Gi"}))
     volumes = {v["name"]: v for v in stored["spec"]["volumes"]}
+    # The tier plus a quarter of headroom for evicted shards a reader still maps.
     assert volumes["shardcache-imagenet-run"]["emptyDir"] == {
         "medium": "Memory",
-        "sizeLimit": "1Gi",
+        "sizeLimit": "1280Mi",
     }
     assert volumes["shardcache-imagenet-disk"]["hostPath"] == {
         "path": contract.DEFAULT_DISK_DIR,
@@ -184,13 +185,19 @@ def test_volumes_memory_tier_in_both_disk_tier_in_sidecar_only() -> None:
 def test_disk_medium_uses_plain_emptydir_and_keeps_the_memory_limit() -> None:
     _, stored = admit(pod(), dsm("imagenet", cache={"memory": "1Gi", "medium": "Disk"}))
     volumes = {v["name"]: v for v in stored["spec"]["volumes"]}
-    assert volumes["shardcache-imagenet-run"]["emptyDir"] == {"sizeLimit": "1Gi"}
+    assert volumes["shardcache-imagenet-run"]["emptyDir"] == {"sizeLimit": "1280Mi"}
     assert sidecars(stored)[0]["resources"]["limits"]["memory"] == "1Gi"
 
 
-def test_memory_medium_raises_the_sidecar_memory_limit_by_the_tier_size() -> None:
+def test_memory_medium_raises_the_sidecar_memory_limit_by_the_run_volume_size() -> None:
     _, stored = admit(pod(), dsm("imagenet", cache={"memory": "1Gi"}))
-    assert sidecars(stored)[0]["resources"]["limits"]["memory"] == "2Gi"
+    assert sidecars(stored)[0]["resources"]["limits"]["memory"] == "2304Mi"  # 1Gi + 1280Mi
+
+
+def test_run_volume_headroom_rounds_up_to_whole_mebibytes() -> None:
+    assert pod_volumes.run_volume_bytes(16 << 20) == 20 << 20
+    assert pod_volumes.run_volume_bytes(10 << 20) == 13 << 20  # 2.5 MiB of headroom -> 3
+    assert pod_volumes.run_volume_bytes(0) == 0
 
 
 def test_trainers_get_env_but_never_credentials() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import time
@@ -125,6 +126,8 @@ class Tier:
         removed and the error propagates. With evict=False nothing is evicted and nothing
         waited for: if the free room is too small, TierFullError is raised at once (for
         readahead, which should not push out entries that are needed sooner).
+        ENOSPC while producing (the volume is fuller than the tier's files: a reader
+        still maps evicted ones) is "no room yet" too: see `_after_no_space`.
 
         `held` is how many bytes of this tier's entries the caller itself holds leases
         on and keeps holding while this insert waits: if `size` does not fit beside
@@ -150,7 +153,30 @@ class Tier:
                 held=held,
                 limit=self.limit_bytes,
             )
-        tmp_path, tmp_fd = self._reserve(key, size, evict=evict)
+        deadline = time.monotonic() + self.wait_timeout
+        delay = _WAIT_FIRST_S
+        while True:
+            try:
+                return self._insert_reserved(key, size, produce, evict=evict, deadline=deadline)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                if self._after_no_space(key, size, exc, evict=evict, deadline=deadline):
+                    continue
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, _WAIT_MAX_S)
+
+    def _insert_reserved(
+        self,
+        key: str,
+        size: int,
+        produce: Callable[[Path], object],
+        *,
+        evict: bool,
+        deadline: float,
+    ) -> _entries.Entry:
+        """One attempt of `insert`: reserve, produce, commit; the reservation goes on error."""
+        tmp_path, tmp_fd = self._reserve(key, size, evict=evict, deadline=deadline)
         meta_tmp = tmp_path.with_name(tmp_path.name + names.META_SUFFIX)
         committed = False
         try:
@@ -334,6 +360,48 @@ class Tier:
         return report
 
     # --- internals -------------------------------------------------------------------
+    def _after_no_space(
+        self, key: str, size: int, exc: OSError, *, evict: bool, deadline: float
+    ) -> bool:
+        """The volume ran out of room below the tier's limit (ENOSPC while producing).
+
+        The limit counts the tier's files, but a reader may still map a file eviction
+        already unlinked (a released shard whose batch it is still slicing), and its
+        pages stay in the volume until unmapped. That is "no room yet", like a full
+        tier: readahead (evict=False) backs off with TierFullError; an insert that may
+        evict removes one more unleased entry than the limit asked for, or, when none
+        is left, waits for readers to unmap, until `deadline`. Returns whether it evicted.
+        """
+        if not evict:
+            raise _errors.TierFullError(
+                f"{self.name} volume {self.root} is out of space for {key} ({size} bytes) "
+                f"below the tier's limit of {self.limit_bytes} bytes; not evicting (evict=False)"
+            ) from exc
+        with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+            listing = self._files.listing()
+            for victim, st in _eviction.least_recently_used(listing.data):
+                if self._remove_unleased(victim, st.st_size):
+                    logger.info(
+                        "%s volume %s is out of space below the tier limit: evicted %s to "
+                        "make room for %s (a reader still maps files evicted before)",
+                        self.name, self.root, victim, key,
+                    )  # fmt: skip
+                    return True
+        if time.monotonic() >= deadline:
+            raise errors.CacheError(
+                f"{self.name} volume {self.root} stayed out of space for {key} ({size} "
+                f"bytes) for {self.wait_timeout:g} s although the tier holds at most "
+                f"{self.limit_bytes} bytes: readers keep evicted files mapped, or something "
+                f"else fills the volume; give the volume more room than "
+                f"{self._limit_setting()}"
+            ) from exc
+        logger.warning(
+            "%s volume %s is out of space for %s (%d bytes) below the tier limit and "
+            "every entry is leased: waiting for readers to release or unmap",
+            self.name, self.root, key, size,
+        )  # fmt: skip
+        return False
+
     def _limit_setting(self) -> str:
         return _LIMIT_SETTINGS.get(self.name, f"the {self.name} tier's limit_bytes")
 
@@ -465,9 +533,8 @@ class Tier:
         logger.debug("%s tier: evicted %s (%d bytes)", self.name, key, size)
         return True
 
-    def _reserve(self, key: str, size: int, *, evict: bool) -> tuple[Path, int]:
+    def _reserve(self, key: str, size: int, *, evict: bool, deadline: float) -> tuple[Path, int]:
         """Make room for `size` bytes and reserve them as a locked temp file."""
-        deadline = time.monotonic() + self.wait_timeout
         delay = _WAIT_FIRST_S
         warned = False
         while True:

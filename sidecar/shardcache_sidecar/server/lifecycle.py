@@ -26,7 +26,7 @@ from aiohttp import web
 
 from shardcache import contract, errors, manifests, uris
 from shardcache.contract import protocol
-from shardcache.node import backings, caches, tiers
+from shardcache.node import backings, caches, pinned_manifests, tiers
 from shardcache_sidecar import configuration, metrics, readers, readiness
 from shardcache_sidecar.server import replies
 
@@ -165,12 +165,37 @@ class Sidecar:
         else:
             log.info("memory tier %s: %s", self.settings.memory_dir, found.describe())
 
+    def _pinned_copies(self) -> tiers.Tier:
+        """The node disk tier, for the pinned manifest kept there (`pinned_manifests`)."""
+        s = self.settings
+        return tiers.Tier(s.disk_dir, limit_bytes=s.disk_limit, name="disk", fsync=True)
+
     async def _resolve(self) -> manifests.Manifest | None:
         s = self.settings
+        if s.manifest_digest is not None:
+            # A pinned manifest another sidecar on this node resolved: no store request.
+            kept = await self.blocking(
+                pinned_manifests.load,
+                self._pinned_copies(),
+                digest=s.manifest_digest,
+                uri=s.source_uri,
+            )
+            if kept is not None:
+                log.info("manifest %s from the node disk tier", kept.digest)
+                self.metrics.manifest_loaded("node")
+                return kept
         delay = _RESOLVE_FIRST_DELAY
         while not self._closing:
             try:
-                return await self.blocking(manifests.resolve, s.source_uri, format=s.source_format)
+                manifest = await self.blocking(
+                    manifests.resolve, s.source_uri, format=s.source_format
+                )
+                self.metrics.manifest_loaded("source")
+                if manifest.digest == s.manifest_digest:
+                    await self.blocking(
+                        pinned_manifests.keep, self._pinned_copies(), manifest, uri=s.source_uri
+                    )
+                return manifest
             except errors.InputError as exc:
                 self._refuse(
                     409, protocol.CODE_BAD_REQUEST, f"the dataset source is unusable: {exc}"

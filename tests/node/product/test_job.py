@@ -186,6 +186,13 @@ def test_second_pod_reads_its_cold_epoch_from_the_node_disk_tier(second_pod: Run
     assert harness.metric_value(text, "shardcache_cache_misses_total", {"tier": "memory"}) >= shards
     assert harness.metric_value(text, "shardcache_cache_hits_total", {"tier": "disk"}) >= shards
     assert harness.metric_value(text, "shardcache_source_fetched_bytes_total") == 0
+    assert harness.metric_value(text, "shardcache_source_errors_total") == 0
+    # Nor a single request at start: the pinned manifest came from the node disk tier
+    # too (the Job's sidecars kept it there), not from a listing and the shards' footers.
+    # With no shard fetched either, this sidecar made no object-store request at all.
+    loads = "shardcache_manifest_loads_total"
+    assert harness.metric_value(text, loads, {"origin": "node"}) == 1
+    assert harness.metric_value(text, loads, {"origin": "source"}) == 0
 
 
 #: Read inside a container: what the kernel enforces on its main process (pid 1 of the

@@ -1,0 +1,92 @@
+"""Pinned manifests kept in the node disk tier, so a second pod starts without the store.
+
+Resolving a manifest lists the source and reads every shard's footer: requests to the
+object store on every sidecar start, although a pinned digest
+(`SHARDCACHE_MANIFEST_DIGEST`) already fixes the answer. The first sidecar on a node
+that resolves a manifest matching its pin keeps the manifest's JSON as a disk-tier
+entry (docs/cache-format.md, "Entry kinds"); the next one with the same pin and source
+reads it from there and, with every shard on the node too, never asks the store.
+
+Trust: the entry is used only when the manifest's digest, recomputed from its own shard
+list, is the pin, and its root is the one the source URI resolves to. A damaged or
+forged file cannot match (it would need a sha256 preimage); it is removed, and the
+sidecar resolves from the store as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from shardcache import errors, manifests
+from shardcache.node import tiers
+
+log = logging.getLogger(__name__)
+
+#: The key prefix of this entry kind; the manifest's own version is part of the key, so
+#: sidecars of other manifest versions on one node never read each other's entries.
+KEY_PREFIX = f"manifest-v{manifests.MANIFEST_VERSION}-"
+
+
+def key(digest: str, uri: str) -> str:
+    """The disk-tier key of the manifest pinned as `digest` for source `uri`.
+
+    The digest leaves the root out (a copy under another prefix is the same dataset),
+    but a manifest names its root, so the source is part of the key."""
+    identity = f"{digest}|{uri.rstrip('/')}"
+    return KEY_PREFIX + hashlib.sha256(identity.encode()).hexdigest()[:40]
+
+
+def _resolves_from(manifest: manifests.Manifest, uri: str) -> bool:
+    """Whether `manifests.resolve(uri)` gives `manifest.root`: the prefix itself, or for
+    a single-object dataset the object's parent (its one shard named by the object)."""
+    if manifest.root == uri.rstrip("/"):
+        return True
+    return len(manifest.shards) == 1 and f"{manifest.root}/{manifest.shards[0].path}" == uri
+
+
+def load(tier: tiers.Tier, *, digest: str, uri: str) -> manifests.Manifest | None:
+    """The manifest kept for (`digest`, `uri`), or None: not kept, or not trustworthy
+    (then removed, so the caller's `keep` replaces it)."""
+    entry_key = key(digest, uri)
+    entry = tier.lookup(entry_key, count=False)
+    if entry is None:
+        return None
+    with entry:
+        raw = Path(entry.path).read_bytes()
+    try:
+        manifest = manifests.Manifest.from_json(json.loads(raw))
+        if manifest.digest != digest:
+            raise errors.ManifestMismatchError(f"it is manifest {manifest.digest}")
+        if not _resolves_from(manifest, uri):
+            raise errors.ManifestMismatchError(f"its root {manifest.root} is not {uri}")
+    except (ValueError, KeyError, TypeError, AttributeError, errors.ShardcacheError) as exc:
+        log.warning(
+            "the node's copy of manifest %s for %s is not usable (%s); removing it and "
+            "resolving from the source",
+            digest,
+            uri,
+            exc,
+        )
+        tier.evict(entry_key)
+        return None
+    return manifest
+
+
+def keep(tier: tiers.Tier, manifest: manifests.Manifest, *, uri: str) -> None:
+    """Keep `manifest` (resolved from `uri` and matching its pin) for the node's next
+    sidecars. Best effort: a full or failing disk tier only costs them a resolve."""
+    body = json.dumps(manifest.to_json(), sort_keys=True, separators=(",", ":")).encode()
+
+    def write(path: Path) -> None:
+        with path.open("r+b") as f:
+            f.write(body)
+
+    try:
+        entry, _ = tier.get_or_insert(key(manifest.digest, uri), len(body), write)
+    except (OSError, errors.CacheError) as exc:
+        log.warning("could not keep manifest %s in the node disk tier: %s", manifest.digest, exc)
+        return
+    entry.release()
