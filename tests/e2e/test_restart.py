@@ -81,10 +81,12 @@ def test_restarting_the_operator_causes_no_duplicate_side_effects(
     mount_labels = {"namespace": ready_mount.namespace, "datasetmount": ready_mount.name}
     harness.wait_until(
         "the restarted operator to count the pod from its own pod watch",
-        lambda: harness.metric_value(
-            operator.metrics(), "shardcache_operator_attached_pods", mount_labels
-        )
-        == 1,
+        lambda: (
+            harness.metric_value(
+                operator.metrics(), "shardcache_operator_attached_pods", mount_labels
+            )
+            == 1
+        ),
         timeout=SETTLE_TIMEOUT_S,
         describe=operator.logs,
     )

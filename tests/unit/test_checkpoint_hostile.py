@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from shardcache_sidecar.checkpoint import Agent, CheckpointSettings, layout
+from shardcache_sidecar.checkpoint import Agent, CheckpointSettings
 
-from shardcache.checkpoint import _protocol
+from shardcache.checkpoint import _protocol, layout
 
 pytestmark = pytest.mark.unit
 
