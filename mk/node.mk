@@ -29,5 +29,7 @@ cluster-up e2e-local: $(NODE_PREREQS)
 endif
 TEST_PREREQS += $(NODE_PREREQS)
 
-pytest-node: install $(CLUSTER_TOOLS) $(NODE_PREREQS)
+# The product tests run MinIO on the bridge and the images built here: both must exist
+# before this session, which `make test` may run before the main one.
+pytest-node: install tools-minio image-archives $(CLUSTER_TOOLS) $(NODE_PREREQS)
 	$(PY) -m pytest tests/node $(PYTEST_ARGS)
