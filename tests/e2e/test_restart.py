@@ -26,6 +26,16 @@ def attached(admin: kubernetes.client.ApiClient, mount: ReadyMount) -> object:
     return (obj.get("status") or {}).get("attachedPods")
 
 
+def unfinished_pods(admin: kubernetes.client.ApiClient, mount: ReadyMount) -> int:
+    """Pods labelled for `mount` that have not finished: what attachedPods must say. The
+    mount is shared with other tests of the session (test_injection creates pods on
+    it), so the count is read from the cluster, not assumed to be this test's one pod."""
+    pods = kubernetes.client.CoreV1Api(admin).list_namespaced_pod(
+        mount.namespace, label_selector=f"shardcache.io/mount={mount.name}"
+    )
+    return sum(1 for p in pods.items if (p.status.phase or "") not in ("Succeeded", "Failed"))
+
+
 def snapshot(admin: kubernetes.client.ApiClient, mount: ReadyMount) -> dict[str, object]:
     obj = objects.get_datasetmount(admin, mount.namespace, mount.name)
     digest = obj["status"]["manifestDigest"]
@@ -53,8 +63,8 @@ def test_restarting_the_operator_causes_no_duplicate_side_effects(
     core.create_namespaced_pod(ready_mount.namespace, objects.pod(None, ready_mount.name))
     # The pod counted first, so the comparison is about the restart alone.
     harness.wait_until(
-        "status.attachedPods to count the new pod",
-        lambda: attached(admin, ready_mount) == 1,
+        "status.attachedPods to count the new pod with the mount's other pods",
+        lambda: attached(admin, ready_mount) == unfinished_pods(admin, ready_mount),
         timeout=SETTLE_TIMEOUT_S,
         describe=operator.logs,
     )
@@ -80,12 +90,12 @@ def test_restarting_the_operator_causes_no_duplicate_side_effects(
     # side effect (a second count, a status write) would have happened by then.
     mount_labels = {"namespace": ready_mount.namespace, "datasetmount": ready_mount.name}
     harness.wait_until(
-        "the restarted operator to count the pod from its own pod watch",
+        "the restarted operator to count the mount's pods from its own pod watch",
         lambda: (
             harness.metric_value(
                 operator.metrics(), "shardcache_operator_attached_pods", mount_labels
             )
-            == 1
+            == unfinished_pods(admin, ready_mount)
         ),
         timeout=SETTLE_TIMEOUT_S,
         describe=operator.logs,

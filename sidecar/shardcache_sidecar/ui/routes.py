@@ -117,6 +117,9 @@ class _UI:
         self.defaults = defaults
         self.decode = decode
         self.checkpoint_uri = checkpoint_uri
+        #: The followed run's block size, once its history was read: the run's own
+        #: plan is always viewable, even under the inspector's block-size floor.
+        self.run_block_size: int | None = None
         self.executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="shardcache-ui")
         self._stats: dict[str, dict[str, Any]] = {}
 
@@ -135,11 +138,12 @@ class _UI:
                 "rows per answer: ask for a smaller batch"
             )
         block_size = _int(q, "block_size", d.block_size)
-        floor = min(MIN_BLOCK_SIZE, d.block_size)
+        floor = min(MIN_BLOCK_SIZE, d.block_size, self.run_block_size or MIN_BLOCK_SIZE)
         if block_size < floor:
             raise errors.InputError(
                 f"block_size {block_size} is under the inspector's floor of {floor} rows "
-                f"(the smaller of the job's block size and {MIN_BLOCK_SIZE})"
+                f"(the smallest of the job's block size, the followed run's and "
+                f"{MIN_BLOCK_SIZE})"
             )
         return locate.Query(
             epoch=_int(q, "epoch", 0),
@@ -282,7 +286,9 @@ class _UI:
         """The run, read afresh: it publishes checkpoints while the page is open."""
         if self.checkpoint_uri is None:
             return None
-        return published.history_of(insp.manifest, self.checkpoint_uri)
+        hist = published.history_of(insp.manifest, self.checkpoint_uri)
+        self.run_block_size = hist.params.block_size
+        return hist
 
     def run_skips(
         self, insp: session.Inspector, query: locate.Query
