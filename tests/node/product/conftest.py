@@ -34,8 +34,10 @@ from tests.node.product import jobs, pods, release
 from tests.support import cluster, s3server
 
 #: The order the modules run in: the operator first (everything else needs it), the
-#: Job, then faults and limits, and the examples last (they cordon kwok's nodes).
-MODULE_ORDER = ("test_operator", "test_job", "test_faults", "test_limits", "test_examples")
+#: Job, then faults, skips and limits, and the examples last (they cordon kwok's nodes).
+MODULE_ORDER = (
+    "test_operator", "test_job", "test_faults", "test_skip", "test_limits", "test_examples",
+)  # fmt: skip
 PRODUCT_DIR = pathlib.Path(__file__).resolve().parent
 
 
