@@ -25,6 +25,7 @@ help:
 	@echo "make test   - lint, types, layering, then unit, integration and e2e tests"
 	@echo "make bench-read / bench-ckpt / bench-peers / bench-node / bench-gpu / bench-operator - benchmarks (not tests)"
 	@echo "make soak   - the crash matrix at random, >= 100 kills (nightly; not in make test)"
+	@echo "make flake-check - make test 3 times on fresh clones with a CPU burner (not in make test)"
 	@echo "make cluster-up / cluster-down - a real API server on loopback (.cluster/kubeconfig)"
 	@echo "make e2e [CLUSTER=kind] - the e2e tier alone; make chart - lint and package the chart"
 	@echo "make crds - regenerate crds/ from the spec model"
