@@ -163,7 +163,9 @@ class CacheNode:
             limit_bytes=settings.disk_limit,
             name="disk",
             fsync=True,
-            verify="always",
+            # Sizes only: every hit is hashed against the manifest's sha256 instead
+            # (`_intact`), not against the entry's meta file, which its writer wrote.
+            verify="never",
             observer=self._events,
             wait_timeout=settings.wait_timeout,
         )
@@ -331,6 +333,7 @@ class CacheNode:
                     # whoever wrote the entry wrote that too. Fetched again, and checked
                     # on fetch.
                     disk_entry.release()
+                    self._events.corrupted(self.disk.name, key)
                     self.disk.evict(key)
                     disk_entry, hit = self.disk.get_or_insert(
                         key, entry.size, lambda tmp: self._fetch(shard, tmp)
@@ -339,7 +342,7 @@ class CacheNode:
                         disk_entry.release()  # another reader leases the bad entry
                         raise errors.ManifestMismatchError(
                             f"shard {shard} ({entry.path}) in the disk tier is not the "
-                            f"content the manifest pinned ({entry.version}) and is in use "
+                            f"content the manifest pinned (sha256 {entry.sha256}) and is in use "
                             "elsewhere; retry once it is released"
                         )
             except errors.ShardcacheError as exc:
@@ -403,24 +406,26 @@ class CacheNode:
             what=f"fetching shard {shard} ({entry.path}) from {uris.redact(self.manifest.root)}",
             policy=self.settings.retry,
             identity=entry.version,
+            sha256=entry.sha256,
         )
         faultpoints.reach("cache.fetch")
         self._events.fetched(entry.size, time.monotonic() - started)
 
     def _intact(self, shard: int, path: Path) -> bool:
-        """Whether a disk-tier hit holds the bytes the manifest pinned, where its identity
-        is a content hash (file:// sources); an ETag is checked on every fetch instead."""
-        identity = self.manifest.shards[shard].version
-        if not identity.startswith(source.SHA256_PREFIX):
-            return True
-        found = source.SHA256_PREFIX + tiers.sha256_file(path)
-        if found != identity:
+        """Whether a disk-tier hit holds the bytes the manifest pinned: hashed and
+        compared with the manifest's sha256, never with the entry's meta file (whoever
+        wrote a forged entry wrote that too). One read of the shard per hit, beside the
+        decode's; the disk tier is read only to fill the memory tier."""
+        pinned = self.manifest.shards[shard].sha256
+        found = tiers.sha256_file(path)
+        if found != pinned:
             log.warning(
-                "disk tier: shard %d (%s) is %s, the manifest pinned %s; fetching it again",
+                "disk tier: shard %d (%s) has sha256 %s, the manifest pinned %s; not "
+                "served, fetching it again",
                 shard,
                 self.manifest.shards[shard].path,
                 found,
-                identity,
+                pinned,
             )
             return False
         return True

@@ -16,11 +16,13 @@ def manifest(
     rows: list[int], *, version: str = "v1", extra: str | None = None
 ) -> manifests.Manifest:
     shards = [
-        manifests.ShardEntry(f"part-{i:02d}.parquet", 100 + n, version if i == 2 else "v1", n, "f")
+        manifests.ShardEntry(
+            f"part-{i:02d}.parquet", 100 + n, version if i == 2 else "v1", n, "f", "0" * 64
+        )
         for i, n in enumerate(rows)
     ]
     if extra is not None:
-        shards.append(manifests.ShardEntry(extra, 10, "v1", 7, "f"))
+        shards.append(manifests.ShardEntry(extra, 10, "v1", 7, "f", "0" * 64))
     return manifests.Manifest.build("file:///data", "parquet", tuple(shards))
 
 
