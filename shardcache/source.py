@@ -219,8 +219,8 @@ def content_sha256(fs: pafs.FileSystem, path: str) -> str:
     can be checked against it without asking the store (docs/security.md)."""
     h = hashlib.sha256()
     with fs.open_input_stream(path) as f:
-        while chunk := f.read(HASH_CHUNK):
-            h.update(chunk)
+        while (chunk := f.read_buffer(HASH_CHUNK)).size:
+            h.update(memoryview(chunk))
     return h.hexdigest()
 
 
@@ -246,10 +246,13 @@ def download(
         h = hashlib.sha256()
         with fs.open_input_stream(path) as src, open(dest, "wb") as out:
             found_etag = _etag(src)
-            while chunk := src.read(_COPY_CHUNK):
-                out.write(chunk)
-                h.update(chunk)
-                written += len(chunk)
+            # pyarrow buffers, not bytes: one copy of a chunk per fetch, not three.
+            while (chunk := src.read_buffer(_COPY_CHUNK)).size:
+                view = memoryview(chunk)
+                out.write(view)
+                h.update(view)
+                written += chunk.size
+                del view
         if written != expected_size:
             raise errors.ManifestMismatchError(
                 f"{what}: expected {expected_size} bytes as pinned in the manifest, "

@@ -10,6 +10,7 @@ calls it from an executor and embedded mode calls it directly.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -24,11 +25,14 @@ import pyarrow.fs as pafs
 
 from shardcache import errors, faultpoints, formats, manifests, plans, source, uris
 from shardcache.contract import variables
-from shardcache.node import quotas, tiers
+from shardcache.node import decode_budgets, quotas, tiers
 
 log = logging.getLogger(__name__)
 
 GiB = 1 << 30
+#: Most bytes a byte of JSON Lines text decodes to: a digit and its comma ("0,") to an
+#: 8-byte number is 4; twice that for margin. What its decode may take (`_decode`).
+_TEXT_EXPANSION = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +200,7 @@ class CacheNode:
             self.fetch_concurrency, thread_name_prefix="shardcache-fetch"
         )
         self._working = threading.BoundedSemaphore(self.fetch_concurrency)
+        self._decoding = decode_budgets.DecodeBudget(settings.memory_limit)
         self._warned_small_memory = False
         self._closed = False
 
@@ -323,62 +328,65 @@ class CacheNode:
         # shards decodes two at a time, not sixteen. Only the fetch and the decode
         # count: the insert below may wait for room, which must not hold a slot.
         key = self.manifest.source_key(shard)
-        with self._working:
-            try:
-                disk_entry, hit = self.disk.get_or_insert(
-                    key, entry.size, lambda tmp: self._fetch(shard, tmp)
-                )
-                if hit and not self._intact(shard, disk_entry.path):
-                    # Checked against the manifest, not the entry's own meta file:
-                    # whoever wrote the entry wrote that too. Fetched again, and checked
-                    # on fetch.
-                    disk_entry.release()
-                    self._events.corrupted(self.disk.name, key)
-                    self.disk.evict(key)
+        # The decoded shard's bytes stay reserved until it is in the memory tier: with
+        # `fetch_concurrency` decodes at once, their total stays within the limit.
+        with contextlib.ExitStack() as reserved:
+            with self._working:
+                try:
                     disk_entry, hit = self.disk.get_or_insert(
                         key, entry.size, lambda tmp: self._fetch(shard, tmp)
                     )
                     if hit and not self._intact(shard, disk_entry.path):
-                        disk_entry.release()  # another reader leases the bad entry
-                        raise errors.ManifestMismatchError(
-                            f"shard {shard} ({entry.path}) in the disk tier is not the "
-                            f"content the manifest pinned (sha256 {entry.sha256}) and is in use "
-                            "elsewhere; retry once it is released"
+                        # Checked against the manifest, not the entry's own meta file:
+                        # whoever wrote the entry wrote that too. Fetched again, and checked
+                        # on fetch.
+                        disk_entry.release()
+                        self._events.corrupted(self.disk.name, key)
+                        self.disk.evict(key)
+                        disk_entry, hit = self.disk.get_or_insert(
+                            key, entry.size, lambda tmp: self._fetch(shard, tmp)
                         )
-            except errors.ShardcacheError as exc:
-                self._events.fetch_failed(shard, exc)
-                raise
+                        if hit and not self._intact(shard, disk_entry.path):
+                            disk_entry.release()  # another reader leases the bad entry
+                            raise errors.ManifestMismatchError(
+                                f"shard {shard} ({entry.path}) in the disk tier is not the "
+                                f"content the manifest pinned (sha256 {entry.sha256}) and is in use "
+                                "elsewhere; retry once it is released"
+                            )
+                except errors.ShardcacheError as exc:
+                    self._events.fetch_failed(shard, exc)
+                    raise
+                try:
+                    with disk_entry:
+                        decoded = self._decode(shard, disk_entry.path, reserved)
+                except errors.ShardcacheError:
+                    # Bytes that are not the pinned shard (damaged on the way) are not
+                    # kept: the next acquire fetches again instead of meeting them from
+                    # the disk tier.
+                    self.disk.evict(key)
+                    raise
+            faultpoints.reach("cache.decode")
             try:
-                with disk_entry:
-                    decoded = self._decode(shard, disk_entry.path)
-            except errors.ShardcacheError:
-                # Bytes that are not the pinned shard (damaged on the way) are not
-                # kept: the next acquire fetches again instead of meeting them from
-                # the disk tier.
-                self.disk.evict(key)
-                raise
-        faultpoints.reach("cache.decode")
-        try:
-            # Readahead never evicts: an evicted shard would be one a reader needs
-            # sooner. Acquires do evict (least recently used, never leased).
-            mem_entry, _ = self.memory.get_or_insert(
-                mem_key,
-                decoded.size,
-                lambda tmp: decoded.write(str(tmp)),
-                evict=not prefetch,
-                held=held,
-            )
-        except (tiers.RoomHeldError, tiers.EntryTooLargeError) as exc:
-            # Kept as their own types, so a caller can tell "does not fit" apart.
-            raise exc.about(f"shard {shard} ({entry.path})") from exc
-        except tiers.TierFullError:
-            if not prefetch:
-                raise
-            self._warn_small_memory(decoded.size)
-            return
-        except errors.CacheError as exc:
-            raise errors.CacheError(f"shard {shard} ({entry.path}): {exc}") from exc
-        mem_entry.release()
+                # Readahead never evicts: an evicted shard would be one a reader needs
+                # sooner. Acquires do evict (least recently used, never leased).
+                mem_entry, _ = self.memory.get_or_insert(
+                    mem_key,
+                    decoded.size,
+                    lambda tmp: decoded.write(str(tmp)),
+                    evict=not prefetch,
+                    held=held,
+                )
+            except (tiers.RoomHeldError, tiers.EntryTooLargeError) as exc:
+                # Kept as their own types, so a caller can tell "does not fit" apart.
+                raise exc.about(f"shard {shard} ({entry.path})") from exc
+            except tiers.TierFullError:
+                if not prefetch:
+                    raise
+                self._warn_small_memory(decoded.size)
+                return
+            except errors.CacheError as exc:
+                raise errors.CacheError(f"shard {shard} ({entry.path}): {exc}") from exc
+            mem_entry.release()
 
     def _warn_small_memory(self, size: int) -> None:
         if self._warned_small_memory:
@@ -430,32 +438,61 @@ class CacheNode:
             return False
         return True
 
-    def _decode(self, shard: int, path: Path) -> formats.Decoded:
+    def _decode(self, shard: int, path: Path, reserved: contextlib.ExitStack) -> formats.Decoded:
+        """Decode a disk-tier shard, bounded before and while decoding; its decoded bytes
+        are reserved on `reserved` (the caller's, held until the memory tier has them)."""
         entry = self.manifest.shards[shard]
+        limit = self.settings.memory_limit
+        what = f"shard {shard} ({entry.path})"
         try:
             with pa.OSFile(str(path), "rb") as f:
                 # Bounded before decoding: a decompression bomb never reaches memory.
-                limit = self.settings.memory_limit
                 size = formats.decoded_size(self.manifest.format, f, limit=limit)
                 if size is not None and size > limit:
                     raise tiers.EntryTooLargeError(
-                        f"shard {shard} ({entry.path}) takes over {size} bytes decoded (from its "
-                        f"metadata) but the memory tier holds at most {limit} bytes: refused "
-                        "before decoding; raise the memory limit (cache.memory) or write "
-                        "smaller shards",
+                        f"{what} takes over {size} bytes decoded (from its metadata) but "
+                        f"the memory tier holds at most {limit} bytes: refused before "
+                        "decoding; raise the memory limit (cache.memory) or write smaller "
+                        "shards",
                         size=size,
                         limit=limit,
                     )
+                # A format that cannot tell (JSON Lines) is bounded while it decodes, by
+                # what its text can decode to (`_TEXT_EXPANSION`) within the limit.
+                budget = size if size is not None else min(limit, _TEXT_EXPANSION * entry.size)
+                reserved.enter_context(self._decoding.reserve(budget))
                 f.seek(0)
-                decoded = formats.decode(self.manifest.format, f)
+                decoded = formats.decode(
+                    self.manifest.format,
+                    f,
+                    budget=formats.budgets.Budget(bytes=budget, rows=entry.rows),
+                )
+        except formats.budgets.OverBudget as exc:
+            # pyarrow's allocator keeps what a thread freed for that thread: without this,
+            # each fetch thread that stopped a hostile decode would hold its budget on.
+            pa.default_memory_pool().release_unused()
+            if exc.what == formats.budgets.ROWS:
+                raise errors.ManifestMismatchError(
+                    f"{what} has over {exc.found} rows, the manifest pinned {entry.rows}: "
+                    "refused while decoding"
+                ) from exc
+            if exc.what == formats.budgets.LINE:
+                raise errors.InputError(f"{what} {exc}: refused while decoding") from exc
+            raise tiers.EntryTooLargeError(
+                f"{what} decodes to over {exc.found} {exc.what}, expected at most "
+                f"{exc.limit} (the memory tier's limit of {limit} bytes, or "
+                f"{_TEXT_EXPANSION} x its {entry.size} bytes of text): refused while "
+                "decoding; raise the memory limit (cache.memory) or write smaller shards",
+                size=exc.found,
+                limit=exc.limit,
+            ) from exc
         except (ValueError, TypeError, OSError) as exc:
             raise errors.InputError(
-                f"shard {shard} ({entry.path}) cannot be decoded as {self.manifest.format}: {exc}"
+                f"{what} cannot be decoded as {self.manifest.format}: {exc}"
             ) from exc
         if decoded.batch.num_rows != entry.rows:
             raise errors.ManifestMismatchError(
-                f"shard {shard} ({entry.path}) has {decoded.batch.num_rows} rows, "
-                f"the manifest pinned {entry.rows}"
+                f"{what} has {decoded.batch.num_rows} rows, the manifest pinned {entry.rows}"
             )
         return decoded
 
