@@ -63,7 +63,9 @@ def segments(run: RunPlan, rank: int, epoch: int) -> list[Segment]:
     out: list[Segment] = []
     pos = 0
     for r in plans.rank_runs(m.shard_rows, m.digest, params):
-        key = (m.shards[r.shard].path, m.shards[r.shard].version)
+        # The content hash, not the store's identity: a shard whose bytes changed is
+        # other samples, and one re-uploaded unchanged (a new ETag) is the same.
+        key = (m.shards[r.shard].path, m.shards[r.shard].sha256)
         lo, hi = pos, pos + len(r)
         cursor = lo
         for s in skips:
