@@ -16,7 +16,7 @@ from typing import Any
 
 from shardcache import manifests, plans, states
 
-#: A run of rows [start, stop) of one shard, named by its identity (path, version).
+#: A run of rows [start, stop) of one shard, named by its identity (path, content sha256).
 Segment = tuple[tuple[str, str], int, int]
 
 
