@@ -319,43 +319,20 @@ class CacheNode:
                 self._inflight.pop(shard, None)
 
     def _load(self, shard: int, *, prefetch: bool, held: int = 0) -> None:
-        entry = self.manifest.shards[shard]
         mem_key = self.manifest.decoded_key(shard)
         if self.memory.contains(mem_key):
             return
-        # Readahead and the acquires that fetch for themselves (one control thread
-        # each) share the fetch concurrency: a 2-CPU pod with 16 ranks waiting on cold
-        # shards decodes two at a time, not sixteen. Only the fetch and the decode
-        # count: the insert below may wait for room, which must not hold a slot.
         key = self.manifest.source_key(shard)
         # The decoded shard's bytes stay reserved until it is in the memory tier: with
         # `fetch_concurrency` decodes at once, their total stays within the limit.
         with contextlib.ExitStack() as reserved:
+            # Readahead and the acquires that fetch for themselves (one control thread
+            # each) share the fetch concurrency: a 2-CPU pod with 16 ranks waiting on
+            # cold shards decodes two at a time, not sixteen. Only the fetch and the
+            # decode count: the insert below may wait for room, which must not hold a
+            # slot.
             with self._working:
-                try:
-                    disk_entry, hit = self.disk.get_or_insert(
-                        key, entry.size, lambda tmp: self._fetch(shard, tmp)
-                    )
-                    if hit and not self._intact(shard, disk_entry.path):
-                        # Checked against the manifest, not the entry's own meta file:
-                        # whoever wrote the entry wrote that too. Fetched again, and checked
-                        # on fetch.
-                        disk_entry.release()
-                        self._events.corrupted(self.disk.name, key)
-                        self.disk.evict(key)
-                        disk_entry, hit = self.disk.get_or_insert(
-                            key, entry.size, lambda tmp: self._fetch(shard, tmp)
-                        )
-                        if hit and not self._intact(shard, disk_entry.path):
-                            disk_entry.release()  # another reader leases the bad entry
-                            raise errors.ManifestMismatchError(
-                                f"shard {shard} ({entry.path}) in the disk tier is not the "
-                                f"content the manifest pinned (sha256 {entry.sha256}) and is in use "
-                                "elsewhere; retry once it is released"
-                            )
-                except errors.ShardcacheError as exc:
-                    self._events.fetch_failed(shard, exc)
-                    raise
+                disk_entry = self._disk_entry(shard, key)
                 try:
                     with disk_entry:
                         decoded = self._decode(shard, disk_entry.path, reserved)
@@ -366,27 +343,62 @@ class CacheNode:
                     self.disk.evict(key)
                     raise
             faultpoints.reach("cache.decode")
-            try:
-                # Readahead never evicts: an evicted shard would be one a reader needs
-                # sooner. Acquires do evict (least recently used, never leased).
-                mem_entry, _ = self.memory.get_or_insert(
-                    mem_key,
-                    decoded.size,
-                    lambda tmp: decoded.write(str(tmp)),
-                    evict=not prefetch,
-                    held=held,
-                )
-            except (tiers.RoomHeldError, tiers.EntryTooLargeError) as exc:
-                # Kept as their own types, so a caller can tell "does not fit" apart.
-                raise exc.about(f"shard {shard} ({entry.path})") from exc
-            except tiers.TierFullError:
-                if not prefetch:
-                    raise
-                self._warn_small_memory(decoded.size)
-                return
-            except errors.CacheError as exc:
-                raise errors.CacheError(f"shard {shard} ({entry.path}): {exc}") from exc
-            mem_entry.release()
+            self._insert_decoded(shard, mem_key, decoded, prefetch=prefetch, held=held)
+
+    def _disk_entry(self, shard: int, key: str) -> tiers.Entry:
+        """A lease on the shard's source bytes in the disk tier: fetched (and checked on
+        fetch) if missing; if found, checked against the manifest's sha256, not the
+        entry's own meta file (whoever wrote the entry wrote that too)."""
+        entry = self.manifest.shards[shard]
+        try:
+            disk_entry, hit = self.disk.get_or_insert(
+                key, entry.size, lambda tmp: self._fetch(shard, tmp)
+            )
+            if not hit or self._intact(shard, disk_entry.path):
+                return disk_entry
+            disk_entry.release()
+            self._events.corrupted(self.disk.name, key)
+            self.disk.evict(key)
+            disk_entry, hit = self.disk.get_or_insert(
+                key, entry.size, lambda tmp: self._fetch(shard, tmp)
+            )
+            if not hit or self._intact(shard, disk_entry.path):
+                return disk_entry
+            disk_entry.release()  # another reader leases the bad entry: not evicted
+            raise errors.ManifestMismatchError(
+                f"shard {shard} ({entry.path}) in the disk tier is not the content the "
+                f"manifest pinned (sha256 {entry.sha256}) and is in use elsewhere; retry "
+                "once it is released"
+            )
+        except errors.ShardcacheError as exc:
+            self._events.fetch_failed(shard, exc)
+            raise
+
+    def _insert_decoded(
+        self, shard: int, mem_key: str, decoded: formats.Decoded, *, prefetch: bool, held: int
+    ) -> None:
+        entry = self.manifest.shards[shard]
+        try:
+            # Readahead never evicts: an evicted shard would be one a reader needs
+            # sooner. Acquires do evict (least recently used, never leased).
+            mem_entry, _ = self.memory.get_or_insert(
+                mem_key,
+                decoded.size,
+                lambda tmp: decoded.write(str(tmp)),
+                evict=not prefetch,
+                held=held,
+            )
+        except (tiers.RoomHeldError, tiers.EntryTooLargeError) as exc:
+            # Kept as their own types, so a caller can tell "does not fit" apart.
+            raise exc.about(f"shard {shard} ({entry.path})") from exc
+        except tiers.TierFullError:
+            if not prefetch:
+                raise
+            self._warn_small_memory(decoded.size)
+            return
+        except errors.CacheError as exc:
+            raise errors.CacheError(f"shard {shard} ({entry.path}): {exc}") from exc
+        mem_entry.release()
 
     def _warn_small_memory(self, size: int) -> None:
         if self._warned_small_memory:
