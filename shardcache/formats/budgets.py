@@ -22,13 +22,13 @@ UNBOUNDED = Budget()
 
 
 #: What an `OverBudget` is about.
-BYTES, ROWS, LINE = "bytes", "rows", "line"
+BYTES, ROWS, LINE, FIELDS = "bytes", "rows", "line", "fields"
 
 
 class OverBudget(ValueError):
-    """A decode stopped because the shard is over its budget. `what` is `BYTES`, `ROWS`
-    or `LINE` (bytes of one line); `found` a lower bound of what the shard holds,
-    `limit` the budget."""
+    """A decode stopped because the shard is over its budget. `what` is `BYTES`, `ROWS`,
+    `LINE` (bytes of one line) or `FIELDS` (distinct fields); `found` a lower bound of
+    what the shard holds, `limit` the budget."""
 
     def __init__(self, what: str, *, found: int, limit: int) -> None:
         if what == LINE:

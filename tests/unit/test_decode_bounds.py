@@ -89,3 +89,26 @@ def test_jsonl_line_longer_than_the_limit_is_refused_naming_both_lengths() -> No
     text = b'{"a": "' + b"x" * (jsonl.MAX_LINE + 1) + b'"}\n'
     with pytest.raises(budgets.OverBudget, match=f"expected lines of at most {jsonl.MAX_LINE}"):
         jsonl.inspect(pa.BufferReader(text))
+
+
+def _wide_then_empty(empty_lines: int) -> pa.BufferReader:
+    """One line of 1,000 keys, then empty objects: a few bytes a line of text, but 8 KB a
+    row once every row has a slot for every field."""
+    first = json.dumps({f"c{i}": 1 for i in range(1000)}) + "\n"
+    return pa.BufferReader((first + "{}\n" * empty_lines).encode())
+
+
+def test_jsonl_rows_of_fields_named_elsewhere_are_bounded_before_they_are_allocated() -> None:
+    # 80,000 empty rows beside 1,000 fields: 640 MB as one parse; in bounded parts here.
+    rows, schema = jsonl.inspect(_wide_then_empty(80_000))
+    assert rows == 80_001 and len(schema) == 1000
+    with pytest.raises(budgets.OverBudget) as caught:
+        jsonl.read(_wide_then_empty(80_000), budget=budgets.Budget(bytes=64 << 20))
+    # Refused from the sizes of the null columns the concatenation would fill in.
+    assert caught.value.what == budgets.BYTES and caught.value.found > 600_000_000
+
+
+def test_jsonl_with_more_distinct_fields_than_the_limit_is_refused() -> None:
+    text = "".join(json.dumps({f"k{i}": 1}) + "\n" for i in range(jsonl.MAX_FIELDS + 1))
+    with pytest.raises(budgets.OverBudget, match=f"expected at most {jsonl.MAX_FIELDS}"):
+        jsonl.inspect(pa.BufferReader(text.encode()))
