@@ -22,17 +22,20 @@ UNBOUNDED = Budget()
 
 
 #: What an `OverBudget` is about.
-BYTES, ROWS, LINE, FIELDS = "bytes", "rows", "line", "fields"
+BYTES, ROWS, LINE, FIELDS, DEPTH = "bytes", "rows", "line", "fields", "nesting levels"
 
 
 class OverBudget(ValueError):
     """A decode stopped because the shard is over its budget. `what` is `BYTES`, `ROWS`,
-    `LINE` (bytes of one line) or `FIELDS` (distinct fields); `found` a lower bound of
+    `LINE` (bytes of one line), `FIELDS` (distinct fields) or `DEPTH` (nesting of one
+    line); `found` a lower bound of
     what the shard holds, `limit` the budget."""
 
     def __init__(self, what: str, *, found: int, limit: int) -> None:
         if what == LINE:
             message = f"has a line of over {found} bytes, expected lines of at most {limit}"
+        elif what == DEPTH:
+            message = f"has a line nested {found} levels deep, expected at most {limit}"
         else:
             message = f"decodes to over {found} {what}, expected at most {limit}"
         super().__init__(message + " (found so far; decoding stopped)")

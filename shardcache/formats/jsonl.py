@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -59,11 +60,44 @@ def _parse_bound(piece: bytes) -> int:
     return rows * piece.count(b":") * 12 + 8 * len(piece)
 
 
+#: Deepest nesting of arrays and objects accepted. pyarrow's parser recurses per level
+#: and crashes the process (SIGSEGV) somewhere between 5,000 and 20,000 levels: a 40 KB
+#: line would take the operator down. Real samples nest a few levels.
+MAX_DEPTH = 1000
+_STRUCTURE = re.compile(rb'\\.|["\[\]{}]')
+
+
+def _check_depth(piece: bytes) -> None:
+    """Refuse a piece with a line nested deeper than `MAX_DEPTH`, before pyarrow parses it.
+
+    Only lines with that many opening brackets are scanned, bracket by bracket (quotes
+    and escapes followed, so brackets inside strings do not count)."""
+    if piece.count(b"[") + piece.count(b"{") < MAX_DEPTH:
+        return
+    for line in piece.split(b"\n"):
+        if line.count(b"[") + line.count(b"{") < MAX_DEPTH:
+            continue
+        depth, in_string = 0, False
+        for token in _STRUCTURE.finditer(line):
+            char = token.group()
+            if char == b'"':
+                in_string = not in_string
+            elif in_string or len(char) == 2:
+                continue
+            elif char in (b"[", b"{"):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise budgets.OverBudget(budgets.DEPTH, found=depth, limit=MAX_DEPTH)
+            else:
+                depth -= 1
+
+
 def _parse(piece: bytes) -> Iterator[pa.Table]:
     """`piece` parsed, in parts whose `_parse_bound` is under `PARSE_BOUND` (a single
     line is parsed whole: `MAX_LINE` bounds it)."""
     if not piece.strip():
         return
+    _check_depth(piece)
     if _parse_bound(piece) > PARSE_BOUND:
         half = piece.rfind(b"\n", 0, len(piece) // 2) + 1 or piece.find(b"\n") + 1
         if 0 < half < len(piece.rstrip(b"\n")):

@@ -488,7 +488,7 @@ class CacheNode:
                     f"{what} has over {exc.found} rows, the manifest pinned {entry.rows}: "
                     "refused while decoding"
                 ) from exc
-            if exc.what in (formats.budgets.LINE, formats.budgets.FIELDS):
+            if exc.what in (formats.budgets.LINE, formats.budgets.FIELDS, formats.budgets.DEPTH):
                 raise errors.InputError(f"{what} {exc}: refused while decoding") from exc
             raise tiers.EntryTooLargeError(
                 f"{what} decodes to over {exc.found} {exc.what}, expected at most "

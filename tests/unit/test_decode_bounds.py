@@ -112,3 +112,19 @@ def test_jsonl_with_more_distinct_fields_than_the_limit_is_refused() -> None:
     text = "".join(json.dumps({f"k{i}": 1}) + "\n" for i in range(jsonl.MAX_FIELDS + 1))
     with pytest.raises(budgets.OverBudget, match=f"expected at most {jsonl.MAX_FIELDS}"):
         jsonl.inspect(pa.BufferReader(text.encode()))
+
+
+def test_jsonl_nested_deeper_than_the_limit_is_refused_before_pyarrow_parses_it() -> None:
+    # 20,000 levels crash pyarrow's parser (SIGSEGV): the process would die, not fail.
+    deep = 20_000
+    text = ('{"a": ' + "[" * deep + "]" * deep + "}\n").encode()
+    with pytest.raises(budgets.OverBudget, match=f"expected at most {jsonl.MAX_DEPTH}"):
+        jsonl.inspect(pa.BufferReader(text))
+    with pytest.raises(budgets.OverBudget, match="levels deep"):
+        jsonl.read(pa.BufferReader(text))
+
+
+def test_jsonl_brackets_inside_strings_are_not_nesting() -> None:
+    text = ('{"a": "' + "[" * (2 * jsonl.MAX_DEPTH) + '\\"{"}\n').encode()
+    rows, schema = jsonl.inspect(pa.BufferReader(text))
+    assert rows == 1 and schema.field("a").type == pa.string()
