@@ -21,9 +21,11 @@ import pyarrow.fs as pafs
 
 from shardcache import errors, formats, source, uris
 
-#: 2: a shard's `version` is its content identity (`source.content_identity`), not
-#: its mtime; digests differ from version 1, so pins made before must be re-resolved.
-MANIFEST_VERSION = 2
+#: 3: every shard carries the sha256 of its bytes (`ShardEntry.sha256`), which the
+#: digest covers and every served byte is checked against; 2: a shard's `version` is
+#: the store's identity (ETag), not its mtime. Pins of other versions are re-resolved
+#: (the operator) or refused naming both versions (`from_json`); docs/wire-format.md.
+MANIFEST_VERSION = 3
 #: Shards inspected at once. Inspection reads metadata only (a JSON Lines shard in
 #: `jsonl.INSPECT_CHUNK` pieces), so memory is bounded by this times a few MiB, whatever
 #: the shards hold; 8 keeps a listing of thousands of shards fast on slow stores.
@@ -36,13 +38,16 @@ class ShardEntry:
     #: Path relative to the manifest root, '/'-separated.
     path: str
     size: int
-    #: Content identity (`source.content_identity`): "etag:<ETag>" on object stores,
-    #: "sha256:<hex>" for local files, else "mtime:<ns>". Every fetch is checked
-    #: against it, and the digest covers it.
+    #: The store's identity (`source.content_identity`): "etag:<ETag>" on object
+    #: stores, else "mtime:<ns>". Checked on every fetch; the digest covers it.
     version: str
     rows: int
     #: `formats.fingerprint` of the shard's schema.
     fingerprint: str
+    #: sha256 of the shard's bytes, lowercase hex (`source.content_sha256`), hashed at
+    #: resolve time. Every fetch and every disk-tier hit is checked against it, never
+    #: against a record the tier keeps (docs/security.md).
+    sha256: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +82,7 @@ class Manifest:
     def source_key(self, index: int) -> str:
         """Content identity of a shard's source bytes: the disk-tier key."""
         s = self.shards[index]
-        text = f"{self.root}|{s.path}|{s.size}|{s.version}"
+        text = f"{self.root}|{s.path}|{s.size}|{s.version}|{s.sha256}"
         return hashlib.sha256(text.encode()).hexdigest()[:40]
 
     def decoded_key(self, index: int) -> str:
@@ -97,8 +102,9 @@ class Manifest:
     def from_json(cls, data: Mapping[str, Any]) -> Manifest:
         if data.get("version") != MANIFEST_VERSION:
             raise errors.InputError(
-                f"manifest version {data.get('version')!r} is not supported: "
-                f"expected {MANIFEST_VERSION}"
+                f"manifest version {data.get('version')!r} is not supported: expected "
+                f"{MANIFEST_VERSION} (per-shard sha256); resolve the source again (the "
+                "operator re-pins a DatasetMount pinned by an older version by itself)"
             )
         try:
             shards = tuple(ShardEntry(**s) for s in data["shards"])
@@ -120,7 +126,9 @@ def compute_digest(fmt: str, shards: tuple[ShardEntry, ...]) -> str:
         {
             "version": MANIFEST_VERSION,
             "format": fmt,
-            "shards": [[s.path, s.size, s.version, s.rows, s.fingerprint] for s in shards],
+            "shards": [
+                [s.path, s.size, s.version, s.rows, s.fingerprint, s.sha256] for s in shards
+            ],
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -182,7 +190,7 @@ def resolve(
 
         def read_meta() -> ShardEntry:
             with fs.open_input_file(info.path) as f:
-                version = source.content_identity(fs, info, f)
+                version = source.content_identity(f, info)
                 try:
                     rows, schema = reader.inspect(f)
                 except (ValueError, TypeError) as exc:
@@ -190,7 +198,13 @@ def resolve(
                     raise errors.InputError(
                         f"shard {info.path!r} is not readable as {fmt}: {exc}"
                     ) from exc
-            return ShardEntry(rel, info.size or 0, version, rows, formats.fingerprint(schema))
+            # Streamed once more to hash it: the one identity of the bytes that every
+            # store gives alike (an ETag of a multipart upload is no content hash).
+            # Costs a read of the dataset per resolve; docs/security.md says why here.
+            sha256 = source.content_sha256(fs, info.path)
+            return ShardEntry(
+                rel, info.size or 0, version, rows, formats.fingerprint(schema), sha256
+            )
 
         return source.with_retries(read_meta, what=f"reading {info.path}", policy=retry)
 

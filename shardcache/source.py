@@ -192,23 +192,36 @@ def _etag(stream: pa.NativeFile) -> str | None:
     return text.strip('"')
 
 
-def content_identity(fs: pafs.FileSystem, info: pafs.FileInfo, opened: pa.NativeFile) -> str:
-    """What identifies a shard's bytes, pinned in the manifest and checked on every fetch.
+def content_identity(opened: pa.NativeFile, info: pafs.FileInfo) -> str:
+    """The store's own identity of a shard's bytes, pinned in the manifest beside its
+    sha256 (`content_sha256`) and checked on every fetch before the bytes are hashed.
 
-    The object store's ETag where it gives one (S3; it changes whenever the object is
-    written); for local files a sha256 of the content, since their mtime can be set
-    back; else the mtime, the weakest (docs/security.md).
+    The object store's ETag where it gives one (S3: it changes whenever the object is
+    written, but a multipart upload's ETag is no content hash); else the mtime. Neither
+    is what a served byte is checked against: that is the sha256 (docs/security.md).
     """
     etag = _etag(opened)
     if etag:
         return ETAG_PREFIX + etag
-    if isinstance(fs, pafs.LocalFileSystem):
-        h = hashlib.sha256()
-        with fs.open_input_stream(info.path) as f:
-            while chunk := f.read(_COPY_CHUNK):
-                h.update(chunk)
-        return SHA256_PREFIX + h.hexdigest()
     return MTIME_PREFIX + str(info.mtime_ns if info.mtime_ns is not None else 0)
+
+
+#: Bytes read at a time by `content_sha256`: resolution hashes `_INSPECT_CONCURRENCY`
+#: shards at once, so its memory stays a few MiB whatever the shards' sizes.
+HASH_CHUNK = 1 << 20
+
+
+def content_sha256(fs: pafs.FileSystem, path: str) -> str:
+    """sha256 of an object's bytes (lowercase hex), streamed `HASH_CHUNK` at a time.
+
+    What a manifest pins per shard and every served byte is checked against: unlike an
+    ETag it is the same function of the content on every store, so a disk-tier entry
+    can be checked against it without asking the store (docs/security.md)."""
+    h = hashlib.sha256()
+    with fs.open_input_stream(path) as f:
+        while (chunk := f.read_buffer(HASH_CHUNK)).size:
+            h.update(memoryview(chunk))
+    return h.hexdigest()
 
 
 def download(
@@ -220,35 +233,42 @@ def download(
     what: str,
     policy: RetryPolicy | None = None,
     identity: str | None = None,
+    sha256: str | None = None,
 ) -> None:
     """Copy one object to a local file, retried as a whole; checks the size and, when
-    given, the content identity the manifest pinned (`content_identity`). A changed
-    object raises `ManifestMismatchError` naming both identities; its bytes stay in
-    `dest`, which the caller discards: they are never served."""
+    given, the store identity (`content_identity`) and the content hash
+    (`content_sha256`) the manifest pinned. A changed object raises
+    `ManifestMismatchError` naming both values; its bytes stay in `dest`, which the
+    caller discards: they are never served."""
 
     def attempt() -> None:
         written = 0
         h = hashlib.sha256()
         with fs.open_input_stream(path) as src, open(dest, "wb") as out:
             found_etag = _etag(src)
-            while chunk := src.read(_COPY_CHUNK):
-                out.write(chunk)
-                h.update(chunk)
-                written += len(chunk)
+            # pyarrow buffers, not bytes: one copy of a chunk per fetch, not three.
+            while (chunk := src.read_buffer(_COPY_CHUNK)).size:
+                view = memoryview(chunk)
+                out.write(view)
+                h.update(view)
+                written += chunk.size
+                del view
         if written != expected_size:
             raise errors.ManifestMismatchError(
                 f"{what}: expected {expected_size} bytes as pinned in the manifest, "
                 f"found {written}: the object changed after the manifest was resolved"
             )
-        found: str | None = None
+        checks: list[tuple[str, str]] = []
         if identity is not None and identity.startswith(ETAG_PREFIX):
-            found = ETAG_PREFIX + (found_etag or "none")
-        elif identity is not None and identity.startswith(SHA256_PREFIX):
-            found = SHA256_PREFIX + h.hexdigest()
-        if found is not None and found != identity:
-            raise errors.ManifestMismatchError(
-                f"{what}: the object is {found}, the manifest pinned {identity}: it changed "
-                "after the manifest was resolved and is not served; re-pin the dataset"
-            )
+            checks.append((ETAG_PREFIX + (found_etag or "none"), identity))
+        if sha256 is not None:
+            checks.append((SHA256_PREFIX + h.hexdigest(), SHA256_PREFIX + sha256))
+        for found, pinned in checks:
+            if found != pinned:
+                raise errors.ManifestMismatchError(
+                    f"{what}: the object is {found}, the manifest pinned {pinned}: it "
+                    "changed after the manifest was resolved and is not served; re-pin "
+                    "the dataset"
+                )
 
     with_retries(attempt, what=what, policy=policy)

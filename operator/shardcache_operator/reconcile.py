@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from shardcache import errors, uris
+from shardcache import errors, manifests, uris
 from shardcache_operator import specs, status
 
 logger = logging.getLogger(__name__)
@@ -70,8 +70,16 @@ class Backoff:
 
 
 def source_identity(spec: specs.DatasetMountSpec) -> dict[str, str]:
-    """The spec fields a pinned digest depends on; any change resolves again."""
-    identity = {"uri": spec.source.uri, "format": spec.source.format}
+    """The spec fields a pinned digest depends on; any change resolves again.
+
+    The manifest version is one of them: a pin made by a shardcache whose manifests
+    differ (version 2 had no per-shard sha256) is resolved again, never handed to
+    sidecars that would refuse it as a changed dataset."""
+    identity = {
+        "uri": spec.source.uri,
+        "format": spec.source.format,
+        "manifestVersion": str(manifests.MANIFEST_VERSION),
+    }
     if spec.source.version:
         identity["version"] = spec.source.version
     return identity
@@ -205,7 +213,9 @@ async def _resolve(
     if spec.source.version and manifest.digest != spec.source.version:
         message = (
             f"spec.source.version pins {spec.source.version}, but {shown} has manifest "
-            f"{manifest.digest}: restore the pinned data or update spec.source.version"
+            f"{manifest.digest} (manifest version {manifests.MANIFEST_VERSION}): restore "
+            "the pinned data or update spec.source.version (a digest from a shardcache "
+            f"before manifest version {manifests.MANIFEST_VERSION} never matches)"
         )
         return status.Failed(status.Phase.INVALID, "DigestMismatch", message, reachable=True)
     return status.Resolved(

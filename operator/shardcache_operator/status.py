@@ -240,6 +240,11 @@ def schema() -> dict[str, Any]:
             "uri": _prop("string", "spec.source.uri at resolution."),
             "format": _prop("string", "spec.source.format at resolution."),
             "version": _prop("string", "spec.source.version at resolution, if set."),
+            "manifestVersion": _prop(
+                "string",
+                "The manifest format version of the pin (shardcache.manifests); a pin of "
+                "another version is resolved again.",
+            ),
         },
     }
     return {

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from shardcache import errors
-from shardcache.formats import arrow, jsonl, parquet
+from shardcache.formats import arrow, budgets, jsonl, parquet
 
 #: Version of the decoded form; part of every memory-tier key, so a change never
 #: serves a file written by an older version.
@@ -89,7 +89,7 @@ _IPC_OPTIONS = ipc.IpcWriteOptions(compression=None)
 def decoded_size(name: str, source: pa.NativeFile, *, limit: int) -> int | None:
     """Bytes the shard will take decoded, without decoding it (a number over `limit` as
     soon as it is known to exceed it), or None when the format cannot say (JSON Lines:
-    its text is about its decoded size, so `decode` is the check).
+    `decode` checks its budget while it decodes, a piece at a time).
 
     Called before `decode` so a small file that decodes to gigabytes (a decompression
     bomb, a dictionary expanding a million-fold) is refused without being decoded
@@ -102,9 +102,15 @@ def decoded_size(name: str, source: pa.NativeFile, *, limit: int) -> int | None:
     return None
 
 
-def decode(name: str, source: pa.NativeFile) -> Decoded:
-    """Decode a whole shard into one uncompressed record batch and size its IPC file."""
-    table = get(name).read(source)
+def decode(
+    name: str, source: pa.NativeFile, *, budget: budgets.Budget = budgets.UNBOUNDED
+) -> Decoded:
+    """Decode a whole shard into one uncompressed record batch and size its IPC file.
+
+    `budget` bounds a decode whose size `decoded_size` could not tell in advance (JSON
+    Lines), while it decodes: `budgets.OverBudget` stops it. Other formats are sized
+    before they are decoded."""
+    table = jsonl.read(source, budget=budget) if name == "jsonl" else get(name).read(source)
     batch = _one_batch(table)
 
     def write(path: str) -> None:

@@ -23,6 +23,11 @@ def read(source: pa.NativeFile) -> pa.Table:
 
 #: Rows per batch of the dictionary pass in `decoded_size`.
 _SIZE_BATCH = 64 * 1024
+#: Bytes per value once decoded, by Parquet physical type (BYTE_ARRAY: its offset; the
+#: bytes themselves are counted apart). INT96 decodes to a 64-bit timestamp.
+_WIDTH = {"BOOLEAN": 0, "INT32": 4, "INT64": 8, "INT96": 8, "FLOAT": 4, "DOUBLE": 8}
+_OFFSET = 4
+_DICTIONARY_ENCODINGS = frozenset({"PLAIN_DICTIONARY", "RLE_DICTIONARY"})
 
 
 def _expands(kind: pa.DataType) -> bool:
@@ -34,53 +39,94 @@ def _expands(kind: pa.DataType) -> bool:
     )
 
 
+def _value_width(column: pq.ParquetColumnSchema) -> int:
+    kind = column.physical_type
+    if kind == "FIXED_LEN_BYTE_ARRAY":
+        # A decimal of any stored width decodes to 16 (or 32) bytes.
+        length = int(column.length)
+        if column.logical_type.type == "DECIMAL":
+            return 32 if length > 16 else 16
+        return length
+    if kind == "BYTE_ARRAY":
+        return _OFFSET
+    return _WIDTH[kind]
+
+
+def _leaf_bound(column: pq.ParquetColumnSchema, chunk: pq.ColumnChunkMetaData) -> tuple[int, bool]:
+    """(bytes the leaf chunk takes decoded, not counting the values of a dictionary-
+    encoded byte array; whether it is one), from the footer alone.
+
+    `num_values` counts every level entry (nulls and empty lists too), so it bounds
+    what the levels decode to whatever their run-length encoding makes of them: an
+    offset per entry for each repeated level (a million empty lists stored in a few
+    bytes are still a million offsets), a validity bit per entry for each optional one.
+    """
+    n = chunk.num_values
+    structure = (
+        n * _OFFSET * column.max_repetition_level + (n * column.max_definition_level + 7) // 8
+    )
+    values = n * _value_width(column) + (n + 7) // 8
+    if column.physical_type != "BYTE_ARRAY":
+        return structure + values, False
+    if _DICTIONARY_ENCODINGS & set(chunk.encodings):
+        return structure + values, True
+    # PLAIN and DELTA_LENGTH pages hold every value's bytes (DELTA_BYTE_ARRAY's shared
+    # prefixes are the one encoding that can exceed them: docs/security.md).
+    return structure + values + chunk.total_uncompressed_size, False
+
+
+def _expanded_bytes(array: pa.Array) -> int:
+    """Bytes the dictionary-encoded byte arrays inside `array` take once expanded."""
+    if isinstance(array, pa.DictionaryArray):
+        if not _expands(array.type.value_type):
+            return 0
+        lengths = pc.binary_length(array.dictionary)
+        return int(pc.sum(lengths.take(array.indices)).as_py() or 0)
+    kind = array.type
+    if isinstance(array, pa.MapArray):
+        return _expanded_bytes(array.keys) + _expanded_bytes(array.items)
+    if isinstance(array, pa.ListArray | pa.LargeListArray | pa.FixedSizeListArray):
+        return _expanded_bytes(array.flatten())
+    if pa.types.is_struct(kind):
+        return sum(_expanded_bytes(array.field(i)) for i in range(kind.num_fields))
+    return 0
+
+
 def decoded_size(source: pa.NativeFile, *, limit: int) -> int:
     """Bytes the shard takes decoded, or some number above `limit` as soon as it is
     known to be over it; without decoding the shard.
 
-    From the footer: fixed-width columns are rows x width, other columns their
-    uncompressed pages (a compressed bomb is over the limit here already). Strings and
-    binaries stored with a dictionary expand when decoded (one value repeated a million
-    times): those columns alone are read *as dictionaries*, a batch at a time, and
-    their expanded length summed without expanding them. Nested columns count their
-    uncompressed pages (a bound that dictionary-encoded lists can exceed).
+    From the footer, per leaf column chunk, nested or not (`_leaf_bound`): the levels'
+    offsets and validity from `num_values` and the maximum repetition and definition
+    levels, fixed-width values as `num_values` x width, byte arrays their pages. A
+    compressed bomb, or empty lists repeated a billion times, is over the limit here.
+    Byte arrays stored with a dictionary expand when decoded (one value repeated a
+    million times), at any depth: those leaves alone are read *as dictionaries* (their
+    indices are within the bound just checked), a batch at a time, and their expanded
+    length summed without expanding them.
     """
     parquet_file = pq.ParquetFile(source)
     meta = parquet_file.metadata
-    schema = parquet_file.schema_arrow
-    rows = meta.num_rows
-    uncompressed: dict[str, int] = {}
-    dictionary: set[str] = set()
+    schema = parquet_file.schema
+    total = 0
+    expanding: set[str] = set()
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         for c in range(group.num_columns):
-            column = group.column(c)
-            top = column.path_in_schema.split(".")[0]
-            uncompressed[top] = uncompressed.get(top, 0) + column.total_uncompressed_size
-            if column.has_dictionary_page:
-                dictionary.add(top)
-    total = sum(uncompressed.values())
-    if total > limit:
-        return total
-    total = 0
-    expanding: list[str] = []
-    for field in schema:
-        width = field.type.bit_width if pa.types.is_primitive(field.type) else None
-        if width is not None and not pa.types.is_boolean(field.type):
-            total += rows * width // 8 + rows // 8
-        elif _expands(field.type) and field.name in dictionary:
-            expanding.append(field.name)
-        else:
-            total += uncompressed.get(field.name, 0)
-    if total > limit or not expanding:
+            chunk = group.column(c)
+            bound, dictionary = _leaf_bound(schema.column(c), chunk)
+            total += bound
+            if dictionary:
+                expanding.add(chunk.path_in_schema)
+        if total > limit:
+            return total
+    if not expanding:
         return total
     source.seek(0)
-    as_dictionaries = pq.ParquetFile(source, read_dictionary=expanding)
-    for batch in as_dictionaries.iter_batches(batch_size=_SIZE_BATCH, columns=expanding):
-        for column in batch.columns:
-            lengths = pc.binary_length(column.dictionary)
-            values = pc.sum(lengths.take(column.indices)).as_py() or 0
-            total += values + 8 * (len(column) + 1)
+    as_dictionaries = pq.ParquetFile(source, read_dictionary=sorted(expanding))
+    tops = sorted({path.split(".")[0] for path in expanding})
+    for batch in as_dictionaries.iter_batches(batch_size=_SIZE_BATCH, columns=tops):
+        total += sum(_expanded_bytes(column) for column in batch.columns)
         if total > limit:
             break
     return total

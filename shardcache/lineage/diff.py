@@ -16,7 +16,7 @@ from typing import Any
 
 from shardcache import manifests, plans, states
 
-#: A run of rows [start, stop) of one shard, named by its identity (path, version).
+#: A run of rows [start, stop) of one shard, named by its identity (path, content sha256).
 Segment = tuple[tuple[str, str], int, int]
 
 
@@ -63,7 +63,9 @@ def segments(run: RunPlan, rank: int, epoch: int) -> list[Segment]:
     out: list[Segment] = []
     pos = 0
     for r in plans.rank_runs(m.shard_rows, m.digest, params):
-        key = (m.shards[r.shard].path, m.shards[r.shard].version)
+        # The content hash, not the store's identity: a shard whose bytes changed is
+        # other samples, and one re-uploaded unchanged (a new ETag) is the same.
+        key = (m.shards[r.shard].path, m.shards[r.shard].sha256)
         lo, hi = pos, pos + len(r)
         cursor = lo
         for s in skips:

@@ -10,6 +10,7 @@ calls it from an executor and embedded mode calls it directly.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -24,11 +25,14 @@ import pyarrow.fs as pafs
 
 from shardcache import errors, faultpoints, formats, manifests, plans, source, uris
 from shardcache.contract import variables
-from shardcache.node import quotas, tiers
+from shardcache.node import decode_budgets, quotas, tiers
 
 log = logging.getLogger(__name__)
 
 GiB = 1 << 30
+#: Most bytes a byte of JSON Lines text decodes to: a digit and its comma ("0,") to an
+#: 8-byte number is 4; twice that for margin. What its decode may take (`_decode`).
+_TEXT_EXPANSION = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +167,9 @@ class CacheNode:
             limit_bytes=settings.disk_limit,
             name="disk",
             fsync=True,
-            verify="always",
+            # Sizes only: every hit is hashed against the manifest's sha256 instead
+            # (`_intact`), not against the entry's meta file, which its writer wrote.
+            verify="never",
             observer=self._events,
             wait_timeout=settings.wait_timeout,
         )
@@ -194,6 +200,7 @@ class CacheNode:
             self.fetch_concurrency, thread_name_prefix="shardcache-fetch"
         )
         self._working = threading.BoundedSemaphore(self.fetch_concurrency)
+        self._decoding = decode_budgets.DecodeBudget(settings.memory_limit)
         self._warned_small_memory = False
         self._closed = False
 
@@ -312,49 +319,65 @@ class CacheNode:
                 self._inflight.pop(shard, None)
 
     def _load(self, shard: int, *, prefetch: bool, held: int = 0) -> None:
-        entry = self.manifest.shards[shard]
         mem_key = self.manifest.decoded_key(shard)
         if self.memory.contains(mem_key):
             return
-        # Readahead and the acquires that fetch for themselves (one control thread
-        # each) share the fetch concurrency: a 2-CPU pod with 16 ranks waiting on cold
-        # shards decodes two at a time, not sixteen. Only the fetch and the decode
-        # count: the insert below may wait for room, which must not hold a slot.
         key = self.manifest.source_key(shard)
-        with self._working:
-            try:
-                disk_entry, hit = self.disk.get_or_insert(
-                    key, entry.size, lambda tmp: self._fetch(shard, tmp)
-                )
-                if hit and not self._intact(shard, disk_entry.path):
-                    # Checked against the manifest, not the entry's own meta file:
-                    # whoever wrote the entry wrote that too. Fetched again, and checked
-                    # on fetch.
-                    disk_entry.release()
+        # The decoded shard's bytes stay reserved until it is in the memory tier: with
+        # `fetch_concurrency` decodes at once, their total stays within the limit.
+        with contextlib.ExitStack() as reserved:
+            # Readahead and the acquires that fetch for themselves (one control thread
+            # each) share the fetch concurrency: a 2-CPU pod with 16 ranks waiting on
+            # cold shards decodes two at a time, not sixteen. Only the fetch and the
+            # decode count: the insert below may wait for room, which must not hold a
+            # slot.
+            with self._working:
+                disk_entry = self._disk_entry(shard, key)
+                try:
+                    with disk_entry:
+                        decoded = self._decode(shard, disk_entry.path, reserved)
+                except errors.ShardcacheError:
+                    # Bytes that are not the pinned shard (damaged on the way) are not
+                    # kept: the next acquire fetches again instead of meeting them from
+                    # the disk tier.
                     self.disk.evict(key)
-                    disk_entry, hit = self.disk.get_or_insert(
-                        key, entry.size, lambda tmp: self._fetch(shard, tmp)
-                    )
-                    if hit and not self._intact(shard, disk_entry.path):
-                        disk_entry.release()  # another reader leases the bad entry
-                        raise errors.ManifestMismatchError(
-                            f"shard {shard} ({entry.path}) in the disk tier is not the "
-                            f"content the manifest pinned ({entry.version}) and is in use "
-                            "elsewhere; retry once it is released"
-                        )
-            except errors.ShardcacheError as exc:
-                self._events.fetch_failed(shard, exc)
-                raise
-            try:
-                with disk_entry:
-                    decoded = self._decode(shard, disk_entry.path)
-            except errors.ShardcacheError:
-                # Bytes that are not the pinned shard (damaged on the way) are not
-                # kept: the next acquire fetches again instead of meeting them from
-                # the disk tier.
-                self.disk.evict(key)
-                raise
-        faultpoints.reach("cache.decode")
+                    raise
+            faultpoints.reach("cache.decode")
+            self._insert_decoded(shard, mem_key, decoded, prefetch=prefetch, held=held)
+
+    def _disk_entry(self, shard: int, key: str) -> tiers.Entry:
+        """A lease on the shard's source bytes in the disk tier: fetched (and checked on
+        fetch) if missing; if found, checked against the manifest's sha256, not the
+        entry's own meta file (whoever wrote the entry wrote that too)."""
+        entry = self.manifest.shards[shard]
+        try:
+            disk_entry, hit = self.disk.get_or_insert(
+                key, entry.size, lambda tmp: self._fetch(shard, tmp)
+            )
+            if not hit or self._intact(shard, disk_entry.path):
+                return disk_entry
+            disk_entry.release()
+            self._events.corrupted(self.disk.name, key)
+            self.disk.evict(key)
+            disk_entry, hit = self.disk.get_or_insert(
+                key, entry.size, lambda tmp: self._fetch(shard, tmp)
+            )
+            if not hit or self._intact(shard, disk_entry.path):
+                return disk_entry
+            disk_entry.release()  # another reader leases the bad entry: not evicted
+            raise errors.ManifestMismatchError(
+                f"shard {shard} ({entry.path}) in the disk tier is not the content the "
+                f"manifest pinned (sha256 {entry.sha256}) and is in use elsewhere; retry "
+                "once it is released"
+            )
+        except errors.ShardcacheError as exc:
+            self._events.fetch_failed(shard, exc)
+            raise
+
+    def _insert_decoded(
+        self, shard: int, mem_key: str, decoded: formats.Decoded, *, prefetch: bool, held: int
+    ) -> None:
+        entry = self.manifest.shards[shard]
         try:
             # Readahead never evicts: an evicted shard would be one a reader needs
             # sooner. Acquires do evict (least recently used, never leased).
@@ -403,54 +426,85 @@ class CacheNode:
             what=f"fetching shard {shard} ({entry.path}) from {uris.redact(self.manifest.root)}",
             policy=self.settings.retry,
             identity=entry.version,
+            sha256=entry.sha256,
         )
         faultpoints.reach("cache.fetch")
         self._events.fetched(entry.size, time.monotonic() - started)
 
     def _intact(self, shard: int, path: Path) -> bool:
-        """Whether a disk-tier hit holds the bytes the manifest pinned, where its identity
-        is a content hash (file:// sources); an ETag is checked on every fetch instead."""
-        identity = self.manifest.shards[shard].version
-        if not identity.startswith(source.SHA256_PREFIX):
-            return True
-        found = source.SHA256_PREFIX + tiers.sha256_file(path)
-        if found != identity:
+        """Whether a disk-tier hit holds the bytes the manifest pinned: hashed and
+        compared with the manifest's sha256, never with the entry's meta file (whoever
+        wrote a forged entry wrote that too). One read of the shard per hit, beside the
+        decode's; the disk tier is read only to fill the memory tier."""
+        pinned = self.manifest.shards[shard].sha256
+        found = tiers.sha256_file(path)
+        if found != pinned:
             log.warning(
-                "disk tier: shard %d (%s) is %s, the manifest pinned %s; fetching it again",
+                "disk tier: shard %d (%s) has sha256 %s, the manifest pinned %s; not "
+                "served, fetching it again",
                 shard,
                 self.manifest.shards[shard].path,
                 found,
-                identity,
+                pinned,
             )
             return False
         return True
 
-    def _decode(self, shard: int, path: Path) -> formats.Decoded:
+    def _decode(self, shard: int, path: Path, reserved: contextlib.ExitStack) -> formats.Decoded:
+        """Decode a disk-tier shard, bounded before and while decoding; its decoded bytes
+        are reserved on `reserved` (the caller's, held until the memory tier has them)."""
         entry = self.manifest.shards[shard]
+        limit = self.settings.memory_limit
+        what = f"shard {shard} ({entry.path})"
         try:
             with pa.OSFile(str(path), "rb") as f:
                 # Bounded before decoding: a decompression bomb never reaches memory.
-                limit = self.settings.memory_limit
                 size = formats.decoded_size(self.manifest.format, f, limit=limit)
                 if size is not None and size > limit:
                     raise tiers.EntryTooLargeError(
-                        f"shard {shard} ({entry.path}) takes over {size} bytes decoded (from its "
-                        f"metadata) but the memory tier holds at most {limit} bytes: refused "
-                        "before decoding; raise the memory limit (cache.memory) or write "
-                        "smaller shards",
+                        f"{what} takes over {size} bytes decoded (from its metadata) but "
+                        f"the memory tier holds at most {limit} bytes: refused before "
+                        "decoding; raise the memory limit (cache.memory) or write smaller "
+                        "shards",
                         size=size,
                         limit=limit,
                     )
+                # A format that cannot tell (JSON Lines) is bounded while it decodes, by
+                # what its text can decode to (`_TEXT_EXPANSION`) within the limit.
+                budget = size if size is not None else min(limit, _TEXT_EXPANSION * entry.size)
+                reserved.enter_context(self._decoding.reserve(budget))
                 f.seek(0)
-                decoded = formats.decode(self.manifest.format, f)
+                decoded = formats.decode(
+                    self.manifest.format,
+                    f,
+                    budget=formats.budgets.Budget(bytes=budget, rows=entry.rows),
+                )
+        except formats.budgets.OverBudget as exc:
+            # pyarrow's allocator keeps what a thread freed for that thread: without this,
+            # each fetch thread that stopped a hostile decode would hold its budget on.
+            pa.default_memory_pool().release_unused()
+            if exc.what == formats.budgets.ROWS:
+                raise errors.ManifestMismatchError(
+                    f"{what} has over {exc.found} rows, the manifest pinned {entry.rows}: "
+                    "refused while decoding"
+                ) from exc
+            if exc.what in (formats.budgets.LINE, formats.budgets.FIELDS, formats.budgets.DEPTH):
+                raise errors.InputError(f"{what} {exc}: refused while decoding") from exc
+            raise tiers.EntryTooLargeError(
+                f"{what} decodes to over {exc.found} {exc.what}, expected at most "
+                f"{exc.limit} (the memory tier's limit of {limit} bytes, or "
+                f"{_TEXT_EXPANSION} x its {entry.size} bytes of text): refused while "
+                "decoding; raise the memory limit (cache.memory) or write smaller shards",
+                size=exc.found,
+                limit=exc.limit,
+            ) from exc
         except (ValueError, TypeError, OSError) as exc:
             raise errors.InputError(
-                f"shard {shard} ({entry.path}) cannot be decoded as {self.manifest.format}: {exc}"
+                f"{what} cannot be decoded as {self.manifest.format}: {exc}"
             ) from exc
         if decoded.batch.num_rows != entry.rows:
             raise errors.ManifestMismatchError(
-                f"shard {shard} ({entry.path}) has {decoded.batch.num_rows} rows, "
-                f"the manifest pinned {entry.rows}"
+                f"{what} has {decoded.batch.num_rows} rows, the manifest pinned {entry.rows}"
             )
         return decoded
 

@@ -4,6 +4,7 @@ together (issue 14: a pod with 2 CPUs must not run 16 decoders)."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -43,14 +44,16 @@ def test_acquires_of_cold_shards_decode_no_more_than_the_fetch_concurrency_at_on
     running, most = 0, 0
     lock = threading.Lock()
 
-    def counted(self: caches.CacheNode, shard: int, path: Path) -> formats.Decoded:
+    def counted(
+        self: caches.CacheNode, shard: int, path: Path, reserved: contextlib.ExitStack
+    ) -> formats.Decoded:
         nonlocal running, most
         with lock:
             running += 1
             most = max(most, running)
         try:
             time.sleep(0.1)  # long enough for every acquire to be waiting at once
-            return decode(self, shard, path)
+            return decode(self, shard, path, reserved)
         finally:
             with lock:
                 running -= 1

@@ -90,7 +90,11 @@ async def test_reconcile_pins_the_digest_of_the_real_bucket(
     assert result.status["rows"] == 300
     assert result.status["bytes"] == expected.total_bytes
     assert result.status["observedGeneration"] == 1
-    assert result.status["resolvedSource"] == {"uri": uri, "format": "parquet"}
+    assert result.status["resolvedSource"] == {
+        "uri": uri,
+        "format": "parquet",
+        "manifestVersion": str(manifests.MANIFEST_VERSION),
+    }
     assert {t: c["status"] for t, c in conditions(result).items()} == {
         "SourceReachable": "True",
         "ManifestResolved": "True",
@@ -130,6 +134,26 @@ async def test_a_changed_source_resolves_again(s3_server: S3Server, s3_bucket: s
     second = await run(obj, s3_server)
     assert second.status["shards"] == 4
     assert second.status["manifestDigest"] != first.status["manifestDigest"]
+
+
+async def test_a_pin_of_an_older_manifest_version_is_resolved_again(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    """Manifest version 2 pins had no per-shard sha256; their digests never match what
+    sidecars of version 3 resolve, so the operator re-pins instead of handing them on."""
+    write_shards(s3_server, s3_bucket, "train", 2)
+    uri = f"s3://{s3_bucket}/train/"
+    obj = dsm(uri)
+    first = await run(obj, s3_server)
+    old = "sha256:" + "1" * 64
+    obj["status"] = {
+        **first.status,
+        "manifestDigest": old,
+        "resolvedSource": {"uri": uri, "format": "parquet"},  # as version 2 wrote it
+    }
+    again = await run(obj, s3_server, now=LATER)
+    assert again.status["manifestDigest"] == first.status["manifestDigest"] != old
+    assert [e.reason for e in again.events] == ["ManifestPinned"]
 
 
 async def test_explicit_version_pin_is_checked_against_the_source(

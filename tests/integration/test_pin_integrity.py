@@ -14,13 +14,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
 import shardcache
-from shardcache import errors, manifests, source
+from shardcache import contract, errors, manifests, plans, sidecar_client, source
 from shardcache.node import tiers
+from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
+from tests.support.sidecar import SidecarProcess
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +51,10 @@ def dataset(tmp_path: Path) -> Path:
 
 def test_a_shard_changed_in_place_changes_the_digest(dataset: Path) -> None:
     before = manifests.resolve(dataset.as_uri())
-    assert all(s.version.startswith(source.SHA256_PREFIX) for s in before.shards)
+    assert [s.sha256 for s in before.shards] == [
+        source.content_sha256(pafs.LocalFileSystem(), str(dataset / name))
+        for name in ("a.parquet", "b.parquet")
+    ]
     change_in_place(dataset / "a.parquet", list(range(1000, 1100)))
     after = manifests.resolve(dataset.as_uri())
     assert after.digest != before.digest
@@ -68,9 +74,10 @@ def test_a_fetch_of_a_changed_shard_is_refused_naming_both_identities(
             expected_size=pinned.shards[0].size,
             what="fetching shard 0 (a.parquet)",
             identity=pinned.shards[0].version,
+            sha256=pinned.shards[0].sha256,
         )
     message = str(caught.value)
-    assert "a.parquet" in message and pinned.shards[0].version in message
+    assert "a.parquet" in message and f"sha256:{pinned.shards[0].sha256}" in message
     assert "not served" in message
 
 
@@ -136,3 +143,89 @@ def test_s3_shards_are_pinned_by_etag_and_a_rewrite_is_refused_on_fetch(
             what="fetching shard 0 (a.parquet)",
             identity=pinned.shards[0].version,
         )
+
+
+def _disk_entries(disk: Path) -> dict[str, Path]:
+    return {
+        m.name[: -len(".meta.json")]: m.with_name(m.name[: -len(".meta.json")])
+        for m in disk.glob("*.meta.json")
+        if not m.name.startswith("manifest-")
+    }
+
+
+def test_a_forged_s3_shard_in_the_node_tier_is_refused_for_the_second_reader(
+    s3_server: S3Server,
+    s3_bucket: str,
+    fault_proxy: FaultProxy,
+    sidecar_factory: Callable[..., SidecarProcess],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gap manifest version 2 left: an s3:// shard's disk-tier hit was checked
+    against the tier's own sha256 (an ETag is no content hash). Two sidecars share one
+    node disk tier; between them its shard entries are overwritten with one shard's
+    bytes (valid Parquet of the same size, other rows) and self-consistent meta files,
+    which the tier's own check passes. The second sidecar serves the pinned rows."""
+    fs = s3_server.filesystem()
+    fs.create_dir(f"{s3_bucket}/ds")
+    for name, first in (("a", 0), ("b", 100), ("c", 200)):
+        local = tmp_path / f"{name}.parquet"
+        write_shard(local, list(range(first, first + 100)))
+        with fs.open_output_stream(f"{s3_bucket}/ds/{name}.parquet") as out:
+            out.write(local.read_bytes())
+    uri = f"s3://{s3_bucket}/ds"
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    pinned = manifests.resolve(uri, format="parquet")
+    assert len({s.size for s in pinned.shards}) == 1  # equal sizes: swaps go unnoticed
+    env = {
+        **s3_server.env(),
+        "AWS_ENDPOINT_URL": fault_proxy.endpoint_url,
+        contract.ENV_MANIFEST_DIGEST: pinned.digest,
+        contract.ENV_SOURCE_FORMAT: "parquet",
+        contract.ENV_DISK_DIR: str(tmp_path / "node-disk"),
+    }
+
+    def read_all(proc: SidecarProcess) -> list[int]:
+        provider = sidecar_client.SidecarProvider.from_env(
+            environ=proc.client_env(), reconnect_timeout=10.0
+        )
+        ds = shardcache.Dataset(provider, plans.PlanParams(seed=1))
+        try:
+            return sorted(int(v) for b in ds.batches(64) for v in b.column("x").to_pylist())
+        finally:
+            ds.close()
+
+    first = sidecar_factory(uri, env=env)
+    first.start(wait="ready")
+    assert read_all(first) == list(range(300))
+    first.stop()
+
+    entries = _disk_entries(tmp_path / "node-disk")
+    assert len(entries) == 3
+    contents = {key: path.read_bytes() for key, path in entries.items()}
+    keys = sorted(contents)
+    # Every shard entry gets the first one's bytes: its rows, three times over.
+    forged = {key: contents[keys[0]] for key in keys}
+    # Every entry's meta file is rewritten to match (the kept manifest's bytes stay).
+    assert _forge(tmp_path / "node-disk", lambda old: forged.get(_key_of(contents, old), old)) == 4
+    tier = tiers.Tier(tmp_path / "node-disk", limit_bytes=1 << 30, name="disk")
+    assert tier.scan().corrupted == 0  # the tier's own record vouches for the forgery
+    before = fault_proxy.requests_seen
+
+    second = sidecar_factory(uri, env=env)
+    second.start(wait="ready")
+    assert read_all(second) == list(range(300))
+    assert fault_proxy.requests_seen > before  # fetched again from the store
+    _, metrics = second.http_get("/metrics")
+    corrupted = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('shardcache_cache_corrupted_entries_total{tier="disk"}')
+    ]
+    assert corrupted and float(corrupted[0].rsplit(" ", 1)[1]) == 2
+    assert "the manifest pinned" in second.log_tail()
+
+
+def _key_of(contents: dict[str, bytes], data: bytes) -> str:
+    return next((key for key, value in contents.items() if value == data), "")

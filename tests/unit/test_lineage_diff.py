@@ -13,14 +13,16 @@ pytestmark = pytest.mark.unit
 
 
 def manifest(
-    rows: list[int], *, version: str = "v1", extra: str | None = None
+    rows: list[int], *, content: str = "v1", extra: str | None = None
 ) -> manifests.Manifest:
     shards = [
-        manifests.ShardEntry(f"part-{i:02d}.parquet", 100 + n, version if i == 2 else "v1", n, "f")
+        manifests.ShardEntry(
+            f"part-{i:02d}.parquet", 100 + n, "etag:x", n, "f", content if i == 2 else "v1"
+        )
         for i, n in enumerate(rows)
     ]
     if extra is not None:
-        shards.append(manifests.ShardEntry(extra, 10, "v1", 7, "f"))
+        shards.append(manifests.ShardEntry(extra, 10, "etag:x", 7, "f", "v1"))
     return manifests.Manifest.build("file:///data", "parquet", tuple(shards))
 
 
@@ -35,7 +37,7 @@ def brute_batches(run: diff.RunPlan, rank: int, epoch: int) -> list[list[tuple[s
     m = run.manifest
     params = dataclasses.replace(run.params, rank=rank, epoch=epoch)
     rows = [
-        (m.shards[r.shard].path, m.shards[r.shard].version, row)
+        (m.shards[r.shard].path, m.shards[r.shard].sha256, row)
         for r in plans.rank_runs(m.shard_rows, m.digest, params)
         for row in range(r.start, r.stop)
     ]
@@ -47,9 +49,9 @@ def brute_batches(run: diff.RunPlan, rank: int, epoch: int) -> list[list[tuple[s
 
 def brute_first(a: diff.RunPlan, b: diff.RunPlan, epochs: int) -> tuple[int, int, int] | None:
     def full(run: diff.RunPlan, rank: int, epoch: int) -> list[list[tuple[str, str, int]]]:
-        # Compare with the shard version too: a changed shard is another sample.
+        # Compare with the shard content too: a changed shard is another sample.
         m = run.manifest
-        versions = {s.path: s.version for s in m.shards}
+        versions = {s.path: s.sha256 for s in m.shards}
         return [
             [(p, versions[p], r) for p, r in batch] for batch in brute_batches(run, rank, epoch)
         ]
@@ -75,7 +77,7 @@ CASES = {
     "block size": dataclasses.replace(BASE, params=dataclasses.replace(BASE.params, block_size=8)),
     "skip": dataclasses.replace(BASE, skips={1: (states.Skip(0, 8, 16),)}),
     "skip in epoch 1": dataclasses.replace(BASE, skips={2: (states.Skip(1, 4, 12),)}),
-    "changed shard": dataclasses.replace(BASE, manifest=manifest([23, 0, 40, 17, 9], version="v2")),
+    "changed shard": dataclasses.replace(BASE, manifest=manifest([23, 0, 40, 17, 9], content="v2")),
     "added shard": dataclasses.replace(
         BASE, manifest=manifest([23, 0, 40, 17, 9], extra="z.parquet")
     ),

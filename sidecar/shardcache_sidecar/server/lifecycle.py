@@ -229,8 +229,9 @@ class Sidecar:
                 protocol.CODE_MANIFEST_MISMATCH,
                 f"{uris.redact(s.source_uri)} resolves to manifest {manifest.digest}, but "
                 f"{contract.ENV_MANIFEST_DIGEST} pins {s.manifest_digest}: the dataset changed "
-                "since it was pinned; refusing to serve it. Re-pin the DatasetMount (or "
-                "restore the pinned objects) and restart the pod.",
+                "since it was pinned (or it was pinned by a shardcache of another manifest "
+                f"version; this one is {manifests.MANIFEST_VERSION}); refusing to serve it. "
+                "Re-pin the DatasetMount (or restore the pinned objects) and restart the pod.",
             )
             return
         node = await self.blocking(
