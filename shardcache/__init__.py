@@ -21,6 +21,7 @@ from shardcache.errors import (
     StateMismatchError,
 )
 from shardcache.manifests import Manifest, resolve
+from shardcache.mixtures import Mixture, Schedule, mix
 from shardcache.plans import PlanParams
 
 __version__ = "0.1.0"
@@ -31,12 +32,15 @@ __all__ = [
     "InputError",
     "Manifest",
     "ManifestMismatchError",
+    "Mixture",
     "PlanParams",
+    "Schedule",
     "ShardcacheError",
     "SidecarUnavailableError",
     "SourceError",
     "StateMismatchError",
     "__version__",
+    "mix",
     "open",
     "resolve",
 ]
