@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from shardcache import errors
-from shardcache.formats import arrow, jsonl, parquet
+from shardcache.formats import arrow, jsonl, parquet, schemas
 
 #: Version of the decoded form; part of every memory-tier key, so a change never
 #: serves a file written by an older version.
@@ -102,9 +102,13 @@ def decoded_size(name: str, source: pa.NativeFile, *, limit: int) -> int | None:
     return None
 
 
-def decode(name: str, source: pa.NativeFile) -> Decoded:
-    """Decode a whole shard into one uncompressed record batch and size its IPC file."""
-    table = get(name).read(source)
+def decode(name: str, source: pa.NativeFile, *, promoted: pa.Schema | None = None) -> Decoded:
+    """Decode a whole shard into one uncompressed record batch and size its IPC file.
+
+    Columns of type null named in `promoted` (the manifest's schema unification,
+    `schemas.unify`) become all-null columns of the promoted type.
+    """
+    table = schemas.promote(get(name).read(source), promoted)
     batch = _one_batch(table)
 
     def write(path: str) -> None:

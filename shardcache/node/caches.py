@@ -442,7 +442,9 @@ class CacheNode:
                         limit=limit,
                     )
                 f.seek(0)
-                decoded = formats.decode(self.manifest.format, f)
+                decoded = formats.decode(
+                    self.manifest.format, f, promoted=self.manifest.promoted_schema
+                )
         except (ValueError, TypeError, OSError) as exc:
             raise errors.InputError(
                 f"shard {shard} ({entry.path}) cannot be decoded as {self.manifest.format}: {exc}"
