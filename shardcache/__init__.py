@@ -10,6 +10,7 @@ state = ds.state_dict()                 # resume later with ds.load_state_dict(s
 from __future__ import annotations
 
 from shardcache._open import open
+from shardcache._open_mixture import open_mixture
 from shardcache.datasets import Dataset
 from shardcache.errors import (
     CacheError,
@@ -42,5 +43,6 @@ __all__ = [
     "__version__",
     "mix",
     "open",
+    "open_mixture",
     "resolve",
 ]
