@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import celpy
+import celpy.adapter
 import pytest
 import yaml
 from shardcache_operator import crd, injection, pod_env, specs
@@ -31,7 +32,7 @@ def mixture_rules() -> list[str]:
 
 def evaluate(rule: str, value: Any) -> bool:
     env = celpy.Environment()
-    return bool(env.program(env.compile(rule)).evaluate({"self": celpy.json_to_cel(value)}))
+    return bool(env.program(env.compile(rule)).evaluate({"self": celpy.adapter.json_to_cel(value)}))
 
 
 MIXTURES = [
