@@ -49,6 +49,18 @@ def mixture_env(uris: dict[str, str], *, weights: dict[str, int]) -> str:
     return variables.MIXTURE.render(mixture)
 
 
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one series in a Prometheus text exposition."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{"):
+            series, value = line.rsplit(" ", 1)
+            got = ",".join(sorted(series[len(name) + 1 : -1].split(",")))
+            if got == want:
+                return float(value)
+    raise AssertionError(f"no series {name}{{{want}}} in:\n{text}")
+
+
 def status_of(socket: Path) -> dict[str, Any]:
     conn = UnixHTTPConnection(socket)
     try:
@@ -93,6 +105,12 @@ def test_the_sidecar_serves_every_source_and_the_trainer_mixes_them(
     # The second source has a socket and memory tier of its own below the mount's.
     code_socket = mixture_sources.source_dir(proc.socket_path.parent, "code") / "control.sock"
     assert status_of(code_socket)["manifest"]["digest"] == state["sources"]["code"]["digest"]
+    # The pod's one scraped port counts each source.
+    text = proc.http_get("/metrics")[1]
+    for name in SHARDS:
+        fetched = metric(text, "shardcache_mixture_source_fetched_bytes_total", source=name)
+        assert fetched > 0, name
+        assert metric(text, "shardcache_mixture_source_resident_bytes", source=name, tier="memory")
 
 
 def test_resume_through_the_sidecar_continues_row_by_row(

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from shardcache import errors
 from shardcache.contract import mixture_sources, protocol
-from shardcache_sidecar import configuration
+from shardcache_sidecar import configuration, metrics
 from shardcache_sidecar.checkpoint import agent, hook
 from shardcache_sidecar.server import control, lifecycle, probes, replies
 from shardcache_sidecar.ui import routes
@@ -219,6 +219,10 @@ async def serve(
 
     def first_started(sidecar: lifecycle.Sidecar) -> None:
         served[names[0]] = sidecar
+        # Per-source series on the scraped port (the further sources' own are not).
+        sidecar.metrics.registry.register(
+            metrics.MixtureCollector(lambda: {n: s.stats() for n, s in served.items()})
+        )
         sidecar.readiness.require(MIXTURE_GATE, f"waiting for sources {names[1:]}")
         gates.append(asyncio.get_running_loop().create_task(gate(sidecar)))
         if on_start is not None:
