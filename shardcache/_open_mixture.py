@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Mapping
 
-from shardcache import checkpoint, contract, datasets, errors, mixtures, plans
+from shardcache import _open_options, checkpoint, contract, datasets, errors, mixtures, plans
 from shardcache.contract import mixture_sources, variables
 
 
@@ -67,6 +67,21 @@ def open_mixture(
     """
     from shardcache import sidecar_client
 
+    given = {
+        "mount": mount,
+        "shuffle": shuffle,
+        "seed": seed,
+        "rank": rank,
+        "world_size": world_size,
+        "epoch": epoch,
+        "block_size": block_size,
+        "resume_from": resume_from,
+    }
+    # The options shared with open() are checked as open() checks them.
+    for name, value in given.items():
+        _open_options.check_value(name, value)
+    if mix_seed is not None and (isinstance(mix_seed, bool) or not isinstance(mix_seed, int)):
+        raise errors.InputError(f"open_mixture(): mix_seed: expected an int, found {mix_seed!r}")
     mixture, mount_dir = descriptor(mount, environ=environ)
     state = checkpoint.data_state(resume_from) if resume_from is not None else None
     params = plans.PlanParams(
