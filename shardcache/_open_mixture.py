@@ -79,7 +79,12 @@ def open_mixture(
     }
     # The options shared with open() are checked as open() checks them.
     for name, value in given.items():
-        _open_options.check_value(name, value)
+        try:
+            _open_options.check_value(name, value)
+        except errors.InputError as exc:
+            raise errors.InputError(
+                str(exc).replace("shardcache.open():", "shardcache.open_mixture():", 1)
+            ) from None
     if mix_seed is not None and (isinstance(mix_seed, bool) or not isinstance(mix_seed, int)):
         raise errors.InputError(f"open_mixture(): mix_seed: expected an int, found {mix_seed!r}")
     mixture, mount_dir = descriptor(mount, environ=environ)
