@@ -264,12 +264,6 @@ class Mixture:
             raise errors.InputError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if steps is not None and (isinstance(steps, bool) or steps < 0):
             raise errors.InputError(f"steps must be an int >= 0 or None, got {steps!r}")
-        for name, ds in self._sources.items():
-            if len(ds) == 0:
-                raise errors.InputError(
-                    f"mix(): source {name!r} has no rows for rank {ds.params.rank}: "
-                    "a mixture cannot draw from it"
-                )
         key = (batch_size, tuple(columns) if columns is not None else None)
         if key != self._stream_key:
             self._close_streams()
@@ -292,6 +286,12 @@ class Mixture:
     ) -> list[pa.RecordBatch]:
         """The next `batch_size` rows of source `name`, across its epoch end if need be."""
         ds = self._sources[name]
+        if len(ds) == 0:
+            # A source of weight 0 throughout may be empty; one that is drawn may not.
+            raise errors.InputError(
+                f"mix(): source {name!r} has no rows for rank {ds.params.rank} but was drawn "
+                "(its weight is above 0): give it rows or weight 0"
+            )
         pieces: list[pa.RecordBatch] = []
         want = batch_size
         while want:

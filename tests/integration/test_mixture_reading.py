@@ -142,3 +142,24 @@ def test_counts_say_how_many_batches_and_rows_each_source_served(
     assert snap["sources"]["code"]["batches"] == 20 - web
     assert snap["sources"]["web"]["rows"] == web * BATCH
     assert json.loads(json.dumps(snap)) == snap
+
+
+def test_an_empty_source_may_only_have_weight_zero(roots: dict[str, str], tmp_path: Path) -> None:
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    pq.write_table(datasets.make_table(50_000, 2), tiny / "part-00000.parquet")
+
+    def sources(cache: Path) -> dict[str, shardcache.Dataset]:
+        # Rank 0 of 4 over 2 rows reads nothing.
+        empty = shardcache.open(str(tiny), cache_dir=cache / "tiny", rank=0, world_size=4)
+        return {"web": shardcache.open(roots["web"], cache_dir=cache / "web"), "tiny": empty}
+
+    with shardcache.mix(sources(tmp_path / "a"), weights={"web": 1, "tiny": 0}) as m:
+        assert len(list(m.batches(BATCH, steps=5))) == 5
+    with (
+        shardcache.mix(sources(tmp_path / "b"), weights={"web": 0, "tiny": 1}) as m,
+        pytest.raises(
+            errors.InputError, match="source 'tiny' has no rows for rank 0 but was drawn"
+        ),
+    ):
+        next(m.batches(BATCH))
