@@ -10,6 +10,7 @@ state = ds.state_dict()                 # resume later with ds.load_state_dict(s
 from __future__ import annotations
 
 from shardcache._open import open
+from shardcache._open_mixture import open_mixture
 from shardcache.datasets import Dataset
 from shardcache.errors import (
     CacheError,
@@ -21,6 +22,7 @@ from shardcache.errors import (
     StateMismatchError,
 )
 from shardcache.manifests import Manifest, resolve
+from shardcache.mixtures import Mixture, Schedule, mix
 from shardcache.plans import PlanParams
 
 __version__ = "0.1.0"
@@ -31,12 +33,16 @@ __all__ = [
     "InputError",
     "Manifest",
     "ManifestMismatchError",
+    "Mixture",
     "PlanParams",
+    "Schedule",
     "ShardcacheError",
     "SidecarUnavailableError",
     "SourceError",
     "StateMismatchError",
     "__version__",
+    "mix",
     "open",
+    "open_mixture",
     "resolve",
 ]

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from shardcache import errors, formats, source, uris
+from shardcache.formats import schemas
 
 #: 3: every shard carries the sha256 of its bytes (`ShardEntry.sha256`), which the
 #: digest covers and every served byte is checked against; 2: a shard's `version` is
@@ -56,10 +57,22 @@ class Manifest:
     format: str
     shards: tuple[ShardEntry, ...]
     digest: str
+    #: `formats.schemas.encode` of the fields some shards have as type null and others
+    #: as a type (`formats.schemas.unify`): decoding casts those columns to it. None
+    #: when every shard has the same schema (then the digest is as before unification).
+    promoted: str | None = None
 
     @classmethod
-    def build(cls, root: str, fmt: str, shards: tuple[ShardEntry, ...]) -> Manifest:
-        return cls(root=root, format=fmt, shards=shards, digest=compute_digest(fmt, shards))
+    def build(
+        cls, root: str, fmt: str, shards: tuple[ShardEntry, ...], *, promoted: str | None = None
+    ) -> Manifest:
+        digest = compute_digest(fmt, shards, promoted=promoted)
+        return cls(root=root, format=fmt, shards=shards, digest=digest, promoted=promoted)
+
+    @cached_property
+    def promoted_schema(self) -> pa.Schema | None:
+        """The fields decoding promotes from type null (None: nothing to promote)."""
+        return schemas.decode(self.promoted) if self.promoted is not None else None
 
     @cached_property
     def shard_rows(self) -> list[int]:
@@ -86,17 +99,25 @@ class Manifest:
         return hashlib.sha256(text.encode()).hexdigest()[:40]
 
     def decoded_key(self, index: int) -> str:
-        """The memory-tier key: source identity plus the decoded form's version."""
-        return f"{self.source_key(index)}-d{formats.DECODE_VERSION}"
+        """The memory-tier key: source identity plus the decoded form's version, and the
+        promotion when there is one (the same source shard decodes to another schema in
+        a dataset whose other shards type its null columns)."""
+        key = f"{self.source_key(index)}-d{formats.DECODE_VERSION}"
+        if self.promoted is not None:
+            key += f"-u{schemas.identity(self.promoted)}"
+        return key
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "version": MANIFEST_VERSION,
             "root": self.root,
             "format": self.format,
             "digest": self.digest,
             "shards": [dataclasses.asdict(s) for s in self.shards],
         }
+        if self.promoted is not None:
+            out["promoted"] = self.promoted
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Manifest:
@@ -108,7 +129,13 @@ class Manifest:
             )
         try:
             shards = tuple(ShardEntry(**s) for s in data["shards"])
-            manifest = cls.build(str(data["root"]), str(data["format"]), shards)
+            promoted = data.get("promoted")
+            manifest = cls.build(
+                str(data["root"]),
+                str(data["format"]),
+                shards,
+                promoted=str(promoted) if promoted is not None else None,
+            )
         except (KeyError, TypeError) as exc:
             raise errors.InputError(f"malformed manifest: {exc}") from exc
         if manifest.digest != data["digest"]:
@@ -119,17 +146,18 @@ class Manifest:
         return manifest
 
 
-def compute_digest(fmt: str, shards: tuple[ShardEntry, ...]) -> str:
-    """sha256 over the shard list. The root is left out: a copy of the same objects
-    under another prefix is the same dataset."""
+def compute_digest(fmt: str, shards: tuple[ShardEntry, ...], *, promoted: str | None = None) -> str:
+    """sha256 over the shard list (and the promotion, when there is one). The root is
+    left out: a copy of the same objects under another prefix is the same dataset."""
+    content: dict[str, Any] = {
+        "version": MANIFEST_VERSION,
+        "format": fmt,
+        "shards": [[s.path, s.size, s.version, s.rows, s.fingerprint, s.sha256] for s in shards],
+    }
+    if promoted is not None:
+        content["promoted"] = promoted
     canonical = json.dumps(
-        {
-            "version": MANIFEST_VERSION,
-            "format": fmt,
-            "shards": [
-                [s.path, s.size, s.version, s.rows, s.fingerprint, s.sha256] for s in shards
-            ],
-        },
+        content,
         sort_keys=True,
         separators=(",", ":"),
     )
@@ -185,10 +213,10 @@ def resolve(
     fmt = format or formats.infer([info.path for _, info in files])
     reader = formats.get(fmt)
 
-    def inspect(item: tuple[str, pafs.FileInfo]) -> ShardEntry:
+    def inspect(item: tuple[str, pafs.FileInfo]) -> tuple[ShardEntry, pa.Schema]:
         rel, info = item
 
-        def read_meta() -> ShardEntry:
+        def read_meta() -> tuple[ShardEntry, pa.Schema]:
             with fs.open_input_file(info.path) as f:
                 version = source.content_identity(f, info)
                 try:
@@ -202,27 +230,29 @@ def resolve(
             # store gives alike (an ETag of a multipart upload is no content hash).
             # Costs a read of the dataset per resolve; docs/security.md says why here.
             sha256 = source.content_sha256(fs, info.path)
-            return ShardEntry(
+            entry = ShardEntry(
                 rel, info.size or 0, version, rows, formats.fingerprint(schema), sha256
             )
+            return entry, schema
 
         return source.with_retries(read_meta, what=f"reading {info.path}", policy=retry)
 
     with concurrent.futures.ThreadPoolExecutor(_INSPECT_CONCURRENCY) as pool:
-        shards = tuple(pool.map(inspect, files))
+        inspected = list(pool.map(inspect, files))
+    shards = tuple(entry for entry, _ in inspected)
     # An empty JSON Lines shard has no schema at all; it cannot disagree with others.
-    typed = [s for s in shards if not (s.rows == 0 and s.fingerprint == _NO_FIELDS)] or list(shards)
-    first = typed[0]
-    for shard in typed[1:]:
-        if shard.fingerprint != first.fingerprint:
-            raise errors.InputError(
-                f"shards disagree on the schema: {shard.path!r} (fingerprint "
-                f"{shard.fingerprint}) differs from {first.path!r} ({first.fingerprint}); "
-                "expected every shard to have the same fields and types"
-            )
+    typed = [
+        (entry.path or info.path, schema)
+        for (entry, schema), (_, info) in zip(inspected, files, strict=True)
+        if not (entry.rows == 0 and entry.fingerprint == _NO_FIELDS)
+    ]
+    unified = None
+    if len({formats.fingerprint(schema) for _, schema in typed}) > 1:
+        unified = schemas.unify(typed)
+    promoted = schemas.encode(unified) if unified is not None else None
     root_uri = uri.rstrip("/") if not single else uri.rsplit("/", 1)[0] if "/" in uri else uri
     if single:
         shards = tuple(
             dataclasses.replace(s, path=PurePosixPath(files[0][1].path).name) for s in shards
         )
-    return Manifest.build(root_uri, fmt, shards)
+    return Manifest.build(root_uri, fmt, shards, promoted=promoted)

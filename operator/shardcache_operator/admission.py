@@ -125,7 +125,11 @@ def decide(
             continue
         mounts.append(
             injection.Mount(
-                name=name, spec=mount.spec, digest=mount.manifest_digest, namespace=namespace
+                name=name,
+                spec=mount.spec,
+                digest=mount.manifest_digest,
+                namespace=namespace,
+                source_digests=mount.source_digests,
             )
         )
     if not mounts:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import typing
 from typing import Any
 
 import yaml
@@ -30,6 +31,13 @@ def field_schema(kind: Any, info: specs.FieldInfo) -> dict[str, Any]:
     """The OpenAPI schema of one model field."""
     if dataclasses.is_dataclass(kind) and isinstance(kind, type):
         schema = object_schema(kind, description=info.description)
+    elif typing.get_origin(kind) is tuple:
+        (item,) = (a for a in typing.get_args(kind) if a is not Ellipsis)
+        schema = {"type": "array", "description": info.description, "items": object_schema(item)}
+        if info.min_items is not None:
+            schema["minItems"] = info.min_items
+        if info.max_items is not None:
+            schema["maxItems"] = info.max_items
     elif info.quantity:
         schema = {
             "description": info.description,

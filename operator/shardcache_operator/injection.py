@@ -62,6 +62,8 @@ class Mount:
     #: read what another's wrote (docs/security.md). None (offline, no namespace): the
     #: node path itself.
     namespace: str | None = None
+    #: Digests pinned for the further sources of a mixture (status.mixture), by name.
+    source_digests: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +204,7 @@ def _sidecar(
         ui_port=names.ui_port,
         world_size=_world_size(mount, annotations),
         rank_field=_rank_field(mount.spec, indexed_job),
+        source_digests=mount.source_digests,
     )
     return sidecar_container.build(
         mount.spec,

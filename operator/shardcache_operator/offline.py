@@ -114,6 +114,7 @@ def inject_document(
             spec=mounts[name].spec,
             digest=mounts[name].manifest_digest,
             namespace=mounts[name].namespace,
+            source_digests=mounts[name].source_digests,
         )
         for name in wanted
     ]

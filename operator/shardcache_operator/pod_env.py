@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardcache import contract
-from shardcache.contract import parsers, variables
+from shardcache.contract import mixture_sources, parsers, variables
 from shardcache_operator import specs
 
 #: Trainer variables a user may set on a container themselves: their value wins.
@@ -67,6 +67,37 @@ def checkpoint_uri(spec: specs.DatasetMountSpec, ranked_by_index: bool) -> str |
     return spec.checkpoint.uri
 
 
+def mixture(
+    spec: specs.DatasetMountSpec, *, digest: str | None, source_digests: Mapping[str, str]
+) -> mixture_sources.Mixture | None:
+    """The sources the sidecar of a multi-source mount serves (None: one source).
+
+    The first is `spec.source` under `spec.mixture.name`; each further source carries
+    the digest pinned for it (`status.mixture`, else its own `version`), as the first
+    carries the mount's.
+    """
+    if spec.mixture is None:
+        return None
+    first = mixture_sources.Source(
+        name=spec.mixture.name,
+        weight=spec.mixture.weight,
+        uri=spec.source.uri,
+        format=spec.source.format,
+        digest=digest,
+    )
+    further = tuple(
+        mixture_sources.Source(
+            name=s.name,
+            weight=s.weight,
+            uri=s.uri,
+            format=s.format,
+            digest=source_digests.get(s.name) or s.version,
+        )
+        for s in spec.mixture.sources
+    )
+    return mixture_sources.Mixture((first, *further), seed=spec.mixture.seed)
+
+
 def disk_dir(namespace: str | None) -> str:
     """The sidecar's disk tier: one directory per namespace below the mounted node path.
 
@@ -90,11 +121,13 @@ def sidecar_env(
     ui_port: int,
     world_size: int | None,
     rank_field: str | None,
+    source_digests: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The sidecar container's env.
 
     `world_size`: the pod's (annotation, else spec). `rank_field`: the downward API
     field path of the pod's rank (an Indexed Job's completion index), or None.
+    `source_digests`: the digests pinned for a mixture's further sources, by name.
     """
     fixed_rank = spec.sharding.rank if spec.sharding.rank_from == "Fixed" else None
     layout: Mapping[str, object] = {
@@ -102,6 +135,7 @@ def sidecar_env(
         variables.RUN_DIR.env: run_dir,
         variables.SOCKET.env: contract.socket_path(run_dir, mount),
         variables.MANIFEST_DIGEST.env: digest,
+        variables.MIXTURE.env: mixture(spec, digest=digest, source_digests=source_digests or {}),
         variables.MEMORY_DIR.env: contract.memory_dir(run_dir, mount),
         variables.DISK_DIR.env: disk_dir(namespace),
         variables.WORLD_SIZE.env: world_size,

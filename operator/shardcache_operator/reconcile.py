@@ -193,12 +193,31 @@ async def _resolve(
     options, failure = await _options(spec, namespace, read_secret, pinned=False)
     if failure is not None:
         return failure
-    uri = spec.source.uri
+    return await _resolve_source(
+        spec.source.uri,
+        spec.source.format,
+        spec.source.version,
+        where="spec.source",
+        options=options,
+        resolve=resolve,
+        timeout=timeout,
+    )
+
+
+async def _resolve_source(
+    uri: str,
+    fmt: str,
+    version: str | None,
+    *,
+    where: str,
+    options: Mapping[str, str] | None,
+    resolve: Resolver,
+    timeout: float,
+) -> status.Outcome:
+    """Resolve one source's manifest; `where` names its spec fields in messages."""
     shown = uris.redact(uri)
     try:
-        manifest = await asyncio.wait_for(
-            asyncio.to_thread(resolve, uri, spec.source.format, options), timeout
-        )
+        manifest = await asyncio.wait_for(asyncio.to_thread(resolve, uri, fmt, options), timeout)
     except errors.InputError as exc:
         return status.Failed(status.Phase.INVALID, "InvalidSource", str(exc), reachable=None)
     except errors.SourceError as exc:
@@ -210,11 +229,11 @@ async def _resolve(
         logger.exception("resolving %s failed unexpectedly", shown)
         message = f"unexpected error while resolving {shown}: {exc!r}"
         return status.Failed(status.Phase.DEGRADED, "ResolveFailed", message, reachable=None)
-    if spec.source.version and manifest.digest != spec.source.version:
+    if version and manifest.digest != version:
         message = (
-            f"spec.source.version pins {spec.source.version}, but {shown} has manifest "
+            f"{where}.version pins {version}, but {shown} has manifest "
             f"{manifest.digest} (manifest version {manifests.MANIFEST_VERSION}): restore "
-            "the pinned data or update spec.source.version (a digest from a shardcache "
+            f"the pinned data or update {where}.version (a digest from a shardcache "
             f"before manifest version {manifests.MANIFEST_VERSION} never matches)"
         )
         return status.Failed(status.Phase.INVALID, "DigestMismatch", message, reachable=True)
@@ -225,6 +244,73 @@ async def _resolve(
         rows=manifest.total_rows,
         bytes=manifest.total_bytes,
     )
+
+
+def mixture_identity(source: specs.MixtureSourceSpec) -> dict[str, str]:
+    """The fields a further source's pinned digest depends on; any change resolves it again."""
+    identity = {"uri": source.uri, "format": source.format}
+    if source.version:
+        identity["version"] = source.version
+    return identity
+
+
+async def _resolve_mixture(
+    spec: specs.DatasetMountSpec,
+    previous: Mapping[str, Any],
+    *,
+    namespace: str,
+    read_secret: SecretReader,
+    resolve: Resolver,
+    timeout: float,
+) -> tuple[list[dict[str, Any]], status.Failed | None]:
+    """The pins of a mixture's further sources (status.mixture), each kept from
+    `previous` while its identity holds, else resolved like spec.source; or the first
+    failure, named by its source."""
+    assert spec.mixture is not None
+    before = {
+        str(entry.get("name")): entry
+        for entry in previous.get("mixture") or []
+        if isinstance(entry, Mapping)
+    }
+    pins: list[dict[str, Any]] = []
+    options: Mapping[str, str] | None = None
+    fetched = False
+    for index, source in enumerate(spec.mixture.sources):
+        identity = mixture_identity(source)
+        old = before.get(source.name)
+        if old is not None and old.get("manifestDigest") and old.get("resolvedSource") == identity:
+            pins.append(dict(old))
+            continue
+        if not fetched:
+            options, failure = await _options(spec, namespace, read_secret, pinned=False)
+            if failure is not None:
+                return pins, failure
+            fetched = True
+        where = f"spec.mixture.sources[{index}]"
+        outcome = await _resolve_source(
+            source.uri,
+            source.format,
+            source.version,
+            where=where,
+            options=options,
+            resolve=resolve,
+            timeout=timeout,
+        )
+        if isinstance(outcome, status.Failed):
+            message = f"{where} ({source.name}): {outcome.message}"
+            return pins, dataclasses.replace(outcome, message=message)
+        pins.append(
+            {
+                "name": source.name,
+                "manifestDigest": outcome.digest,
+                "format": outcome.format,
+                "shards": outcome.shards,
+                "rows": outcome.rows,
+                "bytes": outcome.bytes,
+                "resolvedSource": identity,
+            }
+        )
+    return pins, None
 
 
 def _events(outcome: status.Outcome, previous: Mapping[str, Any]) -> tuple[Event, ...]:
@@ -251,10 +337,16 @@ def _result(
     now: str,
     identity: Mapping[str, str] | None,
     retry_in: float | None,
+    mixture: list[dict[str, Any]] | None = None,
 ) -> Result:
     previous = obj.get("status") or {}
     new_status = status.build_status(
-        outcome, previous=previous, generation=generation, now=now, resolved_source=identity
+        outcome,
+        previous=previous,
+        generation=generation,
+        now=now,
+        resolved_source=identity,
+        mixture=mixture,
     )
     return Result(outcome, new_status, _events(outcome, previous), retry_in)
 
@@ -302,6 +394,19 @@ async def reconcile(
         outcome = await _resolve(
             spec, namespace=namespace, read_secret=read_secret, resolve=resolve, timeout=timeout
         )
+    mixture: list[dict[str, Any]] | None = None
+    if spec.mixture is not None and isinstance(outcome, status.Resolved):
+        # Ready only once every source is pinned: a pod must read the same data for each.
+        mixture, failed = await _resolve_mixture(
+            spec,
+            obj.get("status") or {},
+            namespace=namespace,
+            read_secret=read_secret,
+            resolve=resolve,
+            timeout=timeout,
+        )
+        if failed is not None:
+            outcome, mixture = failed, None
     retry_in: float | None = None
     if isinstance(outcome, status.Failed) and outcome.phase in (
         status.Phase.DEGRADED,
@@ -309,7 +414,13 @@ async def reconcile(
     ):
         retry_in = backoff.delay(retry)
     return _result(
-        outcome, obj, generation=generation, now=now, identity=identity, retry_in=retry_in
+        outcome,
+        obj,
+        generation=generation,
+        now=now,
+        identity=identity,
+        retry_in=retry_in,
+        mixture=mixture,
     )
 
 
@@ -348,4 +459,5 @@ async def check_source(
         now=now,
         identity=source_identity(spec),
         retry_in=None,
+        mixture=list(previous.get("mixture") or []) if spec.mixture is not None else None,
     )

@@ -144,6 +144,9 @@ class FieldInfo:
     max_length: int | None = None
     #: Map values are resource quantities (CPU "250m", memory "1Gi").
     resource_map: bool = False
+    #: Bounds of a list field (`tuple[Model, ...]`), which also bound CEL's cost estimate.
+    min_items: int | None = None
+    max_items: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +266,111 @@ class SourceSpec:
         "digest resolved at creation is pinned in status.",
         default=None,
         pattern=DIGEST_PATTERN,
+    )
+
+
+#: Further sources of a mixture (spec.mixture.sources): with spec.source, at most 16.
+MAX_MIXTURE_SOURCES = 15
+_MIXTURE_SOURCE_NAME = r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$"
+
+
+@dataclasses.dataclass(frozen=True)
+class MixtureSourceSpec:
+    """One further source of a mixture: a dataset, its name and its weight."""
+
+    rules: ClassVar[tuple[Rule, ...]] = (_URI_WITHOUT_USERINFO,)
+
+    name: str = _field(
+        "name",
+        "Name of the source in the mixture (a DNS label of at most 32 characters): the "
+        "trainer's mixture and its state name it so.",
+        pattern=_MIXTURE_SOURCE_NAME,
+        max_length=32,
+    )
+    weight: int = _field(
+        "weight",
+        "Relative weight: the share of batches drawn from this source is its weight over "
+        "the sum of all weights (spec.mixture.weight counts for spec.source).",
+        minimum=0,
+        maximum=1_000_000,
+    )
+    uri: str = _field(
+        "uri",
+        "URI of the source's shards, as spec.source.uri. Read with spec.source.secretRef: "
+        "one sidecar holds one set of object store credentials.",
+        pattern=URI_PATTERN,
+        max_length=MAX_URI_LENGTH,
+    )
+    format: str = _field(
+        "format",
+        "File format of the source's shards: parquet, arrow (Arrow IPC) or jsonl.",
+        default=variables.SOURCE_FORMAT.spec_value_default,
+        enum=FORMATS,
+    )
+    version: str | None = _field(
+        "version",
+        "Pins the source's manifest digest (sha256:<64 hex>), as spec.source.version.",
+        default=None,
+        pattern=DIGEST_PATTERN,
+    )
+
+
+def _names_differ(m: Any) -> bool:
+    names = [m.name, *(s.name for s in m.sources)]
+    return len(set(names)) == len(names)
+
+
+@dataclasses.dataclass(frozen=True)
+class MixtureSpec:
+    """Further sources mixed with spec.source, each with a weight (a multi-source mount)."""
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            # `has(self.sources)`: the API server also checks rules on an empty object.
+            cel=(
+                "!has(self.sources) || self.sources.all(a, a.name != "
+                "(has(self.name) ? self.name : 'main') && "
+                "self.sources.exists_one(b, b.name == a.name))"
+            ),
+            message="every source needs its own name (spec.mixture.name names spec.source)",
+            check=_names_differ,
+        ),
+        Rule(
+            cel=(
+                "(has(self.weight) ? self.weight : 1) > 0 || "
+                "(has(self.sources) && self.sources.exists(s, s.weight > 0))"
+            ),
+            message="some source needs a weight > 0",
+            check=lambda m: m.weight > 0 or any(s.weight > 0 for s in m.sources),
+        ),
+    )
+
+    sources: tuple[MixtureSourceSpec, ...] = _field(
+        "sources",
+        "The further sources. Each is resolved, pinned (status.mixture) and cached like "
+        "spec.source, and the pod's one sidecar serves them all; the trainer reads the "
+        "mixture with shardcache.open_mixture().",
+        min_items=1,
+        max_items=MAX_MIXTURE_SOURCES,
+    )
+    name: str = _field(
+        "name",
+        "Name of spec.source in the mixture.",
+        default="main",
+        pattern=_MIXTURE_SOURCE_NAME,
+        max_length=32,
+    )
+    weight: int = _field(
+        "weight",
+        "Relative weight of spec.source.",
+        default=1,
+        minimum=0,
+        maximum=1_000_000,
+    )
+    seed: int = _field(
+        "seed",
+        "Seed of the per-batch draw of sources (the trainer may override it).",
+        default=0,
     )
 
 
@@ -560,6 +668,11 @@ class DatasetMountSpec:
         "Checkpoint upload and restore. Omit to mount no checkpoint volume.",
         default=None,
     )
+    mixture: MixtureSpec | None = _field(
+        "mixture",
+        "Further sources to mix with spec.source by weight. Omit for one source.",
+        default=None,
+    )
     sidecar: SidecarSpec = _field(
         "sidecar", "The injected cache sidecar.", default_factory=SidecarSpec
     )
@@ -644,6 +757,19 @@ def from_dict(cls: type[T], data: object, *, path: str) -> T:
 def _convert(kind: Any, info: FieldInfo, raw: object, *, path: str) -> Any:
     if dataclasses.is_dataclass(kind) and isinstance(kind, type):
         return from_dict(kind, raw, path=path)
+    if typing.get_origin(kind) is tuple:
+        (item,) = (a for a in typing.get_args(kind) if a is not Ellipsis)
+        if not isinstance(raw, list):
+            raise errors.InputError(f"{path}: expected a list, found {_type_name(raw)}")
+        if info.min_items is not None and len(raw) < info.min_items:
+            raise errors.InputError(
+                f"{path}: expected at least {info.min_items} item(s), found {len(raw)}"
+            )
+        if info.max_items is not None and len(raw) > info.max_items:
+            raise errors.InputError(
+                f"{path}: expected at most {info.max_items} items, found {len(raw)}"
+            )
+        return tuple(from_dict(item, r, path=f"{path}[{i}]") for i, r in enumerate(raw))
     if info.quantity:
         return parse_quantity(raw, path=path)
     if info.resource_map:
@@ -710,6 +836,8 @@ def to_dict(obj: object) -> dict[str, Any]:
             continue
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             value = to_dict(value)
+        elif isinstance(value, tuple):
+            value = [to_dict(item) for item in value]
         elif isinstance(value, dict):
             value = dict(value)
         result[field_info(field).json] = value
@@ -743,6 +871,8 @@ class DatasetMount:
     manifest_digest: str | None
     #: status.phase, or None when the object has no status (e.g. a file).
     phase: str | None
+    #: Digests pinned for a mixture's further sources (status.mixture), by name.
+    source_digests: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def load(doc: object, *, parse: Callable[..., DatasetMountSpec] = parse_spec) -> DatasetMount:
@@ -770,10 +900,17 @@ def load(doc: object, *, parse: Callable[..., DatasetMountSpec] = parse_spec) ->
     status = doc.get("status") or {}
     digest = status.get("manifestDigest") if isinstance(status, Mapping) else None
     phase = status.get("phase") if isinstance(status, Mapping) else None
+    pinned = status.get("mixture") if isinstance(status, Mapping) else None
+    source_digests = {
+        str(entry["name"]): str(entry["manifestDigest"])
+        for entry in (pinned if isinstance(pinned, list) else [])
+        if isinstance(entry, Mapping) and entry.get("name") and entry.get("manifestDigest")
+    }
     return DatasetMount(
         name=name,
         namespace=metadata.get("namespace"),
         spec=spec,
         manifest_digest=digest if isinstance(digest, str) else spec.source.version,
         phase=phase if isinstance(phase, str) else None,
+        source_digests=source_digests,
     )

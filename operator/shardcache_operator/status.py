@@ -139,11 +139,14 @@ def build_status(
     generation: int | None,
     now: str,
     resolved_source: Mapping[str, Any] | None,
+    mixture: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The full status dict for `outcome`.
 
     A failure keeps the previously pinned digest and counts: pods already running
     keep reading the dataset they started with, and the digest stays visible.
+    `mixture`: the pins of a mixture's further sources (status.mixture), written with
+    a resolved outcome; a failure keeps the previous ones.
     """
     current = conditions_for(outcome)
     if isinstance(outcome, Failed) and outcome.keeps_pin:
@@ -188,8 +191,10 @@ def build_status(
             status["resolvedAt"] = now
         else:
             status["resolvedAt"] = previous["resolvedAt"]
+        if mixture is not None:
+            status["mixture"] = [dict(entry) for entry in mixture]
     else:
-        for key in ("manifestDigest", "format", "shards", "rows", "bytes", "size"):
+        for key in ("manifestDigest", "format", "shards", "rows", "bytes", "size", "mixture"):
             if key in previous:
                 status[key] = previous[key]
         if "resolvedSource" in previous:
@@ -287,6 +292,35 @@ def schema() -> dict[str, Any]:
                 "string", "When the manifest was last resolved.", format="date-time"
             ),
             "resolvedSource": source,
+            "mixture": {
+                "type": "array",
+                "description": "The pinned manifest of each of spec.mixture.sources; the "
+                "mount is Ready only when every source is pinned.",
+                "items": {
+                    "type": "object",
+                    "description": "One further source's pin.",
+                    "properties": {
+                        "name": _prop("string", "The source's name in spec.mixture.sources."),
+                        "manifestDigest": _prop(
+                            "string", "sha256 digest of the source's pinned manifest."
+                        ),
+                        "format": _prop("string", "Shard format of the source."),
+                        "shards": _prop("integer", "Shards of the source.", format="int64"),
+                        "rows": _prop("integer", "Rows of the source.", format="int64"),
+                        "bytes": _prop("integer", "Bytes of the source.", format="int64"),
+                        "resolvedSource": {
+                            "type": "object",
+                            "description": "The source's uri, format and version at "
+                            "resolution; a change resolves it again.",
+                            "properties": {
+                                "uri": _prop("string", "The source's uri."),
+                                "format": _prop("string", "The source's format."),
+                                "version": _prop("string", "The source's version, if set."),
+                            },
+                        },
+                    },
+                },
+            },
             "lastSkip": {
                 "type": "object",
                 "description": "The newest skip the sidecars applied when they restored a "

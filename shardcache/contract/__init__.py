@@ -4,9 +4,9 @@ Everything that crosses a process boundary lives here: the table of environment
 variables the webhook writes into a pod and the sidecar, the checkpoint agent and the
 client read (`variables`: name, type, spec field, default, readers), the one set of
 parsers they are all read with (`parsers`), short names and the shared volume's layout
-(`names`, re-exported here), and the control protocol spoken over the pod's Unix socket
-(`protocol`). Each side imports this package; none of them defines a shared name or
-default of its own.
+(`names`, re-exported here), the sources of a multi-source mount (`mixture_sources`),
+and the control protocol spoken over the pod's Unix socket (`protocol`). Each side
+imports this package; none of them defines a shared name or default of its own.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, Generic, TypeVar
 
-from shardcache import plans
-from shardcache.contract import parsers
+from shardcache import errors, plans
+from shardcache.contract import mixture_sources, parsers
 
 T = TypeVar("T")
 
@@ -309,6 +309,28 @@ READY_SHARDS: Final = Variable(
     injected=_IN_SIDECAR,
 )
 
+
+def _mixture(text: str) -> mixture_sources.Mixture:
+    try:
+        return mixture_sources.Mixture.parse(text)
+    except errors.InputError as exc:
+        raise parsers.ParseError(
+            "a mixture as JSON (docs/operator.md, Mixtures)", str(exc)
+        ) from exc
+
+
+MIXTURE: Final = Variable(
+    "SHARDCACHE_MIXTURE",
+    parsers.Parser("mixture JSON", _mixture),
+    None,
+    _SIDECAR,
+    "Every source of a multi-source DatasetMount (spec.mixture) with its weight and "
+    "pinned digest, as JSON; the first is spec.source. Unset: one source. The sidecar "
+    "serves each and writes them to <run dir>/<mount>/mixture.json for "
+    "shardcache.open_mixture().",
+    injected=_IN_SIDECAR,
+)
+
 # --- the startup plan (the reader the sidecar registers for itself) -----------------
 SEED: Final = Variable(
     "SHARDCACHE_SEED",
@@ -468,6 +490,7 @@ TABLE: Final[tuple[Variable[Any], ...]] = (
     SOURCE_URI,
     SOURCE_FORMAT,
     MANIFEST_DIGEST,
+    MIXTURE,
     MEMORY_DIR,
     MEMORY_LIMIT,
     DISK_DIR,

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from shardcache import errors
-from shardcache.formats import arrow, budgets, jsonl, parquet
+from shardcache.formats import arrow, budgets, jsonl, parquet, schemas
 
 #: Version of the decoded form; part of every memory-tier key, so a change never
 #: serves a file written by an older version.
@@ -103,14 +103,21 @@ def decoded_size(name: str, source: pa.NativeFile, *, limit: int) -> int | None:
 
 
 def decode(
-    name: str, source: pa.NativeFile, *, budget: budgets.Budget = budgets.UNBOUNDED
+    name: str,
+    source: pa.NativeFile,
+    *,
+    budget: budgets.Budget = budgets.UNBOUNDED,
+    promoted: pa.Schema | None = None,
 ) -> Decoded:
     """Decode a whole shard into one uncompressed record batch and size its IPC file.
 
     `budget` bounds a decode whose size `decoded_size` could not tell in advance (JSON
     Lines), while it decodes: `budgets.OverBudget` stops it. Other formats are sized
-    before they are decoded."""
+    before they are decoded. Columns of type null named in `promoted` (the manifest's
+    schema unification, `schemas.unify`) become all-null columns of the promoted type.
+    """
     table = jsonl.read(source, budget=budget) if name == "jsonl" else get(name).read(source)
+    table = schemas.promote(table, promoted)
     batch = _one_batch(table)
 
     def write(path: str) -> None:

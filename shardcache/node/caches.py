@@ -478,6 +478,7 @@ class CacheNode:
                     self.manifest.format,
                     f,
                     budget=formats.budgets.Budget(bytes=budget, rows=entry.rows),
+                    promoted=self.manifest.promoted_schema,
                 )
         except formats.budgets.OverBudget as exc:
             # pyarrow's allocator keeps what a thread freed for that thread: without this,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcache import contract, errors, plans, sidecar_client, uris
-from shardcache.contract import variables
+from shardcache.contract import mixture_sources, variables
 from shardcache.node import caches
 from shardcache_sidecar.checkpoint import agent_config
 
@@ -78,6 +78,9 @@ class Settings:
     log_level: str = variables.LOG_LEVEL.required_default
     #: The checkpoint agent's settings ($SHARDCACHE_CHECKPOINT_*); None runs no agent.
     checkpoint: agent_config.CheckpointSettings | None = None
+    #: Every source of a multi-source mount ($SHARDCACHE_MIXTURE); the first is
+    #: `source_uri`. None: the one source. See `server.running.source_settings`.
+    mixture: mixture_sources.Mixture | None = None
 
     def __post_init__(self) -> None:
         if not self.source_uri:
@@ -119,6 +122,11 @@ class Settings:
             raise errors.InputError(
                 f"${contract.ENV_MANIFEST_DIGEST}: expected 'sha256:<hex>', "
                 f"found {self.manifest_digest!r}"
+            )
+        if self.mixture is not None and self.mixture.sources[0].uri != self.source_uri:
+            raise errors.InputError(
+                f"${variables.MIXTURE.env}: expected its first source to be the mount's own "
+                f"source {self.source_uri!r}, found {self.mixture.sources[0].uri!r}"
             )
         # PlanParams checks rank < world_size etc. with its own messages.
         self.startup_plan()
@@ -188,6 +196,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("ui_port", variables.UI_PORT, "--ui-port"),
     Option("log_format", variables.LOG_FORMAT, "--log-format"),
     Option("log_level", variables.LOG_LEVEL, "--log-level"),
+    Option("mixture", variables.MIXTURE, "--mixture"),
 )
 
 

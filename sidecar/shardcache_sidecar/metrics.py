@@ -13,7 +13,7 @@ Names follow Prometheus conventions: `shardcache_` prefix, base units in the nam
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import prometheus_client
@@ -75,6 +75,61 @@ class _StatsCollector(prom_registry.Collector):
         )
         readers.add_metric([], stats.readers)
         yield readers
+
+
+class MixtureCollector(prom_registry.Collector):
+    """Per-source metrics of a multi-source mount, labelled `source`.
+
+    Each source has a cache of its own (`server.running.source_settings`); the first
+    source's registry, the one scraped on the pod's port, carries this collector, which
+    reads every source's `NodeStats` at scrape time. The names differ from the
+    single-cache ones (`shardcache_mixture_…`), so the sidecar's own series stay as
+    they are: those count the first source.
+    """
+
+    def __init__(self, stats: Callable[[], Mapping[str, caches.NodeStats | None]]) -> None:
+        self._stats = stats
+
+    def describe(self) -> list[prom_core.Metric]:
+        return []
+
+    def collect(self) -> Iterator[prom_core.Metric]:
+        readers = prom_core.GaugeMetricFamily(
+            "shardcache_mixture_source_readers",
+            "Readers registered with each source's cache (the startup plan included).",
+            labels=["source"],
+        )
+        resident = prom_core.GaugeMetricFamily(
+            "shardcache_mixture_source_resident_bytes",
+            "Bytes held by each source's cache tier.",
+            labels=["source", "tier"],
+        )
+        fetched = prom_core.CounterMetricFamily(
+            "shardcache_mixture_source_fetched_bytes",
+            "Bytes each source read from the object store.",
+            labels=["source"],
+        )
+        hits = prom_core.CounterMetricFamily(
+            "shardcache_mixture_source_cache_hits",
+            "Lookups of each source's shards that found the shard.",
+            labels=["source", "tier"],
+        )
+        misses = prom_core.CounterMetricFamily(
+            "shardcache_mixture_source_cache_misses",
+            "Lookups of each source's shards that did not.",
+            labels=["source", "tier"],
+        )
+        for name, stats in self._stats().items():
+            if stats is None:
+                continue
+            readers.add_metric([name], float(stats.readers))
+            resident.add_metric([name, "disk"], float(stats.disk_resident_bytes))
+            resident.add_metric([name, "memory"], float(stats.memory_resident_bytes))
+            fetched.add_metric([name], float(stats.fetched_bytes))
+            for tier in TIERS:
+                hits.add_metric([name, tier], float(stats.hits.get(tier, 0)))
+                misses.add_metric([name, tier], float(stats.misses.get(tier, 0)))
+        yield from (readers, resident, fetched, hits, misses)
 
 
 class Metrics:

@@ -146,6 +146,7 @@ FULL_SPEC = {
     "source": {"uri": "s3://data/x/", "format": "arrow", "secretRef": {"name": "s3"}},
     "sharding": {"blockSize": 512, "worldSize": 4, "rankFrom": "Fixed", "rank": 1},
     "checkpoint": {"uri": "s3://ckpt/run/"},
+    "mixture": {"sources": [{"name": "code", "weight": 1, "uri": "s3://code/x/"}]},
 }
 
 

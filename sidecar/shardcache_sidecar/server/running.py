@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import socket
@@ -20,8 +22,8 @@ from typing import Any
 from aiohttp import web
 
 from shardcache import errors
-from shardcache.contract import protocol
-from shardcache_sidecar import configuration
+from shardcache.contract import mixture_sources, protocol
+from shardcache_sidecar import configuration, metrics
 from shardcache_sidecar.checkpoint import agent, hook
 from shardcache_sidecar.server import control, lifecycle, probes, replies
 from shardcache_sidecar.ui import routes
@@ -125,13 +127,130 @@ def remove_stale_socket(path: Path) -> None:
     )
 
 
+#: Seconds between looks at the further sources' readiness (a multi-source mount).
+_SOURCES_POLL = 0.2
+MIXTURE_GATE = "mixture-sources"
+
+
+def source_settings(settings: configuration.Settings) -> list[configuration.Settings]:
+    """The settings of every source a sidecar serves: one, or each of a mixture's.
+
+    The first source is the mount's own (its socket, its probe and inspector ports, its
+    checkpoint agent). Each further source is served like a mount of its own, at
+    `<mount dir>/sources/<name>/` (socket and memory tier), with its own URI, format and
+    pinned digest, and no TCP port anyone is told of (probes and inspector on ports the
+    kernel picks): the first source's /readyz waits for every source instead. The
+    memory tier (`cache.memory`) is shared out equally between the sources, since they
+    live in the one run volume sized for it; the disk tier is one, as for any sidecars
+    of a node.
+    """
+    mixture = settings.mixture
+    if mixture is None:
+        return [settings]
+    share = settings.memory_limit // len(mixture.sources)
+    mount_dir = settings.socket_path.parent
+    out = [dataclasses.replace(settings, memory_limit=share)]
+    for source in mixture.sources[1:]:
+        out.append(
+            dataclasses.replace(
+                settings,
+                source_uri=source.uri,
+                source_format=source.format,
+                manifest_digest=source.digest,
+                socket_path=mixture_sources.socket_of(mount_dir, mixture, source.name),
+                memory_dir=mixture_sources.memory_of(mount_dir, mixture, source.name),
+                memory_limit=share,
+                metrics_port=0,
+                ui_port=0,
+                checkpoint=None,
+                mixture=None,
+            )
+        )
+    return out
+
+
+def write_descriptor(settings: configuration.Settings) -> None:
+    """`<mount dir>/mixture.json`, where `shardcache.open_mixture()` finds the sources
+    (written whole, then renamed, so a reader never sees part of it)."""
+    assert settings.mixture is not None
+    path = settings.socket_path.parent / mixture_sources.DESCRIPTOR_NAME
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(settings.mixture.to_json(), indent=1))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
 async def serve(
     settings: configuration.Settings,
     stop: asyncio.Event,
     *,
     on_start: Callable[[lifecycle.Sidecar], None] | None = None,
 ) -> None:
-    """Run the sidecar until `stop` is set; then shut down cleanly and remove the socket."""
+    """Run the sidecar until `stop` is set; then shut down cleanly and remove the socket.
+
+    A multi-source mount (`settings.mixture`) runs one cache per source in this process
+    (`source_settings`); /readyz of the first opens only when every source is ready.
+    """
+    if settings.mixture is None:
+        await _serve_one(settings, stop, on_start=on_start)
+        return
+    first, *further = source_settings(settings)
+    served: dict[str, lifecycle.Sidecar] = {}
+    names = [source.name for source in settings.mixture.sources]
+
+    def started(name: str) -> Callable[[lifecycle.Sidecar], None]:
+        def note(sidecar: lifecycle.Sidecar) -> None:
+            served[name] = sidecar
+
+        return note
+
+    async def gate(sidecar: lifecycle.Sidecar) -> None:
+        while not stop.is_set():
+            waiting = [
+                n for n in names[1:] if n not in served or not served[n].readiness.is_ready()
+            ]
+            if not waiting:
+                sidecar.readiness.open(MIXTURE_GATE, f"all {len(names)} sources ready")
+                return
+            sidecar.readiness.waiting(MIXTURE_GATE, f"waiting for sources {waiting}")
+            await asyncio.sleep(_SOURCES_POLL)
+
+    gates: list[asyncio.Task[None]] = []
+
+    def first_started(sidecar: lifecycle.Sidecar) -> None:
+        served[names[0]] = sidecar
+        # Per-source series on the scraped port (the further sources' own are not).
+        sidecar.metrics.registry.register(
+            metrics.MixtureCollector(lambda: {n: s.stats() for n, s in served.items()})
+        )
+        sidecar.readiness.require(MIXTURE_GATE, f"waiting for sources {names[1:]}")
+        gates.append(asyncio.get_running_loop().create_task(gate(sidecar)))
+        if on_start is not None:
+            on_start(sidecar)
+
+    for sub in further:
+        sub.socket_path.parent.mkdir(parents=True, exist_ok=True)
+    first.socket_path.parent.mkdir(parents=True, exist_ok=True)
+    write_descriptor(first)
+    try:
+        await asyncio.gather(
+            _serve_one(first, stop, on_start=first_started),
+            *(
+                _serve_one(sub, stop, on_start=started(name))
+                for sub, name in zip(further, names[1:], strict=True)
+            ),
+        )
+    finally:
+        for task in gates:
+            task.cancel()
+
+
+async def _serve_one(
+    settings: configuration.Settings,
+    stop: asyncio.Event,
+    *,
+    on_start: Callable[[lifecycle.Sidecar], None] | None = None,
+) -> None:
     settings.socket_path.parent.mkdir(parents=True, exist_ok=True)
     settings.memory_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_socket(settings.socket_path)

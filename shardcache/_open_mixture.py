@@ -1,0 +1,126 @@
+"""`shardcache.open_mixture()`: the mixture a multi-source DatasetMount serves to a pod.
+
+The pod's sidecar serves every source of the mount (`spec.source` and each of
+`spec.mixture.sources`) and writes them, with their weights and the mixture's seed, to
+`<run dir>/<mount>/mixture.json` (`contract.mixture_sources`). This opens one
+`Dataset` per source through its own socket and mixes them (`shardcache.mixtures`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+
+from shardcache import _open_options, checkpoint, contract, datasets, errors, mixtures, plans
+from shardcache.contract import mixture_sources, variables
+
+
+def descriptor(
+    mount: str | None = None, *, environ: Mapping[str, str] | None = None
+) -> tuple[mixture_sources.Mixture, str]:
+    """The mixture the pod's sidecar serves for `mount` (default $SHARDCACHE_MOUNT), and
+    the mount's directory."""
+    env = os.environ if environ is None else environ
+    name = mount or variables.MOUNT.get(env)
+    if name is None:
+        raise errors.InputError(
+            "open_mixture(): expected a mount name or $SHARDCACHE_MOUNT (set by the "
+            "shardcache webhook in a pod labelled shardcache.io/mount), found neither"
+        )
+    run_dir = variables.RUN_DIR.get(env) or contract.DEFAULT_RUN_DIR
+    mount_dir = contract.mount_dir(run_dir, name)
+    path = mount_dir / mixture_sources.DESCRIPTOR_NAME
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise errors.InputError(
+            f"open_mixture(): mount {name!r} serves one source (its sidecar wrote no "
+            f"{path}): use shardcache.open(), or give the DatasetMount spec.mixture"
+        ) from None
+    except ValueError as exc:
+        raise errors.InputError(f"open_mixture(): {path} is not JSON: {exc}") from exc
+    return mixture_sources.Mixture.from_json(data), str(mount_dir)
+
+
+def open_mixture(
+    mount: str | None = None,
+    *,
+    weights: mixtures.Weights | None = None,
+    mix_seed: int | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    epoch: int = 0,
+    block_size: int = plans.DEFAULT_BLOCK_SIZE,
+    resume_from: str | int | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> mixtures.Mixture:
+    """Open every source of the pod's multi-source mount and mix them.
+
+    `weights` (a mapping or a schedule, `shardcache.mix`) replaces the mount's weights,
+    `mix_seed` its seed (`spec.mixture.seed`). `shuffle`, `seed`, `rank`, `world_size`,
+    `epoch` and `block_size` are every source's plan parameters, as for
+    `shardcache.open()`. `resume_from` continues from a checkpoint committed with
+    `data_state=mixture.state_dict()`.
+    """
+    from shardcache import sidecar_client
+
+    given = {
+        "mount": mount,
+        "shuffle": shuffle,
+        "seed": seed,
+        "rank": rank,
+        "world_size": world_size,
+        "epoch": epoch,
+        "block_size": block_size,
+        "resume_from": resume_from,
+    }
+    # The options shared with open() are checked as open() checks them.
+    for name, value in given.items():
+        try:
+            _open_options.check_value(name, value)
+        except errors.InputError as exc:
+            raise errors.InputError(
+                str(exc).replace("shardcache.open():", "shardcache.open_mixture():", 1)
+            ) from None
+    if mix_seed is not None and (isinstance(mix_seed, bool) or not isinstance(mix_seed, int)):
+        raise errors.InputError(f"open_mixture(): mix_seed: expected an int, found {mix_seed!r}")
+    mixture, mount_dir = descriptor(mount, environ=environ)
+    state = checkpoint.data_state(resume_from) if resume_from is not None else None
+    params = plans.PlanParams(
+        seed=seed,
+        epoch=epoch,
+        rank=rank,
+        world_size=world_size,
+        shuffle=shuffle,
+        block_size=block_size,
+    )
+    opened: dict[str, datasets.Dataset] = {}
+    try:
+        for source in mixture.sources:
+            provider = sidecar_client.SidecarProvider.from_env(
+                socket_path=mixture_sources.socket_of(mount_dir, mixture, source.name),
+                memory_dir=mixture_sources.memory_of(mount_dir, mixture, source.name),
+                environ=environ,
+            )
+            if source.digest is not None and provider.manifest.digest != source.digest:
+                provider.close()
+                raise errors.ManifestMismatchError(
+                    f"source {source.name!r}: the sidecar serves {provider.manifest.digest}, "
+                    f"the mount pinned {source.digest}"
+                )
+            opened[source.name] = datasets.Dataset(provider, params)
+        mixed = mixtures.mix(
+            opened,
+            weights=weights if weights is not None else mixture.weights,
+            seed=mixture.seed if mix_seed is None else mix_seed,
+        )
+        if state is not None:
+            mixed.load_state_dict(state)
+    except BaseException:
+        for ds in opened.values():
+            ds.close()
+        raise
+    return mixed

@@ -1,0 +1,154 @@
+"""The sources of a multi-source DatasetMount, as they cross process boundaries.
+
+The webhook writes them into the sidecar's `$SHARDCACHE_MIXTURE` (`variables.MIXTURE`)
+as one JSON object; the sidecar serves every source and writes the same object, with
+each source's socket, to `<run dir>/<mount>/mixture.json` (`DESCRIPTOR_NAME`), where
+`shardcache.open_mixture()` in the trainer finds it. The first source is the mount's
+own `spec.source`, served at the mount's usual socket; every further source has its
+own socket and memory tier below `<run dir>/<mount>/sources/<name>/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from shardcache import errors
+
+FORMAT_VERSION = 1
+DESCRIPTOR_NAME = "mixture.json"
+SOURCES_SUBDIR = "sources"
+#: A source name: a DNS label (it names a directory, a metric label and a state key).
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One source of the mixture."""
+
+    name: str
+    #: Relative weight (>= 0); the mixture normalises the weights.
+    weight: float
+    uri: str
+    #: Shard format; None infers it from the file names.
+    format: str | None = None
+    #: The pinned manifest digest (the DatasetMount's status), if any.
+    digest: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "weight": self.weight, "uri": self.uri}
+        if self.format is not None:
+            out["format"] = self.format
+        if self.digest is not None:
+            out["digest"] = self.digest
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Mixture:
+    """Every source of a mount (the first is `spec.source`) and the draw's seed."""
+
+    sources: tuple[Source, ...]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.sources) < 2:
+            raise errors.InputError(
+                f"a mixture needs at least two sources, found {len(self.sources)}"
+            )
+        names = [s.name for s in self.sources]
+        for s in self.sources:
+            if not _NAME_RE.match(s.name):
+                raise errors.InputError(
+                    f"mixture source name {s.name!r}: expected a DNS label of at most 32 "
+                    "characters (a-z, 0-9, '-')"
+                )
+            if not math.isfinite(s.weight) or s.weight < 0:
+                raise errors.InputError(
+                    f"mixture source {s.name!r}: expected a weight >= 0, found {s.weight}"
+                )
+        if len(set(names)) != len(names):
+            raise errors.InputError(f"mixture source names must differ, found {names}")
+        if not any(s.weight > 0 for s in self.sources):
+            raise errors.InputError("a mixture needs some source with a weight > 0")
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {s.name: s.weight for s in self.sources}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": FORMAT_VERSION,
+            "seed": self.seed,
+            "sources": [s.to_json() for s in self.sources],
+        }
+
+    def __str__(self) -> str:
+        # What `parsers.render` writes into the env: compact JSON.
+        return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, data: object) -> Mixture:
+        if not isinstance(data, Mapping) or data.get("version") != FORMAT_VERSION:
+            raise errors.InputError(
+                f"expected a mixture of version {FORMAT_VERSION}, found "
+                + (repr(data.get("version")) if isinstance(data, Mapping) else repr(data))
+            )
+        raw = data.get("sources")
+        seed = data.get("seed", 0)
+        if not isinstance(raw, list) or isinstance(seed, bool) or not isinstance(seed, int):
+            raise errors.InputError("expected a mixture with a list of sources and an int seed")
+        sources = []
+        for item in raw:
+            if not isinstance(item, Mapping):
+                raise errors.InputError(f"expected a mixture source object, found {item!r}")
+            try:
+                sources.append(
+                    Source(
+                        name=str(item["name"]),
+                        weight=float(item["weight"]),
+                        uri=str(item["uri"]),
+                        format=item.get("format"),
+                        digest=item.get("digest"),
+                    )
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise errors.InputError(f"malformed mixture source {item!r}: {exc}") from exc
+        return cls(tuple(sources), seed=seed)
+
+    @classmethod
+    def parse(cls, text: str) -> Mixture:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise errors.InputError(f"not JSON ({exc})") from exc
+        return cls.from_json(data)
+
+
+def source_dir(mount_dir: str | Path, name: str) -> Path:
+    """The directory of a further source (not the first) inside the mount's directory."""
+    return Path(mount_dir) / SOURCES_SUBDIR / name
+
+
+def socket_of(mount_dir: str | Path, mixture: Mixture, name: str) -> Path:
+    """The control socket serving source `name` (the first source: the mount's own)."""
+    # Imported here: `names` imports `variables`, which imports this module.
+    from shardcache.contract import names
+
+    if name == mixture.sources[0].name:
+        return Path(mount_dir) / names.SOCKET_NAME
+    return source_dir(mount_dir, name) / names.SOCKET_NAME
+
+
+def memory_of(mount_dir: str | Path, mixture: Mixture, name: str) -> Path:
+    from shardcache.contract import names
+
+    if name == mixture.sources[0].name:
+        return Path(mount_dir) / names.MEMORY_SUBDIR
+    return source_dir(mount_dir, name) / names.MEMORY_SUBDIR

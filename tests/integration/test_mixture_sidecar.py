@@ -1,0 +1,142 @@
+"""A multi-source mount through a real `shardcache sidecar`: it serves every source, and
+the trainer opens the mixture with `shardcache.open_mixture()`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+import shardcache
+from shardcache import errors
+from shardcache.contract import mixture_sources, variables
+from tests.support import datasets
+from tests.support.sidecar import SidecarProcess, UnixHTTPConnection
+
+pytestmark = pytest.mark.integration
+
+SHARDS = {"web": [120, 80, 95], "code": [60, 150]}
+CODE_UIDS = 100_000
+BATCH = 16
+
+
+@pytest.fixture
+def uris(tmp_path: Path) -> dict[str, str]:
+    out = {}
+    for name, shards in SHARDS.items():
+        root = tmp_path / name
+        root.mkdir()
+        uid = CODE_UIDS if name == "code" else 0
+        for i, rows in enumerate(shards):
+            pq.write_table(datasets.make_table(uid, rows), root / f"part-{i:05d}.parquet")
+            uid += rows
+        out[name] = f"file://{root}"
+    return out
+
+
+def mixture_env(uris: dict[str, str], *, weights: dict[str, int]) -> str:
+    mixture = mixture_sources.Mixture(
+        tuple(
+            mixture_sources.Source(name=name, weight=weights[name], uri=uri)
+            for name, uri in uris.items()
+        ),
+        seed=11,
+    )
+    return variables.MIXTURE.render(mixture)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one series in a Prometheus text exposition."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{"):
+            series, value = line.rsplit(" ", 1)
+            got = ",".join(sorted(series[len(name) + 1 : -1].split(",")))
+            if got == want:
+                return float(value)
+    raise AssertionError(f"no series {name}{{{want}}} in:\n{text}")
+
+
+def status_of(socket: Path) -> dict[str, Any]:
+    conn = UnixHTTPConnection(socket)
+    try:
+        conn.request("GET", "/v1/status")
+        return json.loads(conn.getresponse().read())  # type: ignore[no-any-return]
+    finally:
+        conn.close()
+
+
+def test_the_sidecar_serves_every_source_and_the_trainer_mixes_them(
+    uris: dict[str, str], sidecar_factory: Callable[..., SidecarProcess], tmp_path: Path
+) -> None:
+    proc = sidecar_factory(
+        uris["web"],
+        env={variables.MIXTURE.env: mixture_env(uris, weights={"web": 1, "code": 1})},
+    )
+    proc.start(wait="ready")
+    ready = proc.http_get("/readyz")[1]
+    assert any(c["name"] == "mixture-sources" and c["ok"] for c in ready["checks"]), ready
+    env = proc.client_env()
+    with shardcache.open_mixture(environ=env, seed=3, block_size=8) as mixed:
+        got = list(mixed.batches(BATCH, steps=40))
+        snap = mixed.snapshot()
+        state = mixed.state_dict()
+    assert all(b.num_rows == BATCH for b in got)
+    read: dict[str, list[int]] = {"web": [], "code": []}
+    for b in got:
+        for u in b.column("uid").to_pylist():
+            read["code" if u >= CODE_UIDS else "web"].append(u)
+    for name, uri in uris.items():
+        # Each source read through the sidecar follows the plan an embedded read has.
+        with shardcache.open(uri, cache_dir=tmp_path / f"plain-{name}", seed=3, block_size=8) as ds:
+            plain: list[int] = []
+            epoch = 0
+            while len(plain) < len(read[name]):
+                ds.set_epoch(epoch)
+                plain += [u for b in ds.batches(64) for u in b.column("uid").to_pylist()]
+                epoch += 1
+        assert read[name] == plain[: len(read[name])]
+        assert snap["sources"][name]["rows"] == len(read[name])
+    assert min(len(r) for r in read.values()) > 0
+    # The second source has a socket and memory tier of its own below the mount's.
+    code_socket = mixture_sources.source_dir(proc.socket_path.parent, "code") / "control.sock"
+    assert status_of(code_socket)["manifest"]["digest"] == state["sources"]["code"]["digest"]
+    # The pod's one scraped port counts each source.
+    text = proc.http_get("/metrics")[1]
+    for name in SHARDS:
+        fetched = metric(text, "shardcache_mixture_source_fetched_bytes_total", source=name)
+        assert fetched > 0, name
+        assert metric(text, "shardcache_mixture_source_resident_bytes", source=name, tier="memory")
+
+
+def test_resume_through_the_sidecar_continues_row_by_row(
+    uris: dict[str, str], sidecar_factory: Callable[..., SidecarProcess]
+) -> None:
+    proc = sidecar_factory(
+        uris["web"],
+        env={variables.MIXTURE.env: mixture_env(uris, weights={"web": 2, "code": 1})},
+    )
+    proc.start(wait="ready")
+    env = proc.client_env()
+    with shardcache.open_mixture(environ=env, block_size=8) as mixed:
+        reference = [b.column("uid").to_pylist() for b in mixed.batches(BATCH, steps=30)]
+    with shardcache.open_mixture(environ=env, block_size=8) as mixed:
+        first = [b.column("uid").to_pylist() for b in mixed.batches(BATCH, steps=17)]
+        state = json.loads(json.dumps(mixed.state_dict()))
+    with shardcache.open_mixture(environ=env, block_size=8) as mixed:
+        mixed.load_state_dict(state)
+        rest = [b.column("uid").to_pylist() for b in mixed.batches(BATCH, steps=13)]
+    assert first + rest == reference
+
+
+def test_open_mixture_on_a_single_source_mount_says_to_use_open(
+    uris: dict[str, str], sidecar_factory: Callable[..., SidecarProcess]
+) -> None:
+    proc = sidecar_factory(uris["web"])
+    proc.start(wait="ready")
+    with pytest.raises(errors.InputError, match=r"serves one source.*use shardcache.open\(\)"):
+        shardcache.open_mixture(environ=proc.client_env())

@@ -1,0 +1,122 @@
+"""Reconciling a multi-source DatasetMount: every source pinned before it is Ready."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+import pytest
+from shardcache_operator import reconcile, specs, status
+
+from shardcache import manifests
+from tests.support import datasets
+
+pytestmark = pytest.mark.unit
+
+NOW = "2026-01-01T00:00:00Z"
+
+
+async def no_secret(namespace: str, name: str) -> Mapping[str, str] | None:
+    raise AssertionError("no Secret is named")
+
+
+def never_probe(uri: str, options: Mapping[str, str] | None) -> None:
+    raise AssertionError("a new pin is resolved, not probed")
+
+
+class Resolver:
+    """The real `manifests.resolve`, counting its calls per URI."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, uri: str, fmt: str, options: Mapping[str, str] | None) -> manifests.Manifest:
+        self.calls.append(uri)
+        return manifests.resolve(uri, format=fmt, storage_options=options)
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> dict[str, str]:
+    out = {}
+    for name, shards in {"web": [30, 20], "code": [15], "math": [9, 9, 9]}.items():
+        datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / name), shards)
+        out[name] = f"file://{tmp_path / name}"
+    return out
+
+
+def mix(roots: dict[str, str], **override: Any) -> dict[str, Any]:
+    sources = [
+        {"name": "code", "weight": 1, "uri": roots["code"]},
+        {"name": "math", "weight": 2, "uri": roots["math"]},
+    ]
+    return {
+        "apiVersion": "shardcache.io/v1alpha1",
+        "kind": "DatasetMount",
+        "metadata": {"name": "mix", "namespace": "ml", "generation": 1},
+        "spec": {
+            "source": {"uri": roots["web"]},
+            "mixture": {"name": "web", "weight": 3, "sources": sources, **override},
+        },
+    }
+
+
+def answers(uri: str, options: Mapping[str, str] | None) -> None:
+    """A source that answers the reachability probe of a kept pin."""
+
+
+async def run(
+    obj: dict[str, Any], resolver: Resolver, probe: reconcile.Prober = never_probe
+) -> reconcile.Result:
+    return await reconcile.reconcile(
+        obj, read_secret=no_secret, resolve=resolver, probe=probe, now=NOW
+    )
+
+
+async def test_every_source_is_pinned_in_status_and_read_back_for_injection(
+    roots: dict[str, str],
+) -> None:
+    resolver = Resolver()
+    result = await run(mix(roots), resolver)
+    assert result.status["phase"] == status.Phase.READY
+    pins = {p["name"]: p for p in result.status["mixture"]}
+    assert set(pins) == {"code", "math"}
+    assert pins["math"]["shards"] == 3 and pins["math"]["rows"] == 27
+    assert pins["code"]["manifestDigest"] == manifests.resolve(roots["code"]).digest
+    loaded = specs.load({**mix(roots), "status": result.status})
+    assert loaded.source_digests == {n: p["manifestDigest"] for n, p in pins.items()}
+    assert sorted(resolver.calls) == sorted(roots.values())
+
+
+async def test_pins_are_kept_and_only_a_changed_source_resolves_again(
+    roots: dict[str, str], tmp_path: Path
+) -> None:
+    first = await run(mix(roots), Resolver())
+    # The bucket changes under the pin: a kept pin does not move.
+    datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "code"), [15, 4])
+    obj = {**mix(roots), "status": first.status}
+    again = Resolver()
+    kept = await run(obj, again, probe=answers)
+    assert kept.status["phase"] == status.Phase.READY
+    assert kept.status["mixture"] == first.status["mixture"]
+    # Nothing listed again: the primary's pin is probed and kept, the others kept.
+    assert again.calls == []
+    # A changed source (another uri) is resolved again, the others stay.
+    moved = mix(roots)
+    moved["spec"]["mixture"]["sources"][0]["uri"] = roots["math"]
+    changed = await run({**moved, "status": first.status}, again, probe=answers)
+    assert again.calls == [roots["math"]]
+    assert changed.status["phase"] == status.Phase.READY
+
+
+async def test_a_failing_source_keeps_the_mount_from_ready_naming_the_source(
+    roots: dict[str, str], tmp_path: Path
+) -> None:
+    obj = mix(roots)
+    obj["spec"]["mixture"]["sources"][1]["uri"] = f"file://{tmp_path / 'nothing-here'}"
+    result = await run(obj, Resolver())
+    assert result.status["phase"] == status.Phase.INVALID
+    ready = {c["type"]: c for c in result.status["conditions"]}["Ready"]
+    assert ready["message"].startswith("spec.mixture.sources[1] (math): nothing found at")
+    assert "mixture" not in result.status

@@ -1,0 +1,118 @@
+"""Shards whose all-missing columns have type null unify with the typed shards; real
+conflicts are refused naming the shards and the fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import shardcache
+from shardcache import errors, manifests
+from shardcache.formats import schemas
+
+pytestmark = pytest.mark.unit
+
+
+def write(root: Path, tables: list[pa.Table]) -> str:
+    root.mkdir()
+    for i, table in enumerate(tables):
+        pq.write_table(table, root / f"part-{i:05d}.parquet")
+    return str(root)
+
+
+def typed(first: int, rows: int) -> pa.Table:
+    return pa.table(
+        {
+            "uid": pa.array(range(first, first + rows), pa.int64()),
+            "label": pa.array(
+                [u % 3 if u % 4 else None for u in range(first, first + rows)], pa.int64()
+            ),
+            "text": pa.array([f"t{u}" for u in range(first, first + rows)]),
+        }
+    )
+
+
+def all_null(first: int, rows: int) -> pa.Table:
+    """What pandas or pyarrow write for a shard whose labels are all None."""
+    table = typed(first, rows)
+    return table.set_column(1, pa.field("label", pa.null()), pa.nulls(rows))
+
+
+def test_unify_promotes_a_null_column_to_the_type_of_the_others() -> None:
+    a, b = typed(0, 3).schema, all_null(3, 2).schema
+    promoted = schemas.unify([("a", a), ("b", b), ("c", a)])
+    assert promoted == pa.schema([pa.field("label", pa.int64())])
+    assert schemas.unify([("a", a), ("c", a)]) is None
+
+
+def test_a_column_null_in_every_shard_stays_null() -> None:
+    b = all_null(0, 2).schema
+    assert schemas.unify([("a", b), ("b", b)]) is None
+
+
+def test_a_dataset_with_an_all_null_shard_reads_exactly(tmp_path: Path) -> None:
+    tables = [typed(0, 40), all_null(40, 25), typed(65, 30)]
+    uri = write(tmp_path / "ds", tables)
+    with shardcache.open(uri, cache_dir=tmp_path / "cache", shuffle=False) as ds:
+        assert ds.manifest.promoted is not None
+        got = pa.Table.from_batches(list(ds.batches(16)))
+    expected = pa.concat_tables([t.cast(tables[0].schema) for t in tables])
+    assert got.schema == tables[0].schema
+    assert got.equals(expected)
+    assert got.column("label").to_pylist()[40:65] == [None] * 25
+
+
+def test_a_dataset_with_an_all_null_shard_reads_exactly_shuffled(tmp_path: Path) -> None:
+    tables = [all_null(0, 33), typed(33, 40), all_null(73, 7)]
+    uri = write(tmp_path / "ds", tables)
+    with shardcache.open(uri, cache_dir=tmp_path / "cache", seed=5, block_size=8) as ds:
+        batches = list(ds.batches(10))
+    got = pa.Table.from_batches(batches).sort_by("uid")
+    expected = pa.concat_tables([t.cast(tables[1].schema) for t in tables])
+    assert got.equals(expected)
+
+
+def test_int_against_string_is_refused_naming_the_shards_and_the_field(tmp_path: Path) -> None:
+    strings = typed(40, 5)
+    strings = strings.set_column(1, "label", pa.array(["x"] * 5))
+    uri = write(tmp_path / "ds", [typed(0, 40), all_null(40, 3), strings])
+    with pytest.raises(
+        errors.InputError,
+        match=(
+            r"shards disagree on the schema: field 'label' is int64 in 'part-00000.parquet', "
+            r"string in 'part-00002.parquet'; expected one type per field"
+        ),
+    ):
+        shardcache.open(uri, cache_dir=tmp_path / "cache")
+
+
+def test_other_fields_are_refused_naming_both_shards(tmp_path: Path) -> None:
+    other = typed(40, 5).rename_columns(["uid", "label", "body"])
+    uri = write(tmp_path / "ds", [typed(0, 40), other])
+    with pytest.raises(
+        errors.InputError,
+        match=r"'part-00001.parquet' has the fields \['uid', 'label', 'body'\], but "
+        r"'part-00000.parquet' has \['uid', 'label', 'text'\]",
+    ):
+        shardcache.open(uri, cache_dir=tmp_path / "cache")
+
+
+def test_a_promotion_is_part_of_the_digest_and_survives_json(tmp_path: Path) -> None:
+    uri = write(tmp_path / "ds", [typed(0, 4), all_null(4, 4)])
+    manifest = manifests.resolve(uri)
+    again = manifests.Manifest.from_json(manifest.to_json())
+    assert again == manifest
+    plain = manifests.Manifest.build(manifest.root, manifest.format, manifest.shards)
+    assert plain.digest != manifest.digest
+    # The same source shard decodes to another file once promoted.
+    assert plain.decoded_key(1) != manifest.decoded_key(1)
+    assert "promoted" not in plain.to_json()
+    tampered = {
+        **manifest.to_json(),
+        "promoted": schemas.encode(pa.schema([("label", pa.string())])),
+    }
+    with pytest.raises(errors.ManifestMismatchError, match="altered"):
+        manifests.Manifest.from_json(tampered)
