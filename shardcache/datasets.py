@@ -370,6 +370,10 @@ class Dataset:
                 + "; ".join(differ)
                 + "); open the dataset with the same arguments as the run that saved it"
             )
+        if self._registered and saved.params.segments != self._params.segments:
+            # The cache follows a reader's plan: register the new one.
+            self._provider.close_reader(self._reader_id)
+            self._registered = False
         self._params = dataclasses.replace(
             self._params, epoch=saved.epoch, segments=saved.params.segments
         )

@@ -73,7 +73,10 @@ class Segments:
             ):
                 raise errors.InputError(f"{where}: a range must be [a, b], found {item!r}")
             ranges.append((item[0], item[1]))
-        return cls(epoch, tuple(ranges))
+        try:
+            return cls(epoch, tuple(ranges))
+        except errors.InputError as exc:
+            raise errors.InputError(f"{where}: {str(exc).removeprefix('segments: ')}") from exc
 
 
 def length(ranges: Iterable[Range]) -> int:
