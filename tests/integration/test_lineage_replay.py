@@ -229,8 +229,8 @@ def test_lineage_equals_a_brute_force_replay_across_a_world_size_change(tmp_path
     ]
     got = lineage.reads(hist, range(TOTAL))
     by_key: dict[tuple[int, int], list[lineage.Read]] = {}
-    for r in got:
-        by_key.setdefault((r.index, r.epoch), []).append(r)
+    for found in got:
+        by_key.setdefault((found.index, found.epoch), []).append(found)
     # Every sample of every epoch is reached exactly once, by one generation's rank.
     assert all(len(v) == 1 for v in by_key.values())
     assert len(by_key) == TOTAL * len({e for _, e in by_key})
