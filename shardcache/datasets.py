@@ -396,10 +396,12 @@ class Dataset:
         if isinstance(state, Mapping):
             saved = states.parse(state)
             if saved.world_size != self._params.world_size:
+                differ = states.mismatches(saved, self._state())
                 raise errors.StateMismatchError(
-                    f"cannot resume: the state was saved at world size {saved.world_size} and "
-                    f"this dataset has {self._params.world_size}: to resume at another world "
-                    "size pass the list of every old rank's state (load_state_dict([...]))"
+                    "cannot resume: the state was saved by another configuration ("
+                    + "; ".join(differ)
+                    + "): to resume at another world size pass the list of every old "
+                    "rank's state (load_state_dict([...]))"
                 )
             return saved
         if not isinstance(state, list | tuple):

@@ -16,7 +16,7 @@ from shardcache_sidecar.checkpoint import Agent, CheckpointSettings
 
 import shardcache
 from shardcache import checkpoint
-from shardcache.checkpoint import _protocol
+from shardcache.checkpoint import _protocol, layout
 from tests.support import datasets
 from tests.support.checkpoints import write_checkpoint
 
@@ -80,15 +80,26 @@ def run_generation(
     return rows, pods
 
 
-@pytest.mark.parametrize(("old", "new"), [(4, 3), (2, 5)])
+@pytest.mark.parametrize(("old", "new", "skip"), [(4, 3, False), (2, 5, False), (3, 2, True)])
 def test_pods_restarted_at_another_world_size_resume_every_unconsumed_row_once(
-    tmp_path: Path, old: int, new: int
+    tmp_path: Path, old: int, new: int, skip: bool
 ) -> None:
     datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), SHARDS)
     store = (tmp_path / "store").as_uri()
     first, _ = run_generation(tmp_path, "a", old, store, [1, 3, 2, 4, 0][:old], 10)
     second, pods = run_generation(tmp_path, "b", old, store, [2, 0, 1, 1, 3][:old], 20)
     consumed = first + second
+    if skip:
+        # `shardcache skip` asked rank 1 to skip 2 batches at restore of step 20: those
+        # rows count as consumed, at the new world size too.
+        fs, root = pafs.FileSystem.from_uri(store)
+        request = layout.SkipRequest(step=20, batches=2)
+        layout.write_json(fs, layout.skip_request_path(f"{root}/rank-1", 20), request.to_json())
+        pos = pods[1].ds.position
+        runs = pods[1].ds.runs()
+        offsets = [sum(SHARDS[:i]) for i in range(len(SHARDS))]
+        rows = [offsets[r.shard] + i for r in runs for i in range(r.start, r.stop)]
+        consumed += rows[pos : pos + 2 * BATCH]
     # The restart at the new world size: every pod gathered all old ranks' states.
     pods = [Pod(tmp_path, "c", r, new, store) for r in range(new)]
     for r, pod in enumerate(pods):

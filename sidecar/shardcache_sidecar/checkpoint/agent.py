@@ -10,6 +10,7 @@ even after SIGKILL, continues where the last one stopped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -154,13 +155,20 @@ class Agent:
                 retry=s.retry,
                 observer=self.observer,
             )
+        # A skip requested for the step (`shardcache skip`, one request per rank prefix)
+        # is in every rank's state, as it is in the restored marker's.
+        skipped = []
+        for state, prefix in zip(gathered.states, gathered.prefixes, strict=True):
+            request = source.with_retries(
+                functools.partial(layout.read_skip_request, self.fs, prefix, gathered.step),
+                what=f"reading the skip request of step {gathered.step} under {prefix}",
+                policy=s.retry,
+            )
+            where = layout.manifest_path(prefix, gathered.step)
+            skipped.append(restorer.apply_skip(state, request, where=where)[0])
         _protocol.write_json_atomic(
             path,
-            {
-                "version": _protocol.PROTOCOL_VERSION,
-                "step": gathered.step,
-                "states": list(gathered.states),
-            },
+            {"version": _protocol.PROTOCOL_VERSION, "step": gathered.step, "states": skipped},
         )
         return result
 
