@@ -7,8 +7,12 @@ and none they consumed."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
@@ -123,3 +127,38 @@ def test_a_restart_at_the_same_world_size_resumes_each_rank_as_before(tmp_path: 
     assert [p.ds.state_dict() for p in pods] == saved
     for pod in pods:
         pod.close()
+
+
+def test_lineage_reads_the_run_across_the_restart_from_the_store(tmp_path: Path) -> None:
+    datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), SHARDS)
+    store = (tmp_path / "store").as_uri()
+    before, _ = run_generation(tmp_path, "a", 4, store, [1, 3, 2, 4], 10)
+    after, _ = run_generation(tmp_path, "b", 3, store, [2, 0, 5], 20)
+
+    def lineage(*args: str) -> dict[str, Any]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "shardcache", "lineage", str(tmp_path / "ds"),
+             "--cache-dir", str(tmp_path / "cache"), "--checkpoint-uri", store, "--json", *args],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        data: dict[str, Any] = json.loads(proc.stdout)
+        return data
+
+    for step, world, rows in ((10, 4, before), (20, 3, after)):
+        report = lineage("--consumed", str(step))
+        got = [
+            i
+            for r in report["ranks"]
+            for e in r["epochs"]
+            for lo, hi in e["ranges"]
+            for i in range(lo, hi)
+        ]
+        assert sorted(got) == sorted(rows), f"step {step}"
+        assert {r["world_size"] for r in report["ranks"]} == {world}
+    report = lineage("--where", f"uid == {after[0]}")
+    (read,) = report["reads"]
+    assert (read["status"], read["generation"], read["world_size"], read["before"]) == (
+        "read", 1, 3, 20,
+    )  # fmt: skip
+    assert [g["world_size"] for g in report["run"]["generations"]] == [4, 3]
