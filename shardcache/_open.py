@@ -150,7 +150,9 @@ def open(
     return _resumed(datasets.Dataset(embedded.EmbeddedProvider(node), params), state)
 
 
-def _resumed(ds: datasets.Dataset, state: dict[str, Any] | None) -> datasets.Dataset:
+def _resumed(
+    ds: datasets.Dataset, state: dict[str, Any] | list[dict[str, Any]] | None
+) -> datasets.Dataset:
     if state is not None:
         try:
             ds.load_state_dict(state)

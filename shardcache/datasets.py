@@ -10,18 +10,19 @@ sidecar's state.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import mmap
 import os
 import time
 import uuid
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from shardcache import errors, manifests, plans, provider, states
+from shardcache import elastic, errors, manifests, plans, provider, states
 
 #: The state dict's format (`shardcache.states`); version 1 states still load.
 STATE_VERSION = states.STATE_VERSION
@@ -211,9 +212,8 @@ class Dataset:
         return self._skips
 
     def __len__(self) -> int:
-        """Samples this rank reads in one epoch."""
-        lo, hi = plans.rank_bounds(self.manifest.total_rows, self._params)
-        return hi - lo
+        """Samples this rank reads in the current epoch."""
+        return plans.rank_samples(self.manifest.total_rows, self._params)
 
     def runs(self) -> list[plans.Run]:
         """This rank's reading plan for the current epoch."""
@@ -353,10 +353,16 @@ class Dataset:
         ranges it skipped (docs/reading-plan.md, "State dict")."""
         return self._state().to_json()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Resume at the exact next sample of the run that saved `state`, with its
-        skips. States of every supported version load (version 1 has no skips)."""
-        saved = states.parse(state)
+        skips. States of every supported version load (version 1 has no skips).
+
+        To resume at another world size, pass the list of every old rank's state from
+        one checkpoint (any order): the samples no old rank consumed in that epoch are
+        shared among the new ranks (`shardcache.elastic`, docs/reading-plan.md,
+        "Elastic resume"). A list at this dataset's world size resumes this rank's own.
+        """
+        saved = self._pick(state)
         differ = states.mismatches(saved, self._state())
         if differ:
             raise errors.StateMismatchError(
@@ -364,7 +370,13 @@ class Dataset:
                 + "; ".join(differ)
                 + "); open the dataset with the same arguments as the run that saved it"
             )
-        self._params = self._params.with_epoch(saved.epoch)
+        if self._registered and saved.params.segments != self._params.segments:
+            # The cache follows a reader's plan: register the new one.
+            self._provider.close_reader(self._reader_id)
+            self._registered = False
+        self._params = dataclasses.replace(
+            self._params, epoch=saved.epoch, segments=saved.params.segments
+        )
         # A skip the checkpoint agent applied at restore may run past the epoch's end.
         saved = states.clamp(saved, len(self))
         if saved.position > len(self):
@@ -377,6 +389,48 @@ class Dataset:
         if saved.batch_size is not None:
             self._batch_size = saved.batch_size
         self._skip_count += 1
+
+    def _pick(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> states.DataState:
+        """The state this rank resumes from: `state` itself, or from a list of every old
+        rank's states, this rank's own (same world size) or its share (elastic)."""
+        if isinstance(state, Mapping):
+            saved = states.parse(state)
+            if saved.world_size != self._params.world_size:
+                differ = states.mismatches(saved, self._state())
+                raise errors.StateMismatchError(
+                    "cannot resume: the state was saved by another configuration ("
+                    + "; ".join(differ)
+                    + "): to resume at another world size pass the list of every old "
+                    "rank's state (load_state_dict([...]))"
+                )
+            return saved
+        if not isinstance(state, list | tuple):
+            raise errors.StateMismatchError(
+                "expected a state dict from Dataset.state_dict() or a list of every rank's, "
+                f"got {type(state).__name__}"
+            )
+        parsed = [states.parse(s, where=f"state {i}") for i, s in enumerate(state)]
+        old = elastic.gather(parsed)
+        if old[0].world_size == self._params.world_size:
+            return old[self._params.rank]
+        # Same run, other world size: checked before the split, which trusts the
+        # states to fit this manifest.
+        ours = self._params
+        probe = dataclasses.replace(
+            old[0],
+            params=dataclasses.replace(old[0].params, world_size=ours.world_size, rank=ours.rank),
+        )
+        differ = states.mismatches(probe, self._state())
+        if differ:
+            raise errors.StateMismatchError(
+                "cannot resume: the states were saved by another dataset or configuration ("
+                + "; ".join(differ)
+                + "); open the dataset with the same arguments as the run that saved them"
+            )
+        new = elastic.resize(
+            old, total_rows=self.manifest.total_rows, world_size=self._params.world_size
+        )
+        return new[self._params.rank]
 
     # --- lifecycle ----------------------------------------------------------------
     def _ensure_reader(self) -> None:

@@ -24,7 +24,7 @@ import hashlib
 import itertools
 from collections.abc import Iterator, Sequence
 
-from shardcache import errors
+from shardcache import errors, streams
 
 PLAN_VERSION = 1
 DEFAULT_BLOCK_SIZE = 4096
@@ -43,6 +43,10 @@ class PlanParams:
     #: Rows per shuffle block. Larger blocks mean longer zero-copy runs and a coarser
     #: shuffle; 4096 rows keeps a run well above common batch sizes.
     block_size: int = DEFAULT_BLOCK_SIZE
+    #: After an elastic resume: the ranges of the epoch's global sequence this rank
+    #: reads in `segments.epoch`, instead of its rule-5 range (`shardcache.elastic`).
+    #: Other epochs follow rule 5.
+    segments: streams.Segments | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -141,23 +145,43 @@ def rank_bounds(total_rows: int, params: PlanParams) -> tuple[int, int]:
     return total_rows * params.rank // w, total_rows * (params.rank + 1) // w
 
 
+def stream_ranges(total_rows: int, params: PlanParams) -> list[streams.Range]:
+    """The ranges of the epoch's global sequence `params.rank` reads, in order: its
+    segments in the epoch of an elastic resume, else its rule-5 range."""
+    seg = params.segments
+    if seg is not None and seg.epoch == params.epoch:
+        return list(seg.ranges)
+    lo, hi = rank_bounds(total_rows, params)
+    return [(lo, hi)] if hi > lo else []
+
+
+def rank_samples(total_rows: int, params: PlanParams) -> int:
+    """Samples `params.rank` reads in the epoch."""
+    return streams.length(stream_ranges(total_rows, params))
+
+
+def runs_of(runs: Sequence[Run], ranges: Sequence[streams.Range]) -> list[Run]:
+    """The pieces of a global sequence (`runs`, in order) at `ranges` of it, in order."""
+    ends = run_ends(runs)
+    out: list[Run] = []
+    for lo, hi in ranges:
+        i = bisect.bisect_right(ends, lo)
+        while i < len(runs) and lo < hi:
+            run_lo = ends[i] - len(runs[i])
+            run = runs[i]
+            take_hi = min(hi, ends[i])
+            out.append(Run(run.shard, run.start + lo - run_lo, run.start + take_hi - run_lo))
+            lo = take_hi
+            i += 1
+    return out
+
+
 def rank_runs(shard_rows: Sequence[int], digest: str, params: PlanParams) -> list[Run]:
     """The runs `params.rank` reads in the epoch, in order."""
-    total = sum(shard_rows)
-    lo, hi = rank_bounds(total, params)
-    out: list[Run] = []
-    offset = 0
-    for run in global_runs(shard_rows, digest, params):
-        run_lo, run_hi = offset, offset + len(run)
-        offset = run_hi
-        if run_hi <= lo:
-            continue
-        if run_lo >= hi:
-            break
-        cut_lo = max(lo, run_lo) - run_lo
-        cut_hi = min(hi, run_hi) - run_lo
-        out.append(Run(run.shard, run.start + cut_lo, run.start + cut_hi))
-    return out
+    ranges = stream_ranges(sum(shard_rows), params)
+    if not ranges:
+        return []
+    return runs_of(global_runs(shard_rows, digest, params), ranges)
 
 
 def skip(runs: Sequence[Run], position: int) -> Iterator[Run]:

@@ -34,6 +34,7 @@ import random
 import threading
 import time
 import uuid
+import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -411,6 +412,14 @@ class SidecarProvider:
         with self._lock:
             self._features = frozenset(
                 f for f in (features if isinstance(features, list) else []) if isinstance(f, str)
+            )
+        if state.params.segments is not None and protocol.FEATURE_SEGMENTS not in self._features:
+            warnings.warn(
+                "the sidecar does not know elastic-resume segments (an older version): "
+                "data is still exact, but it reads ahead along the wrong plan until the "
+                "next epoch; upgrade the sidecar image",
+                RuntimeWarning,
+                stacklevel=3,
             )
 
     def _state(self, reader_id: str) -> _ReaderState:

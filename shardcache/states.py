@@ -17,11 +17,11 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from shardcache import errors, plans
+from shardcache import errors, plans, streams
 
-#: Version 2 added `batch_size` and `skips`.
-STATE_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+#: Version 2 added `batch_size` and `skips`; version 3 `segments` (elastic resume).
+STATE_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
 #: The keys that say which stream a state belongs to; a resume needs all of them equal.
 IDENTITY_KEYS = ("plan_version", "digest", "seed", "shuffle", "block_size", "world_size", "rank")
 
@@ -83,6 +83,7 @@ class DataState:
             "position": self.position,
             "batch_size": self.batch_size,
             "skips": [s.to_json() for s in self.skips],
+            "segments": p.segments.to_json() if p.segments is not None else None,
         }
 
 
@@ -111,7 +112,13 @@ def parse(state: object, *, where: str = "state dict") -> DataState:
             f"{where}: state version {version!r} is not supported: expected one of "
             f"{list(SUPPORTED_VERSIONS)} (saved by another shardcache version)"
         )
+    raw_segments = state.get("segments") if version >= 3 else None
     try:
+        segments = (
+            streams.Segments.from_json(raw_segments, where=f"{where}: segments")
+            if raw_segments is not None
+            else None
+        )
         params = plans.PlanParams(
             seed=_int(state, "seed", where=where, minimum=-(2**63)),
             epoch=_int(state, "epoch", where=where),
@@ -119,6 +126,7 @@ def parse(state: object, *, where: str = "state dict") -> DataState:
             world_size=_int(state, "world_size", where=where, minimum=1),
             shuffle=bool(state["shuffle"]),
             block_size=_int(state, "block_size", where=where, minimum=1),
+            segments=segments,
         )
     except errors.StateMismatchError:
         raise

@@ -20,6 +20,10 @@ Files of the directory protocol (all names start with `.shardcache-`, never uplo
 * `<root>/.shardcache-latest`        written by the agent: the newest step published in
   the object store and the steps retained there.
 * `<root>/.shardcache-restore`       written by the agent at start: what it restored.
+* `<root>/.shardcache-data-states.json`  written by a ranked pod's agent at start: every
+  rank's data state at the newest step that all ranks of its world size published
+  (`{"version", "step", "states"}`); `data_state("latest")` returns that list when it
+  is the restored step, so a job restarted at another world size resumes elastically.
 * `<root>/.shardcache-request-<id>.json`  written by `restore(step)` for a published step
   not on the node: `{"version", "kind": "restore", "id", "step", "requested_at"}`; the
   agent restores the step and rewrites the same file with the outcome (`phase`
@@ -265,10 +269,13 @@ def _failed(ckpt: _protocol.LocalCheckpoint) -> bool:
 
 def data_state(
     resume_from: str | int | os.PathLike[str], *, root: str | os.PathLike[str] | None = None
-) -> dict[str, Any] | None:
+) -> dict[str, Any] | list[dict[str, Any]] | None:
     """The data loader state saved with a checkpoint: `"latest"`, a step, or a path.
 
-    None when there is nothing to resume from ("latest" on a fresh start).
+    None when there is nothing to resume from ("latest" on a fresh start). For
+    "latest" in a ranked pod, the list of every rank's state at the restored step
+    when the agent gathered them (`Dataset.load_state_dict` takes either, and a list
+    resumes at another world size too).
     """
     if isinstance(resume_from, str) and resume_from == "latest":
         path = restore(root=root)
@@ -295,4 +302,29 @@ def data_state(
             f"resume_from: checkpoint step {marker.step} at {str(path)!r} has no data state: "
             "commit it with data_state=dataset.state_dict()"
         )
+    if resume_from == "latest":
+        gathered = _gathered(_protocol.checkpoint_root(root), marker.step)
+        if gathered is not None:
+            return gathered
     return marker.data_state
+
+
+def _gathered(base: Path, step: int) -> list[dict[str, Any]] | None:
+    """Every rank's state at `step`, if the agent gathered them for that step."""
+    try:
+        data = json.loads((base / _protocol.DATA_STATES_NAME).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise errors.InputError(
+            f"resume_from: cannot read {_protocol.DATA_STATES_NAME} in {str(base)!r}: {exc}"
+        ) from exc
+    if not isinstance(data, dict) or data.get("version") != _protocol.PROTOCOL_VERSION:
+        raise errors.InputError(
+            f"resume_from: {_protocol.DATA_STATES_NAME} in {str(base)!r} is not version "
+            f"{_protocol.PROTOCOL_VERSION}: found {str(data)[:200]!r}"
+        )
+    found = data.get("states")
+    if data.get("step") != step or not isinstance(found, list):
+        return None
+    return [dict(s) for s in found if isinstance(s, dict)]

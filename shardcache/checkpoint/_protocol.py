@@ -28,6 +28,10 @@ MARKER_NAME = ".shardcache-commit"
 STATUS_DIR = ".shardcache-status"
 LATEST_NAME = ".shardcache-latest"
 RESTORE_NAME = ".shardcache-restore"
+#: Written by the agent of a ranked pod at start: every rank's data state at the newest
+#: step all ranks of its world size published, `{"version", "step", "states"}`, so a
+#: job restarted at another world size resumes with `load_state_dict(states)`.
+DATA_STATES_NAME = ".shardcache-data-states.json"
 #: Names with this prefix belong to shardcache: never uploaded, never a checkpoint.
 RESERVED_PREFIX = ".shardcache-"
 #: Restore requests: `<root>/.shardcache-request-<id>.json`. Not `.shardcache-restore-…`:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from shardcache import contract, errors, plans
+from shardcache import contract, errors, plans, streams
 
 VERSION: Final = contract.CONTROL_API_VERSION
 PREFIX: Final = f"/{VERSION}"
@@ -43,7 +43,11 @@ LEASE_ID_PATTERN: Final = re.compile(r"^[0-9a-f]{32}$")
 FEATURE_AHEAD: Final = "ahead"
 #: POST /v1/readers/{id}/notes: pinned shards and dropped holds, batched.
 FEATURE_NOTES: Final = "notes"
-FEATURES: Final = (FEATURE_AHEAD, FEATURE_NOTES)
+#: A reader's plan params may carry `segments` (elastic resume), and the sidecar's
+#: prefetcher follows them. An older sidecar ignores the field: it still serves every
+#: shard asked for, but reads ahead along rule 5, so the client warns.
+FEATURE_SEGMENTS: Final = "segments"
+FEATURES: Final = (FEATURE_AHEAD, FEATURE_NOTES, FEATURE_SEGMENTS)
 #: Most shards one acquire answer grants ahead; a client asking for more gets this many.
 MAX_AHEAD: Final = 16
 
@@ -213,6 +217,9 @@ def params_to_json(params: plans.PlanParams) -> dict[str, Any]:
         "world_size": params.world_size,
         "shuffle": params.shuffle,
         "block_size": params.block_size,
+        # After an elastic resume, the segments the rank reads in their epoch: the
+        # sidecar prefetches and leases along them. Absent: rule 5 (older clients).
+        "segments": params.segments.to_json() if params.segments is not None else None,
     }
 
 
@@ -226,6 +233,11 @@ def params_from_json(body: Mapping[str, Any]) -> plans.PlanParams:
         world_size=require_int(body, "world_size", minimum=1),
         shuffle=require_bool(body, "shuffle"),
         block_size=require_int(body, "block_size", minimum=1),
+        segments=(
+            streams.Segments.from_json(body["segments"], where="field 'segments'")
+            if body.get("segments") is not None
+            else None
+        ),
     )
 
 

@@ -89,17 +89,30 @@ def _steps(steps: list[int]) -> str:
     return ", ".join(map(str, steps))
 
 
+def _worlds(run: dict[str, Any]) -> str:
+    gens = run["generations"]
+    if len(gens) <= 1:
+        return str(run["world_size"])
+    return " -> ".join(
+        f"{g['world_size']}" + (f" (from step {g['resumed_from']})" if g["resumed_from"] else "")
+        for g in gens
+    )
+
+
 def reads_text(data: dict[str, Any]) -> str:
     run = data["run"]
     steps = [c["step"] for c in run["checkpoints"]]
     lines = [
         f"{data['matches']} sample(s) match {data['expression']!r}"
         + (" (more not shown)" if data["truncated"] else "")
-        + f"; run: world size {run['world_size']}, batch size {run['batch_size']}, seed "
+        + f"; run: world size {_worlds(run)}, batch size {run['batch_size']}, seed "
         f"{run['seed']}, checkpoints {_steps(steps) or 'none'}"
     ]
     for r in data["reads"]:
         head = f"  index {r['index']}: epoch {r['epoch']} rank {r['rank']}"
+        if len(run["generations"]) > 1:
+            # Rank numbers are per world size once the run was resumed at another.
+            head += f" (world size {r['world_size']})"
         at = f" step {r['step']} (row {r['slot']} of the batch)" if r["step"] is not None else ""
         if r["status"] == "read":
             since = (

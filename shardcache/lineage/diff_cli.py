@@ -103,6 +103,13 @@ def side_plan(
     if uri is None:
         return diff.RunPlan(manifest, params, batch_size), 0
     hist = published.history_of(manifest, uri)
+    if len(hist.generations) > 1:
+        worlds = [g.world_size for g in hist.generations]
+        raise errors.InputError(
+            f"run {side.upper()}'s checkpoints change world size ({worlds}, an elastic "
+            "resume): diff compares one world size's plan; give the plan parameters "
+            "without --checkpoint-uri, or `shardcache lineage` for the resized run"
+        )
     for name, given, found in (
         ("seed", getattr(args, f"{side}_seed"), hist.params.seed),
         ("world-size", getattr(args, f"{side}_world_size"), hist.params.world_size),

@@ -9,17 +9,23 @@ epoch 0, position 0 (how `shardcache.open` starts without `resume_from`).
 
 A chain that goes backwards (a checkpoint behind its predecessor) or whose later
 state lacks an earlier skip is not one run: a rewind that kept the abandoned
-checkpoints. It is refused, as is a change of world size between checkpoints:
-shardcache has no elastic resume, so such a chain cannot come from one run.
+checkpoints. It is refused.
+
+A change of world size (an elastic resume, `shardcache.elastic`) starts a new
+generation: the steps in order, cut where the world size changes. The first states of
+generation g carry segments that must be what `elastic.resize` makes of generation
+g-1's states at its newest step every rank published (else the run did not resume
+from them, and it is refused); each rank of generation g starts at position 0 of its
+segments in the epoch of the resize. Ranks of different generations that share a
+number are different readers: spans and queries name the generation.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from shardcache import errors, plans, states
+from shardcache import elastic, errors, plans, states
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +47,39 @@ class Span:
     stop: int
     after: int | None
     before: int
+    #: Which generation (world size) read it; its plan for `rank` (segments included).
+    generation: int = 0
+    plan: plans.PlanParams | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """The checkpoints of one world size, from the start or from an elastic resume."""
+
+    index: int
+    #: The plan of rank 0 in epoch 0, without segments.
+    params: plans.PlanParams
+    chains: Mapping[int, tuple[Checkpoint, ...]]
+    #: Where its ranks start: (0, 0), or (epoch of the resize, 0) of their segments.
+    start_epoch: int
+    #: The step of the previous generation it resumed from (None for the first).
+    resumed_from: int | None
+    #: Each rank's last (epoch, position) before the next generation took over; None
+    #: for the newest generation.
+    ended: Mapping[int, tuple[int, int]] | None
+
+    @property
+    def world_size(self) -> int:
+        return self.params.world_size
+
+    def steps(self) -> list[int]:
+        return sorted({c.step for chain in self.chains.values() for c in chain})
+
+    def plan(self, rank: int, epoch: int) -> plans.PlanParams:
+        """`rank`'s plan in `epoch`: with the segments its states carry."""
+        chain = self.chains.get(rank, ())
+        seg = chain[0].state.params.segments if chain else None
+        return dataclasses.replace(self.params, rank=rank, epoch=epoch, segments=seg)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +92,15 @@ class History:
     shard_rows: tuple[int, ...]
     chains: Mapping[int, tuple[Checkpoint, ...]]
     spans: tuple[Span, ...]
+    #: One per world size the run had, oldest first; `params` and `chains` above are
+    #: the first's (a run that never resized has one).
+    generations: tuple[Generation, ...] = ()
+
+    def generation_of(self, step: int) -> Generation:
+        for gen in self.generations:
+            if step in gen.steps():
+                return gen
+        return self.generations[-1]
 
     @property
     def world_size(self) -> int:
@@ -63,12 +111,17 @@ class History:
         return hi - lo
 
     def steps(self) -> list[int]:
-        """Checkpoint steps published by any rank, in order."""
-        return sorted({c.step for chain in self.chains.values() for c in chain})
+        """Checkpoint steps published by any rank (any generation), in order."""
+        gens = self.generations or ()
+        return sorted(
+            {s for g in gens for s in g.steps()}
+            or {c.step for ch in self.chains.values() for c in ch}
+        )
 
     def complete(self, step: int) -> bool:
-        """Whether every rank published checkpoint `step`."""
-        return all(any(c.step == step for c in chain) for chain in self.chains.values())
+        """Whether every rank (of the step's world size) published checkpoint `step`."""
+        chains = self.generation_of(step).chains
+        return all(any(c.step == step for c in chain) for chain in chains.values())
 
     def last(self, rank: int) -> states.DataState | None:
         chain = self.chains.get(rank, ())
@@ -88,11 +141,21 @@ class History:
     def _rank(self, rank: int, epoch: int) -> plans.PlanParams:
         return dataclasses.replace(self.params, rank=rank, epoch=epoch)
 
-    def index_ranges(self, rank: int, epoch: int, start: int, stop: int) -> list[tuple[int, int]]:
+    def index_ranges(
+        self,
+        rank: int,
+        epoch: int,
+        start: int,
+        stop: int,
+        *,
+        plan: plans.PlanParams | None = None,
+    ) -> list[tuple[int, int]]:
         """Dataset-wide sample indices [lo, hi) read at positions [start, stop) of
-        `epoch` by `rank`, in reading order, adjacent ranges merged."""
+        `epoch` by `rank` (of the generation whose `plan` is given; the first's by
+        default), in reading order, adjacent ranges merged."""
         offsets = plans.shard_offsets(self.shard_rows)
-        runs = plans.rank_runs(self.shard_rows, self.digest, self._rank(rank, epoch))
+        params = plan.with_epoch(epoch) if plan is not None else self._rank(rank, epoch)
+        runs = plans.rank_runs(self.shard_rows, self.digest, params)
         out: list[tuple[int, int]] = []
         pos = 0
         for run in runs:
@@ -111,14 +174,15 @@ class History:
 
 
 def _interval(
-    start: tuple[int, int], stop: tuple[int, int], rank_samples: int
+    start: tuple[int, int], stop: tuple[int, int], samples: Callable[[int], int]
 ) -> list[tuple[int, int, int]]:
-    """(epoch, start, stop) position ranges from one (epoch, position) to another."""
+    """(epoch, start, stop) position ranges from one (epoch, position) to another;
+    `samples(epoch)` is the rank's length of that epoch."""
     (e0, p0), (e1, p1) = start, stop
     if e0 == e1:
         return [(e0, p0, p1)] if p1 > p0 else []
-    out = [(e0, p0, rank_samples)] if rank_samples > p0 else []
-    out += [(e, 0, rank_samples) for e in range(e0 + 1, e1) if rank_samples]
+    out = [(e0, p0, samples(e0))] if samples(e0) > p0 else []
+    out += [(e, 0, samples(e)) for e in range(e0 + 1, e1) if samples(e)]
     if p1:
         out.append((e1, 0, p1))
     return out
@@ -130,6 +194,32 @@ def _covered(skip: states.Skip, skips: Sequence[states.Skip]) -> bool:
     )
 
 
+def _split_generations(
+    nonempty: Mapping[int, Sequence[Checkpoint]], where: str
+) -> list[dict[int, list[Checkpoint]]]:
+    """Every rank's checkpoints cut into generations: steps in order, a new generation
+    where the world size changes. A step published at two world sizes is refused."""
+    by_step: dict[int, list[tuple[int, Checkpoint]]] = {}
+    for rank, chain in nonempty.items():
+        for c in chain:
+            by_step.setdefault(c.step, []).append((rank, c))
+    gens: list[dict[int, list[Checkpoint]]] = []
+    world: int | None = None
+    for step in sorted(by_step):
+        worlds = sorted({c.state.world_size for _, c in by_step[step]})
+        if len(worlds) > 1:
+            raise errors.InputError(
+                f"{where}: step {step} is published at world sizes {worlds}: not one run "
+                "(the ranks of one step share a world size)"
+            )
+        if worlds[0] != world:
+            gens.append({})
+            world = worlds[0]
+        for rank, c in by_step[step]:
+            gens[-1].setdefault(rank, []).append(c)
+    return gens
+
+
 def build(
     digest: str,
     shard_rows: Sequence[int],
@@ -138,29 +228,96 @@ def build(
     where: str = "the checkpoints",
 ) -> History:
     """Validate every rank's chain of checkpoints as one run over the dataset
-    (`digest`, `shard_rows`) and compute what each rank read between checkpoints."""
+    (`digest`, `shard_rows`), across world-size changes, and compute what each rank
+    read between checkpoints."""
     nonempty = {r: sorted(c, key=lambda c: c.step) for r, c in chains.items() if c}
     if not nonempty:
         raise errors.InputError(f"{where}: no published checkpoint with a data state")
-    first = next(iter(nonempty.values()))[0]
-    base = dataclasses.replace(first.state.params, rank=0, epoch=0)
-    worlds = sorted({c.state.world_size for chain in nonempty.values() for c in chain})
-    if len(worlds) > 1:
-        changes = []
-        for rank, chain in sorted(nonempty.items()):
-            for older, newer in itertools.pairwise(chain):
-                if older.state.world_size != newer.state.world_size:
-                    changes.append(
-                        f"rank {rank}: {older.state.world_size} at step {older.step}, "
-                        f"{newer.state.world_size} at step {newer.step}"
-                    )
-        raise errors.InputError(
-            f"{where}: the world size changes between checkpoints ({'; '.join(changes) or worlds}); "
-            "shardcache has no elastic resume, so these data states cannot come from one run: "
-            "point --checkpoint-uri at one run's checkpoints"
+    first = min((c for chain in nonempty.values() for c in chain), key=lambda c: c.step)
+    base = dataclasses.replace(first.state.params, rank=0, epoch=0, segments=None)
+    generations: list[Generation] = []
+    spans: list[Span] = []
+    for index, gchains in enumerate(_split_generations(nonempty, where)):
+        prev = generations[-1] if generations else None
+        gen, gspans = _generation(
+            index, digest, shard_rows, gchains, base, first, prev, where=where
         )
-    world = worlds[0]
-    missing = [r for r in range(world) if r not in nonempty]
+        if prev is not None:
+            generations[-1] = dataclasses.replace(prev, ended=_ends(prev, gen))
+        generations.append(gen)
+        spans.extend(gspans)
+    g0 = generations[0]
+    return History(
+        digest=digest,
+        params=g0.params,
+        shard_rows=tuple(shard_rows),
+        chains=g0.chains,
+        spans=tuple(spans),
+        generations=tuple(generations),
+    )
+
+
+def _ends(prev: Generation, gen: Generation) -> dict[int, tuple[int, int]]:
+    out = {}
+    for rank, chain in prev.chains.items():
+        at = [c for c in chain if c.step == gen.resumed_from]
+        out[rank] = (at[0].state.epoch, at[0].state.position)
+    return out
+
+
+def _resumed_from(
+    prev: Generation,
+    gen_chains: Mapping[int, Sequence[Checkpoint]],
+    total: int,
+    world: int,
+    *,
+    where: str,
+) -> tuple[int, int]:
+    """(step, epoch) of `prev` that the generation's first states were resized from."""
+    steps = [
+        s for s in prev.steps() if all(any(c.step == s for c in ch) for ch in prev.chains.values())
+    ]
+    firsts = {r: ch[0] for r, ch in gen_chains.items()}
+    if not steps:
+        raise errors.InputError(
+            f"{where}: the world size changes to {world} at step {min(c.step for c in firsts.values())}, "
+            f"but no step of world size {prev.world_size} was published by every rank: an elastic "
+            "resume needs every old rank's state from one step"
+        )
+    step = steps[-1]
+    old = [next(c for c in ch if c.step == step).state for _, ch in sorted(prev.chains.items())]
+    expected = elastic.resize(old, total_rows=total, world_size=world)
+    for rank, c in sorted(firsts.items()):
+        if c.state.params.segments != expected[rank].params.segments:
+            raise errors.InputError(
+                f"{where}: rank {rank} step {c.step} (world size {world}) does not resume the "
+                f"world size {prev.world_size} run at its newest complete step {step}: its "
+                f"segments are {c.state.params.segments}, resuming step {step} gives "
+                f"{expected[rank].params.segments}; point --checkpoint-uri at one run's "
+                "checkpoints"
+            )
+    later = sorted({c.step for ch in prev.chains.values() for c in ch if c.step > step})
+    if later:
+        raise errors.InputError(
+            f"{where}: steps {later} of world size {prev.world_size} come after step {step}, "
+            f"which the world size {world} run resumed from: those checkpoints were abandoned"
+        )
+    return step, old[0].epoch
+
+
+def _generation(
+    index: int,
+    digest: str,
+    shard_rows: Sequence[int],
+    gchains: Mapping[int, Sequence[Checkpoint]],
+    base: plans.PlanParams,
+    first: Checkpoint,
+    prev: Generation | None,
+    *,
+    where: str,
+) -> tuple[Generation, list[Span]]:
+    world = next(iter(gchains.values()))[0].state.world_size
+    missing = [r for r in range(world) if r not in gchains]
     if missing:
         raise errors.InputError(
             f"{where}: the data states are of world size {world}, but ranks {missing} have no "
@@ -168,14 +325,24 @@ def build(
             "for ranked pods); point --checkpoint-uri at the URI above those prefixes"
         )
     total = sum(shard_rows)
+    params = dataclasses.replace(base, world_size=world)
+    resumed_from: int | None = None
+    start_epoch = 0
+    if prev is not None:
+        resumed_from, start_epoch = _resumed_from(prev, gchains, total, world, where=where)
     spans: list[Span] = []
-    for rank, chain in sorted(nonempty.items()):
-        lo, hi = plans.rank_bounds(total, dataclasses.replace(base, rank=rank))
-        samples = hi - lo
-        prev: Checkpoint | None = None
+    out: dict[int, tuple[Checkpoint, ...]] = {}
+    for rank, chain in sorted(gchains.items()):
+        seg = chain[0].state.params.segments if prev is not None else None
+        plan = dataclasses.replace(params, rank=rank, segments=seg)
+
+        def samples(epoch: int, plan: plans.PlanParams = plan) -> int:
+            return plans.rank_samples(total, plan.with_epoch(epoch))
+
+        last: Checkpoint | None = None
         clamped: list[Checkpoint] = []
         for ckpt in chain:
-            s = states.clamp(ckpt.state, samples)
+            s = states.clamp(ckpt.state, samples(ckpt.state.epoch))
             label = f"{where}: rank {rank} step {ckpt.step}"
             if s.digest != digest:
                 raise errors.InputError(
@@ -184,42 +351,55 @@ def build(
                 )
             if s.rank != rank:
                 raise errors.InputError(f"{label}: the data state is of rank {s.rank}")
-            if dataclasses.replace(s.params, rank=0, epoch=0) != base or (
+            if dataclasses.replace(s.params, rank=0, epoch=0, segments=None) != params or (
                 s.plan_version != first.state.plan_version
             ):
                 raise errors.InputError(
                     f"{label}: the reading plan differs from step {first.step}'s "
-                    f"({s.params} vs {base}): not one run"
+                    f"({s.params} vs {params}): not one run"
                 )
-            if s.position > samples:
+            if s.params.segments != seg:
                 raise errors.InputError(
-                    f"{label}: position {s.position} is past the end of the epoch ({samples})"
+                    f"{label}: its segments ({s.params.segments}) differ from step "
+                    f"{chain[0].step}'s ({seg}): not one run"
                 )
-            begin = (prev.state.epoch, prev.state.position) if prev is not None else (0, 0)
+            if s.position > samples(s.epoch):
+                raise errors.InputError(
+                    f"{label}: position {s.position} is past the end of the epoch "
+                    f"({samples(s.epoch)})"
+                )
+            begin = (
+                (last.state.epoch, last.state.position) if last is not None else (start_epoch, 0)
+            )
             if (s.epoch, s.position) < begin:
                 raise errors.InputError(
                     f"{label}: the data state (epoch {s.epoch}, position {s.position}) is "
-                    f"behind step {prev.step if prev else '?'}'s (epoch {begin[0]}, position "
+                    f"behind step {last.step if last else '?'}'s (epoch {begin[0]}, position "
                     f"{begin[1]}): the run was rewound and the abandoned checkpoints kept; "
                     "`shardcache skip` sets them aside"
                 )
-            if prev is not None:
-                lost = [k for k in prev.state.skips if not _covered(k, s.skips)]
+            if last is not None:
+                lost = [k for k in last.state.skips if not _covered(k, s.skips)]
                 if lost:
                     raise errors.InputError(
-                        f"{label}: the data state lacks skips that step {prev.step} carries "
+                        f"{label}: the data state lacks skips that step {last.step} carries "
                         f"({[k.to_json() for k in lost]}): not one run"
                     )
+            after = last.step if last is not None else resumed_from
             for epoch, a, b in _interval(begin, (s.epoch, s.position), samples):
                 for x, y in states.kept(s.skips_in(epoch), a, b):
-                    spans.append(Span(rank, epoch, x, y, prev.step if prev else None, ckpt.step))
-            prev = Checkpoint(ckpt.step, s)
-            clamped.append(prev)
-        nonempty[rank] = clamped
-    return History(
-        digest=digest,
-        params=dataclasses.replace(base, world_size=world),
-        shard_rows=tuple(shard_rows),
-        chains={r: tuple(c) for r, c in sorted(nonempty.items())},
-        spans=tuple(spans),
+                    spans.append(
+                        Span(rank, epoch, x, y, after, ckpt.step, index, plan.with_epoch(epoch))
+                    )
+            last = Checkpoint(ckpt.step, s)
+            clamped.append(last)
+        out[rank] = tuple(clamped)
+    gen = Generation(
+        index=index,
+        params=params,
+        chains=out,
+        start_epoch=start_epoch,
+        resumed_from=resumed_from,
+        ended=None,
     )
+    return gen, spans

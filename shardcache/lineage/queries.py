@@ -15,8 +15,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from shardcache import errors, states
-from shardcache.inspect import locate
+from shardcache import errors, plans, states
 from shardcache.lineage import history
 
 Status = Literal["read", "skipped", "pending"]
@@ -43,6 +42,10 @@ class Read:
     #: Every published checkpoint whose weights include this read.
     checkpoints: tuple[int, ...] = ()
     skip: states.Skip | None = None
+    #: Which world size read it: generations are cut where the world size changes
+    #: (an elastic resume); rank numbers are per generation.
+    generation: int = 0
+    world_size: int = 1
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -51,16 +54,82 @@ class Read:
         return data
 
 
-def _spans_by_rank_epoch(
-    hist: history.History,
-) -> dict[tuple[int, int], tuple[list[int], list[history.Span]]]:
-    grouped: dict[tuple[int, int], list[history.Span]] = {}
+SpanIndex = dict[tuple[int, int, int], tuple[list[int], list[history.Span]]]
+
+
+def _spans_by_key(hist: history.History) -> SpanIndex:
+    """Spans by (generation, rank, epoch), sorted by start."""
+    grouped: dict[tuple[int, int, int], list[history.Span]] = {}
     for span in hist.spans:
-        grouped.setdefault((span.rank, span.epoch), []).append(span)
+        grouped.setdefault((span.generation, span.rank, span.epoch), []).append(span)
     out = {}
     for key, spans in grouped.items():
         spans.sort(key=lambda s: s.start)
         out[key] = ([s.start for s in spans], spans)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Piece:
+    """Global-sequence positions [lo, hi) of an epoch, read by `rank` of `generation`
+    from position `position` of its stream on."""
+
+    lo: int
+    hi: int
+    generation: history.Generation
+    rank: int
+    position: int
+
+
+def _coverage(hist: history.History, epoch: int) -> list[_Piece]:
+    """Who reads each position of `epoch`'s global sequence: one generation's ranks,
+    or, in the epoch of a resize, the old ranks up to where they stopped and the new
+    ranks' segments after."""
+    total = sum(hist.shard_rows)
+    out: list[_Piece] = []
+    for gen in hist.generations:
+        if epoch < gen.start_epoch:
+            continue
+        for rank in gen.chains:
+            limit: int | None = None
+            if gen.ended is not None:
+                end_epoch, end_pos = gen.ended[rank]
+                if epoch > end_epoch:
+                    continue
+                if epoch == end_epoch:
+                    limit = end_pos
+            ranges = plans.stream_ranges(total, gen.plan(rank, epoch))
+            pos = 0
+            for lo, hi in ranges:
+                if limit is not None:
+                    hi = min(hi, lo + max(0, limit - pos))
+                if hi > lo:
+                    out.append(_Piece(lo, hi, gen, rank, pos))
+                pos += hi - lo
+    out.sort(key=lambda p: p.lo)
+    return out
+
+
+def _global_positions(
+    hist: history.History, epoch: int, wanted: list[int]
+) -> list[tuple[int, int]]:
+    """(index, position in `epoch`'s global sequence) of each wanted sample."""
+    offsets = plans.shard_offsets(hist.shard_rows)
+    by_shard: dict[int, list[int]] = {}
+    for index in wanted:
+        shard, row = plans.locate(offsets, index)
+        by_shard.setdefault(shard, []).append(row)
+    out: list[tuple[int, int]] = []
+    offset = 0
+    params = hist.params.with_epoch(epoch)
+    for run in plans.global_runs(hist.shard_rows, hist.digest, params):
+        rows = by_shard.get(run.shard)
+        if rows:
+            i = bisect.bisect_left(rows, run.start)
+            while i < len(rows) and rows[i] < run.stop:
+                out.append((offsets[run.shard] + rows[i], offset + rows[i] - run.start))
+                i += 1
+        offset += len(run)
     return out
 
 
@@ -72,44 +141,61 @@ def reads(
     wanted = sorted(set(indices))
     if not wanted:
         return []
-    last_epoch = max(c[-1].state.epoch for c in hist.chains.values() if c)
-    by_key = _spans_by_rank_epoch(hist)
+    total = sum(hist.shard_rows)
+    bad = [i for i in wanted if not 0 <= i < total]
+    if bad:
+        raise errors.InputError(
+            f"sample index {bad[0]} is out of range: the dataset has {total} samples"
+        )
+    last_epoch = max(
+        c[-1].state.epoch for gen in hist.generations for c in gen.chains.values() if c
+    )
+    by_key = _spans_by_key(hist)
     steps = hist.steps()
-    p = hist.params
     out: list[Read] = []
     for epoch in range(last_epoch + 1):
-        query = locate.Query(
-            epoch=epoch,
-            world_size=p.world_size,
-            batch_size=1,
-            seed=p.seed,
-            shuffle=p.shuffle,
-            block_size=p.block_size,
-        )
-        for seen in locate.sightings(list(hist.shard_rows), hist.digest, query, wanted):
-            out.append(_read(hist, by_key, steps, seen, batch_size))
-    out.sort(key=lambda r: (r.index, r.epoch))
+        pieces = _coverage(hist, epoch)
+        starts = [p.lo for p in pieces]
+        for index, gpos in _global_positions(hist, epoch, wanted):
+            piece = pieces[bisect.bisect_right(starts, gpos) - 1]
+            pos = piece.position + gpos - piece.lo
+            out.append(_read(hist, by_key, steps, piece, index, epoch, pos, batch_size))
+    out.sort(key=lambda r: (r.index, r.epoch, r.generation))
     return out
+
+
+def _batch_size(gen: history.Generation, rank: int, before: int | None) -> int | None:
+    for c in reversed(gen.chains.get(rank, ())):
+        if (before is None or c.step <= before) and c.state.batch_size is not None:
+            return c.state.batch_size
+    return None
 
 
 def _read(
     hist: history.History,
-    by_key: dict[tuple[int, int], tuple[list[int], list[history.Span]]],
+    by_key: SpanIndex,
     steps: list[int],
-    seen: locate.Sighting,
+    piece: _Piece,
+    index: int,
+    epoch: int,
+    pos: int,
     batch_size: int | None,
 ) -> Read:
-    rank, epoch, pos = seen.rank, seen.epoch, seen.step  # batch size 1: step is position
-    skips = [s for s in hist.skips(rank) if s.epoch == epoch]
-    starts, spans = by_key.get((rank, epoch), ([], []))
+    gen, rank = piece.generation, piece.rank
+    chain = gen.chains.get(rank, ())
+    skips = [s for s in (chain[-1].state.skips if chain else ()) if s.epoch == epoch]
+    starts, spans = by_key.get((gen.index, rank, epoch), ([], []))
     i = bisect.bisect_right(starts, pos) - 1
     span = spans[i] if i >= 0 and spans[i].start <= pos < spans[i].stop else None
-    size = batch_size or hist.batch_size(rank, span.before if span is not None else None)
+    size = batch_size or _batch_size(gen, rank, span.before if span is not None else None)
     step = slot = None
     if size is not None:
         n = pos - states.skipped_before(skips, pos)
         step, slot = n // size, n % size
-    base = Read(seen.index, epoch, rank, pos, "pending", step, slot)
+    base = Read(
+        index, epoch, rank, pos, "pending", step, slot,
+        generation=gen.index, world_size=gen.world_size,
+    )  # fmt: skip
     if span is not None:
         after = tuple(s for s in steps if s >= span.before)
         return dataclasses.replace(
@@ -128,23 +214,25 @@ def consumed(hist: history.History, step: int) -> dict[str, Any]:
         raise errors.InputError(
             f"no checkpoint with step {step}: published steps are {hist.steps() or 'none'}"
         )
+    gen = hist.generation_of(step)
     ranks: list[dict[str, Any]] = []
-    previous: set[int | None] = set()
-    for rank, chain in hist.chains.items():
+    for rank, chain in gen.chains.items():
         at = next((i for i, c in enumerate(chain) if c.step == step), None)
         if at is None:
             ranks.append({"rank": rank, "published": False, "epochs": [], "samples": 0})
             continue
         prev = chain[at - 1] if at > 0 else None
-        previous.add(prev.step if prev is not None else None)
         epochs: dict[int, list[list[int]]] = {}
         total = 0
         for span in hist.spans:
-            if span.rank == rank and span.before == step:
-                for lo, hi in hist.index_ranges(rank, span.epoch, span.start, span.stop):
+            if span.generation == gen.index and span.rank == rank and span.before == step:
+                ranges = hist.index_ranges(rank, span.epoch, span.start, span.stop, plan=span.plan)
+                for lo, hi in ranges:
                     epochs.setdefault(span.epoch, []).append([lo, hi])
                     total += hi - lo
-        begin = (prev.state.epoch, prev.state.position) if prev is not None else (0, 0)
+        begin = (
+            (prev.state.epoch, prev.state.position) if prev is not None else (gen.start_epoch, 0)
+        )
         end = (chain[at].state.epoch, chain[at].state.position)
         skipped = [
             s.to_json()
@@ -155,7 +243,8 @@ def consumed(hist: history.History, step: int) -> dict[str, Any]:
             {
                 "rank": rank,
                 "published": True,
-                "previous": prev.step if prev is not None else None,
+                "previous": prev.step if prev is not None else gen.resumed_from,
+                "world_size": gen.world_size,
                 "from": {"epoch": begin[0], "position": begin[1]},
                 "to": {"epoch": end[0], "position": end[1]},
                 "epochs": [{"epoch": e, "ranges": r} for e, r in sorted(epochs.items())],
@@ -192,6 +281,15 @@ def reads_json(
             "block_size": p.block_size,
             "batch_size": hist.batch_size(0),
             "checkpoints": [{"step": s, "complete": hist.complete(s)} for s in hist.steps()],
+            "generations": [
+                {
+                    "world_size": g.world_size,
+                    "start_epoch": g.start_epoch,
+                    "resumed_from": g.resumed_from,
+                    "steps": g.steps(),
+                }
+                for g in hist.generations
+            ],
             "skips": {str(r): [s.to_json() for s in hist.skips(r)] for r in hist.chains},
         },
         "reads": [r.to_json() for r in found],

@@ -150,6 +150,7 @@ def test_lineage_equals_a_brute_force_replay_across_checkpoints_skips_and_a_rewi
             after=before - 4 if before > 4 else None,
             before=before,
             checkpoints=tuple(range(before, last + 1, 4)),
+            world_size=world,
         )
         assert got_read == want
     # Everything lineage calls read was read, and nothing it calls skipped was.
@@ -198,14 +199,94 @@ def state(world: int, rank: int, epoch: int, position: int) -> states.DataState:
     return states.DataState(digest="sha256:x", params=params, position=position, batch_size=4)
 
 
-def test_a_world_size_change_is_refused_there_is_no_elastic_resume() -> None:
+def test_lineage_equals_a_brute_force_replay_across_a_world_size_change(tmp_path: Path) -> None:
+    """3 ranks train to checkpoint 8 (with a skip), 2 ranks resume from every old rank's
+    state at step 8 (elastic) and train three more epochs (with a skip): lineage says
+    exactly who read each sample, and what each checkpoint consumed."""
+    datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), SHARDS)
+    seen: dict[tuple[int, int], Seen] = {}
+    chains: dict[int, list[lineage.Checkpoint]] = {r: [] for r in range(3)}
+    old = [Rank(open_rank(tmp_path, r, 3)) for r in range(3)]
+    train(old, range(1, 9), ckpt_every=4, skips={6: 1}, seen=seen, chains=chains)
+    for rank in old:
+        rank.ds.close()
+    at_8 = [c.state.to_json() for r in range(3) for c in chains[r] if c.step == 8]
+    new = []
+    for r in range(2):
+        ds = open_rank(tmp_path, r, 2)
+        ds.load_state_dict(list(reversed(at_8)))
+        new.append(Rank(ds))
+    train(new, range(9, 41), ckpt_every=4, skips={20: 2}, seen=seen, chains=chains)
+    for rank in new:
+        rank.ds.close()
+
+    ds = open_rank(tmp_path, 0, 2)
+    hist = lineage.build(ds.manifest.digest, ds.manifest.shard_rows, chains)
+    ds.close()
+    assert [(g.world_size, g.start_epoch, g.resumed_from) for g in hist.generations] == [
+        (3, 0, None),
+        (2, 0, 8),
+    ]
+    got = lineage.reads(hist, range(TOTAL))
+    by_key: dict[tuple[int, int], list[lineage.Read]] = {}
+    for found in got:
+        by_key.setdefault((found.index, found.epoch), []).append(found)
+    # Every sample of every epoch is reached exactly once, by one generation's rank.
+    assert all(len(v) == 1 for v in by_key.values())
+    assert len(by_key) == TOTAL * len({e for _, e in by_key})
+    for (uid, epoch), s in seen.items():
+        (read,) = by_key[(uid, epoch)]
+        before = -(-s.global_step // 4) * 4
+        world = 3 if s.global_step <= 8 else 2
+        assert (read.status, read.rank, read.world_size, read.generation) == (
+            "read", s.rank, world, 0 if world == 3 else 1,
+        ), (uid, epoch)  # fmt: skip
+        assert (read.step, read.slot, read.before) == (s.step, s.slot, before)
+        assert read.after == (before - 4 if before > 4 else None)
+        assert read.checkpoints == tuple(range(before, 41, 4))
+    read_keys = {k for k, v in by_key.items() if v[0].status == "read"}
+    assert read_keys == set(seen)
+    skipped = {k for k, v in by_key.items() if v[0].status == "skipped"}
+    assert skipped and not skipped & set(seen)
+    # The reverse query across the resize: checkpoint 12 is the first of world size 2.
+    for step in (8, 12, 24):
+        report = lineage.consumed(hist, step)
+        assert report["complete"]
+        for rank_report in report["ranks"]:
+            rank = rank_report["rank"]
+            world = 3 if step <= 8 else 2
+            want = sorted(
+                (s.epoch, uid)
+                for (uid, _), s in seen.items()
+                if s.rank == rank and step - 4 < s.global_step <= step
+            )
+            got_ranges = sorted(
+                (e["epoch"], i)
+                for e in rank_report["epochs"]
+                for lo, hi in e["ranges"]
+                for i in range(lo, hi)
+            )
+            assert got_ranges == want, f"step {step} rank {rank}"
+            assert rank_report["previous"] == step - 4
+            assert rank_report["world_size"] == world
+
+
+def test_a_world_size_change_that_is_no_elastic_resume_is_refused() -> None:
+    # World size 4 at step 20 without the segments a resume of step 10 gives.
     chains = {
-        0: [lineage.Checkpoint(10, state(2, 0, 0, 40)), lineage.Checkpoint(20, state(4, 0, 0, 20))],
-        1: [lineage.Checkpoint(10, state(2, 1, 0, 40))],
+        r: [lineage.Checkpoint(10, state(2, r, 0, 40)), lineage.Checkpoint(20, state(4, r, 0, 20))]
+        for r in range(2)
     }
-    with pytest.raises(errors.InputError, match="no elastic resume") as info:
+    chains.update({r: [lineage.Checkpoint(20, state(4, r, 0, 20))] for r in (2, 3)})
+    with pytest.raises(errors.InputError, match="does not resume the world size 2 run") as info:
         lineage.build("sha256:x", [100, 100], chains)
-    assert "rank 0: 2 at step 10, 4 at step 20" in str(info.value)
+    assert "newest complete step 10" in str(info.value)
+    mixed = {
+        0: [lineage.Checkpoint(10, state(2, 0, 0, 40))],
+        1: [lineage.Checkpoint(10, state(3, 1, 0, 40))],
+    }
+    with pytest.raises(errors.InputError, match=r"step 10 is published at world sizes \[2, 3\]"):
+        lineage.build("sha256:x", [100, 100], mixed)
 
 
 def test_a_chain_that_goes_backwards_or_lacks_a_rank_is_refused() -> None:

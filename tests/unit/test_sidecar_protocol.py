@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from shardcache import errors, plans
+from shardcache import errors, plans, streams
 from shardcache.contract import protocol
 
 pytestmark = pytest.mark.unit
@@ -18,6 +18,7 @@ GOOD: dict[str, Any] = {
     "world_size": 4,
     "shuffle": False,
     "block_size": 128,
+    "segments": None,
 }
 
 
@@ -25,6 +26,18 @@ def test_plan_params_round_trip_through_json() -> None:
     params = plans.PlanParams(seed=5, epoch=2, rank=1, world_size=4, shuffle=False, block_size=128)
     assert protocol.params_to_json(params) == GOOD
     assert protocol.params_from_json(GOOD) == params
+    # An older client sends no segments: rule 5.
+    assert protocol.params_from_json({k: v for k, v in GOOD.items() if k != "segments"}) == params
+
+
+def test_elastic_segments_travel_with_the_plan_params() -> None:
+    seg = streams.Segments(2, ((3, 9), (40, 41)))
+    params = plans.PlanParams(epoch=2, world_size=3, segments=seg)
+    body = protocol.params_to_json(params)
+    assert body["segments"] == {"epoch": 2, "ranges": [[3, 9], [40, 41]]}
+    assert protocol.params_from_json(body) == params
+    with pytest.raises(errors.InputError, match="field 'segments'"):
+        protocol.params_from_json({**body, "segments": {"epoch": 2, "ranges": [[9, 3]]}})
 
 
 @pytest.mark.parametrize(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from shardcache_sidecar import readers
 
-from shardcache import plans
+from shardcache import plans, streams
 
 pytestmark = pytest.mark.unit
 
@@ -30,6 +32,20 @@ def test_reregistering_an_id_is_the_same_reader_and_a_new_plan_replaces_it() -> 
     assert len(registry) == 1
     reader = registry.get("r")
     assert reader is not None and reader.params.seed == 2
+
+
+def test_a_reader_resumed_elastically_is_a_new_plan_that_keeps_its_segments() -> None:
+    registry: readers.Registry[str] = readers.Registry(clock=Clock())
+    params = plans.PlanParams(seed=1, rank=0, world_size=2, epoch=1)
+    registry.register("r", params, 0)
+    seg = streams.Segments(1, ((3, 9), (20, 24)))
+    resized = dataclasses.replace(params, segments=seg)
+    assert registry.register("r", resized, 0) is readers.Change.REPLACED
+    # The prefetcher's plan is the segments in their epoch, rule 5 after.
+    moved = registry.move("r", epoch=2, position=0)
+    assert moved is not None and moved.params.segments == seg
+    assert plans.stream_ranges(40, moved.params.with_epoch(1)) == [(3, 9), (20, 24)]
+    assert plans.stream_ranges(40, moved.params) == [(0, 20)]
 
 
 def test_move_follows_epoch_and_position_of_known_readers_only() -> None:

@@ -4,24 +4,28 @@ from __future__ import annotations
 
 import pytest
 
-from shardcache import errors, plans, states
+from shardcache import errors, plans, states, streams
 
 pytestmark = pytest.mark.unit
 
 
 def state(**changes: object) -> dict[str, object]:
     base: dict[str, object] = {
-        "version": 2, "plan_version": 1, "digest": "sha256:d", "seed": 0, "shuffle": True,
+        "version": 3, "plan_version": 1, "digest": "sha256:d", "seed": 0, "shuffle": True,
         "block_size": 8, "world_size": 2, "rank": 1, "epoch": 1, "position": 40,
         "batch_size": 8, "skips": [{"epoch": 1, "start": 8, "stop": 16}],
+        "segments": {"epoch": 1, "ranges": [[0, 30], [50, 60]]},
     }  # fmt: skip
     base.update(changes)
     return base
 
 
-def test_a_state_round_trips_and_a_version_1_state_reads_as_one_without_skips() -> None:
+def test_a_state_round_trips_and_older_versions_read_without_what_they_lack() -> None:
     parsed = states.parse(state())
     assert parsed.to_json() == state()
+    assert parsed.params.segments is not None and len(parsed.params.segments) == 40
+    v2 = states.parse({**state(segments=None), "version": 2})
+    assert v2.params.segments is None and v2.skips == parsed.skips
     old = {k: v for k, v in state().items() if k not in ("batch_size", "skips")}
     old["version"] = 1
     v1 = states.parse(old)
@@ -31,7 +35,10 @@ def test_a_state_round_trips_and_a_version_1_state_reads_as_one_without_skips() 
 @pytest.mark.parametrize(
     "changes,message",
     [
-        ({"version": 3}, "state version 3 is not supported"),
+        ({"version": 4}, "state version 4 is not supported"),
+        ({"segments": {"epoch": 1, "ranges": [[5, 5]]}}, "0 <= a < b"),
+        ({"segments": {"epoch": 1, "ranges": [[9, 12], [0, 3]]}}, "increasing order"),
+        ({"segments": [[0, 3]]}, "expected"),
         ({"position": -1}, "position must be an integer >= 0"),
         ({"rank": 2}, "rank must be in"),
         ({"skips": [{"epoch": 1, "start": 5, "stop": 5}]}, "must end after it starts"),
@@ -88,5 +95,6 @@ def test_steps_count_only_batches_handed_out() -> None:
 def test_plan_params_come_back_as_saved() -> None:
     parsed = states.parse(state(seed=7, shuffle=False))
     assert parsed.params == plans.PlanParams(
-        seed=7, epoch=1, rank=1, world_size=2, shuffle=False, block_size=8
-    )
+        seed=7, epoch=1, rank=1, world_size=2, shuffle=False, block_size=8,
+        segments=streams.Segments(1, ((0, 30), (50, 60))),
+    )  # fmt: skip

@@ -10,6 +10,7 @@ even after SIGKILL, continues where the last one stopped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -24,6 +25,7 @@ from shardcache_sidecar.checkpoint import (
     metrics,
     restorer,
     retention,
+    siblings,
     uploader,
 )
 
@@ -93,6 +95,7 @@ class Agent:
                 retry=s.retry,
                 observer=self.observer,
             )
+            result = self._gather_ranks(result)
         except (errors.ShardcacheError, OSError) as exc:
             # Tell the trainer too (checkpoint.restore() raises it), where the volume lets us.
             with contextlib.suppress(OSError):
@@ -115,6 +118,58 @@ class Agent:
         self.restored = result
         self._ready.set()
         self._tell(True, _restored_reason(result))
+        return result
+
+    def _gather_ranks(self, result: restorer.RestoreResult) -> restorer.RestoreResult:
+        """For a ranked pod restoring "latest": write every rank's data state at the
+        newest step all ranks of its world size published (`siblings`), so the trainer
+        resumes at another world size too. A rank with no checkpoint of its own (the job
+        grew) restores that step from the lowest rank's prefix: data-parallel replicas
+        hold the same weights (a sharded optimizer's state is not re-sharded here)."""
+        path = self.root / _protocol.DATA_STATES_NAME
+        path.unlink(missing_ok=True)
+        s = self.settings
+        if s.restore != "latest":
+            return result
+        gathered = source.with_retries(
+            lambda: siblings.gather(self.fs, self.prefix),
+            what=f"gathering the ranks' data states beside {self.prefix}",
+            policy=s.retry,
+        )
+        if gathered is None:
+            return result
+        if result.step is None:
+            log.info(
+                "no checkpoint of this rank; restoring step %d of %s (every rank's data "
+                "state gathered for an elastic resume)",
+                gathered.step,
+                gathered.prefixes[0],
+            )
+            result = restorer.restore(
+                self.fs,
+                gathered.prefixes[0],
+                self.root,
+                wanted=str(gathered.step),
+                fallback=False,
+                concurrency=s.upload_concurrency,
+                retry=s.retry,
+                observer=self.observer,
+            )
+        # A skip requested for the step (`shardcache skip`, one request per rank prefix)
+        # is in every rank's state, as it is in the restored marker's.
+        skipped = []
+        for state, prefix in zip(gathered.states, gathered.prefixes, strict=True):
+            request = source.with_retries(
+                functools.partial(layout.read_skip_request, self.fs, prefix, gathered.step),
+                what=f"reading the skip request of step {gathered.step} under {prefix}",
+                policy=s.retry,
+            )
+            where = layout.manifest_path(prefix, gathered.step)
+            skipped.append(restorer.apply_skip(state, request, where=where)[0])
+        _protocol.write_json_atomic(
+            path,
+            {"version": _protocol.PROTOCOL_VERSION, "step": gathered.step, "states": skipped},
+        )
         return result
 
     def _tell(self, ready: bool, reason: str) -> None:

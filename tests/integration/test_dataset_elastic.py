@@ -1,0 +1,179 @@
+"""Elastic resume through real datasets: W ranks read part of an epoch and save their
+states, W' ranks load the list and finish it. Checked row by row (the `uid` column is
+the global sample index): every row no old rank consumed is read exactly once, no
+consumed row again, and the next epoch is the new world size's plan. Embedded, and
+through a real sidecar."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+import hypothesis.strategies as st
+import pyarrow.fs as pafs
+import pytest
+
+import shardcache
+from shardcache import errors
+from tests.support import datasets
+from tests.support.sidecar import SidecarProcess
+
+pytestmark = pytest.mark.integration
+
+SHARDS = [70, 0, 33, 128, 9, 50]
+TOTAL = sum(SHARDS)
+BATCH, BLOCK, SEED, EPOCH = 8, 16, 5, 1
+
+Opener = Callable[[int, int], shardcache.Dataset]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("elastic")
+    datasets.write_dataset(pafs.LocalFileSystem(), str(path / "ds"), SHARDS)
+    return path
+
+
+def embedded(root: Path) -> Opener:
+    def open_rank(rank: int, world: int) -> shardcache.Dataset:
+        return shardcache.open(
+            str(root / "ds"), cache_dir=root / "c", rank=rank, world_size=world, seed=SEED,
+            block_size=BLOCK,
+        )  # fmt: skip
+
+    return open_rank
+
+
+def uids(batches: Iterator[Any]) -> list[int]:
+    return [int(u) for b in batches for u in b.column("uid").to_pylist()]
+
+
+def resize(
+    open_rank: Opener, old_world: int, new_world: int, rng: random.Random, *, skip: bool
+) -> tuple[list[int], list[int], list[dict[str, Any]]]:
+    """Old ranks read a random number of batches of epoch EPOCH (rank 0 also skips one
+    batch when `skip`) and save; new ranks load every state, in a shuffled order, and
+    read the rest of the epoch. Returns (consumed rows, rows read after, new states at
+    the end of the epoch)."""
+    saved: list[dict[str, Any]] = []
+    consumed: list[int] = []
+    for rank in range(old_world):
+        with open_rank(rank, old_world) as ds:
+            ds.set_epoch(EPOCH)
+            n = rng.randint(0, len(ds) // BATCH + 1)
+            it = ds.batches(BATCH)
+            consumed += uids(b for _, b in zip(range(n), it, strict=False))
+            if skip and rank == 0:
+                before = ds.position
+                ds.skip_batches(1, batch_size=BATCH)
+                lo, hi = before, ds.position
+                runs = [r for r in ds.runs()]
+                consumed += rows_at(runs, lo, hi)
+            it.close()
+            saved.append(ds.state_dict())
+    rng.shuffle(saved)
+    after: list[int] = []
+    ends: list[dict[str, Any]] = []
+    for rank in range(new_world):
+        with open_rank(rank, new_world) as ds:
+            ds.load_state_dict(saved)
+            ds.set_epoch(EPOCH)
+            after += uids(ds.batches(BATCH))
+            ends.append(ds.state_dict())
+    return consumed, after, ends
+
+
+def rows_at(runs: list[Any], lo: int, hi: int) -> list[int]:
+    """Global indices at positions [lo, hi) of a rank's runs (SHARDS' offsets)."""
+    offsets = [sum(SHARDS[:i]) for i in range(len(SHARDS))]
+    rows = [offsets[r.shard] + i for r in runs for i in range(r.start, r.stop)]
+    return rows[lo:hi]
+
+
+def check(open_rank: Opener, old: int, new: int, rng: random.Random, *, skip: bool) -> None:
+    consumed, after, ends = resize(open_rank, old, new, rng, skip=skip)
+    assert len(consumed) == len(set(consumed))
+    assert not set(after) & set(consumed)
+    assert Counter(after) == Counter(set(range(TOTAL)) - set(consumed))
+    # The next epoch follows the new world size exactly, from a resized state too.
+    for rank in range(new):
+        with open_rank(rank, new) as resumed, open_rank(rank, new) as fresh:
+            resumed.load_state_dict(ends[rank])
+            resumed.set_epoch(EPOCH + 1)
+            fresh.set_epoch(EPOCH + 1)
+            assert uids(resumed.batches(BATCH)) == uids(fresh.batches(BATCH))
+
+
+@pytest.mark.parametrize(("old", "new"), [(4, 3), (2, 8), (8, 5)])
+@hypothesis.given(seed=st.integers(0, 2**32), skip=st.booleans())
+@hypothesis.settings(
+    max_examples=4,
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
+)
+def test_every_unconsumed_row_is_read_once_at_the_new_world_size(
+    root: Path, old: int, new: int, seed: int, skip: bool
+) -> None:
+    check(embedded(root), old, new, random.Random(seed), skip=skip)
+
+
+def test_a_chain_of_resizes_in_one_epoch_reads_every_row_once(root: Path) -> None:
+    open_rank = embedded(root)
+    rng = random.Random(3)
+    consumed: list[int] = []
+    saved: list[dict[str, Any]] = []
+    for rank in range(4):
+        with open_rank(rank, 4) as ds:
+            ds.set_epoch(EPOCH)
+            consumed += uids(
+                b for _, b in zip(range(rng.randint(0, 4)), ds.batches(BATCH), strict=False)
+            )
+            saved.append(ds.state_dict())
+    for world in (3, 5):
+        states_now: list[dict[str, Any]] = []
+        for rank in range(world):
+            with open_rank(rank, world) as ds:
+                ds.load_state_dict(saved)
+                consumed += uids(
+                    b for _, b in zip(range(rng.randint(0, 3)), ds.batches(BATCH), strict=False)
+                )
+                states_now.append(ds.state_dict())
+        saved = states_now
+    after: list[int] = []
+    for rank in range(2):
+        with open_rank(rank, 2) as ds:
+            ds.load_state_dict(saved)
+            after += uids(ds.batches(BATCH))
+    assert len(consumed) == len(set(consumed))
+    assert Counter(after) == Counter(set(range(TOTAL)) - set(consumed))
+
+
+def test_a_single_state_at_another_world_size_is_refused_with_what_to_do(root: Path) -> None:
+    open_rank = embedded(root)
+    with open_rank(0, 4) as ds:
+        state = ds.state_dict()
+    with open_rank(0, 3) as ds, pytest.raises(errors.StateMismatchError, match="list of every"):
+        ds.load_state_dict(state)
+    with open_rank(0, 3) as ds, pytest.raises(errors.StateMismatchError, match=r"missing \[3\]"):
+        ds.load_state_dict([state, {**state, "rank": 1}, {**state, "rank": 2}])
+
+
+def test_resize_through_a_real_sidecar_reads_every_unconsumed_row_once(
+    root: Path,
+    sidecar_factory: Callable[..., SidecarProcess],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    proc = sidecar_factory((root / "ds").as_uri())
+    proc.start(wait="ready")
+    for name, value in proc.client_env().items():
+        monkeypatch.setenv(name, value)
+
+    def open_rank(rank: int, world: int) -> shardcache.Dataset:
+        return shardcache.open(rank=rank, world_size=world, seed=SEED, block_size=BLOCK)
+
+    check(open_rank, 4, 3, random.Random(11), skip=True)
+    check(open_rank, 2, 5, random.Random(12), skip=False)
