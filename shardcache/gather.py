@@ -194,7 +194,9 @@ def _spanned(
     for s, (pos, r) in enumerate(zip(positions, rows, strict=True)):
         take[pos] = r + first[s]
     span = pa.foreign_buffer(low, max(1, high - low), base=list(arrays))
-    view = pa.Array.from_buffers(pa.large_binary(), len(combined) - 1, [None, pa.py_buffer(combined), span])
+    view = pa.Array.from_buffers(
+        pa.large_binary(), len(combined) - 1, [None, pa.py_buffer(combined), span]
+    )
     taken = pc.take(view, pa.array(take))
     out_offsets = np.frombuffer(taken.buffers()[1], dtype=np.int64, count=n + 1)
     data = taken.buffers()[2]

@@ -123,6 +123,13 @@ class Sequence:
         return plans.shard_order(windows.block_runs(self.runs, self.ends, lo, hi))
 
 
+def group(shard_of: Indices) -> tuple[list[int], Indices]:
+    """The distinct shards of `shard_of` (ascending) and, per row, its shard's place
+    among them: the sources and `source_of` of `gather.gather`."""
+    used, source_of = np.unique(shard_of, return_inverse=True)
+    return [int(s) for s in used], source_of.astype(np.int64).reshape(-1)
+
+
 def locate(offsets: Indices, total: int, indices: Indices) -> tuple[Indices, Indices]:
     """(shard, row) of each manifest index; InputError names the first out of range."""
     bad = (indices < 0) | (indices >= total)

@@ -27,9 +27,7 @@ def window_of(position: int, window: int) -> int:
     return position // window
 
 
-def block_runs(
-    runs: Sequence[plans.Run], ends: Sequence[int], lo: int, hi: int
-) -> list[plans.Run]:
+def block_runs(runs: Sequence[plans.Run], ends: Sequence[int], lo: int, hi: int) -> list[plans.Run]:
     """The rows at positions [lo, hi) of a sequence given as `runs` (with `ends`, their
     `plans.run_ends`), in order."""
     out: list[plans.Run] = []
@@ -56,9 +54,7 @@ class Window:
     shards: tuple[int, ...]
 
 
-def rank_windows(
-    shard_rows: Sequence[int], digest: str, params: plans.PlanParams
-) -> list[Window]:
+def rank_windows(shard_rows: Sequence[int], digest: str, params: plans.PlanParams) -> list[Window]:
     """The windows `params.rank` reads in the epoch, in order, with their shards.
 
     A rank whose range starts or ends inside a window reads only part of it, but which

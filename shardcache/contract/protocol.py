@@ -213,6 +213,8 @@ def params_to_json(params: plans.PlanParams) -> dict[str, Any]:
         "world_size": params.world_size,
         "shuffle": params.shuffle,
         "block_size": params.block_size,
+        "granularity": params.granularity,
+        "window": params.window,
     }
 
 
@@ -226,6 +228,9 @@ def params_from_json(body: Mapping[str, Any]) -> plans.PlanParams:
         world_size=require_int(body, "world_size", minimum=1),
         shuffle=require_bool(body, "shuffle"),
         block_size=require_int(body, "block_size", minimum=1),
+        # Plan version 2's fields; a client from before them reads in block mode.
+        granularity=require_str(body, "granularity") if "granularity" in body else plans.BLOCK,
+        window=require_int(body, "window", minimum=1) if "window" in body else plans.DEFAULT_WINDOW,
     )
 
 
