@@ -18,6 +18,8 @@ GOOD: dict[str, Any] = {
     "world_size": 4,
     "shuffle": False,
     "block_size": 128,
+    "granularity": "block",
+    "window": 65536,
 }
 
 
@@ -25,6 +27,15 @@ def test_plan_params_round_trip_through_json() -> None:
     params = plans.PlanParams(seed=5, epoch=2, rank=1, world_size=4, shuffle=False, block_size=128)
     assert protocol.params_to_json(params) == GOOD
     assert protocol.params_from_json(GOOD) == params
+
+
+def test_sample_mode_params_round_trip_and_a_client_without_them_reads_in_block_mode() -> None:
+    params = plans.PlanParams(seed=5, shuffle=True, granularity="sample", window=300)
+    assert protocol.params_from_json(protocol.params_to_json(params)) == params
+    older = {k: v for k, v in GOOD.items() if k not in ("granularity", "window")}
+    assert protocol.params_from_json(older) == plans.PlanParams(
+        seed=5, epoch=2, rank=1, world_size=4, shuffle=False, block_size=128
+    )
 
 
 @pytest.mark.parametrize(
