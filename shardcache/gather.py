@@ -55,13 +55,17 @@ def _fixed_width(t: pa.DataType) -> int | None:
     """Bytes per value of a fixed-width type stored as plain bytes, else None."""
     if patypes.is_boolean(t) or patypes.is_dictionary(t) or patypes.is_null(t):
         return None
+    if patypes.is_fixed_size_list(t):
+        inner = _fixed_width(t.value_type)
+        return (
+            None
+            if inner is None or patypes.is_fixed_size_list(t.value_type)
+            else inner * t.list_size
+        )
     try:
         bits = t.bit_width
     except ValueError:
         return None
-    if patypes.is_fixed_size_list(t):
-        inner = _fixed_width(t.value_type)
-        return None if inner is None else inner * t.list_size
     return bits // 8 if bits % 8 == 0 and bits > 0 else None
 
 
@@ -103,7 +107,7 @@ def _fixed(
     t = arrays[0].type
     if patypes.is_fixed_size_list(t):
         child = pa.Array.from_buffers(t.value_type, n * t.list_size, [None, pa.py_buffer(out)])
-        return pa.FixedSizeListArray.from_arrays(child, t.list_size, type=t)
+        return pa.FixedSizeListArray.from_arrays(child, type=t)
     return pa.Array.from_buffers(t, n, [None, pa.py_buffer(out)])
 
 

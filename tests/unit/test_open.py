@@ -81,7 +81,11 @@ def test_embedded_mode_refuses_a_mount(local_uri: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("shuffle", "samples", """shuffle: expected True, False, "block" or "sample", found str 'samples'"""),
+        (
+            "shuffle",
+            "samples",
+            """shuffle: expected True, False, "block" or "sample", found str 'samples'""",
+        ),
         ("shuffle", 1, """shuffle: expected True, False, "block" or "sample", found int 1"""),
         ("window", 0, r"window: expected a row count \(an int >= 1\), found 0"),
         ("seed", "7", "seed: expected an int, found str '7'"),
