@@ -51,9 +51,7 @@ def sidecar_env(sidecar: SidecarProcess) -> Iterator[None]:
 
 
 def sample(**kwargs: Any) -> plans.PlanParams:
-    return plans.PlanParams(
-        granularity="sample", window=WINDOW, block_size=BLOCK, **kwargs
-    )
+    return plans.PlanParams(granularity="sample", window=WINDOW, block_size=BLOCK, **kwargs)
 
 
 class Recording:
