@@ -38,3 +38,10 @@ BENCH_NODE_ARGS ?=
 bench-node: install
 	nice $(PY) -m bench.node --size $(BENCH_NODE_SIZE) --shards $(BENCH_NODE_SHARDS) \
 	  --ks $(BENCH_NODE_KS) $(BENCH_NODE_ARGS)
+
+# `make bench-sample`: sample mode's warm tokens/s against block mode's, one run
+# (bench/sample_read.py; the target is sample >= 0.5x block).
+BENCH_SAMPLE_SIZE ?= 256MiB
+.PHONY: bench-sample
+bench-sample: install
+	nice $(PY) -m bench.sample_read --size $(BENCH_SAMPLE_SIZE)

@@ -335,6 +335,9 @@ class Dataset:
         from shardcache import gather, sequences  # numpy: sample mode only
 
         leases: dict[int, provider.ShardLease] = {}
+        held: list[int] = []
+        gatherer: gather.Gatherer | None = None
+        slots = sequences.slots([], 0)
         try:
             while True:
                 # Read the position afresh each batch: a skip between batches moves it.
@@ -346,19 +349,24 @@ class Dataset:
                 # Every shard of the window(s) this batch reads stays leased while the
                 # reader is in them; shards of windows left behind are released first.
                 want = seq.window_shards(lo, lo + n)
-                for shard in [s for s in leases if s not in want]:
-                    leases.pop(shard).release()
-                fresh = [s for s in want if s not in leases]
-                for shard in fresh:
-                    leases[shard] = self._provider.acquire(
-                        self._reader_id, shard, epoch=self._params.epoch, position=self._position
-                    )
-                if fresh:
+                if want != held or gatherer is None:
+                    for shard in [s for s in leases if s not in want]:
+                        leases.pop(shard).release()
+                    for shard in want:
+                        if shard not in leases:
+                            leases[shard] = self._provider.acquire(
+                                self._reader_id,
+                                shard,
+                                epoch=self._params.epoch,
+                                position=self._position,
+                            )
                     self._mappings.prune()
+                    sources = [select(self._mappings.batch(leases[s].path), columns) for s in want]
+                    gatherer = gather.Gatherer(sources)
+                    slots = sequences.slots(want, len(seq.offsets))
+                    held = want
                 shard_of, row_of = sequences.locate(seq.offsets, seq.total, seq.indices(lo, lo + n))
-                used, source_of = sequences.group(shard_of)
-                sources = [select(self._mappings.batch(leases[s].path), columns) for s in used]
-                batch = gather.gather(sources, source_of, row_of)
+                batch = gatherer.gather(slots[shard_of], row_of)
                 self._position += n
                 yield [batch]
         finally:

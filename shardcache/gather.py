@@ -23,6 +23,7 @@ No per-row Python in any case: the work per batch is a few numpy calls per shard
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,16 +40,59 @@ def gather(
 ) -> pa.RecordBatch:
     """Row i of the result is row `row_of[i]` of `sources[source_of[i]]`; the sources
     share one schema (the first's is the result's)."""
-    schema = sources[0].schema
-    if len(row_of) == 0:
-        return sources[0].slice(0, 0)
-    positions = [np.flatnonzero(source_of == s) for s in range(len(sources))]
-    rows = [row_of[p] for p in positions]
-    columns = [
-        _column([src.column(i) for src in sources], positions, rows, len(row_of))
-        for i in range(len(schema))
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return Gatherer(sources).gather(source_of, row_of)
+
+
+class Gatherer:
+    """Gathers rows of one set of sources (a window's shards) batch after batch.
+
+    What depends on the sources alone, the span view of each variable-width column, is
+    built once, on the column's first gather, and reused by every batch of the window.
+    """
+
+    def __init__(self, sources: Sequence[pa.RecordBatch]) -> None:
+        self.sources = list(sources)
+        self.schema = self.sources[0].schema
+        self._spans: dict[int, _Span | None] = {}
+
+    def gather(self, source_of: Indices, row_of: Indices) -> pa.RecordBatch:
+        if len(row_of) == 0:
+            return self.sources[0].slice(0, 0)
+        # The output positions of each source's rows, with one sort (not one pass per
+        # source): a window may span many shards.
+        order = np.argsort(source_of, kind="stable")
+        cuts = np.cumsum(np.bincount(source_of, minlength=len(self.sources)))[:-1]
+        positions = np.split(order, cuts)
+        rows = [row_of[p] for p in positions]
+        columns = [
+            self._column(i, source_of, row_of, positions, rows) for i in range(len(self.schema))
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+    def _column(
+        self,
+        i: int,
+        source_of: Indices,
+        row_of: Indices,
+        positions: list[Indices],
+        rows: list[Indices],
+    ) -> pa.Array:
+        arrays = [src.column(i) for src in self.sources]
+        t = arrays[0].type
+        n = len(row_of)
+        if _no_nulls(arrays):
+            width = _fixed_width(t)
+            if width is not None and (
+                not patypes.is_fixed_size_list(t) or _no_nulls([a.flatten() for a in arrays])
+            ):
+                return _fixed(arrays, positions, rows, n, width)
+            if i not in self._spans:
+                self._spans[i] = _Span.build(arrays)
+            span = self._spans[i]
+            taken = span.take(source_of, row_of) if span is not None else None
+            if taken is not None:
+                return taken
+        return _fallback(arrays, positions, rows)
 
 
 def _fixed_width(t: pa.DataType) -> int | None:
@@ -71,26 +115,6 @@ def _fixed_width(t: pa.DataType) -> int | None:
 
 def _no_nulls(arrays: Sequence[pa.Array]) -> bool:
     return all(a.null_count == 0 for a in arrays)
-
-
-def _column(
-    arrays: Sequence[pa.Array], positions: list[Indices], rows: list[Indices], n: int
-) -> pa.Array:
-    t = arrays[0].type
-    if _no_nulls(arrays):
-        width = _fixed_width(t)
-        if width is not None and (
-            not patypes.is_fixed_size_list(t) or _no_nulls([a.flatten() for a in arrays])
-        ):
-            return _fixed(arrays, positions, rows, n, width)
-        if _byte_rows(t) is not None and (
-            not (patypes.is_list(t) or patypes.is_large_list(t))
-            or _no_nulls([a.flatten() for a in arrays])
-        ):
-            spanned = _spanned(arrays, positions, rows, n)
-            if spanned is not None:
-                return spanned
-    return _fallback(arrays, positions, rows)
 
 
 def _fixed(
@@ -147,8 +171,8 @@ def _values_buffer(arr: pa.Array) -> pa.Buffer | None:
     return arr.buffers()[2]
 
 
-def _byte_offsets(arr: pa.Array, width: int, large: bool) -> tuple[Indices, int]:
-    """Row boundaries of `arr` as absolute addresses, and the address of its values."""
+def _byte_offsets(arr: pa.Array, width: int, large: bool) -> Indices:
+    """Row boundaries of `arr` as absolute addresses."""
     offsets = np.frombuffer(
         arr.buffers()[1],
         dtype=np.int64 if large else np.int32,
@@ -157,64 +181,81 @@ def _byte_offsets(arr: pa.Array, width: int, large: bool) -> tuple[Indices, int]
     ).astype(np.int64)
     buf = _values_buffer(arr)
     assert buf is not None
+    base: int = buf.address
     if patypes.is_list(arr.type) or patypes.is_large_list(arr.type):
-        base = buf.address + arr.values.offset * width
-    else:
-        base = buf.address
-    return offsets * width + base, base
+        base += arr.values.offset * width
+    out: Indices = offsets * width + base
+    return out
 
 
-def _spanned(
-    arrays: Sequence[pa.Array], positions: list[Indices], rows: list[Indices], n: int
-) -> pa.Array | None:
-    t = arrays[0].type
-    spec = _byte_rows(t)
-    assert spec is not None
-    width, large = spec
-    if any(_values_buffer(a) is None for a in arrays):
-        return None  # no value bytes at all (every row empty): nothing to span
-    bounds = [_byte_offsets(a, width, large) for a in arrays]
-    order = sorted(range(len(arrays)), key=lambda s: int(bounds[s][0][0]))
-    low = int(bounds[order[0]][0][0])
-    high = max(int(b[0][-1]) for b in bounds)
-    # One offsets array over every source, lowest address first: source s's rows start
-    # at row `first[s]`, and the row between two sources (the gap between their
-    # mappings) is never taken. Overlapping sources (not separate mappings) cannot be
-    # put in one monotone sequence: they take the fallback.
-    parts: list[Indices] = []
-    first = [0] * len(arrays)
-    row = 0
-    last = low
-    for s in order:
-        addrs = bounds[s][0]
-        if int(addrs[0]) < last:
+@dataclasses.dataclass(frozen=True)
+class _Span:
+    """A variable-width column of every source as one `large_binary` array over the
+    address span of their value buffers (see the module docstring)."""
+
+    type: pa.DataType
+    width: int
+    large: bool
+    view: pa.Array
+    #: Row of the view where each source's rows start.
+    first: Indices
+
+    @classmethod
+    def build(cls, arrays: Sequence[pa.Array]) -> _Span | None:
+        t = arrays[0].type
+        spec = _byte_rows(t)
+        if spec is None:
             return None
-        first[s] = row
-        parts.append(addrs - low)
-        row += len(addrs)
-        last = int(addrs[-1])
-    combined = np.concatenate(parts)
-    take = np.empty(n, dtype=np.int64)
-    for s, (pos, r) in enumerate(zip(positions, rows, strict=True)):
-        take[pos] = r + first[s]
-    span = pa.foreign_buffer(low, max(1, high - low), base=list(arrays))
-    view = pa.Array.from_buffers(
-        pa.large_binary(), len(combined) - 1, [None, pa.py_buffer(combined), span]
-    )
-    taken = pc.take(view, pa.array(take))
-    out_offsets = np.frombuffer(taken.buffers()[1], dtype=np.int64, count=n + 1)
-    data = taken.buffers()[2]
-    if width != 1:
-        out_offsets = out_offsets // width
-    if not large:
-        if int(out_offsets[-1]) >= 2**31:
+        lists = patypes.is_list(t) or patypes.is_large_list(t)
+        if lists and not _no_nulls([a.flatten() for a in arrays]):
             return None
-        out_offsets = out_offsets.astype(np.int32)
-    offsets_buf = pa.py_buffer(out_offsets)
-    if patypes.is_list(t) or patypes.is_large_list(t):
-        values = pa.Array.from_buffers(t.value_type, int(out_offsets[-1]), [None, data])
-        return pa.Array.from_buffers(t, n, [None, offsets_buf], children=[values])
-    return pa.Array.from_buffers(t, n, [None, offsets_buf, data])
+        if any(_values_buffer(a) is None for a in arrays):
+            return None  # no value bytes at all (every row empty): nothing to span
+        width, large = spec
+        bounds = [_byte_offsets(a, width, large) for a in arrays]
+        order = sorted(range(len(arrays)), key=lambda s: int(bounds[s][0]))
+        low = int(bounds[order[0]][0])
+        high = max(int(b[-1]) for b in bounds)
+        # One offsets array over every source, lowest address first: source s's rows
+        # start at row `first[s]`, and the row between two sources (the gap between
+        # their mappings) is never taken. Overlapping sources (not separate mappings)
+        # cannot be put in one monotone sequence: they take the fallback.
+        parts: list[Indices] = []
+        first = np.zeros(len(arrays), dtype=np.int64)
+        row = 0
+        last = low
+        for s in order:
+            addrs = bounds[s]
+            if int(addrs[0]) < last:
+                return None
+            first[s] = row
+            parts.append(addrs - low)
+            row += len(addrs)
+            last = int(addrs[-1])
+        combined = np.concatenate(parts)
+        span = pa.foreign_buffer(low, max(1, high - low), base=list(arrays))
+        view = pa.Array.from_buffers(
+            pa.large_binary(), len(combined) - 1, [None, pa.py_buffer(combined), span]
+        )
+        return cls(t, width, large, view, first)
+
+    def take(self, source_of: Indices, row_of: Indices) -> pa.Array | None:
+        n = len(row_of)
+        taken = pc.take(self.view, pa.array(self.first[source_of] + row_of))
+        out_offsets = np.frombuffer(taken.buffers()[1], dtype=np.int64, count=n + 1)
+        data = taken.buffers()[2]
+        if self.width != 1:
+            out_offsets = out_offsets // self.width
+        if not self.large:
+            if int(out_offsets[-1]) >= 2**31:
+                return None
+            out_offsets = out_offsets.astype(np.int32)
+        offsets_buf = pa.py_buffer(out_offsets)
+        t = self.type
+        if patypes.is_list(t) or patypes.is_large_list(t):
+            values = pa.Array.from_buffers(t.value_type, int(out_offsets[-1]), [None, data])
+            return pa.Array.from_buffers(t, n, [None, offsets_buf], children=[values])
+        return pa.Array.from_buffers(t, n, [None, offsets_buf, data])
 
 
 def _fallback(

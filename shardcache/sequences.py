@@ -71,6 +71,7 @@ class Sequence:
         self.total = self.ends[-1] if self.ends else 0
         self.offsets: Indices = np.asarray(plans.shard_offsets(shard_rows), dtype=np.int64)
         self._windows: collections.OrderedDict[int, Indices] = collections.OrderedDict()
+        self._window_shards: dict[tuple[int, int], list[int]] = {}
 
     def __len__(self) -> int:
         return self.total
@@ -116,11 +117,28 @@ class Sequence:
         whole block-level span of a block-mode range): what a reader holds leases on."""
         if hi <= lo:
             return []
-        if self.params.sampled:
-            w = self.params.window
-            lo = windows.window_span(self.total, w, windows.window_of(lo, w))[0]
-            hi = windows.window_span(self.total, w, windows.window_of(hi - 1, w))[1]
-        return plans.shard_order(windows.block_runs(self.runs, self.ends, lo, hi))
+        if not self.params.sampled:
+            return plans.shard_order(windows.block_runs(self.runs, self.ends, lo, hi))
+        # Asked at every batch: answered once per window (pair).
+        w = self.params.window
+        key = (windows.window_of(lo, w), windows.window_of(hi - 1, w))
+        cached = self._window_shards.get(key)
+        if cached is None:
+            a = windows.window_span(self.total, w, key[0])[0]
+            b = windows.window_span(self.total, w, key[1])[1]
+            cached = plans.shard_order(windows.block_runs(self.runs, self.ends, a, b))
+            if len(self._window_shards) >= 2 * self.CACHED_WINDOWS:
+                self._window_shards.clear()
+            self._window_shards[key] = cached
+        return list(cached)
+
+
+def slots(shards: Seq[int], count: int) -> Indices:
+    """Per shard of a `count`-shard manifest, its place in `shards` (-1 if absent): turns
+    shard numbers into `gather` source numbers with one indexing."""
+    out = np.full(count, -1, dtype=np.int64)
+    out[np.asarray(shards, dtype=np.int64)] = np.arange(len(shards), dtype=np.int64)
+    return out
 
 
 def group(shard_of: Indices) -> tuple[list[int], Indices]:
