@@ -21,6 +21,7 @@ mode. A uniform permutation of all samples is the reference row.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -32,19 +33,30 @@ import pyarrow.parquet as pq
 
 import shardcache
 from bench.peers import dataset, harness
+from shardcache import plans
 
 UID_BASE = dataset.UID_BASE
 
 
-def shardcache_uids(root: Path, shuffle: str, seed: int) -> Iterator[int]:
+def shardcache_uids(
+    root: Path, shuffle: str, seed: int, window: int = plans.DEFAULT_WINDOW
+) -> Iterator[int]:
     uri = (root / "parquet").resolve().as_uri()
     with tempfile.TemporaryDirectory(prefix="scb-quality-") as cache:
-        with shardcache.open(uri, shuffle=shuffle, seed=seed, cache_dir=cache) as ds:
+        with shardcache.open(uri, shuffle=shuffle, seed=seed, window=window, cache_dir=cache) as ds:
             for batch in ds.batches(4096, columns=["uid"]):
                 yield from batch.column("uid").to_pylist()
 
 
-def mosaic_uids(root: Path, algo: str, seed: int, batch_size: int) -> Iterator[int]:
+def in_subprocess(read: Callable[..., list[int]], *args: Any) -> Iterator[int]:
+    """`read(*args)` in a fresh process: Streaming keeps shared memory per local
+    directory, and a second dataset over the same directory in one process (py1s after
+    py1e) does not start clean."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        yield from pool.apply(read, args)
+
+
+def mosaic_uids(root: Path, algo: str, seed: int, batch_size: int) -> list[int]:
     import streaming
     from streaming.base.util import clean_stale_shared_memory
 
@@ -56,11 +68,10 @@ def mosaic_uids(root: Path, algo: str, seed: int, batch_size: int) -> Iterator[i
         shuffle_seed=seed + 1,
         batch_size=batch_size,
     )
-    for sample in ds:
-        yield int(sample["uid"])
+    return [int(sample["uid"]) for sample in ds]
 
 
-def litdata_uids(root: Path, seed: int) -> Iterator[int]:
+def litdata_uids(root: Path, seed: int) -> list[int]:
     import litdata
 
     with tempfile.TemporaryDirectory(prefix="scb-quality-litdata-") as cache:
@@ -68,8 +79,7 @@ def litdata_uids(root: Path, seed: int) -> Iterator[int]:
             input_dir=str(root / "litdata"), cache_dir=cache, shuffle=True, seed=seed
         )
         ds.set_epoch(1)
-        for sample in ds:
-            yield int(sample["uid"])
+        return [int(sample["uid"]) for sample in ds]
 
 
 def pyarrow_uids(root: Path, files: list[Path], seed: int) -> Iterator[int]:
@@ -104,6 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         "--root", type=Path, default=Path(tempfile.gettempdir()) / "shardcache-shuffle-quality"
     )
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--large-window",
+        type=int,
+        default=262_144,
+        help="a second sample-mode row with this window (rows)",
+    )
+    p.add_argument("--only", default="", help="comma-separated row names to run (default all)")
     args = p.parse_args(argv)
     params = dataset.Params(size_bytes=args.size, seed=args.seed, file_bytes=args.file_size)
     names = ["shardcache-embedded"] + (["mosaic", "litdata"] if args.peers else [])
@@ -128,20 +145,29 @@ def main(argv: list[str] | None = None) -> int:
             "file order only",
             lambda: pyarrow_uids(args.root, files, args.seed),
         ),
+        (
+            f"shardcache sample (window {args.large_window})",
+            f"sample: {args.large_window:,}-row windows",
+            lambda: shardcache_uids(args.root, "sample", args.seed, args.large_window),
+        ),
     ]
     if args.peers:
         runs += [
             (
                 "Streaming py1e",
                 "sample (py1e)",
-                lambda: mosaic_uids(args.root, "py1e", args.seed, args.batch_size),
+                lambda: in_subprocess(mosaic_uids, args.root, "py1e", args.seed, args.batch_size),
             ),
             (
                 "Streaming py1s",
                 "sample (py1s)",
-                lambda: mosaic_uids(args.root, "py1s", args.seed, args.batch_size),
+                lambda: in_subprocess(mosaic_uids, args.root, "py1s", args.seed, args.batch_size),
             ),
-            ("LitData", "sample (within a chunk)", lambda: litdata_uids(args.root, args.seed)),
+            (
+                "LitData",
+                "sample (within a chunk)",
+                lambda: in_subprocess(litdata_uids, args.root, args.seed),
+            ),
         ]
     rng = np.random.default_rng(args.seed)
     print(
@@ -150,13 +176,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("| loader | shuffle | mean uid distance between neighbours | source files per batch |")
     print("|---|---|---|---|")
+    wanted = {n.strip() for n in args.only.split(",") if n.strip()}
     for name, granularity, read in runs:
-        uids = np.fromiter(read(), dtype=np.int64)
-        if sorted(uids.tolist()) != list(range(UID_BASE, UID_BASE + total)):
-            print(f"| {name} | {granularity} | FAILED: not every sample exactly once | |")
+        if wanted and name not in wanted:
             continue
+        uids = np.fromiter(read(), dtype=np.int64)
+        distinct = len(np.unique(uids))
+        note = ""
+        if distinct != len(uids) or distinct != total:
+            # Still measured: the figures describe what the loop was handed.
+            note = f" ({len(uids):,} delivered, {distinct:,} distinct of {total:,})"
         distance, per_batch = figures(uids, starts, args.batch_size)
-        print(f"| {name} | {granularity} | {distance:,.0f} | {per_batch:.2f} |", flush=True)
+        print(f"| {name}{note} | {granularity} | {distance:,.0f} | {per_batch:.2f} |", flush=True)
     uniform = rng.permutation(total) + UID_BASE
     distance, per_batch = figures(uniform, starts, args.batch_size)
     print(f"| uniform permutation (reference) | global | {distance:,.0f} | {per_batch:.2f} |")
