@@ -38,3 +38,18 @@ BENCH_NODE_ARGS ?=
 bench-node: install
 	nice $(PY) -m bench.node --size $(BENCH_NODE_SIZE) --shards $(BENCH_NODE_SHARDS) \
 	  --ks $(BENCH_NODE_KS) $(BENCH_NODE_ARGS)
+
+# `make bench-sample`: sample mode's warm tokens/s against block mode's, one run
+# (bench/sample_read.py; the target is sample >= 0.5x block).
+BENCH_SAMPLE_SIZE ?= 256MiB
+.PHONY: bench-sample
+bench-sample: install
+	nice $(PY) -m bench.sample_read --size $(BENCH_SAMPLE_SIZE)
+
+# `make bench-shuffle-quality`: each loader's shuffle measured on one epoch (mean uid
+# distance between neighbours in a batch, source files per batch); needs the bench extra
+# for the peers' rows (bench/shuffle_quality.py; docs/reading-plan.md has the table).
+BENCH_QUALITY_SIZE ?= 1GiB
+.PHONY: bench-shuffle-quality
+bench-shuffle-quality: install bench-deps
+	LITDATA_DISABLE_VERSION_CHECK=1 nice $(PY) -m bench.shuffle_quality --size $(BENCH_QUALITY_SIZE)

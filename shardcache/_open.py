@@ -52,12 +52,13 @@ def open(
     source_uri: str | None = None,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
-    shuffle: bool = True,
+    shuffle: bool | str = True,
     seed: int = 0,
     rank: int = 0,
     world_size: int = 1,
     epoch: int = 0,
     block_size: int = plans.DEFAULT_BLOCK_SIZE,
+    window: int = plans.DEFAULT_WINDOW,
     format: str | None = None,
     digest: str | None = None,
     memory_dir: str | os.PathLike[str] | None = None,
@@ -85,6 +86,11 @@ def open(
     (default: $SHARDCACHE_MOUNT); its DatasetMount configures the cache, and `mount` is
     refused with a URI.
 
+    `shuffle` is "block" (shards and blocks of `block_size` rows are permuted; batches
+    are zero-copy slices), "sample" (rows are also permuted within windows of `window`
+    rows spanning shards; each batch is gathered with one copy, and numpy is needed),
+    False (manifest order) or True, the default mode: "block" (docs/reading-plan.md).
+
     `digest` pins the manifest: a dataset that differs is an error.
     `resume_from` ("latest", a step, or a checkpoint directory) continues the data
     stream where a checkpoint committed with `data_state=` left it (see
@@ -100,13 +106,16 @@ def open(
     _open_options.check(given)
     # Read the saved state first: a bad `resume_from` fails before any cache starts.
     state = checkpoint.data_state(resume_from) if resume_from is not None else None
+    shuffled, granularity = plans.shuffle_mode(shuffle)
     params = plans.PlanParams(
         seed=seed,
         epoch=epoch,
         rank=rank,
         world_size=world_size,
-        shuffle=shuffle,
+        shuffle=shuffled,
         block_size=block_size,
+        granularity=granularity,
+        window=window,
     )
     if source_uri is None:
         from shardcache import sidecar_client

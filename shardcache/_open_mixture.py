@@ -48,7 +48,7 @@ def open_mixture(
     *,
     weights: mixtures.Weights | None = None,
     mix_seed: int | None = None,
-    shuffle: bool = True,
+    shuffle: bool | str = True,
     seed: int = 0,
     rank: int = 0,
     world_size: int = 1,
@@ -89,13 +89,15 @@ def open_mixture(
         raise errors.InputError(f"open_mixture(): mix_seed: expected an int, found {mix_seed!r}")
     mixture, mount_dir = descriptor(mount, environ=environ)
     state = checkpoint.data_state(resume_from) if resume_from is not None else None
+    on, granularity = plans.shuffle_mode(shuffle)
     params = plans.PlanParams(
         seed=seed,
         epoch=epoch,
         rank=rank,
         world_size=world_size,
-        shuffle=shuffle,
+        shuffle=on,
         block_size=block_size,
+        granularity=granularity,
     )
     opened: dict[str, datasets.Dataset] = {}
     try:

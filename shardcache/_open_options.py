@@ -3,7 +3,7 @@ that uses it.
 
 Options arrive from notebooks and from configs turned into keyword arguments as often
 as from typed code, so a wrong type fails here, naming what was expected and what was
-found, instead of being coerced further down (`shuffle="sample"` would read as True).
+found, instead of being coerced further down (`shuffle="no"` would read as True).
 Ranges that the reading plan owns (rank, world size, epoch, block size) are checked by
 `plans.PlanParams`; the cache's own sizes are checked here, with the bounds the sidecar
 applies to the same settings.
@@ -16,7 +16,7 @@ import os
 import reprlib
 from collections.abc import Mapping
 
-from shardcache import errors, source
+from shardcache import errors, plans, source
 
 #: Options that configure a cache running in this process. Without a URI the pod's
 #: sidecar runs the cache and its DatasetMount configures it: these would do nothing.
@@ -55,12 +55,13 @@ _BYTES = Kind((int,), "a byte count (an int >= 0)", minimum=0, optional=True)
 KINDS: dict[str, Kind] = {
     "source_uri": Kind((str,), "a URI string such as 's3://bucket/prefix/'", optional=True),
     "cache_dir": Kind(_PATH, "a directory path (str or os.PathLike)", optional=True),
-    "shuffle": Kind((bool,), "True or False"),
+    "shuffle": Kind((bool, str), 'True, False, "block" or "sample"'),
     "seed": Kind((int,), "an int"),
     "rank": Kind((int,), "an int"),
     "world_size": Kind((int,), "an int"),
     "epoch": Kind((int,), "an int"),
     "block_size": Kind((int,), "an int"),
+    "window": Kind((int,), "a row count (an int >= 1)", minimum=1),
     "format": Kind((str,), "a format name such as 'parquet'", optional=True),
     "digest": Kind((str,), "a manifest digest string", optional=True),
     "memory_dir": Kind(_PATH, "a directory path (str or os.PathLike)", optional=True),
@@ -89,6 +90,10 @@ def check_value(name: str, value: object) -> None:
     # bool is an int to isinstance(); `rank=True` is a mistake, not rank 1.
     wrong_bool = isinstance(value, bool) and bool not in kind.types
     if wrong_bool or not isinstance(value, kind.types):
+        raise errors.InputError(
+            f"shardcache.open(): {name}: expected {kind.expected}, found {_found(value)}"
+        )
+    if name == "shuffle" and isinstance(value, str) and value not in plans.GRANULARITIES:
         raise errors.InputError(
             f"shardcache.open(): {name}: expected {kind.expected}, found {_found(value)}"
         )

@@ -5,6 +5,11 @@ copied only when it is stitched from more than one run of rows: across a shuffle
 boundary inside a shard, or across two shards (see docs/reading-plans.md). The position
 in the epoch is counted in samples on the client, so resuming never depends on the
 sidecar's state.
+
+In sample mode (plan version 2, `shuffle="sample"`) a batch is the next positions of
+the epoch's sample-shuffled sequence, gathered from every shard of its window with one
+copy (`shardcache.gather`); the reader holds a lease on each of the window's shards
+while it gathers. `take()` gathers rows by dataset-wide index the same way.
 """
 
 from __future__ import annotations
@@ -17,12 +22,15 @@ import time
 import uuid
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from shardcache import elastic, errors, manifests, plans, provider, states
+
+if TYPE_CHECKING:
+    from shardcache import sequences
 
 #: The state dict's format (`shardcache.states`); version 1 states still load.
 STATE_VERSION = states.STATE_VERSION
@@ -177,6 +185,7 @@ class Dataset:
         #: the new position.
         self._skip_count = 0
         self._runs_cache: tuple[int, list[plans.Run]] | None = None
+        self._sequence_cache: tuple[int, sequences.Sequence] | None = None
         self._reader_id = f"{params.rank}-{uuid.uuid4().hex[:12]}"
         self._registered = False
         self._mappings = _Mappings()
@@ -223,6 +232,17 @@ class Dataset:
             self._runs_cache = (epoch, plans.rank_runs(m.shard_rows, m.digest, self._params))
         return self._runs_cache[1]
 
+    def sequence(self) -> sequences.Sequence:
+        """The current epoch's global sequence (every rank's): turns a range of it into
+        manifest indices to read. Needs numpy."""
+        from shardcache import sequences  # numpy: sample mode and take() only
+
+        epoch = self._params.epoch
+        if self._sequence_cache is None or self._sequence_cache[0] != epoch:
+            m = self.manifest
+            self._sequence_cache = (epoch, sequences.Sequence(m.shard_rows, m.digest, self._params))
+        return self._sequence_cache[1]
+
     # --- iteration --------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to read. A new epoch starts at its first sample; setting
@@ -255,6 +275,9 @@ class Dataset:
             raise errors.InputError(f"batch_size must be >= 1, got {batch_size}")
         self._batch_size = batch_size
         self._ensure_reader()
+        if self._params.sampled:
+            yield from self._gathered(batch_size, columns=columns, drop_last=drop_last)
+            return
         lease: provider.ShardLease | None = None
         current = -1
         shard_batch: pa.RecordBatch | None = None
@@ -303,6 +326,96 @@ class Dataset:
                 yield pending
         finally:
             if lease is not None:
+                lease.release()
+
+    def _gathered(
+        self, batch_size: int, *, columns: Sequence[str] | None, drop_last: bool
+    ) -> Generator[list[pa.RecordBatch], None, None]:
+        """Sample mode's batches: each one gathered (one copy) from its window's shards."""
+        from shardcache import gather, sequences  # numpy: sample mode only
+
+        leases: dict[int, provider.ShardLease] = {}
+        held: list[int] = []
+        gatherer: gather.Gatherer | None = None
+        slots = sequences.slots([], 0)
+        try:
+            while True:
+                # Read the position afresh each batch: a skip between batches moves it.
+                n = min(batch_size, len(self) - self._position)
+                if n <= 0 or (n < batch_size and drop_last):
+                    break
+                seq = self.sequence()
+                lo = plans.rank_bounds(seq.total, self._params)[0] + self._position
+                # Every shard of the window(s) this batch reads stays leased while the
+                # reader is in them; shards of windows left behind are released first.
+                want = seq.window_shards(lo, lo + n)
+                if want != held or gatherer is None:
+                    for shard in [s for s in leases if s not in want]:
+                        leases.pop(shard).release()
+                    for shard in want:
+                        if shard not in leases:
+                            leases[shard] = self._provider.acquire(
+                                self._reader_id,
+                                shard,
+                                epoch=self._params.epoch,
+                                position=self._position,
+                            )
+                    self._mappings.prune()
+                    sources = [select(self._mappings.batch(leases[s].path), columns) for s in want]
+                    gatherer = gather.Gatherer(sources)
+                    slots = sequences.slots(want, len(seq.offsets))
+                    held = want
+                shard_of, row_of = sequences.locate(seq.offsets, seq.total, seq.indices(lo, lo + n))
+                batch = gatherer.gather(slots[shard_of], row_of)
+                self._position += n
+                yield [batch]
+        finally:
+            for lease in leases.values():
+                lease.release()
+
+    def take(
+        self, indices: Sequence[int] | Any, *, columns: Sequence[str] | None = None
+    ) -> pa.RecordBatch:
+        """The rows at dataset-wide sample indices `indices` (positions in manifest
+        order, from 0), in the order asked, repeats allowed: one record batch gathered
+        with one copy from the same cache the stream reads (embedded or the sidecar),
+        under leases held only for the call. Does not move this rank's position.
+
+        `indices` is a sequence of ints or an integer numpy array. An index outside
+        [0, len(dataset's manifest)) is an InputError naming it. Needs numpy.
+        """
+        import numpy as np  # numpy: sample mode and take() only
+
+        from shardcache import gather, sequences
+
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or not (idx.size == 0 or np.issubdtype(idx.dtype, np.integer)):
+            raise errors.InputError(
+                f"take: expected a flat sequence of integer sample indices, found an array "
+                f"of {idx.dtype} with shape {idx.shape}"
+            )
+        idx = idx.astype(np.int64)
+        m = self.manifest
+        offsets = np.asarray(plans.shard_offsets(m.shard_rows), dtype=np.int64)
+        shard_of, row_of = sequences.locate(offsets, m.total_rows, idx)
+        used, source_of = sequences.group(shard_of)
+        if not used:
+            # No row asked: the schema still comes from a shard (the first with rows).
+            used = [int(np.argmax(np.asarray(m.shard_rows) > 0))]
+        self._ensure_reader()
+        leases: list[provider.ShardLease] = []
+        try:
+            for shard in used:
+                leases.append(
+                    self._provider.acquire(
+                        self._reader_id, shard, epoch=self._params.epoch, position=self._position
+                    )
+                )
+            self._mappings.prune()
+            sources = [select(self._mappings.batch(lease.path), columns) for lease in leases]
+            return gather.gather(sources, source_of, row_of)
+        finally:
+            for lease in leases:
                 lease.release()
 
     def skip_batches(self, batches: int, *, batch_size: int | None = None) -> states.Skip | None:

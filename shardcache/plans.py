@@ -14,6 +14,11 @@ are written down in docs/reading-plan.md; changing them changes every resumed ru
 3. The epoch's global sequence of rows is cut into `world_size` contiguous ranges:
    rank r gets rows [floor(N*r/W), floor(N*(r+1)/W)). Every row is read exactly once
    per epoch across the ranks; rank sizes differ by at most one row.
+
+Plan version 2 adds sample-level shuffle (`granularity="sample"`): rules 1-2 give the
+epoch's *block-level* sequence, which is cut into windows of `window` rows whose rows
+are permuted (shardcache.windows, shardcache.sequences); rule 3 then applies to that
+sequence. Block mode and manifest order are unchanged from version 1.
 """
 
 from __future__ import annotations
@@ -26,8 +31,21 @@ from collections.abc import Iterator, Sequence
 
 from shardcache import errors, streams
 
-PLAN_VERSION = 1
+#: Version 2 added sample-level shuffle; version-1 plans are version 2's block mode.
+PLAN_VERSION = 2
+#: Plan versions whose states still resume (a version-1 state resumes in block mode).
+SUPPORTED_PLAN_VERSIONS = (1, 2)
 DEFAULT_BLOCK_SIZE = 4096
+#: `shuffle` permutes shards and blocks of rows: a batch is zero-copy slices.
+BLOCK = "block"
+#: `shuffle` also permutes rows within windows of the block-level sequence (version 2).
+SAMPLE = "sample"
+GRANULARITIES = (BLOCK, SAMPLE)
+#: Rows per sample-shuffle window. 65,536 rows is 16 blocks of the default size, so a
+#: window mixes rows of at least 16 blocks (more where shards are small); a reader
+#: holds every shard of its current window and the sidecar keeps the next one resident
+#: as well, so a larger window costs memory-tier space (docs/reading-plan.md).
+DEFAULT_WINDOW = 65536
 _MASK64 = (1 << 64) - 1
 
 
@@ -43,12 +61,27 @@ class PlanParams:
     #: Rows per shuffle block. Larger blocks mean longer zero-copy runs and a coarser
     #: shuffle; 4096 rows keeps a run well above common batch sizes.
     block_size: int = DEFAULT_BLOCK_SIZE
+    #: What `shuffle` permutes: BLOCK (blocks of rows) or SAMPLE (rows, within windows
+    #: of `window` rows). Without `shuffle` it is always BLOCK: manifest order has none.
+    granularity: str = BLOCK
+    #: Rows per sample-shuffle window (SAMPLE only).
+    window: int = DEFAULT_WINDOW
     #: After an elastic resume: the ranges of the epoch's global sequence this rank
     #: reads in `segments.epoch`, instead of its rule-5 range (`shardcache.elastic`).
     #: Other epochs follow rule 5.
     segments: streams.Segments | None = None
 
     def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise errors.InputError(
+                f"shuffle granularity must be one of {list(GRANULARITIES)}, "
+                f"got {self.granularity!r}"
+            )
+        if self.window < 1:
+            raise errors.InputError(f"window must be >= 1, got {self.window}")
+        if not self.shuffle and self.granularity != BLOCK:
+            # Manifest order is the same plan whatever the granularity: one spelling.
+            object.__setattr__(self, "granularity", BLOCK)
         if self.world_size < 1:
             raise errors.InputError(f"world_size must be >= 1, got {self.world_size}")
         if not 0 <= self.rank < self.world_size:
@@ -62,6 +95,30 @@ class PlanParams:
 
     def with_epoch(self, epoch: int) -> PlanParams:
         return dataclasses.replace(self, epoch=epoch)
+
+    @property
+    def sampled(self) -> bool:
+        """True when rows are permuted within windows (plan version 2's sample mode)."""
+        return self.shuffle and self.granularity == SAMPLE
+
+    @property
+    def mode(self) -> str | bool:
+        """The `shuffle=` value that gives this plan: "sample", "block" or False."""
+        return self.granularity if self.shuffle else False
+
+
+def shuffle_mode(shuffle: bool | str) -> tuple[bool, str]:
+    """(shuffle, granularity) for `shardcache.open(shuffle=…)`: "sample", "block", False
+    (manifest order) or True, the default mode: "block" (docs/reading-plan.md says why)."""
+    if shuffle is True:
+        return True, BLOCK
+    if shuffle is False:
+        return False, BLOCK
+    if shuffle in GRANULARITIES:
+        return True, shuffle
+    raise errors.InputError(
+        f'shuffle: expected "sample", "block", True or False, found {shuffle!r}'
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +154,11 @@ class _SplitMix64:
 def _derive_seed(*parts: object) -> int:
     text = ":".join(str(p) for p in parts).encode()
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "little")
+
+
+def window_seed(digest: str, params: PlanParams, window: int) -> int:
+    """The seed of sample-shuffle window `window`'s permutation (plan version 2)."""
+    return _derive_seed("window", digest, params.seed, params.epoch, window)
 
 
 def _permutation(n: int, seed: int) -> list[int]:

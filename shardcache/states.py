@@ -24,6 +24,9 @@ STATE_VERSION = 3
 SUPPORTED_VERSIONS = (1, 2, 3)
 #: The keys that say which stream a state belongs to; a resume needs all of them equal.
 IDENTITY_KEYS = ("plan_version", "digest", "seed", "shuffle", "block_size", "world_size", "rank")
+#: Plan version 2's keys: the shuffle granularity ("block" or "sample") and the
+#: sample-shuffle window. A state without them (plan version 1) is in block mode.
+PLAN_KEYS = ("granularity", "window")
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -76,6 +79,8 @@ class DataState:
             "digest": self.digest,
             "seed": p.seed,
             "shuffle": p.shuffle,
+            "granularity": p.granularity,
+            "window": p.window,
             "block_size": p.block_size,
             "world_size": p.world_size,
             "rank": p.rank,
@@ -113,6 +118,17 @@ def parse(state: object, *, where: str = "state dict") -> DataState:
             f"{list(SUPPORTED_VERSIONS)} (saved by another shardcache version)"
         )
     raw_segments = state.get("segments") if version >= 3 else None
+    plan_version = _int(state, "plan_version", where=where)
+    if plan_version not in plans.SUPPORTED_PLAN_VERSIONS:
+        raise errors.StateMismatchError(
+            f"{where}: plan version {plan_version} is not supported: expected one of "
+            f"{list(plans.SUPPORTED_PLAN_VERSIONS)} (saved by another shardcache version)"
+        )
+    # Version 1 had block mode only; its states carry no granularity or window.
+    granularity = state.get("granularity", plans.BLOCK) if plan_version >= 2 else plans.BLOCK
+    window = state.get("window", plans.DEFAULT_WINDOW) if plan_version >= 2 else None
+    if window is not None:
+        window = _int(state, "window", where=where, minimum=1)
     try:
         segments = (
             streams.Segments.from_json(raw_segments, where=f"{where}: segments")
@@ -127,6 +143,8 @@ def parse(state: object, *, where: str = "state dict") -> DataState:
             shuffle=bool(state["shuffle"]),
             block_size=_int(state, "block_size", where=where, minimum=1),
             segments=segments,
+            granularity=str(granularity),
+            window=plans.DEFAULT_WINDOW if window is None else window,
         )
     except errors.StateMismatchError:
         raise
@@ -160,7 +178,7 @@ def parse(state: object, *, where: str = "state dict") -> DataState:
         position=_int(state, "position", where=where),
         batch_size=batch_size,
         skips=normalise(skips),
-        plan_version=_int(state, "plan_version", where=where),
+        plan_version=plan_version,
     )
 
 
@@ -179,11 +197,22 @@ def normalise(skips: Iterable[Skip]) -> tuple[Skip, ...]:
 def mismatches(saved: DataState, ours: DataState) -> list[str]:
     """What differs between the stream a state was saved from and ours, in words."""
     a, b = saved.to_json(), ours.to_json()
-    return [
+    keys = [k for k in IDENTITY_KEYS if k != "plan_version"] + ["granularity"]
+    if saved.params.sampled or ours.params.sampled:
+        # The window shapes a sample-mode plan only.
+        keys.append("window")
+    out = [
         f"{key}: state has {a[key]!r}, this dataset has {b[key]!r}"
-        for key in IDENTITY_KEYS
+        for key in keys
         if a[key] != b[key]
     ]
+    # Plan version 2's block mode and manifest order are version 1's rules, so a state
+    # of either version resumes there; sample mode exists from version 2 on.
+    if saved.plan_version > ours.plan_version:
+        out.insert(
+            0, f"plan_version: state has {saved.plan_version}, this dataset has {ours.plan_version}"
+        )
+    return out
 
 
 def skip_batches(

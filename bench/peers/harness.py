@@ -33,8 +33,10 @@ RUNNER_TIMEOUT_S = 3600
 
 #: What each loader reads, relative to the work directory (evicted before it runs).
 INPUTS = {
+    "shardcache-sidecar-sample": "parquet",
     "shardcache-sidecar": "parquet",
     "shardcache-sidecar-disk": "parquet",
+    "shardcache-embedded-sample": "parquet",
     "shardcache-embedded": "parquet",
     "pyarrow": "parquet",
     "litdata": "litdata",

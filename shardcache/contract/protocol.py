@@ -220,6 +220,8 @@ def params_to_json(params: plans.PlanParams) -> dict[str, Any]:
         # After an elastic resume, the segments the rank reads in their epoch: the
         # sidecar prefetches and leases along them. Absent: rule 5 (older clients).
         "segments": params.segments.to_json() if params.segments is not None else None,
+        "granularity": params.granularity,
+        "window": params.window,
     }
 
 
@@ -238,6 +240,9 @@ def params_from_json(body: Mapping[str, Any]) -> plans.PlanParams:
             if body.get("segments") is not None
             else None
         ),
+        # Plan version 2's fields; a client from before them reads in block mode.
+        granularity=require_str(body, "granularity") if "granularity" in body else plans.BLOCK,
+        window=require_int(body, "window", minimum=1) if "window" in body else plans.DEFAULT_WINDOW,
     )
 
 

@@ -23,7 +23,7 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardcache import errors, faultpoints, formats, manifests, plans, source, uris
+from shardcache import errors, faultpoints, formats, manifests, plans, source, uris, windows
 from shardcache.contract import variables
 from shardcache.node import decode_budgets, quotas, tiers
 
@@ -141,9 +141,28 @@ class _Reader:
     runs: list[plans.Run]
     position: int
     ends: list[int] = dataclasses.field(default_factory=list)
+    #: Sample mode (plan version 2): the windows the reader meets, with their shards.
+    plan_windows: list[windows.Window] = dataclasses.field(default_factory=list)
+    window_ends: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.ends = plans.run_ends(self.runs)
+        self.window_ends = windows.window_ends(self.plan_windows)
+
+    @classmethod
+    def planned(
+        cls, manifest: manifests.Manifest, params: plans.PlanParams, position: int
+    ) -> _Reader:
+        if params.sampled:
+            # A sample-mode reader holds every shard of its window while it gathers.
+            wins = windows.rank_windows(manifest.shard_rows, manifest.digest, params)
+            return cls(params, [], position, plan_windows=wins)
+        return cls(params, plans.rank_runs(manifest.shard_rows, manifest.digest, params), position)
+
+    def upcoming(self, count: int) -> list[int]:
+        if self.params.sampled:
+            return windows.next_shards(self.plan_windows, self.window_ends, self.position, count)
+        return plans.next_shards(self.runs, self.ends, self.position, count)
 
 
 class CacheNode:
@@ -206,9 +225,9 @@ class CacheNode:
 
     # --- readers ----------------------------------------------------------------
     def register_reader(self, reader_id: str, params: plans.PlanParams, position: int = 0) -> None:
-        runs = plans.rank_runs(self.manifest.shard_rows, self.manifest.digest, params)
+        planned = _Reader.planned(self.manifest, params, position)
         with self._lock:
-            self._readers[reader_id] = _Reader(params, runs, position)
+            self._readers[reader_id] = planned
         self._schedule()
 
     def update_reader(self, reader_id: str, *, epoch: int, position: int) -> None:
@@ -218,8 +237,7 @@ class CacheNode:
                 raise errors.InputError(f"unknown reader {reader_id!r}: register it first")
             if epoch != reader.params.epoch:
                 params = reader.params.with_epoch(epoch)
-                runs = plans.rank_runs(self.manifest.shard_rows, self.manifest.digest, params)
-                self._readers[reader_id] = _Reader(params, runs, position)
+                self._readers[reader_id] = _Reader.planned(self.manifest, params, position)
             else:
                 reader.position = position
         # Only this reader's window moved; the others' were scheduled when they moved.
@@ -515,7 +533,7 @@ class CacheNode:
             reader = self._readers.get(reader_id)
             if reader is None:
                 return []
-            return plans.next_shards(reader.runs, reader.ends, reader.position, count)
+            return reader.upcoming(count)
 
     def _schedule(self, only: str | None = None) -> None:
         """Prefetch what the readers (or reader `only`) will read next and is missing."""

@@ -24,8 +24,10 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 TORCH_FREE = [
+    "shardcache-sidecar-sample",
     "shardcache-sidecar",
     "shardcache-sidecar-disk",
+    "shardcache-embedded-sample",
     "shardcache-embedded",
     "pyarrow",
     "in-memory-ceiling",
@@ -65,7 +67,9 @@ def test_every_torch_free_loader_delivers_each_sample_once_and_result_is_last(
         assert row["status"] == "ok", (name, row.get("failure"))
         assert row["cold_tps"] > 0 and row["warm_tps"] > 0
         assert row["peak_rss"] > 0 and row["peak_pss"] > 0
-    # Both shardcache modes resume from saved state mid-epoch; pyarrow cannot.
+    # Every shardcache row resumes from saved state mid-epoch; pyarrow cannot.
+    assert rows["shardcache-sidecar-sample"]["resume_ms"] is not None
+    assert rows["shardcache-embedded-sample"]["resume_ms"] is not None
     assert rows["shardcache-sidecar"]["resume_ms"] is not None
     assert rows["shardcache-sidecar-disk"]["resume_ms"] is not None
     # Both sidecar rows had a memory tier, wherever it lived (tmpfs or the disk).
@@ -77,7 +81,8 @@ def test_every_torch_free_loader_delivers_each_sample_once_and_result_is_last(
     last = output.strip().splitlines()[-1]
     assert re.fullmatch(r"RESULT vs_mosaic=n/a vs_litdata=n/a vs_pyarrow=\d+\.\d\d", last), last
     doc = (tmp_path / "bench.md").read_text()
-    assert "| shardcache-sidecar |" in doc and last in doc
+    assert "| shardcache-sidecar | block (4,096-row runs) |" in doc and last in doc
+    assert "| shardcache-sidecar-sample | sample (65,536-row windows) |" in doc
 
 
 def test_a_loader_that_loses_a_batch_is_reported_failed_not_measured(tmp_path: Path) -> None:

@@ -81,8 +81,13 @@ def test_embedded_mode_refuses_a_mount(local_uri: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("shuffle", "sample", "shuffle: expected True or False, found str 'sample'"),
-        ("shuffle", 1, "shuffle: expected True or False, found int 1"),
+        (
+            "shuffle",
+            "samples",
+            """shuffle: expected True, False, "block" or "sample", found str 'samples'""",
+        ),
+        ("shuffle", 1, """shuffle: expected True, False, "block" or "sample", found int 1"""),
+        ("window", 0, r"window: expected a row count \(an int >= 1\), found 0"),
         ("seed", "7", "seed: expected an int, found str '7'"),
         ("rank", True, "rank: expected an int, found bool True"),
         ("world_size", 2.0, "world_size: expected an int, found float 2.0"),

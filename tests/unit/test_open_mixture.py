@@ -15,9 +15,9 @@ pytestmark = pytest.mark.unit
 
 def test_a_wrong_option_is_refused_before_the_sidecar_is_looked_for() -> None:
     with pytest.raises(
-        errors.InputError, match=r"open_mixture\(\): shuffle: expected True or False, found str"
+        errors.InputError, match=r"open_mixture\(\): shuffle: expected True, False, \"block\" or"
     ):
-        shardcache.open_mixture(shuffle="sample", environ={})  # type: ignore[arg-type]
+        shardcache.open_mixture(shuffle="rows", environ={})
     with pytest.raises(errors.InputError, match="mix_seed: expected an int"):
         shardcache.open_mixture(mix_seed="7", environ={})  # type: ignore[arg-type]
 

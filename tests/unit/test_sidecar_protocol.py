@@ -19,6 +19,8 @@ GOOD: dict[str, Any] = {
     "shuffle": False,
     "block_size": 128,
     "segments": None,
+    "granularity": "block",
+    "window": 65536,
 }
 
 
@@ -38,6 +40,15 @@ def test_elastic_segments_travel_with_the_plan_params() -> None:
     assert protocol.params_from_json(body) == params
     with pytest.raises(errors.InputError, match="field 'segments'"):
         protocol.params_from_json({**body, "segments": {"epoch": 2, "ranges": [[9, 3]]}})
+
+
+def test_sample_mode_params_round_trip_and_a_client_without_them_reads_in_block_mode() -> None:
+    params = plans.PlanParams(seed=5, shuffle=True, granularity="sample", window=300)
+    assert protocol.params_from_json(protocol.params_to_json(params)) == params
+    older = {k: v for k, v in GOOD.items() if k not in ("granularity", "window")}
+    assert protocol.params_from_json(older) == plans.PlanParams(
+        seed=5, epoch=2, rank=1, world_size=4, shuffle=False, block_size=128
+    )
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,9 @@ pytestmark = pytest.mark.unit
 
 def state(**changes: object) -> dict[str, object]:
     base: dict[str, object] = {
-        "version": 3, "plan_version": 1, "digest": "sha256:d", "seed": 0, "shuffle": True,
-        "block_size": 8, "world_size": 2, "rank": 1, "epoch": 1, "position": 40,
+        "version": 3, "plan_version": 2, "digest": "sha256:d", "seed": 0, "shuffle": True,
+        "granularity": "block", "window": 65536, "block_size": 8, "world_size": 2, "rank": 1,
+        "epoch": 1, "position": 40,
         "batch_size": 8, "skips": [{"epoch": 1, "start": 8, "stop": 16}],
         "segments": {"epoch": 1, "ranges": [[0, 30], [50, 60]]},
     }  # fmt: skip
@@ -30,6 +31,37 @@ def test_a_state_round_trips_and_older_versions_read_without_what_they_lack() ->
     old["version"] = 1
     v1 = states.parse(old)
     assert (v1.skips, v1.batch_size, v1.position) == ((), None, 40)
+
+
+def test_a_plan_version_1_state_reads_as_block_mode_and_resumes_a_block_mode_dataset() -> None:
+    old = {k: v for k, v in state().items() if k not in ("granularity", "window")}
+    old["plan_version"] = 1
+    v1 = states.parse(old)
+    assert (v1.plan_version, v1.params.granularity, v1.params.sampled) == (1, "block", False)
+    block = states.DataState("sha256:d", v1.params, 0)
+    assert states.mismatches(v1, block) == []
+    sample = states.DataState(
+        "sha256:d", plans.PlanParams(**{**v1.params.__dict__, "granularity": "sample"}), 0
+    )
+    assert states.mismatches(v1, sample) == [
+        "granularity: state has 'block', this dataset has 'sample'"
+    ]
+
+
+def test_a_sample_mode_state_carries_its_window_and_a_different_window_is_refused() -> None:
+    saved = states.parse(state(granularity="sample", window=64))
+    assert saved.params.sampled and saved.to_json()["window"] == 64
+    other = states.DataState(
+        "sha256:d", plans.PlanParams(**{**saved.params.__dict__, "window": 128}), 0
+    )
+    assert states.mismatches(saved, other) == ["window: state has 64, this dataset has 128"]
+
+
+def test_an_unknown_plan_version_or_granularity_is_refused() -> None:
+    with pytest.raises(errors.StateMismatchError, match="plan version 3 is not supported"):
+        states.parse(state(plan_version=3))
+    with pytest.raises(errors.StateMismatchError, match="granularity must be one of"):
+        states.parse(state(granularity="row"))
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,9 @@
 
 Both read the same Parquet files as the pyarrow peer via `file://`, decode each shard
 once into uncompressed Arrow IPC in a memory tier on /dev/shm, and hand the loop
-zero-copy slices. The sidecar is started the way the operator runs it (its own
+zero-copy slices (block mode, `shuffle=True`) or, in the `-sample` rows, batches gathered
+with one copy from windows of 65,536 rows spanning shards (`shuffle="sample"`: the
+per-sample shuffle the peers' rows use). The sidecar is started the way the operator runs it (its own
 process, `shardcache sidecar`, configured by the same environment variables the webhook
 writes) with `ready_shards=0`, so the cold pass includes every fetch and decode; the
 trainer finds it through $SHARDCACHE_RUN_DIR and $SHARDCACHE_MOUNT as an injected pod does.
@@ -30,23 +32,29 @@ SIDECAR_DISK_LIMIT = 50 << 30
 
 class EmbeddedLoader:
     kind: base.Kind = "arrow"
+    #: `shardcache.open(shuffle=…)`: True is block mode.
+    shuffle: bool | str = True
 
     def __init__(self, setup: base.Setup) -> None:
         self._setup = setup
         self._uri = (setup.root / "parquet").resolve().as_uri()
         self._ds: shardcache.Dataset | None = None
         self.settings = (
-            f"shardcache.open('file://…/parquet', shuffle=True, block_size="
-            f"{plans.DEFAULT_BLOCK_SIZE}, memory_dir=/dev/shm/…).batches("
-            f"{setup.batch_size}), cache in the trainer process"
+            f"shardcache.open('file://…/parquet', {self._mode()}, "
+            f"memory_dir=/dev/shm/…).batches({setup.batch_size}), cache in the trainer process"
         )
+
+    def _mode(self) -> str:
+        if self.shuffle == "sample":
+            return f"shuffle='sample', window={plans.DEFAULT_WINDOW}"
+        return f"shuffle={self.shuffle!r}, block_size={plans.DEFAULT_BLOCK_SIZE}"
 
     def _open(self) -> shardcache.Dataset:
         return shardcache.open(
             self._uri,
             cache_dir=self._setup.scratch / "cache",
             memory_dir=self._setup.shm_scratch / "mem",
-            shuffle=True,
+            shuffle=self.shuffle,
             seed=self._setup.seed,
         )
 
@@ -102,14 +110,14 @@ class SidecarLoader(EmbeddedLoader):
         )
         self.settings = (
             f"`shardcache sidecar` process (ready_shards=0, {self.tier}); trainer: "
-            f"shardcache.open() via $SHARDCACHE_RUN_DIR/$SHARDCACHE_MOUNT, shuffle=True, "
+            f"shardcache.open() via $SHARDCACHE_RUN_DIR/$SHARDCACHE_MOUNT, {self._mode()}, "
             f".batches({setup.batch_size})"
         )
 
     def _open(self) -> shardcache.Dataset:
         os.environ.pop(contract.ENV_SOCKET, None)
         os.environ.update(self._trainer_env)
-        return shardcache.open(shuffle=True, seed=self._setup.seed)
+        return shardcache.open(shuffle=self.shuffle, seed=self._setup.seed)
 
     def close(self) -> None:
         super().close()
@@ -124,6 +132,18 @@ class DiskSidecarLoader(SidecarLoader):
     def __init__(self, setup: base.Setup) -> None:
         self.tier = f"memory tier in a directory on {filesystem_type(setup.shm_scratch)} (cache.medium Disk)"
         super().__init__(setup)
+
+
+class SampleEmbeddedLoader(EmbeddedLoader):
+    """Embedded, in sample mode: per-sample shuffle within windows spanning shards."""
+
+    shuffle = "sample"
+
+
+class SampleSidecarLoader(SidecarLoader):
+    """Through the sidecar, in sample mode (the fair row against the peers' shuffles)."""
+
+    shuffle = "sample"
 
 
 def filesystem_type(path: Path) -> str:

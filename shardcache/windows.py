@@ -1,0 +1,100 @@
+"""Sample-shuffle windows (plan version 2): which shards each window reads.
+
+In sample mode the epoch's block-level sequence (`plans.global_runs`) is cut into
+windows of `window` rows, and the rows of each window are permuted
+(`shardcache.sequences` computes the permutation). A row never leaves its window, so
+the *set* of shards a window reads does not depend on the permutation: this module
+answers it with plain Python, for the sidecar's prefetcher (which needs no numpy) and
+for the reader's leases. docs/reading-plan.md gives the rules.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+from collections.abc import Sequence
+
+from shardcache import plans
+
+
+def window_span(total: int, window: int, k: int) -> tuple[int, int]:
+    """Positions [lo, hi) of the epoch's sequence that window `k` covers."""
+    return k * window, min(total, (k + 1) * window)
+
+
+def window_of(position: int, window: int) -> int:
+    return position // window
+
+
+def block_runs(runs: Sequence[plans.Run], ends: Sequence[int], lo: int, hi: int) -> list[plans.Run]:
+    """The rows at positions [lo, hi) of a sequence given as `runs` (with `ends`, their
+    `plans.run_ends`), in order."""
+    out: list[plans.Run] = []
+    i = bisect.bisect_right(ends, lo)
+    while i < len(runs) and lo < hi:
+        run = runs[i]
+        run_lo = ends[i] - len(run)
+        a = max(lo, run_lo) - run_lo
+        b = min(hi, ends[i]) - run_lo
+        if b > a:
+            out.append(plans.Run(run.shard, run.start + a, run.start + b))
+        lo = ends[i]
+        i += 1
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """One window as a rank meets it: where it ends in the rank's stream, and the
+    shards its rows come from (in block-level order)."""
+
+    #: Position in the rank's stream just past the rank's last row of this window.
+    end: int
+    shards: tuple[int, ...]
+
+
+def rank_windows(shard_rows: Sequence[int], digest: str, params: plans.PlanParams) -> list[Window]:
+    """The windows `params.rank` reads in the epoch, in order, with their shards.
+
+    A rank whose range starts or ends inside a window reads only part of it, but which
+    of the window's rows fall in that part is up to the permutation: the shards listed
+    are the whole window's, a superset of what the rank touches there.
+    """
+    runs = plans.global_runs(shard_rows, digest, params)
+    ends = plans.run_ends(runs)
+    total = ends[-1] if ends else 0
+    lo, hi = plans.rank_bounds(total, params)
+    out: list[Window] = []
+    if hi <= lo:
+        return out
+    w = params.window
+    for k in range(window_of(lo, w), window_of(hi - 1, w) + 1):
+        a, b = window_span(total, w, k)
+        shards = plans.shard_order(block_runs(runs, ends, a, b))
+        out.append(Window(min(b, hi) - lo, tuple(shards)))
+    return out
+
+
+def window_ends(windows: Sequence[Window]) -> list[int]:
+    return [w.end for w in windows]
+
+
+def next_shards(
+    windows: Sequence[Window], ends: Sequence[int], position: int, count: int
+) -> list[int]:
+    """Shards to keep resident for a reader at `position` of its stream: every shard of
+    its current window and of the next (the reader holds a whole window while it
+    gathers, and crosses into the next mid-batch), then further windows' shards up to
+    `count` in all."""
+    out: list[int] = []
+    seen: set[int] = set()
+    first = bisect.bisect_right(ends, position)
+    for i, win in enumerate(itertools.islice(windows, first, None)):
+        if i >= 2 and len(out) >= count:
+            break
+        for shard in win.shards:
+            if shard not in seen:
+                seen.add(shard)
+                out.append(shard)
+    return out

@@ -1,0 +1,165 @@
+"""Sample mode and `take` through a real `shardcache sidecar` (file:// source): the
+sidecar prefetches whole windows, the reader leases every shard of its window."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+
+import shardcache
+from shardcache import plans, provider, sidecar_client, windows
+from tests.support import datasets, waiting
+from tests.support.sidecar import SidecarProcess
+
+pytestmark = pytest.mark.integration
+
+SHARDS = [300, 0, 170, 512, 45, 260, 90, 150]
+TOTAL = sum(SHARDS)
+WINDOW = 200
+BLOCK = 64
+Factory = Callable[..., SidecarProcess]
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> tuple[str, pa.Table]:
+    root = tmp_path / "ds"
+    table = datasets.write_dataset(pafs.LocalFileSystem(), str(root), SHARDS)
+    return f"file://{root}", table
+
+
+@pytest.fixture
+def sidecar(sidecar_factory: Factory, dataset: tuple[str, pa.Table]) -> SidecarProcess:
+    proc = sidecar_factory(dataset[0], args=["--block-size", str(BLOCK)])
+    proc.start(wait="ready")
+    return proc
+
+
+@pytest.fixture
+def sidecar_env(sidecar: SidecarProcess) -> Iterator[None]:
+    os.environ.update(sidecar.client_env())
+    try:
+        yield
+    finally:
+        for key in sidecar.client_env():
+            os.environ.pop(key, None)
+
+
+def sample(**kwargs: Any) -> plans.PlanParams:
+    return plans.PlanParams(granularity="sample", window=WINDOW, block_size=BLOCK, **kwargs)
+
+
+class Recording:
+    """A provider that remembers which shards the reader holds leases on."""
+
+    def __init__(self, inner: provider.ShardProvider) -> None:
+        self.inner = inner
+        self.held: dict[int, int] = {}
+
+    @property
+    def manifest(self) -> Any:
+        return self.inner.manifest
+
+    def open_reader(self, params: plans.PlanParams, *, position: int) -> str:
+        return self.inner.open_reader(params, position=position)
+
+    def acquire(self, reader_id: str, shard: int, *, epoch: int, position: int) -> Any:
+        lease = self.inner.acquire(reader_id, shard, epoch=epoch, position=position)
+        self.held[shard] = self.held.get(shard, 0) + 1
+        outer = self
+
+        class Lease:
+            path = lease.path
+
+            def release(self) -> None:
+                lease.release()
+                outer.held[shard] -= 1
+
+        return Lease()
+
+    def close_reader(self, reader_id: str) -> None:
+        self.inner.close_reader(reader_id)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def uids(batches: Iterator[pa.RecordBatch]) -> list[int]:
+    return [u for b in batches for u in b.column("uid").to_pylist()]
+
+
+@pytest.mark.usefixtures("sidecar_env")
+def test_sample_mode_through_the_sidecar_equals_embedded_mode(
+    dataset: tuple[str, pa.Table], tmp_path: Path
+) -> None:
+    got: list[int] = []
+    for rank in range(2):
+        options: dict[str, Any] = dict(
+            shuffle="sample", window=WINDOW, block_size=BLOCK, seed=3, rank=rank, world_size=2
+        )
+        with shardcache.open(**options) as via_sidecar:
+            ours = uids(via_sidecar.batches(60))
+        with shardcache.open(dataset[0], cache_dir=tmp_path / "c", **options) as local:
+            assert ours == uids(local.batches(60))
+        got += ours
+    assert sorted(got) == list(range(TOTAL))
+
+
+def test_the_reader_holds_every_shard_of_its_window_while_it_gathers(
+    sidecar: SidecarProcess,
+) -> None:
+    shards = Recording(sidecar_client.SidecarProvider.from_env(environ=sidecar.client_env()))
+    params = sample(seed=8)
+    ds = shardcache.Dataset(shards, params)
+    seq = ds.sequence()
+    position = 0
+    for batch in ds.batches(70):
+        held = {s for s, n in shards.held.items() if n}
+        window = set(seq.window_shards(position, position + batch.num_rows))
+        # Every shard of the batch's window(s) is leased, and nothing of windows left.
+        assert held == window
+        position += batch.num_rows
+    assert not any(shards.held.values())
+    ds.close()
+
+
+def test_the_sidecar_keeps_the_current_and_next_window_resident(
+    sidecar_factory: Factory, dataset: tuple[str, pa.Table]
+) -> None:
+    # Readahead of one shard only: block mode would prefetch a single shard ahead.
+    proc = sidecar_factory(dataset[0], args=["--prefetch-depth", "0", "--ready-shards", "1"])
+    proc.start(wait="ready")
+    shards = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
+    params = sample(seed=11)
+    reader = shards.open_reader(params, position=0)
+    m = shards.manifest
+    wins = windows.rank_windows(m.shard_rows, m.digest, params)
+    position = wins[1].end - 1  # inside the second window: the second and third needed
+    want = set(wins[1].shards) | set(wins[2].shards)
+    assert len(want) >= 3
+    shards.readahead(reader, epoch=0, position=position)
+
+    def resident() -> bool:
+        return all((proc.memory_dir / m.decoded_key(s)).exists() for s in want)
+
+    waiting.wait_until("every shard of the current and next window to be resident", resident)
+    shards.close_reader(reader)
+    shards.close()
+
+
+def test_take_through_the_sidecar_returns_manifest_rows_in_the_order_asked(
+    sidecar: SidecarProcess, dataset: tuple[str, pa.Table]
+) -> None:
+    index = [TOTAL - 1, 0, 300, 299, 1027, 5, 5]
+    ds = shardcache.Dataset(
+        sidecar_client.SidecarProvider.from_env(environ=sidecar.client_env()), sample()
+    )
+    got = ds.take(index)
+    assert pa.Table.from_batches([got]).equals(dataset[1].take(pa.array(index)).combine_chunks())
+    assert sidecar.holds_drain() == 0
+    ds.close()

@@ -1,0 +1,114 @@
+"""`shardcache.gather`: rows of several shards in any order, equal to Arrow's `take`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import hypothesis
+import hypothesis.strategies as st
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from shardcache import datasets, gather
+
+pytestmark = pytest.mark.unit
+
+BOUNDED = hypothesis.settings(max_examples=60, deadline=None)
+
+
+def shard(i: int, n: int) -> pa.RecordBatch:
+    rng = np.random.default_rng(i)
+    lens = rng.integers(0, 12, n)
+    return pa.record_batch(
+        {
+            "tokens": pa.array(
+                [list(range(i * 1000 + k, i * 1000 + k + int(m))) for k, m in enumerate(lens)],
+                pa.list_(pa.int32()),
+            ),
+            "wide": pa.array([[k] * int(m) for k, m in enumerate(lens)], pa.large_list(pa.int64())),
+            "text": pa.array([f"{i}-{k}" * int(m) for k, m in enumerate(lens)]),
+            "large_text": pa.array([f"{i}:{k}" for k in range(n)], pa.large_string()),
+            "blob": pa.array([bytes([k % 256]) * int(m) for k, m in enumerate(lens)], pa.binary()),
+            "score": pa.array(rng.random(n)),
+            "small": pa.array(rng.integers(-100, 100, n).astype(np.int8)),
+            "vec": pa.FixedSizeListArray.from_arrays(
+                pa.array(rng.random(n * 3).astype(np.float32)), 3
+            ),
+            "flag": pa.array(rng.random(n) > 0.5),
+            "maybe": pa.array([None if k % 3 == 0 else k for k in range(n)], pa.int64()),
+            "record": pa.array([{"a": k, "b": str(k)} for k in range(n)]),
+            "nested": pa.array([[[k], [k, i]] for k in range(n)]),
+            "category": pa.array([f"c{k % 4}" for k in range(n)]).dictionary_encode(),
+        }
+    )
+
+
+def mapped(tmp_path: Path, batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """The batches as memory-mapped IPC files, as the reader sees shards."""
+    out = []
+    for i, batch in enumerate(batches):
+        path = tmp_path / f"s{i}.arrow"
+        with pa.OSFile(str(path), "wb") as f, ipc.new_file(f, batch.schema) as w:
+            w.write_batch(batch)
+        out.append(datasets.read_shard(path))
+    return out
+
+
+def check(sources: list[pa.RecordBatch], index: np.ndarray) -> None:
+    whole = pa.Table.from_batches(sources).combine_chunks()
+    sizes = np.cumsum([0] + [len(s) for s in sources])
+    source_of = (np.searchsorted(sizes, index, side="right") - 1).astype(np.int64)
+    got = gather.gather(sources, source_of, (index - sizes[source_of]).astype(np.int64))
+    got.validate(full=True)
+    assert pa.Table.from_batches([got]).equals(whole.take(pa.array(index, pa.int64())))
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> list[pa.RecordBatch]:
+    tmp = tmp_path_factory.mktemp("gather")
+    # Sliced sources too: offsets that do not start at 0.
+    return mapped(tmp, [shard(0, 50).slice(3, 40), shard(1, 30), shard(2, 70)])
+
+
+@BOUNDED
+@hypothesis.given(st.lists(st.integers(min_value=0, max_value=139), max_size=300))
+def test_a_gather_equals_arrow_take_of_the_same_rows_for_every_type(
+    sources: list[pa.RecordBatch], index: list[int]
+) -> None:
+    check(sources, np.asarray(index, dtype=np.int64))
+
+
+def test_lists_strings_and_fixed_width_columns_take_no_fallback(
+    sources: list[pa.RecordBatch], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: object) -> pa.Array:
+        raise AssertionError("fell back to pyarrow.compute.take")
+
+    fast: Callable[..., pa.Array] = refuse
+    monkeypatch.setattr(gather, "_fallback", fast)
+    names = ["tokens", "wide", "text", "large_text", "blob", "score", "small", "vec"]
+    check([s.select(names) for s in sources], np.asarray([139, 0, 5, 44, 40, 5, 100]))
+
+
+def test_rows_of_one_shard_and_no_rows(sources: list[pa.RecordBatch]) -> None:
+    check(sources[1:2], np.asarray([29, 0, 0, 13]))
+    empty = gather.gather(sources, np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert empty.num_rows == 0 and empty.schema == sources[0].schema
+
+
+def test_a_gathered_batch_owns_its_memory_not_the_mappings(
+    sources: list[pa.RecordBatch],
+) -> None:
+    got = gather.gather(sources, np.asarray([2, 0]), np.asarray([1, 1]))
+    lo = min(s.column("tokens").values.buffers()[1].address for s in sources)
+    addr = got.column("tokens").values.buffers()[1].address
+    spans = [
+        (b.address, b.address + b.size)
+        for s in sources
+        for b in s.column("tokens").values.buffers()[1:]
+        if b is not None
+    ]
+    assert lo > 0 and not any(a <= addr < z for a, z in spans)
