@@ -119,6 +119,14 @@ def open_mixture(
             weights=weights if weights is not None else mixture.weights,
             seed=mixture.seed if mix_seed is None else mix_seed,
         )
+        if isinstance(state, list):
+            # Rank prefixes gathered for an elastic resume: a mixture's state is one
+            # dict (its sources' states inside), and mixtures resume at one world size.
+            raise errors.StateMismatchError(
+                f"open_mixture(): resume_from={resume_from!r} gave the data states of "
+                f"{len(state)} ranks (an elastic resume), expected one mixture state: "
+                "a mixture resumes at the world size it was saved at"
+            )
         if state is not None:
             mixed.load_state_dict(state)
     except BaseException:
