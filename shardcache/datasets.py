@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from shardcache import errors, manifests, plans, provider, states
+from shardcache import errors, manifests, plans, provider, stalls, states
 
 #: The state dict's format (`shardcache.states`); version 1 states still load.
 STATE_VERSION = states.STATE_VERSION
@@ -179,6 +179,10 @@ class Dataset:
         self._reader_id = f"{params.rank}-{uuid.uuid4().hex[:12]}"
         self._registered = False
         self._mappings = _Mappings()
+        #: The training loop's wait for batches vs. its steps between them, over every
+        #: batches() iterator of this dataset: the data-stall signal (docs/monitoring.md).
+        self.stalls = stalls.StallMeter()
+        self._stall_reporter = shards if isinstance(shards, provider.StallReporter) else None
 
     # --- description --------------------------------------------------------------
     @property
@@ -260,6 +264,10 @@ class Dataset:
         shard_batch: pa.RecordBatch | None = None
         pending: list[pa.RecordBatch] = []
         pending_rows = 0
+        # When the caller last took a batch and when it next asked for one: the time
+        # between is its step, from asking to taking it waited for data.
+        handed: float | None = None
+        asked = time.perf_counter()
         try:
             while True:
                 # A skip between two batches moves the position: the plan is walked
@@ -293,17 +301,28 @@ class Dataset:
                         if pending_rows == batch_size:
                             out, pending, pending_rows = pending, [], 0
                             self._position += batch_size
+                            handed = self._timed(asked, handed)
                             yield out
+                            asked = time.perf_counter()
                     if seen != self._skip_count:
                         break
                 else:
                     break
             if pending and not drop_last:
                 self._position += pending_rows
+                self._timed(asked, handed)
                 yield pending
         finally:
             if lease is not None:
                 lease.release()
+
+    def _timed(self, asked: float, handed: float | None) -> float:
+        """Record one batch about to be handed out; returns the time it is handed."""
+        now = time.perf_counter()
+        self.stalls.record(now - asked, 0.0 if handed is None else asked - handed)
+        if self._stall_reporter is not None:
+            self._stall_reporter.note_stalls(self._reader_id, self.stalls)
+        return now
 
     def skip_batches(self, batches: int, *, batch_size: int | None = None) -> states.Skip | None:
         """Skip this rank's next `batches` batches without reading them.

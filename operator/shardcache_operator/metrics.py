@@ -51,6 +51,12 @@ class Metrics:
             ["phase"],
             registry=self.registry,
         )
+        self.datasetmount_ready = prometheus_client.Gauge(
+            "shardcache_operator_datasetmount_ready",
+            "1 when the DatasetMount is Ready, 0 in any other phase (the not-Ready alert).",
+            ["namespace", "datasetmount"],
+            registry=self.registry,
+        )
         self.attached_pods = prometheus_client.Gauge(
             "shardcache_operator_attached_pods",
             "Unfinished pods labelled with a DatasetMount.",
@@ -104,8 +110,12 @@ class Metrics:
             self._phases.pop((namespace, name), None)
             with contextlib.suppress(KeyError):
                 self.attached_pods.remove(namespace, name)
+            with contextlib.suppress(KeyError):
+                self.datasetmount_ready.remove(namespace, name)
         else:
             self._phases[(namespace, name)] = status.Phase(phase).value
+            ready = 1 if phase == status.Phase.READY else 0
+            self.datasetmount_ready.labels(namespace=namespace, datasetmount=name).set(ready)
         counts = {each.value: 0 for each in status.Phase}
         for known in self._phases.values():
             counts[known] = counts.get(known, 0) + 1
