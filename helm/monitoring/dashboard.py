@@ -118,7 +118,8 @@ PANELS: tuple[Panel, ...] = (
     ),
     Panel(
         "Operator source errors",
-        "sum by (reason) (rate(shardcache_operator_source_errors_total[5m]))",
+        # Reasons are open-ended, so no series exists before the first error: 0 then.
+        "sum by (reason) (rate(shardcache_operator_source_errors_total[5m])) or on () vector(0)",
         "{{reason}}",
         "reqps",
         "Manifest resolutions that failed, by reason.",

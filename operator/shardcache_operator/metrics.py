@@ -100,6 +100,10 @@ class Metrics:
             "1 while the operator's event loop answers.",
             registry=self.registry,
         )
+        # Present from the first scrape, so rate() has a zero to start from and the
+        # dashboard's panels show 0 rather than nothing.
+        for result in ("injected", "unchanged", "refused"):
+            self.admission_total.labels(result=result)
         # Phase of each DatasetMount, so the per-phase gauge is recomputed exactly
         # rather than incremented and decremented on transitions kopf may replay.
         self._phases: dict[tuple[str, str], str] = {}
