@@ -117,3 +117,16 @@ def test_a_reconcile_keeps_the_data_starved_condition() -> None:
     )
     kinds = {c["type"]: c["status"] for c in built["conditions"]}
     assert kinds["DataStarved"] == "True" and kinds["Ready"] == "True"
+
+
+def test_the_stall_timer_runs_for_mounts_with_pods_or_a_condition_to_clear() -> None:
+    from shardcache_operator import handlers
+
+    def body(status: dict[str, Any]) -> Any:
+        return {"status": status}
+
+    assert handlers.watches_stalls(body=body({"attachedPods": 2}))
+    starved = {"type": "DataStarved", "status": "True"}
+    assert handlers.watches_stalls(body=body({"attachedPods": 0, "conditions": [starved]}))
+    assert not handlers.watches_stalls(body=body({"attachedPods": 0}))
+    assert not handlers.watches_stalls(body=body({}))
