@@ -35,6 +35,13 @@ MODES: dict[str, list[str]] = {
         "--set=rbac.secretNames={s3-credentials}",
     ],
     "single-replica-no-peering": ["--set=peering.enabled=false", "--set=operator.replicas=1"],
+    "monitoring": [
+        "--set=monitoring.podMonitor.enabled=true",
+        "--set=monitoring.rules.enabled=true",
+        "--set=monitoring.dashboard.enabled=true",
+        "--set=networkPolicy.enabled=true",
+        "--set=networkPolicy.namespaces={team-a}",
+    ],
 }
 
 
