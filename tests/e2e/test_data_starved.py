@@ -3,9 +3,10 @@
 A real sidecar process stands in for the one the webhook injected into a kwok pod: it
 listens on 127.0.0.1 at the port the webhook gave the pod's sidecar, and the pod's
 status.podIP points there, so the operator reads it exactly as it reads an in-cluster
-sidecar. A trainer reads through it doing nothing between batches (its loop only waits
-on data) until DataStarved is set with an Event naming the pod, then computes 20 ms
-per batch until the condition clears.
+sidecar. A trainer reads through it from storage too slow for it (every batch waits
+50 ms for a shard, `tests.support.stalls`) doing nothing between batches, until
+DataStarved is set with an Event naming the pod; then storage keeps up and the loop
+computes 20 ms per batch, until the condition clears.
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ from shardcache.contract import variables
 from tests.e2e import harness, objects
 from tests.e2e.conftest import ReadyMount
 from tests.support import datasets
+from tests.support import stalls as stall_support
 from tests.support.sidecar import SidecarProcess
 
 pytestmark = pytest.mark.e2e
 
 SHARDS = [200, 150, 220]
+#: More rows than any shard: while storage is slow, every batch waits for a shard.
+BATCH_ROWS = 256
 RUNNING_TIMEOUT_S = 60.0
 #: Far above the operator's 1 s check plus spec.stall.forSeconds below.
 CONDITION_TIMEOUT_S = 90.0
@@ -49,17 +53,6 @@ def first_free_port(start: int) -> tuple[int, socket.socket]:
             continue
         return port, s
     raise AssertionError(f"no free port in {start}..{start + 199}")
-
-
-def read_until(stop: threading.Event, ds: shardcache.Dataset, step: Callable[[], None]) -> None:
-    epoch = 0
-    while not stop.is_set():
-        ds.set_epoch(epoch)
-        for _ in ds.batches(16):
-            step()
-            if stop.is_set():
-                return
-        epoch += 1
 
 
 def test_data_starved_is_set_with_an_event_naming_the_pod_and_cleared_on_recovery(
@@ -122,10 +115,13 @@ def test_data_starved_is_set_with_an_event_naming_the_pod_and_cleared_on_recover
         if not stalled.is_set():
             stop.wait(0.02)
 
-    ds = shardcache.Dataset(
-        sidecar_client.SidecarProvider.from_env(environ=proc.client_env()), plans.PlanParams()
+    shards = stall_support.SlowShards(
+        sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
     )
-    reader = threading.Thread(target=read_until, args=(stop, ds, step), daemon=True)
+    ds = shardcache.Dataset(shards, plans.PlanParams())
+    reader = threading.Thread(
+        target=stall_support.read_until, args=(stop, ds, BATCH_ROWS, step), daemon=True
+    )
     reader.start()
     try:
 
@@ -162,7 +158,9 @@ def test_data_starved_is_set_with_an_event_naming_the_pod_and_cleared_on_recover
         )
         assert warnings[0].type == "Warning" and pod_name in warnings[0].message
 
-        stalled.clear()  # the loop computes again: data keeps up
+        # Storage keeps up again and the loop computes between batches.
+        shards.slow.clear()
+        stalled.clear()
         cleared = harness.wait_until(
             "DataStarved False",
             lambda: data_starved("False"),

@@ -27,12 +27,15 @@ from shardcache import plans, sidecar_client
 from tests.e2e import harness
 from tests.e2e.conftest import ReadyMount, Release
 from tests.support import datasets, prometheus, waiting
+from tests.support import stalls as stall_support
 from tests.support.sidecar import SidecarProcess
 
 pytestmark = pytest.mark.e2e
 
 DASHBOARD = harness.REPO_ROOT / "helm" / "monitoring" / "dashboard.py"
 SHARDS = [200, 150, 220, 180]
+#: More rows than any shard: every batch of the slow rank waits for a shard.
+BATCH_ROWS = 256
 #: What the webhook names the first mount's sidecar container and port (pod_names).
 SIDECAR_CONTAINER = "shardcache-train"
 POD = "trainer-0"
@@ -109,21 +112,11 @@ def test_monitoring_renders_two_podmonitors_and_the_generated_dashboard_only_whe
     assert not of_kind(defaults, "PodMonitor") and not of_kind(defaults, "PrometheusRule")
 
 
-def read_until(stop: threading.Event, ds: shardcache.Dataset, step: Callable[[], None]) -> None:
-    epoch = 0
-    while not stop.is_set():
-        ds.set_epoch(epoch)
-        for _ in ds.batches(16):
-            step()
-            if stop.is_set():
-                return
-        epoch += 1
-
-
 @pytest.fixture
 def trainers(sidecar_factory: Callable[..., SidecarProcess], tmp_path: Path) -> Iterator[Any]:
-    """A sidecar and two ranks reading through it: rank 0 does nothing between batches,
-    so it only ever waits on data; rank 1 computes 20 ms per batch."""
+    """A sidecar and two ranks reading through it: rank 0 from storage too slow for it
+    (every batch waits 50 ms for a shard) and doing nothing between batches, so it only
+    ever waits on data; rank 1 at full speed, computing 20 ms per batch."""
     root = tmp_path / "ds"
     datasets.write_dataset(pafs.LocalFileSystem(), str(root), SHARDS)
     proc = sidecar_factory(f"file://{root}")
@@ -132,10 +125,20 @@ def trainers(sidecar_factory: Callable[..., SidecarProcess], tmp_path: Path) -> 
     opened: list[shardcache.Dataset] = []
     threads = []
     for rank, step in ((0, lambda: None), (1, lambda: stop.wait(0.02))):
-        shards = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
+        shards = stall_support.SlowShards(
+            sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
+        )
+        if rank == 1:
+            shards.slow.clear()
         ds = shardcache.Dataset(shards, plans.PlanParams(rank=rank, world_size=2))
         opened.append(ds)
-        threads.append(threading.Thread(target=read_until, args=(stop, ds, step), daemon=True))
+        threads.append(
+            threading.Thread(
+                target=stall_support.read_until,
+                args=(stop, ds, BATCH_ROWS, step),
+                daemon=True,
+            )
+        )
     for thread in threads:
         thread.start()
     try:
