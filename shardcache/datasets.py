@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -157,6 +157,10 @@ class _Mappings:
         self._dirs = None
 
 
+#: A batch as `_timed` hands it on: a record batch, or the pieces of one.
+B = TypeVar("B")
+
+
 def _combine(reader: ipc.RecordBatchFileReader) -> pa.RecordBatch:
     # Not the decoded form (one batch); still served correctly, with a copy.
     return pa.concat_batches([reader.get_batch(i) for i in range(reader.num_record_batches)])
@@ -244,8 +248,11 @@ class Dataset:
         The last batch may be short unless `drop_last`. `state_dict()` taken after a
         batch was handed out counts that batch as read.
         """
-        for pieces in self.batch_pieces(batch_size, columns=columns, drop_last=drop_last):
-            yield pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+        stitched = (
+            pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+            for pieces in self._pieces(batch_size, columns=columns, drop_last=drop_last)
+        )
+        yield from self._timed(stitched)
 
     def batch_pieces(
         self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
@@ -255,6 +262,11 @@ class Dataset:
         boundary. For consumers that put the pieces together themselves (on a GPU,
         say) instead of having them copied into one batch here.
         """
+        yield from self._timed(self._pieces(batch_size, columns=columns, drop_last=drop_last))
+
+    def _pieces(
+        self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
+    ) -> Generator[list[pa.RecordBatch], None, None]:
         if batch_size < 1:
             raise errors.InputError(f"batch_size must be >= 1, got {batch_size}")
         self._batch_size = batch_size
@@ -264,10 +276,6 @@ class Dataset:
         shard_batch: pa.RecordBatch | None = None
         pending: list[pa.RecordBatch] = []
         pending_rows = 0
-        # When the caller last took a batch and when it next asked for one: the time
-        # between is its step, from asking to taking it waited for data.
-        handed: float | None = None
-        asked = time.perf_counter()
         try:
             while True:
                 # A skip between two batches moves the position: the plan is walked
@@ -301,28 +309,39 @@ class Dataset:
                         if pending_rows == batch_size:
                             out, pending, pending_rows = pending, [], 0
                             self._position += batch_size
-                            handed = self._timed(asked, handed)
                             yield out
-                            asked = time.perf_counter()
                     if seen != self._skip_count:
                         break
                 else:
                     break
             if pending and not drop_last:
                 self._position += pending_rows
-                self._timed(asked, handed)
                 yield pending
         finally:
             if lease is not None:
                 lease.release()
 
-    def _timed(self, asked: float, handed: float | None) -> float:
-        """Record one batch about to be handed out; returns the time it is handed."""
-        now = time.perf_counter()
-        self.stalls.record(now - asked, 0.0 if handed is None else asked - handed)
-        if self._stall_reporter is not None:
-            self._stall_reporter.note_stalls(self._reader_id, self.stalls)
-        return now
+    def _timed(self, batches: Generator[B, None, None]) -> Generator[B, None, None]:
+        """`batches`, timing the caller's loop around them (the data-stall signal): from
+        asking for a batch to getting it is waiting on data, from getting one to asking
+        for the next is its step. Outermost, so all the work of making a batch (stitching
+        pieces included) counts as waiting."""
+        handed: float | None = None
+        try:
+            while True:
+                asked = time.perf_counter()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                now = time.perf_counter()
+                self.stalls.record(now - asked, 0.0 if handed is None else asked - handed)
+                if self._stall_reporter is not None:
+                    self._stall_reporter.note_stalls(self._reader_id, self.stalls)
+                handed = now
+                yield batch
+        finally:
+            batches.close()  # releases the lease held by an unfinished iteration
 
     def skip_batches(self, batches: int, *, batch_size: int | None = None) -> states.Skip | None:
         """Skip this rank's next `batches` batches without reading them.
