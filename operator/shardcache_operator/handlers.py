@@ -299,12 +299,14 @@ def register(registry: kopf.OperatorRegistry, settings: configuration.Settings) 
         registry=registry,
     )(check_skips)
     # Only mounts with pods (or a DataStarved to clear): idle mounts cost nothing.
-    kopf.timer(
-        *RESOURCE,
-        interval=settings.stall_check_seconds,
-        initial_delay=settings.stall_check_seconds,
-        id="check-stalls",
-        when=watches_stalls,
-        registry=registry,
-    )(check_stalls)
+    # 0 seconds: no stall checks at all (DataStarved is never set).
+    if settings.stall_check_seconds > 0:
+        kopf.timer(
+            *RESOURCE,
+            interval=settings.stall_check_seconds,
+            initial_delay=settings.stall_check_seconds,
+            id="check-stalls",
+            when=watches_stalls,
+            registry=registry,
+        )(check_stalls)
     kopf.on.delete(*RESOURCE, id="finalize", registry=registry)(finalize)

@@ -130,3 +130,16 @@ def test_the_stall_timer_runs_for_mounts_with_pods_or_a_condition_to_clear() -> 
     assert handlers.watches_stalls(body=body({"attachedPods": 0, "conditions": [starved]}))
     assert not handlers.watches_stalls(body=body({"attachedPods": 0}))
     assert not handlers.watches_stalls(body=body({}))
+
+
+def test_zero_stall_check_seconds_registers_no_stall_timer() -> None:
+    import kopf
+    from shardcache_operator import configuration, handlers
+
+    def timers(seconds: float) -> set[str]:
+        registry = kopf.OperatorRegistry()
+        handlers.register(registry, configuration.Settings(stall_check_seconds=seconds))
+        return {h.id for h in registry._spawning.get_all_handlers()}
+
+    assert "check-stalls" in timers(30.0)
+    assert "check-stalls" not in timers(0.0)
