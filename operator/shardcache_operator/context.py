@@ -53,7 +53,7 @@ class Context:
     pod_counts: pod_counts.Writer = dataclasses.field(default_factory=pod_counts.Writer)
     #: (namespace, mount) -> pod -> when (monotonic) it was first seen above the mount's
     #: stall threshold (`starvation.judge`); lost on restart, so a new leader waits
-    #: spec.stall.forSeconds again before it sets DataStarved.
+    #: spec.stall.forSeconds again before it sets DataStarved (one already set stays).
     stalls: dict[tuple[str, str], dict[str, float]] = dataclasses.field(default_factory=dict)
 
     @property

@@ -210,15 +210,22 @@ async def check_stalls(
     async with aiohttp.ClientSession(timeout=timeout) as session:
         fractions = await starvation.scrape(session, endpoints)
     key = (ns, name)
+    previous = (body.get("status") or {}).get("conditions") or []
+    starved_before = any(
+        c.get("type") == status.DATA_STARVED and c.get("status") == "True" for c in previous
+    )
     verdict = starvation.judge(
-        memo.stalls.get(key, {}), fractions, now=time.monotonic(), stall=stall
+        memo.stalls.get(key, {}),
+        fractions,
+        now=time.monotonic(),
+        stall=stall,
+        starved_before=starved_before and key not in memo.stalls,
     )
     if verdict.above_since:
         memo.stalls[key] = verdict.above_since
     else:
         memo.stalls.pop(key, None)
     new = starvation.condition(verdict.starved, stall)
-    previous = (body.get("status") or {}).get("conditions") or []
     conditions, flipped = starvation.conditions_with(previous, new, now=now_text())
     if conditions != [dict(c) for c in previous]:
         patch.status["conditions"] = conditions

@@ -102,13 +102,17 @@ def judge(
     *,
     now: float,
     stall: specs.StallSpec,
+    starved_before: bool = False,
 ) -> Verdict:
     """Which pods are starved, given each pod's worst stall fraction now (None: no
     answer or no reader). A pod must stay above the threshold across checks: one below,
-    or one without an answer, starts its clock again."""
+    or one without an answer, starts its clock again. `starved_before`: the condition is
+    True but no clock is known (a new leader): a pod above now counts as starved at once,
+    so an operator restart does not clear the condition and set it again."""
     threshold = stall.threshold_percent / 100.0
+    start = now - stall.for_seconds if starved_before and not previous else now
     above = {
-        pod: previous.get(pod, now)
+        pod: previous.get(pod, start)
         for pod, fraction in fractions.items()
         if fraction is not None and fraction > threshold
     }
@@ -145,9 +149,13 @@ def conditions_with(
     previous: Iterable[Mapping[str, Any]], new: status.Condition, *, now: str
 ) -> tuple[list[dict[str, Any]], bool]:
     """status.conditions with DataStarved set to `new`; whether its status changed (a
-    message that only lists other pods is updated too, without an Event)."""
+    message that only lists other pods is updated too, without an Event). A mount that
+    never starved gets no DataStarved condition at all."""
     kept = [dict(c) for c in previous if isinstance(c, Mapping)]
     old = next((c for c in kept if c.get("type") == CONDITION), None)
+    if old is None and new.status == "False":
+        # Absent until a pod first starves: no write for every mount with pods.
+        return kept, False
     (merged,) = status.merge_conditions([old] if old else [], [new], now=now, generation=None)
     if old is not None and {k: old.get(k) for k in merged} == merged:
         return kept, False

@@ -74,6 +74,16 @@ def test_a_pod_is_starved_only_after_staying_above_the_threshold_for_the_duratio
     assert dipped.above_since == {} and dipped.starved == ()
 
 
+def test_a_new_leader_keeps_a_starved_mount_starved_without_waiting_again() -> None:
+    carried = starvation.judge(
+        {}, {"a": 0.9, "b": 0.1}, now=500.0, stall=STALL, starved_before=True
+    )
+    assert carried.starved == ("a",)
+    # Without the condition set, a first sighting starts the clock as usual.
+    fresh = starvation.judge({}, {"a": 0.9}, now=500.0, stall=STALL)
+    assert fresh.starved == ()
+
+
 def test_the_condition_names_the_pods_and_counts_the_rest() -> None:
     pods = [f"p{i:02d}" for i in range(12)]
     cond = starvation.condition(pods, STALL)
@@ -85,6 +95,9 @@ def test_the_condition_names_the_pods_and_counts_the_rest() -> None:
 
 def test_conditions_keep_the_others_and_report_only_a_status_flip() -> None:
     ready = {"type": "Ready", "status": "True", "reason": "ManifestPinned", "message": "m"}
+    # A mount that never starved gets no condition (and no status write).
+    never, flipped = starvation.conditions_with([ready], starvation.condition([], STALL), now="T0")
+    assert never == [ready] and not flipped
     starved = starvation.condition(["p1"], STALL)
     conditions, flipped = starvation.conditions_with([ready], starved, now="T1")
     assert flipped and [c["type"] for c in conditions] == ["Ready", "DataStarved"]
