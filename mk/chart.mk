@@ -12,18 +12,19 @@ CHART_KUBE_VERSION = $(patsubst v%,%,$(KUBE_VERSION))
 
 .PHONY: chart e2e e2e-local e2e-kind
 chart: tools-helm
+	python3 helm/monitoring/dashboard.py --check
 	$(HELM_DIR)/helm lint --strict helm/shardcache --kube-version $(CHART_KUBE_VERSION)
 	mkdir -p dist
 	$(HELM_DIR)/helm package helm/shardcache --destination dist
 
 e2e: e2e-$(CLUSTER)
 
-e2e-local: install tools-minio tools-kubernetes tools-etcd tools-helm tools-kwok
+e2e-local: install tools-minio tools-kubernetes tools-etcd tools-helm tools-kwok tools-prometheus
 	SHARDCACHE_E2E_CLUSTER=local $(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 # The archives `make image-archives` builds are what kind's node imports (with
 # containerd, like the local node tier): no docker build, no registry.
-e2e-kind: install image-archives
+e2e-kind: install image-archives tools-prometheus
 	@command -v kind >/dev/null || { echo "make e2e CLUSTER=kind: kind is not on PATH"; exit 2; }
 	kind get clusters | grep -qx '$(KIND_CLUSTER_NAME)' || kind create cluster --name '$(KIND_CLUSTER_NAME)' --wait 120s
 	for archive in $$($(PY) -c 'from images import build; print(" ".join(str(a.path) for a in build.archives().values()))'); do \

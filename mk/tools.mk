@@ -11,15 +11,17 @@ KUBENODE_DIR := $(TOOLS_CACHE)/kubenode-$(KUBE_VERSION)
 ETCD_DIR := $(TOOLS_CACHE)/etcd-$(ETCD_VERSION)
 HELM_DIR := $(TOOLS_CACHE)/helm-$(HELM_VERSION)
 KWOK_DIR := $(TOOLS_CACHE)/kwok-$(KWOK_VERSION)
+PROMETHEUS_DIR := $(TOOLS_CACHE)/prometheus-$(PROMETHEUS_VERSION)
 
-.PHONY: tools tools-minio tools-kubernetes tools-kubenode tools-etcd tools-helm tools-kwok
-tools: tools-minio tools-kubernetes tools-kubenode tools-etcd tools-helm tools-kwok
+.PHONY: tools tools-minio tools-kubernetes tools-kubenode tools-etcd tools-helm tools-kwok tools-prometheus
+tools: tools-minio tools-kubernetes tools-kubenode tools-etcd tools-helm tools-kwok tools-prometheus
 tools-minio: $(MINIO_DIR)/minio
 tools-kubernetes: $(KUBE_DIR)/kube-apiserver
 tools-kubenode: $(KUBENODE_DIR)/kubelet
 tools-etcd: $(ETCD_DIR)/etcd
 tools-helm: $(HELM_DIR)/helm
 tools-kwok: $(KWOK_DIR)/kwok
+tools-prometheus: $(PROMETHEUS_DIR)/prometheus
 
 # build.sh builds into a temporary directory and renames it, so the binary exists only
 # when the whole build succeeded; it also takes a lock in $(TOOLS_CACHE), so under -j (or
@@ -37,5 +39,7 @@ $(HELM_DIR)/helm:
 	$(BUILD_TOOL) helm $(HELM_VERSION) $(HELM_DIR)
 $(KWOK_DIR)/kwok:
 	$(BUILD_TOOL) kwok $(KWOK_VERSION) $(KWOK_DIR)
+$(PROMETHEUS_DIR)/prometheus:
+	$(BUILD_TOOL) prometheus $(PROMETHEUS_VERSION) $(PROMETHEUS_DIR)
 
-TEST_PREREQS += tools-minio tools-kubernetes tools-kubenode tools-etcd tools-helm tools-kwok
+TEST_PREREQS += tools-minio tools-kubernetes tools-kubenode tools-etcd tools-helm tools-kwok tools-prometheus

@@ -22,12 +22,12 @@ import time
 import uuid
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from shardcache import elastic, errors, manifests, plans, provider, states
+from shardcache import elastic, errors, manifests, plans, provider, stalls, states
 
 if TYPE_CHECKING:
     from shardcache import sequences
@@ -166,6 +166,10 @@ class _Mappings:
         self._dirs = None
 
 
+#: A batch as `_timed` hands it on: a record batch, or the pieces of one.
+B = TypeVar("B")
+
+
 def _combine(reader: ipc.RecordBatchFileReader) -> pa.RecordBatch:
     # Not the decoded form (one batch); still served correctly, with a copy.
     return pa.concat_batches([reader.get_batch(i) for i in range(reader.num_record_batches)])
@@ -189,6 +193,10 @@ class Dataset:
         self._reader_id = f"{params.rank}-{uuid.uuid4().hex[:12]}"
         self._registered = False
         self._mappings = _Mappings()
+        #: The training loop's wait for batches vs. its steps between them, over every
+        #: batches() iterator of this dataset: the data-stall signal (docs/monitoring.md).
+        self.stalls = stalls.StallMeter()
+        self._stall_reporter = shards if isinstance(shards, provider.StallReporter) else None
 
     # --- description --------------------------------------------------------------
     @property
@@ -260,8 +268,11 @@ class Dataset:
         The last batch may be short unless `drop_last`. `state_dict()` taken after a
         batch was handed out counts that batch as read.
         """
-        for pieces in self.batch_pieces(batch_size, columns=columns, drop_last=drop_last):
-            yield pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+        stitched = (
+            pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+            for pieces in self._pieces(batch_size, columns=columns, drop_last=drop_last)
+        )
+        yield from self._timed(stitched)
 
     def batch_pieces(
         self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
@@ -271,6 +282,11 @@ class Dataset:
         boundary. For consumers that put the pieces together themselves (on a GPU,
         say) instead of having them copied into one batch here.
         """
+        yield from self._timed(self._pieces(batch_size, columns=columns, drop_last=drop_last))
+
+    def _pieces(
+        self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
+    ) -> Generator[list[pa.RecordBatch], None, None]:
         if batch_size < 1:
             raise errors.InputError(f"batch_size must be >= 1, got {batch_size}")
         self._batch_size = batch_size
@@ -417,6 +433,28 @@ class Dataset:
         finally:
             for lease in leases:
                 lease.release()
+
+    def _timed(self, batches: Generator[B, None, None]) -> Generator[B, None, None]:
+        """`batches`, timing the caller's loop around them (the data-stall signal): from
+        asking for a batch to getting it is waiting on data, from getting one to asking
+        for the next is its step. Outermost, so all the work of making a batch (stitching
+        pieces included) counts as waiting."""
+        handed: float | None = None
+        try:
+            while True:
+                asked = time.perf_counter()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                now = time.perf_counter()
+                self.stalls.record(now - asked, 0.0 if handed is None else asked - handed)
+                if self._stall_reporter is not None:
+                    self._stall_reporter.note_stalls(self._reader_id, self.stalls)
+                handed = now
+                yield batch
+        finally:
+            batches.close()  # releases the lease held by an unfinished iteration
 
     def skip_batches(self, batches: int, *, batch_size: int | None = None) -> states.Skip | None:
         """Skip this rank's next `batches` batches without reading them.

@@ -10,9 +10,9 @@ per shard, never per sample.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from shardcache import manifests, plans
+from shardcache import manifests, plans, stalls
 
 
 class ShardLease(Protocol):
@@ -44,3 +44,12 @@ class ShardProvider(Protocol):
     def close_reader(self, reader_id: str) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class StallReporter(Protocol):
+    """A provider that passes a reader's data-stall totals on (the sidecar exports them,
+    docs/monitoring.md). `Dataset` calls it after every batch, so it must be cheap:
+    remember the meter, send its totals now and then, never block on I/O."""
+
+    def note_stalls(self, reader_id: str, meter: stalls.StallMeter) -> None: ...

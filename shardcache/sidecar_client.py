@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from shardcache import contract, errors, manifests, plans, unix_http
+from shardcache import contract, errors, manifests, plans, stalls, unix_http
 from shardcache.contract import protocol, variables
 from shardcache.node import leases, tiers
 
@@ -53,6 +53,10 @@ MAX_SOCKET_PATH_BYTES = 107
 #: per interval rather than one per shard; prefetch learns where the reader is at most
 #: this much later, a small fraction of the time one shard takes to decode.
 NOTES_INTERVAL = 0.01
+#: Seconds between two reports of a reader's data-stall totals. They ride on the next
+#: batch of notes (one more only when none is due): a request a second per reader,
+#: whatever the batch rate, and well inside Prometheus's usual 15-60 s scrape interval.
+STALLS_INTERVAL = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +263,7 @@ class _Notes:
 
     pinned: list[int] = dataclasses.field(default_factory=list)
     released: list[str] = dataclasses.field(default_factory=list)
+    stalls: protocol.Stalls | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,6 +346,8 @@ class SidecarProvider:
         #: its answer to the last registration.
         self._features: frozenset[str] = frozenset()
         self._notes_sent = 0.0  # time.monotonic() of the last batch (on the notifier)
+        #: time.monotonic() of each reader's last stall report (`note_stalls`).
+        self._stalls_noted: dict[str, float] = {}
         # A forked child (DataLoader workers) shares the parent's lock descriptors, so
         # its copies of the pins granted ahead would keep those shards pinned for as
         # long as it lives; it closes them at once (the parent's locks stay).
@@ -597,7 +604,31 @@ class SidecarProvider:
         with self._lock:
             return feature in self._features
 
-    def _note(self, reader_id: str, *, pinned: int | None = None, released: str = "") -> None:
+    def note_stalls(self, reader_id: str, meter: stalls.StallMeter) -> None:
+        """Put the reader's stall totals in its next batch of notes, at most every
+        `STALLS_INTERVAL` seconds (called after every batch: one clock read otherwise)."""
+        now = time.monotonic()
+        if now - self._stalls_noted.get(reader_id, 0.0) < STALLS_INTERVAL:
+            return
+        self._stalls_noted[reader_id] = now
+        if not self._has(protocol.FEATURE_STALLS):
+            return  # an older sidecar: nothing exports them there
+        totals = protocol.Stalls(
+            wait_seconds=meter.wait_seconds,
+            step_seconds=meter.step_seconds,
+            batches=meter.batches,
+            recent_fraction=min(1.0, max(0.0, meter.recent_fraction)),
+        )
+        self._note(reader_id, stalls=totals)
+
+    def _note(
+        self,
+        reader_id: str,
+        *,
+        pinned: int | None = None,
+        released: str = "",
+        stalls: protocol.Stalls | None = None,
+    ) -> None:
         """Add to the reader's next batch; queue a flush unless one is queued already."""
         with self._lock:
             queued = bool(self._notes)
@@ -606,6 +637,8 @@ class SidecarProvider:
                 notes.pinned.append(pinned)
             if released:
                 notes.released.append(released)
+            if stalls is not None:
+                notes.stalls = stalls
         if not queued:
             self._notifier.submit(self._send_notes)
 
@@ -627,12 +660,14 @@ class SidecarProvider:
                 state = self._readers.get(reader_id)
                 if state is None:  # closed meanwhile: unregistering drops its holds
                     continue
-                body = {
+                body: dict[str, Any] = {
                     "epoch": state.params.epoch,
                     "position": state.position,
                     "pinned": notes.pinned,
                     "released": notes.released,
                 }
+                if notes.stalls is not None:
+                    body["stalls"] = protocol.stalls_to_json(notes.stalls)
                 bodies.append((reader_id, body))
         for reader_id, body in bodies:
             try:
@@ -723,6 +758,7 @@ class SidecarProvider:
         with self._lock:
             state = self._readers.pop(reader_id, None)
             ahead = self._ahead.pop(reader_id, {})
+            self._stalls_noted.pop(reader_id, None)
         # Shards granted ahead that the reader never got to: unpinned now, not at exit.
         for pinned in ahead.values():
             pinned.release()

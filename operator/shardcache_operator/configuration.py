@@ -76,6 +76,11 @@ class Settings:
     #: A skip is a rare, human-started event; a minute is soon enough to see it, and
     #: 500 mounts cost one listing each per minute, not per pod interval.
     skips_interval_seconds: float = 60.0
+    #: Seconds between looks at the stall fraction of each mount's running pods (one
+    #: LIST of the mount's running pods and one /metrics GET per sidecar): DataStarved.
+    #: Starvation that matters lasts minutes (spec.stall.forSeconds, 120 s by default).
+    #: 0 turns the checks off.
+    stall_check_seconds: float = 30.0
     #: Seconds between checks while a deleted DatasetMount waits for its pods.
     deletion_poll_seconds: float = 15.0
 

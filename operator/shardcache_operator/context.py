@@ -33,6 +33,10 @@ class Api(Protocol):
 
     async def write_attached_pods(self, namespace: str, name: str, count: int) -> None: ...
 
+    async def list_running_pods(
+        self, namespace: str, label_selector: str
+    ) -> list[dict[str, Any]]: ...
+
 
 @dataclasses.dataclass(frozen=True)
 class Context:
@@ -47,6 +51,10 @@ class Context:
     pods: pod_watch.Index = dataclasses.field(default_factory=pod_watch.Index)
     #: Event-driven writes of status.attachedPods.
     pod_counts: pod_counts.Writer = dataclasses.field(default_factory=pod_counts.Writer)
+    #: (namespace, mount) -> pod -> when (monotonic) it was first seen above the mount's
+    #: stall threshold (`starvation.judge`); lost on restart, so a new leader waits
+    #: spec.stall.forSeconds again before it sets DataStarved (one already set stays).
+    stalls: dict[tuple[str, str], dict[str, float]] = dataclasses.field(default_factory=dict)
 
     @property
     def backoff(self) -> reconcile.Backoff:

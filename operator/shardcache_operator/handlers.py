@@ -15,15 +15,18 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import kopf
 
 from shardcache import errors
 from shardcache_operator import (
     configuration,
     context,
+    injection,
     reconcile,
     skips,
     specs,
+    starvation,
     status,
 )
 
@@ -174,6 +177,67 @@ async def check_skips(
         kopf.event(body, type="Normal", reason=reason, message=message)
 
 
+def watches_stalls(*, body: kopf.Body, **_: Any) -> bool:
+    """kopf's `when=` filter of check-stalls: mounts with pods, or still DataStarved."""
+    state = body.get("status") or {}
+    starved = any(
+        c.get("type") == status.DATA_STARVED and c.get("status") == "True"
+        for c in state.get("conditions") or []
+    )
+    return bool(state.get("attachedPods")) or starved
+
+
+async def check_stalls(
+    *,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    namespace: str | None,
+    name: str,
+    memo: context.Context,
+    **_: Any,
+) -> None:
+    """DataStarved and an Event naming the pods when a pod's loop waits on data."""
+    ns = namespace or ""
+    try:
+        stall = specs.parse_spec(body.get("spec")).stall
+    except errors.InputError:
+        return
+    endpoints = []
+    if memo.pods.count(ns, name):
+        pods = await memo.api.list_running_pods(ns, injection.LABEL_MOUNT)
+        endpoints = [e for e in (starvation.endpoint(p, name) for p in pods) if e is not None]
+    timeout = aiohttp.ClientTimeout(total=starvation.SCRAPE_TIMEOUT_SECONDS)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        fractions = await starvation.scrape(session, endpoints)
+    key = (ns, name)
+    previous = (body.get("status") or {}).get("conditions") or []
+    starved_before = any(
+        c.get("type") == status.DATA_STARVED and c.get("status") == "True" for c in previous
+    )
+    verdict = starvation.judge(
+        memo.stalls.get(key, {}),
+        fractions,
+        now=time.monotonic(),
+        stall=stall,
+        starved_before=starved_before and key not in memo.stalls,
+    )
+    if verdict.above_since:
+        memo.stalls[key] = verdict.above_since
+    else:
+        memo.stalls.pop(key, None)
+    new = starvation.condition(verdict.starved, stall)
+    conditions, flipped = starvation.conditions_with(previous, new, now=now_text())
+    if conditions != [dict(c) for c in previous]:
+        patch.status["conditions"] = conditions
+    if flipped:
+        kopf.event(
+            body,
+            type="Warning" if verdict.starved else "Normal",
+            reason="DataStarved" if verdict.starved else "DataRecovered",
+            message=new.message,
+        )
+
+
 def finalize(
     *,
     body: kopf.Body,
@@ -241,4 +305,15 @@ def register(registry: kopf.OperatorRegistry, settings: configuration.Settings) 
         when=has_checkpoint,
         registry=registry,
     )(check_skips)
+    # Only mounts with pods (or a DataStarved to clear): idle mounts cost nothing.
+    # 0 seconds: no stall checks at all (DataStarved is never set).
+    if settings.stall_check_seconds > 0:
+        kopf.timer(
+            *RESOURCE,
+            interval=settings.stall_check_seconds,
+            initial_delay=settings.stall_check_seconds,
+            id="check-stalls",
+            when=watches_stalls,
+            registry=registry,
+        )(check_stalls)
     kopf.on.delete(*RESOURCE, id="finalize", registry=registry)(finalize)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 from collections.abc import Mapping
 from typing import Any, cast
@@ -107,6 +108,22 @@ class Api:
                 return None
             raise
         return cast(dict[str, Any], obj)
+
+    async def list_running_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """Running pods of `namespace` matching `label_selector`, as JSON dicts."""
+        # Raw JSON: the generated models would be converted back to dicts anyway.
+        found: Any = await asyncio.to_thread(
+            self._core.list_namespaced_pod,
+            namespace,
+            label_selector=label_selector,
+            field_selector="status.phase=Running",
+            _preload_content=False,
+        )
+        try:
+            body = json.loads(found.data)
+        finally:
+            found.release_conn()
+        return list(body.get("items") or [])
 
     async def write_attached_pods(self, namespace: str, name: str, count: int) -> None:
         """Merge-patch status.attachedPods of a DatasetMount (its status subresource)."""

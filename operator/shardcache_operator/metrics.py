@@ -51,6 +51,12 @@ class Metrics:
             ["phase"],
             registry=self.registry,
         )
+        self.datasetmount_ready = prometheus_client.Gauge(
+            "shardcache_operator_datasetmount_ready",
+            "1 when the DatasetMount is Ready, 0 in any other phase (the not-Ready alert).",
+            ["namespace", "datasetmount"],
+            registry=self.registry,
+        )
         self.attached_pods = prometheus_client.Gauge(
             "shardcache_operator_attached_pods",
             "Unfinished pods labelled with a DatasetMount.",
@@ -94,6 +100,10 @@ class Metrics:
             "1 while the operator's event loop answers.",
             registry=self.registry,
         )
+        # Present from the first scrape, so rate() has a zero to start from and the
+        # dashboard's panels show 0 rather than nothing.
+        for result in ("injected", "unchanged", "refused"):
+            self.admission_total.labels(result=result)
         # Phase of each DatasetMount, so the per-phase gauge is recomputed exactly
         # rather than incremented and decremented on transitions kopf may replay.
         self._phases: dict[tuple[str, str], str] = {}
@@ -104,8 +114,12 @@ class Metrics:
             self._phases.pop((namespace, name), None)
             with contextlib.suppress(KeyError):
                 self.attached_pods.remove(namespace, name)
+            with contextlib.suppress(KeyError):
+                self.datasetmount_ready.remove(namespace, name)
         else:
             self._phases[(namespace, name)] = status.Phase(phase).value
+            ready = 1 if phase == status.Phase.READY else 0
+            self.datasetmount_ready.labels(namespace=namespace, datasetmount=name).set(ready)
         counts = {each.value: 0 for each in status.Phase}
         for known in self._phases.values():
             counts[known] = counts.get(known, 0) + 1

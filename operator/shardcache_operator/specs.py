@@ -650,6 +650,31 @@ class AdmissionSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class StallSpec:
+    """When the operator calls a pod starved of data (condition DataStarved)."""
+
+    threshold_percent: int = _field(
+        "thresholdPercent",
+        "A pod is starved when a reader's recent stall fraction (the share of its training "
+        "loop spent waiting for batches, shardcache_reader_stall_fraction) is above this "
+        "percentage. The default 50: the loop waits on data as long as it computes, the "
+        "accelerators idle half the time.",
+        default=50,
+        minimum=1,
+        maximum=100,
+    )
+    for_seconds: int = _field(
+        "forSeconds",
+        "Seconds the fraction must stay above the threshold before DataStarved is set "
+        "(a cold start or an epoch boundary waits briefly, and is not starvation). It "
+        "clears at the first check that finds every pod below.",
+        default=120,
+        minimum=0,
+        maximum=86400,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class DatasetMountSpec:
     """What data a job reads and how the node caches it."""
 
@@ -678,6 +703,11 @@ class DatasetMountSpec:
     )
     admission: AdmissionSpec = _field(
         "admission", "Admission policy of pods using this mount.", default_factory=AdmissionSpec
+    )
+    stall: StallSpec = _field(
+        "stall",
+        "When the DataStarved condition is raised (docs/monitoring.md).",
+        default_factory=StallSpec,
     )
 
 

@@ -35,7 +35,9 @@ class Phase(enum.StrEnum):
 SOURCE_REACHABLE = "SourceReachable"
 MANIFEST_RESOLVED = "ManifestResolved"
 READY_CONDITION = "Ready"
-CONDITION_TYPES = (SOURCE_REACHABLE, MANIFEST_RESOLVED, READY_CONDITION)
+#: Set by the stall check (`starvation`), never by a reconcile, which keeps it as it is.
+DATA_STARVED = "DataStarved"
+CONDITION_TYPES = (SOURCE_REACHABLE, MANIFEST_RESOLVED, READY_CONDITION, DATA_STARVED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,15 +168,18 @@ def build_status(
                     str(old.get("reason")),
                     str(old.get("message")),
                 )
+    conditions = merge_conditions(
+        previous.get("conditions") or [], current, now=now, generation=generation
+    )
+    conditions += [
+        dict(c)
+        for c in previous.get("conditions") or []
+        if isinstance(c, Mapping) and c.get("type") == DATA_STARVED
+    ]
     status: dict[str, Any] = {
         # The plain string: the status dict is serialized as JSON and YAML alike.
         "phase": phase_of(outcome).value,
-        "conditions": merge_conditions(
-            previous.get("conditions") or [],
-            current,
-            now=now,
-            generation=generation,
-        ),
+        "conditions": conditions,
         "observedGeneration": generation,
     }
     if isinstance(outcome, Resolved):

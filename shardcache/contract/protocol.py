@@ -47,7 +47,10 @@ FEATURE_NOTES: Final = "notes"
 #: prefetcher follows them. An older sidecar ignores the field: it still serves every
 #: shard asked for, but reads ahead along rule 5, so the client warns.
 FEATURE_SEGMENTS: Final = "segments"
-FEATURES: Final = (FEATURE_AHEAD, FEATURE_NOTES, FEATURE_SEGMENTS)
+#: notes carry `stalls`: the reader's training-loop wait and step totals
+#: (`shardcache.stalls`), exported by the sidecar as the data-stall signal.
+FEATURE_STALLS: Final = "stalls"
+FEATURES: Final = (FEATURE_AHEAD, FEATURE_NOTES, FEATURE_SEGMENTS, FEATURE_STALLS)
 #: Most shards one acquire answer grants ahead; a client asking for more gets this many.
 MAX_AHEAD: Final = 16
 
@@ -207,6 +210,55 @@ def require_str(body: Mapping[str, Any], key: str) -> str:
     if not isinstance(value, str) or not value:
         raise errors.InputError(f"field {key!r}: expected a non-empty string, found {value!r}")
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Stalls:
+    """A reader's data-stall totals as notes carry them (`FEATURE_STALLS`).
+
+    Totals since the reader opened, never deltas: a batch of notes that is lost or sent
+    twice then changes nothing, and the sidecar counts what grew since the last one.
+    """
+
+    #: Seconds the training loop waited inside the iterator for a batch.
+    wait_seconds: float
+    #: Seconds between batches, outside the iterator (the training step).
+    step_seconds: float
+    batches: int
+    #: Waiting over waiting plus stepping, over about the last 20 batches (0..1).
+    recent_fraction: float
+
+
+def stalls_to_json(stalls: Stalls) -> dict[str, Any]:
+    return dataclasses.asdict(stalls)
+
+
+def _non_negative(body: Mapping[str, Any], key: str, *, maximum: float | None = None) -> float:
+    value = body.get(key)
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not 0 <= value < float("inf")
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f" and <= {maximum}" if maximum is not None else ""
+        raise errors.InputError(f"field {key!r}: expected a number >= 0{bound}, found {value!r}")
+    return float(value)
+
+
+def stalls_from_json(body: Mapping[str, Any]) -> Stalls | None:
+    """The `stalls` field of a notes body (None when absent); InputError names a bad one."""
+    value = body.get("stalls")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise errors.InputError(f"field 'stalls': expected an object, found {value!r}")
+    return Stalls(
+        wait_seconds=_non_negative(value, "wait_seconds"),
+        step_seconds=_non_negative(value, "step_seconds"),
+        batches=require_int(value, "batches", minimum=0),
+        recent_fraction=_non_negative(value, "recent_fraction", maximum=1.0),
+    )
 
 
 def params_to_json(params: plans.PlanParams) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import prometheus_client
 from prometheus_client import core as prom_core
 from prometheus_client import registry as prom_registry
 
+from shardcache.contract import protocol
 from shardcache.node import backings, caches
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,32 @@ TIERS = ("disk", "memory")
 FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+
+
+#: What the stall collector reads at scrape time: (reader id, rank, its last totals).
+ReaderStalls = tuple[str, int, protocol.Stalls]
+
+
+class _StallCollector(prom_registry.Collector):
+    """Each registered reader's recent stall fraction, read from the registry at scrape
+    time: a reader that goes away leaves the scrape with it, no stale series."""
+
+    def __init__(self, readers: Callable[[], list[ReaderStalls]]) -> None:
+        self._readers = readers
+
+    def describe(self) -> list[prom_core.Metric]:
+        return []
+
+    def collect(self) -> Iterator[prom_core.Metric]:
+        fraction = prom_core.GaugeMetricFamily(
+            "shardcache_reader_stall_fraction",
+            "Share of a reader's training-loop time spent waiting for data, over about its "
+            "last 20 batches (0: data always ready, 1: the loop only waits).",
+            labels=["reader", "rank"],
+        )
+        for reader_id, rank, stalls in self._readers():
+            fraction.add_metric([reader_id, str(rank)], stalls.recent_fraction)
+        yield fraction
 
 
 class _StatsCollector(prom_registry.Collector):
@@ -192,6 +219,21 @@ class Metrics:
             ["route", "status"],
             registry=r,
         )
+        # Seconds by rank, not by reader: ranks are few and stable across a trainer's
+        # restarts, reader ids are new every time a dataset is opened.
+        self.data_wait = prometheus_client.Counter(
+            "shardcache_data_wait_seconds",
+            "Seconds the training loop waited inside the iterator for a batch (reported "
+            "by the client library each second).",
+            ["rank"],
+            registry=r,
+        )
+        self.data_step = prometheus_client.Counter(
+            "shardcache_data_step_seconds",
+            "Seconds the training loop spent between batches (its steps).",
+            ["rank"],
+            registry=r,
+        )
         self.memory_backing = prometheus_client.Gauge(
             "shardcache_memory_tier_backing_info",
             "1 for what backs the memory tier: filesystem and, for tmpfs, page size "
@@ -220,6 +262,15 @@ class Metrics:
     ) -> None:
         """Export gauges read from `stats()` (None while there is no node yet)."""
         self.registry.register(_StatsCollector(stats, ready))
+
+    def watch_readers(self, readers: Callable[[], list[ReaderStalls]]) -> None:
+        """Export each reader's stall fraction, read from `readers()` at scrape time."""
+        self.registry.register(_StallCollector(readers))
+
+    def stalled(self, rank: int, wait_seconds: float, step_seconds: float) -> None:
+        """Add what a reader's stall totals grew by since its last report."""
+        self.data_wait.labels(str(rank)).inc(wait_seconds)
+        self.data_step.labels(str(rank)).inc(step_seconds)
 
     def backed_by(self, found: backings.Backing | None) -> None:
         """Record what backs the memory tier (once, at start-up)."""

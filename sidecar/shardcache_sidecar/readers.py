@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from shardcache import plans
+from shardcache.contract import protocol
 
 L = TypeVar("L")
 
@@ -37,6 +38,8 @@ class Reader:
     position: int
     registered_at: float
     last_seen: float
+    #: The last data-stall totals the reader reported (notes), None before the first.
+    stalls: protocol.Stalls | None = None
 
 
 @dataclasses.dataclass
@@ -85,6 +88,23 @@ class Registry(Generic[L]):
         reader.position = position
         reader.last_seen = self._clock()
         return reader
+
+    def report_stalls(self, reader_id: str, stalls: protocol.Stalls) -> tuple[float, float]:
+        """Take a reader's stall totals; returns how much its wait and step seconds grew
+        since the last report (what the sidecar's counters add). Totals that went down
+        (a client that reopened under the same id) count from zero again."""
+        reader = self._readers.get(reader_id)
+        if reader is None:
+            return 0.0, 0.0
+        old = reader.stalls
+        reader.stalls = stalls
+        if (
+            old is None
+            or stalls.wait_seconds < old.wait_seconds
+            or stalls.step_seconds < old.step_seconds
+        ):
+            return stalls.wait_seconds, stalls.step_seconds
+        return stalls.wait_seconds - old.wait_seconds, stalls.step_seconds - old.step_seconds
 
     def unregister(self, reader_id: str) -> tuple[Reader | None, list[Hold[L]]]:
         """Remove a reader; returns it and the holds it still had (to release)."""

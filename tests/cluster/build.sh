@@ -7,6 +7,8 @@
 #   build.sh helm VERSION DEST     helm.sh/helm/v3/cmd/helm
 #   build.sh kwok VERSION DEST     sigs.k8s.io/kwok/cmd/kwok
 #   build.sh minio VERSION DEST    github.com/minio/minio
+#   build.sh prometheus VERSION DEST   prometheus and promtool
+#                                      (github.com/prometheus/prometheus cmd/...)
 # The binaries land in DEST.tmp first and DEST appears only when all of them are built,
 # so an interrupted build is redone rather than half-used. Builds run under `nice`: the
 # machine has two cores that tests and other work share.
@@ -17,7 +19,7 @@ export GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0
 # -s -w: no symbol tables; these binaries are only run, never debugged, and it halves them.
 strip_flags="-s -w"
 
-what=${1:?usage: build.sh kubernetes|kubenode|etcd|helm|kwok|minio VERSION DEST}
+what=${1:?usage: build.sh kubernetes|kubenode|etcd|helm|kwok|minio|prometheus VERSION DEST}
 version=${2:?VERSION}
 dest=${3:?DEST}
 
@@ -104,6 +106,22 @@ etcd)
 	(cd "$here" && nice -n 10 go build -trimpath -ldflags "$strip_flags" -o "$dest.tmp/etcd" ./cmd/etcd)
 	finish "$dest"
 	;;
+prometheus)
+	# remove_all_sd: the tests scrape static targets on loopback, so none of the cloud
+	# service-discovery plugins (AWS, Azure, GCE, Kubernetes, ...) is compiled; that is
+	# most of Prometheus's dependency tree. No builtinassets tag: the web UI's assets are
+	# a Node build we do not need, the HTTP API is all the tests use.
+	ldflags="$strip_flags"
+	for v in Version=${version} Branch=archive Revision=; do
+		ldflags+=" -X github.com/prometheus/common/version.${v}"
+	done
+	rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+	(cd "$dest.tmp" && GOBIN="$dest.tmp" nice -n 10 go install -trimpath -tags remove_all_sd \
+		-ldflags "$ldflags" \
+		"github.com/prometheus/prometheus/cmd/prometheus@$version" \
+		"github.com/prometheus/prometheus/cmd/promtool@$version")
+	finish "$dest"
+	;;
 helm | kwok | minio)
 	ldflags=$strip_flags
 	case "$what" in
@@ -142,7 +160,7 @@ helm | kwok | minio)
 	finish "$dest"
 	;;
 *)
-	echo "build.sh: unknown tool '$what' (expected kubernetes, kubenode, etcd, helm, kwok or minio)" >&2
+	echo "build.sh: unknown tool '$what' (expected kubernetes, kubenode, etcd, helm, kwok, minio or prometheus)" >&2
 	exit 2
 	;;
 esac

@@ -69,6 +69,8 @@ OPERATOR_SETTINGS = {
     "backoffInitialSeconds": 1,
     "backoffMaxSeconds": 5,
     "resolveTimeoutSeconds": 60,
+    # DataStarved is checked every second, so test_data_starved sees it set and cleared.
+    "stallCheckSeconds": 1,
 }
 
 T = TypeVar("T")
@@ -356,6 +358,7 @@ class LocalOperator:
             "backoffInitialSeconds": "BACKOFF_INITIAL_SECONDS",
             "backoffMaxSeconds": "BACKOFF_MAX_SECONDS",
             "resolveTimeoutSeconds": "RESOLVE_TIMEOUT_SECONDS",
+            "stallCheckSeconds": "STALL_CHECK_SECONDS",
         }
         env = clean_env()
         for key, suffix in names.items():

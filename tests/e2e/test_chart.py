@@ -35,6 +35,13 @@ MODES: dict[str, list[str]] = {
         "--set=rbac.secretNames={s3-credentials}",
     ],
     "single-replica-no-peering": ["--set=peering.enabled=false", "--set=operator.replicas=1"],
+    "monitoring": [
+        "--set=monitoring.podMonitor.enabled=true",
+        "--set=monitoring.rules.enabled=true",
+        "--set=monitoring.dashboard.enabled=true",
+        "--set=networkPolicy.enabled=true",
+        "--set=networkPolicy.namespaces={team-a}",
+    ],
 }
 
 
@@ -165,9 +172,15 @@ def test_network_policy_admits_only_the_namespace_and_the_scrapers(
     (policy,) = documents(rendered)
     spec: Any = policy["spec"]
     assert spec["podSelector"]["matchExpressions"][0]["key"] == "shardcache.io/mount"
-    same_namespace, scrapers = spec["ingress"]
+    same_namespace, operator, scrapers = spec["ingress"]
     assert same_namespace == {"from": [{"podSelector": {}}]}
     assert scrapers["ports"] == [{"protocol": "TCP", "port": 8470, "endPort": 8479}]
+    # The operator's pods read the sidecars' stall fraction (DataStarved), on those ports.
+    (peer,) = operator["from"]
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    ns_label = peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+    assert ns_label == harness.RELEASE_NAMESPACE
+    assert operator["ports"] == scrapers["ports"]
     result = e2e_cluster.run("kubectl", "apply", "--dry-run=server", "-f", "-", stdin=rendered)
     assert "networkpolicy" in result.stdout and "(server dry run)" in result.stdout
     # Off by default.

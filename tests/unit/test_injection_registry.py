@@ -42,9 +42,9 @@ def test_the_operator_registers_reconcile_timers_finalizer_index_and_webhook() -
     reg = registry()
     changing = {(h.id, h.reason) for h in reg._changing.get_all_handlers()}
     assert {i for i, _ in changing} == {"resolve", "resolve/spec", "finalize"}
-    # Pod counts follow pod events; the only timer is the source check.
+    # Pod counts follow pod events; the timers check sources, skips and data stalls.
     timers = {h.id for h in reg._spawning.get_all_handlers()}
-    assert timers == {"check-source", "check-skips"}
+    assert timers == {"check-source", "check-skips", "check-stalls"}
     # Pods are watched by pod_watch, not kopf: kopf indexes and watches DatasetMounts only.
     (index,) = reg._indexing.get_all_handlers()
     assert index.id == handlers.MOUNT_INDEX

@@ -291,6 +291,7 @@ async def post_notes(request: web.Request) -> web.Response:
     position = protocol.require_int(body, "position", minimum=0)
     pinned = protocol.int_list(body, "pinned")
     released = protocol.lease_list(body, "released")
+    stalls = protocol.stalls_from_json(body)
     for shard in pinned:
         _check_shard(node, shard)
     dropped = 0
@@ -302,6 +303,11 @@ async def post_notes(request: web.Request) -> web.Response:
     await _follow(sidecar, node, reader_id, epoch, position)
     for shard in pinned:
         node.note_reuse(shard)
+    if stalls is not None:
+        reader = sidecar.registry.get(reader_id)
+        waited, stepped = sidecar.registry.report_stalls(reader_id, stalls)
+        if reader is not None:
+            sidecar.metrics.stalled(reader.params.rank, waited, stepped)
     return replies.json_response(
         {
             "reader": reader_id,

@@ -103,10 +103,19 @@ class Sidecar:
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self.metrics.watch(self.stats, self.readiness.is_ready)
+        self.metrics.watch_readers(self.reader_stalls)
 
     # --- for the handlers -------------------------------------------------------
     def stats(self) -> caches.NodeStats | None:
         return None if self.node is None else self.node.stats()
+
+    def reader_stalls(self) -> list[metrics.ReaderStalls]:
+        """Readers that reported stall totals (at scrape time, on the event loop)."""
+        return [
+            (r.reader_id, r.params.rank, r.stalls)
+            for r in self.registry.readers()
+            if r.stalls is not None
+        ]
 
     async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,72 @@
+"""The data-stall signal from a trainer through a real sidecar to its /metrics."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+
+import shardcache
+from shardcache import plans, sidecar_client
+from tests.support import datasets, waiting
+from tests.support.sidecar import SidecarProcess
+from tests.support.stalls import SlowShards
+
+pytestmark = pytest.mark.integration
+
+SHARDS = [120, 90, 150]
+
+
+def sample(text: str, pattern: str) -> float | None:
+    match = re.search(rf"^{pattern} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+def test_a_loop_waiting_on_slow_storage_shows_in_the_sidecars_metrics_and_recovers(
+    sidecar_factory: Callable[..., SidecarProcess], tmp_path: Path
+) -> None:
+    root = tmp_path / "ds"
+    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SHARDS)
+    proc = sidecar_factory(f"file://{root}")
+    proc.start(wait="ready")
+    shards = SlowShards(sidecar_client.SidecarProvider.from_env(environ=proc.client_env()))
+    ds = shardcache.Dataset(shards, plans.PlanParams())
+    fraction = r'shardcache_reader_stall_fraction\{rank="0",reader="[0-9a-f]+"\}'
+    try:
+        # Every batch (more rows than a shard) waits 50 ms for storage; the loop does
+        # nothing else. Epochs go on until the sidecar has a report (one a second).
+        # The recent fraction starts at 0 and moves a twentieth of the way per batch.
+        def stalled() -> bool:
+            for _ in ds.batches(200):
+                pass
+            ds.set_epoch(ds.epoch + 1)
+            shards.inner.flush()
+            high = sample(proc.http_get("/metrics")[1], fraction)
+            return high is not None and high > 0.9
+
+        waiting.wait_until("the stall fraction in /metrics to rise above 0.9", stalled)
+        text = proc.http_get("/metrics")[1]
+        waited = sample(text, r'shardcache_data_wait_seconds_total\{rank="0"\}')
+        stepped = sample(text, r'shardcache_data_step_seconds_total\{rank="0"\}')
+        assert waited is not None and stepped is not None and waited > 10 * stepped
+
+        # Storage keeps up and the loop computes between batches: the fraction falls.
+        shards.slow.clear()
+
+        def recovered() -> bool:
+            for _ in ds.batches(200):
+                time.sleep(0.02)  # the step: compute, not a wait for anything
+            ds.set_epoch(ds.epoch + 1)
+            shards.inner.flush()
+            low = sample(proc.http_get("/metrics")[1], fraction)
+            return low is not None and low < 0.5
+
+        waiting.wait_until("the stall fraction to fall below 0.5", recovered)
+    finally:
+        ds.close()
+    # A closed reader leaves the scrape.
+    assert sample(proc.http_get("/metrics")[1], fraction) is None
