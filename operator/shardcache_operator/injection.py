@@ -305,9 +305,14 @@ def inject(
             )
         )
 
+    first = todo[0] if todo[0].name == all_mounts[0] else None
     for trainer in trainers:
         pod_env.set_trainer_env(
-            trainer, run_dir=defaults.run_dir, mounts=all_mounts, checkpoint_dir=checkpoint_dir
+            trainer,
+            run_dir=defaults.run_dir,
+            mounts=all_mounts,
+            checkpoint_dir=checkpoint_dir,
+            first_spec=None if first is None else first.spec,
         )
 
     # After the user's init containers: those still run first, in their order, and any
