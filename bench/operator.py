@@ -1,6 +1,6 @@
 """`make bench-operator`: the operator at cluster scale (issue 18), measured in one run.
 
-    python -m bench.operator [--pods 1000] [--mounts 500] [--rounds 2] [--idle 30]
+    python -m bench.operator [--pods 1000] [--mounts 500] [--rounds 3] [--idle 30] [--profile DIR]
 
 Against the real loopback control plane of tests/cluster/cluster.py (started if it is
 not up, stopped again at the end then), with fake nodes added so every pod fits (kwok
@@ -66,11 +66,15 @@ READY_TIMEOUT_S = 600.0
 
 
 class ChartOperator(harness.LocalOperator):
-    """The local operator with the chart's default settings, not the e2e's fast ones."""
+    """The local operator with the chart's default settings, not the e2e's fast ones
+    (but for policy.allowFileSources: see `env`)."""
 
     def env(self) -> dict[str, str]:
         env = harness.clean_env()
         env["PYTHONUNBUFFERED"] = "1"
+        # The sources are file:// shards (see the module doc): the chart's
+        # policy.allowFileSources, which a single-tenant cluster may set.
+        env["SHARDCACHE_OPERATOR_ALLOW_FILE_SOURCES"] = "true"
         return env
 
     @property

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from shardcache_operator import (
     configuration,
     metrics,
+    mount_parts,
     mounts,
     pod_counts,
     pod_watch,
@@ -47,6 +48,8 @@ class Context:
     pods: pod_watch.Index = dataclasses.field(default_factory=pod_watch.Index)
     #: Event-driven writes of status.attachedPods.
     pod_counts: pod_counts.Writer = dataclasses.field(default_factory=pod_counts.Writer)
+    #: Each mount's volumes and sidecar as injected, built once for a burst's pods.
+    parts: mount_parts.Cache = dataclasses.field(default_factory=mount_parts.Cache)
 
     @property
     def backoff(self) -> reconcile.Backoff:

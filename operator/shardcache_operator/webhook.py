@@ -193,6 +193,7 @@ async def decide(
         missing_policy=memo.settings.missing_policy,
         load=functools.partial(memo.mounts.load, known=len(index)),
         policy=memo.settings.policy(),
+        parts=memo.parts,
     )
     memo.metrics.admission_duration.observe(time.monotonic() - started)
     result = "refused" if not decision.allowed else "injected" if decision.patch else "unchanged"

@@ -513,8 +513,14 @@ def read_by(reader: Reader) -> tuple[Variable[Any], ...]:
     return tuple(v for v in TABLE if reader in v.readers)
 
 
+#: Rows per container, in `TABLE`'s order: the webhook asks for every pod it admits.
+_INJECTED: Final[Mapping[Container, tuple[Variable[Any], ...]]] = {
+    container: tuple(v for v in TABLE if container in v.injected) for container in Container
+}
+
+
 def injected_into(container: Container) -> tuple[Variable[Any], ...]:
-    return tuple(v for v in TABLE if container in v.injected)
+    return _INJECTED[container]
 
 
 def environ(values: Iterable[tuple[Variable[Any], object]]) -> dict[str, str]:
