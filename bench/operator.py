@@ -1,6 +1,6 @@
 """`make bench-operator`: the operator at cluster scale (issue 18), measured in one run.
 
-    python -m bench.operator [--pods 1000] [--mounts 500] [--rounds 2] [--idle 30]
+    python -m bench.operator [--pods 1000] [--mounts 500] [--rounds 3] [--idle 30] [--profile DIR]
 
 Against the real loopback control plane of tests/cluster/cluster.py (started if it is
 not up, stopped again at the end then), with fake nodes added so every pod fits (kwok
@@ -66,11 +66,15 @@ READY_TIMEOUT_S = 600.0
 
 
 class ChartOperator(harness.LocalOperator):
-    """The local operator with the chart's default settings, not the e2e's fast ones."""
+    """The local operator with the chart's default settings, not the e2e's fast ones
+    (but for policy.allowFileSources: see `env`)."""
 
     def env(self) -> dict[str, str]:
         env = harness.clean_env()
         env["PYTHONUNBUFFERED"] = "1"
+        # The sources are file:// shards (see the module doc): the chart's
+        # policy.allowFileSources, which a single-tenant cluster may set.
+        env["SHARDCACHE_OPERATOR_ALLOW_FILE_SOURCES"] = "true"
         return env
 
     @property
@@ -205,18 +209,23 @@ def run_burst(
     labelled: bool,
     count: int,
     concurrency: int,
+    profile: pathlib.Path | None = None,
 ) -> Burst:
     kind = "labelled" if labelled else "unlabelled"
     before, cpu0 = probes.Scrape.take(admin), probes.cpu_seconds(operator.pid)
     started = time.monotonic()
-    seconds, latencies = create_burst(
-        admin, labelled=labelled, count=count, concurrency=concurrency
-    )
-    if labelled:
-        # The work the pods cause ends when the count shows all of them.
-        harness.wait_until(
-            f"attachedPods == {count}", lambda: attached(admin) == count, timeout=120, interval=0.2
+    with probes.profiled(operator.pid, profile):
+        seconds, latencies = create_burst(
+            admin, labelled=labelled, count=count, concurrency=concurrency
         )
+        if labelled:
+            # The work the pods cause ends when the count shows all of them.
+            harness.wait_until(
+                f"attachedPods == {count}",
+                lambda: attached(admin) == count,
+                timeout=120,
+                interval=0.2,
+            )
     settled = time.monotonic() - started
     cpu1, after = probes.cpu_seconds(operator.pid), probes.Scrape.take(admin)
     burst = Burst(kind, count, seconds, latencies, settled_s=settled)
@@ -267,7 +276,12 @@ def list_mounts(admin: kubernetes.client.ApiClient) -> list[dict[str, Any]]:
 
 
 def many_mounts(
-    admin: kubernetes.client.ApiClient, operator: ChartOperator, uri: str, count: int, idle: float
+    admin: kubernetes.client.ApiClient,
+    operator: ChartOperator,
+    uri: str,
+    count: int,
+    idle: float,
+    profile: pathlib.Path | None = None,
 ) -> dict[str, float]:
     custom = kubernetes.client.CustomObjectsApi(admin)
     results: dict[str, float] = {}
@@ -281,18 +295,18 @@ def many_mounts(
             specs.GROUP, specs.VERSION, NAMESPACE, specs.PLURAL, body
         )
 
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        list(pool.map(create, range(count)))
-
     def all_ready() -> bool:
         items = list_mounts(admin)
         return len(items) == count and all(
             (i.get("status") or {}).get("phase") == "Ready" for i in items
         )
 
-    harness.wait_until(
-        f"{count} DatasetMounts Ready", all_ready, timeout=READY_TIMEOUT_S, interval=0.25
-    )
+    with probes.profiled(operator.pid, profile and profile / "mounts-ready.txt"):
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(create, range(count)))
+        harness.wait_until(
+            f"{count} DatasetMounts Ready", all_ready, timeout=READY_TIMEOUT_S, interval=0.25
+        )
     results["ready_s"] = time.monotonic() - started
     results["ready_cpu_s"] = probes.cpu_seconds(operator.pid) - cpu0
     mid = probes.Scrape.take(admin)
@@ -306,15 +320,16 @@ def many_mounts(
     results["idle_api"] = probes.operator_requests(scrape1) - probes.operator_requests(scrape0)
     cpu0 = probes.cpu_seconds(operator.pid)
     started = time.monotonic()
-    custom.delete_collection_namespaced_custom_object(
-        specs.GROUP, specs.VERSION, NAMESPACE, specs.PLURAL, label_selector="bench=many"
-    )
-    harness.wait_until(
-        f"{count} DatasetMounts gone",
-        lambda: not list_mounts(admin),
-        timeout=READY_TIMEOUT_S,
-        interval=0.25,
-    )
+    with probes.profiled(operator.pid, profile and profile / "mounts-gone.txt"):
+        custom.delete_collection_namespaced_custom_object(
+            specs.GROUP, specs.VERSION, NAMESPACE, specs.PLURAL, label_selector="bench=many"
+        )
+        harness.wait_until(
+            f"{count} DatasetMounts gone",
+            lambda: not list_mounts(admin),
+            timeout=READY_TIMEOUT_S,
+            interval=0.25,
+        )
     results["gone_s"] = time.monotonic() - started
     results["gone_cpu_s"] = probes.cpu_seconds(operator.pid) - cpu0
     results["peak_rss_mib"] = probes.peak_rss_bytes(operator.pid) / 2**20
@@ -329,7 +344,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mounts", type=int, default=500)
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle measured")
     parser.add_argument("--json", type=pathlib.Path, help="also write the figures here")
+    parser.add_argument(
+        "--profile",
+        type=pathlib.Path,
+        help="write py-spy collapsed stacks of the operator here, per labelled burst and "
+        "for the mounts' Ready and deletion (needs py-spy; the figures of such a run are "
+        "not comparable: py-spy takes CPU of its own)",
+    )
     args = parser.parse_args(argv)
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
 
     started_cluster = not support_cluster.cluster_is_up()
     if started_cluster:
@@ -423,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
                     labelled=labelled,
                     count=args.pods,
                     concurrency=args.concurrency,
+                    profile=args.profile / f"labelled-{round_ + 1}.txt"
+                    if args.profile and labelled
+                    else None,
                 )
                 bursts[burst.kind].append(burst)
                 log(f"round {round_ + 1} {describe(burst)}")
@@ -433,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
 
         log(f"{args.mounts} DatasetMounts")
-        many = many_mounts(admin, operator, uri, args.mounts, args.idle)
+        many = many_mounts(admin, operator, uri, args.mounts, args.idle, args.profile)
         end_scrape = probes.Scrape.take(admin)
         rejected = probes.operator_rejections(end_scrape) - probes.operator_rejections(start_scrape)
         too_many = end_scrape.total("apiserver_request_total", code="429") - start_scrape.total(

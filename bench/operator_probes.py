@@ -10,11 +10,17 @@ cluster uses that identity, so the count is exact: watches, reads, patches, Even
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
+import pathlib
 import re
-from collections.abc import Mapping, Sequence
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import kubernetes.client
@@ -33,6 +39,29 @@ def cpu_seconds(pid: int) -> float:
         fields = f.read().rsplit(")", 1)[1].split()
     # Fields 14 and 15 of stat(5), counted after the ")" that ends the command name.
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+@contextlib.contextmanager
+def profiled(pid: int, path: pathlib.Path | None) -> Iterator[None]:
+    """Sample the process's Python stacks with py-spy while the block runs (`--profile`).
+
+    Collapsed stacks (one line per stack and its sample count) go to `path`; None, or
+    no py-spy on PATH beside this interpreter: nothing. py-spy reads the process from
+    outside (`--nonblocking`: never pauses it) but takes CPU of its own on a 2-core
+    machine, so a profiled run's figures are not the benchmark's.
+    """
+    spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
+    if path is None or spy is None:
+        yield
+        return
+    command = [spy, "record", "--pid", str(pid), "--nonblocking", "--format", "raw",
+               "--rate", "250", "--output", str(path)]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)  # py-spy writes what it sampled on SIGINT
+        proc.wait(timeout=60)
 
 
 def peak_rss_bytes(pid: int) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 
 from shardcache import (
     _open_options,
+    _plan_defaults,
     checkpoint,
     contract,
     datasets,
@@ -52,12 +53,12 @@ def open(
     source_uri: str | None = None,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
-    shuffle: bool | str = True,
-    seed: int = 0,
+    shuffle: bool | str | None = None,
+    seed: int | None = None,
     rank: int = 0,
     world_size: int = 1,
     epoch: int = 0,
-    block_size: int = plans.DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     window: int = plans.DEFAULT_WINDOW,
     format: str | None = None,
     digest: str | None = None,
@@ -90,6 +91,11 @@ def open(
     are zero-copy slices), "sample" (rows are also permuted within windows of `window`
     rows spanning shards; each batch is gathered with one copy, and numpy is needed),
     False (manifest order) or True, the default mode: "block" (docs/reading-plan.md).
+    `shuffle`, `seed` and `block_size` left out (None) take, without a URI, the
+    DatasetMount's `spec.sharding` values, which the webhook writes into the trainer
+    containers, so the trainer reads in the order the sidecar warmed its cache for;
+    with a URI, or for a mount other than the pod's first, True, 0 and
+    `plans.DEFAULT_BLOCK_SIZE` (`shardcache._plan_defaults`). Given, they win.
 
     `digest` pins the manifest: a dataset that differs is an error.
     `resume_from` ("latest", a step, or a checkpoint directory) continues the data
@@ -106,14 +112,20 @@ def open(
     _open_options.check(given)
     # Read the saved state first: a bad `resume_from` fails before any cache starts.
     state = checkpoint.data_state(resume_from) if resume_from is not None else None
-    shuffled, granularity = plans.shuffle_mode(shuffle)
+    defaults = (
+        _plan_defaults.from_env(os.environ, mount=mount)
+        if source_uri is None
+        else _plan_defaults.LIBRARY
+    )
+    plan = _plan_defaults.resolve(defaults, shuffle=shuffle, seed=seed, block_size=block_size)
+    shuffled, granularity = plans.shuffle_mode(plan.shuffle)
     params = plans.PlanParams(
-        seed=seed,
+        seed=plan.seed,
         epoch=epoch,
         rank=rank,
         world_size=world_size,
         shuffle=shuffled,
-        block_size=block_size,
+        block_size=plan.block_size,
         granularity=granularity,
         window=window,
     )

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardcache import errors
-from shardcache_operator import authority, injection, specs, status
+from shardcache_operator import authority, injection, mount_parts, specs, status
 
 #: Returns the DatasetMount object (as the API serves it) or None when it does not exist.
 Lookup = Callable[[str, str], Mapping[str, Any] | None]
@@ -55,13 +55,15 @@ def decide(
     missing_policy: str = REFUSE,
     load: Callable[[Mapping[str, Any]], specs.DatasetMount] = specs.load,
     policy: authority.Policy = authority.DEFAULT,
+    parts: mount_parts.Cache | None = None,
 ) -> Decision:
     """Inject the mounts the pod asks for, or refuse it naming the mount and the reason.
 
     `missing_policy` applies to DatasetMounts that do not exist; for existing ones
     that are not Ready, their own spec.admission.policy decides. A DatasetMount that
     asks for more than the platform's `policy` allows is refused whatever its state.
-    `load` parses a mount object (the webhook's caches parsed specs per generation).
+    `load` parses a mount object (the webhook's caches parsed specs per generation);
+    `parts` keeps each mount's built volumes and sidecar for the next pod.
     """
     unchanged = dict(pod)
     metadata = pod.get("metadata") or {}
@@ -135,7 +137,7 @@ def decide(
     if not mounts:
         return Decision(True, unchanged, [], warnings=tuple(warnings))
     try:
-        injected = injection.inject(pod, mounts, defaults=defaults)
+        injected = injection.inject(pod, mounts, defaults=defaults, cache=parts)
     except errors.InputError as exc:
         names = ", ".join(m.name for m in mounts)
         return Decision(False, unchanged, [], message=f"cannot inject DatasetMount {names}: {exc}")

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from shardcache_operator import (
     configuration,
     metrics,
+    mount_parts,
     mounts,
     pod_counts,
     pod_watch,
@@ -55,6 +56,8 @@ class Context:
     #: stall threshold (`starvation.judge`); lost on restart, so a new leader waits
     #: spec.stall.forSeconds again before it sets DataStarved (one already set stays).
     stalls: dict[tuple[str, str], dict[str, float]] = dataclasses.field(default_factory=dict)
+    #: Each mount's volumes and sidecar as injected, built once for a burst's pods.
+    parts: mount_parts.Cache = dataclasses.field(default_factory=mount_parts.Cache)
 
     @property
     def backoff(self) -> reconcile.Backoff:

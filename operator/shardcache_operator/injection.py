@@ -18,7 +18,9 @@ with the pod's own: a taken name gets a numeric suffix.
 
 `inject` composes four parts, each a module of pure functions: names and ports
 (`pod_names`), volumes (`pod_volumes`), the sidecar container (`sidecar_container`)
-and the env of sidecar and trainers from the contract table (`pod_env`).
+and the env of sidecar and trainers from the contract table (`pod_env`). The webhook
+passes a `mount_parts.Cache`, so a burst's pods share one build of each mount's
+volumes and sidecar (each pod gets its own copy).
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardcache import contract, errors
-from shardcache_operator import pod_env, pod_names, pod_volumes, sidecar_container, specs
+from shardcache_operator import (
+    mount_parts,
+    pod_env,
+    pod_names,
+    pod_volumes,
+    sidecar_container,
+    specs,
+)
 
 #: Opt-in label. Value: one DatasetMount name, or several joined with "_" (a character
 #: DatasetMount names cannot contain), e.g. `shardcache.io/mount: train_eval`.
@@ -132,6 +141,19 @@ def injected_mounts(pod: Mapping[str, Any]) -> list[str]:
     return [name for name in value.split(",") if name and name in served]
 
 
+def _copied(value: Any) -> Any:
+    """A deep copy of a JSON-like value (dicts, lists, scalars): the admitted pod as
+    the API server sends it, copied at about 2.5x the speed of `copy.deepcopy`, which
+    anything else falls back to."""
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    if value is None or isinstance(value, (str, int, float)):
+        return value  # immutable (bool is an int)
+    return copy.deepcopy(value)
+
+
 def _containers(spec: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
     value = spec.get(key) or []
     if not isinstance(value, list):
@@ -185,15 +207,11 @@ def _rank_field(spec: specs.DatasetMountSpec, indexed_job: bool) -> str | None:
     return None
 
 
-def _sidecar(
-    mount: Mount,
-    names: pod_names.MountNames,
-    volume_mounts: list[dict[str, Any]],
-    *,
-    defaults: SidecarDefaults,
-    annotations: Mapping[str, Any],
-    indexed_job: bool,
-) -> dict[str, Any]:
+def _parts(mount: Mount, key: mount_parts.Key, defaults: SidecarDefaults) -> mount_parts.Parts:
+    """The mount's volumes and sidecar container; a pure function of `mount.spec` and
+    `key` (which `mount_parts.Cache` relies on)."""
+    names = key.names
+    volumes = pod_volumes.volumes_for(mount.name, mount.spec, names, run_dir=defaults.run_dir)
     env = pod_env.sidecar_env(
         mount.name,
         mount.spec,
@@ -202,19 +220,20 @@ def _sidecar(
         run_dir=defaults.run_dir,
         port=names.port,
         ui_port=names.ui_port,
-        world_size=_world_size(mount, annotations),
-        rank_field=_rank_field(mount.spec, indexed_job),
-        source_digests=mount.source_digests,
+        world_size=key.world_size,
+        rank_field=key.rank_field,
+        source_digests=dict(key.source_digests),
     )
-    return sidecar_container.build(
+    sidecar = sidecar_container.build(
         mount.spec,
         names,
         image=defaults.image,
         env=env,
-        volume_mounts=volume_mounts,
+        volume_mounts=volumes.sidecar_mounts,
         run_as_user=defaults.run_as_user,
         startup_timeout_seconds=defaults.startup_timeout_seconds,
     )
+    return mount_parts.Parts(volumes=volumes, sidecar=sidecar)
 
 
 def refuse_unsafe_pod(pod_spec: Mapping[str, Any], mounts: Sequence[Mount]) -> None:
@@ -249,15 +268,18 @@ def inject(
     *,
     defaults: SidecarDefaults,
     indexed_job: bool | None = None,
+    cache: mount_parts.Cache | None = None,
 ) -> dict[str, Any]:
     """The pod (or pod template) with `mounts` injected; `pod` itself is not changed.
 
     `indexed_job`: whether the pod belongs to an Indexed Job; None means "look for the
     completion-index annotation", which the Job controller sets on the pods it creates.
+    `cache`: where the mounts' built parts are kept between calls (the webhook's); the
+    pod returned then shares them with other pods' and must not be changed.
     Raises `InputError` when the pod cannot take the injection (e.g. a container already
     mounts something at a path the injection needs), with a message naming it.
     """
-    result = copy.deepcopy(dict(pod))
+    result: dict[str, Any] = _copied(dict(pod))
     metadata = result.setdefault("metadata", {})
     annotations = dict(metadata.get("annotations") or {})
     pod_spec = result.setdefault("spec", {})
@@ -290,27 +312,37 @@ def inject(
             first_ui_port=defaults.ui_port,
             checkpoints=mount.spec.checkpoint is not None,
         )
-        parts = pod_volumes.volumes_for(mount.name, mount.spec, names, run_dir=defaults.run_dir)
-        volumes += parts.volumes
-        for trainer_mount in parts.trainer_mounts:
+        key = mount_parts.Key(
+            mount=mount.name,
+            digest=mount.digest,
+            namespace=mount.namespace,
+            names=names,
+            defaults=defaults,
+            world_size=_world_size(mount, annotations),
+            rank_field=_rank_field(mount.spec, indexed_job),
+            source_digests=tuple(sorted(mount.source_digests.items())),
+        )
+        parts = cache.get(mount.spec, key) if cache is not None else None
+        if parts is None:
+            parts = _parts(mount, key, defaults)
+            if cache is not None:
+                cache.put(mount.spec, key, parts)
+        volumes += parts.volumes.volumes
+        for trainer_mount in parts.volumes.trainer_mounts:
             for trainer in trainers:
                 pod_volumes.add_mount(trainer, trainer_mount)
         if mount.spec.checkpoint is not None:
             checkpoint_dir = checkpoint_dir or mount.spec.checkpoint.mount_path
-        new_init.append(
-            _sidecar(
-                mount,
-                names,
-                parts.sidecar_mounts,
-                defaults=defaults,
-                annotations=annotations,
-                indexed_job=indexed_job,
-            )
-        )
+        new_init.append(parts.sidecar)
 
+    first = todo[0] if todo[0].name == all_mounts[0] else None
     for trainer in trainers:
         pod_env.set_trainer_env(
-            trainer, run_dir=defaults.run_dir, mounts=all_mounts, checkpoint_dir=checkpoint_dir
+            trainer,
+            run_dir=defaults.run_dir,
+            mounts=all_mounts,
+            checkpoint_dir=checkpoint_dir,
+            first_spec=None if first is None else first.spec,
         )
 
     # After the user's init containers: those still run first, in their order, and any

@@ -2,7 +2,8 @@
 
 The sidecar container gets every row marked `Container.SIDECAR`, the trainer containers
 every row marked `Container.TRAINER` (`shardcache.contract.variables`). A row with a
-spec field takes that field's value; the rest the pod's layout decides (its run
+spec field takes that field's value (in trainers: of the pod's first mount, the one
+`shardcache.open()` reads by default); the rest the pod's layout decides (its run
 directory, the port it was given, the pinned digest, the rank). Rows without a value
 (no checkpoint, no pinned digest, no fixed rank) are left out, so the reader's default
 applies. Spec fields are written even at their defaults: the pod shows the sidecar's
@@ -176,9 +177,16 @@ def set_trainer_env(
     run_dir: str,
     mounts: Sequence[str],
     checkpoint_dir: str | None,
+    first_spec: specs.DatasetMountSpec | None,
 ) -> None:
     """Write the trainer variables into `container`'s env (values the user set for
-    `USER_WINS` stay). `mounts`: every mount of the pod, the default first."""
+    `USER_WINS` stay). `mounts`: every mount of the pod, the default first.
+
+    `first_spec`: the spec of `mounts[0]`, whose reading plan (seed, shuffle, block
+    size) becomes `shardcache.open()`'s default in the trainer, the plan its sidecar
+    warms up with; None when that mount was injected before (its values are already
+    there and stay).
+    """
     layout: Mapping[str, object] = {
         variables.RUN_DIR.env: run_dir,
         variables.MOUNTS.env: tuple(mounts),
@@ -187,6 +195,13 @@ def set_trainer_env(
     }
     env = container.setdefault("env", [])
     for variable in variables.injected_into(variables.Container.TRAINER):
-        value = layout[variable.env]
+        if variable.env in layout:
+            value = layout[variable.env]
+        elif variable.spec_field is not None:
+            if first_spec is None:
+                continue
+            value = spec_value(first_spec, variable.spec_field)
+        else:
+            raise AssertionError(f"{variable.env}: no value for the trainer")
         if value is not None:
             _set(env, variable.env, parsers.render(value))

@@ -331,34 +331,44 @@ MIXTURE: Final = Variable(
     injected=_IN_SIDECAR,
 )
 
-# --- the startup plan (the reader the sidecar registers for itself) -----------------
+# --- the reading plan ----------------------------------------------------------------
+# The sidecar registers a reader of its own with these (its startup plan); trainer
+# containers get them too, as `shardcache.open()`'s defaults for the pod's first mount
+# (`shardcache._plan_defaults`), so without arguments the trainer reads in the order the
+# sidecar warmed up for. Rank and world size stay the sidecar's: trainers pass their own.
+_PLAN_READERS = _readers(Reader.SIDECAR, Reader.TRAINER)
+_PLAN_INTO = _into(Container.SIDECAR, Container.TRAINER)
+
 SEED: Final = Variable(
     "SHARDCACHE_SEED",
     parsers.integer(),
     0,
-    _SIDECAR,
-    "Seed of the shard and block permutation.",
+    _PLAN_READERS,
+    "Seed of the shard and block permutation; in trainers, `shardcache.open()`'s default "
+    "for the pod's first mount.",
     spec_field="sharding.seed",
-    injected=_IN_SIDECAR,
+    injected=_PLAN_INTO,
 )
 SHUFFLE: Final = Variable(
     "SHARDCACHE_SHUFFLE",
     parsers.BOOLEAN,
     True,
-    _SIDECAR,
-    "Shuffle shards and blocks each epoch (false: file order).",
+    _PLAN_READERS,
+    "Shuffle shards and blocks each epoch (false: file order); in trainers, `open()`'s "
+    "default for the pod's first mount.",
     spec_field="sharding.shuffle",
-    injected=_IN_SIDECAR,
+    injected=_PLAN_INTO,
 )
 BLOCK_SIZE: Final = Variable(
     "SHARDCACHE_BLOCK_SIZE",
     parsers.integer(minimum=1),
     plans.DEFAULT_BLOCK_SIZE,
-    _SIDECAR,
-    "Rows per shuffle block inside a shard.",
+    _PLAN_READERS,
+    "Rows per shuffle block inside a shard; in trainers, `open()`'s default for the pod's "
+    "first mount.",
     spec_field="sharding.blockSize",
     spec_default=None,
-    injected=_IN_SIDECAR,
+    injected=_PLAN_INTO,
 )
 WORLD_SIZE: Final = Variable(
     "SHARDCACHE_WORLD_SIZE",
@@ -526,8 +536,14 @@ def read_by(reader: Reader) -> tuple[Variable[Any], ...]:
     return tuple(v for v in TABLE if reader in v.readers)
 
 
+#: Rows per container, in `TABLE`'s order: the webhook asks for every pod it admits.
+_INJECTED: Final[Mapping[Container, tuple[Variable[Any], ...]]] = {
+    container: tuple(v for v in TABLE if container in v.injected) for container in Container
+}
+
+
 def injected_into(container: Container) -> tuple[Variable[Any], ...]:
-    return tuple(v for v in TABLE if container in v.injected)
+    return _INJECTED[container]
 
 
 def environ(values: Iterable[tuple[Variable[Any], object]]) -> dict[str, str]:

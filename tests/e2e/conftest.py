@@ -24,7 +24,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 from shardcache_operator import certs, handlers, specs
 
-from tests.e2e import harness, objects
+from tests.e2e import harness, objects, workloads
 
 CRD_NAMES = (
     "datasetmounts.shardcache.io",
@@ -334,6 +334,19 @@ def s3_secret(
         ),
     )
     return objects.SECRET_NAME
+
+
+@pytest.fixture(scope="session")
+def workload(
+    admin: kubernetes.client.ApiClient,
+    operator: harness.Operator,
+    workload_namespace: str,
+    object_store: harness.ObjectStore,
+    s3_secret: str,
+) -> workloads.Workload:
+    """For tests that make their own DatasetMounts and pods (`s3_secret`: the Secret the
+    mounts name exists)."""
+    return workloads.Workload(admin, operator, workload_namespace, object_store)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,8 +14,7 @@ import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
 
-from tests.e2e import harness, objects
-from tests.e2e.test_lifecycle import ready_mount, wait_gone
+from tests.e2e import harness, objects, workloads
 
 pytestmark = pytest.mark.e2e
 
@@ -39,15 +38,11 @@ def refused(admin: kubernetes.client.ApiClient, namespace: str, mount: str) -> s
 
 
 def test_a_mount_created_just_before_its_pods_is_read_at_most_once(
-    admin: kubernetes.client.ApiClient,
-    operator: harness.Operator,
-    workload_namespace: str,
-    object_store: harness.ObjectStore,
-    s3_secret: str,
+    workload: workloads.Workload,
 ) -> None:
-    ns = workload_namespace
+    admin, operator, ns = workload.admin, workload.operator, workload.namespace
     name = objects.unique("fresh")
-    uri = objects.write_shards(object_store, shard_rows=(5,))
+    uri = objects.write_shards(workload.store, shard_rows=(5,))
     before = lookups(operator)
     # Admit policy: the pods right behind the mount are admitted (without the cache)
     # while it is still Pending, so this measures the lookups, not the reconcile.
@@ -70,14 +65,10 @@ def test_a_mount_created_just_before_its_pods_is_read_at_most_once(
 
 
 def test_a_mount_that_turned_not_ready_refuses_the_next_pod(
-    admin: kubernetes.client.ApiClient,
-    operator: harness.Operator,
-    workload_namespace: str,
-    object_store: harness.ObjectStore,
-    s3_secret: str,
+    workload: workloads.Workload,
 ) -> None:
-    ns = workload_namespace
-    name = ready_mount(admin, operator, ns, object_store, "turns")
+    admin, operator, ns = workload.admin, workload.operator, workload.namespace
+    name = workload.ready_mount("turns")
     core = kubernetes.client.CoreV1Api(admin)
     first = core.create_namespaced_pod(ns, objects.pod(None, name))
     assert first.spec.init_containers, "the Ready mount was injected"
@@ -112,22 +103,13 @@ def test_a_mount_that_turned_not_ready_refuses_the_next_pod(
     )
 
 
-def test_a_deleted_mount_refuses_the_next_pod(
-    admin: kubernetes.client.ApiClient,
-    operator: harness.Operator,
-    workload_namespace: str,
-    object_store: harness.ObjectStore,
-    s3_secret: str,
-) -> None:
-    ns = workload_namespace
-    name = ready_mount(admin, operator, ns, object_store, "goes")
+def test_a_deleted_mount_refuses_the_next_pod(workload: workloads.Workload) -> None:
+    admin, ns = workload.admin, workload.namespace
+    name = workload.ready_mount("goes")
     core = kubernetes.client.CoreV1Api(admin)
     pod = core.create_namespaced_pod(ns, objects.pod(None, name))
-    core.delete_namespaced_pod(
-        pod.metadata.name, ns, body=kubernetes.client.V1DeleteOptions(grace_period_seconds=0)
-    )
-    custom = kubernetes.client.CustomObjectsApi(admin)
-    custom.delete_namespaced_custom_object(objects.GROUP, objects.VERSION, ns, objects.PLURAL, name)
-    wait_gone(admin, operator, ns, name)
+    workload.delete_pod(pod.metadata.name)
+    workload.delete_mount(name)
+    workload.wait_gone(name)
     message = refused(admin, ns, name)
     assert f"DatasetMount {ns}/{name} does not exist" in message, message

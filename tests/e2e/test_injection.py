@@ -11,7 +11,7 @@ from kubernetes.client.rest import ApiException
 from shardcache_operator import injection
 
 from shardcache import contract
-from tests.e2e import harness, objects
+from tests.e2e import harness, objects, workloads
 from tests.e2e.conftest import ReadyMount, Release
 
 pytestmark = pytest.mark.e2e
@@ -85,6 +85,34 @@ def test_opted_in_pod_is_stored_with_the_sidecar_injected(
         "setup",
         f"shardcache-{ready_mount.name}",
     ]
+
+
+def test_trainers_are_stored_with_their_mounts_reading_plan_as_the_sidecar_has_it(
+    workload: workloads.Workload,
+) -> None:
+    """Issue 19: `shardcache.open()` in the trainer takes seed, shuffle and block size
+    from these variables, so it reads the plan the sidecar warms up with."""
+    sharding = {"seed": 5, "shuffle": False, "blockSize": 16}
+    name = workload.ready_mount("planned", sharding=sharding)
+    body = objects.pod(objects.unique("planned"), name, containers=2)
+    stored = create_pod(workload.admin, workload.namespace, body)
+    (sidecar,) = [c for c in stored["spec"]["initContainers"] if c["name"] == f"shardcache-{name}"]
+    plan = (contract.ENV_SEED, contract.ENV_SHUFFLE, contract.ENV_BLOCK_SIZE)
+    expected = {
+        contract.ENV_SEED: "5",
+        contract.ENV_SHUFFLE: "false",
+        contract.ENV_BLOCK_SIZE: "16",
+    }
+    sidecar_env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert {n: sidecar_env[n] for n in plan} == expected
+    for container in stored["spec"]["containers"]:
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        assert {n: env.get(n) for n in plan} == expected, container["name"]
+    kubernetes.client.CoreV1Api(workload.admin).delete_namespaced_pod(
+        stored["metadata"]["name"],
+        workload.namespace,
+        body=kubernetes.client.V1DeleteOptions(grace_period_seconds=0),
+    )
 
 
 def test_pod_without_the_label_is_stored_untouched(

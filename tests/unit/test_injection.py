@@ -208,9 +208,52 @@ def test_trainers_get_env_but_never_credentials() -> None:
         contract.ENV_RUN_DIR: contract.DEFAULT_RUN_DIR,
         contract.ENV_MOUNTS: "imagenet",
         contract.ENV_MOUNT: "imagenet",
+        # The spec's plan defaults; no blockSize in the spec: the reader's default.
+        contract.ENV_SEED: "0",
+        contract.ENV_SHUFFLE: "true",
     }
     assert "envFrom" not in trainer
     assert sidecars(stored)[0]["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+
+
+PLAN = (contract.ENV_SEED, contract.ENV_SHUFFLE, contract.ENV_BLOCK_SIZE)
+
+
+def test_trainers_get_the_reading_plan_their_sidecar_warms_up_with() -> None:
+    sharding = {"seed": 42, "shuffle": False, "blockSize": 512}
+    _, stored = admit(pod(), dsm("imagenet", sharding=sharding))
+    trainer = env_of(stored["spec"]["containers"][0])
+    sidecar = env_of(sidecars(stored)[0])
+    assert {n: trainer[n] for n in PLAN} == {
+        contract.ENV_SEED: "42",
+        contract.ENV_SHUFFLE: "false",
+        contract.ENV_BLOCK_SIZE: "512",
+    }
+    assert {n: sidecar[n] for n in PLAN} == {n: trainer[n] for n in PLAN}
+
+
+def test_a_trainers_plan_is_its_first_mounts_even_with_a_second_one() -> None:
+    _, stored = admit(
+        pod(label="imagenet_captions"),
+        dsm("imagenet", sharding={"seed": 1, "blockSize": 64}),
+        dsm("captions", sharding={"seed": 2, "blockSize": 128, "shuffle": False}),
+    )
+    trainer = env_of(stored["spec"]["containers"][0])
+    assert trainer[contract.ENV_MOUNTS] == "imagenet,captions"
+    assert {n: trainer[n] for n in PLAN} == {
+        contract.ENV_SEED: "1",
+        contract.ENV_SHUFFLE: "true",
+        contract.ENV_BLOCK_SIZE: "64",
+    }
+
+
+def test_a_users_own_plan_variable_on_a_trainer_is_replaced_by_the_mounts() -> None:
+    # The sidecar warms up with the mount's plan; a trainer env saying otherwise would
+    # read in another order than the one prefetched. open() arguments are the override.
+    user_env = [{"name": contract.ENV_SEED, "value": "9"}]
+    obj = pod(containers=[{"name": "trainer", "image": "python:3.11", "env": user_env}])
+    _, stored = admit(obj, dsm("imagenet", sharding={"seed": 42}))
+    assert env_of(stored["spec"]["containers"][0])[contract.ENV_SEED] == "42"
 
 
 def test_job_template_pod_with_generate_name_gets_rank_from_completion_index() -> None:

@@ -91,7 +91,7 @@ def test_embedded_mode_refuses_a_mount(local_uri: str, tmp_path: Path) -> None:
         ("seed", "7", "seed: expected an int, found str '7'"),
         ("rank", True, "rank: expected an int, found bool True"),
         ("world_size", 2.0, "world_size: expected an int, found float 2.0"),
-        ("block_size", None, "block_size: expected an int, found NoneType None"),
+        ("block_size", 8.0, "block_size: expected an int, found float 8.0"),
         ("memory_limit", -1, r"memory_limit: expected a byte count \(an int >= 0\), found -1"),
         ("disk_limit", "1Gi", r"disk_limit: expected a byte count \(an int >= 0\), found str"),
         ("prefetch_depth", -2, r"prefetch_depth: expected a shard count \(an int >= 0\)"),

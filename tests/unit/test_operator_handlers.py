@@ -162,7 +162,7 @@ async def test_finalize_waits_for_attached_pods_unless_forced() -> None:
     ctx.pods.set("ml", "train-0", ("data",))
     patch = kopf.Patch()
     with pytest.raises(kopf.TemporaryError) as raised:
-        handlers.finalize(
+        await handlers.finalize(
             body=dsm(phase="Ready"),
             patch=patch,
             namespace="ml",
@@ -174,7 +174,7 @@ async def test_finalize_waits_for_attached_pods_unless_forced() -> None:
     assert patch.status["phase"] == status.Phase.TERMINATING == "Terminating"
     assert drained(events) == [("Normal", "WaitingForPods")]
     assert sample(ctx.metrics, "shardcache_operator_datasetmounts", phase="Terminating") == 1
-    handlers.finalize(
+    await handlers.finalize(
         body=dsm(phase="Terminating"),
         patch=kopf.Patch(),
         namespace="ml",
@@ -185,10 +185,13 @@ async def test_finalize_waits_for_attached_pods_unless_forced() -> None:
     assert sample(ctx.metrics, "shardcache_operator_datasetmounts", phase="Terminating") == 0
 
 
-async def test_a_mount_event_hands_the_writer_the_mount_index_and_pod_counts() -> None:
+async def test_indexing_a_mount_hands_the_writer_the_mount_index_and_pod_counts() -> None:
     ctx = memo()
     ctx.pods.set("ml", "a", ("data",))
-    await handlers.mount_event(memo=ctx, datasetmounts={("ml", "data"): [dict(dsm())]})
+    body = dsm()
+    await handlers.index_mount(
+        namespace="ml", name="data", body=body, memo=ctx, datasetmounts={("ml", "data"): [body]}
+    )
     written: list[tuple[str, str, int]] = []
 
     async def write(namespace: str, name: str, count: int) -> None:

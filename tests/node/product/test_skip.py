@@ -41,10 +41,13 @@ SHARDCACHE = pathlib.Path(sys.executable).with_name("shardcache")
 def reading_order(status: dict[str, Any], total: int) -> list[int]:
     """Sample ids in the order the trainer (one rank of world size 1) reads epoch 0 of
     the shards: the plan is a pure function of the pinned digest and the plan parameters
-    the trainer gives `shardcache.open()` (seed, rank, world size; open()'s defaults
-    for the rest), and the dataset's uid of a row is its global index
-    (tests/support/datasets.py)."""
-    params = plans.PlanParams(seed=release.TRAIN_SEED, rank=0, world_size=1)
+    the trainer gives `shardcache.open()` (seed, rank, world size) and those it leaves
+    out, which open() takes from the mount's spec.sharding (shuffle, blockSize: the
+    webhook writes them into the trainer, issue 19), and the dataset's uid of a row is
+    its global index (tests/support/datasets.py)."""
+    params = plans.PlanParams(
+        seed=release.TRAIN_SEED, rank=0, world_size=1, block_size=release.TRAIN_BLOCK_SIZE
+    )
     offsets = plans.shard_offsets(release.TRAIN_SHARDS)
     runs = plans.rank_runs(release.TRAIN_SHARDS, status["manifestDigest"], params)
     order = [
