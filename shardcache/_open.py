@@ -111,7 +111,11 @@ def open(
         raise errors.InputError(f"unknown option(s) {sorted(options)} for shardcache.open()")
     _open_options.check(given)
     # Read the saved state first: a bad `resume_from` fails before any cache starts.
-    state = checkpoint.data_state(resume_from) if resume_from is not None else None
+    state = (
+        checkpoint.data_state(resume_from, world_size=world_size)
+        if resume_from is not None
+        else None
+    )
     defaults = (
         _plan_defaults.from_env(os.environ, mount=mount)
         if source_uri is None

@@ -22,8 +22,9 @@ Files of the directory protocol (all names start with `.shardcache-`, never uplo
 * `<root>/.shardcache-restore`       written by the agent at start: what it restored.
 * `<root>/.shardcache-data-states.json`  written by a ranked pod's agent at start: every
   rank's data state at the newest step that all ranks of its world size published
-  (`{"version", "step", "states"}`); `data_state("latest")` returns that list when it
-  is the restored step, so a job restarted at another world size resumes elastically.
+  (`{"version", "step", "states"}`); `data_state("latest", world_size=W)` returns that
+  list when it is the restored step and W is another world size, so a job restarted
+  at another world size resumes elastically.
 * `<root>/.shardcache-request-<id>.json`  written by `restore(step)` for a published step
   not on the node: `{"version", "kind": "restore", "id", "step", "requested_at"}`; the
   agent restores the step and rewrites the same file with the outcome (`phase`
@@ -268,14 +269,19 @@ def _failed(ckpt: _protocol.LocalCheckpoint) -> bool:
 
 
 def data_state(
-    resume_from: str | int | os.PathLike[str], *, root: str | os.PathLike[str] | None = None
+    resume_from: str | int | os.PathLike[str],
+    *,
+    root: str | os.PathLike[str] | None = None,
+    world_size: int | None = None,
 ) -> dict[str, Any] | list[dict[str, Any]] | None:
     """The data loader state saved with a checkpoint: `"latest"`, a step, or a path.
 
     None when there is nothing to resume from ("latest" on a fresh start). For
-    "latest" in a ranked pod, the list of every rank's state at the restored step
-    when the agent gathered them (`Dataset.load_state_dict` takes either, and a list
-    resumes at another world size too).
+    "latest" in a ranked pod whose job now runs at `world_size`, another world size
+    than the checkpoint's: the list of every old rank's state at the restored step, as
+    the agent gathered them (`Dataset.load_state_dict` resumes such a list at the new
+    world size). Otherwise this rank's own state, a dict: the same world size, or
+    `world_size` not given.
     """
     if isinstance(resume_from, str) and resume_from == "latest":
         path = restore(root=root)
@@ -302,11 +308,18 @@ def data_state(
             f"resume_from: checkpoint step {marker.step} at {str(path)!r} has no data state: "
             "commit it with data_state=dataset.state_dict()"
         )
-    if resume_from == "latest":
+    if resume_from == "latest" and world_size is not None:
         gathered = _gathered(_protocol.checkpoint_root(root), marker.step)
-        if gathered is not None:
+        if gathered is not None and _world_size_of(gathered) not in (None, world_size):
             return gathered
     return marker.data_state
+
+
+def _world_size_of(gathered: list[dict[str, Any]]) -> int | None:
+    """The world size the gathered states were saved at (the agent checked they agree)."""
+    sizes = {s.get("world_size") for s in gathered}
+    size = sizes.pop() if len(sizes) == 1 else None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def _gathered(base: Path, step: int) -> list[dict[str, Any]] | None:

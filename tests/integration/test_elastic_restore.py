@@ -46,7 +46,7 @@ class Pod:
             block_size=BLOCK,
         )  # fmt: skip
         # What `resume_from="latest"` does, with this pod's checkpoint root.
-        self.state = checkpoint.data_state("latest", root=self.root)
+        self.state = checkpoint.data_state("latest", root=self.root, world_size=world)
         if self.state is not None:
             self.ds.load_state_dict(self.state)
         self.it = iter(self.ds.batches(BATCH))

@@ -54,7 +54,7 @@ class Pod:
             seed=SEED,
             block_size=BLOCK,
         )
-        state = checkpoint.data_state("latest", root=self.root)
+        state = checkpoint.data_state("latest", root=self.root, world_size=WORLD)
         if state is not None:
             self.ds.load_state_dict(state)
         self.epoch_steps = 0

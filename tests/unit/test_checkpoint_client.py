@@ -183,6 +183,25 @@ def test_restore_finds_the_newest_checkpoint_or_a_given_step(root: Path) -> None
         checkpoint.restore(7)
 
 
+def test_latest_gives_every_old_ranks_state_only_at_another_world_size(root: Path) -> None:
+    own = {"rank": 1, "world_size": 2, "position": 8}
+    checkpoint.commit(finished(root, "s4"), step=4, data_state=own)
+    gathered = [{"rank": 0, "world_size": 2, "position": 8}, own]
+    (root / _protocol.DATA_STATES_NAME).write_text(
+        json.dumps({"version": _protocol.PROTOCOL_VERSION, "step": 4, "states": gathered})
+    )
+    # The same world size, or none said: this rank's own state, as before elastic resume.
+    assert checkpoint.data_state("latest") == own
+    assert checkpoint.data_state("latest", world_size=2) == own
+    # Another world size: every old rank's state, for Dataset.load_state_dict to resize.
+    assert checkpoint.data_state("latest", world_size=3) == gathered
+    # Gathered for another step than the one restored: not this checkpoint's ranks.
+    (root / _protocol.DATA_STATES_NAME).write_text(
+        json.dumps({"version": _protocol.PROTOCOL_VERSION, "step": 2, "states": gathered})
+    )
+    assert checkpoint.data_state("latest", world_size=3) == own
+
+
 def test_resume_from_a_checkpoint_without_data_state_is_a_clear_error(root: Path) -> None:
     checkpoint.commit(finished(root, "s"), step=1)
     with pytest.raises(errors.InputError, match="has no data state"):
