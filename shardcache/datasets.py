@@ -345,10 +345,13 @@ class Dataset:
                 if n <= 0 or (n < batch_size and drop_last):
                     break
                 seq = self.sequence()
-                lo = plans.rank_bounds(seq.total, self._params)[0] + self._position
+                # The rank's stream as ranges of the global sequence: its rule-5 range,
+                # or after an elastic resume its segments (positions count along them).
+                ranges = plans.stream_ranges(seq.total, self._params)
+                lo, hi = self._position, self._position + n
                 # Every shard of the window(s) this batch reads stays leased while the
                 # reader is in them; shards of windows left behind are released first.
-                want = seq.window_shards(lo, lo + n)
+                want = seq.stream_window_shards(ranges, lo, hi)
                 if want != held or gatherer is None:
                     for shard in [s for s in leases if s not in want]:
                         leases.pop(shard).release()
@@ -365,7 +368,9 @@ class Dataset:
                     gatherer = gather.Gatherer(sources)
                     slots = sequences.slots(want, len(seq.offsets))
                     held = want
-                shard_of, row_of = sequences.locate(seq.offsets, seq.total, seq.indices(lo, lo + n))
+                shard_of, row_of = sequences.locate(
+                    seq.offsets, seq.total, seq.stream_indices(ranges, lo, hi)
+                )
                 batch = gatherer.gather(slots[shard_of], row_of)
                 self._position += n
                 yield [batch]
