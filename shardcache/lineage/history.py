@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from shardcache import elastic, errors, plans, states
+from shardcache import elastic, errors, placements, plans, states
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +155,7 @@ class History:
         default), in reading order, adjacent ranges merged."""
         offsets = plans.shard_offsets(self.shard_rows)
         params = plan.with_epoch(epoch) if plan is not None else self._rank(rank, epoch)
-        runs = plans.rank_runs(self.shard_rows, self.digest, params)
+        runs = placements.rank_runs(self.shard_rows, self.digest, params)
         out: list[tuple[int, int]] = []
         pos = 0
         for run in runs:
