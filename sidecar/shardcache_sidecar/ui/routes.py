@@ -20,7 +20,7 @@ its own. Bad input is a 400 with a JSON message; the server keeps serving.
 
 Every request has a bounded cost (docs/security.md): at most `MAX_BATCH_SIZE` rows and
 `MAX_CELLS` cells per step, a `block_size` floor (a tiny block makes the plan hold one
-entry per row), `MAX_IMAGE_BYTES` per image, `WHERE_SCAN_ROWS` rows scanned per lookup
+entry per row) and in sample mode a `window` floor (a permutation is computed per window), `MAX_IMAGE_BYTES` per image, `WHERE_SCAN_ROWS` rows scanned per lookup
 and `MAX_RESPONSE_BYTES` per JSON answer. Over a limit is a 4xx naming the limit. The
 inspector listens on loopback only (`shardcache_sidecar.server.running`).
 """
