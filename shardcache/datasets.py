@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from shardcache import elastic, errors, manifests, plans, provider, states
+from shardcache import elastic, errors, manifests, placements, plans, provider, states
 
 if TYPE_CHECKING:
     from shardcache import sequences
@@ -184,7 +184,8 @@ class Dataset:
         #: Bumped by every skip, so an iterator in flight notices it and reads on from
         #: the new position.
         self._skip_count = 0
-        self._runs_cache: tuple[int, list[plans.Run]] | None = None
+        #: Keyed by the whole plan: a loaded state may change the segments, not the epoch.
+        self._runs_cache: tuple[plans.PlanParams, list[plans.Run]] | None = None
         self._sequence_cache: tuple[int, sequences.Sequence] | None = None
         self._reader_id = f"{params.rank}-{uuid.uuid4().hex[:12]}"
         self._registered = False
@@ -225,11 +226,12 @@ class Dataset:
         return plans.rank_samples(self.manifest.total_rows, self._params)
 
     def runs(self) -> list[plans.Run]:
-        """This rank's reading plan for the current epoch."""
-        epoch = self._params.epoch
-        if self._runs_cache is None or self._runs_cache[0] != epoch:
+        """This rank's reading plan for the current epoch: runs of consecutive rows of
+        one shard, in reading order (in sample mode mostly single rows; needs numpy)."""
+        params = self._params
+        if self._runs_cache is None or self._runs_cache[0] != params:
             m = self.manifest
-            self._runs_cache = (epoch, plans.rank_runs(m.shard_rows, m.digest, self._params))
+            self._runs_cache = (params, placements.rank_runs(m.shard_rows, m.digest, params))
         return self._runs_cache[1]
 
     def sequence(self) -> sequences.Sequence:
