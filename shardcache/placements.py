@@ -20,7 +20,7 @@ import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from shardcache import plans
+from shardcache import plans, streams
 
 if TYPE_CHECKING:
     from shardcache import sequences
@@ -126,3 +126,29 @@ def _permuted(
             inverse = inverses[k] = inv.tolist()
         out.append((index, k * w + inverse[pos - k * w]))
     return out
+
+
+def index_ranges(
+    shard_rows: Sequence[int], digest: str, params: plans.PlanParams, start: int, stop: int
+) -> list[tuple[int, int]]:
+    """Dataset-wide sample indices `[lo, hi)` read at positions [start, stop) of
+    `params.rank`'s stream in `params.epoch`, in reading order, adjacent ranges merged.
+    Costs the asked positions (and the windows they touch), not the rank's epoch."""
+    total = sum(shard_rows)
+    ranges = streams.cut(plans.stream_ranges(total, params), start, stop)
+    if not params.sampled:
+        offsets = plans.shard_offsets(shard_rows)
+        runs = plans.runs_of(plans.global_runs(shard_rows, digest, params), ranges)
+        return streams.merge((offsets[r.shard] + r.start, offsets[r.shard] + r.stop) for r in runs)
+    import numpy as np  # sample mode only
+
+    seq = _epoch_sequence(shard_rows, digest, params)
+    parts = [seq.indices(a, b) for a, b in ranges]
+    if not parts:
+        return []
+    flat = np.concatenate(parts)
+    breaks = np.flatnonzero(np.diff(flat) != 1) + 1
+    starts = np.concatenate(([0], breaks)).tolist()
+    stops = np.concatenate((breaks, [len(flat)])).tolist()
+    values = flat.tolist()
+    return [(values[a], values[b - 1] + 1) for a, b in zip(starts, stops, strict=True)]

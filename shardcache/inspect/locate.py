@@ -128,19 +128,17 @@ def step_rows(
             f", world size {query.world_size})"
         )
     offsets = plans.shard_offsets(shard_rows)
-    runs = placements.rank_runs(shard_rows, digest, query.params())
+    params = query.params()
     out: list[Provenance] = []
     first = query.step * query.batch_size
     count = min(query.batch_size, handed - first)
     for start, stop in states.positions_of(_epoch_skips(query, skips), samples, first, count):
         position = start
-        for run in plans.skip(runs, start):
-            take = min(len(run), stop - position)
-            for row in range(run.start, run.start + take):
-                out.append(Provenance(run.shard, row, offsets[run.shard] + row, position))
+        for lo, hi in placements.index_ranges(shard_rows, digest, params, start, stop):
+            for index in range(lo, hi):
+                shard, row = plans.locate(offsets, index)
+                out.append(Provenance(shard, row, index, position))
                 position += 1
-            if position >= stop:
-                break
     return out
 
 

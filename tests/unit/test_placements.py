@@ -5,6 +5,7 @@ block and sample mode, with and without elastic-resume segments."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import hypothesis
@@ -65,6 +66,20 @@ def test_rank_runs_are_the_rows_the_rank_reads_in_every_mode(
         rows, params
     )
     assert all(0 <= r.start < r.stop <= rows[r.shard] for r in runs)
+
+
+@BOUNDED
+@hypothesis.given(any_plans(), st.data())
+def test_index_ranges_are_the_rows_at_any_positions_of_the_stream(
+    case: tuple[list[int], plans.PlanParams], data: st.DataObject
+) -> None:
+    rows, params = case
+    whole = truth(rows, params)
+    start = data.draw(st.integers(0, len(whole)))
+    stop = data.draw(st.integers(start, len(whole)))
+    got = placements.index_ranges(rows, "d", params, start, stop)
+    assert [i for lo, hi in got for i in range(lo, hi)] == whole[start:stop]
+    assert all(b[0] != a[1] for a, b in itertools.pairwise(got)), "adjacent ranges merged"
 
 
 @BOUNDED
