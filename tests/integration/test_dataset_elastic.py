@@ -59,17 +59,20 @@ def uids(batches: Iterator[Any]) -> list[int]:
 def resize(
     open_rank: Opener, old_world: int, new_world: int, rng: random.Random, *, skip: bool
 ) -> tuple[list[int], list[int], list[dict[str, Any]]]:
-    """Old ranks read a random number of batches of epoch EPOCH (rank 0 also skips one
-    batch when `skip`) and save; new ranks load every state, in a shuffled order, and
-    read the rest of the epoch. Returns (consumed rows, rows read after, new states at
+    """Old ranks read a random number of batches (of 3 or BATCH rows) of epoch EPOCH
+    (rank 0 also skips one batch when `skip`) and save; new ranks load every state, in
+    a shuffled order, and read the rest of the epoch. Returns (consumed rows, rows read after, new states at
     the end of the epoch)."""
     saved: list[dict[str, Any]] = []
     consumed: list[int] = []
     for rank in range(old_world):
         with open_rank(rank, old_world) as ds:
             ds.set_epoch(EPOCH)
-            n = rng.randint(0, len(ds) // BATCH + 1)
-            it = ds.batches(BATCH)
+            # Old ranks stop anywhere: mid-batch of the new ranks' batch size, and
+            # (sample mode) mid-window.
+            size = rng.choice([3, BATCH])
+            n = rng.randint(0, len(ds) // size + 1)
+            it = ds.batches(size)
             consumed += uids(b for _, b in zip(range(n), it, strict=False))
             if skip and rank == 0:
                 before = ds.position
