@@ -1,6 +1,7 @@
 """The web inspector over a sample-mode run (`shardcache web --granularity sample
---checkpoint-uri`), through its JSON API: a step is the batch the rank gathered (after
-its skips), and the lineage view's run plan leads back to that step."""
+--checkpoint-uri`), through its JSON API and in a headless chromium: a step is the
+batch the rank gathered (after its skips), and the lineage view's run plan leads back
+to that step."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pyarrow.fs as pafs
 import pytest
 
 import shardcache
 from shardcache.checkpoint import layout
+from tests.integration.test_web_ui_browser import browser as browser
 from tests.support import inspect_data
 
 pytestmark = pytest.mark.integration
@@ -142,3 +144,39 @@ def test_a_window_under_the_floor_or_an_unknown_granularity_is_refused(server: s
             get(server, "/ui/api/step", **params)
         assert caught.value.code == 400
         assert message in json.load(caught.value)["error"]
+
+
+@pytest.mark.browser
+def test_the_page_follows_a_sample_to_its_gathered_step(
+    browser: object, server: str, run: Run
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    handed = run[3]
+    uid = handed[1][4][2]
+    driver = browser
+    driver.get(f"{server}/ui?granularity=block")  # type: ignore[attr-defined]
+    box = WebDriverWait(driver, WAIT_S).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, '#lineage-form input[name="expr"]')  # type: ignore[attr-defined]
+    )
+    WebDriverWait(driver, WAIT_S).until(lambda d: box.is_displayed())
+    box.send_keys(f"uid == {uid}\n")
+    link = WebDriverWait(driver, WAIT_S).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, '#lineage-results a[data-status="read"]')  # type: ignore[attr-defined]
+    )[0]
+    link.click()
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, f'article.sample[data-index="{uid}"]')  # type: ignore[attr-defined]
+    )
+    q = parse_qs(urlsplit(driver.current_url).query)  # type: ignore[attr-defined]
+    # The link carries the run's mode, over the block view the page was opened with.
+    assert (q["granularity"][0], int(q["window"][0])) == ("sample", WINDOW)
+    assert (int(q["rank"][0]), int(q["step"][0])) == (1, 4)
+    shown = [
+        int(a.get_attribute("data-index"))
+        for a in driver.find_elements(By.CSS_SELECTOR, "article.sample")  # type: ignore[attr-defined]
+    ]
+    assert shown == handed[1][4]
+    select = driver.find_element(By.CSS_SELECTOR, 'select[name="granularity"]')  # type: ignore[attr-defined]
+    assert select.get_attribute("value") == "sample"
