@@ -155,28 +155,28 @@ def test_the_page_follows_a_sample_to_its_gathered_step(
 
     handed = run[3]
     uid = handed[1][4][2]
-    driver = browser
-    driver.get(f"{server}/ui?granularity=block")  # type: ignore[attr-defined]
+    driver: Any = browser
+    driver.get(f"{server}/ui?granularity=block")
     box = WebDriverWait(driver, WAIT_S).until(
-        lambda d: d.find_element(By.CSS_SELECTOR, '#lineage-form input[name="expr"]')  # type: ignore[attr-defined]
+        lambda d: d.find_element(By.CSS_SELECTOR, '#lineage-form input[name="expr"]')
     )
     WebDriverWait(driver, WAIT_S).until(lambda d: box.is_displayed())
     box.send_keys(f"uid == {uid}\n")
     link = WebDriverWait(driver, WAIT_S).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, '#lineage-results a[data-status="read"]')  # type: ignore[attr-defined]
+        lambda d: d.find_elements(By.CSS_SELECTOR, '#lineage-results a[data-status="read"]')
     )[0]
     link.click()
     WebDriverWait(driver, WAIT_S).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, f'article.sample[data-index="{uid}"]')  # type: ignore[attr-defined]
+        lambda d: d.find_elements(By.CSS_SELECTOR, f'article.sample[data-index="{uid}"]')
     )
-    q = parse_qs(urlsplit(driver.current_url).query)  # type: ignore[attr-defined]
+    q = parse_qs(urlsplit(driver.current_url).query)
     # The link carries the run's mode, over the block view the page was opened with.
     assert (q["granularity"][0], int(q["window"][0])) == ("sample", WINDOW)
     assert (int(q["rank"][0]), int(q["step"][0])) == (1, 4)
     shown = [
         int(a.get_attribute("data-index"))
-        for a in driver.find_elements(By.CSS_SELECTOR, "article.sample")  # type: ignore[attr-defined]
+        for a in driver.find_elements(By.CSS_SELECTOR, "article.sample")
     ]
     assert shown == handed[1][4]
-    select = driver.find_element(By.CSS_SELECTOR, 'select[name="granularity"]')  # type: ignore[attr-defined]
+    select = driver.find_element(By.CSS_SELECTOR, 'select[name="granularity"]')
     assert select.get_attribute("value") == "sample"
