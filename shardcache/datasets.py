@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from shardcache import elastic, errors, manifests, plans, provider, stalls, states
+from shardcache import elastic, errors, manifests, placements, plans, provider, stalls, states
 
 if TYPE_CHECKING:
     from shardcache import sequences
@@ -188,7 +188,8 @@ class Dataset:
         #: Bumped by every skip, so an iterator in flight notices it and reads on from
         #: the new position.
         self._skip_count = 0
-        self._runs_cache: tuple[int, list[plans.Run]] | None = None
+        #: Keyed by the whole plan: a loaded state may change the segments, not the epoch.
+        self._runs_cache: tuple[plans.PlanParams, list[plans.Run]] | None = None
         self._sequence_cache: tuple[int, sequences.Sequence] | None = None
         self._reader_id = f"{params.rank}-{uuid.uuid4().hex[:12]}"
         self._registered = False
@@ -233,11 +234,12 @@ class Dataset:
         return plans.rank_samples(self.manifest.total_rows, self._params)
 
     def runs(self) -> list[plans.Run]:
-        """This rank's reading plan for the current epoch."""
-        epoch = self._params.epoch
-        if self._runs_cache is None or self._runs_cache[0] != epoch:
+        """This rank's reading plan for the current epoch: runs of consecutive rows of
+        one shard, in reading order (in sample mode mostly single rows; needs numpy)."""
+        params = self._params
+        if self._runs_cache is None or self._runs_cache[0] != params:
             m = self.manifest
-            self._runs_cache = (epoch, plans.rank_runs(m.shard_rows, m.digest, self._params))
+            self._runs_cache = (params, placements.rank_runs(m.shard_rows, m.digest, params))
         return self._runs_cache[1]
 
     def sequence(self) -> sequences.Sequence:
@@ -361,10 +363,13 @@ class Dataset:
                 if n <= 0 or (n < batch_size and drop_last):
                     break
                 seq = self.sequence()
-                lo = plans.rank_bounds(seq.total, self._params)[0] + self._position
+                # The rank's stream as ranges of the global sequence: its rule-5 range,
+                # or after an elastic resume its segments (positions count along them).
+                ranges = plans.stream_ranges(seq.total, self._params)
+                lo, hi = self._position, self._position + n
                 # Every shard of the window(s) this batch reads stays leased while the
                 # reader is in them; shards of windows left behind are released first.
-                want = seq.window_shards(lo, lo + n)
+                want = seq.stream_window_shards(ranges, lo, hi)
                 if want != held or gatherer is None:
                     for shard in [s for s in leases if s not in want]:
                         leases.pop(shard).release()
@@ -381,7 +386,9 @@ class Dataset:
                     gatherer = gather.Gatherer(sources)
                     slots = sequences.slots(want, len(seq.offsets))
                     held = want
-                shard_of, row_of = sequences.locate(seq.offsets, seq.total, seq.indices(lo, lo + n))
+                shard_of, row_of = sequences.locate(
+                    seq.offsets, seq.total, seq.stream_indices(ranges, lo, hi)
+                )
                 batch = gatherer.gather(slots[shard_of], row_of)
                 self._position += n
                 yield [batch]

@@ -1,7 +1,8 @@
 """The epoch's global sequence as dataset-wide sample indices (manifest order).
 
 Every plan mode defines one sequence of all N rows of an epoch, and rank r reads its
-range [floor(N*r/W), floor(N*(r+1)/W)) (plans rule 3). `Sequence.indices(lo, hi)`
+range [floor(N*r/W), floor(N*(r+1)/W)) (plans rule 5), or after an elastic resume its
+segments, ranges of the same sequence (`plans.stream_ranges`, `stream_indices`). `Sequence.indices(lo, hi)`
 turns any range of that sequence into the manifest indices to read, in order: in
 block mode they expand the plan's runs; in sample mode (plan version 2) each window of
 `window` rows of the block-level sequence is permuted by sorting its rows on keys drawn
@@ -21,7 +22,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 import numpy.typing as npt
 
-from shardcache import errors, plans, windows
+from shardcache import errors, plans, streams, windows
 
 Indices = npt.NDArray[np.int64]
 
@@ -131,6 +132,25 @@ class Sequence:
                 self._window_shards.clear()
             self._window_shards[key] = cached
         return list(cached)
+
+    def stream_indices(self, ranges: Seq[streams.Range], start: int, stop: int) -> Indices:
+        """Manifest indices at positions [start, stop) of a rank's stream, the stream
+        being `ranges` of this sequence (`plans.stream_ranges`: one rule-5 range, or an
+        elastic resume's segments)."""
+        parts = [self.indices(a, b) for a, b in streams.cut(ranges, start, stop)]
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def stream_window_shards(self, ranges: Seq[streams.Range], start: int, stop: int) -> list[int]:
+        """`window_shards` of every range of the sequence that stream positions
+        [start, stop) map to, in first-needed order without repeats."""
+        out: list[int] = []
+        for a, b in streams.cut(ranges, start, stop):
+            for shard in self.window_shards(a, b):
+                if shard not in out:
+                    out.append(shard)
+        return out
 
 
 def slots(shards: Seq[int], count: int) -> Indices:

@@ -57,22 +57,33 @@ class Window:
 def rank_windows(shard_rows: Sequence[int], digest: str, params: plans.PlanParams) -> list[Window]:
     """The windows `params.rank` reads in the epoch, in order, with their shards.
 
-    A rank whose range starts or ends inside a window reads only part of it, but which
-    of the window's rows fall in that part is up to the permutation: the shards listed
-    are the whole window's, a superset of what the rank touches there.
+    The rank's stream is `plans.stream_ranges`: its rule-5 range, or after an elastic
+    resume its segments, whose windows are met in the segments' order (a window two
+    adjacent segments share is listed once). A rank whose range starts or ends inside
+    a window reads only part of it, but which of the window's rows fall in that part
+    is up to the permutation: the shards listed are the whole window's, a superset of
+    what the rank touches there.
     """
     runs = plans.global_runs(shard_rows, digest, params)
     ends = plans.run_ends(runs)
     total = ends[-1] if ends else 0
-    lo, hi = plans.rank_bounds(total, params)
     out: list[Window] = []
-    if hi <= lo:
-        return out
+    last_k = -1
+    pos = 0
     w = params.window
-    for k in range(window_of(lo, w), window_of(hi - 1, w) + 1):
-        a, b = window_span(total, w, k)
-        shards = plans.shard_order(block_runs(runs, ends, a, b))
-        out.append(Window(min(b, hi) - lo, tuple(shards)))
+    for lo, hi in plans.stream_ranges(total, params):
+        for k in range(window_of(lo, w), window_of(hi - 1, w) + 1):
+            a, b = window_span(total, w, k)
+            end = pos + min(b, hi) - lo
+            if k == last_k:
+                # Segments are in increasing global order, so a shared window is the
+                # last one listed: the reader stays in it.
+                out[-1] = Window(end, out[-1].shards)
+                continue
+            shards = plans.shard_order(block_runs(runs, ends, a, b))
+            out.append(Window(end, tuple(shards)))
+            last_k = k
+        pos += hi - lo
     return out
 
 

@@ -28,6 +28,19 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"rows per shuffle block (default {plans.DEFAULT_BLOCK_SIZE})",
     )
     g.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="manifest order")
+    g.add_argument(
+        "--granularity",
+        choices=plans.GRANULARITIES,
+        default=plans.BLOCK,
+        help='what the shuffle permutes: "block" (shuffle=True, the default) or "sample" '
+        '(shuffle="sample": rows within windows, plan version 2)',
+    )
+    g.add_argument(
+        "--window",
+        type=int,
+        default=plans.DEFAULT_WINDOW,
+        help=f"rows per sample-shuffle window (default {plans.DEFAULT_WINDOW})",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -87,6 +100,8 @@ def query_from(args: argparse.Namespace) -> locate.Query:
         seed=args.seed,
         shuffle=args.shuffle,
         block_size=args.block_size,
+        granularity=args.granularity,
+        window=args.window,
     )
 
 

@@ -1,7 +1,8 @@
 """Where samples are seen: the exact rows of (epoch, rank, step), and the reverse.
 
-Pure functions of the manifest's row counts and the reading plan (`shardcache.plans`),
-so the answer is the one every trainer computes, without reading any data. Step N of
+Pure functions of the manifest's row counts and the reading plan (`shardcache.plans`,
+in every shuffle mode through `shardcache.placements`), so the answer is the one every
+trainer computes, without reading any data. Step N of
 an epoch is batch N of `Dataset.batches(batch_size)`: positions [N*B, (N+1)*B) of the
 rank's stream, the last step possibly short. Given the ranges a rank skipped
 (`shardcache.states.Skip`, from a run's data states), steps count only the batches
@@ -10,11 +11,10 @@ handed out, as the dataset does, and a skipped sample is reported as skipped.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from shardcache import errors, plans, states
+from shardcache import errors, placements, plans, states
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +29,10 @@ class Query:
     seed: int = 0
     shuffle: bool = True
     block_size: int = plans.DEFAULT_BLOCK_SIZE
+    #: What `shuffle` permutes: "block", or "sample" (rows within windows, plan v2).
+    granularity: str = plans.BLOCK
+    #: Rows per sample-shuffle window ("sample" only).
+    window: int = plans.DEFAULT_WINDOW
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -53,9 +57,11 @@ class Query:
             world_size=self.world_size,
             shuffle=self.shuffle,
             block_size=self.block_size,
+            granularity=self.granularity,
+            window=self.window,
         )
 
-    def replace(self, **changes: int | bool) -> Query:
+    def replace(self, **changes: int | bool | str) -> Query:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
@@ -122,19 +128,17 @@ def step_rows(
             f", world size {query.world_size})"
         )
     offsets = plans.shard_offsets(shard_rows)
-    runs = plans.rank_runs(shard_rows, digest, query.params())
+    params = query.params()
     out: list[Provenance] = []
     first = query.step * query.batch_size
     count = min(query.batch_size, handed - first)
     for start, stop in states.positions_of(_epoch_skips(query, skips), samples, first, count):
         position = start
-        for run in plans.skip(runs, start):
-            take = min(len(run), stop - position)
-            for row in range(run.start, run.start + take):
-                out.append(Provenance(run.shard, row, offsets[run.shard] + row, position))
+        for lo, hi in placements.index_ranges(shard_rows, digest, params, start, stop):
+            for index in range(lo, hi):
+                shard, row = plans.locate(offsets, index)
+                out.append(Provenance(shard, row, index, position))
                 position += 1
-            if position >= stop:
-                break
     return out
 
 
@@ -150,47 +154,35 @@ def sightings(
     Every sample is seen exactly once per epoch, or skipped by its rank (`skips`, per
     rank)."""
     total = sum(shard_rows)
-    offsets = plans.shard_offsets(shard_rows)
-    wanted: dict[int, list[int]] = {}
-    for index in sorted(set(indices)):
+    wanted = sorted(set(indices))
+    for index in wanted:
         if not 0 <= index < total:
             raise errors.InputError(
                 f"sample index {index} is out of range: the dataset has {total} samples"
             )
-        shard, row = plans.locate(offsets, index)
-        wanted.setdefault(shard, []).append(row)
-    params = query.params()
     w = query.world_size
     found: list[Sighting] = []
-    offset = 0
-    for run in plans.global_runs(shard_rows, digest, params):
-        rows = wanted.get(run.shard)
-        if rows:
-            i = bisect.bisect_left(rows, run.start)
-            while i < len(rows) and rows[i] < run.stop:
-                pos = offset + rows[i] - run.start
-                # Rank r reads [floor(N*r/W), floor(N*(r+1)/W)): start from the estimate
-                # and correct for the flooring.
-                rank = min(pos * w // total, w - 1)
-                while total * rank // w > pos:
-                    rank -= 1
-                while total * (rank + 1) // w <= pos:
-                    rank += 1
-                in_rank = pos - total * rank // w
-                mine = [s for s in (skips or {}).get(rank, ()) if s.epoch == query.epoch]
-                skipped = states.is_skipped(mine, in_rank)
-                handed = in_rank if skipped else in_rank - states.skipped_before(mine, in_rank)
-                found.append(
-                    Sighting(
-                        index=offsets[run.shard] + rows[i],
-                        epoch=query.epoch,
-                        rank=rank,
-                        step=handed // query.batch_size,
-                        slot=handed % query.batch_size,
-                        skipped=skipped,
-                    )
-                )
-                i += 1
-        offset += len(run)
+    for index, pos in placements.global_positions(shard_rows, digest, query.params(), wanted):
+        # Rank r reads [floor(N*r/W), floor(N*(r+1)/W)): start from the estimate and
+        # correct for the flooring.
+        rank = min(pos * w // total, w - 1)
+        while total * rank // w > pos:
+            rank -= 1
+        while total * (rank + 1) // w <= pos:
+            rank += 1
+        in_rank = pos - total * rank // w
+        mine = [s for s in (skips or {}).get(rank, ()) if s.epoch == query.epoch]
+        skipped = states.is_skipped(mine, in_rank)
+        handed = in_rank if skipped else in_rank - states.skipped_before(mine, in_rank)
+        found.append(
+            Sighting(
+                index=index,
+                epoch=query.epoch,
+                rank=rank,
+                step=handed // query.batch_size,
+                slot=handed % query.batch_size,
+                skipped=skipped,
+            )
+        )
     found.sort(key=lambda s: (s.index, s.epoch))
     return found

@@ -309,6 +309,14 @@ def step_json(
     }
 
 
+def _mode(query: dict[str, Any]) -> str:
+    if not query["shuffle"]:
+        return "off"
+    if query.get("granularity") == plans.SAMPLE:
+        return f"sample (window {query['window']:,})"
+    return "block"
+
+
 def step_text(data: dict[str, Any]) -> str:
     """The terminal form of `step_json`'s output."""
     q = data["query"]
@@ -319,7 +327,7 @@ def step_text(data: dict[str, Any]) -> str:
         f"dataset {d['root']}  {d['digest'][:19]}…  {d['shards']} shards, {d['rows']:,} samples",
         f"epoch {q['epoch']} · rank {q['rank']}/{q['world_size']} · step {q['step']} of "
         f"{data['steps']} · batch size {q['batch_size']} · seed {q['seed']} · "
-        f"shuffle {'on' if q['shuffle'] else 'off'} · samples {first}-{first + len(samples) - 1} "
+        f"shuffle {_mode(q)} · samples {first}-{first + len(samples) - 1} "
         f"of {data['rank_samples']:,} for this rank",
     ]
     width = max([len(c["name"]) for c in data["columns"]] + [5])

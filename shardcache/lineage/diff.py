@@ -1,7 +1,7 @@
 """Where two runs' data first differ, and why.
 
-A run's batches are a pure function of its plan (manifest, seed, world size, shuffle,
-block size), its batch size and the ranges its ranks skipped; two runs are compared
+A run's batches are a pure function of its plan (manifest, seed, world size, shuffle
+mode, block size, window), its batch size and the ranges its ranks skipped; two runs are compared
 batch by batch in (epoch, step, rank) order without reading any data. Samples are
 compared by identity (shard path and version, row), so two manifests that list the
 same shard agree on its rows. A step counts the batches a rank was handed in the
@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shardcache import manifests, plans, states
+from shardcache import manifests, placements, plans, states
 
 #: A run of rows [start, stop) of one shard, named by its identity (path, content sha256).
 Segment = tuple[tuple[str, str], int, int]
@@ -62,7 +62,7 @@ def segments(run: RunPlan, rank: int, epoch: int) -> list[Segment]:
     skips = sorted(s for s in run.skips.get(rank, ()) if s.epoch == epoch)
     out: list[Segment] = []
     pos = 0
-    for r in plans.rank_runs(m.shard_rows, m.digest, params):
+    for r in placements.rank_runs(m.shard_rows, m.digest, params):
         # The content hash, not the store's identity: a shard whose bytes changed is
         # other samples, and one re-uploaded unchanged (a new ETag) is the same.
         key = (m.shards[r.shard].path, m.shards[r.shard].sha256)
@@ -180,8 +180,9 @@ def reasons(a: RunPlan, b: RunPlan, rank: int, epoch: int) -> list[str]:
         ("seed", pa_.seed, pb.seed),
         ("world size", pa_.world_size, pb.world_size),
         ("batch size", a.batch_size, b.batch_size),
-        ("shuffle", pa_.shuffle, pb.shuffle),
+        ("shuffle", pa_.mode, pb.mode),
         ("block size", pa_.block_size, pb.block_size),
+        ("window", _window(pa_), _window(pb)),
     ):
         if x != y:
             out.append(f"another {name}: {x} vs {y}")
@@ -193,6 +194,11 @@ def reasons(a: RunPlan, b: RunPlan, rank: int, epoch: int) -> list[str]:
             f"{_ranges(kb)} in B"
         )
     return out or ["the batches differ"]
+
+
+def _window(params: plans.PlanParams) -> int | None:
+    # Only sample mode has windows: a block-mode run's window setting changes nothing.
+    return params.window if params.sampled else None
 
 
 def _few(items: Sequence[str], limit: int = 5) -> str:

@@ -23,9 +23,18 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("batch-size", int, 32),
     ("block-size", int, plans.DEFAULT_BLOCK_SIZE),
     ("shuffle", str, "on"),
+    ("window", int, plans.DEFAULT_WINDOW),
     ("digest", str, None),
     ("checkpoint-uri", str, None),
 )
+
+#: --shuffle's spellings, as `shardcache.open(shuffle=…)` values.
+_SHUFFLES: dict[str, bool | str] = {
+    "on": True,
+    "off": False,
+    plans.BLOCK: plans.BLOCK,
+    plans.SAMPLE: plans.SAMPLE,
+}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=__doc__.splitlines()[0] if __doc__ else None,
         epilog=(
             "Each option X is --X (both runs), --a-X or --b-X (one run). --shuffle takes "
-            "on or off; --digest pins the dataset a run must resolve to."
+            "on (= block), block, sample or off; --window is sample mode's; --digest pins the dataset a run must resolve to."
         ),
     )
     p.add_argument("uri", help="run A's dataset URI (and run B's unless URI_B is given)")
@@ -85,18 +94,21 @@ def side_plan(
             f"run {side.upper()}: the dataset resolves to {manifest.digest}, but "
             f"--{side}-digest pins {digest}: the dataset changed"
         )
-    if values["shuffle"] not in ("on", "off"):
+    if values["shuffle"] not in _SHUFFLES:
         raise errors.InputError(
-            f"--{side}-shuffle: expected on or off, found {values['shuffle']!r}"
+            f"--{side}-shuffle: expected one of {', '.join(_SHUFFLES)}, found {values['shuffle']!r}"
         )
-    for name in ("world-size", "batch-size", "block-size"):
+    shuffle, granularity = plans.shuffle_mode(_SHUFFLES[values["shuffle"]])
+    for name in ("world-size", "batch-size", "block-size", "window"):
         if values[name] < 1:
             raise errors.InputError(f"--{side}-{name} must be >= 1, got {values[name]}")
     params = plans.PlanParams(
         seed=values["seed"],
         world_size=values["world-size"],
-        shuffle=values["shuffle"] == "on",
+        shuffle=shuffle,
+        granularity=granularity,
         block_size=values["block-size"],
+        window=values["window"],
     )
     batch_size = values["batch-size"]
     uri = values["checkpoint-uri"]

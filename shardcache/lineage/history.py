@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from shardcache import elastic, errors, plans, states
+from shardcache import elastic, errors, placements, plans, states
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,24 +153,8 @@ class History:
         """Dataset-wide sample indices [lo, hi) read at positions [start, stop) of
         `epoch` by `rank` (of the generation whose `plan` is given; the first's by
         default), in reading order, adjacent ranges merged."""
-        offsets = plans.shard_offsets(self.shard_rows)
         params = plan.with_epoch(epoch) if plan is not None else self._rank(rank, epoch)
-        runs = plans.rank_runs(self.shard_rows, self.digest, params)
-        out: list[tuple[int, int]] = []
-        pos = 0
-        for run in runs:
-            lo, hi = max(start, pos), min(stop, pos + len(run))
-            if lo < hi:
-                first = offsets[run.shard] + run.start + lo - pos
-                last = first + hi - lo
-                if out and out[-1][1] == first:
-                    out[-1] = (out[-1][0], last)
-                else:
-                    out.append((first, last))
-            pos += len(run)
-            if pos >= stop:
-                break
-        return out
+        return placements.index_ranges(self.shard_rows, self.digest, params, start, stop)
 
 
 def _interval(

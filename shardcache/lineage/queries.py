@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from shardcache import errors, plans, states
+from shardcache import errors, placements, plans, states
 from shardcache.lineage import history
 
 Status = Literal["read", "skipped", "pending"]
@@ -114,23 +114,8 @@ def _global_positions(
     hist: history.History, epoch: int, wanted: list[int]
 ) -> list[tuple[int, int]]:
     """(index, position in `epoch`'s global sequence) of each wanted sample."""
-    offsets = plans.shard_offsets(hist.shard_rows)
-    by_shard: dict[int, list[int]] = {}
-    for index in wanted:
-        shard, row = plans.locate(offsets, index)
-        by_shard.setdefault(shard, []).append(row)
-    out: list[tuple[int, int]] = []
-    offset = 0
     params = hist.params.with_epoch(epoch)
-    for run in plans.global_runs(hist.shard_rows, hist.digest, params):
-        rows = by_shard.get(run.shard)
-        if rows:
-            i = bisect.bisect_left(rows, run.start)
-            while i < len(rows) and rows[i] < run.stop:
-                out.append((offsets[run.shard] + rows[i], offset + rows[i] - run.start))
-                i += 1
-        offset += len(run)
-    return out
+    return placements.global_positions(hist.shard_rows, hist.digest, params, wanted)
 
 
 def reads(
@@ -278,6 +263,8 @@ def reads_json(
             "world_size": p.world_size,
             "seed": p.seed,
             "shuffle": p.shuffle,
+            "granularity": p.granularity,
+            "window": p.window,
             "block_size": p.block_size,
             "batch_size": hist.batch_size(0),
             "checkpoints": [{"step": s, "complete": hist.complete(s)} for s in hist.steps()],

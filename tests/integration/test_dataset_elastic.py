@@ -1,8 +1,9 @@
 """Elastic resume through real datasets: W ranks read part of an epoch and save their
 states, W' ranks load the list and finish it. Checked row by row (the `uid` column is
 the global sample index): every row no old rank consumed is read exactly once, no
-consumed row again, and the next epoch is the new world size's plan. Embedded, and
-through a real sidecar."""
+consumed row again, and the next epoch is the new world size's plan. In block mode
+and in sample mode (windows of WINDOW rows, which no batch size here divides, so the
+old ranks stop mid-window), embedded and through a real sidecar."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ pytestmark = pytest.mark.integration
 SHARDS = [70, 0, 33, 128, 9, 50]
 TOTAL = sum(SHARDS)
 BATCH, BLOCK, SEED, EPOCH = 8, 16, 5, 1
+#: Sample-mode window: spans shards, and is no multiple of BATCH.
+WINDOW = 37
+MODES = ["block", "sample"]
 
 Opener = Callable[[int, int], shardcache.Dataset]
 
@@ -38,11 +42,11 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def embedded(root: Path) -> Opener:
+def embedded(root: Path, mode: str = "block") -> Opener:
     def open_rank(rank: int, world: int) -> shardcache.Dataset:
         return shardcache.open(
             str(root / "ds"), cache_dir=root / "c", rank=rank, world_size=world, seed=SEED,
-            block_size=BLOCK,
+            block_size=BLOCK, shuffle=mode, window=WINDOW,
         )  # fmt: skip
 
     return open_rank
@@ -55,24 +59,25 @@ def uids(batches: Iterator[Any]) -> list[int]:
 def resize(
     open_rank: Opener, old_world: int, new_world: int, rng: random.Random, *, skip: bool
 ) -> tuple[list[int], list[int], list[dict[str, Any]]]:
-    """Old ranks read a random number of batches of epoch EPOCH (rank 0 also skips one
-    batch when `skip`) and save; new ranks load every state, in a shuffled order, and
-    read the rest of the epoch. Returns (consumed rows, rows read after, new states at
+    """Old ranks read a random number of batches (of 3 or BATCH rows) of epoch EPOCH
+    (rank 0 also skips one batch when `skip`) and save; new ranks load every state, in
+    a shuffled order, and read the rest of the epoch. Returns (consumed rows, rows read after, new states at
     the end of the epoch)."""
     saved: list[dict[str, Any]] = []
     consumed: list[int] = []
     for rank in range(old_world):
         with open_rank(rank, old_world) as ds:
             ds.set_epoch(EPOCH)
-            n = rng.randint(0, len(ds) // BATCH + 1)
-            it = ds.batches(BATCH)
+            # Old ranks stop anywhere: mid-batch of the new ranks' batch size, and
+            # (sample mode) mid-window.
+            size = rng.choice([3, BATCH])
+            n = rng.randint(0, len(ds) // size + 1)
+            it = ds.batches(size)
             consumed += uids(b for _, b in zip(range(n), it, strict=False))
             if skip and rank == 0:
                 before = ds.position
                 ds.skip_batches(1, batch_size=BATCH)
-                lo, hi = before, ds.position
-                runs = [r for r in ds.runs()]
-                consumed += rows_at(runs, lo, hi)
+                consumed += rows_at(open_rank, rank, old_world, before, ds.position)
             it.close()
             saved.append(ds.state_dict())
     rng.shuffle(saved)
@@ -87,11 +92,12 @@ def resize(
     return consumed, after, ends
 
 
-def rows_at(runs: list[Any], lo: int, hi: int) -> list[int]:
-    """Global indices at positions [lo, hi) of a rank's runs (SHARDS' offsets)."""
-    offsets = [sum(SHARDS[:i]) for i in range(len(SHARDS))]
-    rows = [offsets[r.shard] + i for r in runs for i in range(r.start, r.stop)]
-    return rows[lo:hi]
+def rows_at(open_rank: Opener, rank: int, world: int, lo: int, hi: int) -> list[int]:
+    """The rows at positions [lo, hi) of a fresh rank's stream in epoch EPOCH, read
+    (not computed from the plan): what a skip of those positions passed over."""
+    with open_rank(rank, world) as ds:
+        ds.set_epoch(EPOCH)
+        return uids(ds.batches(BATCH))[lo:hi]
 
 
 def check(open_rank: Opener, old: int, new: int, rng: random.Random, *, skip: bool) -> None:
@@ -108,6 +114,7 @@ def check(open_rank: Opener, old: int, new: int, rng: random.Random, *, skip: bo
             assert uids(resumed.batches(BATCH)) == uids(fresh.batches(BATCH))
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(("old", "new"), [(4, 3), (2, 8), (8, 5)])
 @hypothesis.given(seed=st.integers(0, 2**32), skip=st.booleans())
 @hypothesis.settings(
@@ -116,13 +123,14 @@ def check(open_rank: Opener, old: int, new: int, rng: random.Random, *, skip: bo
     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
 )
 def test_every_unconsumed_row_is_read_once_at_the_new_world_size(
-    root: Path, old: int, new: int, seed: int, skip: bool
+    root: Path, mode: str, old: int, new: int, seed: int, skip: bool
 ) -> None:
-    check(embedded(root), old, new, random.Random(seed), skip=skip)
+    check(embedded(root, mode), old, new, random.Random(seed), skip=skip)
 
 
-def test_a_chain_of_resizes_in_one_epoch_reads_every_row_once(root: Path) -> None:
-    open_rank = embedded(root)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_chain_of_resizes_in_one_epoch_reads_every_row_once(root: Path, mode: str) -> None:
+    open_rank = embedded(root, mode)
     rng = random.Random(3)
     consumed: list[int] = []
     saved: list[dict[str, Any]] = []
@@ -162,8 +170,10 @@ def test_a_single_state_at_another_world_size_is_refused_with_what_to_do(root: P
         ds.load_state_dict([state, {**state, "rank": 1}, {**state, "rank": 2}])
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_resize_through_a_real_sidecar_reads_every_unconsumed_row_once(
     root: Path,
+    mode: str,
     sidecar_factory: Callable[..., SidecarProcess],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -173,7 +183,9 @@ def test_resize_through_a_real_sidecar_reads_every_unconsumed_row_once(
         monkeypatch.setenv(name, value)
 
     def open_rank(rank: int, world: int) -> shardcache.Dataset:
-        return shardcache.open(rank=rank, world_size=world, seed=SEED, block_size=BLOCK)
+        return shardcache.open(
+            rank=rank, world_size=world, seed=SEED, block_size=BLOCK, shuffle=mode, window=WINDOW
+        )
 
     check(open_rank, 4, 3, random.Random(11), skip=True)
     check(open_rank, 2, 5, random.Random(12), skip=False)

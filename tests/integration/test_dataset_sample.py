@@ -190,3 +190,27 @@ def test_skip_batches_in_sample_mode_passes_over_whole_batches(
         ds.skip_batches(2)
         rest = uids(list(it))
     assert first + rest == whole[:50] + whole[150:]
+
+
+def test_the_ranks_runs_are_the_rows_it_reads_in_sample_mode_after_a_resize_too(
+    dataset: tuple[str, pa.Table], tmp_path: Path
+) -> None:
+    uri, _ = dataset
+    offsets = plans.shard_offsets(SHARDS)
+    old: list[dict[str, Any]] = []
+    for rank in range(2):
+        with open_sample(uri, tmp_path / "c", seed=2, rank=rank, world_size=2) as ds:
+            runs = ds.runs()  # cached before the state below changes the plan
+            read = uids(list(ds.batches(50)))
+            assert [offsets[r.shard] + i for r in runs for i in range(r.start, r.stop)] == read
+        with open_sample(uri, tmp_path / "c", seed=2, rank=rank, world_size=2) as ds:
+            first = next(iter(ds.batches(50)))
+            assert first.num_rows == 50
+            old.append(ds.state_dict())
+    with open_sample(uri, tmp_path / "c", seed=2, rank=0, world_size=3) as ds:
+        before = ds.runs()
+        ds.load_state_dict(old)
+        runs = ds.runs()
+        assert runs != before
+        read = uids(list(ds.batches(50)))
+        assert [offsets[r.shard] + i for r in runs for i in range(r.start, r.stop)] == read

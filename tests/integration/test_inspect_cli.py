@@ -47,9 +47,11 @@ def plan_args(**overrides: int) -> list[str]:
     return [a for k, v in values.items() for a in (f"--{k}", str(v))]
 
 
-def reader_batches(uri: str, cache: Path, *, rank: int, epoch: int) -> list[pa.RecordBatch]:
+def reader_batches(
+    uri: str, cache: Path, *, rank: int, epoch: int, **options: Any
+) -> list[pa.RecordBatch]:
     with shardcache.open(
-        uri, cache_dir=cache, seed=SEED, rank=rank, world_size=WORLD, block_size=BLOCK
+        uri, cache_dir=cache, seed=SEED, rank=rank, world_size=WORLD, block_size=BLOCK, **options
     ) as ds:
         ds.set_epoch(epoch)
         return [b for b in ds.batches(BATCH)]
@@ -133,6 +135,36 @@ def test_where_finds_the_epoch_rank_and_step_of_a_sample(dataset_uri: str, cache
     for s in sightings:
         batches = reader_batches(dataset_uri, cache_dir, rank=s["rank"], epoch=s["epoch"])
         assert batches[s["step"]].column("uid")[s["slot"]].as_py() == 123
+
+
+#: A sample-mode window that spans shards and that no batch divides.
+WINDOW = 45
+
+
+@pytest.mark.parametrize(("rank", "epoch"), [(0, 0), (2, 1)])
+def test_a_sample_mode_run_is_inspected_as_its_gathered_batches(
+    dataset_uri: str, cache_dir: Path, rank: int, epoch: int
+) -> None:
+    batches = reader_batches(
+        dataset_uri, cache_dir, rank=rank, epoch=epoch, shuffle="sample", window=WINDOW
+    )
+    sample_args = ["--granularity", "sample", "--window", str(WINDOW), *plan_args()]
+    for step in (0, len(batches) // 2, len(batches) - 1):
+        proc = inspect(
+            dataset_uri, cache_dir, "--json", "--rank", str(rank), "--epoch", str(epoch),
+            "--step", str(step), *sample_args,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        data = json.loads(proc.stdout)
+        assert data["steps"] == len(batches)
+        got = [s["provenance"]["index"] for s in data["samples"]]
+        assert got == batches[step].column("uid").to_pylist()
+    uid = batches[-1].column("uid")[0].as_py()
+    proc = inspect(dataset_uri, cache_dir, "--json", "--where", f"uid == {uid}", "--epoch",
+                   str(epoch), *sample_args)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    [seen] = json.loads(proc.stdout)["sightings"]
+    assert (seen["rank"], seen["step"], seen["slot"]) == (rank, len(batches) - 1, 0)
 
 
 def test_where_with_no_match_exits_nonzero(dataset_uri: str, cache_dir: Path) -> None:

@@ -76,6 +76,8 @@ def test_ui_on_its_loopback_port_shows_what_the_reader_gets(
         "block_size": BLOCK,
         "world_size": WORLD,
         "batch_size": 32,
+        "granularity": "block",
+        "window": 65536,
     }
     for rank, step in [(0, 0), (1, 2), (2, 8)]:
         status, _, body = get(sidecar, f"/ui/api/step?rank={rank}&step={step}&batch_size={BATCH}")

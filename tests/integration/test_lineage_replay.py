@@ -57,10 +57,16 @@ class Rank:
         self.ds.skip_batches(batches, batch_size=BATCH)
 
 
-def open_rank(root: Path, rank: int, world: int) -> shardcache.Dataset:
+#: Sample mode's window: spans shards, and no batch divides it.
+WINDOW = 20
+MODES = ["block", "sample"]
+
+
+def open_rank(root: Path, rank: int, world: int, mode: str = "block") -> shardcache.Dataset:
     return shardcache.open(
-        str(root / "ds"), cache_dir=root / "c", rank=rank, world_size=world, seed=9, block_size=8
-    )
+        str(root / "ds"), cache_dir=root / "c", rank=rank, world_size=world, seed=9, block_size=8,
+        shuffle=mode, window=WINDOW,
+    )  # fmt: skip
 
 
 def train(
@@ -89,14 +95,15 @@ def train(
                 chains[r].append(lineage.Checkpoint(g, states.parse(state)))
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_lineage_equals_a_brute_force_replay_across_checkpoints_skips_and_a_rewind(
-    tmp_path: Path,
+    tmp_path: Path, mode: str
 ) -> None:
     datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), SHARDS)
     world = 3
     seen: dict[tuple[int, int], Seen] = {}
     chains: dict[int, list[lineage.Checkpoint]] = {r: [] for r in range(world)}
-    ranks = [Rank(open_rank(tmp_path, r, world)) for r in range(world)]
+    ranks = [Rank(open_rank(tmp_path, r, world, mode)) for r in range(world)]
     # 9 batches of 6 per rank per epoch: steps 1-9 are epoch 0.
     train(ranks, range(1, 13), ckpt_every=4, skips={6: 2}, seen=seen, chains=chains)
     # A spike after step 12: go back to checkpoint 8, skip 3 batches, train on. What
@@ -108,7 +115,7 @@ def test_lineage_equals_a_brute_force_replay_across_checkpoints_skips_and_a_rewi
     seen = {k: v for k, v in seen.items() if v.global_step <= 8}
     resumed = []
     for r in range(world):
-        ds = open_rank(tmp_path, r, world)
+        ds = open_rank(tmp_path, r, world, mode)
         ds.load_state_dict(chains[r][-1].state.to_json())
         resumed.append(Rank(ds))
     # The step counter of the epoch the checkpoint is in (a trainer knows its step).
@@ -122,7 +129,7 @@ def test_lineage_equals_a_brute_force_replay_across_checkpoints_skips_and_a_rewi
     for rank in resumed:
         rank.ds.close()
 
-    ds = open_rank(tmp_path, 0, world)
+    ds = open_rank(tmp_path, 0, world, mode)
     hist = lineage.build(ds.manifest.digest, ds.manifest.shard_rows, chains)
     ds.close()
     last = max(c.step for c in chains[0])
@@ -199,28 +206,31 @@ def state(world: int, rank: int, epoch: int, position: int) -> states.DataState:
     return states.DataState(digest="sha256:x", params=params, position=position, batch_size=4)
 
 
-def test_lineage_equals_a_brute_force_replay_across_a_world_size_change(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_lineage_equals_a_brute_force_replay_across_a_world_size_change(
+    tmp_path: Path, mode: str
+) -> None:
     """3 ranks train to checkpoint 8 (with a skip), 2 ranks resume from every old rank's
     state at step 8 (elastic) and train three more epochs (with a skip): lineage says
     exactly who read each sample, and what each checkpoint consumed."""
     datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), SHARDS)
     seen: dict[tuple[int, int], Seen] = {}
     chains: dict[int, list[lineage.Checkpoint]] = {r: [] for r in range(3)}
-    old = [Rank(open_rank(tmp_path, r, 3)) for r in range(3)]
+    old = [Rank(open_rank(tmp_path, r, 3, mode)) for r in range(3)]
     train(old, range(1, 9), ckpt_every=4, skips={6: 1}, seen=seen, chains=chains)
     for rank in old:
         rank.ds.close()
     at_8 = [c.state.to_json() for r in range(3) for c in chains[r] if c.step == 8]
     new = []
     for r in range(2):
-        ds = open_rank(tmp_path, r, 2)
+        ds = open_rank(tmp_path, r, 2, mode)
         ds.load_state_dict(list(reversed(at_8)))
         new.append(Rank(ds))
     train(new, range(9, 41), ckpt_every=4, skips={20: 2}, seen=seen, chains=chains)
     for rank in new:
         rank.ds.close()
 
-    ds = open_rank(tmp_path, 0, 2)
+    ds = open_rank(tmp_path, 0, 2, mode)
     hist = lineage.build(ds.manifest.digest, ds.manifest.shard_rows, chains)
     ds.close()
     assert [(g.world_size, g.start_epoch, g.resumed_from) for g in hist.generations] == [

@@ -6,12 +6,15 @@ properties over random datasets (bounded), and against the examples the issue ga
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import hypothesis
 import hypothesis.strategies as st
 import numpy as np
 import pytest
 
-from shardcache import errors, plans, sequences, windows
+from shardcache import errors, plans, sequences, streams, windows
 
 pytestmark = pytest.mark.unit
 
@@ -161,3 +164,56 @@ def test_out_of_range_indices_are_refused_naming_the_first() -> None:
         errors.InputError, match="sample index 15 is out of range: the dataset has 15"
     ):
         sequences.locate(offsets, 15, np.asarray([3, 15, -1]))
+
+
+@st.composite
+def segmented_plans(draw: st.DrawFn) -> tuple[list[int], plans.PlanParams]:
+    """A sample-mode plan whose rank reads, in its epoch, segments as an elastic resume
+    leaves them: disjoint ranges of the global sequence in increasing order."""
+    rows, params = draw(sample_plans())
+    total = sum(rows)
+    hypothesis.assume(total > 0)
+    cuts = sorted(draw(st.lists(st.integers(0, total), min_size=2, max_size=8, unique=True)))
+    ranges = tuple(itertools.pairwise(cuts))[::2]
+    seg = streams.Segments(params.epoch, ranges)
+    return rows, dataclasses.replace(params, rank=0, segments=seg)
+
+
+@BOUNDED
+@hypothesis.given(segmented_plans(), st.data())
+def test_a_segmented_stream_reads_its_segments_in_order_from_any_position(
+    case: tuple[list[int], plans.PlanParams], data: st.DataObject
+) -> None:
+    rows, params = case
+    seq = sequences.Sequence(rows, "d", params)
+    ranges = plans.stream_ranges(seq.total, params)
+    whole = [i for a, b in ranges for i in seq.indices(a, b).tolist()]
+    p = data.draw(st.integers(0, len(whole)))
+    q = data.draw(st.integers(p, len(whole)))
+    assert seq.stream_indices(ranges, p, q).tolist() == whole[p:q]
+    touched = np.searchsorted(seq.offsets, seq.stream_indices(ranges, p, q), side="right") - 1
+    assert set(touched.tolist()) <= set(seq.stream_window_shards(ranges, p, q))
+
+
+@BOUNDED
+@hypothesis.given(segmented_plans())
+def test_the_prefetcher_follows_the_segments_window_by_window(
+    case: tuple[list[int], plans.PlanParams],
+) -> None:
+    # The sidecar's read-ahead for a resized sample-mode reader: the windows it meets
+    # are those of its segments, ending where its stream leaves each one.
+    rows, params = case
+    seq = sequences.Sequence(rows, "d", params)
+    ranges = plans.stream_ranges(seq.total, params)
+    wins = windows.rank_windows(rows, "d", params)
+    ends = windows.window_ends(wins)
+    assert ends == sorted(set(ends)) and ends[-1] == streams.length(ranges)
+    start = 0
+    for win in wins:
+        read = seq.stream_indices(ranges, start, win.end)
+        touched = np.searchsorted(seq.offsets, read, side="right") - 1
+        assert set(touched.tolist()) <= set(win.shards)
+        assert windows.next_shards(wins, ends, start, count=1)[: len(win.shards)] == list(
+            win.shards
+        )
+        start = win.end

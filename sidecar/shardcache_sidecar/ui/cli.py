@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             world_size=args.world_size,
             batch_size=args.batch_size,
+            granularity=args.granularity,
+            window=args.window,
         )
         decode = render.load_tokenizer(args.tokenizer) if args.tokenizer else None
         inspector = session.open_uri(args.uri, cache_dir=args.cache_dir)

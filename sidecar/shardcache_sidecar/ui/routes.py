@@ -20,7 +20,7 @@ its own. Bad input is a 400 with a JSON message; the server keeps serving.
 
 Every request has a bounded cost (docs/security.md): at most `MAX_BATCH_SIZE` rows and
 `MAX_CELLS` cells per step, a `block_size` floor (a tiny block makes the plan hold one
-entry per row), `MAX_IMAGE_BYTES` per image, `WHERE_SCAN_ROWS` rows scanned per lookup
+entry per row) and in sample mode a `window` floor (a permutation is computed per window), `MAX_IMAGE_BYTES` per image, `WHERE_SCAN_ROWS` rows scanned per lookup
 and `MAX_RESPONSE_BYTES` per JSON answer. Over a limit is a 4xx naming the limit. The
 inspector listens on loopback only (`shardcache_sidecar.server.running`).
 """
@@ -93,6 +93,8 @@ class Defaults:
     block_size: int = plans.DEFAULT_BLOCK_SIZE
     world_size: int = 1
     batch_size: int = 32
+    granularity: str = plans.BLOCK
+    window: int = plans.DEFAULT_WINDOW
 
     @classmethod
     def from_plan(cls, params: plans.PlanParams, *, batch_size: int = 32) -> Defaults:
@@ -102,6 +104,8 @@ class Defaults:
             block_size=params.block_size,
             world_size=params.world_size,
             batch_size=batch_size,
+            granularity=params.granularity,
+            window=params.window,
         )
 
 
@@ -120,6 +124,8 @@ class _UI:
         #: The followed run's block size, once its history was read: the run's own
         #: plan is always viewable, even under the inspector's block-size floor.
         self.run_block_size: int | None = None
+        #: The same for its sample-shuffle window.
+        self.run_window: int | None = None
         self.executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="shardcache-ui")
         self._stats: dict[str, dict[str, Any]] = {}
 
@@ -145,6 +151,22 @@ class _UI:
                 f"(the smallest of the job's block size, the followed run's and "
                 f"{MIN_BLOCK_SIZE})"
             )
+        granularity = q.get("granularity") or d.granularity
+        if granularity not in plans.GRANULARITIES:
+            raise errors.InputError(
+                f"query parameter 'granularity': expected one of {list(plans.GRANULARITIES)}, "
+                f"found {granularity!r}"
+            )
+        window = _int(q, "window", d.window)
+        # A window's permutation is computed per window: a tiny window over a large
+        # epoch is a Python step per few rows, as a tiny block is a plan entry per row.
+        floor = min(MIN_BLOCK_SIZE, d.window, self.run_window or MIN_BLOCK_SIZE)
+        if granularity == plans.SAMPLE and window < floor:
+            raise errors.InputError(
+                f"window {window} is under the inspector's floor of {floor} rows "
+                f"(the smallest of the job's window, the followed run's and "
+                f"{MIN_BLOCK_SIZE})"
+            )
         return locate.Query(
             epoch=_int(q, "epoch", 0),
             rank=_int(q, "rank", 0),
@@ -154,6 +176,8 @@ class _UI:
             seed=_int(q, "seed", d.seed),
             shuffle=_bool(q, "shuffle", d.shuffle),
             block_size=block_size,
+            granularity=granularity,
+            window=window,
         )
 
     # --- handlers -----------------------------------------------------------------
@@ -288,6 +312,7 @@ class _UI:
             return None
         hist = published.history_of(insp.manifest, self.checkpoint_uri)
         self.run_block_size = hist.params.block_size
+        self.run_window = hist.params.window
         return hist
 
     def run_skips(
@@ -297,13 +322,7 @@ class _UI:
         hist = self.history(insp)
         if hist is None:
             return {}
-        p = hist.params
-        if (p.seed, p.world_size, p.shuffle, p.block_size) != (
-            query.seed,
-            query.world_size,
-            query.shuffle,
-            query.block_size,
-        ):
+        if _plan_key(hist.params) != _plan_key(query.params()):
             return {}
         return {r: hist.skips(r) for r in hist.chains}
 
@@ -335,6 +354,11 @@ def _error(status: int, message: str) -> web.Response:
 def _file(name: str, content_type: str) -> web.Response:
     data = importlib.resources.files(__package__).joinpath("static", name).read_bytes()
     return web.Response(body=data, content_type=content_type, headers=_HEADERS)
+
+
+def _plan_key(p: plans.PlanParams) -> tuple[object, ...]:
+    """What makes two views the same plan (a block-mode plan has no window)."""
+    return (p.seed, p.world_size, p.mode, p.block_size, p.window if p.sampled else None)
 
 
 def _int(query: Any, name: str, default: int) -> int:

@@ -2,7 +2,9 @@
 // view. Values from the dataset are inserted as text (textContent), never as HTML.
 "use strict";
 
-const FIELDS = ["epoch", "rank", "world_size", "step", "batch_size", "seed", "block_size"];
+const FIELDS = [
+  "epoch", "rank", "world_size", "step", "batch_size", "seed", "block_size", "granularity", "window",
+];
 const form = document.getElementById("controls");
 const statusBox = document.getElementById("status");
 
@@ -183,6 +185,8 @@ function runParams(run, read) {
   p.set("world_size", run.world_size);
   p.set("seed", run.seed);
   p.set("block_size", run.block_size);
+  p.set("granularity", run.granularity);
+  p.set("window", run.window);
   p.set("batch_size", run.batch_size || form.elements.batch_size.value);
   p.set("shuffle", run.shuffle ? "true" : "false");
   return p;
