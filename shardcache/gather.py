@@ -219,6 +219,8 @@ class _Span:
     width: int
     large: bool
     view: pa.Array
+    #: The view's offsets: row r's bytes are [bounds[r], bounds[r + 1]) of the span.
+    bounds: Indices
     #: Row of the view where each source's rows start.
     first: Indices
 
@@ -259,13 +261,28 @@ class _Span:
         view = pa.Array.from_buffers(
             pa.large_binary(), len(combined) - 1, [None, pa.py_buffer(combined), span]
         )
-        return cls(t, width, large, view, first)
+        return cls(t, width, large, view, combined, first)
 
     def take(self, source_of: Indices, row_of: Indices) -> pa.Array | None:
         n = len(row_of)
-        taken = pc.take(self.view, pa.array(self.first[source_of] + row_of))
-        out_offsets = np.frombuffer(taken.buffers()[1], dtype=np.int64, count=n + 1)
-        data = taken.buffers()[2]
+        at = self.first[source_of] + row_of
+        start = self.bounds[at]
+        size = int(self.bounds[at[0] + 1] - start[0])
+        if size and bool(np.all(self.bounds[at + 1] - start == size)):
+            # Rows of one length (packed sequences): the rows are items of one size,
+            # and one numpy indexing copies them straight into the output values.
+            items = np.ndarray(
+                shape=(self.view.buffers()[2].size - size + 1,),
+                dtype=np.dtype(f"V{size}"),
+                buffer=self.view.buffers()[2],
+                strides=(1,),
+            )
+            data = pa.py_buffer(items[start].view(np.uint8))
+            out_offsets = np.arange(n + 1, dtype=np.int64) * size
+        else:
+            taken = pc.take(self.view, pa.array(at))
+            out_offsets = np.frombuffer(taken.buffers()[1], dtype=np.int64, count=n + 1)
+            data = taken.buffers()[2]
         if self.width != 1:
             out_offsets = out_offsets // self.width
         if not self.large:
