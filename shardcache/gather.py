@@ -202,8 +202,7 @@ def _byte_offsets(arr: pa.Array, width: int, large: bool) -> Indices:
         offset=arr.offset * (8 if large else 4),
     ).astype(np.int64)
     buf = _values_buffer(arr)
-    assert buf is not None
-    base: int = buf.address
+    base: int = 0 if buf is None else buf.address
     if patypes.is_list(arr.type) or patypes.is_large_list(arr.type):
         base += arr.values.offset * width
     out: Indices = offsets * width + base
@@ -233,13 +232,18 @@ class _Span:
         lists = patypes.is_list(t) or patypes.is_large_list(t)
         if lists and not _no_nulls([a.flatten() for a in arrays]):
             return None
-        if any(_values_buffer(a) is None for a in arrays):
-            return None  # no value bytes at all (every row empty): nothing to span
         width, large = spec
         bounds = [_byte_offsets(a, width, large) for a in arrays]
-        order = sorted(range(len(arrays)), key=lambda s: int(bounds[s][0]))
-        low = int(bounds[order[0]][0])
-        high = max(int(b[-1]) for b in bounds)
+        used = [b for b in bounds if int(b[-1]) > int(b[0])]
+        if not used:
+            return None  # no value bytes at all (every row empty): nothing to span
+        low = min(int(b[0]) for b in used)
+        high = max(int(b[-1]) for b in used)
+        # A source without value bytes (no rows, or only empty ones) may have no buffer,
+        # or one at any address: its rows are put at the span's start, where they read
+        # nothing.
+        bounds = [b if int(b[-1]) > int(b[0]) else np.full_like(b, low) for b in bounds]
+        order = sorted(range(len(arrays)), key=lambda s: (int(bounds[s][0]), int(bounds[s][-1])))
         # One offsets array over every source, lowest address first: source s's rows
         # start at row `first[s]`, and the row between two sources (the gap between
         # their mappings) is never taken. Overlapping sources (not separate mappings)
