@@ -12,7 +12,11 @@ one memcpy (5-6 GB/s here). So:
   its offsets are the rows' byte addresses relative to the lowest buffer (rows that
   fall in the gaps between two shards' mappings are never taken), one `take` copies
   each asked row once, in the asked order, and the result's buffers are viewed back as
-  the column's type (offsets divided by the value width);
+  the column's type (offsets divided by the value width). When every asked row has one
+  length L (packed sequences), the span is viewed instead as numpy `V<L>` items, one
+  starting at every byte, and one fancy indexing copies the rows straight into the
+  output values, one `memmove` each, with no Arrow call (ragged rows copied this way, in
+  chunks of a few sizes, measured slower than the `take`: docs/benchmarks.md);
 - a fixed-width column (and a fixed-size list of fixed-width values) is viewed, also
   without a copy, as one numpy array of `V<width>` items over the address span of all
   the sources' buffers, with a stride of one byte (item k starts at byte k), and one
@@ -21,7 +25,8 @@ one memcpy (5-6 GB/s here). So:
   `pyarrow.compute.take` per source, a concatenation and a reordering take; the rows
   are grouped by source (one sort) only when a column needs it.
 
-No per-row Python in any case: the work per batch is a few numpy calls per shard.
+No per-row Python in any case: the work per batch is a few numpy calls per column
+(plus one per shard for a column that falls back).
 """
 
 from __future__ import annotations
