@@ -46,6 +46,13 @@ BENCH_SAMPLE_SIZE ?= 256MiB
 bench-sample: install
 	nice $(PY) -m bench.sample_read --size $(BENCH_SAMPLE_SIZE)
 
+# `make bench-gather`: the read path alone, block slices against sample mode's gather and
+# against a gather of packed rows (one memmove per row), the copy's floor here
+# (bench/gather_floor.py; docs/benchmarks.md reads it).
+.PHONY: bench-gather
+bench-gather: install
+	nice $(PY) -m bench.gather_floor --size $(BENCH_SAMPLE_SIZE)
+
 # `make bench-shuffle-quality`: each loader's shuffle measured on one epoch (mean uid
 # distance between neighbours in a batch, source files per batch); needs the bench extra
 # for the peers' rows (bench/shuffle_quality.py; docs/reading-plan.md has the table).

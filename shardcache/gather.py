@@ -12,13 +12,21 @@ one memcpy (5-6 GB/s here). So:
   its offsets are the rows' byte addresses relative to the lowest buffer (rows that
   fall in the gaps between two shards' mappings are never taken), one `take` copies
   each asked row once, in the asked order, and the result's buffers are viewed back as
-  the column's type (offsets divided by the value width);
-- a fixed-width column (and a fixed-size list of fixed-width values) is copied by numpy
-  fancy indexing, one vectorised copy per source shard into one output array;
+  the column's type (offsets divided by the value width). When every asked row has one
+  length L (packed sequences), the span is viewed instead as numpy `V<L>` items, one
+  starting at every byte, and one fancy indexing copies the rows straight into the
+  output values, one `memmove` each, with no Arrow call (ragged rows copied this way, in
+  chunks of a few sizes, measured slower than the `take`: docs/benchmarks.md);
+- a fixed-width column (and a fixed-size list of fixed-width values) is viewed, also
+  without a copy, as one numpy array of `V<width>` items over the address span of all
+  the sources' buffers, with a stride of one byte (item k starts at byte k), and one
+  fancy indexing copies each asked row with one `memmove`, whatever shard it is in;
 - anything else (nulls, booleans, structs, nested lists, dictionaries) falls back to
-  `pyarrow.compute.take` per source, a concatenation and a reordering take.
+  `pyarrow.compute.take` per source, a concatenation and a reordering take; the rows
+  are grouped by source (one sort) only when a column needs it.
 
-No per-row Python in any case: the work per batch is a few numpy calls per shard.
+No per-row Python in any case: the work per batch is a few numpy calls per column
+(plus one per shard for a column that falls back).
 """
 
 from __future__ import annotations
@@ -53,46 +61,37 @@ class Gatherer:
     def __init__(self, sources: Sequence[pa.RecordBatch]) -> None:
         self.sources = list(sources)
         self.schema = self.sources[0].schema
+        self._fixed: dict[int, _Fixed | None] = {}
         self._spans: dict[int, _Span | None] = {}
 
     def gather(self, source_of: Indices, row_of: Indices) -> pa.RecordBatch:
         if len(row_of) == 0:
             return self.sources[0].slice(0, 0)
-        # The output positions of each source's rows, with one sort (not one pass per
-        # source): a window may span many shards.
-        order = np.argsort(source_of, kind="stable")
-        cuts = np.cumsum(np.bincount(source_of, minlength=len(self.sources)))[:-1]
-        positions = np.split(order, cuts)
-        rows = [row_of[p] for p in positions]
-        columns = [
-            self._column(i, source_of, row_of, positions, rows) for i in range(len(self.schema))
-        ]
+        source_of = np.asarray(source_of, dtype=np.int64)
+        row_of = np.asarray(row_of, dtype=np.int64)
+        # The rows grouped by source, which only the fallback needs: made at most once.
+        split: _Split | None = None
+        columns = []
+        for i in range(len(self.schema)):
+            column = self._column(i, source_of, row_of)
+            if column is None:
+                split = split or _Split.of(source_of, row_of, len(self.sources))
+                column = _fallback([src.column(i) for src in self.sources], split)
+            columns.append(column)
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
-    def _column(
-        self,
-        i: int,
-        source_of: Indices,
-        row_of: Indices,
-        positions: list[Indices],
-        rows: list[Indices],
-    ) -> pa.Array:
-        arrays = [src.column(i) for src in self.sources]
-        t = arrays[0].type
-        n = len(row_of)
-        if _no_nulls(arrays):
-            width = _fixed_width(t)
-            if width is not None and (
-                not patypes.is_fixed_size_list(t) or _no_nulls([a.flatten() for a in arrays])
-            ):
-                return _fixed(arrays, positions, rows, n, width)
-            if i not in self._spans:
-                self._spans[i] = _Span.build(arrays)
-            span = self._spans[i]
-            taken = span.take(source_of, row_of) if span is not None else None
-            if taken is not None:
-                return taken
-        return _fallback(arrays, positions, rows)
+    def _column(self, i: int, source_of: Indices, row_of: Indices) -> pa.Array | None:
+        """Column i gathered without the fallback, or None where it needs it."""
+        if i not in self._fixed:
+            self._fixed[i] = _Fixed.build([src.column(i) for src in self.sources])
+        fixed = self._fixed[i]
+        if fixed is not None:
+            return fixed.take(source_of, row_of)
+        if i not in self._spans:
+            arrays = [src.column(i) for src in self.sources]
+            self._spans[i] = _Span.build(arrays) if _no_nulls(arrays) else None
+        span = self._spans[i]
+        return span.take(source_of, row_of) if span is not None else None
 
 
 def _fixed_width(t: pa.DataType) -> int | None:
@@ -117,26 +116,55 @@ def _no_nulls(arrays: Sequence[pa.Array]) -> bool:
     return all(a.null_count == 0 for a in arrays)
 
 
-def _fixed(
-    arrays: Sequence[pa.Array],
-    positions: list[Indices],
-    rows: list[Indices],
-    n: int,
-    width: int,
-) -> pa.Array:
-    out = np.empty((n, width), dtype=np.uint8)
-    for arr, pos, take in zip(arrays, positions, rows, strict=True):
-        if len(pos):
-            out[pos] = _row_bytes(arr, width)[take]
-    t = arrays[0].type
-    if patypes.is_fixed_size_list(t):
-        child = pa.Array.from_buffers(t.value_type, n * t.list_size, [None, pa.py_buffer(out)])
-        return pa.FixedSizeListArray.from_arrays(child, type=t)
-    return pa.Array.from_buffers(t, n, [None, pa.py_buffer(out)])
+@dataclasses.dataclass(frozen=True)
+class _Fixed:
+    """A fixed-width column (or a fixed-size list of fixed-width values) of every source,
+    seen as one array of `width`-byte items over the address span of the sources' value
+    buffers, item k starting at byte k: row r of source s is item `base[s] + r * width`.
+    One numpy indexing copies a batch's rows from all its shards, each with one
+    `memmove` (see the module docstring)."""
+
+    type: pa.DataType
+    width: int
+    base: Indices
+    items: npt.NDArray[np.void]
+
+    @classmethod
+    def build(cls, arrays: Sequence[pa.Array]) -> _Fixed | None:
+        t = arrays[0].type
+        width = _fixed_width(t)
+        if not width or not _no_nulls(arrays):
+            return None
+        if patypes.is_fixed_size_list(t) and not _no_nulls([a.flatten() for a in arrays]):
+            return None
+        starts = [_fixed_address(a, width) for a in arrays]
+        # Sources without rows have no bytes to span (and maybe no buffer at all).
+        ends = [s + len(a) * width for s, a in zip(starts, arrays, strict=True) if len(a)]
+        if not ends:
+            return None
+        low = min(s for s, a in zip(starts, arrays, strict=True) if len(a))
+        high = max(ends)
+        span = pa.foreign_buffer(low, high - low, base=list(arrays))
+        items = np.ndarray(
+            shape=((high - low) - width + 1,),
+            dtype=np.dtype(f"V{width}"),
+            buffer=span,
+            strides=(1,),
+        )
+        return cls(t, width, np.asarray(starts, dtype=np.int64) - low, items)
+
+    def take(self, source_of: Indices, row_of: Indices) -> pa.Array:
+        n = len(row_of)
+        data = pa.py_buffer(self.items[self.base[source_of] + row_of * self.width].view(np.uint8))
+        t = self.type
+        if patypes.is_fixed_size_list(t):
+            child = pa.Array.from_buffers(t.value_type, n * t.list_size, [None, data])
+            return pa.FixedSizeListArray.from_arrays(child, type=t)
+        return pa.Array.from_buffers(t, n, [None, data])
 
 
-def _row_bytes(arr: pa.Array, width: int) -> npt.NDArray[np.uint8]:
-    """The array's values as an (len, width) byte matrix, without a copy."""
+def _fixed_address(arr: pa.Array, width: int) -> int:
+    """Address of the first row's bytes (0 for an array without rows or buffer)."""
     if patypes.is_fixed_size_list(arr.type):
         # The child's offset counts values; the list's own offset counts rows.
         child = arr.values
@@ -145,8 +173,7 @@ def _row_bytes(arr: pa.Array, width: int) -> npt.NDArray[np.uint8]:
     else:
         buf = arr.buffers()[1]
         first = arr.offset * width
-    flat = np.frombuffer(buf, dtype=np.uint8, count=len(arr) * width, offset=first)
-    return flat.reshape(len(arr), width)
+    return 0 if buf is None else int(buf.address) + first
 
 
 def _byte_rows(t: pa.DataType) -> tuple[int, bool] | None:
@@ -180,8 +207,7 @@ def _byte_offsets(arr: pa.Array, width: int, large: bool) -> Indices:
         offset=arr.offset * (8 if large else 4),
     ).astype(np.int64)
     buf = _values_buffer(arr)
-    assert buf is not None
-    base: int = buf.address
+    base: int = 0 if buf is None else buf.address
     if patypes.is_list(arr.type) or patypes.is_large_list(arr.type):
         base += arr.values.offset * width
     out: Indices = offsets * width + base
@@ -197,6 +223,8 @@ class _Span:
     width: int
     large: bool
     view: pa.Array
+    #: The view's offsets: row r's bytes are [bounds[r], bounds[r + 1]) of the span.
+    bounds: Indices
     #: Row of the view where each source's rows start.
     first: Indices
 
@@ -209,13 +237,18 @@ class _Span:
         lists = patypes.is_list(t) or patypes.is_large_list(t)
         if lists and not _no_nulls([a.flatten() for a in arrays]):
             return None
-        if any(_values_buffer(a) is None for a in arrays):
-            return None  # no value bytes at all (every row empty): nothing to span
         width, large = spec
         bounds = [_byte_offsets(a, width, large) for a in arrays]
-        order = sorted(range(len(arrays)), key=lambda s: int(bounds[s][0]))
-        low = int(bounds[order[0]][0])
-        high = max(int(b[-1]) for b in bounds)
+        used = [b for b in bounds if int(b[-1]) > int(b[0])]
+        if not used:
+            return None  # no value bytes at all (every row empty): nothing to span
+        low = min(int(b[0]) for b in used)
+        high = max(int(b[-1]) for b in used)
+        # A source without value bytes (no rows, or only empty ones) may have no buffer,
+        # or one at any address: its rows are put at the span's start, where they read
+        # nothing.
+        bounds = [b if int(b[-1]) > int(b[0]) else np.full_like(b, low) for b in bounds]
+        order = sorted(range(len(arrays)), key=lambda s: (int(bounds[s][0]), int(bounds[s][-1])))
         # One offsets array over every source, lowest address first: source s's rows
         # start at row `first[s]`, and the row between two sources (the gap between
         # their mappings) is never taken. Overlapping sources (not separate mappings)
@@ -237,13 +270,28 @@ class _Span:
         view = pa.Array.from_buffers(
             pa.large_binary(), len(combined) - 1, [None, pa.py_buffer(combined), span]
         )
-        return cls(t, width, large, view, first)
+        return cls(t, width, large, view, combined, first)
 
     def take(self, source_of: Indices, row_of: Indices) -> pa.Array | None:
         n = len(row_of)
-        taken = pc.take(self.view, pa.array(self.first[source_of] + row_of))
-        out_offsets = np.frombuffer(taken.buffers()[1], dtype=np.int64, count=n + 1)
-        data = taken.buffers()[2]
+        at = self.first[source_of] + row_of
+        start = self.bounds[at]
+        size = int(self.bounds[at[0] + 1] - start[0])
+        if size and bool(np.all(self.bounds[at + 1] - start == size)):
+            # Rows of one length (packed sequences): the rows are items of one size,
+            # and one numpy indexing copies them straight into the output values.
+            items = np.ndarray(
+                shape=(self.view.buffers()[2].size - size + 1,),
+                dtype=np.dtype(f"V{size}"),
+                buffer=self.view.buffers()[2],
+                strides=(1,),
+            )
+            data = pa.py_buffer(items[start].view(np.uint8))
+            out_offsets = np.arange(n + 1, dtype=np.int64) * size
+        else:
+            taken = pc.take(self.view, pa.array(at))
+            out_offsets = np.frombuffer(taken.buffers()[1], dtype=np.int64, count=n + 1)
+            data = taken.buffers()[2]
         if self.width != 1:
             out_offsets = out_offsets // self.width
         if not self.large:
@@ -258,14 +306,29 @@ class _Span:
         return pa.Array.from_buffers(t, n, [None, offsets_buf, data])
 
 
-def _fallback(
-    arrays: Sequence[pa.Array], positions: list[Indices], rows: list[Indices]
-) -> pa.Array:
-    used = [s for s, pos in enumerate(positions) if len(pos)]
-    pieces = [pc.take(arrays[s], pa.array(rows[s])) for s in used]
+@dataclasses.dataclass(frozen=True)
+class _Split:
+    """A batch's rows grouped by source: `positions[s]` are the output positions of
+    source s's rows, `rows[s]` those rows."""
+
+    positions: list[Indices]
+    rows: list[Indices]
+
+    @classmethod
+    def of(cls, source_of: Indices, row_of: Indices, sources: int) -> _Split:
+        # One sort, not one pass per source: a window may span many shards.
+        order = np.argsort(source_of, kind="stable")
+        cuts = np.cumsum(np.bincount(source_of, minlength=sources))[:-1]
+        positions = np.split(order, cuts)
+        return cls(positions, [row_of[p] for p in positions])
+
+
+def _fallback(arrays: Sequence[pa.Array], split: _Split) -> pa.Array:
+    used = [s for s, pos in enumerate(split.positions) if len(pos)]
+    pieces = [pc.take(arrays[s], pa.array(split.rows[s])) for s in used]
     joined = pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces)
     # Row i of the result is at `where[i]` of the pieces joined in source order.
-    where = np.concatenate([positions[s] for s in used])
+    where = np.concatenate([split.positions[s] for s in used])
     inverse = np.empty_like(where)
     inverse[where] = np.arange(len(where), dtype=np.int64)
     return pc.take(joined, pa.array(inverse))

@@ -9,6 +9,7 @@ import hypothesis
 import hypothesis.strategies as st
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pytest
 
@@ -112,3 +113,87 @@ def test_a_gathered_batch_owns_its_memory_not_the_mappings(
         if b is not None
     ]
     assert lo > 0 and not any(a <= addr < z for a, z in spans)
+
+
+def ragged(seed: int, n: int, *, nulls: bool, packed: int | None) -> pa.RecordBatch:
+    """A shard of the variable-width types the gather copies itself: row lengths
+    random (or all `packed`), empty rows, and optionally null rows and null values."""
+    rng = np.random.default_rng(seed)
+    lens = np.full(n, packed) if packed is not None else rng.integers(0, 40, n)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lens, out=offsets[1:])
+    total = int(offsets[-1])
+    values = pa.array(rng.integers(-(2**31), 2**31 - 1, total).astype(np.int32))
+    row_nulls = pa.array(rng.random(n) < 0.2) if nulls else None
+    if nulls:
+        values = pa.array(values.to_numpy(), mask=rng.random(total) < 0.1)
+    text = [bytes(rng.integers(0, 256, int(m)).astype(np.uint8)).hex()[: int(m)] for m in lens]
+    return pa.record_batch(
+        {
+            "tokens": pa.ListArray.from_arrays(pa.array(offsets), values, mask=row_nulls),
+            "wide": pa.LargeListArray.from_arrays(
+                pa.array(offsets.astype(np.int64)), pa.array(rng.random(total).astype(np.float64))
+            ),
+            "text": pa.array(text, pa.string()),
+            "blob": pa.array([t.encode() for t in text], pa.large_binary()),
+            "uid": pa.array(rng.integers(0, 2**62, n)),
+            "pair": pa.FixedSizeListArray.from_arrays(
+                pa.array(rng.random(2 * n).astype(np.float32)), 2
+            ),
+        }
+    )
+
+
+@BOUNDED
+@hypothesis.given(
+    seed=st.integers(0, 2**16),
+    sizes=st.lists(st.integers(0, 60), min_size=1, max_size=4),
+    cut=st.integers(0, 5),
+    nulls=st.booleans(),
+    packed=st.none() | st.integers(0, 9),
+    draws=st.integers(0, 200),
+)
+def test_a_gather_of_ragged_sliced_and_null_rows_equals_arrow_take(
+    tmp_path_factory: pytest.TempPathFactory,
+    seed: int,
+    sizes: list[int],
+    cut: int,
+    nulls: bool,
+    packed: int | None,
+    draws: int,
+) -> None:
+    # Shards of random lengths (some empty), each sliced `cut` rows in, as mapped files.
+    tmp = tmp_path_factory.mktemp("ragged")
+    whole = [ragged(seed + i, n + cut, nulls=nulls, packed=packed) for i, n in enumerate(sizes)]
+    sources = [s.slice(cut) for s in mapped(tmp, whole)]
+    total = sum(sizes)
+    hypothesis.assume(total > 0)
+    index = np.random.default_rng(seed).integers(0, total, draws)
+    check(sources, index)
+
+
+def test_rows_of_one_length_are_copied_without_arrow_take(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sources = mapped(tmp_path, [ragged(i, 30, nulls=False, packed=8) for i in range(3)])
+    index = np.asarray([89, 0, 31, 31, 64, 2])
+    whole = pa.Table.from_batches(sources).combine_chunks()
+    expected = whole.take(pa.array(index))
+
+    def refuse(*args: object, **kwargs: object) -> pa.Array:
+        raise AssertionError("called pyarrow.compute.take")
+
+    monkeypatch.setattr(pc, "take", refuse)
+    sizes = np.asarray([0, 30, 60])
+    source_of = np.searchsorted(sizes, index, side="right") - 1
+    got = gather.gather(sources, source_of, index - sizes[source_of])
+    got.validate(full=True)
+    assert pa.Table.from_batches([got]).equals(expected)
+
+
+def test_fixed_width_rows_come_from_any_shard_in_one_copy_with_empty_shards_between(
+    tmp_path: Path,
+) -> None:
+    shards = [ragged(0, 5, nulls=False, packed=None), ragged(1, 0, nulls=False, packed=None)]
+    sources = mapped(tmp_path, [*shards, ragged(2, 7, nulls=False, packed=None)])
+    check([s.select(["uid", "pair"]) for s in sources], np.asarray([11, 0, 5, 4, 4, 6]))
