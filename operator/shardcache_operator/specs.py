@@ -430,6 +430,22 @@ class PrefetchSpec:
         minimum=0,
         maximum=1024,
     )
+    adaptive: bool = _field(
+        "adaptive",
+        "Tune each reader's read-ahead from its data-stall signal: deeper (up to maxDepth "
+        "and what cache.memory holds beside the other readers' shards) while its trainer "
+        "waits on cold shards, back to depth once it no longer does. Every change is "
+        "logged and exported (shardcache_prefetch_depth). false: depth stays fixed.",
+        default=variables.PREFETCH_ADAPTIVE.default,
+    )
+    max_depth: int = _field(
+        "maxDepth",
+        "Deepest the sidecar tunes a reader's read-ahead to with adaptive (never below "
+        "depth, never beyond what cache.memory holds beside the other readers' shards).",
+        default=variables.PREFETCH_MAX_DEPTH.default,
+        minimum=0,
+        maximum=1024,
+    )
     concurrency: int = _field(
         "concurrency",
         "Shards fetched from the source (and decoded) at the same time; 0: one per CPU "

@@ -280,6 +280,33 @@ PREFETCH_DEPTH: Final = Variable(
     spec_field="prefetch.depth",
     injected=_IN_SIDECAR,
 )
+PREFETCH_ADAPTIVE: Final = Variable(
+    "SHARDCACHE_PREFETCH_ADAPTIVE",
+    parsers.BOOLEAN,
+    # On: it only ever deepens the read-ahead of a reader that waits on cold shards,
+    # within room the memory tier has beside every reader's window, and backs off when
+    # the stall clears; a fixed depth is one variable away.
+    True,
+    _SIDECAR,
+    "Tune each reader's read-ahead from its data-stall signal: deeper (up to the max "
+    "depth and what the memory tier holds) while it waits on cold shards, back to the "
+    "depth once it no longer does (docs/monitoring.md). false: the depth stays fixed.",
+    spec_field="prefetch.adaptive",
+    injected=_IN_SIDECAR,
+)
+PREFETCH_MAX_DEPTH: Final = Variable(
+    "SHARDCACHE_PREFETCH_MAX_DEPTH",
+    parsers.integer(minimum=0, maximum=1024),
+    # Four times the default depth: deeper rarely hides more of a store's latency (the
+    # fetch concurrency bounds how many shards arrive at once), and the memory tier
+    # bounds it anyway.
+    16,
+    _SIDECAR,
+    "Deepest the sidecar tunes a reader's read-ahead to (never below the depth, never "
+    "beyond what the memory tier holds beside the other readers' windows).",
+    spec_field="prefetch.maxDepth",
+    injected=_IN_SIDECAR,
+)
 FETCH_CONCURRENCY: Final = Variable(
     "SHARDCACHE_FETCH_CONCURRENCY",
     parsers.integer(minimum=0, maximum=256),
@@ -506,6 +533,8 @@ TABLE: Final[tuple[Variable[Any], ...]] = (
     DISK_DIR,
     DISK_LIMIT,
     PREFETCH_DEPTH,
+    PREFETCH_ADAPTIVE,
+    PREFETCH_MAX_DEPTH,
     FETCH_CONCURRENCY,
     READY_SHARDS,
     SEED,

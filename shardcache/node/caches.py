@@ -144,6 +144,9 @@ class _Reader:
     #: Sample mode (plan version 2): the windows the reader meets, with their shards.
     plan_windows: list[windows.Window] = dataclasses.field(default_factory=list)
     window_ends: list[int] = dataclasses.field(default_factory=list)
+    #: Shards read ahead of it when set (`CacheNode.set_prefetch_depth`); else the
+    #: settings' depth.
+    depth: int | None = None
 
     def __post_init__(self) -> None:
         self.ends = plans.run_ends(self.runs)
@@ -237,7 +240,9 @@ class CacheNode:
                 raise errors.InputError(f"unknown reader {reader_id!r}: register it first")
             if epoch != reader.params.epoch:
                 params = reader.params.with_epoch(epoch)
-                self._readers[reader_id] = _Reader.planned(self.manifest, params, position)
+                moved = _Reader.planned(self.manifest, params, position)
+                moved.depth = reader.depth  # a tuned depth outlives the epoch
+                self._readers[reader_id] = moved
             else:
                 reader.position = position
         # Only this reader's window moved; the others' were scheduled when they moved.
@@ -535,14 +540,43 @@ class CacheNode:
                 return []
             return reader.upcoming(count)
 
+    def set_prefetch_depth(self, reader_id: str, depth: int) -> None:
+        """Read `depth` shards ahead of reader `reader_id` from now on, instead of the
+        settings' depth (the sidecar tunes it, `shardcache_sidecar.prefetch_tuner`);
+        shards a deeper depth reaches are scheduled at once. Unknown readers: nothing."""
+        if depth < 0:
+            raise errors.InputError(f"prefetch depth must be >= 0, found {depth}")
+        with self._lock:
+            reader = self._readers.get(reader_id)
+            if reader is None:
+                return
+            reader.depth = depth
+        self._schedule(reader_id)
+
+    def prefetch_depth(self, reader_id: str) -> int:
+        """Shards read ahead of reader `reader_id`: its own depth, else the settings'."""
+        with self._lock:
+            reader = self._readers.get(reader_id)
+        if reader is None or reader.depth is None:
+            return self.settings.prefetch_depth
+        return reader.depth
+
+    def _ahead(self, reader_id: str) -> list[int]:
+        """The reader's current shard and the shards its depth reads ahead."""
+        with self._lock:
+            reader = self._readers.get(reader_id)
+            if reader is None:
+                return []
+            depth = self.settings.prefetch_depth if reader.depth is None else reader.depth
+            return reader.upcoming(depth + 1)
+
     def _schedule(self, only: str | None = None) -> None:
         """Prefetch what the readers (or reader `only`) will read next and is missing."""
         if self._closed:
             return
-        depth = self.settings.prefetch_depth
         wanted: list[int] = []
         for reader_id in self.reader_ids() if only is None else [only]:
-            for shard in self.upcoming(reader_id, depth + 1):
+            for shard in self._ahead(reader_id):
                 if shard not in wanted:
                     wanted.append(shard)
         for shard in wanted:

@@ -45,6 +45,10 @@ class Settings:
     disk_limit: int = variables.DISK_LIMIT.required_default
     #: Shards decoded ahead of each reader (see NodeSettings.prefetch_depth).
     prefetch_depth: int = variables.PREFETCH_DEPTH.required_default
+    #: Tune each reader's depth from its stall signal (`prefetch_tuner`), between
+    #: `prefetch_depth` and `prefetch_max_depth`; the memory tier bounds it too.
+    prefetch_adaptive: bool = variables.PREFETCH_ADAPTIVE.required_default
+    prefetch_max_depth: int = variables.PREFETCH_MAX_DEPTH.required_default
     #: Concurrent source fetches + decodes; each decode takes a core. 0: sized from the
     #: container's CPU quota and memory limit (`shardcache.node.quotas`).
     fetch_concurrency: int = variables.FETCH_CONCURRENCY.required_default
@@ -99,6 +103,7 @@ class Settings:
             "memory_limit",
             "disk_limit",
             "prefetch_depth",
+            "prefetch_max_depth",
             "ready_shards",
             "fetch_concurrency",
         ):
@@ -184,6 +189,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("memory_limit", variables.MEMORY_LIMIT, "--memory-limit"),
     Option("disk_limit", variables.DISK_LIMIT, "--disk-limit"),
     Option("prefetch_depth", variables.PREFETCH_DEPTH, "--prefetch-depth"),
+    Option("prefetch_adaptive", variables.PREFETCH_ADAPTIVE, "--prefetch-adaptive"),
+    Option("prefetch_max_depth", variables.PREFETCH_MAX_DEPTH, "--prefetch-max-depth"),
     Option("fetch_concurrency", variables.FETCH_CONCURRENCY, "--fetch-concurrency"),
     Option("ready_shards", variables.READY_SHARDS, "--ready-shards"),
     Option("seed", variables.SEED, "--seed"),

@@ -59,6 +59,35 @@ class _StallCollector(prom_registry.Collector):
         yield fraction
 
 
+#: What the depth collector reads at scrape time: (reader id, rank, its prefetch depth).
+ReaderDepth = tuple[str, int, int]
+
+#: Every (direction, reason) a depth change is counted under (`prefetch_depths.Reason`).
+DEPTH_CHANGES = (("up", "stalled"), ("down", "recovered"), ("down", "memory"))
+
+
+class _DepthCollector(prom_registry.Collector):
+    """Each registered reader's prefetch depth, read at scrape time: a reader that goes
+    away leaves the scrape with it."""
+
+    def __init__(self, readers: Callable[[], list[ReaderDepth]]) -> None:
+        self._readers = readers
+
+    def describe(self) -> list[prom_core.Metric]:
+        return []
+
+    def collect(self) -> Iterator[prom_core.Metric]:
+        depth = prom_core.GaugeMetricFamily(
+            "shardcache_prefetch_depth",
+            "Shards the sidecar reads ahead of each reader now: the configured depth, or "
+            "what the prefetch tuner set it to (prefetch.adaptive).",
+            labels=["reader", "rank"],
+        )
+        for reader_id, rank, shards in self._readers():
+            depth.add_metric([reader_id, str(rank)], float(shards))
+        yield depth
+
+
 class _StatsCollector(prom_registry.Collector):
     def __init__(
         self,
@@ -241,6 +270,15 @@ class Metrics:
             ["filesystem", "pages"],
             registry=r,
         )
+        self.depth_changes = prometheus_client.Counter(
+            "shardcache_prefetch_depth_changes",
+            "Changes of a reader's prefetch depth by the tuner, by direction (up, down) "
+            "and reason (stalled, recovered, memory).",
+            ["direction", "reason"],
+            registry=r,
+        )
+        for direction, reason in DEPTH_CHANGES:
+            self.depth_changes.labels(direction, reason)
         # The labelled child of each (route, status) seen: looking it up by labels on
         # every control request was a visible share of the sidecar's CPU per request.
         self._requests_by: dict[tuple[str, str], Any] = {}
@@ -266,6 +304,14 @@ class Metrics:
     def watch_readers(self, readers: Callable[[], list[ReaderStalls]]) -> None:
         """Export each reader's stall fraction, read from `readers()` at scrape time."""
         self.registry.register(_StallCollector(readers))
+
+    def watch_depths(self, readers: Callable[[], list[ReaderDepth]]) -> None:
+        """Export each reader's prefetch depth, read from `readers()` at scrape time."""
+        self.registry.register(_DepthCollector(readers))
+
+    def depth_changed(self, direction: str, reason: str) -> None:
+        """Count one change of a reader's prefetch depth (`prefetch_tuner.Changes`)."""
+        self.depth_changes.labels(direction, reason).inc()
 
     def stalled(self, rank: int, wait_seconds: float, step_seconds: float) -> None:
         """Add what a reader's stall totals grew by since its last report."""

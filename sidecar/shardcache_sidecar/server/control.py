@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from typing import Any
 
 from aiohttp import web
@@ -171,7 +172,10 @@ async def post_acquire(request: web.Request) -> web.Response:
     # its entries on every lookup would do it in the thread pool instead.
     entry = node.lookup(shard) if node.memory.verify == "never" else None
     if entry is None:
+        started = time.monotonic()
         entry = await sidecar.acquire(node, shard, timeout)
+        sidecar.tuner.missed(reader_id, time.monotonic() - started)
+    sidecar.tuner.sized(entry.size)
     if sidecar.registry.get(reader_id) is None:
         # Unregistered while we waited: nobody will take this over.
         entry.release()
@@ -308,6 +312,7 @@ async def post_notes(request: web.Request) -> web.Response:
         waited, stepped = sidecar.registry.report_stalls(reader_id, stalls)
         if reader is not None:
             sidecar.metrics.stalled(reader.params.rank, waited, stepped)
+            sidecar.tuner.reported(reader, stalls, node=node, registered=sidecar.registry.readers())
     return replies.json_response(
         {
             "reader": reader_id,

@@ -27,7 +27,7 @@ from aiohttp import web
 from shardcache import contract, errors, manifests, uris
 from shardcache.contract import protocol
 from shardcache.node import backings, caches, pinned_manifests, tiers
-from shardcache_sidecar import configuration, metrics, readers, readiness
+from shardcache_sidecar import configuration, metrics, prefetch_tuner, readers, readiness
 from shardcache_sidecar.server import replies
 
 # The logger name the sidecar's logs carried before the server was split (the JSON
@@ -104,6 +104,9 @@ class Sidecar:
         self._closing = False
         self.metrics.watch(self.stats, self.readiness.is_ready)
         self.metrics.watch_readers(self.reader_stalls)
+        #: Tunes each reader's prefetch depth from its stall reports (`prefetch_tuner`).
+        self.tuner = prefetch_tuner.Tuner.for_settings(settings, self.metrics)
+        self.metrics.watch_depths(self.reader_depths)
 
     # --- for the handlers -------------------------------------------------------
     def stats(self) -> caches.NodeStats | None:
@@ -115,6 +118,16 @@ class Sidecar:
             (r.reader_id, r.params.rank, r.stalls)
             for r in self.registry.readers()
             if r.stalls is not None
+        ]
+
+    def reader_depths(self) -> list[metrics.ReaderDepth]:
+        """Each registered reader's prefetch depth (at scrape time, on the event loop)."""
+        node = self.node
+        if node is None:
+            return []
+        return [
+            (r.reader_id, r.params.rank, node.prefetch_depth(r.reader_id))
+            for r in self.registry.readers()
         ]
 
     async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
