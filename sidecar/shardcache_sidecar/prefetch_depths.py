@@ -45,7 +45,7 @@ class Reason(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """Bounds and thresholds of the controller (`Policy.for_settings` for the sidecar's)."""
+    """Bounds and thresholds of the controller (the sidecar's: `prefetch_tuner.policy_for`)."""
 
     #: Shallowest depth: the configured one; the controller never goes below it.
     floor: int

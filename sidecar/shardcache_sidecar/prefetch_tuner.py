@@ -96,6 +96,10 @@ class Tuner:
         seen.misses += 1
         seen.waited_seconds += seconds
 
+    def forget(self, reader_id: str) -> None:
+        """Reader `reader_id` unregistered: drop what was kept for it."""
+        self._readers.pop(reader_id, None)
+
     def reported(
         self,
         reader: readers.Reader,
@@ -111,6 +115,7 @@ class Tuner:
         policy = self.policy
         if policy is None:
             return None
+        # Readers gone without unregistering (a sidecar that lost track) leave too.
         ids = {r.reader_id for r in registered}
         for gone in [r for r in self._readers if r not in ids]:
             del self._readers[gone]

@@ -140,3 +140,16 @@ def test_tuning_is_off_when_adaptive_is_false_or_read_ahead_is_disabled() -> Non
     assert prefetch_tuner.policy_for(settings_with(prefetch_depth=0)) is None
     policy = prefetch_tuner.policy_for(settings_with(prefetch_depth=3, prefetch_max_depth=9))
     assert policy is not None and (policy.floor, policy.ceiling) == (3, 9)
+
+
+def test_an_unregistered_reader_leaves_no_waits_behind(node: caches.CacheNode) -> None:
+    tuning = tuner(Counted())
+    all_readers = registered(node, "r")
+    tuning.missed("r", 0.3)
+    tuning.forget("r")
+    decision = tuning.reported(all_readers[0], STALLED, node=node, registered=all_readers)
+    # Its waits were dropped with it: this report is a stall without waits, no streak.
+    assert decision is not None and decision.state == prefetch_depths.State(depth=1)
+    tuning.missed("r", 0.3)
+    decision = tuning.reported(all_readers[0], STALLED, node=node, registered=all_readers)
+    assert decision is not None and decision.state.stalled == 1

@@ -135,6 +135,7 @@ async def delete_reader(request: web.Request) -> web.Response:
     sidecar = request.app[lifecycle.SIDECAR]
     reader_id = protocol.check_reader_id(request.match_info["reader_id"])
     reader, holds = sidecar.registry.unregister(reader_id)
+    sidecar.tuner.forget(reader_id)
     for hold in holds:
         hold.lease.release()
     if reader is not None and sidecar.node is not None:
