@@ -58,6 +58,14 @@ PANELS: tuple[Panel, ...] = (
         "condition and the data-stall alert look at.",
     ),
     Panel(
+        "Prefetch depth by reader",
+        'shardcache_prefetch_depth{namespace=~"$namespace"}',
+        "{{namespace}}/{{pod}} rank {{rank}}",
+        "none",
+        "Shards the sidecar reads ahead of each reader: the configured depth, deeper while "
+        "the reader waits on cold shards (prefetch.adaptive, up to prefetch.maxDepth).",
+    ),
+    Panel(
         "Cache hit ratio by tier",
         'shardcache:cache_hit_ratio:rate5m{namespace=~"$namespace"}',
         "{{namespace}}/{{pod}} {{tier}}",
