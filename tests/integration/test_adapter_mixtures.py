@@ -10,6 +10,8 @@ its order. The sources are small, so the steps read run through several epochs o
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -290,3 +292,38 @@ def test_a_mixture_opened_by_the_caller_is_refused_in_a_worker_process(
     with pytest.raises(errors.InputError, match="pack: expected None with a mixture"):
         shardcache.torch.IterableDataset(mixed, batch_size=BATCH, pack=8)
     ds.close()
+
+
+JAX_CHECK = """
+import json, sys
+import jax
+import shardcache.jax
+
+web, code, cache = sys.argv[1:4]
+kw = {"cache_dir": cache, "block_size": 5, "seed": 1, "batch_size": 4, "columns": ["uid"]}
+mix = {"mixture": {"web": web, "code": code}, "weights": {"web": 3, "code": 1}, "mix_seed": 3}
+batches = shardcache.jax.Batches(**kw, **mix)
+assert (batches.rank, batches.world_size) == (jax.process_index(), jax.process_count())
+prefetcher = shardcache.jax.DevicePrefetcher(batches, depth=2)
+it = iter(prefetcher)
+head = [next(it)["uid"].tolist() for _ in range(5)]
+again = shardcache.jax.Batches(**kw, **mix)
+again.load_state_dict(prefetcher.state_dict())
+rest = [b["uid"].tolist() for _, b in zip(range(10), again)]
+print(json.dumps(head + rest))
+"""
+
+
+def test_jax_batches_of_a_mixture_resume_from_the_prefetchers_handed_state(
+    uris: dict[str, str], tmp_path: Path
+) -> None:
+    want = expected(uris, tmp_path, "block")
+    # In a process of its own: JAX starts threads, and the DataLoader tests here fork.
+    out = subprocess.run(
+        [sys.executable, "-c", JAX_CHECK, uris["web"], uris["code"], str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == want[:15]
