@@ -152,6 +152,22 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
             )
         return source
 
+    def add_mapping_listener(self, listener: datasets.MappingListener) -> None:
+        """Tell `listener` of every shard mapping this process reads: the dataset's, or
+        every source's of a mixture (the device prefetcher registers them with the GPU)."""
+        for ds in self._datasets():
+            ds.add_mapping_listener(listener)
+
+    def remove_mapping_listener(self, listener: datasets.MappingListener) -> None:
+        for ds in self._datasets():
+            ds.remove_mapping_listener(listener)
+
+    def _datasets(self) -> list[datasets.Dataset]:
+        source = self.shardcache_source()
+        if isinstance(source, mixtures.Mixture):
+            return list(source.sources.values())
+        return [source]
+
     def reader(self, split: batching.Split | None = None) -> _adapter_sources.Reader:
         """A batch reader for this process: at the loaded state if one is pending, else
         at the start of the current epoch (or where `resume_from` put a fresh dataset);

@@ -327,3 +327,35 @@ def test_jax_batches_of_a_mixture_resume_from_the_prefetchers_handed_state(
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == want[:15]
+
+
+def test_mapping_listeners_follow_every_source_of_a_mixture(
+    uris: dict[str, str], tmp_path: Path
+) -> None:
+    """What the device prefetcher registers with the GPU: each source's mappings."""
+
+    class Listener:
+        def __init__(self) -> None:
+            self.roots: list[object] = []
+
+        def mapped(self, root: object) -> None:
+            self.roots.append(root)
+
+        def dropped(self, root: object) -> None:
+            pass
+
+    ds = shardcache.torch.IterableDataset(
+        batch_size=BATCH,
+        columns=["uid"],
+        mixture=uris,
+        weights=WEIGHTS,
+        mix_seed=MIX_SEED,
+        **open_options(tmp_path, "block"),
+    )
+    listener = Listener()
+    ds.add_mapping_listener(listener)
+    assert torch_uids(loader(ds, 0), STEPS) == expected(uris, tmp_path, "block")
+    # Both sources' shards were mapped and told: 3 of web, 2 of code.
+    assert len(listener.roots) == sum(len(rows) for rows in SHARDS.values())
+    ds.remove_mapping_listener(listener)
+    ds.close()
