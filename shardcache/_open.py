@@ -59,7 +59,7 @@ def open(
     world_size: int = 1,
     epoch: int = 0,
     block_size: int | None = None,
-    window: int = plans.DEFAULT_WINDOW,
+    window: int | None = None,
     format: str | None = None,
     digest: str | None = None,
     memory_dir: str | os.PathLike[str] | None = None,
@@ -90,12 +90,14 @@ def open(
     `shuffle` is "block" (shards and blocks of `block_size` rows are permuted; batches
     are zero-copy slices), "sample" (rows are also permuted within windows of `window`
     rows spanning shards; each batch is gathered with one copy, and numpy is needed),
-    False (manifest order) or True, the default mode: "block" (docs/reading-plan.md).
-    `shuffle`, `seed` and `block_size` left out (None) take, without a URI, the
-    DatasetMount's `spec.sharding` values, which the webhook writes into the trainer
-    containers, so the trainer reads in the order the sidecar warmed its cache for;
-    with a URI, or for a mount other than the pod's first, True, 0 and
-    `plans.DEFAULT_BLOCK_SIZE` (`shardcache._plan_defaults`). Given, they win.
+    False (manifest order) or True, the default mode: "block", or in a pod the
+    DatasetMount's `spec.sharding.granularity` (docs/reading-plan.md).
+    `shuffle`, `seed`, `block_size` and `window` left out (None) take, without a URI,
+    the DatasetMount's `spec.sharding` values (shuffle and granularity, seed, blockSize,
+    window), which the webhook writes into the trainer containers, so the trainer reads
+    in the order the sidecar warmed its cache for; with a URI, or for a mount other than
+    the pod's first, True ("block"), 0, `plans.DEFAULT_BLOCK_SIZE` and
+    `plans.DEFAULT_WINDOW` (`shardcache._plan_defaults`). Given, they win.
 
     `digest` pins the manifest: a dataset that differs is an error.
     `resume_from` ("latest", a step, or a checkpoint directory) continues the data
@@ -121,8 +123,10 @@ def open(
         if source_uri is None
         else _plan_defaults.LIBRARY
     )
-    plan = _plan_defaults.resolve(defaults, shuffle=shuffle, seed=seed, block_size=block_size)
-    shuffled, granularity = plans.shuffle_mode(plan.shuffle)
+    plan = _plan_defaults.resolve(
+        defaults, shuffle=shuffle, seed=seed, block_size=block_size, window=window
+    )
+    shuffled, granularity = plan.mode()
     params = plans.PlanParams(
         seed=plan.seed,
         epoch=epoch,
@@ -131,7 +135,7 @@ def open(
         shuffle=shuffled,
         block_size=plan.block_size,
         granularity=granularity,
-        window=window,
+        window=plan.window,
     )
     if source_uri is None:
         from shardcache import sidecar_client

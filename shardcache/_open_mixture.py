@@ -12,7 +12,16 @@ import json
 import os
 from collections.abc import Mapping
 
-from shardcache import _open_options, checkpoint, contract, datasets, errors, mixtures, plans
+from shardcache import (
+    _open_options,
+    _plan_defaults,
+    checkpoint,
+    contract,
+    datasets,
+    errors,
+    mixtures,
+    plans,
+)
 from shardcache.contract import mixture_sources, variables
 
 
@@ -48,12 +57,13 @@ def open_mixture(
     *,
     weights: mixtures.Weights | None = None,
     mix_seed: int | None = None,
-    shuffle: bool | str = True,
-    seed: int = 0,
+    shuffle: bool | str | None = None,
+    seed: int | None = None,
     rank: int = 0,
     world_size: int = 1,
     epoch: int = 0,
-    block_size: int = plans.DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
+    window: int | None = None,
     resume_from: str | int | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> mixtures.Mixture:
@@ -61,8 +71,10 @@ def open_mixture(
 
     `weights` (a mapping or a schedule, `shardcache.mix`) replaces the mount's weights,
     `mix_seed` its seed (`spec.mixture.seed`). `shuffle`, `seed`, `rank`, `world_size`,
-    `epoch` and `block_size` are every source's plan parameters, as for
-    `shardcache.open()`. `resume_from` continues from a checkpoint committed with
+    `epoch`, `block_size` and `window` are every source's plan parameters, as for
+    `shardcache.open()`: left out, `shuffle`, `seed`, `block_size` and `window` are the
+    mount's `spec.sharding` (the plan every source's sidecar warmed up with).
+    `resume_from` continues from a checkpoint committed with
     `data_state=mixture.state_dict()`.
     """
     from shardcache import sidecar_client
@@ -75,6 +87,7 @@ def open_mixture(
         "world_size": world_size,
         "epoch": epoch,
         "block_size": block_size,
+        "window": window,
         "resume_from": resume_from,
     }
     # The options shared with open() are checked as open() checks them.
@@ -89,15 +102,24 @@ def open_mixture(
         raise errors.InputError(f"open_mixture(): mix_seed: expected an int, found {mix_seed!r}")
     mixture, mount_dir = descriptor(mount, environ=environ)
     state = checkpoint.data_state(resume_from) if resume_from is not None else None
-    on, granularity = plans.shuffle_mode(shuffle)
-    params = plans.PlanParams(
+    env = os.environ if environ is None else environ
+    plan = _plan_defaults.resolve(
+        _plan_defaults.from_env(env, mount=mount),
+        shuffle=shuffle,
         seed=seed,
+        block_size=block_size,
+        window=window,
+    )
+    on, granularity = plan.mode()
+    params = plans.PlanParams(
+        seed=plan.seed,
         epoch=epoch,
         rank=rank,
         world_size=world_size,
         shuffle=on,
-        block_size=block_size,
+        block_size=plan.block_size,
         granularity=granularity,
+        window=plan.window,
     )
     opened: dict[str, datasets.Dataset] = {}
     try:

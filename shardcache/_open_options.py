@@ -61,7 +61,7 @@ KINDS: dict[str, Kind] = {
     "world_size": Kind((int,), "an int"),
     "epoch": Kind((int,), "an int"),
     "block_size": Kind((int,), "an int", optional=True),
-    "window": Kind((int,), "a row count (an int >= 1)", minimum=1),
+    "window": Kind((int,), "a row count (an int >= 1)", minimum=1, optional=True),
     "format": Kind((str,), "a format name such as 'parquet'", optional=True),
     "digest": Kind((str,), "a manifest digest string", optional=True),
     "memory_dir": Kind(_PATH, "a directory path (str or os.PathLike)", optional=True),

@@ -2,11 +2,12 @@
 DatasetMount, then the library's default.
 
 In an injected pod the sidecar warms its cache (its startup plan) with the mount's
-`spec.sharding` seed, shuffle and block size. A trainer that left those out of `open()`
-used to read with the library's defaults instead: another order than the one the
-sidecar prefetched, and another than the mount's author asked for. The webhook writes
-the same three values into the trainer containers (the contract table's rows read by
-`Reader.TRAINER`), and `open()` takes them from there when reading through the sidecar.
+`spec.sharding` seed, shuffle, granularity, block size and window. A trainer that left
+those out of `open()` used to read with the library's defaults instead: another order
+than the one the sidecar prefetched, and another than the mount's author asked for.
+The webhook writes the same values into the trainer containers (the contract table's
+rows read by `Reader.TRAINER`), and `open()` takes them from there when reading through
+the sidecar.
 
 They describe the pod's first mount (the first name in $SHARDCACHE_MOUNTS), so they
 apply only when that is the mount being opened: a trainer that opens a second mount of
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from shardcache import plans
 from shardcache.contract import variables
 
 
@@ -26,10 +28,20 @@ from shardcache.contract import variables
 class PlanDefaults:
     """The plan settings `open()` uses for the arguments it was not given."""
 
-    #: True, False, "block" or "sample" (`plans.shuffle_mode`); the mount gives a bool.
+    #: True, False, "block" or "sample" (`plans.shuffle_mode`).
     shuffle: bool | str
     seed: int
     block_size: int
+    #: The mode `shuffle=True` means: the mount's `sharding.granularity` in a pod, so a
+    #: trainer that asks for "a shuffle" reads the order the sidecar warmed up for.
+    granularity: str
+    window: int
+
+    def mode(self) -> tuple[bool, str]:
+        """(shuffle, granularity) of the plan: `shuffle` True takes `granularity`."""
+        if self.shuffle is True:
+            return True, self.granularity
+        return plans.shuffle_mode(self.shuffle)
 
 
 #: Library defaults (the contract table's, which the sidecar uses too): embedded mode,
@@ -38,6 +50,8 @@ LIBRARY = PlanDefaults(
     shuffle=variables.SHUFFLE.required_default,
     seed=variables.SEED.required_default,
     block_size=variables.BLOCK_SIZE.required_default,
+    granularity=variables.SHUFFLE_GRANULARITY.required_default,
+    window=variables.SHUFFLE_WINDOW.required_default,
 )
 
 
@@ -63,10 +77,14 @@ def from_env(environ: Mapping[str, str], *, mount: str | None) -> PlanDefaults:
     shuffle = variables.SHUFFLE.get(environ)
     seed = variables.SEED.get(environ)
     block_size = variables.BLOCK_SIZE.get(environ)
+    granularity = variables.SHUFFLE_GRANULARITY.get(environ)
+    window = variables.SHUFFLE_WINDOW.get(environ)
     return PlanDefaults(
         shuffle=LIBRARY.shuffle if shuffle is None else shuffle,
         seed=LIBRARY.seed if seed is None else seed,
         block_size=LIBRARY.block_size if block_size is None else block_size,
+        granularity=LIBRARY.granularity if granularity is None else granularity,
+        window=LIBRARY.window if window is None else window,
     )
 
 
@@ -76,10 +94,14 @@ def resolve(
     shuffle: bool | str | None,
     seed: int | None,
     block_size: int | None,
+    window: int | None = None,
 ) -> PlanDefaults:
-    """`defaults` with every argument that was given in its place: explicit wins."""
-    return PlanDefaults(
+    """`defaults` with every argument that was given in its place: explicit wins
+    (`shuffle=True` keeps the default granularity, "block" or "sample" replaces it)."""
+    return dataclasses.replace(
+        defaults,
         shuffle=defaults.shuffle if shuffle is None else shuffle,
         seed=defaults.seed if seed is None else seed,
         block_size=defaults.block_size if block_size is None else block_size,
+        window=defaults.window if window is None else window,
     )

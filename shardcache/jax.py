@@ -6,7 +6,8 @@
         state = ...                   # batch["tokens"] is a jax.Array, already placed
 
 `Batches` is `shardcache.numpy.Batches` with the rank taken from JAX
-(`jax.process_index()` of `jax.process_count()`) instead of $RANK. The prefetcher's
+(`jax.process_index()` of `jax.process_count()`) instead of $RANK; it reads a mixture
+as `shardcache.numpy.Batches` does (`source` a `shardcache.Mixture`, or `mixture=`). The prefetcher's
 state counts the batches handed over, not those in flight, as for torch.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import jax
 
+import shardcache
 import shardcache.numpy
 from shardcache import stalls
 
@@ -27,7 +29,7 @@ class Batches(shardcache.numpy.Batches):
 
     def __init__(
         self,
-        source: str | None = None,
+        source: str | shardcache.Mixture | None = None,
         *,
         batch_size: int,
         columns: Sequence[str] | None = None,
@@ -35,6 +37,17 @@ class Batches(shardcache.numpy.Batches):
         world_size: int | None = None,
         **options: Any,
     ) -> None:
+        if isinstance(source, shardcache.Mixture):
+            # Its sources were opened with their ranks already.
+            super().__init__(
+                source,
+                batch_size=batch_size,
+                columns=columns,
+                rank=rank,
+                world_size=world_size,
+                **options,
+            )
+            return
         super().__init__(
             source,
             batch_size=batch_size,

@@ -213,6 +213,16 @@ class Mixture:
         return self._schedule
 
     @property
+    def seed(self) -> int:
+        """The seed of the draws (the sources keep their own)."""
+        return self._seed
+
+    def drawn(self, step: int) -> str:
+        """The name of the source that serves batch `step` (rule 3: a pure function of
+        the seed, the step and the weights at that step)."""
+        return self._names[draw(self._seed, step, self._schedule.at(step))]
+
+    @property
     def step(self) -> int:
         """Batches handed out so far, over the mixture's whole life (resumed runs too)."""
         return self._step
@@ -271,8 +281,7 @@ class Mixture:
         self._batch_size = batch_size
         done = 0
         while steps is None or done < steps:
-            weights = self._schedule.at(self._step)
-            name = self._names[draw(self._seed, self._step, weights)]
+            name = self.drawn(self._step)
             pieces = self._next(name, batch_size, columns)
             self._step += 1
             count = self.counts[name]

@@ -14,14 +14,24 @@ by `import shardcache`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from shardcache import _open, _open_options, batching, columns, datasets, errors, ranks, stalls
+from shardcache import (
+    _adapter_sources,
+    batching,
+    columns,
+    datasets,
+    errors,
+    mixture_batching,
+    mixtures,
+    ranks,
+    stalls,
+)
 
 LISTS = ("offsets", "padded")
 
@@ -95,17 +105,25 @@ def collate(
 
 
 class Batches:
-    """An iterator of dicts of numpy arrays over one rank's share of a dataset.
+    """An iterator of dicts of numpy arrays over one rank's share of a dataset, or of
+    a mixture of datasets.
 
     `source` and `open_options` are `shardcache.open()`'s; `rank`/`world_size`
     default to $RANK/$WORLD_SIZE (JAX users pass `jax.process_index()` and
     `jax.process_count()`, or use `shardcache.jax`). Each `iter()` reads the rest of
     the current epoch; `set_epoch` selects the next one.
+
+    A mixture (`shardcache.mixture_batching`): `source` a `shardcache.Mixture`, or
+    `mixture={name: URI}` with `weights=` (and `mix_seed=`), each source opened with
+    `open_options`, or `mixture=True` for the pod's multi-source DatasetMount
+    (`shardcache.open_mixture`). Its batches never end (a mixture has no epoch: bound
+    the loop by steps), each `iter()` goes on where the last one stopped, `set_epoch`
+    does nothing, and `pack` is refused. State resumes exactly, as for one dataset.
     """
 
     def __init__(
         self,
-        source: str | None = None,
+        source: str | mixtures.Mixture | None = None,
         *,
         batch_size: int,
         columns: Sequence[str] | None = None,
@@ -117,18 +135,32 @@ class Batches:
         pad_to: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        mixture: Mapping[str, str] | bool | None = None,
+        weights: mixtures.Weights | None = None,
+        mix_seed: int | None = None,
         **open_options: Any,
     ) -> None:
-        unknown = sorted(set(open_options) - set(_open_options.KINDS))
-        if unknown:
-            raise errors.InputError(f"unknown option(s) {unknown} for shardcache.open()")
         if lists not in LISTS:
             raise errors.InputError(f"lists: expected one of {LISTS}, found {lists!r}")
-        found = ranks.resolve(rank, world_size, ranks.from_env())
-        self.rank, self.world_size = found.rank, found.world_size
-        args = dict(open_options, source_uri=source, rank=found.rank, world_size=found.world_size)
-        _open_options.check(args)
-        self._dataset: datasets.Dataset = _open.open(**args)
+        if isinstance(source, mixtures.Mixture):
+            if open_options or mixture is not None or rank is not None or world_size is not None:
+                raise errors.InputError(
+                    "Batches(a Mixture): expected no open options, mixture=, rank or "
+                    "world_size (the mixture's sources were opened with theirs)"
+                )
+            self._source: _adapter_sources.Source = source
+            some = next(iter(source.sources.values()))
+            self.rank, self.world_size = some.params.rank, some.params.world_size
+        else:
+            found = ranks.resolve(rank, world_size, ranks.from_env())
+            self.rank, self.world_size = found.rank, found.world_size
+            args = dict(
+                open_options, source_uri=source, rank=found.rank, world_size=found.world_size
+            )
+            opener = _adapter_sources.Opener.of(
+                args, mixture=mixture, weights=weights, mix_seed=mix_seed
+            )
+            self._source = opener.open()
         self.options = batching.Options(
             batch_size=batch_size,
             columns=tuple(columns) if columns is not None else None,
@@ -138,34 +170,51 @@ class Batches:
             pad_value=pad_value,
         )
         self.lists, self.pad_to = lists, pad_to
-        self._reader = batching.Reader(self._dataset, self.options)
+        try:
+            self._reader: _adapter_sources.Reader = _adapter_sources.reader(
+                self._source, self.options
+            )
+        except errors.ShardcacheError:
+            self._source.close()
+            raise
         self._fresh = True
         #: How long the loop waited for batches, against its steps.
         self.stalls = stalls.StallMeter()
 
     @property
     def dataset(self) -> datasets.Dataset:
-        return self._dataset
+        """The dataset read (an `InputError` for a mixture: see `mixture`)."""
+        if not isinstance(self._source, datasets.Dataset):
+            raise errors.InputError("Batches.dataset: this reads a mixture; see .mixture")
+        return self._source
+
+    @property
+    def mixture(self) -> mixtures.Mixture | None:
+        """The mixture read, or None when reading one dataset."""
+        return self._source if isinstance(self._source, mixtures.Mixture) else None
 
     def set_epoch(self, epoch: int) -> None:
-        """Read `epoch` next, from its start (unless it is the epoch already being read)."""
-        if epoch != self._dataset.epoch:
-            state = self._dataset.state_dict()
+        """Read `epoch` next, from its start (unless it is the epoch already being read).
+        A mixture has no epochs (its sources move on by themselves): nothing to do."""
+        ds = self._source
+        if isinstance(ds, datasets.Dataset) and epoch != ds.epoch:
+            state = ds.state_dict()
             state.update(epoch=epoch, position=0)
-            self._dataset.load_state_dict(state)
-            self._reader = batching.Reader(self._dataset, self.options)
+            ds.load_state_dict(state)
+            self._reader = batching.Reader(ds, self.options)
             self._fresh = True
 
     def __iter__(self) -> Iterator[dict[str, npt.NDArray[Any]]]:
         return self.stalls.wrap(self._batches())
 
     def _batches(self) -> Iterator[dict[str, npt.NDArray[Any]]]:
-        if not self._fresh:
+        ds = self._source
+        if not self._fresh and isinstance(ds, datasets.Dataset):
             # A finished pass: the next one is the same epoch again, from its start.
-            state = self._dataset.state_dict()
+            state = ds.state_dict()
             state["position"] = 0
-            self._dataset.load_state_dict(state)
-            self._reader = batching.Reader(self._dataset, self.options)
+            ds.load_state_dict(state)
+            self._reader = batching.Reader(ds, self.options)
         self._fresh = False
         for batch in self._reader:
             yield collate(
@@ -182,7 +231,9 @@ class Batches:
         self._fresh = True
 
     def close(self) -> None:
-        self._dataset.close()
+        if isinstance(self._reader, mixture_batching.MixtureReader):
+            self._reader.close()
+        self._source.close()
 
     def __enter__(self) -> Batches:
         return self

@@ -28,7 +28,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from shardcache import contract, errors, uris
+from shardcache import contract, errors, plans, uris
 from shardcache.contract import parsers, variables
 
 GROUP = "shardcache.io"
@@ -498,8 +498,28 @@ class ShardingSpec:
     )
     shuffle: bool = _field(
         "shuffle",
-        "Shuffle shards and blocks each epoch (false: file order).",
+        "Shuffle each epoch at the chosen granularity (false: file order).",
         default=variables.SHUFFLE.default,
+    )
+    granularity: str = _field(
+        "granularity",
+        "What the shuffle permutes. block: the shard order and blocks of blockSize rows "
+        "inside each shard; rows keep their order inside a block, so a batch is zero-copy "
+        "slices. sample: also the rows, within windows of `window` rows spanning several "
+        "shards; each batch is gathered with one copy, and a reader holds every shard of "
+        "its window (docs/reading-plan.md). Trainers that call shardcache.open() without "
+        "shuffle (or with shuffle=True) read in this mode.",
+        default=variables.SHUFFLE_GRANULARITY.default,
+        enum=plans.GRANULARITIES,
+    )
+    window: int = _field(
+        "window",
+        "Rows per sample-shuffle window (granularity sample only). The sidecar keeps the "
+        "shards of each reader's current and next window in the memory tier, so "
+        "cache.memory must hold about two windows of decoded rows; a larger window mixes "
+        "rows of more shards.",
+        default=variables.SHUFFLE_WINDOW.default,
+        minimum=1,
     )
     block_size: int | None = _field(
         "blockSize",

@@ -381,8 +381,8 @@ SHUFFLE: Final = Variable(
     parsers.BOOLEAN,
     True,
     _PLAN_READERS,
-    "Shuffle shards and blocks each epoch (false: file order); in trainers, `open()`'s "
-    "default for the pod's first mount.",
+    "Shuffle each epoch, at $SHARDCACHE_SHUFFLE_GRANULARITY (false: file order); in "
+    "trainers, `open()`'s default for the pod's first mount.",
     spec_field="sharding.shuffle",
     injected=_PLAN_INTO,
 )
@@ -395,6 +395,30 @@ BLOCK_SIZE: Final = Variable(
     "first mount.",
     spec_field="sharding.blockSize",
     spec_default=None,
+    injected=_PLAN_INTO,
+)
+SHUFFLE_GRANULARITY: Final = Variable(
+    "SHARDCACHE_SHUFFLE_GRANULARITY",
+    parsers.choice(*plans.GRANULARITIES),
+    # Block mode reads zero-copy slices; sample mode costs a gather per batch and a
+    # window of shards in the memory tier, so it is asked for (docs/reading-plan.md).
+    plans.BLOCK,
+    _PLAN_READERS,
+    "What a shuffle permutes: block (shards, then blocks of rows) or sample (also rows, "
+    "within windows spanning shards); in trainers, the mode `open()` reads the pod's first "
+    "mount in when `shuffle` is left out or True.",
+    spec_field="sharding.granularity",
+    injected=_PLAN_INTO,
+)
+SHUFFLE_WINDOW: Final = Variable(
+    "SHARDCACHE_SHUFFLE_WINDOW",
+    parsers.integer(minimum=1),
+    plans.DEFAULT_WINDOW,
+    _PLAN_READERS,
+    "Rows per sample-shuffle window (sample granularity only); the sidecar keeps the "
+    "shards of a reader's current and next window resident. In trainers, `open()`'s "
+    "default for the pod's first mount.",
+    spec_field="sharding.window",
     injected=_PLAN_INTO,
 )
 WORLD_SIZE: Final = Variable(
@@ -540,6 +564,8 @@ TABLE: Final[tuple[Variable[Any], ...]] = (
     SEED,
     SHUFFLE,
     BLOCK_SIZE,
+    SHUFFLE_GRANULARITY,
+    SHUFFLE_WINDOW,
     WORLD_SIZE,
     RANK,
     METRICS_PORT,

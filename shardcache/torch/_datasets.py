@@ -5,6 +5,11 @@ It yields whole batches (dicts of tensors), so hand it to a DataLoader with
 reads every `num_workers`-th batch of the rank's stream (`shardcache.batching`): the
 loader yields the same batches in the same order with any number of workers.
 
+A mixture of datasets (`shardcache.mixture_batching`) reads the same way, with the
+mixture's steps dealt to the workers: `mixture={name: URI}` with `weights=` (each worker
+opens every source), `mixture=True` (the pod's multi-source DatasetMount), or a
+`shardcache.Mixture` already opened (read in this process only: `num_workers=0`).
+
 State follows torchdata's `Stateful` protocol on both the dataset and its iterator,
 which is what `StatefulDataLoader` looks for: in each worker it loads the dataset's
 state, creates the iterator, then loads the iterator's state; both are the same small
@@ -13,13 +18,13 @@ JSON dict here, so either alone resumes at the exact next batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.utils.data
 
-from shardcache import _open, _open_options, batching, datasets, errors
+from shardcache import _adapter_sources, batching, datasets, errors, mixture_batching, mixtures
 from shardcache.torch import _ranks, _tensors
 
 
@@ -32,11 +37,20 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
     made by concatenating the lists of `pack_column` (remainder carried to the next
     batch, and in the state). `lists` and `pad_to`: see `shardcache.torch.collate`.
     Call `set_epoch(epoch)` at the top of each epoch, as with a DistributedSampler.
+
+    A mixture: `mixture={name: URI}` and `weights=` (a mapping or a schedule,
+    `shardcache.mix`) and `mix_seed=`, every source opened with `open_options`;
+    `mixture=True`: the pod's multi-source DatasetMount; or `source` a
+    `shardcache.Mixture` (this process only). Its batches never end (bound the loop by
+    steps), `set_epoch` does nothing, `pack` is refused, and a new iterator in this
+    process goes on where the last one stopped. With DataLoader workers, iterate the
+    loader once (or resume a StatefulDataLoader): new workers start from the state
+    they are given, the opened mixture's start by default.
     """
 
     def __init__(
         self,
-        source: str | None = None,
+        source: str | mixtures.Mixture | None = None,
         *,
         batch_size: int,
         columns: list[str] | tuple[str, ...] | None = None,
@@ -48,24 +62,48 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         pad_to: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        mixture: Mapping[str, str] | bool | None = None,
+        weights: mixtures.Weights | None = None,
+        mix_seed: int | None = None,
         **open_options: Any,
     ) -> None:
         super().__init__()
-        unknown = sorted(set(open_options) - set(_open_options.KINDS))
-        if unknown:
-            raise errors.InputError(f"unknown option(s) {unknown} for shardcache.open()")
         if lists not in _tensors.LISTS:
             raise errors.InputError(f"lists: expected one of {_tensors.LISTS}, found {lists!r}")
-        found = _ranks.discover(rank, world_size)
-        self.rank, self.world_size, self.local_rank = (
-            found.rank,
-            found.world_size,
-            found.local_rank,
-        )
-        self._open_args: dict[str, Any] = dict(
-            open_options, source_uri=source, rank=found.rank, world_size=found.world_size
-        )
-        _open_options.check(self._open_args)
+        #: A mixture opened by the caller: it cannot be reopened in a worker.
+        self._given: mixtures.Mixture | None = None
+        self._given_lost = False
+        if isinstance(source, mixtures.Mixture):
+            if open_options or mixture is not None or rank is not None or world_size is not None:
+                raise errors.InputError(
+                    "IterableDataset(a Mixture): expected no open options, mixture=, rank "
+                    "or world_size (the mixture's sources were opened with theirs)"
+                )
+            self._given = source
+            some = next(iter(source.sources.values()))
+            self.rank, self.world_size = some.params.rank, some.params.world_size
+            self.local_rank = _ranks.discover(None, None).local_rank
+            self._opener: _adapter_sources.Opener | None = None
+            is_mixture = True
+        else:
+            found = _ranks.discover(rank, world_size)
+            self.rank, self.world_size, self.local_rank = (
+                found.rank,
+                found.world_size,
+                found.local_rank,
+            )
+            args = dict(
+                open_options, source_uri=source, rank=found.rank, world_size=found.world_size
+            )
+            self._opener = _adapter_sources.Opener.of(
+                args, mixture=mixture, weights=weights, mix_seed=mix_seed
+            )
+            is_mixture = self._opener.mixture is not None
+        if is_mixture and pack is not None:
+            raise errors.InputError(
+                f"pack: expected None with a mixture, found {pack}: a packed sequence would "
+                "mix sources; read the mixture's rows unpacked"
+            )
         self.options = batching.Options(
             batch_size=batch_size,
             columns=tuple(columns) if columns is not None else None,
@@ -78,7 +116,7 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         self._epoch: int = open_options.get("epoch", 0)
         self._pending: dict[str, Any] | None = None
         # Per process, never pickled into DataLoader workers.
-        self._dataset: datasets.Dataset | None = None
+        self._dataset: _adapter_sources.Source | None = self._given
         self._opened_fresh = False
         self._live: _Iterator | None = None
 
@@ -86,20 +124,58 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(_dataset=None, _live=None, _opened_fresh=False)
+        if self._given is not None:
+            state.update(_given=None, _given_lost=True)
         return state
 
     # --- the dataset in this process ---------------------------------------------
-    def shardcache_dataset(self) -> datasets.Dataset:
-        """The shardcache `Dataset` this process reads (opened on first use)."""
+    def shardcache_source(self) -> _adapter_sources.Source:
+        """The `Dataset` or `Mixture` this process reads (opened on first use)."""
         if self._dataset is None:
-            self._dataset = _open.open(**self._open_args)
+            if self._opener is None:
+                raise errors.InputError(
+                    "IterableDataset(a Mixture) was copied into another process (a "
+                    "DataLoader worker), where its sources' caches are not open: pass "
+                    "mixture={name: URI} (or mixture=True) so each worker opens its own, or "
+                    "use num_workers=0"
+                )
+            self._dataset = self._opener.open()
             self._opened_fresh = True
         return self._dataset
 
-    def reader(self, split: batching.Split | None = None) -> batching.Reader:
+    def shardcache_dataset(self) -> datasets.Dataset:
+        """The shardcache `Dataset` this process reads (opened on first use)."""
+        source = self.shardcache_source()
+        if not isinstance(source, datasets.Dataset):
+            raise errors.InputError(
+                "shardcache_dataset(): this reads a mixture; see shardcache_source()"
+            )
+        return source
+
+    def add_mapping_listener(self, listener: datasets.MappingListener) -> None:
+        """Tell `listener` of every shard mapping this process reads: the dataset's, or
+        every source's of a mixture (the device prefetcher registers them with the GPU)."""
+        for ds in self._datasets():
+            ds.add_mapping_listener(listener)
+
+    def remove_mapping_listener(self, listener: datasets.MappingListener) -> None:
+        for ds in self._datasets():
+            ds.remove_mapping_listener(listener)
+
+    def _datasets(self) -> list[datasets.Dataset]:
+        source = self.shardcache_source()
+        if isinstance(source, mixtures.Mixture):
+            return list(source.sources.values())
+        return [source]
+
+    def reader(self, split: batching.Split | None = None) -> _adapter_sources.Reader:
         """A batch reader for this process: at the loaded state if one is pending, else
-        at the start of the current epoch (or where `resume_from` put a fresh dataset)."""
-        ds = self.shardcache_dataset()
+        at the start of the current epoch (or where `resume_from` put a fresh dataset);
+        for a mixture, where the last iterator of this process stopped."""
+        source = self.shardcache_source()
+        if isinstance(source, mixtures.Mixture):
+            return self._mixture_reader(source, split)
+        ds = source
         pending, self._pending = self._pending, None
         if pending is None and (not self._opened_fresh or ds.epoch != self._epoch):
             state = ds.state_dict()
@@ -112,6 +188,21 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
             self._epoch = reader.dataset.epoch
         return reader
 
+    def _mixture_reader(
+        self, mixed: mixtures.Mixture, split: batching.Split | None
+    ) -> _adapter_sources.Reader:
+        pending, self._pending = self._pending, None
+        if pending is None and self._live is not None:
+            # A mixture has no epoch to start again: go on from the last iterator.
+            pending = self._live.state_dict()
+        self._opened_fresh = False
+        if self._live is not None:
+            self._live.close()
+        reader = _adapter_sources.reader(mixed, self.options, split)
+        if pending is not None:
+            reader.load_state_dict(pending)
+        return reader
+
     def collate(self, batch: batching.HostBatch) -> dict[str, torch.Tensor]:
         return _tensors.collate(
             batch, lists=self.lists, pad_value=self.options.pad_value, pad_to=self.pad_to
@@ -119,7 +210,10 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
 
     # --- iteration ----------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Read `epoch` next (from its start, unless a state of that epoch was loaded)."""
+        """Read `epoch` next (from its start, unless a state of that epoch was loaded).
+        A mixture has no epochs (its sources move on by themselves): nothing to do."""
+        if self._opener is None or self._opener.mixture is not None:
+            return
         if epoch != self._epoch:
             self._epoch = epoch
             if self._pending is not None and self._pending["dataset"]["epoch"] != epoch:
@@ -127,6 +221,9 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = torch.utils.data.get_worker_info()
+        if info is not None and (self._given is not None or self._given_lost):
+            # Forked workers inherit the mixture without pickling: refuse it here too.
+            self._dataset, self._opener = None, None
         split = batching.Split(info.id, info.num_workers) if info is not None else None
         self._live = _Iterator(self, split)
         return self._live
@@ -142,7 +239,7 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume the next iterator at the exact next batch of the run that saved it."""
-        if not isinstance(state, dict) or "dataset" not in state:
+        if not isinstance(state, dict) or ("dataset" not in state and "mixture" not in state):
             raise errors.StateMismatchError(
                 "expected a state from shardcache.torch.IterableDataset.state_dict(), "
                 f"found {type(state).__name__}"
@@ -151,6 +248,8 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         self._live = None
 
     def close(self) -> None:
+        if self._live is not None:
+            self._live.close()
         if self._dataset is not None:
             self._dataset.close()
             self._dataset = None
@@ -179,3 +278,8 @@ class _Iterator:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._reader.load_state_dict(state)
         self._batches = None
+
+    def close(self) -> None:
+        """Close a mixture reader's open streams (their leases)."""
+        if isinstance(self._reader, mixture_batching.MixtureReader):
+            self._reader.close()

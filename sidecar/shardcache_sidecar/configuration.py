@@ -59,6 +59,11 @@ class Settings:
     seed: int = variables.SEED.required_default
     shuffle: bool = variables.SHUFFLE.required_default
     block_size: int = variables.BLOCK_SIZE.required_default
+    #: "block" or "sample" (`plans.GRANULARITIES`), and the sample-shuffle window in
+    #: rows: the mount's, so the startup reader warms the shards a sample-mode rank
+    #: leases first (its whole first windows), not a block-mode rank's.
+    granularity: str = variables.SHUFFLE_GRANULARITY.required_default
+    window: int = variables.SHUFFLE_WINDOW.required_default
     world_size: int = variables.WORLD_SIZE.required_default
     rank: int = variables.RANK.required_default
     #: TCP address of /healthz, /readyz and /metrics for kubelet and Prometheus.
@@ -144,6 +149,8 @@ class Settings:
             world_size=self.world_size,
             shuffle=self.shuffle,
             block_size=self.block_size,
+            granularity=self.granularity,
+            window=self.window,
         )
 
     def node_settings(self) -> caches.NodeSettings:
@@ -196,6 +203,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("seed", variables.SEED, "--seed"),
     Option("shuffle", variables.SHUFFLE, "--shuffle"),
     Option("block_size", variables.BLOCK_SIZE, "--block-size"),
+    Option("granularity", variables.SHUFFLE_GRANULARITY, "--granularity"),
+    Option("window", variables.SHUFFLE_WINDOW, "--window"),
     Option("world_size", variables.WORLD_SIZE, "--world-size"),
     Option("rank", variables.RANK, "--rank"),
     Option("metrics_host", variables.METRICS_HOST, "--metrics-host"),

@@ -61,6 +61,14 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         "spec.prefetch.depth",
     ),
     "missing-uri": ({"source": {"format": "parquet"}}, "spec.source.uri: Required value"),
+    "unknown-shuffle-granularity": (
+        {"source": {"uri": "s3://b/p/"}, "sharding": {"granularity": "rows"}},
+        'Unsupported value: "rows"',
+    ),
+    "zero-shuffle-window": (
+        {"source": {"uri": "s3://b/p/"}, "sharding": {"window": 0}},
+        "spec.sharding.window",
+    ),
     "zero-checkpoint-concurrency": (
         {"source": {"uri": "s3://b/p/"}, "checkpoint": {"uri": "s3://c/", "concurrency": 0}},
         "spec.checkpoint.concurrency",

@@ -90,18 +90,27 @@ def test_opted_in_pod_is_stored_with_the_sidecar_injected(
 def test_trainers_are_stored_with_their_mounts_reading_plan_as_the_sidecar_has_it(
     workload: workloads.Workload,
 ) -> None:
-    """Issue 19: `shardcache.open()` in the trainer takes seed, shuffle and block size
-    from these variables, so it reads the plan the sidecar warms up with."""
-    sharding = {"seed": 5, "shuffle": False, "blockSize": 16}
+    """Issue 19: `shardcache.open()` in the trainer takes seed, shuffle, granularity,
+    block size and window from these variables, so it reads the plan the sidecar warms
+    up with."""
+    sharding = {"seed": 5, "shuffle": True, "blockSize": 16, "granularity": "sample", "window": 512}
     name = workload.ready_mount("planned", sharding=sharding)
     body = objects.pod(objects.unique("planned"), name, containers=2)
     stored = create_pod(workload.admin, workload.namespace, body)
     (sidecar,) = [c for c in stored["spec"]["initContainers"] if c["name"] == f"shardcache-{name}"]
-    plan = (contract.ENV_SEED, contract.ENV_SHUFFLE, contract.ENV_BLOCK_SIZE)
+    plan = (
+        contract.ENV_SEED,
+        contract.ENV_SHUFFLE,
+        contract.ENV_BLOCK_SIZE,
+        contract.ENV_SHUFFLE_GRANULARITY,
+        contract.ENV_SHUFFLE_WINDOW,
+    )
     expected = {
         contract.ENV_SEED: "5",
-        contract.ENV_SHUFFLE: "false",
+        contract.ENV_SHUFFLE: "true",
         contract.ENV_BLOCK_SIZE: "16",
+        contract.ENV_SHUFFLE_GRANULARITY: "sample",
+        contract.ENV_SHUFFLE_WINDOW: "512",
     }
     sidecar_env = {e["name"]: e.get("value") for e in sidecar["env"]}
     assert {n: sidecar_env[n] for n in plan} == expected

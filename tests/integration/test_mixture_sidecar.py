@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardcache
+import shardcache.numpy
 from shardcache import errors
 from shardcache.contract import mixture_sources, variables
 from tests.support import datasets
@@ -140,3 +141,31 @@ def test_open_mixture_on_a_single_source_mount_says_to_use_open(
     proc.start(wait="ready")
     with pytest.raises(errors.InputError, match=r"serves one source.*use shardcache.open\(\)"):
         shardcache.open_mixture(environ=proc.client_env())
+
+
+def test_the_adapters_read_the_mounts_mixture_as_open_mixture_does(
+    uris: dict[str, str],
+    sidecar_factory: Callable[..., SidecarProcess],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    proc = sidecar_factory(
+        uris["web"],
+        env={variables.MIXTURE.env: mixture_env(uris, weights={"web": 2, "code": 1})},
+    )
+    proc.start(wait="ready")
+    env = proc.client_env()
+    with shardcache.open_mixture(environ=env, seed=3, block_size=8) as mixed:
+        want = [b.column("uid").to_pylist() for b in mixed.batches(BATCH, steps=30)]
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    # mixture=True: the pod's spec.mixture, with the mount's weights and seed.
+    options: dict[str, Any] = {"mixture": True, "seed": 3, "block_size": 8, "columns": ["uid"]}
+    with shardcache.numpy.Batches(batch_size=BATCH, **options) as it:
+        got = [b["uid"].tolist() for _, b in zip(range(12), it, strict=False)]
+        state = it.state_dict()
+    with shardcache.numpy.Batches(batch_size=BATCH, **options) as resumed:
+        resumed.load_state_dict(state)
+        got += [b["uid"].tolist() for _, b in zip(range(18), resumed, strict=False)]
+    assert got == want

@@ -19,7 +19,7 @@ import pytest
 from shardcache_operator import injection, specs
 
 import shardcache
-from shardcache import contract, plans, sidecar_client
+from shardcache import contract, plans, sidecar_client, windows
 from tests.support import datasets
 from tests.support.sidecar import MOUNT, SidecarProcess
 
@@ -27,7 +27,13 @@ pytestmark = pytest.mark.integration
 
 SHARDS = [40, 25, 33]
 SHARDING = {"seed": 7, "shuffle": True, "blockSize": 8}
-PLAN_ENV = (contract.ENV_SEED, contract.ENV_SHUFFLE, contract.ENV_BLOCK_SIZE)
+PLAN_ENV = (
+    contract.ENV_SEED,
+    contract.ENV_SHUFFLE,
+    contract.ENV_BLOCK_SIZE,
+    contract.ENV_SHUFFLE_GRANULARITY,
+    contract.ENV_SHUFFLE_WINDOW,
+)
 
 Factory = Callable[..., SidecarProcess]
 
@@ -45,15 +51,18 @@ def injected_env(spec: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
     )
 
 
-@pytest.fixture
-def pod(
-    tmp_path: Path, sidecar_factory: Factory, monkeypatch: pytest.MonkeyPatch
+def start_pod(
+    tmp_path: Path,
+    sidecar_factory: Factory,
+    monkeypatch: pytest.MonkeyPatch,
+    sharding: dict[str, Any],
 ) -> tuple[SidecarProcess, str]:
-    """A sidecar serving `MOUNT` with the spec's plan, and this process as its trainer."""
+    """A sidecar serving `MOUNT` with `sharding` as its spec's plan, and this process as
+    its trainer."""
     root = tmp_path / "ds"
     datasets.write_dataset(pafs.LocalFileSystem(), str(root), SHARDS)
     sidecar_env, trainer_env = injected_env(
-        {"source": {"uri": f"file://{root}"}, "sharding": SHARDING}
+        {"source": {"uri": f"file://{root}"}, "sharding": sharding}
     )
     proc = sidecar_factory(f"file://{root}", env={n: sidecar_env[n] for n in PLAN_ENV})
     proc.start(wait="ready")
@@ -62,6 +71,13 @@ def pod(
     for name, value in {**trainer_env, contract.ENV_RUN_DIR: str(proc.run_dir)}.items():
         monkeypatch.setenv(name, value)
     return proc, f"file://{root}"
+
+
+@pytest.fixture
+def pod(
+    tmp_path: Path, sidecar_factory: Factory, monkeypatch: pytest.MonkeyPatch
+) -> tuple[SidecarProcess, str]:
+    return start_pod(tmp_path, sidecar_factory, monkeypatch, SHARDING)
 
 
 def read_uids(ds: shardcache.Dataset, proc: SidecarProcess) -> tuple[list[int], set[Any]]:
@@ -129,3 +145,40 @@ def test_embedded_mode_in_the_same_pod_keeps_the_library_defaults(
     _, uri = pod
     with shardcache.open(uri, cache_dir=tmp_path / "cache") as ds:
         assert ds.params == plans.PlanParams()
+
+
+#: A sample-mode mount: windows of 30 rows over 98 rows, so windows span shards.
+SAMPLE_SHARDING = {"seed": 7, "granularity": "sample", "window": 30, "blockSize": 8}
+EMBEDDED_SAMPLE: dict[str, Any] = {"shuffle": "sample", "seed": 7, "window": 30, "block_size": 8}
+
+
+def test_a_sample_mode_mount_warms_its_windows_and_open_reads_the_embedded_sample_plan(
+    tmp_path: Path, sidecar_factory: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc, uri = start_pod(tmp_path, sidecar_factory, monkeypatch, SAMPLE_SHARDING)
+    provider = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
+    try:
+        (startup,) = provider.status()["readers"]
+        manifest = provider.manifest
+    finally:
+        provider.close()
+    # The sidecar's own reader has the mount's sample-mode plan...
+    assert (startup["granularity"], startup["window"], startup["block_size"]) == ("sample", 30, 8)
+    startup_plan = plans.PlanParams(seed=7, block_size=8, granularity="sample", window=30)
+    wins = windows.rank_windows(manifest.shard_rows, manifest.digest, startup_plan)
+    # ...and, once ready, every shard of its first window is resident: the shards a
+    # sample-mode reader leases for its first batch (a block-mode warm-up of two shards
+    # could miss one when the window spans three).
+    resident = {
+        s for s in range(len(SHARDS)) if (proc.memory_dir / manifest.decoded_key(s)).exists()
+    }
+    assert set(wins[0].shards) <= resident
+    with shardcache.open() as ds:
+        # No plan arguments: the mount's granularity and window.
+        assert ds.params == startup_plan
+        uids, seen = read_uids(ds, proc)
+    with shardcache.open(uri, cache_dir=tmp_path / "cache", **EMBEDDED_SAMPLE) as local:
+        embedded = [u for b in local.batches(16) for u in b.column("uid").to_pylist()]
+    assert uids == embedded
+    assert sorted(uids) == list(range(sum(SHARDS)))
+    assert seen == {(7, True, 8)}

@@ -211,6 +211,8 @@ def test_trainers_get_env_but_never_credentials() -> None:
         # The spec's plan defaults; no blockSize in the spec: the reader's default.
         contract.ENV_SEED: "0",
         contract.ENV_SHUFFLE: "true",
+        contract.ENV_SHUFFLE_GRANULARITY: "block",
+        contract.ENV_SHUFFLE_WINDOW: "65536",
     }
     assert "envFrom" not in trainer
     assert sidecars(stored)[0]["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
@@ -232,11 +234,31 @@ def test_trainers_get_the_reading_plan_their_sidecar_warms_up_with() -> None:
     assert {n: sidecar[n] for n in PLAN} == {n: trainer[n] for n in PLAN}
 
 
+SAMPLE_PLAN = (contract.ENV_SHUFFLE, contract.ENV_SHUFFLE_GRANULARITY, contract.ENV_SHUFFLE_WINDOW)
+
+
+def test_a_sample_mount_renders_its_granularity_and_window_into_sidecar_and_trainer() -> None:
+    sharding = {"granularity": "sample", "window": 20000}
+    _, stored = admit(pod(), dsm("imagenet", sharding=sharding))
+    trainer = env_of(stored["spec"]["containers"][0])
+    sidecar = env_of(sidecars(stored)[0])
+    expected = {
+        contract.ENV_SHUFFLE: "true",
+        contract.ENV_SHUFFLE_GRANULARITY: "sample",
+        contract.ENV_SHUFFLE_WINDOW: "20000",
+    }
+    assert {n: trainer[n] for n in SAMPLE_PLAN} == expected
+    assert {n: sidecar[n] for n in SAMPLE_PLAN} == expected
+
+
 def test_a_trainers_plan_is_its_first_mounts_even_with_a_second_one() -> None:
     _, stored = admit(
         pod(label="imagenet_captions"),
         dsm("imagenet", sharding={"seed": 1, "blockSize": 64}),
-        dsm("captions", sharding={"seed": 2, "blockSize": 128, "shuffle": False}),
+        dsm(
+            "captions",
+            sharding={"seed": 2, "blockSize": 128, "shuffle": False, "granularity": "sample"},
+        ),
     )
     trainer = env_of(stored["spec"]["containers"][0])
     assert trainer[contract.ENV_MOUNTS] == "imagenet,captions"
@@ -245,6 +267,7 @@ def test_a_trainers_plan_is_its_first_mounts_even_with_a_second_one() -> None:
         contract.ENV_SHUFFLE: "true",
         contract.ENV_BLOCK_SIZE: "64",
     }
+    assert trainer[contract.ENV_SHUFFLE_GRANULARITY] == "block"
 
 
 def test_a_users_own_plan_variable_on_a_trainer_is_replaced_by_the_mounts() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from shardcache_sidecar import configuration
 
-from shardcache import contract, errors
+from shardcache import contract, errors, plans
 
 pytestmark = pytest.mark.unit
 
@@ -31,6 +31,23 @@ def test_layout_follows_run_dir_and_mount_like_the_client() -> None:
     assert s.ready_shards == 2
     assert s.manifest_digest is None
     assert s.startup_plan().rank == 3
+
+
+def test_the_startup_plan_carries_the_mounts_granularity_and_window() -> None:
+    env = {
+        contract.ENV_SOURCE_URI: "s3://b/p",
+        contract.ENV_SEED: "5",
+        contract.ENV_SHUFFLE_GRANULARITY: "sample",
+        contract.ENV_SHUFFLE_WINDOW: "3000",
+    }
+    plan = configuration.from_env(env).startup_plan()
+    assert (plan.seed, plan.granularity, plan.window, plan.sampled) == (5, "sample", 3000, True)
+    # Flags win over the env, as for every other setting.
+    flagged = configuration.from_env(env, {"granularity": "block", "window": 10}).startup_plan()
+    assert (flagged.granularity, flagged.window, flagged.sampled) == ("block", 10, False)
+    assert configuration.from_env({contract.ENV_SOURCE_URI: "s3://b/p"}).startup_plan() == (
+        plans.PlanParams()
+    )
 
 
 def test_flags_override_the_environment() -> None:
@@ -60,6 +77,14 @@ def test_flags_override_the_environment() -> None:
         (
             {contract.ENV_RANK: "4", contract.ENV_WORLD_SIZE: "4"},
             "rank must be in [0, world_size=4)",
+        ),
+        (
+            {contract.ENV_SHUFFLE_GRANULARITY: "rows"},
+            f"${contract.ENV_SHUFFLE_GRANULARITY}: expected block or sample, found 'rows'",
+        ),
+        (
+            {contract.ENV_SHUFFLE_WINDOW: "0"},
+            f"${contract.ENV_SHUFFLE_WINDOW}: expected an integer >= 1, found 0",
         ),
         ({contract.ENV_MANIFEST_DIGEST: "md5:x"}, "expected 'sha256:<hex>'"),
         ({contract.ENV_RUN_DIR: "/" + "x" * 120}, "Unix sockets allow at most 107"),

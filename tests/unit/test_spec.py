@@ -55,6 +55,13 @@ def test_defaults_fill_every_optional_section() -> None:
     assert spec.sidecar.resources.limits["memory"] == "1Gi"
 
 
+def test_shuffle_granularity_and_window_default_to_the_librarys_block_mode() -> None:
+    sharding = parse().sharding
+    assert (sharding.shuffle, sharding.granularity, sharding.window) == (True, "block", 65536)
+    sampled = parse(sharding={"granularity": "sample", "window": 4096}).sharding
+    assert (sampled.granularity, sampled.window) == ("sample", 4096)
+
+
 def test_checkpoint_fields_are_parsed_with_defaults() -> None:
     spec = parse(checkpoint={"uri": "s3://ckpt/run/", "restore": "1200"})
     assert spec.checkpoint is not None
@@ -86,6 +93,18 @@ def test_checkpoint_fields_are_parsed_with_defaults() -> None:
         (
             {"source": {"uri": "s3://b/"}, "sharding": {"shuffle": "yes"}},
             r"spec\.sharding\.shuffle: expected true or false",
+        ),
+        (
+            {"source": {"uri": "s3://b/"}, "sharding": {"granularity": "rows"}},
+            r"spec\.sharding\.granularity: expected one of block, sample, found 'rows'",
+        ),
+        (
+            {"source": {"uri": "s3://b/"}, "sharding": {"window": 0}},
+            r"spec\.sharding\.window: expected an integer >= 1, found 0",
+        ),
+        (
+            {"source": {"uri": "s3://b/"}, "sharding": {"window": "64k"}},
+            r"spec\.sharding\.window: expected an integer, found '64k'",
         ),
         (
             {"source": {"uri": "s3://b/"}, "cache": {"memroy": "1Gi"}},
