@@ -26,6 +26,7 @@ import pytest
 
 import shardcache
 from shardcache.checkpoint import layout
+from tests.support import processes
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -78,12 +79,7 @@ def serving(args: Sequence[str], log: Path) -> Iterator[str]:
             )
             yield line.split()[-1].removesuffix("/ui")
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            processes.stop(proc, timeout=10)
 
 
 @pytest.fixture(scope="module")
