@@ -151,9 +151,7 @@ def test_data_starved_is_set_with_an_event_naming_the_pod_and_cleared_on_recover
         uid = mount["metadata"]["uid"]
         warnings = harness.wait_until(
             "a DataStarved Event",
-            lambda: [
-                e for e in objects.events_of(admin, namespace, uid) if e.reason == "DataStarved"
-            ],
+            lambda: objects.events_with(admin, namespace, uid, "DataStarved"),
             timeout=CONDITION_TIMEOUT_S,
         )
         assert warnings[0].type == "Warning" and pod_name in warnings[0].message
@@ -170,9 +168,7 @@ def test_data_starved_is_set_with_an_event_naming_the_pod_and_cleared_on_recover
         assert cleared["reason"] == "DataKeepsUp"
         harness.wait_until(
             "a DataRecovered Event",
-            lambda: [
-                e for e in objects.events_of(admin, namespace, uid) if e.reason == "DataRecovered"
-            ],
+            lambda: objects.events_with(admin, namespace, uid, "DataRecovered"),
             timeout=CONDITION_TIMEOUT_S,
         )
     finally:

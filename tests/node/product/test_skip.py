@@ -139,15 +139,10 @@ def test_a_skip_requested_with_shardcache_skip_is_applied_at_restore_and_reporte
     assert last["requestedAt"] <= last["appliedAt"], last
     uid = objects.get_datasetmount(admin, namespace, mount.name)["metadata"]["uid"]
 
-    def skip_events() -> list[Any] | None:
-        found = [
-            e for e in objects.events_of(admin, namespace, uid) if e.reason == skips.EVENT_REASON
-        ]
-        return found or None
-
     events = harness.wait_until(
-        f"a {skips.EVENT_REASON} Event", skip_events, timeout=REPORT_TIMEOUT_S, interval=1,
-        describe=operator.logs,
+        f"a {skips.EVENT_REASON} Event",
+        lambda: objects.events_with(admin, namespace, uid, skips.EVENT_REASON) or None,
+        timeout=REPORT_TIMEOUT_S, interval=1, describe=operator.logs,
     )  # fmt: skip
     assert len(events) == 1, [e.message for e in events]
     assert str(events[0].message) == (
