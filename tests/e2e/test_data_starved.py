@@ -125,10 +125,17 @@ def test_data_starved_is_set_with_an_event_naming_the_pod_and_cleared_on_recover
     reader.start()
     try:
 
-        def data_starved(state: str) -> dict[str, Any] | None:
-            status = objects.get_datasetmount(admin, namespace, name).get("status") or {}
-            found = objects.condition(status, "DataStarved")
-            return found if found.get("status") == state else None
+        def wait_data_starved(state: str) -> dict[str, Any]:
+            """The DataStarved condition, once its status is `state`."""
+
+            def found() -> dict[str, Any] | None:
+                status = objects.get_datasetmount(admin, namespace, name).get("status") or {}
+                condition = objects.condition(status, "DataStarved")
+                return condition if condition.get("status") == state else None
+
+            return harness.wait_until(
+                f"DataStarved {state}", found, timeout=CONDITION_TIMEOUT_S, describe=describe
+            )
 
         def describe() -> str:
             status = objects.get_datasetmount(admin, namespace, name).get("status")
@@ -140,12 +147,7 @@ def test_data_starved_is_set_with_an_event_naming_the_pod_and_cleared_on_recover
                 f"sidecar: {fraction}\n{operator.logs()[-3000:]}"
             )
 
-        starved = harness.wait_until(
-            "DataStarved True",
-            lambda: data_starved("True"),
-            timeout=CONDITION_TIMEOUT_S,
-            describe=describe,
-        )
+        starved = wait_data_starved("True")
         assert starved["reason"] == "ReadersWaitingOnData"
         assert pod_name in starved["message"]
         uid = mount["metadata"]["uid"]
@@ -159,12 +161,7 @@ def test_data_starved_is_set_with_an_event_naming_the_pod_and_cleared_on_recover
         # Storage keeps up again and the loop computes between batches.
         shards.slow.clear()
         stalled.clear()
-        cleared = harness.wait_until(
-            "DataStarved False",
-            lambda: data_starved("False"),
-            timeout=CONDITION_TIMEOUT_S,
-            describe=describe,
-        )
+        cleared = wait_data_starved("False")
         assert cleared["reason"] == "DataKeepsUp"
         harness.wait_until(
             "a DataRecovered Event",
