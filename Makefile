@@ -56,4 +56,4 @@ pytest: install $(TEST_PREREQS)
 test: lint typecheck layers pytest
 
 bench-read: install tools-minio
-	$(PY) bench/read.py --minio $(MINIO_DIR)/minio
+	$(PY) -m bench.read --minio $(MINIO_DIR)/minio

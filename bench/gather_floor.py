@@ -36,7 +36,8 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from bench.peers import dataset, harness
+from bench import token_passes
+from bench.peers import dataset
 from shardcache import gather
 
 
@@ -83,19 +84,10 @@ def gather_pass(sources: list[pa.RecordBatch], size: int, *, touch: bool = True)
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--size", type=harness.parse_size, default=harness.parse_size("256MiB"))
-    p.add_argument("--file-size", type=harness.parse_size, default=harness.parse_size("32MiB"))
-    p.add_argument("--batch-size", type=int, default=256)
+    token_passes.add_dataset_arguments(p, passes=5, per="variant")
     p.add_argument("--packed", type=int, default=1024, help="tokens per row of `packed`")
-    p.add_argument("--passes", type=int, default=5, help="timed warm passes per variant")
-    p.add_argument(
-        "--root", type=Path, default=Path(tempfile.gettempdir()) / "shardcache-bench-sample"
-    )
-    p.add_argument("--shm-dir", type=Path, default=Path("/dev/shm"))
     args = p.parse_args(argv)
-    spec = dataset.ensure(
-        args.root, dataset.Params(size_bytes=args.size, file_bytes=args.file_size)
-    )
+    spec = token_passes.ensure_dataset(args)
     with tempfile.TemporaryDirectory(prefix="scb-gather-", dir=args.shm_dir) as mem:
         ragged, fixed = [], []
         for i, path in enumerate(dataset.parquet_files(args.root, spec)):

@@ -382,13 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     installed = False
     try:
         # An interrupted earlier run (or e2e session) may have left a release behind.
-        if (
-            cluster.run(
-                "helm", "status", harness.RELEASE, "-n", harness.RELEASE_NAMESPACE, check=False
-            ).returncode
-            == 0
-        ):
-            cluster.run("helm", "uninstall", harness.RELEASE, "-n", harness.RELEASE_NAMESPACE)
+        harness.uninstall_leftover_release(cluster, harness.RELEASE, harness.RELEASE_NAMESPACE)
         for namespace in (NAMESPACE, harness.RELEASE_NAMESPACE):
             with contextlib.suppress(ApiException):
                 core.delete_namespace(namespace)

@@ -20,24 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 from shardcache_sidecar import launcher
 
 import shardcache
+from bench import token_passes
 from shardcache import contract, plans
 
 GiB = 1 << 30
-
-
-def touch(batches: Iterator[pa.RecordBatch]) -> tuple[int, int]:
-    """(tokens, checksum): reads every token of every batch."""
-    tokens = checksum = 0
-    for batch in batches:
-        values = batch.column("tokens").flatten()
-        tokens += len(values)
-        checksum += pc.sum(values).as_py() or 0
-    return tokens, checksum
 
 
 def raw_batches(files: list[Path], batch_size: int) -> Iterator[pa.RecordBatch]:
@@ -58,8 +48,8 @@ def sidecar_pass(
         stream = ds.batches(batch_size)
         first = next(stream)
         ttfb = time.perf_counter() - t0
-        tokens, checksum = touch(iter([first]))
-        more_tokens, more_sum = touch(stream)
+        tokens, checksum = token_passes.touch(iter([first]))
+        more_tokens, more_sum = token_passes.touch(stream)
         elapsed = time.perf_counter() - t0
     return ttfb, elapsed, tokens + more_tokens, checksum + more_sum
 
@@ -110,7 +100,7 @@ def main() -> int:
                 files = sorted(p for p in mem_dir.iterdir() if p.name.endswith("-d1"))
                 assert len(files) == args.shards, f"expected {args.shards} decoded shards"
                 t = time.perf_counter()
-                raw_tokens, raw_sum = touch(raw_batches(files, args.batch_size))
+                raw_tokens, raw_sum = token_passes.touch(raw_batches(files, args.batch_size))
                 raw_s = time.perf_counter() - t
                 results.append(("(a) raw mmap of the decoded IPC files", raw_s, raw_tokens))
                 # Second warm pass after raw, so neither side is favoured by order.

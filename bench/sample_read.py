@@ -19,47 +19,24 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 import shardcache
-from bench.peers import dataset, harness
-
-
-def touch(batches: Iterator[pa.RecordBatch]) -> tuple[int, int]:
-    """(tokens, checksum): reads every token of every batch."""
-    tokens = checksum = 0
-    for batch in batches:
-        values = batch.column("tokens").flatten()
-        tokens += len(values)
-        checksum += pc.sum(values).as_py() or 0
-    return tokens, checksum
+from bench import token_passes
 
 
 def timed_pass(ds: shardcache.Dataset, epoch: int, batch_size: int) -> tuple[float, int, int]:
     ds.set_epoch(epoch)
     t0 = time.perf_counter()
-    tokens, checksum = touch(ds.batches(batch_size))
+    tokens, checksum = token_passes.touch(ds.batches(batch_size))
     return time.perf_counter() - t0, tokens, checksum
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--size", type=harness.parse_size, default=harness.parse_size("256MiB"))
-    p.add_argument("--file-size", type=harness.parse_size, default=harness.parse_size("32MiB"))
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--passes", type=int, default=3, help="timed warm passes per mode")
-    p.add_argument(
-        "--root", type=Path, default=Path(tempfile.gettempdir()) / "shardcache-bench-sample"
-    )
-    p.add_argument("--shm-dir", type=Path, default=Path("/dev/shm"))
+    token_passes.add_dataset_arguments(p, passes=3, per="mode")
     args = p.parse_args(argv)
-    spec = dataset.ensure(
-        args.root, dataset.Params(size_bytes=args.size, file_bytes=args.file_size)
-    )
+    spec = token_passes.ensure_dataset(args)
     uri = (args.root / "parquet").resolve().as_uri()
     with tempfile.TemporaryDirectory(prefix="scb-sample-", dir=args.shm_dir) as mem:
         # A cache of its own per mode, so neither waits on the other's locks.

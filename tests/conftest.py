@@ -8,4 +8,5 @@ pytest_plugins: list[str] = [
     "tests.support.sidecar",
     "tests.support.cluster",
     "tests.support.checkpoints",
+    "tests.support.web_inspector",
 ]

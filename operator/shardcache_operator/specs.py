@@ -200,6 +200,26 @@ def _quantity(json: str, default: int, description: str) -> Any:
     )
 
 
+def _uri(description: str) -> Any:
+    """A required object-store URI (`uri`): where a source or the checkpoints live."""
+    return _field("uri", description, pattern=URI_PATTERN, max_length=MAX_URI_LENGTH)
+
+
+def _shard_format(description: str) -> Any:
+    """The shards' file format (`format`), the contract's default when omitted."""
+    return _field(
+        "format",
+        description,
+        default=variables.SOURCE_FORMAT.spec_value_default,
+        enum=FORMATS,
+    )
+
+
+def _pinned_version(description: str) -> Any:
+    """An optional manifest digest a source is pinned to (`version`)."""
+    return _field("version", description, default=None, pattern=DIGEST_PATTERN)
+
+
 def field_info(field: dataclasses.Field[Any]) -> FieldInfo:
     info = field.metadata.get(_META)
     if not isinstance(info, FieldInfo):
@@ -238,19 +258,13 @@ class SourceSpec:
 
     rules: ClassVar[tuple[Rule, ...]] = (_URI_WITHOUT_USERINFO,)
 
-    uri: str = _field(
-        "uri",
+    uri: str = _uri(
         "URI of the dataset: a directory or glob of shard files on any pyarrow filesystem "
         "(s3://bucket/prefix, gs://..., hdfs://..., file:///...). Credentials in the URI "
         "(user:password@) are refused: use secretRef.",
-        pattern=URI_PATTERN,
-        max_length=MAX_URI_LENGTH,
     )
-    format: str = _field(
-        "format",
+    format: str = _shard_format(
         "File format of the shards: parquet, arrow (Arrow IPC) or jsonl.",
-        default=variables.SOURCE_FORMAT.spec_value_default,
-        enum=FORMATS,
     )
     secret_ref: SecretRef | None = _field(
         "secretRef",
@@ -259,13 +273,10 @@ class SourceSpec:
         "identity), and the sidecar with the pod's own identity.",
         default=None,
     )
-    version: str | None = _field(
-        "version",
+    version: str | None = _pinned_version(
         "Pins the manifest digest explicitly (sha256:<64 hex>). The operator refuses to "
         "become Ready if the source's manifest has a different digest. Without it the "
         "digest resolved at creation is pinned in status.",
-        default=None,
-        pattern=DIGEST_PATTERN,
     )
 
 
@@ -294,24 +305,15 @@ class MixtureSourceSpec:
         minimum=0,
         maximum=1_000_000,
     )
-    uri: str = _field(
-        "uri",
+    uri: str = _uri(
         "URI of the source's shards, as spec.source.uri. Read with spec.source.secretRef: "
         "one sidecar holds one set of object store credentials.",
-        pattern=URI_PATTERN,
-        max_length=MAX_URI_LENGTH,
     )
-    format: str = _field(
-        "format",
+    format: str = _shard_format(
         "File format of the source's shards: parquet, arrow (Arrow IPC) or jsonl.",
-        default=variables.SOURCE_FORMAT.spec_value_default,
-        enum=FORMATS,
     )
-    version: str | None = _field(
-        "version",
+    version: str | None = _pinned_version(
         "Pins the source's manifest digest (sha256:<64 hex>), as spec.source.version.",
-        default=None,
-        pattern=DIGEST_PATTERN,
     )
 
 
@@ -556,13 +558,10 @@ class CheckpointSpec:
 
     rules: ClassVar[tuple[Rule, ...]] = (_URI_WITHOUT_USERINFO,)
 
-    uri: str = _field(
-        "uri",
+    uri: str = _uri(
         "Object store prefix checkpoints are uploaded to (s3://bucket/run-42/). Uses the "
         "source's secretRef for credentials (credentials in the URI are refused). Ranked "
         "pods publish under <uri>/rank-<rank>.",
-        pattern=URI_PATTERN,
-        max_length=MAX_URI_LENGTH,
     )
     keep_last: int = _field(
         "keepLast",

@@ -203,11 +203,7 @@ def release(
     values_file = e2e_workdir / "values.json"
     values_file.write_text(json.dumps(values, indent=2))
     # A release left by an interrupted earlier run on a reused cluster would collide.
-    leftover = e2e_cluster.run(
-        "helm", "status", harness.RELEASE, "-n", harness.RELEASE_NAMESPACE, check=False
-    )
-    if leftover.returncode == 0:
-        e2e_cluster.run("helm", "uninstall", harness.RELEASE, "-n", harness.RELEASE_NAMESPACE)
+    if harness.uninstall_leftover_release(e2e_cluster, harness.RELEASE, harness.RELEASE_NAMESPACE):
         delete_crds(admin)
     core = kubernetes.client.CoreV1Api(admin)
     with contextlib.suppress(ApiException):

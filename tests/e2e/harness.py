@@ -225,6 +225,25 @@ class ObjectStore(Protocol):
     def make_bucket(self, prefix: str = "t") -> str: ...
 
 
+def uninstall_leftover_release(cluster: Cluster, release: str, namespace: str) -> bool:
+    """Uninstall the helm release `release` from `namespace` where an interrupted earlier
+    session on a reused cluster left it (a new install would collide); whether it did."""
+    if cluster.run("helm", "status", release, "-n", namespace, check=False).returncode != 0:
+        return False
+    cluster.run("helm", "uninstall", release, "-n", namespace)
+    return True
+
+
+def store_env(store: ObjectStore) -> dict[str, str]:
+    """The AWS variables that point an SDK (or a subprocess) at `store`."""
+    return {
+        "AWS_ACCESS_KEY_ID": store.access_key,
+        "AWS_SECRET_ACCESS_KEY": store.secret_key,
+        "AWS_ENDPOINT_URL": store.endpoint_url,
+        "AWS_REGION": store.region,
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class ExternalObjectStore:
     """kind: an S3 endpoint given by the environment, reachable from pods and from here."""

@@ -109,6 +109,13 @@ def events_of(
     return sorted(listing.items, key=lambda e: (e.reason or "", e.metadata.name))
 
 
+def events_with(
+    admin: kubernetes.client.ApiClient, namespace: str, uid: str, reason: str
+) -> list[kubernetes.client.CoreV1Event]:
+    """The Events of the object `uid` whose reason is `reason`; a wait's test."""
+    return [e for e in events_of(admin, namespace, uid) if e.reason == reason]
+
+
 def pod(
     name: str | None,
     mount: str | None,

@@ -125,10 +125,17 @@ def test_data_starved_is_set_with_an_event_naming_the_pod_and_cleared_on_recover
     reader.start()
     try:
 
-        def data_starved(state: str) -> dict[str, Any] | None:
-            status = objects.get_datasetmount(admin, namespace, name).get("status") or {}
-            found = objects.condition(status, "DataStarved")
-            return found if found.get("status") == state else None
+        def wait_data_starved(state: str) -> dict[str, Any]:
+            """The DataStarved condition, once its status is `state`."""
+
+            def found() -> dict[str, Any] | None:
+                status = objects.get_datasetmount(admin, namespace, name).get("status") or {}
+                condition = objects.condition(status, "DataStarved")
+                return condition if condition.get("status") == state else None
+
+            return harness.wait_until(
+                f"DataStarved {state}", found, timeout=CONDITION_TIMEOUT_S, describe=describe
+            )
 
         def describe() -> str:
             status = objects.get_datasetmount(admin, namespace, name).get("status")
@@ -140,20 +147,13 @@ def test_data_starved_is_set_with_an_event_naming_the_pod_and_cleared_on_recover
                 f"sidecar: {fraction}\n{operator.logs()[-3000:]}"
             )
 
-        starved = harness.wait_until(
-            "DataStarved True",
-            lambda: data_starved("True"),
-            timeout=CONDITION_TIMEOUT_S,
-            describe=describe,
-        )
+        starved = wait_data_starved("True")
         assert starved["reason"] == "ReadersWaitingOnData"
         assert pod_name in starved["message"]
         uid = mount["metadata"]["uid"]
         warnings = harness.wait_until(
             "a DataStarved Event",
-            lambda: [
-                e for e in objects.events_of(admin, namespace, uid) if e.reason == "DataStarved"
-            ],
+            lambda: objects.events_with(admin, namespace, uid, "DataStarved"),
             timeout=CONDITION_TIMEOUT_S,
         )
         assert warnings[0].type == "Warning" and pod_name in warnings[0].message
@@ -161,18 +161,11 @@ def test_data_starved_is_set_with_an_event_naming_the_pod_and_cleared_on_recover
         # Storage keeps up again and the loop computes between batches.
         shards.slow.clear()
         stalled.clear()
-        cleared = harness.wait_until(
-            "DataStarved False",
-            lambda: data_starved("False"),
-            timeout=CONDITION_TIMEOUT_S,
-            describe=describe,
-        )
+        cleared = wait_data_starved("False")
         assert cleared["reason"] == "DataKeepsUp"
         harness.wait_until(
             "a DataRecovered Event",
-            lambda: [
-                e for e in objects.events_of(admin, namespace, uid) if e.reason == "DataRecovered"
-            ],
+            lambda: objects.events_with(admin, namespace, uid, "DataRecovered"),
             timeout=CONDITION_TIMEOUT_S,
         )
     finally:

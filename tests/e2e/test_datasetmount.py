@@ -26,12 +26,7 @@ def test_datasetmount_on_real_s3_reaches_ready_with_the_pinned_digest(
     expected = manifests.resolve(
         ready_mount.uri,
         format="parquet",
-        storage_options={
-            "AWS_ACCESS_KEY_ID": object_store.access_key,
-            "AWS_SECRET_ACCESS_KEY": object_store.secret_key,
-            "AWS_ENDPOINT_URL": object_store.endpoint_url,
-            "AWS_REGION": object_store.region,
-        },
+        storage_options=harness.store_env(object_store),
     )
     status = ready_mount.status
     assert status["manifestDigest"] == expected.digest

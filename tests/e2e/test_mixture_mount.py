@@ -24,15 +24,6 @@ pytestmark = pytest.mark.e2e
 CODE_ROWS = (20, 33)
 
 
-def storage(store: harness.ObjectStore) -> dict[str, str]:
-    return {
-        "AWS_ACCESS_KEY_ID": store.access_key,
-        "AWS_SECRET_ACCESS_KEY": store.secret_key,
-        "AWS_ENDPOINT_URL": store.endpoint_url,
-        "AWS_REGION": store.region,
-    }
-
-
 def mixture_mount(mount: str, web: str, code: str, **mixture: Any) -> dict[str, Any]:
     spec = {
         "name": "web",
@@ -67,7 +58,7 @@ def test_a_multi_source_mount_pins_every_source_and_its_sidecar_serves_them_all(
     name = objects.unique("mix")
     objects.create_datasetmount(admin, workload_namespace, mixture_mount(name, web, code))
     status = objects.wait_phase(admin, workload_namespace, name, "Ready", operator)
-    options = storage(object_store)
+    options = harness.store_env(object_store)
     web_digest = manifests.resolve(web, format="parquet", storage_options=options).digest
     code_digest = manifests.resolve(code, format="parquet", storage_options=options).digest
     assert status["manifestDigest"] == web_digest

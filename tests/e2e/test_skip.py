@@ -23,15 +23,6 @@ pytestmark = pytest.mark.e2e
 WORLD, BATCH = 2, 8
 
 
-def store_env(store: harness.ObjectStore) -> dict[str, str]:
-    return {
-        "AWS_ACCESS_KEY_ID": store.access_key,
-        "AWS_SECRET_ACCESS_KEY": store.secret_key,
-        "AWS_ENDPOINT_URL": store.endpoint_url,
-        "AWS_REGION": store.region,
-    }
-
-
 def data_state(rank: int, position: int) -> dict[str, object]:
     params = plans.PlanParams(seed=1, rank=rank, world_size=WORLD, block_size=16)
     state = states.DataState("sha256:e2e", params, position=position, batch_size=BATCH)
@@ -40,7 +31,7 @@ def data_state(rank: int, position: int) -> dict[str, object]:
 
 def agent(root: Path, uri: str, store: harness.ObjectStore) -> Agent:
     settings = CheckpointSettings(directory=root, uri=uri, keep_last=10)
-    return Agent(settings, storage_options=store_env(store))
+    return Agent(settings, storage_options=harness.store_env(store))
 
 
 def test_a_skip_requested_with_shardcache_skip_is_applied_at_restore_and_reported(
@@ -70,7 +61,7 @@ def test_a_skip_requested_with_shardcache_skip_is_applied_at_restore_and_reporte
     proc = subprocess.run(
         [sys.executable, "-m", "shardcache", "skip", "--checkpoint-uri", ckpt, "--step", "2",
          "--batches", "1", "--reason", "spike at step 4", "--json"],
-        env={**os.environ, **store_env(object_store)}, capture_output=True, text=True,
+        env={**os.environ, **harness.store_env(object_store)}, capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -98,9 +89,7 @@ def test_a_skip_requested_with_shardcache_skip_is_applied_at_restore_and_reporte
         {"rank": r, "epoch": 0, "start": 2 * BATCH, "stop": 3 * BATCH} for r in range(WORLD)
     ]
     uid = objects.get_datasetmount(admin, workload_namespace, name)["metadata"]["uid"]
-    events = [
-        e for e in objects.events_of(admin, workload_namespace, uid) if e.reason == "SkipApplied"
-    ]
+    events = objects.events_with(admin, workload_namespace, uid, "SkipApplied")
     assert len(events) == 1
     assert "checkpoint step 2 was restored with a skip of 1 batches (spike at step 4)" in str(
         events[0].message

@@ -16,13 +16,9 @@ from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
-from shardcache_sidecar.checkpoint import Agent, CheckpointSettings
 
-import shardcache
-from shardcache import checkpoint
 from shardcache.checkpoint import _protocol, layout
-from tests.support import datasets
-from tests.support.checkpoints import write_checkpoint
+from tests.support import checkpoints, datasets
 
 pytestmark = pytest.mark.integration
 
@@ -31,24 +27,11 @@ TOTAL = sum(SHARDS)
 BATCH, SEED, BLOCK = 5, 4, 8
 
 
-class Pod:
-    """One rank's trainer and its checkpoint agent (a pod, without the cluster)."""
+class Pod(checkpoints.TrainerPod):
+    """A pod whose trainer reads batches of `BATCH` rows through one epoch."""
 
     def __init__(self, tmp: Path, generation: str, rank: int, world: int, store: str) -> None:
-        self.root = tmp / generation / f"ckpt-{rank}"
-        settings = CheckpointSettings(
-            directory=self.root, uri=f"{store}/rank-{rank}", keep_last=100
-        )
-        self.agent = Agent(settings)
-        self.restored = self.agent.restore()
-        self.ds = shardcache.open(
-            str(tmp / "ds"), cache_dir=tmp / "cache", rank=rank, world_size=world, seed=SEED,
-            block_size=BLOCK,
-        )  # fmt: skip
-        # What `resume_from="latest"` does, with this pod's checkpoint root.
-        self.state = checkpoint.data_state("latest", root=self.root, world_size=world)
-        if self.state is not None:
-            self.ds.load_state_dict(self.state)
+        super().__init__(tmp, generation, rank, world, store, seed=SEED, block_size=BLOCK)
         self.it = iter(self.ds.batches(BATCH))
 
     def read(self, batches: int) -> list[int]:
@@ -59,14 +42,6 @@ class Pod:
                 break
             out += [int(u) for u in batch.column("uid").to_pylist()]
         return out
-
-    def commit(self, step: int) -> None:
-        path = write_checkpoint(self.root, f"step-{step}", {"model.bin": b"w%d" % step})
-        checkpoint.commit(path, step=step, data_state=self.ds.state_dict())
-        assert self.agent.scan() == [step]
-
-    def close(self) -> None:
-        self.ds.close()
 
 
 def run_generation(

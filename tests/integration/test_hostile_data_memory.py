@@ -72,6 +72,36 @@ def peak_rss(code: str) -> tuple[int, str]:
     return peak, proc.stdout
 
 
+def peak_rss_resolving(directory: Path) -> tuple[int, str]:
+    """What the operator runs on a source, `manifests.resolve`, in a fresh interpreter;
+    its stdout says `ROWS <the manifest's total rows>`."""
+    return peak_rss(
+        f"""
+        from shardcache import manifests
+        m = manifests.resolve({directory.as_uri()!r})
+        print("ROWS", m.total_rows)
+        """
+    )
+
+
+def peak_rss_reading(directory: Path, cache: Path, *, memory_limit: int) -> tuple[int, str]:
+    """The first batch of the dataset in `directory` through an embedded cache at `cache`
+    held to `memory_limit` bytes, in a fresh interpreter; its stdout says `REFUSED
+    <the error>` where the cache refused the data."""
+    return peak_rss(
+        f"""
+        import shardcache
+        from shardcache import errors
+        try:
+            with shardcache.open({directory.as_uri()!r}, cache_dir={str(cache)!r},
+                                 memory_limit={memory_limit}) as ds:
+                next(iter(ds.batches(16)))
+        except errors.ShardcacheError as exc:
+            print("REFUSED", exc)
+        """
+    )
+
+
 @pytest.fixture(scope="module")
 def bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_bomb(tmp_path_factory.mktemp("hostile") / "ds")
@@ -79,13 +109,7 @@ def bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_resolving_an_arrow_bomb_reads_metadata_only(bomb: Path) -> None:
     assert bomb.stat().st_size < 256 * 1024
-    peak, out = peak_rss(
-        f"""
-        from shardcache import manifests
-        m = manifests.resolve({bomb.parent.as_uri()!r})
-        print("ROWS", m.total_rows)
-        """
-    )
+    peak, out = peak_rss_resolving(bomb.parent)
     assert f"ROWS {BOMB_ROWS}" in out
     assert peak < RESOLVE_RSS_BOUND, f"peak RSS {peak / MiB:.0f} MiB"
 
@@ -97,13 +121,7 @@ def test_resolving_a_large_jsonl_shard_streams_it(tmp_path: Path) -> None:
     with open(directory / "big.jsonl", "w") as out:
         for _ in range(120_000):  # ~120 MiB
             out.write(line)
-    peak, out = peak_rss(
-        f"""
-        from shardcache import manifests
-        m = manifests.resolve({directory.as_uri()!r})
-        print("ROWS", m.total_rows)
-        """
-    )
+    peak, out = peak_rss_resolving(directory)
     assert "ROWS 120000" in out
     assert peak < RESOLVE_RSS_BOUND, f"peak RSS {peak / MiB:.0f} MiB"
 
@@ -112,18 +130,7 @@ def test_cache_refuses_the_bomb_from_its_metadata_before_decoding(
     bomb: Path, tmp_path: Path
 ) -> None:
     memory_limit = 64 * MiB
-    peak, out = peak_rss(
-        f"""
-        import shardcache
-        from shardcache import errors
-        try:
-            with shardcache.open({bomb.parent.as_uri()!r}, cache_dir={str(tmp_path / "c")!r},
-                                 memory_limit={memory_limit}) as ds:
-                next(iter(ds.batches(16)))
-        except errors.ShardcacheError as exc:
-            print("REFUSED", exc)
-        """
-    )
+    peak, out = peak_rss_reading(bomb.parent, tmp_path / "c", memory_limit=memory_limit)
     assert "REFUSED" in out and "refused before decoding" in out, out
     # The memory limit plus the interpreter, pyarrow and the cache: far below 1 GiB.
     assert peak < memory_limit + 200 * MiB, f"peak RSS {peak / MiB:.0f} MiB"
@@ -146,18 +153,7 @@ def test_cache_refuses_a_parquet_dictionary_bomb_before_decoding(tmp_path: Path)
     )
     assert (directory / "bomb.parquet").stat().st_size < 256 * 1024
     memory_limit = 64 * MiB
-    peak, out = peak_rss(
-        f"""
-        import shardcache
-        from shardcache import errors
-        try:
-            with shardcache.open({directory.as_uri()!r}, cache_dir={str(tmp_path / "c")!r},
-                                 memory_limit={memory_limit}) as ds:
-                next(iter(ds.batches(16)))
-        except errors.ShardcacheError as exc:
-            print("REFUSED", exc)
-        """
-    )
+    peak, out = peak_rss_reading(directory, tmp_path / "c", memory_limit=memory_limit)
     assert "REFUSED" in out and "refused before decoding" in out, out
     assert peak < memory_limit + 200 * MiB, f"peak RSS {peak / MiB:.0f} MiB"
 
@@ -200,13 +196,7 @@ def test_resolving_hostile_nested_parquet_or_jsonl_stays_bounded(kind: str, tmp_
         directory.mkdir()
         write_expanding_jsonl(directory / "a.jsonl", lines=300)  # 60 MB of text
         rows = 300
-    peak, out = peak_rss(
-        f"""
-        from shardcache import manifests
-        m = manifests.resolve({directory.as_uri()!r})
-        print("ROWS", m.total_rows)
-        """
-    )
+    peak, out = peak_rss_resolving(directory)
     assert f"ROWS {rows}" in out
     assert peak < RESOLVE_RSS_BOUND, f"peak RSS {peak / MiB:.0f} MiB"
 
@@ -215,18 +205,7 @@ def test_cache_refuses_a_nested_parquet_dictionary_bomb_before_decoding(tmp_path
     directory = tmp_path / "ds"
     write_nested_dictionary_bomb(directory)
     memory_limit = 64 * MiB
-    peak, out = peak_rss(
-        f"""
-        import shardcache
-        from shardcache import errors
-        try:
-            with shardcache.open({directory.as_uri()!r}, cache_dir={str(tmp_path / "c")!r},
-                                 memory_limit={memory_limit}) as ds:
-                next(iter(ds.batches(16)))
-        except errors.ShardcacheError as exc:
-            print("REFUSED", exc)
-        """
-    )
+    peak, out = peak_rss_reading(directory, tmp_path / "c", memory_limit=memory_limit)
     assert "REFUSED" in out and "refused before decoding" in out, out
     assert f"holds at most {memory_limit} bytes" in out, out
     assert peak < memory_limit + 200 * MiB, f"peak RSS {peak / MiB:.0f} MiB"

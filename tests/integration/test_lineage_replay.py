@@ -8,6 +8,7 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
@@ -167,6 +168,29 @@ def test_lineage_equals_a_brute_force_replay_across_checkpoints_skips_and_a_rewi
     assert skipped and not skipped & set(seen)
 
 
+def read_between(
+    seen: dict[tuple[int, int], Seen], rank: int, after: int, upto: int
+) -> list[tuple[int, int]]:
+    """(epoch, uid) of every sample `rank` read at a global step in (`after`, `upto`],
+    sorted: what a checkpoint at `upto` consumed since one at `after`."""
+    return sorted(
+        (s.epoch, uid)
+        for (uid, _), s in seen.items()
+        if s.rank == rank and after < s.global_step <= upto
+    )
+
+
+def consumed_samples(rank_report: dict[str, Any]) -> list[tuple[int, int]]:
+    """(epoch, uid) of every sample one rank's part of a `lineage.consumed` report names,
+    sorted."""
+    return sorted(
+        (e["epoch"], i)
+        for e in rank_report["epochs"]
+        for lo, hi in e["ranges"]
+        for i in range(lo, hi)
+    )
+
+
 def test_consumed_is_what_each_rank_read_since_the_previous_checkpoint(tmp_path: Path) -> None:
     datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), SHARDS)
     world = 2
@@ -184,18 +208,8 @@ def test_consumed_is_what_each_rank_read_since_the_previous_checkpoint(tmp_path:
         assert report["complete"]
         for rank_report in report["ranks"]:
             rank = rank_report["rank"]
-            want = sorted(
-                (s.epoch, uid)
-                for (uid, _), s in seen.items()
-                if s.rank == rank and step - 5 < s.global_step <= step
-            )
-            got = sorted(
-                (e["epoch"], i)
-                for e in rank_report["epochs"]
-                for lo, hi in e["ranges"]
-                for i in range(lo, hi)
-            )
-            assert got == want, f"step {step} rank {rank}"
+            want = read_between(seen, rank, step - 5, step)
+            assert consumed_samples(rank_report) == want, f"step {step} rank {rank}"
             assert rank_report["previous"] == (step - 5 or None)
     with pytest.raises(errors.InputError, match="no checkpoint with step 7"):
         lineage.consumed(hist, 7)
@@ -265,18 +279,8 @@ def test_lineage_equals_a_brute_force_replay_across_a_world_size_change(
         for rank_report in report["ranks"]:
             rank = rank_report["rank"]
             world = 3 if step <= 8 else 2
-            want = sorted(
-                (s.epoch, uid)
-                for (uid, _), s in seen.items()
-                if s.rank == rank and step - 4 < s.global_step <= step
-            )
-            got_ranges = sorted(
-                (e["epoch"], i)
-                for e in rank_report["epochs"]
-                for lo, hi in e["ranges"]
-                for i in range(lo, hi)
-            )
-            assert got_ranges == want, f"step {step} rank {rank}"
+            want = read_between(seen, rank, step - 4, step)
+            assert consumed_samples(rank_report) == want, f"step {step} rank {rank}"
             assert rank_report["previous"] == step - 4
             assert rank_report["world_size"] == world
 

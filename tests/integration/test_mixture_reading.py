@@ -27,16 +27,8 @@ STEPS = 60
 
 @pytest.fixture
 def roots(tmp_path: Path) -> dict[str, str]:
-    out = {}
-    for name, shards in SHARDS.items():
-        root = tmp_path / name
-        root.mkdir()
-        uid = CODE_UIDS if name == "code" else 0
-        for i, rows in enumerate(shards):
-            pq.write_table(datasets.make_table(uid, rows), root / f"part-{i:05d}.parquet")
-            uid += rows
-        out[name] = str(root)
-    return out
+    written = datasets.write_sources(tmp_path, SHARDS, first_uids={"code": CODE_UIDS})
+    return {name: str(root) for name, root in written.items()}
 
 
 def open_sources(roots: dict[str, str], cache: Path) -> dict[str, shardcache.Dataset]:

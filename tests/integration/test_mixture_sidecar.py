@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
 import shardcache
@@ -27,16 +26,8 @@ BATCH = 16
 
 @pytest.fixture
 def uris(tmp_path: Path) -> dict[str, str]:
-    out = {}
-    for name, shards in SHARDS.items():
-        root = tmp_path / name
-        root.mkdir()
-        uid = CODE_UIDS if name == "code" else 0
-        for i, rows in enumerate(shards):
-            pq.write_table(datasets.make_table(uid, rows), root / f"part-{i:05d}.parquet")
-            uid += rows
-        out[name] = f"file://{root}"
-    return out
+    written = datasets.write_sources(tmp_path, SHARDS, first_uids={"code": CODE_UIDS})
+    return {name: f"file://{root}" for name, root in written.items()}
 
 
 def mixture_env(uris: dict[str, str], *, weights: dict[str, int]) -> str:

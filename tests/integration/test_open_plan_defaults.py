@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
 import pytest
 from shardcache_operator import injection, specs
 
@@ -59,18 +58,15 @@ def start_pod(
 ) -> tuple[SidecarProcess, str]:
     """A sidecar serving `MOUNT` with `sharding` as its spec's plan, and this process as
     its trainer."""
-    root = tmp_path / "ds"
-    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SHARDS)
-    sidecar_env, trainer_env = injected_env(
-        {"source": {"uri": f"file://{root}"}, "sharding": sharding}
-    )
-    proc = sidecar_factory(f"file://{root}", env={n: sidecar_env[n] for n in PLAN_ENV})
+    uri, _ = datasets.write_local(tmp_path / "ds", SHARDS)
+    sidecar_env, trainer_env = injected_env({"source": {"uri": uri}, "sharding": sharding})
+    proc = sidecar_factory(uri, env={n: sidecar_env[n] for n in PLAN_ENV})
     proc.start(wait="ready")
     for name in (contract.ENV_SOCKET, contract.ENV_CHECKPOINT_DIR):
         monkeypatch.delenv(name, raising=False)
     for name, value in {**trainer_env, contract.ENV_RUN_DIR: str(proc.run_dir)}.items():
         monkeypatch.setenv(name, value)
-    return proc, f"file://{root}"
+    return proc, uri
 
 
 @pytest.fixture

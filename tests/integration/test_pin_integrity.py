@@ -60,6 +60,22 @@ def test_a_shard_changed_in_place_changes_the_digest(dataset: Path) -> None:
     assert after.digest != before.digest
 
 
+def fetch_first_shard(
+    fs: pafs.FileSystem, pinned: manifests.Manifest, dest: Path, *, sha256: str | None = None
+) -> None:
+    """Fetch shard 0 (a.parquet) of `pinned` as the cache does: held to its pinned size
+    and store identity, and to `sha256` where given."""
+    source.download(
+        fs,
+        pinned.shard_uri_path(0),
+        dest,
+        expected_size=pinned.shards[0].size,
+        what="fetching shard 0 (a.parquet)",
+        identity=pinned.shards[0].version,
+        sha256=sha256,
+    )
+
+
 def test_a_fetch_of_a_changed_shard_is_refused_naming_both_identities(
     dataset: Path, tmp_path: Path
 ) -> None:
@@ -67,15 +83,7 @@ def test_a_fetch_of_a_changed_shard_is_refused_naming_both_identities(
     change_in_place(dataset / "a.parquet", list(range(1000, 1100)))
     fs, _ = source.filesystem(dataset.as_uri())
     with pytest.raises(errors.ManifestMismatchError) as caught:
-        source.download(
-            fs,
-            pinned.shard_uri_path(0),
-            tmp_path / "fetched",
-            expected_size=pinned.shards[0].size,
-            what="fetching shard 0 (a.parquet)",
-            identity=pinned.shards[0].version,
-            sha256=pinned.shards[0].sha256,
-        )
+        fetch_first_shard(fs, pinned, tmp_path / "fetched", sha256=pinned.shards[0].sha256)
     message = str(caught.value)
     assert "a.parquet" in message and f"sha256:{pinned.shards[0].sha256}" in message
     assert "not served" in message
@@ -135,14 +143,7 @@ def test_s3_shards_are_pinned_by_etag_and_a_rewrite_is_refused_on_fetch(
     assert manifests.resolve(uri, storage_options=env).digest != pinned.digest
     s3, _ = source.filesystem(uri, storage_options=env)
     with pytest.raises(errors.ManifestMismatchError, match="not served"):
-        source.download(
-            s3,
-            pinned.shard_uri_path(0),
-            tmp_path / "fetched",
-            expected_size=pinned.shards[0].size,
-            what="fetching shard 0 (a.parquet)",
-            identity=pinned.shards[0].version,
-        )
+        fetch_first_shard(s3, pinned, tmp_path / "fetched")
 
 
 def _disk_entries(disk: Path) -> dict[str, Path]:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 import pytest
 
@@ -29,9 +28,7 @@ Factory = Callable[..., SidecarProcess]
 
 @pytest.fixture
 def dataset(tmp_path: Path) -> tuple[str, pa.Table]:
-    root = tmp_path / "ds"
-    table = datasets.write_dataset(pafs.LocalFileSystem(), str(root), SHARDS)
-    return f"file://{root}", table
+    return datasets.write_local(tmp_path / "ds", SHARDS)
 
 
 @pytest.fixture

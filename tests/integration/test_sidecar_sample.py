@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pytest
 
 import shardcache
-from shardcache import plans, provider, sequences, sidecar_client, streams, windows
+from shardcache import manifests, plans, provider, sequences, sidecar_client, streams, windows
 from tests.support import datasets, waiting
 from tests.support.sidecar import SidecarProcess
 
@@ -28,9 +27,7 @@ Factory = Callable[..., SidecarProcess]
 
 @pytest.fixture
 def dataset(tmp_path: Path) -> tuple[str, pa.Table]:
-    root = tmp_path / "ds"
-    table = datasets.write_dataset(pafs.LocalFileSystem(), str(root), SHARDS)
-    return f"file://{root}", table
+    return datasets.write_local(tmp_path / "ds", SHARDS)
 
 
 @pytest.fixture
@@ -128,13 +125,30 @@ def test_the_reader_holds_every_shard_of_its_window_while_it_gathers(
     ds.close()
 
 
+def readahead_only_sidecar(
+    factory: Factory, uri: str
+) -> tuple[SidecarProcess, sidecar_client.SidecarProvider]:
+    """A ready sidecar that fetches ahead only what its readers' readahead hints name
+    (one shard fetched before it is ready), and a provider of it."""
+    # Readahead of one shard only: block mode would prefetch a single shard ahead.
+    proc = factory(uri, args=["--prefetch-depth", "0", "--ready-shards", "1"])
+    proc.start(wait="ready")
+    return proc, sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
+
+
+def wait_resident(proc: SidecarProcess, m: manifests.Manifest, want: set[int], what: str) -> None:
+    """Until every shard of `want` (of manifest `m`) is decoded in the memory tier."""
+
+    def resident() -> bool:
+        return all((proc.memory_dir / m.decoded_key(s)).exists() for s in want)
+
+    waiting.wait_until(what, resident)
+
+
 def test_the_sidecar_keeps_the_current_and_next_window_resident(
     sidecar_factory: Factory, dataset: tuple[str, pa.Table]
 ) -> None:
-    # Readahead of one shard only: block mode would prefetch a single shard ahead.
-    proc = sidecar_factory(dataset[0], args=["--prefetch-depth", "0", "--ready-shards", "1"])
-    proc.start(wait="ready")
-    shards = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
+    proc, shards = readahead_only_sidecar(sidecar_factory, dataset[0])
     params = sample(seed=11)
     reader = shards.open_reader(params, position=0)
     m = shards.manifest
@@ -146,11 +160,7 @@ def test_the_sidecar_keeps_the_current_and_next_window_resident(
     want = set(wins[i].shards) | set(wins[i + 1].shards)
     assert len(want) >= 3
     shards.readahead(reader, epoch=0, position=position)
-
-    def resident() -> bool:
-        return all((proc.memory_dir / m.decoded_key(s)).exists() for s in want)
-
-    waiting.wait_until("every shard of the current and next window to be resident", resident)
+    wait_resident(proc, m, want, "every shard of the current and next window to be resident")
     shards.close_reader(reader)
     shards.close()
 
@@ -179,9 +189,7 @@ def test_a_resized_reader_leases_the_windows_of_its_segments(sidecar: SidecarPro
 def test_the_sidecar_prefetches_the_windows_of_a_resized_readers_segments(
     sidecar_factory: Factory, dataset: tuple[str, pa.Table]
 ) -> None:
-    proc = sidecar_factory(dataset[0], args=["--prefetch-depth", "0", "--ready-shards", "1"])
-    proc.start(wait="ready")
-    shards = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
+    proc, shards = readahead_only_sidecar(sidecar_factory, dataset[0])
     params = sample(seed=11, segments=SEGMENTS)
     reader = shards.open_reader(params, position=0)
     m = shards.manifest
@@ -194,11 +202,7 @@ def test_the_sidecar_prefetches_the_windows_of_a_resized_readers_segments(
     position = wins[1].end - 1  # the last row of window 1: windows 1 and 4 needed
     want = set(wins[1].shards) | set(wins[2].shards)
     shards.readahead(reader, epoch=0, position=position)
-
-    def resident() -> bool:
-        return all((proc.memory_dir / m.decoded_key(s)).exists() for s in want)
-
-    waiting.wait_until("every shard of the windows of the segments to be resident", resident)
+    wait_resident(proc, m, want, "every shard of the windows of the segments to be resident")
     shards.close_reader(reader)
     shards.close()
 

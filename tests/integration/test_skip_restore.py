@@ -13,13 +13,10 @@ from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
-from shardcache_sidecar.checkpoint import Agent, CheckpointSettings
 
-import shardcache
-from shardcache import checkpoint, states
+from shardcache import states
 from shardcache.checkpoint import _protocol, layout
-from tests.support import datasets
-from tests.support.checkpoints import write_checkpoint
+from tests.support import checkpoints, datasets
 
 pytestmark = pytest.mark.integration
 
@@ -35,28 +32,12 @@ def shardcache_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-class Pod:
-    """One rank's trainer and its checkpoint agent (a pod, without the cluster)."""
+class Pod(checkpoints.TrainerPod):
+    """A pod whose trainer reads one batch of `BATCH` rows a step, into the next epoch
+    at an epoch's end."""
 
     def __init__(self, tmp: Path, name: str, rank: int, store: str) -> None:
-        self.rank = rank
-        self.root = tmp / name / f"ckpt-{rank}"
-        settings = CheckpointSettings(
-            directory=self.root, uri=f"{store}/rank-{rank}", keep_last=100
-        )
-        self.agent = Agent(settings)
-        self.restored = self.agent.restore()
-        self.ds = shardcache.open(
-            str(tmp / "ds"),
-            cache_dir=tmp / "cache",
-            rank=rank,
-            world_size=WORLD,
-            seed=SEED,
-            block_size=BLOCK,
-        )
-        state = checkpoint.data_state("latest", root=self.root, world_size=WORLD)
-        if state is not None:
-            self.ds.load_state_dict(state)
+        super().__init__(tmp, name, rank, WORLD, store, seed=SEED, block_size=BLOCK)
         self.epoch_steps = 0
 
     def read(self, step: int, reads: dict[tuple[int, int], tuple[int, int, int, int]]) -> None:
@@ -68,14 +49,6 @@ class Pod:
         for slot, uid in enumerate(batch.column("uid").to_pylist()):
             reads[(uid, self.ds.epoch)] = (self.rank, self.epoch_steps, slot, step)
         self.epoch_steps += 1
-
-    def commit(self, step: int) -> None:
-        path = write_checkpoint(self.root, f"step-{step}", {"model.bin": b"w%d" % step})
-        checkpoint.commit(path, step=step, data_state=self.ds.state_dict())
-        assert self.agent.scan() == [step]
-
-    def close(self) -> None:
-        self.ds.close()
 
 
 def train(pods: list[Pod], steps: range, reads: Any) -> None:

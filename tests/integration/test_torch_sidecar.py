@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow.fs as pafs
 import pytest
 import torch.utils.data
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -30,9 +29,7 @@ ROWS = [120, 80, 150, 60, 110]
 def served(
     sidecar_factory: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[str, Path]:
-    root = tmp_path / "ds"
-    datasets.write_dataset(pafs.LocalFileSystem(), str(root), ROWS)
-    uri = f"file://{root}"
+    uri, _ = datasets.write_local(tmp_path / "ds", ROWS)
     proc = sidecar_factory(uri, args=["--ready-shards", "0"])
     proc.start()
     for name, value in proc.client_env().items():

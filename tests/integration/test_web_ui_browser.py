@@ -5,11 +5,6 @@ process; what the page shows is checked against what `Dataset` yields."""
 from __future__ import annotations
 
 import io
-import os
-import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -18,29 +13,12 @@ import pytest
 from PIL import Image
 
 import shardcache
-from tests.support import inspect_data
+from tests.support import inspect_data, web_inspector
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 WORLD, SEED, BATCH, BLOCK = 3, 11, 8, 16
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-# As root in a container: no sandbox; no GPU; and nothing that reaches the network.
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-    "--window-size=1400,1000",
-)
-START_TIMEOUT_S = 60.0
-WAIT_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -52,55 +30,11 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 @pytest.fixture(scope="module")
 def server(data: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     uri, cache = data
-    cmd = [sys.executable, "-m", "shardcache", "web", uri, "--cache-dir", str(cache)]
-    cmd += ["--port", "0", "--world-size", str(WORLD), "--seed", str(SEED)]
-    cmd += ["--batch-size", str(BATCH), "--block-size", str(BLOCK)]
+    args = [uri, "--cache-dir", str(cache), "--world-size", str(WORLD), "--seed", str(SEED)]
+    args += ["--batch-size", str(BATCH), "--block-size", str(BLOCK)]
     log = tmp_path_factory.mktemp("web-log") / "stderr.log"
-    with (
-        log.open("w") as stderr,
-        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True) as proc,
-    ):
-        try:
-            assert proc.stdout is not None
-            deadline = time.monotonic() + START_TIMEOUT_S
-            line = ""
-            while time.monotonic() < deadline and proc.poll() is None:
-                line = proc.stdout.readline()
-                if line.startswith("serving the inspector at "):
-                    break
-            assert line.startswith("serving the inspector at "), (
-                f"shardcache web did not start: {line!r} {log.read_text()}"
-            )
-            yield line.split()[-1].removesuffix("/ui")
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not shutil.which(p)]
-    if missing:
-        pytest.fail(f"{missing} not installed: `make test` installs them (mk/browser.mk)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
-    os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager must not fetch anything
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    with web_inspector.serving(args, log) as url:
+        yield url
 
 
 def reader_uids(data: tuple[str, Path], *, rank: int, epoch: int, step: int) -> list[int]:
@@ -118,7 +52,7 @@ def wait_loaded(driver: object, key: str) -> None:
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    WebDriverWait(driver, WAIT_S).until(
+    WebDriverWait(driver, web_inspector.WAIT_S).until(
         ec.presence_of_element_located((By.CSS_SELECTOR, f'#samples[data-loaded="{key}"]'))
     )
 
@@ -153,7 +87,7 @@ def test_shared_url_shows_the_ranks_step_with_thumbnails(
             if d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", i)  # type: ignore[attr-defined]
         ]
 
-    loaded = WebDriverWait(driver, WAIT_S).until(thumbnails_loaded)
+    loaded = WebDriverWait(driver, web_inspector.WAIT_S).until(thumbnails_loaded)
     # Each thumbnail is the sample's own image, decoded by the browser at its size.
     for img in loaded:
         uid, width, height = driver.execute_script(  # type: ignore[attr-defined]
@@ -168,7 +102,7 @@ def test_shared_url_shows_the_ranks_step_with_thumbnails(
 
     ARTIFACTS.mkdir(exist_ok=True)
     # Wait for the statistics too, so the screenshot shows the whole page.
-    WebDriverWait(driver, WAIT_S).until(
+    WebDriverWait(driver, web_inspector.WAIT_S).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, "#stats-body svg.hist rect")  # type: ignore[attr-defined]
     )
     shot = ARTIFACTS / "web-inspector.png"
@@ -208,11 +142,11 @@ def test_where_search_leads_to_the_step_holding_the_sample(
     wait_loaded(driver, "0,0,0")
     box = driver.find_element(By.CSS_SELECTOR, '#where-form input[name="expr"]')  # type: ignore[attr-defined]
     box.send_keys("uid == 123\n")
-    link = WebDriverWait(driver, WAIT_S).until(
+    link = WebDriverWait(driver, web_inspector.WAIT_S).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, "#where-results a")  # type: ignore[attr-defined]
     )[0]
     link.click()
-    WebDriverWait(driver, WAIT_S).until(
+    WebDriverWait(driver, web_inspector.WAIT_S).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, 'article.sample[data-index="123"]')  # type: ignore[attr-defined]
     )
     q = parse_qs(urlsplit(driver.current_url).query)  # type: ignore[attr-defined]

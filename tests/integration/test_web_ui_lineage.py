@@ -4,63 +4,32 @@ the step that read it, and that step is what the rank was handed."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-import pyarrow.fs as pafs
 import pytest
 
-import shardcache
-from shardcache.checkpoint import layout
-from tests.integration.test_web_ui_browser import START_TIMEOUT_S, WAIT_S
-from tests.integration.test_web_ui_browser import browser as browser
-from tests.support import inspect_data
+from tests.support import inspect_data, web_inspector
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 WORLD, SEED, BATCH, BLOCK = 2, 3, 6, 16
-#: Checkpoints after these steps; rank r skips 2 batches after step 3.
-CHECKPOINTS = (2, 5)
-
-
-def publish(store: Path, rank: int, step: int, state: dict[str, object]) -> None:
-    manifest = layout.CheckpointManifest(
-        step=step, name=f"step-{step}", files=(), data_state=state, created_at=float(step)
-    )
-    prefix = str(store / f"rank-{rank}")
-    layout.write_json(
-        pafs.LocalFileSystem(), layout.manifest_path(prefix, step), manifest.to_json()
-    )
 
 
 @pytest.fixture(scope="module")
 def run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[str, Path, Path, dict[int, list[list[int]]]]:
-    """The dataset, its cache, the checkpoint store and each rank's handed-out batches."""
+    """The dataset, its cache, the checkpoint store and each rank's handed-out batches
+    (rank r skips 2 batches after step 3; checkpoints after steps 2 and 5)."""
     base = tmp_path_factory.mktemp("web-lineage")
     uri = inspect_data.write(base / "ds").as_uri()
     store = base / "store"
-    handed: dict[int, list[list[int]]] = {}
-    for rank in range(WORLD):
-        with shardcache.open(
-            uri, cache_dir=base / "cache", seed=SEED, rank=rank, world_size=WORLD, block_size=BLOCK
-        ) as ds:
-            batches = ds.batches(BATCH)
-            got: list[list[int]] = []
-            for step in range(1, 6):
-                got.append(next(batches).column("uid").to_pylist())
-                if step == 3:
-                    ds.skip_batches(2)
-                if step in CHECKPOINTS:
-                    publish(store, rank, step, ds.state_dict())
-            handed[rank] = got
+    handed = web_inspector.record_run(
+        uri, cache=base / "cache", store=store, world_size=WORLD, batch_size=BATCH,
+        seed=SEED, block_size=BLOCK,
+    )  # fmt: skip
     return uri, base / "cache", store, handed
 
 
@@ -69,32 +38,11 @@ def server(
     run: tuple[str, Path, Path, object], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     uri, cache, store, _ = run
-    cmd = [sys.executable, "-m", "shardcache", "web", uri, "--cache-dir", str(cache), "--port", "0"]
-    cmd += ["--checkpoint-uri", store.as_uri(), "--batch-size", str(BATCH)]
+    args = [uri, "--cache-dir", str(cache), "--checkpoint-uri", store.as_uri()]
+    args += ["--batch-size", str(BATCH)]
     log = tmp_path_factory.mktemp("web-lineage-log") / "stderr.log"
-    with (
-        log.open("w") as stderr,
-        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True) as proc,
-    ):
-        try:
-            assert proc.stdout is not None
-            deadline = time.monotonic() + START_TIMEOUT_S
-            line = ""
-            while time.monotonic() < deadline and proc.poll() is None:
-                line = proc.stdout.readline()
-                if line.startswith("serving the inspector at "):
-                    break
-            assert line.startswith("serving the inspector at "), log.read_text()
-            yield line.split()[-1].removesuffix("/ui")
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
-
-
-def get(server: str, path: str) -> dict[str, object]:
-    with urllib.request.urlopen(f"{server}{path}", timeout=WAIT_S) as response:
-        data: dict[str, object] = json.load(response)
-    return data
+    with web_inspector.serving(args, log) as url:
+        yield url
 
 
 def test_lineage_view_leads_to_the_step_the_rank_was_handed_after_a_skip(
@@ -108,18 +56,18 @@ def test_lineage_view_leads_to_the_step_the_rank_was_handed_after_a_skip(
     uid = handed[1][4][2]
     driver = browser
     driver.get(f"{server}/ui")  # type: ignore[attr-defined]
-    section = WebDriverWait(driver, WAIT_S).until(
+    section = WebDriverWait(driver, web_inspector.WAIT_S).until(
         lambda d: d.find_element(By.ID, "lineage")  # type: ignore[attr-defined]
     )
-    WebDriverWait(driver, WAIT_S).until(lambda d: section.is_displayed())
+    WebDriverWait(driver, web_inspector.WAIT_S).until(lambda d: section.is_displayed())
     box = driver.find_element(By.CSS_SELECTOR, '#lineage-form input[name="expr"]')  # type: ignore[attr-defined]
     box.send_keys(f"uid == {uid}\n")
-    link = WebDriverWait(driver, WAIT_S).until(
+    link = WebDriverWait(driver, web_inspector.WAIT_S).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, '#lineage-results a[data-status="read"]')  # type: ignore[attr-defined]
     )[0]
     assert "in checkpoints 5" in link.text and "after checkpoint 2" in link.text
     link.click()
-    WebDriverWait(driver, WAIT_S).until(
+    WebDriverWait(driver, web_inspector.WAIT_S).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, f'article.sample[data-index="{uid}"]')  # type: ignore[attr-defined]
     )
     q = parse_qs(urlsplit(driver.current_url).query)  # type: ignore[attr-defined]
@@ -135,14 +83,14 @@ def test_lineage_api_reports_skipped_samples_and_what_a_checkpoint_consumed(
     server: str, run: tuple[str, Path, Path, dict[int, list[list[int]]]]
 ) -> None:
     handed = run[3]
-    report = get(server, "/ui/api/lineage?consumed=5")
-    for rank_report in report["ranks"]:  # type: ignore[attr-defined]
+    report = web_inspector.get_json(server, "/ui/api/lineage?consumed=5")
+    for rank_report in report["ranks"]:
         got = sorted(
             i for e in rank_report["epochs"] for lo, hi in e["ranges"] for i in range(lo, hi)
         )
         assert got == sorted(u for batch in handed[rank_report["rank"]][2:] for u in batch)
-    data = get(server, "/ui/api/lineage?limit=1000&expr=uid%20%3E%3D%200")
-    skipped = [r for r in data["reads"] if r["status"] == "skipped"]  # type: ignore[attr-defined]
+    data = web_inspector.get_json(server, "/ui/api/lineage?limit=1000&expr=uid%20%3E%3D%200")
+    skipped = [r for r in data["reads"] if r["status"] == "skipped"]
     assert len(skipped) == WORLD * 2 * BATCH
-    read = {r["index"] for r in data["reads"] if r["status"] == "read"}  # type: ignore[attr-defined]
+    read = {r["index"] for r in data["reads"] if r["status"] == "read"}
     assert read == {u for batches in handed.values() for batch in batches for u in batch}

@@ -6,39 +6,20 @@ to that step."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
-import pyarrow.fs as pafs
 import pytest
 
-import shardcache
-from shardcache.checkpoint import layout
-from tests.integration.test_web_ui_browser import browser as browser
-from tests.support import inspect_data
+from tests.support import inspect_data, web_inspector
 
 pytestmark = pytest.mark.integration
 
 WORLD, SEED, BATCH, BLOCK, WINDOW = 2, 3, 6, 16, 45
-START_TIMEOUT_S, WAIT_S = 60.0, 30.0
 Run = tuple[str, Path, Path, dict[int, list[list[int]]]]
-
-
-def publish(store: Path, rank: int, step: int, state: dict[str, object]) -> None:
-    manifest = layout.CheckpointManifest(
-        step=step, name=f"step-{step}", files=(), data_state=state, created_at=float(step)
-    )
-    prefix = str(store / f"rank-{rank}")
-    layout.write_json(
-        pafs.LocalFileSystem(), layout.manifest_path(prefix, step), manifest.to_json()
-    )
 
 
 @pytest.fixture(scope="module")
@@ -48,64 +29,32 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     base = tmp_path_factory.mktemp("web-sample")
     uri = inspect_data.write(base / "ds").as_uri()
     store = base / "store"
-    handed: dict[int, list[list[int]]] = {}
-    for rank in range(WORLD):
-        with shardcache.open(
-            uri, cache_dir=base / "cache", seed=SEED, rank=rank, world_size=WORLD,
-            block_size=BLOCK, shuffle="sample", window=WINDOW,
-        ) as ds:  # fmt: skip
-            batches = ds.batches(BATCH)
-            got: list[list[int]] = []
-            for step in range(1, 6):
-                got.append(next(batches).column("uid").to_pylist())
-                if step == 3:
-                    ds.skip_batches(2)
-                if step in (2, 5):
-                    publish(store, rank, step, ds.state_dict())
-            handed[rank] = got
+    handed = web_inspector.record_run(
+        uri, cache=base / "cache", store=store, world_size=WORLD, batch_size=BATCH,
+        seed=SEED, block_size=BLOCK, shuffle="sample", window=WINDOW,
+    )  # fmt: skip
     return uri, base / "cache", store, handed
 
 
 @pytest.fixture(scope="module")
 def server(run: Run, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     uri, cache, store, _ = run
-    cmd = [sys.executable, "-m", "shardcache", "web", uri, "--cache-dir", str(cache), "--port", "0"]
-    cmd += ["--checkpoint-uri", store.as_uri(), "--batch-size", str(BATCH)]
-    cmd += ["--world-size", str(WORLD), "--seed", str(SEED), "--block-size", str(BLOCK)]
-    cmd += ["--granularity", "sample", "--window", str(WINDOW)]
+    args = [uri, "--cache-dir", str(cache), "--checkpoint-uri", store.as_uri()]
+    args += ["--batch-size", str(BATCH)]
+    args += ["--world-size", str(WORLD), "--seed", str(SEED), "--block-size", str(BLOCK)]
+    args += ["--granularity", "sample", "--window", str(WINDOW)]
     log = tmp_path_factory.mktemp("web-sample-log") / "stderr.log"
-    with (
-        log.open("w") as stderr,
-        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True) as proc,
-    ):
-        try:
-            assert proc.stdout is not None
-            deadline = time.monotonic() + START_TIMEOUT_S
-            line = ""
-            while time.monotonic() < deadline and proc.poll() is None:
-                line = proc.stdout.readline()
-                if line.startswith("serving the inspector at "):
-                    break
-            assert line.startswith("serving the inspector at "), log.read_text()
-            yield line.split()[-1].removesuffix("/ui")
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
-
-
-def get(server: str, path: str, **params: Any) -> Any:
-    url = f"{server}{path}" + (f"?{urlencode(params)}" if params else "")
-    with urllib.request.urlopen(url, timeout=WAIT_S) as response:
-        return json.load(response)
+    with web_inspector.serving(args, log) as url:
+        yield url
 
 
 def test_a_step_is_the_batch_the_rank_gathered_after_its_skips(server: str, run: Run) -> None:
     handed = run[3]
-    info = get(server, "/ui/api/info")
+    info = web_inspector.get_json(server, "/ui/api/info")
     assert (info["defaults"]["granularity"], info["defaults"]["window"]) == ("sample", WINDOW)
     for rank in range(WORLD):
         for step, batch in enumerate(handed[rank]):
-            data = get(server, "/ui/api/step", rank=rank, step=step)
+            data = web_inspector.get_json(server, "/ui/api/step", rank=rank, step=step)
             assert [s["provenance"]["index"] for s in data["samples"]] == batch
 
 
@@ -114,20 +63,20 @@ def test_the_lineage_views_run_plan_leads_to_the_step_that_read_the_sample(
 ) -> None:
     handed = run[3]
     uid = handed[1][4][2]
-    data = get(server, "/ui/api/lineage", expr=f"uid == {uid}")
+    data = web_inspector.get_json(server, "/ui/api/lineage", expr=f"uid == {uid}")
     plan = data["run"]
     assert (plan["granularity"], plan["window"]) == ("sample", WINDOW)
     [read] = [r for r in data["reads"] if r["status"] == "read"]
     assert (read["rank"], read["step"], read["slot"]) == (1, 4, 2)
     # What the page's link asks for (app.js runParams).
-    step = get(
+    step = web_inspector.get_json(
         server, "/ui/api/step", epoch=read["epoch"], rank=read["rank"], step=read["step"],
         world_size=plan["world_size"], seed=plan["seed"], block_size=plan["block_size"],
         batch_size=plan["batch_size"], shuffle="true", granularity=plan["granularity"],
         window=plan["window"],
     )  # fmt: skip
     assert [s["provenance"]["index"] for s in step["samples"]] == handed[1][4]
-    consumed = get(server, "/ui/api/lineage", consumed=5)
+    consumed = web_inspector.get_json(server, "/ui/api/lineage", consumed=5)
     for rank_report in consumed["ranks"]:
         got = sorted(
             i for e in rank_report["epochs"] for lo, hi in e["ranges"] for i in range(lo, hi)
@@ -141,7 +90,7 @@ def test_a_window_under_the_floor_or_an_unknown_granularity_is_refused(server: s
         ({"granularity": "rows"}, "expected one of ['block', 'sample']"),
     ):
         with pytest.raises(urllib.error.HTTPError) as caught:
-            get(server, "/ui/api/step", **params)
+            web_inspector.get_json(server, "/ui/api/step", **params)
         assert caught.value.code == 400
         assert message in json.load(caught.value)["error"]
 
@@ -157,16 +106,16 @@ def test_the_page_follows_a_sample_to_its_gathered_step(
     uid = handed[1][4][2]
     driver: Any = browser
     driver.get(f"{server}/ui?granularity=block")
-    box = WebDriverWait(driver, WAIT_S).until(
+    box = WebDriverWait(driver, web_inspector.WAIT_S).until(
         lambda d: d.find_element(By.CSS_SELECTOR, '#lineage-form input[name="expr"]')
     )
-    WebDriverWait(driver, WAIT_S).until(lambda d: box.is_displayed())
+    WebDriverWait(driver, web_inspector.WAIT_S).until(lambda d: box.is_displayed())
     box.send_keys(f"uid == {uid}\n")
-    link = WebDriverWait(driver, WAIT_S).until(
+    link = WebDriverWait(driver, web_inspector.WAIT_S).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, '#lineage-results a[data-status="read"]')
     )[0]
     link.click()
-    WebDriverWait(driver, WAIT_S).until(
+    WebDriverWait(driver, web_inspector.WAIT_S).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, f'article.sample[data-index="{uid}"]')
     )
     q = parse_qs(urlsplit(driver.current_url).query)

@@ -1,14 +1,17 @@
-"""Checkpoint test helpers: writing a checkpoint directory, reading one back, and
-agents on the test's bucket (the `make_agent` fixture)."""
+"""Checkpoint test helpers: writing a checkpoint directory, reading one back, agents on
+the test's bucket (the `make_agent` fixture), and a rank's trainer beside its agent."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from shardcache_sidecar.checkpoint import Agent, CheckpointSettings
 
+import shardcache
+from shardcache import checkpoint
 from shardcache.checkpoint import _protocol
 from tests.support.s3server import S3Server
 
@@ -22,6 +25,50 @@ def write_checkpoint(root: Path, name: str, files: dict[str, bytes]) -> Path:
         (path / rel).parent.mkdir(parents=True, exist_ok=True)
         (path / rel).write_bytes(content)
     return path
+
+
+class TrainerPod:
+    """One rank's trainer and its checkpoint agent (a pod, without the cluster), on the
+    file:// store `store`, each rank under its `rank-<r>` prefix: the agent restores
+    `latest` into `tmp/<generation>/ckpt-<rank>` before the trainer opens the dataset at
+    `tmp/ds` and resumes from it as `resume_from="latest"` does."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        generation: str,
+        rank: int,
+        world: int,
+        store: str,
+        *,
+        seed: int,
+        block_size: int,
+    ) -> None:
+        self.rank = rank
+        self.root = tmp / generation / f"ckpt-{rank}"
+        settings = CheckpointSettings(
+            directory=self.root, uri=f"{store}/rank-{rank}", keep_last=100
+        )
+        self.agent = Agent(settings)
+        self.restored = self.agent.restore()
+        self.ds = shardcache.open(
+            str(tmp / "ds"), cache_dir=tmp / "cache", rank=rank, world_size=world, seed=seed,
+            block_size=block_size,
+        )  # fmt: skip
+        # What `resume_from="latest"` does, with this pod's checkpoint root.
+        self.state: Any = checkpoint.data_state("latest", root=self.root, world_size=world)
+        if self.state is not None:
+            self.ds.load_state_dict(self.state)
+
+    def commit(self, step: int) -> None:
+        """Write and commit checkpoint `step` with the reader's state; the agent
+        publishes it."""
+        path = write_checkpoint(self.root, f"step-{step}", {"model.bin": b"w%d" % step})
+        checkpoint.commit(path, step=step, data_state=self.ds.state_dict())
+        assert self.agent.scan() == [step]
+
+    def close(self) -> None:
+        self.ds.close()
 
 
 def tree(path: Path) -> dict[str, bytes]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -23,6 +24,30 @@ def make_table(first_uid: int, rows: int) -> pa.Table:
     tokens = [[(u * 7 + k) % 50_000 for k in range(u % 13 + 1)] for u in uids]
     text = [f"sample {u} " + "x" * (u % 29) for u in uids]
     return pa.table({"uid": uids, "tokens": tokens, "text": text}, schema=SCHEMA)
+
+
+def write_local(root: Path, shard_rows: Sequence[int]) -> tuple[str, pa.Table]:
+    """`write_dataset` of Parquet shards in the local directory `root`: its file:// URI
+    and the whole table in manifest order."""
+    return f"file://{root}", write_dataset(pafs.LocalFileSystem(), str(root), shard_rows)
+
+
+def write_sources(
+    base: Path, shard_rows: Mapping[str, Sequence[int]], *, first_uids: Mapping[str, int]
+) -> dict[str, Path]:
+    """The sources of a mixture: under `base/<name>`, Parquet shards `part-00000.parquet`
+    … of `shard_rows[name]` rows whose uids count up from `first_uids.get(name, 0)`, so
+    a row's uid names its source. The directories, by name."""
+    out = {}
+    for name, shards in shard_rows.items():
+        root = base / name
+        root.mkdir()
+        uid = first_uids.get(name, 0)
+        for i, rows in enumerate(shards):
+            pq.write_table(make_table(uid, rows), root / f"part-{i:05d}.parquet")
+            uid += rows
+        out[name] = root
+    return out
 
 
 def write_dataset(

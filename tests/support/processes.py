@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import signal
 import subprocess
+from typing import Any
 
 
-def stop(process: subprocess.Popen[bytes] | None, timeout: float) -> None:
+def stop(process: subprocess.Popen[Any] | None, timeout: float) -> None:
     """SIGTERM, then SIGKILL after `timeout` seconds; a process already gone is fine."""
     if process is None or process.poll() is not None:
         return

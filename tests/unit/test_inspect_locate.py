@@ -6,6 +6,7 @@ import pytest
 
 from shardcache import errors, plans
 from shardcache.inspect import locate
+from tests.support import sightings
 
 pytestmark = pytest.mark.unit
 
@@ -50,13 +51,7 @@ def test_provenance_names_shard_row_and_position() -> None:
 
 def test_every_sample_is_sighted_where_its_step_holds_it() -> None:
     q = locate.Query(epoch=2, world_size=3, batch_size=7, seed=4, block_size=16)
-    sightings = {s.index: s for s in locate.sightings(ROWS, DIGEST, q, range(sum(ROWS)))}
-    assert len(sightings) == sum(ROWS)
-    for rank in range(3):
-        rq = q.replace(rank=rank)
-        for step in range(locate.step_count(ROWS, rq)):
-            for slot, p in enumerate(locate.step_rows(ROWS, DIGEST, rq.replace(step=step))):
-                assert sightings[p.index] == locate.Sighting(p.index, 2, rank, step, slot)
+    sightings.assert_sighted_where_their_steps_hold_them(ROWS, DIGEST, q)
 
 
 def test_step_past_the_end_says_how_many_steps_there_are() -> None:

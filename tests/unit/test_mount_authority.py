@@ -21,14 +21,20 @@ from tests.unit.test_injection import DEFAULTS, admit, dsm, lookup_of, pod, revi
 pytestmark = pytest.mark.unit
 
 
-def refusal(obj: dict[str, Any], *mounts: dict[str, Any], **policy: Any) -> str:
+def reviewed(obj: dict[str, Any], *mounts: dict[str, Any], **policy: Any) -> dict[str, Any]:
+    """The webhook's response to `obj` with `mounts` there, under the chart's `policy`."""
     reply = admission.review(
         review_request(obj),
         lookup=lookup_of(*mounts),
         defaults=DEFAULTS,
         policy=authority.Policy(**policy),
     )
-    response = reply["response"]
+    response: dict[str, Any] = reply["response"]
+    return response
+
+
+def refusal(obj: dict[str, Any], *mounts: dict[str, Any], **policy: Any) -> str:
+    response = reviewed(obj, *mounts, **policy)
     assert response["allowed"] is False, response
     assert response["status"]["code"] == 403
     return str(response["status"]["message"])
@@ -49,13 +55,8 @@ def test_node_path_outside_the_allow_list_is_refused(path: str) -> None:
 
 def test_node_path_on_the_allow_list_is_admitted() -> None:
     mount = dsm("imagenet", cache={"nodePath": "/mnt/nvme/shardcache"})
-    reply = admission.review(
-        review_request(pod()),
-        lookup=lookup_of(mount),
-        defaults=DEFAULTS,
-        policy=authority.Policy(node_paths=("/mnt/nvme/shardcache",)),
-    )
-    assert reply["response"]["allowed"] is True
+    response = reviewed(pod(), mount, node_paths=("/mnt/nvme/shardcache",))
+    assert response["allowed"] is True
 
 
 def test_spec_parser_refuses_dot_segments_in_node_path() -> None:
@@ -68,13 +69,8 @@ def test_sidecar_image_must_be_the_default_or_on_the_list() -> None:
     mount = dsm("imagenet", sidecar={"image": "attacker/exfiltrate:latest"})
     message = refusal(pod(), mount)
     assert "attacker/exfiltrate:latest" in message and "policy.sidecarImages" in message
-    reply = admission.review(
-        review_request(pod()),
-        lookup=lookup_of(mount),
-        defaults=DEFAULTS,
-        policy=authority.Policy(sidecar_images=("attacker/exfiltrate:latest",)),
-    )
-    assert reply["response"]["allowed"] is True
+    response = reviewed(pod(), mount, sidecar_images=("attacker/exfiltrate:latest",))
+    assert response["allowed"] is True
     # Naming the default image explicitly is fine.
     response, _ = admit(pod(), dsm("imagenet", sidecar={"image": DEFAULTS.image}))
     assert response["allowed"] is True

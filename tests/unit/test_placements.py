@@ -16,6 +16,7 @@ import pytest
 from shardcache import manifests, placements, plans, sequences, streams
 from shardcache.inspect import locate
 from shardcache.lineage import diff
+from tests.support import sightings
 
 pytestmark = pytest.mark.unit
 
@@ -119,13 +120,7 @@ def test_inspect_steps_of_a_sample_mode_run_are_its_gathered_batches(
 
 def test_inspect_finds_every_sample_of_a_sample_mode_run_at_its_step_and_slot() -> None:
     q = sample_query(epoch=2, world_size=3, batch_size=7)
-    seen = {s.index: s for s in locate.sightings(ROWS, DIGEST, q, range(sum(ROWS)))}
-    assert len(seen) == sum(ROWS)
-    for rank in range(3):
-        rq = q.replace(rank=rank)
-        for step in range(locate.step_count(ROWS, rq)):
-            for slot, p in enumerate(locate.step_rows(ROWS, DIGEST, rq.replace(step=step))):
-                assert seen[p.index] == locate.Sighting(p.index, 2, rank, step, slot)
+    sightings.assert_sighted_where_their_steps_hold_them(ROWS, DIGEST, q)
 
 
 def run_plan(**changes: object) -> diff.RunPlan:

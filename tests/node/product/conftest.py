@@ -178,13 +178,7 @@ def operator(
     )
     apps = kubernetes.client.AppsV1Api(admin)
     # What an interrupted earlier session on a reused cluster left must go first.
-    if (
-        node_cluster.run(
-            "helm", "status", release.RELEASE, "-n", release.RELEASE_NAMESPACE, check=False
-        ).returncode
-        == 0
-    ):
-        node_cluster.run("helm", "uninstall", release.RELEASE, "-n", release.RELEASE_NAMESPACE)
+    if harness.uninstall_leftover_release(node_cluster, release.RELEASE, release.RELEASE_NAMESPACE):
         with contextlib.suppress(ApiException):
             core.delete_namespace(release.RELEASE_NAMESPACE)
     harness.wait_until(

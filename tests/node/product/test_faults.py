@@ -13,7 +13,7 @@ import pytest
 from shardcache_operator import injection
 
 from tests.e2e import harness
-from tests.node.product import jobs, pods, release
+from tests.node.product import jobs, pods, preemption, release
 from tests.support import s3server
 
 # Fixture set-up (images, the release, a Ready mount) counts towards the first test.
@@ -89,43 +89,19 @@ def test_replacement_pod_restores_the_checkpoint_before_its_trainer_and_resumes_
     real_node: release.RealNode,
 ) -> None:
     checkpoints = node_store.make_bucket("ckpt")
-    mount = release.make_mount(
-        admin, operator, node_store, namespace, "resumable", release.TRAIN_SHARDS,
-        sharding={"seed": release.TRAIN_SEED, "worldSize": 1,
-                  "blockSize": release.TRAIN_BLOCK_SIZE, "rankFrom": "JobCompletionIndex"},
-        checkpoint={"uri": f"s3://{checkpoints}/run/", "keepLast": 2, "restore": "latest",
-                    "mountPath": "/checkpoints", "size": "64Mi"},
-        sidecar=release.small_sidecar(),
+    mount = preemption.resumable_mount(
+        admin, operator, node_store, namespace, "resumable",
+        checkpoint_uri=f"s3://{checkpoints}/run/",
     )  # fmt: skip
-    name = f"resume-{secrets.token_hex(3)}"
-    body = jobs.indexed_job(
-        name, mount.name, product_images.trainer, ranks=1,
-        settings=release.trainer_settings(
-            TRAINER_CHECKPOINT_AT=CHECKPOINT_AT, TRAINER_HOLD_SECONDS=600,
-            TRAINER_RESUME="latest",
-        ),
-        node_selector=real_node.node_selector, tolerations=real_node.tolerations,
-        backoff_limit=2,
+    name = preemption.start_job(
+        admin, namespace, "resume", mount, product_images, real_node,
+        TRAINER_CHECKPOINT_AT=CHECKPOINT_AT,
     )  # fmt: skip
-    kubernetes.client.BatchV1Api(admin).create_namespaced_job(namespace, body)
-    first = harness.wait_until(
-        f"a pod of Job {name}", lambda: pods.job_pods(core, namespace, name) or None, timeout=60
-    )
-    assert len(first) == 1
-    first_name = first[0].metadata.name
-    committed = pods.wait_event(
-        core, namespace, first_name, lambda e: e["event"] == "checkpoint",
-        "a checkpoint committed and published",
-    )  # fmt: skip
+    first_name, committed = preemption.wait_first_checkpoint(core, namespace, name)
     first_log = pods.log(core, namespace, first_name, jobs.TRAINER_CONTAINER)
     first_start = jobs.event(first_log, "start")["checkpoints"]
     assert first_start["dirs"] == [] and first_start["restore"]["phase"] == "clean"
-    core.delete_namespaced_pod(first_name, namespace)
-
-    pods.wait_job_complete(admin, namespace, name)
-    replacement = [p for p in pods.job_pods(core, namespace, name) if p.metadata.name != first_name]
-    assert len(replacement) == 1, [p.metadata.name for p in replacement]
-    log = pods.log(core, namespace, replacement[0].metadata.name, jobs.TRAINER_CONTAINER)
+    log = preemption.preempt(admin, core, namespace, name, first_name)
     start = jobs.event(log, "start")
     step = committed["step"]
     # The trainer's very first look at its volume finds the checkpoint there: the

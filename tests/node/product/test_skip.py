@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import secrets
 import subprocess
 import sys
 from typing import Any
@@ -21,7 +20,7 @@ from shardcache_operator import skips
 
 from shardcache import plans
 from tests.e2e import harness, objects
-from tests.node.product import jobs, pods, release
+from tests.node.product import jobs, preemption, release
 from tests.support import s3server
 
 # Fixture set-up (images, the release, a Ready mount) counts towards the first test.
@@ -79,35 +78,15 @@ def test_a_skip_requested_with_shardcache_skip_is_applied_at_restore_and_reporte
     core = kubernetes.client.CoreV1Api(admin)
     checkpoints = node_store.make_bucket("ckpt")
     uri = f"s3://{checkpoints}/run/"
-    mount = release.make_mount(
-        admin, operator, node_store, namespace, "skipping", release.TRAIN_SHARDS,
-        sharding={"seed": release.TRAIN_SEED, "worldSize": 1,
-                  "blockSize": release.TRAIN_BLOCK_SIZE, "rankFrom": "JobCompletionIndex"},
-        checkpoint={"uri": uri, "keepLast": 2, "restore": "latest",
-                    "mountPath": "/checkpoints", "size": "64Mi"},
-        sidecar=release.small_sidecar(),
-    )  # fmt: skip
-    order = reading_order(mount.status, mount.total_rows)
-    name = f"skip-{secrets.token_hex(3)}"
-    body = jobs.indexed_job(
-        name, mount.name, product_images.trainer, ranks=1,
-        settings=release.trainer_settings(
-            TRAINER_BATCH_SIZE=BATCH_SIZE, TRAINER_CHECKPOINT_AT=CHECKPOINT_AT,
-            TRAINER_HOLD_SECONDS=600, TRAINER_RESUME="latest",
-        ),
-        node_selector=real_node.node_selector, tolerations=real_node.tolerations,
-        backoff_limit=2,
-    )  # fmt: skip
-    kubernetes.client.BatchV1Api(admin).create_namespaced_job(namespace, body)
-    first = harness.wait_until(
-        f"a pod of Job {name}", lambda: pods.job_pods(core, namespace, name) or None, timeout=60
+    mount = preemption.resumable_mount(
+        admin, operator, node_store, namespace, "skipping", checkpoint_uri=uri
     )
-    assert len(first) == 1
-    first_name = first[0].metadata.name
-    committed = pods.wait_event(
-        core, namespace, first_name, lambda e: e["event"] == "checkpoint",
-        "a checkpoint committed and published",
+    order = reading_order(mount.status, mount.total_rows)
+    name = preemption.start_job(
+        admin, namespace, "skip", mount, product_images, real_node,
+        TRAINER_BATCH_SIZE=BATCH_SIZE, TRAINER_CHECKPOINT_AT=CHECKPOINT_AT,
     )  # fmt: skip
+    first_name, committed = preemption.wait_first_checkpoint(core, namespace, name)
     step = committed["step"]
     assert step == committed["position"] == CHECKPOINT_AT
     # The first pod read the plan's first `step` samples and holds there.
@@ -120,12 +99,8 @@ def test_a_skip_requested_with_shardcache_skip_is_applied_at_restore_and_reporte
     assert [(r["rank"], r["skip"], r["set_aside"]) for r in requested["ranks"]] == [
         (0, {"epoch": 0, "start": skipped[0], "stop": skipped[1]}, [])
     ], requested
-    core.delete_namespaced_pod(first_name, namespace)
+    log = preemption.preempt(admin, core, namespace, name, first_name)
 
-    pods.wait_job_complete(admin, namespace, name)
-    replacement = [p for p in pods.job_pods(core, namespace, name) if p.metadata.name != first_name]
-    assert len(replacement) == 1, [p.metadata.name for p in replacement]
-    log = pods.log(core, namespace, replacement[0].metadata.name, jobs.TRAINER_CONTAINER)
     # Before the trainer started, the sidecar restored the step and applied the skip.
     start = jobs.event(log, "start")
     assert start["checkpoints"]["dirs"] == [f"step-{step}"], start
@@ -164,15 +139,10 @@ def test_a_skip_requested_with_shardcache_skip_is_applied_at_restore_and_reporte
     assert last["requestedAt"] <= last["appliedAt"], last
     uid = objects.get_datasetmount(admin, namespace, mount.name)["metadata"]["uid"]
 
-    def skip_events() -> list[Any] | None:
-        found = [
-            e for e in objects.events_of(admin, namespace, uid) if e.reason == skips.EVENT_REASON
-        ]
-        return found or None
-
     events = harness.wait_until(
-        f"a {skips.EVENT_REASON} Event", skip_events, timeout=REPORT_TIMEOUT_S, interval=1,
-        describe=operator.logs,
+        f"a {skips.EVENT_REASON} Event",
+        lambda: objects.events_with(admin, namespace, uid, skips.EVENT_REASON) or None,
+        timeout=REPORT_TIMEOUT_S, interval=1, describe=operator.logs,
     )  # fmt: skip
     assert len(events) == 1, [e.message for e in events]
     assert str(events[0].message) == (
