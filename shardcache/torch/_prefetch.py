@@ -292,8 +292,6 @@ class DevicePrefetcher:
         except errors.ShardcacheError:
             raise
         except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
-            if not cuda:
-                raise
             # Keep today's path rather than fail the job: the per-batch path copies the
             # same bytes with nothing but torch's own copies.
             if stream is not None:
