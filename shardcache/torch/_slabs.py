@@ -67,6 +67,18 @@ class Mappings:
         offset = address - start
         return known[1][offset : offset + size]
 
+    def prune(self) -> None:
+        """Let go of the tensors over mappings the registry no longer holds: each keeps
+        its mapping (and the memory tier's pages) alive. The registry synchronised the
+        copies from it before it unregistered the mapping."""
+        for start, (root, _) in list(self._tensors.items()):
+            try:
+                live = self._root(start)
+            except KeyError:
+                live = None
+            if live is not root:
+                del self._tensors[start]
+
     def forget(self) -> None:
         self._tensors.clear()
 
@@ -85,6 +97,8 @@ def launch(
     cuda = device.type == "cuda"
     keep: list[Any] = []
     done = Launched([], keep)
+    if mappings is not None:
+        mappings.prune()
     slab = torch.empty(plan.slab_bytes, dtype=torch.uint8, device=device)
     for run in plan.runs:
         target = slab[run.at : run.at + run.size]

@@ -149,3 +149,22 @@ def test_a_column_without_a_tensor_form_is_refused_as_on_the_plain_path(make: An
     prefetcher = shardcache.torch.DevicePrefetcher(make(columns=["uid", "text"]), device="cpu")
     with pytest.raises(errors.InputError, match="text"):
         list(prefetcher._windowed())
+
+
+def test_a_dropped_mapping_is_let_go_by_the_window_path(make: Any) -> None:
+    # The tensors over whole mappings must not keep a mapping the reader dropped (its
+    # memory-tier file may be evicted): they go at the next window.
+    ds = make()
+    registry = _host_memory.Registry(_RegisterAll(), settle=lambda: None)
+    ds.shardcache_dataset().add_mapping_listener(registry)
+    mappings = _slabs.Mappings(registry.root)
+    for batch in ds.reader():
+        address = batch.pieces[0].column(0).buffers()[1].address
+        start = registry.locate(address, 8)
+        assert start is not None
+        mappings.slice(start, address, 8)
+        break
+    assert mappings._tensors
+    ds.shardcache_dataset().close()  # drops (and unregisters) every mapping
+    mappings.prune()
+    assert not mappings._tensors
