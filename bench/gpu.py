@@ -156,7 +156,7 @@ def verify(args: argparse.Namespace, work: Path) -> tuple[dict[str, bool], list[
                 plain = shardcache.torch.IterableDataset(f"file://{args.source}", **kw)
                 fast = shardcache.torch.IterableDataset(f"file://{args.source}", **kw)
                 with shardcache.torch.DevicePrefetcher(fast, depth=3, **options) as prefetcher:
-                    for i, (a, b) in enumerate(zip(prefetcher, plain, strict=False)):
+                    for i, (a, b) in enumerate(zip(prefetcher, plain, strict=True)):
                         if a.keys() != b.keys():
                             raise AssertionError(f"{extra} batch {i}: keys {sorted(a)}")
                         for key in b:
