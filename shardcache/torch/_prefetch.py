@@ -233,10 +233,19 @@ class DevicePrefetcher:
         self._state = reader.state_dict()
         batches = iter(reader)
         queue: collections.deque[_InFlight] = collections.deque()
+        #: Copy events of the windows launched, oldest first (CUDA only).
+        launched: collections.deque[Any] = collections.deque()
         count = 1  # the first window is one batch: the first hand-over comes soon
         try:
             while True:
                 while len(queue) <= self.depth:
+                    # A loop that never waits on the device (a benchmark, a step with
+                    # no sync) would otherwise run ahead of the copies without bound,
+                    # each window a new slab: wait for the oldest copies once more than
+                    # `depth` windows are queued on the device (the copy engine still
+                    # has those to do meanwhile).
+                    while len(launched) > self.depth:
+                        launched.popleft().synchronize()
                     window: list[batching.HostBatch] = []
                     states: list[dict[str, Any]] = []
                     for batch in batches:
@@ -247,6 +256,8 @@ class DevicePrefetcher:
                     if not window:
                         break
                     count = self._launch(window, states, queue, registry, stream, copy=copy)
+                    if cuda and queue and queue[-1].done is not None:
+                        launched.append(queue[-1].done)
                 if not queue:
                     break
                 flight = queue.popleft()
