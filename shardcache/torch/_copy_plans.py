@@ -106,11 +106,13 @@ class Plan:
             out[index] = 0
         for piece in self._pieces:
             source = piece.source
+            # In int64 whatever the source's width: the rebased offsets of a batch
+            # may pass what the shard's int32 offsets could hold.
             np.subtract(
                 source[1:],
-                int(source[0]) - piece.base,
+                np.int64(int(source[0]) - piece.base),
                 out=out[piece.at : piece.at + len(source) - 1],
-                casting="unsafe",
+                dtype=np.int64,
             )
 
     def longest(self, offsets: np.ndarray, column: Column) -> int:

@@ -136,3 +136,20 @@ def test_the_longest_list_of_a_batch_comes_from_its_offsets() -> None:
     assert plan is not None
     _, offsets = _carry_out(plan)
     assert plan.longest(offsets, plan.batches[0][1]) == 4  # rows 1-4 and 5-6: lengths 1-4, then 0-1
+
+
+def test_rebased_offsets_are_computed_in_int64_past_what_int32_holds() -> None:
+    # A batch's later pieces are rebased by the tokens before them, which can pass
+    # 2**31 even though each shard's offsets are int32.
+    source = np.array([2**31 - 5, 2**31 - 1], np.int32)
+    plan = _copy_plans.Plan(
+        batches=[],
+        runs=[],
+        slab_bytes=0,
+        offsets_count=2,
+        _pieces=[_copy_plans._OffsetsPiece(source, at=1, base=3 * 2**31)],
+        _starts=[0],
+    )
+    out = np.full(2, -1, np.int64)
+    plan.fill_offsets(out)
+    assert out.tolist() == [0, 3 * 2**31 + 4]
