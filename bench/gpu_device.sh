@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # `make bench-gpu` on a GPU machine, as one prepared command (issue 16): 4 GiB of
 # tokens in 32 shards on tmpfs, batches of 16,384 rows, K = 1 and 8 local ranks, the
-# pinned host-to-device limit measured in the same run, and first a check that the
-# prefetcher's device batches equal the plain path's. That machine has python3 with
+# pinned host-to-device limit measured in the same run, and first a check (VERIFY) that
+# the device batches of every path it times (windows, per-batch, staged) equal the
+# plain path's; a path that fails is reported and left out, and the main runs fall back
+# to the per-batch path if the window path fails. Then the CPU side (thread CPU us per
+# batch, no bytes copied), the K=1 and K=8 window-path runs, K=1 on the per-batch and
+# staged paths for comparison, and K=1 at 65,536 rows. That machine has python3 with
 # torch (CUDA), numpy and pyarrow but no network and no package index: the project
 # runs from this tree on PYTHONPATH, and torchdata is not needed.
 # Run from the repository root:   OUT=/some/dir bash bench/gpu_device.sh
 # Writes $OUT/bench-gpu.txt (the report, RESULT last), $OUT/bench-gpu.json and
-# $OUT/machine.txt. About 1-3 minutes; cut at BENCH_GPU_TIMEOUT seconds (default 290).
+# $OUT/machine.txt. About 2-3 minutes; cut at BENCH_GPU_TIMEOUT seconds (default 290).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-gpu-out}

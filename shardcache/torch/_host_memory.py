@@ -124,11 +124,20 @@ class Registry:
 
     def covers(self, address: int, size: int) -> bool:
         """Whether [address, address + size) lies inside one registered mapping."""
+        return self.locate(address, size) is not None
+
+    def locate(self, address: int, size: int) -> int | None:
+        """The start of the registered mapping [address, address + size) lies in, or
+        None."""
         i = bisect.bisect_right(self._starts, address) - 1
         if i < 0:
-            return False
+            return None
         start = self._starts[i]
-        return address + size <= start + self._ranges[start].size
+        return start if address + size <= start + self._ranges[start].size else None
+
+    def root(self, start: int) -> pa.Buffer:
+        """The registered mapping that starts at `start` (see `locate`)."""
+        return self._ranges[start].root
 
     def close(self) -> None:
         if self._ranges:

@@ -85,7 +85,7 @@ def _longest(pieces: Sequence[pa.Array]) -> int:
     return max((n for n in lengths if n is not None), default=0)
 
 
-def _padded(
+def padded(
     values: torch.Tensor,
     offsets: torch.Tensor,
     longest: int,
@@ -141,7 +141,7 @@ def collate(
         offsets = _offsets(pieces, move)
         if lists == "padded":
             longest = _longest(pieces)
-            out[field.name] = _padded(values, offsets, longest, pad_value=pad_value, pad_to=pad_to)
+            out[field.name] = padded(values, offsets, longest, pad_value=pad_value, pad_to=pad_to)
         else:
             out[field.name] = values
             out[f"{field.name}_offsets"] = offsets

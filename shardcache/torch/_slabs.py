@@ -1,0 +1,154 @@
+"""Carrying out a copy plan (`_copy_plans`): one slab per window of batches.
+
+The slab is one uint8 tensor on the device; each run of the plan is one copy into it
+(`copy_(non_blocking=True)` on the caller's stream), and every batch's columns are
+views of it, reinterpreted to their dtype. The window's rebased offsets are written by
+numpy into one pinned buffer and copied once. Runs inside a registered mapping are
+copied by DMA straight from a tensor over the whole mapping (made once per mapping);
+other runs are staged through a pinned buffer (one CPU copy), as in the per-batch path.
+
+On the CPU (tests, and the bench's CPU-side probe) the same steps copy host to host, so
+the plan's exactness is checked without a GPU; with `copy=False` the byte copies are
+skipped and only the per-window and per-batch work remains, which is what the bench
+times as the prefetcher's CPU cost.
+
+A handed-over batch is a view of its window's slab: the slab's memory is reused once
+every batch of the window has been dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import torch
+import torch.utils.dlpack
+
+from shardcache.torch import _copy_plans, _tensors
+
+#: The mapping that starts at an address, as registered (`_host_memory.Registry.root`).
+Root = Callable[[int], pa.Buffer]
+
+
+@dataclasses.dataclass
+class Launched:
+    """A window's batches (tensors on the device, their copies queued)."""
+
+    batches: list[dict[str, torch.Tensor]]
+    #: Host memory the queued copies read, alive until they finish.
+    keep: list[Any]
+    direct_bytes: int = 0
+    staged_bytes: int = 0
+    offsets_bytes: int = 0
+
+
+def _host_bytes(buffer: pa.Buffer) -> torch.Tensor:
+    array = pa.Array.from_buffers(pa.uint8(), buffer.size, [None, buffer])
+    return torch.utils.dlpack.from_dlpack(array)
+
+
+class Mappings:
+    """uint8 tensors over whole registered mappings, made once per mapping: slicing one
+    is cheaper per run than wrapping each run's buffer."""
+
+    def __init__(self, root: Root) -> None:
+        self._root = root
+        self._tensors: dict[int, tuple[pa.Buffer, torch.Tensor]] = {}
+
+    def slice(self, start: int, address: int, size: int) -> torch.Tensor:
+        root = self._root(start)
+        known = self._tensors.get(start)
+        # A mapping dropped and another made at the same address is a new root.
+        if known is None or known[0] is not root:
+            known = (root, _host_bytes(root))
+            self._tensors[start] = known
+        offset = address - start
+        return known[1][offset : offset + size]
+
+    def prune(self) -> None:
+        """Let go of the tensors over mappings the registry no longer holds: each keeps
+        its mapping (and the memory tier's pages) alive. The registry synchronised the
+        copies from it before it unregistered the mapping."""
+        for start, (root, _) in list(self._tensors.items()):
+            try:
+                live = self._root(start)
+            except KeyError:
+                live = None
+            if live is not root:
+                del self._tensors[start]
+
+    def forget(self) -> None:
+        self._tensors.clear()
+
+
+def launch(
+    plan: _copy_plans.Plan,
+    *,
+    device: torch.device,
+    mappings: Mappings | None,
+    lists: str,
+    pad_value: int,
+    pad_to: int | None,
+    copy: bool = True,
+) -> Launched:
+    """Queue the plan's copies on the current stream and build its batches' tensors."""
+    cuda = device.type == "cuda"
+    keep: list[Any] = []
+    done = Launched([], keep)
+    if mappings is not None:
+        mappings.prune()
+    slab = torch.empty(plan.slab_bytes, dtype=torch.uint8, device=device)
+    for run in plan.runs:
+        target = slab[run.at : run.at + run.size]
+        if run.mapping is not None and mappings is not None:
+            source = mappings.slice(run.mapping, run.address, run.size)
+            done.direct_bytes += run.size
+        else:
+            buffer = run.buffer()
+            keep.append(buffer)
+            source = _host_bytes(buffer)
+            done.staged_bytes += run.size
+            if cuda and copy:
+                try:
+                    staging = torch.empty(run.size, dtype=torch.uint8, pin_memory=True)
+                except RuntimeError:
+                    target.copy_(source)  # pinning refused: a synchronous copy
+                    continue
+                staging.copy_(source)
+                keep.append(staging)
+                source = staging
+        if copy:
+            target.copy_(source, non_blocking=cuda)
+    host_offsets = torch.empty(plan.offsets_count, dtype=torch.int64, pin_memory=cuda)
+    offsets_array = host_offsets.numpy()
+    plan.fill_offsets(offsets_array)
+    done.offsets_bytes = 8 * plan.offsets_count
+    if cuda:
+        keep.append(host_offsets)
+        offsets = host_offsets.to(device, non_blocking=True)
+    else:
+        offsets = host_offsets
+    for columns in plan.batches:
+        out: dict[str, torch.Tensor] = {}
+        for column in columns:
+            values = slab[column.start : column.start + column.size]
+            values = values.view(_tensors.DTYPES[column.dtype])
+            if column.shape is not None:
+                out[column.name] = values.view(column.shape)
+            elif column.offsets is not None:
+                first, last = column.offsets
+                batch_offsets = offsets[first:last]
+                if lists == "padded":
+                    longest = plan.longest(offsets_array, column)
+                    out[column.name] = _tensors.padded(
+                        values, batch_offsets, longest, pad_value=pad_value, pad_to=pad_to
+                    )
+                else:
+                    out[column.name] = values
+                    out[f"{column.name}_offsets"] = batch_offsets
+            else:
+                out[column.name] = values
+        done.batches.append(out)
+    return done

@@ -1,0 +1,53 @@
+"""A tiny run of `bench/gpu_device.sh` (`make bench-gpu` as the GPU machine runs it), so
+the one prepared command does not rot: on a machine without CUDA it must still run end
+to end, print the CPU side against its budget, and end with the documented RESULT line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CPU_SIDE = re.compile(
+    r"^CPU side \(thread CPU time, no bytes copied\), rows=(\d+): reader (\d+) us/batch, "
+    r"windows (\d+) us/batch .* per-batch path (\d+) us/batch; budget for 0\.8 of "
+    r"[\d.]+ GB/s: (\d+) us/batch$",
+    re.MULTILINE,
+)
+
+
+def test_the_prepared_gpu_command_runs_without_cuda_and_ends_with_result(tmp_path: Path) -> None:
+    env = dict(os.environ, OUT=str(tmp_path / "out"), PYTHON=sys.executable)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    args = ["--size", "16MiB", "--shards", "2", "--rows", "2048,4096", "--ranks", "1"]
+    args += ["--passes", "1", "--root", str(tmp_path / "work")]
+    done = subprocess.run(
+        ["bash", "bench/gpu_device.sh", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert done.stdout.strip().splitlines()[-1] == (
+        "RESULT gpu_feed_ratio=n/a tokens_per_s=n/a path=windows"
+    )
+    probes = CPU_SIDE.findall(done.stdout)
+    assert [rows for rows, *_ in probes] == ["2048", "4096"], output[-4000:]
+    for _, reader, windows, per_batch, budget in probes:
+        assert int(reader) > 0 and int(windows) > 0 and int(per_batch) > 0 and int(budget) > 0
+    report = json.loads((tmp_path / "out" / "bench-gpu.json").read_text())
+    assert report["verified"] == {"windows": True, "per-batch": True, "staged": True}
+    assert [r["path"] for r in report["runs"]] == ["windows", "windows"]
+    assert (tmp_path / "out" / "bench-gpu.txt").read_text().strip().endswith("path=windows")
