@@ -174,7 +174,7 @@ class DevicePrefetcher:
             registrar = _host_memory.CudaRegistrar.load()
             if registrar is not None:
                 self._registered = _host_memory.Registry(registrar, settle=stream.synchronize)
-                self.dataset.shardcache_dataset().add_mapping_listener(self._registered)
+                self.dataset.add_mapping_listener(self._registered)
         return self._registered
 
     def _cuda(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -364,7 +364,7 @@ class DevicePrefetcher:
         """Unregister the mappings this prefetcher registered (after the copies in
         flight), and stop following the reader's mappings."""
         if self._registered is not None:
-            self.dataset.shardcache_dataset().remove_mapping_listener(self._registered)
+            self.dataset.remove_mapping_listener(self._registered)
             self._registered.close()
             self._registered = None
         if self._mappings is not None:

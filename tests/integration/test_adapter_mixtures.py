@@ -359,3 +359,23 @@ def test_mapping_listeners_follow_every_source_of_a_mixture(
     assert len(listener.roots) == sum(len(rows) for rows in SHARDS.values())
     ds.remove_mapping_listener(listener)
     ds.close()
+
+
+@pytest.mark.parametrize("plan", ["block", "sample"])
+def test_the_device_prefetcher_yields_the_mixtures_batches_in_order(
+    uris: dict[str, str], tmp_path: Path, plan: str
+) -> None:
+    """The prefetcher follows every source's mappings (not only one dataset's), so it
+    reads a mixture; on the CPU its tensors are the plain path's."""
+    ds = shardcache.torch.IterableDataset(
+        batch_size=BATCH,
+        columns=["uid"],
+        mixture=uris,
+        weights=WEIGHTS,
+        mix_seed=MIX_SEED,
+        **open_options(tmp_path, plan),
+    )
+    prefetcher = shardcache.torch.DevicePrefetcher(ds, device="cpu")
+    assert torch_uids(prefetcher, STEPS) == expected(uris, tmp_path, plan)
+    prefetcher.close()
+    ds.close()
