@@ -27,6 +27,9 @@ import pyarrow.parquet as pq
 @dataclasses.dataclass(frozen=True)
 class Ceiling:
     seconds: float
+    #: CPU seconds of this process (every thread) over those `seconds`: beside the
+    #: sidecar's CPU through the cold epoch, a measure the machine's load moves less.
+    cpu_seconds: float
     #: What the decoded files hold, counted after the clock stopped: the reference the
     #: benchmark's passes are checked against.
     rows: int
@@ -79,16 +82,16 @@ def measure(fs: pafs.FileSystem, sources: list[str], out_dir: Path, threads: int
                 return
 
     pool = [threading.Thread(target=work, name=f"ceiling-{i}") for i in range(threads)]
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for t in pool:
         t.start()
     for t in pool:
         t.join()
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     try:
         if failures:
             raise failures[0]
         counts = _count(sorted(out_dir.iterdir()))
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
-    return Ceiling(seconds, *counts)
+    return Ceiling(seconds, cpu_seconds, *counts)

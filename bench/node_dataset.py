@@ -30,12 +30,28 @@ def _table(index: int, rows: int, pool: pa.Array) -> pa.Table:
     return pa.table({"uid": uid, "tokens": tokens})
 
 
-def generate(root: str, env: dict[str, str], shards: int, rows: int, *, threads: int) -> int:
-    """Write `shards` Parquet shards (zstd) of `rows` rows under `root`; the token count."""
+def generate(
+    root: str,
+    env: dict[str, str],
+    shards: int,
+    rows: int,
+    *,
+    threads: int,
+    random_tokens: bool = False,
+) -> int:
+    """Write `shards` Parquet shards (zstd) of `rows` rows under `root`; the token count.
+
+    The token ids repeat a counting pool, which zstd shrinks about 20 times;
+    `random_tokens` draws them at random below 32,768 instead, which it shrinks about
+    twice, as real token data (the cold path's source-side work then shows)."""
     # No shards: only the bucket (MinIO) and the directory, made the launcher's way.
     launcher.generate(root, env, 0, 1)
     fs, path = source.filesystem(root, storage_options=env or None)
-    pool = pc.bit_wise_and(pa.array(range(rows * 320), pa.int64()), 32767).cast(pa.int32())
+    if random_tokens:
+        uniform = pc.random(rows * 320, initializer=0)
+        pool = pc.floor(pc.multiply(uniform, 32768)).cast(pa.int32())
+    else:
+        pool = pc.bit_wise_and(pa.array(range(rows * 320), pa.int64()), 32767).cast(pa.int32())
 
     def write(index: int) -> int:
         table = _table(index, rows, pool)

@@ -197,12 +197,16 @@ class CacheNode:
         )
         # Memory-tier files are written by this code and never leave tmpfs: a full
         # checksum on every acquire would cost a pass over the data; sizes are checked.
+        # Nor are they hashed on insert (`hashed=False`): nothing ever compares that
+        # sha256, and hashing the decoded file (2-3 times the source's bytes) took a
+        # fifth of a cold shard's time (docs/benchmarks.md, issue 14's cold path).
         self.memory = tiers.Tier(
             settings.memory_dir,
             limit_bytes=settings.memory_limit,
             name="memory",
             fsync=False,
             verify="never",
+            hashed=False,
             observer=self._events,
             wait_timeout=settings.wait_timeout,
         )
@@ -373,9 +377,12 @@ class CacheNode:
         fetch) if missing; if found, checked against the manifest's sha256, not the
         entry's own meta file (whoever wrote the entry wrote that too)."""
         entry = self.manifest.shards[shard]
+        # A fetch checks the bytes against the manifest's sha256 as they arrive
+        # (`source.download`), so that is the entry's sha256: the tier does not read the
+        # new entry back to hash it again.
         try:
             disk_entry, hit = self.disk.get_or_insert(
-                key, entry.size, lambda tmp: self._fetch(shard, tmp)
+                key, entry.size, lambda tmp: self._fetch(shard, tmp), sha256=entry.sha256
             )
             if not hit or self._intact(shard, disk_entry.path):
                 return disk_entry
@@ -383,7 +390,7 @@ class CacheNode:
             self._events.corrupted(self.disk.name, key)
             self.disk.evict(key)
             disk_entry, hit = self.disk.get_or_insert(
-                key, entry.size, lambda tmp: self._fetch(shard, tmp)
+                key, entry.size, lambda tmp: self._fetch(shard, tmp), sha256=entry.sha256
             )
             if not hit or self._intact(shard, disk_entry.path):
                 return disk_entry

@@ -6,7 +6,8 @@ The disk tier (source bytes, shared by every sidecar on the node) and the memory
 between them is on disk and guarded by flock (see `_locks`), never in process memory:
 
 * an entry is a data file `<key>` plus a meta file `<key>.meta.json` (size, sha256,
-  format version); it is visible once its meta file is renamed into place;
+  format version); it is visible once its meta file is renamed into place. A tier with
+  `hashed=False` (the memory tier, which never verifies) writes a null sha256;
 * a lease is a shared flock on `<key>.lock`, held by `Entry` until released; eviction
   needs an exclusive flock on it, so a leased entry is never evicted, and a dead
   process's leases vanish with it;

@@ -1,7 +1,7 @@
 """One entry of a tier: its key, its meta file, and the lease a reader holds on it.
 
-An entry is a data file `<key>` plus a meta file `<key>.meta.json` (size, sha256,
-format version); `Entry` is a lease on a committed one (docs/cache-format.md).
+An entry is a data file `<key>` plus a meta file `<key>.meta.json` (size, sha256 or
+null, format version); `Entry` is a lease on a committed one (docs/cache-format.md).
 """
 
 from __future__ import annotations
@@ -20,8 +20,14 @@ from types import TracebackType
 from shardcache import errors
 from shardcache.node.tiers import _errors
 
-#: Version of the tier directory format (docs/cache-format.md); stored in every meta file.
-FORMAT_VERSION = 1
+#: Version of the tier directory format (docs/cache-format.md), the newest this code
+#: reads and writes. Version 2 lets a meta file's sha256 be null (a tier that never
+#: verifies its entries need not hash them: the memory tier). A meta file with a sha256
+#: is written as version 1, which it also is, so sidecars of older versions sharing a
+#: node's disk tier keep reading its entries; only a null sha256 needs version 2.
+FORMAT_VERSION = 2
+#: Versions a meta file may have; any other is IncompatibleFormatError.
+READABLE_VERSIONS = (1, 2)
 
 # Keys become file names; dots are excluded so that `<key>.lock` and friends can never
 # collide with another key's data file.
@@ -37,11 +43,17 @@ class EntryMeta:
 
     key: str
     size: int
-    sha256: str
-    format_version: int = FORMAT_VERSION
+    #: Lowercase hex; None for an entry of a tier that does not hash (`Tier.hashed`).
+    sha256: str | None
+
+    @property
+    def format_version(self) -> int:
+        """The oldest version that describes this meta file (see FORMAT_VERSION)."""
+        return 1 if self.sha256 is not None else 2
 
     def to_json(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True).encode() + b"\n"
+        doc = {**dataclasses.asdict(self), "format_version": self.format_version}
+        return json.dumps(doc, sort_keys=True).encode() + b"\n"
 
 
 def read_meta(path: Path, key: str) -> EntryMeta:
@@ -58,9 +70,10 @@ def read_meta(path: Path, key: str) -> EntryMeta:
     if not isinstance(doc, dict):
         raise errors.CacheError(f"meta file {path}: expected a JSON object, found {raw[:80]!r}")
     version = doc.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
+        expected = " or ".join(str(v) for v in READABLE_VERSIONS)
         raise _errors.IncompatibleFormatError(
-            f"meta file {path} has format_version {version!r}, expected {FORMAT_VERSION}: it "
+            f"meta file {path} has format_version {version!r}, expected {expected}: it "
             "was written by another version of shardcache sharing this cache directory"
         )
     size, sha256 = doc.get("size"), doc.get("sha256")
@@ -68,8 +81,13 @@ def read_meta(path: Path, key: str) -> EntryMeta:
         raise errors.CacheError(f"meta file {path} is for key {doc.get('key')!r}, expected {key!r}")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise errors.CacheError(f"meta file {path}: expected a size >= 0, found {size!r}")
+    if sha256 is None and version >= 2:
+        return EntryMeta(key=key, size=size, sha256=None)
     if not isinstance(sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", sha256):
-        raise errors.CacheError(f"meta file {path}: expected a hex sha256, found {sha256!r}")
+        nullable = " or null" if version >= 2 else ""
+        raise errors.CacheError(
+            f"meta file {path}: expected a hex sha256{nullable}, found {sha256!r}"
+        )
     return EntryMeta(key=key, size=size, sha256=sha256)
 
 
@@ -119,7 +137,9 @@ class Entry:
     even within one process, and the kernel drops them if the process dies.
     """
 
-    def __init__(self, *, key: str, path: Path, size: int, sha256: str, lease_fd: int) -> None:
+    def __init__(
+        self, *, key: str, path: Path, size: int, sha256: str | None, lease_fd: int
+    ) -> None:
         self.key = key
         self.path = path
         self.size = size

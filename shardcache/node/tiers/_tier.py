@@ -12,6 +12,7 @@ import dataclasses
 import errno
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ from shardcache.node.tiers import _directory, _entries, _errors, _eviction
 # that costs nothing (each poll lists the directory under the tier lock).
 _WAIT_FIRST_S = 0.01
 _WAIT_MAX_S = 0.5
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 # Which setting a user raises when an entry does not fit, by tier name.
 _LIMIT_SETTINGS = {"disk": contract.ENV_DISK_LIMIT, "memory": contract.ENV_MEMORY_LIMIT}
 
@@ -71,13 +73,23 @@ class Tier:
         name: str,
         fsync: bool = True,
         verify: Literal["always", "never"] = "always",
+        hashed: bool = True,
         observer: TierObserver | None = None,
         wait_timeout: float = 300.0,
     ) -> None:
+        """`hashed=False`: meta files carry no sha256 (null, format version 2) unless the
+        producer's caller gives one, and an insert never reads its entry back to hash
+        it. Only for a tier that never verifies (verify="never"): the memory tier,
+        whose files are decoded from bytes already checked against the manifest."""
         if limit_bytes < 0:
             raise errors.InputError(f"{name} tier limit must be >= 0 bytes, found {limit_bytes}")
         if verify not in ("always", "never"):
             raise errors.InputError(f"verify must be 'always' or 'never', found {verify!r}")
+        if not hashed and verify != "never":
+            raise errors.InputError(
+                f"{name} tier: hashed=False needs verify='never' (an entry without a "
+                "sha256 cannot be verified), found verify='always'"
+            )
         if wait_timeout < 0:
             raise errors.InputError(f"wait_timeout must be >= 0 s, found {wait_timeout}")
         self.root = Path(root)
@@ -85,6 +97,7 @@ class Tier:
         self.name = name
         self.fsync = fsync
         self.verify = verify
+        self.hashed = hashed
         self.observer = observer
         self.wait_timeout = wait_timeout
         self.root.mkdir(parents=True, exist_ok=True)
@@ -116,6 +129,7 @@ class Tier:
         *,
         evict: bool = True,
         held: int = 0,
+        sha256: str | None = None,
     ) -> _entries.Entry:
         """Reserve `size` bytes, let `produce(tmp_path)` write them, commit, return a lease.
 
@@ -133,8 +147,16 @@ class Tier:
         on and keeps holding while this insert waits: if `size` does not fit beside
         them, RoomHeldError is raised at once instead of waiting for room only the
         caller could free.
+
+        `sha256`: the hex sha256 of the bytes `produce` writes, when the caller knows it
+        (the node cache's fetch checks the source's bytes against the manifest's sha256
+        as they arrive); it goes into the meta file as it is, and the tier does not read
+        the entry back to hash it. Otherwise the tier hashes the written file if it is
+        `hashed`. A tier with verify="always" still checks it on every lookup.
         """
         _entries.check_key(key)
+        if sha256 is not None and not _SHA256_HEX.fullmatch(sha256):
+            raise errors.InputError(f"sha256 must be 64 lowercase hex digits, found {sha256!r}")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise errors.InputError(f"entry size must be an int >= 0, found {size!r}")
         if size > self.limit_bytes:
@@ -157,7 +179,9 @@ class Tier:
         delay = _WAIT_FIRST_S
         while True:
             try:
-                return self._insert_reserved(key, size, produce, evict=evict, deadline=deadline)
+                return self._insert_reserved(
+                    key, size, produce, evict=evict, deadline=deadline, sha256=sha256
+                )
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
                     raise
@@ -174,6 +198,7 @@ class Tier:
         *,
         evict: bool,
         deadline: float,
+        sha256: str | None,
     ) -> _entries.Entry:
         """One attempt of `insert`: reserve, produce, commit; the reservation goes on error."""
         tmp_path, tmp_fd = self._reserve(key, size, evict=evict, deadline=deadline)
@@ -192,7 +217,10 @@ class Tier:
                     f"producing {key} for the {self.name} tier wrote {written} bytes, "
                     f"expected the declared size {size}"
                 )
-            sha256 = _entries.sha256_file(tmp_path, fsync=self.fsync)
+            if sha256 is None and self.hashed:
+                sha256 = _entries.sha256_file(tmp_path, fsync=self.fsync)
+            elif self.fsync:
+                os.fsync(tmp_fd)  # the reservation's descriptor: produce wrote in place
             meta = _entries.EntryMeta(key=key, size=size, sha256=sha256)
             self._files.write_file(meta_tmp, meta.to_json(), fsync=self.fsync)
             lease_fd = self._take_lease(key, create=True)
@@ -230,12 +258,13 @@ class Tier:
         *,
         evict: bool = True,
         held: int = 0,
+        sha256: str | None = None,
     ) -> tuple[_entries.Entry, bool]:
         """lookup, else insert; one producer per key across threads and processes.
 
         Returns (entry, hit). A caller that finds another one producing the key waits
-        for it (on the per-key fill lock) and then gets its entry. `evict` and `held`
-        as in insert.
+        for it (on the per-key fill lock) and then gets its entry. `evict`, `held` and
+        `sha256` as in insert.
         """
         _entries.check_key(key)
         entry, _ = self._lookup(key, touch=True)
@@ -246,7 +275,8 @@ class Tier:
                 entry, _ = self._lookup(key, touch=True)
                 if entry is None:
                     self._count_lookup(None)
-                    return self.insert(key, size, produce, evict=evict, held=held), False
+                    entry = self.insert(key, size, produce, evict=evict, held=held, sha256=sha256)
+                    return entry, False
             finally:
                 _locks.unlink_held(fill_fd, self._files.fill(key))
                 os.close(fill_fd)
@@ -448,6 +478,10 @@ class Tier:
                 why = f"size {st.st_size} bytes, expected {meta.size} (truncated or overwritten)"
                 self._discard(key, lease_fd, data_id, why, corrupted=True)
                 return None, "corrupted"
+            if self.verify == "always" and meta.sha256 is None:
+                why = "no sha256 to verify it against (written by a tier that does not hash)"
+                self._discard(key, lease_fd, data_id, why, corrupted=False)
+                return None, "incompatible"
             if self.verify == "always":
                 found = _entries.sha256_file(self._files.data(key))
                 if found != meta.sha256:
