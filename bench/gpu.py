@@ -125,6 +125,8 @@ def pinned_limit(chunk: int, total: int) -> float | None:
 #: The paths the bench times: DevicePrefetcher options.
 PATHS: dict[str, dict[str, Any]] = {
     "windows": {},
+    # The window path with torch's `copy_` per run instead of one runtime call.
+    "torch-copies": {"raw_copies": False},
     "per-batch": {"window_bytes": 0},
     "staged": {"register": False},
 }
@@ -264,6 +266,7 @@ def rank_main(args: argparse.Namespace) -> None:
         depth=args.depth,
         register=not args.no_register,
         window_bytes=args.window_bytes,
+        raw_copies=not args.torch_copies,
     )
     passes = []
     for epoch in range(args.passes):
@@ -329,6 +332,8 @@ def run_ranks(
         ]
         if not register:
             cmd.append("--no-register")
+        if not options.get("raw_copies", True):
+            cmd.append("--torch-copies")
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
     for epoch in range(args.passes):
         deadline = time.time() + 600
@@ -392,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--source", help=argparse.SUPPRESS)
     p.add_argument("--no-register", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--torch-copies", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.window_bytes is None:
         from shardcache.torch import _prefetch
@@ -463,7 +469,9 @@ def main(argv: list[str] | None = None) -> int:
         first = args.row_sizes[0]
         runs = [(k, main_path, first) for k in ks]
         if cuda:
-            runs += [(1, path, first) for path in ("per-batch", "staged") if passed[path]]
+            runs += [
+                (1, path, first) for path in ("torch-copies", "per-batch", "staged") if passed[path]
+            ]
             runs = [r for i, r in enumerate(runs) if r not in runs[:i]]
         runs += [(1, main_path, rows) for rows in args.row_sizes[1:]]
         for k, path, rows in runs:

@@ -30,6 +30,8 @@ from shardcache.torch import _copy_plans, _tensors
 
 #: The mapping that starts at an address, as registered (`_host_memory.Registry.root`).
 Root = Callable[[int], pa.Buffer]
+#: (device address, host address, bytes, stream handle): `CudaRegistrar.copy_async`.
+CopyAsync = Callable[[int, int, int, int], None]
 
 
 @dataclasses.dataclass
@@ -92,8 +94,13 @@ def launch(
     pad_value: int,
     pad_to: int | None,
     copy: bool = True,
+    copy_async: CopyAsync | None = None,
+    stream: int = 0,
 ) -> Launched:
-    """Queue the plan's copies on the current stream and build its batches' tensors."""
+    """Queue the plan's copies on the current stream and build its batches' tensors.
+
+    With `copy_async` (CUDA only), runs inside a registered mapping are queued with one
+    runtime call each on `stream` (the current stream's handle), not torch's `copy_`."""
     cuda = device.type == "cuda"
     keep: list[Any] = []
     done = Launched([], keep)
@@ -103,8 +110,12 @@ def launch(
     for run in plan.runs:
         target = slab[run.at : run.at + run.size]
         if run.mapping is not None and mappings is not None:
-            source = mappings.slice(run.mapping, run.address, run.size)
             done.direct_bytes += run.size
+            if copy_async is not None and cuda and copy:
+                # The registry keeps the mapping until the copies from it are done.
+                copy_async(slab.data_ptr() + run.at, run.address, run.size, stream)
+                continue
+            source = mappings.slice(run.mapping, run.address, run.size)
         else:
             buffer = run.buffer()
             keep.append(buffer)

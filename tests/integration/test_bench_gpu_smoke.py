@@ -48,6 +48,11 @@ def test_the_prepared_gpu_command_runs_without_cuda_and_ends_with_result(tmp_pat
     for _, reader, windows, per_batch, budget in probes:
         assert int(reader) > 0 and int(windows) > 0 and int(per_batch) > 0 and int(budget) > 0
     report = json.loads((tmp_path / "out" / "bench-gpu.json").read_text())
-    assert report["verified"] == {"windows": True, "per-batch": True, "staged": True}
+    assert report["verified"] == {
+        "windows": True,
+        "torch-copies": True,
+        "per-batch": True,
+        "staged": True,
+    }
     assert [r["path"] for r in report["runs"]] == ["windows", "windows"]
     assert (tmp_path / "out" / "bench-gpu.txt").read_text().strip().endswith("path=windows")
