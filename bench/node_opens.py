@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,11 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
+from shardcache_sidecar import launcher
 
-from bench import node_probes, node_profile
-from tests.support import datasets
-from tests.support.sidecar import SidecarProcess
+from bench import node_dataset, node_probes, node_profile
+from shardcache import contract
 
 #: Seconds between the order and the instant the ranks open: they are all waiting.
 LEAD_S = 0.3
@@ -99,6 +99,34 @@ def burst(
     }
 
 
+def ranks(k: int, block_size: int, env: dict[str, str]) -> list[subprocess.Popen[str]]:
+    """K rank processes, each answered `{"ready": true}` (imports done)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.node_opens", "--rank", str(r), str(k), str(block_size)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(k)
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        json.loads(proc.stdout.readline())
+    return procs
+
+
+def stop(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.stdin is not None and not proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write(json.dumps({"stop": True}) + "\n")
+                proc.stdin.close()
+    for proc in procs:
+        proc.wait()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ks", default="1,8,16", help="ranks opening at once (default 1,8,16)")
@@ -117,74 +145,50 @@ def main() -> int:
     args = p.parse_args()
     if args.rank:
         return rank(*args.rank)
-    work = Path(
-        tempfile.mkdtemp(prefix="scno-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    )
-    datasets.write_dataset(pafs.LocalFileSystem(), str(work / "ds"), [args.rows] * args.shards)
-    (work / "sidecar").mkdir()
-    sidecar = SidecarProcess(
-        f"file://{work / 'ds'}",
-        workdir=work / "sidecar",
-        env={
-            "SHARDCACHE_READY_SHARDS": str(args.shards),
-            "SHARDCACHE_BLOCK_SIZE": str(args.block_size),
-            "SHARDCACHE_LOG_LEVEL": "WARNING",
-        },
-    )
-    sidecar.start(wait="ready")  # the startup plan's first `--shards` shards: all of them
-    assert sidecar.process is not None
-    env = {**os.environ, **sidecar.client_env()}
-    idle = idle_cpu(sidecar.process.pid)
-    print(f"sidecar CPU while idle: {idle * 1e3:.2f} ms/s (subtracted below)")
-    print(
-        f"{'K':>3} {'opens':>6} {'open p50 ms':>12} {'open max ms':>12} {'sidecar CPU ms/open':>20}"
-    )
+    shm = Path("/dev/shm")
+    work = Path(tempfile.mkdtemp(prefix="scno-", dir=shm if shm.is_dir() else None))
     try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.profile:
+        print(node_profile.summary(args.profile))
+    return 0
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    root = f"file://{work / 'source'}"
+    node_dataset.generate(root, {}, args.shards, args.rows, threads=node_probes.usable_cores())
+    sidecar_env = {
+        # The startup plan warms every shard: the opens find them all resident.
+        contract.ENV_READY_SHARDS: str(args.shards),
+        contract.ENV_BLOCK_SIZE: str(args.block_size),
+        "SHARDCACHE_LOG_LEVEL": "WARNING",
+    }
+    with launcher.sidecar(root, {}, work, extra_env=sidecar_env) as (trainer_env, _):
+        pid = node_probes.find_child("shardcache sidecar")
+        env = {**os.environ, **trainer_env}
+        idle = idle_cpu(pid)
+        print(f"sidecar CPU while idle: {idle * 1e3:.2f} ms/s (subtracted below)")
+        print(
+            f"{'K':>3} {'opens':>6} {'open p50 ms':>12} {'open max ms':>12} {'sidecar CPU ms/open':>20}"
+        )
         for k in [int(x) for x in args.ks.split(",")]:
-            procs = [
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "bench.node_opens",
-                        "--rank",
-                        str(r),
-                        str(k),
-                        str(args.block_size),
-                    ],
-                    env=env,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    text=True,
-                )
-                for r in range(k)
-            ]
+            procs = ranks(k, args.block_size, env)
             try:
-                for proc in procs:
-                    assert proc.stdout is not None
-                    json.loads(proc.stdout.readline())  # ready: imports done
                 with (
-                    node_profile.sampling(sidecar.process.pid, args.profile)
+                    node_profile.sampling(pid, args.profile)
                     if args.profile
                     else contextlib.nullcontext()
                 ):
-                    out = burst(sidecar.process.pid, procs, args.rounds, idle)
+                    out = burst(pid, procs, args.rounds, idle)
             finally:
-                for proc in procs:
-                    assert proc.stdin is not None
-                    proc.stdin.write(json.dumps({"stop": True}) + "\n")
-                    proc.stdin.close()
-                    proc.wait()
+                stop(procs)
             print(
                 f"{k:3d} {out['opens']:6d} {out['open_p50_ms']:12.1f} "
                 f"{out['open_max_ms']:12.1f} {out['cpu_ms_per_open']:20.2f}",
                 flush=True,
             )
-    finally:
-        sidecar.kill()
-    if args.profile:
-        print(node_profile.summary(args.profile))
-    return 0
 
 
 if __name__ == "__main__":

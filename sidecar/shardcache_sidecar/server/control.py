@@ -11,8 +11,8 @@
     DELETE /v1/leases/{id}               release a hold the reader did not take over
 
 Handlers are thin: they parse the request, call the `CacheNode` and shape the answer.
-What cannot block runs on the event loop (moving a reader, a lookup of a resident
-shard): a hop to a thread and back cost more than the call. What can (a fetch, an
+What cannot block runs on the event loop (moving or forgetting a reader, a lookup of a
+resident shard): a hop to a thread and back cost more than the call. What can (a fetch, an
 acquire that waits for room, a plan computed for a new reader) runs in the sidecar's
 thread pool (`lifecycle.Sidecar.blocking`, `lifecycle.Sidecar.acquire`). Errors are raised
 (`replies.RequestError`, `errors.InputError`, ...) and become JSON bodies with a `kind`
@@ -106,7 +106,7 @@ async def put_reader(request: web.Request) -> web.Response:
     if reader_id != startup and sidecar.registry.get(startup) is not None:
         # The trainer is here: its own plan drives prefetch from now on.
         sidecar.registry.unregister(startup)
-        await sidecar.blocking(node.unregister_reader, startup)
+        node.unregister_reader(startup)
     change = sidecar.registry.register(reader_id, params, position)
     if change is readers.Change.UNCHANGED:
         await sidecar.blocking(node.update_reader, reader_id, epoch=params.epoch, position=position)
@@ -145,7 +145,9 @@ async def delete_reader(request: web.Request) -> web.Response:
     for hold in holds:
         hold.lease.release()
     if reader is not None and sidecar.node is not None:
-        await sidecar.blocking(sidecar.node.unregister_reader, reader_id)
+        # Forgetting a reader is a dict removal under the node's lock, which is only
+        # ever held briefly: no thread hop.
+        sidecar.node.unregister_reader(reader_id)
         log.info("reader %s unregistered", reader_id, extra={"reader": reader_id})
     return replies.json_response(
         {"reader": reader_id, "removed": reader is not None, "released_leases": len(holds)}
