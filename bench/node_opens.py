@@ -64,8 +64,10 @@ def rank(rank_index: int, world_size: int, block_size: int) -> int:
     return 0
 
 
-def idle_cpu(sidecar_pid: int, seconds: float = 2.0) -> float:
-    """The sidecar's CPU seconds per second with nothing asked of it (its timers)."""
+def idle_cpu(sidecar_pid: int, seconds: float = 3.0) -> float:
+    """The sidecar's CPU seconds per second with nothing asked of it (its timers), once
+    what it does after start (the startup plan's readahead) has settled."""
+    time.sleep(2.0)
     before, start = node_probes.cpu_seconds(sidecar_pid), time.monotonic()
     time.sleep(seconds)
     return (node_probes.cpu_seconds(sidecar_pid) - before) / (time.monotonic() - start)

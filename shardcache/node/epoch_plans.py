@@ -34,7 +34,10 @@ class EpochPlans:
         self._rows = list(shard_rows)
         self._digest = digest
         self._total = sum(self._rows)
-        self._orders: collections.OrderedDict[_Key, list[plans.Run]] = collections.OrderedDict()
+        #: Global orders with their run ends, most recently used last.
+        self._orders: collections.OrderedDict[_Key, tuple[list[plans.Run], list[int]]] = (
+            collections.OrderedDict()
+        )
         # One order made at a time: it holds the GIL throughout, so readers that need
         # the same one wait for it rather than make it again beside it.
         self._lock = threading.Lock()
@@ -44,15 +47,17 @@ class EpochPlans:
         ranges = plans.stream_ranges(self._total, params)
         if not ranges:
             return []
-        return plans.runs_of(self._global(params), ranges)
+        order, ends = self._global(params)
+        return plans.runs_of(order, ranges, ends=ends)
 
-    def _global(self, params: plans.PlanParams) -> list[plans.Run]:
+    def _global(self, params: plans.PlanParams) -> tuple[list[plans.Run], list[int]]:
         # Exactly what `plans.global_runs` reads of the params.
         key = (params.shuffle, params.seed, params.epoch, params.block_size)
         with self._lock:
             order = self._orders.get(key)
             if order is None:
-                order = plans.global_runs(self._rows, self._digest, params)
+                runs = plans.global_runs(self._rows, self._digest, params)
+                order = (runs, plans.run_ends(runs))
                 self._orders[key] = order
                 while len(self._orders) > KEPT:
                     self._orders.popitem(last=False)
