@@ -4,8 +4,10 @@
 # and no MinIO, but pyarrow, aiohttp and prometheus-client: nothing is installed from an
 # index. Run from the repository root:   OUT=/some/dir bash bench/node_device.sh
 # Writes $OUT/bench-node.txt (the report, RESULT last), $OUT/bench-node.json (figures),
-# $OUT/machine.txt and $OUT/logs/ (sidecar and rank logs). About 2-4 minutes; the run is
-# cut at BENCH_NODE_TIMEOUT seconds (default 540) so it ends inside a 10-minute slot.
+# $OUT/machine.txt, $OUT/logs/ (sidecar and rank logs) and $OUT/bench-opens.txt (the
+# cost of an open). About 3-5 minutes; bench-node is cut at BENCH_NODE_TIMEOUT seconds
+# (default 420) and the opens at BENCH_NODE_OPENS_TIMEOUT (default 120), so the whole
+# ends inside a 10-minute slot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-node-out}
@@ -35,7 +37,18 @@ if ! "$PY" -c 'import importlib.metadata as m, sys; sys.exit(not any(e.name == "
   export PYTHONPATH="$PYTHONPATH:$stub"
 fi
 
-timeout --signal=INT --kill-after=30 "${BENCH_NODE_TIMEOUT:-540}" \
+set +e  # the opens below run whatever bench-node's status, which the script returns
+timeout --signal=INT --kill-after=30 "${BENCH_NODE_TIMEOUT:-420}" \
   "$PY" -m bench.node --size 6GiB --shards 48 --ks 1,2,4,8,16 \
     --json "$OUT/bench-node.json" --logs "$OUT/logs" "$@" 2>&1 | tee "$OUT/bench-node.txt"
-exit "${PIPESTATUS[0]}"
+status=${PIPESTATUS[0]}
+set -e
+
+# Then the cost of an open, K ranks at once (bench/node_opens.py: about 30-60 s here);
+# BENCH_NODE_OPENS_TIMEOUT=0 skips it. Its failure never changes the exit status.
+if [ "${BENCH_NODE_OPENS_TIMEOUT:-120}" != 0 ]; then
+  timeout --signal=INT --kill-after=10 "${BENCH_NODE_OPENS_TIMEOUT:-120}" \
+    "$PY" -m bench.node_opens --ks 1,8,16 --rounds 5 >"$OUT/bench-opens.txt" 2>&1 || true
+  cat "$OUT/bench-opens.txt"
+fi
+exit "$status"

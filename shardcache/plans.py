@@ -222,9 +222,15 @@ def rank_samples(total_rows: int, params: PlanParams) -> int:
     return streams.length(stream_ranges(total_rows, params))
 
 
-def runs_of(runs: Sequence[Run], ranges: Sequence[streams.Range]) -> list[Run]:
-    """The pieces of a global sequence (`runs`, in order) at `ranges` of it, in order."""
-    ends = run_ends(runs)
+def runs_of(
+    runs: Sequence[Run], ranges: Sequence[streams.Range], *, ends: Sequence[int] | None = None
+) -> list[Run]:
+    """The pieces of a global sequence (`runs`, in order) at `ranges` of it, in order.
+
+    `ends`: `run_ends(runs)`, where the caller keeps it (one global order sliced for
+    many ranks)."""
+    if ends is None:
+        ends = run_ends(runs)
     out: list[Run] = []
     for lo, hi in ranges:
         i = bisect.bisect_right(ends, lo)

@@ -15,8 +15,8 @@ A warm shard costs no round trip: when the sidecar says an entry may be reused, 
 provider remembers it and, the next time that shard is asked for, pins it directly and
 tells the sidecar afterwards, off the read path (`SidecarProvider.acquire`). Nor does a
 shard the sidecar granted ahead: an acquire asks for leases on the reader's next
-resident shards too, and the provider pins them at once and hands them out as the
-reader gets there. What the sidecar is told afterwards (shards pinned, holds dropped)
+resident shards too (and a registration for its first ones), and the provider pins
+them at once and hands them out as the reader gets there. What the sidecar is told afterwards (shards pinned, holds dropped)
 goes in one batched request per reader where the sidecar serves it (`notes`), over
 connections kept alive between requests.
 """
@@ -409,17 +409,24 @@ class SidecarProvider:
         return reader_id
 
     def _register(self, reader_id: str, state: _ReaderState) -> None:
-        body = {
+        body: dict[str, Any] = {
             **protocol.params_to_json(state.params),
             "position": state.position,
             "digest": self._manifest.digest,
         }
+        if self.settings.ahead:
+            # Feature `open_ahead`: the reader's first resident shards come with the
+            # answer, so the first acquire costs no round trip. A sidecar without it
+            # ignores the field (unknown fields are) and grants nothing.
+            body["ahead"] = self.settings.ahead
         answer = self._call("PUT", protocol.reader_path(reader_id), body)
         features = answer.get("features") if isinstance(answer, Mapping) else None
         with self._lock:
             self._features = frozenset(
                 f for f in (features if isinstance(features, list) else []) if isinstance(f, str)
             )
+        if protocol.FEATURE_OPEN_AHEAD in self._features and isinstance(answer, Mapping):
+            self._take_ahead(reader_id, answer)
         if state.params.segments is not None and protocol.FEATURE_SEGMENTS not in self._features:
             warnings.warn(
                 "the sidecar does not know elastic-resume segments (an older version): "

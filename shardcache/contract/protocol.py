@@ -50,7 +50,16 @@ FEATURE_SEGMENTS: Final = "segments"
 #: notes carry `stalls`: the reader's training-loop wait and step totals
 #: (`shardcache.stalls`), exported by the sidecar as the data-stall signal.
 FEATURE_STALLS: Final = "stalls"
-FEATURES: Final = (FEATURE_AHEAD, FEATURE_NOTES, FEATURE_SEGMENTS, FEATURE_STALLS)
+#: A registration takes `ahead` and answers with leases on the reader's first resident
+#: shards, so opening a dataset costs no acquire round trip when its shards are warm.
+FEATURE_OPEN_AHEAD: Final = "open_ahead"
+FEATURES: Final = (
+    FEATURE_AHEAD,
+    FEATURE_NOTES,
+    FEATURE_SEGMENTS,
+    FEATURE_STALLS,
+    FEATURE_OPEN_AHEAD,
+)
 #: Most shards one acquire answer grants ahead; a client asking for more gets this many.
 MAX_AHEAD: Final = 16
 

@@ -25,7 +25,7 @@ import pyarrow.fs as pafs
 
 from shardcache import errors, faultpoints, formats, manifests, plans, source, uris, windows
 from shardcache.contract import variables
-from shardcache.node import decode_budgets, quotas, tiers
+from shardcache.node import decode_budgets, epoch_plans, quotas, tiers
 
 log = logging.getLogger(__name__)
 
@@ -154,13 +154,17 @@ class _Reader:
 
     @classmethod
     def planned(
-        cls, manifest: manifests.Manifest, params: plans.PlanParams, position: int
+        cls,
+        manifest: manifests.Manifest,
+        orders: epoch_plans.EpochPlans,
+        params: plans.PlanParams,
+        position: int,
     ) -> _Reader:
         if params.sampled:
             # A sample-mode reader holds every shard of its window while it gathers.
             wins = windows.rank_windows(manifest.shard_rows, manifest.digest, params)
             return cls(params, [], position, plan_windows=wins)
-        return cls(params, plans.rank_runs(manifest.shard_rows, manifest.digest, params), position)
+        return cls(params, orders.rank_runs(params), position)
 
     def upcoming(self, count: int) -> list[int]:
         if self.params.sampled:
@@ -216,6 +220,8 @@ class CacheNode:
         self._lock = threading.Lock()
         self._inflight: dict[int, concurrent.futures.Future[None]] = {}
         self._readers: dict[str, _Reader] = {}
+        #: The epoch's global order, made once for all the readers that share it.
+        self._orders = epoch_plans.EpochPlans(manifest.shard_rows, manifest.digest)
         #: Fetches and decodes run at once: the setting, else sized from the quota.
         self.fetch_concurrency = settings.fetch_concurrency or quotas.fetch_concurrency(
             quotas.read(),
@@ -232,7 +238,7 @@ class CacheNode:
 
     # --- readers ----------------------------------------------------------------
     def register_reader(self, reader_id: str, params: plans.PlanParams, position: int = 0) -> None:
-        planned = _Reader.planned(self.manifest, params, position)
+        planned = _Reader.planned(self.manifest, self._orders, params, position)
         with self._lock:
             self._readers[reader_id] = planned
         self._schedule()
@@ -244,7 +250,7 @@ class CacheNode:
                 raise errors.InputError(f"unknown reader {reader_id!r}: register it first")
             if epoch != reader.params.epoch:
                 params = reader.params.with_epoch(epoch)
-                moved = _Reader.planned(self.manifest, params, position)
+                moved = _Reader.planned(self.manifest, self._orders, params, position)
                 moved.depth = reader.depth  # a tuned depth outlives the epoch
                 self._readers[reader_id] = moved
             else:

@@ -299,6 +299,61 @@ def test_an_acquire_grants_the_readers_next_resident_shards_ahead(
         assert exclusively_lockable(sidecar.memory_dir / grant["lock"])
 
 
+def test_a_registration_grants_the_readers_first_resident_shards(
+    sidecar: SidecarProcess,
+) -> None:
+    params = plans.PlanParams(shuffle=False, block_size=BLOCK)
+    warm = shardcache.Dataset(provider(sidecar, ahead=0), params)
+    assert len(uids(warm)) == sum(SHARDS)
+    warm.close()
+    # As an older client registers: no `ahead`, nothing granted, no hold.
+    body = {**protocol.params_to_json(params), "position": 0}
+    status, plain = sidecar.control("PUT", protocol.reader_path("old"), body)
+    assert status == 200 and "ahead" not in plain
+    assert protocol.FEATURE_OPEN_AHEAD in plain["features"]
+    assert sidecar.control("GET", protocol.STATUS)[1]["holds"] == 0
+    # From position 310 (shard 2, after shard 0's 300 rows and empty shard 1): shard 2,
+    # then the next ones, at most the prefetch depth (4) beyond it.
+    status, answer = sidecar.control(
+        "PUT", protocol.reader_path("r"), {**body, "position": 310, "ahead": 16}
+    )
+    assert status == 200 and answer["reuse"] is True
+    assert [g["shard"] for g in answer["ahead"]] == [2, 3, 4, 5]
+    assert sidecar.control("GET", protocol.STATUS)[1]["holds"] == 4
+    for grant in answer["ahead"]:
+        assert set(grant) == {"lease", "shard", "path", "lock", "size"}
+        assert (sidecar.memory_dir / grant["path"]).stat().st_size == grant["size"]
+        assert not exclusively_lockable(sidecar.memory_dir / grant["lock"])
+    # Unregistering drops the holds of what the reader never took over.
+    assert sidecar.control("DELETE", protocol.reader_path("r"))[1]["released_leases"] == 4
+    for grant in answer["ahead"]:
+        assert exclusively_lockable(sidecar.memory_dir / grant["lock"])
+
+
+def test_a_warm_open_reads_exactly_without_an_acquire_round_trip(
+    sidecar: SidecarProcess, dataset: tuple[str, pa.Table]
+) -> None:
+    params = plans.PlanParams(seed=4, block_size=BLOCK)
+    with shardcache.open(
+        dataset[0], cache_dir=sidecar.workdir / "ref", seed=4, block_size=BLOCK
+    ) as ds:
+        want = uids(ds)
+    warm = shardcache.Dataset(provider(sidecar), params)
+    assert uids(warm) == want
+    warm.close()
+    acquire = protocol.acquire_path("{reader_id}")
+    acquires = requests_by_route(sidecar).get(acquire, 0)
+    # Every shard is resident, and the five with rows are within the prefetch depth of
+    # the first: the registration grants them all, and the epoch needs no acquire.
+    shards = provider(sidecar)
+    ds = shardcache.Dataset(shards, params)
+    assert uids(ds) == want
+    assert shards.flush()
+    ds.close()
+    assert requests_by_route(sidecar).get(acquire, 0) == acquires
+    assert sidecar.holds_drain() == 0
+
+
 def test_the_notes_route_refuses_bad_requests(sidecar: SidecarProcess) -> None:
     body = {**protocol.params_to_json(plans.PlanParams(block_size=BLOCK)), "position": 0}
     assert sidecar.control("PUT", protocol.reader_path("r"), body)[0] == 200

@@ -507,3 +507,48 @@ def test_eviction_never_deletes_a_file_the_tier_did_not_create(tmp_path: Path) -
         put(t, f"k{i}", 8 * KIB)
     assert foreign.read_bytes() == b"y" * (8 * KIB)
     assert len(t.keys()) >= 2
+
+
+def test_lookups_of_a_resident_entry_read_its_meta_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardcache.node.tiers import _entries
+
+    t, _ = make_tier(tmp_path, verify="never")
+    put(t, "k", 1 * KIB)
+    reads: list[Path] = []
+    real = _entries.read_meta
+
+    def counting(path: Path, key: str) -> tiers.EntryMeta:
+        reads.append(path)
+        return real(path, key)
+
+    monkeypatch.setattr(_entries, "read_meta", counting)
+    for _ in range(5):
+        found = t.lookup("k")
+        assert found is not None and found.size == 1 * KIB
+        found.release()
+    assert len(reads) == 1
+
+
+def test_a_meta_file_replaced_after_a_lookup_is_read_again(tmp_path: Path) -> None:
+    t, observer = make_tier(tmp_path, verify="never")
+    put(t, "k", 1 * KIB)
+    found = t.lookup("k")
+    assert found is not None
+    found.release()
+    # Replaced the way the tier writes it (a new file renamed over it), now claiming
+    # another size than the data file has: the next lookup must see that.
+    meta_path = t.root / ("k" + names.META_SUFFIX)
+    doc = json.loads(meta_path.read_text())
+    doc["size"] = 2 * KIB
+    replacement = tmp_path / "meta.json"
+    replacement.write_text(json.dumps(doc))
+    os.replace(replacement, meta_path)
+    assert t.lookup("k") is None
+    assert ("corrupted", "disk", "k") in observer.events
+    assert not (t.root / "k").exists()
+    put(t, "k", 1 * KIB)  # committed again: found again
+    found = t.lookup("k")
+    assert found is not None and found.size == 1 * KIB
+    found.release()

@@ -61,6 +61,10 @@ class ScanReport:
 
 _Outcome = Literal["hit", "missing", "corrupted", "incompatible"]
 
+#: Meta files a tier remembers (`Tier._read_meta`): far more than the entries a tier
+#: holds at once (hundreds to thousands of shards), a few MB at most.
+_METAS_KEPT = 65536
+
 
 class Tier:
     """A byte-limited, LRU, checksummed directory of immutable entries (package docstring)."""
@@ -102,6 +106,9 @@ class Tier:
         self.wait_timeout = wait_timeout
         self.root.mkdir(parents=True, exist_ok=True)
         self._files = _directory.Directory(self.root, name=name)
+        #: Meta files read by lookups, by key, with the (inode, mtime, size) they had:
+        #: see `_read_meta`.
+        self._metas: dict[str, tuple[tuple[int, int, int], _entries.EntryMeta]] = {}
 
     def __repr__(self) -> str:
         return f"Tier(name={self.name!r}, root={str(self.root)!r}, limit_bytes={self.limit_bytes})"
@@ -456,7 +463,7 @@ class Tier:
             return None, "missing"  # evicted since we looked
         try:
             try:
-                meta: _entries.EntryMeta | None = _entries.read_meta(self._files.meta(key), key)
+                meta: _entries.EntryMeta | None = self._read_meta(key)
                 problem = ""
             except FileNotFoundError:
                 os.close(lease_fd)
@@ -506,6 +513,31 @@ class Tier:
             lease_fd=lease_fd,
         )
         return entry, "hit"
+
+    def _read_meta(self, key: str) -> _entries.EntryMeta:
+        """`read_meta` of the entry's meta file, from memory while the file is the one
+        read before (same inode, mtime and size).
+
+        A lookup of a resident shard opened, read, parsed and checked its meta file
+        each time: about a quarter of a lookup, and an acquire with grants makes five.
+        A meta file is only ever replaced by rename (a new inode) or removed, never
+        written in place, so the same inode, mtime and size is the same content. The
+        caller holds the entry's lease, so it cannot be replaced meanwhile. (A file
+        damaged in place by hand within one clock tick would be missed until it is read
+        again; the remembered meta is the one the entry was committed with, and the data
+        file's size is checked against it on every lookup all the same.)
+        """
+        path = self._files.meta(key)
+        st = os.stat(path)  # FileNotFoundError, as read_meta would raise
+        seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        known = self._metas.get(key)
+        if known is not None and known[0] == seen:
+            return known[1]
+        meta = _entries.read_meta(path, key)
+        if len(self._metas) >= _METAS_KEPT:
+            self._metas.clear()  # keys of long-evicted entries: start again
+        self._metas[key] = (seen, meta)
+        return meta
 
     def _discard(
         self,

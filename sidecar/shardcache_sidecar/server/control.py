@@ -11,8 +11,8 @@
     DELETE /v1/leases/{id}               release a hold the reader did not take over
 
 Handlers are thin: they parse the request, call the `CacheNode` and shape the answer.
-What cannot block runs on the event loop (moving a reader, a lookup of a resident
-shard): a hop to a thread and back cost more than the call. What can (a fetch, an
+What cannot block runs on the event loop (moving or forgetting a reader, a lookup of a
+resident shard): a hop to a thread and back cost more than the call. What can (a fetch, an
 acquire that waits for room, a plan computed for a new reader) runs in the sidecar's
 thread pool (`lifecycle.Sidecar.blocking`, `lifecycle.Sidecar.acquire`). Errors are raised
 (`replies.RequestError`, `errors.InputError`, ...) and become JSON bodies with a `kind`
@@ -107,7 +107,7 @@ async def put_reader(request: web.Request) -> web.Response:
     if reader_id != startup and sidecar.registry.get(startup) is not None:
         # The trainer is here: its own plan drives prefetch from now on.
         sidecar.registry.unregister(startup)
-        await sidecar.blocking(node.unregister_reader, startup)
+        node.unregister_reader(startup)
     change = sidecar.registry.register(reader_id, params, position)
     if change is readers.Change.UNCHANGED:
         await sidecar.blocking(node.update_reader, reader_id, epoch=params.epoch, position=position)
@@ -119,15 +119,23 @@ async def put_reader(request: web.Request) -> web.Response:
         change.value,
         extra={"reader": reader_id, **protocol.params_to_json(params), "position": position},
     )
-    return replies.json_response(
-        {
-            "reader": reader_id,
-            "change": change.value,
-            "params": protocol.params_to_json(params),
-            "position": position,
-            "features": list(protocol.FEATURES),
-        }
-    )
+    answer: dict[str, Any] = {
+        "reader": reader_id,
+        "change": change.value,
+        "params": protocol.params_to_json(params),
+        "position": position,
+        "features": list(protocol.FEATURES),
+    }
+    ahead = min(protocol.optional_int(body, "ahead", minimum=0, default=0), protocol.MAX_AHEAD)
+    if ahead and node.memory.verify == "never":
+        # Feature `open_ahead`: the reader's first shards, as an acquire of the first
+        # would grant them, so a warm open needs no acquire round trip.
+        upcoming = node.upcoming(reader_id, min(ahead, node.settings.prefetch_depth) + 1)
+        answer["reuse"] = True
+        answer["ahead"] = [
+            _handover(sidecar, reader_id, s, e) for s, e in _grant(sidecar, node, upcoming)
+        ]
+    return replies.json_response(answer)
 
 
 @ROUTES.delete(protocol.reader_path("{reader_id}"))
@@ -139,7 +147,9 @@ async def delete_reader(request: web.Request) -> web.Response:
     for hold in holds:
         hold.lease.release()
     if reader is not None and sidecar.node is not None:
-        await sidecar.blocking(sidecar.node.unregister_reader, reader_id)
+        # Forgetting a reader is a dict removal under the node's lock, which is only
+        # ever held briefly: no thread hop.
+        sidecar.node.unregister_reader(reader_id)
         log.info("reader %s unregistered", reader_id, extra={"reader": reader_id})
     return replies.json_response(
         {"reader": reader_id, "removed": reader is not None, "released_leases": len(holds)}
@@ -240,19 +250,34 @@ def _grant_ahead(
     Shards are taken to be the size of the acquired one.
     """
     limit = min(count, node.settings.prefetch_depth)
-    readers = max(1, len(sidecar.registry))
-    kept = (2 * readers + sidecar.settings.ready_shards) * max(1, acquired.size)
-    budget = (node.settings.memory_limit - kept) // readers
     upcoming = node.upcoming(reader_id, limit + 1)
     if not upcoming or upcoming[0] != shard:
         # Not where the reader's plan says it is (a tool, a test, a plan moved under
         # it): "the next shards" would be a guess.
         return []
+    return _grant(sidecar, node, upcoming[1 : limit + 1], acquired.size)
+
+
+def _grant(
+    sidecar: lifecycle.Sidecar,
+    node: caches.CacheNode,
+    shards: list[int],
+    shard_size: int | None = None,
+) -> list[tuple[int, tiers.Entry]]:
+    """Leases on `shards`, in order, as far as they are resident and within the budget
+    `_grant_ahead` explains; shards are taken to be `shard_size` bytes (default: the
+    first one's)."""
     granted: list[tuple[int, tiers.Entry]] = []
-    for next_shard in upcoming[1 : limit + 1]:
+    budget: int | None = None
+    for next_shard in shards:
         entry = node.lookup(next_shard, count=False)
         if entry is None:
             break
+        if budget is None:
+            readers = max(1, len(sidecar.registry))
+            size = entry.size if shard_size is None else shard_size
+            kept = (2 * readers + sidecar.settings.ready_shards) * max(1, size)
+            budget = (node.settings.memory_limit - kept) // readers
         if entry.size > budget:
             entry.release()
             break

@@ -1,0 +1,66 @@
+"""Every rank's plan from one global order per epoch, computed once per node.
+
+A reader's plan (`plans.rank_runs`) is its slice of the epoch's global order
+(`plans.global_runs`), and that order depends only on the manifest, the seed, the
+epoch, whether to shuffle and the block size: the same for every rank of a job. Made
+from scratch it is a permutation of the shards and one of each shard's blocks, in pure
+Python: 5-15 ms for 48 shards of 42 blocks, held under the GIL. When eight or sixteen
+ranks on a node open (or enter the next epoch) at the same instant, the sidecar made
+that same order once per rank, while their requests waited behind it. A `EpochPlans`
+makes it once and slices it per rank (`plans.runs_of`, a bisection and the rank's own
+runs), so the result is exactly `plans.rank_runs`'s.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Sequence
+
+from shardcache import plans
+
+#: Global orders kept: ranks of one job read the same epoch, or at most two while the
+#: fast ones are in the next; more is for several jobs (seeds) on one sidecar.
+KEPT = 8
+
+_Key = tuple[bool, int, int, int]
+
+
+class EpochPlans:
+    """`rank_runs(params)` for one manifest (its shards' rows and its digest), sharing
+    the global order between ranks."""
+
+    def __init__(self, shard_rows: Sequence[int], digest: str) -> None:
+        self._rows = list(shard_rows)
+        self._digest = digest
+        self._total = sum(self._rows)
+        #: Global orders with their run ends, most recently used last.
+        self._orders: collections.OrderedDict[_Key, tuple[list[plans.Run], list[int]]] = (
+            collections.OrderedDict()
+        )
+        # One order made at a time: it holds the GIL throughout, so readers that need
+        # the same one wait for it rather than make it again beside it.
+        self._lock = threading.Lock()
+
+    def rank_runs(self, params: plans.PlanParams) -> list[plans.Run]:
+        """What `plans.rank_runs(shard_rows, digest, params)` returns (block mode)."""
+        ranges = plans.stream_ranges(self._total, params)
+        if not ranges:
+            return []
+        order, ends = self._global(params)
+        return plans.runs_of(order, ranges, ends=ends)
+
+    def _global(self, params: plans.PlanParams) -> tuple[list[plans.Run], list[int]]:
+        # Exactly what `plans.global_runs` reads of the params.
+        key = (params.shuffle, params.seed, params.epoch, params.block_size)
+        with self._lock:
+            order = self._orders.get(key)
+            if order is None:
+                runs = plans.global_runs(self._rows, self._digest, params)
+                order = (runs, plans.run_ends(runs))
+                self._orders[key] = order
+                while len(self._orders) > KEPT:
+                    self._orders.popitem(last=False)
+            else:
+                self._orders.move_to_end(key)
+            return order

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import pytest
+
+from shardcache import plans, streams
+from shardcache.node import epoch_plans
+
+pytestmark = pytest.mark.unit
+
+ROWS = [100, 0, 37, 250, 8, 64, 1]
+DIGEST = "sha256:d"
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 7])
+def test_every_rank_gets_exactly_the_plan_it_would_make_alone(
+    shuffle: bool, world_size: int
+) -> None:
+    orders = epoch_plans.EpochPlans(ROWS, DIGEST)
+    for epoch in (0, 1, 0):  # back to an epoch already made
+        for block_size in (16, 5):
+            for rank in range(world_size):
+                params = plans.PlanParams(
+                    seed=3,
+                    epoch=epoch,
+                    rank=rank,
+                    world_size=world_size,
+                    shuffle=shuffle,
+                    block_size=block_size,
+                )
+                assert orders.rank_runs(params) == plans.rank_runs(ROWS, DIGEST, params)
+
+
+def test_seeds_do_not_share_an_order() -> None:
+    orders = epoch_plans.EpochPlans(ROWS, DIGEST)
+    first = plans.PlanParams(seed=1, block_size=8)
+    second = plans.PlanParams(seed=2, block_size=8)
+    assert orders.rank_runs(first) == plans.rank_runs(ROWS, DIGEST, first)
+    assert orders.rank_runs(second) == plans.rank_runs(ROWS, DIGEST, second)
+    assert orders.rank_runs(first) != orders.rank_runs(second)
+
+
+def test_elastic_segments_slice_the_shared_order() -> None:
+    orders = epoch_plans.EpochPlans(ROWS, DIGEST)
+    segments = streams.Segments(epoch=0, ranges=((10, 40), (200, 300)))
+    params = plans.PlanParams(seed=4, world_size=2, rank=1, block_size=8, segments=segments)
+    assert orders.rank_runs(params) == plans.rank_runs(ROWS, DIGEST, params)
+
+
+def test_orders_beyond_the_kept_ones_are_made_again_exactly() -> None:
+    orders = epoch_plans.EpochPlans(ROWS, DIGEST)
+    for epoch in range(epoch_plans.KEPT + 3):
+        params = plans.PlanParams(seed=9, epoch=epoch, block_size=8)
+        assert orders.rank_runs(params) == plans.rank_runs(ROWS, DIGEST, params)
+    params = plans.PlanParams(seed=9, epoch=0, block_size=8)
+    assert orders.rank_runs(params) == plans.rank_runs(ROWS, DIGEST, params)
+
+
+def test_ranks_of_one_epoch_make_its_global_order_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = []
+    real = plans.global_runs
+
+    def counting(*args: object, **kw: object) -> list[plans.Run]:
+        made.append(args)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(plans, "global_runs", counting)
+    orders = epoch_plans.EpochPlans(ROWS, DIGEST)
+    for rank in range(16):
+        orders.rank_runs(plans.PlanParams(seed=1, rank=rank, world_size=16, block_size=8))
+    assert len(made) == 1
