@@ -474,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
             ]
             runs = [r for i, r in enumerate(runs) if r not in runs[:i]]
         runs += [(1, main_path, rows) for rows in args.row_sizes[1:]]
+        if cuda and main_path == "windows" and passed["torch-copies"]:
+            # The same A/B at the larger batches: one runtime call per run, or copy_.
+            runs += [(1, "torch-copies", rows) for rows in args.row_sizes[1:]]
         for k, path, rows in runs:
             tag = f"k{k}-r{rows}-{path}"
             res = run_ranks(args, k, path=path, tag=tag, rows=rows)
