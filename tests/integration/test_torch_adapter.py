@@ -18,7 +18,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 import shardcache.torch
 from shardcache import batching, errors
 from shardcache.torch import _host_memory
-from tests.support import datasets
+from tests.support import datasets, torch_datasets
 
 pytestmark = [
     pytest.mark.integration,
@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
 ]
 
-SHARDS = [40, 25, 33, 17]
+SHARDS = torch_datasets.SHARDS
 
 
 @pytest.fixture
@@ -39,22 +39,8 @@ def uri(tmp_path: Path) -> str:
 
 @pytest.fixture
 def make(uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
-    made: list[shardcache.torch.IterableDataset] = []
-
-    def factory(**kw: object) -> shardcache.torch.IterableDataset:
-        options: dict[str, object] = {"batch_size": 6, "columns": ["uid", "tokens"]}
-        options.update(kw)
-        ds = shardcache.torch.IterableDataset(
-            uri, cache_dir=str(tmp_path / "cache"), block_size=5, **options
-        )
-        made.append(ds)
-        return ds
-
-    yield factory
-    for ds in made:
-        ds.close()
+    with torch_datasets.iterable_datasets(uri, tmp_path / "cache", monkeypatch) as factory:
+        yield factory
 
 
 def loader(ds: object, workers: int, cls: type = torch.utils.data.DataLoader) -> object:

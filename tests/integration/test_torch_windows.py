@@ -19,35 +19,19 @@ import torch
 import shardcache.torch
 from shardcache import errors
 from shardcache.torch import _copy_plans, _host_memory, _slabs
-from tests.support import datasets
+from tests.support import datasets, torch_datasets
 
 pytestmark = [pytest.mark.integration]
 
-#: Row counts that are multiples of neither the batch (6) nor the block (5): batches
-#: cross block and shard boundaries, and the epoch ends on a short batch.
-SHARDS = [40, 25, 33, 17]
+SHARDS = torch_datasets.SHARDS
 
 
 @pytest.fixture
 def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
     uri = str(tmp_path / "ds")
     datasets.write_dataset(pafs.LocalFileSystem(), uri, SHARDS)
-    made: list[shardcache.torch.IterableDataset] = []
-
-    def factory(**kw: Any) -> shardcache.torch.IterableDataset:
-        options: dict[str, Any] = {"batch_size": 6, "columns": ["uid", "tokens"]}
-        options.update(kw)
-        ds = shardcache.torch.IterableDataset(
-            uri, cache_dir=str(tmp_path / "cache"), block_size=5, **options
-        )
-        made.append(ds)
-        return ds
-
-    yield factory
-    for ds in made:
-        ds.close()
+    with torch_datasets.iterable_datasets(uri, tmp_path / "cache", monkeypatch) as factory:
+        yield factory
 
 
 def _assert_equal(
