@@ -87,7 +87,8 @@ class Stats:
     #: Batches that went through the per-batch path.
     per_batch: int = 0
     #: Sample mode: batches gathered on the device, the windows copied for them, and
-    #: batches gathered on the CPU instead (today's path).
+    #: batches the device gather gave up, gathered on the CPU instead (today's path;
+    #: with `device_gather=False` the reader gathers them and they are not counted).
     device_gathered: int = 0
     gather_windows: int = 0
     cpu_gathered: int = 0
