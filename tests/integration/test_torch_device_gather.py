@@ -312,6 +312,41 @@ def test_a_sample_mode_mixture_is_gathered_on_the_device(tmp_path: Path) -> None
         fast_ds.close()
 
 
+def test_a_mixture_of_sample_and_block_sources_keeps_step_order(tmp_path: Path) -> None:
+    # The sample source's batches are gathered on the device, the block source's go
+    # through the window path, interleaved in the mixture's step order.
+    def opened() -> shardcache.Mixture:
+        sources = {}
+        for name, rows, shuffle in (("web", [23, 17, 30], "sample"), ("code", [11, 14], "block")):
+            root = tmp_path / name
+            if not root.exists():
+                datasets.write_dataset(pafs.LocalFileSystem(), str(root), rows)
+            sources[name] = shardcache.open(
+                str(root),
+                cache_dir=str(tmp_path / "cache"),
+                block_size=5,
+                seed=1,
+                shuffle=shuffle,
+                window=16,
+            )
+        return shardcache.mix(sources, weights={"web": 1, "code": 1}, seed=3)
+
+    steps = 40
+    plain_ds = shardcache.torch.IterableDataset(opened(), batch_size=4, columns=["uid", "tokens"])
+    fast_ds = shardcache.torch.IterableDataset(opened(), batch_size=4, columns=["uid", "tokens"])
+    try:
+        plain = list(itertools.islice(iter(plain_ds), steps))
+        prefetcher = shardcache.torch.DevicePrefetcher(fast_ds, device="cpu")
+        got = list(itertools.islice(prefetcher._windowed(), steps))
+        _assert_equal(got, plain)
+        stats = prefetcher.stats
+        assert 0 < stats.device_gathered < stats.batches and stats.windows > 0
+        assert stats.fallback == ""
+    finally:
+        plain_ds.close()
+        fast_ds.close()
+
+
 def test_index_layout_gives_each_rows_values_in_batch_order() -> None:
     # Two windows, one list column: the host index must point every output value at
     # its row's values in its own window.
