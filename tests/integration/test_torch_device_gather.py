@@ -232,14 +232,50 @@ def test_selections_gather_to_the_plain_batches_byte_for_byte(tmp_path: Path) ->
             # The window parts name the same rows: row i of a part is the window's
             # block-level row `rows[i]`.
             uids = [
-                part.window.pieces and _window_uids(part.window)[int(r)]
-                for part in selection.parts
-                for r in part.rows
+                _window_uids(part.window)[int(r)] for part in selection.parts for r in part.rows
             ]
             assert uids == batch.column("uid").to_pylist()
         # One object per window, shared by its batches.
         windows = {id(p.window) for s in got for p in s.parts}
         assert len(windows) == -(-sum(SHARDS) // WINDOW)
+
+
+def test_window_parts_follow_an_elastic_resumes_segments(tmp_path: Path) -> None:
+    # Three ranks save mid-epoch; two resume: each new rank's stream is segments of the
+    # sequence cut anywhere, so a batch may lie in several windows' parts.
+    uri = str(tmp_path / "ds")
+    datasets.write_dataset(pafs.LocalFileSystem(), uri, SHARDS)
+    options: dict[str, Any] = {
+        "cache_dir": str(tmp_path / "cache"),
+        "shuffle": "sample",
+        "window": WINDOW,
+        "block_size": 5,
+        "seed": 4,
+    }
+    saved = []
+    for rank in range(3):
+        with shardcache.open(uri, rank=rank, world_size=3, **options) as ds:
+            for _ in itertools.islice(ds.batches(7), 1 + rank):
+                pass
+            saved.append(ds.state_dict())
+    several = 0
+    for rank in range(2):
+        with (
+            shardcache.open(uri, rank=rank, world_size=2, **options) as plain,
+            shardcache.open(uri, rank=rank, world_size=2, **options) as chosen,
+        ):
+            plain.load_state_dict(saved)
+            chosen.load_state_dict(saved)
+            expected = [b.column("uid").to_pylist() for b in plain.batches(9)]
+            got = list(chosen.batch_selections(9))
+            assert [s.gather().column("uid").to_pylist() for s in got] == expected
+            for selection, batch in zip(got, expected, strict=True):
+                uids = [
+                    _window_uids(part.window)[int(r)] for part in selection.parts for r in part.rows
+                ]
+                assert uids == batch
+                several += len(selection.parts) > 1
+    assert several  # some batch crossed a window's end or a segment's
 
 
 def _window_uids(window: selections.WindowRows) -> list[int]:
