@@ -214,9 +214,10 @@ class DeviceGather:
         for window in list(self._tables):
             if window not in used and window.owner in owners:
                 del self._tables[window]
-        while len(self._tables) > MAX_TABLES:
-            oldest = next(w for w in self._tables if w not in used)
-            del self._tables[oldest]
+        # Oldest first; the latest batch's own windows stay (it may read more).
+        spare = [w for w in self._tables if w not in used]
+        for window in spare[: max(0, len(self._tables) - MAX_TABLES)]:
+            del self._tables[window]
 
 
 @dataclasses.dataclass

@@ -22,7 +22,7 @@ import torch
 
 import shardcache
 import shardcache.torch
-from shardcache import batching, errors, selections
+from shardcache import batching, errors, gather, selections
 from shardcache.torch import _device_gather, _host_memory
 from tests.support import datasets
 
@@ -413,3 +413,39 @@ def test_index_layout_gives_each_rows_values_in_batch_order() -> None:
     a, b = lists.offsets
     assert moved[a:b].tolist() == [0, 5, 5, 8, 13, 14]
     assert lists.longest == 5
+
+
+def _selection(window: selections.WindowRows, rows: list[int]) -> selections.Selection:
+    index = np.asarray(rows, dtype=np.int64)
+    return selections.Selection(
+        gather.Gatherer(window.pieces),
+        np.zeros(len(rows), dtype=np.int64),
+        index,
+        [selections.Part(window, index)],
+    )
+
+
+def test_a_readers_windows_leave_the_device_once_its_batches_leave_them() -> None:
+    def window(owner: str, k: int) -> selections.WindowRows:
+        piece = pa.record_batch({"x": pa.array(range(k * 10, k * 10 + 10), pa.int64())})
+        return selections.WindowRows(owner, 0, k, [piece], 10)
+
+    gathers = _device_gather.DeviceGather(
+        device=torch.device("cpu"), lists="offsets", pad_value=0, pad_to=None
+    )
+    copying = _device_gather.Copying(mappings=None, locate=None, copy_async=None, stream=0)
+    a0, a1, b0 = window("a", 0), window("a", 1), window("b", 0)
+    got = gathers.gather([_selection(a0, [3, 1])], copying)
+    assert got.tensors["x"].tolist() == [3, 1] and got.windows == 1
+    gathers.gather([_selection(b0, [0])], copying)
+    # A batch over a0's end and a1's start: both resident, each copied once.
+    both = gathers.gather([_selection(a0, [9]), _selection(a1, [0])], copying)
+    assert both.tensors["x"].tolist() == [9, 10] and both.windows == 1
+    assert gathers.resident == 3
+    # Reader a moves on to a1 alone: a0 goes, b's window stays.
+    gathers.gather([_selection(a1, [5])], copying)
+    assert gathers.resident == 2
+    # At most MAX_TABLES over all readers, oldest first.
+    for n in range(_device_gather.MAX_TABLES + 2):
+        gathers.gather([_selection(window(f"r{n}", 0), [0])], copying)
+    assert gathers.resident == _device_gather.MAX_TABLES
