@@ -434,14 +434,18 @@ class Dataset:
                     slots = sequences.slots(want, len(seq.offsets))
                     by_shard = dict(zip(want, sources, strict=True))
                     held = want
-                shard_of, row_of = sequences.locate(
-                    seq.offsets, seq.total, seq.stream_indices(ranges, lo, hi)
-                )
                 where: list[selections_.Part] = []
                 if parts:
                     made = self._window_parts(seq, ranges, lo, hi, by_shard, made, where)
                 self._position += n
-                yield selections_.Selection(gatherer, slots[shard_of], row_of, where)
+                yield selections_.Selection(
+                    gatherer,
+                    seq.stream_indices(ranges, lo, hi),
+                    seq.offsets,
+                    seq.total,
+                    slots,
+                    where,
+                )
         finally:
             for lease in leases.values():
                 lease.release()

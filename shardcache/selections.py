@@ -24,12 +24,13 @@ numpy is needed here, as for sample mode itself.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from shardcache import gather
+from shardcache import gather, sequences
 
 Indices = npt.NDArray[np.int64]
 
@@ -56,18 +57,39 @@ class Part:
     rows: Indices
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(eq=False)
 class Selection:
     """One sample-mode batch, not gathered yet (see the module docstring)."""
 
     gatherer: gather.Gatherer
-    source_of: Indices
-    row_of: Indices
+    #: Manifest (dataset-wide) indices of the batch's rows, in order.
+    indices: Indices
+    #: The manifest's shard offsets (`Sequence.offsets`) and row count.
+    shard_offsets: Indices
+    total: int
+    #: Per manifest shard, its place among the gatherer's sources (`sequences.slots`).
+    slots: Indices
     #: Where the rows lie in their windows, in batch order (empty when not asked for).
     parts: list[Part]
 
     def __len__(self) -> int:
-        return len(self.row_of)
+        return len(self.indices)
+
+    @functools.cached_property
+    def _located(self) -> tuple[Indices, Indices]:
+        # Only a CPU gather needs them: a consumer of `parts` never pays for them.
+        shard_of, row_of = sequences.locate(self.shard_offsets, self.total, self.indices)
+        return self.slots[shard_of], row_of
+
+    @property
+    def source_of(self) -> Indices:
+        """Per row, its source among the gatherer's (the window's mapped shards)."""
+        return self._located[0]
+
+    @property
+    def row_of(self) -> Indices:
+        """Per row, its row in that source."""
+        return self._located[1]
 
     def gather(self) -> pa.RecordBatch:
         """The batch, gathered on the CPU with one copy (what `batches()` yields)."""

@@ -416,11 +416,14 @@ def test_index_layout_gives_each_rows_values_in_batch_order() -> None:
 
 
 def _selection(window: selections.WindowRows, rows: list[int]) -> selections.Selection:
+    # One window of one one-piece shard: manifest indices are its rows.
     index = np.asarray(rows, dtype=np.int64)
     return selections.Selection(
         gather.Gatherer(window.pieces),
-        np.zeros(len(rows), dtype=np.int64),
         index,
+        np.asarray([0, window.rows], dtype=np.int64),
+        window.rows,
+        np.zeros(1, dtype=np.int64),
         [selections.Part(window, index)],
     )
 
@@ -435,7 +438,9 @@ def test_a_readers_windows_leave_the_device_once_its_batches_leave_them() -> Non
     )
     copying = _device_gather.Copying(mappings=None, locate=None, copy_async=None, stream=0)
     a0, a1, b0 = window("a", 0), window("a", 1), window("b", 0)
-    got = gathers.gather([_selection(a0, [3, 1])], copying)
+    first = _selection(a0, [3, 1])
+    assert first.gather().column("x").to_pylist() == [3, 1]  # the CPU gather agrees
+    got = gathers.gather([first], copying)
     assert got.tensors["x"].tolist() == [3, 1] and got.windows == 1
     gathers.gather([_selection(b0, [0])], copying)
     # A batch over a0's end and a1's start: both resident, each copied once.
