@@ -26,9 +26,18 @@
    torch's `meta` device: every op dispatched, no data). A batch of B bytes fed at 0.8
    of a limit L leaves B / (0.8 L) of CPU time per batch; the budget is printed beside.
 
+5. Sample mode (`shuffle="sample"`, windows of 65,536 rows), K=1: `sample-device` (each
+   window's runs copied to the device once, every batch gathered there) against
+   `sample-cpu-gather` (today's path: each batch gathered on the CPU, then copied), two
+   passes each (the second is the steady one), left out once the run has used
+   --sample-after seconds (150) so the prepared command stays under 3 minutes. They
+   are extra lines; the RESULT line stays block mode's.
+
 Before the timed runs, on CUDA, VERIFY checks every path it reports (windows, per-batch,
 staged) against the plain path's host tensors (offsets, padded, packed): a path that
-fails is reported and not timed (the main runs then use the per-batch path).
+fails is reported and not timed (the main runs then use the per-batch path). The two
+sample paths are verified everywhere (on the CPU through the same window path, host to
+host) against the plain sample-mode path (offsets, padded), and timed only if they pass.
 
 It ends with `RESULT gpu_feed_ratio=… tokens_per_s=… path=…`: steady-state K=1 token
 bytes/s over the limit, the K=1 tokens/s, and which copy path gave them. The issue's target is a ratio >= 0.8 for batches
@@ -90,13 +99,15 @@ def write_dataset(root: Path, size: int, shards: int) -> int:
     return rows_total
 
 
-def open_options(work: Path, size: int, block_size: int = 4096) -> dict[str, Any]:
+def open_options(
+    work: Path, size: int, block_size: int = 4096, *, shuffle: str | bool = True
+) -> dict[str, Any]:
     return {
         "cache_dir": str(work / "cache"),
         "memory_dir": str(work / "memory"),
         "memory_limit": 3 * size + (256 << 20),
         "disk_limit": 3 * size + (256 << 20),
-        "shuffle": True,
+        "shuffle": shuffle,
         "block_size": block_size,
     }
 
@@ -130,6 +141,77 @@ PATHS: dict[str, dict[str, Any]] = {
     "per-batch": {"window_bytes": 0},
     "staged": {"register": False},
 }
+
+
+#: Sample-mode paths, K=1: DevicePrefetcher options.
+SAMPLE_PATHS: dict[str, dict[str, Any]] = {
+    "sample-device": {},
+    "sample-cpu-gather": {"device_gather": False},
+}
+
+
+def verify_sample(args: argparse.Namespace, work: Path) -> tuple[dict[str, bool], list[str]]:
+    """Each sample path's batches equal the plain sample-mode path's host tensors
+    (offsets, padded), on CUDA or, without it, through the window path on the CPU."""
+    import torch
+
+    import shardcache.torch
+
+    passed: dict[str, bool] = {}
+    lines: list[str] = []
+    for path, options in SAMPLE_PATHS.items():
+        checked = gathered = 0
+        failure = ""
+        try:
+            for extra in ({}, {"lists": "padded"}):
+                kw: dict[str, Any] = dict(
+                    open_options(work, args.size, shuffle="sample"),
+                    batch_size=args.row_sizes[0] // 4,
+                    columns=["tokens"],
+                    rank=0,
+                    world_size=1,
+                    **extra,
+                )
+                plain = shardcache.torch.IterableDataset(f"file://{args.source}", **kw)
+                fast = shardcache.torch.IterableDataset(f"file://{args.source}", **kw)
+                with shardcache.torch.DevicePrefetcher(fast, depth=3, **options) as prefetcher:
+                    batches = (
+                        iter(prefetcher)
+                        if prefetcher.device.type == "cuda"
+                        else prefetcher._windowed()
+                    )
+                    for i, (a, b) in enumerate(zip(batches, plain, strict=True)):
+                        if list(a.keys()) != list(b.keys()):
+                            raise AssertionError(f"{extra} batch {i}: keys {list(a)}")
+                        for key in b:
+                            if a[key].dtype != b[key].dtype or not torch.equal(
+                                a[key].cpu(), b[key]
+                            ):
+                                raise AssertionError(f"{extra} batch {i} column {key}")
+                        checked += 1
+                        if i == 40:
+                            break
+                    stats = prefetcher.stats
+                    gathered += stats.device_gathered
+                    if stats.fallback:
+                        raise AssertionError(f"fell back to the CPU gather: {stats.fallback}")
+                    if options.get("device_gather", True) != bool(stats.device_gathered):
+                        raise AssertionError(
+                            f"{stats.device_gathered} batches gathered on the device"
+                        )
+                plain.close()
+                fast.close()
+        except Exception as exc:  # report, keep measuring the other paths
+            failure = f"{type(exc).__name__}: {exc}"
+        passed[path] = not failure
+        if failure:
+            lines.append(f"VERIFY FAILED {path}: {failure}")
+        else:
+            lines.append(
+                f"VERIFY ok {path}: {checked} sample-mode batches equal the plain path's; "
+                f"{gathered} gathered on the device"
+            )
+    return passed, lines
 
 
 def verify(args: argparse.Namespace, work: Path) -> tuple[dict[str, bool], list[str]]:
@@ -256,7 +338,7 @@ def rank_main(args: argparse.Namespace) -> None:
         columns=["tokens"],
         rank=args.rank,
         world_size=args.world,
-        **open_options(Path(args.work), args.size, args.block_size),
+        **open_options(Path(args.work), args.size, args.block_size, shuffle=args.shuffle),
     )
     ds.shardcache_dataset()  # opened (manifest, cache) before the timed passes
     device = "cpu" if not torch.cuda.is_available() else None
@@ -267,7 +349,11 @@ def rank_main(args: argparse.Namespace) -> None:
         register=not args.no_register,
         window_bytes=args.window_bytes,
         raw_copies=not args.torch_copies,
+        device_gather=not args.cpu_gather,
     )
+    # Sample mode without CUDA: the window path host to host (what the device runs),
+    # so the CPU run exercises the gather paths too; block mode keeps the plain path.
+    windowed = args.shuffle == "sample" and prefetcher.device.type != "cuda"
     passes = []
     for epoch in range(args.passes):
         go = Path(args.work) / f"go-{args.tag}-{epoch}"
@@ -278,7 +364,7 @@ def rank_main(args: argparse.Namespace) -> None:
         prefetcher.set_epoch(epoch)
         start = time.time()
         tokens = 0
-        for batch in prefetcher:
+        for batch in prefetcher._windowed() if windowed else prefetcher:
             tokens += batch["tokens"].numel()
         if prefetcher.device.type == "cuda":
             torch.cuda.synchronize(prefetcher.device)
@@ -298,6 +384,9 @@ def rank_main(args: argparse.Namespace) -> None:
                 "windows": stats.windows,
                 "runs": stats.runs,
                 "per_batch": stats.per_batch,
+                "device_gathered": stats.device_gathered,
+                "gather_windows": stats.gather_windows,
+                "cpu_gathered": stats.cpu_gathered,
                 "fallback": stats.fallback,
                 "device": str(prefetcher.device),
             }
@@ -307,9 +396,10 @@ def rank_main(args: argparse.Namespace) -> None:
 
 
 def run_ranks(
-    args: argparse.Namespace, k: int, *, path: str, tag: str, rows: int
+    args: argparse.Namespace, k: int, *, path: str, tag: str, rows: int, passes: int | None = None
 ) -> dict[str, Any]:
-    options = PATHS[path]
+    passes = passes or args.passes
+    options = PATHS[path] if path in PATHS else SAMPLE_PATHS[path]
     register = options.get("register", True)
     window_bytes = options.get("window_bytes", args.window_bytes)
     work = Path(args.work)
@@ -326,7 +416,7 @@ def run_ranks(
             "--depth",
             str(args.depth),
             "--passes",
-            str(args.passes),
+            str(passes),
             "--window-bytes",
             str(window_bytes),
         ]
@@ -334,8 +424,12 @@ def run_ranks(
             cmd.append("--no-register")
         if not options.get("raw_copies", True):
             cmd.append("--torch-copies")
+        if path in SAMPLE_PATHS:
+            cmd += ["--shuffle", "sample"]
+        if not options.get("device_gather", True):
+            cmd.append("--cpu-gather")
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
-    for epoch in range(args.passes):
+    for epoch in range(passes):
         deadline = time.time() + 600
         while len(list(work.glob(f"ready-{tag}-{epoch}-*"))) < k:
             if any(p.poll() not in (None, 0) for p in procs) or time.time() > deadline:
@@ -355,7 +449,7 @@ def run_ranks(
         "rows": rows,
         "passes": [],
     }
-    for epoch in range(args.passes):
+    for epoch in range(passes):
         start = min(r["passes"][epoch]["start"] for r in ranks)
         end = max(r["passes"][epoch]["end"] for r in ranks)
         tokens = sum(r["passes"][epoch]["tokens"] for r in ranks)
@@ -364,7 +458,8 @@ def run_ranks(
         )
     for key in ("direct_bytes", "staged_bytes", "registered", "refused", "windows", "runs"):
         result[key] = sum(r[key] for r in ranks)
-    result["per_batch"] = sum(r["per_batch"] for r in ranks)
+    for key in ("per_batch", "device_gathered", "gather_windows", "cpu_gathered"):
+        result[key] = sum(r[key] for r in ranks)
     result["fallback"] = sorted({r["fallback"] for r in ranks if r["fallback"]})
     result["device"] = ranks[0]["device"]
     return result
@@ -389,6 +484,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="values per copy window (default: the prefetcher's; 0: per-batch path)",
     )
+    p.add_argument(
+        "--sample-after",
+        type=float,
+        default=150.0,
+        help="seconds into the run after which the sample-mode runs are left out (the "
+        "prepared command must stay under 3 minutes and end with RESULT)",
+    )
     p.add_argument("--json", type=Path)
     p.add_argument("--root", type=Path, help="work directory (default: a new one on /dev/shm)")
     # Internal: one rank process.
@@ -398,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source", help=argparse.SUPPRESS)
     p.add_argument("--no-register", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--torch-copies", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--shuffle", default=True, help=argparse.SUPPRESS)
+    p.add_argument("--cpu-gather", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.window_bytes is None:
         from shardcache.torch import _prefetch
@@ -416,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.root or Path(tempfile.mkdtemp(prefix="shardcache-bench-gpu-", dir=shm))
     args.work = str(work)
     args.source = work / "source"
+    started = time.perf_counter()
     try:
         t0 = time.perf_counter()
         rows = write_dataset(args.source, args.size, args.shards)
@@ -447,6 +552,10 @@ def main(argv: list[str] | None = None) -> int:
             passed, lines = verify(args, work)
             for line in lines:
                 print(line, flush=True)
+        sample_passed, lines = verify_sample(args, work)
+        for line in lines:
+            print(line, flush=True)
+        passed.update(sample_passed)
         reference = limit or REFERENCE_LIMIT
         cpu = []
         for rows in args.row_sizes:
@@ -477,9 +586,18 @@ def main(argv: list[str] | None = None) -> int:
         if cuda and main_path == "windows" and passed["torch-copies"]:
             # The same A/B at the larger batches: one runtime call per run, or copy_.
             runs += [(1, "torch-copies", rows) for rows in args.row_sizes[1:]]
+        # Sample mode, K=1, after the block-mode runs: extra lines, not the RESULT.
+        runs += [(1, path, first) for path in SAMPLE_PATHS if passed[path]]
         for k, path, rows in runs:
             tag = f"k{k}-r{rows}-{path}"
-            res = run_ranks(args, k, path=path, tag=tag, rows=rows)
+            passes = None
+            if path in SAMPLE_PATHS:
+                used = time.perf_counter() - started
+                if used > args.sample_after:
+                    print(f"SAMPLE {path} not run: {used:.0f} s used (--sample-after)")
+                    continue
+                passes = min(2, args.passes)  # pass 1 registers; pass 2 is the steady one
+            res = run_ranks(args, k, path=path, tag=tag, rows=rows, passes=passes)
             results.append(res)
             for i, ps in enumerate(res["passes"]):
                 gbps = ps["tokens_per_s"] * 4 / 1e9
@@ -494,7 +612,25 @@ def main(argv: list[str] | None = None) -> int:
                 f"{res['staged_bytes'] >> 20} MiB, registered {res['registered']} mappings, "
                 f"refused {res['refused']}; {res['windows']} windows, {res['runs']} copies, "
                 f"{res['per_batch']} batches per-batch"
+                + (
+                    f"; {res['device_gathered']} batches gathered on the device from "
+                    f"{res['gather_windows']} window copies, {res['cpu_gathered']} on the CPU"
+                    if path in SAMPLE_PATHS
+                    else ""
+                )
                 + (f"; FELL BACK: {res['fallback']}" if res["fallback"] else ""),
+                flush=True,
+            )
+        sample = {
+            r["path"]: r["passes"][-1]["tokens_per_s"] for r in results if r["path"] in SAMPLE_PATHS
+        }
+        if len(sample) == len(SAMPLE_PATHS):
+            print(
+                f"SAMPLE K=1 rows={first}: sample-device "
+                f"{sample['sample-device'] / 1e9:.3f} Gtokens/s, sample-cpu-gather "
+                f"{sample['sample-cpu-gather'] / 1e9:.3f} Gtokens/s "
+                f"({sample['sample-device'] / sample['sample-cpu-gather']:.2f}x)"
+                + ("" if cuda else " (no CUDA: both on the CPU)"),
                 flush=True,
             )
         steady = next(

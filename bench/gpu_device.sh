@@ -6,12 +6,17 @@
 # plain path's; a path that fails is reported and left out, and the main runs fall back
 # to the per-batch path if the window path fails. Then the CPU side (thread CPU us per
 # batch, no bytes copied), the K=1 and K=8 window-path runs, K=1 on the per-batch and
-# staged paths for comparison, and K=1 at 65,536 rows. That machine has python3 with
-# torch (CUDA), numpy and pyarrow but no network and no package index: the project
+# staged paths for comparison, K=1 at 65,536 rows, and then sample mode at K=1:
+# sample-device (each window copied once, every batch gathered on the GPU) against
+# sample-cpu-gather (today's path), both verified against the plain sample path first,
+# two passes each, printed as extra lines (SAMPLE ...), left out if the run is already
+# 150 s in (--sample-after), so RESULT stays last and in time. That machine has
+# python3 with torch (CUDA), numpy and pyarrow but no network and no package index: the project
 # runs from this tree on PYTHONPATH, and torchdata is not needed.
 # Run from the repository root:   OUT=/some/dir bash bench/gpu_device.sh
 # Writes $OUT/bench-gpu.txt (the report, RESULT last), $OUT/bench-gpu.json and
-# $OUT/machine.txt. About 2-3 minutes; cut at BENCH_GPU_TIMEOUT seconds (default 290).
+# $OUT/machine.txt. Meant to stay under 3 minutes (not timed on a GPU since the sample
+# runs were added); cut at BENCH_GPU_TIMEOUT seconds (default 290).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-gpu-out}

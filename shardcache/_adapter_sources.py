@@ -144,9 +144,14 @@ class Opener:
 
 
 def reader(
-    source: Source, options: batching.Options, split: batching.Split | None = None
+    source: Source,
+    options: batching.Options,
+    split: batching.Split | None = None,
+    *,
+    defer_gather: bool = False,
 ) -> Reader:
-    """The batch reader of `source` for one loader process."""
+    """The batch reader of `source` for one loader process (`defer_gather`: see
+    `batching.Reader`)."""
     if isinstance(source, mixtures.Mixture):
-        return mixture_batching.MixtureReader(source, options, split)
-    return batching.Reader(source, options, split)
+        return mixture_batching.MixtureReader(source, options, split, defer_gather=defer_gather)
+    return batching.Reader(source, options, split, defer_gather=defer_gather)

@@ -21,14 +21,18 @@ must match the run that saved the state (as torchdata's StatefulDataLoader requi
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.types as patypes
 
 from shardcache import datasets, errors
+
+if TYPE_CHECKING:
+    from shardcache import selections as selections_
 
 STATE_VERSION = 1
 
@@ -77,16 +81,48 @@ class HostBatch:
     Unpacked: `pieces` are record-batch slices whose rows, in order, are the batch.
     Packed: `tokens` are flat value arrays whose concatenation is `shape[0]` sequences
     of `shape[1]` tokens, row-major, for column `column`.
+    Not gathered yet (sample mode, from a reader asked to `defer_gather`): `selections`
+    whose gathered rows, in order, are the batch, and no pieces (`gathered()`).
     """
 
     pieces: list[pa.RecordBatch] = dataclasses.field(default_factory=list)
     tokens: list[pa.Array] = dataclasses.field(default_factory=list)
     column: str | None = None
     shape: tuple[int, int] | None = None
+    selections: list[selections_.Selection] = dataclasses.field(default_factory=list)
 
     @property
     def packed(self) -> bool:
         return self.shape is not None
+
+    def gathered(self) -> HostBatch:
+        """This batch with its selections gathered on the CPU (the batch a reader that
+        does not defer yields, byte for byte); itself when there are none."""
+        if not self.selections:
+            return self
+        return HostBatch(pieces=[selection.gather() for selection in self.selections])
+
+
+def host_batches(
+    dataset: datasets.Dataset,
+    batch_size: int,
+    *,
+    columns: Sequence[str] | None,
+    drop_last: bool = False,
+    defer_gather: bool = False,
+) -> Generator[HostBatch, None, None]:
+    """`dataset`'s batches as `HostBatch`es of pieces or, in sample mode with
+    `defer_gather`, of one selection each (`Dataset.batch_selections`)."""
+    if defer_gather and dataset.params.sampled:
+        chosen = dataset.batch_selections(batch_size, columns=columns, drop_last=drop_last)
+        with contextlib.closing(chosen):
+            for selection in chosen:
+                yield HostBatch(selections=[selection])
+        return
+    pieces = dataset.batch_pieces(batch_size, columns=columns, drop_last=drop_last)
+    with contextlib.closing(pieces):
+        for chunk in pieces:
+            yield HostBatch(pieces=chunk)
 
 
 def list_column(schema: pa.Schema, name: str | None) -> str:
@@ -122,14 +158,25 @@ class _Chunk:
 
 
 class Reader:
-    """Batches of one rank's stream for one loader process; resumable."""
+    """Batches of one rank's stream for one loader process; resumable.
+
+    `defer_gather`: in sample mode, yield unpacked batches as selections, not gathered
+    (`HostBatch.selections`) for a consumer that gathers them itself; packed batches
+    are always gathered here (packing reads the tokens).
+    """
 
     def __init__(
-        self, dataset: datasets.Dataset, options: Options, split: Split | None = None
+        self,
+        dataset: datasets.Dataset,
+        options: Options,
+        split: Split | None = None,
+        *,
+        defer_gather: bool = False,
     ) -> None:
         self._ds = dataset
         self._opt = options
         self._split = split or Split()
+        self._defer = defer_gather and options.pack is None
         self._cursor = min(len(dataset), dataset.position + self._split.index * options.batch_size)
         self._skip = 0
         #: The packed column, known from the first batch's schema.
@@ -188,18 +235,21 @@ class Reader:
         state["position"] = position
         self._ds.load_state_dict(state)
 
-    def _chunks(self) -> Iterator[tuple[int, list[pa.RecordBatch]]]:
-        """(position, pieces) of this process's read batches from the cursor on."""
+    def _chunks(self) -> Iterator[tuple[int, HostBatch]]:
+        """(position, batch) of this process's read batches from the cursor on."""
         size, count = self._opt.batch_size, self._split.count
         start = min(self._cursor, len(self._ds))
         self._seek(start)
         # Unpacked, the last short batch is dropped by the dataset; packed, its tokens
         # still count.
         drop = self._opt.drop_last and self._opt.pack is None
-        pieces = self._ds.batch_pieces(size, columns=self._opt.columns, drop_last=drop)
-        for j, chunk in enumerate(pieces):
-            if j % count == 0:
-                yield start + j * size, chunk
+        batches = host_batches(
+            self._ds, size, columns=self._opt.columns, drop_last=drop, defer_gather=self._defer
+        )
+        with contextlib.closing(batches):
+            for j, batch in enumerate(batches):
+                if j % count == 0:
+                    yield start + j * size, batch
 
     def __iter__(self) -> Iterator[HostBatch]:
         if self._opt.pack is None:
@@ -208,10 +258,10 @@ class Reader:
 
     def _unpacked(self) -> Iterator[HostBatch]:
         step = self._opt.batch_size * self._split.count
-        for position, chunk in self._chunks():
+        for position, batch in self._chunks():
             # Counted as read once handed out: the state taken now resumes after it.
             self._cursor = min(len(self._ds), position + step)
-            yield HostBatch(pieces=chunk)
+            yield batch
         self._cursor = len(self._ds)
 
     def _packed(self) -> Iterator[HostBatch]:
@@ -222,7 +272,8 @@ class Reader:
         held: collections.deque[_Chunk] = collections.deque()
         available = 0
         skip = self._skip
-        for position, chunk in self._chunks():
+        for position, batch in self._chunks():
+            chunk = batch.pieces
             if self._column is None:
                 self._column = list_column(chunk[0].schema, self._opt.pack_column)
             column = self._column

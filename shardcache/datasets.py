@@ -27,10 +27,20 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from shardcache import elastic, errors, manifests, placements, plans, provider, stalls, states
+from shardcache import (
+    elastic,
+    errors,
+    manifests,
+    placements,
+    plans,
+    provider,
+    stalls,
+    states,
+    streams,
+)
 
 if TYPE_CHECKING:
-    from shardcache import sequences
+    from shardcache import selections, sequences
 
 #: The state dict's format (`shardcache.states`); version 1 states still load.
 STATE_VERSION = states.STATE_VERSION
@@ -346,16 +356,53 @@ class Dataset:
             if lease is not None:
                 lease.release()
 
+    def batch_selections(
+        self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
+    ) -> Generator[selections.Selection, None, None]:
+        """Sample mode's batches before they are gathered: per batch, the rows of its
+        windows' mapped shards it is made of (`shardcache.selections`), for a consumer
+        that gathers them itself (on a GPU, say). `Selection.gather()` is exactly the
+        batch `batches()` yields. Positions, leases and `state_dict()` move as with
+        `batches()`. A block-mode dataset has nothing to gather: an InputError.
+        """
+        if not self._params.sampled:
+            raise errors.InputError(
+                "batch_selections: expected a sample-mode dataset (shuffle='sample'); "
+                "a block-mode batch is slices already: use batch_pieces()"
+            )
+        if batch_size < 1:
+            raise errors.InputError(f"batch_size must be >= 1, got {batch_size}")
+        self._batch_size = batch_size
+        self._ensure_reader()
+        yield from self._timed(
+            self._selections(batch_size, columns=columns, drop_last=drop_last, parts=True)
+        )
+
     def _gathered(
         self, batch_size: int, *, columns: Sequence[str] | None, drop_last: bool
     ) -> Generator[list[pa.RecordBatch], None, None]:
         """Sample mode's batches: each one gathered (one copy) from its window's shards."""
+        for selection in self._selections(
+            batch_size, columns=columns, drop_last=drop_last, parts=False
+        ):
+            yield [selection.gather()]
+
+    def _selections(
+        self, batch_size: int, *, columns: Sequence[str] | None, drop_last: bool, parts: bool
+    ) -> Generator[selections.Selection, None, None]:
+        """Sample mode's batches as rows of the window's shards; with `parts`, also where
+        they lie in their windows (`shardcache.selections`)."""
         from shardcache import gather, sequences  # numpy: sample mode only
+        from shardcache import selections as selections_
 
         leases: dict[int, provider.ShardLease] = {}
         held: list[int] = []
         gatherer: gather.Gatherer | None = None
         slots = sequences.slots([], 0)
+        by_shard: dict[int, pa.RecordBatch] = {}
+        #: The windows of the last batch, by (epoch, index): the batches of one window
+        #: share one object (its identity tells a consumer its copy can be reused).
+        made: dict[tuple[int, int], selections_.WindowRows] = {}
         try:
             while True:
                 # Read the position afresh each batch: a skip between batches moves it.
@@ -385,16 +432,58 @@ class Dataset:
                     sources = [select(self._mappings.batch(leases[s].path), columns) for s in want]
                     gatherer = gather.Gatherer(sources)
                     slots = sequences.slots(want, len(seq.offsets))
+                    by_shard = dict(zip(want, sources, strict=True))
                     held = want
-                shard_of, row_of = sequences.locate(
-                    seq.offsets, seq.total, seq.stream_indices(ranges, lo, hi)
-                )
-                batch = gatherer.gather(slots[shard_of], row_of)
+                where: list[selections_.Part] = []
+                if parts:
+                    made = self._window_parts(seq, ranges, lo, hi, by_shard, made, where)
                 self._position += n
-                yield [batch]
+                yield selections_.Selection(
+                    gatherer,
+                    seq.stream_indices(ranges, lo, hi),
+                    seq.offsets,
+                    seq.total,
+                    slots,
+                    where,
+                )
         finally:
             for lease in leases.values():
                 lease.release()
+
+    def _window_parts(
+        self,
+        seq: sequences.Sequence,
+        ranges: Sequence[streams.Range],
+        lo: int,
+        hi: int,
+        by_shard: Mapping[int, pa.RecordBatch],
+        made: Mapping[tuple[int, int], selections.WindowRows],
+        out: list[selections.Part],
+    ) -> dict[tuple[int, int], selections.WindowRows]:
+        """Append to `out` where stream positions [lo, hi) lie in their windows; the
+        windows used (reusing `made`'s objects)."""
+        from shardcache import selections as selections_
+        from shardcache import windows
+
+        used: dict[tuple[int, int], selections_.WindowRows] = {}
+        width = self._params.window
+        epoch = self._params.epoch
+        for a, b in streams.cut(ranges, lo, hi):
+            pos = a
+            while pos < b:
+                k = windows.window_of(pos, width)
+                start, stop = windows.window_span(seq.total, width, k)
+                cut = min(b, stop)
+                window = used.get((epoch, k)) or made.get((epoch, k))
+                if window is None:
+                    pieces = [
+                        by_shard[run.shard].slice(run.start, len(run)) for run in seq.window_runs(k)
+                    ]
+                    window = selections_.WindowRows(self._reader_id, epoch, k, pieces, stop - start)
+                used[(epoch, k)] = window
+                out.append(selections_.Part(window, seq.window_order(k)[pos - start : cut - start]))
+                pos = cut
+        return used
 
     def take(
         self, indices: Sequence[int] | Any, *, columns: Sequence[str] | None = None

@@ -29,11 +29,14 @@ by steps (`itertools.islice`, or `zip(range(n), loader)`).
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from shardcache import batching, datasets, errors, mixtures, plans
+
+if TYPE_CHECKING:
+    from shardcache import selections
 
 STATE_VERSION = 1
 _KIND = "mixture-reader"
@@ -47,6 +50,8 @@ class MixtureReader:
         mixture: mixtures.Mixture,
         options: batching.Options,
         split: batching.Split | None = None,
+        *,
+        defer_gather: bool = False,
     ) -> None:
         if options.pack is not None:
             raise errors.InputError(
@@ -57,10 +62,13 @@ class MixtureReader:
         self._mix = mixture
         self._opt = options
         self._split = split or batching.Split()
+        #: Sample-mode sources' batches as selections, not gathered (`batching.Reader`).
+        self._defer = defer_gather
         self._restart(mixture.step + self._split.index)
-        #: Open `batch_pieces` streams of the sources, at `batch_size` rows: kept while
-        #: a source is read at consecutive positions (one worker), else reopened.
-        self._streams: dict[str, Generator[list[pa.RecordBatch], None, None]] = {}
+        #: Open batch streams of the sources (`batching.host_batches`), at `batch_size`
+        #: rows: kept while a source is read at consecutive positions (one worker), else
+        #: reopened.
+        self._streams: dict[str, Generator[batching.HostBatch, None, None]] = {}
 
     def _restart(self, cursor: int) -> None:
         """Take every source's position from its dataset, at the mixture's step."""
@@ -163,19 +171,20 @@ class MixtureReader:
             self._where = self._walked(step)
             self._at = step
             name = self._mix.drawn(step)
-            pieces = self._read(name)
+            batch = self._read(name)
             self._at = step + 1
             # Counted as read once handed out: the state taken now resumes after it.
             self._cursor = step + self._split.count
-            yield batching.HostBatch(pieces=pieces)
+            yield batch
 
-    def _read(self, name: str) -> list[pa.RecordBatch]:
+    def _read(self, name: str) -> batching.HostBatch:
         """The next `batch_size` rows of source `name` from its cursor, into its next
         epoch where this one ends (the mixture's rule 4)."""
         ds = self._mix.sources[name]
         size = self._opt.batch_size
         epoch, position = self._where[name]
         pieces: list[pa.RecordBatch] = []
+        chosen: list[selections.Selection] = []
         want = size
         while want:
             length = self._length(ds, epoch)
@@ -186,16 +195,18 @@ class MixtureReader:
                 self._mix.counts[name].epochs_finished += 1
                 continue
             take = min(want, length - position)
-            pieces.extend(self._slice(name, epoch, position, take))
+            part = self._slice(name, epoch, position, take)
+            pieces.extend(part.pieces)
+            chosen.extend(part.selections)
             position += take
             want -= take
         self._where[name] = (epoch, position)
         count = self._mix.counts[name]
         count.batches += 1
         count.rows += size
-        return pieces
+        return batching.HostBatch(pieces=pieces, selections=chosen)
 
-    def _slice(self, name: str, epoch: int, position: int, rows: int) -> list[pa.RecordBatch]:
+    def _slice(self, name: str, epoch: int, position: int, rows: int) -> batching.HostBatch:
         ds = self._mix.sources[name]
         here = (ds.epoch, ds.position) == (epoch, position)
         stream = self._streams.get(name)
@@ -208,7 +219,9 @@ class MixtureReader:
             state = ds.state_dict()
             state.update(epoch=epoch, position=position)
             ds.load_state_dict(state)
-        stream = ds.batch_pieces(rows, columns=self._opt.columns)
+        stream = batching.host_batches(
+            ds, rows, columns=self._opt.columns, defer_gather=self._defer
+        )
         got = next(stream)
         if rows == self._opt.batch_size:
             self._streams[name] = stream

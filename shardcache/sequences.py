@@ -71,7 +71,9 @@ class Sequence:
         self.ends = plans.run_ends(self.runs)
         self.total = self.ends[-1] if self.ends else 0
         self.offsets: Indices = np.asarray(plans.shard_offsets(shard_rows), dtype=np.int64)
-        self._windows: collections.OrderedDict[int, Indices] = collections.OrderedDict()
+        self._windows: collections.OrderedDict[int, tuple[Indices, Indices]] = (
+            collections.OrderedDict()
+        )
         self._window_shards: dict[tuple[int, int], list[int]] = {}
 
     def __len__(self) -> int:
@@ -79,6 +81,28 @@ class Sequence:
 
     def window(self, k: int) -> Indices:
         """Manifest indices of sample-mode window `k`, in reading order."""
+        return self._window(k)[0]
+
+    def window_order(self, k: int) -> Indices:
+        """Window `k`'s permutation: its reading order's row j is row `order[j]` of the
+        window's block-level rows (`window_runs(k)`, concatenated). A consumer that
+        holds those rows (the device prefetcher's copy of a window) gathers with it."""
+        return self._window(k)[1]
+
+    def window_runs(self, k: int) -> list[plans.Run]:
+        """Window `k`'s rows in block-level order, as runs of one shard each; runs that
+        continue each other in one shard are merged."""
+        lo, hi = windows.window_span(self.total, self.params.window, k)
+        out: list[plans.Run] = []
+        for run in windows.block_runs(self.runs, self.ends, lo, hi):
+            last = out[-1] if out else None
+            if last is not None and last.shard == run.shard and last.stop == run.start:
+                out[-1] = plans.Run(run.shard, last.start, run.stop)
+            else:
+                out.append(run)
+        return out
+
+    def _window(self, k: int) -> tuple[Indices, Indices]:
         cached = self._windows.get(k)
         if cached is not None:
             self._windows.move_to_end(k)
@@ -87,10 +111,10 @@ class Sequence:
         rows = runs_indices(windows.block_runs(self.runs, self.ends, lo, hi), self.offsets)
         order = window_order(hi - lo, plans.window_seed(self._digest, self.params, k))
         out: Indices = rows[order]
-        self._windows[k] = out
+        self._windows[k] = (out, order)
         while len(self._windows) > self.CACHED_WINDOWS:
             self._windows.popitem(last=False)
-        return out
+        return out, order
 
     def indices(self, lo: int, hi: int) -> Indices:
         """Manifest indices at positions [lo, hi) of the sequence, in order."""

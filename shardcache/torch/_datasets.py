@@ -168,13 +168,16 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
             return list(source.sources.values())
         return [source]
 
-    def reader(self, split: batching.Split | None = None) -> _adapter_sources.Reader:
+    def reader(
+        self, split: batching.Split | None = None, *, defer_gather: bool = False
+    ) -> _adapter_sources.Reader:
         """A batch reader for this process: at the loaded state if one is pending, else
         at the start of the current epoch (or where `resume_from` put a fresh dataset);
-        for a mixture, where the last iterator of this process stopped."""
+        for a mixture, where the last iterator of this process stopped. `defer_gather`:
+        sample-mode batches not gathered (`batching.Reader`; the device prefetcher)."""
         source = self.shardcache_source()
         if isinstance(source, mixtures.Mixture):
-            return self._mixture_reader(source, split)
+            return self._mixture_reader(source, split, defer_gather=defer_gather)
         ds = source
         pending, self._pending = self._pending, None
         if pending is None and (not self._opened_fresh or ds.epoch != self._epoch):
@@ -182,14 +185,14 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
             state.update(epoch=self._epoch, position=0)
             ds.load_state_dict(state)
         self._opened_fresh = False
-        reader = batching.Reader(ds, self.options, split)
+        reader = batching.Reader(ds, self.options, split, defer_gather=defer_gather)
         if pending is not None:
             reader.load_state_dict(pending)
             self._epoch = reader.dataset.epoch
         return reader
 
     def _mixture_reader(
-        self, mixed: mixtures.Mixture, split: batching.Split | None
+        self, mixed: mixtures.Mixture, split: batching.Split | None, *, defer_gather: bool
     ) -> _adapter_sources.Reader:
         pending, self._pending = self._pending, None
         if pending is None and self._live is not None:
@@ -198,7 +201,7 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         self._opened_fresh = False
         if self._live is not None:
             self._live.close()
-        reader = _adapter_sources.reader(mixed, self.options, split)
+        reader = _adapter_sources.reader(mixed, self.options, split, defer_gather=defer_gather)
         if pending is not None:
             reader.load_state_dict(pending)
         return reader

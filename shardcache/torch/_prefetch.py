@@ -17,6 +17,13 @@ null columns) goes through the per-batch path (`_copy`: a copy per piece, assemb
 the device); so does everything after a window fails on the device at run time
 (`window_bytes=0` chooses it from the start).
 
+In sample mode (`shuffle="sample"`) the reader does not gather the batches on the CPU
+(`defer_gather`): each window's rows are copied to the device once, in a few long runs
+of its shards, and every batch is gathered there (`_device_gather`; the device memory
+it takes is a window or two of the asked columns). A window the plan does not cover,
+`device_gather=False`, packed batches, and everything after a device gather fails at
+run time take today's path: the batch gathered on the CPU, then copied as above.
+
 Pieces outside a registered mapping (the driver refused the registration, or the
 mapping was made before this prefetcher) are staged through pinned buffers: one CPU
 copy, still asynchronous. Without CUDA (or with `device="cpu"`) the batches are the
@@ -42,7 +49,14 @@ import torch
 import torch.utils.dlpack
 
 from shardcache import batching, columns, errors, stalls
-from shardcache.torch import _copy_plans, _datasets, _host_memory, _slabs, _tensors
+from shardcache.torch import (
+    _copy_plans,
+    _datasets,
+    _device_gather,
+    _host_memory,
+    _slabs,
+    _tensors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +86,13 @@ class Stats:
     offsets_bytes: int = 0
     #: Batches that went through the per-batch path.
     per_batch: int = 0
-    #: Why windows were given up at run time (empty while they work).
+    #: Sample mode: batches gathered on the device, the windows copied for them, and
+    #: batches the device gather gave up, gathered on the CPU instead (today's path;
+    #: with `device_gather=False` the reader gathers them and they are not counted).
+    device_gathered: int = 0
+    gather_windows: int = 0
+    cpu_gathered: int = 0
+    #: Why windows (or device gathers) were given up at run time (empty while they work).
     fallback: str = ""
 
 
@@ -104,8 +124,10 @@ class DevicePrefetcher:
     mappings (everything is staged). `window_bytes`: values copied per window of
     batches (0: the per-batch path). `raw_copies`: on the window path, copy from the
     registered mappings with one CUDA runtime call per run (False: torch's `copy_`,
-    tens of microseconds of CPU each). Reads in this process (no DataLoader workers:
-    there is no CPU work left to spread over them).
+    tens of microseconds of CPU each). `device_gather`: in sample mode, gather each
+    batch on the device from one copy of its window (False: on the CPU, then copy).
+    Reads in this process (no DataLoader workers: there is no CPU work left to spread
+    over them).
     """
 
     def __init__(
@@ -117,6 +139,7 @@ class DevicePrefetcher:
         register: bool = True,
         window_bytes: int = WINDOW_BYTES,
         raw_copies: bool = True,
+        device_gather: bool = True,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
@@ -124,6 +147,7 @@ class DevicePrefetcher:
             raise ValueError(f"window_bytes must be >= 0, got {window_bytes}")
         self.window_bytes = window_bytes
         self.raw_copies = raw_copies
+        self.device_gather = device_gather
         self.dataset = dataset
         self.device = (
             torch.device(device) if device is not None else default_device(dataset.local_rank)
@@ -137,6 +161,7 @@ class DevicePrefetcher:
         self._registered: _host_memory.Registry | None = None
         self._mappings: _slabs.Mappings | None = None
         self._stream: Any = None
+        self._gathers: _device_gather.DeviceGather | None = None
 
     # --- state --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -233,7 +258,14 @@ class DevicePrefetcher:
             registry = self._registered
         if registry is not None and self._mappings is None:
             self._mappings = _slabs.Mappings(registry.root)
-        reader = self.dataset.reader()
+        if self.device_gather and self._gathers is None:
+            self._gathers = _device_gather.DeviceGather(
+                device=device,
+                lists=self.dataset.lists,
+                pad_value=self.dataset.options.pad_value,
+                pad_to=self.dataset.pad_to,
+            )
+        reader = self.dataset.reader(defer_gather=self._gathers is not None)
         self._state = reader.state_dict()
         batches = iter(reader)
         queue: collections.deque[_InFlight] = collections.deque()
@@ -269,6 +301,8 @@ class DevicePrefetcher:
         finally:
             if stream is not None:
                 stream.synchronize()
+            if self._gathers is not None:
+                self._gathers.clear()  # the windows of this pass: not read again
             if registry is not None:
                 self.stats.registered, self.stats.refused = registry.registered, registry.refused
 
@@ -282,7 +316,101 @@ class DevicePrefetcher:
         *,
         copy: bool,
     ) -> int:
-        """Queue `window`'s copies and its batches; the next window's batch count."""
+        """Queue `window`'s copies and its batches; the next window's batch count.
+
+        Sample-mode batches not gathered yet are gathered on the device one by one (a
+        batch is one gather: nothing to merge across batches), so the next window is
+        one batch; the batches between them go through the window path together."""
+        if not any(batch.selections for batch in window):
+            return self._launch_pieces(window, states, queue, registry, stream, copy=copy)
+        group: list[batching.HostBatch] = []
+        group_states: list[dict[str, Any]] = []
+        for batch, state in zip(window, states, strict=True):
+            if not batch.selections:
+                group.append(batch)
+                group_states.append(state)
+                continue
+            if group:
+                self._launch_pieces(group, group_states, queue, registry, stream, copy=copy)
+                group, group_states = [], []
+            self._launch_gather(batch, state, queue, registry, stream, copy=copy)
+        if group:
+            self._launch_pieces(group, group_states, queue, registry, stream, copy=copy)
+        return 1
+
+    def _launch_gather(
+        self,
+        batch: batching.HostBatch,
+        state: dict[str, Any],
+        queue: collections.deque[_InFlight],
+        registry: _host_memory.Registry | None,
+        stream: Any,
+        *,
+        copy: bool,
+    ) -> None:
+        """Queue one sample-mode batch's gather on the device, or today's path: the
+        batch gathered on the CPU, then copied as a one-batch window."""
+        gathers = self._gathers
+        if gathers is not None:
+            cuda = stream is not None
+            try:
+                with self._on(stream):
+                    done_batch = gathers.gather(
+                        batch.selections,
+                        _device_gather.Copying(
+                            mappings=self._mappings,
+                            locate=registry.locate if registry else None,
+                            copy_async=registry.copy_async
+                            if cuda and registry and self.raw_copies and copy
+                            else None,
+                            stream=stream.cuda_stream if cuda else 0,
+                        ),
+                    )
+                    done = _new_event() if cuda else None
+                    if done is not None:
+                        done.record(stream)
+            except errors.ShardcacheError:
+                raise
+            except (
+                _device_gather.Unsupported,
+                RuntimeError,
+                TypeError,
+                ValueError,
+                AttributeError,
+                IndexError,
+            ) as exc:
+                # Keep today's path rather than fail the job, for this batch and every
+                # later one (a window that cannot be planned will not be the last).
+                if stream is not None:
+                    stream.synchronize()
+                self.stats.fallback = f"{type(exc).__name__}: {exc}"
+                log.warning("device prefetcher: gathering on the CPU instead: %s", exc)
+                gathers.clear()
+                self._gathers = None
+                self.device_gather = False
+            else:
+                self.stats.device_gathered += 1
+                self.stats.gather_windows += done_batch.windows
+                self.stats.direct_bytes += done_batch.direct_bytes
+                self.stats.staged_bytes += done_batch.staged_bytes
+                self.stats.offsets_bytes += done_batch.index_bytes
+                queue.append(_InFlight(done_batch.tensors, done, state, done_batch.keep))
+                return
+        self.stats.cpu_gathered += 1
+        self._launch_pieces([batch.gathered()], [state], queue, registry, stream, copy=copy)
+
+    def _launch_pieces(
+        self,
+        window: list[batching.HostBatch],
+        states: list[dict[str, Any]],
+        queue: collections.deque[_InFlight],
+        registry: _host_memory.Registry | None,
+        stream: Any,
+        *,
+        copy: bool,
+    ) -> int:
+        """Queue the copies of `window` (batches of pieces) and its batches; the next
+        window's batch count."""
         plan = None
         if self.window_bytes:
             plan = _copy_plans.plan(window, locate=registry.locate if registry else None)
@@ -378,6 +506,8 @@ class DevicePrefetcher:
         if self._mappings is not None:
             self._mappings.forget()
             self._mappings = None
+        if self._gathers is not None:
+            self._gathers.clear()
 
     def __enter__(self) -> DevicePrefetcher:
         return self

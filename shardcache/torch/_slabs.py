@@ -44,6 +44,8 @@ class Launched:
     direct_bytes: int = 0
     staged_bytes: int = 0
     offsets_bytes: int = 0
+    #: The window's rebased offsets as written on the host (`Plan.fill_offsets`).
+    host_offsets: Any = None
 
 
 def _host_bytes(buffer: pa.Buffer) -> torch.Tensor:
@@ -135,6 +137,7 @@ def launch(
     host_offsets = torch.empty(plan.offsets_count, dtype=torch.int64, pin_memory=cuda)
     offsets_array = host_offsets.numpy()
     plan.fill_offsets(offsets_array)
+    done.host_offsets = offsets_array
     done.offsets_bytes = 8 * plan.offsets_count
     if cuda:
         keep.append(host_offsets)

@@ -123,6 +123,7 @@ def collate(
     """The batch as tensors, by column name (see the module docstring)."""
     if lists not in LISTS:
         raise errors.InputError(f"lists: expected one of {LISTS}, found {lists!r}")
+    batch = batch.gathered()  # a sample-mode batch not gathered yet: on the CPU here
     if batch.shape is not None:
         assert batch.column is not None
         flat = _values(batch.tokens, batch.column, move)

@@ -48,11 +48,28 @@ def test_the_prepared_gpu_command_runs_without_cuda_and_ends_with_result(tmp_pat
     for _, reader, windows, per_batch, budget in probes:
         assert int(reader) > 0 and int(windows) > 0 and int(per_batch) > 0 and int(budget) > 0
     report = json.loads((tmp_path / "out" / "bench-gpu.json").read_text())
+    # Without CUDA the block-mode paths are not verified (True: not failed); the sample
+    # paths are, through the window path on the CPU.
     assert report["verified"] == {
         "windows": True,
         "torch-copies": True,
         "per-batch": True,
         "staged": True,
+        "sample-device": True,
+        "sample-cpu-gather": True,
     }
-    assert [r["path"] for r in report["runs"]] == ["windows", "windows"]
+    assert "VERIFY ok sample-device" in done.stdout, output[-4000:]
+    assert "VERIFY ok sample-cpu-gather" in done.stdout, output[-4000:]
+    assert [r["path"] for r in report["runs"]] == [
+        "windows",
+        "windows",
+        "sample-device",
+        "sample-cpu-gather",
+    ]
+    device, cpu_gather = report["runs"][2], report["runs"][3]
+    assert device["device_gathered"] > 0 and device["cpu_gathered"] == 0
+    assert 0 < device["gather_windows"] < device["device_gathered"]
+    assert cpu_gather["device_gathered"] == cpu_gather["gather_windows"] == 0
+    assert not device["fallback"] and not cpu_gather["fallback"]
+    assert re.search(r"^SAMPLE K=1 rows=2048: sample-device .*x\) \(no CUDA", done.stdout, re.M)
     assert (tmp_path / "out" / "bench-gpu.txt").read_text().strip().endswith("path=windows")
