@@ -204,9 +204,19 @@ def test_prometheus_scrapes_sidecar_and_operator_every_panel_has_data_and_the_st
         )
         wait = prom.query(f'shardcache_data_wait_seconds_total{{pod="{POD}",rank="0"}}')
         assert float(wait[0]["value"][1]) > 0
-        fraction = prom.query(f'shardcache:data_stall_fraction:rate5m{{pod="{POD}"}}')
-        by_rank = {s["metric"]["rank"]: float(s["value"][1]) for s in fraction}
-        assert not any(math.isnan(v) for v in by_rank.values()), by_rank
+
+        def fractions() -> dict[str, float]:
+            found = prom.query(f'shardcache:data_stall_fraction:rate5m{{pod="{POD}"}}')
+            return {s["metric"]["rank"]: float(s["value"][1]) for s in found}
+
+        # A rank's fraction is 0/0 (NaN) until two of its scrapes saw its counters grow:
+        # the computing rank reports less often than the waiting one.
+        waiting.wait_until(
+            "a stall fraction (not NaN) for both ranks",
+            lambda: len(f := fractions()) == 2 and not any(math.isnan(v) for v in f.values()),
+            describe=lambda: f"fractions by rank: {fractions()}",
+        )
+        by_rank = fractions()
         assert by_rank["0"] > by_rank["1"], by_rank
 
         def firing() -> list[dict[str, Any]]:

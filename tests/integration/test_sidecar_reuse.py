@@ -212,7 +212,10 @@ def test_an_evicted_entry_falls_back_to_the_round_trip_and_yields_the_same_strea
     shards = provider(proc)
     ds = shardcache.Dataset(shards, plans.PlanParams(seed=SEED, block_size=BLOCK))
     assert uids(ds) == want[0]
-    assert requests(proc, ACQUIRE) == NONEMPTY
+    # Every shard is an acquire, except the reader's first when it is the ready shard:
+    # then the registration itself grants it (wire feature `open_ahead`).
+    first_epoch = requests(proc, ACQUIRE)
+    assert NONEMPTY - 1 <= first_epoch <= NONEMPTY
 
     ds.set_epoch(1)
     order = [shard for shard, _ in acquired_at(ds.runs())]
@@ -222,7 +225,7 @@ def test_an_evicted_entry_falls_back_to_the_round_trip_and_yields_the_same_strea
     for shard in gone:
         assert evict(proc, shards.manifest.decoded_key(shard))
     assert uids(ds) == want[1]
-    assert requests(proc, ACQUIRE) == NONEMPTY + len(gone)
+    assert requests(proc, ACQUIRE) == first_epoch + len(gone)
     ds.close()
 
 
