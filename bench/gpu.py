@@ -153,7 +153,6 @@ SAMPLE_PATHS: dict[str, dict[str, Any]] = {
 def verify_sample(args: argparse.Namespace, work: Path) -> tuple[dict[str, bool], list[str]]:
     """Each sample path's batches equal the plain sample-mode path's host tensors
     (offsets, padded), on CUDA or, without it, through the window path on the CPU."""
-    import torch
 
     import shardcache.torch
 
@@ -180,17 +179,7 @@ def verify_sample(args: argparse.Namespace, work: Path) -> tuple[dict[str, bool]
                         if prefetcher.device.type == "cuda"
                         else prefetcher._windowed()
                     )
-                    for i, (a, b) in enumerate(zip(batches, plain, strict=True)):
-                        if list(a.keys()) != list(b.keys()):
-                            raise AssertionError(f"{extra} batch {i}: keys {list(a)}")
-                        for key in b:
-                            if a[key].dtype != b[key].dtype or not torch.equal(
-                                a[key].cpu(), b[key]
-                            ):
-                                raise AssertionError(f"{extra} batch {i} column {key}")
-                        checked += 1
-                        if i == 40:
-                            break
+                    checked += _compare(batches, plain, extra)
                     stats = prefetcher.stats
                     gathered += stats.device_gathered
                     if stats.fallback:
@@ -214,10 +203,31 @@ def verify_sample(args: argparse.Namespace, work: Path) -> tuple[dict[str, bool]
     return passed, lines
 
 
+#: Batches each VERIFY compares per option set.
+VERIFY_BATCHES = 41
+
+
+def _compare(batches: Any, plain: Any, extra: dict[str, Any]) -> int:
+    """Raise unless the first `VERIFY_BATCHES` of `batches` equal the plain path's
+    (same keys in the same order, dtypes and values); how many were compared."""
+    import torch
+
+    checked = 0
+    for i, (a, b) in enumerate(zip(batches, plain, strict=True)):
+        if list(a.keys()) != list(b.keys()):
+            raise AssertionError(f"{extra} batch {i}: keys {list(a)}")
+        for key in b:
+            if a[key].dtype != b[key].dtype or not torch.equal(a[key].cpu(), b[key]):
+                raise AssertionError(f"{extra} batch {i} column {key}")
+        checked += 1
+        if checked == VERIFY_BATCHES:
+            break
+    return checked
+
+
 def verify(args: argparse.Namespace, work: Path) -> tuple[dict[str, bool], list[str]]:
     """On CUDA: each path's device batches equal the plain path's host tensors
     (offsets, padded, packed). Which paths passed, and one report line per path."""
-    import torch
 
     import shardcache.torch
 
@@ -240,17 +250,7 @@ def verify(args: argparse.Namespace, work: Path) -> tuple[dict[str, bool], list[
                 plain = shardcache.torch.IterableDataset(f"file://{args.source}", **kw)
                 fast = shardcache.torch.IterableDataset(f"file://{args.source}", **kw)
                 with shardcache.torch.DevicePrefetcher(fast, depth=3, **options) as prefetcher:
-                    for i, (a, b) in enumerate(zip(prefetcher, plain, strict=True)):
-                        if a.keys() != b.keys():
-                            raise AssertionError(f"{extra} batch {i}: keys {sorted(a)}")
-                        for key in b:
-                            if a[key].dtype != b[key].dtype or not torch.equal(
-                                a[key].cpu(), b[key]
-                            ):
-                                raise AssertionError(f"{extra} batch {i} column {key}")
-                        checked += 1
-                        if i == 40:
-                            break
+                    checked += _compare(prefetcher, plain, extra)
                     stats = prefetcher.stats
                     direct += stats.direct_bytes
                     staged += stats.staged_bytes
