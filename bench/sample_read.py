@@ -5,11 +5,18 @@ embedded caches whose memory tiers are on /dev/shm, so every shard is resident a
 mapped before the timed passes: what is compared is the read path alone, a zero-copy
 slice per batch (block) against one gathered copy per batch (sample). Every pass
 touches every token (a sum over the token ids of each batch), the same work for both;
-the passes alternate (block, sample, block, sample, ...) so a noisy neighbour weighs on
-both. This is a benchmark, not a test: it prints what it measured; the target is
-sample >= 0.5x block.
+the passes alternate (block, then sample at each gather pool size, then block again,
+...) so a noisy neighbour weighs on all of them. This is a benchmark, not a test: it
+prints what it measured; the target is sample >= 0.5x block.
+
+Sample mode is measured at each pool size of `--threads` (`Dataset.gather_threads`: 0
+gathers inline, n >= 2 gathers ahead on n threads; sizes above the CPUs the quota allows
+are left out), one line each with the CPU time the process used per wall second, so a
+run on a large machine shows how the gather scales. The RESULT line is sample mode at
+the default pool size (what `shardcache.open()` gives) against block mode.
 
     python -m bench.sample_read [--size 256MiB] [--batch-size 256] [--passes 3]
+        [--threads 0,1,2,4,8]
 """
 
 from __future__ import annotations
@@ -23,19 +30,35 @@ from pathlib import Path
 
 import shardcache
 from bench import token_passes
+from shardcache import gather_ahead
+from shardcache.node import quotas
 
 
-def timed_pass(ds: shardcache.Dataset, epoch: int, batch_size: int) -> tuple[float, int, int]:
+def timed_pass(
+    ds: shardcache.Dataset, epoch: int, batch_size: int
+) -> tuple[float, float, int, int]:
+    """(wall seconds, CPU seconds of the process, tokens, checksum) of one pass."""
     ds.set_epoch(epoch)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     tokens, checksum = token_passes.touch(ds.batches(batch_size))
-    return time.perf_counter() - t0, tokens, checksum
+    return time.perf_counter() - t0, time.process_time() - c0, tokens, checksum
+
+
+def pool_sizes(text: str, cpus: int, default: int) -> list[int]:
+    """The pool sizes to try: those of `text` (comma-separated) the CPUs allow, and the
+    default, in ascending order."""
+    sizes = {int(t) for t in text.split(",") if t.strip()}
+    return sorted({t for t in sizes if t <= cpus} | {default})
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     token_passes.add_dataset_arguments(p, passes=3, per="mode")
+    p.add_argument("--threads", default="0,1,2,4,8", help="gather pool sizes to try")
     args = p.parse_args(argv)
+    quota = quotas.read()
+    default = gather_ahead.default_threads(quota)
+    sizes = pool_sizes(args.threads, quota.cpus, default)
     spec = token_passes.ensure_dataset(args)
     uri = (args.root / "parquet").resolve().as_uri()
     with tempfile.TemporaryDirectory(prefix="scb-sample-", dir=args.shm_dir) as mem:
@@ -50,35 +73,54 @@ def main(argv: list[str] | None = None) -> int:
             )
             for mode in ("block", "sample")
         }
+        # Every pass is one (dataset, gather pool size): block mode has nothing to gather.
+        runs = [("block", modes["block"], 0)] + [
+            (f"sample t={t}", modes["sample"], t) for t in sizes
+        ]
         try:
-            seconds: dict[str, list[float]] = {m: [] for m in modes}
-            sums: dict[str, set[int]] = {m: set() for m in modes}
+            seconds: dict[str, list[float]] = {name: [] for name, _, _ in runs}
+            cpu: dict[str, list[float]] = {name: [] for name, _, _ in runs}
+            sums: set[int] = set()
             tokens = 0
-            # Pass 0 of each mode fetches, decodes and maps every shard: not timed.
-            for epoch in range(args.passes + 1):
-                for mode, ds in modes.items():
-                    took, tokens, checksum = timed_pass(ds, epoch, args.batch_size)
-                    sums[mode].add(checksum)
-                    if epoch:
-                        seconds[mode].append(took)
+            # Pass 0 fetches, decodes and maps every shard: not timed. Every pass of a
+            # dataset reads an epoch of its own (a pass reads the rest of its epoch).
+            epochs = {id(ds): 0 for ds in modes.values()}
+            for n in range(args.passes + 1):
+                for name, ds, threads in runs if n else runs[:2]:
+                    ds.gather_threads = threads
+                    epoch = epochs[id(ds)]
+                    epochs[id(ds)] += 1
+                    took, used, tokens, checksum = timed_pass(ds, epoch, args.batch_size)
+                    sums.add(checksum)
+                    if n:
+                        seconds[name].append(took)
+                        cpu[name].append(used / took)
         finally:
             for ds in modes.values():
                 ds.close()
-    if len(sums["block"] | sums["sample"]) != 1:
-        print(f"FAILED: the modes read different tokens (checksums {sums})")
+    if len(sums) != 1:
+        print(f"FAILED: the passes read different tokens (checksums {sorted(sums)})")
         return 1
-    rate = {m: tokens / statistics.median(s) for m, s in seconds.items()}
+    rate = {name: tokens / statistics.median(s) for name, s in seconds.items()}
     e = spec["expected"]
     print(
         f"{e['samples']:,} samples, {tokens:,} tokens ({tokens * 4 / (1 << 30):.2f} GiB), "
-        f"batch {args.batch_size}, median of {args.passes} warm passes each"
+        f"batch {args.batch_size}, median of {args.passes} warm passes each; "
+        f"{quota.cpus} CPUs (affinity {quota.affinity}, quota {quota.cpu_limit}), "
+        f"default gather pool {default} threads"
     )
-    for mode in modes:
+    for name, _, threads in runs:
+        pool = "" if name == "block" else ("  inline" if threads <= 1 else f"  {threads} threads")
         print(
-            f"  {mode:6s} {rate[mode] / 1e6:8,.1f} M tokens/s  {rate[mode] * 4 / 1e9:5.2f} GB/s  "
-            f"(passes: {', '.join(f'{s:.3f} s' for s in seconds[mode])})"
+            f"  {name:11s} {rate[name] / 1e6:8,.1f} M tokens/s  {rate[name] * 4 / 1e9:5.2f} GB/s  "
+            f"x{rate[name] / rate['block']:.2f} block  CPU {statistics.median(cpu[name]):.2f} "
+            f"cores{pool}  (passes: {', '.join(f'{s:.3f} s' for s in seconds[name])})"
         )
-    print(f"RESULT sample_vs_block={rate['sample'] / rate['block']:.2f}")
+    print(
+        f"RESULT sample_vs_block={rate[f'sample t={default}'] / rate['block']:.2f} "
+        f"(default pool {default}) best="
+        f"{max(rate[f'sample t={t}'] for t in sizes) / rate['block']:.2f}"
+    )
     return 0
 
 

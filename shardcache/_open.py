@@ -71,6 +71,7 @@ def open(
     retry: source.RetryPolicy | None = None,
     mount: str | None = None,
     resume_from: str | int | os.PathLike[str] | None = None,
+    gather_threads: int | None = None,
     **options: Any,
 ) -> datasets.Dataset:
     """Open a dataset for one rank.
@@ -98,6 +99,11 @@ def open(
     in the order the sidecar warmed its cache for; with a URI, or for a mount other than
     the pod's first, True ("block"), 0, `plans.DEFAULT_BLOCK_SIZE` and
     `plans.DEFAULT_WINDOW` (`shardcache._plan_defaults`). Given, they win.
+
+    `gather_threads` (sample mode): threads that gather the next batches while the
+    caller works on the current one; 0 or 1 gathers each batch in the caller's thread.
+    Left out, one per CPU the container's quota allows, at most 8. It changes no batch,
+    order or position (docs/reading-plan.md, "Gathering ahead").
 
     `digest` pins the manifest: a dataset that differs is an error.
     `resume_from` ("latest", a step, or a checkpoint directory) continues the data
@@ -145,7 +151,7 @@ def open(
             raise errors.ManifestMismatchError(
                 f"the sidecar serves {shards.manifest.digest}, expected {digest}"
             )
-        return _resumed(datasets.Dataset(shards, params), state)
+        return _resumed(datasets.Dataset(shards, params, gather_threads=gather_threads), state)
 
     manifest = manifests.resolve(
         source_uri, format=format, storage_options=storage_options, retry=retry
@@ -176,7 +182,8 @@ def open(
         retry=sized.retry if retry is None else retry,
     )
     node = caches.CacheNode(manifest, settings, storage_options=dict(storage_options or {}) or None)
-    return _resumed(datasets.Dataset(embedded.EmbeddedProvider(node), params), state)
+    ds = datasets.Dataset(embedded.EmbeddedProvider(node), params, gather_threads=gather_threads)
+    return _resumed(ds, state)
 
 
 def _resumed(

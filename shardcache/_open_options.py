@@ -72,6 +72,9 @@ KINDS: dict[str, Kind] = {
     "storage_options": Kind((Mapping,), "a mapping of str to str", optional=True),
     "retry": Kind((source.RetryPolicy,), "a shardcache.source.RetryPolicy", optional=True),
     "mount": Kind((str,), "a DatasetMount name", optional=True),
+    "gather_threads": Kind(
+        (int,), "a thread count (an int >= 0; 0 or 1 gathers inline)", minimum=0, optional=True
+    ),
     "resume_from": Kind(
         (str, int, os.PathLike), '"latest", a step (int) or a checkpoint path', optional=True
     ),

@@ -9,7 +9,9 @@ sidecar's state.
 In sample mode (plan version 2, `shuffle="sample"`) a batch is the next positions of
 the epoch's sample-shuffled sequence, gathered from every shard of its window with one
 copy (`shardcache.gather`); the reader holds a lease on each of the window's shards
-while it gathers. `take()` gathers rows by dataset-wide index the same way.
+while it gathers. The next batches are gathered ahead on a few threads while the caller
+works on the current one (`shardcache.gather_ahead`, `gather_threads`), which changes no
+batch and no position. `take()` gathers rows by dataset-wide index the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import mmap
 import os
 import time
 import uuid
+import weakref
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -30,6 +33,7 @@ import pyarrow.ipc as ipc
 from shardcache import (
     elastic,
     errors,
+    gather_ahead,
     manifests,
     placements,
     plans,
@@ -185,12 +189,57 @@ def _combine(reader: ipc.RecordBatchFileReader) -> pa.RecordBatch:
     return pa.concat_batches([reader.get_batch(i) for i in range(reader.num_record_batches)])
 
 
+class _Leases:
+    """The shard leases of a sample-mode reader: `held`, those of the windows it plans
+    batches from, and `retired`, those of windows it has planned past, each kept until
+    the batches before position `at` are handed over (a reader that gathers ahead plans
+    the next window's batches while the last ones of this window are not handed over)."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, provider.ShardLease] = {}
+        self.retired: dict[int, tuple[int, provider.ShardLease]] = {}
+
+    def retire(self, shard: int, *, at: int) -> None:
+        self.retired[shard] = (at, self.held.pop(shard))
+
+    def reuse(self, shard: int) -> bool:
+        """Whether `shard` is held, taking it back from the retired where it is there."""
+        if shard in self.retired:
+            self.held[shard] = self.retired.pop(shard)[1]
+        return shard in self.held
+
+    def release_before(self, position: int) -> None:
+        for shard, (at, lease) in list(self.retired.items()):
+            if at <= position:
+                del self.retired[shard]
+                lease.release()
+
+    def release_all(self) -> None:
+        for _, lease in self.retired.values():
+            lease.release()
+        for lease in self.held.values():
+            lease.release()
+        self.retired.clear()
+        self.held.clear()
+
+
 class Dataset:
     """One rank's view of a dataset. Create it with `shardcache.open()`."""
 
-    def __init__(self, shards: provider.ShardProvider, params: plans.PlanParams) -> None:
+    def __init__(
+        self,
+        shards: provider.ShardProvider,
+        params: plans.PlanParams,
+        *,
+        gather_threads: int | None = None,
+    ) -> None:
         self._provider = shards
         self._params = params
+        self._gather_threads = (
+            None if gather_threads is None else gather_ahead.check_threads(gather_threads)
+        )
+        #: Iterations gathering ahead on threads, which close() ends (and so stops).
+        self._aheads: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
         self._position = 0
         #: The batch size of the last batches() call: what skip_batches() skips in.
         self._batch_size: int | None = None
@@ -238,6 +287,21 @@ class Dataset:
     def skips(self) -> tuple[states.Skip, ...]:
         """Every range of positions this rank skipped, all epochs, oldest first."""
         return self._skips
+
+    @property
+    def gather_threads(self) -> int:
+        """Threads that gather sample-mode batches ahead of the caller; 0 or 1 gathers
+        each batch in the caller's thread when it asks for it. Left out at `open()`, one
+        per CPU the container's quota allows, at most 8
+        (`shardcache.gather_ahead.default_threads`). Changes no batch, order or position;
+        set it between iterations (an open iteration keeps the count it started with)."""
+        if self._gather_threads is None:
+            self._gather_threads = gather_ahead.default_threads()
+        return self._gather_threads
+
+    @gather_threads.setter
+    def gather_threads(self, value: int) -> None:
+        self._gather_threads = gather_ahead.check_threads(value)
 
     def __len__(self) -> int:
         """Samples this rank reads in the current epoch."""
@@ -374,28 +438,91 @@ class Dataset:
             raise errors.InputError(f"batch_size must be >= 1, got {batch_size}")
         self._batch_size = batch_size
         self._ensure_reader()
-        yield from self._timed(
-            self._selections(batch_size, columns=columns, drop_last=drop_last, parts=True)
+        yield from self._timed(self._handed_selections(batch_size, columns, drop_last))
+
+    def _handed_selections(
+        self, batch_size: int, columns: Sequence[str] | None, drop_last: bool
+    ) -> Generator[selections.Selection, None, None]:
+        planned = self._selections(
+            batch_size, columns=columns, drop_last=drop_last, parts=True, follow=True
         )
+        with contextlib.closing(planned):
+            for _, selection in planned:
+                yield selection
 
     def _gathered(
         self, batch_size: int, *, columns: Sequence[str] | None, drop_last: bool
     ) -> Generator[list[pa.RecordBatch], None, None]:
-        """Sample mode's batches: each one gathered (one copy) from its window's shards."""
-        for selection in self._selections(
-            batch_size, columns=columns, drop_last=drop_last, parts=False
-        ):
-            yield [selection.gather()]
+        """Sample mode's batches: each one gathered (one copy) from its window's shards,
+        the next ones ahead on `gather_threads` threads (`shardcache.gather_ahead`).
+
+        The position moves when a batch is handed over, never when it is gathered. A
+        move from outside between two batches (a skip, a loaded state, another epoch)
+        drops what was gathered ahead and plans again from the new position, as the
+        inline gather does by reading the position afresh at every batch.
+        """
+        threads = self.gather_threads
+        if threads <= 1:
+            for _, selection in self._selections(
+                batch_size, columns=columns, drop_last=drop_last, parts=False, follow=True
+            ):
+                yield [selection.gather()]
+            return
+        while True:
+            leases = _Leases()
+            planned = self._selections(
+                batch_size,
+                columns=columns,
+                drop_last=drop_last,
+                parts=False,
+                follow=False,
+                leases=leases,
+            )
+            ahead = gather_ahead.gathered(planned, threads=threads)
+            self._aheads.add(ahead)
+            moved = False
+            try:
+                with contextlib.closing(ahead):
+                    mark = (self._skip_count, self._params)
+                    for (lo, hi), batch in ahead:
+                        if (self._skip_count, self._params) != mark or self._position != lo:
+                            moved = True
+                            break
+                        # The batches before this one are handed over: the shards only
+                        # they read can go, as the inline gather lets them go.
+                        leases.release_before(lo)
+                        self._position = hi
+                        yield [batch]
+            finally:
+                leases.release_all()
+            if not moved:
+                return
 
     def _selections(
-        self, batch_size: int, *, columns: Sequence[str] | None, drop_last: bool, parts: bool
-    ) -> Generator[selections.Selection, None, None]:
-        """Sample mode's batches as rows of the window's shards; with `parts`, also where
-        they lie in their windows (`shardcache.selections`)."""
+        self,
+        batch_size: int,
+        *,
+        columns: Sequence[str] | None,
+        drop_last: bool,
+        parts: bool,
+        follow: bool,
+        leases: _Leases | None = None,
+    ) -> Generator[tuple[tuple[int, int], selections.Selection], None, None]:
+        """Sample mode's batches as rows of the window's shards, each with the positions
+        [lo, hi) of the rank's stream it covers; with `parts`, also where they lie in
+        their windows (`shardcache.selections`).
+
+        `follow`: the position is read afresh at every batch and moved past it when it
+        is yielded (a skip between batches moves it). Otherwise batches follow each other
+        from the position at the start, and the position is the caller's to move (a
+        caller that plans ahead of what it has handed over), as are `leases`: the shards
+        of windows planned past are retired there, not released.
+        """
         from shardcache import gather, sequences  # numpy: sample mode only
         from shardcache import selections as selections_
 
-        leases: dict[int, provider.ShardLease] = {}
+        own = leases is None
+        leases = _Leases() if leases is None else leases
         held: list[int] = []
         gatherer: gather.Gatherer | None = None
         slots = sequences.slots([], 0)
@@ -403,33 +530,41 @@ class Dataset:
         #: The windows of the last batch, by (epoch, index): the batches of one window
         #: share one object (its identity tells a consumer its copy can be reused).
         made: dict[tuple[int, int], selections_.WindowRows] = {}
+        pos = self._position
         try:
             while True:
-                # Read the position afresh each batch: a skip between batches moves it.
-                n = min(batch_size, len(self) - self._position)
+                if follow:
+                    # Read the position afresh each batch: a skip between batches moves it.
+                    pos = self._position
+                n = min(batch_size, len(self) - pos)
                 if n <= 0 or (n < batch_size and drop_last):
                     break
                 seq = self.sequence()
                 # The rank's stream as ranges of the global sequence: its rule-5 range,
                 # or after an elastic resume its segments (positions count along them).
                 ranges = plans.stream_ranges(seq.total, self._params)
-                lo, hi = self._position, self._position + n
+                lo, hi = pos, pos + n
                 # Every shard of the window(s) this batch reads stays leased while the
-                # reader is in them; shards of windows left behind are released first.
+                # reader is in them; shards of windows left behind are released first
+                # (or, planning ahead, once the batches before `lo` are handed over).
                 want = seq.stream_window_shards(ranges, lo, hi)
                 if want != held or gatherer is None:
-                    for shard in [s for s in leases if s not in want]:
-                        leases.pop(shard).release()
+                    for shard in [s for s in leases.held if s not in want]:
+                        leases.retire(shard, at=lo)
+                    if follow:
+                        leases.release_before(lo)
                     for shard in want:
-                        if shard not in leases:
-                            leases[shard] = self._provider.acquire(
+                        if not leases.reuse(shard):
+                            leases.held[shard] = self._provider.acquire(
                                 self._reader_id,
                                 shard,
                                 epoch=self._params.epoch,
-                                position=self._position,
+                                position=lo,
                             )
                     self._mappings.prune()
-                    sources = [select(self._mappings.batch(leases[s].path), columns) for s in want]
+                    sources = [
+                        select(self._mappings.batch(leases.held[s].path), columns) for s in want
+                    ]
                     gatherer = gather.Gatherer(sources)
                     slots = sequences.slots(want, len(seq.offsets))
                     by_shard = dict(zip(want, sources, strict=True))
@@ -437,18 +572,23 @@ class Dataset:
                 where: list[selections_.Part] = []
                 if parts:
                     made = self._window_parts(seq, ranges, lo, hi, by_shard, made, where)
-                self._position += n
-                yield selections_.Selection(
-                    gatherer,
-                    seq.stream_indices(ranges, lo, hi),
-                    seq.offsets,
-                    seq.total,
-                    slots,
-                    where,
+                pos = hi
+                if follow:
+                    self._position = hi
+                yield (
+                    (lo, hi),
+                    selections_.Selection(
+                        gatherer,
+                        seq.stream_indices(ranges, lo, hi),
+                        seq.offsets,
+                        seq.total,
+                        slots,
+                        where,
+                    ),
                 )
         finally:
-            for lease in leases.values():
-                lease.release()
+            if own:
+                leases.release_all()
 
     def _window_parts(
         self,
@@ -686,6 +826,9 @@ class Dataset:
             self._registered = True
 
     def close(self) -> None:
+        # An iteration left open stops gathering (its threads end) and ends there.
+        for ahead in list(self._aheads):
+            ahead.close()
         self._mappings.clear()
         if self._registered:
             self._provider.close_reader(self._reader_id)

@@ -32,6 +32,7 @@ No per-row Python in any case: the work per batch is a few numpy calls per colum
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -56,6 +57,8 @@ class Gatherer:
 
     What depends on the sources alone, the span view of each variable-width column, is
     built once, on the column's first gather, and reused by every batch of the window.
+    Batches may be gathered from several threads at once (`shardcache.gather_ahead`):
+    the views are built under a lock, and are read-only once built.
     """
 
     def __init__(self, sources: Sequence[pa.RecordBatch]) -> None:
@@ -63,6 +66,7 @@ class Gatherer:
         self.schema = self.sources[0].schema
         self._fixed: dict[int, _Fixed | None] = {}
         self._spans: dict[int, _Span | None] = {}
+        self._building = threading.Lock()
 
     def gather(self, source_of: Indices, row_of: Indices) -> pa.RecordBatch:
         if len(row_of) == 0:
@@ -82,16 +86,23 @@ class Gatherer:
 
     def _column(self, i: int, source_of: Indices, row_of: Indices) -> pa.Array | None:
         """Column i gathered without the fallback, or None where it needs it."""
-        if i not in self._fixed:
-            self._fixed[i] = _Fixed.build([src.column(i) for src in self.sources])
+        if i not in self._spans:
+            self._build(i)
         fixed = self._fixed[i]
         if fixed is not None:
             return fixed.take(source_of, row_of)
-        if i not in self._spans:
-            arrays = [src.column(i) for src in self.sources]
-            self._spans[i] = _Span.build(arrays) if _no_nulls(arrays) else None
         span = self._spans[i]
         return span.take(source_of, row_of) if span is not None else None
+
+    def _build(self, i: int) -> None:
+        """Column i's views, once (`_spans` is filled last: its key says both are)."""
+        with self._building:
+            if i in self._spans:
+                return
+            arrays = [src.column(i) for src in self.sources]
+            fixed = _Fixed.build(arrays)
+            self._fixed[i] = fixed
+            self._spans[i] = _Span.build(arrays) if fixed is None and _no_nulls(arrays) else None
 
 
 def _fixed_width(t: pa.DataType) -> int | None:
