@@ -110,16 +110,19 @@ def host_batches(
     columns: Sequence[str] | None,
     drop_last: bool = False,
     defer_gather: bool = False,
+    stride: int = 1,
 ) -> Generator[HostBatch, None, None]:
     """`dataset`'s batches as `HostBatch`es of pieces or, in sample mode with
-    `defer_gather`, of one selection each (`Dataset.batch_selections`)."""
+    `defer_gather`, of one selection each (`Dataset.batch_selections`); with `stride`,
+    only every `stride`-th (`Dataset.batch_pieces`: the others are not gathered)."""
     if defer_gather and dataset.params.sampled:
         chosen = dataset.batch_selections(batch_size, columns=columns, drop_last=drop_last)
         with contextlib.closing(chosen):
-            for selection in chosen:
-                yield HostBatch(selections=[selection])
+            for j, selection in enumerate(chosen):
+                if j % stride == 0:
+                    yield HostBatch(selections=[selection])
         return
-    pieces = dataset.batch_pieces(batch_size, columns=columns, drop_last=drop_last)
+    pieces = dataset.batch_pieces(batch_size, columns=columns, drop_last=drop_last, stride=stride)
     with contextlib.closing(pieces):
         for chunk in pieces:
             yield HostBatch(pieces=chunk)
@@ -243,13 +246,18 @@ class Reader:
         # Unpacked, the last short batch is dropped by the dataset; packed, its tokens
         # still count.
         drop = self._opt.drop_last and self._opt.pack is None
+        # Only this process's batches are made (in sample mode, only they are gathered).
         batches = host_batches(
-            self._ds, size, columns=self._opt.columns, drop_last=drop, defer_gather=self._defer
+            self._ds,
+            size,
+            columns=self._opt.columns,
+            drop_last=drop,
+            defer_gather=self._defer,
+            stride=count,
         )
         with contextlib.closing(batches):
             for j, batch in enumerate(batches):
-                if j % count == 0:
-                    yield start + j * size, batch
+                yield start + j * size * count, batch
 
     def __iter__(self) -> Iterator[HostBatch]:
         if self._opt.pack is None:

@@ -351,25 +351,56 @@ class Dataset:
         yield from self._timed(stitched)
 
     def batch_pieces(
-        self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
+        self,
+        batch_size: int,
+        *,
+        columns: Sequence[str] | None = None,
+        drop_last: bool = False,
+        stride: int = 1,
     ) -> Generator[list[pa.RecordBatch], None, None]:
         """Like `batches`, but each batch as the zero-copy slices it is made of, in
         order: one slice, or several where the batch crosses a shuffle-block or shard
         boundary. For consumers that put the pieces together themselves (on a GPU,
         say) instead of having them copied into one batch here.
+
+        `stride`: only every `stride`-th batch from the position (the 1st, the
+        stride+1-th, ...); the position moves past the ones between, which are never
+        gathered in sample mode (loader workers that deal a rank's batches out,
+        `batching.Reader`).
         """
-        yield from self._timed(self._pieces(batch_size, columns=columns, drop_last=drop_last))
+        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+            raise errors.InputError(f"stride must be an int >= 1, got {stride!r}")
+        pieces = self._pieces(batch_size, columns=columns, drop_last=drop_last, stride=stride)
+        yield from self._timed(pieces)
 
     def _pieces(
-        self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
+        self,
+        batch_size: int,
+        *,
+        columns: Sequence[str] | None = None,
+        drop_last: bool = False,
+        stride: int = 1,
     ) -> Generator[list[pa.RecordBatch], None, None]:
         if batch_size < 1:
             raise errors.InputError(f"batch_size must be >= 1, got {batch_size}")
         self._batch_size = batch_size
         self._ensure_reader()
         if self._params.sampled:
-            yield from self._gathered(batch_size, columns=columns, drop_last=drop_last)
+            yield from self._gathered(
+                batch_size, columns=columns, drop_last=drop_last, stride=stride
+            )
             return
+        sliced = self._sliced(batch_size, columns=columns, drop_last=drop_last)
+        with contextlib.closing(sliced):
+            for j, pieces in enumerate(sliced):
+                # Slices cost nothing to make: the ones between are made and dropped.
+                if j % stride == 0:
+                    yield pieces
+
+    def _sliced(
+        self, batch_size: int, *, columns: Sequence[str] | None, drop_last: bool
+    ) -> Generator[list[pa.RecordBatch], None, None]:
+        """Block mode's batches: zero-copy slices of the mapped shards."""
         lease: provider.ShardLease | None = None
         current = -1
         shard_batch: pa.RecordBatch | None = None
@@ -451,7 +482,7 @@ class Dataset:
                 yield selection
 
     def _gathered(
-        self, batch_size: int, *, columns: Sequence[str] | None, drop_last: bool
+        self, batch_size: int, *, columns: Sequence[str] | None, drop_last: bool, stride: int
     ) -> Generator[list[pa.RecordBatch], None, None]:
         """Sample mode's batches: each one gathered (one copy) from its window's shards,
         the next ones ahead on `gather_threads` threads (`shardcache.gather_ahead`).
@@ -464,7 +495,12 @@ class Dataset:
         threads = self.gather_threads
         if threads <= 1:
             for _, selection in self._selections(
-                batch_size, columns=columns, drop_last=drop_last, parts=False, follow=True
+                batch_size,
+                columns=columns,
+                drop_last=drop_last,
+                parts=False,
+                follow=True,
+                stride=stride,
             ):
                 yield [selection.gather()]
             return
@@ -477,6 +513,7 @@ class Dataset:
                 parts=False,
                 follow=False,
                 leases=leases,
+                stride=stride,
             )
             ahead = gather_ahead.gathered(planned, threads=threads)
             self._aheads.add(ahead)
@@ -507,10 +544,12 @@ class Dataset:
         parts: bool,
         follow: bool,
         leases: _Leases | None = None,
+        stride: int = 1,
     ) -> Generator[tuple[tuple[int, int], selections.Selection], None, None]:
         """Sample mode's batches as rows of the window's shards, each with the positions
-        [lo, hi) of the rank's stream it covers; with `parts`, also where they lie in
-        their windows (`shardcache.selections`).
+        [lo, hi) of the rank's stream it moves past (the batch's, and with `stride`
+        those of the batches between, which are skipped unread); with `parts`, also
+        where they lie in their windows (`shardcache.selections`).
 
         `follow`: the position is read afresh at every batch and moved past it when it
         is yielded (a skip between batches moves it). Otherwise batches follow each other
@@ -531,14 +570,23 @@ class Dataset:
         #: share one object (its identity tells a consumer its copy can be reused).
         made: dict[tuple[int, int], selections_.WindowRows] = {}
         pos = self._position
+        since = pos
+        count = 0
         try:
             while True:
-                if follow:
+                if follow and pos != self._position:
                     # Read the position afresh each batch: a skip between batches moves it.
-                    pos = self._position
+                    pos = since = self._position
+                    count = 0
                 n = min(batch_size, len(self) - pos)
                 if n <= 0 or (n < batch_size and drop_last):
                     break
+                count += 1
+                if (count - 1) % stride:
+                    pos += n
+                    if follow:
+                        self._position = pos
+                    continue
                 seq = self.sequence()
                 # The rank's stream as ranges of the global sequence: its rule-5 range,
                 # or after an elastic resume its segments (positions count along them).
@@ -575,8 +623,9 @@ class Dataset:
                 pos = hi
                 if follow:
                     self._position = hi
+                span, since = (since, hi), hi
                 yield (
-                    (lo, hi),
+                    span,
                     selections_.Selection(
                         gatherer,
                         seq.stream_indices(ranges, lo, hi),

@@ -4,18 +4,21 @@ token sequences, and resumable state, without any framework."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
 import shardcache
-from shardcache import batching, errors
+from shardcache import batching, errors, gather
 from tests.support import datasets
 
 pytestmark = pytest.mark.unit
+
+Opener = Callable[..., shardcache.Dataset]
 
 SHARDS = [40, 25, 33, 17]
 
@@ -83,8 +86,8 @@ def test_workers_together_read_the_rank_stream_in_order_once(open_ds, count: int
 @pytest.mark.parametrize("count", [1, 3])
 @pytest.mark.parametrize("stop", [0, 1, 2, 5])
 def test_resume_from_each_workers_state_yields_exactly_the_rest(
-    open_ds, count: int, stop: int
-) -> None:  # type: ignore[no-untyped-def]
+    open_ds: Opener, count: int, stop: int
+) -> None:
     options = batching.Options(batch_size=6, columns=("uid",))
     for index in range(count):
         full = [uids(b) for b in batching.Reader(open_ds(), options, batching.Split(index, count))]
@@ -164,3 +167,59 @@ def test_packing_refuses_a_column_that_is_not_a_token_list(open_ds) -> None:  # 
 
 def test_pad_type_follows_the_token_type() -> None:
     assert pa.array([0], type=pa.int32()).type == pa.int32()
+
+
+@pytest.mark.parametrize("count", [2, 3])
+@pytest.mark.parametrize("threads", [0, 2])
+def test_sample_mode_workers_read_the_stream_once_and_gather_only_their_own_batches(
+    open_ds: Opener, monkeypatch: pytest.MonkeyPatch, count: int, threads: int
+) -> None:
+    sample: dict[str, Any] = dict(shuffle="sample", window=30, seed=4, gather_threads=threads)
+    expected = stream(open_ds(rank=1, world_size=2, **sample))
+    gathers: list[int] = []
+    original = gather.Gatherer.gather
+
+    def counted(self: gather.Gatherer, source_of: Any, row_of: Any) -> pa.RecordBatch:
+        gathers.append(len(row_of))  # list.append: safe from the pool's threads
+        return original(self, source_of, row_of)
+
+    monkeypatch.setattr(gather.Gatherer, "gather", counted)
+    options = batching.Options(batch_size=7, columns=("uid",))
+    per_worker = [
+        [
+            uids(b)
+            for b in batching.Reader(
+                open_ds(rank=1, world_size=2, **sample), options, batching.Split(i, count)
+            )
+        ]
+        for i in range(count)
+    ]
+    merged = [u for group in itertools.zip_longest(*per_worker) for b in group if b for u in b]
+    assert merged == expected
+    # Every batch gathered once, by the worker it is dealt to (not by every worker).
+    assert sorted(gathers) == sorted(len(b) for w in per_worker for b in w)
+
+
+@pytest.mark.parametrize("pack", [None, 5])
+@pytest.mark.parametrize("stop", [0, 1, 4])
+def test_sample_mode_worker_resume_from_each_state_yields_exactly_the_rest(
+    open_ds: Opener, pack: int | None, stop: int
+) -> None:
+    sample: dict[str, Any] = dict(shuffle="sample", window=30, seed=2, gather_threads=2)
+    column = "uid" if pack is None else "tokens"
+    options = batching.Options(batch_size=6, columns=(column,), pack=pack)
+    show: Callable[[batching.HostBatch], list[int]] = uids if pack is None else tokens
+    for index in range(3):
+        split = batching.Split(index, 3)
+        full = [show(b) for b in batching.Reader(open_ds(**sample), options, split)]
+        first = batching.Reader(open_ds(**sample), options, split)
+        it = iter(first)
+        head = [show(next(it)) for _ in range(min(stop, len(full)))]
+        resumed = batching.Reader(open_ds(**sample), options, split)
+        resumed.load_state_dict(first.state_dict())
+        assert head + [show(b) for b in resumed] == full
+
+
+def test_a_bad_stride_is_refused(open_ds: Opener) -> None:
+    with pytest.raises(errors.InputError, match="stride must be an int >= 1, got 0"):
+        next(open_ds().batch_pieces(7, stride=0))
