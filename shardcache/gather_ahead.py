@@ -41,9 +41,9 @@ if TYPE_CHECKING:
 
 #: The pool's threads are named so (a test counts them; a profile shows them).
 THREAD_NAME = "shardcache-gather"
-#: The default pool is one thread per CPU the container may use, at most this many:
-#: gathers are bound by memory latency, and the 16-core measurements level off before
-#: (docs/benchmarks.md); beyond it the threads only hold batches in memory.
+#: The default pool is one thread per CPU the container may use but one (the caller's
+#: own: it works on the batches), at most this many: a gather is bound by memory
+#: latency, not by a core, and more threads only hold more batches in memory.
 MAX_DEFAULT_THREADS = 8
 #: Batches gathered (or being gathered) ahead, per thread: one running and one done
 #: and waiting keeps every thread busy while the consumer takes the oldest.
@@ -54,10 +54,12 @@ K = TypeVar("K")
 
 def default_threads(quota: quotas.Quota | None = None) -> int:
     """Gather threads when the option is left out: the CPUs the cgroup quota and the
-    affinity allow (`shardcache.node.quotas`), at most `MAX_DEFAULT_THREADS`; 1 (the
-    inline gather) in a one-CPU container, where a pool would only add hand-offs."""
+    affinity allow (`shardcache.node.quotas`) less the caller's, at most
+    `MAX_DEFAULT_THREADS`. With two CPUs or fewer that is 1, the inline gather: on the
+    2-core bench machine two gather threads beside the caller were slower than none
+    (docs/benchmarks.md, "Gathering ahead")."""
     cpus = (quota or quotas.read()).cpus
-    return max(1, min(MAX_DEFAULT_THREADS, cpus))
+    return max(1, min(MAX_DEFAULT_THREADS, cpus - 1))
 
 
 def check_threads(value: object, *, where: str = "gather_threads") -> int:

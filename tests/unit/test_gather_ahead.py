@@ -156,10 +156,13 @@ def test_a_bad_thread_count_is_refused_naming_what_was_expected(bad: object) -> 
         gather_ahead.check_threads(bad)
 
 
-def test_the_default_pool_follows_the_quota_capped() -> None:
-    assert gather_ahead.default_threads(quotas.Quota(16, 2.5, None)) == 3
+def test_the_default_pool_is_the_quotas_cpus_but_the_callers_capped() -> None:
+    assert gather_ahead.default_threads(quotas.Quota(16, 3.5, None)) == 3
+    assert gather_ahead.default_threads(quotas.Quota(5, None, None)) == 4
     assert gather_ahead.default_threads(quotas.Quota(64, None, None)) == (
         gather_ahead.MAX_DEFAULT_THREADS
     )
+    # Two CPUs or fewer: the inline gather.
+    assert gather_ahead.default_threads(quotas.Quota(2, None, None)) == 1
     assert gather_ahead.default_threads(quotas.Quota(1, None, None)) == 1
     assert gather_ahead.default_threads(quotas.Quota(4, 0.5, None)) == 1
