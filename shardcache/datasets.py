@@ -292,8 +292,8 @@ class Dataset:
     def gather_threads(self) -> int:
         """Threads that gather sample-mode batches ahead of the caller; 0 or 1 gathers
         each batch in the caller's thread when it asks for it. Left out at `open()`, one
-        per CPU the container's quota allows but the caller's, at most 8
-        (`shardcache.gather_ahead.default_threads`). Changes no batch, order or position;
+        per CPU the container's quota allows but the caller's, at most 8, shared out
+        among loader workers (`shardcache.gather_ahead.default_threads`). Changes no batch, order or position;
         set it between iterations (an open iteration keeps the count it started with)."""
         if self._gather_threads is None:
             self._gather_threads = gather_ahead.default_threads()
@@ -492,7 +492,13 @@ class Dataset:
         drops what was gathered ahead and plans again from the new position, as the
         inline gather does by reading the position afresh at every batch.
         """
-        threads = self.gather_threads
+        # Left out, the pool is shared out among the loader processes a stride says
+        # there are (each gathers its own batches).
+        threads = (
+            gather_ahead.default_threads(sharers=stride)
+            if self._gather_threads is None
+            else self._gather_threads
+        )
         if threads <= 1:
             for _, selection in self._selections(
                 batch_size,

@@ -52,13 +52,14 @@ AHEAD_PER_THREAD = 2
 K = TypeVar("K")
 
 
-def default_threads(quota: quotas.Quota | None = None) -> int:
+def default_threads(quota: quotas.Quota | None = None, *, sharers: int = 1) -> int:
     """Gather threads when the option is left out: the CPUs the cgroup quota and the
     affinity allow (`shardcache.node.quotas`) less the caller's, at most
     `MAX_DEFAULT_THREADS`. With two CPUs or fewer that is 1, the inline gather: on the
     2-core bench machine two gather threads beside the caller were slower than none
-    (docs/benchmarks.md, "Gathering ahead")."""
-    cpus = (quota or quotas.read()).cpus
+    (docs/benchmarks.md, "Gathering ahead"). `sharers` processes reading the rank's
+    batches (DataLoader workers) share the CPUs: each gets its part."""
+    cpus = (quota or quotas.read()).cpus // max(1, sharers)
     return max(1, min(MAX_DEFAULT_THREADS, cpus - 1))
 
 

@@ -166,3 +166,6 @@ def test_the_default_pool_is_the_quotas_cpus_but_the_callers_capped() -> None:
     assert gather_ahead.default_threads(quotas.Quota(2, None, None)) == 1
     assert gather_ahead.default_threads(quotas.Quota(1, None, None)) == 1
     assert gather_ahead.default_threads(quotas.Quota(4, 0.5, None)) == 1
+    # Loader processes share the CPUs: 16 among 4 leaves each 3 beside its caller.
+    assert gather_ahead.default_threads(quotas.Quota(16, None, None), sharers=4) == 3
+    assert gather_ahead.default_threads(quotas.Quota(16, None, None), sharers=8) == 1
