@@ -168,3 +168,27 @@ def test_a_bad_gather_threads_value_is_refused_naming_what_was_expected(
         with pytest.raises(errors.InputError, match="gather_threads: expected a thread count"):
             ds.gather_threads = bad  # type: ignore[assignment]
         assert ds.gather_threads == 0
+
+
+def test_a_mixture_of_sample_mode_sources_reads_the_same_gathering_ahead(
+    uri: str, tmp_path: Path
+) -> None:
+    # A mixture opens and closes its sources' streams as it draws (and asks for other
+    # batch sizes at an epoch's end): what was gathered ahead must never count.
+    def run(threads: int, stop: int, state: dict[str, Any] | None = None) -> tuple[list[int], Any]:
+        sources = {
+            name: open_sample(uri, tmp_path / f"c-{name}", threads, seed=seed, window=150)
+            for name, seed in (("a", 1), ("b", 2))
+        }
+        with shardcache.mix(sources, weights={"a": 0.6, "b": 0.4}, seed=5) as mixed:
+            if state is not None:
+                mixed.load_state_dict(state)
+            got = uids(list(mixed.batches(23, steps=stop - mixed.step)))
+            return got, mixed.state_dict()
+
+    inline, _ = run(0, 120)
+    ahead, _ = run(3, 120)
+    assert ahead == inline
+    head, state = run(3, 47)
+    rest, _ = run(3, 120, state)
+    assert head + rest == inline

@@ -108,9 +108,12 @@ def test_sample_mode_through_the_sidecar_equals_embedded_mode(
         options: dict[str, Any] = dict(
             shuffle="sample", window=WINDOW, block_size=BLOCK, seed=3, rank=rank, world_size=2
         )
-        with shardcache.open(**options) as via_sidecar:
+        # Gathering ahead through the sidecar, inline embedded: the same rows.
+        with shardcache.open(**options, gather_threads=3) as via_sidecar:
             ours = uids(via_sidecar.batches(60))
-        with shardcache.open(dataset[0], cache_dir=tmp_path / "c", **options) as local:
+        with shardcache.open(
+            dataset[0], cache_dir=tmp_path / "c", gather_threads=0, **options
+        ) as local:
             assert ours == uids(local.batches(60))
         got += ours
     assert sorted(got) == list(range(TOTAL))
