@@ -78,8 +78,10 @@ class Gathered:
 
     tensors: dict[str, torch.Tensor]
     keep: list[Any]
-    #: Windows copied for this batch (0 when its windows were on the device already).
+    #: Windows copied for this batch (0 when its windows were on the device already),
+    #: and the copies (runs) they took.
     windows: int = 0
+    runs: int = 0
     direct_bytes: int = 0
     staged_bytes: int = 0
     #: Row indices, starts and offsets copied for the batch (no token values).
@@ -203,6 +205,7 @@ class DeviceGather:
             columns.append(_Column(column.name, tensors[column.name], offsets))
         table = _Table(columns, [*launched.keep, host_offsets])
         done.windows += 1
+        done.runs += len(plan.runs)
         done.direct_bytes += launched.direct_bytes
         done.staged_bytes += launched.staged_bytes
         self._tables[window] = table

@@ -393,6 +393,7 @@ class DevicePrefetcher:
             else:
                 self.stats.device_gathered += 1
                 self.stats.gather_windows += done_batch.windows
+                self.stats.runs += done_batch.runs
                 self.stats.direct_bytes += done_batch.direct_bytes
                 self.stats.staged_bytes += done_batch.staged_bytes
                 self.stats.offsets_bytes += done_batch.index_bytes

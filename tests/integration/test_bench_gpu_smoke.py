@@ -55,6 +55,7 @@ def test_the_prepared_gpu_command_runs_without_cuda_and_ends_with_result(tmp_pat
         "torch-copies": True,
         "per-batch": True,
         "staged": True,
+        "ordered": True,
         "sample-device": True,
         "sample-cpu-gather": True,
     }
@@ -72,4 +73,17 @@ def test_the_prepared_gpu_command_runs_without_cuda_and_ends_with_result(tmp_pat
     assert cpu_gather["device_gathered"] == cpu_gather["gather_windows"] == 0
     assert not device["fallback"] and not cpu_gather["fallback"]
     assert re.search(r"^SAMPLE K=1 rows=2048: sample-device .*x\) \(no CUDA", done.stdout, re.M)
+    # Every run prints its steady rate (the median of passes 2-N, or pass N) and, where
+    # the prefetcher copied, copies a batch and bytes copied over bytes handed over.
+    assert re.search(
+        r"^K=1 rows=2048 windows\s+steady \(pass 1\): [\d.]+ Gtokens/s", done.stdout, re.M
+    )
+    counts = re.search(
+        r"^K=1 rows=2048 sample-device steady .*\n  copies a batch ([\d.]+) .*bytes copied / "
+        r"used ([\d.]+)$",
+        done.stdout,
+        re.M,
+    )
+    assert counts is not None, output[-4000:]
+    assert float(counts.group(1)) > 1 and float(counts.group(2)) >= 1
     assert (tmp_path / "out" / "bench-gpu.txt").read_text().strip().endswith("path=windows")
