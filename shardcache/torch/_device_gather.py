@@ -45,7 +45,8 @@ import torch
 from shardcache import batching, selections
 from shardcache.torch import _copy_plans, _slabs, _tensors
 
-#: Tables kept at most, over every reader (a mixture has one reader per source).
+#: Tables kept at most by default, over every reader (a mixture has one reader per
+#: source); the prefetcher keeps `depth` + 1.
 MAX_TABLES = 16
 
 #: A signed integer type per value width: one gather kernel for every dtype.
@@ -63,6 +64,12 @@ class _Column:
     values: torch.Tensor
     #: List columns: the window's offsets (int64, rows + 1, from 0), on the host.
     offsets: np.ndarray | None
+    #: List columns: each row's length, computed once per window (a batch then takes
+    #: its rows' starts and lengths with one fancy index each).
+    lengths: np.ndarray | None = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lengths = None if self.offsets is None else np.diff(self.offsets)
 
 
 @dataclasses.dataclass
@@ -102,8 +109,18 @@ class DeviceGather:
     """The tables of the windows in use, and the gathers from them."""
 
     def __init__(
-        self, *, device: torch.device, lists: str, pad_value: int, pad_to: int | None
+        self,
+        *,
+        device: torch.device,
+        lists: str,
+        pad_value: int,
+        pad_to: int | None,
+        max_tables: int = MAX_TABLES,
     ) -> None:
+        if max_tables < 2:
+            # A batch may read two windows (one ending, one starting): both stay.
+            raise ValueError(f"max_tables must be >= 2, got {max_tables}")
+        self.max_tables = max_tables
         self.device = device
         self.lists = lists
         self.pad_value = pad_value
@@ -219,7 +236,7 @@ class DeviceGather:
                 del self._tables[window]
         # Oldest first; the latest batch's own windows stay (it may read more).
         spare = [w for w in self._tables if w not in used]
-        for window in spare[: max(0, len(self._tables) - MAX_TABLES)]:
+        for window in spare[: max(0, len(self._tables) - self.max_tables)]:
             del self._tables[window]
 
 
@@ -257,11 +274,10 @@ class _Index:
                 continue
             starts, lengths = [], []
             for part, table in zip(parts, tables, strict=True):
-                window_offsets = table.columns[position].offsets
-                assert window_offsets is not None
-                start = window_offsets[part.rows]
-                starts.append(start)
-                lengths.append(window_offsets[part.rows + 1] - start)
+                window = table.columns[position]
+                assert window.offsets is not None and window.lengths is not None
+                starts.append(window.offsets[part.rows])
+                lengths.append(window.lengths[part.rows])
             offsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(np.concatenate(lengths), out=offsets[1:])
             segments = []

@@ -276,6 +276,11 @@ class DevicePrefetcher:
                 lists=self.dataset.lists,
                 pad_value=self.dataset.options.pad_value,
                 pad_to=self.dataset.pad_to,
+                # A reader keeps only the windows its latest batch read (one, or two
+                # across a window's end); bound the whole at `depth` + 1 windows (64 MiB
+                # of tokens each at 65,536 rows of 256), or two a source for a mixture,
+                # whose readers would otherwise evict each other's windows.
+                max_tables=max(2, self.depth + 1, 2 * self.dataset.source_count()),
             )
         reader = self.dataset.reader(defer_gather=self._gathers is not None)
         self._state = reader.state_dict()
