@@ -321,12 +321,13 @@ def cpu_side(args: argparse.Namespace, work: Path, rows: int, batches: int = 48)
         host = torch.utils.dlpack.from_dlpack(raw) if len(raw) else torch.empty(0)
         return host.to("meta").view(dtype)
 
-    def timed(epoch: int, batches_of: Any) -> float:
+    def timed(ds: Any, epoch: int, batches_of: Any, *, fresh: bool = False) -> float:
         # CPU time of this thread, not wall time: on a shared machine the wall clock
-        # counts other processes' turns too.
+        # counts other processes' turns too. `fresh`: a new epoch each time (sample
+        # mode's window permutations are kept per epoch once made).
         best = float("inf")
-        for _ in range(3):  # the first maps the shards; the best of the others
-            ds.set_epoch(epoch)
+        for repeat in range(3):  # the first maps the shards; the best of the others
+            ds.set_epoch(100 * epoch + repeat if fresh else epoch)
             count, start = 0, time.thread_time()
             for _ in batches_of():
                 count += 1
@@ -344,17 +345,50 @@ def cpu_side(args: argparse.Namespace, work: Path, rows: int, batches: int = 48)
     prefetcher._registered = registry
     out = {
         "rows": rows,
-        "reader_us": timed(0, lambda: iter(ds.reader())),
+        "reader_us": timed(ds, 0, lambda: iter(ds.reader())),
         "per_batch_us": timed(
-            1, lambda: (_tensors.collate(b, move=meta_move) for b in ds.reader())
+            ds, 1, lambda: (_tensors.collate(b, move=meta_move) for b in ds.reader())
         ),
         # The window path with no byte copies: plans, offsets, views, hand-over.
-        "windows_us": timed(2, lambda: prefetcher._windowed(copy=False)),
+        "windows_us": timed(ds, 2, lambda: prefetcher._windowed(copy=False)),
     }
     stats = prefetcher.stats
     windows = max(1, stats.windows)
     out["batches_per_window"] = stats.batches / windows
     out["copies_per_batch"] = stats.runs / max(1, stats.batches)
+    prefetcher.close()
+    ds.close()
+    if rows == args.row_sizes[0]:
+        out.update(sample_cpu_side(args, work, rows, batches, timed))
+    return out
+
+
+def sample_cpu_side(
+    args: argparse.Namespace, work: Path, rows: int, batches: int, timed: Any
+) -> dict[str, Any]:
+    """Sample mode's CPU per batch with no byte moved: the deferring reader alone, and
+    the device-gather path with its torch ops on the `meta` device (dispatched, no data):
+    where a sample-mode batch's time goes on the host."""
+    import shardcache.torch
+    from shardcache.torch import _host_memory
+
+    ds = shardcache.torch.IterableDataset(
+        f"file://{args.source}",
+        batch_size=rows,
+        columns=["tokens"],
+        rank=0,
+        world_size=1,
+        **open_options(work, args.size, args.block_size, shuffle="sample"),
+    )
+    prefetcher = shardcache.torch.DevicePrefetcher(ds, device="meta")
+    registry = _host_memory.Registry(_Registered(), settle=lambda: None)
+    ds.add_mapping_listener(registry)
+    prefetcher._registered = registry
+    out = {
+        "sample_reader_us": timed(ds, 1, lambda: iter(ds.reader(defer_gather=True)), fresh=True),
+        "sample_device_us": timed(ds, 2, lambda: prefetcher._windowed(), fresh=True),
+        "sample_gathered": prefetcher.stats.device_gathered,
+    }
     prefetcher.close()
     ds.close()
     return out
@@ -654,6 +688,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{reference / 1e9:.1f} GB/s: {budget:.0f} us/batch",
                 flush=True,
             )
+            if "sample_reader_us" in probe:
+                print(
+                    f"CPU side, sample mode (thread CPU time, no bytes moved), rows={rows}: "
+                    f"reader (gather deferred) {probe['sample_reader_us']:.0f} us/batch, "
+                    f"device-gather path (ops on the meta device) "
+                    f"{probe['sample_device_us']:.0f} us/batch; a batch at the limit "
+                    f"takes {rows * 256 * 4 / reference * 1e6:.0f} us",
+                    flush=True,
+                )
         main_path = "windows" if passed["windows"] else "per-batch"
         if not passed[main_path]:
             raise SystemExit("bench-gpu: no copy path verified; nothing to time")

@@ -159,9 +159,9 @@ class DeviceGather:
         done.index_bytes = 8 * index.size
         if cuda:
             done.keep.append(host)
-            moved = host.to(self.device, non_blocking=True)
-        else:
-            moved = host
+        # On the CPU `to` is the same tensor; on torch's `meta` device (the bench's probe
+        # of the host work alone) every op is dispatched with no data.
+        moved = host.to(self.device, non_blocking=cuda)
         for position, column in enumerate(tables[0].columns):
             values = [table.columns[position] for table in tables]
             if column.offsets is None:

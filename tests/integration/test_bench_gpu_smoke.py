@@ -47,7 +47,16 @@ def test_the_prepared_gpu_command_runs_without_cuda_and_ends_with_result(tmp_pat
     assert [rows for rows, *_ in probes] == ["2048", "4096"], output[-4000:]
     for _, reader, windows, per_batch, budget in probes:
         assert int(reader) > 0 and int(windows) > 0 and int(per_batch) > 0 and int(budget) > 0
+    # Sample mode's host side at the first batch size: the deferring reader, and the
+    # device-gather path with its ops on the meta device, every batch gathered there.
+    assert re.search(
+        r"^CPU side, sample mode .*rows=2048: reader \(gather deferred\) \d+ us/batch, "
+        r"device-gather path \(ops on the meta device\) \d+ us/batch",
+        done.stdout,
+        re.M,
+    ), output[-4000:]
     report = json.loads((tmp_path / "out" / "bench-gpu.json").read_text())
+    assert report["cpu_side"][0]["sample_gathered"] > 0
     # Without CUDA the block-mode paths are not verified (True: not failed); the sample
     # paths are, through the window path on the CPU.
     assert report["verified"] == {
