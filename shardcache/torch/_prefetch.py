@@ -79,7 +79,8 @@ class Stats:
     staged_bytes: int = 0
     registered: int = 0
     refused: int = 0
-    #: Windows copied through a plan, and the copies (runs) they took.
+    #: Windows copied through a plan, and the value copies (runs) they took, the device
+    #: gather's window copies included (one offsets copy a window comes on top).
     windows: int = 0
     runs: int = 0
     #: List offsets rebased on the host (not token values) and copied from pinned memory.
