@@ -575,6 +575,22 @@ def run_ranks(
     return result
 
 
+def check_room(where: Path, size: int) -> None:
+    """Refuse, before writing anything, a dataset the work directory's filesystem cannot
+    hold: the source, the disk tier and the memory tier are each a copy of it (tmpfs is
+    shared memory: filling it would starve every other process on the machine)."""
+    need = 3 * size + (256 << 20)
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise SystemExit(
+            f"bench-gpu: --size {size / 2**30:.1f} GiB needs about {need / 2**30:.1f} GiB free "
+            f"under {where} (source, disk tier and memory tier), found {free / 2**30:.1f} GiB; "
+            "pass a smaller --size (bench/gpu_device.sh is sized for the 125 GiB GPU machine)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.gpu", description=__doc__.split("\n")[0])
     p.add_argument("--size", type=parse_size, default=parse_size("512MiB"))
@@ -635,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args.row_sizes = [int(r) for r in str(args.rows).split(",") if r]
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    check_room(args.root or shm, args.size)
     work = args.root or Path(tempfile.mkdtemp(prefix="shardcache-bench-gpu-", dir=shm))
     args.work = str(work)
     args.source = work / "source"
