@@ -20,7 +20,12 @@
 
    The prefetcher copies windows of batches (`window_bytes`, one device slab per
    window); K=1 is run once more with the per-batch path (`window_bytes=0`, what the
-   prefetcher did before windows) for comparison in the same run.
+   prefetcher did before windows), with torch's `copy_` per run (`torch-copies`), and
+   over the dataset in manifest order (`ordered`: a window's pieces are neighbours in
+   their shard, so about one copy a window instead of one a shuffle block) for
+   comparison in the same run. The steady figure of a run is the median of passes
+   2..N; each run also prints its copies a batch and its bytes copied over the bytes
+   handed over (values and offsets).
 4. The CPU side, timed in this process with no byte copies at all: CPU microseconds
    (this thread's) per batch for the reader alone, the window path and the per-batch path (its tensors on
    torch's `meta` device: every op dispatched, no data). A batch of B bytes fed at 0.8
@@ -29,7 +34,8 @@
 5. Sample mode (`shuffle="sample"`, windows of 65,536 rows), K=1: `sample-device` (each
    window's runs copied to the device once, every batch gathered there) against
    `sample-cpu-gather` (today's path: each batch gathered on the CPU, then copied), two
-   passes each (the second is the steady one), left out once the run has used
+   passes each (the second is the steady one; `--sample-batches` cuts a pass to that
+   many batches: the CPU gather takes seconds a GiB), left out once the run has used
    --sample-after seconds (150) so the prepared command stays under 3 minutes. They
    are extra lines; the RESULT line stays block mode's.
 
@@ -40,7 +46,7 @@ sample paths are verified everywhere (on the CPU through the same window path, h
 host) against the plain sample-mode path (offsets, padded), and timed only if they pass.
 
 It ends with `RESULT gpu_feed_ratio=… tokens_per_s=… path=…`: steady-state K=1 token
-bytes/s over the limit, the K=1 tokens/s, and which copy path gave them. The issue's target is a ratio >= 0.8 for batches
+bytes/s (the median of passes 2..N) over the limit, the K=1 tokens/s, and which copy path gave them. The issue's target is a ratio >= 0.8 for batches
 of 16,384 rows or more, with no CPU copy of the token values (`staged_bytes=0`).
 Without CUDA both are `n/a` and the CPU side is measured alone: collation to host
 tensors (tokens/s) and, where torch can pin memory, nothing else.
@@ -53,6 +59,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -133,14 +140,23 @@ def pinned_limit(chunk: int, total: int) -> float | None:
     return best
 
 
-#: The paths the bench times: DevicePrefetcher options.
+#: The paths the bench times: DevicePrefetcher options (and `shuffle`, the dataset's).
 PATHS: dict[str, dict[str, Any]] = {
     "windows": {},
     # The window path with torch's `copy_` per run instead of one runtime call.
     "torch-copies": {"raw_copies": False},
     "per-batch": {"window_bytes": 0},
     "staged": {"register": False},
+    # The window path over the dataset in manifest order: a window's pieces are
+    # neighbours in their shard, so it is about one copy per window instead of one per
+    # shuffle block (4-5 a 16,384-row batch). What fewer, larger copies could give.
+    "ordered": {"shuffle": False},
 }
+
+
+def prefetcher_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A path's DevicePrefetcher options (without the dataset's `shuffle`)."""
+    return {key: value for key, value in options.items() if key != "shuffle"}
 
 
 #: Sample-mode paths, K=1: DevicePrefetcher options.
@@ -240,7 +256,7 @@ def verify(args: argparse.Namespace, work: Path) -> tuple[dict[str, bool], list[
         try:
             for extra in ({}, {"lists": "padded"}, {"pack": 2048}):
                 kw: dict[str, Any] = dict(
-                    open_options(work, args.size),
+                    open_options(work, args.size, shuffle=options.get("shuffle", True)),
                     batch_size=args.row_sizes[0] // 4,
                     columns=["tokens"],
                     rank=0,
@@ -249,7 +265,9 @@ def verify(args: argparse.Namespace, work: Path) -> tuple[dict[str, bool], list[
                 )
                 plain = shardcache.torch.IterableDataset(f"file://{args.source}", **kw)
                 fast = shardcache.torch.IterableDataset(f"file://{args.source}", **kw)
-                with shardcache.torch.DevicePrefetcher(fast, depth=3, **options) as prefetcher:
+                with shardcache.torch.DevicePrefetcher(
+                    fast, depth=3, **prefetcher_options(options)
+                ) as prefetcher:
                     checked += _compare(prefetcher, plain, extra)
                     stats = prefetcher.stats
                     direct += stats.direct_bytes
@@ -271,13 +289,23 @@ def verify(args: argparse.Namespace, work: Path) -> tuple[dict[str, bool], list[
     return passed, lines
 
 
+class _Registered:
+    """A registrar that pins nothing and refuses nothing (the CPU-side probe's)."""
+
+    def register(self, address: int, size: int) -> bool:
+        return True
+
+    def unregister(self, address: int) -> None:
+        pass
+
+
 def cpu_side(args: argparse.Namespace, work: Path, rows: int, batches: int = 48) -> dict[str, Any]:
     """Microseconds per batch the CPU spends with no byte copied (see the docstring)."""
     import torch
 
     import shardcache.torch
     from shardcache import columns
-    from shardcache.torch import _tensors
+    from shardcache.torch import _host_memory, _tensors
 
     ds = shardcache.torch.IterableDataset(
         f"file://{args.source}",
@@ -293,12 +321,13 @@ def cpu_side(args: argparse.Namespace, work: Path, rows: int, batches: int = 48)
         host = torch.utils.dlpack.from_dlpack(raw) if len(raw) else torch.empty(0)
         return host.to("meta").view(dtype)
 
-    def timed(epoch: int, batches_of: Any) -> float:
+    def timed(ds: Any, epoch: int, batches_of: Any, *, fresh: bool = False) -> float:
         # CPU time of this thread, not wall time: on a shared machine the wall clock
-        # counts other processes' turns too.
+        # counts other processes' turns too. `fresh`: a new epoch each time (sample
+        # mode's window permutations are kept per epoch once made).
         best = float("inf")
-        for _ in range(3):  # the first maps the shards; the best of the others
-            ds.set_epoch(epoch)
+        for repeat in range(3):  # the first maps the shards; the best of the others
+            ds.set_epoch(100 * epoch + repeat if fresh else epoch)
             count, start = 0, time.thread_time()
             for _ in batches_of():
                 count += 1
@@ -308,19 +337,58 @@ def cpu_side(args: argparse.Namespace, work: Path, rows: int, batches: int = 48)
         return best * 1e6
 
     prefetcher = shardcache.torch.DevicePrefetcher(ds, device="cpu")
+    # Every mapping "registered" (nothing is pinned: the registrar only says yes), so the
+    # probe plans the runs as the device does, each a DMA from a mapping, merged only
+    # inside one, and skips them as a copy-less device run would.
+    registry = _host_memory.Registry(_Registered(), settle=lambda: None)
+    ds.add_mapping_listener(registry)
+    prefetcher._registered = registry
     out = {
         "rows": rows,
-        "reader_us": timed(0, lambda: iter(ds.reader())),
+        "reader_us": timed(ds, 0, lambda: iter(ds.reader())),
         "per_batch_us": timed(
-            1, lambda: (_tensors.collate(b, move=meta_move) for b in ds.reader())
+            ds, 1, lambda: (_tensors.collate(b, move=meta_move) for b in ds.reader())
         ),
         # The window path with no byte copies: plans, offsets, views, hand-over.
-        "windows_us": timed(2, lambda: prefetcher._windowed(copy=False)),
+        "windows_us": timed(ds, 2, lambda: prefetcher._windowed(copy=False)),
     }
     stats = prefetcher.stats
     windows = max(1, stats.windows)
     out["batches_per_window"] = stats.batches / windows
     out["copies_per_batch"] = stats.runs / max(1, stats.batches)
+    prefetcher.close()
+    ds.close()
+    if rows == args.row_sizes[0]:
+        out.update(sample_cpu_side(args, work, rows, batches, timed))
+    return out
+
+
+def sample_cpu_side(
+    args: argparse.Namespace, work: Path, rows: int, batches: int, timed: Any
+) -> dict[str, Any]:
+    """Sample mode's CPU per batch with no byte moved: the deferring reader alone, and
+    the device-gather path with its torch ops on the `meta` device (dispatched, no data):
+    where a sample-mode batch's time goes on the host."""
+    import shardcache.torch
+    from shardcache.torch import _host_memory
+
+    ds = shardcache.torch.IterableDataset(
+        f"file://{args.source}",
+        batch_size=rows,
+        columns=["tokens"],
+        rank=0,
+        world_size=1,
+        **open_options(work, args.size, args.block_size, shuffle="sample"),
+    )
+    prefetcher = shardcache.torch.DevicePrefetcher(ds, device="meta")
+    registry = _host_memory.Registry(_Registered(), settle=lambda: None)
+    ds.add_mapping_listener(registry)
+    prefetcher._registered = registry
+    out = {
+        "sample_reader_us": timed(ds, 1, lambda: iter(ds.reader(defer_gather=True)), fresh=True),
+        "sample_device_us": timed(ds, 2, lambda: prefetcher._windowed(), fresh=True),
+        "sample_gathered": prefetcher.stats.device_gathered,
+    }
     prefetcher.close()
     ds.close()
     return out
@@ -332,13 +400,15 @@ def rank_main(args: argparse.Namespace) -> None:
 
     import shardcache.torch
 
+    shuffle = {"True": True, "False": False}.get(str(args.shuffle), args.shuffle)
+
     ds = shardcache.torch.IterableDataset(
         f"file://{args.source}",
         batch_size=args.rows,
         columns=["tokens"],
         rank=args.rank,
         world_size=args.world,
-        **open_options(Path(args.work), args.size, args.block_size, shuffle=args.shuffle),
+        **open_options(Path(args.work), args.size, args.block_size, shuffle=shuffle),
     )
     ds.shardcache_dataset()  # opened (manifest, cache) before the timed passes
     device = "cpu" if not torch.cuda.is_available() else None
@@ -353,7 +423,7 @@ def rank_main(args: argparse.Namespace) -> None:
     )
     # Sample mode without CUDA: the window path host to host (what the device runs),
     # so the CPU run exercises the gather paths too; block mode keeps the plain path.
-    windowed = args.shuffle == "sample" and prefetcher.device.type != "cuda"
+    windowed = shuffle == "sample" and prefetcher.device.type != "cuda"
     passes = []
     for epoch in range(args.passes):
         go = Path(args.work) / f"go-{args.tag}-{epoch}"
@@ -363,12 +433,20 @@ def rank_main(args: argparse.Namespace) -> None:
             time.sleep(0.001)
         prefetcher.set_epoch(epoch)
         start = time.time()
-        tokens = 0
+        tokens = rows = count = 0
         for batch in prefetcher._windowed() if windowed else prefetcher:
             tokens += batch["tokens"].numel()
+            rows += batch["tokens_offsets"].numel()
+            count += 1
+            if count == args.batches:
+                break  # a pass cut short (--sample-batches): the rate of its batches
         if prefetcher.device.type == "cuda":
             torch.cuda.synchronize(prefetcher.device)
-        passes.append({"start": start, "end": time.time(), "tokens": tokens})
+        # Bytes the training loop received: int32 tokens and int64 offsets.
+        used = 4 * tokens + 8 * rows
+        passes.append(
+            {"start": start, "end": time.time(), "tokens": tokens, "used": used, "batches": count}
+        )
     stats = prefetcher.stats
     prefetcher.close()
     ds.close()
@@ -379,6 +457,7 @@ def rank_main(args: argparse.Namespace) -> None:
                 "passes": passes,
                 "direct_bytes": stats.direct_bytes,
                 "staged_bytes": stats.staged_bytes,
+                "offsets_bytes": stats.offsets_bytes,
                 "registered": stats.registered,
                 "refused": stats.refused,
                 "windows": stats.windows,
@@ -393,6 +472,19 @@ def rank_main(args: argparse.Namespace) -> None:
         ),
         flush=True,
     )
+
+
+def copy_counts(res: dict[str, Any]) -> str:
+    """Copies per batch and bytes copied over bytes the training loop received, over
+    all of a run's passes (`n/a` for the per-batch path, which counts no copies)."""
+    batches = sum(p["batches"] for p in res["passes"])
+    used = sum(p["used_bytes"] for p in res["passes"])
+    copied = res["direct_bytes"] + res["staged_bytes"] + res["offsets_bytes"]
+    # Values (runs), offsets (one a window), a gathered batch's indices (one each).
+    copies = res["runs"] + res["windows"] + res["gather_windows"] + res["device_gathered"]
+    per_batch = f"{copies / batches:.2f}" if res["runs"] and batches else "n/a"
+    ratio = f"{copied / used:.3f}" if used and copied else "n/a"
+    return f"copies a batch {per_batch} (values, offsets and indices); bytes copied / used {ratio}"
 
 
 def run_ranks(
@@ -425,7 +517,9 @@ def run_ranks(
         if not options.get("raw_copies", True):
             cmd.append("--torch-copies")
         if path in SAMPLE_PATHS:
-            cmd += ["--shuffle", "sample"]
+            cmd += ["--shuffle", "sample", "--batches", str(args.sample_batches)]
+        elif "shuffle" in options:
+            cmd += ["--shuffle", str(options["shuffle"])]
         if not options.get("device_gather", True):
             cmd.append("--cpu-gather")
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
@@ -454,15 +548,47 @@ def run_ranks(
         end = max(r["passes"][epoch]["end"] for r in ranks)
         tokens = sum(r["passes"][epoch]["tokens"] for r in ranks)
         result["passes"].append(
-            {"seconds": end - start, "tokens": tokens, "tokens_per_s": tokens / (end - start)}
+            {
+                "seconds": end - start,
+                "tokens": tokens,
+                "tokens_per_s": tokens / (end - start),
+                "used_bytes": sum(r["passes"][epoch]["used"] for r in ranks),
+                "batches": sum(r["passes"][epoch]["batches"] for r in ranks),
+            }
         )
-    for key in ("direct_bytes", "staged_bytes", "registered", "refused", "windows", "runs"):
+    steady = result["passes"][1:] or result["passes"]
+    result["steady_tokens_per_s"] = statistics.median(p["tokens_per_s"] for p in steady)
+    for key in (
+        "direct_bytes",
+        "staged_bytes",
+        "offsets_bytes",
+        "registered",
+        "refused",
+        "windows",
+        "runs",
+    ):
         result[key] = sum(r[key] for r in ranks)
     for key in ("per_batch", "device_gathered", "gather_windows", "cpu_gathered"):
         result[key] = sum(r[key] for r in ranks)
     result["fallback"] = sorted({r["fallback"] for r in ranks if r["fallback"]})
     result["device"] = ranks[0]["device"]
     return result
+
+
+def check_room(where: Path, size: int) -> None:
+    """Refuse, before writing anything, a dataset the work directory's filesystem cannot
+    hold: the source, the disk tier and the memory tier are each a copy of it (tmpfs is
+    shared memory: filling it would starve every other process on the machine)."""
+    need = 3 * size + (256 << 20)
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise SystemExit(
+            f"bench-gpu: --size {size / 2**30:.1f} GiB needs about {need / 2**30:.1f} GiB free "
+            f"under {where} (source, disk tier and memory tier), found {free / 2**30:.1f} GiB; "
+            "pass a smaller --size (bench/gpu_device.sh is sized for the 125 GiB GPU machine)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -491,6 +617,13 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds into the run after which the sample-mode runs are left out (the "
         "prepared command must stay under 3 minutes and end with RESULT)",
     )
+    p.add_argument(
+        "--sample-batches",
+        type=int,
+        default=0,
+        help="batches per rank in each sample-mode pass (0: the whole epoch); the CPU "
+        "gather path takes seconds a GiB",
+    )
     p.add_argument("--json", type=Path)
     p.add_argument("--root", type=Path, help="work directory (default: a new one on /dev/shm)")
     # Internal: one rank process.
@@ -502,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--torch-copies", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shuffle", default=True, help=argparse.SUPPRESS)
     p.add_argument("--cpu-gather", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--batches", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.window_bytes is None:
         from shardcache.torch import _prefetch
@@ -517,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args.row_sizes = [int(r) for r in str(args.rows).split(",") if r]
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    check_room(args.root or shm, args.size)
     work = args.root or Path(tempfile.mkdtemp(prefix="shardcache-bench-gpu-", dir=shm))
     args.work = str(work)
     args.source = work / "source"
@@ -570,6 +705,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{reference / 1e9:.1f} GB/s: {budget:.0f} us/batch",
                 flush=True,
             )
+            if "sample_reader_us" in probe:
+                print(
+                    f"CPU side, sample mode (thread CPU time, no bytes moved), rows={rows}: "
+                    f"reader (gather deferred) {probe['sample_reader_us']:.0f} us/batch, "
+                    f"device-gather path (ops on the meta device) "
+                    f"{probe['sample_device_us']:.0f} us/batch; a batch at the limit "
+                    f"takes {rows * 256 * 4 / reference * 1e6:.0f} us",
+                    flush=True,
+                )
         main_path = "windows" if passed["windows"] else "per-batch"
         if not passed[main_path]:
             raise SystemExit("bench-gpu: no copy path verified; nothing to time")
@@ -579,13 +723,12 @@ def main(argv: list[str] | None = None) -> int:
         runs = [(k, main_path, first) for k in ks]
         if cuda:
             runs += [
-                (1, path, first) for path in ("torch-copies", "per-batch", "staged") if passed[path]
+                (1, path, first)
+                for path in ("ordered", "torch-copies", "per-batch", "staged")
+                if passed[path]
             ]
             runs = [r for i, r in enumerate(runs) if r not in runs[:i]]
         runs += [(1, main_path, rows) for rows in args.row_sizes[1:]]
-        if cuda and main_path == "windows" and passed["torch-copies"]:
-            # The same A/B at the larger batches: one runtime call per run, or copy_.
-            runs += [(1, "torch-copies", rows) for rows in args.row_sizes[1:]]
         # Sample mode, K=1, after the block-mode runs: extra lines, not the RESULT.
         runs += [(1, path, first) for path in SAMPLE_PATHS if passed[path]]
         for k, path, rows in runs:
@@ -607,6 +750,19 @@ def main(argv: list[str] | None = None) -> int:
                     f"{ps['tokens_per_s'] / 1e9:.3f} Gtokens/s = {gbps:.2f} GB/s{ratio} "
                     f"({ps['seconds']:.2f} s)"
                 )
+            steady_gbps = res["steady_tokens_per_s"] * 4 / 1e9
+            print(
+                f"K={k} rows={rows} {path:9} steady ("
+                + (
+                    f"median of passes 2-{len(res['passes'])}"
+                    if len(res["passes"]) > 2
+                    else f"pass {len(res['passes'])}"
+                )
+                + "): "
+                f"{res['steady_tokens_per_s'] / 1e9:.3f} Gtokens/s = {steady_gbps:.2f} GB/s"
+                + (f" ratio={steady_gbps * 1e9 / limit:.2f}" if limit else "")
+            )
+            print("  " + copy_counts(res))
             print(
                 f"  device {res['device']}: direct {res['direct_bytes'] >> 20} MiB, staged "
                 f"{res['staged_bytes'] >> 20} MiB, registered {res['registered']} mappings, "
@@ -621,9 +777,7 @@ def main(argv: list[str] | None = None) -> int:
                 + (f"; FELL BACK: {res['fallback']}" if res["fallback"] else ""),
                 flush=True,
             )
-        sample = {
-            r["path"]: r["passes"][-1]["tokens_per_s"] for r in results if r["path"] in SAMPLE_PATHS
-        }
+        sample = {r["path"]: r["steady_tokens_per_s"] for r in results if r["path"] in SAMPLE_PATHS}
         if len(sample) == len(SAMPLE_PATHS):
             print(
                 f"SAMPLE K=1 rows={first}: sample-device "
@@ -635,15 +789,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         steady = next(
             r for r in results if r["k"] == 1 and r["path"] == main_path and r["rows"] == first
-        )["passes"][-1]
+        )["steady_tokens_per_s"]
         if cuda and limit:
-            ratio_s = f"{steady['tokens_per_s'] * 4 / limit:.2f}"
-            tps = f"{steady['tokens_per_s']:.4g}"
+            ratio_s = f"{steady * 4 / limit:.2f}"
+            tps = f"{steady:.4g}"
         else:
             ratio_s = tps = "n/a"
             print(
                 f"no CUDA: CPU side only, collation to host tensors at "
-                f"{steady['tokens_per_s'] / 1e9:.3f} Gtokens/s (K=1)"
+                f"{steady / 1e9:.3f} Gtokens/s (K=1)"
             )
         if args.json:
             args.json.write_text(

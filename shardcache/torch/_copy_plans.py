@@ -80,7 +80,7 @@ class Column:
     shape: tuple[int, int] | None = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _OffsetsPiece:
     source: np.ndarray  # n + 1 offsets of a piece, a view of its offsets buffer
     at: int  # where offsets[1:] land in the window's offsets
@@ -128,52 +128,75 @@ class _Unplannable(Exception):
     """A column the plan does not cover: the per-batch path takes the window."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Span:
     address: int
     size: int
+    #: The whole Arrow buffer the bytes lie in (kept alive; never sliced: a slice is a
+    #: pyarrow call per piece, the address arithmetic is not).
     buffer: pa.Buffer
 
 
-def _values(array: pa.Array) -> tuple[_Span | None, str]:
-    """A fixed-width array's value bytes, or _Unplannable."""
-    dtype = columns.DTYPES.get(array.type)
-    if dtype is None or dtype == "bool" or array.null_count:
-        raise _Unplannable
-    if not len(array):
-        return None, dtype
-    width = array.type.byte_width
-    data = array.buffers()[1]
-    view = data.slice(array.offset * width, len(array) * width)
-    return _Span(view.address, view.size, view), dtype
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Kind:
+    """What a column's type says once per window, not once per piece."""
+
+    #: numpy-style dtype name of the values (`columns.DTYPES`).
+    dtype: str
+    #: Bytes per value.
+    width: int
+    #: List columns: the offsets' numpy type and width (None: a fixed-width column).
+    offsets: type[np.signedinteger[Any]] | None = None
+    offset_width: int = 0
 
 
-def _list_values(array: pa.Array) -> tuple[_Span | None, str, np.ndarray]:
-    """A list array's value bytes and its n + 1 offsets (a zero-copy numpy view)."""
-    if array.null_count:
-        raise _Unplannable
-    value_type = array.type.value_type
-    dtype = columns.DTYPES.get(value_type)
+def _kind(kind: pa.DataType) -> _Kind:
+    """The plan's view of a column type, or _Unplannable."""
+    if columns.is_list(kind):
+        value_type = kind.value_type
+        dtype = columns.DTYPES.get(value_type)
+        if dtype is None or dtype == "bool":
+            raise _Unplannable
+        offset_width = 8 if patypes.is_large_list(kind) else 4
+        return _Kind(dtype, value_type.byte_width, _OFFSET_TYPES[offset_width], offset_width)
+    dtype = columns.DTYPES.get(kind)
     if dtype is None or dtype == "bool":
         raise _Unplannable
+    return _Kind(dtype, kind.byte_width)
+
+
+def _values(array: pa.Array, kind: _Kind) -> _Span | None:
+    """A fixed-width array's value bytes, or _Unplannable."""
     buffers = array.buffers()
-    offset_width = 8 if patypes.is_large_list(array.type) else 4
+    if buffers[0] is not None and array.null_count:
+        raise _Unplannable
+    n = len(array)
+    if not n:
+        return None
+    data = buffers[1]
+    return _Span(data.address + array.offset * kind.width, n * kind.width, data)
+
+
+def _list_values(array: pa.Array, kind: _Kind) -> tuple[_Span | None, np.ndarray]:
+    """A list array's value bytes and its n + 1 offsets (a zero-copy numpy view)."""
+    buffers = array.buffers()
+    if buffers[0] is not None and array.null_count:
+        raise _Unplannable
     raw = np.frombuffer(
         buffers[1],
-        dtype=_OFFSET_TYPES[offset_width],
+        dtype=kind.offsets,
         count=len(array) + 1,
-        offset=array.offset * offset_width,
+        offset=array.offset * kind.offset_width,
     )
     first, last = int(raw[0]), int(raw[-1])
+    if last == first:
+        return None, raw
     values = array.values  # the child, unsliced: its own offset applies
     if buffers[2] is not None and values.slice(first, last - first).null_count:
         raise _Unplannable
-    if last == first:
-        return None, dtype, raw
-    width = value_type.byte_width
     data = buffers[3]
-    view = data.slice((values.offset + first) * width, (last - first) * width)
-    return _Span(view.address, view.size, view), dtype, raw
+    address = data.address + (values.offset + first) * kind.width
+    return _Span(address, (last - first) * kind.width, data), raw
 
 
 class _Builder:
@@ -221,14 +244,14 @@ def _plan(window: Sequence[batching.HostBatch], locate: Locate | None) -> Plan:
     if all(batch.packed for batch in window):
         for i, batch in enumerate(window):
             assert batch.column is not None and batch.shape is not None
-            spans = [_values(array) for array in batch.tokens]
-            dtype = spans[0][1] if spans else "int64"
-            if any(d != dtype for _, d in spans):
+            kinds = [_kind(array.type) for array in batch.tokens]
+            dtype = kinds[0].dtype if kinds else "int64"
+            if any(kind.dtype != dtype for kind in kinds):
                 raise _Unplannable
             built.align(np.dtype(dtype).itemsize)
             start = built.slab
-            for span, _ in spans:
-                built.add(span)
+            for array, kind in zip(batch.tokens, kinds, strict=True):
+                built.add(_values(array, kind))
             laid[i].append(
                 Column(batch.column, dtype, start, built.slab - start, shape=batch.shape)
             )
@@ -241,32 +264,28 @@ def _plan(window: Sequence[batching.HostBatch], locate: Locate | None) -> Plan:
     # Column by column, then batch by batch: a column's values of consecutive batches
     # are neighbours in the slab, as they often are in the shard.
     for index, field in enumerate(schema):
-        is_list = columns.is_list(field.type)
+        kind = _kind(field.type)
+        itemsize = np.dtype(kind.dtype).itemsize
         for i, batch in enumerate(window):
-            arrays = [piece.column(index) for piece in batch.pieces]
-            if not is_list:
-                spans = [_values(array) for array in arrays]
-                dtype = spans[0][1]
-                built.align(np.dtype(dtype).itemsize)
-                start = built.slab
-                for span, _ in spans:
-                    built.add(span)
-                laid[i].append(Column(field.name, dtype, start, built.slab - start))
-                continue
-            listed = [_list_values(array) for array in arrays]
-            dtype = listed[0][1]
-            built.align(np.dtype(dtype).itemsize)
+            built.align(itemsize)
             start = built.slab
+            if kind.offsets is None:
+                for piece in batch.pieces:
+                    built.add(_values(piece.column(index), kind))
+                laid[i].append(Column(field.name, kind.dtype, start, built.slab - start))
+                continue
             first = built.offsets
             built.starts.append(first)
             at, base = first + 1, 0
-            for span, _, raw in listed:
+            for piece in batch.pieces:
+                span, raw = _list_values(piece.column(index), kind)
                 built.add(span)
                 built.pieces.append(_OffsetsPiece(raw, at, base))
-                at += len(raw) - 1
-                base += int(raw[-1]) - int(raw[0])
+                n = len(raw) - 1
+                at += n
+                base += int(raw[n]) - int(raw[0])
             built.offsets = at
             laid[i].append(
-                Column(field.name, dtype, start, built.slab - start, offsets=(first, at))
+                Column(field.name, kind.dtype, start, built.slab - start, offsets=(first, at))
             )
     return Plan(laid, built.runs, built.slab, built.offsets, built.pieces, built.starts)

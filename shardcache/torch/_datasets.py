@@ -162,6 +162,10 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         for ds in self._datasets():
             ds.remove_mapping_listener(listener)
 
+    def source_count(self) -> int:
+        """How many datasets this process reads: 1, or a mixture's sources."""
+        return len(self._datasets())
+
     def _datasets(self) -> list[datasets.Dataset]:
         source = self.shardcache_source()
         if isinstance(source, mixtures.Mixture):

@@ -45,7 +45,8 @@ import torch
 from shardcache import batching, selections
 from shardcache.torch import _copy_plans, _slabs, _tensors
 
-#: Tables kept at most, over every reader (a mixture has one reader per source).
+#: Tables kept at most by default, over every reader (a mixture has one reader per
+#: source); the prefetcher keeps `depth` + 1.
 MAX_TABLES = 16
 
 #: A signed integer type per value width: one gather kernel for every dtype.
@@ -63,6 +64,12 @@ class _Column:
     values: torch.Tensor
     #: List columns: the window's offsets (int64, rows + 1, from 0), on the host.
     offsets: np.ndarray | None
+    #: List columns: each row's length, computed once per window (a batch then takes
+    #: its rows' starts and lengths with one fancy index each).
+    lengths: np.ndarray | None = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lengths = None if self.offsets is None else np.diff(self.offsets)
 
 
 @dataclasses.dataclass
@@ -78,8 +85,10 @@ class Gathered:
 
     tensors: dict[str, torch.Tensor]
     keep: list[Any]
-    #: Windows copied for this batch (0 when its windows were on the device already).
+    #: Windows copied for this batch (0 when its windows were on the device already),
+    #: and the copies (runs) they took.
     windows: int = 0
+    runs: int = 0
     direct_bytes: int = 0
     staged_bytes: int = 0
     #: Row indices, starts and offsets copied for the batch (no token values).
@@ -100,8 +109,18 @@ class DeviceGather:
     """The tables of the windows in use, and the gathers from them."""
 
     def __init__(
-        self, *, device: torch.device, lists: str, pad_value: int, pad_to: int | None
+        self,
+        *,
+        device: torch.device,
+        lists: str,
+        pad_value: int,
+        pad_to: int | None,
+        max_tables: int = MAX_TABLES,
     ) -> None:
+        if max_tables < 2:
+            # A batch may read two windows (one ending, one starting): both stay.
+            raise ValueError(f"max_tables must be >= 2, got {max_tables}")
+        self.max_tables = max_tables
         self.device = device
         self.lists = lists
         self.pad_value = pad_value
@@ -140,9 +159,9 @@ class DeviceGather:
         done.index_bytes = 8 * index.size
         if cuda:
             done.keep.append(host)
-            moved = host.to(self.device, non_blocking=True)
-        else:
-            moved = host
+        # On the CPU `to` is the same tensor; on torch's `meta` device (the bench's probe
+        # of the host work alone) every op is dispatched with no data.
+        moved = host.to(self.device, non_blocking=cuda)
         for position, column in enumerate(tables[0].columns):
             values = [table.columns[position] for table in tables]
             if column.offsets is None:
@@ -203,6 +222,7 @@ class DeviceGather:
             columns.append(_Column(column.name, tensors[column.name], offsets))
         table = _Table(columns, [*launched.keep, host_offsets])
         done.windows += 1
+        done.runs += len(plan.runs)
         done.direct_bytes += launched.direct_bytes
         done.staged_bytes += launched.staged_bytes
         self._tables[window] = table
@@ -216,74 +236,93 @@ class DeviceGather:
                 del self._tables[window]
         # Oldest first; the latest batch's own windows stay (it may read more).
         spare = [w for w in self._tables if w not in used]
-        for window in spare[: max(0, len(self._tables) - MAX_TABLES)]:
+        for window in spare[: max(0, len(self._tables) - self.max_tables)]:
             del self._tables[window]
 
 
 @dataclasses.dataclass
 class _ListIndex:
-    #: Per part: (shift start, lengths start, count, values) ranges of the index buffer.
+    #: Per part: its rows' shifts and lengths in the index buffer, and its value count.
     parts: list[_Segment]
     #: The batch's offsets (rows + 1) in the index buffer.
     offsets: tuple[int, int]
-    longest: int
+    #: Every part's lengths, one after another (the parts' `lengths` ranges).
+    lengths: tuple[int, int]
+    #: The longest list (set by `_Index.fill`).
+    longest: int = 0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _Segment:
     shift: tuple[int, int]
     lengths: tuple[int, int]
-    #: Values the part's rows hold in all (known on the host: no device sync).
-    total: int
+    #: Values the part's rows hold in all (known on the host: no device sync; set by
+    #: `_Index.fill`).
+    total: int = 0
 
 
 class _Index:
     """Every index a batch's gather needs, laid out in one int64 buffer: per part its
     rows (fixed-width columns), and per list column the batch's offsets and, per part,
     each row's shift (its start in the window minus its start in the batch) and
-    length. Computed from the tables' host offsets: O(rows) numpy, no token read."""
+    length. Computed from the tables' host offsets and row lengths (made once a window)
+    straight into the buffer (`fill`): a few O(rows) numpy passes, no token read."""
 
     def __init__(self, parts: Sequence[selections.Part], tables: Sequence[_Table]) -> None:
-        self._arrays: list[np.ndarray] = []
+        self._parts = parts
+        self._tables = tables
         self.size = 0
-        self.rows = [self._add(part.rows) for part in parts]
+        self.rows = [self._reserve(len(part.rows)) for part in parts]
         n = sum(len(part.rows) for part in parts)
         self.lists: dict[int, _ListIndex] = {}
         for position, column in enumerate(tables[0].columns):
             if column.offsets is None:
                 continue
-            starts, lengths = [], []
-            for part, table in zip(parts, tables, strict=True):
-                window_offsets = table.columns[position].offsets
-                assert window_offsets is not None
-                start = window_offsets[part.rows]
-                starts.append(start)
-                lengths.append(window_offsets[part.rows + 1] - start)
-            offsets = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(np.concatenate(lengths), out=offsets[1:])
-            segments = []
-            row = 0
-            for start, length in zip(starts, lengths, strict=True):
-                batch_starts = offsets[row : row + len(length)]
-                # Part-local: each part's values are gathered into a tensor of their own.
-                shift = start - (batch_starts - batch_starts[0]) if len(length) else start
-                total = int(offsets[row + len(length)] - offsets[row])
-                segments.append(_Segment(self._add(shift), self._add(length), total))
-                row += len(length)
-            longest = int(max((int(x.max()) for x in lengths if len(x)), default=0))
-            self.lists[position] = _ListIndex(segments, self._add(offsets), longest)
+            offsets = self._reserve(n + 1)
+            first = self.size
+            lengths = [self._reserve(len(part.rows)) for part in parts]
+            every = (first, self.size)
+            segments = [
+                _Segment(self._reserve(len(part.rows)), span)
+                for part, span in zip(parts, lengths, strict=True)
+            ]
+            self.lists[position] = _ListIndex(segments, offsets, every)
 
-    def _add(self, array: np.ndarray) -> tuple[int, int]:
+    def _reserve(self, count: int) -> tuple[int, int]:
         start = self.size
-        self._arrays.append(array)
-        self.size += len(array)
+        self.size += count
         return start, self.size
 
     def fill(self, out: np.ndarray) -> None:
-        at = 0
-        for array in self._arrays:
-            out[at : at + len(array)] = array
-            at += len(array)
+        """Write the index into `out` (`size` int64), and set the totals and longest."""
+        for part, (a, b) in zip(self._parts, self.rows, strict=True):
+            out[a:b] = part.rows
+        for position, lists in self.lists.items():
+            for part, table, segment in zip(self._parts, self._tables, lists.parts, strict=True):
+                window = table.columns[position]
+                assert window.lengths is not None
+                a, b = segment.lengths
+                np.take(window.lengths, part.rows, out=out[a:b])
+            a, b = lists.offsets
+            offsets = out[a:b]
+            offsets[0] = 0
+            first, last = lists.lengths
+            np.cumsum(out[first:last], out=offsets[1:])
+            lists.longest = int(out[first:last].max()) if last > first else 0
+            row = 0
+            for part, table, segment in zip(self._parts, self._tables, lists.parts, strict=True):
+                window = table.columns[position]
+                assert window.offsets is not None
+                a, b = segment.shift
+                shift = out[a:b]
+                count = b - a
+                np.take(window.offsets, part.rows, out=shift)
+                # Part-local: each part's values are gathered into a tensor of their own,
+                # so a row's shift is its start in the window less its start in the part.
+                shift -= offsets[row : row + count]
+                shift += offsets[row]
+                segment.total = int(offsets[row + count] - offsets[row])
+                row += count
 
 
 def _value_index(moved: torch.Tensor, segment: _Segment, device: torch.device) -> torch.Tensor:

@@ -79,7 +79,8 @@ class Stats:
     staged_bytes: int = 0
     registered: int = 0
     refused: int = 0
-    #: Windows copied through a plan, and the copies (runs) they took.
+    #: Windows copied through a plan, and the value copies (runs) they took, the device
+    #: gather's window copies included (one offsets copy a window comes on top).
     windows: int = 0
     runs: int = 0
     #: List offsets rebased on the host (not token values) and copied from pinned memory.
@@ -103,6 +104,16 @@ class _InFlight:
     state: dict[str, Any]
     #: Host memory the copies read from, alive until they finish.
     keep: list[Any]
+    #: A window-path batch: its window's allocations (the tensors are views of them,
+    #: recorded on the training stream once per window) and its own (padded lists).
+    #: None: every tensor is an allocation of its own.
+    owners: list[torch.Tensor] | None = None
+    fresh: list[torch.Tensor] = dataclasses.field(default_factory=list)
+
+
+#: What a device path raises at run time (torch, CUDA, an argument the runtime
+#: refuses) that a slower path copes with: the prefetcher falls back rather than fail.
+_RUN_TIME_ERRORS = (RuntimeError, TypeError, ValueError, AttributeError)
 
 
 # torch leaves these constructors unannotated; named once here, typed as callables.
@@ -162,6 +173,8 @@ class DevicePrefetcher:
         self._mappings: _slabs.Mappings | None = None
         self._stream: Any = None
         self._gathers: _device_gather.DeviceGather | None = None
+        #: The window event the training stream last waited for, and that stream.
+        self._waited: tuple[Any, int] | None = None
 
     # --- state --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -264,6 +277,11 @@ class DevicePrefetcher:
                 lists=self.dataset.lists,
                 pad_value=self.dataset.options.pad_value,
                 pad_to=self.dataset.pad_to,
+                # A reader keeps only the windows its latest batch read (one, or two
+                # across a window's end); bound the whole at `depth` + 1 windows (64 MiB
+                # of tokens each at 65,536 rows of 256), or two a source for a mixture,
+                # whose readers would otherwise evict each other's windows.
+                max_tables=max(2, self.depth + 1, 2 * self.dataset.source_count()),
             )
         reader = self.dataset.reader(defer_gather=self._gathers is not None)
         self._state = reader.state_dict()
@@ -371,26 +389,17 @@ class DevicePrefetcher:
                         done.record(stream)
             except errors.ShardcacheError:
                 raise
-            except (
-                _device_gather.Unsupported,
-                RuntimeError,
-                TypeError,
-                ValueError,
-                AttributeError,
-                IndexError,
-            ) as exc:
-                # Keep today's path rather than fail the job, for this batch and every
-                # later one (a window that cannot be planned will not be the last).
-                if stream is not None:
-                    stream.synchronize()
-                self.stats.fallback = f"{type(exc).__name__}: {exc}"
-                log.warning("device prefetcher: gathering on the CPU instead: %s", exc)
+            except (_device_gather.Unsupported, IndexError, *_RUN_TIME_ERRORS) as exc:
+                # For this batch and every later one (a window that cannot be planned
+                # will not be the last).
+                self._fall_back(exc, stream, "gathering on the CPU")
                 gathers.clear()
                 self._gathers = None
                 self.device_gather = False
             else:
                 self.stats.device_gathered += 1
                 self.stats.gather_windows += done_batch.windows
+                self.stats.runs += done_batch.runs
                 self.stats.direct_bytes += done_batch.direct_bytes
                 self.stats.staged_bytes += done_batch.staged_bytes
                 self.stats.offsets_bytes += done_batch.index_bytes
@@ -438,13 +447,9 @@ class DevicePrefetcher:
                     done.record(stream)
         except errors.ShardcacheError:
             raise
-        except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
-            # Keep today's path rather than fail the job: the per-batch path copies the
-            # same bytes with nothing but torch's own copies.
-            if stream is not None:
-                stream.synchronize()
-            self.stats.fallback = f"{type(exc).__name__}: {exc}"
-            log.warning("device prefetcher: windows failed, copying batch by batch: %s", exc)
+        except _RUN_TIME_ERRORS as exc:
+            # The per-batch path copies the same bytes with nothing but torch's copies.
+            self._fall_back(exc, stream, "windows failed, copying batch by batch")
             self.window_bytes = 0
             self._per_batch(window, states, queue, registry, stream)
             return 1
@@ -453,10 +458,19 @@ class DevicePrefetcher:
         self.stats.direct_bytes += launched.direct_bytes
         self.stats.staged_bytes += launched.staged_bytes
         self.stats.offsets_bytes += launched.offsets_bytes
-        for tensors, state in zip(launched.batches, states, strict=True):
-            queue.append(_InFlight(tensors, done, state, launched.keep))
+        for tensors, state, fresh in zip(launched.batches, states, launched.fresh, strict=True):
+            queue.append(_InFlight(tensors, done, state, launched.keep, launched.owners, fresh))
         per_batch = max(1, plan.slab_bytes // len(window))
         return max(1, min(WINDOW_BATCHES, math.ceil(self.window_bytes / per_batch)))
+
+    def _fall_back(self, exc: Exception, stream: Any, instead: str) -> None:
+        """Keep a slower path rather than fail the job: let the work queued so far
+        finish, and say why in `stats.fallback` and the log. (Errors the plain path
+        raises, `errors.ShardcacheError`, are the caller's and never reach here.)"""
+        if stream is not None:
+            stream.synchronize()
+        self.stats.fallback = f"{type(exc).__name__}: {exc}"
+        log.warning("device prefetcher: %s: %s", instead, exc)
 
     def _on(self, stream: Any) -> Any:
         if stream is None:
@@ -517,10 +531,23 @@ class DevicePrefetcher:
 
     def _hand_over(self, flight: _InFlight) -> dict[str, torch.Tensor]:
         current = torch.cuda.current_stream(self.device)
-        current.wait_event(flight.done)
-        for tensor in flight.tensors.values():
-            # Allocated on the copy stream, used on the training stream from now on.
-            tensor.record_stream(current)
+        # Allocated on the copy stream, used on the training stream from now on. The
+        # batches of one window share its event and its allocations: the training
+        # stream waits, and the window's memory is recorded, once per window (per
+        # training stream), which takes three runtime calls off each later batch.
+        if flight.owners is None:
+            current.wait_event(flight.done)
+            for tensor in flight.tensors.values():
+                tensor.record_stream(current)
+        else:
+            waited = (flight.done, current.cuda_stream)
+            if self._waited != waited:
+                current.wait_event(flight.done)
+                for tensor in flight.owners:
+                    tensor.record_stream(current)
+                self._waited = waited
+            for tensor in flight.fresh:
+                tensor.record_stream(current)
         self._state = flight.state
         self.stats.batches += 1
         return flight.tensors

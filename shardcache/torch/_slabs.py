@@ -46,6 +46,11 @@ class Launched:
     offsets_bytes: int = 0
     #: The window's rebased offsets as written on the host (`Plan.fill_offsets`).
     host_offsets: Any = None
+    #: The window's own allocations (the slab, the offsets on the device): a batch that
+    #: is views of them only needs them `record_stream`ed once per window.
+    owners: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    #: Per batch, its tensors that are allocations of their own (padded lists).
+    fresh: list[list[torch.Tensor]] = dataclasses.field(default_factory=list)
 
 
 def _host_bytes(buffer: pa.Buffer) -> torch.Tensor:
@@ -113,7 +118,9 @@ def launch(
         target = slab[run.at : run.at + run.size]
         if run.mapping is not None and mappings is not None:
             done.direct_bytes += run.size
-            if copy_async is not None and cuda and copy:
+            if not copy:
+                continue  # the probe of the CPU's share: no copy, and no source to slice
+            if copy_async is not None and cuda:
                 # The registry keeps the mapping until the copies from it are done.
                 copy_async(slab.data_ptr() + run.at, run.address, run.size, stream)
                 continue
@@ -144,11 +151,21 @@ def launch(
         offsets = host_offsets.to(device, non_blocking=True)
     else:
         offsets = host_offsets
+    done.owners = [slab, offsets] if plan.offsets_count else [slab]
+    # One typed view of the slab per dtype, sliced per batch: a column's start is
+    # aligned to its width (`_copy_plans`), so each batch's column costs one slice.
+    typed: dict[str, torch.Tensor] = {}
     for columns in plan.batches:
         out: dict[str, torch.Tensor] = {}
+        fresh: list[torch.Tensor] = []
         for column in columns:
-            values = slab[column.start : column.start + column.size]
-            values = values.view(_tensors.DTYPES[column.dtype])
+            whole = typed.get(column.dtype)
+            if whole is None:
+                dtype = _tensors.DTYPES[column.dtype]
+                usable = plan.slab_bytes - plan.slab_bytes % dtype.itemsize
+                whole = typed[column.dtype] = slab[:usable].view(dtype)
+            width = whole.element_size()
+            values = whole[column.start // width : (column.start + column.size) // width]
             if column.shape is not None:
                 out[column.name] = values.view(column.shape)
             elif column.offsets is not None:
@@ -159,10 +176,12 @@ def launch(
                     out[column.name] = _tensors.padded(
                         values, batch_offsets, longest, pad_value=pad_value, pad_to=pad_to
                     )
+                    fresh.append(out[column.name])
                 else:
                     out[column.name] = values
                     out[f"{column.name}_offsets"] = batch_offsets
             else:
                 out[column.name] = values
         done.batches.append(out)
+        done.fresh.append(fresh)
     return done

@@ -47,7 +47,16 @@ def test_the_prepared_gpu_command_runs_without_cuda_and_ends_with_result(tmp_pat
     assert [rows for rows, *_ in probes] == ["2048", "4096"], output[-4000:]
     for _, reader, windows, per_batch, budget in probes:
         assert int(reader) > 0 and int(windows) > 0 and int(per_batch) > 0 and int(budget) > 0
+    # Sample mode's host side at the first batch size: the deferring reader, and the
+    # device-gather path with its ops on the meta device, every batch gathered there.
+    assert re.search(
+        r"^CPU side, sample mode .*rows=2048: reader \(gather deferred\) \d+ us/batch, "
+        r"device-gather path \(ops on the meta device\) \d+ us/batch",
+        done.stdout,
+        re.M,
+    ), output[-4000:]
     report = json.loads((tmp_path / "out" / "bench-gpu.json").read_text())
+    assert report["cpu_side"][0]["sample_gathered"] > 0
     # Without CUDA the block-mode paths are not verified (True: not failed); the sample
     # paths are, through the window path on the CPU.
     assert report["verified"] == {
@@ -55,6 +64,7 @@ def test_the_prepared_gpu_command_runs_without_cuda_and_ends_with_result(tmp_pat
         "torch-copies": True,
         "per-batch": True,
         "staged": True,
+        "ordered": True,
         "sample-device": True,
         "sample-cpu-gather": True,
     }
@@ -72,4 +82,17 @@ def test_the_prepared_gpu_command_runs_without_cuda_and_ends_with_result(tmp_pat
     assert cpu_gather["device_gathered"] == cpu_gather["gather_windows"] == 0
     assert not device["fallback"] and not cpu_gather["fallback"]
     assert re.search(r"^SAMPLE K=1 rows=2048: sample-device .*x\) \(no CUDA", done.stdout, re.M)
+    # Every run prints its steady rate (the median of passes 2-N, or pass N) and, where
+    # the prefetcher copied, copies a batch and bytes copied over bytes handed over.
+    assert re.search(
+        r"^K=1 rows=2048 windows\s+steady \(pass 1\): [\d.]+ Gtokens/s", done.stdout, re.M
+    )
+    counts = re.search(
+        r"^K=1 rows=2048 sample-device steady .*\n  copies a batch ([\d.]+) .*bytes copied / "
+        r"used ([\d.]+)$",
+        done.stdout,
+        re.M,
+    )
+    assert counts is not None, output[-4000:]
+    assert float(counts.group(1)) > 1 and float(counts.group(2)) >= 1
     assert (tmp_path / "out" / "bench-gpu.txt").read_text().strip().endswith("path=windows")

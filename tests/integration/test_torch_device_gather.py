@@ -343,6 +343,8 @@ def test_a_sample_mode_mixture_is_gathered_on_the_device(tmp_path: Path) -> None
         _assert_equal(got, plain)
         assert prefetcher.stats.device_gathered >= steps
         assert prefetcher.stats.fallback == ""
+        # Two windows a source (depth + 1 = 3 would let the readers evict each other's).
+        assert prefetcher._gathers is not None and prefetcher._gathers.max_tables == 4
     finally:
         plain_ds.close()
         fast_ds.close()
@@ -454,3 +456,32 @@ def test_a_readers_windows_leave_the_device_once_its_batches_leave_them() -> Non
     for n in range(_device_gather.MAX_TABLES + 2):
         gathers.gather([_selection(window(f"r{n}", 0), [0])], copying)
     assert gathers.resident == _device_gather.MAX_TABLES
+
+
+def test_the_tables_kept_are_bounded_as_asked_and_a_dropped_one_is_copied_again() -> None:
+    def window(owner: str) -> selections.WindowRows:
+        piece = pa.record_batch({"x": pa.array(range(10), pa.int64())})
+        return selections.WindowRows(owner, 0, 0, [piece], 10)
+
+    gathers = _device_gather.DeviceGather(
+        device=torch.device("cpu"), lists="offsets", pad_value=0, pad_to=None, max_tables=3
+    )
+    copying = _device_gather.Copying(mappings=None, locate=None, copy_async=None, stream=0)
+    readers = [window(f"r{n}") for n in range(4)]
+    for w in readers:
+        assert gathers.gather([_selection(w, [1])], copying).windows == 1
+    assert gathers.resident == 3  # r0's window, the oldest, went
+    again = gathers.gather([_selection(readers[0], [7, 2])], copying)
+    assert again.windows == 1 and again.tensors["x"].tolist() == [7, 2]
+    with pytest.raises(ValueError, match="max_tables"):
+        _device_gather.DeviceGather(
+            device=torch.device("cpu"), lists="offsets", pad_value=0, pad_to=None, max_tables=1
+        )
+
+
+def test_the_prefetcher_keeps_depth_plus_one_windows_or_two_a_source(make: Any) -> None:
+    plain = list(make())
+    prefetcher = shardcache.torch.DevicePrefetcher(make(), device="cpu", depth=4)
+    _assert_equal(list(prefetcher._windowed()), plain)
+    assert prefetcher.stats.device_gathered == len(plain)
+    assert prefetcher._gathers is not None and prefetcher._gathers.max_tables == 5

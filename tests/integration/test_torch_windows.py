@@ -152,3 +152,22 @@ def test_a_dropped_mapping_is_let_go_by_the_window_path(make: Any) -> None:
     ds.shardcache_dataset().close()  # drops (and unregisters) every mapping
     mappings.prune()
     assert not mappings._tensors
+
+
+def test_in_manifest_order_a_window_is_one_copy_a_column_and_shard(make: Any) -> None:
+    # The bench's `ordered` path: consecutive pieces are neighbours in their shard, so a
+    # column's runs break only where a shard (a mapping) or a window ends.
+    def run(**options: Any) -> shardcache.torch.DevicePrefetcher:
+        ds = make(**options)
+        prefetcher = shardcache.torch.DevicePrefetcher(ds, device="cpu", window_bytes=1 << 20)
+        registry = _host_memory.Registry(_RegisterAll(), settle=lambda: None)
+        ds.shardcache_dataset().add_mapping_listener(registry)
+        prefetcher._registered = registry
+        _assert_equal(list(prefetcher._windowed()), list(make(**options)))
+        return prefetcher
+
+    ordered = run(shuffle=False).stats
+    shuffled = run().stats
+    assert ordered.staged_bytes == 0 and ordered.windows > 1
+    assert ordered.runs <= 2 * (len(SHARDS) + ordered.windows)  # two columns
+    assert ordered.runs < shuffled.runs
