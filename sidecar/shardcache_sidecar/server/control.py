@@ -393,12 +393,14 @@ async def _follow(
 ) -> None:
     """Move the reader to where the call says it is, so prefetch follows it.
 
-    On the event loop, unless the reader enters another epoch: its new plan is computed
-    then, which for a large manifest takes long enough to stall other readers."""
+    On the event loop, unless the reader enters an epoch whose global order nobody made
+    yet: computing it for a large manifest takes long enough to stall other readers.
+    (The first rank of a job to get there makes it in the thread pool; the others slice
+    it, which costs less than the hop.)"""
     reader = sidecar.registry.get(reader_id)
     new_epoch = reader is None or reader.params.epoch != epoch
     sidecar.registry.move(reader_id, epoch=epoch, position=position)
-    if new_epoch:
+    if new_epoch and (reader is None or not node.plan_is_cheap(reader.params.with_epoch(epoch))):
         await sidecar.blocking(node.update_reader, reader_id, epoch=epoch, position=position)
     else:
         node.update_reader(reader_id, epoch=epoch, position=position)
