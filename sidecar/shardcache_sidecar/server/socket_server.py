@@ -123,21 +123,59 @@ class _Request:
         )
 
 
-def _parse_head(routes: Routes, head: bytes) -> tuple[_Request, int]:
-    """The request and its body's length, from its header block (without the blank
-    line). Raises `_Refused` for what is not HTTP, `_HandOver` for what is aiohttp's."""
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not parts[0] or not parts[1].startswith(b"/"):
-        raise _Refused(400, f"malformed request line {lines[0][:200]!r}")
-    method, target, version = parts
-    if version != b"HTTP/1.1":
-        if version.startswith(b"HTTP/1."):
-            raise _HandOver  # 1.0's keep-alive rules: aiohttp's
-        raise _Refused(400, f"malformed request line {lines[0][:200]!r}")
+class Parser:
+    """Request heads into `_Request`s, for the routes given.
+
+    A client sends the same header lines with every request but for Content-Length (the
+    control client: Host, Accept, Connection, Content-Length, Content-Type), so what a
+    header block says is remembered by its bytes: a request's head is then a dict
+    lookup, the request line and the route. Only blocks that parsed are remembered, at
+    most `KEPT` of them."""
+
+    KEPT = 256
+
+    def __init__(self, routes: Routes) -> None:
+        self.routes = routes
+        self._headers: dict[bytes, tuple[int, bool]] = {}
+
+    def parse(self, head: bytes) -> tuple[_Request, int]:
+        """The request and its body's length, from its header block (without the blank
+        line). Raises `_Refused` for what is not HTTP, `_HandOver` for what is
+        aiohttp's."""
+        line_end = head.find(b"\r\n")
+        line = head if line_end < 0 else head[:line_end]
+        parts = line.split(b" ")
+        if len(parts) != 3 or not parts[0] or not parts[1].startswith(b"/"):
+            raise _Refused(400, f"malformed request line {line[:200]!r}")
+        method, target, version = parts
+        if version != b"HTTP/1.1":
+            if version.startswith(b"HTTP/1."):
+                raise _HandOver  # 1.0's keep-alive rules: aiohttp's
+            raise _Refused(400, f"malformed request line {line[:200]!r}")
+        block = b"" if line_end < 0 else head[line_end + 2 :]
+        said = self._headers.get(block)
+        if said is None:
+            said = _header_block(block)
+            if len(self._headers) >= self.KEPT:
+                self._headers.clear()
+            self._headers[block] = said
+        length, close = said
+        matched = self.routes.match(method, target)
+        if matched is None:
+            raise _HandOver
+        if length > MAX_BODY_BYTES:
+            raise _Refused(
+                413,
+                f"request body of {length} bytes: the control API takes at most {MAX_BODY_BYTES}",
+            )
+        return _Request(matched[0], matched[1], method, target, close), length
+
+
+def _header_block(block: bytes) -> tuple[int, bool]:
+    """(the body's length, whether the client closes after) from the header lines."""
     length: int | None = None
     close = False
-    for line in lines[1:]:
+    for line in block.split(b"\r\n") if block else ():
         name, sep, value = line.partition(b":")
         if not sep or not name or name != name.strip():
             raise _Refused(400, f"malformed header line {line[:200]!r}")
@@ -154,15 +192,7 @@ def _parse_head(routes: Routes, head: bytes) -> tuple[_Request, int]:
             close = b"close" in tokens
         elif key in (b"transfer-encoding", b"expect", b"upgrade"):
             raise _HandOver
-    matched = routes.match(method, target)
-    if matched is None:
-        raise _HandOver
-    length = length or 0
-    if length > MAX_BODY_BYTES:
-        raise _Refused(
-            413, f"request body of {length} bytes: the control API takes at most {MAX_BODY_BYTES}"
-        )
-    return _Request(matched[0], matched[1], method, target, close), length
+    return length or 0, close
 
 
 def _status_line(status: int) -> bytes:
@@ -234,7 +264,7 @@ class Connection(asyncio.Protocol):
                 self._refuse(431, f"request header block over {MAX_HEAD_BYTES} bytes")
             return
         try:
-            request, length = _parse_head(self._server.routes, bytes(self._buffer[:end]))
+            request, length = self._server.parser.parse(bytes(self._buffer[:end]))
         except _Refused as exc:
             self._refuse(exc.status, str(exc))
             return
@@ -321,7 +351,7 @@ class Server:
     ) -> None:
         self.sidecar = sidecar
         self.fallback = fallback
-        self.routes = Routes(control.TABLE + probes.TABLE)
+        self.parser = Parser(Routes(control.TABLE + probes.TABLE))
         self.connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
 
