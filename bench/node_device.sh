@@ -4,10 +4,11 @@
 # and no MinIO, but pyarrow, aiohttp and prometheus-client: nothing is installed from an
 # index. Run from the repository root:   OUT=/some/dir bash bench/node_device.sh
 # Writes $OUT/bench-node.txt (the report, RESULT last), $OUT/bench-node.json (figures),
-# $OUT/machine.txt, $OUT/logs/ (sidecar and rank logs) and $OUT/bench-opens.txt (the
-# cost of an open). About 3-5 minutes; bench-node is cut at BENCH_NODE_TIMEOUT seconds
-# (default 420) and the opens at BENCH_NODE_OPENS_TIMEOUT (default 120), so the whole
-# ends inside a 10-minute slot.
+# $OUT/machine.txt, $OUT/logs/ (sidecar and rank logs), $OUT/bench-opens.txt (the
+# cost of an open) and $OUT/bench-requests.txt (sidecar CPU per request, by route).
+# About 3-5 minutes; bench-node is cut at BENCH_NODE_TIMEOUT seconds (default 420), the
+# opens at BENCH_NODE_OPENS_TIMEOUT (default 120) and the requests at
+# BENCH_NODE_REQUESTS_TIMEOUT (default 40), so the whole ends inside a 10-minute slot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-node-out}
@@ -50,5 +51,13 @@ if [ "${BENCH_NODE_OPENS_TIMEOUT:-120}" != 0 ]; then
   timeout --signal=INT --kill-after=10 "${BENCH_NODE_OPENS_TIMEOUT:-120}" \
     "$PY" -m bench.node_opens --ks 1,8,16 --rounds 5 >"$OUT/bench-opens.txt" 2>&1 || true
   cat "$OUT/bench-opens.txt"
+fi
+
+# The sidecar's CPU per request, by route, one client (bench/node_requests.py: about
+# 15 s); BENCH_NODE_REQUESTS_TIMEOUT=0 skips it. Its failure never changes the status.
+if [ "${BENCH_NODE_REQUESTS_TIMEOUT:-40}" != 0 ]; then
+  timeout --signal=INT --kill-after=10 "${BENCH_NODE_REQUESTS_TIMEOUT:-40}" \
+    "$PY" -m bench.node_requests --seconds 2 >"$OUT/bench-requests.txt" 2>&1 || true
+  cat "$OUT/bench-requests.txt"
 fi
 exit "$status"

@@ -14,19 +14,23 @@ skipped, so the same script measures the code before and after a change.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import re
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
+from shardcache_sidecar import launcher
 
-from bench import node_probes
-from shardcache import plans, sidecar_client
+from bench import node_dataset, node_probes, node_profile
+from shardcache import contract, plans, sidecar_client
 from shardcache.contract import protocol
-from tests.support import datasets
-from tests.support.sidecar import SidecarProcess
+
+#: Rows per shard (`node_dataset` writes a multiple of its 4,096-row block).
+ROWS = 4096
 
 
 def measure(pid: int, seconds: float, call: Callable[[], object]) -> tuple[int, float, float]:
@@ -43,19 +47,36 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=2.0, help="per route (default 2)")
     p.add_argument("--shards", type=int, default=6)
+    p.add_argument(
+        "--profile",
+        type=Path,
+        help="py-spy the sidecar into this file, one route after another (pip install py-spy)",
+    )
+    p.add_argument("--only", help="measure only the routes whose name contains this")
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="scnr-"))
-    datasets.write_dataset(pafs.LocalFileSystem(), str(work / "ds"), [300] * args.shards)
-    (work / "sidecar").mkdir()
-    proc = SidecarProcess(f"file://{work / 'ds'}", workdir=work / "sidecar")
-    proc.start(wait="ready")
-    assert proc.process is not None
-    pid = proc.process.pid
+    shm = Path("/dev/shm")
+    work = Path(tempfile.mkdtemp(prefix="scnr-", dir=shm if shm.is_dir() else None))
     try:
-        client = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    # The sidecar as bench.node and bench.node_opens start it (no test support code:
+    # this runs on the device machine, which has no pytest).
+    root = f"file://{work / 'source'}"
+    node_dataset.generate(root, {}, args.shards, ROWS, threads=node_probes.usable_cores())
+    sidecar_env = {
+        contract.ENV_READY_SHARDS: str(args.shards),
+        "SHARDCACHE_LOG_LEVEL": "WARNING",
+    }
+    with launcher.sidecar(root, {}, work, extra_env=sidecar_env) as (trainer_env, _):
+        pid = node_probes.find_child("shardcache sidecar")
+        client = sidecar_client.SidecarProvider.from_env(environ=trainer_env)
         reader = client.open_reader(plans.PlanParams(shuffle=False), position=0)
         for shard in range(args.shards):  # every shard resident: warm lookups only
-            client.acquire(reader, shard, epoch=0, position=300 * shard).release()
+            client.acquire(reader, shard, epoch=0, position=ROWS * shard).release()
         client.close()
         transport = sidecar_client.Transport(client.settings)
         body = {**protocol.params_to_json(plans.PlanParams(shuffle=False)), "position": 0}
@@ -93,12 +114,19 @@ def main() -> None:
             routes["acquire, 4 ahead + notes"] = acquire(4)
         print(f"{'route':26} {'calls':>7} {'sidecar CPU ms':>15} {'wall ms':>8}")
         for name, call in routes.items():
-            n, cpu_ms, wall_ms = measure(pid, args.seconds, call)
+            if args.only and args.only not in name:
+                continue
+            profile = None
+            if args.profile:
+                slug = re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+                profile = args.profile.with_name(f"{args.profile.stem}-{slug}.txt")
+            with node_profile.sampling(pid, profile) if profile else contextlib.nullcontext():
+                n, cpu_ms, wall_ms = measure(pid, args.seconds, call)
+            if profile:
+                print(node_profile.summary(profile))
             requests = {"acquire + release": 2, "acquire, 4 ahead + notes": 2}.get(name, 1)
             print(f"{name:26} {n:7d} {cpu_ms:15.3f} {wall_ms:8.3f}  ({requests} request(s))")
         getattr(transport, "close", lambda: None)()  # older clients have none
-    finally:
-        proc.kill()
 
 
 if __name__ == "__main__":

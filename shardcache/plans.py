@@ -172,32 +172,42 @@ def _permutation(n: int, seed: int) -> list[int]:
 
 def global_runs(shard_rows: Sequence[int], digest: str, params: PlanParams) -> list[Run]:
     """Every row of the epoch, across all ranks, as runs in reading order."""
-    n = len(shard_rows)
-    if params.shuffle:
-        shards = _permutation(n, _derive_seed("shards", digest, params.seed, params.epoch))
-    else:
-        shards = list(range(n))
     runs: list[Run] = []
+    for shard in _shard_order(len(shard_rows), digest, params):
+        runs.extend(_shard_runs(shard_rows[shard], shard, digest, params))
+    return runs
+
+
+def _shard_order(n: int, digest: str, params: PlanParams) -> list[int]:
+    """The order the epoch reads the manifest's `n` shards in."""
+    if params.shuffle:
+        return _permutation(n, _derive_seed("shards", digest, params.seed, params.epoch))
+    return list(range(n))
+
+
+def _shard_runs(rows: int, shard: int, digest: str, params: PlanParams) -> list[Run]:
+    """One shard's runs in the epoch's order: its blocks, permuted with a seed of their
+    own, adjacent ones read in order joined. A shard's runs depend on no other shard's,
+    so a rank computes only the shards it reads (`rank_runs`)."""
+    if rows == 0:
+        return []
     bs = params.block_size
-    for shard in shards:
-        rows = shard_rows[shard]
-        if rows == 0:
-            continue
-        nblocks = -(-rows // bs)
-        if params.shuffle and nblocks > 1:
-            seed = _derive_seed("blocks", digest, params.seed, params.epoch, shard)
-            blocks = _permutation(nblocks, seed)
+    nblocks = -(-rows // bs)
+    if params.shuffle and nblocks > 1:
+        blocks = _permutation(
+            nblocks, _derive_seed("blocks", digest, params.seed, params.epoch, shard)
+        )
+    else:
+        blocks = list(range(nblocks))
+    runs: list[Run] = []
+    for b in blocks:
+        start = b * bs
+        stop = min(start + bs, rows)
+        if runs and runs[-1].stop == start:
+            # Adjacent blocks read in order are one run: a longer zero-copy slice.
+            runs[-1] = Run(shard, runs[-1].start, stop)
         else:
-            blocks = list(range(nblocks))
-        for b in blocks:
-            start = b * bs
-            stop = min(start + bs, rows)
-            prev = runs[-1] if runs else None
-            if prev is not None and prev.shard == shard and prev.stop == start:
-                # Adjacent blocks read in order are one run: a longer zero-copy slice.
-                runs[-1] = Run(shard, prev.start, stop)
-            else:
-                runs.append(Run(shard, start, stop))
+            runs.append(Run(shard, start, stop))
     return runs
 
 
@@ -245,11 +255,37 @@ def runs_of(
 
 
 def rank_runs(shard_rows: Sequence[int], digest: str, params: PlanParams) -> list[Run]:
-    """The runs `params.rank` reads in the epoch, in order."""
-    ranges = stream_ranges(sum(shard_rows), params)
+    """The runs `params.rank` reads in the epoch, in order: exactly
+    `runs_of(global_runs(...), stream_ranges(...))`, but with only the shards the rank's
+    ranges cover permuted into blocks. Every rank opening computes its plan; of the
+    device benchmark's 48 shards of 42 blocks a rank of 16 reads 3 or 4, and the whole
+    order took most of an open's client CPU (docs/benchmarks.md)."""
+    total = sum(shard_rows)
+    ranges = stream_ranges(total, params)
     if not ranges:
         return []
-    return runs_of(global_runs(shard_rows, digest, params), ranges)
+    order = _shard_order(len(shard_rows), digest, params)
+    # Where each shard's rows start in the epoch's sequence, in reading order.
+    starts = list(itertools.accumulate((shard_rows[s] for s in order), initial=0))
+    made: dict[int, list[Run]] = {}
+    out: list[Run] = []
+    for lo, hi in ranges:
+        i = bisect.bisect_right(starts, lo) - 1
+        while lo < hi and i < len(order):
+            base, end = starts[i], starts[i + 1]
+            if end > lo:
+                shard = order[i]
+                runs = made.get(shard)
+                if runs is None:
+                    runs = made[shard] = _shard_runs(shard_rows[shard], shard, digest, params)
+                take = min(hi, end)
+                if lo == base and take == end:
+                    out.extend(runs)  # the whole shard
+                else:
+                    out.extend(runs_of(runs, [(lo - base, take - base)]))
+                lo = take
+            i += 1
+    return out
 
 
 def skip(runs: Sequence[Run], position: int) -> Iterator[Run]:

@@ -241,7 +241,15 @@ class CacheNode:
         planned = _Reader.planned(self.manifest, self._orders, params, position)
         with self._lock:
             self._readers[reader_id] = planned
-        self._schedule()
+        # Only the new reader's window is new: the others' were scheduled when they
+        # moved (16 ranks registering at once rescheduled every reader 16 times).
+        self._schedule(reader_id)
+
+    def plan_is_cheap(self, params: plans.PlanParams) -> bool:
+        """Whether a reader of `params` gets its plan without computing an epoch's
+        global order (another rank's registration made it): then registering it is a
+        slice and a bisection, cheap enough for the sidecar's event loop."""
+        return not params.sampled and self._orders.has(params)
 
     def update_reader(self, reader_id: str, *, epoch: int, position: int) -> None:
         with self._lock:

@@ -50,9 +50,13 @@ class EpochPlans:
         order, ends = self._global(params)
         return plans.runs_of(order, ranges, ends=ends)
 
+    def has(self, params: plans.PlanParams) -> bool:
+        """Whether the global order `rank_runs(params)` slices is made already."""
+        with self._lock:
+            return _key(params) in self._orders
+
     def _global(self, params: plans.PlanParams) -> tuple[list[plans.Run], list[int]]:
-        # Exactly what `plans.global_runs` reads of the params.
-        key = (params.shuffle, params.seed, params.epoch, params.block_size)
+        key = _key(params)
         with self._lock:
             order = self._orders.get(key)
             if order is None:
@@ -64,3 +68,8 @@ class EpochPlans:
             else:
                 self._orders.move_to_end(key)
             return order
+
+
+def _key(params: plans.PlanParams) -> _Key:
+    # Exactly what `plans.global_runs` reads of the params.
+    return (params.shuffle, params.seed, params.epoch, params.block_size)

@@ -69,3 +69,14 @@ def test_ranks_of_one_epoch_make_its_global_order_once(monkeypatch: pytest.Monke
     for rank in range(16):
         orders.rank_runs(plans.PlanParams(seed=1, rank=rank, world_size=16, block_size=8))
     assert len(made) == 1
+
+
+def test_an_order_is_had_once_any_rank_of_its_epoch_made_it() -> None:
+    orders = epoch_plans.EpochPlans(ROWS, DIGEST)
+    rank0 = plans.PlanParams(seed=1, epoch=2, rank=0, world_size=4, block_size=8)
+    rank3 = plans.PlanParams(seed=1, epoch=2, rank=3, world_size=4, block_size=8)
+    assert not orders.has(rank3)
+    orders.rank_runs(rank0)
+    assert orders.has(rank3)
+    assert not orders.has(rank3.with_epoch(3))
+    assert not orders.has(plans.PlanParams(seed=2, epoch=2, rank=3, world_size=4, block_size=8))

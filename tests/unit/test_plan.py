@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from shardcache import errors, plans
+from shardcache import errors, plans, streams
 
 pytestmark = pytest.mark.unit
 
@@ -123,4 +123,52 @@ def test_next_shards_agrees_with_upcoming_shards_at_every_position(count: int) -
         assert (
             plans.next_shards(runs, ends, position, count)
             == (plans.upcoming_shards(runs, position)[:count])
+        )
+
+
+def _sliced_global_order(
+    shard_rows: list[int], digest: str, params: plans.PlanParams
+) -> list[plans.Run]:
+    # The definition `rank_runs` must equal: the rank's ranges of the whole epoch order.
+    ranges = plans.stream_ranges(sum(shard_rows), params)
+    return plans.runs_of(plans.global_runs(shard_rows, digest, params), ranges) if ranges else []
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("block_size", [1, 5, 16, 64, 1000])
+@pytest.mark.parametrize(
+    "shard_rows",
+    [ROWS, [0, 0, 7], [4096] * 12, [1], [0, 3, 0, 0, 9, 0]],
+    ids=["mixed", "leading-empty", "even", "one-row", "gaps"],
+)
+def test_a_rank_computing_only_its_shards_gets_exactly_its_slice_of_the_epoch_order(
+    shuffle: bool, block_size: int, shard_rows: list[int]
+) -> None:
+    for world_size in (1, 2, 3, 5, 16):
+        for rank in range(world_size):
+            for epoch in (0, 3):
+                params = plans.PlanParams(
+                    seed=11,
+                    epoch=epoch,
+                    rank=rank,
+                    world_size=world_size,
+                    shuffle=shuffle,
+                    block_size=block_size,
+                )
+                assert plans.rank_runs(shard_rows, "sha256:p", params) == _sliced_global_order(
+                    shard_rows, "sha256:p", params
+                )
+
+
+def test_an_elastic_rank_gets_exactly_its_segments_of_the_epoch_order() -> None:
+    total = sum(ROWS)
+    for ranges in [((3, 9),), ((9, 10), (20, 25)), ((0, total),), ((total - 1, total),)]:
+        params = plans.PlanParams(
+            seed=2,
+            epoch=1,
+            block_size=7,
+            segments=streams.Segments(1, ranges),
+        )
+        assert plans.rank_runs(ROWS, "sha256:e", params) == _sliced_global_order(
+            ROWS, "sha256:e", params
         )

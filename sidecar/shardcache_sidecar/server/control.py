@@ -10,6 +10,12 @@
     POST   /v1/readers/{id}/notes        pinned shards and dropped holds, batched
     DELETE /v1/leases/{id}               release a hold the reader did not take over
 
+Every route but /v1/status is a `routing.Route` in `TABLE`: a call of (sidecar, the
+path's id, the raw body) answering a `replies.Answer`, served by both transports of the
+socket:
+`socket_server`'s own HTTP/1.1 protocol (the hot path: no aiohttp request machinery)
+and aiohttp's (`ROUTES`, the same calls: anything the lean protocol hands over).
+
 Handlers are thin: they parse the request, call the `CacheNode` and shape the answer.
 What cannot block runs on the event loop (moving or forgetting a reader, a lookup of a
 resident shard): a hop to a thread and back cost more than the call. What can (a fetch, an
@@ -24,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -34,7 +42,7 @@ from shardcache import uris
 from shardcache.contract import protocol
 from shardcache.node import caches, names, tiers
 from shardcache_sidecar import readers
-from shardcache_sidecar.server import lifecycle, replies
+from shardcache_sidecar.server import lifecycle, replies, routing
 
 # The logger name the sidecar's logs carried before the server was split.
 log = logging.getLogger("shardcache_sidecar.server")
@@ -42,11 +50,10 @@ log = logging.getLogger("shardcache_sidecar.server")
 ROUTES = web.RouteTableDef()
 
 
-@ROUTES.get(protocol.MANIFEST)
-async def get_manifest(request: web.Request) -> web.Response:
-    sidecar = request.app[lifecycle.SIDECAR]
+async def get_manifest(sidecar: lifecycle.Sidecar, _: str, raw: bytes) -> replies.Answer:
     sidecar.serving()
-    return web.Response(body=sidecar.manifest_body, content_type="application/json")
+    # Encoded once when the manifest was pinned: the same bytes for every open.
+    return replies.Answer(sidecar.manifest_body)
 
 
 @ROUTES.get(protocol.STATUS)
@@ -85,12 +92,10 @@ async def get_status(request: web.Request) -> web.Response:
     )
 
 
-@ROUTES.put(protocol.reader_path("{reader_id}"))
-async def put_reader(request: web.Request) -> web.Response:
-    sidecar = request.app[lifecycle.SIDECAR]
+async def put_reader(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> replies.Answer:
     node = sidecar.serving()
-    reader_id = protocol.check_reader_id(request.match_info["reader_id"])
-    body = await replies.json_body(request)
+    reader_id = protocol.check_reader_id(reader_id)
+    body = replies.json_object(raw)
     params = protocol.params_from_json(body)
     position = protocol.require_int(body, "position", minimum=0)
     digest = body.get("digest")
@@ -109,10 +114,19 @@ async def put_reader(request: web.Request) -> web.Response:
         sidecar.registry.unregister(startup)
         node.unregister_reader(startup)
     change = sidecar.registry.register(reader_id, params, position)
+    move: Callable[[], None]
     if change is readers.Change.UNCHANGED:
-        await sidecar.blocking(node.update_reader, reader_id, epoch=params.epoch, position=position)
+        move = functools.partial(
+            node.update_reader, reader_id, epoch=params.epoch, position=position
+        )
     else:
-        await sidecar.blocking(node.register_reader, reader_id, params, position)
+        move = functools.partial(node.register_reader, reader_id, params, position)
+    if node.plan_is_cheap(params):
+        # The epoch's order is made (the ranks of a job register together): slicing
+        # it costs less than the hop to a thread and back.
+        move()
+    else:
+        await sidecar.blocking(move)
     log.info(
         "reader %s %s",
         reader_id,
@@ -135,13 +149,11 @@ async def put_reader(request: web.Request) -> web.Response:
         answer["ahead"] = [
             _handover(sidecar, reader_id, s, e) for s, e in _grant(sidecar, node, upcoming)
         ]
-    return replies.json_response(answer)
+    return replies.answer(answer)
 
 
-@ROUTES.delete(protocol.reader_path("{reader_id}"))
-async def delete_reader(request: web.Request) -> web.Response:
-    sidecar = request.app[lifecycle.SIDECAR]
-    reader_id = protocol.check_reader_id(request.match_info["reader_id"])
+async def delete_reader(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> replies.Answer:
+    reader_id = protocol.check_reader_id(reader_id)
     reader, holds = sidecar.registry.unregister(reader_id)
     sidecar.tuner.forget(reader_id)
     for hold in holds:
@@ -151,28 +163,24 @@ async def delete_reader(request: web.Request) -> web.Response:
         # ever held briefly: no thread hop.
         sidecar.node.unregister_reader(reader_id)
         log.info("reader %s unregistered", reader_id, extra={"reader": reader_id})
-    return replies.json_response(
+    return replies.answer(
         {"reader": reader_id, "removed": reader is not None, "released_leases": len(holds)}
     )
 
 
-@ROUTES.post(protocol.position_path("{reader_id}"))
-async def post_position(request: web.Request) -> web.Response:
-    sidecar = request.app[lifecycle.SIDECAR]
+async def post_position(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> replies.Answer:
     node = sidecar.serving()
-    reader_id = _known_reader(sidecar, request)
-    body = await replies.json_body(request)
+    reader_id = _known_reader(sidecar, reader_id)
+    body = replies.json_object(raw)
     epoch = protocol.require_int(body, "epoch", minimum=0)
     position = protocol.require_int(body, "position", minimum=0)
     await _follow(sidecar, node, reader_id, epoch, position)
-    return replies.json_response({"reader": reader_id, "epoch": epoch, "position": position})
+    return replies.answer({"reader": reader_id, "epoch": epoch, "position": position})
 
 
-@ROUTES.post(protocol.acquire_path("{reader_id}"))
-async def post_acquire(request: web.Request) -> web.Response:
-    sidecar = request.app[lifecycle.SIDECAR]
+async def post_acquire(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> replies.Answer:
     settings = sidecar.settings
-    call = await _shard_call(sidecar, request)
+    call = _shard_call(sidecar, reader_id, raw)
     node, reader_id, shard = call.node, call.reader_id, call.shard
     wanted = protocol.optional_float(call.body, "timeout_s")
     timeout = settings.acquire_timeout if wanted is None else min(wanted, settings.acquire_timeout)
@@ -208,7 +216,7 @@ async def post_acquire(request: web.Request) -> web.Response:
             _handover(sidecar, reader_id, s, e)
             for s, e in _grant_ahead(sidecar, node, reader_id, entry, shard, ahead)
         ]
-    return replies.json_response(answer)
+    return replies.answer(answer)
 
 
 def _handover(
@@ -286,19 +294,17 @@ def _grant(
     return granted
 
 
-@ROUTES.post(protocol.pinned_path("{reader_id}"))
-async def post_pinned(request: web.Request) -> web.Response:
+async def post_pinned(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> replies.Answer:
     """The reader pinned shard S itself, from an entry an earlier acquire handed it.
 
     The client's warm path (the `reuse` fast path of docs/wire-format.md): no hold,
     no lookup here; only what an acquire would have done besides leasing: move the
     reader, so prefetch follows it, and count the memory-tier hit.
     """
-    sidecar = request.app[lifecycle.SIDECAR]
-    call = await _shard_call(sidecar, request)
+    call = _shard_call(sidecar, reader_id, raw)
     await _follow(sidecar, call.node, call.reader_id, call.epoch, call.position)
     call.node.note_reuse(call.shard)
-    return replies.json_response(
+    return replies.answer(
         {
             "reader": call.reader_id,
             "shard": call.shard,
@@ -308,15 +314,13 @@ async def post_pinned(request: web.Request) -> web.Response:
     )
 
 
-@ROUTES.post(protocol.notes_path("{reader_id}"))
-async def post_notes(request: web.Request) -> web.Response:
+async def post_notes(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> replies.Answer:
     """What a reader did without asking, batched: the shards it pinned itself (each as
     a `pinned` call) and the holds it no longer needs (each as a lease release), then
     where it is now. One request for what were several, sent off the read path."""
-    sidecar = request.app[lifecycle.SIDECAR]
     node = sidecar.serving()
-    reader_id = _known_reader(sidecar, request)
-    body = await replies.json_body(request)
+    reader_id = _known_reader(sidecar, reader_id)
+    body = replies.json_object(raw)
     epoch = protocol.require_int(body, "epoch", minimum=0)
     position = protocol.require_int(body, "position", minimum=0)
     pinned = protocol.int_list(body, "pinned")
@@ -339,7 +343,7 @@ async def post_notes(request: web.Request) -> web.Response:
         if reader is not None:
             sidecar.metrics.stalled(reader.params.rank, waited, stepped)
             sidecar.tuner.reported(reader, stalls, node=node, registered=sidecar.registry.readers())
-    return replies.json_response(
+    return replies.answer(
         {
             "reader": reader_id,
             "epoch": epoch,
@@ -350,14 +354,11 @@ async def post_notes(request: web.Request) -> web.Response:
     )
 
 
-@ROUTES.delete(protocol.lease_path("{lease_id}"))
-async def delete_lease(request: web.Request) -> web.Response:
-    sidecar = request.app[lifecycle.SIDECAR]
-    lease_id = request.match_info["lease_id"]
+async def delete_lease(sidecar: lifecycle.Sidecar, lease_id: str, raw: bytes) -> replies.Answer:
     hold = sidecar.registry.drop(lease_id)
     if hold is not None:
         hold.lease.release()
-    return replies.json_response({"lease": lease_id, "released": hold is not None})
+    return replies.answer({"lease": lease_id, "released": hold is not None})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,11 +371,11 @@ class _ShardCall:
     position: int
 
 
-async def _shard_call(sidecar: lifecycle.Sidecar, request: web.Request) -> _ShardCall:
+def _shard_call(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> _ShardCall:
     """A reader's request about one shard, checked: known reader, shard in range."""
     node = sidecar.serving()
-    reader_id = _known_reader(sidecar, request)
-    body = await replies.json_body(request)
+    reader_id = _known_reader(sidecar, reader_id)
+    body = replies.json_object(raw)
     call = _ShardCall(
         node=node,
         reader_id=reader_id,
@@ -392,19 +393,21 @@ async def _follow(
 ) -> None:
     """Move the reader to where the call says it is, so prefetch follows it.
 
-    On the event loop, unless the reader enters another epoch: its new plan is computed
-    then, which for a large manifest takes long enough to stall other readers."""
+    On the event loop, unless the reader enters an epoch whose global order nobody made
+    yet: computing it for a large manifest takes long enough to stall other readers.
+    (The first rank of a job to get there makes it in the thread pool; the others slice
+    it, which costs less than the hop.)"""
     reader = sidecar.registry.get(reader_id)
     new_epoch = reader is None or reader.params.epoch != epoch
     sidecar.registry.move(reader_id, epoch=epoch, position=position)
-    if new_epoch:
+    if new_epoch and (reader is None or not node.plan_is_cheap(reader.params.with_epoch(epoch))):
         await sidecar.blocking(node.update_reader, reader_id, epoch=epoch, position=position)
     else:
         node.update_reader(reader_id, epoch=epoch, position=position)
 
 
-def _known_reader(sidecar: lifecycle.Sidecar, request: web.Request) -> str:
-    reader_id = protocol.check_reader_id(request.match_info["reader_id"])
+def _known_reader(sidecar: lifecycle.Sidecar, reader_id: str) -> str:
+    reader_id = protocol.check_reader_id(reader_id)
     if sidecar.registry.get(reader_id) is None:
         raise replies.RequestError(
             404,
@@ -424,3 +427,21 @@ def _check_shard(node: caches.CacheNode, shard: int) -> None:
             protocol.CODE_UNKNOWN_SHARD,
             f"shard index {shard} is out of range: the manifest has {n} shards (0..{n - 1})",
         )
+
+
+#: Every route both transports serve: all of the control API but /v1/status (whose
+#: answer counts the tiers' files in a thread: never hot). The lean transport matches a
+#: request against these exactly and hands anything else to aiohttp.
+TABLE: tuple[routing.Route, ...] = (
+    routing.Route("GET", protocol.MANIFEST, get_manifest),
+    routing.Route("PUT", protocol.reader_path("{reader_id}"), put_reader),
+    routing.Route("DELETE", protocol.reader_path("{reader_id}"), delete_reader),
+    routing.Route("POST", protocol.position_path("{reader_id}"), post_position),
+    routing.Route("POST", protocol.acquire_path("{reader_id}"), post_acquire),
+    routing.Route("POST", protocol.pinned_path("{reader_id}"), post_pinned),
+    routing.Route("POST", protocol.notes_path("{reader_id}"), post_notes),
+    routing.Route("DELETE", protocol.lease_path("{lease_id}"), delete_lease),
+)
+
+
+routing.add(ROUTES, TABLE)

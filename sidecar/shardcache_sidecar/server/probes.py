@@ -13,20 +13,30 @@ from aiohttp import web
 
 from shardcache.contract import protocol
 from shardcache_sidecar import metrics
-from shardcache_sidecar.server import lifecycle, replies
+from shardcache_sidecar.server import lifecycle, replies, routing
 
 ROUTES = web.RouteTableDef()
 
 
-@ROUTES.get(protocol.HEALTHZ)
-async def healthz(request: web.Request) -> web.Response:
-    return replies.json_response({"status": "alive", "version": protocol.VERSION})
+_ALIVE = replies.answer({"status": "alive", "version": protocol.VERSION})
 
 
-@ROUTES.get(protocol.READYZ)
-async def readyz(request: web.Request) -> web.Response:
-    report = request.app[lifecycle.SIDECAR].readiness.report()
-    return replies.json_response(report, 200 if report["ready"] else 503)
+async def healthz(sidecar: lifecycle.Sidecar, _: str, raw: bytes) -> replies.Answer:
+    return _ALIVE
+
+
+async def readyz(sidecar: lifecycle.Sidecar, _: str, raw: bytes) -> replies.Answer:
+    report = sidecar.readiness.report()
+    return replies.answer(report, 200 if report["ready"] else 503)
+
+
+#: The probes the control socket's lean transport answers too (`socket_server`);
+#: /metrics renders in a thread and stays aiohttp's.
+TABLE: tuple[routing.Route, ...] = (
+    routing.Route("GET", protocol.HEALTHZ, healthz),
+    routing.Route("GET", protocol.READYZ, readyz),
+)
+routing.add(ROUTES, TABLE)
 
 
 @ROUTES.get(protocol.METRICS)

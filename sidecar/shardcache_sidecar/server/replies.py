@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 from aiohttp import web
 
 from shardcache import errors
 from shardcache.contract import protocol
+
+# The logger name the sidecar's logs carried before the server was split.
+log = logging.getLogger("shardcache_sidecar.server")
 
 
 class RequestError(Exception):
@@ -35,6 +39,28 @@ class Problem:
 
     def error(self) -> RequestError:
         return RequestError(self.status, self.kind, self.code, self.message)
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """An answer ready for either transport of the control socket (aiohttp's, or
+    `socket_server`'s): its HTTP status and its JSON body, encoded once."""
+
+    body: bytes
+    status: int = 200
+
+
+def answer(doc: Any, status: int = 200) -> Answer:
+    return Answer(json.dumps(doc).encode(), status)
+
+
+def error_answer(exc: RequestError) -> Answer:
+    return answer(protocol.error_body(exc.kind, exc.code, exc.message), exc.status)
+
+
+def response(reply: Answer) -> web.Response:
+    """`reply` as aiohttp's response."""
+    return web.Response(body=reply.body, status=reply.status, content_type="application/json")
 
 
 def json_response(doc: Any, status: int = 200) -> web.Response:
@@ -72,9 +98,30 @@ def request_error(exc: BaseException) -> RequestError:
     )
 
 
+def refusal(exc: BaseException, method: str, path: str) -> RequestError:
+    """What to answer for an error a handler raised, logged as it deserves: a bug with
+    its traceback, anything else (bad input, a source or cache failure) as a warning."""
+    if isinstance(exc, RequestError):
+        return exc
+    rejected = request_error(exc)
+    if (
+        rejected.status >= 500
+        and rejected.kind == protocol.KIND_CACHE
+        and rejected.code == protocol.CODE_INTERNAL
+    ):
+        log.error("%s %s failed", method, path, exc_info=exc)
+    else:
+        log.warning("%s %s: %s", method, path, rejected.message)
+    return rejected
+
+
 async def json_body(request: web.Request) -> dict[str, Any]:
     """The request's body, which must be a JSON object (InputError otherwise)."""
-    raw = await request.read()
+    return json_object(await request.read())
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body, which must be a JSON object (InputError otherwise)."""
     try:
         body = json.loads(raw) if raw else None
     except ValueError as exc:

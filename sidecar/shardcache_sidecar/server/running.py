@@ -1,6 +1,8 @@
 """The two aiohttp apps, the error middleware they share, and running them until stopped.
 
-* Unix socket (shared volume, trainer only): `control.ROUTES` plus `probes.ROUTES`.
+* Unix socket (shared volume, trainer only): `control.ROUTES` plus `probes.ROUTES`,
+  behind `socket_server.Server`, which answers the control routes itself and hands
+  aiohttp what else comes.
 * TCP on the pod IP (kubelet probes, Prometheus): `probes.ROUTES` only.
 * TCP on 127.0.0.1 (`kubectl port-forward`): the read-only web inspector at /ui. It
   reads the dataset, so it never listens where other pods can reach it.
@@ -25,7 +27,7 @@ from shardcache import errors
 from shardcache.contract import mixture_sources, protocol
 from shardcache_sidecar import configuration, metrics
 from shardcache_sidecar.checkpoint import agent, hook
-from shardcache_sidecar.server import control, lifecycle, probes, replies
+from shardcache_sidecar.server import control, lifecycle, probes, replies, socket_server
 from shardcache_sidecar.ui import routes
 
 # The logger name the sidecar's logs carried before the server was split.
@@ -61,16 +63,7 @@ async def errors_to_json(request: web.Request, handler: Handler) -> web.StreamRe
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        rejected = replies.request_error(exc)
-        if (
-            rejected.status >= 500
-            and rejected.kind == protocol.KIND_CACHE
-            and rejected.code == protocol.CODE_INTERNAL
-        ):
-            log.exception("%s %s failed", request.method, request.path)
-        else:
-            log.warning("%s %s: %s", request.method, request.path, rejected.message)
-        response = replies.error_response(rejected)
+        response = replies.error_response(replies.refusal(exc, request.method, request.path))
     request.app[lifecycle.SIDECAR].metrics.request(route, response.status)
     return response
 
@@ -270,8 +263,10 @@ async def _serve_one(
     await control_runner.setup()
     await probe_runner.setup()
     await ui_runner.setup()
+    assert control_runner.server is not None  # set up above
+    control_server = socket_server.Server(sidecar, control_runner.server)
     try:
-        await web.UnixSite(control_runner, os.fspath(settings.socket_path)).start()
+        await control_server.start(settings.socket_path)
         # The trainer may run as another user than the sidecar; the socket lives in
         # the pod's own volume, so the pod boundary is the access boundary.
         os.chmod(settings.socket_path, 0o666)
@@ -296,6 +291,7 @@ async def _serve_one(
         await stop.wait()
         log.info("shutting down")
     finally:
+        await control_server.close(_SHUTDOWN_TIMEOUT)
         await control_runner.cleanup()
         await probe_runner.cleanup()
         await ui_runner.cleanup()
