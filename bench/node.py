@@ -49,6 +49,7 @@ from bench import (
     node_profile,
     node_ranks,
     node_report,
+    node_timeline,
 )
 from shardcache import contract, plans, source
 from shardcache.contract import protocol
@@ -202,6 +203,22 @@ def uids_by_pass(
     return out
 
 
+def cold_timeline(
+    work: Path, metrics_url: str, serving: float, go: float, end: float
+) -> tuple[str, dict[str, Any]]:
+    """The cold epoch's slot occupancy from the sidecar's log (`bench.node_timeline`):
+    the report and its figures. The sidecar's log is `sidecar-<metrics port>.log`."""
+    log = work / f"sidecar-{metrics_url.rsplit(':', 1)[1]}.log"
+    time.sleep(SETTLE_S)  # the last lines reach the file
+    shards, slots = node_timeline.read(log)
+    if slots is None:
+        return f"cold-epoch timeline: no fetch concurrency in {log.name}", {}
+    return (
+        node_timeline.report(shards, slots, serving, end, go),
+        node_timeline.figures(shards, slots, serving, end),
+    )
+
+
 @dataclasses.dataclass
 class Bench:
     """One run's settings and the sidecar under test."""
@@ -353,6 +370,10 @@ def run(
         contract.ENV_SHUFFLE: "false" if args.no_shuffle else "true",
         contract.ENV_WORLD_SIZE: str(k_cold),
         contract.ENV_RANK: "0",
+        # The per-shard timeline of the cold path (`bench.node_timeline`): DEBUG lines
+        # of the `shardcache.node.timeline` logger, in JSON to be read back.
+        contract.ENV_LOG_LEVEL: "DEBUG",
+        contract.ENV_LOG_FORMAT: "json",
     }
     if args.fetch_concurrency is not None:
         sidecar_env[contract.ENV_FETCH_CONCURRENCY] = str(args.fetch_concurrency)
@@ -402,6 +423,8 @@ def run(
                 f"s = {cold_cpu / ceiling.cpu_seconds:.2f} x the ceiling's",
                 flush=True,
             )
+            timeline = cold_timeline(work, metrics_url, serving, go, go + cold_pass.seconds)
+            print(timeline[0], flush=True)
             (work / "layout.json").write_text(json.dumps(shard_layout(trainer_env)))
             evicted = node_probes.evictions(node_probes.metrics(bench.metrics_url))
             with (
@@ -435,6 +458,7 @@ def run(
                     "cold_ratio": cold_ratio,
                     "ceiling_cpu_s": ceiling.cpu_seconds,
                     "cold_sidecar_cpu_s": cold_cpu,
+                    "cold_timeline": timeline[1],
                     "k": {str(r.k): r.figures() for r in results},
                     # Each pass's uids, rank by rank, for tests to check independently.
                     **({"uids": uids_by_pass(cold_pass, results)} if args.verify_rows else {}),

@@ -5,6 +5,12 @@ trainer itself in embedded mode. Readers register their plan; the prefetcher rea
 ahead along it with bounded concurrency; `acquire` blocks until a shard is resident in
 the memory tier and returns a lease on it. Blocking and thread-based, so the sidecar
 calls it from an executor and embedded mode calls it directly.
+
+The prefetcher's fetch threads take the most urgent shard wanted (`work_queues`): each
+reader's next shards, and, when a reader registers for an epoch no reader was in, the
+whole epoch's plan of every rank of its world (`fill_orders`), as far as the memory
+tier has room for it beside a wave of readahead. Each shard's pass through the cold
+path is stamped for benchmarks when the timeline logger listens (`timelines`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,13 @@ import pyarrow.fs as pafs
 
 from shardcache import errors, faultpoints, formats, manifests, plans, source, uris, windows
 from shardcache.contract import variables
-from shardcache.node import decode_budgets, epoch_plans, quotas, tiers
+from shardcache.node import (
+    decode_budgets,
+    epoch_plans,
+    quotas,
+    tiers,
+    timelines,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +45,12 @@ GiB = 1 << 30
 #: Most bytes a byte of JSON Lines text decodes to: a digit and its comma ("0,") to an
 #: 8-byte number is 4; twice that for margin. What its decode may take (`_decode`).
 _TEXT_EXPANSION = 8
+#: Decoded bytes per source byte the fill assumes before the first shard is decoded
+#: (Parquet tokens compress 2-3 times); after that, the largest ratio seen. Only sizes
+#: how many shards the fill queues: each decode checks the exact size against the room.
+_FIRST_EXPANSION = 4.0
+#: Epochs whose fill was queued that are remembered, so that each is queued once.
+_FILLS_KEPT = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +249,7 @@ class CacheNode:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             self.fetch_concurrency, thread_name_prefix="shardcache-fetch"
         )
+        self._expansion = _FIRST_EXPANSION
         self._working = threading.BoundedSemaphore(self.fetch_concurrency)
         self._decoding = decode_budgets.DecodeBudget(settings.memory_limit)
         self._warned_small_memory = False
@@ -296,7 +315,7 @@ class CacheNode:
             if entry is not None:
                 return entry
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._materialize(shard, prefetch=False, wait=remaining, held=held)
+            self._materialize(shard, why="acquire", wait=remaining, held=held)
         raise errors.CacheError(
             f"shard {shard} ({self.manifest.shards[shard].path}) was evicted from the memory "
             "tier again and again before it could be leased: the memory limit "
@@ -324,13 +343,21 @@ class CacheNode:
         self._events.hit(self.memory.name)
 
     def _materialize(
-        self, shard: int, *, prefetch: bool, wait: float | None, held: int = 0
+        self,
+        shard: int,
+        *,
+        why: str,
+        wait: float | None,
+        held: int = 0,
+        queued: float | None = None,
     ) -> None:
         """Make `shard` resident once; concurrent callers share one attempt.
 
+        `why`: "acquire" (a reader waits for it: may evict), "readahead" or "fill"
+        (never evict; the fill only decodes into room it leaves a wave of readahead).
         `held` (bytes the caller leases in the memory tier) only applies when this call
         makes the attempt: one shared with a readahead that found no room fails quietly,
-        and the caller's next try makes its own."""
+        and the caller's next try makes its own. `queued`: when it was asked for."""
         with self._lock:
             future = self._inflight.get(shard)
             owner = future is None
@@ -340,21 +367,27 @@ class CacheNode:
         if not owner:
             future.result(timeout=wait)
             return
+        stamps = timelines.start(shard, why, queued)
         try:
-            self._load(shard, prefetch=prefetch, held=held)
+            outcome = self._load(shard, why=why, held=held, stamps=stamps)
         except BaseException as exc:
+            stamps.done("failed")
             future.set_exception(exc)
             raise
         else:
+            stamps.done(outcome)
             future.set_result(None)
         finally:
             with self._lock:
                 self._inflight.pop(shard, None)
 
-    def _load(self, shard: int, *, prefetch: bool, held: int = 0) -> None:
+    def _load(
+        self, shard: int, *, why: str, held: int = 0, stamps: timelines.Stamps = timelines.OFF
+    ) -> str:
+        """Fetch, decode and insert `shard`; what came of it, for the timeline."""
         mem_key = self.manifest.decoded_key(shard)
         if self.memory.contains(mem_key):
-            return
+            return "resident"
         key = self.manifest.source_key(shard)
         # The decoded shard's bytes stay reserved until it is in the memory tier: with
         # `fetch_concurrency` decodes at once, their total stays within the limit.
@@ -365,18 +398,32 @@ class CacheNode:
             # decode count: the insert below may wait for room, which must not hold a
             # slot.
             with self._working:
+                stamps.mark("slot")
                 disk_entry = self._disk_entry(shard, key)
+                stamps.mark("fetched")
                 try:
                     with disk_entry:
-                        decoded = self._decode(shard, disk_entry.path, reserved)
+                        decoded = self._decode(
+                            shard, disk_entry.path, reserved, fill=why == "fill", stamps=stamps
+                        )
                 except errors.ShardcacheError:
                     # Bytes that are not the pinned shard (damaged on the way) are not
                     # kept: the next acquire fetches again instead of meeting them from
                     # the disk tier.
                     self.disk.evict(key)
                     raise
+                stamps.mark("decoded")
+            if decoded is None:
+                return "no room"  # the fill's: the source bytes stay in the disk tier
+            size = self.manifest.shards[shard].size
+            if size:
+                self._expansion = max(self._expansion, decoded.size / size)
             faultpoints.reach("cache.decode")
-            self._insert_decoded(shard, mem_key, decoded, prefetch=prefetch, held=held)
+            inserted = self._insert_decoded(
+                shard, mem_key, decoded, prefetch=why != "acquire", held=held
+            )
+            stamps.mark("inserted")
+            return "inserted" if inserted else "no room"
 
     def _disk_entry(self, shard: int, key: str) -> tiers.Entry:
         """A lease on the shard's source bytes in the disk tier: fetched (and checked on
@@ -412,7 +459,8 @@ class CacheNode:
 
     def _insert_decoded(
         self, shard: int, mem_key: str, decoded: formats.Decoded, *, prefetch: bool, held: int
-    ) -> None:
+    ) -> bool:
+        """Write the decoded shard to the memory tier; False if a readahead found no room."""
         entry = self.manifest.shards[shard]
         try:
             # Readahead never evicts: an evicted shard would be one a reader needs
@@ -431,10 +479,11 @@ class CacheNode:
             if not prefetch:
                 raise
             self._warn_small_memory(decoded.size)
-            return
+            return False
         except errors.CacheError as exc:
             raise errors.CacheError(f"shard {shard} ({entry.path}): {exc}") from exc
         mem_entry.release()
+        return True
 
     def _warn_small_memory(self, size: int) -> None:
         if self._warned_small_memory:
@@ -486,9 +535,18 @@ class CacheNode:
             return False
         return True
 
-    def _decode(self, shard: int, path: Path, reserved: contextlib.ExitStack) -> formats.Decoded:
+    def _decode(
+        self,
+        shard: int,
+        path: Path,
+        reserved: contextlib.ExitStack,
+        *,
+        fill: bool = False,
+        stamps: timelines.Stamps = timelines.OFF,
+    ) -> formats.Decoded | None:
         """Decode a disk-tier shard, bounded before and while decoding; its decoded bytes
-        are reserved on `reserved` (the caller's, held until the memory tier has them)."""
+        are reserved on `reserved` (the caller's, held until the memory tier has them).
+        None for the `fill` when its decoded size does not fit the fill's room."""
         entry = self.manifest.shards[shard]
         limit = self.settings.memory_limit
         what = f"shard {shard} ({entry.path})"
@@ -509,6 +567,7 @@ class CacheNode:
                 # what its text can decode to (`_TEXT_EXPANSION`) within the limit.
                 budget = size if size is not None else min(limit, _TEXT_EXPANSION * entry.size)
                 reserved.enter_context(self._decoding.reserve(budget))
+                stamps.mark("decode")
                 f.seek(0)
                 decoded = formats.decode(
                     self.manifest.format,
@@ -598,13 +657,13 @@ class CacheNode:
             with self._lock:
                 if shard in self._inflight:
                     continue
-            self._pool.submit(self._prefetch, shard)
+            self._pool.submit(self._prefetch, shard, time.monotonic())
 
-    def _prefetch(self, shard: int) -> None:
+    def _prefetch(self, shard: int, queued: float) -> None:
         if self._closed:
             return
         try:
-            self._materialize(shard, prefetch=True, wait=None)
+            self._materialize(shard, why="readahead", wait=None, queued=queued)
         except Exception as exc:
             # The reader that needs this shard gets the error from its own acquire.
             log.warning("prefetch of shard %d failed: %s", shard, exc)
@@ -613,7 +672,7 @@ class CacheNode:
         """Make shards resident now (blocking), e.g. a startup plan's first shards."""
         for shard in shards:
             self._check_index(shard)
-            self._materialize(shard, prefetch=False, wait=None)
+            self._materialize(shard, why="acquire", wait=None)
 
     def is_ready(self, first_k: int) -> bool:
         """True when the first `first_k` shards of every registered plan are resident."""
