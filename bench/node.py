@@ -210,13 +210,13 @@ def cold_timeline(
     the report and its figures. The sidecar's log is `sidecar-<metrics port>.log`."""
     log = work / f"sidecar-{metrics_url.rsplit(':', 1)[1]}.log"
     time.sleep(SETTLE_S)  # the last lines reach the file
-    shards, slots = node_timeline.read(log)
-    if slots is None:
+    found = node_timeline.read(log)
+    if found.slots is None:
         return f"cold-epoch timeline: no fetch concurrency in {log.name}", {}
-    return (
-        node_timeline.report(shards, slots, serving, end, go),
-        node_timeline.figures(shards, slots, serving, end),
-    )
+    # The log's clock is the wall clock (milliseconds); the timeline's is monotonic.
+    ready = None if found.serving is None else found.serving - (time.time() - time.monotonic())
+    report = node_timeline.report(found.shards, found.slots, serving, end, go=go, serving=ready)
+    return report, node_timeline.figures(found.shards, found.slots, serving, end)
 
 
 @dataclasses.dataclass

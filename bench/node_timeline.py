@@ -21,10 +21,12 @@ monotonic clock this process shares. From them:
 from __future__ import annotations
 
 import argparse
+import calendar
 import dataclasses
 import json
 import statistics
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,11 +52,26 @@ class Shard:
         return None if start is None or end is None else (start, end)
 
 
-def read(log: Path) -> tuple[list[Shard], int | None]:
-    """The timeline lines of a sidecar's JSON log, and its fetch concurrency (from its
-    "serving" line), None if it logged none."""
+@dataclasses.dataclass(frozen=True)
+class Log:
+    shards: list[Shard]
+    #: The sidecar's fetch concurrency, from its "serving" line; None if not logged.
+    slots: int | None
+    #: When it logged "serving" (the manifest resolved, the cache node made), on the
+    #: wall clock (`time.time()`); None if not logged.
+    serving: float | None
+
+
+def _wall(ts: str) -> float:
+    """A log line's "ts" (UTC, milliseconds) as `time.time()`."""
+    whole, _, ms = ts.rstrip("Z").partition(".")
+    return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + int(ms or 0) / 1e3
+
+
+def read(log: Path) -> Log:
+    """The timeline lines of a sidecar's JSON log, and what its "serving" line says."""
     shards: list[Shard] = []
-    slots = None
+    slots = serving = None
     for line in log.read_text(errors="replace").splitlines():
         if not line.startswith("{"):
             continue
@@ -69,7 +86,8 @@ def read(log: Path) -> tuple[list[Shard], int | None]:
             )
         elif "fetch_concurrency" in doc and slots is None:
             slots = int(doc["fetch_concurrency"])
-    return shards, slots
+            serving = _wall(doc["ts"])
+    return Log(shards, slots, serving)
 
 
 def busy_between(intervals: Sequence[tuple[float, float]], a: float, b: float) -> float:
@@ -95,9 +113,18 @@ def _ms(values: list[float]) -> str:
     return f"p50 {statistics.median(values) * 1e3:.0f} ms, max {max(values) * 1e3:.0f} ms"
 
 
-def report(shards: list[Shard], slots: int, t0: float, t1: float, go: float | None = None) -> str:
+def report(
+    shards: list[Shard],
+    slots: int,
+    t0: float,
+    t1: float,
+    *,
+    go: float | None = None,
+    serving: float | None = None,
+) -> str:
     """The occupancy report of a cold epoch from `t0` (/healthz answering) to `t1` (the
-    last rank's end); `go` is when the ranks were told to start, if they were."""
+    last rank's end); `go` is when the ranks were told to start, `serving` when the
+    sidecar had its manifest and cache node (both on `t0`'s clock), if known."""
     done = [s for s in shards if s.busy is not None]
     intervals = [s.busy for s in done if s.busy is not None]
     span = t1 - t0
@@ -130,6 +157,7 @@ def report(shards: list[Shard], slots: int, t0: float, t1: float, go: float | No
     first = min(s for s, _ in intervals)
     lines.append(
         f"   first slot taken {first - t0:.3f} s after /healthz answered"
+        + (f"; serving (manifest resolved) at {serving - t0:.3f} s" if serving else "")
         + (f"; the ranks were told to go at {go - t0:.3f} s" if go is not None else "")
         + f"; last shard inserted {max(e for _, e in intervals) - t0:.3f} s, "
         f"the last rank ended at {span:.3f} s"
@@ -188,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("log", type=Path, help="a sidecar log in JSON lines, level DEBUG")
     p.add_argument("--slots", type=int, default=None, help="fetch slots (default: from the log)")
     args = p.parse_args(argv)
-    shards, logged = read(args.log)
-    slots = args.slots or logged
+    found = read(args.log)
+    shards, slots = found.shards, args.slots or found.slots
     if not shards or slots is None:
         raise SystemExit(f"{args.log}: no timeline lines or no fetch concurrency found")
     t0 = min(min(s.times.values()) for s in shards)

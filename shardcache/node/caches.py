@@ -15,6 +15,7 @@ path is stamped for benchmarks when the timeline logger listens (`timelines`).
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import copy
@@ -34,9 +35,11 @@ from shardcache.contract import variables
 from shardcache.node import (
     decode_budgets,
     epoch_plans,
+    fill_orders,
     quotas,
     tiers,
     timelines,
+    work_queues,
 )
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,10 @@ _TEXT_EXPANSION = 8
 _FIRST_EXPANSION = 4.0
 #: Epochs whose fill was queued that are remembered, so that each is queued once.
 _FILLS_KEPT = 8
+#: Shards queued for the fetch threads, per thread, below which the fill tops the queue
+#: up: enough that a thread never waits for the next, few enough that the room the fill
+#: counted on is checked again soon.
+_FILL_AHEAD_PER_THREAD = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,10 +253,17 @@ class CacheNode:
             shard_bytes=max((s.size for s in manifest.shards), default=0),
             memory_tier_bytes=settings.memory_limit,
         )
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            self.fetch_concurrency, thread_name_prefix="shardcache-fetch"
-        )
-        self._expansion = _FIRST_EXPANSION
+        #: What the fetch threads take from, most urgent first; the threads start with
+        #: the first shard queued (`_enqueue`).
+        self._queue = work_queues.WorkQueue()
+        self._workers: list[threading.Thread] = []
+        #: The epochs (PlanParams with rank 0) whose fill was queued.
+        self._filled: list[plans.PlanParams] = []
+        #: The latest such epoch's fill not queued yet: (shard, index), in order.
+        self._fill_rest: collections.deque[tuple[int, int]] = collections.deque()
+        self._fill_lock = threading.Lock()
+        #: Largest decoded bytes per source byte seen: sizes the fill before a fetch.
+        self._expansion_seen: float | None = None
         self._working = threading.BoundedSemaphore(self.fetch_concurrency)
         self._decoding = decode_budgets.DecodeBudget(settings.memory_limit)
         self._warned_small_memory = False
@@ -261,14 +275,16 @@ class CacheNode:
         with self._lock:
             self._readers[reader_id] = planned
         self._schedule()
+        self._fill(params, position)
 
     def update_reader(self, reader_id: str, *, epoch: int, position: int) -> None:
+        new_epoch: plans.PlanParams | None = None
         with self._lock:
             reader = self._readers.get(reader_id)
             if reader is None:
                 raise errors.InputError(f"unknown reader {reader_id!r}: register it first")
             if epoch != reader.params.epoch:
-                params = reader.params.with_epoch(epoch)
+                new_epoch = params = reader.params.with_epoch(epoch)
                 moved = _Reader.planned(self.manifest, self._orders, params, position)
                 moved.depth = reader.depth  # a tuned depth outlives the epoch
                 self._readers[reader_id] = moved
@@ -276,6 +292,8 @@ class CacheNode:
                 reader.position = position
         # Only this reader's window moved; the others' were scheduled when they moved.
         self._schedule(reader_id)
+        if new_epoch is not None:
+            self._fill(new_epoch, position)
 
     def unregister_reader(self, reader_id: str) -> None:
         with self._lock:
@@ -417,7 +435,8 @@ class CacheNode:
                 return "no room"  # the fill's: the source bytes stay in the disk tier
             size = self.manifest.shards[shard].size
             if size:
-                self._expansion = max(self._expansion, decoded.size / size)
+                ratio = decoded.size / size
+                self._expansion_seen = max(self._expansion_seen or ratio, ratio)
             faultpoints.reach("cache.decode")
             inserted = self._insert_decoded(
                 shard, mem_key, decoded, prefetch=why != "acquire", held=held
@@ -563,6 +582,8 @@ class CacheNode:
                         size=size,
                         limit=limit,
                     )
+                if fill and not self._fill_room(size or entry.size * self._expansion):
+                    return None
                 # A format that cannot tell (JSON Lines) is bounded while it decodes, by
                 # what its text can decode to (`_TEXT_EXPANSION`) within the limit.
                 budget = size if size is not None else min(limit, _TEXT_EXPANSION * entry.size)
@@ -643,30 +664,119 @@ class CacheNode:
             return reader.upcoming(depth + 1)
 
     def _schedule(self, only: str | None = None) -> None:
-        """Prefetch what the readers (or reader `only`) will read next and is missing."""
+        """Prefetch what the readers (or reader `only`) will read next and is missing,
+        each shard as urgently as the reader nearest to it needs it."""
         if self._closed:
             return
-        wanted: list[int] = []
         for reader_id in self.reader_ids() if only is None else [only]:
-            for shard in self._ahead(reader_id):
-                if shard not in wanted:
-                    wanted.append(shard)
-        for shard in wanted:
-            if self.memory.contains(self._memory_keys[shard]):
-                continue
-            with self._lock:
-                if shard in self._inflight:
-                    continue
-            self._pool.submit(self._prefetch, shard, time.monotonic())
+            for index, shard in enumerate(self._ahead(reader_id)):
+                self._enqueue(shard, (index, work_queues.READAHEAD), "readahead")
 
-    def _prefetch(self, shard: int, queued: float) -> None:
-        if self._closed:
+    def _fill(self, params: plans.PlanParams, position: int) -> None:
+        """Queue the epoch of `params` for every rank of its world, round robin, behind
+        the readers' own readahead: once per epoch, as far as the memory tier's room
+        goes (`_fill_room`; each decode checks again with the shard's exact size).
+
+        Sample mode and elastic segments are left to readahead: their plans are not the
+        one epoch order sliced by rank. A prefetch depth of 0 turns read-ahead off, and
+        the fill with it."""
+        if self._closed or params.sampled or params.segments is not None:
             return
+        if self.settings.prefetch_depth == 0:
+            return
+        epoch = dataclasses.replace(params, rank=0)
+        with self._lock:
+            if epoch in self._filled:
+                return
+            self._filled = [*self._filled[-(_FILLS_KEPT - 1) :], epoch]
+        order = fill_orders.epoch_fill(
+            params, position, self._orders.rank_runs, len(self.manifest.shards)
+        )
+        with self._fill_lock:
+            self._fill_rest = collections.deque(order)  # the latest epoch's fill wins
+        self._top_up()
+
+    @property
+    def _expansion(self) -> float:
+        return _FIRST_EXPANSION if self._expansion_seen is None else self._expansion_seen
+
+    def _top_up(self) -> None:
+        """Queue the fill's next shards while the fetch threads have few queued and the
+        memory tier has room by the expansion known now; each shard's room is checked
+        again when a fetch thread takes it, and with its exact size before it is
+        decoded. Called when a fill starts and whenever a fetch thread is done."""
+        if not self._fill_rest:
+            return
+        with self._fill_lock:
+            want = _FILL_AHEAD_PER_THREAD * self.fetch_concurrency - len(self._queue)
+            used = float(self.memory.used_bytes())
+            while self._fill_rest and want > 0:
+                shard, index = self._fill_rest[0]
+                if self.memory.contains(self._memory_keys[shard]):
+                    self._fill_rest.popleft()
+                    continue
+                size = self.manifest.shards[shard].size * self._expansion
+                if not self._fill_room(size, used=used):
+                    return  # tried again when a fetch thread is done
+                self._fill_rest.popleft()
+                used += size
+                want -= 1
+                self._enqueue(shard, (index, work_queues.FILL), "fill")
+
+    def _fill_room(self, size: float, *, used: float | None = None) -> bool:
+        """Whether the fill may decode a shard of `size` bytes now, the memory tier
+        holding `used` bytes (default: what it holds now): it keeps room for a wave of
+        readahead, `fetch_concurrency` shards of that size, beside what is resident,
+        so the fill never takes the room a reader's next shards need (readahead never
+        evicts). What is decoding now (the decode budget held) is that wave, or part
+        of it."""
+        wave = max(self._decoding.held, self.fetch_concurrency * size)
+        if used is None:
+            used = self.memory.used_bytes()
+        return used + wave + size <= self.settings.memory_limit
+
+    def _enqueue(self, shard: int, priority: work_queues.Priority, why: str) -> None:
+        if self.memory.contains(self._memory_keys[shard]):
+            return
+        with self._lock:
+            if shard in self._inflight or self._closed:
+                return
+            if not self._workers:
+                self._workers = [
+                    threading.Thread(target=self._work, name=f"shardcache-fetch-{i}", daemon=True)
+                    for i in range(self.fetch_concurrency)
+                ]
+                for worker in self._workers:
+                    worker.start()
+        self._queue.put(shard, priority, why)
+
+    def _work(self) -> None:
+        """A fetch thread: the most urgent shard wanted, one at a time, until closed."""
+        while (item := self._queue.get()) is not None:
+            shard, why, queued = item
+            try:
+                self._prefetch(shard, why, queued)
+                self._top_up()
+            finally:
+                self._queue.done()
+
+    def _prefetch(self, shard: int, why: str = "readahead", queued: float | None = None) -> None:
+        if self._closed or self.memory.contains(self._memory_keys[shard]):
+            return
+        if why == "fill" and not self._fill_room(
+            self.manifest.shards[shard].size * self._expansion
+        ):
+            return  # asked for again as readahead when a reader gets near it
         try:
-            self._materialize(shard, why="readahead", wait=None, queued=queued)
+            self._materialize(shard, why=why, wait=None, queued=queued)
         except Exception as exc:
             # The reader that needs this shard gets the error from its own acquire.
             log.warning("prefetch of shard %d failed: %s", shard, exc)
+
+    def prefetching(self) -> int:
+        """Shards queued for the fetch threads or being made resident by them (0: the
+        prefetcher is idle; an acquire may still be fetching for itself)."""
+        return self._queue.unfinished
 
     def warm(self, shards: Sequence[int]) -> None:
         """Make shards resident now (blocking), e.g. a startup plan's first shards."""
@@ -693,4 +803,8 @@ class CacheNode:
 
     def close(self) -> None:
         self._closed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._queue.close()
+        with self._lock:
+            workers = list(self._workers)
+        for worker in workers:
+            worker.join()
