@@ -139,7 +139,7 @@ def report(
     tail_start = max(start_end, min(last_slot, t1))
     lines = [
         f"cold-epoch timeline ({len(done)} shards, {slots} fetch slots, {span:.2f} s from "
-        f"/healthz answering to the last rank's end):",
+        f"the start (/healthz answering or the first fetch) to the last rank's end):",
         f"   mean busy slots {total / span:.2f} of {slots} "
         f"({total / (slots * span):.0%} occupancy)",
     ]
@@ -156,7 +156,7 @@ def report(
         )
     first = min(s for s, _ in intervals)
     lines.append(
-        f"   first slot taken {first - t0:.3f} s after /healthz answered"
+        f"   first slot taken {first - t0:.3f} s after the start"
         + (f"; serving (manifest resolved) at {serving - t0:.3f} s" if serving else "")
         + (f"; the ranks were told to go at {go - t0:.3f} s" if go is not None else "")
         + f"; last shard inserted {max(e for _, e in intervals) - t0:.3f} s, "

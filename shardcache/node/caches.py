@@ -261,6 +261,8 @@ class CacheNode:
         self._filled: list[plans.PlanParams] = []
         #: The latest such epoch's fill not queued yet: (shard, index), in order.
         self._fill_rest: collections.deque[tuple[int, int]] = collections.deque()
+        #: Source bytes of `_fill_rest`: whether the rest of the fill fits.
+        self._fill_rest_bytes = 0
         self._fill_lock = threading.Lock()
         #: Largest decoded bytes per source byte seen: sizes the fill before a fetch.
         self._expansion_seen: float | None = None
@@ -368,8 +370,9 @@ class CacheNode:
         wait: float | None,
         held: int = 0,
         queued: float | None = None,
-    ) -> None:
-        """Make `shard` resident once; concurrent callers share one attempt.
+    ) -> str:
+        """Make `shard` resident once; concurrent callers share one attempt. What came
+        of this call's attempt (`_load`), or "shared" when it waited on another's.
 
         `why`: "acquire" (a reader waits for it: may evict), "readahead" or "fill"
         (never evict; the fill only decodes into room it leaves a wave of readahead).
@@ -384,7 +387,7 @@ class CacheNode:
                 self._inflight[shard] = future
         if not owner:
             future.result(timeout=wait)
-            return
+            return "shared"
         stamps = timelines.start(shard, why, queued)
         try:
             outcome = self._load(shard, why=why, held=held, stamps=stamps)
@@ -395,6 +398,7 @@ class CacheNode:
         else:
             stamps.done(outcome)
             future.set_result(None)
+            return outcome
         finally:
             with self._lock:
                 self._inflight.pop(shard, None)
@@ -694,6 +698,7 @@ class CacheNode:
         )
         with self._fill_lock:
             self._fill_rest = collections.deque(order)  # the latest epoch's fill wins
+            self._fill_rest_bytes = sum(self.manifest.shards[s].size for s, _ in order)
         self._top_up()
 
     @property
@@ -709,31 +714,42 @@ class CacheNode:
             return
         with self._fill_lock:
             want = _FILL_AHEAD_PER_THREAD * self.fetch_concurrency - len(self._queue)
-            used = float(self.memory.used_bytes())
+            used = float(self.memory.resident_bytes())
             while self._fill_rest and want > 0:
                 shard, index = self._fill_rest[0]
+                source_size = self.manifest.shards[shard].size
                 if self.memory.contains(self._memory_keys[shard]):
                     self._fill_rest.popleft()
+                    self._fill_rest_bytes -= source_size
                     continue
-                size = self.manifest.shards[shard].size * self._expansion
+                size = source_size * self._expansion
                 if not self._fill_room(size, used=used):
                     return  # tried again when a fetch thread is done
                 self._fill_rest.popleft()
+                self._fill_rest_bytes -= source_size
                 used += size
                 want -= 1
                 self._enqueue(shard, (index, work_queues.FILL), "fill")
 
     def _fill_room(self, size: float, *, used: float | None = None) -> bool:
         """Whether the fill may decode a shard of `size` bytes now, the memory tier
-        holding `used` bytes (default: what it holds now): it keeps room for a wave of
-        readahead, `fetch_concurrency` shards of that size, beside what is resident,
-        so the fill never takes the room a reader's next shards need (readahead never
-        evicts). What is decoding now (the decode budget held) is that wave, or part
-        of it."""
-        wave = max(self._decoding.held, self.fetch_concurrency * size)
+        holding `used` bytes in committed entries (default: what it holds now).
+
+        When the rest of the fill fits too (by the expansion known now), it may take
+        the room: it is the readers' own next shards, fetched early. When it does not,
+        the fill keeps room for a wave of readahead, `fetch_concurrency` shards of that
+        size, so that it never takes the room a reader's next shards need (readahead
+        never evicts) for shards read later. What is decoding now (the decode budget
+        held) is that wave, or part of it."""
         if used is None:
-            used = self.memory.used_bytes()
-        return used + wave + size <= self.settings.memory_limit
+            # Committed entries only: one being inserted by this process is still in
+            # the decode budget's `held` (held until inserted), and would count twice.
+            used = self.memory.resident_bytes()
+        held = self._decoding.held
+        limit = self.settings.memory_limit
+        if used + held + self._fill_rest_bytes * self._expansion + size <= limit:
+            return True
+        return used + max(held, self.fetch_concurrency * size) + size <= limit
 
     def _enqueue(self, shard: int, priority: work_queues.Priority, why: str) -> None:
         if self.memory.contains(self._memory_keys[shard]):
@@ -753,25 +769,35 @@ class CacheNode:
     def _work(self) -> None:
         """A fetch thread: the most urgent shard wanted, one at a time, until closed."""
         while (item := self._queue.get()) is not None:
-            shard, why, queued = item
+            shard, (index, _), why, queued = item
             try:
-                self._prefetch(shard, why, queued)
+                if self._prefetch(shard, why, queued) == "later":
+                    # Tried again with the next top-up, ahead of the rest of the fill:
+                    # the room (or what the fill knows of the shards' sizes) changes.
+                    # One whose exact size found no room is not: readahead fetches it
+                    # (from the disk tier) when a reader comes near it.
+                    with self._fill_lock:
+                        self._fill_rest.appendleft((shard, index))
+                        self._fill_rest_bytes += self.manifest.shards[shard].size
                 self._top_up()
             finally:
                 self._queue.done()
 
-    def _prefetch(self, shard: int, why: str = "readahead", queued: float | None = None) -> None:
+    def _prefetch(self, shard: int, why: str, queued: float | None = None) -> str:
+        """Make `shard` resident for the readahead or the fill; "later" when the fill
+        has no room for it by its estimated size, else what came of it."""
         if self._closed or self.memory.contains(self._memory_keys[shard]):
-            return
+            return "resident"
         if why == "fill" and not self._fill_room(
             self.manifest.shards[shard].size * self._expansion
         ):
-            return  # asked for again as readahead when a reader gets near it
+            return "later"
         try:
-            self._materialize(shard, why=why, wait=None, queued=queued)
+            return self._materialize(shard, why=why, wait=None, queued=queued)
         except Exception as exc:
             # The reader that needs this shard gets the error from its own acquire.
             log.warning("prefetch of shard %d failed: %s", shard, exc)
+            return "failed"
 
     def prefetching(self) -> int:
         """Shards queued for the fetch threads or being made resident by them (0: the

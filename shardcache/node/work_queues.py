@@ -58,9 +58,9 @@ class WorkQueue:
             self._changed.notify()
             return True
 
-    def get(self) -> tuple[int, str, float] | None:
-        """The most urgent shard (oldest first among equals), why, and when it was
-        queued; blocks while none is queued; None once closed."""
+    def get(self) -> tuple[int, Priority, str, float] | None:
+        """The most urgent shard (oldest first among equals), its priority, why, and
+        when it was queued; blocks while none is queued; None once closed."""
         with self._changed:
             while True:
                 if self._closed:
@@ -70,7 +70,7 @@ class WorkQueue:
                     found = self._best.get(shard)
                     if found is not None and found[0] == priority:
                         del self._best[shard]
-                        return shard, found[1], found[2]
+                        return shard, priority, found[1], found[2]
                 self._changed.wait()
 
     def done(self) -> None:

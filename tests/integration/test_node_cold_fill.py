@@ -185,3 +185,26 @@ def test_a_prefetch_depth_of_0_fills_nothing(
         assert len(resident(node)) == 1  # the shard it is at
     finally:
         node.close()
+
+
+def test_an_epoch_that_fits_the_memory_tier_is_filled_to_its_last_shard(
+    tmp_path: Path, dataset: tuple[manifests.Manifest, pa.Table, int]
+) -> None:
+    manifest, expected, largest = dataset
+    concurrency = 2
+    # All eight fit with a shard to spare (a decode reserves its size from the Parquet
+    # footer, a third more than the decoded file here), not with room for a wave of
+    # two more beside them: the fill is the readers' own shards, so it needs no room
+    # kept for them.
+    limit = largest * (len(SHARDS) + 1) + largest // 2
+    node = make_node(tmp_path, manifest, memory_limit=limit, concurrency=concurrency)
+    try:
+        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=2, block_size=100)
+        node.register_reader("rank-0", params)
+        settle(node)
+        assert resident(node) == list(range(len(SHARDS)))
+        assert node.memory.used_bytes() <= limit
+        assert node.stats().evictions["memory"] == 0
+        assert read_all(node).equals(expected)
+    finally:
+        node.close()

@@ -15,7 +15,7 @@ def drain(queue: work_queues.WorkQueue) -> list[tuple[int, str]]:
     while len(queue):
         item = queue.get()
         assert item is not None
-        out.append((item[0], item[1]))
+        out.append((item[0], item[2]))
     return out
 
 
@@ -48,7 +48,7 @@ def test_a_shard_keeps_the_time_it_was_first_queued() -> None:
     queue.put(2, (0, READ), "readahead")
     second = queue.get()
     assert first is not None and second is not None
-    assert second[0] == 2 and second[2] >= first[2]
+    assert second[0] == 2 and second[3] >= first[3]
 
 
 def test_equal_priorities_come_out_in_the_order_they_were_queued() -> None:
