@@ -49,6 +49,7 @@ from bench import (
     node_profile,
     node_ranks,
     node_report,
+    node_timeline,
 )
 from shardcache import contract, plans, source
 from shardcache.contract import protocol
@@ -61,6 +62,8 @@ TOKENS_PER_ROW = 191
 #: Seconds for notifications that trail a pass (the client sends them off the read path)
 #: to reach the sidecar before its CPU time and request count are read.
 SETTLE_S = 0.05
+#: Samples per second of `--profile-cold` (py-spy --gil): a cold epoch is seconds long.
+COLD_PROFILE_RATE = 250
 
 
 def parse_size(text: str) -> int:
@@ -138,6 +141,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--json", type=Path, default=None, help="write the figures here too")
     p.add_argument(
+        "--timeline",
+        type=Path,
+        default=None,
+        help="write the cold epoch's slot occupancy and per-shard stage times here",
+    )
+    p.add_argument(
+        "--profile-cold",
+        type=Path,
+        default=None,
+        help="sample the cold epoch's sidecar with py-spy (--gil, from its start) into "
+        "this file (collapsed stacks) and print a summary; perturbs the cold figures",
+    )
+    p.add_argument(
         "--profile",
         type=Path,
         default=None,
@@ -200,6 +216,44 @@ def uids_by_pass(
         for mode, passes in (("raw", result.raw), ("sidecar", result.sidecar)):
             out[f"{mode}-{result.k}"] = [[r["uids"] for r in p.ranks] for p in passes]
     return out
+
+
+def cold_timeline(
+    work: Path, metrics_url: str, healthy: float, go: float, end: float
+) -> tuple[float, str, dict[str, Any]]:
+    """The cold epoch's start, slot occupancy report and figures, from the sidecar's log
+    (`sidecar-<metrics port>.log`, `bench.node_timeline`).
+
+    The epoch starts when /healthz answered (`healthy`, as the launcher's poll saw it,
+    up to a poll interval late) or when the sidecar first asked for a shard, if that
+    was earlier: a fetch before the poll saw /healthz is part of the epoch's work."""
+    log = work / f"sidecar-{metrics_url.rsplit(':', 1)[1]}.log"
+    time.sleep(SETTLE_S)  # the last lines reach the file
+    found = node_timeline.read(log)
+    if found.slots is None:
+        return healthy, f"cold-epoch timeline: no fetch concurrency in {log.name}", {}
+    start = min([healthy, *(s.times["t_queued"] for s in found.shards if "t_queued" in s.times)])
+    # The log's clock is the wall clock (milliseconds); the timeline's is monotonic.
+    ready = None if found.serving is None else found.serving - (time.time() - time.monotonic())
+    report = node_timeline.report(found.shards, found.slots, start, end, go=go, serving=ready)
+    return start, report, node_timeline.figures(found.shards, found.slots, start, end)
+
+
+def timeline_table(figures: dict[str, Any]) -> str:
+    """One row per shard of the cold epoch: seconds from /healthz answering to each
+    stage (`bench.node_timeline.figures`)."""
+    stages = ("t_queued", "t_slot", "t_fetched", "t_decode", "t_decoded", "t_inserted")
+    rows = [
+        "shard why        outcome    worker                "
+        + " ".join(f"{s[2:]:>9}" for s in stages)
+    ]
+    for shard in sorted(figures.get("shards", []), key=lambda r: r.get("t_slot", 1e9)):
+        cells = " ".join(f"{shard[s]:9.3f}" if s in shard else f"{'-':>9}" for s in stages)
+        rows.append(
+            f"{shard['shard']:5d} {shard['why']:<10} {shard['outcome']:<10} "
+            f"{shard['thread']:<21} {cells}"
+        )
+    return "\n".join(rows) + "\n"
 
 
 @dataclasses.dataclass
@@ -353,6 +407,10 @@ def run(
         contract.ENV_SHUFFLE: "false" if args.no_shuffle else "true",
         contract.ENV_WORLD_SIZE: str(k_cold),
         contract.ENV_RANK: "0",
+        # The per-shard timeline of the cold path (`bench.node_timeline`): DEBUG lines
+        # of the `shardcache.node.timeline` logger, in JSON to be read back.
+        contract.ENV_LOG_LEVEL: "DEBUG",
+        contract.ENV_LOG_FORMAT: "json",
     }
     if args.fetch_concurrency is not None:
         sidecar_env[contract.ENV_FETCH_CONCURRENCY] = str(args.fetch_concurrency)
@@ -362,7 +420,20 @@ def run(
     results: list[node_report.KResult] = []
     # The cold ranks start (interpreters, imports) before the sidecar does, so its
     # startup prefetch gets no head start while they import.
-    with node_ranks.started("sidecar", k_cold, work, bench.rank_env, bench.rank_config) as cold:
+    cold_profile = contextlib.ExitStack()
+    if args.profile_cold is not None:
+        cold_profile.enter_context(
+            node_profile.sampling_child(
+                lambda: node_probes.find_child("shardcache sidecar"),
+                args.profile_cold,
+                rate=COLD_PROFILE_RATE,
+            )
+        )
+    with (
+        cold_profile,
+        node_ranks.started("sidecar", k_cold, work, bench.rank_env, bench.rank_config) as cold,
+    ):
+        spawned = time.monotonic()
         with launcher.sidecar(
             root,
             storage_env,
@@ -387,21 +458,43 @@ def run(
             cold_pass = cold.run(0, go)
             cold.close()
             bench.expected.check("the cold epoch", cold_pass, verify_rows=args.verify_rows)
-            cold_seconds = go - serving + cold_pass.seconds
+            cold_end = go + cold_pass.seconds
+            cold_cpu = node_probes.cpu_seconds(bench.sidecar_pid) - serving_cpu
+            cold_profile.close()
+            start, report, timeline = cold_timeline(work, metrics_url, serving, go, cold_end)
+            cold_seconds = cold_end - start
             cold_gbps = tokens * 4 / cold_seconds / 1e9
             print(
                 f"cold epoch through the sidecar ({k_cold} ranks, fetch concurrency "
-                f"{args.fetch_concurrency or 'default'}), from /healthz answering to the last "
+                f"{args.fetch_concurrency or 'default'}), from /healthz answering (or its first "
+                f"fetch, {serving - start:.3f} s before the poll saw /healthz) to the last "
                 f"rank's end: {cold_seconds:.2f} s, {cold_gbps:.2f} GB/s = "
                 f"{cold_gbps / ceiling_gbps:.2f} of the ceiling",
                 flush=True,
             )
-            cold_cpu = node_probes.cpu_seconds(bench.sidecar_pid) - serving_cpu
             print(
                 f"sidecar CPU from /healthz answering through the cold epoch: {cold_cpu:.2f} "
                 f"s = {cold_cpu / ceiling.cpu_seconds:.2f} x the ceiling's",
                 flush=True,
             )
+            print(report, flush=True)
+            if args.timeline is not None:
+                args.timeline.write_text(report + "\n\n" + timeline_table(timeline))
+            if args.profile_cold is not None and not args.profile_cold.exists():
+                log = args.profile_cold.with_suffix(".log")
+                why = log.read_text()[-2000:] if log.exists() else "py-spy never attached"
+                print(f"cold-epoch profile: py-spy wrote nothing:\n{why}", flush=True)
+            elif args.profile_cold is not None:
+                share = node_profile.gil_share(
+                    args.profile_cold, rate=COLD_PROFILE_RATE, seconds=cold_end - spawned
+                )
+                print(
+                    f"cold-epoch GIL: some sidecar thread held it {node_report.fmt(share, '.0%')} "
+                    "of the time from its start to the last rank's end (py-spy --gil; its "
+                    "figures above are inflated by the sampling)",
+                    flush=True,
+                )
+                print(node_profile.summary(args.profile_cold), flush=True)
             (work / "layout.json").write_text(json.dumps(shard_layout(trainer_env)))
             evicted = node_probes.evictions(node_probes.metrics(bench.metrics_url))
             with (
@@ -435,6 +528,7 @@ def run(
                     "cold_ratio": cold_ratio,
                     "ceiling_cpu_s": ceiling.cpu_seconds,
                     "cold_sidecar_cpu_s": cold_cpu,
+                    "cold_timeline": timeline,
                     "k": {str(r.k): r.figures() for r in results},
                     # Each pass's uids, rank by rank, for tests to check independently.
                     **({"uids": uids_by_pass(cold_pass, results)} if args.verify_rows else {}),

@@ -6,6 +6,12 @@ pass to the last; the collapsed stacks are written for flame-graph tools and sum
 here: the share of samples per thread kind, per innermost function, and per frame
 anywhere on the stack. Sampling pauses the process, so the run's CPU-per-request figure
 is inflated while profiling; the shares are what count.
+
+`--profile-cold` samples the cold epoch's sidecar the same way (`--gil`, 250 Hz) from
+as soon as its process exists (`sampling_child`: py-spy attaches while the sidecar
+imports, before it serves), so the profile holds its start-up and fill too. The share
+of the epoch's wall time some thread held the GIL says whether the Python parts of the
+cold path (fetch threads between pyarrow calls, the event loop) queue on it.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 #: Seconds py-spy takes to attach before samples are taken.
@@ -57,6 +64,64 @@ def sampling(pid: int, out: Path) -> Iterator[None]:
             spy.wait()
     if not out.exists():
         raise SystemExit(f"py-spy wrote no profile:\n{log.read_text()[-2000:]}")
+
+
+@contextlib.contextmanager
+def sampling_child(
+    find: Callable[[], int], out: Path, *, rate: int = 250, timeout: float = 60.0
+) -> Iterator[None]:
+    """Samples the child process `find` returns (it raises LookupError until the child
+    exists) into `out`, from as soon as it exists until the block ends. Start the
+    child inside the block."""
+    log = out.with_suffix(".log")
+    spies: list[subprocess.Popen[bytes]] = []
+    stop = threading.Event()
+
+    def attach() -> None:
+        deadline = time.monotonic() + timeout
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                pid = find()
+            except LookupError:
+                time.sleep(0.005)
+                continue
+            with open(log, "w") as err:
+                spies.append(
+                    subprocess.Popen(
+                        [py_spy(), "record", "--gil", "-r", str(rate), "-f", "raw", "-o",
+                         str(out), "-p", str(pid)],
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                    )
+                )  # fmt: skip
+            return
+
+    watcher = threading.Thread(target=attach, name="py-spy-attach", daemon=True)
+    py_spy()  # fails early if missing
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT only
+            try:
+                spy.wait(60)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                spy.wait()
+
+
+def gil_share(path: Path, *, rate: int, seconds: float) -> float | None:
+    """Share of `seconds` some thread held the GIL, from a `--gil` profile at `rate`."""
+    if not path.exists() or seconds <= 0:
+        return None
+    samples = 0
+    for line in path.read_text().splitlines():
+        _, _, count = line.rpartition(" ")
+        samples += int(count) if count.isdigit() else 0
+    return samples / (rate * seconds)
 
 
 def _frame(text: str) -> str:

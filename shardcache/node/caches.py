@@ -5,10 +5,17 @@ trainer itself in embedded mode. Readers register their plan; the prefetcher rea
 ahead along it with bounded concurrency; `acquire` blocks until a shard is resident in
 the memory tier and returns a lease on it. Blocking and thread-based, so the sidecar
 calls it from an executor and embedded mode calls it directly.
+
+The prefetcher's fetch threads take the most urgent shard wanted (`work_queues`): each
+reader's next shards, and, when a reader registers for an epoch no reader was in, the
+whole epoch's plan of every rank of its world (`fill_orders`), as far as the memory
+tier has room for it beside a wave of readahead. Each shard's pass through the cold
+path is stamped for benchmarks when the timeline logger listens (`timelines`).
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import copy
@@ -25,7 +32,15 @@ import pyarrow.fs as pafs
 
 from shardcache import errors, faultpoints, formats, manifests, plans, source, uris, windows
 from shardcache.contract import variables
-from shardcache.node import decode_budgets, epoch_plans, quotas, tiers
+from shardcache.node import (
+    decode_budgets,
+    epoch_plans,
+    fill_orders,
+    quotas,
+    tiers,
+    timelines,
+    work_queues,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +48,16 @@ GiB = 1 << 30
 #: Most bytes a byte of JSON Lines text decodes to: a digit and its comma ("0,") to an
 #: 8-byte number is 4; twice that for margin. What its decode may take (`_decode`).
 _TEXT_EXPANSION = 8
+#: Decoded bytes per source byte the fill assumes before the first shard is decoded
+#: (Parquet tokens compress 2-3 times); after that, the largest ratio seen. Only sizes
+#: how many shards the fill queues: each decode checks the exact size against the room.
+_FIRST_EXPANSION = 4.0
+#: Epochs whose fill was queued that are remembered, so that each is queued once.
+_FILLS_KEPT = 8
+#: Shards queued for the fetch threads, per thread, below which the fill tops the queue
+#: up: enough that a thread never waits for the next, few enough that the room the fill
+#: counted on is checked again soon.
+_FILL_AHEAD_PER_THREAD = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,9 +253,19 @@ class CacheNode:
             shard_bytes=max((s.size for s in manifest.shards), default=0),
             memory_tier_bytes=settings.memory_limit,
         )
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            self.fetch_concurrency, thread_name_prefix="shardcache-fetch"
-        )
+        #: What the fetch threads take from, most urgent first; the threads start with
+        #: the first shard queued (`_enqueue`).
+        self._queue = work_queues.WorkQueue()
+        self._workers: list[threading.Thread] = []
+        #: The epochs (PlanParams with rank 0) whose fill was queued.
+        self._filled: list[plans.PlanParams] = []
+        #: The latest such epoch's fill not queued yet: (shard, index), in order.
+        self._fill_rest: collections.deque[tuple[int, int]] = collections.deque()
+        #: Source bytes of `_fill_rest`: whether the rest of the fill fits.
+        self._fill_rest_bytes = 0
+        self._fill_lock = threading.Lock()
+        #: Largest decoded bytes per source byte seen: sizes the fill before a fetch.
+        self._expansion_seen: float | None = None
         self._working = threading.BoundedSemaphore(self.fetch_concurrency)
         self._decoding = decode_budgets.DecodeBudget(settings.memory_limit)
         self._warned_small_memory = False
@@ -244,6 +279,7 @@ class CacheNode:
         # Only the new reader's window is new: the others' were scheduled when they
         # moved (16 ranks registering at once rescheduled every reader 16 times).
         self._schedule(reader_id)
+        self._fill(params, position)
 
     def plan_is_cheap(self, params: plans.PlanParams) -> bool:
         """Whether a reader of `params` gets its plan without computing an epoch's
@@ -252,12 +288,13 @@ class CacheNode:
         return not params.sampled and self._orders.has(params)
 
     def update_reader(self, reader_id: str, *, epoch: int, position: int) -> None:
+        new_epoch: plans.PlanParams | None = None
         with self._lock:
             reader = self._readers.get(reader_id)
             if reader is None:
                 raise errors.InputError(f"unknown reader {reader_id!r}: register it first")
             if epoch != reader.params.epoch:
-                params = reader.params.with_epoch(epoch)
+                new_epoch = params = reader.params.with_epoch(epoch)
                 moved = _Reader.planned(self.manifest, self._orders, params, position)
                 moved.depth = reader.depth  # a tuned depth outlives the epoch
                 self._readers[reader_id] = moved
@@ -265,6 +302,8 @@ class CacheNode:
                 reader.position = position
         # Only this reader's window moved; the others' were scheduled when they moved.
         self._schedule(reader_id)
+        if new_epoch is not None:
+            self._fill(new_epoch, position)
 
     def unregister_reader(self, reader_id: str) -> None:
         with self._lock:
@@ -304,7 +343,7 @@ class CacheNode:
             if entry is not None:
                 return entry
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._materialize(shard, prefetch=False, wait=remaining, held=held)
+            self._materialize(shard, why="acquire", wait=remaining, held=held)
         raise errors.CacheError(
             f"shard {shard} ({self.manifest.shards[shard].path}) was evicted from the memory "
             "tier again and again before it could be leased: the memory limit "
@@ -332,13 +371,22 @@ class CacheNode:
         self._events.hit(self.memory.name)
 
     def _materialize(
-        self, shard: int, *, prefetch: bool, wait: float | None, held: int = 0
-    ) -> None:
-        """Make `shard` resident once; concurrent callers share one attempt.
+        self,
+        shard: int,
+        *,
+        why: str,
+        wait: float | None,
+        held: int = 0,
+        queued: float | None = None,
+    ) -> str:
+        """Make `shard` resident once; concurrent callers share one attempt. What came
+        of this call's attempt (`_load`), or "shared" when it waited on another's.
 
+        `why`: "acquire" (a reader waits for it: may evict), "readahead" or "fill"
+        (never evict; the fill only decodes into room it leaves a wave of readahead).
         `held` (bytes the caller leases in the memory tier) only applies when this call
         makes the attempt: one shared with a readahead that found no room fails quietly,
-        and the caller's next try makes its own."""
+        and the caller's next try makes its own. `queued`: when it was asked for."""
         with self._lock:
             future = self._inflight.get(shard)
             owner = future is None
@@ -347,22 +395,29 @@ class CacheNode:
                 self._inflight[shard] = future
         if not owner:
             future.result(timeout=wait)
-            return
+            return "shared"
+        stamps = timelines.start(shard, why, queued)
         try:
-            self._load(shard, prefetch=prefetch, held=held)
+            outcome = self._load(shard, why=why, held=held, stamps=stamps)
         except BaseException as exc:
+            stamps.done("failed")
             future.set_exception(exc)
             raise
         else:
+            stamps.done(outcome)
             future.set_result(None)
+            return outcome
         finally:
             with self._lock:
                 self._inflight.pop(shard, None)
 
-    def _load(self, shard: int, *, prefetch: bool, held: int = 0) -> None:
+    def _load(
+        self, shard: int, *, why: str, held: int = 0, stamps: timelines.Stamps = timelines.OFF
+    ) -> str:
+        """Fetch, decode and insert `shard`; what came of it, for the timeline."""
         mem_key = self.manifest.decoded_key(shard)
         if self.memory.contains(mem_key):
-            return
+            return "resident"
         key = self.manifest.source_key(shard)
         # The decoded shard's bytes stay reserved until it is in the memory tier: with
         # `fetch_concurrency` decodes at once, their total stays within the limit.
@@ -373,18 +428,33 @@ class CacheNode:
             # decode count: the insert below may wait for room, which must not hold a
             # slot.
             with self._working:
+                stamps.mark("slot")
                 disk_entry = self._disk_entry(shard, key)
+                stamps.mark("fetched")
                 try:
                     with disk_entry:
-                        decoded = self._decode(shard, disk_entry.path, reserved)
+                        decoded = self._decode(
+                            shard, disk_entry.path, reserved, fill=why == "fill", stamps=stamps
+                        )
                 except errors.ShardcacheError:
                     # Bytes that are not the pinned shard (damaged on the way) are not
                     # kept: the next acquire fetches again instead of meeting them from
                     # the disk tier.
                     self.disk.evict(key)
                     raise
+                stamps.mark("decoded")
+            if decoded is None:
+                return "no room"  # the fill's: the source bytes stay in the disk tier
+            size = self.manifest.shards[shard].size
+            if size:
+                ratio = decoded.size / size
+                self._expansion_seen = max(self._expansion_seen or ratio, ratio)
             faultpoints.reach("cache.decode")
-            self._insert_decoded(shard, mem_key, decoded, prefetch=prefetch, held=held)
+            inserted = self._insert_decoded(
+                shard, mem_key, decoded, prefetch=why != "acquire", held=held
+            )
+            stamps.mark("inserted")
+            return "inserted" if inserted else "no room"
 
     def _disk_entry(self, shard: int, key: str) -> tiers.Entry:
         """A lease on the shard's source bytes in the disk tier: fetched (and checked on
@@ -420,7 +490,8 @@ class CacheNode:
 
     def _insert_decoded(
         self, shard: int, mem_key: str, decoded: formats.Decoded, *, prefetch: bool, held: int
-    ) -> None:
+    ) -> bool:
+        """Write the decoded shard to the memory tier; False if a readahead found no room."""
         entry = self.manifest.shards[shard]
         try:
             # Readahead never evicts: an evicted shard would be one a reader needs
@@ -439,10 +510,11 @@ class CacheNode:
             if not prefetch:
                 raise
             self._warn_small_memory(decoded.size)
-            return
+            return False
         except errors.CacheError as exc:
             raise errors.CacheError(f"shard {shard} ({entry.path}): {exc}") from exc
         mem_entry.release()
+        return True
 
     def _warn_small_memory(self, size: int) -> None:
         if self._warned_small_memory:
@@ -494,9 +566,18 @@ class CacheNode:
             return False
         return True
 
-    def _decode(self, shard: int, path: Path, reserved: contextlib.ExitStack) -> formats.Decoded:
+    def _decode(
+        self,
+        shard: int,
+        path: Path,
+        reserved: contextlib.ExitStack,
+        *,
+        fill: bool = False,
+        stamps: timelines.Stamps = timelines.OFF,
+    ) -> formats.Decoded | None:
         """Decode a disk-tier shard, bounded before and while decoding; its decoded bytes
-        are reserved on `reserved` (the caller's, held until the memory tier has them)."""
+        are reserved on `reserved` (the caller's, held until the memory tier has them).
+        None for the `fill` when its decoded size does not fit the fill's room."""
         entry = self.manifest.shards[shard]
         limit = self.settings.memory_limit
         what = f"shard {shard} ({entry.path})"
@@ -513,10 +594,13 @@ class CacheNode:
                         size=size,
                         limit=limit,
                     )
+                if fill and not self._fill_room(size or entry.size * self._expansion):
+                    return None
                 # A format that cannot tell (JSON Lines) is bounded while it decodes, by
                 # what its text can decode to (`_TEXT_EXPANSION`) within the limit.
                 budget = size if size is not None else min(limit, _TEXT_EXPANSION * entry.size)
                 reserved.enter_context(self._decoding.reserve(budget))
+                stamps.mark("decode")
                 f.seek(0)
                 decoded = formats.decode(
                     self.manifest.format,
@@ -592,36 +676,147 @@ class CacheNode:
             return reader.upcoming(depth + 1)
 
     def _schedule(self, only: str | None = None) -> None:
-        """Prefetch what the readers (or reader `only`) will read next and is missing."""
+        """Prefetch what the readers (or reader `only`) will read next and is missing,
+        each shard as urgently as the reader nearest to it needs it."""
         if self._closed:
             return
-        wanted: list[int] = []
         for reader_id in self.reader_ids() if only is None else [only]:
-            for shard in self._ahead(reader_id):
-                if shard not in wanted:
-                    wanted.append(shard)
-        for shard in wanted:
-            if self.memory.contains(self._memory_keys[shard]):
-                continue
-            with self._lock:
-                if shard in self._inflight:
-                    continue
-            self._pool.submit(self._prefetch, shard)
+            for index, shard in enumerate(self._ahead(reader_id)):
+                self._enqueue(shard, (index, work_queues.READAHEAD), "readahead")
 
-    def _prefetch(self, shard: int) -> None:
-        if self._closed:
+    def _fill(self, params: plans.PlanParams, position: int) -> None:
+        """Queue the epoch of `params` for every rank of its world, round robin, behind
+        the readers' own readahead: once per epoch, as far as the memory tier's room
+        goes (`_fill_room`; each decode checks again with the shard's exact size).
+
+        Sample mode and elastic segments are left to readahead: their plans are not the
+        one epoch order sliced by rank. A prefetch depth of 0 turns read-ahead off, and
+        the fill with it."""
+        if self._closed or params.sampled or params.segments is not None:
             return
+        if self.settings.prefetch_depth == 0:
+            return
+        epoch = dataclasses.replace(params, rank=0)
+        with self._lock:
+            if epoch in self._filled:
+                return
+            self._filled = [*self._filled[-(_FILLS_KEPT - 1) :], epoch]
+        order = fill_orders.epoch_fill(
+            params, position, self._orders.rank_runs, len(self.manifest.shards)
+        )
+        with self._fill_lock:
+            self._fill_rest = collections.deque(order)  # the latest epoch's fill wins
+            self._fill_rest_bytes = sum(self.manifest.shards[s].size for s, _ in order)
+        self._top_up()
+
+    @property
+    def _expansion(self) -> float:
+        return _FIRST_EXPANSION if self._expansion_seen is None else self._expansion_seen
+
+    def _top_up(self) -> None:
+        """Queue the fill's next shards while the fetch threads have few queued and the
+        memory tier has room by the expansion known now; each shard's room is checked
+        again when a fetch thread takes it, and with its exact size before it is
+        decoded. Called when a fill starts and whenever a fetch thread is done."""
+        if not self._fill_rest:
+            return
+        with self._fill_lock:
+            want = _FILL_AHEAD_PER_THREAD * self.fetch_concurrency - len(self._queue)
+            used = float(self.memory.resident_bytes())
+            while self._fill_rest and want > 0:
+                shard, index = self._fill_rest[0]
+                source_size = self.manifest.shards[shard].size
+                if self.memory.contains(self._memory_keys[shard]):
+                    self._fill_rest.popleft()
+                    self._fill_rest_bytes -= source_size
+                    continue
+                size = source_size * self._expansion
+                if not self._fill_room(size, used=used):
+                    return  # tried again when a fetch thread is done
+                self._fill_rest.popleft()
+                self._fill_rest_bytes -= source_size
+                used += size
+                want -= 1
+                self._enqueue(shard, (index, work_queues.FILL), "fill")
+
+    def _fill_room(self, size: float, *, used: float | None = None) -> bool:
+        """Whether the fill may decode a shard of `size` bytes now, the memory tier
+        holding `used` bytes in committed entries (default: what it holds now).
+
+        When the rest of the fill fits too (by the expansion known now), it may take
+        the room: it is the readers' own next shards, fetched early. When it does not,
+        the fill keeps room for a wave of readahead, `fetch_concurrency` shards of that
+        size, so that it never takes the room a reader's next shards need (readahead
+        never evicts) for shards read later. What is decoding now (the decode budget
+        held) is that wave, or part of it."""
+        if used is None:
+            # Committed entries only: one being inserted by this process is still in
+            # the decode budget's `held` (held until inserted), and would count twice.
+            used = self.memory.resident_bytes()
+        held = self._decoding.held
+        limit = self.settings.memory_limit
+        if used + held + self._fill_rest_bytes * self._expansion + size <= limit:
+            return True
+        return used + max(held, self.fetch_concurrency * size) + size <= limit
+
+    def _enqueue(self, shard: int, priority: work_queues.Priority, why: str) -> None:
+        if self.memory.contains(self._memory_keys[shard]):
+            return
+        with self._lock:
+            if shard in self._inflight or self._closed:
+                return
+            if not self._workers:
+                self._workers = [
+                    threading.Thread(target=self._work, name=f"shardcache-fetch-{i}", daemon=True)
+                    for i in range(self.fetch_concurrency)
+                ]
+                for worker in self._workers:
+                    worker.start()
+        self._queue.put(shard, priority, why)
+
+    def _work(self) -> None:
+        """A fetch thread: the most urgent shard wanted, one at a time, until closed."""
+        while (item := self._queue.get()) is not None:
+            shard, (index, _), why, queued = item
+            try:
+                if self._prefetch(shard, why, queued) == "later":
+                    # Tried again with the next top-up, ahead of the rest of the fill:
+                    # the room (or what the fill knows of the shards' sizes) changes.
+                    # One whose exact size found no room is not: readahead fetches it
+                    # (from the disk tier) when a reader comes near it.
+                    with self._fill_lock:
+                        self._fill_rest.appendleft((shard, index))
+                        self._fill_rest_bytes += self.manifest.shards[shard].size
+                self._top_up()
+            finally:
+                self._queue.done()
+
+    def _prefetch(self, shard: int, why: str, queued: float | None = None) -> str:
+        """Make `shard` resident for the readahead or the fill; "later" when the fill
+        has no room for it by its estimated size, else what came of it."""
+        if self._closed or self.memory.contains(self._memory_keys[shard]):
+            return "resident"
+        if why == "fill" and not self._fill_room(
+            self.manifest.shards[shard].size * self._expansion
+        ):
+            return "later"
         try:
-            self._materialize(shard, prefetch=True, wait=None)
+            return self._materialize(shard, why=why, wait=None, queued=queued)
         except Exception as exc:
             # The reader that needs this shard gets the error from its own acquire.
             log.warning("prefetch of shard %d failed: %s", shard, exc)
+            return "failed"
+
+    def prefetching(self) -> int:
+        """Shards queued for the fetch threads or being made resident by them (0: the
+        prefetcher is idle; an acquire may still be fetching for itself)."""
+        return self._queue.unfinished
 
     def warm(self, shards: Sequence[int]) -> None:
         """Make shards resident now (blocking), e.g. a startup plan's first shards."""
         for shard in shards:
             self._check_index(shard)
-            self._materialize(shard, prefetch=False, wait=None)
+            self._materialize(shard, why="acquire", wait=None)
 
     def is_ready(self, first_k: int) -> bool:
         """True when the first `first_k` shards of every registered plan are resident."""
@@ -642,4 +837,8 @@ class CacheNode:
 
     def close(self) -> None:
         self._closed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._queue.close()
+        with self._lock:
+            workers = list(self._workers)
+        for worker in workers:
+            worker.join()

@@ -8,6 +8,7 @@ import contextlib
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
@@ -45,15 +46,19 @@ def test_acquires_of_cold_shards_decode_no_more_than_the_fetch_concurrency_at_on
     lock = threading.Lock()
 
     def counted(
-        self: caches.CacheNode, shard: int, path: Path, reserved: contextlib.ExitStack
-    ) -> formats.Decoded:
+        self: caches.CacheNode,
+        shard: int,
+        path: Path,
+        reserved: contextlib.ExitStack,
+        **options: Any,
+    ) -> formats.Decoded | None:
         nonlocal running, most
         with lock:
             running += 1
             most = max(most, running)
         try:
             time.sleep(0.1)  # long enough for every acquire to be waiting at once
-            return decode(self, shard, path, reserved)
+            return decode(self, shard, path, reserved, **options)
         finally:
             with lock:
                 running -= 1

@@ -1,0 +1,210 @@
+"""A cold epoch is filled for every rank as soon as one registers, in plan order, as far
+as the memory tier has room beside a wave of readahead, and never by evicting; what the
+readers then read is exactly the dataset (issue 14's cold fill)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.ipc as ipc
+import pytest
+
+from shardcache import manifests, plans
+from shardcache.node import caches, fill_orders, timelines
+from tests.support import datasets
+
+pytestmark = pytest.mark.integration
+
+SHARDS = [300] * 8
+
+
+def make_node(
+    tmp_path: Path, manifest: manifests.Manifest, *, memory_limit: int, concurrency: int
+) -> caches.CacheNode:
+    settings = caches.NodeSettings(
+        disk_dir=tmp_path / "disk",
+        memory_dir=tmp_path / "mem",
+        memory_limit=memory_limit,
+        # Readahead of the shard each reader is at and the next: what is fetched beyond
+        # them is the fill's.
+        prefetch_depth=1,
+        fetch_concurrency=concurrency,
+    )
+    return caches.CacheNode(manifest, settings)
+
+
+def settle(node: caches.CacheNode, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while node.prefetching():
+        assert time.monotonic() < deadline, "the prefetcher never went idle"
+        time.sleep(0.02)
+
+
+def read_all(node: caches.CacheNode) -> pa.Table:
+    batches = []
+    for shard in range(len(node.manifest.shards)):
+        with node.acquire(shard, timeout=60) as entry:
+            batches.append(ipc.open_file(pa.memory_map(str(entry.path))).get_batch(0))
+    return pa.Table.from_batches(batches)
+
+
+def resident(node: caches.CacheNode) -> list[int]:
+    keys = set(node.memory.keys())
+    return [i for i in range(len(node.manifest.shards)) if node.manifest.decoded_key(i) in keys]
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> tuple[manifests.Manifest, pa.Table, int]:
+    """The manifest, the table, and the largest shard's decoded size."""
+    expected = datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), SHARDS)
+    manifest = manifests.resolve(f"file://{tmp_path / 'ds'}")
+    probe = make_node(tmp_path / "probe", manifest, memory_limit=1 << 30, concurrency=2)
+    try:
+        sizes = []
+        for shard in range(len(SHARDS)):
+            with probe.acquire(shard, timeout=60) as entry:
+                sizes.append(entry.size)
+    finally:
+        probe.close()
+    return manifest, expected, max(sizes)
+
+
+def test_one_registered_rank_fills_the_epoch_of_its_whole_world(
+    tmp_path: Path, dataset: tuple[manifests.Manifest, pa.Table, int]
+) -> None:
+    manifest, expected, _ = dataset
+    node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=2)
+    try:
+        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=4, block_size=100)
+        node.register_reader("rank-0", params)
+        settle(node)
+        # Rank 0 reads about a quarter of the epoch and its depth is 1: without the fill
+        # two shards would be resident now.
+        assert resident(node) == list(range(len(SHARDS)))
+        assert node.stats().evictions["memory"] == 0
+        assert read_all(node).equals(expected)
+    finally:
+        node.close()
+
+
+def test_the_fill_leaves_room_for_a_wave_of_readahead_and_never_evicts(
+    tmp_path: Path, dataset: tuple[manifests.Manifest, pa.Table, int]
+) -> None:
+    manifest, expected, largest = dataset
+    concurrency = 1
+    limit = largest * 5 + largest // 2  # five shards fit; one is kept for readahead
+    node = make_node(tmp_path, manifest, memory_limit=limit, concurrency=concurrency)
+    try:
+        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=2, block_size=100)
+        node.register_reader("rank-0", params)
+        settle(node)
+        held = node.memory.used_bytes()
+        # More than the two shards rank 0's readahead asks for, fewer than all.
+        assert 3 <= len(resident(node)) < len(SHARDS)
+        assert held + concurrency * largest <= limit
+        assert node.stats().evictions["memory"] == 0
+        # Every row once, in order, shards evicted and fetched again as the reads go.
+        assert read_all(node).equals(expected)
+        assert node.memory.used_bytes() <= limit
+    finally:
+        node.close()
+
+
+def test_an_epoch_is_planned_for_the_fill_once_however_many_ranks_register(
+    tmp_path: Path,
+    dataset: tuple[manifests.Manifest, pa.Table, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    manifest, _, _ = dataset
+    node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=1)
+    planned: list[int] = []
+    real = fill_orders.epoch_fill
+
+    def counting(params: plans.PlanParams, *args: Any) -> list[tuple[int, int]]:
+        planned.append(params.epoch)
+        return real(params, *args)
+
+    monkeypatch.setattr(fill_orders, "epoch_fill", counting)
+    try:
+        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=2, block_size=100)
+        node.register_reader("rank-0", params)
+        node.register_reader("rank-1", dataclasses.replace(params, rank=1))
+        assert planned == [0]
+        node.update_reader("rank-0", epoch=1, position=0)
+        node.update_reader("rank-1", epoch=1, position=0)
+        assert planned == [0, 1]
+    finally:
+        node.close()
+
+
+def test_each_shard_made_resident_logs_its_stages_in_order_when_the_timeline_listens(
+    tmp_path: Path,
+    dataset: tuple[manifests.Manifest, pa.Table, int],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    manifest, _, _ = dataset
+    node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=1)
+    try:
+        with caplog.at_level(logging.DEBUG, logger=timelines.log.name):
+            node.acquire(3, timeout=60).release()
+    finally:
+        node.close()
+    lines = [r for r in caplog.records if r.getMessage() == timelines.MESSAGE]
+    assert len(lines) == 1
+    line = lines[0].__dict__
+    assert (line["shard"], line["why"], line["outcome"]) == (3, "acquire", "inserted")
+    stamps = [line[f"t_{stage}"] for stage in timelines.STAGES]
+    assert stamps == sorted(stamps)
+
+
+def test_the_timeline_costs_nothing_when_nobody_listens() -> None:
+    assert not timelines.log.isEnabledFor(logging.DEBUG)
+    assert timelines.start(1, "fill") is timelines.OFF
+
+
+def test_a_prefetch_depth_of_0_fills_nothing(
+    tmp_path: Path, dataset: tuple[manifests.Manifest, pa.Table, int]
+) -> None:
+    manifest, _, _ = dataset
+    settings = caches.NodeSettings(
+        disk_dir=tmp_path / "disk",
+        memory_dir=tmp_path / "mem",
+        prefetch_depth=0,
+        fetch_concurrency=2,
+    )
+    node = caches.CacheNode(manifest, settings)
+    try:
+        node.register_reader("rank-0", plans.PlanParams(seed=1, world_size=4, block_size=100))
+        settle(node)
+        assert len(resident(node)) == 1  # the shard it is at
+    finally:
+        node.close()
+
+
+def test_an_epoch_that_fits_the_memory_tier_is_filled_to_its_last_shard(
+    tmp_path: Path, dataset: tuple[manifests.Manifest, pa.Table, int]
+) -> None:
+    manifest, expected, largest = dataset
+    concurrency = 2
+    # All eight fit with a shard to spare (a decode reserves its size from the Parquet
+    # footer, a third more than the decoded file here), not with room for a wave of
+    # two more beside them: the fill is the readers' own shards, so it needs no room
+    # kept for them.
+    limit = largest * (len(SHARDS) + 1) + largest // 2
+    node = make_node(tmp_path, manifest, memory_limit=limit, concurrency=concurrency)
+    try:
+        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=2, block_size=100)
+        node.register_reader("rank-0", params)
+        settle(node)
+        assert resident(node) == list(range(len(SHARDS)))
+        assert node.memory.used_bytes() <= limit
+        assert node.stats().evictions["memory"] == 0
+        assert read_all(node).equals(expected)
+    finally:
+        node.close()
