@@ -254,38 +254,59 @@ def runs_of(
     return out
 
 
+class EpochOrder:
+    """The epoch's global order (`global_runs`), made a shard at a time as ranks need
+    them: the shard order at once (one permutation of the manifest's shards), each
+    shard's runs (its block permutation) the first time a range covers it.
+
+    A shard's blocks are permuted with a seed of their own and its runs never join
+    another shard's, so `slice` is exactly `runs_of(global_runs(...), ranges)`. Kept
+    by the sidecar for every rank of an epoch (`shardcache.node.epoch_plans`); filling
+    it from two threads at once only computes a shard's runs twice, to equal lists."""
+
+    def __init__(self, shard_rows: Sequence[int], digest: str, params: PlanParams) -> None:
+        self._rows = shard_rows
+        self._digest = digest
+        self._params = params
+        self._order = _shard_order(len(shard_rows), digest, params)
+        # Where each shard's rows start in the epoch's sequence, in reading order.
+        self._starts = list(itertools.accumulate((shard_rows[s] for s in self._order), initial=0))
+        self._runs: dict[int, list[Run]] = {}
+
+    def slice(self, ranges: Sequence[streams.Range]) -> list[Run]:
+        """The pieces of the epoch's order at `ranges` of it, in order."""
+        order, starts = self._order, self._starts
+        out: list[Run] = []
+        for lo, hi in ranges:
+            i = bisect.bisect_right(starts, lo) - 1
+            while lo < hi and i < len(order):
+                base, end = starts[i], starts[i + 1]
+                if end > lo:
+                    shard = order[i]
+                    runs = self._runs.get(shard)
+                    if runs is None:
+                        runs = _shard_runs(self._rows[shard], shard, self._digest, self._params)
+                        self._runs[shard] = runs
+                    take = min(hi, end)
+                    if lo == base and take == end:
+                        out.extend(runs)  # the whole shard
+                    else:
+                        out.extend(runs_of(runs, [(lo - base, take - base)]))
+                    lo = take
+                i += 1
+        return out
+
+
 def rank_runs(shard_rows: Sequence[int], digest: str, params: PlanParams) -> list[Run]:
     """The runs `params.rank` reads in the epoch, in order: exactly
     `runs_of(global_runs(...), stream_ranges(...))`, but with only the shards the rank's
-    ranges cover permuted into blocks. Every rank opening computes its plan; of the
-    device benchmark's 48 shards of 42 blocks a rank of 16 reads 3 or 4, and the whole
-    order took most of an open's client CPU (docs/benchmarks.md)."""
-    total = sum(shard_rows)
-    ranges = stream_ranges(total, params)
+    ranges cover permuted into blocks (`EpochOrder`). Every rank opening computes its
+    plan; of the device benchmark's 48 shards of 42 blocks a rank of 16 reads 3 or 4, and
+    the whole order took most of an open's client CPU (docs/benchmarks.md)."""
+    ranges = stream_ranges(sum(shard_rows), params)
     if not ranges:
         return []
-    order = _shard_order(len(shard_rows), digest, params)
-    # Where each shard's rows start in the epoch's sequence, in reading order.
-    starts = list(itertools.accumulate((shard_rows[s] for s in order), initial=0))
-    made: dict[int, list[Run]] = {}
-    out: list[Run] = []
-    for lo, hi in ranges:
-        i = bisect.bisect_right(starts, lo) - 1
-        while lo < hi and i < len(order):
-            base, end = starts[i], starts[i + 1]
-            if end > lo:
-                shard = order[i]
-                runs = made.get(shard)
-                if runs is None:
-                    runs = made[shard] = _shard_runs(shard_rows[shard], shard, digest, params)
-                take = min(hi, end)
-                if lo == base and take == end:
-                    out.extend(runs)  # the whole shard
-                else:
-                    out.extend(runs_of(runs, [(lo - base, take - base)]))
-                lo = take
-            i += 1
-    return out
+    return EpochOrder(shard_rows, digest, params).slice(ranges)
 
 
 def skip(runs: Sequence[Run], position: int) -> Iterator[Run]:

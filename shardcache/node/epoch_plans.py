@@ -1,14 +1,15 @@
-"""Every rank's plan from one global order per epoch, computed once per node.
+"""Every rank's plan from one global order per epoch, kept per node.
 
 A reader's plan (`plans.rank_runs`) is its slice of the epoch's global order
 (`plans.global_runs`), and that order depends only on the manifest, the seed, the
 epoch, whether to shuffle and the block size: the same for every rank of a job. Made
-from scratch it is a permutation of the shards and one of each shard's blocks, in pure
-Python: 5-15 ms for 48 shards of 42 blocks, held under the GIL. When eight or sixteen
-ranks on a node open (or enter the next epoch) at the same instant, the sidecar made
-that same order once per rank, while their requests waited behind it. A `EpochPlans`
-makes it once and slices it per rank (`plans.runs_of`, a bisection and the rank's own
-runs), so the result is exactly `plans.rank_runs`'s.
+whole from scratch it is a permutation of the shards and one of each shard's blocks,
+in pure Python: 5-15 ms for 48 shards of 42 blocks, held under the GIL. When eight or
+sixteen ranks on a node open (or enter the next epoch) at the same instant, the
+sidecar made that same order once per rank, while their requests waited behind it. An
+`EpochPlans` keeps one `plans.EpochOrder` per epoch: the shard order, and each shard's
+runs once some rank's range covered it. A rank's plan is then a bisection and its own
+shards' runs, made once per node, and exactly `plans.rank_runs`'s result.
 """
 
 from __future__ import annotations
@@ -28,18 +29,15 @@ _Key = tuple[bool, int, int, int]
 
 class EpochPlans:
     """`rank_runs(params)` for one manifest (its shards' rows and its digest), sharing
-    the global order between ranks."""
+    each epoch's order between ranks."""
 
     def __init__(self, shard_rows: Sequence[int], digest: str) -> None:
         self._rows = list(shard_rows)
         self._digest = digest
         self._total = sum(self._rows)
-        #: Global orders with their run ends, most recently used last.
-        self._orders: collections.OrderedDict[_Key, tuple[list[plans.Run], list[int]]] = (
-            collections.OrderedDict()
-        )
-        # One order made at a time: it holds the GIL throughout, so readers that need
-        # the same one wait for it rather than make it again beside it.
+        #: Epoch orders, most recently used last.
+        self._orders: collections.OrderedDict[_Key, plans.EpochOrder] = collections.OrderedDict()
+        # Readers register from the event loop and the thread pool alike.
         self._lock = threading.Lock()
 
     def rank_runs(self, params: plans.PlanParams) -> list[plans.Run]:
@@ -47,21 +45,20 @@ class EpochPlans:
         ranges = plans.stream_ranges(self._total, params)
         if not ranges:
             return []
-        order, ends = self._global(params)
-        return plans.runs_of(order, ranges, ends=ends)
+        return self._order(params).slice(ranges)
 
     def has(self, params: plans.PlanParams) -> bool:
-        """Whether the global order `rank_runs(params)` slices is made already."""
+        """Whether the epoch order `rank_runs(params)` slices is started already (another
+        rank of the job made it): a rank's plan is then its own shards' runs at most."""
         with self._lock:
             return _key(params) in self._orders
 
-    def _global(self, params: plans.PlanParams) -> tuple[list[plans.Run], list[int]]:
+    def _order(self, params: plans.PlanParams) -> plans.EpochOrder:
         key = _key(params)
         with self._lock:
             order = self._orders.get(key)
             if order is None:
-                runs = plans.global_runs(self._rows, self._digest, params)
-                order = (runs, plans.run_ends(runs))
+                order = plans.EpochOrder(self._rows, self._digest, params)
                 self._orders[key] = order
                 while len(self._orders) > KEPT:
                     self._orders.popitem(last=False)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from shardcache import plans, streams
@@ -56,19 +58,43 @@ def test_orders_beyond_the_kept_ones_are_made_again_exactly() -> None:
     assert orders.rank_runs(params) == plans.rank_runs(ROWS, DIGEST, params)
 
 
-def test_ranks_of_one_epoch_make_its_global_order_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    made = []
-    real = plans.global_runs
+def test_ranks_of_one_epoch_make_its_shard_order_and_each_shards_runs_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    orders_made: list[object] = []
+    shards_made: list[int] = []
+    real_order, real_runs = plans._shard_order, plans._shard_runs
 
-    def counting(*args: object, **kw: object) -> list[plans.Run]:
-        made.append(args)
-        return real(*args, **kw)  # type: ignore[arg-type]
+    def counting_order(*args: Any) -> list[int]:
+        orders_made.append(args)
+        return real_order(*args)
 
-    monkeypatch.setattr(plans, "global_runs", counting)
+    def counting_runs(rows: int, shard: int, *args: Any) -> list[plans.Run]:
+        shards_made.append(shard)
+        return real_runs(rows, shard, *args)
+
+    monkeypatch.setattr(plans, "_shard_order", counting_order)
+    monkeypatch.setattr(plans, "_shard_runs", counting_runs)
     orders = epoch_plans.EpochPlans(ROWS, DIGEST)
     for rank in range(16):
         orders.rank_runs(plans.PlanParams(seed=1, rank=rank, world_size=16, block_size=8))
-    assert len(made) == 1
+    orders.rank_runs(plans.PlanParams(seed=1, block_size=8))  # world size 1: every shard
+    assert len(orders_made) == 1
+    assert sorted(shards_made) == [i for i, rows in enumerate(ROWS) if rows]
+
+
+def test_a_rank_makes_only_the_shards_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    shards_made: list[int] = []
+    real_runs = plans._shard_runs
+
+    def counting_runs(rows: int, shard: int, *args: Any) -> list[plans.Run]:
+        shards_made.append(shard)
+        return real_runs(rows, shard, *args)
+
+    monkeypatch.setattr(plans, "_shard_runs", counting_runs)
+    params = plans.PlanParams(seed=1, rank=5, world_size=16, block_size=8)
+    runs = epoch_plans.EpochPlans(ROWS, DIGEST).rank_runs(params)
+    assert sorted(shards_made) == sorted({run.shard for run in runs})
 
 
 def test_an_order_is_had_once_any_rank_of_its_epoch_made_it() -> None:
