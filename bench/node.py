@@ -407,6 +407,8 @@ def run(
         contract.ENV_SHUFFLE: "false" if args.no_shuffle else "true",
         contract.ENV_WORLD_SIZE: str(k_cold),
         contract.ENV_RANK: "0",
+        # One sidecar serves the node's K ranks: their epochs fill from its start-up.
+        contract.ENV_LOCAL_RANKS: str(k_cold),
         # The per-shard timeline of the cold path (`bench.node_timeline`): DEBUG lines
         # of the `shardcache.node.timeline` logger, in JSON to be read back.
         contract.ENV_LOG_LEVEL: "DEBUG",
