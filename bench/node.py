@@ -490,9 +490,18 @@ def run(
                 share = node_profile.gil_share(
                     args.profile_cold, rate=COLD_PROFILE_RATE, seconds=cold_end - spawned
                 )
+                # Imports are done before /healthz answers: what is left is the cold path
+                # and the control requests, over the cold epoch itself.
+                working = node_profile.gil_share(
+                    args.profile_cold,
+                    rate=COLD_PROFILE_RATE,
+                    seconds=cold_seconds,
+                    skip=node_profile.IMPORTING,
+                )
                 print(
                     f"cold-epoch GIL: some sidecar thread held it {node_report.fmt(share, '.0%')} "
-                    "of the time from its start to the last rank's end (py-spy --gil; its "
+                    "of the time from its start to the last rank's end, and outside imports "
+                    f"{node_report.fmt(working, '.0%')} of the cold epoch (py-spy --gil; the "
                     "figures above are inflated by the sampling)",
                     flush=True,
                 )
