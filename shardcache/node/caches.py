@@ -267,6 +267,7 @@ class CacheNode:
         self._fill_lock = threading.Lock()
         #: Largest decoded bytes per source byte seen: sizes the fill before a fetch.
         self._expansion_seen: float | None = None
+        self._largest_source = max((s.size for s in manifest.shards), default=0)
         self._working = threading.BoundedSemaphore(self.fetch_concurrency)
         self._decoding = decode_budgets.DecodeBudget(settings.memory_limit)
         self._warned_small_memory = False
@@ -604,7 +605,13 @@ class CacheNode:
                         size=size,
                         limit=limit,
                     )
-                if fill and not self._fill_room(size or entry.size * self._expansion):
+                # The footer's size is a bound (offsets and validity at their widest: about
+                # twice the decoded file for token lists); once shards were decoded, the
+                # ratio they showed is the better guess. The insert still never evicts.
+                guess = entry.size * self._expansion
+                if size is not None and self._expansion_seen is None:
+                    guess = size
+                if fill and not self._fill_room(guess):
                     return None
                 # A format that cannot tell (JSON Lines) is bounded while it decodes, by
                 # what its text can decode to (`_TEXT_EXPANSION`) within the limit.
@@ -784,7 +791,12 @@ class CacheNode:
             # Committed entries only: one being inserted by this process is still in
             # the decode budget's `held` (held until inserted), and would count twice.
             used = self.memory.resident_bytes()
-        held = self._decoding.held
+        held = float(self._decoding.held)
+        if self._expansion_seen is not None:
+            # Decodes reserve their footer's bound; what they will take is the ratio seen.
+            with self._lock:
+                running = len(self._inflight)
+            held = min(held, running * self._largest_source * self._expansion_seen)
         limit = self.settings.memory_limit
         if used + held + self._fill_rest_bytes * self._expansion + size <= limit:
             return True
