@@ -407,6 +407,8 @@ def run(
         contract.ENV_SHUFFLE: "false" if args.no_shuffle else "true",
         contract.ENV_WORLD_SIZE: str(k_cold),
         contract.ENV_RANK: "0",
+        # One sidecar serves the node's K ranks: their epochs fill from its start-up.
+        contract.ENV_LOCAL_RANKS: str(k_cold),
         # The per-shard timeline of the cold path (`bench.node_timeline`): DEBUG lines
         # of the `shardcache.node.timeline` logger, in JSON to be read back.
         contract.ENV_LOG_LEVEL: "DEBUG",
@@ -488,9 +490,18 @@ def run(
                 share = node_profile.gil_share(
                     args.profile_cold, rate=COLD_PROFILE_RATE, seconds=cold_end - spawned
                 )
+                # Imports are done before /healthz answers: what is left is the cold path
+                # and the control requests, over the cold epoch itself.
+                working = node_profile.gil_share(
+                    args.profile_cold,
+                    rate=COLD_PROFILE_RATE,
+                    seconds=cold_seconds,
+                    skip=node_profile.IMPORTING,
+                )
                 print(
                     f"cold-epoch GIL: some sidecar thread held it {node_report.fmt(share, '.0%')} "
-                    "of the time from its start to the last rank's end (py-spy --gil; its "
+                    "of the time from its start to the last rank's end, and outside imports "
+                    f"{node_report.fmt(working, '.0%')} of the cold epoch (py-spy --gil; the "
                     "figures above are inflated by the sampling)",
                     flush=True,
                 )

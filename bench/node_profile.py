@@ -113,14 +113,20 @@ def sampling_child(
                 spy.wait()
 
 
-def gil_share(path: Path, *, rate: int, seconds: float) -> float | None:
-    """Share of `seconds` some thread held the GIL, from a `--gil` profile at `rate`."""
+#: A frame of every stack sampled while a module was being imported.
+IMPORTING = "_find_and_load"
+
+
+def gil_share(path: Path, *, rate: int, seconds: float, skip: str | None = None) -> float | None:
+    """Share of `seconds` some thread held the GIL, from a `--gil` profile at `rate`;
+    stacks with a frame containing `skip` (e.g. `IMPORTING`) not counted."""
     if not path.exists() or seconds <= 0:
         return None
     samples = 0
     for line in path.read_text().splitlines():
-        _, _, count = line.rpartition(" ")
-        samples += int(count) if count.isdigit() else 0
+        stack, _, count = line.rpartition(" ")
+        if count.isdigit() and not (skip and skip in stack):
+            samples += int(count)
     return samples / (rate * seconds)
 
 

@@ -44,6 +44,7 @@ ENV_SHUFFLE_GRANULARITY: Final = variables.SHUFFLE_GRANULARITY.env
 ENV_SHUFFLE_WINDOW: Final = variables.SHUFFLE_WINDOW.env
 ENV_WORLD_SIZE: Final = variables.WORLD_SIZE.env
 ENV_RANK: Final = variables.RANK.env
+ENV_LOCAL_RANKS: Final = variables.LOCAL_RANKS.env
 ENV_METRICS_PORT: Final = variables.METRICS_PORT.env
 ENV_UI_PORT: Final = variables.UI_PORT.env
 ENV_METRICS_HOST: Final = variables.METRICS_HOST.env

@@ -442,6 +442,18 @@ RANK: Final = Variable(
     spec_default=None,
     injected=_IN_SIDECAR,
 )
+LOCAL_RANKS: Final = Variable(
+    "SHARDCACHE_LOCAL_RANKS",
+    parsers.integer(minimum=1),
+    # One: a pod's sidecar serves its own rank; filling other ranks' epochs would fetch
+    # shards that other pods read (docs/benchmarks.md, "The cold fill").
+    1,
+    _SIDECAR,
+    "Ranks this sidecar serves, from SHARDCACHE_RANK on: their epochs are filled from "
+    "start-up, before their trainers open the dataset (a sidecar shared by the ranks "
+    "of a node). 1: this pod's rank alone; other ranks' shards are never fetched "
+    "before a reader of them registers.",
+)
 
 # --- checkpoints ------------------------------------------------------------------------
 CHECKPOINT_DIR: Final = Variable(
@@ -568,6 +580,7 @@ TABLE: Final[tuple[Variable[Any], ...]] = (
     SHUFFLE_WINDOW,
     WORLD_SIZE,
     RANK,
+    LOCAL_RANKS,
     METRICS_PORT,
     UI_PORT,
     METRICS_HOST,

@@ -7,9 +7,10 @@ the memory tier and returns a lease on it. Blocking and thread-based, so the sid
 calls it from an executor and embedded mode calls it directly.
 
 The prefetcher's fetch threads take the most urgent shard wanted (`work_queues`): each
-reader's next shards, and, when a reader registers for an epoch no reader was in, the
-whole epoch's plan of every rank of its world (`fill_orders`), as far as the memory
-tier has room for it beside a wave of readahead. Each shard's pass through the cold
+reader's next shards up to its depth, then the rest of every registered reader's epoch,
+round robin over the readers (the fill, `fill_orders`), as far as the memory tier has
+room for it beside a wave of readahead. Only registered readers' plans: a sidecar
+serving one rank of many never fetches the others'. Each shard's pass through the cold
 path is stamped for benchmarks when the timeline logger listens (`timelines`).
 """
 
@@ -52,8 +53,6 @@ _TEXT_EXPANSION = 8
 #: (Parquet tokens compress 2-3 times); after that, the largest ratio seen. Only sizes
 #: how many shards the fill queues: each decode checks the exact size against the room.
 _FIRST_EXPANSION = 4.0
-#: Epochs whose fill was queued that are remembered, so that each is queued once.
-_FILLS_KEPT = 8
 #: Shards queued for the fetch threads, per thread, below which the fill tops the queue
 #: up: enough that a thread never waits for the next, few enough that the room the fill
 #: counted on is checked again soon.
@@ -257,29 +256,44 @@ class CacheNode:
         #: the first shard queued (`_enqueue`).
         self._queue = work_queues.WorkQueue()
         self._workers: list[threading.Thread] = []
-        #: The epochs (PlanParams with rank 0) whose fill was queued.
-        self._filled: list[plans.PlanParams] = []
-        #: The latest such epoch's fill not queued yet: (shard, index), in order.
+        #: Each registered reader's epoch from where it registered or entered it (the
+        #: epochs of its `fill_ranks` ranks, one list each).
+        self._fill_plans: dict[str, list[list[int]]] = {}
+        self._fill_ranks: dict[str, int] = {}
+        #: Their fill not queued yet, round robin: (shard, index), in order.
         self._fill_rest: collections.deque[tuple[int, int]] = collections.deque()
         #: Source bytes of `_fill_rest`: whether the rest of the fill fits.
         self._fill_rest_bytes = 0
         self._fill_lock = threading.Lock()
         #: Largest decoded bytes per source byte seen: sizes the fill before a fetch.
         self._expansion_seen: float | None = None
+        self._largest_source = max((s.size for s in manifest.shards), default=0)
         self._working = threading.BoundedSemaphore(self.fetch_concurrency)
         self._decoding = decode_budgets.DecodeBudget(settings.memory_limit)
         self._warned_small_memory = False
         self._closed = False
 
     # --- readers ----------------------------------------------------------------
-    def register_reader(self, reader_id: str, params: plans.PlanParams, position: int = 0) -> None:
+    def register_reader(
+        self,
+        reader_id: str,
+        params: plans.PlanParams,
+        position: int = 0,
+        *,
+        fill_ranks: int = 1,
+    ) -> None:
+        """Read ahead along the reader's plan, and fill the rest of its epoch behind
+        every reader's readahead (`_fill`). `fill_ranks` > 1: the fill takes the epochs
+        of that many ranks from `params.rank` on (the sidecar's startup plan for the
+        ranks it serves, `SHARDCACHE_LOCAL_RANKS`), before their readers register."""
         planned = _Reader.planned(self.manifest, self._orders, params, position)
         with self._lock:
             self._readers[reader_id] = planned
+            self._fill_ranks[reader_id] = fill_ranks
         # Only the new reader's window is new: the others' were scheduled when they
         # moved (16 ranks registering at once rescheduled every reader 16 times).
         self._schedule(reader_id)
-        self._fill(params, position)
+        self._fill(reader_id)
 
     def plan_is_cheap(self, params: plans.PlanParams) -> bool:
         """Whether a reader of `params` gets its plan without computing an epoch's
@@ -303,11 +317,16 @@ class CacheNode:
         # Only this reader's window moved; the others' were scheduled when they moved.
         self._schedule(reader_id)
         if new_epoch is not None:
-            self._fill(new_epoch, position)
+            self._fill(reader_id)
 
     def unregister_reader(self, reader_id: str) -> None:
         with self._lock:
             self._readers.pop(reader_id, None)
+            self._fill_ranks.pop(reader_id, None)
+        if reader_id in self._fill_plans:
+            with self._fill_lock:
+                self._fill_plans.pop(reader_id, None)
+                self._plan_fill()
 
     def reader_ids(self) -> list[str]:
         with self._lock:
@@ -594,7 +613,13 @@ class CacheNode:
                         size=size,
                         limit=limit,
                     )
-                if fill and not self._fill_room(size or entry.size * self._expansion):
+                # The footer's size is a bound (offsets and validity at their widest: about
+                # twice the decoded file for token lists); once shards were decoded, the
+                # ratio they showed is the better guess. The insert still never evicts.
+                guess = entry.size * self._expansion
+                if size is not None and self._expansion_seen is None:
+                    guess = size
+                if fill and not self._fill_room(guess):
                     return None
                 # A format that cannot tell (JSON Lines) is bounded while it decodes, by
                 # what its text can decode to (`_TEXT_EXPANSION`) within the limit.
@@ -684,30 +709,51 @@ class CacheNode:
             for index, shard in enumerate(self._ahead(reader_id)):
                 self._enqueue(shard, (index, work_queues.READAHEAD), "readahead")
 
-    def _fill(self, params: plans.PlanParams, position: int) -> None:
-        """Queue the epoch of `params` for every rank of its world, round robin, behind
-        the readers' own readahead: once per epoch, as far as the memory tier's room
-        goes (`_fill_room`; each decode checks again with the shard's exact size).
-
-        Sample mode and elastic segments are left to readahead: their plans are not the
-        one epoch order sliced by rank. A prefetch depth of 0 turns read-ahead off, and
-        the fill with it."""
-        if self._closed or params.sampled or params.segments is not None:
+    def _fill(self, reader_id: str) -> None:
+        """Queue the rest of reader `reader_id`'s epoch, from where it is now, behind
+        every reader's readahead, round robin with the other readers' fills (each
+        reader's i-th shard is needed at about the same time): as far as the memory
+        tier's room goes (`_fill_room`; each decode checks again with the shard's exact
+        size), topped up as the fetch threads finish. A prefetch depth of 0 turns
+        read-ahead off, and the fill with it."""
+        if self._closed or self.settings.prefetch_depth == 0:
             return
-        if self.settings.prefetch_depth == 0:
-            return
-        epoch = dataclasses.replace(params, rank=0)
+        count = len(self.manifest.shards)
         with self._lock:
-            if epoch in self._filled:
-                return
-            self._filled = [*self._filled[-(_FILLS_KEPT - 1) :], epoch]
-        order = fill_orders.epoch_fill(
-            params, position, self._orders.rank_runs, len(self.manifest.shards)
-        )
+            reader = self._readers.get(reader_id)
+            ranks = self._fill_ranks.get(reader_id, 1)
+            lists = [] if reader is None else [reader.upcoming(count)]
+        # Sample mode and elastic segments: another rank's plan is not this one's slice
+        # of the one epoch order, so only the reader's own is filled.
+        if (
+            reader is not None
+            and ranks > 1
+            and not reader.params.sampled
+            and reader.params.segments is None
+        ):
+            # The other ranks at the same position: all ranks of a job start together
+            # (and resume at the same step), and share one epoch order.
+            params = reader.params
+            for rank in range(params.rank + 1, params.rank + min(ranks, params.world_size)):
+                other = dataclasses.replace(params, rank=rank % params.world_size)
+                runs = self._orders.rank_runs(other)
+                lists.append(plans.next_shards(runs, plans.run_ends(runs), reader.position, count))
         with self._fill_lock:
-            self._fill_rest = collections.deque(order)  # the latest epoch's fill wins
-            self._fill_rest_bytes = sum(self.manifest.shards[s].size for s, _ in order)
+            self._fill_plans[reader_id] = lists
+            self._plan_fill()
         self._top_up()
+
+    def _plan_fill(self) -> None:
+        """The fill not queued yet, from the readers' plans (holding `_fill_lock`)."""
+        order = [
+            (shard, index)
+            for shard, index in fill_orders.interleaved(
+                [plan for lists in self._fill_plans.values() for plan in lists]
+            )
+            if not self.memory.contains(self._memory_keys[shard])
+        ]
+        self._fill_rest = collections.deque(order)
+        self._fill_rest_bytes = sum(self.manifest.shards[s].size for s, _ in order)
 
     @property
     def _expansion(self) -> float:
@@ -753,7 +799,12 @@ class CacheNode:
             # Committed entries only: one being inserted by this process is still in
             # the decode budget's `held` (held until inserted), and would count twice.
             used = self.memory.resident_bytes()
-        held = self._decoding.held
+        held = float(self._decoding.held)
+        if self._expansion_seen is not None:
+            # Decodes reserve their footer's bound; what they will take is the ratio seen.
+            with self._lock:
+                running = len(self._inflight)
+            held = min(held, running * self._largest_source * self._expansion_seen)
         limit = self.settings.memory_limit
         if used + held + self._fill_rest_bytes * self._expansion + size <= limit:
             return True

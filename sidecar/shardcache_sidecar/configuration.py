@@ -66,6 +66,9 @@ class Settings:
     window: int = variables.SHUFFLE_WINDOW.required_default
     world_size: int = variables.WORLD_SIZE.required_default
     rank: int = variables.RANK.required_default
+    #: Ranks from `rank` on whose epochs the cache node fills from start-up (see
+    #: CacheNode.register_reader's `fill_ranks`): a sidecar shared by a node's ranks.
+    local_ranks: int = variables.LOCAL_RANKS.required_default
     #: TCP address of /healthz, /readyz and /metrics for kubelet and Prometheus.
     metrics_host: str = variables.METRICS_HOST.required_default
     metrics_port: int = variables.METRICS_PORT.required_default
@@ -207,6 +210,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("window", variables.SHUFFLE_WINDOW, "--window"),
     Option("world_size", variables.WORLD_SIZE, "--world-size"),
     Option("rank", variables.RANK, "--rank"),
+    Option("local_ranks", variables.LOCAL_RANKS, "--local-ranks"),
     Option("metrics_host", variables.METRICS_HOST, "--metrics-host"),
     Option("metrics_port", variables.METRICS_PORT, "--metrics-port"),
     Option("ui_port", variables.UI_PORT, "--ui-port"),

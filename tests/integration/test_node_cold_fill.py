@@ -1,5 +1,6 @@
-"""A cold epoch is filled for every rank as soon as one registers, in plan order, as far
-as the memory tier has room beside a wave of readahead, and never by evicting; what the
+"""A registered reader's epoch is filled beyond its depth, in plan order and round robin
+with the other readers', as far as the memory tier has room beside a wave of readahead,
+never by evicting, and never with shards of ranks that did not register; what the
 readers then read is exactly the dataset (issue 14's cold fill)."""
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -16,7 +16,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from shardcache import manifests, plans
-from shardcache.node import caches, fill_orders, timelines
+from shardcache.node import caches, timelines
 from tests.support import datasets
 
 pytestmark = pytest.mark.integration
@@ -75,19 +75,29 @@ def dataset(tmp_path: Path) -> tuple[manifests.Manifest, pa.Table, int]:
     return manifest, expected, max(sizes)
 
 
-def test_one_registered_rank_fills_the_epoch_of_its_whole_world(
+def plan_of(manifest: manifests.Manifest, params: plans.PlanParams) -> list[int]:
+    runs = plans.rank_runs(manifest.shard_rows, manifest.digest, params)
+    return plans.upcoming_shards(runs, 0)
+
+
+def test_a_registered_reader_has_its_whole_epoch_filled_and_no_other_ranks_shards(
     tmp_path: Path, dataset: tuple[manifests.Manifest, pa.Table, int]
 ) -> None:
     manifest, expected, _ = dataset
     node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=2)
     try:
-        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=4, block_size=100)
+        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=2, block_size=100)
+        mine = plan_of(manifest, params)
+        assert 2 < len(set(mine)) < len(SHARDS)  # beyond its depth, not every shard
         node.register_reader("rank-0", params)
         settle(node)
-        # Rank 0 reads about a quarter of the epoch and its depth is 1: without the fill
-        # two shards would be resident now.
-        assert resident(node) == list(range(len(SHARDS)))
+        # Its depth is 1: without the fill two shards would be resident now. Rank 1's
+        # shards are another pod's to fetch.
+        assert resident(node) == sorted(set(mine))
         assert node.stats().evictions["memory"] == 0
+        node.register_reader("rank-1", dataclasses.replace(params, rank=1))
+        settle(node)
+        assert resident(node) == list(range(len(SHARDS)))
         assert read_all(node).equals(expected)
     finally:
         node.close()
@@ -116,29 +126,19 @@ def test_the_fill_leaves_room_for_a_wave_of_readahead_and_never_evicts(
         node.close()
 
 
-def test_an_epoch_is_planned_for_the_fill_once_however_many_ranks_register(
-    tmp_path: Path,
-    dataset: tuple[manifests.Manifest, pa.Table, int],
-    monkeypatch: pytest.MonkeyPatch,
+def test_a_reader_that_leaves_takes_its_fill_with_it(
+    tmp_path: Path, dataset: tuple[manifests.Manifest, pa.Table, int]
 ) -> None:
     manifest, _, _ = dataset
     node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=1)
-    planned: list[int] = []
-    real = fill_orders.epoch_fill
-
-    def counting(params: plans.PlanParams, *args: Any) -> list[tuple[int, int]]:
-        planned.append(params.epoch)
-        return real(params, *args)
-
-    monkeypatch.setattr(fill_orders, "epoch_fill", counting)
     try:
         params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=2, block_size=100)
         node.register_reader("rank-0", params)
-        node.register_reader("rank-1", dataclasses.replace(params, rank=1))
-        assert planned == [0]
-        node.update_reader("rank-0", epoch=1, position=0)
-        node.update_reader("rank-1", epoch=1, position=0)
-        assert planned == [0, 1]
+        node.unregister_reader("rank-0")
+        settle(node)
+        # At most what was queued or fetching when it left: the two readahead shards
+        # and the top-up of two fill shards for the one fetch thread.
+        assert len(resident(node)) <= 4 < len(set(plan_of(manifest, params))) + 1
     finally:
         node.close()
 
@@ -201,10 +201,29 @@ def test_an_epoch_that_fits_the_memory_tier_is_filled_to_its_last_shard(
     try:
         params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=2, block_size=100)
         node.register_reader("rank-0", params)
+        node.register_reader("rank-1", dataclasses.replace(params, rank=1))
         settle(node)
         assert resident(node) == list(range(len(SHARDS)))
         assert node.memory.used_bytes() <= limit
         assert node.stats().evictions["memory"] == 0
+        assert read_all(node).equals(expected)
+    finally:
+        node.close()
+
+
+def test_a_startup_plan_for_the_local_ranks_fills_their_epochs_before_they_register(
+    tmp_path: Path, dataset: tuple[manifests.Manifest, pa.Table, int]
+) -> None:
+    manifest, expected, _ = dataset
+    node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=2)
+    try:
+        params = plans.PlanParams(seed=1, epoch=0, rank=1, world_size=4, block_size=100)
+        node.register_reader("startup", params, fill_ranks=2)
+        settle(node)
+        local = set(plan_of(manifest, params)) | set(
+            plan_of(manifest, dataclasses.replace(params, rank=2))
+        )
+        assert resident(node) == sorted(local) != list(range(len(SHARDS)))
         assert read_all(node).equals(expected)
     finally:
         node.close()

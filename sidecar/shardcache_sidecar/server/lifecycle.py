@@ -263,7 +263,9 @@ class Sidecar:
         self.manifest, self.node = manifest, node
         params = s.startup_plan()
         self.registry.register(STARTUP_READER, params, 0)
-        await self.blocking(node.register_reader, STARTUP_READER, params, 0)
+        await self.blocking(
+            node.register_reader, STARTUP_READER, params, 0, fill_ranks=s.local_ranks
+        )
         self.problem = None
         self.readiness.open(
             GATE_MANIFEST, f"manifest {manifest.digest}, {len(manifest.shards)} shards"
