@@ -180,6 +180,17 @@ def injected_template(admin: kubernetes.client.ApiClient) -> dict[str, Any]:
     core.create_namespaced_pod(NAMESPACE, body)
     stored = admin.sanitize_for_serialization(core.read_namespaced_pod("bench-template", NAMESPACE))
     core.delete_namespaced_pod("bench-template", NAMESPACE, grace_period_seconds=0)
+    plain = dict(pod_body(labelled=False), metadata={"name": "bench-plain", "labels": {}})
+    core.create_namespaced_pod(NAMESPACE, plain)
+    plain_stored = admin.sanitize_for_serialization(
+        core.read_namespaced_pod("bench-plain", NAMESPACE)
+    )
+    core.delete_namespaced_pod("bench-plain", NAMESPACE, grace_period_seconds=0)
+    log(
+        f"a pod as stored: {len(json.dumps(plain_stored['spec']))} bytes of JSON spec unlabelled, "
+        f"{len(json.dumps(stored['spec']))} admitted (env entries: "
+        f"{sum(len(c.get('env') or []) for c in stored['spec'].get('initContainers', []) + stored['spec']['containers'])})"
+    )
     spec = stored["spec"]
     spec.pop("nodeName", None)
     # The ServiceAccount admission plugin adds its token volume to every pod itself.
