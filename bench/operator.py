@@ -34,9 +34,11 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import importlib.util
 import json
+import os
 import pathlib
 import shutil
 import statistics
@@ -50,7 +52,7 @@ from typing import Any
 import kubernetes.client
 import pyarrow.fs
 from kubernetes.client.rest import ApiException
-from shardcache_operator import certs, specs
+from shardcache_operator import certs, injection, specs
 
 from bench import operator_probes as probes
 from tests.e2e import conftest, harness, objects
@@ -150,6 +152,10 @@ class Burst:
     cpu_ms: float = 0.0
     api_requests: float = 0.0
     settled_s: float = 0.0
+    #: CPU ms of each control-plane process (and of this client) over the burst.
+    others_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: The API server's requests on pods during the burst, by verb and subresource.
+    pod_requests: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -160,15 +166,68 @@ def pod_body(labelled: bool) -> dict[str, Any]:
     return objects.pod(None, MOUNT if labelled else None, labels={"bench": "operator"})
 
 
+def injected_template(admin: kubernetes.client.ApiClient) -> dict[str, Any]:
+    """A pod as the webhook left it, without the opt-in label: created as is, it is
+    exactly as large as an admitted pod but never reaches the webhook.
+
+    Bursts of it split a labelled pod's extra cost into the webhook call (labelled
+    minus this) and the larger object it leaves (this minus unlabelled): the API
+    server storing and serving it, the scheduler and kwok handling it.
+    """
+    core = kubernetes.client.CoreV1Api(admin)
+    body = pod_body(labelled=True)
+    body["metadata"] = {"name": "bench-template", "labels": body["metadata"]["labels"]}
+    core.create_namespaced_pod(NAMESPACE, body)
+    stored = admin.sanitize_for_serialization(core.read_namespaced_pod("bench-template", NAMESPACE))
+    core.delete_namespaced_pod("bench-template", NAMESPACE, grace_period_seconds=0)
+    plain = dict(pod_body(labelled=False), metadata={"name": "bench-plain", "labels": {}})
+    core.create_namespaced_pod(NAMESPACE, plain)
+    plain_stored = admin.sanitize_for_serialization(
+        core.read_namespaced_pod("bench-plain", NAMESPACE)
+    )
+    core.delete_namespaced_pod("bench-plain", NAMESPACE, grace_period_seconds=0)
+    log(
+        f"a pod as stored: {len(json.dumps(plain_stored['spec']))} bytes of JSON spec unlabelled, "
+        f"{len(json.dumps(stored['spec']))} admitted (env entries: "
+        f"{sum(len(c.get('env') or []) for c in stored['spec'].get('initContainers', []) + stored['spec']['containers'])})"
+    )
+    spec = stored["spec"]
+    spec.pop("nodeName", None)
+    # The ServiceAccount admission plugin adds its token volume to every pod itself.
+    token = [v["name"] for v in spec.get("volumes", []) if v["name"].startswith("kube-api-access")]
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in token]
+    for container in spec.get("initContainers", []) + spec["containers"]:
+        container["volumeMounts"] = [
+            m for m in container.get("volumeMounts", []) if m["name"] not in token
+        ]
+    metadata = stored["metadata"]
+    labels = {k: v for k, v in metadata["labels"].items() if k != injection.LABEL_MOUNT}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "trainer-",
+            "labels": labels,
+            "annotations": metadata.get("annotations") or {},
+        },
+        "spec": spec,
+    }
+
+
 def create_burst(
-    admin: kubernetes.client.ApiClient, *, labelled: bool, count: int, concurrency: int
+    admin: kubernetes.client.ApiClient,
+    *,
+    labelled: bool,
+    count: int,
+    concurrency: int,
+    template: dict[str, Any] | None = None,
 ) -> tuple[float, list[float]]:
     core = kubernetes.client.CoreV1Api(admin)
     latencies: list[float] = []
     lock = threading.Lock()
 
     def create(_: int) -> None:
-        body = pod_body(labelled)
+        body = copy.deepcopy(template) if template else pod_body(labelled)
         started = time.perf_counter()
         core.create_namespaced_pod(NAMESPACE, body)
         elapsed = time.perf_counter() - started
@@ -196,10 +255,36 @@ def delete_pods(admin: kubernetes.client.ApiClient) -> None:
     )
 
 
+def running(admin: kubernetes.client.ApiClient) -> int:
+    core = kubernetes.client.CoreV1Api(admin)
+    listing = core.list_namespaced_pod(
+        NAMESPACE,
+        label_selector="bench=operator",
+        field_selector="status.phase=Running",
+        _preload_content=False,
+    )
+    return len(json.loads(listing.data)["items"])
+
+
 def attached(admin: kubernetes.client.ApiClient, name: str = MOUNT) -> int | None:
     status = objects.get_datasetmount(admin, NAMESPACE, name).get("status") or {}
     value = status.get("attachedPods")
     return value if isinstance(value, int) else None
+
+
+def others_cpu() -> dict[str, float]:
+    """CPU seconds so far of the control plane's processes and of this client."""
+    cpu = probes.control_plane_cpu(support_cluster.CLUSTER_DIR)
+    cpu["client"] = sum(os.times()[:2])
+    return cpu
+
+
+def cost_per_pod(bursts: list[Burst]) -> dict[str, float]:
+    """Median CPU ms per pod of each process over the bursts, the operator's included."""
+    names = sorted({name for b in bursts for name in b.others_ms})
+    cost = {n: statistics.median(b.others_ms.get(n, 0.0) / b.pods for b in bursts) for n in names}
+    cost["operator"] = statistics.median(b.cpu_ms / b.pods for b in bursts)
+    return cost
 
 
 def run_burst(
@@ -210,13 +295,20 @@ def run_burst(
     count: int,
     concurrency: int,
     profile: pathlib.Path | None = None,
+    template: dict[str, Any] | None = None,
 ) -> Burst:
-    kind = "labelled" if labelled else "unlabelled"
+    kind = "preinjected" if template else "labelled" if labelled else "unlabelled"
     before, cpu0 = probes.Scrape.take(admin), probes.cpu_seconds(operator.pid)
+    others0 = others_cpu()
     started = time.monotonic()
     with probes.profiled(operator.pid, profile):
         seconds, latencies = create_burst(
-            admin, labelled=labelled, count=count, concurrency=concurrency
+            admin, labelled=labelled, count=count, concurrency=concurrency, template=template
+        )
+        # Every kind's work ends when kwok has run all its pods, and a labelled
+        # burst's when the count shows all of them.
+        harness.wait_until(
+            f"{count} pods Running", lambda: running(admin) >= count, timeout=300, interval=0.2
         )
         if labelled:
             # The work the pods cause ends when the count shows all of them.
@@ -228,7 +320,11 @@ def run_burst(
             )
     settled = time.monotonic() - started
     cpu1, after = probes.cpu_seconds(operator.pid), probes.Scrape.take(admin)
+    others1 = others_cpu()
     burst = Burst(kind, count, seconds, latencies, settled_s=settled)
+    r0, r1 = probes.pod_requests(before), probes.pod_requests(after)
+    burst.pod_requests = {k: v - r0.get(k, 0.0) for k, v in r1.items() if v - r0.get(k, 0.0)}
+    burst.others_ms = {k: (others1[k] - others0.get(k, 0.0)) * 1000 for k in others1}
     burst.cpu_ms = (cpu1 - cpu0) * 1000
     burst.api_requests = probes.operator_requests(after) - probes.operator_requests(before)
     labels = {"name": probes.WEBHOOK_NAME, "type": "admit"}
@@ -432,9 +528,10 @@ def main(argv: list[str] | None = None) -> int:
         delete_pods(admin)
         harness.wait_until("attachedPods == 0", lambda: attached(admin) == 0, timeout=120)
 
-        bursts: dict[str, list[Burst]] = {"unlabelled": [], "labelled": []}
+        template = injected_template(admin)
+        bursts: dict[str, list[Burst]] = {"unlabelled": [], "labelled": [], "preinjected": []}
         for round_ in range(args.rounds):
-            for labelled in (False, True):
+            for labelled, like in ((False, None), (True, None), (False, template)):
                 burst = run_burst(
                     admin,
                     operator,
@@ -444,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
                     profile=args.profile / f"labelled-{round_ + 1}.txt"
                     if args.profile and labelled
                     else None,
+                    template=like,
                 )
                 bursts[burst.kind].append(burst)
                 log(f"round {round_ + 1} {describe(burst)}")
@@ -489,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         print()
         print(f"Bursts of {args.pods} pods, {args.concurrency} at a time, {args.rounds} rounds:")
-        for kind in ("unlabelled", "labelled"):
+        for kind in ("unlabelled", "labelled", "preinjected"):
             for burst in bursts[kind]:
                 print("  " + describe(burst))
         print(
@@ -499,6 +597,46 @@ def main(argv: list[str] | None = None) -> int:
             f"({many['idle_api']:.0f} API requests); gone in {many['gone_s']:.1f} s "
             f"(CPU {many['gone_cpu_s']:.1f} s); peak RSS {many['peak_rss_mib']:.0f} MiB"
         )
+        costs = {kind: cost_per_pod(bursts[kind]) for kind in bursts}
+        print(
+            "CPU ms per pod by process, median over rounds (preinjected: an admitted pod's "
+            "body created without the label, so no webhook call):"
+        )
+        print(f"  {'':>16}  unlabelled  preinjected  labelled")
+        for name in sorted(costs["labelled"], key=lambda n: -costs["labelled"][n]):
+            row = "  ".join(
+                f"{costs[k].get(name, 0.0):10.2f}"
+                for k in ("unlabelled", "preinjected", "labelled")
+            )
+            print(f"  {name:>16}  {row}")
+        total = {k: sum(c.values()) for k, c in costs.items()}
+        print(
+            f"  {'all':>16}  {total['unlabelled']:10.2f}  {total['preinjected']:10.2f}  "
+            f"{total['labelled']:10.2f}   (pods/s at these costs on {os.cpu_count()} cores, "
+            f"CPU-bound: {os.cpu_count() * 1000 / total['unlabelled']:.0f} / "
+            f"{os.cpu_count() * 1000 / total['preinjected']:.0f} / "
+            f"{os.cpu_count() * 1000 / total['labelled']:.0f})"
+        )
+        preinjected_ratios = [
+            pre.rate / unl.rate
+            for unl, pre in zip(bursts["unlabelled"], bursts["preinjected"], strict=True)
+        ]
+        print(
+            "preinjected/unlabelled pods/s per round (the larger pod alone, no webhook): "
+            + ", ".join(f"{r:.3f}" for r in preinjected_ratios)
+        )
+        print("API server requests on pods, per pod (median over rounds):")
+        verbs = sorted(
+            {v for b in bursts["labelled"] + bursts["unlabelled"] for v in b.pod_requests}
+        )
+        for verb in verbs:
+            row = "  ".join(
+                f"{statistics.median(b.pod_requests.get(verb, 0.0) / b.pods for b in bursts[k]):10.2f}"
+                for k in ("unlabelled", "preinjected", "labelled")
+            )
+            print(f"  {verb:>16}  {row}")
+        figures["cpu_ms_per_pod_by_process"] = costs
+        figures["preinjected_ratios"] = preinjected_ratios
         print(
             "labelled/unlabelled pods/s per round: "
             + ", ".join(f"{r:.3f}" for r in ratios)

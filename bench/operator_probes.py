@@ -41,6 +41,39 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+#: The control plane's processes a burst also costs, by their command name in
+#: /proc/<pid>/comm (15 characters at most: kube-controller-manager is cut).
+CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller", "kwok")
+
+
+def control_plane_cpu(cluster_dir: pathlib.Path) -> dict[str, float]:
+    """CPU seconds so far of each control-plane process of the cluster in `cluster_dir`.
+
+    Matched by command name and by a command line that names `cluster_dir` (their
+    flags point at its pki and data), so another cluster on the machine (an e2e
+    session in another checkout) is not counted. Where the labelled pods' cost lands
+    beside the operator: the API server calling the webhook and storing a larger pod,
+    etcd writing it, the scheduler and kwok handling it.
+    """
+    totals: dict[str, float] = {}
+    marker = str(cluster_dir).encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/comm") as f:
+                name = f.read().strip()
+            if name not in CONTROL_PLANE:
+                continue
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                if marker not in f.read():
+                    continue
+            totals[name] = totals.get(name, 0.0) + cpu_seconds(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # it exited between the listing and the read
+    return totals
+
+
 @contextlib.contextmanager
 def profiled(pid: int, path: pathlib.Path | None) -> Iterator[None]:
     """Sample the process's Python stacks with py-spy while the block runs (`--profile`).
@@ -155,6 +188,22 @@ class Scrape:
             bound = float(dict(have)["le"])
             result[bound] = result.get(bound, 0.0) + value
         return result
+
+
+def pod_requests(scrape: Scrape) -> dict[str, float]:
+    """The API server's requests on pods so far, by verb and subresource ("create",
+    "patch status", ...), whoever made them: a burst's difference says how many writes
+    and reads each pod caused (kwok's status updates, the scheduler's binding...)."""
+    counts: dict[str, float] = {}
+    for sample, have, value in scrape.samples:
+        if sample != "apiserver_request_total":
+            continue
+        labels = dict(have)
+        if labels.get("resource") != "pods":
+            continue
+        key = " ".join(x for x in (labels.get("verb", "?").lower(), labels.get("subresource")) if x)
+        counts[key] = counts.get(key, 0.0) + value
+    return counts
 
 
 def operator_requests(scrape: Scrape) -> float:
