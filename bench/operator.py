@@ -16,6 +16,13 @@ MutatingWebhookConfiguration calls.
    interpolated inside buckets), and, from the burst's start until status.attachedPods
    shows every pod, the operator's CPU (/proc) and its API requests (a FlowSchema that
    matches only its ServiceAccount; `bench.operator_probes`).
+   Each round also creates "preinjected" pods: an admitted pod's body without the opt-in
+   label, as large as an admitted pod but never sent to the webhook. For every kind the
+   CPU of each control-plane process (API server, etcd, scheduler, controller-manager,
+   kwok) and of this client is read from /proc, less its idle rate, while the pods are
+   created (the window that sets pods/s) and until kwok shows them all Running, and the
+   API server's requests on pods by verb: together they say what a labelled pod costs
+   beyond an unlabelled one, where, and what admit_ratio CPU alone allows.
 2. `--mounts` DatasetMounts created at once: time until all are Ready, operator CPU and
    peak RSS, then `--idle` seconds of idle CPU with all of them Ready, then all deleted
    at once: time until they are gone. HTTP 429s to the operator over the whole run.
@@ -156,6 +163,8 @@ class Burst:
     others_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     #: The API server's requests on pods during the burst, by verb and subresource.
     pod_requests: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: CPU ms of each process (the operator's too) while the pods were being created.
+    creating_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -279,12 +288,61 @@ def others_cpu() -> dict[str, float]:
     return cpu
 
 
-def cost_per_pod(bursts: list[Burst]) -> dict[str, float]:
-    """Median CPU ms per pod of each process over the bursts, the operator's included."""
+def idle_rates(seconds: float) -> dict[str, float]:
+    """CPU ms per second each control-plane process (and this client) spends with no
+    burst running: the API server, etcd and the controllers keep working at idle."""
+    before = others_cpu()
+    time.sleep(seconds)
+    after = others_cpu()
+    return {k: (after[k] - before.get(k, 0.0)) * 1000 / seconds for k in after}
+
+
+def cost_per_pod(bursts: list[Burst], idle: dict[str, float]) -> dict[str, float]:
+    """Median CPU ms per pod of each process over the bursts, the operator's included,
+    less what the process spends at idle over the burst's window (a window lasts until
+    kwok shows every pod Running, which takes longer than creating them)."""
     names = sorted({name for b in bursts for name in b.others_ms})
-    cost = {n: statistics.median(b.others_ms.get(n, 0.0) / b.pods for b in bursts) for n in names}
+    cost = {
+        n: statistics.median(
+            max(0.0, b.others_ms.get(n, 0.0) - idle.get(n, 0.0) * b.settled_s) / b.pods
+            for b in bursts
+        )
+        for n in names
+    }
     cost["operator"] = statistics.median(b.cpu_ms / b.pods for b in bursts)
     return cost
+
+
+def print_costs(costs: dict[str, dict[str, float]]) -> None:
+    """A table of CPU ms per pod: a row per process, a column per kind of burst, and
+    the pods/s those costs allow when CPU is all that bounds them."""
+    kinds = ("unlabelled", "preinjected", "labelled")
+    print(f"  {'':>16}  " + "  ".join(f"{k:>11}" for k in kinds))
+    for name in sorted(costs["labelled"], key=lambda n: -costs["labelled"][n]):
+        print(f"  {name:>16}  " + "  ".join(f"{costs[k].get(name, 0.0):11.2f}" for k in kinds))
+    total = {k: sum(costs[k].values()) for k in kinds}
+    cores = os.cpu_count() or 1
+    print(
+        f"  {'all':>16}  "
+        + "  ".join(f"{total[k]:11.2f}" for k in kinds)
+        + f"   (CPU-bound on {cores} cores: "
+        + " / ".join(f"{cores * 1000 / total[k]:.0f}" for k in kinds)
+        + " pods/s)"
+    )
+
+
+def creating_cost(bursts: list[Burst], idle: dict[str, float]) -> dict[str, float]:
+    """Median CPU ms per pod of each process while the burst's creates ran (what bounds
+    the pods/s admitted: kwok's status writes and the scheduler's bindings go on
+    after), less its idle CPU over that time."""
+    names = sorted({name for b in bursts for name in b.creating_ms})
+    return {
+        n: statistics.median(
+            max(0.0, b.creating_ms.get(n, 0.0) - idle.get(n, 0.0) * b.seconds) / b.pods
+            for b in bursts
+        )
+        for n in names
+    }
 
 
 def run_burst(
@@ -305,6 +363,8 @@ def run_burst(
         seconds, latencies = create_burst(
             admin, labelled=labelled, count=count, concurrency=concurrency, template=template
         )
+        created = others_cpu()
+        created["operator"] = probes.cpu_seconds(operator.pid)
         # Every kind's work ends when kwok has run all its pods, and a labelled
         # burst's when the count shows all of them.
         harness.wait_until(
@@ -325,6 +385,8 @@ def run_burst(
     r0, r1 = probes.pod_requests(before), probes.pod_requests(after)
     burst.pod_requests = {k: v - r0.get(k, 0.0) for k, v in r1.items() if v - r0.get(k, 0.0)}
     burst.others_ms = {k: (others1[k] - others0.get(k, 0.0)) * 1000 for k in others1}
+    others0["operator"] = cpu0
+    burst.creating_ms = {k: (created[k] - others0.get(k, 0.0)) * 1000 for k in created}
     burst.cpu_ms = (cpu1 - cpu0) * 1000
     burst.api_requests = probes.operator_requests(after) - probes.operator_requests(before)
     labels = {"name": probes.WEBHOOK_NAME, "type": "admit"}
@@ -529,6 +591,11 @@ def main(argv: list[str] | None = None) -> int:
         harness.wait_until("attachedPods == 0", lambda: attached(admin) == 0, timeout=120)
 
         template = injected_template(admin)
+        idle = idle_rates(5.0)
+        log(
+            "control plane at idle, CPU ms/s: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in sorted(idle.items()))
+        )
         bursts: dict[str, list[Burst]] = {"unlabelled": [], "labelled": [], "preinjected": []}
         for round_ in range(args.rounds):
             for labelled, like in ((False, None), (True, None), (False, template)):
@@ -597,26 +664,30 @@ def main(argv: list[str] | None = None) -> int:
             f"({many['idle_api']:.0f} API requests); gone in {many['gone_s']:.1f} s "
             f"(CPU {many['gone_cpu_s']:.1f} s); peak RSS {many['peak_rss_mib']:.0f} MiB"
         )
-        costs = {kind: cost_per_pod(bursts[kind]) for kind in bursts}
+        creating = {kind: creating_cost(bursts[kind], idle) for kind in bursts}
         print(
-            "CPU ms per pod by process, median over rounds (preinjected: an admitted pod's "
-            "body created without the label, so no webhook call):"
+            "CPU ms per pod by process while the pods were created (the window that sets "
+            "pods/s), median over rounds, less idle:"
         )
-        print(f"  {'':>16}  unlabelled  preinjected  labelled")
-        for name in sorted(costs["labelled"], key=lambda n: -costs["labelled"][n]):
-            row = "  ".join(
-                f"{costs[k].get(name, 0.0):10.2f}"
-                for k in ("unlabelled", "preinjected", "labelled")
-            )
-            print(f"  {name:>16}  {row}")
-        total = {k: sum(c.values()) for k, c in costs.items()}
+        print_costs(creating)
+        unl_total = sum(creating["unlabelled"].values())
+        lab_total = sum(creating["labelled"].values())
+        lab_rest = lab_total - creating["labelled"].get("operator", 0.0)
         print(
-            f"  {'all':>16}  {total['unlabelled']:10.2f}  {total['preinjected']:10.2f}  "
-            f"{total['labelled']:10.2f}   (pods/s at these costs on {os.cpu_count()} cores, "
-            f"CPU-bound: {os.cpu_count() * 1000 / total['unlabelled']:.0f} / "
-            f"{os.cpu_count() * 1000 / total['preinjected']:.0f} / "
-            f"{os.cpu_count() * 1000 / total['labelled']:.0f})"
+            f"  CPU-bound admit_ratio at these costs: {unl_total / lab_total:.3f}; with an "
+            f"operator that cost nothing: {unl_total / lab_rest:.3f} (the rest is the API "
+            "server calling the webhook and keeping the larger pod, and the other components)"
         )
+        figures["cpu_bound_admit_ratio"] = unl_total / lab_total
+        figures["cpu_bound_admit_ratio_free_operator"] = unl_total / lab_rest
+        figures["cpu_ms_per_pod_creating"] = creating
+        costs = {kind: cost_per_pod(bursts[kind], idle) for kind in bursts}
+        print(
+            "CPU ms per pod by process, median over rounds, less each process's idle CPU "
+            "over the burst (preinjected: an admitted pod's body created without the "
+            "label, so no webhook call):"
+        )
+        print_costs(costs)
         preinjected_ratios = [
             pre.rate / unl.rate
             for unl, pre in zip(bursts["unlabelled"], bursts["preinjected"], strict=True)
