@@ -5,10 +5,12 @@
 # /dev/shm, batch 256, block mode beside sample mode at gather pool sizes
 # 0 (inline), 2, 4, 8 and 16 (`Dataset.gather_threads`), 5 warm passes each, the
 # passes alternating. One line per pool size with the CPU it used; RESULT last
-# (sample at the default pool size vs block, and the best size). That machine has
+# (sample at the default pool size vs block, and the best size). Under each sample line
+# a timed pass says where a batch's time went: the consumer thread's CPU, and a
+# gather's CPU and wall time (wall well above CPU: it waited for the GIL). That machine has
 # python3 with pyarrow and numpy but no network: the project runs from this tree on
 # PYTHONPATH. Run from the repository root:   OUT=/some/dir bash bench/sample_device.sh
-# Writes $OUT/bench-sample.txt and $OUT/machine.txt. About 40-60 s there (the dataset's
+# Writes $OUT/bench-sample.txt and $OUT/machine.txt. About 60-90 s there (the dataset's
 # generation and first decode are most of it); cut at BENCH_SAMPLE_TIMEOUT seconds
 # (default 150). Extra arguments go to bench.sample_read (e.g. --size 256MiB).
 set -euo pipefail

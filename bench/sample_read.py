@@ -15,6 +15,11 @@ are left out), one line each with the CPU time the process used per wall second,
 run on a large machine shows how the gather scales. The RESULT line is sample mode at
 the default pool size (what `shardcache.open()` gives) against block mode.
 
+After the timed passes, one more pass per sample pool size is made with timers (not
+counted in the rates): per batch, the consumer thread's CPU (the sum, the planning and
+the handing over), and a gather's CPU and wall time. A gather whose wall time is well
+above its CPU time waited: for the GIL, or, on a machine without a free core, for one.
+
     python -m bench.sample_read [--size 256MiB] [--batch-size 256] [--passes 3]
         [--threads 0,1,2,4,8]
 """
@@ -22,15 +27,21 @@ the default pool size (what `shardcache.open()` gives) against block mode.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pyarrow as pa
 
 import shardcache
 from bench import token_passes
-from shardcache import gather_ahead
+from shardcache import gather_ahead, selections
 from shardcache.node import quotas
 
 
@@ -42,6 +53,53 @@ def timed_pass(
     t0, c0 = time.perf_counter(), time.process_time()
     tokens, checksum = token_passes.touch(ds.batches(batch_size))
     return time.perf_counter() - t0, time.process_time() - c0, tokens, checksum
+
+
+@dataclasses.dataclass
+class GatherTimes:
+    """CPU and wall seconds spent in `Selection.gather`, over `batches` gathers."""
+
+    batches: int = 0
+    cpu: float = 0.0
+    wall: float = 0.0
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+@contextlib.contextmanager
+def timed_gathers() -> Iterator[GatherTimes]:
+    """Every `Selection.gather` (in whatever thread) timed while this is open."""
+    times = GatherTimes()
+    plain = selections.Selection.gather
+
+    def gather(self: selections.Selection) -> pa.RecordBatch:
+        w0, c0 = time.perf_counter(), time.thread_time()
+        out = plain(self)
+        cpu, wall = time.thread_time() - c0, time.perf_counter() - w0
+        with times.lock:
+            times.batches += 1
+            times.cpu += cpu
+            times.wall += wall
+        return out
+
+    selections.Selection.gather = gather  # type: ignore[method-assign]
+    try:
+        yield times
+    finally:
+        selections.Selection.gather = plain  # type: ignore[method-assign]
+
+
+def where_time_goes(ds: shardcache.Dataset, epoch: int, batch_size: int) -> str:
+    """One timed pass's consumer CPU and gather CPU and wall time, per batch."""
+    ds.set_epoch(epoch)
+    with timed_gathers() as times:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        token_passes.touch(ds.batches(batch_size))
+        wall, consumer = time.perf_counter() - t0, time.thread_time() - c0
+    n = max(1, times.batches)
+    return (
+        f"per batch: {wall / n * 1e6:,.0f} us; consumer thread {consumer / n * 1e6:,.0f} us CPU; "
+        f"a gather {times.cpu / n * 1e6:,.0f} us CPU, {times.wall / n * 1e6:,.0f} us wall"
+    )
 
 
 def pool_sizes(text: str, cpus: int, default: int) -> list[int]:
@@ -95,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
                     if n:
                         seconds[name].append(took)
                         cpu[name].append(used / took)
+            where: dict[str, str] = {}
+            for name, ds, threads in runs[1:]:
+                ds.gather_threads = threads
+                where[name] = where_time_goes(ds, epochs[id(ds)], args.batch_size)
+                epochs[id(ds)] += 1
         finally:
             for ds in modes.values():
                 ds.close()
@@ -116,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             f"x{rate[name] / rate['block']:.2f} block  CPU {statistics.median(cpu[name]):.2f} "
             f"cores{pool}  (passes: {', '.join(f'{s:.3f} s' for s in seconds[name])})"
         )
+        if name in where:
+            print(f"      {where[name]}")
     print(
         f"RESULT sample_vs_block={rate[f'sample t={default}'] / rate['block']:.2f} "
         f"(default pool {default}) best="

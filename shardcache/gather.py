@@ -27,6 +27,16 @@ one memcpy (5-6 GB/s here). So:
 
 No per-row Python in any case: the work per batch is a few numpy calls per column
 (plus one per shard for a column that falls back).
+
+The Python around the copies holds the GIL, and gathers run on several threads beside
+the consumer (`shardcache.gather_ahead`): what a batch runs under the GIL is kept to a
+handful of numpy calls on 256-row arrays. Everything that depends on the sources alone
+(the views, each row's length, whether every row has one length) is worked out once per
+window, and where every source's fixed-width values lie at multiples of their width
+from the span's start (Arrow's buffers are 64-byte aligned, so in practice always) the
+column is viewed as unsigned integers of that width, which numpy's indexing copies
+several times faster than `V<width>` items (docs/benchmarks.md, "Sample mode under the
+GIL").
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +53,11 @@ import pyarrow.compute as pc
 import pyarrow.types as patypes
 
 Indices = npt.NDArray[np.int64]
+
+#: Arrow's `take`, looked up once: `pc.take`'s wrapper costs a few µs per call under
+#: the GIL (the options object, the function's lookup by name).
+_TAKE = pc.get_function("take")
+_TAKE_OPTIONS = pc.TakeOptions(boundscheck=True)
 
 
 def gather(
@@ -139,6 +155,11 @@ class _Fixed:
     width: int
     base: Indices
     items: npt.NDArray[np.void]
+    #: Where every source with rows starts at a multiple of `width` bytes from the
+    #: span's start and `width` is 1, 2, 4 or 8: the span as unsigned integers of that
+    #: width, row r of source s at `words[first[s] + r]` (else None).
+    words: npt.NDArray[np.unsignedinteger[Any]] | None
+    first: Indices
 
     @classmethod
     def build(cls, arrays: Sequence[pa.Array]) -> _Fixed | None:
@@ -162,11 +183,22 @@ class _Fixed:
             buffer=span,
             strides=(1,),
         )
-        return cls(t, width, np.asarray(starts, dtype=np.int64) - low, items)
+        base = np.asarray(starts, dtype=np.int64) - low
+        words = None
+        if width in (1, 2, 4, 8) and all(
+            int(b) % width == 0 for b, a in zip(base, arrays, strict=True) if len(a)
+        ):
+            words = np.frombuffer(span, dtype=np.dtype(f"u{width}"), count=(high - low) // width)
+        return cls(t, width, base, items, words, base // width)
 
     def take(self, source_of: Indices, row_of: Indices) -> pa.Array:
         n = len(row_of)
-        data = pa.py_buffer(self.items[self.base[source_of] + row_of * self.width].view(np.uint8))
+        if self.words is not None:
+            data = pa.py_buffer(self.words[self.first[source_of] + row_of])
+        else:
+            data = pa.py_buffer(
+                self.items[self.base[source_of] + row_of * self.width].view(np.uint8)
+            )
         t = self.type
         if patypes.is_fixed_size_list(t):
             child = pa.Array.from_buffers(t.value_type, n * t.list_size, [None, data])
@@ -238,6 +270,9 @@ class _Span:
     bounds: Indices
     #: Row of the view where each source's rows start.
     first: Indices
+    #: When every row of every source has one length of L > 0 bytes (packed
+    #: sequences): the span as `V<L>` items, one starting at every byte; else None.
+    items: npt.NDArray[np.void] | None
 
     @classmethod
     def build(cls, arrays: Sequence[pa.Array]) -> _Span | None:
@@ -281,26 +316,33 @@ class _Span:
         view = pa.Array.from_buffers(
             pa.large_binary(), len(combined) - 1, [None, pa.py_buffer(combined), span]
         )
-        return cls(t, width, large, view, combined, first)
+        # One length for every row (the gaps between sources are no rows) is decided
+        # here, once per window, not per batch.
+        lengths = np.unique(np.concatenate([np.diff(b) for b in bounds]))
+        size = int(lengths[0]) if len(lengths) == 1 else 0
+        items = (
+            np.ndarray(
+                shape=(span.size - size + 1,),
+                dtype=np.dtype(f"V{size}"),
+                buffer=span,
+                strides=(1,),
+            )
+            if 0 < size <= span.size
+            else None
+        )
+        return cls(t, width, large, view, combined, first, items)
 
     def take(self, source_of: Indices, row_of: Indices) -> pa.Array | None:
         n = len(row_of)
         at = self.first[source_of] + row_of
-        start = self.bounds[at]
-        size = int(self.bounds[at[0] + 1] - start[0])
-        if size and bool(np.all(self.bounds[at + 1] - start == size)):
+        if self.items is not None:
             # Rows of one length (packed sequences): the rows are items of one size,
             # and one numpy indexing copies them straight into the output values.
-            items = np.ndarray(
-                shape=(self.view.buffers()[2].size - size + 1,),
-                dtype=np.dtype(f"V{size}"),
-                buffer=self.view.buffers()[2],
-                strides=(1,),
-            )
-            data = pa.py_buffer(items[start].view(np.uint8))
+            size = self.items.dtype.itemsize
+            data = pa.py_buffer(self.items[self.bounds[at]].view(np.uint8))
             out_offsets = np.arange(n + 1, dtype=np.int64) * size
         else:
-            taken = pc.take(self.view, pa.array(at))
+            taken = _TAKE.call([self.view, pa.array(at)], _TAKE_OPTIONS)
             out_offsets = np.frombuffer(taken.buffers()[1], dtype=np.int64, count=n + 1)
             data = taken.buffers()[2]
         if self.width != 1:

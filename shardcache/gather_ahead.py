@@ -42,9 +42,12 @@ if TYPE_CHECKING:
 #: The pool's threads are named so (a test counts them; a profile shows them).
 THREAD_NAME = "shardcache-gather"
 #: The default pool is one thread per CPU the container may use but one (the caller's
-#: own: it works on the batches), at most this many: a gather is bound by memory
-#: latency, not by a core, and more threads only hold more batches in memory.
-MAX_DEFAULT_THREADS = 8
+#: own: it works on the batches), at most this many. Every gather thread still runs a
+#: little Python per batch under the GIL, and so does the consumer between its own
+#: calls: past a few threads they mostly wait on each other for it. On the 16-core
+#: device (2026-11-26 15:08 UTC) 2 threads gave 0.43x block mode, 4 gave 0.36x, 8 and
+#: 16 less (docs/benchmarks.md, "Sample mode under the GIL").
+MAX_DEFAULT_THREADS = 4
 #: Batches gathered (or being gathered) ahead, per thread: one running and one done
 #: and waiting keeps every thread busy while the consumer takes the oldest.
 AHEAD_PER_THREAD = 2

@@ -78,7 +78,14 @@ class Selection:
     @functools.cached_property
     def _located(self) -> tuple[Indices, Indices]:
         # Only a CPU gather needs them: a consumer of `parts` never pays for them.
-        shard_of, row_of = sequences.locate(self.shard_offsets, self.total, self.indices)
+        return self._locate()
+
+    def _locate(self) -> tuple[Indices, Indices]:
+        # The plan's indices are in range: no check (this runs under the GIL in a
+        # gather thread at every batch).
+        shard_of, row_of = sequences.locate(
+            self.shard_offsets, self.total, self.indices, checked=False
+        )
         return self.slots[shard_of], row_of
 
     @property
@@ -93,4 +100,7 @@ class Selection:
 
     def gather(self) -> pa.RecordBatch:
         """The batch, gathered on the CPU with one copy (what `batches()` yields)."""
-        return self.gatherer.gather(self.source_of, self.row_of)
+        # Not through the cached properties: a gather thread needs them once, and before
+        # Python 3.12 every `cached_property` of a class shares one lock.
+        source_of, row_of = self._locate()
+        return self.gatherer.gather(source_of, row_of)

@@ -180,10 +180,15 @@ def test_rows_of_one_length_are_copied_without_arrow_take(
     whole = pa.Table.from_batches(sources).combine_chunks()
     expected = whole.take(pa.array(index))
 
+    class Refuse:
+        def call(self, *args: object, **kwargs: object) -> pa.Array:
+            raise AssertionError("called Arrow's take")
+
     def refuse(*args: object, **kwargs: object) -> pa.Array:
         raise AssertionError("called pyarrow.compute.take")
 
     monkeypatch.setattr(pc, "take", refuse)
+    monkeypatch.setattr(gather, "_TAKE", Refuse())
     sizes = np.asarray([0, 30, 60])
     source_of = np.searchsorted(sizes, index, side="right") - 1
     got = gather.gather(sources, source_of, index - sizes[source_of])
@@ -197,3 +202,23 @@ def test_fixed_width_rows_come_from_any_shard_in_one_copy_with_empty_shards_betw
     shards = [ragged(0, 5, nulls=False, packed=None), ragged(1, 0, nulls=False, packed=None)]
     sources = mapped(tmp_path, [*shards, ragged(2, 7, nulls=False, packed=None)])
     check([s.select(["uid", "pair"]) for s in sources], np.asarray([11, 0, 5, 4, 4, 6]))
+
+
+def test_fixed_width_values_at_any_byte_alignment_gather_the_same_bytes() -> None:
+    # Arrow's buffers are 64-byte aligned, so the mapped shards' values are viewed as
+    # integers of their width; values that start one byte off (a foreign buffer) are
+    # not, and take the item view: the same bytes either way.
+    raw = pa.py_buffer(bytes(1) + np.arange(100, 105, dtype=np.int64).tobytes())
+    odd = pa.record_batch([pa.Array.from_buffers(pa.int64(), 5, [None, raw.slice(1)])], ["v"])
+    even = pa.record_batch([pa.array(np.arange(7, dtype=np.int64))], ["v"])
+    for sources, aligned in (([even, even.slice(2)], True), ([even, odd], False)):
+        gatherer = gather.Gatherer(sources)
+        sizes = np.cumsum([0] + [len(s) for s in sources])
+        index = np.asarray([len(sources[0]) + 1, 0, sizes[-1] - 1, 3, 3])
+        source_of = (np.searchsorted(sizes, index, side="right") - 1).astype(np.int64)
+        got = gatherer.gather(source_of, (index - sizes[source_of]).astype(np.int64))
+        got.validate(full=True)
+        whole = pa.Table.from_batches(sources).combine_chunks()
+        assert pa.Table.from_batches([got]).equals(whole.take(pa.array(index)))
+        fixed = gatherer._fixed[0]
+        assert fixed is not None and (fixed.words is not None) == aligned
