@@ -738,6 +738,19 @@ class CacheNode:
                 other = dataclasses.replace(params, rank=rank % params.world_size)
                 runs = self._orders.rank_runs(other)
                 lists.append(plans.next_shards(runs, plans.run_ends(runs), reader.position, count))
+        contains, keys = self.memory.contains, self._memory_keys
+        if not any(not contains(keys[shard]) for shards in lists for shard in shards):
+            # The warm case: nothing of this reader's epoch is missing. Unless a fill is
+            # still queued (rebuilt without this reader's last epoch, as before), there is
+            # nothing to order: no look at every other reader's plan on the event loop at
+            # every reader's epoch start (K readers x the epoch's shards, two stats each).
+            with self._fill_lock:
+                self._fill_plans.pop(reader_id, None)
+                if not self._fill_rest:
+                    return
+                self._plan_fill()
+            self._top_up()
+            return
         with self._fill_lock:
             self._fill_plans[reader_id] = lists
             self._plan_fill()

@@ -227,3 +227,34 @@ def test_a_startup_plan_for_the_local_ranks_fills_their_epochs_before_they_regis
         assert read_all(node).equals(expected)
     finally:
         node.close()
+
+
+def test_a_warm_epoch_start_looks_only_at_the_entering_readers_own_shards(
+    tmp_path: Path,
+    dataset: tuple[manifests.Manifest, pa.Table, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    manifest, expected, _ = dataset
+    node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=2)
+    try:
+        world = 4
+        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=world, block_size=100)
+        for rank in range(world):
+            node.register_reader(f"rank-{rank}", dataclasses.replace(params, rank=rank))
+        settle(node)
+        assert resident(node) == list(range(len(SHARDS)))
+        looked: list[str] = []
+        contains = node.memory.contains
+        monkeypatch.setattr(
+            node.memory, "contains", lambda key: looked.append(key) or contains(key)
+        )
+        node.update_reader("rank-0", epoch=1, position=0)
+        own = plan_of(manifest, dataclasses.replace(params, epoch=1))
+        # Its own plan once (nothing missing: no fill ordered over the other readers'
+        # plans), then its readahead window (depth 1: two shards).
+        assert len(looked) <= len(own) + 2
+        assert set(looked) <= {manifest.decoded_key(s) for s in own}
+        assert node.prefetching() == 0
+        assert read_all(node).equals(expected)
+    finally:
+        node.close()
