@@ -245,9 +245,12 @@ def test_a_warm_epoch_start_looks_only_at_the_entering_readers_own_shards(
         assert resident(node) == list(range(len(SHARDS)))
         looked: list[str] = []
         contains = node.memory.contains
-        monkeypatch.setattr(
-            node.memory, "contains", lambda key: looked.append(key) or contains(key)
-        )
+
+        def counted(key: str) -> bool:
+            looked.append(key)
+            return contains(key)
+
+        monkeypatch.setattr(node.memory, "contains", counted)
         node.update_reader("rank-0", epoch=1, position=0)
         own = plan_of(manifest, dataclasses.replace(params, epoch=1))
         # Its own plan once (nothing missing: no fill ordered over the other readers'
