@@ -134,6 +134,14 @@ def k_block(r: KResult) -> str:
         f"{statistics.median(raw_pss):.0f} MiB); sidecar {r.sidecar_pss / MiB:.0f} MiB; "
         f"memory tier {r.memory_tier_bytes / MiB:.0f} MiB",
     ]
+    slow_calls = [c for p in r.sidecar for x in p.ranks for c in x.get("slow_calls", [])]
+    if slow_calls:
+        took = sum(seconds for _, seconds, _ in slow_calls)
+        rank_gc = sum(gc_s for _, _, gc_s in slow_calls)
+        lines.append(
+            f"   client side, calls over 1 ms: {len(slow_calls)}, {took * 1e3:.1f} ms in all, "
+            f"of which the rank's own collections {rank_gc * 1e3:.1f} ms"
+        )
     if r.slow:
         lines.append(r.slow)
     return "\n".join(lines)
