@@ -19,12 +19,16 @@ JSON logs, one object a line; `bench.node_slow` reads them back):
   (`Watchdog`, every `WATCH_INTERVAL_S`): time no request could be read, whatever held
   the loop (a long callback, a collection, a thread holding the GIL), with the
   collector's pauses in that span;
+  and `held_by`: where the loop thread was when a sampling thread looked during the
+  stall (`Sampler`: every `SAMPLE_S`, only while the loop is overdue; a collection
+  shows as nothing, the sampler cannot run while it holds the GIL);
 - `GC_PAUSE` per collection of `GC_PAUSE_S` or longer, with its generation.
 
 `at` fields are `time.monotonic()` (machine-wide on Linux), so a benchmark can put them
 in its own windows. All of it is off unless the logger is at DEBUG when the server starts
 (one attribute test per request); on, it costs two clock reads and a thread-time read a
-request, a callback every 5 ms, and a callback per collection.
+request, a callback every 5 ms on the loop, a thread waking every 2 ms, and a callback
+per collection.
 """
 
 from __future__ import annotations
@@ -32,7 +36,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
+import threading
 import time
+import traceback
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("shardcache_sidecar.slow")
@@ -51,6 +59,10 @@ WATCH_INTERVAL_S = 0.005
 STALL_S = 0.002
 #: A collection at least this long is logged (a young collection takes microseconds).
 GC_PAUSE_S = 0.001
+#: How often the sampling thread checks whether the loop is overdue, and samples it.
+SAMPLE_S = 0.002
+#: Frames of the loop thread's stack kept per sample, innermost last.
+SAMPLE_FRAMES = 6
 
 
 def enabled() -> bool:
@@ -88,13 +100,49 @@ class GcPauses:
             )
 
 
+class Sampler:
+    """A thread that, while the loop's next watchdog tick is overdue by `STALL_S`,
+    notes where the loop thread is (`sys._current_frames`), every `SAMPLE_S`."""
+
+    def __init__(self) -> None:
+        self.due = float("inf")  # perf_counter of the watchdog's next tick
+        self.samples: list[str] = []
+        self._loop_thread = threading.get_ident()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shardcache-stalls", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            if time.perf_counter() - self.due < STALL_S:
+                continue
+            frame = sys._current_frames().get(self._loop_thread)
+            if frame is None:
+                continue
+            stack = traceback.extract_stack(frame, limit=SAMPLE_FRAMES)
+            sample = " < ".join(
+                f"{f.name} ({Path(f.filename).name}:{f.lineno})" for f in reversed(stack)
+            )
+            if len(self.samples) < 8:  # a long stall: its first samples say enough
+                self.samples.append(sample)
+
+    def take(self) -> list[str]:
+        samples, self.samples = self.samples, []
+        return samples
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 class Watchdog:
     """A callback every `WATCH_INTERVAL_S` on the loop; one that runs `STALL_S` late
     says the loop was held that long."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, pauses: GcPauses) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, pauses: GcPauses, sampler: Sampler) -> None:
         self._loop = loop
         self._pauses = pauses
+        self._sampler = sampler
         self._handle: asyncio.TimerHandle | None = None
         self._due = 0.0
         self._gc = 0.0
@@ -102,11 +150,13 @@ class Watchdog:
 
     def _arm(self) -> None:
         self._due = time.perf_counter() + WATCH_INTERVAL_S
+        self._sampler.due = self._due
         self._gc = self._pauses.total
         self._handle = self._loop.call_later(WATCH_INTERVAL_S, self._tick)
 
     def _tick(self) -> None:
         late = time.perf_counter() - self._due
+        samples = self._sampler.take()
         if late >= STALL_S:
             log.debug(
                 LOOP_STALL,
@@ -114,6 +164,7 @@ class Watchdog:
                     "at": time.monotonic(),
                     "late_ms": round(late * 1e3, 3),
                     "gc_ms": round((self._pauses.total - self._gc) * 1e3, 3),
+                    "held_by": samples,
                 },
             )
         self._arm()
@@ -129,10 +180,12 @@ class Timer:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.pauses = GcPauses()
-        self.watchdog = Watchdog(loop, self.pauses)
+        self.sampler = Sampler()
+        self.watchdog = Watchdog(loop, self.pauses, self.sampler)
 
     def close(self) -> None:
         self.watchdog.close()
+        self.sampler.close()
         self.pauses.close()
 
 
