@@ -57,12 +57,20 @@ def held_by(stalls: Sequence[dict[str, Any]], top: int = 3) -> list[str]:
     innermost `FRAMES` frames), the longest total first: "12.3 ms in 2 stall(s): ...".
     Stalls with no sample (a collection, or too short to be sampled) are "unsampled"."""
     by: dict[str, list[float]] = {}
+    others: dict[str, str] = {}
     for d in stalls:
         samples = d.get("held_by") or []
-        where = " < ".join(samples[0].split(" < ")[:FRAMES]) if samples else "unsampled"
+        frames, _, busy = samples[0].partition(" | others: ") if samples else ("", "", "")
+        where = " < ".join(frames.split(" < ")[:FRAMES]) if samples else "unsampled"
         by.setdefault(where, []).append(float(d["late_ms"]))
+        if busy:
+            others.setdefault(where, busy)
     ranked = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:top]
-    return [f"{sum(v):.1f} ms in {len(v)} stall(s): {where}" for where, v in ranked]
+    return [
+        f"{sum(v):.1f} ms in {len(v)} stall(s): {where}"
+        + (f" (other threads, first seen: {others[where]})" if where in others else "")
+        for where, v in ranked
+    ]
 
 
 def report(lines: Sequence[dict[str, Any]]) -> str:

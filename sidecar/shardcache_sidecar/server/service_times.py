@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,16 @@ class GcPauses:
             )
 
 
+#: Innermost frames of a thread that is waiting, not running Python.
+_WAITING = ("wait (", "select (", "sleep (", "_worker (", "get (")
+
+
+def _where(frame: types.FrameType, limit: int) -> str:
+    """A thread's innermost `limit` frames, innermost first."""
+    stack = traceback.extract_stack(frame, limit=limit)
+    return " < ".join(f"{f.name} ({Path(f.filename).name}:{f.lineno})" for f in reversed(stack))
+
+
 class Sampler:
     """A thread that, while the loop's next watchdog tick is overdue by `STALL_S`,
     notes where the loop thread is (`sys._current_frames`), every `SAMPLE_S`."""
@@ -116,15 +127,22 @@ class Sampler:
         while not self._stop.wait(SAMPLE_S):
             if time.perf_counter() - self.due < STALL_S:
                 continue
-            frame = sys._current_frames().get(self._loop_thread)
-            if frame is None:
+            frames = sys._current_frames()
+            frame = frames.pop(self._loop_thread, None)
+            frames.pop(threading.get_ident(), None)
+            if frame is None or len(self.samples) >= 8:  # a long stall: 8 samples say enough
                 continue
-            stack = traceback.extract_stack(frame, limit=SAMPLE_FRAMES)
-            sample = " < ".join(
-                f"{f.name} ({Path(f.filename).name}:{f.lineno})" for f in reversed(stack)
-            )
-            if len(self.samples) < 8:  # a long stall: its first samples say enough
-                self.samples.append(sample)
+            sample = _where(frame, SAMPLE_FRAMES)
+            if frame.f_code.co_name == "select":
+                # Ready to run (its timer was due) but not running: waiting for a core or
+                # for the GIL. What the other threads were doing says who may hold it.
+                busy = sorted(
+                    where
+                    for other in frames.values()
+                    if not (where := _where(other, 1)).startswith(_WAITING)
+                )
+                sample += " | others: " + (", ".join(busy) or "all waiting")
+            self.samples.append(sample)
 
     def take(self) -> list[str]:
         samples, self.samples = self.samples, []
