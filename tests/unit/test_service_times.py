@@ -128,5 +128,11 @@ def test_the_bench_reads_the_lines_back_within_its_windows(
     assert "acquire 60.0 ms (queued 0.0, route 60.0, cpu 5.0, gc 50.0)" in text
     assert "event loop held >= 2 ms (a 5 ms watchdog late): 1" in text
     assert "55.0 ms in 1 stall(s): a (x.py:1) < b (x.py:2) < c (x.py:3)\n" in text + "\n"
+    waiting = {"late_ms": 4.0, "held_by": ["select (selectors.py:468) | others: _load (c.py:9)"]}
+    assert node_slow.held_by([waiting, {"late_ms": 3.0}]) == [
+        "4.0 ms in 1 stall(s): select (selectors.py:468) (other threads, first seen: "
+        "_load (c.py:9))",
+        "3.0 ms in 1 stall(s): unsampled",
+    ]
     assert "collections >= 1 ms: 1" in text and "generations 2" in text
     assert node_slow.report([]).count("none") == 1
