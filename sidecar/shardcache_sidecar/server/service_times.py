@@ -27,8 +27,8 @@ JSON logs, one object a line; `bench.node_slow` reads them back):
 `at` fields are `time.monotonic()` (machine-wide on Linux), so a benchmark can put them
 in its own windows. All of it is off unless the logger is at DEBUG when the server starts
 (one attribute test per request); on, it costs two clock reads and a thread-time read a
-request, a callback every 5 ms on the loop, a thread waking every 2 ms, and a callback
-per collection.
+request, a callback every 5 ms on the loop, a thread waking about as often (every 2 ms
+while the loop is overdue), and a callback per collection.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ WATCH_INTERVAL_S = 0.005
 STALL_S = 0.002
 #: A collection at least this long is logged (a young collection takes microseconds).
 GC_PAUSE_S = 0.001
-#: How often the sampling thread checks whether the loop is overdue, and samples it.
+#: How often the sampling thread samples the loop while it is overdue.
 SAMPLE_S = 0.002
 #: Frames of the loop thread's stack kept per sample, innermost last.
 SAMPLE_FRAMES = 6
@@ -124,9 +124,15 @@ class Sampler:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
-            if time.perf_counter() - self.due < STALL_S:
+        pause = SAMPLE_S
+        while not self._stop.wait(pause):
+            # Asleep until the loop's tick is overdue: a thread that wakes takes the
+            # GIL, and a busy loop hands it over at its next switch interval.
+            remaining = self.due + STALL_S - time.perf_counter()
+            if remaining > 0:
+                pause = min(remaining, WATCH_INTERVAL_S + STALL_S)
                 continue
+            pause = SAMPLE_S
             frames = sys._current_frames()
             frame = frames.pop(self._loop_thread, None)
             frames.pop(threading.get_ident(), None)
