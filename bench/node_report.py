@@ -134,13 +134,25 @@ def k_block(r: KResult) -> str:
         f"{statistics.median(raw_pss):.0f} MiB); sidecar {r.sidecar_pss / MiB:.0f} MiB; "
         f"memory tier {r.memory_tier_bytes / MiB:.0f} MiB",
     ]
+    # Calls on the rank's main thread block its read path; the others are the client's
+    # notifier (notes), whose time includes waiting for the rank's own GIL.
+    every = [(s, main) for p in r.sidecar for x in p.ranks for _, s, main in x["calls"]]
+    on_main = [s for s, main in every if main]
+    behind = [s for s, main in every if not main]
+    lines.append(
+        f"   client side, p99 of calls on the read path (rank's main thread) "
+        f"{fmt(percentile(on_main, 99) * 1e3, '.3f')} ms ({len(on_main)}), in the background "
+        f"(notifier) {fmt(percentile(behind, 99) * 1e3, '.3f')} ms ({len(behind)})"
+    )
     slow_calls = [c for p in r.sidecar for x in p.ranks for c in x.get("slow_calls", [])]
     if slow_calls:
         took = sum(seconds for _, seconds, _ in slow_calls)
         rank_gc = sum(gc_s for _, _, gc_s in slow_calls)
         lines.append(
             f"   client side, calls over 1 ms: {len(slow_calls)}, {took * 1e3:.1f} ms in all, "
-            f"of which the rank's own collections {rank_gc * 1e3:.1f} ms"
+            f"of which the rank's own collections {rank_gc * 1e3:.1f} ms; on the read path "
+            f"{sum(1 for s in on_main if s >= 0.001)}, in the background "
+            f"{sum(1 for s in behind if s >= 0.001)}"
         )
     if r.slow:
         lines.append(r.slow)
