@@ -49,6 +49,7 @@ from bench import (
     node_profile,
     node_ranks,
     node_report,
+    node_slow,
     node_timeline,
 )
 from shardcache import contract, plans, source
@@ -267,12 +268,15 @@ class Bench:
     expected: node_ranks.Expected
     sidecar_pid: int = 0
     metrics_url: str = ""
+    #: The sidecar's JSON log: its slow requests and loop stalls (`bench.node_slow`).
+    sidecar_log: Path | None = None
 
     def warm(self, k: int, first_epoch: int) -> node_report.KResult:
         """K raw and K sidecar ranks, alternating pass by pass on the same epochs."""
         raw: list[node_ranks.Pass] = []
         through: list[node_ranks.Pass] = []
-        cpu_s = requests = 0.0
+        cpu_s = loop_cpu_s = requests = 0.0
+        windows: list[tuple[float, float]] = []
         env, config, verify = self.rank_env, self.rank_config, self.args.verify_rows
         with (
             node_ranks.started("raw", k, self.work, env, config) as raw_ranks,
@@ -283,14 +287,23 @@ class Bench:
                 self.expected.check(f"raw K={k} epoch {epoch}", raw[-1], verify_rows=verify)
                 served = node_probes.control_requests(self._metrics(), protocol.PREFIX)
                 cpu = node_probes.cpu_seconds(self.sidecar_pid)
+                loop_cpu = node_probes.cpu_seconds(self.sidecar_pid, thread=self.sidecar_pid)
+                started = time.monotonic()
                 through.append(sidecar_ranks.run(epoch))
                 time.sleep(SETTLE_S)
                 cpu_s += node_probes.cpu_seconds(self.sidecar_pid) - cpu
+                loop_cpu_s += (
+                    node_probes.cpu_seconds(self.sidecar_pid, thread=self.sidecar_pid) - loop_cpu
+                )
+                windows.append((started, time.monotonic()))
                 samples = self._metrics()
                 requests += node_probes.control_requests(samples, protocol.PREFIX) - served
                 self.expected.check(f"sidecar K={k} epoch {epoch}", through[-1], verify_rows=verify)
             memory_tier = node_probes.memory_tier_bytes(samples)
             sidecar_pss = node_probes.pss_bytes(self.sidecar_pid)
+        slow = ""
+        if self.sidecar_log is not None and self.sidecar_log.exists():
+            slow = node_slow.report(node_slow.within(node_slow.read(self.sidecar_log), windows))
         return node_report.KResult(
             k,
             raw,
@@ -300,6 +313,8 @@ class Bench:
             memory_tier,
             sidecar_pss,
             shard_epochs=self.args.shards * len(through),
+            loop_cpu_s=loop_cpu_s,
+            slow=slow,
         )
 
     def _metrics(self) -> dict[str, float]:
@@ -454,6 +469,7 @@ def run(
             # machine makes the ratio below noise, this is the cold path's cost.
             serving_cpu = node_probes.cpu_seconds(bench.sidecar_pid)
             bench.metrics_url = metrics_url
+            bench.sidecar_log = work / f"sidecar-{metrics_url.rsplit(':', 1)[1]}.log"
             if env != trainer_env:
                 raise SystemExit(f"the launcher gives trainers {env}, expected {trainer_env}")
             go = serving + node_ranks.START_DELAY_S

@@ -37,9 +37,11 @@ def usable_cores() -> int:
     return cores
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of `pid`, all its threads, so far."""
-    with open(f"/proc/{pid}/stat") as f:
+def cpu_seconds(pid: int, *, thread: int | None = None) -> float:
+    """User + system CPU seconds of `pid`, all its threads, so far; of its thread
+    `thread` alone if given (the main thread's id is the pid: the sidecar's event loop)."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    with open(path) as f:
         # The command name (2nd field) may hold spaces; fields after ')' are fixed.
         fields = f.read().rsplit(")", 1)[1].split()
     utime, stime = int(fields[11]), int(fields[12])

@@ -18,6 +18,7 @@ sidecar goes through, and classed by route.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import threading
@@ -57,33 +58,54 @@ def route_name(method: str, path: str) -> str:
     return _ROUTES.get((method, parts[-1] if parts else ""), f"{method} {path}")
 
 
+#: A control call slower than this has its share of the rank's own collections noted.
+SLOW_CALL_S = 0.001
+
+
 class ControlTimer:
-    """Records (route, seconds, on the read path?) of every control request made."""
+    """Records (route, seconds, on the read path?) of every control request made, and
+    of each slower than `SLOW_CALL_S` (route, seconds, seconds of this process's
+    collections meanwhile): a client-side outlier may be the rank's own collector."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, float, bool]] = []
+        self.slow: list[tuple[str, float, float]] = []
         self._lock = threading.Lock()
         self._main = threading.main_thread()
+        self._gc_s = 0.0
+        self._gc_started = 0.0
+        gc.callbacks.append(self._collected)
+
+    def _collected(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self._gc_s += time.perf_counter() - self._gc_started
 
     def install(self) -> None:
         exchange = unix_http.exchange
 
         def timed(socket_path: Any, method: str, path: str, *args: Any, **kw: Any) -> Any:
-            start = time.perf_counter()
+            start, gc_s = time.perf_counter(), self._gc_s
             try:
                 return exchange(socket_path, method, path, *args, **kw)
             finally:
                 took = time.perf_counter() - start
                 blocking = threading.current_thread() is self._main
+                route = route_name(method, path)
                 with self._lock:
-                    self.calls.append((route_name(method, path), took, blocking))
+                    self.calls.append((route, took, blocking))
+                    if took >= SLOW_CALL_S:
+                        self.slow.append((route, took, self._gc_s - gc_s))
 
         unix_http.exchange = timed
 
-    def take(self) -> list[tuple[str, float, bool]]:
+    def take(self) -> tuple[list[tuple[str, float, bool]], list[tuple[str, float, float]]]:
+        """The calls and the slow calls since the last `take`."""
         with self._lock:
             calls, self.calls = self.calls, []
-        return calls
+            slow, self.slow = self.slow, []
+        return calls, slow
 
 
 class Tally:
@@ -206,7 +228,7 @@ def one_pass(
     if timer is not None:
         # Notifications trail the read path by milliseconds: count them with this pass.
         time.sleep(SETTLE_S)
-    calls = timer.take() if timer is not None else []
+    calls, slow = timer.take() if timer is not None else ([], [])
     return {
         "epoch": epoch,
         "first_s": first_s if first_s is not None else end_s,
@@ -217,6 +239,7 @@ def one_pass(
         "token_sum": tally.token_sum,
         "pss": pss_bytes(),
         "calls": calls,
+        "slow_calls": slow,
         "uids": pa.concat_arrays(tally.uids).to_pylist() if keep_uids and tally.uids else [],
     }
 

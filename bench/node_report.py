@@ -38,6 +38,12 @@ class KResult:
     requests: float
     memory_tier_bytes: int
     sidecar_pss: int
+    #: Of `cpu_s`, the sidecar's main thread (its event loop: every control request);
+    #: the rest is its other threads (thread pool, fetch threads).
+    loop_cpu_s: float = 0.0
+    #: What the sidecar logged of its own slow requests and loop stalls over these
+    #: passes (`bench.node_slow.report`), if anything.
+    slow: str = ""
     #: Shards of the dataset times the sidecar passes: what the CPU was spent serving.
     #: Per shard is the figure to compare across protocol changes that fold several
     #: requests into one (notes, grants ahead), which raise the CPU per request.
@@ -122,11 +128,34 @@ def k_block(r: KResult) -> str:
         f"rank's pass, max {max(blocked):.1%}",
         f"   sidecar CPU {r.cpu_s:.3f} s for {r.requests:.0f} control requests: "
         f"{fmt(r.cpu_ms_per_request())} ms per request, {fmt(r.cpu_ms_per_shard())} ms per "
-        "shard of an epoch",
+        f"shard of an epoch; event-loop thread {r.loop_cpu_s:.3f} s, other threads "
+        f"{r.cpu_s - r.loop_cpu_s:.3f} s",
         f"   PSS per rank p50 {statistics.median(pss):.0f} MiB (raw ranks "
         f"{statistics.median(raw_pss):.0f} MiB); sidecar {r.sidecar_pss / MiB:.0f} MiB; "
         f"memory tier {r.memory_tier_bytes / MiB:.0f} MiB",
     ]
+    # Calls on the rank's main thread block its read path; the others are the client's
+    # notifier (notes), whose time includes waiting for the rank's own GIL.
+    every = [(s, main) for p in r.sidecar for x in p.ranks for _, s, main in x["calls"]]
+    on_main = [s for s, main in every if main]
+    behind = [s for s, main in every if not main]
+    lines.append(
+        f"   client side, p99 of calls on the read path (rank's main thread) "
+        f"{fmt(percentile(on_main, 99) * 1e3, '.3f')} ms ({len(on_main)}), in the background "
+        f"(notifier) {fmt(percentile(behind, 99) * 1e3, '.3f')} ms ({len(behind)})"
+    )
+    slow_calls = [c for p in r.sidecar for x in p.ranks for c in x.get("slow_calls", [])]
+    if slow_calls:
+        took = sum(seconds for _, seconds, _ in slow_calls)
+        rank_gc = sum(gc_s for _, _, gc_s in slow_calls)
+        lines.append(
+            f"   client side, calls over 1 ms: {len(slow_calls)}, {took * 1e3:.1f} ms in all, "
+            f"of which the rank's own collections {rank_gc * 1e3:.1f} ms; on the read path "
+            f"{sum(1 for s in on_main if s >= 0.001)}, in the background "
+            f"{sum(1 for s in behind if s >= 0.001)}"
+        )
+    if r.slow:
+        lines.append(r.slow)
     return "\n".join(lines)
 
 

@@ -227,3 +227,60 @@ def test_a_startup_plan_for_the_local_ranks_fills_their_epochs_before_they_regis
         assert read_all(node).equals(expected)
     finally:
         node.close()
+
+
+def test_a_warm_epoch_start_looks_only_at_the_entering_readers_own_shards(
+    tmp_path: Path,
+    dataset: tuple[manifests.Manifest, pa.Table, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    manifest, expected, _ = dataset
+    node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=2)
+    try:
+        world = 4
+        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=world, block_size=100)
+        for rank in range(world):
+            node.register_reader(f"rank-{rank}", dataclasses.replace(params, rank=rank))
+        settle(node)
+        assert resident(node) == list(range(len(SHARDS)))
+        looked: list[str] = []
+        contains = node.memory.contains
+
+        def counted(key: str) -> bool:
+            looked.append(key)
+            return contains(key)
+
+        monkeypatch.setattr(node.memory, "contains", counted)
+        node.update_reader("rank-0", epoch=1, position=0)
+        own = plan_of(manifest, dataclasses.replace(params, epoch=1))
+        # Its own plan once (nothing missing: no fill ordered over the other readers'
+        # plans), then its readahead window (depth 1: two shards).
+        assert len(looked) <= len(own) + 2
+        assert set(looked) <= {manifest.decoded_key(s) for s in own}
+        assert node.prefetching() == 0
+        assert read_all(node).equals(expected)
+    finally:
+        node.close()
+
+
+def test_a_new_epochs_plan_is_made_on_the_loop_only_when_the_ranks_share_is_small(
+    tmp_path: Path,
+    dataset: tuple[manifests.Manifest, pa.Table, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    manifest, _, _ = dataset
+    node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=2)
+    try:
+        monkeypatch.setattr(caches, "_CHEAP_RANK_SHARDS", 2)
+        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=2, block_size=100)
+        # 8 shards over 2 ranks: 4 each, over the bound of 2; over 4 ranks: 2 each.
+        assert not node.plan_is_cheap(params)
+        assert node.plan_is_cheap(dataclasses.replace(params, world_size=4))
+        monkeypatch.setattr(caches, "_CHEAP_ORDER_SHARDS", 4)
+        assert not node.plan_is_cheap(dataclasses.replace(params, world_size=4))
+        # Once a rank made the epoch's order, every other rank's plan is a slice of it.
+        node.register_reader("rank-0", params)
+        assert node.plan_is_cheap(dataclasses.replace(params, rank=1))
+        assert not node.plan_is_cheap(dataclasses.replace(params, epoch=1))
+    finally:
+        node.close()

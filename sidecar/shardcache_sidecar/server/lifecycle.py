@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import gc
 import json
 import logging
 import time
@@ -66,6 +67,20 @@ def too_large_reason(wanted: int, shard: int, exc: tiers.EntryTooLargeError) -> 
         f"resident and every read of it fails; raise spec.cache.memory "
         f"({contract.ENV_MEMORY_LIMIT}) above {exc.size} bytes"
     )
+
+
+def _freeze_startup_objects() -> None:
+    """Leave what start-up made (modules, the manifest, the cache node) out of every
+    later collection.
+
+    Why: a full collection walks every tracked object, and the sidecar's imports and
+    manifest are most of them: 11-18 ms on the event loop each time one runs (measured
+    here), and a control request arriving meanwhile waits that long (issue 14: the p99
+    at K=1 and K=16 was 17-20 ms with a p50 under 1 ms). Frozen, they are never scanned
+    again; what the requests allocate is still collected as before. One collection
+    first, so that no garbage of start-up is kept forever."""
+    gc.collect()
+    gc.freeze()
 
 
 class Sidecar:
@@ -267,6 +282,7 @@ class Sidecar:
             node.register_reader, STARTUP_READER, params, 0, fill_ranks=s.local_ranks
         )
         self.problem = None
+        _freeze_startup_objects()
         self.readiness.open(
             GATE_MANIFEST, f"manifest {manifest.digest}, {len(manifest.shards)} shards"
         )

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable
 from typing import cast
 
 from shardcache.contract import protocol
-from shardcache_sidecar.server import control, lifecycle, probes, replies, routing
+from shardcache_sidecar.server import control, lifecycle, probes, replies, routing, service_times
 
 log = logging.getLogger("shardcache_sidecar.server")
 
@@ -228,6 +228,9 @@ class Connection(asyncio.Protocol):
         #: The request being answered (a task: the call may wait in the thread pool).
         self.task: asyncio.Task[None] | None = None
         self._paused = False
+        #: True while `_next` starts a request's task: an answer written meanwhile was
+        #: written inside `data_received`, without waiting (`service_times`).
+        self._starting = False
 
     # --- asyncio.Protocol ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -277,19 +280,27 @@ class Connection(asyncio.Protocol):
         raw = bytes(self._buffer[start : start + length])
         del self._buffer[: start + length]
         loop = asyncio.get_running_loop()
+        timer = self._server.timer
+        clock = None if timer is None else service_times.Request(timer)
+        self._starting = True
         if sys.version_info >= (3, 12):
             # Most calls never wait: run them now instead of scheduling a first step.
-            task = asyncio.Task(self._answer(request, raw), loop=loop, eager_start=True)
+            task = asyncio.Task(self._answer(request, raw, clock), loop=loop, eager_start=True)
         else:
-            task = loop.create_task(self._answer(request, raw))
+            task = loop.create_task(self._answer(request, raw, clock))
+        self._starting = False
         if task.done():
             self._after(request.close)
         else:
             self.task = task
             task.add_done_callback(lambda _: self._after(request.close))
 
-    async def _answer(self, request: _Request, raw: bytes) -> None:
+    async def _answer(
+        self, request: _Request, raw: bytes, clock: service_times.Request | None
+    ) -> None:
         sidecar = self._server.sidecar
+        if clock is not None:
+            clock.start()
         try:
             reply = await request.route.call(sidecar, request.ident, raw)
         except Exception as exc:
@@ -299,6 +310,9 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(response_bytes(reply, close=request.close))
+        if clock is not None:
+            clock.waited = not self._starting
+            clock.done(request.route.template, reply.status)
 
     def _after(self, close: bool) -> None:
         """What follows an answer: closing, or the next request already buffered."""
@@ -354,9 +368,13 @@ class Server:
         self.parser = Parser(Routes(control.TABLE + probes.TABLE))
         self.connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
+        #: Slow requests and loop stalls are logged when DEBUG is on at start.
+        self.timer: service_times.Timer | None = None
 
     async def start(self, path: str | os.PathLike[str]) -> None:
         loop = asyncio.get_running_loop()
+        if service_times.enabled():
+            self.timer = service_times.Timer(loop)
         self._server = await loop.create_unix_server(
             lambda: Connection(self), os.fspath(path), backlog=BACKLOG
         )
@@ -366,6 +384,9 @@ class Server:
         and close every connection still ours (aiohttp closes those it took over)."""
         if self._server is not None:
             self._server.close()
+        if self.timer is not None:
+            self.timer.close()
+            self.timer = None
         pending = [c.task for c in self.connections if c.task is not None]
         if pending:
             _, late = await asyncio.wait(pending, timeout=timeout)
