@@ -21,23 +21,19 @@
 # needed.
 # Run from the repository root:   OUT=/some/dir bash bench/gpu_device.sh
 # Writes $OUT/bench-gpu.txt (the report, RESULT last), $OUT/bench-gpu.json and
-# $OUT/machine.txt. Estimated at about 2-2.5 minutes on the H200 machine (from the
-# 4 GiB runs' timings: writing 8 GiB ~21 s, warming ~7 s, each timed run ~5-8 s); cut
-# at BENCH_GPU_TIMEOUT seconds (default 290).
+# $OUT/machine.txt. About 2.5-4 minutes on the H200 machine (runs 5 and 6 on
+# 2026-11-26: writing 8 GiB ~21 s, warming ~7 s, then the timed runs); cut at
+# BENCH_GPU_TIMEOUT seconds (default 290).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-gpu-out}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 
-{
-  date -u
-  git rev-parse HEAD 2>/dev/null || echo "(no git metadata in this copy)"
-  nproc; free -g; df -h /dev/shm
-  nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv 2>/dev/null || true
-  "$PY" -c 'import sys, torch, pyarrow, numpy; print(sys.version, "torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available(), "pyarrow", pyarrow.__version__)'
-} >"$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
+. bench/device_machine.sh
+machine_report "$PY" torch pyarrow numpy
+"$PY" -c 'import torch; print("cuda", torch.version.cuda, torch.cuda.is_available())' \
+  2>&1 | tee -a "$OUT/machine.txt"
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 timeout --signal=INT --kill-after=20 "${BENCH_GPU_TIMEOUT:-290}" \

@@ -27,15 +27,8 @@ OUT=${OUT:-$PWD/bench-node-out}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 
-{
-  date -u
-  git rev-parse HEAD 2>/dev/null || echo "(no git metadata in this copy)"
-  nproc; cat /sys/fs/cgroup/cpu.max 2>/dev/null || true
-  lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)|Thread|Socket|NUMA node\(s\)' || true
-  free -g; df -h /dev/shm /tmp
-  "$PY" -c 'import sys, pyarrow, aiohttp, prometheus_client; print(sys.version, "pyarrow", pyarrow.__version__, "aiohttp", aiohttp.__version__)'
-} >"$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
+. bench/device_machine.sh
+machine_report "$PY" pyarrow aiohttp prometheus_client
 
 # The project from this tree, without pip: its packages on PYTHONPATH, and the CLI's
 # subcommand entry points (`shardcache sidecar`, which the benchmark starts) declared

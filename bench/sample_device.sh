@@ -19,15 +19,8 @@ OUT=${OUT:-$PWD/bench-sample-out}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 
-{
-  date -u
-  git rev-parse HEAD 2>/dev/null || echo "(no git metadata in this copy)"
-  nproc; cat /sys/fs/cgroup/cpu.max 2>/dev/null || true
-  lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)|Thread|Socket|NUMA node\(s\)' || true
-  free -g; df -h /dev/shm /tmp
-  "$PY" -c 'import sys, pyarrow, numpy; print(sys.version, "pyarrow", pyarrow.__version__, "numpy", numpy.__version__)'
-} >"$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
+. bench/device_machine.sh
+machine_report "$PY" pyarrow numpy
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 timeout --signal=INT --kill-after=20 "${BENCH_SAMPLE_TIMEOUT:-150}" \
