@@ -136,7 +136,10 @@ def pinned_sidecar(
         env={
             contract.ENV_MANIFEST_DIGEST: digest,
             contract.ENV_READY_SHARDS: "1",
-            contract.ENV_PREFETCH_DEPTH: "1",
+            # No readahead and no epoch fill: the last shard is fetched only when the
+            # reader reaches it, after the test changed it. (With the fill, the sidecar
+            # may hold its pinned bytes before the change, and serving those is right.)
+            contract.ENV_PREFETCH_DEPTH: "0",
         },
         args=["--no-shuffle"],
     )
