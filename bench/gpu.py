@@ -119,6 +119,28 @@ def open_options(
     }
 
 
+def token_dataset(
+    args: argparse.Namespace,
+    work: Path,
+    rows: int,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    shuffle: str | bool = True,
+) -> Any:
+    """The benchmark's dataset of `tokens` through `shardcache.torch`, one rank's share."""
+    import shardcache.torch
+
+    return shardcache.torch.IterableDataset(
+        f"file://{args.source}",
+        batch_size=rows,
+        columns=["tokens"],
+        rank=rank,
+        world_size=world,
+        **open_options(work, args.size, args.block_size, shuffle=shuffle),
+    )
+
+
 def pinned_limit(chunk: int, total: int) -> float | None:
     """Bytes/s of pinned host → device copies of `chunk` bytes; None without CUDA."""
     import torch
@@ -307,14 +329,7 @@ def cpu_side(args: argparse.Namespace, work: Path, rows: int, batches: int = 48)
     from shardcache import columns
     from shardcache.torch import _host_memory, _tensors
 
-    ds = shardcache.torch.IterableDataset(
-        f"file://{args.source}",
-        batch_size=rows,
-        columns=["tokens"],
-        rank=0,
-        world_size=1,
-        **open_options(work, args.size, args.block_size),
-    )
+    ds = token_dataset(args, work, rows)
 
     def meta_move(array: Any, dtype: Any) -> Any:
         raw = columns.as_bytes(array)
@@ -372,14 +387,7 @@ def sample_cpu_side(
     import shardcache.torch
     from shardcache.torch import _host_memory
 
-    ds = shardcache.torch.IterableDataset(
-        f"file://{args.source}",
-        batch_size=rows,
-        columns=["tokens"],
-        rank=0,
-        world_size=1,
-        **open_options(work, args.size, args.block_size, shuffle="sample"),
-    )
+    ds = token_dataset(args, work, rows, shuffle="sample")
     prefetcher = shardcache.torch.DevicePrefetcher(ds, device="meta")
     registry = _host_memory.Registry(_Registered(), settle=lambda: None)
     ds.add_mapping_listener(registry)
@@ -402,13 +410,8 @@ def rank_main(args: argparse.Namespace) -> None:
 
     shuffle = {"True": True, "False": False}.get(str(args.shuffle), args.shuffle)
 
-    ds = shardcache.torch.IterableDataset(
-        f"file://{args.source}",
-        batch_size=args.rows,
-        columns=["tokens"],
-        rank=args.rank,
-        world_size=args.world,
-        **open_options(Path(args.work), args.size, args.block_size, shuffle=shuffle),
+    ds = token_dataset(
+        args, Path(args.work), args.rows, rank=args.rank, world=args.world, shuffle=shuffle
     )
     ds.shardcache_dataset()  # opened (manifest, cache) before the timed passes
     device = "cpu" if not torch.cuda.is_available() else None

@@ -119,7 +119,6 @@ def test_an_abandoned_iterator_stops_its_threads() -> None:
     assert not gather_threads() and items.closed
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 # Python 3.12 warns of any fork with threads running: this test forks one on purpose.
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_closes_an_open_iterator_without_waiting_on_the_parents_threads() -> None:
