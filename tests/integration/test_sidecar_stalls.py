@@ -65,7 +65,15 @@ def test_a_loop_waiting_on_slow_storage_shows_in_the_sidecars_metrics_and_recove
             low = sample(proc.http_get("/metrics")[1], fraction)
             return low is not None and low < 0.5
 
-        waiting.wait_until("the stall fraction to fall below 0.5", recovered)
+        waiting.wait_until(
+            "the stall fraction to fall below 0.5",
+            recovered,
+            describe=lambda: "\n".join(
+                line
+                for line in proc.http_get("/metrics")[1].splitlines()
+                if "stall_fraction" in line or "data_wait" in line or "data_step" in line
+            ),
+        )
     finally:
         ds.close()
     # A closed reader leaves the scrape.
