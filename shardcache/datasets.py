@@ -729,21 +729,19 @@ class Dataset:
     def _timed(self, batches: Generator[B, None, None]) -> Generator[B, None, None]:
         """`batches`, timing the caller's loop around them (the data-stall signal): from
         asking for a batch to getting it is waiting on data, from getting one to asking
-        for the next is its step. Outermost, so all the work of making a batch (stitching
+        for the next is its step, across epochs too (`StallMeter.handed`). Outermost, so all the work of making a batch (stitching
         pieces included) counts as waiting."""
-        handed: float | None = None
         try:
             while True:
                 asked = time.perf_counter()
                 try:
                     batch = next(batches)
                 except StopIteration:
+                    self.stalls.ended(asked, time.perf_counter())
                     return
-                now = time.perf_counter()
-                self.stalls.record(now - asked, 0.0 if handed is None else asked - handed)
+                self.stalls.handed(asked, time.perf_counter())
                 if self._stall_reporter is not None:
                     self._stall_reporter.note_stalls(self._reader_id, self.stalls)
-                handed = now
                 yield batch
         finally:
             batches.close()  # releases the lease held by an unfinished iteration

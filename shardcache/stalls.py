@@ -6,6 +6,13 @@ batches (the step). The stall fraction is the first over both: 0 when data is al
 ready, near 1 when the step waits on data. Totals are kept for export (a counter of
 seconds), and a recent fraction (exponentially weighted by batch) for alerts that
 should clear when a job recovers.
+
+The meter times the loop, not one iterator: the time from the last batch of one
+iteration (an epoch's `batches()`) to the first of the next is that batch's step, and the
+time inside a `next()` that ended an iteration counts as its wait. Timed per iterator,
+an epoch's first batch had no step before it and counted as a wait and nothing else
+(a share of 1 in the recent fraction), so a loop of short epochs read as half stalled
+while its data was always ready.
 """
 
 from __future__ import annotations
@@ -30,6 +37,11 @@ class StallMeter:
     step_seconds: float = 0.0
     batches: int = 0
     recent_fraction: float = 0.0
+    #: When the last batch was handed over (`time.perf_counter()`), in any iteration.
+    _handed: float | None = dataclasses.field(default=None, repr=False)
+    #: Waiting and stepping around an iteration's end, owed to the next batch.
+    _owed_wait: float = dataclasses.field(default=0.0, repr=False)
+    _owed_step: float = dataclasses.field(default=0.0, repr=False)
 
     @property
     def fraction(self) -> float:
@@ -47,6 +59,22 @@ class StallMeter:
             share = wait / total
             self.recent_fraction += self.alpha * (share - self.recent_fraction)
 
+    def handed(self, asked: float, got: float) -> None:
+        """A batch asked for at `asked` came at `got` (`time.perf_counter()` times): its
+        step runs from the previous batch handed over, in this iteration or an earlier."""
+        step = self._owed_step + (0.0 if self._handed is None else asked - self._handed)
+        self.record(self._owed_wait + got - asked, step)
+        self._owed_wait = self._owed_step = 0.0
+        self._handed = got
+
+    def ended(self, asked: float, got: float) -> None:
+        """The iteration asked for a batch at `asked` and ended at `got` instead: the
+        time is owed to the next batch handed over, whichever iteration hands it."""
+        if self._handed is not None:
+            self._owed_step += asked - self._handed
+            self._handed = got
+        self._owed_wait += got - asked
+
     def snapshot(self) -> dict[str, Any]:
         """A JSON dict of the totals and fractions."""
         return {
@@ -60,14 +88,12 @@ class StallMeter:
     def wrap(self, iterable: Iterable[T]) -> Iterator[T]:
         """`iterable`'s items, timing every wait for one and every step between two."""
         it = iter(iterable)
-        handed: float | None = None
         while True:
-            start = time.perf_counter()
+            asked = time.perf_counter()
             try:
                 item = next(it)
             except StopIteration:
+                self.ended(asked, time.perf_counter())
                 return
-            end = time.perf_counter()
-            self.record(end - start, 0.0 if handed is None else start - handed)
-            handed = end
+            self.handed(asked, time.perf_counter())
             yield item

@@ -48,7 +48,9 @@ def test_a_loop_waiting_on_slow_storage_shows_in_the_sidecars_metrics_and_recove
             high = sample(proc.http_get("/metrics")[1], fraction)
             return high is not None and high > 0.9
 
-        waiting.wait_until("the stall fraction in /metrics to rise above 0.9", stalled)
+        # No pause between checks: the meter times the loop across epochs, so a pause
+        # would count as stepping; each check is an epoch of the loop itself.
+        waiting.wait_until("the stall fraction in /metrics to rise above 0.9", stalled, interval=0)
         text = proc.http_get("/metrics")[1]
         waited = sample(text, r'shardcache_data_wait_seconds_total\{rank="0"\}')
         stepped = sample(text, r'shardcache_data_step_seconds_total\{rank="0"\}')
@@ -68,6 +70,7 @@ def test_a_loop_waiting_on_slow_storage_shows_in_the_sidecars_metrics_and_recove
         waiting.wait_until(
             "the stall fraction to fall below 0.5",
             recovered,
+            interval=0,
             describe=lambda: "\n".join(
                 line
                 for line in proc.http_get("/metrics")[1].splitlines()

@@ -31,6 +31,26 @@ def test_recent_fraction_follows_a_recovery_and_the_total_remembers() -> None:
     assert meter.fraction == pytest.approx(0.45)
 
 
+def test_the_time_between_two_iterations_is_the_next_batchs_step_and_the_end_its_wait() -> None:
+    meter = stalls.StallMeter()
+    meter.handed(0.0, 0.1)  # the first batch: nothing stepped before it
+    meter.ended(0.5, 0.6)  # stepped 0.4 after it, then 0.1 inside the ending next()
+    meter.handed(1.0, 1.2)  # 0.4 more between the iterations, then a wait of 0.2
+    assert meter.batches == 2
+    assert meter.wait_seconds == pytest.approx(0.1 + 0.1 + 0.2)
+    assert meter.step_seconds == pytest.approx(0.4 + 0.4)
+
+
+def test_a_loop_of_short_epochs_whose_data_is_ready_measures_mostly_stepping() -> None:
+    # Two batches an epoch: timed per iterator, every epoch's first batch counted as a
+    # share of 1 (no step before it) and the recent fraction stayed near one half.
+    meter = stalls.StallMeter()
+    for _ in range(40):
+        for _ in meter.wrap(range(2)):
+            time.sleep(0.01)
+    assert meter.recent_fraction < 0.2 and meter.fraction < 0.2
+
+
 def slow_source(n: int, delay: float) -> Iterator[int]:
     for i in range(n):
         time.sleep(delay)
