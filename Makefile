@@ -45,7 +45,7 @@ lint: install
 	$(VENV)/bin/ruff format --check shardcache sidecar operator images tests bench
 
 typecheck: install
-	$(VENV)/bin/mypy shardcache sidecar/shardcache_sidecar operator/shardcache_operator images
+	$(VENV)/bin/mypy shardcache sidecar/shardcache_sidecar operator/shardcache_operator images bench
 
 layers: install
 	$(VENV)/bin/lint-imports

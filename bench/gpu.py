@@ -149,7 +149,7 @@ def pinned_limit(chunk: int, total: int) -> float | None:
         return None
     host = torch.empty(chunk, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(chunk, dtype=torch.uint8, device="cuda")
-    stream = torch.cuda.Stream()
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # untyped in torch
     best = 0.0
     for _ in range(3):
         torch.cuda.synchronize()

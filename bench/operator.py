@@ -43,6 +43,7 @@ import concurrent.futures
 import contextlib
 import copy
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -54,11 +55,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import kubernetes.client
 import pyarrow.fs
-from kubernetes.client.rest import ApiException
+from kubernetes.client import ApiException
 from shardcache_operator import certs, injection, specs
 
 from bench import operator_probes as probes
@@ -101,7 +102,7 @@ def wait_namespace_gone(admin: kubernetes.client.ApiClient, name: str) -> None:
         try:
             core.read_namespace(name)
         except ApiException as exc:
-            return exc.status == 404
+            return bool(exc.status == 404)
         return False
 
     harness.wait_until(f"namespace {name} to be deleted", gone, timeout=600, interval=1)
@@ -129,7 +130,7 @@ def add_nodes(admin: kubernetes.client.ApiClient, pods: int) -> list[str]:
     names = [f"{NODE_PREFIX}{i}" for i in range(count)]
     for name in names:
         try:
-            core.create_node(fake_node(name))
+            core.create_node(objects.body(fake_node(name)))
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -138,7 +139,8 @@ def add_nodes(admin: kubernetes.client.ApiClient, pods: int) -> list[str]:
         lambda: all(
             any(
                 c.type == "Ready" and c.status == "True"
-                for c in core.read_node(n).status.conditions or []
+                for c in (core.read_node(n).status or kubernetes.client.V1NodeStatus()).conditions
+                or []
             )
             for n in names
         ),
@@ -191,14 +193,12 @@ def injected_template(admin: kubernetes.client.ApiClient) -> dict[str, Any]:
     core = kubernetes.client.CoreV1Api(admin)
     body = pod_body(labelled=True)
     body["metadata"] = {"name": "bench-template", "labels": body["metadata"]["labels"]}
-    core.create_namespaced_pod(NAMESPACE, body)
-    stored = admin.sanitize_for_serialization(core.read_namespaced_pod("bench-template", NAMESPACE))
+    core.create_namespaced_pod(NAMESPACE, objects.body(body))
+    stored = stored_dict(admin, core.read_namespaced_pod("bench-template", NAMESPACE))
     core.delete_namespaced_pod("bench-template", NAMESPACE, grace_period_seconds=0)
     plain = dict(pod_body(labelled=False), metadata={"name": "bench-plain", "labels": {}})
-    core.create_namespaced_pod(NAMESPACE, plain)
-    plain_stored = admin.sanitize_for_serialization(
-        core.read_namespaced_pod("bench-plain", NAMESPACE)
-    )
+    core.create_namespaced_pod(NAMESPACE, objects.body(plain))
+    plain_stored = stored_dict(admin, core.read_namespaced_pod("bench-plain", NAMESPACE))
     core.delete_namespaced_pod("bench-plain", NAMESPACE, grace_period_seconds=0)
     log(
         f"a pod as stored: {len(json.dumps(plain_stored['spec']))} bytes of JSON spec unlabelled, "
@@ -243,7 +243,7 @@ def create_burst(
     def create(_: int) -> None:
         body = copy.deepcopy(template) if template else pod_body(labelled)
         started = time.perf_counter()
-        core.create_namespaced_pod(NAMESPACE, body)
+        core.create_namespaced_pod(NAMESPACE, objects.body(body))
         elapsed = time.perf_counter() - started
         with lock:
             latencies.append(elapsed)
@@ -269,6 +269,11 @@ def delete_pods(admin: kubernetes.client.ApiClient) -> None:
     )
 
 
+def stored_dict(admin: kubernetes.client.ApiClient, obj: object) -> dict[str, Any]:
+    """`obj` (a model the client read) as the JSON dict the API server stored."""
+    return cast(dict[str, Any], admin.sanitize_for_serialization(obj))  # type: ignore[no-untyped-call]
+
+
 def running(admin: kubernetes.client.ApiClient) -> int:
     core = kubernetes.client.CoreV1Api(admin)
     listing = core.list_namespaced_pod(
@@ -277,7 +282,7 @@ def running(admin: kubernetes.client.ApiClient) -> int:
         field_selector="status.phase=Running",
         _preload_content=False,
     )
-    return len(json.loads(listing.data)["items"])
+    return len(json.loads(cast(Any, listing).data)["items"])  # the raw response, not a model
 
 
 def attached(admin: kubernetes.client.ApiClient, name: str = MOUNT) -> int | None:
@@ -438,7 +443,7 @@ def list_mounts(admin: kubernetes.client.ApiClient) -> list[dict[str, Any]]:
     listing = custom.list_namespaced_custom_object(
         specs.GROUP, specs.VERSION, NAMESPACE, specs.PLURAL, label_selector="bench=many"
     )
-    return list(listing.get("items", []))
+    return list(cast(dict[str, Any], listing).get("items", []))
 
 
 def many_mounts(
@@ -555,7 +560,9 @@ def main(argv: list[str] | None = None) -> int:
             wait_namespace_gone(admin, namespace)
         nodes = add_nodes(admin, args.pods)
         log(f"{len(nodes)} extra fake nodes Ready")
-        core.create_namespace(kubernetes.client.V1Namespace(metadata={"name": NAMESPACE}))
+        core.create_namespace(
+            kubernetes.client.V1Namespace(metadata=kubernetes.client.V1ObjectMeta(name=NAMESPACE))
+        )
         bundle = certs.generate([harness.HOST, "localhost"])
         files = certs.write(bundle, workdir / "tls")
         tls = conftest.WebhookTls(files.ca_file.parent, bundle.ca_bundle, harness.free_port())
@@ -567,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         installed = True
         kubernetes.client.FlowcontrolApiserverV1Api(admin).create_flow_schema(
-            probes.flow_schema(harness.RELEASE_NAMESPACE, harness.SERVICE_ACCOUNT)
+            objects.body(probes.flow_schema(harness.RELEASE_NAMESPACE, harness.SERVICE_ACCOUNT))
         )
         token = harness.service_account_token(
             admin, harness.RELEASE_NAMESPACE, harness.SERVICE_ACCOUNT
@@ -755,22 +762,24 @@ def cleanup(
         operator.stop()
     # With the operator stopped, nothing adds its finalizer back.
     try:
-        for obj in custom.list_namespaced_custom_object(
+        listing = custom.list_namespaced_custom_object(
             specs.GROUP, specs.VERSION, NAMESPACE, specs.PLURAL
-        ).get("items", []):
+        )
+        for obj in cast(dict[str, Any], listing).get("items", []):
             custom.patch_namespaced_custom_object(
                 specs.GROUP, specs.VERSION, NAMESPACE, specs.PLURAL, obj["metadata"]["name"],
                 {"metadata": {"finalizers": []}},
             )  # fmt: skip
     except ApiException:
         pass
-    for delete in (
+    deletes: tuple[Callable[[], object], ...] = (
         lambda: core.delete_namespace(NAMESPACE),
         lambda: kubernetes.client.FlowcontrolApiserverV1Api(admin).delete_flow_schema(
             probes.FLOW_SCHEMA
         ),
-        *(lambda n=n: core.delete_node(n) for n in nodes),
-    ):
+        *(functools.partial(core.delete_node, n) for n in nodes),
+    )
+    for delete in deletes:
         try:
             delete()
         except ApiException as exc:
@@ -786,7 +795,7 @@ def cleanup(
     # Gone, not going: the e2e session or the next run installs the same names again.
     for namespace in (NAMESPACE, harness.RELEASE_NAMESPACE):
         wait_namespace_gone(admin, namespace)
-    admin.close()
+    admin.close()  # type: ignore[no-untyped-call]
     if started_cluster:
         support_cluster.run_cluster_script("down")
 

@@ -161,7 +161,7 @@ class Scrape:
     @classmethod
     def take(cls, admin: kubernetes.client.ApiClient) -> Scrape:
         response = admin.call_api("GET", f"{admin.configuration.host}/metrics")
-        text = bytes(response.read()).decode()
+        text = bytes(response.read()).decode()  # type: ignore[no-untyped-call]  # untyped in the kubernetes client
         samples = []
         for line in text.splitlines():
             if line.startswith("#"):

@@ -125,10 +125,10 @@ def main() -> int:
     results[1] = ("(b) shardcache sidecar, warm (best of 2)", warm_best, warm_tokens)
     print()
     print(f"{'reader':<44} {'seconds':>8} {'GB/s':>7} {'Mtok/s':>8}")
-    for name, seconds, tokens_seen in results:
+    for reader, elapsed, tokens in results:
         print(
-            f"{name:<44} {seconds:8.3f} {tokens_seen * 4 / seconds / 1e9:7.2f} "
-            f"{tokens_seen / seconds / 1e6:8.1f}"
+            f"{reader:<44} {elapsed:8.3f} {tokens * 4 / elapsed / 1e9:7.2f} "
+            f"{tokens / elapsed / 1e6:8.1f}"
         )
     print(
         f"time to first batch: cold {ttfb_cold * 1e3:.1f} ms, warm "

@@ -17,11 +17,11 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import kubernetes.client
 import pytest
-from kubernetes.client.rest import ApiException
+from kubernetes.client import ApiException
 from shardcache_operator import certs, handlers, specs
 
 from tests.e2e import harness, objects, workloads
@@ -62,7 +62,7 @@ def admin(e2e_cluster: harness.Cluster) -> Iterator[kubernetes.client.ApiClient]
     try:
         yield client
     finally:
-        client.close()
+        client.close()  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +78,9 @@ def workload_namespace(admin: kubernetes.client.ApiClient) -> Iterator[str]:
     """Where the tests' DatasetMounts, Secrets, pods and Jobs live."""
     core = kubernetes.client.CoreV1Api(admin)
     name = f"e2e-{secrets.token_hex(4)}"
-    core.create_namespace(kubernetes.client.V1Namespace(metadata={"name": name}))
+    core.create_namespace(
+        kubernetes.client.V1Namespace(metadata=kubernetes.client.V1ObjectMeta(name=name))
+    )
     harness.wait_until(
         f"the default ServiceAccount of {name}",
         lambda: core.read_namespaced_service_account("default", name),
@@ -172,11 +174,11 @@ def delete_crds(admin: kubernetes.client.ApiClient) -> None:
             if exc.status != 404:
                 raise
     for name in CRD_NAMES:
-        harness.wait_until(
-            f"CRD {name} to be deleted",
-            lambda name=name: _absent(lambda: ext.read_custom_resource_definition(name)),
-            timeout=GONE_TIMEOUT_S,
-        )
+
+        def absent(name: str = name) -> bool:
+            return _absent(lambda: ext.read_custom_resource_definition(name))
+
+        harness.wait_until(f"CRD {name} to be deleted", absent, timeout=GONE_TIMEOUT_S)
 
 
 def wait_namespace_gone(admin: kubernetes.client.ApiClient, name: str) -> None:
@@ -207,7 +209,8 @@ def release(
         delete_crds(admin)
     core = kubernetes.client.CoreV1Api(admin)
     with contextlib.suppress(ApiException):
-        if core.read_namespace(harness.RELEASE_NAMESPACE).metadata.deletion_timestamp:
+        meta = core.read_namespace(harness.RELEASE_NAMESPACE).metadata
+        if meta is not None and meta.deletion_timestamp:
             wait_namespace_gone(admin, harness.RELEASE_NAMESPACE)
     install = [
         "install", harness.RELEASE, str(harness.CHART_DIR),
@@ -245,7 +248,7 @@ def _release_all_datasetmounts(admin: kubernetes.client.ApiClient) -> None:
 
     def remaining() -> list[dict[str, Any]]:
         listing = custom.list_cluster_custom_object(group, version, plural)
-        return list(listing.get("items", []))
+        return list(cast(dict[str, Any], listing).get("items", []))
 
     for obj in remaining():
         ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
@@ -320,7 +323,7 @@ def s3_secret(
     kubernetes.client.CoreV1Api(admin).create_namespaced_secret(
         workload_namespace,
         kubernetes.client.V1Secret(
-            metadata={"name": objects.SECRET_NAME},
+            metadata=kubernetes.client.V1ObjectMeta(name=objects.SECRET_NAME),
             string_data={
                 "AWS_ACCESS_KEY_ID": object_store.access_key,
                 "AWS_SECRET_ACCESS_KEY": object_store.secret_key,

@@ -33,12 +33,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import kubernetes.client
 import kubernetes.config
 import pyarrow.fs
-from kubernetes.client.rest import ApiException
+from kubernetes.client import ApiException
 
 import shardcache
 from tests.support import processes, toolpaths
@@ -135,7 +135,9 @@ class Cluster:
 
     def api_client(self) -> kubernetes.client.ApiClient:
         """A new admin client; close it when done."""
-        return kubernetes.config.new_client_from_config(config_file=str(self.kubeconfig))
+        config = str(self.kubeconfig)
+        client = kubernetes.config.new_client_from_config(config_file=config)  # type: ignore[no-untyped-call]
+        return cast(kubernetes.client.ApiClient, client)
 
     def run(
         self, tool: str, *args: str, stdin: str | None = None, check: bool = True
@@ -204,6 +206,7 @@ def service_account_token(
             spec=kubernetes.client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds)
         ),
     )
+    assert response.status is not None, "a TokenRequest answered without a status"
     return str(response.status.token)
 
 
@@ -567,7 +570,9 @@ def kind_cluster(workdir: pathlib.Path) -> Cluster:
     kubeconfig = workdir / "kind-kubeconfig"
     kubeconfig.write_text(result.stdout)
     config = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(config_file=str(kubeconfig), client_configuration=config)
+    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig), client_configuration=config
+    )
     ca_file = pathlib.Path(config.ssl_ca_cert) if config.ssl_ca_cert else None
     return Cluster(
         "kind", kubeconfig, pathlib.Path(helm), pathlib.Path(kubectl), config.host, ca_file

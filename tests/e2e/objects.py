@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import kubernetes.client
 from shardcache_operator import injection, specs
@@ -44,24 +44,26 @@ def datasetmount(
     }
 
 
+def body(obj: Mapping[str, Any]) -> Any:
+    """`obj` as a request body: the client's methods are typed for its model classes,
+    and serialise the plain dicts these tests build the same way."""
+    return obj
+
+
 def create_datasetmount(
     admin: kubernetes.client.ApiClient, namespace: str, body: Mapping[str, Any]
 ) -> dict[str, Any]:
     custom = kubernetes.client.CustomObjectsApi(admin)
-    created: dict[str, Any] = custom.create_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, dict(body)
-    )
-    return created
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, dict(body))
+    return cast(dict[str, Any], created)
 
 
 def get_datasetmount(
     admin: kubernetes.client.ApiClient, namespace: str, name: str
 ) -> dict[str, Any]:
     custom = kubernetes.client.CustomObjectsApi(admin)
-    obj: dict[str, Any] = custom.get_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, name
-    )
-    return obj
+    obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    return cast(dict[str, Any], obj)
 
 
 def wait_phase(

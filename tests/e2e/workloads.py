@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 import kubernetes.client
-from kubernetes.client.rest import ApiException
+from kubernetes.client import ApiException
 
 from tests.e2e import harness, objects
 
@@ -26,6 +26,16 @@ from tests.e2e import harness, objects
 RUNNING_TIMEOUT_S = 90.0
 #: The operator patches status.attachedPods on pod events; this allows for a busy machine.
 COUNT_TIMEOUT_S = 60.0
+
+
+def name_of(obj: Any) -> str:
+    """A created object's name (the client's models type every field as optional)."""
+    return str(obj.metadata.name)
+
+
+def pod_phase(core: kubernetes.client.CoreV1Api, name: str, namespace: str) -> str | None:
+    status = core.read_namespaced_pod(name, namespace).status
+    return None if status is None else status.phase
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,12 +59,14 @@ class Workload:
         """`count` pods using `mount`, once all are Running; returns their names."""
         core = kubernetes.client.CoreV1Api(self.admin)
         created = [
-            core.create_namespaced_pod(self.namespace, objects.pod(None, mount)).metadata.name
+            name_of(
+                core.create_namespaced_pod(self.namespace, objects.body(objects.pod(None, mount)))
+            )
             for _ in range(count)
         ]
 
-        def phases() -> list[tuple[str, str]]:
-            return [(n, core.read_namespaced_pod(n, self.namespace).status.phase) for n in created]
+        def phases() -> list[tuple[str, str | None]]:
+            return [(n, pod_phase(core, n, self.namespace)) for n in created]
 
         harness.wait_until(
             f"{count} pods of {mount} Running on the fake nodes",
@@ -78,7 +90,7 @@ class Workload:
         core.patch_namespaced_pod_status(name, self.namespace, {"status": {"phase": phase}})
         harness.wait_until(
             f"pod {name} to be {phase}",
-            lambda: core.read_namespaced_pod(name, self.namespace).status.phase == phase,
+            lambda: pod_phase(core, name, self.namespace) == phase,
             timeout=RUNNING_TIMEOUT_S,
         )
 
@@ -93,7 +105,7 @@ class Workload:
             try:
                 core.read_namespaced_pod(name, self.namespace)
             except ApiException as exc:
-                return exc.status == 404
+                return bool(exc.status == 404)
             return False
 
         harness.wait_until(f"pod {name} to be gone", gone, timeout=RUNNING_TIMEOUT_S)
@@ -128,7 +140,7 @@ class Workload:
             try:
                 objects.get_datasetmount(self.admin, self.namespace, mount)
             except ApiException as exc:
-                return exc.status == 404
+                return bool(exc.status == 404)
             return False
 
         harness.wait_until(
