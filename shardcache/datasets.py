@@ -522,7 +522,9 @@ class Dataset:
                 leases=leases,
                 stride=stride,
             )
-            ahead = gather_ahead.gathered(planned, threads=threads)
+            ahead = gather_ahead.gathered(
+                planned, threads=threads, chunk_bytes=gather_ahead.CHUNK_BYTES
+            )
             self._aheads.add(ahead)
             moved = False
             try:

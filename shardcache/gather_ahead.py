@@ -48,9 +48,17 @@ THREAD_NAME = "shardcache-gather"
 #: device (2026-11-26 15:08 UTC) 2 threads gave 0.43x block mode, 4 gave 0.36x, 8 and
 #: 16 less (docs/benchmarks.md, "Sample mode under the GIL").
 MAX_DEFAULT_THREADS = 4
-#: Batches gathered (or being gathered) ahead, per thread: one running and one done
+#: Chunks gathered (or being gathered) ahead, per thread: one running and one done
 #: and waiting keeps every thread busy while the consumer takes the oldest.
 AHEAD_PER_THREAD = 2
+#: Bytes one gather copies at once when gathering ahead (`chunk_bytes`): consecutive
+#: batches of one window are gathered by one copy of this size or so and handed out as
+#: slices of it (see `gathered`).
+CHUNK_BYTES = 16 << 20
+INLINE_CHUNK_BYTES = 16777216
+#: The most batches in one chunk, whatever their size (it bounds how far the plan, and
+#: so the leases, run ahead of the caller).
+MAX_CHUNK_BATCHES = 16
 
 K = TypeVar("K")
 
@@ -76,16 +84,37 @@ def check_threads(value: object, *, where: str = "gather_threads") -> int:
     return value
 
 
+def most_ahead(threads: int) -> int:
+    """The most batches planned (their windows leased) beyond the one the caller holds,
+    gathering ahead on `threads` threads: `threads * AHEAD_PER_THREAD` chunks of at most
+    `MAX_CHUNK_BATCHES`, and the batch that starts the next chunk (0 inline)."""
+    return 0 if threads <= 1 else threads * AHEAD_PER_THREAD * MAX_CHUNK_BATCHES + 1
+
+
+def chunk_batches(selection: selections.Selection, chunk_bytes: int) -> int:
+    """How many batches like `selection` one gather copies at once: as many as fit
+    in `chunk_bytes` (by its gatherer's mean row size), at least 1, at most
+    `MAX_CHUNK_BATCHES`."""
+    batch_bytes = max(1.0, len(selection) * selection.gatherer.row_bytes)
+    return max(1, min(MAX_CHUNK_BATCHES, int(chunk_bytes // batch_bytes)))
+
+
 def gathered(
-    items: Generator[tuple[K, selections.Selection], None, None], *, threads: int
+    items: Generator[tuple[K, selections.Selection], None, None],
+    *,
+    threads: int,
+    chunk_bytes: int = 0,
 ) -> Generator[tuple[K, pa.RecordBatch], None, None]:
     """Each item's key with its selection gathered, in the items' order; `items` is
     closed when this is (after the gathers running are done).
 
     `threads` <= 1 gathers each one when it is asked for, in the caller's thread. More
-    gather up to `threads * AHEAD_PER_THREAD` items ahead on that many threads: items are
-    pulled from `items` ahead of the caller, in the caller's thread (so whatever makes
-    them, leases and plan caches included, stays single-threaded).
+    gather up to `threads * AHEAD_PER_THREAD` chunks ahead on that many threads: items
+    are pulled from `items` ahead of the caller, in the caller's thread (so whatever
+    makes them, leases and plan caches included, stays single-threaded). A chunk is
+    consecutive items of one gatherer (window), as many as `chunk_batches` allows for
+    `chunk_bytes` (0: one item each), gathered with one copy and handed out as slices
+    (`selections.gather_many`).
     """
     if threads <= 1:
         try:
@@ -94,26 +123,31 @@ def gathered(
         finally:
             items.close()
         return
+    # numpy's, like the selections themselves: imported only once gathering ahead.
+    from shardcache import selections as selections_
+
     depth = threads * AHEAD_PER_THREAD
     pid = os.getpid()
     pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=THREAD_NAME)
-    queue: collections.deque[tuple[K, concurrent.futures.Future[pa.RecordBatch]]] = (
+    queue: collections.deque[tuple[list[K], concurrent.futures.Future[list[pa.RecordBatch]]]] = (
         collections.deque()
     )
+    planned = _chunks(items, chunk_bytes)
     exhausted = False
     try:
         while True:
             while not exhausted and len(queue) < depth:
                 try:
-                    key, selection = next(items)
+                    keys, chunk = next(planned)
                 except StopIteration:
                     exhausted = True
                     break
-                queue.append((key, pool.submit(selection.gather)))
+                queue.append((keys, pool.submit(selections_.gather_many, chunk)))
             if not queue:
                 return
-            key, future = queue.popleft()
-            yield key, future.result()
+            keys, future = queue.popleft()
+            for key, batch in zip(keys, future.result(), strict=True):
+                yield key, batch
     finally:
         for _, future in queue:
             future.cancel()
@@ -122,3 +156,36 @@ def gathered(
             # on, which closing it (the caller's part) releases.
             pool.shutdown(wait=True, cancel_futures=True)
         items.close()
+
+
+def _chunks(
+    items: Generator[tuple[K, selections.Selection], None, None], chunk_bytes: int
+) -> Generator[tuple[list[K], list[selections.Selection]], None, None]:
+    """`items` cut into chunks: consecutive items of one gatherer, at most
+    `chunk_batches` of them (one each where `chunk_bytes` is 0). The first chunks are
+    small, so the first batch comes after one batch's gather, not a whole chunk's: the
+    n-th chunk holds at most 2**n items. Closing this leaves `items` open."""
+    # An item pulled that starts the next chunk (another gatherer, or the chunk full).
+    held: tuple[K, selections.Selection] | None = None
+    ramp = 1
+    while True:
+        keys: list[K] = []
+        chunk: list[selections.Selection] = []
+        limit = 1
+        while len(chunk) < limit:
+            if held is None:
+                held = next(items, None)
+                if held is None:
+                    break
+            key, selection = held
+            if chunk and selection.gatherer is not chunk[0].gatherer:
+                break
+            if not chunk and chunk_bytes:
+                limit = min(ramp, chunk_batches(selection, chunk_bytes))
+                ramp *= 2
+            keys.append(key)
+            chunk.append(selection)
+            held = None
+        if not chunk:
+            return
+        yield keys, chunk
