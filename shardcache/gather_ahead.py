@@ -9,11 +9,23 @@ one another's, and the gather's kernels (numpy's fancy indexing, Arrow's `take`)
 release the GIL: so while the consumer works on batch n, the next batches are gathered
 on a small pool of threads.
 
-What does not change: the batches are the same, in the same order (batch n is still
-`Selection.gather()` of the n-th selection, and they are handed over in order), and the
-position (`state_dict()`) moves only when a batch is handed over; gathered batches not
-handed over yet are dropped, never counted. Memory is bounded: at most `depth` batches
-are gathered or being gathered beyond the one the consumer holds.
+Gathering ahead, consecutive batches of one window are gathered in chunks: one copy of
+all their rows (about `CHUNK_BYTES`, at most `MAX_CHUNK_BATCHES` batches), handed out
+as zero-copy slices of it (`selections.gather_many`). A gather's fixed cost under the
+GIL (the numpy and Arrow calls around the copy) and the hand-over through a future are
+paid once a chunk, and a thread runs one long copy without the GIL instead of many short
+ones that each take it back: per-batch gathers on two threads were no faster than one
+inline on the 2-core bench machine, chunks of 16 MiB were (docs/benchmarks.md, "Sample
+mode, session 7"). The first chunks of an iteration are one batch, then two, four, ...,
+so the first batch waits for one batch's gather, not a chunk's.
+
+What does not change: the batches are the same, in the same order (batch n is the
+n-th selection's rows, byte for byte what `Selection.gather()` makes, and they are
+handed over in order), and the position (`state_dict()`) moves only when a batch is
+handed over; gathered batches not handed over yet are dropped, never counted. Memory is
+bounded: at most `threads * AHEAD_PER_THREAD` chunks are gathered or being gathered
+beyond the one the consumer takes batches from, and a batch handed out keeps its whole
+chunk's buffers alive while the caller holds it.
 
 The pool lives as long as one iteration: closing the iterator (or dropping it, or the
 end of the epoch) cancels what was queued, waits for the gathers running (they read
