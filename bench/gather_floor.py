@@ -19,7 +19,8 @@ files on /dev/shm and memory-mapped (as the cache serves them), batches of
 
 The gap between `packed` and `block` is what any copying gather pays on this machine for
 reading rows at random places instead of one sequential stream (DRAM latency per row);
-the gap between `sample` and `packed`, what the ragged rows cost on top.
+the gap between `sample` and `packed`, what the ragged rows cost on top; the gap between
+`sample-copy` and `memcpy`, what the random placement costs a copy of the same bytes.
 
     python -m bench.gather_floor [--size 256MiB] [--batch-size 256] [--passes 5]
 """

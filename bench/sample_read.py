@@ -17,8 +17,10 @@ the default pool size (what `shardcache.open()` gives) against block mode.
 
 After the timed passes, one more pass per sample pool size is made with timers (not
 counted in the rates): per batch, the consumer thread's CPU (the sum, the planning and
-the handing over), and a gather's CPU and wall time. A gather whose wall time is well
-above its CPU time waited: for the GIL, or, on a machine without a free core, for one.
+the handing over), and the gathering's CPU and wall time per batch (gathering ahead
+copies chunks of batches at once: a chunk's times over its batches). Gathering whose wall
+time is well above its CPU time waited: for the GIL, or, on a machine without a free
+core, for one.
 
     python -m bench.sample_read [--size 256MiB] [--batch-size 256] [--passes 3]
         [--threads 0,1,2,4,8]
