@@ -126,7 +126,8 @@ def gathered(
     makes them, leases and plan caches included, stays single-threaded). A chunk is
     consecutive items of one gatherer (window), as many as `chunk_batches` allows for
     `chunk_bytes` (0: one item each), gathered with one copy and handed out as slices
-    (`selections.gather_many`).
+    (`selections.gather_many`). A chunk whose gather fails raises when the caller reaches
+    its first batch: the chunks before it are handed out whole, nothing of it.
     """
     if threads <= 1:
         try:

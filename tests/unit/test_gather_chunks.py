@@ -4,6 +4,7 @@ to each batch gathered alone, in order, never mixing windows, the first chunks s
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Generator, Sequence
 from pathlib import Path
 
@@ -134,3 +135,28 @@ def test_chunks_pull_at_most_most_ahead_items_beyond_the_one_handed_over(
         assert pulled <= handed + gather_ahead.most_ahead(2)
     ahead.close()
     assert gather_ahead.most_ahead(1) == 0
+
+
+def test_a_failed_chunk_raises_after_the_chunks_before_it_and_stops_the_threads(
+    sources: list[pa.RecordBatch], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planned = selections_of(gather.Gatherer(sources), [2] * 30, seed=10)
+    many = selections.gather_many
+
+    def failing(chunk: Sequence[selections.Selection]) -> list[pa.RecordBatch]:
+        if chunk[0] is planned[7]:  # the third chunk: batches 7 to 14
+            raise OSError("chunk failed")
+        return many(chunk)
+
+    monkeypatch.setattr(selections, "gather_many", failing)
+
+    def items() -> Generator[tuple[int, selections.Selection], None, None]:
+        yield from enumerate(planned)
+
+    got: list[int] = []
+    with pytest.raises(OSError, match="chunk failed"):
+        for key, _ in gather_ahead.gathered(items(), threads=2, chunk_bytes=1 << 30):
+            got.append(key)
+    # Chunks of 1, 2 and 4 batches came first, whole; nothing of the failed one.
+    assert got == list(range(7))
+    assert not [t for t in threading.enumerate() if t.name.startswith(gather_ahead.THREAD_NAME)]
