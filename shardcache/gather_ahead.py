@@ -40,7 +40,7 @@ import collections
 import concurrent.futures
 import os
 from collections.abc import Generator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -68,6 +68,12 @@ AHEAD_PER_THREAD = 2
 #: slices of it (see `gathered`).
 CHUNK_BYTES = 16 << 20
 INLINE_CHUNK_BYTES = 16777216
+#: Chunks are queued from at most this many windows at once: the one the caller reads
+#: and the next (what the sidecar prefetches, `windows.next_shards`). A window's shards
+#: are leased while a queued chunk reads them, and small windows would otherwise let
+#: `threads * AHEAD_PER_THREAD` chunks lease as many windows. With the next chunk's
+#: first batch (planned to find its window), at most one more window is leased.
+WINDOWS_AHEAD = 2
 #: The most batches in one chunk, whatever their size (it bounds how far the plan, and
 #: so the leases, run ahead of the caller).
 MAX_CHUNK_BATCHES = 16
@@ -145,20 +151,26 @@ def gathered(
     queue: collections.deque[tuple[list[K], concurrent.futures.Future[list[pa.RecordBatch]]]] = (
         collections.deque()
     )
-    planned = _chunks(items, chunk_bytes)
-    exhausted = False
+    chunker = _Chunker(items, chunk_bytes)
+    # The window (gatherer) of each queued chunk, in the queue's order.
+    windows: collections.deque[object] = collections.deque()
     try:
         while True:
-            while not exhausted and len(queue) < depth:
-                try:
-                    keys, chunk = next(planned)
-                except StopIteration:
-                    exhausted = True
+            while len(queue) < depth:
+                upcoming = chunker.peek()
+                if upcoming is None:
                     break
+                if upcoming.gatherer not in windows and len(set(map(id, windows))) >= (
+                    WINDOWS_AHEAD
+                ):
+                    break
+                keys, chunk = chunker.take()
                 queue.append((keys, pool.submit(selections_.gather_many, chunk)))
+                windows.append(chunk[0].gatherer)
             if not queue:
                 return
             keys, future = queue.popleft()
+            windows.popleft()
             for key, batch in zip(keys, future.result(), strict=True):
                 yield key, batch
     finally:
@@ -171,34 +183,41 @@ def gathered(
         items.close()
 
 
-def _chunks(
-    items: Generator[tuple[K, selections.Selection], None, None], chunk_bytes: int
-) -> Generator[tuple[list[K], list[selections.Selection]], None, None]:
+class _Chunker(Generic[K]):
     """`items` cut into chunks: consecutive items of one gatherer, at most
     `chunk_batches` of them (one each where `chunk_bytes` is 0). The first chunks are
     small, so the first batch comes after one batch's gather, not a whole chunk's: the
-    n-th chunk holds at most 2**n items. Closing this leaves `items` open."""
-    # An item pulled that starts the next chunk (another gatherer, or the chunk full).
-    held: tuple[K, selections.Selection] | None = None
-    ramp = 1
-    while True:
+    n-th chunk holds at most 2**n items. An item is pulled from `items` (and its window
+    leased) only by `peek`, for the next chunk, or while a chunk is filled."""
+
+    def __init__(
+        self, items: Generator[tuple[K, selections.Selection], None, None], chunk_bytes: int
+    ) -> None:
+        self._items = items
+        self._chunk_bytes = chunk_bytes
+        self._held: tuple[K, selections.Selection] | None = None
+        self._ramp = 1
+
+    def peek(self) -> selections.Selection | None:
+        """The next chunk's first selection (None when `items` is exhausted)."""
+        if self._held is None:
+            self._held = next(self._items, None)
+        return None if self._held is None else self._held[1]
+
+    def take(self) -> tuple[list[K], list[selections.Selection]]:
+        """The next chunk's keys and selections (empty when `items` is exhausted)."""
         keys: list[K] = []
         chunk: list[selections.Selection] = []
         limit = 1
         while len(chunk) < limit:
-            if held is None:
-                held = next(items, None)
-                if held is None:
-                    break
-            key, selection = held
-            if chunk and selection.gatherer is not chunk[0].gatherer:
+            selection = self.peek()
+            if selection is None or (chunk and selection.gatherer is not chunk[0].gatherer):
                 break
-            if not chunk and chunk_bytes:
-                limit = min(ramp, chunk_batches(selection, chunk_bytes))
-                ramp *= 2
-            keys.append(key)
+            if not chunk and self._chunk_bytes:
+                limit = min(self._ramp, chunk_batches(selection, self._chunk_bytes))
+                self._ramp *= 2
+            assert self._held is not None
+            keys.append(self._held[0])
             chunk.append(selection)
-            held = None
-        if not chunk:
-            return
-        yield keys, chunk
+            self._held = None
+        return keys, chunk

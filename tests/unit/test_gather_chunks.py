@@ -160,3 +160,30 @@ def test_a_failed_chunk_raises_after_the_chunks_before_it_and_stops_the_threads(
     # Chunks of 1, 2 and 4 batches came first, whole; nothing of the failed one.
     assert got == list(range(7))
     assert not [t for t in threading.enumerate() if t.name.startswith(gather_ahead.THREAD_NAME)]
+
+
+@pytest.mark.parametrize("chunk_bytes", [0, 1 << 30])
+def test_gathering_ahead_plans_into_at_most_three_windows_the_callers_included(
+    sources: list[pa.RecordBatch], chunk_bytes: int
+) -> None:
+    # Small windows of 3 batches each: without the bound, 8 chunks ahead would plan (and
+    # lease) 8 windows.
+    planned = [
+        s for w in range(30) for s in selections_of(gather.Gatherer(sources), [1] * 3, seed=w)
+    ]
+    pulled = 0
+
+    def items() -> Generator[tuple[int, selections.Selection], None, None]:
+        nonlocal pulled
+        for n, selection in enumerate(planned):
+            pulled = n + 1
+            yield n, selection
+
+    ahead = gather_ahead.gathered(items(), threads=4, chunk_bytes=chunk_bytes)
+    most = 0
+    for handed, _ in ahead:
+        # The caller's window, the next, and the window of the next chunk's first batch.
+        windows = {id(s.gatherer) for s in planned[handed:pulled]}
+        most = max(most, len(windows))
+        assert len(windows) <= 3
+    assert most == 3
