@@ -11,11 +11,16 @@ files on /dev/shm and memory-mapped (as the cache serves them), batches of
 - `packed`: the same tokens cut into rows of `--packed` tokens, gathered at random: the
   gather's one-length path, one `memmove` per row in one numpy call, with no per-row
   bookkeeping at all, so about the fastest a copy of randomly placed rows runs here;
-- `packed-copy`: that gather without the sum: the copy alone.
+- `packed-copy`: that gather without the sum: the copy alone;
+- `sample-copy`: sample mode's gather without the sum: its copy alone;
+- `memcpy`: the same bytes as `sample` copied in the files' order, one numpy copy of
+  each batch's contiguous token range into a new array: the floor of any copy of them
+  here, with no random access at all (what `sample-copy` is read against).
 
 The gap between `packed` and `block` is what any copying gather pays on this machine for
 reading rows at random places instead of one sequential stream (DRAM latency per row);
-the gap between `sample` and `packed`, what the ragged rows cost on top.
+the gap between `sample` and `packed`, what the ragged rows cost on top; the gap between
+`sample-copy` and `memcpy`, what the random placement costs a copy of the same bytes.
 
     python -m bench.gather_floor [--size 256MiB] [--batch-size 256] [--passes 5]
 """
@@ -67,6 +72,21 @@ def block_pass(sources: list[pa.RecordBatch], size: int) -> int:
     return sum(summed(s.slice(a, size)) for s in sources for a in range(0, len(s), size))
 
 
+def memcpy_pass(sources: list[pa.RecordBatch], size: int) -> int:
+    """The tokens of every `size` consecutive rows copied by one numpy copy each."""
+    total = 0
+    for s in sources:
+        tokens = s.column("tokens")
+        values = np.frombuffer(tokens.values.buffers()[1], dtype=np.int32)
+        offsets = np.frombuffer(tokens.buffers()[1], dtype=np.int32)
+        base = tokens.values.offset
+        for a in range(tokens.offset, tokens.offset + len(tokens), size):
+            lo = base + int(offsets[a])
+            hi = base + int(offsets[min(a + size, tokens.offset + len(tokens))])
+            total += len(values[lo:hi].copy())
+    return total
+
+
 def gather_pass(sources: list[pa.RecordBatch], size: int, *, touch: bool = True) -> int:
     """Every row once, in a random order, `size` rows per gathered batch."""
     counts = np.asarray([len(s) for s in sources])
@@ -100,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             "sample": lambda: gather_pass(ragged, size),
             "packed": lambda: gather_pass(fixed, size),
             "packed-copy": lambda: gather_pass(fixed, size, touch=False),
+            "sample-copy": lambda: gather_pass(ragged, size, touch=False),
+            "memcpy": lambda: memcpy_pass(ragged, size),
         }
         seconds: dict[str, list[float]] = {v: [] for v in variants}
         sums: dict[str, set[int]] = {v: set() for v in variants}
@@ -131,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"RESULT sample_vs_block={rate['sample'] / rate['block']:.2f} "
-        f"packed_vs_block={rate['packed'] / rate['block']:.2f}"
+        f"packed_vs_block={rate['packed'] / rate['block']:.2f} "
+        f"sample_copy_vs_memcpy={rate['sample-copy'] / rate['memcpy']:.2f}"
     )
     return 0
 

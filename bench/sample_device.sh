@@ -7,7 +7,7 @@
 # passes alternating. One line per pool size with the CPU it used; RESULT last
 # (sample at the default pool size vs block, and the best size). Under each sample line
 # a timed pass says where a batch's time went: the consumer thread's CPU, and a
-# gather's CPU and wall time (wall well above CPU: it waited for the GIL). That machine has
+# gathering's CPU and wall time per batch (wall well above CPU: it waited for the GIL). That machine has
 # python3 with pyarrow and numpy but no network: the project runs from this tree on
 # PYTHONPATH. Run from the repository root:   OUT=/some/dir bash bench/sample_device.sh
 # Writes $OUT/bench-sample.txt and $OUT/machine.txt. About 60-90 s there (the dataset's

@@ -102,9 +102,10 @@ def open(
 
     `gather_threads` (sample mode): threads that gather the next batches while the
     caller works on the current one; 0 or 1 gathers each batch in the caller's thread.
-    Left out, one per CPU the container's quota allows but one, at most 8 (inline with
-    two CPUs or fewer). It changes no batch,
-    order or position (docs/reading-plan.md, "Gathering ahead").
+    Left out, one per CPU the container's quota allows but one, at most 4 (inline with
+    two CPUs or fewer). Gathering ahead copies consecutive batches in chunks of about
+    16 MiB. It changes no batch, order or position (docs/reading-plan.md, "Gathering
+    ahead").
 
     `digest` pins the manifest: a dataset that differs is an error.
     `resume_from` ("latest", a step, or a checkpoint directory) continues the data

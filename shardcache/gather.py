@@ -80,6 +80,10 @@ class Gatherer:
     def __init__(self, sources: Sequence[pa.RecordBatch]) -> None:
         self.sources = list(sources)
         self.schema = self.sources[0].schema
+        rows = sum(src.num_rows for src in self.sources)
+        #: Mean bytes of a row over the sources (the columns they have): what sizes a
+        #: chunk of batches gathered at once (`shardcache.gather_ahead`).
+        self.row_bytes = sum(src.nbytes for src in self.sources) / max(1, rows)
         self._fixed: dict[int, _Fixed | None] = {}
         self._spans: dict[int, _Span | None] = {}
         self._building = threading.Lock()
@@ -318,8 +322,10 @@ class _Span:
         )
         # One length for every row (the gaps between sources are no rows) is decided
         # here, once per window, not per batch.
-        lengths = np.unique(np.concatenate([np.diff(b) for b in bounds]))
-        size = int(lengths[0]) if len(lengths) == 1 else 0
+        # (The least and the most, not `np.unique`: its sort or hash cost a millisecond a
+        # window of 65,536 rows, every epoch.)
+        lengths = np.concatenate([np.diff(b) for b in bounds])
+        size = int(lengths[0]) if len(lengths) and lengths.min() == lengths.max() else 0
         items = (
             np.ndarray(
                 shape=(span.size - size + 1,),

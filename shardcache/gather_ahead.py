@@ -9,11 +9,23 @@ one another's, and the gather's kernels (numpy's fancy indexing, Arrow's `take`)
 release the GIL: so while the consumer works on batch n, the next batches are gathered
 on a small pool of threads.
 
-What does not change: the batches are the same, in the same order (batch n is still
-`Selection.gather()` of the n-th selection, and they are handed over in order), and the
-position (`state_dict()`) moves only when a batch is handed over; gathered batches not
-handed over yet are dropped, never counted. Memory is bounded: at most `depth` batches
-are gathered or being gathered beyond the one the consumer holds.
+Gathering ahead, consecutive batches of one window are gathered in chunks: one copy of
+all their rows (about `CHUNK_BYTES`, at most `MAX_CHUNK_BATCHES` batches), handed out
+as zero-copy slices of it (`selections.gather_many`). A gather's fixed cost under the
+GIL (the numpy and Arrow calls around the copy) and the hand-over through a future are
+paid once a chunk, and a thread runs one long copy without the GIL instead of many short
+ones that each take it back: per-batch gathers on two threads were no faster than one
+inline on the 2-core bench machine, chunks of 16 MiB were (docs/benchmarks.md, "Sample
+mode, session 7"). The first chunks of an iteration are one batch, then two, four, ...,
+so the first batch waits for one batch's gather, not a chunk's.
+
+What does not change: the batches are the same, in the same order (batch n is the
+n-th selection's rows, byte for byte what `Selection.gather()` makes, and they are
+handed over in order), and the position (`state_dict()`) moves only when a batch is
+handed over; gathered batches not handed over yet are dropped, never counted. Memory is
+bounded: at most `threads * AHEAD_PER_THREAD` chunks are gathered or being gathered
+beyond the one the consumer takes batches from, and a batch handed out keeps its whole
+chunk's buffers alive while the caller holds it.
 
 The pool lives as long as one iteration: closing the iterator (or dropping it, or the
 end of the epoch) cancels what was queued, waits for the gathers running (they read
@@ -28,7 +40,7 @@ import collections
 import concurrent.futures
 import os
 from collections.abc import Generator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -48,9 +60,23 @@ THREAD_NAME = "shardcache-gather"
 #: device (2026-11-26 15:08 UTC) 2 threads gave 0.43x block mode, 4 gave 0.36x, 8 and
 #: 16 less (docs/benchmarks.md, "Sample mode under the GIL").
 MAX_DEFAULT_THREADS = 4
-#: Batches gathered (or being gathered) ahead, per thread: one running and one done
+#: Chunks gathered (or being gathered) ahead, per thread: one running and one done
 #: and waiting keeps every thread busy while the consumer takes the oldest.
 AHEAD_PER_THREAD = 2
+#: Bytes one gather copies at once when gathering ahead (`chunk_bytes`): consecutive
+#: batches of one window are gathered by one copy of this size or so and handed out as
+#: slices of it (see `gathered`).
+CHUNK_BYTES = 16 << 20
+INLINE_CHUNK_BYTES = 16777216
+#: Chunks are queued from at most this many windows at once: the one the caller reads
+#: and the next (what the sidecar prefetches, `windows.next_shards`). A window's shards
+#: are leased while a queued chunk reads them, and small windows would otherwise let
+#: `threads * AHEAD_PER_THREAD` chunks lease as many windows. With the next chunk's
+#: first batch (planned to find its window), at most one more window is leased.
+WINDOWS_AHEAD = 2
+#: The most batches in one chunk, whatever their size (it bounds how far the plan, and
+#: so the leases, run ahead of the caller).
+MAX_CHUNK_BATCHES = 16
 
 K = TypeVar("K")
 
@@ -76,16 +102,38 @@ def check_threads(value: object, *, where: str = "gather_threads") -> int:
     return value
 
 
+def most_ahead(threads: int) -> int:
+    """The most batches planned (their windows leased) beyond the one the caller holds,
+    gathering ahead on `threads` threads: `threads * AHEAD_PER_THREAD` chunks of at most
+    `MAX_CHUNK_BATCHES`, and the batch that starts the next chunk (0 inline)."""
+    return 0 if threads <= 1 else threads * AHEAD_PER_THREAD * MAX_CHUNK_BATCHES + 1
+
+
+def chunk_batches(selection: selections.Selection, chunk_bytes: int) -> int:
+    """How many batches like `selection` one gather copies at once: as many as fit
+    in `chunk_bytes` (by its gatherer's mean row size), at least 1, at most
+    `MAX_CHUNK_BATCHES`."""
+    batch_bytes = max(1.0, len(selection) * selection.gatherer.row_bytes)
+    return max(1, min(MAX_CHUNK_BATCHES, int(chunk_bytes // batch_bytes)))
+
+
 def gathered(
-    items: Generator[tuple[K, selections.Selection], None, None], *, threads: int
+    items: Generator[tuple[K, selections.Selection], None, None],
+    *,
+    threads: int,
+    chunk_bytes: int = 0,
 ) -> Generator[tuple[K, pa.RecordBatch], None, None]:
     """Each item's key with its selection gathered, in the items' order; `items` is
     closed when this is (after the gathers running are done).
 
     `threads` <= 1 gathers each one when it is asked for, in the caller's thread. More
-    gather up to `threads * AHEAD_PER_THREAD` items ahead on that many threads: items are
-    pulled from `items` ahead of the caller, in the caller's thread (so whatever makes
-    them, leases and plan caches included, stays single-threaded).
+    gather up to `threads * AHEAD_PER_THREAD` chunks ahead on that many threads: items
+    are pulled from `items` ahead of the caller, in the caller's thread (so whatever
+    makes them, leases and plan caches included, stays single-threaded). A chunk is
+    consecutive items of one gatherer (window), as many as `chunk_batches` allows for
+    `chunk_bytes` (0: one item each), gathered with one copy and handed out as slices
+    (`selections.gather_many`). A chunk whose gather fails raises when the caller reaches
+    its first batch: the chunks before it are handed out whole, nothing of it.
     """
     if threads <= 1:
         try:
@@ -94,26 +142,37 @@ def gathered(
         finally:
             items.close()
         return
+    # numpy's, like the selections themselves: imported only once gathering ahead.
+    from shardcache import selections as selections_
+
     depth = threads * AHEAD_PER_THREAD
     pid = os.getpid()
     pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=THREAD_NAME)
-    queue: collections.deque[tuple[K, concurrent.futures.Future[pa.RecordBatch]]] = (
+    queue: collections.deque[tuple[list[K], concurrent.futures.Future[list[pa.RecordBatch]]]] = (
         collections.deque()
     )
-    exhausted = False
+    chunker = _Chunker(items, chunk_bytes)
+    # The window (gatherer) of each queued chunk, in the queue's order.
+    windows: collections.deque[object] = collections.deque()
     try:
         while True:
-            while not exhausted and len(queue) < depth:
-                try:
-                    key, selection = next(items)
-                except StopIteration:
-                    exhausted = True
+            while len(queue) < depth:
+                upcoming = chunker.peek()
+                if upcoming is None:
                     break
-                queue.append((key, pool.submit(selection.gather)))
+                if upcoming.gatherer not in windows and len(set(map(id, windows))) >= (
+                    WINDOWS_AHEAD
+                ):
+                    break
+                keys, chunk = chunker.take()
+                queue.append((keys, pool.submit(selections_.gather_many, chunk)))
+                windows.append(chunk[0].gatherer)
             if not queue:
                 return
-            key, future = queue.popleft()
-            yield key, future.result()
+            keys, future = queue.popleft()
+            windows.popleft()
+            for key, batch in zip(keys, future.result(), strict=True):
+                yield key, batch
     finally:
         for _, future in queue:
             future.cancel()
@@ -122,3 +181,43 @@ def gathered(
             # on, which closing it (the caller's part) releases.
             pool.shutdown(wait=True, cancel_futures=True)
         items.close()
+
+
+class _Chunker(Generic[K]):
+    """`items` cut into chunks: consecutive items of one gatherer, at most
+    `chunk_batches` of them (one each where `chunk_bytes` is 0). The first chunks are
+    small, so the first batch comes after one batch's gather, not a whole chunk's: the
+    n-th chunk holds at most 2**n items. An item is pulled from `items` (and its window
+    leased) only by `peek`, for the next chunk, or while a chunk is filled."""
+
+    def __init__(
+        self, items: Generator[tuple[K, selections.Selection], None, None], chunk_bytes: int
+    ) -> None:
+        self._items = items
+        self._chunk_bytes = chunk_bytes
+        self._held: tuple[K, selections.Selection] | None = None
+        self._ramp = 1
+
+    def peek(self) -> selections.Selection | None:
+        """The next chunk's first selection (None when `items` is exhausted)."""
+        if self._held is None:
+            self._held = next(self._items, None)
+        return None if self._held is None else self._held[1]
+
+    def take(self) -> tuple[list[K], list[selections.Selection]]:
+        """The next chunk's keys and selections (empty when `items` is exhausted)."""
+        keys: list[K] = []
+        chunk: list[selections.Selection] = []
+        limit = 1
+        while len(chunk) < limit:
+            selection = self.peek()
+            if selection is None or (chunk and selection.gatherer is not chunk[0].gatherer):
+                break
+            if not chunk and self._chunk_bytes:
+                limit = min(self._ramp, chunk_batches(selection, self._chunk_bytes))
+                self._ramp *= 2
+            assert self._held is not None
+            keys.append(self._held[0])
+            chunk.append(selection)
+            self._held = None
+        return keys, chunk

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -104,3 +105,31 @@ class Selection:
         # Python 3.12 every `cached_property` of a class shares one lock.
         source_of, row_of = self._locate()
         return self.gatherer.gather(source_of, row_of)
+
+
+def gather_many(chunk: Sequence[Selection]) -> list[pa.RecordBatch]:
+    """The batches of `chunk` (consecutive selections of one gatherer) gathered with
+    one copy: one gather of all their rows, handed out as zero-copy slices of it, in
+    order. Each is the batch `Selection.gather()` makes, row for row and byte for byte;
+    the slices share the one gathered batch's buffers, which live while any slice does.
+
+    Why: a gather's fixed cost (the numpy and Arrow calls around the copy, under the
+    GIL) is paid once per chunk, not once per batch, and a gather thread runs one long
+    copy without the GIL instead of many short ones that each take it back
+    (docs/benchmarks.md, "Sample mode, session 7").
+    """
+    if len(chunk) == 1:
+        return [chunk[0].gather()]
+    first = chunk[0]
+    if any(s.gatherer is not first.gatherer for s in chunk):
+        raise ValueError("gather_many: the selections are of different gatherers (windows)")
+    # Every selection of one gatherer was planned with the same offsets and slots.
+    indices = np.concatenate([s.indices for s in chunk])
+    shard_of, row_of = sequences.locate(first.shard_offsets, first.total, indices, checked=False)
+    batch = first.gatherer.gather(first.slots[shard_of], row_of)
+    out: list[pa.RecordBatch] = []
+    at = 0
+    for s in chunk:
+        out.append(batch.slice(at, len(s)))
+        at += len(s)
+    return out

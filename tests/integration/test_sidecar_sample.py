@@ -129,8 +129,8 @@ def test_the_reader_holds_every_shard_of_its_window_while_it_gathers(
     seq = ds.sequence()
     position = 0
     # Gathering ahead, the reader also holds the windows of the batches it gathers
-    # ahead (at most depth more), never those of windows it has handed over.
-    ahead = 0 if threads <= 1 else threads * gather_ahead.AHEAD_PER_THREAD
+    # ahead (at most `most_ahead` more), never those of windows it has handed over.
+    ahead = gather_ahead.most_ahead(threads)
     for batch in ds.batches(70):
         held = {s for s, n in shards.held.items() if n}
         window = set(seq.window_shards(position, position + batch.num_rows))

@@ -19,7 +19,10 @@ from shardcache.node import quotas
 
 
 class FakeSelection:
-    """A selection whose gather takes a random while: finishing out of order."""
+    """A selection whose gather takes a random while: finishing out of order. All are of
+    one window (`gatherer`)."""
+
+    gatherer = object()
 
     def __init__(self, n: int, *, delay: float = 0.0, fail: bool = False) -> None:
         self.n = n
