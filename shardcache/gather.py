@@ -181,7 +181,7 @@ class _Fixed:
         low = min(s for s, a in zip(starts, arrays, strict=True) if len(a))
         high = max(ends)
         span = pa.foreign_buffer(low, high - low, base=list(arrays))
-        items = np.ndarray(
+        items: npt.NDArray[np.void] = np.ndarray(
             shape=((high - low) - width + 1,),
             dtype=np.dtype(f"V{width}"),
             buffer=span,
@@ -326,7 +326,7 @@ class _Span:
         # window of 65,536 rows, every epoch.)
         lengths = np.concatenate([np.diff(b) for b in bounds])
         size = int(lengths[0]) if len(lengths) and lengths.min() == lengths.max() else 0
-        items = (
+        items: npt.NDArray[np.void] | None = (
             np.ndarray(
                 shape=(span.size - size + 1,),
                 dtype=np.dtype(f"V{size}"),

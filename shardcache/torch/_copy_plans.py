@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.types as patypes
 
@@ -82,7 +83,7 @@ class Column:
 
 @dataclasses.dataclass(slots=True)
 class _OffsetsPiece:
-    source: np.ndarray  # n + 1 offsets of a piece, a view of its offsets buffer
+    source: npt.NDArray[Any]  # n + 1 offsets of a piece, a view of its offsets buffer
     at: int  # where offsets[1:] land in the window's offsets
     base: int  # the piece's first value's index in the batch
 
@@ -99,7 +100,7 @@ class Plan:
     _pieces: list[_OffsetsPiece] = dataclasses.field(default_factory=list)
     _starts: list[int] = dataclasses.field(default_factory=list)
 
-    def fill_offsets(self, out: np.ndarray) -> None:
+    def fill_offsets(self, out: npt.NDArray[Any]) -> None:
         """Write the window's rebased offsets (`offsets_count` int64) into `out`: each
         batch's list column from 0, one numpy subtraction per piece."""
         for index in self._starts:
@@ -115,7 +116,7 @@ class Plan:
                 dtype=np.int64,
             )
 
-    def longest(self, offsets: np.ndarray, column: Column) -> int:
+    def longest(self, offsets: npt.NDArray[Any], column: Column) -> int:
         """The longest list of `column` (after `fill_offsets` wrote `offsets`)."""
         assert column.offsets is not None
         first, last = column.offsets
@@ -177,7 +178,7 @@ def _values(array: pa.Array, kind: _Kind) -> _Span | None:
     return _Span(data.address + array.offset * kind.width, n * kind.width, data)
 
 
-def _list_values(array: pa.Array, kind: _Kind) -> tuple[_Span | None, np.ndarray]:
+def _list_values(array: pa.Array, kind: _Kind) -> tuple[_Span | None, npt.NDArray[Any]]:
     """A list array's value bytes and its n + 1 offsets (a zero-copy numpy view)."""
     buffers = array.buffers()
     if buffers[0] is not None and array.null_count:

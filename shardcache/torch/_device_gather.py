@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from shardcache import batching, selections
@@ -63,10 +64,10 @@ class _Column:
     #: The window's values on the device, in block-level row order.
     values: torch.Tensor
     #: List columns: the window's offsets (int64, rows + 1, from 0), on the host.
-    offsets: np.ndarray | None
+    offsets: npt.NDArray[Any] | None
     #: List columns: each row's length, computed once per window (a batch then takes
     #: its rows' starts and lengths with one fancy index each).
-    lengths: np.ndarray | None = dataclasses.field(init=False)
+    lengths: npt.NDArray[Any] | None = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         self.lengths = None if self.offsets is None else np.diff(self.offsets)
@@ -293,7 +294,7 @@ class _Index:
         self.size += count
         return start, self.size
 
-    def fill(self, out: np.ndarray) -> None:
+    def fill(self, out: npt.NDArray[Any]) -> None:
         """Write the index into `out` (`size` int64), and set the totals and longest."""
         for part, (a, b) in zip(self._parts, self.rows, strict=True):
             out[a:b] = part.rows
