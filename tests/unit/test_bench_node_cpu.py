@@ -27,7 +27,8 @@ def test_a_few_milliseconds_of_cpu_are_counted_finer_than_a_clock_tick() -> None
     took = node_probes.cpu_seconds(os.getpid()) - before
     loop = node_probes.cpu_seconds(os.getpid(), thread=threading.get_native_id()) - loop_before
     assert 0.003 <= loop <= 0.006
-    assert loop <= took <= 0.008
+    # The process's count has the thread's (other threads of the test run may add more).
+    assert took >= loop - 0.0005
 
 
 def test_the_cpu_of_a_thread_that_exited_is_still_counted() -> None:
