@@ -161,6 +161,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="sample the sidecar with py-spy during the warm passes into this "
         "file (collapsed stacks) and print a summary; inflates its CPU figures",
     )
+    p.add_argument(
+        "--account",
+        action="store_true",
+        help="turn on the sidecar's own account of slow requests and event-loop stalls "
+        "(a 5 ms watchdog and a sampling thread, `service_times`) and print it per K; "
+        "off by default: it costs the figures it explains (docs/benchmarks.md, session 7)",
+    )
     args = p.parse_args(argv)
     if args.passes < 1 or args.shards < 1:
         p.error("--passes and --shards must be >= 1")
@@ -302,7 +309,9 @@ class Bench:
             memory_tier = node_probes.memory_tier_bytes(samples)
             sidecar_pss = node_probes.pss_bytes(self.sidecar_pid)
         slow = ""
-        if self.sidecar_log is not None and self.sidecar_log.exists():
+        if not self.args.account:
+            slow = "   the sidecar's own account of slow requests and stalls: off (--account)"
+        elif self.sidecar_log is not None and self.sidecar_log.exists():
             slow = node_slow.report(node_slow.within(node_slow.read(self.sidecar_log), windows))
         return node_report.KResult(
             k,
@@ -425,8 +434,10 @@ def run(
         # One sidecar serves the node's K ranks: their epochs fill from its start-up.
         contract.ENV_LOCAL_RANKS: str(k_cold),
         # The per-shard timeline of the cold path (`bench.node_timeline`): DEBUG lines
-        # of the `shardcache.node.timeline` logger, in JSON to be read back.
-        contract.ENV_LOG_LEVEL: "DEBUG",
+        # of the `shardcache.node.timeline` logger, in JSON to be read back; with
+        # --account, the sidecar's slow requests and loop stalls too (`node_slow`).
+        contract.ENV_LOG_LEVEL: "INFO,shardcache.node.timeline=DEBUG"
+        + (",shardcache_sidecar.slow=DEBUG" if args.account else ""),
         contract.ENV_LOG_FORMAT: "json",
     }
     if args.fetch_concurrency is not None:

@@ -213,7 +213,8 @@ LOG_LEVEL: Final = Variable(
     parsers.TEXT,
     "INFO",
     _SIDECAR,
-    "Sidecar log level (a Python logging level name).",
+    "Sidecar log level (a Python logging level name), optionally with levels for single "
+    "loggers: INFO,shardcache_sidecar.slow=DEBUG.",
 )
 
 # --- the dataset and its cache ------------------------------------------------------

@@ -84,6 +84,11 @@ class NodeSettings:
     retry: source.RetryPolicy = dataclasses.field(default_factory=source.RetryPolicy)
     #: Longest an acquire waits for room in a full memory tier (seconds).
     wait_timeout: float = 300.0
+    #: This process is the only one that commits or evicts memory-tier entries (the
+    #: sidecar, on its pod's own volume; trainers only lease them): the tier answers
+    #: membership from memory, not with `stat` calls on the sidecar's event loop
+    #: (`tiers._membership`). False in embedded mode, where processes may share a dir.
+    memory_sole_writer: bool = False
 
 
 class NodeObserver(tiers.TierObserver, Protocol):
@@ -243,6 +248,7 @@ class CacheNode:
             hashed=False,
             observer=self._events,
             wait_timeout=settings.wait_timeout,
+            sole_writer=settings.memory_sole_writer,
         )
         # Memory-tier keys by shard, computed once: a key is a sha256 of the shard's
         # identity, and the prefetcher looks up several at every request.

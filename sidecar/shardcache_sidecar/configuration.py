@@ -164,6 +164,8 @@ class Settings:
             memory_limit=self.memory_limit,
             prefetch_depth=self.prefetch_depth,
             fetch_concurrency=self.fetch_concurrency,
+            # The pod's own memory volume: no other process commits or evicts there.
+            memory_sole_writer=True,
         )
 
 

@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any
 
+from shardcache import errors
+
 # Attributes every LogRecord has; anything else came in through `extra=`.
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
@@ -36,6 +38,12 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(fmt: str, level: str) -> None:
+    """Log to stderr in `fmt` at `level`: a level name, optionally followed by levels
+    for single loggers, `INFO,shardcache.node.timeline=DEBUG`. Why per logger: the
+    DEBUG lines a benchmark reads back (the cold path's timeline) are cheap, while the
+    sidecar's own account of slow requests (`server.service_times`, on when its logger
+    is at DEBUG) runs a watchdog and a sampling thread that cost what they measure."""
+    root_level, loggers = levels(level)
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
@@ -43,6 +51,31 @@ def configure(fmt: str, level: str) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    root.setLevel(root_level)
     # One line per probe would drown everything else.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    for name, named_level in loggers.items():
+        logging.getLogger(name).setLevel(named_level)
+
+
+def levels(text: str) -> tuple[str, dict[str, str]]:
+    """`LEVEL[,logger=LEVEL...]` as (the root's level, levels by logger name); raises
+    InputError naming the part that is not a level."""
+    root, *named = (part.strip() for part in text.split(","))
+    loggers: dict[str, str] = {}
+    for part in named:
+        name, equals, level = (item.strip() for item in part.partition("="))
+        if not equals or not name:
+            raise errors.InputError(
+                f"log level {text!r}: expected LEVEL or LEVEL,logger=LEVEL,..., found {part!r}"
+            )
+        loggers[name] = _level(level, text)
+    return _level(root, text), loggers
+
+
+def _level(name: str, text: str) -> str:
+    if not isinstance(logging.getLevelName(name.upper()), int):
+        raise errors.InputError(
+            f"log level {text!r}: {name!r} is not a level name (DEBUG, INFO, WARNING, ERROR)"
+        )
+    return name.upper()

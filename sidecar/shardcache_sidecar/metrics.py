@@ -292,6 +292,8 @@ class Metrics:
                 self.corrupted_entries,
             ):
                 counter.labels(tier)
+        # Likewise a hit's child: a `notes` batch counts one per shard a reader pinned.
+        self._hits_by = {tier: self.hits.labels(tier) for tier in TIERS}
 
     def watch(
         self,
@@ -340,7 +342,8 @@ class Metrics:
         child.inc()
 
     def hit(self, tier: str) -> None:
-        self.hits.labels(tier).inc()
+        child = self._hits_by.get(tier)
+        (self.hits.labels(tier) if child is None else child).inc()
 
     def miss(self, tier: str) -> None:
         self.misses.labels(tier).inc()

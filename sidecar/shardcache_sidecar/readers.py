@@ -141,3 +141,10 @@ class Registry(Generic[L]):
 
     def holds(self) -> list[Hold[L]]:
         return list(self._holds.values())
+
+    def next_expiry(self, max_age: float) -> float:
+        """When `expired(max_age)` next has a hold to return, on this registry's clock,
+        if no hold is made before then: the oldest hold's, else `max_age` from now (a
+        hold made later expires later). Holds are kept in the order they were made."""
+        oldest = next(iter(self._holds.values()), None)
+        return (self._clock() if oldest is None else oldest.created) + max_age

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -25,9 +27,15 @@ SHARDS = [300] * 8
 
 
 def make_node(
-    tmp_path: Path, manifest: manifests.Manifest, *, memory_limit: int, concurrency: int
+    tmp_path: Path,
+    manifest: manifests.Manifest,
+    *,
+    memory_limit: int,
+    concurrency: int,
+    sole_writer: bool = False,
 ) -> caches.CacheNode:
     settings = caches.NodeSettings(
+        memory_sole_writer=sole_writer,
         disk_dir=tmp_path / "disk",
         memory_dir=tmp_path / "mem",
         memory_limit=memory_limit,
@@ -257,6 +265,43 @@ def test_a_warm_epoch_start_looks_only_at_the_entering_readers_own_shards(
         # plans), then its readahead window (depth 1: two shards).
         assert len(looked) <= len(own) + 2
         assert set(looked) <= {manifest.decoded_key(s) for s in own}
+        assert node.prefetching() == 0
+        assert read_all(node).equals(expected)
+    finally:
+        node.close()
+
+
+def test_a_warm_epoch_start_of_the_sidecars_cache_makes_no_stat_of_the_memory_tier(
+    tmp_path: Path,
+    dataset: tuple[manifests.Manifest, pa.Table, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The sidecar's memory tier is its own (`memory_sole_writer`): asking which shards
+    # are resident, on the event loop at every epoch start, is a set lookup. Each stat
+    # lets go of the GIL, and the loop then waited for the fetch threads to hand it
+    # back (docs/benchmarks.md, run D: 8-12 ms at a time).
+    manifest, expected, _ = dataset
+    node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=2, sole_writer=True)
+    try:
+        world = 4
+        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=world, block_size=100)
+        for rank in range(world):
+            node.register_reader(f"rank-{rank}", dataclasses.replace(params, rank=rank))
+        settle(node)
+        assert resident(node) == list(range(len(SHARDS)))
+        memory = os.fspath(tmp_path / "mem")
+        stats: list[str] = []
+        real = os.stat
+
+        def counted(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+            stats.append(os.fsdecode(path))
+            return real(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "stat", counted)
+        for rank in range(world):
+            node.update_reader(f"rank-{rank}", epoch=1, position=0)
+        assert [path for path in stats if path.startswith(memory)] == []
+        monkeypatch.undo()
         assert node.prefetching() == 0
         assert read_all(node).equals(expected)
     finally:

@@ -75,3 +75,20 @@ def test_holds_expire_after_the_handoff_timeout_and_go_with_their_reader() -> No
     dropped = registry.drop(other.lease_id)
     assert dropped is not None and dropped.lease == "lease-b2"
     assert registry.holds() == []
+
+
+def test_the_next_expiry_is_the_oldest_holds_so_maintenance_sleeps_until_then() -> None:
+    clock = Clock()
+    registry: readers.Registry[str] = readers.Registry(clock=clock)
+    registry.register("a", plans.PlanParams(), 0)
+    # No hold: nothing can expire before a timeout from now.
+    assert registry.next_expiry(30.0) == 130.0
+    old = registry.hold("a", 0, "lease-a0")
+    clock.now += 20
+    registry.hold("a", 1, "lease-a1")
+    assert registry.next_expiry(30.0) == 130.0
+    # Woken then, the old one expires; the next is the younger one's.
+    clock.now = 130.0
+    assert [h.lease for h in registry.expired(30.0)] == ["lease-a0"]
+    assert registry.next_expiry(30.0) == 150.0
+    assert registry.drop(old.lease_id) is None

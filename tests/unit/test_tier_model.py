@@ -4,7 +4,9 @@ Hypothesis drives insert (get_or_insert), lease (lookup), release and evict in a
 order on one real tier directory. After every step: a leased entry is never evicted
 and reads back its own bytes, the byte limit holds, the leased and resident byte counts
 agree with the model, and every refusal was one the model says was due (the entry can
-never fit, or the room is held by leases).
+never fit, or the room is held by leases). The same machine runs a sole-writer tier
+(`Tier(sole_writer=True)`, membership from memory) and checks its answers against the
+directory's files after every step.
 """
 
 from __future__ import annotations
@@ -56,12 +58,19 @@ def writer(key: str) -> Callable[[Path], None]:
 
 
 class TierModel(stateful.RuleBasedStateMachine):
+    sole_writer = False
+
     def __init__(self) -> None:
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="tier-model-"))
         # No wait: a full tier refuses at once, so each step is one decision to check.
         self.tier = tiers.Tier(
-            self.root / "t", limit_bytes=LIMIT, name="memory", fsync=False, wait_timeout=0
+            self.root / "t",
+            limit_bytes=LIMIT,
+            name="memory",
+            fsync=False,
+            wait_timeout=0,
+            sole_writer=self.sole_writer,
         )
         #: Keys the model knows were committed and not evicted by a rule (the tier may
         #: have evicted unleased ones on its own to make room).
@@ -156,8 +165,19 @@ class TierModel(stateful.RuleBasedStateMachine):
         assert self.tier.resident_bytes() == sum(SIZES[k] for k in resident)
         assert self.tier.leased_bytes() == self.leased_bytes()
 
+    @stateful.invariant()
+    def membership_is_the_directorys(self) -> None:
+        # A sole writer answers from memory: it must name exactly the committed files.
+        on_disk = set(self.tier.keys())
+        assert {key for key in SIZES if self.tier.contains(key)} == on_disk
 
-TierModel.TestCase.settings = hypothesis.settings(
-    max_examples=60, stateful_step_count=30, deadline=None
-)
+
+class SoleWriterTierModel(TierModel):
+    sole_writer = True
+
+
+_SETTINGS = hypothesis.settings(max_examples=60, stateful_step_count=30, deadline=None)
+TierModel.TestCase.settings = _SETTINGS
+SoleWriterTierModel.TestCase.settings = _SETTINGS
 test_the_tier_agrees_with_its_model_under_random_operations = TierModel.TestCase
+test_a_sole_writer_tier_agrees_with_its_model_and_its_files = SoleWriterTierModel.TestCase

@@ -23,6 +23,7 @@ The modules, by what they hold:
 * `_errors`: what an insert raises when an entry does not fit;
 * `_directory`: the tier's files by name, the directory listing, reservations;
 * `_eviction`: which entries make room, least recently used first;
+* `_membership`: a sole writer's committed keys, kept in memory (`Tier(sole_writer=True)`);
 * `_tier`: `Tier`, which does lookups, inserts, eviction and start-up repair with them.
 """
 

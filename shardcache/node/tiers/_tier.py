@@ -20,7 +20,7 @@ from typing import Literal, Protocol
 
 from shardcache import contract, errors, faultpoints
 from shardcache.node import _locks, names
-from shardcache.node.tiers import _directory, _entries, _errors, _eviction
+from shardcache.node.tiers import _directory, _entries, _errors, _eviction, _membership
 
 # Backoff while waiting for leases to be released: first poll soon, then settle at a rate
 # that costs nothing (each poll lists the directory under the tier lock).
@@ -80,11 +80,17 @@ class Tier:
         hashed: bool = True,
         observer: TierObserver | None = None,
         wait_timeout: float = 300.0,
+        sole_writer: bool = False,
     ) -> None:
         """`hashed=False`: meta files carry no sha256 (null, format version 2) unless the
         producer's caller gives one, and an insert never reads its entry back to hash
         it. Only for a tier that never verifies (verify="never"): the memory tier,
-        whose files are decoded from bytes already checked against the manifest."""
+        whose files are decoded from bytes already checked against the manifest.
+
+        `sole_writer=True`: this object is the only one that commits or removes
+        entries in `root` (other processes may lease and read them); membership is
+        then answered from memory (`contains`, and a lookup's miss) instead of with
+        system calls. `_membership` says why that stays exact."""
         if limit_bytes < 0:
             raise errors.InputError(f"{name} tier limit must be >= 0 bytes, found {limit_bytes}")
         if verify not in ("always", "never"):
@@ -109,6 +115,9 @@ class Tier:
         #: Meta files read by lookups, by key, with the (inode, mtime, size) they had:
         #: see `_read_meta`.
         self._metas: dict[str, tuple[tuple[int, int, int], _entries.EntryMeta]] = {}
+        #: The committed keys, kept by this object's commits and removals; None when
+        #: other writers may change the directory (then every answer asks the files).
+        self._members = _membership.Membership(self._files) if sole_writer else None
 
     def __repr__(self) -> str:
         return f"Tier(name={self.name!r}, root={str(self.root)!r}, limit_bytes={self.limit_bytes})"
@@ -238,6 +247,8 @@ class Tier:
                     os.replace(tmp_path, self._files.data(key))
                     faultpoints.reach("cache.insert")
                     os.replace(meta_tmp, self._files.meta(key))
+                    if self._members is not None:
+                        self._members.keys.add(key)
                     _entries.mark_used(
                         self._files.data(key)
                     )  # the newest entry is the last to evict
@@ -291,8 +302,11 @@ class Tier:
         return entry, True
 
     def contains(self, key: str) -> bool:
-        """Whether a committed entry exists (no lease, no verification)."""
+        """Whether a committed entry exists (no lease, no verification). From memory,
+        without a system call, for a `sole_writer` tier."""
         _entries.check_key(key)
+        if self._members is not None:
+            return key in self._members.keys
         return self._files.committed(key)
 
     def keys(self) -> list[str]:
@@ -302,12 +316,23 @@ class Tier:
     def resident_bytes(self) -> int:
         """Bytes of committed entries in this tier, written by any process."""
         with _locks.held(self._files.tier_lock, _locks.SHARED):
-            return sum(st.st_size for st in self._files.listing().committed().values())
+            committed = self._files.listing().committed()
+            self._saw(committed)
+            return sum(st.st_size for st in committed.values())
 
     def used_bytes(self) -> int:
         """What counts against the limit: every data file plus every live reservation."""
         with _locks.held(self._files.tier_lock, _locks.SHARED):
-            return self._files.listing().used
+            listing = self._files.listing()
+            self._saw(listing.committed())
+            return listing.used
+
+    def _saw(self, committed: dict[str, os.stat_result]) -> None:
+        """A listing made under the tier lock is the committed entries exactly: a sole
+        writer's set takes it (`_membership`: what another writer changed, broken
+        promise or not, is seen here at the latest, e.g. at each metrics scrape)."""
+        if self._members is not None:
+            self._members.keys = set(committed)
 
     def leased_bytes(self) -> int:
         """Bytes of entries some process holds a lease on (a snapshot, best effort)."""
@@ -376,6 +401,8 @@ class Tier:
                     _locks.unlink_held(fill, self._files.fill(key))
                     os.close(fill)
             complete = sorted(listing.committed())
+            if self._members is not None:
+                self._members.keys = set(complete)
         counts = {"hit": 0, "missing": 0, "corrupted": 0, "incompatible": 0}
         total = 0
         for key in complete:
@@ -456,7 +483,16 @@ class Tier:
         return fd
 
     def _lookup(self, key: str, *, touch: bool) -> tuple[_entries.Entry | None, _Outcome]:
-        if not self._files.meta(key).exists():  # cheap miss without creating a lock file
+        entry, outcome = self._lookup_files(key, touch=touch)
+        if self._members is not None and outcome != "hit" and key in self._members.keys:
+            self._members.lost(key)  # removed behind our back: see `_membership`
+        return entry, outcome
+
+    def _lookup_files(self, key: str, *, touch: bool) -> tuple[_entries.Entry | None, _Outcome]:
+        if self._members is not None:
+            if key not in self._members.keys:  # a miss without a system call
+                return None, "missing"
+        elif not self._files.meta(key).exists():  # cheap miss without creating a lock file
             return None, "missing"
         lease_fd = _locks.acquire(self._files.lease(key), _locks.SHARED, create=False)
         if lease_fd is None:
@@ -573,6 +609,8 @@ class Tier:
                     current = None
                 if current == data_id:
                     _directory.unlink(self._files.meta(key))
+                    if self._members is not None:
+                        self._members.keys.discard(key)
                     if current is not None:
                         _directory.unlink(self._files.data(key))
         finally:
@@ -589,6 +627,8 @@ class Tier:
             _directory.unlink(
                 self._files.meta(key)
             )  # uncommit first: a reader never sees data without meta
+            if self._members is not None:
+                self._members.keys.discard(key)
             faultpoints.reach("cache.evict")
             _directory.unlink(self._files.data(key))
             _locks.unlink_held(lock, self._files.lease(key))
