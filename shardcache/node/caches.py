@@ -745,6 +745,13 @@ class CacheNode:
         read-ahead off, and the fill with it."""
         if self._closed or self.settings.prefetch_depth == 0:
             return
+        contains, keys = self.memory.contains, self._memory_keys
+        if self.settings.memory_sole_writer and all(contains(key) for key in keys):
+            # Every shard resident (a set lookup each in the sidecar's sole-writer tier;
+            # elsewhere a stat each, so only the reader's own plan is looked at): no
+            # plan to walk for what is missing, at every reader's epoch start.
+            self._fill_warm(reader_id)
+            return
         count = len(self.manifest.shards)
         with self._lock:
             reader = self._readers.get(reader_id)
@@ -765,21 +772,23 @@ class CacheNode:
                 other = dataclasses.replace(params, rank=rank % params.world_size)
                 runs = self._orders.rank_runs(other)
                 lists.append(plans.next_shards(runs, plans.run_ends(runs), reader.position, count))
-        contains, keys = self.memory.contains, self._memory_keys
         if not any(not contains(keys[shard]) for shards in lists for shard in shards):
-            # The warm case: nothing of this reader's epoch is missing. Unless a fill is
-            # still queued (rebuilt without this reader's last epoch, as before), there is
-            # nothing to order: no look at every other reader's plan on the event loop at
-            # every reader's epoch start (K readers x the epoch's shards, two stats each).
-            with self._fill_lock:
-                self._fill_plans.pop(reader_id, None)
-                if not self._fill_rest:
-                    return
-                self._plan_fill()
-            self._top_up()
+            self._fill_warm(reader_id)
             return
         with self._fill_lock:
             self._fill_plans[reader_id] = lists
+            self._plan_fill()
+        self._top_up()
+
+    def _fill_warm(self, reader_id: str) -> None:
+        """The warm case: nothing of reader `reader_id`'s epoch is missing. Unless a fill
+        is still queued (rebuilt without this reader's last epoch, as before), there is
+        nothing to order: no look at every other reader's plan on the event loop at
+        every reader's epoch start."""
+        with self._fill_lock:
+            self._fill_plans.pop(reader_id, None)
+            if not self._fill_rest:
+                return
             self._plan_fill()
         self._top_up()
 

@@ -308,6 +308,39 @@ def test_a_warm_epoch_start_of_the_sidecars_cache_makes_no_stat_of_the_memory_ti
         node.close()
 
 
+def test_a_warm_epoch_start_of_the_sidecars_cache_walks_only_the_readahead_not_the_plan(
+    tmp_path: Path,
+    dataset: tuple[manifests.Manifest, pa.Table, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With every shard resident (a set lookup each in the sidecar's tier), the fill has
+    # nothing to order: the entering reader's whole plan is not walked (it was 13 % of
+    # the sidecar's samples with 8-16 ranks opening at once, docs/benchmarks.md).
+    manifest, expected, _ = dataset
+    node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=2, sole_writer=True)
+    try:
+        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=2, block_size=100)
+        for rank in range(2):
+            node.register_reader(f"rank-{rank}", dataclasses.replace(params, rank=rank))
+        settle(node)
+        assert resident(node) == list(range(len(SHARDS)))
+        asked: list[int] = []
+        real = caches._Reader.upcoming
+
+        def counted(reader: Any, count: int) -> list[int]:
+            asked.append(count)
+            return real(reader, count)
+
+        monkeypatch.setattr(caches._Reader, "upcoming", counted)
+        node.update_reader("rank-0", epoch=1, position=0)
+        assert asked and max(asked) < len(SHARDS)  # the readahead window, not the epoch
+        monkeypatch.undo()
+        assert node.prefetching() == 0
+        assert read_all(node).equals(expected)
+    finally:
+        node.close()
+
+
 def test_a_new_epochs_plan_is_made_on_the_loop_only_when_the_ranks_share_is_small(
     tmp_path: Path,
     dataset: tuple[manifests.Manifest, pa.Table, int],
