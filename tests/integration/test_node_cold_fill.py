@@ -237,20 +237,30 @@ def test_a_startup_plan_for_the_local_ranks_fills_their_epochs_before_they_regis
         node.close()
 
 
+def warm_node(
+    tmp_path: Path, manifest: manifests.Manifest, world: int, *, sole_writer: bool = False
+) -> tuple[caches.CacheNode, plans.PlanParams]:
+    """A node whose `world` registered readers (epoch 0) made every shard resident:
+    the node and rank 0's parameters."""
+    node = make_node(
+        tmp_path, manifest, memory_limit=1 << 30, concurrency=2, sole_writer=sole_writer
+    )
+    params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=world, block_size=100)
+    for rank in range(world):
+        node.register_reader(f"rank-{rank}", dataclasses.replace(params, rank=rank))
+    settle(node)
+    assert resident(node) == list(range(len(SHARDS)))
+    return node, params
+
+
 def test_a_warm_epoch_start_looks_only_at_the_entering_readers_own_shards(
     tmp_path: Path,
     dataset: tuple[manifests.Manifest, pa.Table, int],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     manifest, expected, _ = dataset
-    node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=2)
+    node, params = warm_node(tmp_path, manifest, 4)
     try:
-        world = 4
-        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=world, block_size=100)
-        for rank in range(world):
-            node.register_reader(f"rank-{rank}", dataclasses.replace(params, rank=rank))
-        settle(node)
-        assert resident(node) == list(range(len(SHARDS)))
         looked: list[str] = []
         contains = node.memory.contains
 
@@ -281,14 +291,9 @@ def test_a_warm_epoch_start_of_the_sidecars_cache_makes_no_stat_of_the_memory_ti
     # lets go of the GIL, and the loop then waited for the fetch threads to hand it
     # back (docs/benchmarks.md, run D: 8-12 ms at a time).
     manifest, expected, _ = dataset
-    node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=2, sole_writer=True)
+    world = 4
+    node, _ = warm_node(tmp_path, manifest, world, sole_writer=True)
     try:
-        world = 4
-        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=world, block_size=100)
-        for rank in range(world):
-            node.register_reader(f"rank-{rank}", dataclasses.replace(params, rank=rank))
-        settle(node)
-        assert resident(node) == list(range(len(SHARDS)))
         memory = os.fspath(tmp_path / "mem")
         stats: list[str] = []
         real = os.stat
@@ -317,13 +322,8 @@ def test_a_warm_epoch_start_of_the_sidecars_cache_walks_only_the_readahead_not_t
     # nothing to order: the entering reader's whole plan is not walked (it was 13 % of
     # the sidecar's samples with 8-16 ranks opening at once, docs/benchmarks.md).
     manifest, expected, _ = dataset
-    node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=2, sole_writer=True)
+    node, _ = warm_node(tmp_path, manifest, 2, sole_writer=True)
     try:
-        params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=2, block_size=100)
-        for rank in range(2):
-            node.register_reader(f"rank-{rank}", dataclasses.replace(params, rank=rank))
-        settle(node)
-        assert resident(node) == list(range(len(SHARDS)))
         asked: list[int] = []
         real = caches._Reader.upcoming
 

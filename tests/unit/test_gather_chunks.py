@@ -5,7 +5,7 @@ to each batch gathered alone, in order, never mixing windows, the first chunks s
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -115,24 +115,31 @@ def test_chunks_are_bounded_by_bytes_and_by_a_batch_count() -> None:
     assert fit(1, 1.0, 8 << 20) == gather_ahead.MAX_CHUNK_BATCHES
 
 
+class Pulled:
+    """Planned selections as (key, selection) items, counting those the gatherer pulled."""
+
+    def __init__(self, planned: Sequence[selections.Selection]) -> None:
+        self.planned = planned
+        self.count = 0
+
+    def __iter__(self) -> Iterator[tuple[int, selections.Selection]]:
+        for n, selection in enumerate(self.planned):
+            self.count = n + 1
+            yield n, selection
+
+
 def test_chunks_pull_at_most_most_ahead_items_beyond_the_one_handed_over(
     sources: list[pa.RecordBatch],
 ) -> None:
     gatherer = gather.Gatherer(sources)
     planned = selections_of(gatherer, [1] * 400, seed=9)
-    pulled = 0
-
-    def items() -> Generator[tuple[int, selections.Selection], None, None]:
-        nonlocal pulled
-        for n, selection in enumerate(planned):
-            pulled = n + 1
-            yield n, selection
+    pulled = Pulled(planned)
 
     # Room for far more than MAX_CHUNK_BATCHES batches a chunk.
-    ahead = gather_ahead.gathered(items(), threads=2, chunk_bytes=1 << 30)
+    ahead = gather_ahead.gathered(iter(pulled), threads=2, chunk_bytes=1 << 30)
     for handed in range(1, 200):
         next(ahead)
-        assert pulled <= handed + gather_ahead.most_ahead(2)
+        assert pulled.count <= handed + gather_ahead.most_ahead(2)
     ahead.close()
     assert gather_ahead.most_ahead(1) == 0
 
@@ -171,19 +178,13 @@ def test_gathering_ahead_plans_into_at_most_three_windows_the_callers_included(
     planned = [
         s for w in range(30) for s in selections_of(gather.Gatherer(sources), [1] * 3, seed=w)
     ]
-    pulled = 0
+    pulled = Pulled(planned)
 
-    def items() -> Generator[tuple[int, selections.Selection], None, None]:
-        nonlocal pulled
-        for n, selection in enumerate(planned):
-            pulled = n + 1
-            yield n, selection
-
-    ahead = gather_ahead.gathered(items(), threads=4, chunk_bytes=chunk_bytes)
+    ahead = gather_ahead.gathered(iter(pulled), threads=4, chunk_bytes=chunk_bytes)
     most = 0
     for handed, _ in ahead:
         # The caller's window, the next, and the window of the next chunk's first batch.
-        windows = {id(s.gatherer) for s in planned[handed:pulled]}
+        windows = {id(s.gatherer) for s in planned[handed : pulled.count]}
         most = max(most, len(windows))
         assert len(windows) <= 3
     assert most == 3
