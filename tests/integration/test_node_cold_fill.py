@@ -281,7 +281,7 @@ def test_a_warm_epoch_start_looks_only_at_the_entering_readers_own_shards(
         node.close()
 
 
-def test_a_warm_epoch_start_of_the_sidecars_cache_makes_no_stat_of_the_memory_tier(
+def test_a_warm_epoch_start_of_the_sidecars_cache_makes_no_stat_and_walks_no_plan(
     tmp_path: Path,
     dataset: tuple[manifests.Manifest, pa.Table, int],
     monkeypatch: pytest.MonkeyPatch,
@@ -289,7 +289,9 @@ def test_a_warm_epoch_start_of_the_sidecars_cache_makes_no_stat_of_the_memory_ti
     # The sidecar's memory tier is its own (`memory_sole_writer`): asking which shards
     # are resident, on the event loop at every epoch start, is a set lookup. Each stat
     # lets go of the GIL, and the loop then waited for the fetch threads to hand it
-    # back (docs/benchmarks.md, run D: 8-12 ms at a time).
+    # back (docs/benchmarks.md, run D: 8-12 ms at a time). With every shard resident,
+    # the fill has nothing to order: no reader's whole plan is walked either (13 % of
+    # the sidecar's samples with 8-16 ranks opening at once).
     manifest, expected, _ = dataset
     world = 4
     node, _ = warm_node(tmp_path, manifest, world, sole_writer=True)
@@ -302,38 +304,19 @@ def test_a_warm_epoch_start_of_the_sidecars_cache_makes_no_stat_of_the_memory_ti
             stats.append(os.fsdecode(path))
             return real(path, *args, **kwargs)
 
+        asked: list[int] = []
+        upcoming = caches._Reader.upcoming
+
+        def walked(reader: Any, count: int) -> list[int]:
+            asked.append(count)
+            return upcoming(reader, count)
+
         monkeypatch.setattr(os, "stat", counted)
+        monkeypatch.setattr(caches._Reader, "upcoming", walked)
         for rank in range(world):
             node.update_reader(f"rank-{rank}", epoch=1, position=0)
         assert [path for path in stats if path.startswith(memory)] == []
-        monkeypatch.undo()
-        assert node.prefetching() == 0
-        assert read_all(node).equals(expected)
-    finally:
-        node.close()
-
-
-def test_a_warm_epoch_start_of_the_sidecars_cache_walks_only_the_readahead_not_the_plan(
-    tmp_path: Path,
-    dataset: tuple[manifests.Manifest, pa.Table, int],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # With every shard resident (a set lookup each in the sidecar's tier), the fill has
-    # nothing to order: the entering reader's whole plan is not walked (it was 13 % of
-    # the sidecar's samples with 8-16 ranks opening at once, docs/benchmarks.md).
-    manifest, expected, _ = dataset
-    node, _ = warm_node(tmp_path, manifest, 2, sole_writer=True)
-    try:
-        asked: list[int] = []
-        real = caches._Reader.upcoming
-
-        def counted(reader: Any, count: int) -> list[int]:
-            asked.append(count)
-            return real(reader, count)
-
-        monkeypatch.setattr(caches._Reader, "upcoming", counted)
-        node.update_reader("rank-0", epoch=1, position=0)
-        assert asked and max(asked) < len(SHARDS)  # the readahead window, not the epoch
+        assert asked and max(asked) < len(SHARDS)  # readahead windows, not the epoch
         monkeypatch.undo()
         assert node.prefetching() == 0
         assert read_all(node).equals(expected)
