@@ -2,13 +2,14 @@
 wants the GIL: stat-based (`Tier.contains` asking the files) against a sole writer's
 set (`Tier(sole_writer=True)`, `shardcache.node.tiers._membership`).
 
-    python -m bench.node_membership [--keys 48] [--rounds 200]
+    python -m bench.node_membership [--keys 48] [--rounds 200] [--switch-interval S]
 
 A thread runs pure Python (as a fetch thread's bookkeeping or the thread pool's plan
 does), and the main thread, standing in for the sidecar's loop, asks whether each of
 `--keys` committed entries is resident, `--rounds` times, as a warm epoch start asks for
 a reader's shards. Each `stat` lets go of the GIL; taking it back from a busy thread
-waits for that thread's switch interval (5 ms). Prints the wall time per round: median,
+waits for that thread's switch interval (5 ms by default; the sidecar sets 0.5 ms,
+`shardcache_sidecar.cli.SWITCH_INTERVAL_S`: `--switch-interval` compares). Prints the wall time per round: median,
 p99 and max, for each kind, alternating rounds.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -36,7 +38,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keys", type=int, default=48)
     p.add_argument("--rounds", type=int, default=200)
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval for the run, seconds (default: the interpreter's)",
+    )
     args = p.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     work = Path(
         tempfile.mkdtemp(prefix="scmem-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
     )
@@ -62,7 +72,10 @@ def main() -> None:
         finally:
             stop.set()
             thread.join()
-        print(f"{args.keys} keys per round, {args.rounds} rounds, one busy thread beside")
+        print(
+            f"{args.keys} keys per round, {args.rounds} rounds, one busy thread beside, "
+            f"switch interval {sys.getswitchinterval() * 1e3:g} ms"
+        )
         print(f"{'membership':20} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
         for name, took in times.items():
             took.sort()

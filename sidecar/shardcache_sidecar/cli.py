@@ -69,9 +69,19 @@ def _metavar(kind: str) -> str:
 
 
 _NOT_SETTINGS = {"command", "func"}
+#: How long a thread running Python keeps the GIL while another waits for it (seconds;
+#: CPython's default is 5 ms). Every system call on the event loop (a socket's recv and
+#: send, a lease's flock, a stat) lets the GIL go, and taking it back from a fetch or
+#: pool thread running Python waited up to the whole interval: at 5 ms, a loop asking
+#: 48 stats beside one busy thread took 27-40 ms at the p99, at 0.5 ms 5 ms
+#: (`python -m bench.node_membership --switch-interval`, docs/benchmarks.md). The cost
+#: is more hand-overs between busy threads, whose heavy work (reading, hashing,
+#: decoding) runs in pyarrow and hashlib without the GIL.
+SWITCH_INTERVAL_S = 0.0005
 
 
 def run(args: argparse.Namespace) -> int:
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in _NOT_SETTINGS}
     try:
         settings = configuration.from_env(overrides=overrides)
