@@ -729,24 +729,19 @@ class Dataset:
                 lease.release()
 
     def _timed(self, batches: Generator[B, None, None]) -> Generator[B, None, None]:
-        """`batches`, timing the caller's loop around them (the data-stall signal): from
-        asking for a batch to getting it is waiting on data, from getting one to asking
-        for the next is its step, across epochs too (`StallMeter.handed`). Outermost, so all the work of making a batch (stitching
-        pieces included) counts as waiting."""
-        try:
-            while True:
-                asked = time.perf_counter()
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    self.stalls.ended(asked, time.perf_counter())
-                    return
-                self.stalls.handed(asked, time.perf_counter())
-                if self._stall_reporter is not None:
-                    self._stall_reporter.note_stalls(self._reader_id, self.stalls)
-                yield batch
-        finally:
-            batches.close()  # releases the lease held by an unfinished iteration
+        """`batches`, timing the caller's loop around them (the data-stall signal,
+        `StallMeter.wrap`): from asking for a batch to getting it is waiting on data,
+        from getting one to asking for the next is its step, across epochs too.
+        Outermost, so all the work of making a batch (stitching pieces included) counts
+        as waiting. Closing it closes `batches`, which releases the lease an unfinished
+        iteration holds."""
+        reporter = self._stall_reporter
+
+        def report() -> None:
+            assert reporter is not None
+            reporter.note_stalls(self._reader_id, self.stalls)
+
+        yield from self.stalls.wrap(batches, on_batch=None if reporter is None else report)
 
     def skip_batches(self, batches: int, *, batch_size: int | None = None) -> states.Skip | None:
         """Skip this rank's next `batches` batches without reading them.

@@ -67,7 +67,6 @@ AHEAD_PER_THREAD = 2
 #: batches of one window are gathered by one copy of this size or so and handed out as
 #: slices of it (see `gathered`).
 CHUNK_BYTES = 16 << 20
-INLINE_CHUNK_BYTES = 16777216
 #: Chunks are queued from at most this many windows at once: the one the caller reads
 #: and the next (what the sidecar prefetches, `windows.next_shards`). A window's shards
 #: are leased while a queued chunk reads them, and small windows would otherwise let
@@ -86,7 +85,8 @@ def default_threads(quota: quotas.Quota | None = None, *, sharers: int = 1) -> i
     affinity allow (`shardcache.node.quotas`) less the caller's, at most
     `MAX_DEFAULT_THREADS`. With two CPUs or fewer that is 1, the inline gather: on the
     2-core bench machine two gather threads beside the caller were slower than none
-    (docs/benchmarks.md, "Gathering ahead"). `sharers` processes reading the rank's
+    before chunks, and since then faster only while nothing else wants the second core
+    (docs/benchmarks.md, "Gathering ahead", "Sample mode, session 7"). `sharers` processes reading the rank's
     batches (DataLoader workers) share the CPUs: each gets its part."""
     cpus = (quota or quotas.read()).cpus // max(1, sharers)
     return max(1, min(MAX_DEFAULT_THREADS, cpus - 1))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -85,15 +85,26 @@ class StallMeter:
             "recent_stall_fraction": self.recent_fraction,
         }
 
-    def wrap(self, iterable: Iterable[T]) -> Iterator[T]:
-        """`iterable`'s items, timing every wait for one and every step between two."""
+    def wrap(
+        self, iterable: Iterable[T], *, on_batch: Callable[[], None] | None = None
+    ) -> Iterator[T]:
+        """`iterable`'s items, timing every wait for one and every step between two;
+        `on_batch()` after each is timed (a reporter's hook). Closing this closes the
+        iterator (a generator releases what it holds at once, not when collected)."""
         it = iter(iterable)
-        while True:
-            asked = time.perf_counter()
-            try:
-                item = next(it)
-            except StopIteration:
-                self.ended(asked, time.perf_counter())
-                return
-            self.handed(asked, time.perf_counter())
-            yield item
+        try:
+            while True:
+                asked = time.perf_counter()
+                try:
+                    item = next(it)
+                except StopIteration:
+                    self.ended(asked, time.perf_counter())
+                    return
+                self.handed(asked, time.perf_counter())
+                if on_batch is not None:
+                    on_batch()
+                yield item
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
