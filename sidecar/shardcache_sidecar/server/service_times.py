@@ -53,8 +53,10 @@ GC_PAUSE = "gc pause"
 #: A request slower than this is logged: twice the p50 of a warm acquire at K=8 on the
 #: 16-core machine, and half the issue's 2 ms p99 target.
 SLOW_REQUEST_S = 0.001
-#: The watchdog's period: short enough to catch the stalls that make a 2 ms p99, long
-#: enough to cost nothing measurable (200 callbacks a second of a few microseconds).
+#: The watchdog's period: short enough to catch the stalls that make a 2 ms p99. Not
+#: free: each wake-up of a loop that would sleep costs about 0.2 ms of CPU on the 2-core
+#: machine, and with the sampler the account was half of a warm pass's sidecar CPU
+#: (docs/benchmarks.md, "Issue 14 on 2 cores, session 7"): on only when asked for.
 WATCH_INTERVAL_S = 0.005
 #: A watchdog callback this late is a stall worth logging (the p99 target).
 STALL_S = 0.002
