@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import urllib.request
 from pathlib import Path
 
@@ -38,17 +39,17 @@ def usable_cores() -> int:
 
 
 def cpu_seconds(pid: int, *, thread: int | None = None) -> float:
-    """CPU seconds of `pid`, all its threads, so far; of its thread `thread` alone if
-    given (the main thread's id is the pid: the sidecar's event loop).
+    """CPU seconds of `pid`, all its threads so far, those that exited too; of its
+    thread `thread` alone if given (the main thread's id is the pid: the sidecar's event
+    loop).
 
-    From the scheduler's own count in nanoseconds (`/proc/<pid>/task/<tid>/schedstat`)
-    where the kernel has it: a warm pass here takes a few 10 ms clock ticks of the
-    sidecar's CPU, so the ticks of `/proc/<pid>/stat` made its CPU per request a
-    multiple of 10 ms over a few dozen requests. Threads that exited are only in the
-    process's ticks: what those hold beyond the live threads' own ticks is added when it
-    is more than their rounding (each thread's user and system ticks are rounded down,
-    the process's total once). The sidecar's threads, its thread pool and fetch
-    threads, live as long as it does.
+    Counted by the scheduler in nanoseconds: a warm pass here takes a few 10 ms clock
+    ticks of the sidecar's CPU, so the ticks of `/proc/<pid>/stat` made its CPU per
+    request a multiple of 10 ms over a few dozen requests. The process's count is its
+    CPU clock (what `clock_getcpuclockid(pid)` names), which the kernel keeps whole
+    across thread exits; a sum over `/proc/<pid>/task/*/schedstat` went backwards when a
+    thread exited between two readings. A thread's own count is its schedstat, since
+    Linux lets no other process read a thread's CPU clock.
     """
     if thread is not None:
         try:
@@ -56,21 +57,15 @@ def cpu_seconds(pid: int, *, thread: int | None = None) -> float:
         except FileNotFoundError:
             return _ticks_seconds(pid, thread)
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
+        return time.clock_gettime(_process_cpu_clock(pid))
+    except OSError:  # not a process here any more, or a kernel without the clock
         return _ticks_seconds(pid, None)
-    live = live_ticks = 0.0
-    for tid in tasks:
-        try:
-            live += _schedstat_seconds(pid, tid)
-            live_ticks += _ticks_seconds(pid, int(tid))
-        except FileNotFoundError:
-            continue  # exited meanwhile: in the process's ticks below
-    if not live:
-        return _ticks_seconds(pid, None)
-    exited = _ticks_seconds(pid, None) - live_ticks
-    rounding = 2 * len(tasks) / os.sysconf("SC_CLK_TCK")
-    return live + (exited if exited > rounding else 0.0)
+
+
+def _process_cpu_clock(pid: int) -> int:
+    # Linux's MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED), the id clock_getcpuclockid
+    # returns, which Python's time module does not wrap.
+    return ((~pid) << 3) | 2
 
 
 def _schedstat_seconds(pid: int, tid: str) -> float:

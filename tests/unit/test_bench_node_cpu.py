@@ -37,3 +37,22 @@ def test_the_cpu_of_a_thread_that_exited_is_still_counted() -> None:
     thread.start()
     thread.join()
     assert node_probes.cpu_seconds(os.getpid()) - before >= 0.25
+
+
+def test_the_count_never_goes_back_when_a_thread_exits_between_two_readings() -> None:
+    # A sum over the live threads lost a thread's few milliseconds when it exited
+    # between the readings (under a clock tick: not in the process's ticks either).
+    spun, done = threading.Event(), threading.Event()
+
+    def spin_then_wait() -> None:
+        _spin(0.005)
+        spun.set()
+        done.wait()
+
+    thread = threading.Thread(target=spin_then_wait)
+    thread.start()
+    spun.wait()
+    before = node_probes.cpu_seconds(os.getpid())
+    done.set()
+    thread.join()
+    assert node_probes.cpu_seconds(os.getpid()) >= before
