@@ -1,6 +1,6 @@
 """Sidecar CPU per control request, by route: many requests, so the figure is exact.
 
-    python -m bench.node_requests [--seconds 2] [--shards 6]
+    python -m bench.node_requests [--seconds 2] [--shards 6] [--gap-ms 0]
 
 `make bench-node` divides the sidecar's CPU over a pass by the requests of that pass;
 on a small dataset that is a few clock ticks over a few dozen requests. This runs one
@@ -33,13 +33,20 @@ from shardcache.contract import protocol
 ROWS = 4096
 
 
-def measure(pid: int, seconds: float, call: Callable[[], object]) -> tuple[int, float, float]:
-    """(calls, sidecar CPU ms per call, wall ms per call) of `call` in a loop."""
-    cpu, start, n = node_probes.cpu_seconds(pid), time.monotonic(), 0
+def measure(
+    pid: int, seconds: float, call: Callable[[], object], gap: float = 0.0
+) -> tuple[int, float, float]:
+    """(calls, sidecar CPU ms per call, wall ms per call without the gaps) of `call`
+    in a loop, `gap` seconds apart."""
+    cpu, start, n, slept = node_probes.cpu_seconds(pid), time.monotonic(), 0, 0.0
     while time.monotonic() - start < seconds:
         call()
         n += 1
-    wall = time.monotonic() - start
+        if gap:
+            before = time.monotonic()
+            time.sleep(gap)
+            slept += time.monotonic() - before
+    wall = time.monotonic() - start - slept
     return n, (node_probes.cpu_seconds(pid) - cpu) / n * 1e3, wall / n * 1e3
 
 
@@ -53,6 +60,13 @@ def main() -> None:
         help="py-spy the sidecar into this file, one route after another (pip install py-spy)",
     )
     p.add_argument("--only", help="measure only the routes whose name contains this")
+    p.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="pause between calls, so each finds the sidecar idle, as a rank's do while "
+        "it reads (default 0: back to back)",
+    )
     args = p.parse_args()
     shm = Path("/dev/shm")
     work = Path(tempfile.mkdtemp(prefix="scnr-", dir=shm if shm.is_dir() else None))
@@ -121,7 +135,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
                 slug = re.sub(r"[^a-z0-9]+", "-", name).strip("-")
                 profile = args.profile.with_name(f"{args.profile.stem}-{slug}.txt")
             with node_profile.sampling(pid, profile) if profile else contextlib.nullcontext():
-                n, cpu_ms, wall_ms = measure(pid, args.seconds, call)
+                n, cpu_ms, wall_ms = measure(pid, args.seconds, call, args.gap_ms / 1e3)
             if profile:
                 print(node_profile.summary(profile))
             requests = {"acquire + release": 2, "acquire, 4 ahead + notes": 2}.get(name, 1)
