@@ -102,8 +102,8 @@ def open(
 
     `gather_threads` (sample mode): threads that gather the next batches while the
     caller works on the current one; 0 or 1 gathers each batch in the caller's thread.
-    Left out, one per CPU the container's quota allows but one, at most 4 (inline with
-    two CPUs or fewer). Gathering ahead copies consecutive batches in chunks of about
+    Left out, one per CPU the container's quota allows but one, at least 2 and at most
+    4 (inline with one CPU). Gathering ahead copies consecutive batches in chunks of about
     16 MiB. It changes no batch, order or position (docs/reading-plan.md, "Gathering
     ahead").
 

@@ -292,7 +292,8 @@ class Dataset:
     def gather_threads(self) -> int:
         """Threads that gather sample-mode batches ahead of the caller; 0 or 1 gathers
         each batch in the caller's thread when it asks for it. Left out at `open()`, one
-        per CPU the container's quota allows but the caller's, at most 4, shared out
+        per CPU the container's quota allows but the caller's, at least 2 (inline with one
+        CPU) and at most 4, shared out
         among loader workers (`shardcache.gather_ahead.default_threads`). Changes no
         batch, order or position; set it between iterations (an open iteration keeps
         the count it started with)."""

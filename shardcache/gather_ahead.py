@@ -82,14 +82,23 @@ K = TypeVar("K")
 
 def default_threads(quota: quotas.Quota | None = None, *, sharers: int = 1) -> int:
     """Gather threads when the option is left out: the CPUs the cgroup quota and the
-    affinity allow (`shardcache.node.quotas`) less the caller's, at most
-    `MAX_DEFAULT_THREADS`. With two CPUs or fewer that is 1, the inline gather: on the
-    2-core bench machine two gather threads beside the caller were slower than none
-    before chunks, and since then faster only while nothing else wants the second core
-    (docs/benchmarks.md, "Gathering ahead", "Sample mode, session 7"). `sharers` processes reading the rank's
-    batches (DataLoader workers) share the CPUs: each gets its part."""
+    affinity allow (`shardcache.node.quotas`) less the caller's, at least 2 and at most
+    `MAX_DEFAULT_THREADS`; with one CPU, 1 (the inline gather: no CPU to gather on
+    beside the caller). `sharers` processes reading the rank's batches (DataLoader
+    workers) share the CPUs: each gets its part.
+
+    Two CPUs get two threads, not one: what pays is two copies at once (one thread
+    beside the caller gave little over the inline gather), and a trainer's caller
+    thread mostly waits on its accelerator, so the gathers run during the step instead
+    of before the next one. On the 2-core bench machine with nothing else running, 2
+    threads read 0.31-0.34x block mode against 0.23-0.25x inline; the inline gather won
+    only while another process held the second core (docs/benchmarks.md, "Sample mode,
+    session 7", "Two CPUs: two gather threads").
+    """
     cpus = (quota or quotas.read()).cpus // max(1, sharers)
-    return max(1, min(MAX_DEFAULT_THREADS, cpus - 1))
+    if cpus < 2:
+        return 1
+    return max(2, min(MAX_DEFAULT_THREADS, cpus - 1))
 
 
 def check_threads(value: object, *, where: str = "gather_threads") -> int:

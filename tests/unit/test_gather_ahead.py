@@ -164,10 +164,13 @@ def test_the_default_pool_is_the_quotas_cpus_but_the_callers_capped() -> None:
     assert gather_ahead.default_threads(quotas.Quota(64, None, None)) == (
         gather_ahead.MAX_DEFAULT_THREADS
     )
-    # Two CPUs or fewer: the inline gather.
-    assert gather_ahead.default_threads(quotas.Quota(2, None, None)) == 1
+    # Two CPUs: two threads (two copies at once); one CPU: the inline gather.
+    assert gather_ahead.default_threads(quotas.Quota(2, None, None)) == 2
+    assert gather_ahead.default_threads(quotas.Quota(3, None, None)) == 2
+    assert gather_ahead.default_threads(quotas.Quota(4, 1.5, None)) == 2
     assert gather_ahead.default_threads(quotas.Quota(1, None, None)) == 1
     assert gather_ahead.default_threads(quotas.Quota(4, 0.5, None)) == 1
     # Loader processes share the CPUs: 16 among 4 leaves each 3 beside its caller.
     assert gather_ahead.default_threads(quotas.Quota(16, None, None), sharers=4) == 3
-    assert gather_ahead.default_threads(quotas.Quota(16, None, None), sharers=8) == 1
+    assert gather_ahead.default_threads(quotas.Quota(16, None, None), sharers=8) == 2
+    assert gather_ahead.default_threads(quotas.Quota(16, None, None), sharers=16) == 1
