@@ -9,12 +9,13 @@ JSON logs, one object a line; `bench.node_slow` reads them back):
 
 - `SLOW_REQUEST` per control request on the lean socket protocol that took longer than
   `SLOW_REQUEST_S` from its last byte parsed to its answer written: `queued_ms` (parsed
-  until its route started: a loop turn without eager tasks, Python < 3.12), `route_ms`
+  until its route started: nothing but the clock reads, its first step runs at once,
+  `eager`), `route_ms`
   (the route, awaits included), of which `cpu_ms` (the loop thread's CPU meanwhile: the
   route's own, plus other callbacks run while it awaited) and `gc_ms` (collector
   pauses meanwhile), and `waited` (whether the answer was written after the loop read
   the request, not inside that callback: the route awaited a thread or another
-  request's fetch; before Python 3.12, always, a task's first step being scheduled);
+  request's fetch);
 - `LOOP_STALL` when the loop ran a watchdog callback `STALL_S` or more later than due
   (`Watchdog`, every `WATCH_INTERVAL_S`): time no request could be read, whatever held
   the loop (a long callback, a collection, a thread holding the GIL), with the

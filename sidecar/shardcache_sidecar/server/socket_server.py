@@ -34,12 +34,19 @@ import contextlib
 import http
 import logging
 import os
-import sys
 from collections.abc import Callable, Iterable
 from typing import cast
 
 from shardcache.contract import protocol
-from shardcache_sidecar.server import control, lifecycle, probes, replies, routing, service_times
+from shardcache_sidecar.server import (
+    control,
+    eager,
+    lifecycle,
+    probes,
+    replies,
+    routing,
+    service_times,
+)
 
 log = logging.getLogger("shardcache_sidecar.server")
 
@@ -226,7 +233,7 @@ class Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         #: The request being answered (a task: the call may wait in the thread pool).
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Future[None] | None = None
         self._paused = False
         #: True while `_next` starts a request's task: an answer written meanwhile was
         #: written inside `data_received`, without waiting (`service_times`).
@@ -279,17 +286,13 @@ class Connection(asyncio.Protocol):
             return  # the body is still coming
         raw = bytes(self._buffer[start : start + length])
         del self._buffer[: start + length]
-        loop = asyncio.get_running_loop()
         timer = self._server.timer
         clock = None if timer is None else service_times.Request(timer)
         self._starting = True
-        if sys.version_info >= (3, 12):
-            # Most calls never wait: run them now instead of scheduling a first step.
-            task = asyncio.Task(self._answer(request, raw, clock), loop=loop, eager_start=True)
-        else:
-            task = loop.create_task(self._answer(request, raw, clock))
+        # Most calls never wait: run them now instead of scheduling a first step.
+        task = eager.start(self._answer(request, raw, clock))
         self._starting = False
-        if task.done():
+        if task is None:
             self._after(request.close)
         else:
             self.task = task
