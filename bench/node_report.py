@@ -129,7 +129,9 @@ def k_block(r: KResult) -> str:
         f"   sidecar CPU {r.cpu_s:.3f} s for {r.requests:.0f} control requests: "
         f"{fmt(r.cpu_ms_per_request())} ms per request, {fmt(r.cpu_ms_per_shard())} ms per "
         f"shard of an epoch; event-loop thread {r.loop_cpu_s:.3f} s, other threads "
-        f"{r.cpu_s - r.loop_cpu_s:.3f} s",
+        # The two counts are read a moment apart: a loop that ran meanwhile and threads
+        # that did not can leave the difference a few microseconds below zero.
+        f"{max(0.0, r.cpu_s - r.loop_cpu_s):.3f} s",
         f"   PSS per rank p50 {statistics.median(pss):.0f} MiB (raw ranks "
         f"{statistics.median(raw_pss):.0f} MiB); sidecar {r.sidecar_pss / MiB:.0f} MiB; "
         f"memory tier {r.memory_tier_bytes / MiB:.0f} MiB",

@@ -120,9 +120,19 @@ def run(args: argparse.Namespace, work: Path) -> None:
             ),
             "acquire + release": acquire(0),
         }
+        epochs = iter(range(1, 1 << 30))
+        # A rank enters a new epoch every pass: the sidecar makes (or slices) its plan.
+        routes["position (a new epoch)"] = lambda: transport.call(
+            "POST", protocol.position_path("bench"), {"epoch": next(epochs), "position": 0}
+        )
         if "notes" in features:
             routes["notes (1 pinned)"] = lambda: transport.call(
                 "POST", f"{protocol.PREFIX}/readers/bench/notes", {**here, "pinned": [1]}
+            )
+            # What a rank's notes carry in `make bench-node`: about 13 shards each.
+            many = [s % args.shards for s in range(16)]
+            routes["notes (16 pinned)"] = lambda: transport.call(
+                "POST", f"{protocol.PREFIX}/readers/bench/notes", {**here, "pinned": many}
             )
         if "ahead" in features:
             routes["acquire, 4 ahead + notes"] = acquire(4)

@@ -60,9 +60,12 @@ _FILL_AHEAD_PER_THREAD = 2
 #: An epoch order of at most this many shards is one permutation cheap enough to make on
 #: the event loop (`plan_is_cheap`)...
 _CHEAP_ORDER_SHARDS = 1024
-#: ...when a rank's share is at most this many shards on average (their runs are made
-#: for the rank's plan: 0.33 ms for 6 shards of 42 blocks).
-_CHEAP_RANK_SHARDS = 8
+#: ...when a rank's share is at most this many blocks on average: their runs are made
+#: for the rank's plan, at 2-3 us a block here (6 shards of 42 blocks, 0.33-0.51 ms;
+#: 64 shards of one block, 0.20 ms). It was 8 shards, which sent a rank of a manifest of
+#: many small shards through the thread pool, whose hop cost more than the plan (about
+#: 0.47 ms of sidecar CPU against 0.20, `bench.node_requests`, "position (a new epoch)").
+_CHEAP_RANK_BLOCKS = 8 * 42
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,7 +314,7 @@ class CacheNode:
         """Whether a reader of `params` gets its plan cheaply enough for the sidecar's
         event loop: another rank's registration made the epoch's order (the plan is a
         slice and a bisection), or making it is one permutation of a small manifest's
-        shards and the rank's share of them is a few shards' runs.
+        shards and the rank's share of them is a few hundred blocks' runs.
 
         Why the second: the thread hop is not free when the loop is busy. The thread
         needs the GIL, which a loop with requests queued gives up only at the switch
@@ -323,10 +326,9 @@ class CacheNode:
             return False
         if self._orders.has(params):
             return True
-        shards = len(self.manifest.shards)
-        return shards <= _CHEAP_ORDER_SHARDS and shards <= _CHEAP_RANK_SHARDS * max(
-            1, params.world_size
-        )
+        return len(self.manifest.shards) <= _CHEAP_ORDER_SHARDS and self._orders.blocks(
+            params.block_size
+        ) <= (_CHEAP_RANK_BLOCKS * max(1, params.world_size))
 
     def update_reader(self, reader_id: str, *, epoch: int, position: int) -> None:
         new_epoch: plans.PlanParams | None = None

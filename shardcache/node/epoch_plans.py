@@ -37,6 +37,8 @@ class EpochPlans:
         self._total = sum(self._rows)
         #: Epoch orders, most recently used last.
         self._orders: collections.OrderedDict[_Key, plans.EpochOrder] = collections.OrderedDict()
+        #: `blocks()` by block size.
+        self._blocks: dict[int, int] = {}
         # Readers register from the event loop and the thread pool alike.
         self._lock = threading.Lock()
 
@@ -46,6 +48,15 @@ class EpochPlans:
         if not ranges:
             return []
         return self._order(params).slice(ranges)
+
+    def blocks(self, block_size: int) -> int:
+        """Blocks of `block_size` rows in the whole manifest (each shard's last one may
+        be short): what making the runs of every shard costs, in units of one block."""
+        with self._lock:
+            found = self._blocks.get(block_size)
+            if found is None:
+                found = self._blocks[block_size] = sum(-(-r // block_size) for r in self._rows)
+            return found
 
     def has(self, params: plans.PlanParams) -> bool:
         """Whether the epoch order `rank_runs(params)` slices is started already (another

@@ -332,11 +332,14 @@ def test_a_new_epochs_plan_is_made_on_the_loop_only_when_the_ranks_share_is_smal
     manifest, _, _ = dataset
     node = make_node(tmp_path, manifest, memory_limit=1 << 30, concurrency=2)
     try:
-        monkeypatch.setattr(caches, "_CHEAP_RANK_SHARDS", 2)
+        monkeypatch.setattr(caches, "_CHEAP_RANK_BLOCKS", 6)
         params = plans.PlanParams(seed=1, epoch=0, rank=0, world_size=2, block_size=100)
-        # 8 shards over 2 ranks: 4 each, over the bound of 2; over 4 ranks: 2 each.
+        # 8 shards of 3 blocks over 2 ranks: 12 blocks each, over the bound of 6; over 4
+        # ranks: 6 each.
         assert not node.plan_is_cheap(params)
         assert node.plan_is_cheap(dataclasses.replace(params, world_size=4))
+        # Blocks, not shards, are what a plan costs: one block a shard, 4 each.
+        assert node.plan_is_cheap(dataclasses.replace(params, block_size=300))
         monkeypatch.setattr(caches, "_CHEAP_ORDER_SHARDS", 4)
         assert not node.plan_is_cheap(dataclasses.replace(params, world_size=4))
         # Once a rank made the epoch's order, every other rank's plan is a slice of it.

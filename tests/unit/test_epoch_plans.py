@@ -106,3 +106,10 @@ def test_an_order_is_had_once_any_rank_of_its_epoch_made_it() -> None:
     assert orders.has(rank3)
     assert not orders.has(rank3.with_epoch(3))
     assert not orders.has(plans.PlanParams(seed=2, epoch=2, rank=3, world_size=4, block_size=8))
+
+
+def test_blocks_counts_each_shards_short_last_block_and_no_block_for_an_empty_shard() -> None:
+    orders = epoch_plans.EpochPlans([300, 250, 0, 1], "digest")
+    assert orders.blocks(100) == 3 + 3 + 0 + 1
+    assert orders.blocks(1000) == 3
+    assert orders.blocks(100) == 7  # remembered per block size, not mixed up
