@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import pytest
 from shardcache_sidecar.server import eager
@@ -49,67 +51,74 @@ def test_a_call_that_waits_runs_its_first_step_at_once_and_the_rest_in_a_task() 
     asyncio.run(main())
 
 
+Waited = asyncio.Future[int]
+Rest = asyncio.Future[None]
+
+
+def _started(
+    call: Callable[[Waited], Coroutine[Any, Any, None]],
+    then: Callable[[Waited, Rest], Awaitable[None]],
+) -> None:
+    """Start `call` on a future of its own, which it waits for; then `then`."""
+
+    async def main() -> None:
+        waited: Waited = asyncio.get_running_loop().create_future()
+        rest = eager.start(call(waited))
+        assert rest is not None
+        await then(waited, rest)
+
+    asyncio.run(main())
+
+
 def test_a_futures_error_is_raised_where_the_call_awaited_it() -> None:
     seen: list[str] = []
 
-    async def main() -> None:
-        failing: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    async def call(waited: Waited) -> None:
+        try:
+            await waited
+        except KeyError as exc:
+            seen.append(f"caught {exc}")
 
-        async def call() -> None:
-            try:
-                await failing
-            except KeyError as exc:
-                seen.append(f"caught {exc}")
-
-        rest = eager.start(call())
-        assert rest is not None
-        failing.set_exception(KeyError("lost"))
+    async def then(waited: Waited, rest: Rest) -> None:
+        waited.set_exception(KeyError("lost"))
         await rest
 
-    asyncio.run(main())
+    _started(call, then)
     assert seen == ["caught 'lost'"]
 
 
 def test_an_error_the_call_does_not_catch_ends_its_task_with_it() -> None:
-    async def main() -> None:
-        failing: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    async def call(waited: Waited) -> None:
+        await waited
 
-        async def call() -> None:
-            await failing
-
-        rest = eager.start(call())
-        assert rest is not None
-        failing.set_exception(ValueError("bad"))
+    async def then(waited: Waited, rest: Rest) -> None:
+        waited.set_exception(ValueError("bad"))
         with pytest.raises(ValueError, match="bad"):
             await rest
 
-    asyncio.run(main())
+    _started(call, then)
 
 
 def test_cancelling_the_task_cancels_what_the_call_waits_for_and_the_call_sees_it() -> None:
     seen: list[str] = []
 
-    async def main() -> None:
-        waited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    async def call(waited: Waited) -> None:
+        try:
+            await waited
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        finally:
+            seen.append("finally")
 
-        async def call() -> None:
-            try:
-                await waited
-            except asyncio.CancelledError:
-                seen.append("cancelled")
-                raise
-            finally:
-                seen.append("finally")
-
-        rest = eager.start(call())
-        assert rest is not None
+    async def then(waited: Waited, rest: Rest) -> None:
         await asyncio.sleep(0)  # the task is waiting on the future
         rest.cancel()
         with pytest.raises(asyncio.CancelledError):
             await rest
         assert waited.cancelled() and rest.cancelled()
 
-    asyncio.run(main())
+    _started(call, then)
     assert seen == ["cancelled", "finally"]
 
 
@@ -118,46 +127,38 @@ def test_a_cancel_that_arrives_after_the_future_resolved_is_thrown_into_the_call
     # throws CancelledError into the coroutine instead of handing it the result.
     seen: list[str] = []
 
-    async def main() -> None:
-        waited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    async def call(waited: Waited) -> None:
+        try:
+            seen.append(f"got {await waited}")
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
 
-        async def call() -> None:
-            try:
-                seen.append(f"got {await waited}")
-            except asyncio.CancelledError:
-                seen.append("cancelled")
-                raise
-
-        rest = eager.start(call())
-        assert rest is not None
+    async def then(waited: Waited, rest: Rest) -> None:
         await asyncio.sleep(0)
         waited.set_result(7)
         rest.cancel()
         with pytest.raises(asyncio.CancelledError):
             await rest
 
-    asyncio.run(main())
+    _started(call, then)
     assert seen == ["cancelled"]
 
 
 def test_a_task_cancelled_before_its_first_step_closes_the_call() -> None:
     seen: list[str] = []
 
-    async def main() -> None:
-        waited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    async def call(waited: Waited) -> None:
+        try:
+            await waited
+        finally:
+            seen.append("finally")
 
-        async def call() -> None:
-            try:
-                await waited
-            finally:
-                seen.append("finally")
-
-        rest = eager.start(call())
-        assert rest is not None
+    async def then(waited: Waited, rest: Rest) -> None:
         rest.cancel()  # before the loop ran it once
         with pytest.raises(asyncio.CancelledError):
             await rest
         await asyncio.sleep(0)  # the task's done callbacks
         assert seen == ["finally"]  # now, not whenever the task is collected
 
-    asyncio.run(main())
+    _started(call, then)
