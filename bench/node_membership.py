@@ -9,8 +9,8 @@ does), and the main thread, standing in for the sidecar's loop, asks whether eac
 `--keys` committed entries is resident, `--rounds` times, as a warm epoch start asks for
 a reader's shards. Each `stat` lets go of the GIL; taking it back from a busy thread
 waits for that thread's switch interval (5 ms by default; the sidecar sets 0.5 ms,
-`shardcache_sidecar.cli.SWITCH_INTERVAL_S`: `--switch-interval` compares). Prints the wall time per round: median,
-p99 and max, for each kind, alternating rounds.
+`shardcache_sidecar.cli.SWITCH_INTERVAL_S`: `--switch-interval` compares). Prints the
+wall time per round: median, p99 and max, for each kind, alternating rounds.
 """
 
 from __future__ import annotations

@@ -318,10 +318,10 @@ class CacheNode:
 
         Why the second: the thread hop is not free when the loop is busy. The thread
         needs the GIL, which a loop with requests queued gives up only at the switch
-        interval (CPython's 5 ms then; the sidecar sets 0.5 ms since), so the first rank into an epoch can wait that long a
-        turn while its K-1 peers' requests run; made on the loop, its plan costs 0.17 ms
-        at 16 ranks and 0.33 ms at 8 of the device's 48 shards (this machine, median of
-        10)."""
+        interval (CPython's 5 ms then; the sidecar sets 0.5 ms since), so the first rank
+        into an epoch can wait that long a turn while its K-1 peers' requests run; made
+        on the loop, its plan costs 0.17 ms at 16 ranks and 0.33 ms at 8 of the device's
+        48 shards (this machine, median of 10)."""
         if params.sampled:
             return False
         if self._orders.has(params):

@@ -4,8 +4,9 @@ Why: the sidecar asks the memory tier "is shard X resident?" on its event loop, 
 every shard ahead of a reader at every request and for every shard of an epoch when a
 reader enters it. Each answer was two `stat` calls, and every system call lets go of
 the GIL: with a fetch thread or the thread pool wanting it, the loop waited up to the
-switch interval (CPython's 5 ms then; the sidecar sets 0.5 ms since) to take it back. On the 16-core machine the loop was held 8-12
-ms at a time inside exactly these stats (docs/benchmarks.md, "16 cores, run D").
+switch interval (CPython's 5 ms then; the sidecar sets 0.5 ms since) to take it back.
+On the 16-core machine the loop was held 8-12 ms at a time inside exactly these stats
+(docs/benchmarks.md, "16 cores, run D").
 
 Why it stays exact. The set changes where the files change, in this process, under the
 tier-wide lock `.tier.lock` held exclusively: a commit adds its key after the meta
