@@ -28,6 +28,13 @@ one memcpy (5-6 GB/s here). So:
 No per-row Python in any case: the work per batch is a few numpy calls per column
 (plus one per shard for a column that falls back).
 
+Before a variable-width column's copy, one numpy read of each asked row's first and last
+byte (`_Span.touch`). The copy goes row after row, and each ~4 KB row of a large
+mapping starts with a cache miss and a page walk (two, where it crosses a page) that
+the copy waits for, one row at a time; that read asks for all of a batch's at once, so
+they overlap, and the copy finds them done: 20-28% more GB/s for the copy alone here
+(docs/benchmarks.md, "Sample mode's copy: the rows' first and last bytes read first").
+
 The Python around the copies holds the GIL, and gathers run on several threads beside
 the consumer (`shardcache.gather_ahead`): what a batch runs under the GIL is kept to a
 handful of numpy calls on 256-row arrays. Everything that depends on the sources alone
@@ -277,6 +284,8 @@ class _Span:
     #: When every row of every source has one length of L > 0 bytes (packed
     #: sequences): the span as `V<L>` items, one starting at every byte; else None.
     items: npt.NDArray[np.void] | None
+    #: The span's bytes.
+    data: npt.NDArray[np.uint8]
 
     @classmethod
     def build(cls, arrays: Sequence[pa.Array]) -> _Span | None:
@@ -336,11 +345,24 @@ class _Span:
             if 0 < size <= span.size
             else None
         )
-        return cls(t, width, large, view, combined, first, items)
+        data = np.frombuffer(span, dtype=np.uint8)
+        return cls(t, width, large, view, combined, first, items, data)
+
+    def touch(self, at: Indices) -> None:
+        """Read the first and the last byte of rows `at` of the view, all in one numpy
+        call, so the misses and page walks the copy would meet row after row overlap
+        (the module docstring). Reads nothing outside the span: an empty row at its
+        end starts one past its last byte, so the reads stop there; one at its start
+        ends at -1, which numpy reads as the last byte. (`np.minimum`, not `np.clip`
+        or `np.take`: measured a third of the gain slower.)"""
+        edges = np.concatenate((self.bounds[at], self.bounds[at + 1] - 1))
+        np.minimum(edges, len(self.data) - 1, out=edges)
+        _ = self.data[edges]
 
     def take(self, source_of: Indices, row_of: Indices) -> pa.Array | None:
         n = len(row_of)
         at = self.first[source_of] + row_of
+        self.touch(at)
         if self.items is not None:
             # Rows of one length (packed sequences): the rows are items of one size,
             # and one numpy indexing copies them straight into the output values.

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import hypothesis
 import hypothesis.strategies as st
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
@@ -222,3 +225,33 @@ def test_fixed_width_values_at_any_byte_alignment_gather_the_same_bytes() -> Non
         assert pa.Table.from_batches([got]).equals(whole.take(pa.array(index)))
         fixed = gatherer._fixed[0]
         assert fixed is not None and (fixed.words is not None) == aligned
+
+
+def test_the_rows_first_and_last_bytes_are_read_first_and_nothing_past_the_span(
+    tmp_path: Path,
+) -> None:
+    # Empty rows at the start and the end of each source: the last source's last row
+    # starts past the span's last byte, where a read would be out of the mapping.
+    texts = [["", "ab", "cdef", ""], ["g", "", ""]]
+    sources = mapped(tmp_path, [pa.record_batch({"text": pa.array(t)}) for t in texts])
+    built = gather._Span.build([s.column(0) for s in sources])
+    assert built is not None
+    read: list[npt.NDArray[np.int64]] = []
+
+    class Recording(np.ndarray):  # type: ignore[type-arg]
+        def __getitem__(self, key: Any) -> Any:
+            read.append(np.asarray(key).copy())
+            return np.asarray(self)[key]
+
+    span = dataclasses.replace(built, data=built.data.view(Recording))
+    source_of = np.asarray([1, 0, 0, 1, 1, 0, 0], dtype=np.int64)
+    row_of = np.asarray([0, 2, 1, 2, 1, 0, 3], dtype=np.int64)
+    got = span.take(source_of, row_of)
+    assert got is not None and got.to_pylist() == ["g", "cdef", "ab", "", "", "", ""]
+    (edges,) = read
+    data = bytes(built.data)
+    assert all(-len(data) <= e < len(data) for e in edges)
+    # Each non-empty row's first and last byte, in the asked order.
+    starts, ends = edges[: len(row_of)], edges[len(row_of) :]
+    assert [chr(data[i]) for i in starts[:3]] == ["g", "c", "a"]
+    assert [chr(data[i]) for i in ends[:3]] == ["g", "f", "b"]
