@@ -97,6 +97,10 @@ class NodeSettings:
 class NodeObserver(tiers.TierObserver, Protocol):
     def fetched(self, nbytes: int, seconds: float) -> None: ...
 
+    def reused(self, tier: str, count: int) -> None:
+        """`count` hits in `tier` that readers took without a lookup (`note_reuse`)."""
+        ...
+
     def fetch_failed(self, shard: int, error: BaseException) -> None: ...
 
 
@@ -157,6 +161,12 @@ class _Counting:
             self.stats.corrupted[tier] = self.stats.corrupted.get(tier, 0) + 1
         if self._outer:
             self._outer.corrupted(tier, key)
+
+    def reused(self, tier: str, count: int) -> None:
+        with self._lock:
+            self.stats.hits[tier] = self.stats.hits.get(tier, 0) + count
+        if self._outer:
+            self._outer.reused(tier, count)
 
     def fetched(self, nbytes: int, seconds: float) -> None:
         with self._lock:
@@ -411,12 +421,17 @@ class CacheNode:
             self._events.hit(self.memory.name)
         return entry
 
-    def note_reuse(self, shard: int) -> None:
-        """Count a memory-tier hit for `shard`, taken without a lookup here: a trainer
-        pinned an entry it had been handed before (docs/wire-format.md, the reuse fast
-        path), so the statistics still count every shard a reader took."""
-        self._check_index(shard)
-        self._events.hit(self.memory.name)
+    def note_reuse(self, shards: Sequence[int]) -> None:
+        """Count a memory-tier hit for each of `shards`, taken without a lookup here: a
+        trainer pinned entries it had been handed before (docs/wire-format.md, the reuse
+        fast path), so the statistics still count every shard a reader took. One count
+        for the batch: a `notes` request carries a dozen or more."""
+        if not shards:
+            return
+        if min(shards) < 0 or max(shards) >= len(self.manifest.shards):
+            for shard in shards:
+                self._check_index(shard)
+        self._events.reused(self.memory.name, len(shards))
 
     def _materialize(
         self,

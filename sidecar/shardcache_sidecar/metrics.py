@@ -345,6 +345,10 @@ class Metrics:
         child = self._hits_by.get(tier)
         (self.hits.labels(tier) if child is None else child).inc()
 
+    def reused(self, tier: str, count: int) -> None:
+        child = self._hits_by.get(tier)
+        (self.hits.labels(tier) if child is None else child).inc(count)
+
     def miss(self, tier: str) -> None:
         self.misses.labels(tier).inc()
 

@@ -361,6 +361,10 @@ def test_the_notes_route_refuses_bad_requests(sidecar: SidecarProcess) -> None:
     cases: list[tuple[str, Any, int, str, str]] = [
         ("nobody", good, 404, protocol.CODE_UNKNOWN_READER, "unknown reader 'nobody'"),
         ("r", {**good, "pinned": [6]}, 400, protocol.CODE_UNKNOWN_SHARD, "out of range"),
+        # The first bad shard of a batch is the one named.
+        ("r", {**good, "pinned": [1, 7, 2, 9]}, 400, protocol.CODE_UNKNOWN_SHARD, "index 7 is"),
+        ("r", {**good, "pinned": [0, -1]}, 400, protocol.CODE_UNKNOWN_SHARD, "index -1 is"),
+        ("-r", good, 400, protocol.CODE_BAD_REQUEST, "reader id: expected"),
         ("r", {**good, "pinned": [True]}, 400, protocol.CODE_BAD_REQUEST, "field 'pinned'"),
         ("r", {**good, "pinned": 3}, 400, protocol.CODE_BAD_REQUEST, "field 'pinned'"),
         ("r", {**good, "released": ["x"]}, 400, protocol.CODE_BAD_REQUEST, "field 'released'"),

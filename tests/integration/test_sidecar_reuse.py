@@ -85,6 +85,18 @@ def memory_hits(proc: SidecarProcess) -> int:
     return int(proc.control("GET", protocol.STATUS)[1]["stats"]["hits"]["memory"])
 
 
+def metric_memory_hits(proc: SidecarProcess) -> int:
+    """The memory tier's hits as /metrics counts them."""
+    status, text = proc.http_get("/metrics")
+    assert status == 200
+    (line,) = [
+        line
+        for line in text.splitlines()
+        if line.startswith('shardcache_cache_hits_total{tier="memory"}')
+    ]
+    return int(float(line.rsplit(" ", 1)[1]))
+
+
 def eventually(probe: Callable[[], bool], timeout: float = 20.0) -> bool:
     """Polls `probe` until true or `timeout`: notifications reach the sidecar shortly
     after the pin, off the read path."""
@@ -143,7 +155,7 @@ def test_a_second_epoch_pins_every_warm_shard_without_an_acquire_round_trip(
     first_epoch = requests(proc, ACQUIRE)
     assert 0 <= first_epoch <= NONEMPTY
     assert shards.flush()
-    hits = memory_hits(proc)
+    hits, counted = memory_hits(proc), metric_memory_hits(proc)
     keys = [shards.manifest.decoded_key(i) for i, rows in enumerate(SHARDS) if rows]
     used = {key: (proc.memory_dir / key).stat().st_mtime_ns for key in keys}
 
@@ -156,6 +168,7 @@ def test_a_second_epoch_pins_every_warm_shard_without_an_acquire_round_trip(
     # Each direct pin still counts as the memory hit an acquire would have been (told
     # in batches: `notes`, not one `pinned` request each).
     assert memory_hits(proc) == hits + NONEMPTY
+    assert metric_memory_hits(proc) == counted + NONEMPTY
     assert requests(proc, PINNED) == 0 and requests(proc, NOTES) >= 1
     # And the sidecar's view of the reader followed it to the last shard it took.
     _, last_position = acquired_at(ds.runs())[-1]

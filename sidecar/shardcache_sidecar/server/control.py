@@ -303,7 +303,7 @@ async def post_pinned(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) ->
     """
     call = _shard_call(sidecar, reader_id, raw)
     await _follow(sidecar, call.node, call.reader_id, call.epoch, call.position)
-    call.node.note_reuse(call.shard)
+    call.node.note_reuse((call.shard,))
     return replies.answer(
         {
             "reader": call.reader_id,
@@ -326,8 +326,9 @@ async def post_notes(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
     pinned = protocol.int_list(body, "pinned")
     released = protocol.lease_list(body, "released")
     stalls = protocol.stalls_from_json(body)
-    for shard in pinned:
-        _check_shard(node, shard)
+    if pinned and (min(pinned) < 0 or max(pinned) >= len(node.manifest.shards)):
+        for shard in pinned:
+            _check_shard(node, shard)
     dropped = 0
     for lease_id in released:
         hold = sidecar.registry.drop(lease_id)
@@ -335,8 +336,7 @@ async def post_notes(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
             hold.lease.release()
             dropped += 1
     await _follow(sidecar, node, reader_id, epoch, position)
-    for shard in pinned:
-        node.note_reuse(shard)
+    node.note_reuse(pinned)
     if stalls is not None:
         reader = sidecar.registry.get(reader_id)
         waited, stepped = sidecar.registry.report_stalls(reader_id, stalls)
@@ -407,6 +407,8 @@ async def _follow(
 
 
 def _known_reader(sidecar: lifecycle.Sidecar, reader_id: str) -> str:
+    if sidecar.registry.get(reader_id) is not None:
+        return reader_id  # checked when it registered
     reader_id = protocol.check_reader_id(reader_id)
     if sidecar.registry.get(reader_id) is None:
         raise replies.RequestError(
