@@ -324,6 +324,52 @@ def test_a_warm_epoch_start_of_the_sidecars_cache_makes_no_stat_and_walks_no_pla
         node.close()
 
 
+def test_a_warm_epoch_start_looks_at_every_shard_once_until_one_leaves_the_tier(
+    tmp_path: Path,
+    dataset: tuple[manifests.Manifest, pa.Table, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every reader's epoch start asks whether every shard is resident: for a manifest
+    # of 100,000 shards that is 100,000 lookups on the event loop each time, unless
+    # nothing left the tier since the last time they all were.
+    manifest, expected, _ = dataset
+    world = 4
+    node, _ = warm_node(tmp_path, manifest, world, sole_writer=True)
+    try:
+        asked: list[str] = []
+        contains = node.memory.contains
+
+        def counted(key: str) -> bool:
+            asked.append(key)
+            return contains(key)
+
+        monkeypatch.setattr(node.memory, "contains", counted)
+
+        def epoch_start(epoch: int) -> int:
+            asked.clear()
+            for rank in range(world):
+                node.update_reader(f"rank-{rank}", epoch=epoch, position=0)
+            return len([key for key in asked if key in set(node._memory_keys)])
+
+        # The first epoch start after the fill made them looks at every shard once...
+        assert epoch_start(1) >= len(SHARDS)
+        # ...and then only readahead asks, a shard or two per reader.
+        assert epoch_start(2) <= 2 * world
+        assert epoch_start(3) <= 2 * world
+        # One shard leaves the tier: the next epoch start looks again and finds it gone,
+        # and the fill makes it again.
+        gone = manifest.decoded_key(len(SHARDS) - 1)
+        assert node.memory.evict(gone)
+        epoch_start(4)
+        assert gone in asked
+        settle(node)
+        assert resident(node) == list(range(len(SHARDS)))
+        monkeypatch.undo()
+        assert read_all(node).equals(expected)
+    finally:
+        node.close()
+
+
 def test_a_new_epochs_plan_is_made_on_the_loop_only_when_the_ranks_share_is_small(
     tmp_path: Path,
     dataset: tuple[manifests.Manifest, pa.Table, int],

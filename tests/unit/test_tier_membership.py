@@ -121,3 +121,40 @@ def test_a_listing_under_the_tier_lock_shows_a_sole_writer_what_others_changed(
     # A metrics scrape (`CacheNode.stats`) lists the tier: the set is the files again.
     assert tier.resident_bytes() == 10
     assert not tier.contains("a") and tier.contains("b")
+
+
+def test_removals_change_with_every_way_a_key_leaves_the_set_and_never_with_a_commit(
+    tmp_path: Path,
+) -> None:
+    tier = tiers.Tier(tmp_path, limit_bytes=250, name="memory", fsync=False, sole_writer=True)
+    seen = [tier.removals]
+    assert seen == [0]
+
+    def changed() -> bool:
+        seen.append(tier.removals)
+        return seen[-1] != seen[-2]
+
+    put(tier, "a", b"a" * 100)
+    put(tier, "b", b"b" * 100)
+    assert not changed()  # commits only add
+    put(tier, "c", b"c" * 100)  # room for two: "a" is evicted
+    assert changed()
+    assert tier.evict("b")
+    assert changed()
+    assert tier.resident_bytes() == 100  # a listing that lost nothing
+    assert not changed()
+    (tmp_path / "c").write_bytes(b"c" * 10)  # damaged: the lookup removes it
+    assert tier.lookup("c") is None
+    assert changed()
+    put(tier, "d", b"d" * 100)
+    other = tiers.Tier(tmp_path, limit_bytes=1 << 20, name="memory", fsync=False)
+    assert other.evict("d")  # behind its back: seen at the next lookup...
+    assert not changed()
+    assert tier.lookup("d") is None
+    assert changed()
+    put(tier, "e", b"e" * 100)
+    assert other.evict("e")  # ...or at the next listing
+    assert tier.resident_bytes() == 0
+    assert changed()
+    # A tier that is not the sole writer knows nothing without looking.
+    assert other.removals is None

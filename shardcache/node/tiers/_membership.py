@@ -41,6 +41,9 @@ it: whatever another writer changed is seen there at the latest.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable
+
 from shardcache.node import _locks
 from shardcache.node.tiers import _directory
 
@@ -54,6 +57,26 @@ class Membership:
             #: Read without a lock (a set lookup is atomic under the GIL); changed only
             #: while `.tier.lock` is held exclusively, or by `lost` under it shared.
             self.keys: set[str] = set(files.listing().committed())
+        #: Counts the changes that took a key out of the set: while it stays the same,
+        #: every key the set had is still in it (`CacheNode`'s warm epoch start checks
+        #: every shard of the manifest once, not at every reader's epoch start).
+        self.removals = 0
+        # `lost` runs under the tier lock held shared, by any thread: the count must
+        # never go back, so its changes are serialised here.
+        self._counting = threading.Lock()
+
+    def discard(self, key: str) -> None:
+        """`key`'s entry is gone: call with the tier lock held exclusively."""
+        if key in self.keys:
+            self.keys.discard(key)
+            self._removed()
+
+    def replace(self, keys: Iterable[str]) -> None:
+        """The committed keys are `keys`, from a listing under the tier lock."""
+        listed = set(keys)
+        if not self.keys <= listed:
+            self._removed()
+        self.keys = listed
 
     def lost(self, key: str) -> None:
         """A lookup missed `key` although the set has it: forget it if its files are
@@ -61,4 +84,8 @@ class Membership:
         process is either wholly before (kept) or wholly after (it adds it again)."""
         with _locks.held(self._files.tier_lock, _locks.SHARED):
             if not self._files.committed(key):
-                self.keys.discard(key)
+                self.discard(key)
+
+    def _removed(self) -> None:
+        with self._counting:
+            self.removals += 1

@@ -309,6 +309,15 @@ class Tier:
             return key in self._members.keys
         return self._files.committed(key)
 
+    @property
+    def removals(self) -> int | None:
+        """For a sole writer, a count that changes whenever a committed key is taken
+        out of its set (an eviction, a bad entry, one lost behind its back, a listing
+        without it); while it stays the same, every key `contains` said yes to still
+        is. None for a tier that is not the sole writer: nothing is known without
+        looking."""
+        return None if self._members is None else self._members.removals
+
     def keys(self) -> list[str]:
         """Keys of the committed entries, sorted."""
         return sorted(self._files.listing().committed())
@@ -332,7 +341,7 @@ class Tier:
         writer's set takes it (`_membership`: what another writer changed, broken
         promise or not, is seen here at the latest, e.g. at each metrics scrape)."""
         if self._members is not None:
-            self._members.keys = set(committed)
+            self._members.replace(committed)
 
     def leased_bytes(self) -> int:
         """Bytes of entries some process holds a lease on (a snapshot, best effort)."""
@@ -402,7 +411,7 @@ class Tier:
                     os.close(fill)
             complete = sorted(listing.committed())
             if self._members is not None:
-                self._members.keys = set(complete)
+                self._members.replace(complete)
         counts = {"hit": 0, "missing": 0, "corrupted": 0, "incompatible": 0}
         total = 0
         for key in complete:
@@ -610,7 +619,7 @@ class Tier:
                 if current == data_id:
                     _directory.unlink(self._files.meta(key))
                     if self._members is not None:
-                        self._members.keys.discard(key)
+                        self._members.discard(key)
                     if current is not None:
                         _directory.unlink(self._files.data(key))
         finally:
@@ -628,7 +637,7 @@ class Tier:
                 self._files.meta(key)
             )  # uncommit first: a reader never sees data without meta
             if self._members is not None:
-                self._members.keys.discard(key)
+                self._members.discard(key)
             faultpoints.reach("cache.evict")
             _directory.unlink(self._files.data(key))
             _locks.unlink_held(lock, self._files.lease(key))
