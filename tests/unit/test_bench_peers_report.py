@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench.peers import report
+from bench.peers import report, runner
 
 pytestmark = pytest.mark.unit
 
@@ -75,3 +75,37 @@ def test_the_table_names_each_rows_shuffle_granularity() -> None:
         ("shardcache-sidecar-sample", "sample (65,536-row windows)"),
         ("pyarrow", "file (row order kept)"),
     ]
+
+
+EXPECTED = {"samples": 10, "tokens": 100, "token_sum": 5000, "digest": 77}
+
+
+def _pass(seconds: float, **tally: int) -> dict[str, Any]:
+    return {"seconds": seconds, "ttfb_s": 0.01, "tally": {**EXPECTED, **tally}}
+
+
+def _raw(warm: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "loader": "litdata",
+        "settings": "",
+        "setup_s": 0.0,
+        "cold": _pass(2.0),
+        "warm_passes": warm,
+        "warm": runner.median_pass(warm),
+        "resume": {"supported": False},
+    }
+
+
+def test_the_warm_figure_is_the_median_pass_of_several() -> None:
+    warm = [_pass(0.5), _pass(0.2), _pass(0.4)]
+    assert runner.median_pass(warm) is warm[2]
+    assert runner.median_pass(warm[:2]) is warm[1]  # an even count: the lower middle
+    row = report.judge(_raw(warm), EXPECTED, "litdata")
+    assert row["status"] == "ok" and row["warm_tps"] == pytest.approx(100 / 0.4)
+
+
+def test_a_wrong_warm_pass_fails_the_loader_though_its_time_is_not_the_one_reported() -> None:
+    warm = [_pass(0.3), _pass(0.1, samples=9), _pass(0.2)]
+    row = report.judge(_raw(warm), EXPECTED, "litdata")
+    assert row["status"] == "FAILED"
+    assert row["failure"] == "warm pass 2 of 3: samples: expected 10, got 9"
