@@ -32,8 +32,9 @@ Before a variable-width column's copy, one numpy read of each asked row's first 
 byte (`_Span.touch`). The copy goes row after row, and each ~4 KB row of a large
 mapping starts with a cache miss and a page walk (two, where it crosses a page) that
 the copy waits for, one row at a time; that read asks for all of a batch's at once, so
-they overlap, and the copy finds them done: 20-28% more GB/s for the copy alone here
-(docs/benchmarks.md, "Sample mode's copy: the rows' first and last bytes read first").
+they overlap, and the copy finds them done: up to a quarter more GB/s for the copy
+alone on two cores, a few percent for a whole pass there (docs/benchmarks.md, "Sample
+mode's copy: the rows' first and last bytes read first").
 
 The Python around the copies holds the GIL, and gathers run on several threads beside
 the consumer (`shardcache.gather_ahead`): what a batch runs under the GIL is kept to a
