@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +254,19 @@ def warm_node(
     return node, params
 
 
+def contains_calls(node: caches.CacheNode, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The keys the node asks its memory tier about (`Tier.contains`) from now on."""
+    asked: list[str] = []
+    contains = node.memory.contains
+
+    def counted(key: str) -> bool:
+        asked.append(key)
+        return contains(key)
+
+    monkeypatch.setattr(node.memory, "contains", counted)
+    return asked
+
+
 def test_a_warm_epoch_start_looks_only_at_the_entering_readers_own_shards(
     tmp_path: Path,
     dataset: tuple[manifests.Manifest, pa.Table, int],
@@ -261,14 +275,7 @@ def test_a_warm_epoch_start_looks_only_at_the_entering_readers_own_shards(
     manifest, expected, _ = dataset
     node, params = warm_node(tmp_path, manifest, 4)
     try:
-        looked: list[str] = []
-        contains = node.memory.contains
-
-        def counted(key: str) -> bool:
-            looked.append(key)
-            return contains(key)
-
-        monkeypatch.setattr(node.memory, "contains", counted)
+        looked = contains_calls(node, monkeypatch)
         node.update_reader("rank-0", epoch=1, position=0)
         own = plan_of(manifest, dataclasses.replace(params, epoch=1))
         # Its own plan once (nothing missing: no fill ordered over the other readers'
@@ -281,9 +288,27 @@ def test_a_warm_epoch_start_looks_only_at_the_entering_readers_own_shards(
         node.close()
 
 
+#: Readers of the warm sole-writer node (`warm_sole_writer`).
+WORLD = 4
+
+
+@pytest.fixture
+def warm_sole_writer(
+    tmp_path: Path, dataset: tuple[manifests.Manifest, pa.Table, int]
+) -> Iterator[tuple[caches.CacheNode, pa.Table]]:
+    """The sidecar's kind of node (its memory tier's sole writer) with `WORLD` readers
+    registered and every shard resident, and the table it serves."""
+    manifest, expected, _ = dataset
+    node, _ = warm_node(tmp_path, manifest, WORLD, sole_writer=True)
+    try:
+        yield node, expected
+    finally:
+        node.close()
+
+
 def test_a_warm_epoch_start_of_the_sidecars_cache_makes_no_stat_and_walks_no_plan(
     tmp_path: Path,
-    dataset: tuple[manifests.Manifest, pa.Table, int],
+    warm_sole_writer: tuple[caches.CacheNode, pa.Table],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The sidecar's memory tier is its own (`memory_sole_writer`): asking which shards
@@ -292,82 +317,64 @@ def test_a_warm_epoch_start_of_the_sidecars_cache_makes_no_stat_and_walks_no_pla
     # back (docs/benchmarks.md, run D: 8-12 ms at a time). With every shard resident,
     # the fill has nothing to order: no reader's whole plan is walked either (13 % of
     # the sidecar's samples with 8-16 ranks opening at once).
-    manifest, expected, _ = dataset
-    world = 4
-    node, _ = warm_node(tmp_path, manifest, world, sole_writer=True)
-    try:
-        memory = os.fspath(tmp_path / "mem")
-        stats: list[str] = []
-        real = os.stat
+    node, expected = warm_sole_writer
+    memory = os.fspath(tmp_path / "mem")
+    stats: list[str] = []
+    real = os.stat
 
-        def counted(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
-            stats.append(os.fsdecode(path))
-            return real(path, *args, **kwargs)
+    def counted(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        stats.append(os.fsdecode(path))
+        return real(path, *args, **kwargs)
 
-        asked: list[int] = []
-        upcoming = caches._Reader.upcoming
+    asked: list[int] = []
+    upcoming = caches._Reader.upcoming
 
-        def walked(reader: Any, count: int) -> list[int]:
-            asked.append(count)
-            return upcoming(reader, count)
+    def walked(reader: Any, count: int) -> list[int]:
+        asked.append(count)
+        return upcoming(reader, count)
 
-        monkeypatch.setattr(os, "stat", counted)
-        monkeypatch.setattr(caches._Reader, "upcoming", walked)
-        for rank in range(world):
-            node.update_reader(f"rank-{rank}", epoch=1, position=0)
-        assert [path for path in stats if path.startswith(memory)] == []
-        assert asked and max(asked) < len(SHARDS)  # readahead windows, not the epoch
-        monkeypatch.undo()
-        assert node.prefetching() == 0
-        assert read_all(node).equals(expected)
-    finally:
-        node.close()
+    monkeypatch.setattr(os, "stat", counted)
+    monkeypatch.setattr(caches._Reader, "upcoming", walked)
+    for rank in range(WORLD):
+        node.update_reader(f"rank-{rank}", epoch=1, position=0)
+    assert [path for path in stats if path.startswith(memory)] == []
+    assert asked and max(asked) < len(SHARDS)  # readahead windows, not the epoch
+    monkeypatch.undo()
+    assert node.prefetching() == 0
+    assert read_all(node).equals(expected)
 
 
 def test_a_warm_epoch_start_looks_at_every_shard_once_until_one_leaves_the_tier(
-    tmp_path: Path,
-    dataset: tuple[manifests.Manifest, pa.Table, int],
-    monkeypatch: pytest.MonkeyPatch,
+    warm_sole_writer: tuple[caches.CacheNode, pa.Table], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every reader's epoch start asks whether every shard is resident: for a manifest
     # of 100,000 shards that is 100,000 lookups on the event loop each time, unless
     # nothing left the tier since the last time they all were.
-    manifest, expected, _ = dataset
-    world = 4
-    node, _ = warm_node(tmp_path, manifest, world, sole_writer=True)
-    try:
-        asked: list[str] = []
-        contains = node.memory.contains
+    node, expected = warm_sole_writer
+    keys = set(node._memory_keys)
+    asked = contains_calls(node, monkeypatch)
 
-        def counted(key: str) -> bool:
-            asked.append(key)
-            return contains(key)
+    def epoch_start(epoch: int) -> int:
+        asked.clear()
+        for rank in range(WORLD):
+            node.update_reader(f"rank-{rank}", epoch=epoch, position=0)
+        return len([key for key in asked if key in keys])
 
-        monkeypatch.setattr(node.memory, "contains", counted)
-
-        def epoch_start(epoch: int) -> int:
-            asked.clear()
-            for rank in range(world):
-                node.update_reader(f"rank-{rank}", epoch=epoch, position=0)
-            return len([key for key in asked if key in set(node._memory_keys)])
-
-        # The first epoch start after the fill made them looks at every shard once...
-        assert epoch_start(1) >= len(SHARDS)
-        # ...and then only readahead asks, a shard or two per reader.
-        assert epoch_start(2) <= 2 * world
-        assert epoch_start(3) <= 2 * world
-        # One shard leaves the tier: the next epoch start looks again and finds it gone,
-        # and the fill makes it again.
-        gone = manifest.decoded_key(len(SHARDS) - 1)
-        assert node.memory.evict(gone)
-        epoch_start(4)
-        assert gone in asked
-        settle(node)
-        assert resident(node) == list(range(len(SHARDS)))
-        monkeypatch.undo()
-        assert read_all(node).equals(expected)
-    finally:
-        node.close()
+    # The first epoch start after the fill made them looks at every shard once...
+    assert epoch_start(1) >= len(SHARDS)
+    # ...and then only readahead asks, a shard or two per reader.
+    assert epoch_start(2) <= 2 * WORLD
+    assert epoch_start(3) <= 2 * WORLD
+    # One shard leaves the tier: the next epoch start looks again and finds it gone,
+    # and the fill makes it again.
+    gone = node.manifest.decoded_key(len(SHARDS) - 1)
+    assert node.memory.evict(gone)
+    epoch_start(4)
+    assert gone in asked
+    settle(node)
+    assert resident(node) == list(range(len(SHARDS)))
+    monkeypatch.undo()
+    assert read_all(node).equals(expected)
 
 
 def test_a_new_epochs_plan_is_made_on_the_loop_only_when_the_ranks_share_is_small(
