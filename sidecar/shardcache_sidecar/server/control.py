@@ -33,7 +33,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -326,9 +326,7 @@ async def post_notes(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
     pinned = protocol.int_list(body, "pinned")
     released = protocol.lease_list(body, "released")
     stalls = protocol.stalls_from_json(body)
-    if pinned and (min(pinned) < 0 or max(pinned) >= len(node.manifest.shards)):
-        for shard in pinned:
-            _check_shard(node, shard)
+    _check_shards(node, pinned)
     dropped = 0
     for lease_id in released:
         hold = sidecar.registry.drop(lease_id)
@@ -384,7 +382,7 @@ def _shard_call(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> _Shar
         epoch=protocol.require_int(body, "epoch", minimum=0),
         position=protocol.require_int(body, "position", minimum=0),
     )
-    _check_shard(node, call.shard)
+    _check_shards(node, (call.shard,))
     return call
 
 
@@ -420,15 +418,19 @@ def _known_reader(sidecar: lifecycle.Sidecar, reader_id: str) -> str:
     return reader_id
 
 
-def _check_shard(node: caches.CacheNode, shard: int) -> None:
+def _check_shards(node: caches.CacheNode, shards: Sequence[int]) -> None:
+    """Every one of `shards` is in the manifest; else a 400 naming the first that is not.
+    (A `notes` batch carries a dozen or more: its least and its most are checked.)"""
     n = len(node.manifest.shards)
-    if not 0 <= shard < n:
-        raise replies.RequestError(
-            400,
-            protocol.KIND_INPUT,
-            protocol.CODE_UNKNOWN_SHARD,
-            f"shard index {shard} is out of range: the manifest has {n} shards (0..{n - 1})",
-        )
+    if not shards or (min(shards) >= 0 and max(shards) < n):
+        return
+    shard = next(s for s in shards if not 0 <= s < n)
+    raise replies.RequestError(
+        400,
+        protocol.KIND_INPUT,
+        protocol.CODE_UNKNOWN_SHARD,
+        f"shard index {shard} is out of range: the manifest has {n} shards (0..{n - 1})",
+    )
 
 
 #: Every route both transports serve: all of the control API but /v1/status (whose
