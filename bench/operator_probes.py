@@ -25,21 +25,14 @@ from typing import Any
 
 import kubernetes.client
 
+# The scheduler's count in nanoseconds, not /proc's 10 ms ticks: a burst's operator CPU
+# is a few hundred milliseconds, which ticks round by several percent.
+from bench.node_probes import cpu_seconds as cpu_seconds
+
 FLOW_SCHEMA = "shardcache-bench-operator"
 #: The API server's webhook-call histogram (seconds) and our webhook's name in the chart.
 WEBHOOK_HISTOGRAM = "apiserver_admission_webhook_admission_duration_seconds"
 WEBHOOK_NAME = "inject.shardcache.io"
-
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (its threads included)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    # Fields 14 and 15 of stat(5), counted after the ")" that ends the command name.
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
 
 #: The control plane's processes a burst also costs, by their command name in
 #: /proc/<pid>/comm (15 characters at most: kube-controller-manager is cut).
