@@ -18,6 +18,10 @@ class InputError(ShardcacheError, ValueError):
     """The input is wrong: fix it. The message says what was expected and what was found."""
 
 
+class ShardIndexError(InputError):
+    """A shard index outside the manifest (the wire's `unknown_shard`)."""
+
+
 class StateMismatchError(InputError):
     """A resumable state dict does not belong to this dataset or configuration."""
 

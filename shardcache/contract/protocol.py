@@ -152,6 +152,8 @@ class WireError:
         text = f"sidecar: {self.message} (HTTP {self.status}, kind={self.kind}, code={self.code})"
         if self.code == CODE_MANIFEST_MISMATCH:
             return errors.ManifestMismatchError(text)
+        if self.code == CODE_UNKNOWN_SHARD:
+            return errors.ShardIndexError(text)
         if self.kind == KIND_INPUT:
             return errors.InputError(text)
         if self.kind == KIND_SOURCE:

@@ -374,12 +374,21 @@ class CacheNode:
             return list(self._readers)
 
     # --- data -------------------------------------------------------------------
+    def check_shards(self, shards: Sequence[int]) -> None:
+        """Every one of `shards` is in the manifest; else ShardIndexError naming the first
+        that is not. (A `notes` batch carries a dozen or more: its least and its most are
+        checked.)"""
+        n = len(self.manifest.shards)
+        if not shards or (min(shards) >= 0 and max(shards) < n):
+            return
+        shard = next(s for s in shards if not 0 <= s < n)
+        raise errors.ShardIndexError(
+            f"shard index {shard} is out of range: the manifest has {n} shards (0..{n - 1})"
+        )
+
     def _check_index(self, shard: int) -> None:
         if not 0 <= shard < len(self.manifest.shards):
-            raise errors.InputError(
-                f"shard index {shard} is out of range: the manifest has "
-                f"{len(self.manifest.shards)} shards"
-            )
+            self.check_shards((shard,))
 
     def acquire(
         self,
@@ -427,13 +436,10 @@ class CacheNode:
         """Count a memory-tier hit for each of `shards`, taken without a lookup here: a
         trainer pinned entries it had been handed before (docs/wire-format.md, the reuse
         fast path), so the statistics still count every shard a reader took. One count
-        for the batch: a `notes` request carries a dozen or more."""
-        if not shards:
-            return
-        if min(shards) < 0 or max(shards) >= len(self.manifest.shards):
-            for shard in shards:
-                self._check_index(shard)
-        self._events.reused(self.memory.name, len(shards))
+        for the batch: a `notes` request carries a dozen or more. The caller checked
+        `shards` (`check_shards`) before acting on the request."""
+        if shards:
+            self._events.reused(self.memory.name, len(shards))
 
     def _materialize(
         self,

@@ -18,7 +18,7 @@ import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 import pytest
 
-from shardcache import manifests, plans
+from shardcache import errors, manifests, plans
 from shardcache.node import caches, timelines
 from tests.support import datasets
 
@@ -401,3 +401,23 @@ def test_a_new_epochs_plan_is_made_on_the_loop_only_when_the_ranks_share_is_smal
         assert not node.plan_is_cheap(dataclasses.replace(params, epoch=1))
     finally:
         node.close()
+
+
+def test_a_shard_outside_the_manifest_is_refused_naming_the_first_and_the_range(
+    warm_sole_writer: tuple[caches.CacheNode, pa.Table],
+) -> None:
+    node, expected = warm_sole_writer
+    n = len(node.manifest.shards)
+    node.check_shards([])
+    node.check_shards([0, n - 1])
+    for shards, first in (([1, n + 3, 2, -1], n + 3), ([0, -1], -1), ([n], n)):
+        with pytest.raises(errors.ShardIndexError, match=rf"shard index {first} is out of range"):
+            node.check_shards(shards)
+    with pytest.raises(
+        errors.ShardIndexError, match=rf"the manifest has {n} shards \(0\.\.{n - 1}\)"
+    ):
+        node.acquire(n)
+    with pytest.raises(errors.ShardIndexError):
+        node.lookup(-1)
+    # Refused, nothing else: the node serves every row as before.
+    assert read_all(node).equals(expected)

@@ -209,7 +209,7 @@ def test_bad_requests_get_4xx_json_and_the_sidecar_keeps_serving(sidecar: Sideca
 def test_client_maps_error_kinds_to_shardcache_errors(sidecar: SidecarProcess) -> None:
     shards = provider(sidecar)
     reader = shards.open_reader(plans.PlanParams(block_size=BLOCK), position=0)
-    with pytest.raises(errors.InputError, match="out of range: the manifest has 6 shards"):
+    with pytest.raises(errors.ShardIndexError, match="out of range: the manifest has 6 shards"):
         shards.acquire(reader, 6, epoch=0, position=0)
     with pytest.raises(errors.InputError, match="unknown reader"):
         shards.acquire("never-opened", 0, epoch=0, position=0)

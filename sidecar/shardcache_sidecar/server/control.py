@@ -33,7 +33,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -326,7 +326,7 @@ async def post_notes(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
     pinned = protocol.int_list(body, "pinned")
     released = protocol.lease_list(body, "released")
     stalls = protocol.stalls_from_json(body)
-    _check_shards(node, pinned)
+    node.check_shards(pinned)
     dropped = 0
     for lease_id in released:
         hold = sidecar.registry.drop(lease_id)
@@ -382,7 +382,7 @@ def _shard_call(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> _Shar
         epoch=protocol.require_int(body, "epoch", minimum=0),
         position=protocol.require_int(body, "position", minimum=0),
     )
-    _check_shards(node, (call.shard,))
+    node.check_shards((call.shard,))
     return call
 
 
@@ -416,21 +416,6 @@ def _known_reader(sidecar: lifecycle.Sidecar, reader_id: str) -> str:
             f"unknown reader {reader_id!r}: register it with PUT {protocol.reader_path(reader_id)}",
         )
     return reader_id
-
-
-def _check_shards(node: caches.CacheNode, shards: Sequence[int]) -> None:
-    """Every one of `shards` is in the manifest; else a 400 naming the first that is not.
-    (A `notes` batch carries a dozen or more: its least and its most are checked.)"""
-    n = len(node.manifest.shards)
-    if not shards or (min(shards) >= 0 and max(shards) < n):
-        return
-    shard = next(s for s in shards if not 0 <= s < n)
-    raise replies.RequestError(
-        400,
-        protocol.KIND_INPUT,
-        protocol.CODE_UNKNOWN_SHARD,
-        f"shard index {shard} is out of range: the manifest has {n} shards (0..{n - 1})",
-    )
 
 
 #: Every route both transports serve: all of the control API but /v1/status (whose

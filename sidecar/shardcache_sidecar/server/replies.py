@@ -77,6 +77,8 @@ def request_error(exc: BaseException) -> RequestError:
     """The wire form of an error raised by the cache or by request parsing."""
     if isinstance(exc, errors.ManifestMismatchError):
         return RequestError(409, protocol.KIND_INPUT, protocol.CODE_MANIFEST_MISMATCH, str(exc))
+    if isinstance(exc, errors.ShardIndexError):
+        return RequestError(400, protocol.KIND_INPUT, protocol.CODE_UNKNOWN_SHARD, str(exc))
     if isinstance(exc, errors.InputError):
         return RequestError(400, protocol.KIND_INPUT, protocol.CODE_BAD_REQUEST, str(exc))
     if isinstance(exc, errors.SourceError):
