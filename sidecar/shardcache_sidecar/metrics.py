@@ -342,8 +342,7 @@ class Metrics:
         child.inc()
 
     def hit(self, tier: str) -> None:
-        child = self._hits_by.get(tier)
-        (self.hits.labels(tier) if child is None else child).inc()
+        self.reused(tier, 1)
 
     def reused(self, tier: str, count: int) -> None:
         child = self._hits_by.get(tier)
