@@ -31,6 +31,12 @@ def test_a_loop_held_past_the_threshold_is_logged_with_how_late_it_was(
         try:
             await asyncio.sleep(0.01)
             time.sleep(0.03)  # a callback that holds the loop
+            # ...and goes on holding it until the sampling thread has seen it there: on a
+            # loaded machine that thread may not get a core within the 30 ms (a CI run
+            # failed so, the loop's stall logged with no sample of it).
+            deadline = time.monotonic() + 5
+            while not timer.sampler.samples and time.monotonic() < deadline:
+                time.sleep(0.002)
             await asyncio.sleep(0.02)
         finally:
             timer.close()
