@@ -41,6 +41,7 @@ from shardcache import (
     stalls,
     states,
     streams,
+    windows,
 )
 
 if TYPE_CHECKING:
@@ -250,6 +251,9 @@ class Dataset:
         #: Keyed by the whole plan: a loaded state may change the segments, not the epoch.
         self._runs_cache: tuple[plans.PlanParams, list[plans.Run]] | None = None
         self._sequence_cache: tuple[int, sequences.Sequence] | None = None
+        #: Sample mode: the windows the rank meets in the epoch (`windows.rank_windows`)
+        #: and their ends, for the plan whose parameters are kept with them.
+        self._windows_cache: tuple[plans.PlanParams, list[windows.Window], list[int]] | None = None
         self._reader_id = f"{params.rank}-{uuid.uuid4().hex[:12]}"
         self._registered = False
         self._mappings = _Mappings()
@@ -481,7 +485,8 @@ class Dataset:
         )
         with contextlib.closing(planned):
             for _, selection in planned:
-                yield selection
+                if selection is not None:  # always: its leases are its own
+                    yield selection
 
     def _gathered(
         self, batch_size: int, *, columns: Sequence[str] | None, drop_last: bool, stride: int
@@ -510,10 +515,12 @@ class Dataset:
                 follow=True,
                 stride=stride,
             ):
-                yield [selection.gather()]
+                if selection is not None:  # always: its leases are its own
+                    yield [selection.gather()]
             return
         while True:
             leases = _Leases()
+            backlog = gather_ahead.Backlog()
             planned = self._selections(
                 batch_size,
                 columns=columns,
@@ -522,9 +529,10 @@ class Dataset:
                 follow=False,
                 leases=leases,
                 stride=stride,
+                backlog=backlog,
             )
             ahead = gather_ahead.gathered(
-                planned, threads=threads, chunk_bytes=gather_ahead.CHUNK_BYTES
+                planned, threads=threads, chunk_bytes=gather_ahead.CHUNK_BYTES, backlog=backlog
             )
             self._aheads.add(ahead)
             moved = False
@@ -555,7 +563,8 @@ class Dataset:
         follow: bool,
         leases: _Leases | None = None,
         stride: int = 1,
-    ) -> Generator[tuple[tuple[int, int], selections.Selection], None, None]:
+        backlog: gather_ahead.Backlog | None = None,
+    ) -> Generator[tuple[tuple[int, int], selections.Selection | None], None, None]:
         """Sample mode's batches as rows of the window's shards, each with the positions
         [lo, hi) of the rank's stream it moves past (the batch's, and with `stride`
         those of the batches between, which are skipped unread); with `parts`, also
@@ -565,7 +574,16 @@ class Dataset:
         is yielded (a skip between batches moves it). Otherwise batches follow each other
         from the position at the start, and the position is the caller's to move (a
         caller that plans ahead of what it has handed over), as are `leases`: the shards
-        of windows planned past are retired there, not released.
+        of windows planned past are retired there, not released. With a `backlog`
+        (gathering ahead), a batch that would lease shards beyond the window at the
+        caller's position and the next yields its span with no selection instead while
+        chunks wait for the caller, and is planned when it is next pulled: a reader
+        leases at most the window the caller reads and the next, what the sidecar keeps
+        resident and what its check of the memory limit counts (`windows.held_at`). With
+        three, ranks whose two windows each fit waited for each other's room until the
+        memory tier's wait ran out. With nothing queued the batch is planned whatever it
+        spans: it is the caller's next (a batch larger than a window spans more than
+        two), or the caller moved and plans again.
         """
         from shardcache import gather, sequences  # numpy: sample mode only
         from shardcache import selections as selections_
@@ -607,6 +625,8 @@ class Dataset:
                 # (or, planning ahead, once the batches before `lo` are handed over).
                 want = seq.stream_window_shards(ranges, lo, hi)
                 if want != held or gatherer is None:
+                    while backlog is not None and backlog.chunks and not self._within_reach(want):
+                        yield (lo, lo), None
                     for shard in [s for s in leases.held if s not in want]:
                         leases.retire(shard, at=lo)
                     if follow:
@@ -649,6 +669,18 @@ class Dataset:
             if own:
                 leases.release_all()
 
+    def _within_reach(self, shards: Sequence[int]) -> bool:
+        """Whether `shards` are all of the window the caller's position is in or of
+        the next (`windows.held_at`): what a reader planning ahead may lease."""
+        cached = self._windows_cache
+        if cached is None or cached[0] != self._params:
+            m = self.manifest
+            wins = windows.rank_windows(m.shard_rows, m.digest, self._params)
+            cached = self._windows_cache = (self._params, wins, windows.window_ends(wins))
+        _, wins, ends = cached
+        reach = windows.held_at(wins, ends, self._position)
+        return all(s in reach for s in shards)
+
     def _window_parts(
         self,
         seq: sequences.Sequence,
@@ -662,7 +694,6 @@ class Dataset:
         """Append to `out` where stream positions [lo, hi) lie in their windows; the
         windows used (reusing `made`'s objects)."""
         from shardcache import selections as selections_
-        from shardcache import windows
 
         used: dict[tuple[int, int], selections_.WindowRows] = {}
         width = self._params.window

@@ -70,8 +70,9 @@ CHUNK_BYTES = 16 << 20
 #: Chunks are queued from at most this many windows at once: the one the caller reads
 #: and the next (what the sidecar prefetches, `windows.next_shards`). A window's shards
 #: are leased while a queued chunk reads them, and small windows would otherwise let
-#: `threads * AHEAD_PER_THREAD` chunks lease as many windows. With the next chunk's
-#: first batch (planned to find its window), at most one more window is leased.
+#: `threads * AHEAD_PER_THREAD` chunks lease as many windows. The plan itself leases no
+#: window past those two (`Dataset._selections` waits, an item with no selection), so
+#: the next chunk's first batch, planned to find its window, leases no third.
 WINDOWS_AHEAD = 2
 #: The most batches in one chunk, whatever their size (it bounds how far the plan, and
 #: so the leases, run ahead of the caller).
@@ -126,11 +127,22 @@ def chunk_batches(selection: selections.Selection, chunk_bytes: int) -> int:
     return max(1, min(MAX_CHUNK_BATCHES, int(chunk_bytes // batch_bytes)))
 
 
+class Backlog:
+    """How many gathered chunks wait for the caller to take their batches, as of the
+    last time `gathered` pulled an item: a plan that leases no window past the caller's
+    and the next waits only while there are some (`Dataset._selections`), since only
+    the caller taking them moves it on."""
+
+    def __init__(self) -> None:
+        self.chunks = 0
+
+
 def gathered(
-    items: Generator[tuple[K, selections.Selection], None, None],
+    items: Generator[tuple[K, selections.Selection | None], None, None],
     *,
     threads: int,
     chunk_bytes: int = 0,
+    backlog: Backlog | None = None,
 ) -> Generator[tuple[K, pa.RecordBatch], None, None]:
     """Each item's key with its selection gathered, in the items' order; `items` is
     closed when this is (after the gathers running are done).
@@ -142,12 +154,18 @@ def gathered(
     consecutive items of one gatherer (window), as many as `chunk_batches` allows for
     `chunk_bytes` (0: one item each), gathered with one copy and handed out as slices
     (`selections.gather_many`). A chunk whose gather fails raises when the caller reaches
-    its first batch: the chunks before it are handed out whole, nothing of it.
+    its first batch: the chunks before it are handed out whole, nothing of it. An item
+    whose selection is None says the next one cannot be planned before the caller has
+    taken the batches queued (`Dataset._selections`, the windows it leases): nothing more
+    is queued until they are taken, and it is asked for again. `backlog` is kept up to
+    date with the chunks queued before every item is pulled.
     """
     if threads <= 1:
         try:
             for key, selection in items:
-                yield key, selection.gather()
+                # None waits for queued batches; inline, nothing is queued to wait for.
+                if selection is not None:
+                    yield key, selection.gather()
         finally:
             items.close()
         return
@@ -166,6 +184,8 @@ def gathered(
     try:
         while True:
             while len(queue) < depth:
+                if backlog is not None:
+                    backlog.chunks = len(queue)
                 upcoming = chunker.peek()
                 if upcoming is None:
                     break
@@ -177,7 +197,13 @@ def gathered(
                 queue.append((keys, pool.submit(selections_.gather_many, chunk)))
                 windows.append(chunk[0].gatherer)
             if not queue:
-                return
+                if chunker.exhausted:
+                    return
+                # The plan waits only while chunks are queued (`backlog`).
+                raise errors.CacheError(
+                    "gathering ahead: the plan waits for leases to be released with no "
+                    "batch queued to release them (a bug: please report it)"
+                )
             keys, future = queue.popleft()
             windows.popleft()
             for key, batch in zip(keys, future.result(), strict=True):
@@ -200,18 +226,30 @@ class _Chunker(Generic[K]):
     leased) only by `peek`, for the next chunk, or while a chunk is filled."""
 
     def __init__(
-        self, items: Generator[tuple[K, selections.Selection], None, None], chunk_bytes: int
+        self,
+        items: Generator[tuple[K, selections.Selection | None], None, None],
+        chunk_bytes: int,
     ) -> None:
         self._items = items
         self._chunk_bytes = chunk_bytes
         self._held: tuple[K, selections.Selection] | None = None
         self._ramp = 1
+        #: `items` has no more.
+        self.exhausted = False
 
     def peek(self) -> selections.Selection | None:
-        """The next chunk's first selection (None when `items` is exhausted)."""
+        """The next chunk's first selection (None when `items` is exhausted, or says
+        to wait: then the next peek asks it again)."""
         if self._held is None:
-            self._held = next(self._items, None)
-        return None if self._held is None else self._held[1]
+            item = next(self._items, None)
+            if item is None:
+                self.exhausted = True
+                return None
+            key, selection = item
+            if selection is None:
+                return None
+            self._held = (key, selection)
+        return self._held[1]
 
     def take(self) -> tuple[list[K], list[selections.Selection]]:
         """The next chunk's keys and selections (empty when `items` is exhausted)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from shardcache import plans
 
@@ -109,3 +109,67 @@ def next_shards(
                 seen.add(shard)
                 out.append(shard)
     return out
+
+
+def held_at(windows: Sequence[Window], ends: Sequence[int], position: int) -> tuple[int, ...]:
+    """The shards a reader at `position` of its stream holds at once: those of its
+    current window and of the next (it crosses into the next in the middle of a batch,
+    and gathering ahead plans into it before the current one is handed over), each
+    once; none past its last window. The sidecar keeps the same resident
+    (`next_shards`)."""
+    i = bisect.bisect_right(ends, position)
+    out: list[int] = []
+    for win in windows[i : i + 2]:
+        out.extend(s for s in win.shards if s not in out)
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Need:
+    """What the sample-mode readers of one cache hold at once: every shard of each
+    one's current window and of the next (`held_at`)."""
+
+    #: The shards each reader holds at once (readers past their last window: none).
+    readers: dict[str, tuple[int, ...]]
+    #: Decoded bytes of those shards, each shard once (readers share shards, and the
+    #: cache one copy of each), as far as their sizes are known.
+    bytes: int
+    #: Shards of them whose decoded size is not known yet (counted as 0 bytes above).
+    unknown: int
+
+    def describe(self, sizes: Mapping[int, int], most: int = 4) -> str:
+        """The readers' windows in words, the largest first, at most `most` of them."""
+        rows = sorted(
+            self.readers.items(),
+            key=lambda kv: -sum(sizes.get(s, 0) for s in kv[1]),
+        )
+        words = [
+            f"{reader}: {len(shards)} shard{'' if len(shards) == 1 else 's'}, "
+            f"{sum(sizes.get(s, 0) for s in shards)} bytes"
+            for reader, shards in rows[:most]
+        ]
+        if len(rows) > most:
+            words.append(f"and {len(rows) - most} more")
+        return "; ".join(words)
+
+
+def need(
+    readers: Mapping[str, tuple[Sequence[Window], Sequence[int], int]],
+    sizes: Mapping[int, int],
+) -> Need:
+    """The memory every sample-mode reader's current and next windows take at once.
+
+    `readers`: each reader's windows, their ends (`window_ends`) and its position;
+    `sizes`: decoded bytes of the shards whose size is known. A lower bound: a shard of
+    unknown size counts 0."""
+    held: dict[str, tuple[int, ...]] = {}
+    for reader, (wins, ends, position) in readers.items():
+        shards = held_at(wins, ends, position)
+        if shards:
+            held[reader] = shards
+    every = {s for shards in held.values() for s in shards}
+    return Need(
+        readers=held,
+        bytes=sum(sizes.get(s, 0) for s in every),
+        unknown=sum(1 for s in every if s not in sizes),
+    )

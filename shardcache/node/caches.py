@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -66,6 +66,10 @@ _CHEAP_ORDER_SHARDS = 1024
 #: many small shards through the thread pool, whose hop cost more than the plan (about
 #: 0.47 ms of sidecar CPU against 0.20, `bench.node_requests`, "position (a new epoch)").
 _CHEAP_RANK_BLOCKS = 8 * 42
+#: Seconds an acquire waits for room while the sample-mode readers' current windows
+#: cannot all be resident before it gives up (`_check_window_room`): long enough that a
+#: reader's position, which the sidecar learns at its next request, is not stale.
+_WINDOW_ROOM_GRACE_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,6 +298,9 @@ class CacheNode:
         self._fill_lock = threading.Lock()
         #: Largest decoded bytes per source byte seen: sizes the fill before a fetch.
         self._expansion_seen: float | None = None
+        #: Decoded bytes of every shard decoded or met in the memory tier so far (kept
+        #: after an eviction): what a sample-mode reader's window takes.
+        self._decoded_sizes: dict[int, int] = {}
         self._largest_source = max((s.size for s in manifest.shards), default=0)
         self._working = threading.BoundedSemaphore(self.fetch_concurrency)
         self._decoding = decode_budgets.DecodeBudget(settings.memory_limit)
@@ -516,6 +523,7 @@ class CacheNode:
                 stamps.mark("decoded")
             if decoded is None:
                 return "no room"  # the fill's: the source bytes stay in the disk tier
+            self._decoded_sizes[shard] = decoded.size
             size = self.manifest.shards[shard].size
             if size:
                 ratio = decoded.size / size
@@ -573,6 +581,7 @@ class CacheNode:
                 lambda tmp: decoded.write(str(tmp)),
                 evict=not prefetch,
                 held=held,
+                waiting=None if prefetch else self._window_room_check(),
             )
         except (tiers.RoomHeldError, tiers.EntryTooLargeError) as exc:
             # Kept as their own types, so a caller can tell "does not fit" apart.
@@ -586,6 +595,61 @@ class CacheNode:
             raise errors.CacheError(f"shard {shard} ({entry.path}): {exc}") from exc
         mem_entry.release()
         return True
+
+    def window_need(self) -> windows.Need:
+        """What the sample-mode readers' current and next windows take of the memory
+        tier at once (a lower bound: `windows.need`)."""
+        with self._lock:
+            # Named by rank too: what a person reading the error knows them by.
+            readers = {
+                f"rank {r.params.rank} (reader {reader_id})": (
+                    r.plan_windows,
+                    r.window_ends,
+                    r.position,
+                )
+                for reader_id, r in self._readers.items()
+                if r.params.sampled
+            }
+        return windows.need(readers, self._decoded_sizes)
+
+    def _window_room_check(self) -> Callable[[], None]:
+        """What an acquire's insert calls while it waits for room (`Tier.insert`).
+
+        A sample-mode reader leases every shard of its window while it gathers, and of
+        the next one from where it crosses into it or plans ahead into it
+        (`windows.held_at`), so when the registered readers' windows together take more
+        than the memory limit they cannot all be resident: each reader waits for room
+        the others hold, and ranks that step together never release it (a deadlock
+        until the tier's wait times out, five minutes). Once that has been so for
+        `_WINDOW_ROOM_GRACE_S`, the acquire fails with what the windows need and what to
+        change."""
+        since: list[float] = []
+
+        def check() -> None:
+            need = self.window_need()
+            limit = self.settings.memory_limit
+            if need.bytes <= limit:
+                since.clear()
+                return
+            now = time.monotonic()
+            if not since:
+                since.append(now)
+            if now - since[0] < _WINDOW_ROOM_GRACE_S:
+                return
+            # `_insert_decoded` names the shard in front of this.
+            raise errors.CacheError(
+                "the memory tier cannot hold every sample-mode reader's current and next "
+                f"window at once: the windows of {len(need.readers)} reader(s) take at least "
+                f"{need.bytes} bytes decoded "
+                f"({need.describe(self._decoded_sizes)}), the limit is {limit} bytes. A "
+                "reader leases every shard of its window while it gathers, and of the next "
+                "as it crosses into it, so the readers would wait for each other's room. "
+                f"Raise the memory limit ({variables.MEMORY_LIMIT.env}; a DatasetMount's "
+                "spec.cache.memory) to hold every local rank's window and the next, or "
+                "lower the window (window=, spec.sharding.window)"
+            )
+
+        return check
 
     def _warn_small_memory(self, size: int) -> None:
         if self._warned_small_memory:

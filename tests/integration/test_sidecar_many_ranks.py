@@ -2,9 +2,11 @@
 
 Against a real `shardcache sidecar` process (file:// source) and real rank processes:
 while a memory tier smaller than the dataset evicts and re-fetches shards, every rank
-reads exactly its plan and together they read every row once per epoch; a rank killed
-in the middle of a shard leaves nothing that keeps the shard from being evicted, and
-leases granted ahead of a reader go when it closes or dies.
+reads exactly its plan and together they read every row once per epoch, in block mode
+and in sample mode (whose ranks each lease a whole window of shards); a memory tier
+too small for the ranks' windows together is said at once, not waited on; a rank
+killed in the middle of a shard leaves nothing that keeps the shard from being
+evicted, and leases granted ahead of a reader go when it closes or dies.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pyarrow.fs as pafs
 import pytest
 
 import shardcache
-from shardcache import plans, sidecar_client
+from shardcache import plans, sidecar_client, windows
 from shardcache.node import tiers
 from tests.support import datasets
 from tests.support.locks import exclusively_lockable
@@ -125,6 +127,227 @@ def test_k_ranks_read_every_row_once_while_a_small_memory_tier_evicts(
     stats = proc.control("GET", "/v1/status")[1]["stats"]
     assert stats["evictions"]["memory"] > 0, "the memory tier never evicted: the test is moot"
     assert stats["memory_resident_bytes"] <= limit
+
+
+WINDOW = 300
+# A sample-mode rank: it gathers ahead on two threads, as a pod with CPUs to spare does.
+SAMPLE_RANK = textwrap.dedent(
+    f"""
+    import json, sys
+    import shardcache
+    rank, world, epochs = (int(x) for x in sys.argv[1:4])
+    streams = []
+    with shardcache.open(rank=rank, world_size=world, seed={SEED}, block_size={BLOCK},
+                         shuffle="sample", window={WINDOW}, gather_threads=2) as ds:
+        for epoch in range(epochs):
+            ds.set_epoch(epoch)
+            streams.append(
+                [u for b in ds.batches({BATCH}) for u in b.column("uid").to_pylist()]
+            )
+    print(json.dumps(streams))
+    """
+)
+SAMPLE_ROWS = [256, 192, 256, 128, 256, 200, 256, 64, 256, 160, 100, 220] * 2
+# The same, in lockstep as ranks of one job are (each step's collectives): after each
+# batch a rank waits until every rank still reading has read as many (`argv[4]`, a
+# directory, holds each rank's count; a rank that ends, or fails, is "done").
+LOCKSTEP_SAMPLE_RANK = textwrap.dedent(
+    f"""
+    import json, os, sys, time
+    import shardcache
+    rank, world, epochs = (int(x) for x in sys.argv[1:4])
+    steps = sys.argv[4]
+
+    def mark(value):
+        tmp = os.path.join(steps, f"{{rank}}.tmp")
+        with open(tmp, "w") as f:
+            f.write(value)
+        os.replace(tmp, os.path.join(steps, str(rank)))
+
+    def barrier(n):
+        mark(str(n))
+        while True:
+            counts = []
+            for other in range(world):
+                try:
+                    with open(os.path.join(steps, str(other))) as f:
+                        counts.append(f.read())
+                except FileNotFoundError:
+                    counts.append("0")
+            if all(c == "done" or int(c) >= n for c in counts):
+                return
+            time.sleep(0.002)
+
+    streams, n = [], 0
+    try:
+        with shardcache.open(rank=rank, world_size=world, seed={SEED}, block_size={BLOCK},
+                             shuffle="sample", window={WINDOW}, gather_threads=2) as ds:
+            for epoch in range(epochs):
+                ds.set_epoch(epoch)
+                stream = []
+                for b in ds.batches({BATCH}):
+                    stream.extend(b.column("uid").to_pylist())
+                    n += 1
+                    barrier(n)
+                streams.append(stream)
+    finally:
+        mark("done")
+    print(json.dumps(streams))
+    """
+)
+
+
+def sample_reference(uri: str, cache: Path, rank: int, world: int, epochs: int) -> list[list[int]]:
+    streams = []
+    with shardcache.open(
+        uri,
+        cache_dir=cache,
+        rank=rank,
+        world_size=world,
+        seed=SEED,
+        block_size=BLOCK,
+        shuffle="sample",
+        window=WINDOW,
+        gather_threads=0,
+    ) as ds:
+        for epoch in range(epochs):
+            ds.set_epoch(epoch)
+            streams.append([u for b in ds.batches(BATCH) for u in b.column("uid").to_pylist()])
+    return streams
+
+
+def window_bytes(
+    uri: str, cache: Path, world: int, epochs: int, span: int, *, first_only: bool = False
+) -> tuple[list[int], list[int]]:
+    """Decoded bytes of each shard, and the most bytes of `span` consecutive windows
+    (their shards, each once) of each rank over `epochs` (or from its first window)."""
+    with shardcache.open(uri, cache_dir=cache, shuffle=False) as ds:
+        for _ in ds.batches(1000):
+            pass
+        m = ds.manifest
+    sizes = [(cache / "mem" / m.decoded_key(s)).stat().st_size for s in range(len(m.shards))]
+    largest = [
+        max(
+            sum(sizes[s] for s in {s for w in wins[i : i + span] for s in w.shards})
+            for epoch in range(epochs)
+            for wins in [
+                windows.rank_windows(
+                    m.shard_rows,
+                    m.digest,
+                    plans.PlanParams(
+                        seed=SEED,
+                        epoch=epoch,
+                        rank=rank,
+                        world_size=world,
+                        block_size=BLOCK,
+                        granularity="sample",
+                        window=WINDOW,
+                    ),
+                )
+            ]
+            for i in range(1 if first_only else len(wins))
+        )
+        for rank in range(world)
+    ]
+    return sizes, largest
+
+
+def run_ranks(
+    script: str, proc: SidecarProcess, k: int, epochs: int, timeout: float, *args: str
+) -> list[tuple[int, str, str]]:
+    """(exit status, stdout, stderr) of each of k rank processes run at once."""
+    env = {**os.environ, **proc.client_env()}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(rank), str(k), str(epochs), *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(k)
+    ]
+    done = []
+    try:
+        for p in ranks:
+            out, err = p.communicate(timeout=timeout)
+            done.append((p.returncode, out, err))
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+    return done
+
+
+def test_k_sample_mode_ranks_read_every_row_once_while_a_small_memory_tier_evicts(
+    sidecar_factory: Factory, tmp_path: Path
+) -> None:
+    k, epochs = 3, 2
+    root = tmp_path / "ds"
+    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SAMPLE_ROWS)
+    uri = f"file://{root}"
+    # A rank leases at most the window it reads and the next, gathering ahead too
+    # (`Dataset._selections`). Room for every rank's two at once, and three shards more
+    # (what readahead and fresh inserts take while a rank's acquire looks them up): the
+    # windows always fit, and the dataset does not.
+    sizes, largest = window_bytes(uri, tmp_path / "size", k, epochs, span=2)
+    limit = sum(largest) + 3 * max(sizes)
+    assert limit < sum(sizes), "the memory tier holds the whole dataset: the test is moot"
+    proc = sidecar_factory(uri, args=["--memory-limit", str(limit), "--ready-shards", "0"])
+    proc.start()
+    done = run_ranks(SAMPLE_RANK, proc, k, epochs, timeout=120)
+    for rank, (code, _, err) in enumerate(done):
+        assert code == 0, f"rank {rank} failed:\n{err[-3000:]}\n{proc.log_tail(40)}"
+    streams = [json.loads(out) for _, out, _ in done]
+    for rank in range(k):
+        assert streams[rank] == sample_reference(uri, tmp_path / "ref", rank, k, epochs), rank
+    for epoch in range(epochs):
+        every = sorted(u for rank in range(k) for u in streams[rank][epoch])
+        assert every == list(range(sum(SAMPLE_ROWS))), f"epoch {epoch}: rows missing or repeated"
+    stats = proc.control("GET", "/v1/status")[1]["stats"]
+    assert stats["evictions"]["memory"] > 0, "the memory tier never evicted: the test is moot"
+    assert stats["memory_resident_bytes"] <= limit
+
+
+def test_a_memory_tier_too_small_for_the_sample_ranks_windows_is_said_at_once(
+    sidecar_factory: Factory, tmp_path: Path
+) -> None:
+    """Ranks in lockstep, each holding its window while it waits for the others: before,
+    the rank left without room waited for room the others held until the memory tier's
+    wait ran out (five minutes, then a message about leases)."""
+    k, epochs = 4, 1
+    root = tmp_path / "ds"
+    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SAMPLE_ROWS)
+    uri = f"file://{root}"
+    # Any one rank's window and the next (what the sidecar keeps resident for it) fit,
+    # and a shard more; the ranks' first windows at once do not.
+    sizes, largest = window_bytes(uri, tmp_path / "size", k, epochs, span=2)
+    _, first = window_bytes(uri, tmp_path / "size", k, epochs, span=1, first_only=True)
+    limit = max(largest) + max(sizes)
+    assert sum(first) > limit, "the ranks' first windows fit together: the test is moot"
+    proc = sidecar_factory(uri, args=["--memory-limit", str(limit), "--ready-shards", "0"])
+    proc.start()
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    started = time.monotonic()
+    done = run_ranks(LOCKSTEP_SAMPLE_RANK, proc, k, epochs, 120, str(steps))
+    took = time.monotonic() - started
+    failed = [err for code, _, err in done if code != 0]
+    assert failed, f"every rank read its epoch within a memory tier of {limit} bytes"
+    for err in failed:
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("shardcache.errors.CacheError: sidecar: shard "), err[-3000:]
+        assert "cannot hold every sample-mode reader's current and next window" in last
+        assert f"the limit is {limit} bytes" in last and "spec.sharding.window" in last
+    # Ranks that got their windows after the others gave up read them exactly.
+    for rank, (code, out, _) in enumerate(done):
+        if code == 0:
+            assert json.loads(out) == sample_reference(uri, tmp_path / "ref", rank, k, epochs)
+    assert took < 60, f"the ranks took {took:.0f} s to be told"
+    # The sidecar serves on: a block-mode rank reads every row.
+    [(code, out, err)] = run_ranks(RANK, proc, 1, 1, timeout=120)
+    assert code == 0, err[-3000:]
+    assert sorted(json.loads(out)[0]) == list(range(sum(SAMPLE_ROWS)))
 
 
 def test_a_rank_killed_mid_shard_leaves_no_lease_that_blocks_eviction(

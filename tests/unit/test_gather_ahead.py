@@ -174,3 +174,27 @@ def test_the_default_pool_is_the_quotas_cpus_but_the_callers_capped() -> None:
     assert gather_ahead.default_threads(quotas.Quota(16, None, None), sharers=4) == 3
     assert gather_ahead.default_threads(quotas.Quota(16, None, None), sharers=8) == 2
     assert gather_ahead.default_threads(quotas.Quota(16, None, None), sharers=16) == 1
+
+
+def test_a_plan_that_waits_is_asked_again_after_the_queued_batches_are_taken() -> None:
+    """Items that say "not yet" (no selection) while chunks are queued, as a plan that
+    leases no window past the caller's and the next does: nothing is lost, repeated or
+    reordered, and a wait never comes with nothing queued."""
+    backlog = gather_ahead.Backlog()
+    waits: list[int] = []
+
+    def items() -> Generator[tuple[int, selections.Selection | None], None, None]:
+        for n in range(40):
+            # Every fifth item waits once for each chunk queued when it is pulled.
+            while n % 5 == 0 and backlog.chunks:
+                waits.append(backlog.chunks)
+                yield n, None
+            yield n, cast(selections.Selection, FakeSelection(n))
+
+    got = [
+        (k, b.column("n")[0].as_py())
+        for k, b in gather_ahead.gathered(items(), threads=2, backlog=backlog)
+    ]
+    assert got == [(n, n) for n in range(40)]
+    assert waits and all(w > 0 for w in waits)
+    assert not gather_threads()

@@ -83,3 +83,32 @@ def test_an_entry_larger_than_the_whole_tier_is_too_large_whatever_is_held(
     assert (info.value.size, info.value.limit) == (9 * KIB, 8 * KIB)
     assert "holds at most 8192 bytes" in str(info.value.about("shard 0 (p)"))
     a.release()
+
+
+def test_what_the_waiting_hook_raises_ends_an_insert_waiting_for_room_with_nothing_reserved(
+    tmp_path: Path,
+) -> None:
+    t = memory_tier(tmp_path, 30 * KIB)
+    a = t.insert("a", 10 * KIB, writer(10 * KIB))
+    b = t.insert("b", 15 * KIB, writer(15 * KIB))
+    calls: list[int] = []
+
+    def waiting_hook() -> None:
+        calls.append(len(calls))
+        if len(calls) == 3:
+            raise errors.CacheError("the room will not come")
+
+    # Fits beside nothing the caller holds (held=0), so it would wait for a or b.
+    with pytest.raises(errors.CacheError, match="the room will not come"):
+        waiting.finishes(
+            "an insert whose waiting hook gives up",
+            lambda: t.insert("c", 10 * KIB, writer(10 * KIB), waiting=waiting_hook),
+            timeout=WAIT_TIMEOUT_S / 2,
+        )
+    assert calls == [0, 1, 2]  # once before each wait, until it raised
+    assert t.keys() == ["a", "b"] and t.used_bytes() == 25 * KIB  # nothing reserved
+    a.release()
+    c = t.insert("c", 10 * KIB, writer(10 * KIB), waiting=waiting_hook)
+    assert len(calls) == 3, "an insert that found room at once never called the hook"
+    c.release()
+    b.release()

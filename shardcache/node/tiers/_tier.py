@@ -146,6 +146,7 @@ class Tier:
         evict: bool = True,
         held: int = 0,
         sha256: str | None = None,
+        waiting: Callable[[], None] | None = None,
     ) -> _entries.Entry:
         """Reserve `size` bytes, let `produce(tmp_path)` write them, commit, return a lease.
 
@@ -163,6 +164,10 @@ class Tier:
         on and keeps holding while this insert waits: if `size` does not fit beside
         them, RoomHeldError is raised at once instead of waiting for room only the
         caller could free.
+
+        `waiting`: called each time the insert is about to wait for leases to be
+        released; what it raises ends the wait (a caller that can tell the room will not
+        come: the node cache's sample-mode readers, `CacheNode._check_window_room`).
 
         `sha256`: the hex sha256 of the bytes `produce` writes, when the caller knows it
         (the node cache's fetch checks the source's bytes against the manifest's sha256
@@ -196,7 +201,13 @@ class Tier:
         while True:
             try:
                 return self._insert_reserved(
-                    key, size, produce, evict=evict, deadline=deadline, sha256=sha256
+                    key,
+                    size,
+                    produce,
+                    evict=evict,
+                    deadline=deadline,
+                    sha256=sha256,
+                    waiting=waiting,
                 )
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
@@ -215,9 +226,10 @@ class Tier:
         evict: bool,
         deadline: float,
         sha256: str | None,
+        waiting: Callable[[], None] | None = None,
     ) -> _entries.Entry:
         """One attempt of `insert`: reserve, produce, commit; the reservation goes on error."""
-        tmp_path, tmp_fd = self._reserve(key, size, evict=evict, deadline=deadline)
+        tmp_path, tmp_fd = self._reserve(key, size, evict=evict, deadline=deadline, waiting=waiting)
         meta_tmp = tmp_path.with_name(tmp_path.name + names.META_SUFFIX)
         committed = False
         try:
@@ -277,12 +289,13 @@ class Tier:
         evict: bool = True,
         held: int = 0,
         sha256: str | None = None,
+        waiting: Callable[[], None] | None = None,
     ) -> tuple[_entries.Entry, bool]:
         """lookup, else insert; one producer per key across threads and processes.
 
         Returns (entry, hit). A caller that finds another one producing the key waits
-        for it (on the per-key fill lock) and then gets its entry. `evict`, `held` and
-        `sha256` as in insert.
+        for it (on the per-key fill lock) and then gets its entry. `evict`, `held`,
+        `sha256` and `waiting` as in insert.
         """
         _entries.check_key(key)
         entry, _ = self._lookup(key, touch=True)
@@ -293,7 +306,9 @@ class Tier:
                 entry, _ = self._lookup(key, touch=True)
                 if entry is None:
                     self._count_lookup(None)
-                    entry = self.insert(key, size, produce, evict=evict, held=held, sha256=sha256)
+                    entry = self.insert(
+                        key, size, produce, evict=evict, held=held, sha256=sha256, waiting=waiting
+                    )
                     return entry, False
             finally:
                 _locks.unlink_held(fill_fd, self._files.fill(key))
@@ -648,7 +663,15 @@ class Tier:
         logger.debug("%s tier: evicted %s (%d bytes)", self.name, key, size)
         return True
 
-    def _reserve(self, key: str, size: int, *, evict: bool, deadline: float) -> tuple[Path, int]:
+    def _reserve(
+        self,
+        key: str,
+        size: int,
+        *,
+        evict: bool,
+        deadline: float,
+        waiting: Callable[[], None] | None = None,
+    ) -> tuple[Path, int]:
         """Make room for `size` bytes and reserve them as a locked temp file."""
         delay = _WAIT_FIRST_S
         warned = False
@@ -684,6 +707,8 @@ class Tier:
                     f"held by leases, {reserved} bytes reserved by inserts in progress; "
                     f"readers must release entries, or raise {self._limit_setting()}"
                 )
+            if waiting is not None:
+                waiting()
             if not warned:
                 warned = True
                 logger.warning(
