@@ -20,6 +20,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
@@ -76,11 +77,14 @@ def decoded_sizes(uri: str, cache: Path) -> list[int]:
     return [p.stat().st_size for p in (cache / "mem").iterdir() if "." not in p.name]
 
 
-def reference(uri: str, cache: Path, rank: int, world: int, epochs: int) -> list[list[int]]:
-    """What `rank` must read: the same plan in embedded mode."""
+def reference(
+    uri: str, cache: Path, rank: int, world: int, epochs: int, **mode: Any
+) -> list[list[int]]:
+    """What `rank` must read: the same plan (`mode`: more of `shardcache.open`'s options)
+    in embedded mode."""
     streams = []
     with shardcache.open(
-        uri, cache_dir=cache, rank=rank, world_size=world, seed=SEED, block_size=BLOCK
+        uri, cache_dir=cache, rank=rank, world_size=world, seed=SEED, block_size=BLOCK, **mode
     ) as ds:
         for epoch in range(epochs):
             ds.set_epoch(epoch)
@@ -102,28 +106,37 @@ def test_k_ranks_read_every_row_once_while_a_small_memory_tier_evicts(
     assert len(sizes) == len(rows) and limit < sum(sizes) / 2
     proc = sidecar_factory(uri, args=["--memory-limit", str(limit), "--ready-shards", "0"])
     proc.start()
-    env = {**os.environ, **proc.client_env()}
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK, str(rank), str(k), str(epochs)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(k)
-    ]
-    streams = []
-    for rank, p in enumerate(ranks):
-        out, err = p.communicate(timeout=240)
-        assert p.returncode == 0, f"rank {rank} failed:\n{err[-3000:]}\n{proc.log_tail(40)}"
-        streams.append(json.loads(out))
+    read_every_row_once(
+        proc,
+        RANK,
+        k,
+        epochs,
+        sum(rows),
+        limit,
+        lambda rank: reference(uri, tmp_path / "ref", rank, k, epochs),
+    )
 
+
+def read_every_row_once(
+    proc: SidecarProcess,
+    script: str,
+    k: int,
+    epochs: int,
+    rows: int,
+    limit: int,
+    expected: Callable[[int], list[list[int]]],
+) -> None:
+    """k ranks of `script` at once read `expected(rank)` each, and every one of the
+    dataset's `rows` once per epoch, while the memory tier (of `limit` bytes) evicts."""
+    done = run_ranks(script, proc, k, epochs, timeout=240)
+    for rank, (code, _, err) in enumerate(done):
+        assert code == 0, f"rank {rank} failed:\n{err[-3000:]}\n{proc.log_tail(40)}"
+    streams = [json.loads(out) for _, out, _ in done]
     for rank in range(k):
-        assert streams[rank] == reference(uri, tmp_path / "ref", rank, k, epochs), rank
+        assert streams[rank] == expected(rank), rank
     for epoch in range(epochs):
         every = sorted(u for rank in range(k) for u in streams[rank][epoch])
-        assert every == list(range(sum(rows))), f"epoch {epoch}: rows missing or repeated"
+        assert every == list(range(rows)), f"epoch {epoch}: rows missing or repeated"
     stats = proc.control("GET", "/v1/status")[1]["stats"]
     assert stats["evictions"]["memory"] > 0, "the memory tier never evicted: the test is moot"
     assert stats["memory_resident_bytes"] <= limit
@@ -198,22 +211,9 @@ LOCKSTEP_SAMPLE_RANK = textwrap.dedent(
 
 
 def sample_reference(uri: str, cache: Path, rank: int, world: int, epochs: int) -> list[list[int]]:
-    streams = []
-    with shardcache.open(
-        uri,
-        cache_dir=cache,
-        rank=rank,
-        world_size=world,
-        seed=SEED,
-        block_size=BLOCK,
-        shuffle="sample",
-        window=WINDOW,
-        gather_threads=0,
-    ) as ds:
-        for epoch in range(epochs):
-            ds.set_epoch(epoch)
-            streams.append([u for b in ds.batches(BATCH) for u in b.column("uid").to_pylist()])
-    return streams
+    return reference(
+        uri, cache, rank, world, epochs, shuffle="sample", window=WINDOW, gather_threads=0
+    )
 
 
 def window_bytes(
@@ -295,18 +295,15 @@ def test_k_sample_mode_ranks_read_every_row_once_while_a_small_memory_tier_evict
     assert limit < sum(sizes), "the memory tier holds the whole dataset: the test is moot"
     proc = sidecar_factory(uri, args=["--memory-limit", str(limit), "--ready-shards", "0"])
     proc.start()
-    done = run_ranks(SAMPLE_RANK, proc, k, epochs, timeout=120)
-    for rank, (code, _, err) in enumerate(done):
-        assert code == 0, f"rank {rank} failed:\n{err[-3000:]}\n{proc.log_tail(40)}"
-    streams = [json.loads(out) for _, out, _ in done]
-    for rank in range(k):
-        assert streams[rank] == sample_reference(uri, tmp_path / "ref", rank, k, epochs), rank
-    for epoch in range(epochs):
-        every = sorted(u for rank in range(k) for u in streams[rank][epoch])
-        assert every == list(range(sum(SAMPLE_ROWS))), f"epoch {epoch}: rows missing or repeated"
-    stats = proc.control("GET", "/v1/status")[1]["stats"]
-    assert stats["evictions"]["memory"] > 0, "the memory tier never evicted: the test is moot"
-    assert stats["memory_resident_bytes"] <= limit
+    read_every_row_once(
+        proc,
+        SAMPLE_RANK,
+        k,
+        epochs,
+        sum(SAMPLE_ROWS),
+        limit,
+        lambda rank: sample_reference(uri, tmp_path / "ref", rank, k, epochs),
+    )
 
 
 def test_a_memory_tier_too_small_for_the_sample_ranks_windows_is_said_at_once(
