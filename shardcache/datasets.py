@@ -589,6 +589,7 @@ class Dataset:
         from shardcache import selections as selections_
 
         own = leases is None
+        skips = self._skip_count
         leases = _Leases() if leases is None else leases
         held: list[int] = []
         gatherer: gather.Gatherer | None = None
@@ -627,6 +628,11 @@ class Dataset:
                 if want != held or gatherer is None:
                     while backlog is not None and backlog.chunks and not self._within_reach(want):
                         yield (lo, lo), None
+                    if backlog is not None and self._skip_count == skips:
+                        # Every batch before the caller's position is handed over: the
+                        # windows only they read go now, not at the next hand-over, so
+                        # they are not held beside the two this plan may lease.
+                        leases.release_before(self._position)
                     for shard in [s for s in leases.held if s not in want]:
                         leases.retire(shard, at=lo)
                     if follow:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from shardcache import plans
 
@@ -131,22 +131,25 @@ class Need:
 
     #: The shards each reader holds at once (readers past their last window: none).
     readers: dict[str, tuple[int, ...]]
-    #: Decoded bytes of those shards, each shard once (readers share shards, and the
-    #: cache one copy of each), as far as their sizes are known.
+    #: Decoded bytes of each of those shards whose size is known or estimated.
+    sizes: dict[int, int]
+    #: Those shards' bytes, each shard once (readers share shards, and the cache one
+    #: copy of each).
     bytes: int
-    #: Shards of them whose decoded size is not known yet (counted as 0 bytes above).
+    #: Shards of them of no known size (counted as 0 bytes above).
     unknown: int
 
-    def describe(self, sizes: Mapping[int, int], most: int = 4) -> str:
+    def reader_bytes(self, reader: str) -> int:
+        return sum(self.sizes.get(s, 0) for s in self.readers[reader])
+
+    def describe(self, most: int = 4) -> str:
         """The readers' windows in words, the largest first, at most `most` of them."""
-        rows = sorted(
-            self.readers.items(),
-            key=lambda kv: -sum(sizes.get(s, 0) for s in kv[1]),
-        )
+        rows = sorted(self.readers, key=lambda r: -self.reader_bytes(r))
         words = [
-            f"{reader}: {len(shards)} shard{'' if len(shards) == 1 else 's'}, "
-            f"{sum(sizes.get(s, 0) for s in shards)} bytes"
-            for reader, shards in rows[:most]
+            f"{reader}: {len(self.readers[reader])} "
+            f"shard{'' if len(self.readers[reader]) == 1 else 's'}, "
+            f"{self.reader_bytes(reader)} bytes"
+            for reader in rows[:most]
         ]
         if len(rows) > most:
             words.append(f"and {len(rows) - most} more")
@@ -155,21 +158,24 @@ class Need:
 
 def need(
     readers: Mapping[str, tuple[Sequence[Window], Sequence[int], int]],
-    sizes: Mapping[int, int],
+    size_of: Callable[[int], int | None],
 ) -> Need:
     """The memory every sample-mode reader's current and next windows take at once.
 
     `readers`: each reader's windows, their ends (`window_ends`) and its position;
-    `sizes`: decoded bytes of the shards whose size is known. A lower bound: a shard of
-    unknown size counts 0."""
+    `size_of`: a shard's decoded bytes, known or estimated, or None (then it counts 0:
+    the figure is as low as what is known)."""
     held: dict[str, tuple[int, ...]] = {}
     for reader, (wins, ends, position) in readers.items():
         shards = held_at(wins, ends, position)
         if shards:
             held[reader] = shards
-    every = {s for shards in held.values() for s in shards}
-    return Need(
-        readers=held,
-        bytes=sum(sizes.get(s, 0) for s in every),
-        unknown=sum(1 for s in every if s not in sizes),
-    )
+    sizes: dict[int, int] = {}
+    unknown = 0
+    for s in {s for shards in held.values() for s in shards}:
+        size = size_of(s)
+        if size is None:
+            unknown += 1
+        else:
+            sizes[s] = size
+    return Need(readers=held, sizes=sizes, bytes=sum(sizes.values()), unknown=unknown)

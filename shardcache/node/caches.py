@@ -298,9 +298,12 @@ class CacheNode:
         self._fill_lock = threading.Lock()
         #: Largest decoded bytes per source byte seen: sizes the fill before a fetch.
         self._expansion_seen: float | None = None
-        #: Decoded bytes of every shard decoded or met in the memory tier so far (kept
-        #: after an eviction): what a sample-mode reader's window takes.
+        #: Decoded bytes of every shard decoded so far (kept after an eviction): what a
+        #: sample-mode reader's window takes (`window_need`)...
         self._decoded_sizes: dict[int, int] = {}
+        #: ...and, for a shard not decoded yet, its source bytes times the least
+        #: decoded bytes per source byte seen.
+        self._expansion_least: float | None = None
         self._largest_source = max((s.size for s in manifest.shards), default=0)
         self._working = threading.BoundedSemaphore(self.fetch_concurrency)
         self._decoding = decode_budgets.DecodeBudget(settings.memory_limit)
@@ -528,6 +531,7 @@ class CacheNode:
             if size:
                 ratio = decoded.size / size
                 self._expansion_seen = max(self._expansion_seen or ratio, ratio)
+                self._expansion_least = min(self._expansion_least or ratio, ratio)
             faultpoints.reach("cache.decode")
             inserted = self._insert_decoded(
                 shard, mem_key, decoded, prefetch=why != "acquire", held=held
@@ -598,7 +602,7 @@ class CacheNode:
 
     def window_need(self) -> windows.Need:
         """What the sample-mode readers' current and next windows take of the memory
-        tier at once (a lower bound: `windows.need`)."""
+        tier at once (`windows.need`; shards not decoded yet estimated, `_decoded_size`)."""
         with self._lock:
             # Named by rank too: what a person reading the error knows them by.
             readers = {
@@ -610,7 +614,18 @@ class CacheNode:
                 for reader_id, r in self._readers.items()
                 if r.params.sampled
             }
-        return windows.need(readers, self._decoded_sizes)
+        return windows.need(readers, self._decoded_size)
+
+    def _decoded_size(self, shard: int) -> int | None:
+        """`shard`'s decoded bytes: known once it was decoded, else estimated from its
+        source bytes by the least expansion seen (shards blocked before their decode,
+        waiting for a fetch slot or decode budget that waiting acquires hold, are
+        windows' shards too); None before any shard was decoded."""
+        known = self._decoded_sizes.get(shard)
+        if known is not None:
+            return known
+        least = self._expansion_least
+        return None if least is None else int(self.manifest.shards[shard].size * least)
 
     def _window_room_check(self) -> Callable[[], None]:
         """What an acquire's insert calls while it waits for room (`Tier.insert`).
@@ -641,7 +656,7 @@ class CacheNode:
                 "the memory tier cannot hold every sample-mode reader's current and next "
                 f"window at once: the windows of {len(need.readers)} reader(s) take at least "
                 f"{need.bytes} bytes decoded "
-                f"({need.describe(self._decoded_sizes)}), the limit is {limit} bytes. A "
+                f"({need.describe()}), the limit is {limit} bytes. A "
                 "reader leases every shard of its window while it gathers, and of the next "
                 "as it crosses into it, so the readers would wait for each other's room. "
                 f"Raise the memory limit ({variables.MEMORY_LIMIT.env}; a DatasetMount's "
@@ -779,6 +794,12 @@ class CacheNode:
         return decoded
 
     # --- prefetch ---------------------------------------------------------------
+    def samples(self, reader_id: str) -> bool:
+        """Whether the reader reads in sample mode (plan version 2)."""
+        with self._lock:
+            reader = self._readers.get(reader_id)
+            return reader is not None and reader.params.sampled
+
     def upcoming(self, reader_id: str, count: int) -> list[int]:
         with self._lock:
             reader = self._readers.get(reader_id)

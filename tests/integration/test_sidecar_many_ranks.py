@@ -276,6 +276,9 @@ def run_ranks(
         for p in ranks:
             p.kill()
             p.wait()
+            for pipe in (p.stdout, p.stderr):
+                if pipe is not None:
+                    pipe.close()
     return done
 
 

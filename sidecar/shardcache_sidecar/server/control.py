@@ -256,7 +256,14 @@ def _grant_ahead(
     and the next) and for the startup shards a restarted sidecar warms; what is left,
     shared among the readers, bounds one answer's grants, besides the prefetch depth.
     Shards are taken to be the size of the acquired one.
+
+    None for a sample-mode reader: it leases the shards of the window its caller reads
+    and the next, and pins granted ahead would be shards of the windows after them,
+    held beside those (`windows.held_at`, the memory tier's check of the readers'
+    windows); a window's few shards cost it a round trip each.
     """
+    if node.samples(reader_id):
+        return []
     limit = min(count, node.settings.prefetch_depth)
     upcoming = node.upcoming(reader_id, limit + 1)
     if not upcoming or upcoming[0] != shard:
