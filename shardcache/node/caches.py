@@ -66,9 +66,9 @@ _CHEAP_ORDER_SHARDS = 1024
 #: many small shards through the thread pool, whose hop cost more than the plan (about
 #: 0.47 ms of sidecar CPU against 0.20, `bench.node_requests`, "position (a new epoch)").
 _CHEAP_RANK_BLOCKS = 8 * 42
-#: Seconds an acquire waits for room while the sample-mode readers' current windows
-#: cannot all be resident before it gives up (`_check_window_room`): long enough that a
-#: reader's position, which the sidecar learns at its next request, is not stale.
+#: Seconds an acquire waits for room while the sample-mode readers' current and next
+#: windows cannot all be resident before it gives up (`_window_room_check`): long enough
+#: that a reader's position, which the sidecar learns at its next request, is not stale.
 _WINDOW_ROOM_GRACE_S = 2.0
 
 
