@@ -422,7 +422,14 @@ class CacheNode:
             if entry is not None:
                 return entry
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._materialize(shard, why="acquire", wait=remaining, held=held)
+            _, entry = self._materialize(shard, why="acquire", wait=remaining, held=held)
+            if entry is not None:
+                # Leased from its insert on: between an insert that let go of it and a
+                # lookup here, another reader's acquire could evict it (a tight tier then
+                # failed with the error below). Counted as the hit the lookup was: memory
+                # hits count every shard handed to a reader.
+                self._events.hit(self.memory.name)
+                return entry
         raise errors.CacheError(
             f"shard {shard} ({self.manifest.shards[shard].path}) was evicted from the memory "
             "tier again and again before it could be leased: the memory limit "
@@ -459,9 +466,11 @@ class CacheNode:
         wait: float | None,
         held: int = 0,
         queued: float | None = None,
-    ) -> str:
+    ) -> tuple[str, tiers.Entry | None]:
         """Make `shard` resident once; concurrent callers share one attempt. What came
-        of this call's attempt (`_load`), or "shared" when it waited on another's.
+        of this call's attempt (`_load`), or "shared" when it waited on another's; and
+        for an "acquire" that made the attempt, a lease on the resident shard (else
+        None), which the caller releases.
 
         `why`: "acquire" (a reader waits for it: may evict), "readahead" or "fill"
         (never evict; the fill only decodes into room it leaves a wave of readahead).
@@ -476,10 +485,10 @@ class CacheNode:
                 self._inflight[shard] = future
         if not owner:
             future.result(timeout=wait)
-            return "shared"
+            return "shared", None
         stamps = timelines.start(shard, why, queued)
         try:
-            outcome = self._load(shard, why=why, held=held, stamps=stamps)
+            outcome, entry = self._load(shard, why=why, held=held, stamps=stamps)
         except BaseException as exc:
             stamps.done("failed")
             future.set_exception(exc)
@@ -487,18 +496,23 @@ class CacheNode:
         else:
             stamps.done(outcome)
             future.set_result(None)
-            return outcome
+            return outcome, entry
         finally:
             with self._lock:
                 self._inflight.pop(shard, None)
 
     def _load(
         self, shard: int, *, why: str, held: int = 0, stamps: timelines.Stamps = timelines.OFF
-    ) -> str:
-        """Fetch, decode and insert `shard`; what came of it, for the timeline."""
+    ) -> tuple[str, tiers.Entry | None]:
+        """Fetch, decode and insert `shard`; what came of it, for the timeline, and for
+        an "acquire" a lease on the resident shard (`_materialize`)."""
         mem_key = self.manifest.decoded_key(shard)
-        if self.memory.contains(mem_key):
-            return "resident"
+        if why == "acquire":
+            found = self.memory.lookup(mem_key, count=False)
+            if found is not None:
+                return "resident", found
+        elif self.memory.contains(mem_key):
+            return "resident", None
         key = self.manifest.source_key(shard)
         # The decoded shard's bytes stay reserved until it is in the memory tier: with
         # `fetch_concurrency` decodes at once, their total stays within the limit.
@@ -525,7 +539,7 @@ class CacheNode:
                     raise
                 stamps.mark("decoded")
             if decoded is None:
-                return "no room"  # the fill's: the source bytes stay in the disk tier
+                return "no room", None  # the fill's: the source bytes stay in the disk tier
             self._decoded_sizes[shard] = decoded.size
             size = self.manifest.shards[shard].size
             if size:
@@ -537,7 +551,12 @@ class CacheNode:
                 shard, mem_key, decoded, prefetch=why != "acquire", held=held
             )
             stamps.mark("inserted")
-            return "inserted" if inserted else "no room"
+            if inserted is None:
+                return "no room", None
+            if why == "acquire":
+                return "inserted", inserted
+            inserted.release()
+            return "inserted", None
 
     def _disk_entry(self, shard: int, key: str) -> tiers.Entry:
         """A lease on the shard's source bytes in the disk tier: fetched (and checked on
@@ -573,8 +592,9 @@ class CacheNode:
 
     def _insert_decoded(
         self, shard: int, mem_key: str, decoded: formats.Decoded, *, prefetch: bool, held: int
-    ) -> bool:
-        """Write the decoded shard to the memory tier; False if a readahead found no room."""
+    ) -> tiers.Entry | None:
+        """Write the decoded shard to the memory tier; a lease on it, or None if a
+        readahead found no room."""
         entry = self.manifest.shards[shard]
         try:
             # Readahead never evicts: an evicted shard would be one a reader needs
@@ -594,11 +614,10 @@ class CacheNode:
             if not prefetch:
                 raise
             self._warn_small_memory(decoded.size)
-            return False
+            return None
         except errors.CacheError as exc:
             raise errors.CacheError(f"shard {shard} ({entry.path}): {exc}") from exc
-        mem_entry.release()
-        return True
+        return mem_entry
 
     def window_need(self) -> windows.Need:
         """What the sample-mode readers' current and next windows take of the memory
@@ -1024,7 +1043,8 @@ class CacheNode:
         ):
             return "later"
         try:
-            return self._materialize(shard, why=why, wait=None, queued=queued)
+            outcome, _ = self._materialize(shard, why=why, wait=None, queued=queued)
+            return outcome
         except Exception as exc:
             # The reader that needs this shard gets the error from its own acquire.
             log.warning("prefetch of shard %d failed: %s", shard, exc)
@@ -1039,7 +1059,9 @@ class CacheNode:
         """Make shards resident now (blocking), e.g. a startup plan's first shards."""
         for shard in shards:
             self._check_index(shard)
-            self._materialize(shard, why="acquire", wait=None)
+            _, entry = self._materialize(shard, why="acquire", wait=None)
+            if entry is not None:
+                entry.release()
 
     def is_ready(self, first_k: int) -> bool:
         """True when the first `first_k` shards of every registered plan are resident."""
