@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from shardcache import plans
@@ -179,3 +180,23 @@ def need(
         else:
             sizes[s] = size
     return Need(readers=held, sizes=sizes, bytes=sum(sizes.values()), unknown=unknown)
+
+
+def estimated_reader_bytes(*, shards: int, rows: int, nbytes: int, window: int) -> int:
+    """About what one sample-mode reader holds at once (`held_at`), from a manifest's
+    totals alone: what the operator knows of a dataset before any pod reads it.
+
+    A reader holds every shard of its current window and of the next, and a window is
+    `window` consecutive rows of the epoch's block-level sequence, in which a shard's
+    rows are consecutive (`plans.global_runs`). So two windows touch at most
+    ceil(2 * window / r) + 1 shards of r rows: shards of the manifest's average size
+    here, and never more than it has. A reader whose share of the epoch is shorter
+    still holds its windows' every shard (`rank_windows`), so the world size does not
+    lower it. The bytes are `nbytes` per shard on average, the source's: decoded rows
+    take as much or more (a compressed source expands), so this is a lower estimate."""
+    if shards <= 0 or rows <= 0 or nbytes <= 0:
+        return 0
+    per_shard_rows = rows / shards
+    span = min(2 * window, rows)
+    touched = min(shards, math.ceil(span / per_shard_rows) + 1)
+    return math.ceil(touched * nbytes / shards)

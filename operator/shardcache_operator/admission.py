@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardcache import errors
-from shardcache_operator import authority, injection, mount_parts, specs, status
+from shardcache_operator import authority, injection, mount_parts, sample_room, specs, status
 
 #: Returns the DatasetMount object (as the API serves it) or None when it does not exist.
 Lookup = Callable[[str, str], Mapping[str, Any] | None]
@@ -125,6 +125,9 @@ def decide(
                 )
             warnings.append(f"{reason}; admitted without the cache for {name}")
             continue
+        tight = sample_room.warning(where, mount.spec, obj.get("status") or {}, pod)
+        if tight:
+            warnings.append(tight)
         mounts.append(
             injection.Mount(
                 name=name,

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from shardcache import errors, manifests, uris
-from shardcache_operator import specs, status
+from shardcache_operator import sample_room, specs, status
 
 logger = logging.getLogger(__name__)
 
@@ -338,6 +338,7 @@ def _result(
     identity: Mapping[str, str] | None,
     retry_in: float | None,
     mixture: list[dict[str, Any]] | None = None,
+    spec: specs.DatasetMountSpec | None = None,
 ) -> Result:
     previous = obj.get("status") or {}
     new_status = status.build_status(
@@ -348,7 +349,27 @@ def _result(
         resolved_source=identity,
         mixture=mixture,
     )
-    return Result(outcome, new_status, _events(outcome, previous), retry_in)
+    events = _events(outcome, previous)
+    if spec is not None and isinstance(outcome, status.Resolved):
+        events += _window_events(spec, new_status, previous, generation)
+    return Result(outcome, new_status, events, retry_in)
+
+
+def _window_events(
+    spec: specs.DatasetMountSpec,
+    new_status: Mapping[str, Any],
+    previous: Mapping[str, Any],
+    generation: int | None,
+) -> tuple[Event, ...]:
+    """How many ranks' sample windows the memory tier holds (`sample_room.capacity`),
+    once per generation that is Ready: a reconcile of an unchanged Ready mount (an
+    operator restart) says nothing again."""
+    if previous.get("phase") == status.Phase.READY and (
+        previous.get("observedGeneration") == generation
+    ):
+        return ()
+    said = sample_room.capacity(spec, new_status)
+    return () if said is None else (Event(*said),)
 
 
 async def reconcile(
@@ -421,6 +442,7 @@ async def reconcile(
         identity=identity,
         retry_in=retry_in,
         mixture=mixture,
+        spec=spec,
     )
 
 

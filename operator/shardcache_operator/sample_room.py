@@ -1,0 +1,156 @@
+"""Whether a pod's ranks can hold their sample-shuffle windows in the memory tier.
+
+In sample mode every reader holds the shards of its current and next window in the
+memory tier (docs/reading-plan.md, "A memory tier too small for the readers'
+windows"). When a pod's ranks together need more than `spec.cache.memory`, their
+sidecar fails their reads a few seconds into the epoch. The webhook knows, before the
+pod runs, what the sidecar only learns then: the accelerators the pod asks for (a
+launcher such as torchrun starts a rank per device) and the mount's pinned totals. So
+admission says it, as a warning on the pod's creation: not a refusal, since the figure
+is an estimate from averages and a pod may run fewer ranks than it has devices.
+Pure functions of the pod, the spec and the status.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from shardcache import errors, plans, windows
+from shardcache_operator import specs
+
+#: Extended resources that name one accelerator each: a rank per unit.
+ACCELERATORS = frozenset(
+    {
+        "nvidia.com/gpu",
+        "amd.com/gpu",
+        "gpu.intel.com/i915",
+        "gpu.intel.com/xe",
+        "google.com/tpu",
+        "habana.ai/gaudi",
+        "aws.amazon.com/neuron",
+        "aws.amazon.com/neuroncore",
+    }
+)
+
+
+def accelerators(pod: Mapping[str, Any]) -> int:
+    """Accelerators the pod's containers ask for (their limits, else their requests;
+    the API server keeps the two equal for extended resources). 0 when none."""
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = (container or {}).get("resources") or {}
+        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        for name, amount in asked.items():
+            if name in ACCELERATORS:
+                total += _count(amount)
+    return total
+
+
+def _count(amount: object) -> int:
+    """Units of an extended resource: a whole number, as int or string. Anything else
+    the API server would have refused; it counts none here."""
+    try:
+        return specs.parse_quantity(amount, path="accelerators")
+    except errors.InputError:
+        return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Room:
+    """A sample-mode mount's windows against its memory tier."""
+
+    #: What one rank holds at once, estimated (`windows.estimated_reader_bytes`), every
+    #: source of a mixture together.
+    per_rank: int
+    #: Every source's bytes: ranks never hold more than the whole dataset.
+    total: int
+    #: spec.cache.memory.
+    memory: int
+
+    def needed(self, ranks: int) -> int:
+        return min(self.total, ranks * self.per_rank)
+
+    def fits(self, ranks: int) -> bool:
+        return self.needed(ranks) <= self.memory
+
+
+def room(spec: specs.DatasetMountSpec, status: Mapping[str, Any]) -> Room | None:
+    """The mount's `Room`, or None where no window applies: not sample mode, or no
+    pinned totals yet (a mount not Ready is not injected)."""
+    sharding = spec.sharding
+    if not (sharding.shuffle and sharding.granularity == plans.SAMPLE):
+        return None
+    sources = [status, *(status.get("mixture") or [])]
+    per_rank = total = 0
+    for source in sources:
+        counts = [source.get(key) for key in ("shards", "rows", "bytes")]
+        if not all(isinstance(c, int) and not isinstance(c, bool) for c in counts):
+            return None
+        shards, rows, nbytes = counts
+        per_rank += windows.estimated_reader_bytes(
+            shards=shards, rows=rows, nbytes=nbytes, window=sharding.window
+        )
+        total += nbytes
+    return Room(per_rank=per_rank, total=total, memory=spec.cache.memory)
+
+
+def warning(
+    where: str,
+    spec: specs.DatasetMountSpec,
+    status: Mapping[str, Any],
+    pod: Mapping[str, Any],
+) -> str | None:
+    """What to tell the pod's creator when its ranks' windows do not fit, else None."""
+    found = room(spec, status)
+    if found is None:
+        return None
+    devices = accelerators(pod)
+    ranks = max(1, devices)
+    if found.fits(ranks):
+        return None
+    fmt = specs.format_bytes
+    who = f"{ranks} ranks, one per accelerator the pod asks for," if devices > 1 else "one rank"
+    return (
+        f"{where} shuffles samples: a rank holds the shards of its current and next "
+        f"{spec.sharding.window:,}-row window in the memory tier, about {fmt(found.per_rank)} "
+        f"or more (the source's size; decoded rows can take more); {who} need about "
+        f"{fmt(found.needed(ranks))}, over spec.cache.memory ({fmt(found.memory)}): their "
+        "reads would fail. Raise spec.cache.memory to at least "
+        f"{fmt(found.needed(ranks))}, lower spec.sharding.window, or read with "
+        "granularity block (docs/reading-plan.md)"
+    )
+
+
+def capacity(
+    spec: specs.DatasetMountSpec, status: Mapping[str, Any]
+) -> tuple[str, str, str] | None:
+    """An Event (type, reason, message) saying how many ranks a pod's memory tier holds
+    the windows of, for a Ready sample-mode mount whose dataset it does not hold whole;
+    else None. A Warning when it cannot hold one rank's."""
+    found = room(spec, status)
+    if found is None or found.total <= found.memory:
+        return None
+    fmt = specs.format_bytes
+    each = (
+        f"the current and next {spec.sharding.window:,}-row window of a rank take about "
+        f"{fmt(found.per_rank)} or more (the source's size)"
+    )
+    ranks = found.memory // max(1, found.per_rank)
+    if ranks < 1:
+        return (
+            "Warning",
+            "SampleWindowsDoNotFit",
+            f"spec.cache.memory ({fmt(found.memory)}) cannot hold one rank's sample-shuffle "
+            f"windows: {each}, so reads in sample mode would fail. Raise spec.cache.memory "
+            f"to at least {fmt(found.per_rank)}, lower spec.sharding.window, or read with "
+            "granularity block (docs/reading-plan.md)",
+        )
+    return (
+        "Normal",
+        "SampleWindows",
+        f"spec.cache.memory ({fmt(found.memory)}) holds the sample-shuffle windows of "
+        f"about {ranks} rank{'s' if ranks > 1 else ''} a pod: {each}; a pod with more local "
+        "ranks needs more (docs/reading-plan.md)",
+    )
