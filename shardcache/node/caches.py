@@ -819,6 +819,16 @@ class CacheNode:
             reader = self._readers.get(reader_id)
             return reader is not None and reader.params.sampled
 
+    def held_at(self, reader_id: str) -> tuple[int, ...] | None:
+        """The shards a sample-mode reader holds at once at its position: its current
+        and next windows' (`windows.held_at`); None for a reader of another mode or
+        none."""
+        with self._lock:
+            reader = self._readers.get(reader_id)
+            if reader is None or not reader.params.sampled:
+                return None
+            return windows.held_at(reader.plan_windows, reader.window_ends, reader.position)
+
     def upcoming(self, reader_id: str, count: int) -> list[int]:
         with self._lock:
             reader = self._readers.get(reader_id)

@@ -22,6 +22,7 @@ from shardcache import (
     streams,
     windows,
 )
+from shardcache.contract import protocol
 from tests.support import datasets, waiting
 from tests.support.sidecar import SidecarProcess
 
@@ -142,8 +143,8 @@ def test_the_reader_holds_every_shard_of_its_window_while_it_gathers(
         window = set(seq.window_shards(position, position + batch.num_rows))
         reach = min(seq.total, position + (1 + ahead) * 70)
         assert window <= held <= set(seq.window_shards(position, reach))
-        reach = set(windows.held_at(wins, ends, position + batch.num_rows))
-        assert held <= window | reach, position
+        after = set(windows.held_at(wins, ends, position + batch.num_rows))
+        assert held <= window | after, position
         if not ahead:
             assert held == window
         position += batch.num_rows
@@ -245,3 +246,29 @@ def test_take_through_the_sidecar_returns_manifest_rows_in_the_order_asked(
     assert pa.Table.from_batches([got]).equals(dataset[1].take(pa.array(index)).combine_chunks())
     assert sidecar.holds_drain() == 0
     ds.close()
+
+
+def test_a_sample_reader_is_granted_at_open_no_shard_past_its_next_window(
+    sidecar_factory: Factory, dataset: tuple[str, pa.Table]
+) -> None:
+    """The pins granted with an open are held until the reader gets to them: for a
+    sample-mode reader, beside its first two windows (`windows.held_at`), which is
+    all the memory tier's check of the readers' windows counts."""
+    proc = sidecar_factory(
+        dataset[0], args=["--block-size", str(BLOCK), "--ready-shards", str(len(SHARDS))]
+    )
+    proc.start(wait="ready")
+    m = manifests.resolve(dataset[0])
+    for seed in range(4):
+        params = sample(seed=seed)
+        wins = windows.rank_windows(m.shard_rows, m.digest, params)
+        first_two = windows.held_at(wins, windows.window_ends(wins), 0)
+        later = set(windows.next_shards(wins, windows.window_ends(wins), 0, len(SHARDS)))
+        assert later - set(first_two), "every shard is in the first two windows: moot"
+        body = {**protocol.params_to_json(params), "position": 0, "ahead": protocol.MAX_AHEAD}
+        code, answer = proc.control("PUT", protocol.reader_path(f"r{seed}"), body)
+        assert code == 200, answer
+        granted = [g["shard"] for g in answer["ahead"]]
+        assert granted == [s for s in first_two if m.shard_rows[s]][: len(granted)]
+        assert granted, "nothing granted: the shards were not resident"
+        assert proc.control("DELETE", protocol.reader_path(f"r{seed}"))[0] == 200

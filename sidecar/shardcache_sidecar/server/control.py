@@ -145,6 +145,11 @@ async def put_reader(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
         # Feature `open_ahead`: the reader's first shards, as an acquire of the first
         # would grant them, so a warm open needs no acquire round trip.
         upcoming = node.upcoming(reader_id, min(ahead, node.settings.prefetch_depth) + 1)
+        held = node.held_at(reader_id)
+        if held is not None:
+            # A sample-mode reader's current and next windows only: pins of a later
+            # window's shards would be held beside those (`_grant_ahead`).
+            upcoming = [s for s in upcoming if s in held]
         answer["reuse"] = True
         answer["ahead"] = [
             _handover(sidecar, reader_id, s, e) for s, e in _grant(sidecar, node, upcoming)
