@@ -22,6 +22,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +41,7 @@ from shardcache.node import (
     quotas,
     tiers,
     timelines,
+    window_claims,
     work_queues,
 )
 
@@ -309,6 +311,14 @@ class CacheNode:
         self._decoding = decode_budgets.DecodeBudget(settings.memory_limit)
         self._warned_small_memory = False
         self._closed = False
+        #: What the sample-mode readers hold, written for other processes sharing the
+        #: memory tier (`window_claims`); a sole writer (the sidecar) has none.
+        self._claims = (
+            None if settings.memory_sole_writer else window_claims.Claims(settings.memory_dir)
+        )
+        #: The readers' held shards the claims say; what they were written from.
+        self._claimed: dict[str, tuple[int, ...]] = {}
+        self._claims_lock = threading.Lock()
 
     # --- readers ----------------------------------------------------------------
     def register_reader(
@@ -331,6 +341,7 @@ class CacheNode:
         # moved (16 ranks registering at once rescheduled every reader 16 times).
         self._schedule(reader_id)
         self._fill(reader_id)
+        self._claim_windows()
 
     def plan_is_cheap(self, params: plans.PlanParams) -> bool:
         """Whether a reader of `params` gets its plan cheaply enough for the sidecar's
@@ -369,6 +380,7 @@ class CacheNode:
         self._schedule(reader_id)
         if new_epoch is not None:
             self._fill(reader_id)
+        self._claim_windows()
 
     def unregister_reader(self, reader_id: str) -> None:
         with self._lock:
@@ -378,6 +390,7 @@ class CacheNode:
             with self._fill_lock:
                 self._fill_plans.pop(reader_id, None)
                 self._plan_fill()
+        self._claim_windows()
 
     def reader_ids(self) -> list[str]:
         with self._lock:
@@ -635,6 +648,53 @@ class CacheNode:
             }
         return windows.need(readers, self._decoded_size)
 
+    def _claim_windows(self, *, refresh: bool = False) -> None:
+        """Write what this process's sample-mode readers hold (`windows.held_at`) for
+        other processes sharing the memory tier, where it changed; `refresh`: also
+        when only the shards' sizes may have (a decode made one known)."""
+        if self._claims is None:
+            return
+        with self._lock:
+            held = {
+                reader_id: windows.held_at(r.plan_windows, r.window_ends, r.position)
+                for reader_id, r in self._readers.items()
+                if r.params.sampled
+            }
+        with self._claims_lock:
+            if held == self._claimed and not refresh:
+                return
+            self._claimed = held
+            keys = self._memory_keys
+            self._claims.publish(
+                {
+                    reader_id: {keys[s]: self._decoded_size(s) for s in shards}
+                    for reader_id, shards in held.items()
+                }
+            )
+
+    def _claimed_elsewhere(self, own: windows.Need) -> tuple[int, int]:
+        """(readers, bytes) that other processes' sample-mode readers hold on this memory
+        tier at once (their `window_claims`), each shard once with `own`'s. A shard
+        whose size its claim does not know counts what the tier holds of it, if any."""
+        if self._claims is None:
+            return 0, 0
+        self._claim_windows(refresh=True)
+        seen = {self._memory_keys[s] for shards in own.readers.values() for s in shards}
+        readers = extra = 0
+        for claim in self._claims.others().values():
+            readers += 1
+            for key, size in claim.items():
+                if key in seen:
+                    continue
+                seen.add(key)
+                if size is None:
+                    try:
+                        size = os.stat(self.settings.memory_dir / key).st_size
+                    except OSError:
+                        size = 0
+                extra += size
+        return readers, extra
+
     def _decoded_size(self, shard: int) -> int | None:
         """`shard`'s decoded bytes: known once it was decoded, else estimated from its
         source bytes by the least expansion seen (shards blocked before their decode,
@@ -661,8 +721,9 @@ class CacheNode:
 
         def check() -> None:
             need = self.window_need()
+            elsewhere, extra = self._claimed_elsewhere(need)
             limit = self.settings.memory_limit
-            if need.bytes <= limit:
+            if need.bytes + extra <= limit:
                 since.clear()
                 return
             now = time.monotonic()
@@ -670,12 +731,18 @@ class CacheNode:
                 since.append(now)
             if now - since[0] < _WINDOW_ROOM_GRACE_S:
                 return
+            others = (
+                f"; and {elsewhere} reader(s) of other processes sharing the memory tier "
+                f"{extra} bytes more"
+                if elsewhere
+                else ""
+            )
             # `_insert_decoded` names the shard in front of this.
             raise errors.CacheError(
                 "the memory tier cannot hold every sample-mode reader's current and next "
-                f"window at once: the windows of {len(need.readers)} reader(s) take at least "
-                f"{need.bytes} bytes decoded "
-                f"({need.describe()}), the limit is {limit} bytes. A "
+                f"window at once: the windows of {len(need.readers) + elsewhere} reader(s) "
+                f"take at least {need.bytes + extra} bytes decoded "
+                f"({need.describe()}{others}), the limit is {limit} bytes. A "
                 "reader leases every shard of its window while it gathers, and of the next "
                 "as it crosses into it, so the readers would wait for each other's room. "
                 f"Raise the memory limit ({variables.MEMORY_LIMIT.env}; a DatasetMount's "
@@ -1092,6 +1159,9 @@ class CacheNode:
 
     def close(self) -> None:
         self._closed = True
+        if self._claims is not None:
+            with self._claims_lock:
+                self._claims.close()
         self._queue.close()
         with self._lock:
             workers = list(self._workers)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +128,7 @@ def read_every_row_once(
 ) -> None:
     """k ranks of `script` at once read `expected(rank)` each, and every one of the
     dataset's `rows` once per epoch, while the memory tier (of `limit` bytes) evicts."""
-    done = run_ranks(script, proc, k, epochs, timeout=240)
+    done = run_ranks(script, proc.client_env(), k, epochs, timeout=240)
     for rank, (code, _, err) in enumerate(done):
         assert code == 0, f"rank {rank} failed:\n{err[-3000:]}\n{proc.log_tail(40)}"
     streams = [json.loads(out) for _, out, _ in done]
@@ -253,10 +253,11 @@ def window_bytes(
 
 
 def run_ranks(
-    script: str, proc: SidecarProcess, k: int, epochs: int, timeout: float, *args: str
+    script: str, env: Mapping[str, str], k: int, epochs: int, timeout: float, *args: str
 ) -> list[tuple[int, str, str]]:
-    """(exit status, stdout, stderr) of each of k rank processes run at once."""
-    env = {**os.environ, **proc.client_env()}
+    """(exit status, stdout, stderr) of each of k rank processes run at once, with the
+    variables `env` besides this process's."""
+    env = {**os.environ, **env}
     ranks = [
         subprocess.Popen(
             [sys.executable, "-c", script, str(rank), str(k), str(epochs), *args],
@@ -331,7 +332,7 @@ def test_a_memory_tier_too_small_for_the_sample_ranks_windows_is_said_at_once(
     steps = tmp_path / "steps"
     steps.mkdir()
     started = time.monotonic()
-    done = run_ranks(LOCKSTEP_SAMPLE_RANK, proc, k, epochs, 120, str(steps))
+    done = run_ranks(LOCKSTEP_SAMPLE_RANK, proc.client_env(), k, epochs, 120, str(steps))
     took = time.monotonic() - started
     failed = [err for code, _, err in done if code != 0]
     assert failed, f"every rank read its epoch within a memory tier of {limit} bytes"
@@ -346,7 +347,7 @@ def test_a_memory_tier_too_small_for_the_sample_ranks_windows_is_said_at_once(
             assert json.loads(out) == sample_reference(uri, tmp_path / "ref", rank, k, epochs)
     assert took < 60, f"the ranks took {took:.0f} s to be told"
     # The sidecar serves on: a block-mode rank reads every row.
-    [(code, out, err)] = run_ranks(RANK, proc, 1, 1, timeout=120)
+    [(code, out, err)] = run_ranks(RANK, proc.client_env(), 1, 1, timeout=120)
     assert code == 0, err[-3000:]
     assert sorted(json.loads(out)[0]) == list(range(sum(SAMPLE_ROWS)))
 
@@ -560,3 +561,85 @@ def test_a_forked_child_does_not_keep_the_parents_leases_granted_ahead(
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
         shards.close()
+
+
+# The same ranks without a sidecar: each process runs its own embedded cache, and all
+# of them share one cache directory (a launcher's ranks on one machine calling
+# `shardcache.open()`); the dataset, directory and memory limit come from the
+# environment.
+EMBEDDED_OPEN = (
+    'shardcache.open(os.environ["RANK_URI"], cache_dir=os.environ["RANK_CACHE"], '
+    'memory_limit=int(os.environ["RANK_LIMIT"]), rank=rank,'
+)
+EMBEDDED_SAMPLE_RANK = SAMPLE_RANK.replace("import json, sys", "import json, os, sys").replace(
+    "shardcache.open(rank=rank,", EMBEDDED_OPEN
+)
+EMBEDDED_LOCKSTEP_SAMPLE_RANK = LOCKSTEP_SAMPLE_RANK.replace(
+    "shardcache.open(rank=rank,", EMBEDDED_OPEN
+)
+
+
+def claims_left(cache: Path) -> list[str]:
+    """Window claims files still in the shared memory tier (`window_claims`)."""
+    return sorted(p.name for p in (cache / "mem" / ".windows").glob("*.json"))
+
+
+def test_embedded_sample_ranks_sharing_a_cache_directory_read_every_row_once(
+    tmp_path: Path,
+) -> None:
+    """Each process counts the others' windows too: where they all fit, none is refused."""
+    k, epochs = 3, 2
+    root = tmp_path / "ds"
+    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SAMPLE_ROWS)
+    uri = f"file://{root}"
+    sizes, largest = window_bytes(uri, tmp_path / "size", k, epochs, span=2)
+    limit = sum(largest) + max(sizes)
+    assert limit < sum(sizes), "the memory tier holds the whole dataset: the test is moot"
+    cache = tmp_path / "shared"
+    env = {"RANK_URI": uri, "RANK_CACHE": str(cache), "RANK_LIMIT": str(limit)}
+    done = run_ranks(EMBEDDED_SAMPLE_RANK, env, k, epochs, 240)
+    for rank, (code, _, err) in enumerate(done):
+        assert code == 0, f"rank {rank} failed:\n{err[-3000:]}"
+    streams = [json.loads(out) for _, out, _ in done]
+    for rank in range(k):
+        assert streams[rank] == sample_reference(uri, tmp_path / "ref", rank, k, epochs)
+    for epoch in range(epochs):
+        every = sorted(u for rank in range(k) for u in streams[rank][epoch])
+        assert every == list(range(sum(SAMPLE_ROWS))), f"epoch {epoch}"
+    assert claims_left(cache) == []
+
+
+def test_embedded_sample_ranks_whose_windows_do_not_fit_their_shared_tier_are_told_at_once(
+    tmp_path: Path,
+) -> None:
+    """Before, each process counted its own readers' windows only, which fit: ranks in
+    lockstep waited for each other's room until the memory tier's wait ran out (five
+    minutes)."""
+    k, epochs = 4, 1
+    root = tmp_path / "ds"
+    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SAMPLE_ROWS)
+    uri = f"file://{root}"
+    sizes, largest = window_bytes(uri, tmp_path / "size", k, epochs, span=2)
+    _, first = window_bytes(uri, tmp_path / "size", k, epochs, span=1, first_only=True)
+    limit = max(largest) + max(sizes)
+    assert sum(first) > limit, "the ranks' first windows fit together: the test is moot"
+    cache = tmp_path / "shared"
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    env = {"RANK_URI": uri, "RANK_CACHE": str(cache), "RANK_LIMIT": str(limit)}
+    started = time.monotonic()
+    done = run_ranks(EMBEDDED_LOCKSTEP_SAMPLE_RANK, env, k, epochs, 120, str(steps))
+    took = time.monotonic() - started
+    failed = [err for code, _, err in done if code != 0]
+    assert failed, f"every rank read its epoch within a memory tier of {limit} bytes"
+    for err in failed:
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("shardcache.errors.CacheError: shard "), err[-3000:]
+        assert "cannot hold every sample-mode reader's current and next window" in last
+        assert "reader(s) of other processes sharing the memory tier" in last
+        assert f"the limit is {limit} bytes" in last
+    for rank, (code, out, _) in enumerate(done):
+        if code == 0:
+            assert json.loads(out) == sample_reference(uri, tmp_path / "ref", rank, k, epochs)
+    assert took < 60, f"the ranks took {took:.0f} s to be told"
+    assert claims_left(cache) == []
