@@ -731,18 +731,18 @@ class CacheNode:
                 since.append(now)
             if now - since[0] < _WINDOW_ROOM_GRACE_S:
                 return
-            others = (
-                f"; and {elsewhere} reader(s) of other processes sharing the memory tier "
-                f"{extra} bytes more"
-                if elsewhere
-                else ""
-            )
+            words = [need.describe()] if need.readers else []
+            if elsewhere:
+                words.append(
+                    f"{elsewhere} reader(s) of other processes sharing the memory tier: "
+                    f"{extra} bytes more"
+                )
             # `_insert_decoded` names the shard in front of this.
             raise errors.CacheError(
                 "the memory tier cannot hold every sample-mode reader's current and next "
                 f"window at once: the windows of {len(need.readers) + elsewhere} reader(s) "
                 f"take at least {need.bytes + extra} bytes decoded "
-                f"({need.describe()}{others}), the limit is {limit} bytes. A "
+                f"({'; '.join(words)}), the limit is {limit} bytes. A "
                 "reader leases every shard of its window while it gathers, and of the next "
                 "as it crosses into it, so the readers would wait for each other's room. "
                 f"Raise the memory limit ({variables.MEMORY_LIMIT.env}; a DatasetMount's "

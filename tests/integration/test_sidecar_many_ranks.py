@@ -129,17 +129,97 @@ def read_every_row_once(
     """k ranks of `script` at once read `expected(rank)` each, and every one of the
     dataset's `rows` once per epoch, while the memory tier (of `limit` bytes) evicts."""
     done = run_ranks(script, proc.client_env(), k, epochs, timeout=240)
-    for rank, (code, _, err) in enumerate(done):
-        assert code == 0, f"rank {rank} failed:\n{err[-3000:]}\n{proc.log_tail(40)}"
-    streams = [json.loads(out) for _, out, _ in done]
-    for rank in range(k):
-        assert streams[rank] == expected(rank), rank
-    for epoch in range(epochs):
-        every = sorted(u for rank in range(k) for u in streams[rank][epoch])
-        assert every == list(range(rows)), f"epoch {epoch}: rows missing or repeated"
+    each_read_its_plan(done, epochs, rows, expected, lambda: proc.log_tail(40))
     stats = proc.control("GET", "/v1/status")[1]["stats"]
     assert stats["evictions"]["memory"] > 0, "the memory tier never evicted: the test is moot"
     assert stats["memory_resident_bytes"] <= limit
+
+
+def each_read_its_plan(
+    done: list[tuple[int, str, str]],
+    epochs: int,
+    rows: int,
+    expected: Callable[[int], list[list[int]]],
+    context: Callable[[], str] = str,
+) -> None:
+    """Every rank of `done` (`run_ranks`) read `expected(rank)`, and together every one
+    of the dataset's `rows` once per epoch."""
+    for rank, (code, _, err) in enumerate(done):
+        assert code == 0, f"rank {rank} failed:\n{err[-3000:]}\n{context()}"
+    streams = [json.loads(out) for _, out, _ in done]
+    for rank in range(len(done)):
+        assert streams[rank] == expected(rank), rank
+    for epoch in range(epochs):
+        every = sorted(u for stream in streams for u in stream[epoch])
+        assert every == list(range(rows)), f"epoch {epoch}: rows missing or repeated"
+
+
+def sample_dataset(tmp_path: Path, k: int, epochs: int) -> tuple[str, list[int], list[int]]:
+    """SAMPLE_ROWS as a dataset, each shard's decoded bytes, and what each of k ranks'
+    two windows take at most (`window_bytes`)."""
+    root = tmp_path / "ds"
+    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SAMPLE_ROWS)
+    uri = f"file://{root}"
+    sizes, largest = window_bytes(uri, tmp_path / "size", k, epochs, span=2)
+    return uri, sizes, largest
+
+
+def room_for_every_window(sizes: list[int], largest: list[int]) -> int:
+    """A memory limit with room for every rank's two windows at once, and one shard more
+    (a readahead's insert that an acquire waited on is unleased until the acquire looks
+    it up; an acquire's own insert is leased from the start), under the dataset's size.
+    (Three shards more before acquires kept their inserts.)"""
+    limit = sum(largest) + max(sizes)
+    assert limit < sum(sizes), "the memory tier holds the whole dataset: the test is moot"
+    return limit
+
+
+def room_for_one_ranks_windows(
+    uri: str, tmp_path: Path, k: int, epochs: int, sizes: list[int], largest: list[int]
+) -> int:
+    """A memory limit with room for any one rank's window and the next (what the
+    sidecar keeps resident for it), and a shard more, where the k ranks' first windows
+    at once do not fit."""
+    _, first = window_bytes(uri, tmp_path / "size", k, epochs, span=1, first_only=True)
+    limit = max(largest) + max(sizes)
+    assert sum(first) > limit, "the ranks' first windows fit together: the test is moot"
+    return limit
+
+
+def told_at_once(
+    script: str,
+    env: Mapping[str, str],
+    uri: str,
+    tmp_path: Path,
+    k: int,
+    epochs: int,
+    limit: int,
+    prefix: str,
+    *said: str,
+) -> None:
+    """k ranks of the lockstep `script` on a memory tier of `limit` bytes too small for
+    their windows: some fail within a minute with the windows error (its last line
+    starting with `prefix` and saying each of `said`), and any that got through read
+    exactly their plan."""
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    started = time.monotonic()
+    done = run_ranks(script, env, k, epochs, 120, str(steps))
+    took = time.monotonic() - started
+    failed = [err for code, _, err in done if code != 0]
+    assert failed, f"every rank read its epoch within a memory tier of {limit} bytes"
+    for err in failed:
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(prefix), err[-3000:]
+        assert "cannot hold every sample-mode reader's current and next window" in last
+        assert f"the limit is {limit} bytes" in last
+        for words in said:
+            assert words in last, last
+    # Ranks that got their windows after the others gave up read them exactly.
+    for rank, (code, out, _) in enumerate(done):
+        if code == 0:
+            assert json.loads(out) == sample_reference(uri, tmp_path / "ref", rank, k, epochs)
+    assert took < 60, f"the ranks took {took:.0f} s to be told"
 
 
 WINDOW = 300
@@ -287,17 +367,10 @@ def test_k_sample_mode_ranks_read_every_row_once_while_a_small_memory_tier_evict
     sidecar_factory: Factory, tmp_path: Path
 ) -> None:
     k, epochs = 3, 2
-    root = tmp_path / "ds"
-    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SAMPLE_ROWS)
-    uri = f"file://{root}"
     # A rank leases at most the window it reads and the next, gathering ahead too
-    # (`Dataset._selections`). Room for every rank's two at once, and one shard more (a
-    # readahead's insert that an acquire waited on is unleased until the acquire looks it
-    # up; an acquire's own insert is leased from the start): the windows always fit,
-    # and the dataset does not. (Three shards more before acquires kept their inserts.)
-    sizes, largest = window_bytes(uri, tmp_path / "size", k, epochs, span=2)
-    limit = sum(largest) + max(sizes)
-    assert limit < sum(sizes), "the memory tier holds the whole dataset: the test is moot"
+    # (`Dataset._selections`): the windows always fit, and the dataset does not.
+    uri, sizes, largest = sample_dataset(tmp_path, k, epochs)
+    limit = room_for_every_window(sizes, largest)
     proc = sidecar_factory(uri, args=["--memory-limit", str(limit), "--ready-shards", "0"])
     proc.start()
     read_every_row_once(
@@ -318,34 +391,21 @@ def test_a_memory_tier_too_small_for_the_sample_ranks_windows_is_said_at_once(
     the rank left without room waited for room the others held until the memory tier's
     wait ran out (five minutes, then a message about leases)."""
     k, epochs = 4, 1
-    root = tmp_path / "ds"
-    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SAMPLE_ROWS)
-    uri = f"file://{root}"
-    # Any one rank's window and the next (what the sidecar keeps resident for it) fit,
-    # and a shard more; the ranks' first windows at once do not.
-    sizes, largest = window_bytes(uri, tmp_path / "size", k, epochs, span=2)
-    _, first = window_bytes(uri, tmp_path / "size", k, epochs, span=1, first_only=True)
-    limit = max(largest) + max(sizes)
-    assert sum(first) > limit, "the ranks' first windows fit together: the test is moot"
+    uri, sizes, largest = sample_dataset(tmp_path, k, epochs)
+    limit = room_for_one_ranks_windows(uri, tmp_path, k, epochs, sizes, largest)
     proc = sidecar_factory(uri, args=["--memory-limit", str(limit), "--ready-shards", "0"])
     proc.start()
-    steps = tmp_path / "steps"
-    steps.mkdir()
-    started = time.monotonic()
-    done = run_ranks(LOCKSTEP_SAMPLE_RANK, proc.client_env(), k, epochs, 120, str(steps))
-    took = time.monotonic() - started
-    failed = [err for code, _, err in done if code != 0]
-    assert failed, f"every rank read its epoch within a memory tier of {limit} bytes"
-    for err in failed:
-        last = err.strip().splitlines()[-1]
-        assert last.startswith("shardcache.errors.CacheError: sidecar: shard "), err[-3000:]
-        assert "cannot hold every sample-mode reader's current and next window" in last
-        assert f"the limit is {limit} bytes" in last and "spec.sharding.window" in last
-    # Ranks that got their windows after the others gave up read them exactly.
-    for rank, (code, out, _) in enumerate(done):
-        if code == 0:
-            assert json.loads(out) == sample_reference(uri, tmp_path / "ref", rank, k, epochs)
-    assert took < 60, f"the ranks took {took:.0f} s to be told"
+    told_at_once(
+        LOCKSTEP_SAMPLE_RANK,
+        proc.client_env(),
+        uri,
+        tmp_path,
+        k,
+        epochs,
+        limit,
+        "shardcache.errors.CacheError: sidecar: shard ",
+        "spec.sharding.window",
+    )
     # The sidecar serves on: a block-mode rank reads every row.
     [(code, out, err)] = run_ranks(RANK, proc.client_env(), 1, 1, timeout=120)
     assert code == 0, err[-3000:]
@@ -589,23 +649,17 @@ def test_embedded_sample_ranks_sharing_a_cache_directory_read_every_row_once(
 ) -> None:
     """Each process counts the others' windows too: where they all fit, none is refused."""
     k, epochs = 3, 2
-    root = tmp_path / "ds"
-    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SAMPLE_ROWS)
-    uri = f"file://{root}"
-    sizes, largest = window_bytes(uri, tmp_path / "size", k, epochs, span=2)
-    limit = sum(largest) + max(sizes)
-    assert limit < sum(sizes), "the memory tier holds the whole dataset: the test is moot"
+    uri, sizes, largest = sample_dataset(tmp_path, k, epochs)
+    limit = room_for_every_window(sizes, largest)
     cache = tmp_path / "shared"
     env = {"RANK_URI": uri, "RANK_CACHE": str(cache), "RANK_LIMIT": str(limit)}
     done = run_ranks(EMBEDDED_SAMPLE_RANK, env, k, epochs, 240)
-    for rank, (code, _, err) in enumerate(done):
-        assert code == 0, f"rank {rank} failed:\n{err[-3000:]}"
-    streams = [json.loads(out) for _, out, _ in done]
-    for rank in range(k):
-        assert streams[rank] == sample_reference(uri, tmp_path / "ref", rank, k, epochs)
-    for epoch in range(epochs):
-        every = sorted(u for rank in range(k) for u in streams[rank][epoch])
-        assert every == list(range(sum(SAMPLE_ROWS))), f"epoch {epoch}"
+    each_read_its_plan(
+        done,
+        epochs,
+        sum(SAMPLE_ROWS),
+        lambda rank: sample_reference(uri, tmp_path / "ref", rank, k, epochs),
+    )
     assert claims_left(cache) == []
 
 
@@ -616,30 +670,18 @@ def test_embedded_sample_ranks_whose_windows_do_not_fit_their_shared_tier_are_to
     lockstep waited for each other's room until the memory tier's wait ran out (five
     minutes)."""
     k, epochs = 4, 1
-    root = tmp_path / "ds"
-    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SAMPLE_ROWS)
-    uri = f"file://{root}"
-    sizes, largest = window_bytes(uri, tmp_path / "size", k, epochs, span=2)
-    _, first = window_bytes(uri, tmp_path / "size", k, epochs, span=1, first_only=True)
-    limit = max(largest) + max(sizes)
-    assert sum(first) > limit, "the ranks' first windows fit together: the test is moot"
+    uri, sizes, largest = sample_dataset(tmp_path, k, epochs)
+    limit = room_for_one_ranks_windows(uri, tmp_path, k, epochs, sizes, largest)
     cache = tmp_path / "shared"
-    steps = tmp_path / "steps"
-    steps.mkdir()
-    env = {"RANK_URI": uri, "RANK_CACHE": str(cache), "RANK_LIMIT": str(limit)}
-    started = time.monotonic()
-    done = run_ranks(EMBEDDED_LOCKSTEP_SAMPLE_RANK, env, k, epochs, 120, str(steps))
-    took = time.monotonic() - started
-    failed = [err for code, _, err in done if code != 0]
-    assert failed, f"every rank read its epoch within a memory tier of {limit} bytes"
-    for err in failed:
-        last = err.strip().splitlines()[-1]
-        assert last.startswith("shardcache.errors.CacheError: shard "), err[-3000:]
-        assert "cannot hold every sample-mode reader's current and next window" in last
-        assert "reader(s) of other processes sharing the memory tier" in last
-        assert f"the limit is {limit} bytes" in last
-    for rank, (code, out, _) in enumerate(done):
-        if code == 0:
-            assert json.loads(out) == sample_reference(uri, tmp_path / "ref", rank, k, epochs)
-    assert took < 60, f"the ranks took {took:.0f} s to be told"
+    told_at_once(
+        EMBEDDED_LOCKSTEP_SAMPLE_RANK,
+        {"RANK_URI": uri, "RANK_CACHE": str(cache), "RANK_LIMIT": str(limit)},
+        uri,
+        tmp_path,
+        k,
+        epochs,
+        limit,
+        "shardcache.errors.CacheError: shard ",
+        "reader(s) of other processes sharing the memory tier",
+    )
     assert claims_left(cache) == []
