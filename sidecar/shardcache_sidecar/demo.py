@@ -24,6 +24,9 @@ from shardcache_sidecar import launcher
 
 _READY_TIMEOUT_S = 60.0
 _MOUNT = "demo"
+#: The memory tier's limit (the launcher's default) and where a pod keeps it: tmpfs.
+_MEMORY_LIMIT = 1 << 30
+_SHM = Path("/dev/shm")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,11 +79,25 @@ def _cache_stats(metrics_url: str) -> dict[str, float]:
     return stats
 
 
+def memory_backed_run_dir(shm: Path = _SHM, limit: int = _MEMORY_LIMIT) -> Path | None:
+    """A fresh run directory on tmpfs for the memory tier, as the pod's memory-backed
+    volume is, where the machine has one with room for the tier twice over; else None
+    (the run directory goes under the work directory, on its file system)."""
+    try:
+        if shutil.disk_usage(shm).free < 2 * limit:
+            return None
+        return Path(tempfile.mkdtemp(prefix="shardcache-demo-", dir=shm))
+    except OSError:
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     import shardcache
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="shardcache-demo-"))
     work.mkdir(parents=True, exist_ok=True)
+    run_dir = memory_backed_run_dir()
+    where = f"{run_dir} (tmpfs, as in a pod)" if run_dir else f"{work / 'run'} (no room on {_SHM})"
     try:
         with launcher.object_store(args.minio, work) as (root, storage_env):
             started = time.monotonic()
@@ -90,8 +107,10 @@ def run(args: argparse.Namespace) -> int:
                 f"at {root} in {time.monotonic() - started:.1f}s",
                 flush=True,
             )
-            with launcher.sidecar(root, storage_env, work, mount=_MOUNT) as (trainer_env, base):
-                print(f"sidecar ready ({trainer_env})", flush=True)
+            with launcher.sidecar(
+                root, storage_env, work, mount=_MOUNT, memory_limit=_MEMORY_LIMIT, run_dir=run_dir
+            ) as (trainer_env, base):
+                print(f"sidecar ready ({trainer_env}); memory tier under {where}", flush=True)
                 os.environ.update(trainer_env)
                 with shardcache.open() as ds:
                     for epoch in range(args.epochs):
@@ -118,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 
 

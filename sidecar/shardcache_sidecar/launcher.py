@@ -135,13 +135,16 @@ def sidecar(
     disk_limit: int = 4 << 30,
     wait_ready: bool = True,
     extra_env: dict[str, str] | None = None,
+    run_dir: Path | None = None,
 ) -> Iterator[tuple[dict[str, str], str]]:
     """A `shardcache sidecar` process; yields (the trainer's env, the metrics base URL).
 
     The trainer's env is what the webhook gives trainer containers: the run directory
-    and the mount name, from which `shardcache.open()` finds the socket.
+    and the mount name, from which `shardcache.open()` finds the socket. `run_dir`
+    (default `work/run`) holds the socket and the memory tier, as the pod's
+    memory-backed volume does.
     """
-    run_dir = work / "run"
+    run_dir = work / "run" if run_dir is None else run_dir
     port = free_port()
     # What the webhook would write into the sidecar container, for this machine:
     # probes on loopback only, and logs for a person rather than a log pipeline.
