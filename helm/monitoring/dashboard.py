@@ -102,6 +102,16 @@ PANELS: tuple[Panel, ...] = (
         "What each tier holds; compare with its limit.",
     ),
     Panel(
+        "Sample windows / memory tier limit",
+        'max by (namespace, pod) (shardcache_sample_windows_bytes{namespace=~"$namespace"}) '
+        "/ max by (namespace, pod) "
+        '(shardcache_cache_limit_bytes{tier="memory", namespace=~"$namespace"})',
+        "{{namespace}}/{{pod}}",
+        "percentunit",
+        "What the sample-mode readers' current and next windows take of the memory tier; "
+        "above 100% their reads fail: raise spec.cache.memory or lower spec.sharding.window.",
+    ),
+    Panel(
         "Sidecars ready",
         'sum(shardcache_ready{namespace=~"$namespace"})',
         "ready",

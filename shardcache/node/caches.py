@@ -116,6 +116,10 @@ class NodeStats:
     disk_limit_bytes: int = 0
     memory_resident_bytes: int = 0
     memory_limit_bytes: int = 0
+    #: What the sample-mode readers' current and next windows take of the memory tier
+    #: at once, each shard once (`CacheNode.window_need`, other processes' claims on a
+    #: shared tier included): the memory limit must hold it.
+    sample_windows_bytes: int = 0
     readers: int = 0
     fetches: int = 0
     fetched_bytes: int = 0
@@ -1154,6 +1158,8 @@ class CacheNode:
         stats.disk_limit_bytes = self.settings.disk_limit
         stats.memory_resident_bytes = self.memory.resident_bytes()
         stats.memory_limit_bytes = self.settings.memory_limit
+        need = self.window_need()
+        stats.sample_windows_bytes = need.bytes + self._claimed_elsewhere(need)[1]
         stats.readers = len(self.reader_ids())
         return stats
 

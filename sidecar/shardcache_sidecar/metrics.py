@@ -126,6 +126,14 @@ class _StatsCollector(prom_registry.Collector):
         limit.add_metric(["disk"], stats.disk_limit_bytes)
         limit.add_metric(["memory"], stats.memory_limit_bytes)
         yield limit
+        windows = prom_core.GaugeMetricFamily(
+            "shardcache_sample_windows_bytes",
+            "Bytes the sample-mode readers' current and next windows take in the memory "
+            "tier at once, each shard once (0 without such readers); above the memory "
+            "tier's limit, their acquires fail (docs/reading-plan.md).",
+        )
+        windows.add_metric([], stats.sample_windows_bytes)
+        yield windows
         readers = prom_core.GaugeMetricFamily(
             "shardcache_readers", "Readers registered with this sidecar (incl. the startup plan)."
         )

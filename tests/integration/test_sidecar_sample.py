@@ -271,4 +271,15 @@ def test_a_sample_reader_is_granted_at_open_no_shard_past_its_next_window(
         granted = [g["shard"] for g in answer["ahead"]]
         assert granted == [s for s in first_two if m.shard_rows[s]][: len(granted)]
         assert granted, "nothing granted: the shards were not resident"
+        # The gauge of what the readers' windows take: this reader's two, decoded.
+        held = sum((proc.memory_dir / m.decoded_key(s)).stat().st_size for s in first_two)
+        assert windows_gauge(proc) == held
         assert proc.control("DELETE", protocol.reader_path(f"r{seed}"))[0] == 200
+        assert windows_gauge(proc) == 0
+
+
+def windows_gauge(proc: SidecarProcess) -> float:
+    """`shardcache_sample_windows_bytes` as the sidecar's /metrics says it."""
+    _, text = proc.http_get("/metrics")
+    [line] = [x for x in str(text).splitlines() if x.startswith("shardcache_sample_windows_bytes ")]
+    return float(line.split()[1])

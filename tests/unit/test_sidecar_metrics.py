@@ -36,6 +36,7 @@ def test_observer_events_and_node_stats_become_metrics() -> None:
             disk_limit_bytes=100,
             memory_resident_bytes=5,
             memory_limit_bytes=50,
+            sample_windows_bytes=40,
             readers=2,
         )
     )
@@ -50,6 +51,7 @@ def test_observer_events_and_node_stats_become_metrics() -> None:
     assert sample(text, 'shardcache_source_fetch_duration_seconds_bucket{le="0.25"}') == 1
     assert sample(text, 'shardcache_cache_resident_bytes{tier="disk"}') == 10
     assert sample(text, 'shardcache_cache_limit_bytes{tier="memory"}') == 50
+    assert sample(text, "shardcache_sample_windows_bytes") == 40
     assert sample(text, "shardcache_readers") == 2
     assert sample(text, "shardcache_ready") == 1
 
