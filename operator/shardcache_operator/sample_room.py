@@ -111,15 +111,24 @@ def warning(
     if found.fits(ranks):
         return None
     fmt = specs.format_bytes
-    who = f"{ranks} ranks, one per accelerator the pod asks for," if devices > 1 else "one rank"
+    who = (
+        f"{ranks} ranks, one per accelerator the pod asks for, need"
+        if devices > 1
+        else "one rank needs"
+    )
+    aside = (
+        " (a pod that reads with one process for all its accelerators runs one rank)"
+        if devices > 1
+        else ""
+    )
     return (
         f"{where} shuffles samples: a rank holds the shards of its current and next "
         f"{spec.sharding.window:,}-row window in the memory tier, about {fmt(found.per_rank)} "
-        f"or more (the source's size; decoded rows can take more); {who} need about "
+        f"or more (the source's size; decoded rows can take more); {who} about "
         f"{fmt(found.needed(ranks))}, over spec.cache.memory ({fmt(found.memory)}): their "
         "reads would fail. Raise spec.cache.memory to at least "
         f"{fmt(found.needed(ranks))}, lower spec.sharding.window, or read with "
-        "granularity block (docs/reading-plan.md)"
+        f"granularity block (docs/reading-plan.md){aside}"
     )
 
 

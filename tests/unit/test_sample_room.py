@@ -4,6 +4,7 @@ fit (docs/reading-plan.md, "A memory tier too small for the readers' windows")."
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,16 @@ def test_eight_ranks_of_a_default_sample_mount_are_told_the_memory_they_need() -
     assert "about 384Mi or more" in said  # 3 shards of 128 MiB
     assert "need about 3Gi, over spec.cache.memory (2Gi)" in said
     assert "Raise spec.cache.memory to at least 3Gi" in said
+    assert said.endswith(
+        "(a pod that reads with one process for all its accelerators runs one rank)"
+    )
+
+
+def test_one_rank_too_large_for_the_tier_is_told_in_the_singular() -> None:
+    tiny = dataclasses.replace(mount_spec(), cache=specs.CacheSpec(memory=2**20))
+    said = sample_room.warning("DatasetMount ml/web", tiny, STATUS, gpu_pod(0))
+    assert said is not None and "one rank needs about 384Mi" in said
+    assert "accelerators" not in said
 
 
 @pytest.mark.parametrize(
