@@ -53,6 +53,9 @@ ANNOTATION_INJECTED = "shardcache.io/injected"
 ANNOTATION_CONTAINERS = "shardcache.io/containers"
 #: Per-pod override of spec.sharding.worldSize.
 ANNOTATION_WORLD_SIZE = "shardcache.io/world-size"
+#: Ranks that read through the pod's sidecar; only admission's estimate of what their
+#: sample-mode windows need reads it (`sample_room`).
+ANNOTATION_LOCAL_RANKS = "shardcache.io/local-ranks"
 #: Set by the Job controller on pods of Indexed Jobs.
 ANNOTATION_JOB_INDEX = "batch.kubernetes.io/job-completion-index"
 

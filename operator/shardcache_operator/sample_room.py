@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardcache import errors, plans, windows
-from shardcache_operator import specs
+from shardcache_operator import injection, specs
 
 #: Extended resources that name one accelerator each: a rank per unit.
 ACCELERATORS = frozenset(
@@ -39,13 +39,47 @@ def accelerators(pod: Mapping[str, Any]) -> int:
     """Accelerators the pod's containers ask for (their limits, else their requests;
     the API server keeps the two equal for extended resources). 0 when none."""
     total = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = (container or {}).get("resources") or {}
-        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    # Fields of the wrong type count nothing here: the injection refuses such a pod
+    # naming the field (`admission.admit`).
+    for container in _items(_field(pod, "spec"), "containers"):
+        resources = _field(container, "resources")
+        asked = {**_field(resources, "requests"), **_field(resources, "limits")}
         for name, amount in asked.items():
             if name in ACCELERATORS:
                 total += _count(amount)
     return total
+
+
+def _field(obj: object, key: str) -> Mapping[str, Any]:
+    value = obj.get(key) if isinstance(obj, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def _items(obj: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    value = obj.get(key)
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+def local_ranks(pod: Mapping[str, Any]) -> tuple[int, str]:
+    """How many ranks read through the pod's sidecar, and how that was found: the
+    annotation `shardcache.io/local-ranks`, else one per accelerator the pod asks for,
+    else one. InputError for an annotation that is not a positive integer."""
+    given = _field(_field(pod, "metadata"), "annotations").get(injection.ANNOTATION_LOCAL_RANKS)
+    if given is not None:
+        try:
+            value = int(str(given))
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise errors.InputError(
+                f"annotation {injection.ANNOTATION_LOCAL_RANKS}: expected a positive "
+                f"integer, found {given!r}"
+            )
+        return value, f"as its {injection.ANNOTATION_LOCAL_RANKS} annotation says"
+    devices = accelerators(pod)
+    if devices > 1:
+        return devices, "one per accelerator the pod asks for"
+    return 1, ""
 
 
 def _count(amount: object) -> int:
@@ -102,23 +136,20 @@ def warning(
     status: Mapping[str, Any],
     pod: Mapping[str, Any],
 ) -> str | None:
-    """What to tell the pod's creator when its ranks' windows do not fit, else None."""
+    """What to tell the pod's creator when its ranks' windows do not fit, else None.
+    InputError for a malformed local-ranks annotation, whatever the mount's mode."""
+    ranks, how = local_ranks(pod)
     found = room(spec, status)
     if found is None:
         return None
-    devices = accelerators(pod)
-    ranks = max(1, devices)
     if found.fits(ranks):
         return None
     fmt = specs.format_bytes
-    who = (
-        f"{ranks} ranks, one per accelerator the pod asks for, need"
-        if devices > 1
-        else "one rank needs"
-    )
+    who = f"{ranks} ranks, {how}, need" if ranks > 1 else "one rank needs"
     aside = (
-        " (a pod that reads with one process for all its accelerators runs one rank)"
-        if devices > 1
+        f" (a pod that reads with one process for all its accelerators runs one rank: "
+        f'say so with the annotation {injection.ANNOTATION_LOCAL_RANKS}: "1")'
+        if how.startswith("one per accelerator")
         else ""
     )
     return (

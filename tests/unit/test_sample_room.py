@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 import pytest
 from shardcache_operator import admission, injection, reconcile, sample_room, specs
 
-from shardcache import manifests, plans, windows
+from shardcache import errors, manifests, plans, windows
 from tests.support import datasets
 
 pytestmark = pytest.mark.unit
@@ -116,8 +116,27 @@ def test_eight_ranks_of_a_default_sample_mount_are_told_the_memory_they_need() -
     assert "need about 3Gi, over spec.cache.memory (2Gi)" in said
     assert "Raise spec.cache.memory to at least 3Gi" in said
     assert said.endswith(
-        "(a pod that reads with one process for all its accelerators runs one rank)"
+        "(a pod that reads with one process for all its accelerators runs one rank: say so "
+        'with the annotation shardcache.io/local-ranks: "1")'
     )
+
+
+def annotated(pod: dict[str, Any], ranks: str) -> dict[str, Any]:
+    return {**pod, "metadata": {"annotations": {injection.ANNOTATION_LOCAL_RANKS: ranks}}}
+
+
+def test_the_local_ranks_annotation_counts_the_ranks_instead_of_the_accelerators() -> None:
+    assert sample_room.warning("m", mount_spec(), STATUS, annotated(gpu_pod(8), "1")) is None
+    said = sample_room.warning("m", mount_spec(), STATUS, annotated(gpu_pod(0), "6"))
+    assert said is not None
+    assert "6 ranks, as its shardcache.io/local-ranks annotation says, need about 2.2Gi" in said
+    assert "accelerators" not in said
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "eight", ""])
+def test_a_malformed_local_ranks_annotation_refuses_the_pod_naming_it(value: str) -> None:
+    with pytest.raises(errors.InputError, match=r"shardcache\.io/local-ranks: expected a positive"):
+        sample_room.warning("m", mount_spec(granularity="block"), STATUS, annotated({}, value))
 
 
 def test_one_rank_too_large_for_the_tier_is_told_in_the_singular() -> None:
@@ -184,6 +203,13 @@ def test_admission_admits_the_pod_and_carries_the_warning() -> None:
     assert decision.allowed and decision.injected == ("web",)
     assert len(decision.warnings) == 1
     assert decision.warnings[0].startswith("DatasetMount ml/web shuffles samples")
+
+    pod["metadata"]["annotations"] = {injection.ANNOTATION_LOCAL_RANKS: "eight"}
+    refused = admission.admit(pod, namespace="ml", lookup=lambda ns, name: mount, defaults=DEFAULTS)
+    assert not refused.allowed
+    assert "annotation shardcache.io/local-ranks: expected a positive integer, found 'eight'" in (
+        refused.message
+    )
 
 
 async def no_secret(namespace: str, name: str) -> dict[str, str] | None:
