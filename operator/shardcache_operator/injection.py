@@ -170,17 +170,22 @@ def _containers(spec: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
 
 
 def _world_size(mount: Mount, annotations: Mapping[str, Any]) -> int | None:
-    override = annotations.get(ANNOTATION_WORLD_SIZE)
-    if override is None:
-        return mount.spec.sharding.world_size
+    override = positive_annotation(annotations, ANNOTATION_WORLD_SIZE)
+    return mount.spec.sharding.world_size if override is None else override
+
+
+def positive_annotation(annotations: Mapping[str, Any], name: str) -> int | None:
+    """The positive integer the annotation `name` holds, None without it; InputError
+    naming it when it holds anything else."""
+    given = annotations.get(name)
+    if given is None:
+        return None
     try:
-        value = int(str(override))
+        value = int(str(given))
     except ValueError:
         value = 0
     if value < 1:
-        raise errors.InputError(
-            f"annotation {ANNOTATION_WORLD_SIZE}: expected a positive integer, found {override!r}"
-        )
+        raise errors.InputError(f"annotation {name}: expected a positive integer, found {given!r}")
     return value
 
 

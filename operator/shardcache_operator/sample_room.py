@@ -64,18 +64,10 @@ def local_ranks(pod: Mapping[str, Any]) -> tuple[int, str]:
     """How many ranks read through the pod's sidecar, and how that was found: the
     annotation `shardcache.io/local-ranks`, else one per accelerator the pod asks for,
     else one. InputError for an annotation that is not a positive integer."""
-    given = _field(_field(pod, "metadata"), "annotations").get(injection.ANNOTATION_LOCAL_RANKS)
+    annotations = _field(_field(pod, "metadata"), "annotations")
+    given = injection.positive_annotation(annotations, injection.ANNOTATION_LOCAL_RANKS)
     if given is not None:
-        try:
-            value = int(str(given))
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise errors.InputError(
-                f"annotation {injection.ANNOTATION_LOCAL_RANKS}: expected a positive "
-                f"integer, found {given!r}"
-            )
-        return value, f"as its {injection.ANNOTATION_LOCAL_RANKS} annotation says"
+        return given, f"as its {injection.ANNOTATION_LOCAL_RANKS} annotation says"
     devices = accelerators(pod)
     if devices > 1:
         return devices, "one per accelerator the pod asks for"
