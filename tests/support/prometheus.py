@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import tempfile
 import urllib.error
@@ -111,8 +112,11 @@ class Prometheus:
         waiting.wait_until("prometheus /-/ready", ready, describe=self.logs)
 
     def stop(self) -> None:
+        """Stop the server and remove its configuration, data and log (a failing test
+        has shown the log already, through `logs` in its waits)."""
         process, self._process = self._process, None
         processes.stop(process, STOP_TIMEOUT_S)
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
