@@ -684,8 +684,8 @@ class Dataset:
             wins = windows.rank_windows(m.shard_rows, m.digest, self._params)
             cached = self._windows_cache = (self._params, wins, windows.window_ends(wins))
         _, wins, ends = cached
-        reach = windows.held_at(wins, ends, self._position)
-        return all(s in reach for s in shards)
+        reach = set(windows.held_at(wins, ends, self._position))
+        return reach.issuperset(shards)
 
     def _window_parts(
         self,

@@ -119,10 +119,7 @@ def held_at(windows: Sequence[Window], ends: Sequence[int], position: int) -> tu
     once; none past its last window. The sidecar keeps the same resident
     (`next_shards`)."""
     i = bisect.bisect_right(ends, position)
-    out: list[int] = []
-    for win in windows[i : i + 2]:
-        out.extend(s for s in win.shards if s not in out)
-    return tuple(out)
+    return tuple(dict.fromkeys(s for win in windows[i : i + 2] for s in win.shards))
 
 
 @dataclasses.dataclass(frozen=True)

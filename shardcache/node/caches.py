@@ -22,7 +22,6 @@ import contextlib
 import copy
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -692,11 +691,8 @@ class CacheNode:
                     continue
                 seen.add(key)
                 if size is None:
-                    try:
-                        size = os.stat(self.settings.memory_dir / key).st_size
-                    except OSError:
-                        size = 0
-                extra += size
+                    size = self.memory.size(key)
+                extra += size or 0
         return readers, extra
 
     def _decoded_size(self, shard: int) -> int | None:

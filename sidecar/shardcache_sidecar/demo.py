@@ -24,8 +24,7 @@ from shardcache_sidecar import launcher
 
 _READY_TIMEOUT_S = 60.0
 _MOUNT = "demo"
-#: The memory tier's limit (the launcher's default) and where a pod keeps it: tmpfs.
-_MEMORY_LIMIT = 1 << 30
+#: Where a pod keeps its memory tier: tmpfs.
 _SHM = Path("/dev/shm")
 
 
@@ -79,7 +78,7 @@ def _cache_stats(metrics_url: str) -> dict[str, float]:
     return stats
 
 
-def memory_backed_run_dir(shm: Path = _SHM, limit: int = _MEMORY_LIMIT) -> Path | None:
+def memory_backed_run_dir(shm: Path = _SHM, limit: int = launcher.MEMORY_LIMIT) -> Path | None:
     """A fresh run directory on tmpfs for the memory tier, as the pod's memory-backed
     volume is, where the machine has one with room for the tier twice over; else None
     (the run directory goes under the work directory, on its file system)."""
@@ -107,9 +106,10 @@ def run(args: argparse.Namespace) -> int:
                 f"at {root} in {time.monotonic() - started:.1f}s",
                 flush=True,
             )
-            with launcher.sidecar(
-                root, storage_env, work, mount=_MOUNT, memory_limit=_MEMORY_LIMIT, run_dir=run_dir
-            ) as (trainer_env, base):
+            with launcher.sidecar(root, storage_env, work, mount=_MOUNT, run_dir=run_dir) as (
+                trainer_env,
+                base,
+            ):
                 print(f"sidecar ready ({trainer_env}); memory tier under {where}", flush=True)
                 os.environ.update(trainer_env)
                 with shardcache.open() as ds:

@@ -27,6 +27,8 @@ from shardcache import source
 from shardcache.contract import variables
 
 READY_TIMEOUT_S = 120.0
+#: The memory tier's limit of a sidecar started here unless the caller gives one.
+MEMORY_LIMIT = 1 << 30
 
 
 def free_port() -> int:
@@ -131,7 +133,7 @@ def sidecar(
     work: Path,
     *,
     mount: str = "local",
-    memory_limit: int = 1 << 30,
+    memory_limit: int = MEMORY_LIMIT,
     disk_limit: int = 4 << 30,
     wait_ready: bool = True,
     extra_env: dict[str, str] | None = None,

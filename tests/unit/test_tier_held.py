@@ -112,3 +112,11 @@ def test_what_the_waiting_hook_raises_ends_an_insert_waiting_for_room_with_nothi
     assert len(calls) == 3, "an insert that found room at once never called the hook"
     c.release()
     b.release()
+
+
+def test_an_entrys_size_is_its_data_files_and_none_without_one(tmp_path: Path) -> None:
+    tier = memory_tier(tmp_path, 8 * KIB)
+    tier.insert("k", 3 * KIB, writer(3 * KIB)).release()
+    assert tier.size("k") == 3 * KIB
+    assert tier.size("missing") is None
+    assert tier.evict("k") and tier.size("k") is None

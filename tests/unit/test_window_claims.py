@@ -94,7 +94,6 @@ def test_files_of_another_version_or_unreadable_count_nothing(tmp_path: Path) ->
     writer.close()
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_claims_in_a_file_of_its_own(tmp_path: Path) -> None:
     parent = window_claims.Claims(tmp_path)
     parent.publish({"parent": {"p": 1}})

@@ -167,7 +167,7 @@ class Tier:
 
         `waiting`: called each time the insert is about to wait for leases to be
         released; what it raises ends the wait (a caller that can tell the room will not
-        come: the node cache's sample-mode readers, `CacheNode._check_window_room`).
+        come: the node cache's sample-mode readers, `CacheNode._window_room_check`).
 
         `sha256`: the hex sha256 of the bytes `produce` writes, when the caller knows it
         (the node cache's fetch checks the source's bytes against the manifest's sha256
@@ -315,6 +315,15 @@ class Tier:
                 os.close(fill_fd)
         self._count_lookup(entry)
         return entry, True
+
+    def size(self, key: str) -> int | None:
+        """Bytes of the entry's data file if there is one (no lease, no check): what a
+        caller that only counts room may take it to hold."""
+        _entries.check_key(key)
+        try:
+            return os.stat(self._files.data(key)).st_size
+        except FileNotFoundError:
+            return None
 
     def contains(self, key: str) -> bool:
         """Whether a committed entry exists (no lease, no verification). From memory,
