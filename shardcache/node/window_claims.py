@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import secrets
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -51,6 +52,7 @@ class Claims:
         self._name = ""
         self._lock_fd: int | None = None
         self._written: dict[str, dict[str, int | None]] | None = None
+        _INSTANCES.add(self)
 
     def publish(self, readers: Mapping[str, Claim]) -> None:
         """Make this process's file say `readers` (reader id -> its claim); nothing is
@@ -58,7 +60,7 @@ class Claims:
         wanted = {reader: dict(claim) for reader, claim in readers.items() if claim}
         if os.getpid() != self._pid:
             # A forked child (a DataLoader worker): its readers are its own, and the
-            # parent's lock it inherited is the parent's.
+            # parent's lock it inherited is the parent's (`_forked` let go of it).
             self._pid, self._lock_fd, self._written = os.getpid(), None, None
             self._name = f"{self._pid}-{secrets.token_hex(4)}"
         if wanted == (self._written or {}):
@@ -147,3 +149,25 @@ class Claims:
         """Remove this process's file (its readers are closed)."""
         if os.getpid() == self._pid:
             self._remove()
+
+    def _forked(self) -> None:
+        """In a forked child: close its copy of the parent's lock descriptor (the
+        parent's lock stays). Kept open, it would keep the parent's file looking alive
+        after the parent died, for as long as the child ran, whether or not the child
+        ever claims anything."""
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+        self._lock_fd, self._written = None, None
+
+
+#: Every `Claims` of this process, for `_after_fork_in_child`.
+_INSTANCES: weakref.WeakSet[Claims] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for claims in list(_INSTANCES):
+        claims._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

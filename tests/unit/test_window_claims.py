@@ -120,3 +120,29 @@ def test_a_forked_child_claims_in_a_file_of_its_own(tmp_path: Path) -> None:
     assert parent.others() == {}
     parent.close()
     assert files(tmp_path) == []
+
+
+def test_a_parent_that_dies_before_its_forked_child_is_found_dead_while_the_child_runs(
+    tmp_path: Path,
+) -> None:
+    parent = window_claims.Claims(tmp_path)
+    parent.publish({"parent": {"p": 1}})
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a DataLoader worker that outlives its parent, claiming nothing
+        os.close(read)
+        os.write(write, b"x")
+        os.close(write)
+        signal.pause()
+    try:
+        os.close(write)
+        assert os.read(read, 1) == b"x"
+        # The parent's death as the kernel sees it: its descriptors closed, its file left.
+        assert parent._lock_fd is not None
+        os.close(parent._lock_fd)
+        assert window_claims.Claims(tmp_path).others() == {}
+        assert files(tmp_path) == []  # found dead, and removed
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read)
