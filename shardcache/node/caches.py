@@ -229,6 +229,25 @@ class _Reader:
         return plans.next_shards(self.runs, self.ends, self.position, count)
 
 
+class _Attempt:
+    """One attempt in flight to make a shard resident, and the acquires waiting on it.
+
+    Each waiting acquire is handed a lease of its own on what the attempt inserted,
+    taken while the attempt's own lease still held it: between an insert that let go of
+    it and a waiter's lookup, another reader's acquire could evict it, and the waiter
+    then fetched and decoded it again. `wanting` counts the waiters still waiting (one
+    that gave up takes itself off, or, once `settled`, the lease left for it);
+    `leases` are the ones left for them. Both change under the node's lock."""
+
+    __slots__ = ("done", "leases", "settled", "wanting")
+
+    def __init__(self) -> None:
+        self.done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.wanting = 0
+        self.leases: list[tiers.Entry] = []
+        self.settled = False
+
+
 class CacheNode:
     def __init__(
         self,
@@ -278,7 +297,7 @@ class CacheNode:
         #: The memory tier's `removals` when every shard was last found resident.
         self._all_resident_at: int | None = None
         self._lock = threading.Lock()
-        self._inflight: dict[int, concurrent.futures.Future[None]] = {}
+        self._inflight: dict[int, _Attempt] = {}
         self._readers: dict[str, _Reader] = {}
         #: The epoch's global order, made once for all the readers that share it.
         self._orders = epoch_plans.EpochPlans(manifest.shard_rows, manifest.digest)
@@ -485,43 +504,96 @@ class CacheNode:
     ) -> tuple[str, tiers.Entry | None]:
         """Make `shard` resident once; concurrent callers share one attempt. What came
         of this call's attempt (`_load`), or "shared" when it waited on another's; and
-        for an "acquire" that made the attempt, a lease on the resident shard (else
-        None), which the caller releases.
+        for an "acquire", a lease on the resident shard where the attempt (its own or
+        the one it waited on) inserted it or found it leasable (else None), which the
+        caller releases.
 
         `why`: "acquire" (a reader waits for it: may evict), "readahead" or "fill"
         (never evict; the fill only decodes into room it leaves a wave of readahead).
         `held` (bytes the caller leases in the memory tier) only applies when this call
         makes the attempt: one shared with a readahead that found no room fails quietly,
         and the caller's next try makes its own. `queued`: when it was asked for."""
+        acquire = why == "acquire"
         with self._lock:
-            future = self._inflight.get(shard)
-            owner = future is None
-            if future is None:
-                future = concurrent.futures.Future()
-                self._inflight[shard] = future
+            attempt = self._inflight.get(shard)
+            owner = attempt is None
+            if attempt is None:
+                attempt = self._inflight[shard] = _Attempt()
+            elif acquire:
+                attempt.wanting += 1
         if not owner:
-            future.result(timeout=wait)
-            return "shared", None
+            return "shared", self._await_attempt(attempt, wait=wait, acquire=acquire)
         stamps = timelines.start(shard, why, queued)
+        entry: tiers.Entry | None = None
         try:
             outcome, entry = self._load(shard, why=why, held=held, stamps=stamps)
         except BaseException as exc:
             stamps.done("failed")
-            future.set_exception(exc)
+            self._settle(shard, attempt, None)
+            attempt.done.set_exception(exc)
             raise
-        else:
-            stamps.done(outcome)
-            future.set_result(None)
-            return outcome, entry
-        finally:
-            with self._lock:
-                self._inflight.pop(shard, None)
+        stamps.done(outcome)
+        self._settle(shard, attempt, entry)
+        attempt.done.set_result(None)
+        if entry is not None and not acquire:
+            entry.release()
+            entry = None
+        return outcome, entry
+
+    def _settle(self, shard: int, attempt: _Attempt, entry: tiers.Entry | None) -> None:
+        """End the attempt: no one joins it from now on, and each acquire waiting on it
+        gets a lease of its own on `entry` (the attempt's lease: it is resident while
+        held, so each lookup finds it)."""
+        with self._lock:
+            self._inflight.pop(shard, None)
+            wanting = attempt.wanting
+        leases: list[tiers.Entry] = []
+        try:
+            while entry is not None and len(leases) < wanting:
+                lease = self.memory.lookup(entry.key, count=False)
+                if lease is None:
+                    break
+                leases.append(lease)
+        except Exception as exc:
+            # The waiters look the shard up themselves, as they did before leases were
+            # left for them; the attempt itself succeeded.
+            log.warning("shard %d: no lease left for the acquires waiting on it: %s", shard, exc)
+        with self._lock:
+            # A waiter that gave up meanwhile took itself off `wanting`.
+            kept = attempt.leases = leases[: attempt.wanting]
+            attempt.settled = True
+        for lease in leases[len(kept) :]:
+            lease.release()
+
+    def _await_attempt(
+        self, attempt: _Attempt, *, wait: float | None, acquire: bool
+    ) -> tiers.Entry | None:
+        """Wait for another caller's attempt; for an acquire, the lease it left for this
+        one (None if it inserted nothing: the acquire looks the shard up again)."""
+        try:
+            attempt.done.result(timeout=wait)
+        except BaseException:
+            if acquire:
+                with self._lock:
+                    if attempt.settled:
+                        lease = attempt.leases.pop() if attempt.leases else None
+                    else:
+                        attempt.wanting -= 1
+                        lease = None
+                if lease is not None:
+                    lease.release()
+            raise
+        if not acquire:
+            return None
+        with self._lock:
+            return attempt.leases.pop() if attempt.leases else None
 
     def _load(
         self, shard: int, *, why: str, held: int = 0, stamps: timelines.Stamps = timelines.OFF
     ) -> tuple[str, tiers.Entry | None]:
-        """Fetch, decode and insert `shard`; what came of it, for the timeline, and for
-        an "acquire" a lease on the resident shard (`_materialize`)."""
+        """Fetch, decode and insert `shard`; what came of it, for the timeline, and a
+        lease on what it inserted (or, for an "acquire", found resident), which
+        `_materialize` releases or hands over."""
         mem_key = self.manifest.decoded_key(shard)
         if why == "acquire":
             found = self.memory.lookup(mem_key, count=False)
@@ -569,10 +641,8 @@ class CacheNode:
             stamps.mark("inserted")
             if inserted is None:
                 return "no room", None
-            if why == "acquire":
-                return "inserted", inserted
-            inserted.release()
-            return "inserted", None
+            # Kept for the acquires waiting on this attempt too (`_settle`).
+            return "inserted", inserted
 
     def _disk_entry(self, shard: int, key: str) -> tiers.Entry:
         """A lease on the shard's source bytes in the disk tier: fetched (and checked on

@@ -165,11 +165,12 @@ def sample_dataset(tmp_path: Path, k: int, epochs: int) -> tuple[str, list[int],
 
 
 def room_for_every_window(sizes: list[int], largest: list[int]) -> int:
-    """A memory limit with room for every rank's two windows at once, and one shard more
-    (a readahead's insert that an acquire waited on is unleased until the acquire looks
-    it up; an acquire's own insert is leased from the start), under the dataset's size.
-    (Three shards more before acquires kept their inserts.)"""
-    limit = sum(largest) + max(sizes)
+    """A memory limit with room for every rank's two windows at once and nothing more,
+    under the dataset's size: an acquire holds what its own insert or the attempt it
+    waited on inserted from the insert on, so no shard of a window can be evicted before
+    its reader leases it. (Three shards more before acquires kept their inserts, one
+    before they were handed a readahead's.)"""
+    limit = sum(largest)
     assert limit < sum(sizes), "the memory tier holds the whole dataset: the test is moot"
     return limit
 
