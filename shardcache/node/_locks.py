@@ -6,6 +6,15 @@ processes do: that is what makes the same code thread-safe without a second mech
 The kernel drops the lock when the last descriptor closes, including on SIGKILL, so a
 dead process never leaves a lock behind.
 
+A forked child (a DataLoader worker) gets a copy of every descriptor, and a copy refers
+to the same open file description, so the child would hold each lock its parent held at
+the fork for as long as it ran: a lease the parent released still pinned, and the tier
+lock a parent's thread held at that instant never let go, so the parent's next insert
+waited forever. Every descriptor that holds or will hold a lock is therefore opened and
+closed through `open_for_lock` and `close`, which keep a set of them, and a forked child
+points each one at /dev/null at once (`dup2`: the number stays taken, so whoever owned
+it closes that, never a file the child opened since; the parent's locks stay).
+
 Lock files may be unlinked while someone waits on them (an evicted entry's lock file
 goes with it). A waiter that opened the old file would then hold a lock nobody else
 can see, so every acquisition checks, once locked, that the path still names the inode
@@ -17,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +39,56 @@ NONBLOCKING = fcntl.LOCK_NB
 # Each retry means another process unlinked the file between our open and our lock;
 # a thousand in a row means something is deleting lock files in a loop.
 _MAX_ATTEMPTS = 1000
+
+
+#: Every descriptor of this process that holds or may hold a lock (`open_for_lock`);
+#: changed under `_open_lock`, which a fork waits for (`_before_fork`).
+_open: set[int] = set()
+_open_lock = threading.Lock()
+
+
+def open_for_lock(path: Path, flags: int, mode: int = 0o644) -> int:
+    """`os.open` for a descriptor that will hold a lock: a forked child lets go of it."""
+    with _open_lock:
+        fd = os.open(path, flags, mode)
+        _open.add(fd)
+    return fd
+
+
+def close(fd: int) -> None:
+    """Close a descriptor `open_for_lock` opened (its lock goes with it)."""
+    with _open_lock:
+        _open.discard(fd)
+        os.close(fd)
+
+
+def _before_fork() -> None:
+    # No descriptor is opened and not yet in the set, or closed and still in it, while
+    # the child is made.
+    _open_lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _open_lock.release()
+
+
+def _after_fork_in_child() -> None:
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        for fd in _open:
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd, inheritable=False)
+    finally:
+        os.close(null)
+    _open.clear()
+    _open_lock.release()
+
+
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -45,26 +105,26 @@ def acquire(path: Path, operation: int, *, create: bool) -> int | None:
 
     Returns None if the file does not exist and `create` is false, or if `operation`
     includes NONBLOCKING and someone else holds a conflicting lock. Close the descriptor
-    (`os.close`) to release. Files are opened read-only: flock needs no write access, so
+    (`close`) to release. Files are opened read-only: flock needs no write access, so
     a reader running as another user can still take a shared lock.
     """
     flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     for _ in range(_MAX_ATTEMPTS):
         try:
-            fd = os.open(path, flags, 0o644)
+            fd = open_for_lock(path, flags)
         except FileNotFoundError:
             return None
         try:
             fcntl.flock(fd, operation)
         except BlockingIOError:
-            os.close(fd)
+            close(fd)
             return None
         except BaseException:
-            os.close(fd)
+            close(fd)
             raise
         if _same_file(fd, path):
             return fd
-        os.close(fd)
+        close(fd)
     raise errors.CacheError(
         f"could not lock {path}: it was replaced {_MAX_ATTEMPTS} times while locking; "
         "is another program deleting files in the cache directory?"
@@ -96,4 +156,4 @@ def held(path: Path, operation: int) -> Iterator[int]:
     try:
         yield fd
     finally:
-        os.close(fd)
+        close(fd)

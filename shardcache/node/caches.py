@@ -22,8 +22,10 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -139,6 +141,10 @@ class _Counting:
     def __init__(self, outer: NodeObserver | None) -> None:
         self.stats = NodeStats()
         self._outer = outer
+        self._lock = threading.Lock()
+
+    def forked(self) -> None:
+        """In a forked child: a lock of its own (a parent's thread may have held it)."""
         self._lock = threading.Lock()
 
     def snapshot(self) -> NodeStats:
@@ -341,6 +347,26 @@ class CacheNode:
         #: The readers' held shards the claims say; what they were written from.
         self._claimed: dict[str, tuple[int, ...]] = {}
         self._claims_lock = threading.Lock()
+        _NODES.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child (a DataLoader worker using the Dataset its parent opened):
+        none of the parent's threads exist here, so what they held at the fork would be
+        held forever: a lock, fetch slots and decode bytes, attempts in flight that
+        nobody finishes (an acquire of one waited forever). The child starts its own,
+        empty; what is resident stays, in the tiers both share (and the tiers' lock
+        descriptors let go of the parent's locks, `_locks`)."""
+        self._lock = threading.Lock()
+        self._inflight = {}
+        self._queue = work_queues.WorkQueue()
+        self._workers = []
+        self._fill_lock = threading.Lock()
+        self._working = threading.BoundedSemaphore(self.fetch_concurrency)
+        self._decoding = decode_budgets.DecodeBudget(self.settings.memory_limit)
+        self._claims_lock = threading.Lock()
+        self._claimed = {}
+        self._events.forked()
+        self._orders = epoch_plans.EpochPlans(self.manifest.shard_rows, self.manifest.digest)
 
     # --- readers ----------------------------------------------------------------
     def register_reader(
@@ -1239,3 +1265,15 @@ class CacheNode:
             workers = list(self._workers)
         for worker in workers:
             worker.join()
+
+
+#: Every CacheNode of this process, for `_after_fork_in_child`.
+_NODES: weakref.WeakSet[CacheNode] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for node in list(_NODES):
+        node._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

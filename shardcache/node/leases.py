@@ -22,6 +22,8 @@ import threading
 import weakref
 from pathlib import Path
 
+from shardcache.node import _locks
+
 
 class PinnedEntry:
     """A shared lock on one memory-tier entry, held until `release()` (idempotent)."""
@@ -61,7 +63,7 @@ class PinnedEntry:
 
 def _close_quietly(fd: int) -> None:
     with contextlib.suppress(OSError):
-        os.close(fd)
+        _locks.close(fd)
 
 
 def pin(path: Path, lock_path: Path, size: int | None = None) -> PinnedEntry | None:
@@ -73,7 +75,7 @@ def pin(path: Path, lock_path: Path, size: int | None = None) -> PinnedEntry | N
     again. Never creates files.
     """
     try:
-        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = _locks.open_for_lock(lock_path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     try:

@@ -132,7 +132,7 @@ class Claims:
                 os.unlink(self._dir / (stem + _DATA))
             _locks.unlink_held(fd, lock)
         finally:
-            os.close(fd)
+            _locks.close(fd)
         return True
 
     def _remove(self) -> None:
@@ -142,7 +142,7 @@ class Claims:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._dir / (self._name + _DATA))
         _locks.unlink_held(self._lock_fd, self._dir / (self._name + _LOCK))
-        os.close(self._lock_fd)
+        _locks.close(self._lock_fd)
         self._lock_fd, self._written = None, None
 
     def close(self) -> None:
@@ -151,13 +151,14 @@ class Claims:
             self._remove()
 
     def _forked(self) -> None:
-        """In a forked child: close its copy of the parent's lock descriptor (the
-        parent's lock stays). Kept open, it would keep the parent's file looking alive
-        after the parent died, for as long as the child ran, whether or not the child
-        ever claims anything."""
+        """In a forked child: the parent's lock is the parent's. The copy of its
+        descriptor here let go of it at the fork (`_locks`: kept, it would keep the
+        parent's file looking alive after the parent died, for as long as the child
+        ran, whether or not the child claims anything); what stands in for it is closed.
+        """
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
-                os.close(self._lock_fd)
+                _locks.close(self._lock_fd)
         self._lock_fd, self._written = None, None
 
 

@@ -168,8 +168,7 @@ def room_for_every_window(sizes: list[int], largest: list[int]) -> int:
     """A memory limit with room for every rank's two windows at once and nothing more,
     under the dataset's size: an acquire holds what its own insert or the attempt it
     waited on inserted from the insert on, so no shard of a window can be evicted before
-    its reader leases it. (Three shards more before acquires kept their inserts, one
-    before they were handed a readahead's.)"""
+    its reader leases it. (Three shards more before acquires kept their inserts.)"""
     limit = sum(largest)
     assert limit < sum(sizes), "the memory tier holds the whole dataset: the test is moot"
     return limit

@@ -68,6 +68,24 @@ def test_dataloader_yields_the_rank_stream_exactly_with_any_worker_count(
     assert got == expected
 
 
+@pytest.mark.parametrize("shuffle", ["block", "sample"])
+def test_workers_forked_after_the_parent_read_a_batch_yield_the_rank_stream_exactly(
+    make, uri: str, tmp_path: Path, shuffle: str
+) -> None:  # type: ignore[no-untyped-def]
+    # The parent's cache had readahead and the fill working when the workers forked:
+    # what its threads held then is not held in the workers (a worker waited forever).
+    with shardcache.open(
+        uri, cache_dir=tmp_path / "cache", block_size=5, shuffle=shuffle, window=40
+    ) as plain:
+        expected = [u for b in plain.batches(6) for u in b.column("uid").to_pylist()]
+    ds = make(shuffle=shuffle, window=40)
+    peeked = next(iter(ds))
+    assert [int(u) for u in peeked["uid"]] == expected[:6]
+    got = uids(loader(ds, 2))
+    assert sorted(got) == sorted(expected)
+    assert got == expected
+
+
 def test_rank_and_world_size_come_from_torchrun_environment(
     make, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]

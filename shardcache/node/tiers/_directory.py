@@ -155,7 +155,7 @@ class Directory:
             try:
                 unlink(path)
             finally:
-                os.close(fd)
+                _locks.close(fd)
             del listing.tmp[name]
             removed += 1
             logger.warning("%s tier: removed %s left by a dead writer", self.name, name)
@@ -168,13 +168,13 @@ class Directory:
     def create_reservation(self, key: str, size: int) -> tuple[Path, int]:
         """Create `.tmp-<pid>-<token>-<size>-<key>`, locked; call under the tier lock."""
         path = self.root / f"{names.TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{size}-{key}"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = _locks.open_for_lock(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
         # Not pre-sized: the size in the name is what counts, and an empty file lets the
         # size check after produce catch a writer that wrote less than it declared.
         try:
             _locks.lock(fd, _locks.EXCLUSIVE)
         except BaseException:
-            os.close(fd)
+            _locks.close(fd)
             unlink(path)
             raise
         return path, fd

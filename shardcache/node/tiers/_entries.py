@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from shardcache import errors
+from shardcache.node import _locks
 from shardcache.node.tiers import _errors
 
 #: Version of the tier directory format (docs/cache-format.md), the newest this code
@@ -145,7 +146,7 @@ class Entry:
         self.size = size
         self.sha256 = sha256
         # finalize runs at most once, on release() or when the Entry is collected.
-        self._finalizer = weakref.finalize(self, os.close, lease_fd)
+        self._finalizer = weakref.finalize(self, _locks.close, lease_fd)
 
     @property
     def leased(self) -> bool:

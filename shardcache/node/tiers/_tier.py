@@ -267,13 +267,13 @@ class Tier:
                 committed = True
             finally:
                 if not committed:
-                    os.close(lease_fd)
+                    _locks.close(lease_fd)
         finally:
             if not committed:
                 with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
                     _directory.unlink(tmp_path)
                     _directory.unlink(meta_tmp)
-            os.close(tmp_fd)
+            _locks.close(tmp_fd)
         if self.fsync:
             self._files.fsync()
         return _entries.Entry(
@@ -312,7 +312,7 @@ class Tier:
                     return entry, False
             finally:
                 _locks.unlink_held(fill_fd, self._files.fill(key))
-                os.close(fill_fd)
+                _locks.close(fill_fd)
         self._count_lookup(entry)
         return entry, True
 
@@ -378,7 +378,7 @@ class Tier:
                 if fd is None:
                     leased += st.st_size if self._files.lease(key).exists() else 0
                 else:
-                    os.close(fd)
+                    _locks.close(fd)
         return leased
 
     def evict(self, key: str) -> bool:
@@ -425,14 +425,14 @@ class Tier:
                         )
                     _locks.unlink_held(lock, self._files.lease(key))
                 finally:
-                    os.close(lock)
+                    _locks.close(lock)
             for key in listing.fills:
                 fill = _locks.acquire(
                     self._files.fill(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False
                 )
                 if fill is not None:
                     _locks.unlink_held(fill, self._files.fill(key))
-                    os.close(fill)
+                    _locks.close(fill)
             complete = sorted(listing.committed())
             if self._members is not None:
                 self._members.replace(complete)
@@ -535,7 +535,7 @@ class Tier:
                 meta: _entries.EntryMeta | None = self._read_meta(key)
                 problem = ""
             except FileNotFoundError:
-                os.close(lease_fd)
+                _locks.close(lease_fd)
                 return None, "missing"
             except errors.CacheError as exc:
                 meta, problem = None, str(exc)
@@ -568,11 +568,11 @@ class Tier:
                 try:
                     _entries.mark_used(self._files.data(key))
                 except FileNotFoundError:  # another process found it corrupted meanwhile
-                    os.close(lease_fd)
+                    _locks.close(lease_fd)
                     return None, "missing"
         except BaseException:
             with contextlib.suppress(OSError):
-                os.close(lease_fd)
+                _locks.close(lease_fd)
             raise
         entry = _entries.Entry(
             key=key,
@@ -647,7 +647,7 @@ class Tier:
                     if current is not None:
                         _directory.unlink(self._files.data(key))
         finally:
-            os.close(lease_fd)
+            _locks.close(lease_fd)
 
     def _remove_unleased(self, key: str, size: int) -> bool:
         """Remove an entry if no lease is held; call with the tier lock held exclusively."""
@@ -666,7 +666,7 @@ class Tier:
             _directory.unlink(self._files.data(key))
             _locks.unlink_held(lock, self._files.lease(key))
         finally:
-            os.close(lock)
+            _locks.close(lock)
         if self.observer is not None:
             self.observer.evicted(self.name, size)
         logger.debug("%s tier: evicted %s (%d bytes)", self.name, key, size)
