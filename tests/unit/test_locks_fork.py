@@ -4,35 +4,10 @@ its copies of the parent's lock descriptors let go at once (`shardcache.node._lo
 from __future__ import annotations
 
 import os
-import signal
-from collections.abc import Callable
 from pathlib import Path
 
 from shardcache.node import _locks
-
-
-def in_a_child_that_stays(action: Callable[[], None] | None = None) -> int:
-    """Fork a child that runs `action`, says so, then waits to be killed; its pid."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read)
-            if action is not None:
-                action()
-            os.write(write, b"x")
-            signal.pause()
-        finally:
-            os._exit(1)
-    os.close(write)
-    assert os.read(read, 1) == b"x"
-    os.close(read)
-    return pid
-
-
-def stop(pid: int) -> None:
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+from tests.support import forks
 
 
 def test_a_lock_the_parent_let_go_after_a_fork_is_free_though_the_child_runs(
@@ -41,7 +16,7 @@ def test_a_lock_the_parent_let_go_after_a_fork_is_free_though_the_child_runs(
     path = tmp_path / "tier.lock"
     held = _locks.acquire(path, _locks.EXCLUSIVE, create=True)
     assert held is not None
-    child = in_a_child_that_stays()
+    child = forks.child_that_stays()
     try:
         _locks.close(held)
         # Before, the child's copy of the descriptor kept the lock: this was None.
@@ -49,7 +24,7 @@ def test_a_lock_the_parent_let_go_after_a_fork_is_free_though_the_child_runs(
         assert again is not None
         _locks.close(again)
     finally:
-        stop(child)
+        forks.stop(child)
 
 
 def test_a_shared_lease_the_parent_holds_stays_held_and_goes_when_the_parent_lets_go(
@@ -58,7 +33,7 @@ def test_a_shared_lease_the_parent_holds_stays_held_and_goes_when_the_parent_let
     path = tmp_path / "entry.lock"
     lease = _locks.acquire(path, _locks.SHARED, create=True)
     assert lease is not None
-    child = in_a_child_that_stays()
+    child = forks.child_that_stays()
     try:
         # The parent's lock is untouched by the child's letting go of its copy.
         assert _locks.acquire(path, _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False) is None
@@ -67,7 +42,7 @@ def test_a_shared_lease_the_parent_holds_stays_held_and_goes_when_the_parent_let
         assert evictor is not None
         _locks.close(evictor)
     finally:
-        stop(child)
+        forks.stop(child)
 
 
 def test_a_child_closing_its_copy_never_closes_a_file_it_opened_since(tmp_path: Path) -> None:

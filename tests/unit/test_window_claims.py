@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.node import window_claims
+from shardcache.node import _locks, window_claims
+from tests.support import forks
 
 pytestmark = pytest.mark.unit
 
@@ -97,26 +98,16 @@ def test_files_of_another_version_or_unreadable_count_nothing(tmp_path: Path) ->
 def test_a_forked_child_claims_in_a_file_of_its_own(tmp_path: Path) -> None:
     parent = window_claims.Claims(tmp_path)
     parent.publish({"parent": {"p": 1}})
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: a DataLoader worker with readers of its own
-        os.close(read)
-        parent.publish({"child": {"c": 2}})
-        os.write(write, b"x")
-        os.close(write)
-        signal.pause()
+    # The child: a DataLoader worker with readers of its own.
+    pid = forks.child_that_stays(lambda: parent.publish({"child": {"c": 2}}))
     try:
-        os.close(write)
-        assert os.read(read, 1) == b"x"
         others = parent.others()
         assert list(others.values()) == [{"c": 2}]
         assert next(iter(others)).startswith(f"{pid}-")
         data = sorted(f for f in files(tmp_path) if f.endswith(".json"))
         assert len(data) == 2
     finally:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        os.close(read)
+        forks.stop(pid)
     assert parent.others() == {}
     parent.close()
     assert files(tmp_path) == []
@@ -127,22 +118,13 @@ def test_a_parent_that_dies_before_its_forked_child_is_found_dead_while_the_chil
 ) -> None:
     parent = window_claims.Claims(tmp_path)
     parent.publish({"parent": {"p": 1}})
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: a DataLoader worker that outlives its parent, claiming nothing
-        os.close(read)
-        os.write(write, b"x")
-        os.close(write)
-        signal.pause()
+    # The child: a DataLoader worker that outlives its parent, claiming nothing.
+    pid = forks.child_that_stays()
     try:
-        os.close(write)
-        assert os.read(read, 1) == b"x"
         # The parent's death as the kernel sees it: its descriptors closed, its file left.
         assert parent._lock_fd is not None
-        os.close(parent._lock_fd)
+        _locks.close(parent._lock_fd)
         assert window_claims.Claims(tmp_path).others() == {}
         assert files(tmp_path) == []  # found dead, and removed
     finally:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        os.close(read)
+        forks.stop(pid)
