@@ -42,15 +42,19 @@ _MAX_ATTEMPTS = 1000
 
 
 #: Every descriptor of this process that holds or may hold a lock (`open_for_lock`);
-#: changed under `_open_lock`, which a fork waits for (`_before_fork`).
+#: changed under `_open_lock`, which a fork waits for (`_before_fork`). Reentrant: a
+#: lease dropped without release() is closed by its finalizer, which the garbage
+#: collector may run in the middle of `open_for_lock` on the same thread (a fetch
+#: thread deadlocked on itself so, in a CI run, with a plain lock).
 _open: set[int] = set()
-_open_lock = threading.Lock()
+_open_lock = threading.RLock()
 
 
 def open_for_lock(path: Path, flags: int, mode: int = 0o644) -> int:
     """`os.open` for a descriptor that will hold a lock: a forked child lets go of it."""
+    name = os.fspath(path)
     with _open_lock:
-        fd = os.open(path, flags, mode)
+        fd = os.open(name, flags, mode)
         _open.add(fd)
     return fd
 
@@ -75,7 +79,7 @@ def _after_fork_in_parent() -> None:
 def _after_fork_in_child() -> None:
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        for fd in _open:
+        for fd in list(_open):  # a finalizer run meanwhile may close one
             with contextlib.suppress(OSError):
                 os.dup2(null, fd, inheritable=False)
     finally:

@@ -4,9 +4,13 @@ its copies of the parent's lock descriptors let go at once (`shardcache.node._lo
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
-from shardcache.node import _locks
+import pytest
+
+from shardcache.node import _locks, tiers
 from tests.support import forks
 
 
@@ -68,3 +72,40 @@ def test_a_child_closing_its_copy_never_closes_a_file_it_opened_since(tmp_path: 
     os.waitpid(pid, 0)
     assert (tmp_path / "mine").read_bytes() == b"still open"
     _locks.close(held)
+
+
+def test_a_lease_collected_while_the_same_thread_opens_a_lock_file_is_closed_without_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The garbage collector runs a dropped lease's finalizer wherever it happens to
+    run, in the middle of `open_for_lock` too; with a lock that is not reentrant the
+    thread waited on itself (a CI run hung so)."""
+    fd = _locks.acquire(tmp_path / "a.lock", _locks.SHARED, create=True)
+    assert fd is not None
+    dropped = [tiers.Entry(key="a", path=tmp_path / "a", size=0, sha256=None, lease_fd=fd)]
+    real_open = os.open
+
+    def open_collecting(*args: Any, **kwargs: Any) -> int:
+        dropped.clear()  # the last reference: its finalizer runs here, on this thread
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_collecting)
+    opened: list[int | None] = []
+    worker = threading.Thread(
+        target=lambda: opened.append(
+            _locks.acquire(tmp_path / "b.lock", _locks.SHARED, create=True)
+        ),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(10)
+    monkeypatch.undo()
+    assert not worker.is_alive(), "the thread waits on itself"
+    assert opened and opened[0] is not None
+    _locks.close(opened[0])
+    # The collected lease let go of its lock.
+    evictor = _locks.acquire(
+        tmp_path / "a.lock", _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False
+    )
+    assert evictor is not None
+    _locks.close(evictor)
