@@ -35,14 +35,13 @@ import threading
 import time
 import uuid
 import warnings
-import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from shardcache import contract, errors, manifests, plans, stalls, unix_http
 from shardcache.contract import protocol, variables
-from shardcache.node import leases, tiers
+from shardcache.node import after_fork, leases, tiers
 
 log = logging.getLogger(__name__)
 
@@ -321,12 +320,6 @@ class _Notifier:
             thread.join()
 
 
-def _after_fork_in_child(provider: weakref.ref[SidecarProvider]) -> None:
-    found = provider()
-    if found is not None:
-        found._after_fork()
-
-
 class SidecarProvider:
     """`ShardProvider` backed by the pod's sidecar. Thread-safe."""
 
@@ -348,12 +341,10 @@ class SidecarProvider:
         self._notes_sent = 0.0  # time.monotonic() of the last batch (on the notifier)
         #: time.monotonic() of each reader's last stall report (`note_stalls`).
         self._stalls_noted: dict[str, float] = {}
-        # A forked child (DataLoader workers) shares the parent's lock descriptors, so
-        # its copies of the pins granted ahead would keep those shards pinned for as
-        # long as it lives; it closes them at once (the parent's locks stay).
-        os.register_at_fork(
-            after_in_child=functools.partial(_after_fork_in_child, weakref.ref(self))
-        )
+        # A forked child (DataLoader workers) drops the parent's pins granted ahead and
+        # pending notes, and takes a lock of its own (`after_fork`; the pins' lock
+        # descriptors already let go of the parent's locks at the fork, `_locks`).
+        after_fork.register(self)
         self._manifest = self._fetch_manifest()
 
     @classmethod
@@ -559,7 +550,7 @@ class SidecarProvider:
                     del self._handed[shard]
         return pinned
 
-    def _after_fork(self) -> None:
+    def after_fork(self) -> None:
         """In a forked child: drop the parent's pins granted ahead and pending notes.
         A fresh lock first: another thread of the parent may have held it at the fork."""
         self._lock = threading.Lock()

@@ -22,10 +22,8 @@ import contextlib
 import copy
 import dataclasses
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -36,6 +34,7 @@ import pyarrow.fs as pafs
 from shardcache import errors, faultpoints, formats, manifests, plans, source, uris, windows
 from shardcache.contract import variables
 from shardcache.node import (
+    after_fork,
     decode_budgets,
     epoch_plans,
     fill_orders,
@@ -347,9 +346,9 @@ class CacheNode:
         #: The readers' held shards the claims say; what they were written from.
         self._claimed: dict[str, tuple[int, ...]] = {}
         self._claims_lock = threading.Lock()
-        _NODES.add(self)
+        after_fork.register(self)
 
-    def _forked(self) -> None:
+    def after_fork(self) -> None:
         """In a forked child (a DataLoader worker using the Dataset its parent opened):
         none of the parent's threads exist here, so what they held at the fork would be
         held forever: a lock, fetch slots and decode bytes, attempts in flight that
@@ -1265,15 +1264,3 @@ class CacheNode:
             workers = list(self._workers)
         for worker in workers:
             worker.join()
-
-
-#: Every CacheNode of this process, for `_after_fork_in_child`.
-_NODES: weakref.WeakSet[CacheNode] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for node in list(_NODES):
-        node._forked()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -24,11 +24,10 @@ import json
 import logging
 import os
 import secrets
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
-from shardcache.node import _locks
+from shardcache.node import _locks, after_fork
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,7 @@ class Claims:
         self._name = ""
         self._lock_fd: int | None = None
         self._written: dict[str, dict[str, int | None]] | None = None
-        _INSTANCES.add(self)
+        after_fork.register(self)
 
     def publish(self, readers: Mapping[str, Claim]) -> None:
         """Make this process's file say `readers` (reader id -> its claim); nothing is
@@ -60,7 +59,7 @@ class Claims:
         wanted = {reader: dict(claim) for reader, claim in readers.items() if claim}
         if os.getpid() != self._pid:
             # A forked child (a DataLoader worker): its readers are its own, and the
-            # parent's lock it inherited is the parent's (`_forked` let go of it).
+            # parent's lock it inherited is the parent's (`after_fork` let go of it).
             self._pid, self._lock_fd, self._written = os.getpid(), None, None
             self._name = f"{self._pid}-{secrets.token_hex(4)}"
         if wanted == (self._written or {}):
@@ -150,7 +149,7 @@ class Claims:
         if os.getpid() == self._pid:
             self._remove()
 
-    def _forked(self) -> None:
+    def after_fork(self) -> None:
         """In a forked child: the parent's lock is the parent's. The copy of its
         descriptor here let go of it at the fork (`_locks`: kept, it would keep the
         parent's file looking alive after the parent died, for as long as the child
@@ -160,15 +159,3 @@ class Claims:
             with contextlib.suppress(OSError):
                 _locks.close(self._lock_fd)
         self._lock_fd, self._written = None, None
-
-
-#: Every `Claims` of this process, for `_after_fork_in_child`.
-_INSTANCES: weakref.WeakSet[Claims] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for claims in list(_INSTANCES):
-        claims._forked()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
