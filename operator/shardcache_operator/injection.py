@@ -169,9 +169,40 @@ def _containers(spec: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
     return value
 
 
-def _world_size(mount: Mount, annotations: Mapping[str, Any]) -> int | None:
+def _world_size(mount: Mount, annotations: Mapping[str, Any], indexed_job: bool) -> int | None:
+    """The pod's world size (the annotation, else the spec's), refused where the pod's
+    rank would not be below it: the sidecar would only fail at its start, in a pod the
+    user sees as admitted."""
     override = positive_annotation(annotations, ANNOTATION_WORLD_SIZE)
-    return mount.spec.sharding.world_size if override is None else override
+    world_size = mount.spec.sharding.world_size if override is None else override
+    if world_size is None:
+        return None
+    rank, where = _known_rank(mount.spec, annotations, indexed_job)
+    if rank is not None and rank >= world_size:
+        given = (
+            f"annotation {ANNOTATION_WORLD_SIZE} ({override})"
+            if override is not None
+            else "spec.sharding.worldSize"
+        )
+        raise errors.InputError(
+            f"DatasetMount {mount.name}: the pod's rank is {rank} ({where}), but its world "
+            f"size is {world_size} ({given}); expected a rank below the world size"
+        )
+    return world_size
+
+
+def _known_rank(
+    spec: specs.DatasetMountSpec, annotations: Mapping[str, Any], indexed_job: bool
+) -> tuple[int | None, str]:
+    """The rank the pod's sidecar will read where admission can know it, and whence."""
+    sharding = spec.sharding
+    if sharding.rank_from == "Fixed" and sharding.rank is not None:
+        return sharding.rank, "spec.sharding.rank"
+    if _rank_field(spec, indexed_job) is not None:
+        index = annotations.get(ANNOTATION_JOB_INDEX)
+        if index is not None and str(index).isdigit():
+            return int(str(index)), f"annotation {ANNOTATION_JOB_INDEX}"
+    return None, ""
 
 
 def positive_annotation(annotations: Mapping[str, Any], name: str) -> int | None:
@@ -247,17 +278,19 @@ def _parts(mount: Mount, key: mount_parts.Key, defaults: SidecarDefaults) -> mou
 def refuse_unsafe_pod(pod_spec: Mapping[str, Any], mounts: Sequence[Mount]) -> None:
     """Refuse pod settings that defeat the sidecar's isolation (docs/security.md).
 
-    * `shareProcessNamespace` (unless every mount allows it): the trainer could read
-      /proc/<sidecar>/environ, i.e. the credentials only the sidecar is given.
+    * `shareProcessNamespace` or `hostPID` (unless every mount allows it): the trainer
+      could read /proc/<sidecar>/environ, i.e. the credentials only the sidecar is given
+      (with `hostPID` so could every other hostPID pod of the node).
     * `hostNetwork`: the sidecar's ports would bind the node's addresses, so its probes
       and its loopback-only inspector would be reachable node-wide, and two such pods on
       one node would collide on the same port.
     """
     names = ", ".join(m.name for m in mounts)
     strict = [m.name for m in mounts if not m.spec.admission.allow_share_process_namespace]
-    if pod_spec.get("shareProcessNamespace") is True and strict:
+    shared = [f for f in ("shareProcessNamespace", "hostPID") if pod_spec.get(f) is True]
+    if shared and strict:
         raise errors.InputError(
-            f"pods using DatasetMount {', '.join(strict)} cannot set shareProcessNamespace: "
+            f"pods using DatasetMount {', '.join(strict)} cannot set {' and '.join(shared)}: "
             "the trainer could read the cache sidecar's environment, which holds the "
             "source's credentials; remove it, or set spec.admission."
             "allowShareProcessNamespace: true on the DatasetMount"
@@ -326,7 +359,7 @@ def inject(
             namespace=mount.namespace,
             names=names,
             defaults=defaults,
-            world_size=_world_size(mount, annotations),
+            world_size=_world_size(mount, annotations, indexed_job),
             rank_field=_rank_field(mount.spec, indexed_job),
             source_digests=tuple(sorted(mount.source_digests.items())),
         )

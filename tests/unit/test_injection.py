@@ -313,6 +313,36 @@ def test_world_size_annotation_overrides_the_spec_and_bad_values_are_refused() -
     assert "shardcache.io/world-size" in response["status"]["message"]
 
 
+def test_a_world_size_annotation_at_or_below_a_fixed_rank_is_refused_naming_both() -> None:
+    obj = pod()
+    mount = dsm("imagenet", sharding={"rankFrom": "Fixed", "rank": 3, "worldSize": 4})
+    for size in ("3", "2"):
+        obj["metadata"]["annotations"] = {injection.ANNOTATION_WORLD_SIZE: size}
+        response, _ = admit(obj, mount)
+        assert response["allowed"] is False
+        message = response["status"]["message"]
+        assert "rank is 3 (spec.sharding.rank)" in message
+        assert f"world size is {size} (annotation shardcache.io/world-size ({size}))" in message
+    obj["metadata"]["annotations"] = {injection.ANNOTATION_WORLD_SIZE: "5"}
+    _, stored = admit(obj, mount)
+    env = env_of(sidecars(stored)[0])
+    assert (env[contract.ENV_RANK], env[contract.ENV_WORLD_SIZE]) == ("3", "5")
+
+
+def test_an_indexed_job_pod_whose_index_is_not_below_the_world_size_is_refused() -> None:
+    obj = pod()
+    mount = dsm("imagenet", sharding={"worldSize": 4})
+    obj["metadata"]["annotations"] = {"batch.kubernetes.io/job-completion-index": "4"}
+    response, _ = admit(obj, mount)
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert "rank is 4 (annotation batch.kubernetes.io/job-completion-index)" in message
+    assert "world size is 4 (spec.sharding.worldSize)" in message
+    obj["metadata"]["annotations"] = {"batch.kubernetes.io/job-completion-index": "3"}
+    response, _ = admit(obj, mount)
+    assert response["allowed"] is True
+
+
 def test_fixed_rank_is_passed_as_a_value() -> None:
     _, stored = admit(
         pod(), dsm("imagenet", sharding={"rankFrom": "Fixed", "rank": 2, "worldSize": 3})

@@ -42,6 +42,18 @@ def test_host_network_false_is_admitted() -> None:
     assert response["allowed"] is True
 
 
+def test_host_pid_pod_is_refused_unless_the_mount_allows_it() -> None:
+    """The trainer of a hostPID pod sees the sidecar's /proc/<pid>/environ as it would
+    with shareProcessNamespace: the same refusal, the same way out."""
+    response, _ = admit(pod(hostPID=True), dsm("imagenet"))
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert "cannot set hostPID" in message and "allowShareProcessNamespace" in message
+    allowed = dsm("imagenet", admission={"allowShareProcessNamespace": True})
+    response, _ = admit(pod(hostPID=True), allowed)
+    assert response["allowed"] is True
+
+
 def test_disk_tier_is_partitioned_per_namespace() -> None:
     """Issue 13, row 2: one tenant's sidecars never read what another's wrote."""
     dirs = set()
