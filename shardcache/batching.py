@@ -9,7 +9,9 @@ The split is by batch: the rank's stream, cut into batches of `batch_size` rows 
 where the reader started, deals batch j to worker j mod count. A DataLoader collects
 from its workers in that same round-robin order, so the batches it yields are the ones
 a single process would yield, in the same order: nothing read twice, nothing skipped,
-whatever the number of workers.
+whatever the number of workers. Packed, each worker packs the tokens of its own batches:
+every token still once, but the sequences depend on the number of workers and each
+worker ends with a remainder of its own (docs/adapters.md).
 
 State (`state_dict()`, a small JSON dict) is this worker's cursor: the first row of the
 batch it reads next and, when packing, how many tokens of that batch were already

@@ -3,6 +3,8 @@ StatefulDataLoader; the device prefetcher's CPU path; the numpy and JAX adapters
 
 from __future__ import annotations
 
+import collections
+
 import json
 import os
 import subprocess
@@ -169,6 +171,32 @@ def test_packing_covers_every_token_once(make, uri: str) -> None:  # type: ignor
     )
     assert torch.equal(packed[: len(expected)], expected)
     assert bool((packed[len(expected) :] == -1).all()) and len(packed) - len(expected) < 7
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_packing_with_workers_reads_every_token_once_and_pads_at_most_one_tail_per_worker(
+    make, drop_last: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """docs/adapters.md: with N workers each packs its own batches' tokens."""
+    tokens = collections.Counter(
+        int(t) for b in make(columns=["tokens"], batch_size=50) for t in b["tokens"]
+    )
+    options = {"columns": ["tokens"], "pack": 7, "batch_size": 3, "pad_value": -1}
+    for workers in (2, 3):
+        batches = [
+            b["tokens"]
+            for b in loader(make(drop_last=drop_last, **options), workers)  # type: ignore[attr-defined]
+        ]
+        got = collections.Counter(int(t) for b in batches for t in b.reshape(-1))
+        padding = got.pop(-1, 0)
+        short = [b for b in batches if b.shape != (3, 7)]
+        if drop_last:
+            assert not short and padding == 0
+            # Each worker drops a remainder of fewer than batch_size x pack tokens.
+            assert got <= tokens and sum((tokens - got).values()) < workers * 3 * 7
+        else:
+            assert got == tokens
+            assert len(short) <= workers and padding < workers * 7
 
 
 def test_fixed_width_column_of_a_single_piece_is_a_view_of_the_mapping(make) -> None:  # type: ignore[no-untyped-def]
