@@ -254,6 +254,40 @@ def mixture_identity(source: specs.MixtureSourceSpec) -> dict[str, str]:
     return identity
 
 
+def _pins_by_name(previous: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {
+        str(entry.get("name")): entry
+        for entry in previous.get("mixture") or []
+        if isinstance(entry, Mapping)
+    }
+
+
+def _kept_pin(
+    source: specs.MixtureSourceSpec, before: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """`source`'s pin in `before` if it was resolved for its current identity."""
+    old = before.get(source.name)
+    if old is None or not old.get("manifestDigest"):
+        return None
+    return dict(old) if old.get("resolvedSource") == mixture_identity(source) else None
+
+
+def _pinned_mixture(
+    spec: specs.DatasetMountSpec, previous: Mapping[str, Any]
+) -> list[dict[str, Any]] | None:
+    """The pins in `previous` of the spec's further sources, in their order; None when
+    one of them has none for its current uri, format and version."""
+    assert spec.mixture is not None
+    before = _pins_by_name(previous)
+    pins: list[dict[str, Any]] = []
+    for source in spec.mixture.sources:
+        pin = _kept_pin(source, before)
+        if pin is None:
+            return None
+        pins.append(pin)
+    return pins
+
+
 async def _resolve_mixture(
     spec: specs.DatasetMountSpec,
     previous: Mapping[str, Any],
@@ -267,19 +301,14 @@ async def _resolve_mixture(
     `previous` while its identity holds, else resolved like spec.source; or the first
     failure, named by its source."""
     assert spec.mixture is not None
-    before = {
-        str(entry.get("name")): entry
-        for entry in previous.get("mixture") or []
-        if isinstance(entry, Mapping)
-    }
+    before = _pins_by_name(previous)
     pins: list[dict[str, Any]] = []
     options: Mapping[str, str] | None = None
     fetched = False
     for index, source in enumerate(spec.mixture.sources):
-        identity = mixture_identity(source)
-        old = before.get(source.name)
-        if old is not None and old.get("manifestDigest") and old.get("resolvedSource") == identity:
-            pins.append(dict(old))
+        kept = _kept_pin(source, before)
+        if kept is not None:
+            pins.append(kept)
             continue
         if not fetched:
             options, failure = await _options(spec, namespace, read_secret, pinned=False)
@@ -307,7 +336,7 @@ async def _resolve_mixture(
                 "shards": outcome.shards,
                 "rows": outcome.rows,
                 "bytes": outcome.bytes,
-                "resolvedSource": identity,
+                "resolvedSource": mixture_identity(source),
             }
         )
     return pins, None
@@ -316,7 +345,9 @@ async def _resolve_mixture(
 def _events(outcome: status.Outcome, previous: Mapping[str, Any]) -> tuple[Event, ...]:
     """One Event per change of phase or reason: retries of the same failure stay quiet."""
     before = {c.get("type"): c for c in previous.get("conditions") or []}
-    old = before.get(status.MANIFEST_RESOLVED) or {}
+    # Ready carries the reason of every failure; ManifestResolved stays Pinned through
+    # the failed checks of a kept pin, so it cannot tell a repeat from a first failure.
+    old = before.get(status.READY_CONDITION) or {}
     if isinstance(outcome, status.Resolved):
         if outcome.reused and previous.get("phase") == status.Phase.READY:
             return ()
@@ -457,7 +488,8 @@ async def check_source(
     """Periodic re-check that the source of a pinned DatasetMount still answers.
 
     Only reachability changes here (Ready <-> Degraded), never the pin. Returns None
-    when the object is not pinned for its current source: that is `reconcile`'s job.
+    when the object is not pinned for its current source, or for one of its mixture's
+    current sources: that is `reconcile`'s job.
     """
     previous = obj.get("status") or {}
     if previous.get("phase") not in (status.Phase.READY, status.Phase.DEGRADED):
@@ -469,6 +501,13 @@ async def check_source(
     pin = _pinned(spec, previous)
     if pin is None:
         return None
+    mixture: list[dict[str, Any]] | None = None
+    if spec.mixture is not None:
+        # A source edited or added since the last pin would be Ready with another
+        # source's digest, or none: the webhook hands pods whatever status.mixture holds.
+        mixture = _pinned_mixture(spec, previous)
+        if mixture is None:
+            return None
     namespace = str((obj.get("metadata") or {}).get("namespace") or "")
     outcome = await _check(
         spec, pin, namespace=namespace, read_secret=read_secret, probe=probe, timeout=timeout
@@ -481,5 +520,5 @@ async def check_source(
         now=now,
         identity=source_identity(spec),
         retry_in=None,
-        mixture=list(previous.get("mixture") or []) if spec.mixture is not None else None,
+        mixture=mixture,
     )

@@ -104,15 +104,16 @@ class Room:
 
 def room(spec: specs.DatasetMountSpec, status: Mapping[str, Any]) -> Room | None:
     """The mount's `Room`, or None where no window applies: not sample mode, or no
-    pinned totals yet (a mount not Ready is not injected)."""
+    pinned totals yet for spec.source or one of spec.mixture's sources (a mount not
+    Ready is not injected). Pins in `status.mixture` of sources the spec no longer
+    names count nothing."""
     sharding = spec.sharding
     if not (sharding.shuffle and sharding.granularity == plans.SAMPLE):
         return None
-    sources = [status, *(status.get("mixture") or [])]
     per_rank = total = 0
-    for source in sources:
-        counts = [source.get(key) for key in ("shards", "rows", "bytes")]
-        if not all(isinstance(c, int) and not isinstance(c, bool) for c in counts):
+    for pin in [status, *_mixture_pins(spec, status)]:
+        counts = _totals(pin)
+        if counts is None:
             return None
         shards, rows, nbytes = counts
         per_rank += windows.estimated_reader_bytes(
@@ -120,6 +121,32 @@ def room(spec: specs.DatasetMountSpec, status: Mapping[str, Any]) -> Room | None
         )
         total += nbytes
     return Room(per_rank=per_rank, total=total, memory=spec.cache.memory)
+
+
+def _totals(pin: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """A pin's shards, rows and bytes; None when one is missing."""
+    counts = [pin.get(key) for key in ("shards", "rows", "bytes")]
+    whole = [c for c in counts if isinstance(c, int) and not isinstance(c, bool)]
+    if len(whole) != len(counts):
+        return None
+    shards, rows, nbytes = whole
+    return shards, rows, nbytes
+
+
+def _mixture_pins(
+    spec: specs.DatasetMountSpec, status: Mapping[str, Any]
+) -> list[Mapping[str, Any]]:
+    """The pin of each of spec.mixture's sources, by name; an empty one for a source
+    without. A status written before the spec dropped a source may still list it."""
+    if spec.mixture is None:
+        return []
+    pinned = status.get("mixture")
+    by_name = {
+        entry.get("name"): entry
+        for entry in (pinned if isinstance(pinned, list) else [])
+        if isinstance(entry, Mapping)
+    }
+    return [by_name.get(source.name, {}) for source in spec.mixture.sources]
 
 
 def warning(

@@ -148,7 +148,9 @@ def build_status(
     A failure keeps the previously pinned digest and counts: pods already running
     keep reading the dataset they started with, and the digest stays visible.
     `mixture`: the pins of a mixture's further sources (status.mixture), written with
-    a resolved outcome; a failure keeps the previous ones.
+    a resolved outcome; a failure keeps the previous ones. A resolved outcome without
+    them (a mount with no mixture) sets a stored `mixture` to None, which deletes it:
+    handlers write status as a merge patch, which keeps every key it leaves out.
     """
     current = conditions_for(outcome)
     if isinstance(outcome, Failed) and outcome.keeps_pin:
@@ -198,6 +200,8 @@ def build_status(
             status["resolvedAt"] = previous["resolvedAt"]
         if mixture is not None:
             status["mixture"] = [dict(entry) for entry in mixture]
+        elif "mixture" in previous:
+            status["mixture"] = None
     else:
         for key in ("manifestDigest", "format", "shards", "rows", "bytes", "size", "mixture"):
             if key in previous:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +10,7 @@ import pyarrow.fs as pafs
 import pytest
 from shardcache_operator import reconcile, specs, status
 
-from shardcache import manifests
+from shardcache import errors, manifests
 from tests.support import datasets
 
 pytestmark = pytest.mark.unit
@@ -120,3 +120,73 @@ async def test_a_failing_source_keeps_the_mount_from_ready_naming_the_source(
     ready = {c["type"]: c for c in result.status["conditions"]}["Ready"]
     assert ready["message"].startswith("spec.mixture.sources[1] (math): nothing found at")
     assert "mixture" not in result.status
+
+
+def stored_after(stored: Mapping[str, Any], written: Mapping[str, Any]) -> dict[str, Any]:
+    """The status the API server keeps after the handlers' merge patch of `written`:
+    keys left out stay, a key set to None is deleted."""
+    merged = {**stored, **written}
+    return {key: value for key, value in merged.items() if value is not None}
+
+
+def unreachable_at(uri: str, resolver: Resolver) -> reconcile.Resolver:
+    def resolve(at: str, fmt: str, options: Mapping[str, str] | None) -> manifests.Manifest:
+        if at == uri:
+            raise errors.SourceError(f"{at}: connection refused")
+        return resolver(at, fmt, options)
+
+    return resolve
+
+
+def edited(obj: dict[str, Any], uri: str) -> None:
+    obj["spec"]["mixture"]["sources"][0]["uri"] = uri
+
+
+def added(obj: dict[str, Any], uri: str) -> None:
+    obj["spec"]["mixture"]["sources"].append({"name": "more", "weight": 1, "uri": uri})
+
+
+@pytest.mark.parametrize("change", [edited, added])
+async def test_the_periodic_check_leaves_a_mount_unready_while_a_source_lacks_its_pin(
+    roots: dict[str, str], tmp_path: Path, change: Callable[[dict[str, Any], str], None]
+) -> None:
+    first = await run(mix(roots), Resolver())
+    # The periodic check keeps a fully pinned mixture as it is.
+    kept = await reconcile.check_source(
+        {**mix(roots), "status": first.status}, read_secret=no_secret, probe=answers, now=NOW
+    )
+    assert kept is not None and kept.status["mixture"] == first.status["mixture"]
+    # A source edited or added, whose new uri does not answer: Degraded, old pins kept.
+    obj = mix(roots)
+    new_uri = f"file://{tmp_path / 'moved'}"
+    change(obj, new_uri)
+    obj["metadata"]["generation"] = 2
+    failed = await reconcile.reconcile(
+        {**obj, "status": first.status},
+        read_secret=no_secret,
+        resolve=unreachable_at(new_uri, Resolver()),
+        probe=answers,
+        now=NOW,
+    )
+    assert failed.status["phase"] == status.Phase.DEGRADED
+    stored = stored_after(first.status, failed.status)
+    # spec.source still answers, but the new source has no pin: not the check's to mend.
+    checked = await reconcile.check_source(
+        {**obj, "status": stored}, read_secret=no_secret, probe=answers, now=NOW
+    )
+    assert checked is None, (
+        f"the check made the mount {checked.status['phase']} with pins "
+        f"{[p['resolvedSource']['uri'] for p in checked.status['mixture']]} for {new_uri}"
+    )
+
+
+async def test_removing_the_mixture_deletes_its_pins_from_the_stored_status(
+    roots: dict[str, str],
+) -> None:
+    first = await run(mix(roots), Resolver())
+    single = mix(roots)
+    del single["spec"]["mixture"]
+    single["metadata"]["generation"] = 2
+    again = await run({**single, "status": first.status}, Resolver(), probe=answers)
+    assert again.status["phase"] == status.Phase.READY
+    assert "mixture" not in stored_after(first.status, again.status)

@@ -164,13 +164,37 @@ def test_no_warning_where_the_windows_fit_or_none_apply(
     assert sample_room.warning("DatasetMount ml/web", spec, status, gpu_pod(gpus)) is None
 
 
+def mixture_spec(*names: str) -> specs.DatasetMountSpec:
+    sources = [{"name": name, "weight": 1, "uri": f"s3://data/{name}/"} for name in names]
+    body = {
+        "source": {"uri": "s3://data/web/"},
+        "sharding": {"granularity": "sample"},
+        "mixture": {"sources": sources},
+    }
+    return specs.parse_spec(body)
+
+
 def test_a_mixtures_sources_each_add_their_windows() -> None:
     one = sample_room.room(mount_spec(), STATUS)
-    both = sample_room.room(mount_spec(), {**STATUS, "mixture": [dict(STATUS, name="code")]})
+    both = sample_room.room(
+        mixture_spec("code"), {**STATUS, "mixture": [dict(STATUS, name="code")]}
+    )
     assert one is not None and both is not None
     assert both.per_rank == 2 * one.per_rank
     assert both.total == 2 * one.total
     assert one.fits(4) and not both.fits(4)
+
+
+def test_pins_of_sources_the_spec_no_longer_has_add_no_windows() -> None:
+    removed = {**STATUS, "mixture": [dict(STATUS, name="code"), dict(STATUS, name="math")]}
+    assert sample_room.room(mount_spec(), removed) == sample_room.room(mount_spec(), STATUS)
+    assert sample_room.room(mixture_spec("code"), removed) == sample_room.room(
+        mixture_spec("code"), {**STATUS, "mixture": [dict(STATUS, name="code")]}
+    )
+
+
+def test_a_source_of_the_spec_without_a_pin_gives_no_estimate() -> None:
+    assert sample_room.room(mixture_spec("code", "math"), {**STATUS, "mixture": []}) is None
 
 
 def test_admission_admits_the_pod_and_carries_the_warning() -> None:

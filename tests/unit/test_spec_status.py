@@ -82,6 +82,20 @@ def test_invalid_spec_leaves_source_reachability_unknown() -> None:
     assert "manifestDigest" not in st
 
 
+def test_a_resolved_status_without_a_mixture_deletes_the_stored_pins() -> None:
+    pins = [{"name": "code", "manifestDigest": DIGEST, "shards": 1, "rows": 1, "bytes": 1}]
+    mixed = status.build_status(
+        RESOLVED, previous={}, generation=1, now=T0, resolved_source=SOURCE, mixture=pins
+    )
+    single = status.build_status(
+        RESOLVED, previous=mixed, generation=2, now=T1, resolved_source=SOURCE
+    )
+    # None, not left out: the handlers' merge patch keeps a key it does not name.
+    assert "mixture" in single and single["mixture"] is None
+    never = status.build_status(RESOLVED, previous={}, generation=1, now=T0, resolved_source=SOURCE)
+    assert "mixture" not in never
+
+
 def test_status_schema_lists_every_key_the_builder_writes() -> None:
     ready = status.build_status(RESOLVED, previous={}, generation=1, now=T0, resolved_source=SOURCE)
     ready["attachedPods"] = 0
