@@ -43,6 +43,15 @@ def unique(base: str, taken: set[str], *, limit: int = 63) -> str:
     return candidate
 
 
+#: A checkpoint volume's name as `Taken.allocate` gives it: `<base>-ckpt`, maybe `-N`.
+_CHECKPOINT_VOLUME_RE = re.compile(r"shardcache-[a-z0-9-]*-ckpt(-[0-9]+)?")
+
+
+def is_checkpoint_volume(name: str) -> bool:
+    """Whether `name` is a checkpoint volume the injection named (a DatasetMount's)."""
+    return _CHECKPOINT_VOLUME_RE.fullmatch(name) is not None
+
+
 @dataclasses.dataclass(frozen=True)
 class MountNames:
     """What one mount's injection is called in the pod."""

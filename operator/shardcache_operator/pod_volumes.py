@@ -18,23 +18,9 @@ from shardcache import contract, errors
 from shardcache.contract import parsers
 from shardcache_operator import pod_names, specs
 
-MiB = 1 << 20
-#: The run volume's room over the memory tier's limit, as a fraction of that limit.
-#: The tier counts only its files, but a reader keeps the shard it just released
-#: mapped until its next acquire returns (zero-copy slices of a batch that spans two
-#: shards), so an evicted file's pages stay in the volume a while: about one decoded
-#: shard per reader beyond the limit. The webhook knows neither the decoded shard size
-#: nor the number of readers, so it gives a quarter of the tier (one shard per reader
-#: when the tier holds four or more per reader, as its prefetch depth wants); when that
-#: is not enough the tier treats ENOSPC as "no room yet" and evicts or waits.
-RUN_VOLUME_HEADROOM = 0.25
-
-
-def run_volume_bytes(memory_tier_bytes: int) -> int:
-    """The run volume's sizeLimit: the memory tier plus `RUN_VOLUME_HEADROOM`, the
-    headroom rounded up to whole MiB (so the quantity reads as one, e.g. 16Mi -> 20Mi)."""
-    headroom = -(-int(memory_tier_bytes * RUN_VOLUME_HEADROOM) // MiB) * MiB
-    return memory_tier_bytes + headroom
+# Defined with the spec model, whose check of the sidecar's memory request needs them.
+RUN_VOLUME_HEADROOM = specs.RUN_VOLUME_HEADROOM
+run_volume_bytes = specs.run_volume_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +62,7 @@ def volumes_for(
     ]
     trainer_mounts = [TrainerMount(names.run_volume, mount_dir, f"the {mount} cache")]
     if spec.checkpoint is not None and names.checkpoint_volume is not None:
+        check_checkpoint_path(spec.checkpoint.mount_path, run_dir=run_dir)
         size = parsers.quantity(spec.checkpoint.size)
         volumes.append({"name": names.checkpoint_volume, "emptyDir": {"sizeLimit": size}})
         path = spec.checkpoint.mount_path
@@ -86,15 +73,46 @@ def volumes_for(
     return MountVolumes(volumes, sidecar_mounts, trainer_mounts)
 
 
-def _mount_paths(container: Mapping[str, Any]) -> set[str]:
-    return {str(m.get("mountPath", "")).rstrip("/") for m in container.get("volumeMounts") or []}
+def check_checkpoint_path(path: str, *, run_dir: str) -> None:
+    """`InputError` when the checkpoint path is, holds or lies inside the run directory.
+
+    The spec's own check knows only the default run directory; the operator's may be
+    another, and there the trainers mount every mount's run volume too.
+    """
+    if specs.paths_overlap(path, run_dir):
+        raise errors.InputError(
+            f"spec.checkpoint.mountPath: {path!r} is, holds or lies inside the sidecars' "
+            f"run directory {run_dir} (operator setting RUN_DIR): choose another "
+            "directory, such as the default /checkpoints"
+        )
+
+
+def _taken_by(container: Mapping[str, Any], path: str) -> str | None:
+    """The volume `container` already mounts at `path`, else None."""
+    for mounted in container.get("volumeMounts") or []:
+        if str(mounted.get("mountPath", "")).rstrip("/") == path.rstrip("/"):
+            return str(mounted.get("name"))
+    return None
 
 
 def add_mount(container: dict[str, Any], mount: TrainerMount) -> None:
     """Mount a volume into a trainer container; `InputError` when the path is taken."""
-    if mount.path.rstrip("/") in _mount_paths(container):
-        raise errors.InputError(
-            f"container {container.get('name')!r} already mounts something at {mount.path}, "
-            f"where {mount.what} goes: remove that mount or change the DatasetMount's path"
+    volume = _taken_by(container, mount.path)
+    if volume is None:
+        container.setdefault("volumeMounts", []).append(
+            {"name": mount.volume, "mountPath": mount.path}
         )
-    container.setdefault("volumeMounts", []).append({"name": mount.volume, "mountPath": mount.path})
+        return
+    name = container.get("name")
+    if pod_names.is_checkpoint_volume(volume):
+        # Two DatasetMounts of the pod with the default /checkpoints: the user has no
+        # mount of their own to remove.
+        raise errors.InputError(
+            f"container {name!r} already mounts the checkpoints of another DatasetMount at "
+            f"{mount.path} (volume {volume!r}), where {mount.what} must go: give each "
+            "DatasetMount of the pod its own spec.checkpoint.mountPath"
+        )
+    raise errors.InputError(
+        f"container {name!r} already mounts something at {mount.path} (volume {volume!r}), "
+        f"where {mount.what} must go: remove that mount or change the DatasetMount's path"
+    )

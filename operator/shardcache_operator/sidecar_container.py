@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardcache.contract import parsers, protocol
-from shardcache_operator import pod_names, pod_volumes, specs
+from shardcache_operator import pod_names, specs
 
 
 def _probe(path: str, port: int, *, period: int, failures: int) -> dict[str, Any]:
@@ -28,7 +28,8 @@ def _limits(resources: specs.ResourcesSpec, extra: int) -> dict[str, str]:
     """The limits, with the memory limit raised by `extra` bytes when there is one."""
     limits = dict(resources.limits)
     if extra and "memory" in limits:
-        memory = specs.parse_quantity(limits["memory"], path="spec.sidecar.resources.limits")
+        # Whole bytes, a fraction rounded up as Kubernetes does ("1.3Gi" is valid).
+        memory = specs.memory_bytes(limits["memory"], path="spec.sidecar.resources.limits.memory")
         limits["memory"] = parsers.quantity(memory + extra)
     return limits
 
@@ -45,11 +46,7 @@ def build(
 ) -> dict[str, Any]:
     """The container; `image` is the operator's default, used when the spec names none."""
     port = names.port
-    # tmpfs pages the sidecar writes are charged to its cgroup: the whole run volume,
-    # headroom included, can be resident.
-    extra_memory = (
-        pod_volumes.run_volume_bytes(spec.cache.memory) if spec.cache.medium == "Memory" else 0
-    )
+    extra_memory = specs.sidecar_memory_raise(spec.cache)
     sidecar: dict[str, Any] = {
         "name": names.sidecar,
         "image": spec.sidecar.image or image,

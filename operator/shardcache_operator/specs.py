@@ -65,6 +65,11 @@ MAX_URI_LENGTH = 2048
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 RESTORE_PATTERN = r"^(latest|none|[0-9]+)$"
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+#: An absolute, normalised path: segments that are not "." or "..", no "//", no
+#: trailing "/", not "/" itself, no control characters. Normalised, so that comparing
+#: the text (ours with the sidecar's paths, the API server's for duplicate mount paths)
+#: compares the directories: "/a/../b" is "/b" to the kernel, not to either.
+MOUNT_PATH_PATTERN = r"^(/([^/.\x00-\x1f]|\.[^/.\x00-\x1f]|\.\.[^/\x00-\x1f])[^/\x00-\x1f]*)+$"
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
@@ -75,7 +80,7 @@ def parse_quantity(value: object, *, path: str = "quantity") -> int:
     """Bytes of a Kubernetes quantity: 2Gi -> 2147483648, 500M -> 500000000, 1e3 -> 1000.
 
     Raises `InputError` naming `path` when the value is negative, fractional in bytes,
-    or not a quantity at all.
+    or not a quantity at all (surrounding spaces included: the API server refuses them).
     """
     if isinstance(value, bool):
         raise errors.InputError(f"{path}: expected a byte size like '2Gi', found {value!r}")
@@ -85,12 +90,12 @@ def parse_quantity(value: object, *, path: str = "quantity") -> int:
                 f"{path}: expected a byte size from 0 to {MAX_BYTES}, found {value}"
             )
         return value
-    if not isinstance(value, str) or len(value) > 64 or not _QUANTITY_RE.match(value.strip()):
+    if not isinstance(value, str) or len(value) > 64 or not _QUANTITY_RE.fullmatch(value):
         raise errors.InputError(
             f"{path}: expected a non-negative byte size like '2Gi', '500M' or 1048576, "
             f"found {value!r}"
         )
-    text = value.strip().lstrip("+")
+    text = value.lstrip("+")
     number, multiplier = text, 1
     for suffixes in (_BINARY, _DECIMAL):
         for suffix, factor in suffixes.items():
@@ -110,6 +115,73 @@ def parse_quantity(value: object, *, path: str = "quantity") -> int:
     return int(amount)
 
 
+_RESOURCE_RE = re.compile(RESOURCE_QUANTITY_PATTERN)
+_RESOURCE_SUFFIXES: dict[str, decimal.Decimal] = {
+    **{suffix: decimal.Decimal(factor) for suffix, factor in (_BINARY | _DECIMAL).items()},
+    "n": decimal.Decimal("1e-9"),
+    "u": decimal.Decimal("1e-6"),
+    "m": decimal.Decimal("1e-3"),
+}
+#: Kubernetes keeps a quantity in nano units, a finer amount rounded up (0.1n -> 1n).
+_NANO = decimal.Decimal("1e-9")
+#: Exact arithmetic: a quantity may have more digits than the default context's 28,
+#: which would round; the `_MAGNITUDE_LIMIT` check keeps the numbers small.
+_EXACT = decimal.Context(prec=decimal.MAX_PREC, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+#: Above this decimal exponent (`Decimal.adjusted`) a value is over `MAX_BYTES`.
+_MAGNITUDE_LIMIT = len(str(MAX_BYTES))
+
+
+def resource_quantity(value: object, *, path: str) -> decimal.Decimal:
+    """The value of a Kubernetes resource quantity, by the API server's rules: '250m' ->
+    0.25, '1.5Gi' -> 1610612736, '1e3' -> 1000, '0.1n' -> 0.000000001 (rounded up to
+    whole nano units, what Kubernetes keeps).
+
+    Raises `InputError` naming `path` when the value is not a non-negative quantity
+    (surrounding spaces included) or is over `MAX_BYTES` (a quantity's int64).
+    """
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not _RESOURCE_RE.fullmatch(text):
+        raise errors.InputError(
+            f"{path}: expected a non-negative quantity like '500m' or '1Gi', found {value!r}"
+        )
+    number, unit = _split_resource_quantity(text.lstrip("+"))
+    mantissa = decimal.Decimal(number)
+    # Compared before multiplying, so "1e999999999" is refused without being computed.
+    if mantissa and mantissa.adjusted() + unit.adjusted() > _MAGNITUDE_LIMIT:
+        raise _too_large(value, path)
+    amount = _EXACT.multiply(mantissa, unit).quantize(
+        _NANO, rounding=decimal.ROUND_CEILING, context=_EXACT
+    )
+    if amount > MAX_BYTES:
+        raise _too_large(value, path)
+    return amount
+
+
+def _split_resource_quantity(text: str) -> tuple[str, decimal.Decimal]:
+    """A quantity matching `RESOURCE_QUANTITY_PATTERN` as its number and its unit's value."""
+    if text[-2:] in _BINARY:
+        return text[:-2], _RESOURCE_SUFFIXES[text[-2:]]
+    if text[-1] in _RESOURCE_SUFFIXES:
+        return text[:-1], _RESOURCE_SUFFIXES[text[-1]]
+    number, _, exponent = text.replace("E", "e").partition("e")
+    if len(exponent.lstrip("+0")) > 6:  # beyond any exponent a value below MAX_BYTES has
+        return number, decimal.Decimal("1e999999")
+    return number, decimal.Decimal(1).scaleb(int(exponent or 0), context=_EXACT)
+
+
+def _too_large(value: object, path: str) -> errors.InputError:
+    return errors.InputError(
+        f"{path}: {value!r} is over the largest quantity Kubernetes holds "
+        f"({MAX_BYTES}, just under 8Ei)"
+    )
+
+
+def memory_bytes(value: object, *, path: str) -> int:
+    """Whole bytes of a memory quantity, a fraction of a byte rounded up as Kubernetes
+    does when it sets the limit ('1.3Gi' -> 1395864372)."""
+    return int(resource_quantity(value, path=path).to_integral_value(decimal.ROUND_CEILING))
+
+
 def format_bytes(size: int) -> str:
     """A short binary-unit rendering for printer columns: 1536 -> '1.5Ki'."""
     amount = float(size)
@@ -119,6 +191,25 @@ def format_bytes(size: int) -> str:
             return f"{text}{unit}"
         amount /= 1024
     raise AssertionError("unreachable")
+
+
+MiB = 1 << 20
+#: The run volume's room over the memory tier's limit, as a fraction of that limit.
+#: The tier counts only its files, but a reader keeps the shard it just released
+#: mapped until its next acquire returns (zero-copy slices of a batch that spans two
+#: shards), so an evicted file's pages stay in the volume a while: about one decoded
+#: shard per reader beyond the limit. The webhook knows neither the decoded shard size
+#: nor the number of readers, so it gives a quarter of the tier (one shard per reader
+#: when the tier holds four or more per reader, as its prefetch depth wants); when that
+#: is not enough the tier treats ENOSPC as "no room yet" and evicts or waits.
+RUN_VOLUME_HEADROOM = 0.25
+
+
+def run_volume_bytes(memory_tier_bytes: int) -> int:
+    """The run volume's sizeLimit: the memory tier plus `RUN_VOLUME_HEADROOM`, the
+    headroom rounded up to whole MiB (so the quantity reads as one, e.g. 16Mi -> 20Mi)."""
+    headroom = -(-int(memory_tier_bytes * RUN_VOLUME_HEADROOM) // MiB) * MiB
+    return memory_tier_bytes + headroom
 
 
 # --- field metadata ----------------------------------------------------------------
@@ -147,6 +238,8 @@ class FieldInfo:
     #: Bounds of a list field (`tuple[Model, ...]`), which also bound CEL's cost estimate.
     min_items: int | None = None
     max_items: int | None = None
+    #: What `pattern` asks for, in words, for the error when a value does not match.
+    expected: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +249,8 @@ class Rule:
     cel: str
     message: str
     check: Callable[[Any], bool]
+    #: The value the Python error shows as found (CEL's message is fixed text).
+    found: Callable[[Any], object] | None = None
 
 
 _MISSING: Any = dataclasses.MISSING
@@ -552,11 +647,42 @@ class ShardingSpec:
     )
 
 
+def paths_overlap(one: str, other: str) -> bool:
+    """Whether of two absolute paths one is the other or lies inside it."""
+    one_dir, other_dir = one.rstrip("/") + "/", other.rstrip("/") + "/"
+    return one_dir.startswith(other_dir) or other_dir.startswith(one_dir)
+
+
+#: Where the sidecar mounts its own volumes (at the operator's default run directory).
+SIDECAR_DIRS = (contract.DEFAULT_DISK_DIR, contract.DEFAULT_RUN_DIR)
+
+# The sidecar mounts the checkpoint volume too: at one of its own paths the pod would
+# have two volumes at one path (the API server refuses it), and around one a volume
+# would hide the other.
+_CHECKPOINT_BESIDE_SIDECAR = Rule(
+    cel=(
+        "!has(self.mountPath) || !"
+        + "["
+        + ", ".join(f"'{d}'" for d in SIDECAR_DIRS)
+        + "]"
+        + ".exists(p, (p + '/').startsWith(self.mountPath.endsWith('/') ? "
+        "self.mountPath : self.mountPath + '/') || (self.mountPath + '/').startsWith(p + '/'))"
+    ),
+    message=(
+        "mountPath: must not be, hold or lie inside the cache sidecar's own directories "
+        f"{contract.DEFAULT_DISK_DIR} (the node disk tier) and {contract.DEFAULT_RUN_DIR} "
+        "(its run directory)"
+    ),
+    check=lambda c: not any(paths_overlap(c.mount_path, d) for d in SIDECAR_DIRS),
+    found=lambda c: c.mount_path,
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckpointSpec:
     """Checkpoint upload and restore (carried out by the sidecar's checkpoint agent)."""
 
-    rules: ClassVar[tuple[Rule, ...]] = (_URI_WITHOUT_USERINFO,)
+    rules: ClassVar[tuple[Rule, ...]] = (_URI_WITHOUT_USERINFO, _CHECKPOINT_BESIDE_SIDECAR)
 
     uri: str = _uri(
         "Object store prefix checkpoints are uploaded to (s3://bucket/run-42/). Uses the "
@@ -577,9 +703,17 @@ class CheckpointSpec:
     )
     mount_path: str = _field(
         "mountPath",
-        "Directory in the trainer containers where checkpoints are written and restored.",
+        "Directory in the trainer containers (and the sidecar) where checkpoints are "
+        "written and restored: an absolute path without '.' or '..' segments or a "
+        "trailing '/', not at, above or inside the sidecar's own /var/cache/shardcache "
+        "and /var/run/shardcache.",
         default=variables.CHECKPOINT_DIR.spec_value_default,
-        pattern=r"^/.*",
+        pattern=MOUNT_PATH_PATTERN,
+        max_length=1024,
+        expected=(
+            "an absolute path without '.' or '..' segments, '//', a trailing '/' or "
+            "control characters, and not '/' itself (like /checkpoints)"
+        ),
     )
     size: int = _quantity(
         "size",
@@ -622,23 +756,71 @@ class CheckpointSpec:
     )
 
 
+#: The sidecar's resources when the spec sets neither requests nor limits.
+DEFAULT_SIDECAR_REQUESTS: Mapping[str, str] = types.MappingProxyType(
+    {"cpu": "250m", "memory": "256Mi"}
+)
+DEFAULT_SIDECAR_LIMITS: Mapping[str, str] = types.MappingProxyType({"cpu": "2", "memory": "1Gi"})
+
+
+def _amount(resources: Mapping[str, str], key: str) -> decimal.Decimal:
+    return resource_quantity(resources[key], path=key)
+
+
+def _lowered_to(defaults: Mapping[str, str], ceilings: Mapping[str, str]) -> dict[str, str]:
+    """`defaults`, each lowered to its resource's amount in `ceilings` where that is lower."""
+    return {
+        key: ceilings[key]
+        if key in ceilings and _amount(ceilings, key) < _amount(defaults, key)
+        else value
+        for key, value in defaults.items()
+    }
+
+
+def _raised_to(defaults: Mapping[str, str], floors: Mapping[str, str]) -> dict[str, str]:
+    """`defaults`, each raised to its resource's amount in `floors` where that is higher."""
+    return {
+        key: floors[key]
+        if key in floors and _amount(floors, key) > _amount(defaults, key)
+        else value
+        for key, value in defaults.items()
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class ResourcesSpec:
     """Compute resources of the sidecar container."""
 
     requests: dict[str, str] = _field(
         "requests",
-        "Minimum resources (cpu, memory) the sidecar is scheduled with.",
-        default_factory=lambda: {"cpu": "250m", "memory": "256Mi"},
+        "Minimum resources (cpu, memory) the sidecar is scheduled with. Omitted: cpu 250m "
+        "and memory 256Mi, each lowered to its limit where the limit is lower. Each must "
+        "be at most its limit (for memory with cache.medium Memory: the raised limit).",
+        default_factory=lambda: dict(DEFAULT_SIDECAR_REQUESTS),
         resource_map=True,
     )
     limits: dict[str, str] = _field(
         "limits",
-        "Maximum resources of the sidecar. With cache.medium Memory the memory limit is "
-        "raised by cache.memory at injection.",
-        default_factory=lambda: {"cpu": "2", "memory": "1Gi"},
+        "Maximum resources of the sidecar. Omitted: cpu 2 and memory 1Gi, each raised to "
+        "its request where the request is higher. With cache.medium Memory the memory "
+        "limit is raised by the memory tier's volume (cache.memory and a quarter) at "
+        "injection, a fraction of a byte rounded up.",
+        default_factory=lambda: dict(DEFAULT_SIDECAR_LIMITS),
         resource_map=True,
     )
+
+    @staticmethod
+    def given_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
+        """The one of requests and limits the spec omits, never on the wrong side of the
+        other: the API server refuses a pod whose request is above its limit."""
+        requests, limits = given.get("requests"), given.get("limits")
+        if requests is None and limits is not None:
+            # As Kubernetes, which takes a resource's limit as its request when the
+            # request is omitted, a limit below the default request becomes the request.
+            return {"requests": _lowered_to(DEFAULT_SIDECAR_REQUESTS, limits)}
+        if limits is None and requests is not None:
+            return {"limits": _raised_to(DEFAULT_SIDECAR_LIMITS, requests)}
+        return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -677,9 +859,10 @@ class AdmissionSpec:
     )
     allow_share_process_namespace: bool = _field(
         "allowShareProcessNamespace",
-        "Admit pods with shareProcessNamespace: true. Default false: in such a pod the "
-        "trainer can read the sidecar's environment, which holds the object store "
-        "credentials; allow it only for a source whose credentials the trainer may have.",
+        "Admit pods with shareProcessNamespace: true or hostPID: true. Default false: in "
+        "such a pod the trainer can read the sidecar's environment, which holds the object "
+        "store credentials; allow it only for a source whose credentials the trainer may "
+        "have.",
         default=False,
     )
 
@@ -709,9 +892,45 @@ class StallSpec:
     )
 
 
+def sidecar_memory_raise(cache: CacheSpec) -> int:
+    """Bytes the injection adds to the sidecar's memory limit: with medium Memory the
+    tmpfs pages it writes are charged to its cgroup, and the whole run volume can be."""
+    return run_volume_bytes(cache.memory) if cache.medium == "Memory" else 0
+
+
+def _sidecar_requests_within_limits(spec: DatasetMountSpec, path: str) -> str | None:
+    """Each request at most the limit the pod gets: the API server refuses the pod else.
+    Python only: comparing quantities in CEL needs Kubernetes' quantity library, which
+    the interpreter the tests check every CEL rule with (celpy) does not have."""
+    resources = spec.sidecar.resources
+    for key in resources.requests.keys() & resources.limits.keys():
+        limit = _amount(resources.limits, key)
+        raised = sidecar_memory_raise(spec.cache) if key == "memory" else 0
+        if raised:
+            limit = decimal.Decimal(memory_bytes(resources.limits[key], path=key) + raised)
+        if _amount(resources.requests, key) > limit:
+            where = f"{path}.sidecar.resources"
+            more = (
+                f" plus the {parsers.quantity(raised)} memory tier volume (cache.medium Memory)"
+                if raised
+                else ""
+            )
+            return (
+                f"{where}.requests.{key}: {resources.requests[key]!r} is above its limit "
+                f"{where}.limits.{key}, {resources.limits[key]!r}{more}: the API server "
+                "refuses a pod whose request is above its limit; lower the request or "
+                "raise the limit"
+            )
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class DatasetMountSpec:
     """What data a job reads and how the node caches it."""
+
+    python_checks: ClassVar[tuple[Callable[[Any, str], str | None], ...]] = (
+        _sidecar_requests_within_limits,
+    )
 
     source: SourceSpec = _field("source", "The dataset in object storage.")
     cache: CacheSpec = _field(
@@ -791,6 +1010,10 @@ def from_dict(cls: type[T], data: object, *, path: str) -> T:
 
     Raises `InputError` whose message starts with the field path, e.g.
     ``spec.cache.memory: expected a non-negative byte size like '2Gi', found '-1Gi'``.
+
+    A model may have `given_defaults(values)`: defaults of omitted fields that depend on
+    the fields given (by field name), and `python_checks`: checks the API server cannot
+    make, each called with the object and its path, returning None or the error.
     """
     if not isinstance(data, Mapping):
         raise errors.InputError(f"{path}: expected an object, found {_type_name(data)}")
@@ -812,10 +1035,18 @@ def from_dict(cls: type[T], data: object, *, path: str) -> T:
                 raise errors.InputError(f"{here}: required, but missing")
             continue
         values[field.name] = _convert(kind, info, raw, path=here)
+    given_defaults = getattr(cls, "given_defaults", None)
+    if given_defaults is not None:
+        values = {**given_defaults(values), **values}
     obj = cls(**values)
     for rule in getattr(cls, "rules", ()):
         if not rule.check(obj):
-            raise errors.InputError(f"{path}: {rule.message}")
+            found = f", found {rule.found(obj)!r}" if rule.found is not None else ""
+            raise errors.InputError(f"{path}: {rule.message}{found}")
+    for check in getattr(cls, "python_checks", ()):
+        problem = check(obj, path)
+        if problem is not None:
+            raise errors.InputError(problem)
     return obj
 
 
@@ -862,15 +1093,15 @@ def _convert(kind: Any, info: FieldInfo, raw: object, *, path: str) -> Any:
             raise errors.InputError(
                 f"{path}: expected at most {info.max_length} characters, found {len(raw)}"
             )
-        if info.pattern is not None and not re.match(info.pattern, raw):
+        # fullmatch: the API server's RE2 `$` never matches before a final newline.
+        if info.pattern is not None and not re.fullmatch(info.pattern, raw):
+            if info.expected is not None:
+                raise errors.InputError(f"{path}: expected {info.expected}, found {raw!r}")
             raise errors.InputError(
                 f"{path}: {raw!r} does not match the expected form {info.pattern}"
             )
         return raw
     raise TypeError(f"{path}: unsupported model type {kind!r}")
-
-
-_RESOURCE_RE = re.compile(RESOURCE_QUANTITY_PATTERN)
 
 
 def _resource_map(raw: object, *, path: str) -> dict[str, str]:
@@ -880,13 +1111,9 @@ def _resource_map(raw: object, *, path: str) -> dict[str, str]:
         raise errors.InputError(f"{path}: expected at most 16 entries, found {len(raw)}")
     result: dict[str, str] = {}
     for key, value in raw.items():
-        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-        if not isinstance(text, str) or not _RESOURCE_RE.match(text):
-            raise errors.InputError(
-                f"{path}.{key}: expected a non-negative quantity like '500m' or '1Gi', "
-                f"found {value!r}"
-            )
-        result[str(key)] = text
+        resource_quantity(value, path=f"{path}.{key}")
+        # Kept as written: the pod gets the user's own text (and integers as strings).
+        result[str(key)] = str(value)
     return result
 
 

@@ -68,7 +68,26 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         {"source": {"uri": "s3://b/p/"}, "checkpoint": {"uri": "s3://c/", "concurrency": 0}},
         "spec.checkpoint.concurrency",
     ),
+    "checkpoint-path-with-dot-dot": (
+        {"source": {"uri": "s3://b/p/"}, "checkpoint": {"uri": "s3://c/", "mountPath": "/a/../b"}},
+        "spec.checkpoint.mountPath",
+    ),
+    "secret-name-with-a-final-newline": (
+        {"source": {"uri": "s3://b/p/", "secretRef": {"name": "creds\n"}}},
+        "spec.source.secretRef.name",
+    ),
     # CEL (x-kubernetes-validations): rules across fields.
+    "checkpoint-path-at-the-disk-tier": (
+        {
+            "source": {"uri": "s3://b/p/"},
+            "checkpoint": {"uri": "s3://c/", "mountPath": "/var/cache/shardcache"},
+        },
+        "must not be, hold or lie inside the cache sidecar's own directories",
+    ),
+    "checkpoint-path-above-the-run-directory": (
+        {"source": {"uri": "s3://b/p/"}, "checkpoint": {"uri": "s3://c/", "mountPath": "/var"}},
+        "must not be, hold or lie inside the cache sidecar's own directories",
+    ),
     "fixed-rank-without-world-size": (
         {"source": {"uri": "s3://b/p/"}, "sharding": {"rankFrom": "Fixed", "rank": 0}},
         "rankFrom Fixed needs both rank and worldSize",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -159,3 +160,48 @@ def test_format_bytes_uses_binary_units() -> None:
     assert specs.format_bytes(0) == "0"
     assert specs.format_bytes(1536) == "1.5Ki"
     assert specs.format_bytes(3 * 2**40) == "3Ti"
+
+
+# The API server checks patterns with Go's RE2, where `$` never matches before a final
+# newline; Python's `re.match` lets it, and would pass what the API server refuses.
+@pytest.mark.parametrize(
+    ("spec", "field", "value"),
+    [
+        ({"source": {"uri": "s3://b/x/", "version": "sha256:" + "a" * 64 + "\n"}},
+         r"spec\.source\.version", "sha256:" + "a" * 64 + "\n"),
+        ({"source": {"uri": "s3://b/x/\n"}}, r"spec\.source\.uri", "s3://b/x/\n"),
+        ({"source": {"uri": "s3://b/x/"}, "checkpoint": {"uri": "s3://c/", "restore": "latest\n"}},
+         r"spec\.checkpoint\.restore", "latest\n"),
+        ({"source": {"uri": "s3://b/x/", "secretRef": {"name": "s3-creds\n"}}},
+         r"spec\.source\.secretRef\.name", "s3-creds\n"),
+        ({"source": {"uri": "s3://b/x/"},
+          "mixture": {"sources": [{"name": "code\n", "weight": 1, "uri": "s3://b/c/"}]}},
+         r"spec\.mixture\.sources\[0\]\.name", "code\n"),
+        ({"source": {"uri": "s3://b/x/"}, "cache": {"nodePath": "/var/cache/x\n"}},
+         r"spec\.cache\.nodePath", "/var/cache/x\n"),
+    ],
+)  # fmt: skip
+def test_a_value_with_a_trailing_newline_is_refused_showing_the_newline(
+    spec: dict[str, Any], field: str, value: str
+) -> None:
+    with pytest.raises(errors.InputError, match=rf"^{field}: .*{re.escape(repr(value))}"):
+        specs.parse_spec(spec)
+
+
+@pytest.mark.parametrize("text", [" 2Gi", "2Gi ", "2Gi\n", "\t2Gi"])
+def test_a_byte_size_with_surrounding_whitespace_is_refused_as_the_api_server_does(
+    text: str,
+) -> None:
+    with pytest.raises(
+        errors.InputError, match=rf"^spec\.cache\.memory: .*found {re.escape(repr(text))}$"
+    ):
+        parse(cache={"memory": text})
+
+
+@pytest.mark.parametrize("text", [" 2Gi", "2Gi\n", "500m "])
+def test_a_resource_quantity_with_surrounding_whitespace_is_refused(text: str) -> None:
+    with pytest.raises(
+        errors.InputError,
+        match=rf"^spec\.sidecar\.resources\.limits\.memory: .*found {re.escape(repr(text))}$",
+    ):
+        parse(sidecar={"resources": {"limits": {"memory": text}}})

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import celpy
+import celpy.adapter
 import pytest
 from shardcache_operator import specs
 
@@ -85,3 +88,63 @@ def test_bad_agent_tuning_names_the_field_and_what_was_expected(
 ) -> None:
     with pytest.raises(errors.InputError, match=message):
         checkpoint_of(**fields)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/", "/a/../checkpoints", "/a/./b", "/..", "/checkpoints/", "//checkpoints", "checkpoints",
+     "/checkpoints\n", ""],
+)  # fmt: skip
+def test_a_checkpoint_mount_path_that_is_not_a_normalised_absolute_path_is_refused(
+    path: str,
+) -> None:
+    with pytest.raises(
+        errors.InputError,
+        match=r"^spec\.checkpoint\.mountPath: expected an absolute path .*, found "
+        + re.escape(repr(path))
+        + "$",
+    ):
+        checkpoint_of(mountPath=path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/var/cache/shardcache", "/var/cache/shardcache/ckpt", "/var/cache", "/var",
+     "/var/run/shardcache", "/var/run/shardcache/imagenet", "/var/run/shardcache/imagenet/c"],
+)  # fmt: skip
+def test_a_checkpoint_mount_path_at_or_around_the_sidecars_own_directories_is_refused(
+    path: str,
+) -> None:
+    with pytest.raises(
+        errors.InputError,
+        match=r"^spec\.checkpoint: mountPath: must not be, hold or lie inside the cache "
+        r"sidecar's own directories /var/cache/shardcache .* and /var/run/shardcache .*, "
+        rf"found {re.escape(repr(path))}$",
+    ):
+        checkpoint_of(mountPath=path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/checkpoints", "/home/me/.cache/ckpt", "/var/cache/shardcache-ckpt", "/var/run/ckpt",
+     "/mnt/.../x", "/data/run 1"],
+)  # fmt: skip
+def test_a_checkpoint_mount_path_beside_the_sidecars_directories_is_accepted(path: str) -> None:
+    assert checkpoint_of(mountPath=path).mount_path == path
+
+
+CHECKPOINT_RULE_PATHS = [
+    "/checkpoints", "/var/cache/shardcache", "/var/cache/shardcache/x", "/var/cache",
+    "/var/cache/shardcache-x", "/var/run/shardcache", "/var/run/shardcache/m", "/var/run",
+    "/var/runx", "/",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", CHECKPOINT_RULE_PATHS)
+def test_the_checkpoint_path_cel_rule_and_its_python_check_agree(path: str) -> None:
+    (rule,) = [r for r in specs.CheckpointSpec.rules if "mountPath" in r.cel]
+    env = celpy.Environment()
+    program = env.program(env.compile(rule.cel))
+    cel = bool(program.evaluate({"self": celpy.adapter.json_to_cel({"mountPath": path})}))
+    model = specs.CheckpointSpec(uri="s3://ckpt/", mount_path=path)
+    assert cel == rule.check(model)
