@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from shardcache import (
+    _integers,
     elastic,
     errors,
     gather_ahead,
@@ -245,9 +246,10 @@ class Dataset:
         #: The batch size of the last batches() call: what skip_batches() skips in.
         self._batch_size: int | None = None
         self._skips: tuple[states.Skip, ...] = ()
-        #: Bumped by every skip, so an iterator in flight notices it and reads on from
-        #: the new position.
-        self._skip_count = 0
+        #: Bumped by every move of the position from outside an iterator (a skip, a
+        #: loaded state, another epoch), so an iterator in flight notices it and reads on
+        #: from the new position.
+        self._moves = 0
         #: Keyed by the whole plan: a loaded state may change the segments, not the epoch.
         self._runs_cache: tuple[plans.PlanParams, list[plans.Run]] | None = None
         self._sequence_cache: tuple[int, sequences.Sequence] | None = None
@@ -337,10 +339,17 @@ class Dataset:
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to read. A new epoch starts at its first sample; setting
         the current epoch again keeps the position (so a loaded state survives the
-        usual `set_epoch` at the top of the training loop)."""
-        if epoch != self._params.epoch:
-            self._params = self._params.with_epoch(epoch)
+        usual `set_epoch` at the top of the training loop). Called between two batches
+        of an open iterator, the iterator reads on from the new epoch's first sample.
+
+        `epoch` is an int >= 0 (a numpy integer is taken as its int); anything else is
+        an InputError."""
+        # Made before the comparison: it checks `epoch`, and 0.0 must not pass as 0.
+        params = self._params.with_epoch(epoch)
+        if params.epoch != self._params.epoch:
+            self._params = params
             self._position = 0
+            self._moves += 1
 
     def batches(
         self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
@@ -387,8 +396,7 @@ class Dataset:
         drop_last: bool = False,
         stride: int = 1,
     ) -> Generator[list[pa.RecordBatch], None, None]:
-        if batch_size < 1:
-            raise errors.InputError(f"batch_size must be >= 1, got {batch_size}")
+        batch_size = _integers.integer(batch_size, "batch_size", minimum=1)
         self._batch_size = batch_size
         self._ensure_reader()
         if self._params.sampled:
@@ -414,9 +422,10 @@ class Dataset:
         pending_rows = 0
         try:
             while True:
-                # A skip between two batches moves the position: the plan is walked
-                # again from there (nothing is pending right after a batch is yielded).
-                seen = self._skip_count
+                # A move between two batches (a skip, a loaded state, another epoch)
+                # walks the plan again from the new position (nothing is pending right
+                # after a batch is yielded).
+                seen = self._moves
                 for run in plans.skip(self.runs(), self._position):
                     if run.shard != current:
                         # Pending slices stay valid after the old lease goes: eviction
@@ -437,7 +446,7 @@ class Dataset:
                         current = run.shard
                     assert shard_batch is not None
                     start = run.start
-                    while start < run.stop and seen == self._skip_count:
+                    while start < run.stop and seen == self._moves:
                         take = min(batch_size - pending_rows, run.stop - start)
                         pending.append(shard_batch.slice(start, take))
                         pending_rows += take
@@ -446,13 +455,16 @@ class Dataset:
                             out, pending, pending_rows = pending, [], 0
                             self._position += batch_size
                             yield out
-                    if seen != self._skip_count:
+                    if seen != self._moves:
                         break
                 else:
-                    break
-            if pending and not drop_last:
-                self._position += pending_rows
-                yield pending
+                    if pending and not drop_last:
+                        self._position += pending_rows
+                        out, pending, pending_rows = pending, [], 0
+                        yield out
+                    # Even after the epoch's last batch, a move reads on from there.
+                    if seen == self._moves:
+                        break
         finally:
             if lease is not None:
                 lease.release()
@@ -471,8 +483,7 @@ class Dataset:
                 "batch_selections: expected a sample-mode dataset (shuffle='sample'); "
                 "a block-mode batch is slices already: use batch_pieces()"
             )
-        if batch_size < 1:
-            raise errors.InputError(f"batch_size must be >= 1, got {batch_size}")
+        batch_size = _integers.integer(batch_size, "batch_size", minimum=1)
         self._batch_size = batch_size
         self._ensure_reader()
         yield from self._timed(self._handed_selections(batch_size, columns, drop_last))
@@ -538,9 +549,9 @@ class Dataset:
             moved = False
             try:
                 with contextlib.closing(ahead):
-                    mark = (self._skip_count, self._params)
+                    mark = self._moves
                     for (lo, hi), batch in ahead:
-                        if (self._skip_count, self._params) != mark or self._position != lo:
+                        if self._moves != mark or self._position != lo:
                             moved = True
                             break
                         # The batches before this one are handed over: the shards only
@@ -548,6 +559,10 @@ class Dataset:
                         leases.release_before(lo)
                         self._position = hi
                         yield [batch]
+                    else:
+                        # Even after the epoch's last batch, a move reads on from there,
+                        # as the inline gather does.
+                        moved = self._moves != mark
             finally:
                 leases.release_all()
             if not moved:
@@ -589,7 +604,7 @@ class Dataset:
         from shardcache import selections as selections_
 
         own = leases is None
-        skips = self._skip_count
+        moves = self._moves
         leases = _Leases() if leases is None else leases
         held: list[int] = []
         gatherer: gather.Gatherer | None = None
@@ -603,9 +618,11 @@ class Dataset:
         count = 0
         try:
             while True:
-                if follow and pos != self._position:
-                    # Read the position afresh each batch: a skip between batches moves it.
+                if follow and (pos != self._position or moves != self._moves):
+                    # Read the position afresh each batch: a move between batches (a skip,
+                    # a loaded state, another epoch) plans again from there.
                     pos = since = self._position
+                    moves = self._moves
                     count = 0
                 n = min(batch_size, len(self) - pos)
                 if n <= 0 or (n < batch_size and drop_last):
@@ -628,7 +645,7 @@ class Dataset:
                 if want != held or gatherer is None:
                     while backlog is not None and backlog.chunks and not self._within_reach(want):
                         yield (lo, lo), None
-                    if backlog is not None and self._skip_count == skips:
+                    if backlog is not None and self._moves == moves:
                         # Every batch before the caller's position is handed over: the
                         # windows only they read go now, not at the next hand-over, so
                         # they are not held beside the two this plan may lease.
@@ -742,9 +759,9 @@ class Dataset:
                 f"take: expected a flat sequence of integer sample indices, found an array "
                 f"of {idx.dtype} with shape {idx.shape}"
             )
-        idx = idx.astype(np.int64)
         m = self.manifest
         offsets = np.asarray(plans.shard_offsets(m.shard_rows), dtype=np.int64)
+        # Uncast: locate checks the range in the indices' own type before it casts.
         shard_of, row_of = sequences.locate(offsets, m.total_rows, idx)
         used, source_of = sequences.group(shard_of)
         if not used:
@@ -800,7 +817,7 @@ class Dataset:
         self._position = new.position
         self._batch_size = new.batch_size
         self._skips = new.skips
-        self._skip_count += 1
+        self._moves += 1
         return skip
 
     def add_mapping_listener(self, listener: MappingListener) -> None:
@@ -837,7 +854,29 @@ class Dataset:
         one checkpoint (any order): the samples no old rank consumed in that epoch are
         shared among the new ranks (`shardcache.elastic`, docs/reading-plan.md,
         "Elastic resume"). A list at this dataset's world size resumes this rank's own.
+
+        All or nothing: a state refused (StateMismatchError) leaves the dataset as it
+        was, epoch, position and skips, so it reads on where it stood.
         """
+        resumed = self.checked_state(state)
+        if self._registered and resumed.params.segments != self._params.segments:
+            # The cache follows a reader's plan: register the new one.
+            self._provider.close_reader(self._reader_id)
+            self._registered = False
+        self._params = resumed.params
+        self._position = resumed.position
+        self._skips = resumed.skips
+        if resumed.batch_size is not None:
+            self._batch_size = resumed.batch_size
+        self._moves += 1
+
+    def checked_state(
+        self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]
+    ) -> states.DataState:
+        """Where `load_state_dict(state)` would resume this dataset (its plan, with the
+        state's epoch and segments, position and skips), checked the same way; changes
+        nothing. For callers that check several states before loading any (a mixture
+        loads all its sources' or none)."""
         saved = self._pick(state)
         differ = states.mismatches(saved, self._state())
         if differ:
@@ -846,25 +885,18 @@ class Dataset:
                 + "; ".join(differ)
                 + "); open the dataset with the same arguments as the run that saved it"
             )
-        if self._registered and saved.params.segments != self._params.segments:
-            # The cache follows a reader's plan: register the new one.
-            self._provider.close_reader(self._reader_id)
-            self._registered = False
-        self._params = dataclasses.replace(
+        params = dataclasses.replace(
             self._params, epoch=saved.epoch, segments=saved.params.segments
         )
+        samples = plans.rank_samples(self.manifest.total_rows, params)
         # A skip the checkpoint agent applied at restore may run past the epoch's end.
-        saved = states.clamp(saved, len(self))
-        if saved.position > len(self):
+        saved = states.clamp(saved, samples)
+        if saved.position > samples:
             raise errors.StateMismatchError(
                 f"position {saved.position} is past the end of epoch {saved.epoch} for rank "
-                f"{self._params.rank} ({len(self)} samples)"
+                f"{params.rank} ({samples} samples)"
             )
-        self._position = saved.position
-        self._skips = saved.skips
-        if saved.batch_size is not None:
-            self._batch_size = saved.batch_size
-        self._skip_count += 1
+        return dataclasses.replace(saved, params=params)
 
     def _pick(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> states.DataState:
         """The state this rank resumes from: `state` itself, or from a list of every old

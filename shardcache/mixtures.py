@@ -31,7 +31,7 @@ from typing import Any, TypeAlias
 
 import pyarrow as pa
 
-from shardcache import datasets, errors
+from shardcache import _integers, datasets, errors
 
 STATE_VERSION = 1
 _KIND = "mixture"
@@ -270,10 +270,9 @@ class Mixture:
         steps: int | None = None,
     ) -> Generator[list[pa.RecordBatch], None, None]:
         """Like `batches`, each batch as the zero-copy slices it is made of."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise errors.InputError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if steps is not None and (isinstance(steps, bool) or steps < 0):
-            raise errors.InputError(f"steps must be an int >= 0 or None, got {steps!r}")
+        batch_size = _integers.integer(batch_size, "batch_size", minimum=1)
+        if steps is not None:
+            steps = _integers.integer(steps, "steps", minimum=0)
         key = (batch_size, tuple(columns) if columns is not None else None)
         if key != self._stream_key:
             self._close_streams()
@@ -350,7 +349,11 @@ class Mixture:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at the exact next batch of the run that saved `state`: the same draw
-        for every later step, and every source at its saved position."""
+        for every later step, and every source at its saved position.
+
+        All or nothing: every source's state is checked before any source moves, so a
+        refused state (StateMismatchError) leaves the mixture and all its sources as
+        they were."""
         if not isinstance(state, Mapping) or state.get("kind") != _KIND:
             raise errors.StateMismatchError(
                 "cannot resume: expected a mixture state from Mixture.state_dict(), found "
@@ -381,12 +384,21 @@ class Mixture:
                 + "); mix the same sources with the same weights and seed"
             )
         assert isinstance(saved_sources, Mapping) and isinstance(step, int)
-        self._close_streams()
         for name in self._names:
+            saved = saved_sources[name]
             try:
-                self._sources[name].load_state_dict(dict(saved_sources[name]))
+                if not isinstance(saved, Mapping):
+                    raise errors.StateMismatchError(
+                        f"expected a state dict from Dataset.state_dict(), found "
+                        f"{type(saved).__name__}"
+                    )
+                self._sources[name].checked_state(saved)
             except errors.StateMismatchError as exc:
                 raise errors.StateMismatchError(f"source {name!r}: {exc}") from exc
+        # Every state is checked: loading them checks them again, and passes.
+        self._close_streams()
+        for name in self._names:
+            self._sources[name].load_state_dict(saved_sources[name])
         self._step = step
         batch_size = state.get("batch_size")
         self._batch_size = batch_size if isinstance(batch_size, int) else None

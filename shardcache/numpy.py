@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from shardcache import (
     _adapter_sources,
+    _integers,
     batching,
     columns,
     datasets,
@@ -178,6 +179,9 @@ class Batches:
             self._source.close()
             raise
         self._fresh = True
+        #: Bumped when `set_epoch` or `load_state_dict` moves the reader, so an open
+        #: iteration reads on from where they put it (as a `Dataset`'s iterator does).
+        self._moves = 0
         #: How long the loop waited for batches, against its steps.
         self.stalls = stalls.StallMeter()
 
@@ -194,8 +198,11 @@ class Batches:
         return self._source if isinstance(self._source, mixtures.Mixture) else None
 
     def set_epoch(self, epoch: int) -> None:
-        """Read `epoch` next, from its start (unless it is the epoch already being read).
-        A mixture has no epochs (its sources move on by themselves): nothing to do."""
+        """Read `epoch` next, from its start (unless it is the epoch already being read);
+        called between two batches of an open iteration, it reads on from there. A
+        mixture has no epochs (its sources move on by themselves): nothing to do."""
+        # Checked here: the state below would carry a numpy integer, or 0.0 pass as 0.
+        epoch = _integers.integer(epoch, "epoch", minimum=0)
         ds = self._source
         if isinstance(ds, datasets.Dataset) and epoch != ds.epoch:
             state = ds.state_dict()
@@ -203,6 +210,7 @@ class Batches:
             ds.load_state_dict(state)
             self._reader = batching.Reader(ds, self.options)
             self._fresh = True
+            self._moves += 1
 
     def __iter__(self) -> Iterator[dict[str, npt.NDArray[Any]]]:
         return self.stalls.wrap(self._batches())
@@ -216,19 +224,40 @@ class Batches:
             ds.load_state_dict(state)
             self._reader = batching.Reader(ds, self.options)
         self._fresh = False
-        for batch in self._reader:
-            yield collate(
-                batch, lists=self.lists, pad_value=self.options.pad_value, pad_to=self.pad_to
-            )
+        while True:
+            moves = self._moves
+            reader = iter(self._reader)
+            try:
+                for batch in reader:
+                    yield collate(
+                        batch,
+                        lists=self.lists,
+                        pad_value=self.options.pad_value,
+                        pad_to=self.pad_to,
+                    )
+                    if self._moves != moves:
+                        # A reader's cursor does not follow its dataset moved under it
+                        # (its state would say the new epoch's rows were never read):
+                        # read on from where set_epoch or load_state_dict put it.
+                        break
+                else:
+                    return
+            finally:
+                close = getattr(reader, "close", None)
+                if close is not None:
+                    close()
+            self._fresh = False
 
     def state_dict(self) -> dict[str, Any]:
         """Where the batches handed out so far end (a small JSON dict)."""
         return self._reader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the next `iter()` at the exact next batch of the run that saved it."""
+        """Resume the next `iter()` at the exact next batch of the run that saved it
+        (an open iteration reads on from there)."""
         self._reader.load_state_dict(state)
         self._fresh = True
+        self._moves += 1
 
     def close(self) -> None:
         if isinstance(self._reader, mixture_batching.MixtureReader):

@@ -29,7 +29,7 @@ import hashlib
 import itertools
 from collections.abc import Iterator, Sequence
 
-from shardcache import errors, streams
+from shardcache import _integers, errors, streams
 
 #: Version 2 added sample-level shuffle; version-1 plans are version 2's block mode.
 PLAN_VERSION = 2
@@ -72,6 +72,12 @@ class PlanParams:
     segments: streams.Segments | None = None
 
     def __post_init__(self) -> None:
+        # Plain ints whatever the caller computed them with: a state dict carries them.
+        # (Made at every epoch change, mostly of ints: those are passed over cheaply.)
+        for name in ("seed", "epoch", "rank", "world_size", "block_size", "window"):
+            value = getattr(self, name)
+            if type(value) is not int:
+                object.__setattr__(self, name, _integers.integer(value, name))
         if self.granularity not in GRANULARITIES:
             raise errors.InputError(
                 f"shuffle granularity must be one of {list(GRANULARITIES)}, "

@@ -197,14 +197,20 @@ def locate(
 ) -> tuple[Indices, Indices]:
     """(shard, row) of each manifest index; InputError names the first out of range.
     `checked=False` leaves the range check out, for indices the plan made (in range by
-    construction): a gather thread runs this under the GIL at every batch."""
-    bad = (indices < 0) | (indices >= total) if checked else None
-    if bad is not None and bad.any():
-        first = int(indices[np.argmax(bad)])
-        raise errors.InputError(
-            f"sample index {first} is out of range: the dataset has {total} samples "
-            f"(indices 0 to {total - 1}); {int(bad.sum())} of {len(indices)} indices are outside"
-        )
+    construction, int64): a gather thread runs this under the GIL at every batch.
+    Checked indices may be of any integer type (`Dataset.take`'s caller's)."""
+    if checked:
+        bad = (indices < 0) | (indices >= total)
+        if bad.any():
+            first = int(indices[np.argmax(bad)])
+            raise errors.InputError(
+                f"sample index {first} is out of range: the dataset has {total} samples "
+                f"(indices 0 to {total - 1}); {int(bad.sum())} of {len(indices)} indices "
+                "are outside"
+            )
+        # Only now: a uint64 index past int64's range would wrap to another index, and
+        # the error would name one that was never asked for.
+        indices = indices.astype(np.int64, copy=False)
     shard: Indices = np.searchsorted(offsets, indices, side="right")
     shard -= 1
     return shard, indices - offsets[shard]

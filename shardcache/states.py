@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from shardcache import errors, plans, streams
+from shardcache import _integers, errors, plans, streams
 
 #: Version 2 added `batch_size` and `skips`; version 3 `segments` (elastic resume).
 STATE_VERSION = 3
@@ -223,16 +223,15 @@ def skip_batches(
     samples); it is cut there. The checkpoint agent, which does not know the dataset,
     passes None: `clamp` cuts the skip when the dataset loads the state. Returns the new
     state and the recorded skip (None when nothing was left to skip)."""
-    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
-        raise errors.InputError(f"skip: expected a number of batches >= 1, found {batches!r}")
+    batches = _integers.integer(batches, "skip: batches", minimum=1)
+    if batch_size is not None:
+        batch_size = _integers.integer(batch_size, "skip: batch_size", minimum=1)
     size = batch_size if batch_size is not None else state.batch_size
     if size is None:
         raise errors.InputError(
             "skip: the batch size is not known (no batches() call yet, and the state "
             "records none): give it (batch_size=, or shardcache skip --batch-size)"
         )
-    if size < 1:
-        raise errors.InputError(f"skip: batch_size must be >= 1, found {size}")
     start = state.position
     stop = start + batches * size
     if rank_samples is not None:

@@ -24,7 +24,15 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from shardcache import _adapter_sources, batching, datasets, errors, mixture_batching, mixtures
+from shardcache import (
+    _adapter_sources,
+    _integers,
+    batching,
+    datasets,
+    errors,
+    mixture_batching,
+    mixtures,
+)
 from shardcache.torch import _ranks, _tensors
 
 
@@ -219,6 +227,9 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
     def set_epoch(self, epoch: int) -> None:
         """Read `epoch` next (from its start, unless a state of that epoch was loaded).
         A mixture has no epochs (its sources move on by themselves): nothing to do."""
+        # Checked now, not when the next iterator loads it into a state (a numpy integer
+        # would be refused there, a float planned as an epoch that does not exist).
+        epoch = _integers.integer(epoch, "epoch", minimum=0)
         if self._opener is None or self._opener.mixture is not None:
             return
         if epoch != self._epoch:

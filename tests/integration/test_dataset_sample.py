@@ -177,6 +177,19 @@ def test_take_returns_the_rows_at_manifest_indices_in_the_order_asked(
             ds.take([0.5])
 
 
+def test_take_names_an_index_past_int64s_range_as_it_was_asked(
+    dataset: tuple[str, pa.Table], tmp_path: Path
+) -> None:
+    uri, _ = dataset
+    huge = 2**63 + 5
+    with open_sample(uri, tmp_path / "c") as ds:
+        with pytest.raises(errors.InputError, match=f"sample index {huge} is out of range"):
+            ds.take(np.asarray([3, huge], dtype=np.uint64))
+        # In range, a uint64 index reads the row it names.
+        got = ds.take(np.asarray([TOTAL - 1, 2], dtype=np.uint64), columns=["uid"])
+        assert got.to_pydict() == {"uid": [TOTAL - 1, 2]}
+
+
 def test_skip_batches_in_sample_mode_passes_over_whole_batches(
     dataset: tuple[str, pa.Table], tmp_path: Path
 ) -> None:

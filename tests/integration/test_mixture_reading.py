@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -155,3 +157,69 @@ def test_an_empty_source_may_only_have_weight_zero(roots: dict[str, str], tmp_pa
         ),
     ):
         next(m.batches(BATCH))
+
+
+def test_a_state_refused_for_one_source_moves_no_source_and_not_the_step(
+    roots: dict[str, str], tmp_path: Path
+) -> None:
+    weights = {"web": 1, "code": 1}
+    reference, _ = run(roots, tmp_path / "ref", weights, stop_at=10)
+    _, state = run(roots, tmp_path / "a", weights, stop_at=5)
+    sources = state["sources"]
+    assert isinstance(sources, dict)
+    # "web" comes first and fits; "code" was saved by another configuration.
+    sources["code"]["seed"] = 99
+    with shardcache.mix(open_sources(roots, tmp_path / "b"), weights=weights, seed=3) as m:
+        with pytest.raises(errors.StateMismatchError, match=r"source 'code'.*seed: state has 99"):
+            m.load_state_dict(state)
+        assert m.step == 0
+        assert {n: (ds.epoch, ds.position) for n, ds in m.sources.items()} == {
+            "web": (0, 0),
+            "code": (0, 0),
+        }
+        assert uids(list(m.batches(BATCH, steps=10))) == uids(reference)
+
+
+def test_a_source_set_to_another_epoch_between_two_batches_reads_on_from_there(
+    roots: dict[str, str], tmp_path: Path
+) -> None:
+    weights = {"web": 1, "code": 0}  # every batch from "web"
+    with shardcache.open(roots["web"], cache_dir=tmp_path / "plain", seed=7, block_size=4) as ds:
+        ds.set_epoch(3)
+        epoch3 = uids(list(ds.batches(BATCH)))
+    with shardcache.mix(open_sources(roots, tmp_path / "a"), weights=weights, seed=3) as m:
+        it = m.batches(BATCH)
+        next(it)
+        next(it)
+        m.sources["web"].set_epoch(3)
+        got = uids([next(it) for _ in range(3)])
+        state = json.loads(json.dumps(m.state_dict()))
+        following = uids([next(it) for _ in range(3)])
+    assert got == epoch3[: 3 * BATCH]
+    assert (state["sources"]["web"]["epoch"], state["sources"]["web"]["position"]) == (3, 24)
+    with shardcache.mix(open_sources(roots, tmp_path / "b"), weights=weights, seed=3) as m:
+        m.load_state_dict(state)
+        assert uids(list(m.batches(BATCH, steps=3))) == following
+
+
+def test_a_batch_size_or_steps_of_another_type_is_refused_and_numpy_integers_are_taken(
+    roots: dict[str, str], tmp_path: Path
+) -> None:
+    import numpy as np
+
+    with shardcache.mix(open_sources(roots, tmp_path / "c"), weights={"web": 1, "code": 1}) as m:
+        for batch_size, count, message in [
+            (BATCH, 1.5, "steps: expected an int >= 0, found float 1.5"),
+            (BATCH, "2", "steps: expected an int >= 0, found str '2'"),
+            (BATCH, True, "steps: expected an int >= 0, found bool True"),
+            (2.0, 1, "batch_size: expected an int >= 1, found float 2.0"),
+        ]:
+            with pytest.raises(errors.InputError, match=re.escape(message)):
+                next(m.batches(batch_size, steps=count))  # type: ignore[arg-type]
+        assert m.step == 0
+        size: Any = np.int64(BATCH)
+        two: Any = np.int64(2)
+        assert [b.num_rows for b in m.batches(size, steps=two)] == [BATCH, BATCH]
+        state = m.state_dict()
+    assert json.loads(json.dumps(state)) == state
+    assert (state["step"], state["batch_size"]) == (2, BATCH)

@@ -2,16 +2,23 @@
 real sidecar, compared row by row, in order, with the uninterrupted stream.
 
 Also the load path's refusals: a position past the end of the epoch, a state missing a
-key, a state saved by another rank; and the epoch a state carries is the one resumed.
+key, a state saved by another rank, each changing nothing; and the epoch a state
+carries is the one resumed. And what the state counts when the position moves under an
+open iterator (`set_epoch` between two batches, in every mode), and that numpy integers
+given for the epoch or the batch size leave a state that is JSON and loads.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import hypothesis
 import hypothesis.strategies as st
+import numpy as np
 import pyarrow.fs as pafs
 import pytest
 
@@ -188,3 +195,129 @@ def test_the_epoch_of_a_state_is_the_epoch_resumed(embedded: Opener) -> None:
         fresh.set_epoch(3)  # the usual call at the top of the loop keeps the position
         assert (fresh.epoch, fresh.position) == (3, 30)
         assert uids(fresh, 7) == want
+
+
+def test_a_state_refused_for_its_position_changes_nothing_and_the_iterator_reads_on(
+    embedded: Opener,
+) -> None:
+    params = plans.PlanParams(seed=SEED, block_size=BLOCK)
+    with embedded(params) as ds:
+        whole = uids(ds, 10)
+    with embedded(params) as ds:
+        it = ds.batches(10)
+        got = [u for _ in range(3) for u in next(it).column("uid").to_pylist()]
+        before = ds.state_dict()
+        # Another epoch, and a position no epoch of this rank reaches.
+        with pytest.raises(errors.StateMismatchError, match="past the end of epoch 4"):
+            ds.load_state_dict({**before, "epoch": 4, "position": 10_000})
+        assert ds.state_dict() == before
+        got += [u for b in it for u in b.column("uid").to_pylist()]
+    assert got == whole
+
+
+#: Every mode, and sample mode both gathering inline and ahead on threads.
+MOVES = [("block", 0), (False, 0), ("sample", 0), ("sample", 2)]
+
+
+def open_mode(uri: str, cache: Path, mode: str | bool, threads: int) -> shardcache.Dataset:
+    return shardcache.open(
+        uri,
+        cache_dir=cache,
+        shuffle=mode,
+        seed=SEED,
+        block_size=BLOCK,
+        window=50,
+        gather_threads=threads,
+    )
+
+
+@pytest.mark.parametrize(("mode", "threads"), MOVES)
+def test_set_epoch_between_two_batches_reads_on_from_the_new_epochs_start(
+    local_uri: str, tmp_path: Path, mode: str | bool, threads: int
+) -> None:
+    with open_mode(local_uri, tmp_path, mode, threads) as ds:
+        ds.set_epoch(1)
+        epoch1 = uids(ds, 7)
+    with open_mode(local_uri, tmp_path, mode, threads) as ds:
+        it = ds.batches(7)
+        next(it)
+        next(it)
+        ds.set_epoch(1)
+        got = [u for _ in range(3) for u in next(it).column("uid").to_pylist()]
+        state = ds.state_dict()
+        got += [u for b in it for u in b.column("uid").to_pylist()]
+    assert got == epoch1, "the open iterator did not read epoch 1 from its start"
+    assert (state["epoch"], state["position"]) == (1, 21)
+    with open_mode(local_uri, tmp_path, mode, threads) as resumed:
+        resumed.load_state_dict(state)
+        assert uids(resumed, 7) == epoch1[21:]
+
+
+@pytest.mark.parametrize(("mode", "threads"), MOVES)
+def test_set_epoch_after_the_epochs_last_batch_reads_the_new_epoch_from_the_same_iterator(
+    local_uri: str, tmp_path: Path, mode: str | bool, threads: int
+) -> None:
+    with open_mode(local_uri, tmp_path, mode, threads) as ds:
+        ds.set_epoch(1)
+        epoch1 = uids(ds, 7)
+    with open_mode(local_uri, tmp_path, mode, threads) as ds:
+        it = ds.batches(7)
+        for _ in range(-(-len(ds) // 7)):  # every batch of epoch 0, the short last one too
+            next(it)
+        ds.set_epoch(1)
+        got = [u for b in it for u in b.column("uid").to_pylist()]
+        assert (ds.epoch, ds.position) == (1, len(epoch1))
+    assert got == epoch1
+
+
+@pytest.mark.parametrize(("mode", "threads"), MOVES)
+def test_numpy_integers_for_the_epoch_and_batch_size_leave_a_json_state_that_loads(
+    local_uri: str, tmp_path: Path, mode: str | bool, threads: int
+) -> None:
+    # Typed Any: the signatures say int, which is what a numpy integer becomes.
+    one: Any = np.arange(1, 2)[0]
+    five: Any = np.int64(5)
+    with open_mode(local_uri, tmp_path, mode, threads) as ds:
+        ds.set_epoch(1)
+        want = uids(ds, 5)
+    with open_mode(local_uri, tmp_path, mode, threads) as ds:
+        ds.set_epoch(one)
+        it = ds.batch_pieces(five)
+        got = [u for _ in range(2) for p in next(it) for u in p.column("uid").to_pylist()]
+        it.close()
+        state = json.loads(json.dumps(ds.state_dict()))
+    assert (state["epoch"], state["position"], state["batch_size"]) == (1, 10, 5)
+    with open_mode(local_uri, tmp_path, mode, threads) as resumed:
+        resumed.load_state_dict(state)
+        assert got + uids(resumed, 5) == want
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda ds: next(ds.batches(2.5)), "batch_size: expected an int >= 1, found float 2.5"),
+        (lambda ds: next(ds.batches("4")), "batch_size: expected an int >= 1, found str '4'"),
+        (lambda ds: next(ds.batches(True)), "batch_size: expected an int >= 1, found bool True"),
+        (
+            lambda ds: next(ds.batch_pieces(2.0)),
+            "batch_size: expected an int >= 1, found float 2.0",
+        ),
+        (lambda ds: ds.set_epoch("1"), "epoch: expected an int, found str '1'"),
+        (lambda ds: ds.set_epoch(1.5), "epoch: expected an int, found float 1.5"),
+        (lambda ds: ds.set_epoch(0.0), "epoch: expected an int, found float 0.0"),
+        (lambda ds: ds.set_epoch(-1), "epoch must be >= 0, got -1"),
+    ],
+)
+@pytest.mark.parametrize(("mode", "threads"), [("block", 0), ("sample", 2)])
+def test_an_epoch_or_batch_size_of_another_type_is_refused_naming_it(
+    local_uri: str,
+    tmp_path: Path,
+    mode: str | bool,
+    threads: int,
+    call: Callable[[Any], object],
+    message: str,
+) -> None:
+    with open_mode(local_uri, tmp_path, mode, threads) as ds:
+        with pytest.raises(errors.InputError, match=re.escape(message)):
+            call(ds)
+        assert (ds.epoch, ds.position, ds.state_dict()["batch_size"]) == (0, 0, None)

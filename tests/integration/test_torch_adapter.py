@@ -4,14 +4,15 @@ StatefulDataLoader; the device prefetcher's CPU path; the numpy and JAX adapters
 from __future__ import annotations
 
 import collections
-
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
@@ -330,6 +331,76 @@ def test_numpy_batches_match_torch_and_resume(uri: str, tmp_path: Path) -> None:
         first.close()
         again.close()
     torch_ds.close()
+
+
+@pytest.mark.parametrize("extra", [{"columns": ["uid"]}, {"columns": ["tokens"], "pack": 8}])
+def test_numpy_batches_set_epoch_between_two_batches_reads_on_and_resumes_exactly(
+    uri: str, tmp_path: Path, extra: dict[str, Any]
+) -> None:
+    import numpy as np
+
+    import shardcache.numpy
+
+    kw: dict[str, Any] = {
+        "cache_dir": str(tmp_path / "cache"),
+        "block_size": 5,
+        "batch_size": 6,
+        **extra,
+    }
+    key = extra["columns"][0]
+
+    def batches() -> shardcache.numpy.Batches:
+        return shardcache.numpy.Batches(uri, rank=0, world_size=1, **kw)
+
+    with batches() as plain:
+        plain.set_epoch(1)
+        epoch1 = [b[key] for b in plain]
+    with batches() as moved:
+        it = iter(moved)
+        next(it)
+        next(it)
+        moved.set_epoch(1)
+        got = [next(it)[key] for _ in range(3)]
+        state = json.loads(json.dumps(moved.state_dict()))
+        rest = [b[key] for b in it]
+    assert state["dataset"]["epoch"] == 1
+    assert len(got + rest) == len(epoch1)
+    assert all(np.array_equal(a, b) for a, b in zip(got + rest, epoch1, strict=True))
+    with batches() as resumed:
+        resumed.load_state_dict(state)
+        again = [b[key] for b in resumed]
+    assert all(np.array_equal(a, b) for a, b in zip(again, rest, strict=True))
+    assert len(again) == len(rest)
+
+
+def test_the_adapters_set_epoch_takes_numpy_integers_and_refuses_other_types(
+    make: torch_datasets.Factory, uri: str, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    import shardcache.numpy
+
+    one: Any = np.int64(1)
+    kw: dict[str, Any] = {"cache_dir": str(tmp_path / "c"), "block_size": 5, "batch_size": 6}
+    with shardcache.numpy.Batches(uri, columns=["uid"], rank=0, world_size=1, **kw) as plain:
+        plain.set_epoch(1)
+        epoch1 = [int(u) for b in plain for u in b["uid"]]
+    with shardcache.numpy.Batches(uri, columns=["uid"], rank=0, world_size=1, **kw) as given:
+        given.set_epoch(one)
+        assert [int(u) for b in given for u in b["uid"]] == epoch1
+        assert json.loads(json.dumps(given.state_dict()))["dataset"]["epoch"] == 1
+        with pytest.raises(
+            errors.InputError, match=re.escape("epoch: expected an int >= 0, found float 1.5")
+        ):
+            given.set_epoch(1.5)  # type: ignore[arg-type]
+    ds = make(columns=["uid"])
+    ds.set_epoch(one)
+    assert uids(ds) == epoch1
+    assert json.loads(json.dumps(ds.state_dict()))["dataset"]["epoch"] == 1
+    with pytest.raises(
+        errors.InputError, match=re.escape("epoch: expected an int >= 0, found str '1'")
+    ):
+        ds.set_epoch("1")  # type: ignore[arg-type]
 
 
 JAX_CHECK = """

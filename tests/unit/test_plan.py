@@ -115,6 +115,45 @@ def test_bad_plan_parameters_name_what_is_wrong(kwargs: dict[str, Any], message:
         plans.PlanParams(**kwargs)
 
 
+def test_plan_parameters_given_as_numpy_integers_are_kept_as_plain_ints() -> None:
+    import numpy as np
+
+    # Typed Any: the signatures say int, which is what a caller's numpy integer becomes.
+    given: dict[str, Any] = {
+        "seed": np.int64(-3),
+        "epoch": np.int32(2),
+        "rank": np.uint8(1),
+        "world_size": np.int64(2),
+        "block_size": np.int64(8),
+        "window": np.uint64(16),
+    }
+    params = plans.PlanParams(**given)
+    assert [type(getattr(params, f)) for f in given] == [int] * len(given)
+    assert params == plans.PlanParams(
+        seed=-3, epoch=2, rank=1, world_size=2, block_size=8, window=16
+    )
+    later: Any = np.int64(5)
+    assert type(params.with_epoch(later).epoch) is int
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"epoch": 1.5}, "epoch: expected an int, found float 1.5"),
+        ({"epoch": 1.0}, "epoch: expected an int, found float 1.0"),
+        ({"epoch": "1"}, "epoch: expected an int, found str '1'"),
+        ({"rank": True, "world_size": 2}, "rank: expected an int, found bool True"),
+        ({"block_size": 64.0}, "block_size: expected an int, found float 64.0"),
+        ({"window": None}, "window: expected an int, found NoneType None"),
+    ],
+)
+def test_plan_parameters_of_another_type_are_refused_naming_the_field(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(errors.InputError, match=re.escape(message)):
+        plans.PlanParams(**kwargs)
+
+
 @pytest.mark.parametrize("count", [0, 1, 2, 5, 100])
 def test_next_shards_agrees_with_upcoming_shards_at_every_position(count: int) -> None:
     runs = plans.rank_runs(ROWS, "d", plans.PlanParams(seed=4, block_size=9))

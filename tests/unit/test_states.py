@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
+from typing import Any
+
 import pytest
 
 from shardcache import errors, plans, states, streams
@@ -103,6 +107,25 @@ def test_skip_batches_moves_the_position_and_records_the_range() -> None:
     assert new.position == 64 and new.skips[-1] == skip
     cut, skip = states.skip_batches(states.parse(state()), 30, batch_size=None, rank_samples=50)
     assert skip == states.Skip(1, 40, 50) and cut.position == 50
+
+
+def test_skip_batches_takes_numpy_counts_as_ints_and_refuses_other_types() -> None:
+    import numpy as np
+
+    two: Any = np.int64(2)
+    four: Any = np.int32(4)
+    new, skip = states.skip_batches(states.parse(state()), two, batch_size=four, rank_samples=100)
+    assert skip == states.Skip(1, 40, 48)
+    assert json.loads(json.dumps(new.to_json()))["batch_size"] == 4
+    assert type(new.position) is int and type(new.batch_size) is int
+    with pytest.raises(
+        errors.InputError, match=re.escape("batch_size: expected an int >= 1, found float 2.5")
+    ):
+        states.skip_batches(states.parse(state()), 1, batch_size=2.5, rank_samples=100)  # type: ignore[arg-type]
+    with pytest.raises(
+        errors.InputError, match=re.escape("batches: expected an int >= 1, found bool True")
+    ):
+        states.skip_batches(states.parse(state()), True, batch_size=None, rank_samples=100)
 
 
 def test_a_skip_past_the_end_that_the_agent_applied_is_cut_when_loaded() -> None:
