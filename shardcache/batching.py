@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.types as patypes
 
-from shardcache import datasets, errors
+from shardcache import _integers, datasets, errors
 
 if TYPE_CHECKING:
     from shardcache import selections as selections_
@@ -58,10 +58,12 @@ class Options:
     pad_value: int = 0
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise errors.InputError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.pack is not None and self.pack < 1:
-            raise errors.InputError(f"pack must be a sequence length >= 1, got {self.pack}")
+        # Plain ints: they go into every state dict, which must stay JSON.
+        object.__setattr__(
+            self, "batch_size", _integers.integer(self.batch_size, "batch_size", minimum=1)
+        )
+        if self.pack is not None:
+            object.__setattr__(self, "pack", _integers.integer(self.pack, "pack", minimum=1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,9 +232,11 @@ class Reader:
                 + "; ".join(differ)
                 + "); use the same batch_size, pack and number of loader workers"
             )
-        self._ds.load_state_dict(state["dataset"])
+        # Checked before the dataset moves: a refused state changes nothing.
+        skip = _integers.integer(state.get("skip"), "reader state: skip", minimum=0)
+        self._ds.load_state_dict(state.get("dataset"))  # type: ignore[arg-type]
         self._cursor = self._ds.position
-        self._skip = int(state["skip"])
+        self._skip = skip
 
     # --- iteration --------------------------------------------------------------
     def _seek(self, position: int) -> None:

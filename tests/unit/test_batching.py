@@ -159,6 +159,42 @@ def test_state_from_another_worker_count_is_refused(open_ds) -> None:  # type: i
         batching.Reader(open_ds(), options, batching.Split(0, 3)).load_state_dict(state)
 
 
+def test_options_take_numpy_integers_as_ints_and_refuse_other_types(open_ds) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    import numpy as np
+
+    options = batching.Options(batch_size=np.int64(4), pack=np.int32(5), columns=("tokens",))  # type: ignore[arg-type]
+    assert (type(options.batch_size), type(options.pack)) == (int, int)
+    reader = batching.Reader(open_ds(), options)
+    next(iter(reader))
+    json.dumps(reader.state_dict())
+    for field, value in [
+        ("batch_size", 2.5),
+        ("batch_size", True),
+        ("batch_size", "4"),
+        ("pack", 0),
+    ]:
+        kw: dict[str, Any] = {"batch_size": 4, field: value}
+        with pytest.raises(errors.InputError, match=f"^{field}: expected an int >= 1, found"):
+            batching.Options(**kw)
+
+
+def test_a_reader_state_refused_for_its_skip_leaves_the_reader_where_it_was(open_ds) -> None:  # type: ignore[no-untyped-def]
+    options = batching.Options(batch_size=3, columns=("tokens",), pack=4)
+    saved = batching.Reader(open_ds(), options)
+    it = iter(saved)
+    for _ in range(3):
+        next(it)
+    state = saved.state_dict()
+    reader = batching.Reader(open_ds(), options)
+    before = reader.state_dict()
+    for bad in (-1, "2", None):
+        with pytest.raises(errors.InputError, match="reader state: skip"):
+            reader.load_state_dict({**state, "skip": bad})
+        assert reader.state_dict() == before and reader.dataset.position == 0
+
+
 def test_packing_refuses_a_column_that_is_not_a_token_list(open_ds) -> None:  # type: ignore[no-untyped-def]
     options = batching.Options(batch_size=2, pack=4, pack_column="uid")
     with pytest.raises(errors.InputError, match="expected one of the list columns"):
