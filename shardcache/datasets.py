@@ -225,6 +225,10 @@ class _Leases:
         self.held.clear()
 
 
+#: For annotations inside `Dataset`, whose `provider` property hides the module there.
+_Lease = provider.ShardLease
+
+
 class Dataset:
     """One rank's view of a dataset. Create it with `shardcache.open()`."""
 
@@ -258,6 +262,8 @@ class Dataset:
         self._windows_cache: tuple[plans.PlanParams, list[windows.Window], list[int]] | None = None
         self._reader_id = f"{params.rank}-{uuid.uuid4().hex[:12]}"
         self._registered = False
+        #: Set by `close()`: reading on would register a reader nobody closes.
+        self._closed = False
         self._mappings = _Mappings()
         #: The training loop's wait for batches vs. its steps between them, over every
         #: batches() iterator of this dataset: the data-stall signal (docs/monitoring.md).
@@ -435,7 +441,7 @@ class Dataset:
                         if lease is not None:
                             lease.release()
                             lease = None
-                        lease = self._provider.acquire(
+                        lease = self._acquire(
                             self._reader_id,
                             run.shard,
                             epoch=self._params.epoch,
@@ -560,6 +566,8 @@ class Dataset:
                         self._position = hi
                         yield [batch]
                     else:
+                        # close() ends the gathering early: not the epoch's end.
+                        self._check_open()
                         # Even after the epoch's last batch, a move reads on from there,
                         # as the inline gather does.
                         moved = self._moves != mark
@@ -656,7 +664,7 @@ class Dataset:
                         leases.release_before(lo)
                     for shard in want:
                         if not leases.reuse(shard):
-                            leases.held[shard] = self._provider.acquire(
+                            leases.held[shard] = self._acquire(
                                 self._reader_id,
                                 shard,
                                 epoch=self._params.epoch,
@@ -772,7 +780,7 @@ class Dataset:
         try:
             for shard in used:
                 leases.append(
-                    self._provider.acquire(
+                    self._acquire(
                         self._reader_id, shard, epoch=self._params.epoch, position=self._position
                     )
                 )
@@ -942,11 +950,25 @@ class Dataset:
 
     # --- lifecycle ----------------------------------------------------------------
     def _ensure_reader(self) -> None:
+        self._check_open()
         if not self._registered:
             self._reader_id = self._provider.open_reader(self._params, position=self._position)
             self._registered = True
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.InputError(
+                "this dataset was closed: expected an open dataset, found one whose "
+                "close() was called; open it again (shardcache.open) to read on"
+            )
+
+    def _acquire(self, reader_id: str, shard: int, *, epoch: int, position: int) -> _Lease:
+        # An iteration begun before close() must not read on through a closed provider.
+        self._check_open()
+        return self._provider.acquire(reader_id, shard, epoch=epoch, position=position)
+
     def close(self) -> None:
+        self._closed = True
         # An iteration left open stops gathering (its threads end) and ends there.
         for ahead in list(self._aheads):
             ahead.close()

@@ -100,6 +100,27 @@ def test_other_formats_decode_to_the_same_rows(tmp_path: Path, fmt: str) -> None
     assert got.column("tokens").to_pylist() == table.column("tokens").to_pylist()
 
 
+@pytest.mark.parametrize("shuffle", ["block", "sample", False])
+def test_a_closed_dataset_refuses_to_read_on_and_says_it_was_closed(
+    tmp_path: Path, shuffle: str | bool
+) -> None:
+    datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), [30, 41, 25, 33])
+    ds = shardcache.open(str(tmp_path / "ds"), cache_dir=tmp_path / "c", shuffle=shuffle, window=40)
+    begun = ds.batches(8)
+    read = next(begun).num_rows
+    ds.close()
+    # The iteration begun before close() reads at most what its shard already holds.
+    with pytest.raises(errors.InputError, match="this dataset was closed"):
+        for batch in begun:
+            read += batch.num_rows
+    assert read < len(ds)
+    with pytest.raises(errors.InputError, match="this dataset was closed"):
+        next(iter(ds.batches(8)))
+    with pytest.raises(errors.InputError, match="this dataset was closed"):
+        ds.take([0])
+    ds.close()  # twice is fine
+
+
 def test_four_ranks_over_two_epochs_see_every_row_exactly_once(
     s3_server: S3Server, s3_dataset: tuple[str, pa.Table], tmp_path: Path
 ) -> None:

@@ -152,9 +152,10 @@ def test_closing_abandoning_or_closing_the_dataset_stops_the_threads(
         kept = ds.batches(10)
         next(kept)
         assert gather_threads()
-    # The dataset's close() ends the iteration still open.
+    # The dataset's close() ends the threads of the iteration still open, which says
+    # so at its next batch instead of ending as if the epoch were done.
     assert not gather_threads()
-    with pytest.raises(StopIteration):
+    with pytest.raises(errors.InputError, match="this dataset was closed"):
         next(kept)
 
 
