@@ -41,7 +41,7 @@ from typing import Any
 
 from shardcache import contract, errors, manifests, plans, stalls, unix_http
 from shardcache.contract import protocol, variables
-from shardcache.node import after_fork, leases, tiers
+from shardcache.node import after_fork, leases, reader_locks, tiers
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,9 @@ class Transport:
         )
         try:
             decoded = json.loads(raw) if raw else None
-        except ValueError:
+        except (ValueError, RecursionError):
+            # Not the JSON the protocol answers (too deeply nested for json's recursive
+            # decoder, too): kept as text, so the error names what came back.
             decoded = raw.decode(errors="replace")
         return status, decoded
 
@@ -341,6 +343,12 @@ class SidecarProvider:
         self._notes_sent = 0.0  # time.monotonic() of the last batch (on the notifier)
         #: time.monotonic() of each reader's last stall report (`note_stalls`).
         self._stalls_noted: dict[str, float] = {}
+        #: Each open reader's lock (`reader_locks`): the sidecar drops the reader once
+        #: nobody holds it, when this process dies. Taken and let go under their own
+        #: mutex: the provider's lock is on the read path, this is file I/O.
+        self._reader_locks: dict[str, reader_locks.ReaderLock] = {}
+        self._reader_locks_mutex = threading.Lock()
+        self._warned_no_reader_lock = False
         # A forked child (DataLoader workers) drops the parent's pins granted ahead and
         # pending notes, and takes a lock of its own (`after_fork`; the pins' lock
         # descriptors already let go of the parent's locks at the fork, `_locks`).
@@ -396,7 +404,17 @@ class SidecarProvider:
         state = _ReaderState(params, position)
         with self._lock:
             self._readers[reader_id] = state
-        self._register(reader_id, state)
+        try:
+            self._register(reader_id, state)
+        except BaseException:
+            # No id reaches the caller, so nobody could close it: nothing may stay.
+            with self._lock:
+                self._readers.pop(reader_id, None)
+                ahead = self._ahead.pop(reader_id, {})
+            for pinned in ahead.values():
+                pinned.release()
+            self._release_reader_lock(reader_id)
+            raise
         return reader_id
 
     def _register(self, reader_id: str, state: _ReaderState) -> None:
@@ -405,6 +423,11 @@ class SidecarProvider:
             "position": state.position,
             "digest": self._manifest.digest,
         }
+        # Locked before the sidecar hears of the reader, so no check of the sidecar's
+        # ever finds a live reader's lock free. Sent whatever the sidecar: an older one
+        # ignores the field (unknown fields are), and the lock is let go below.
+        if self._hold_reader_lock(reader_id):
+            body[protocol.READER_LOCK_FIELD] = True
         if self.settings.ahead:
             # Feature `open_ahead`: the reader's first resident shards come with the
             # answer, so the first acquire costs no round trip. A sidecar without it
@@ -416,6 +439,8 @@ class SidecarProvider:
             self._features = frozenset(
                 f for f in (features if isinstance(features, list) else []) if isinstance(f, str)
             )
+        if not self._has(protocol.FEATURE_READER_LOCKS):
+            self._release_reader_lock(reader_id)  # nobody looks at it: no file left behind
         if protocol.FEATURE_OPEN_AHEAD in self._features and isinstance(answer, Mapping):
             self._take_ahead(reader_id, answer)
         if state.params.segments is not None and protocol.FEATURE_SEGMENTS not in self._features:
@@ -426,6 +451,39 @@ class SidecarProvider:
                 RuntimeWarning,
                 stacklevel=3,
             )
+
+    def _hold_reader_lock(self, reader_id: str) -> bool:
+        """Hold the reader's lock (`reader_locks`), taking it anew if its file went away
+        (the sidecar removes the file of a reader it found dead, and a reader it dropped
+        so while this process lives registers again here); whether it is held."""
+        with self._reader_locks_mutex:
+            held = self._reader_locks.get(reader_id)
+            if held is not None and held.held():
+                return True
+            if held is not None:
+                held.forget()  # the file is gone: removing it again could remove another
+            try:
+                self._reader_locks[reader_id] = reader_locks.hold(
+                    self.settings.memory_dir, reader_id
+                )
+            except OSError as exc:
+                self._reader_locks.pop(reader_id, None)
+                if not self._warned_no_reader_lock:
+                    self._warned_no_reader_lock = True
+                    log.warning(
+                        "cannot hold a reader lock under %s (%s): if this process dies, the "
+                        "sidecar keeps its readers until the sidecar restarts",
+                        self.settings.memory_dir,
+                        exc,
+                    )
+                return False
+        return True
+
+    def _release_reader_lock(self, reader_id: str) -> None:
+        with self._reader_locks_mutex:
+            held = self._reader_locks.pop(reader_id, None)
+        if held is not None:
+            held.release()
 
     def _state(self, reader_id: str) -> _ReaderState:
         with self._lock:
@@ -558,6 +616,12 @@ class SidecarProvider:
         for pins in ahead.values():
             for pinned in pins.values():
                 pinned.release()  # closes this process's descriptor; no unlock
+        # The parent's readers live as long as the parent: their locks and files stay
+        # the parent's (`_locks` let go of this process's copies at the fork).
+        self._reader_locks_mutex = threading.Lock()
+        locks, self._reader_locks = self._reader_locks, {}
+        for held in locks.values():
+            held.forget()
 
     def _take_ahead(self, reader_id: str, answer: Mapping[str, Any]) -> None:
         """Pin the shards granted ahead in `answer`; they replace the reader's earlier
@@ -743,7 +807,7 @@ class SidecarProvider:
                 self._handed.pop(shard, None)
 
     def _drop_sidecar_lease(self, lease_id: str) -> None:
-        if not protocol.LEASE_ID_PATTERN.match(lease_id):
+        if not protocol.LEASE_ID_PATTERN.fullmatch(lease_id):
             return
         try:
             self._transport.call("DELETE", protocol.lease_path(lease_id), retry=False)
@@ -761,6 +825,7 @@ class SidecarProvider:
         for pinned in ahead.values():
             pinned.release()
         if state is None:
+            self._release_reader_lock(reader_id)
             return
         # A notification already under way may register the reader again (a restarted
         # sidecar answers it with unknown_reader); unregister after it, not before.
@@ -770,6 +835,9 @@ class SidecarProvider:
         except (Rejected, errors.SidecarUnavailableError) as exc:
             # A restarted sidecar never knew this reader: nothing to undo.
             log.debug("unregistering reader %s: %s", reader_id, exc)
+        # After the DELETE: let go first, and a check in between would count the reader
+        # as dead, a warning in the sidecar's log for a reader closed as it should be.
+        self._release_reader_lock(reader_id)
 
     def close(self) -> None:
         self._notifier.close()

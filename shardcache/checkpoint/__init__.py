@@ -89,6 +89,11 @@ def commit(
             f"checkpoint directory {str(root)!r} (${contract.ENV_CHECKPOINT_DIR}), the only "
             "place the sidecar uploads from: write checkpoints there"
         )
+    if data_state is not None and not isinstance(data_state, Mapping):
+        raise errors.InputError(
+            f"checkpoint.commit(): data_state must be a JSON object (a dict, as "
+            f"Dataset.state_dict() returns), found {type(data_state).__name__}"
+        )
     state = dict(data_state) if data_state is not None else None
     if state is not None:
         try:
@@ -328,7 +333,7 @@ def _gathered(base: Path, step: int) -> list[dict[str, Any]] | None:
         data = json.loads((base / _protocol.DATA_STATES_NAME).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise errors.InputError(
             f"resume_from: cannot read {_protocol.DATA_STATES_NAME} in {str(base)!r}: {exc}"
         ) from exc

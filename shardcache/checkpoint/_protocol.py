@@ -112,15 +112,26 @@ def read_small_text(path: Path) -> str:
                 "through links: write the file itself"
             ) from None
         raise
-    with os.fdopen(fd, "rb") as f:
+    # The type is checked on the bare descriptor: os.fdopen itself refuses a directory,
+    # with an IsADirectoryError that names the descriptor number instead of the path.
+    try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise errors.InputError(f"{path}: is not a regular file; refused")
+            found = "a directory" if stat.S_ISDIR(info.st_mode) else "a special file"
+            raise errors.InputError(
+                f"{path}: expected a regular file, found {found}; refused: make it a file "
+                "(or remove it)"
+            )
         if info.st_size > MAX_PROTOCOL_FILE:
             raise errors.InputError(
                 f"{path}: {info.st_size} bytes, over the {MAX_PROTOCOL_FILE} a protocol file "
                 "may have"
             )
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
         data = f.read(MAX_PROTOCOL_FILE + 1)
     return data.decode("utf-8")
 
@@ -171,8 +182,9 @@ def parse_marker(text: str, *, where: str) -> Marker:
         return Marker(step=int(stripped))
     try:
         data = json.loads(stripped)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         # The content is not echoed: it is the trainer's, but status files are read widely.
+        # RecursionError: nested too deeply for json's recursive decoder, as bad as garbage.
         raise errors.InputError(
             f'{where}: expected JSON {{"step": N}} or a step number, found {len(stripped)} '
             "bytes that are neither"
@@ -198,7 +210,11 @@ def parse_marker(text: str, *, where: str) -> Marker:
 
 
 def read_marker(checkpoint: Path) -> Marker | None:
-    """The marker of a checkpoint directory, or None while it is not committed."""
+    """The marker of a checkpoint directory, or None while it is not committed.
+
+    Raises `InputError` naming the marker for one that cannot be read or parsed: the
+    callers skip or refuse that one directory and go on with the others.
+    """
     path = checkpoint / MARKER_NAME
     try:
         text = read_small_text(path)
@@ -206,6 +222,9 @@ def read_marker(checkpoint: Path) -> Marker | None:
         return None
     except UnicodeDecodeError:
         raise errors.InputError(f"{path}: expected UTF-8 text") from None
+    except OSError as exc:
+        # No permission, an I/O error: a fault of this one directory, not of the scan.
+        raise errors.InputError(f"{path}: cannot read the marker: {exc.strerror or exc}") from None
     return parse_marker(text, where=str(path))
 
 
@@ -230,8 +249,9 @@ def read_status(checkpoint: Path) -> Status | None:
         )
     except (FileNotFoundError, NotADirectoryError):
         return None
-    except (ValueError, KeyError, TypeError, errors.InputError):
-        # A status from another version (or a link): the agent rewrites it; unknown.
+    except (ValueError, KeyError, TypeError, RecursionError, OSError, errors.InputError):
+        # A status from another version, a link, a directory, unreadable: the agent
+        # rewrites it; unknown.
         return None
 
 
@@ -247,24 +267,41 @@ def remove_status(checkpoint: Path) -> None:
 
 
 def read_root_file(root: Path, name: str) -> dict[str, Any] | None:
+    """A JSON object the agent writes into the root, or None when there is none.
+
+    Anything else in its place (another version, a directory, a link) reads as none:
+    the agent rewrites these files, and the trainer's calls must not fail on them.
+    """
     try:
         data = json.loads(read_small_text(root / name))
-    except (FileNotFoundError, ValueError, errors.InputError):
+    except (ValueError, RecursionError, OSError, errors.InputError):
         return None
     return data if isinstance(data, dict) else None
 
 
 def checkpoint_root(root: str | os.PathLike[str] | None = None) -> Path:
-    """The checkpoint root: `root`, else $SHARDCACHE_CHECKPOINT_DIR."""
+    """The checkpoint root: `root`, else $SHARDCACHE_CHECKPOINT_DIR.
+
+    A root that does not exist yet is returned (nothing committed); one that exists as
+    anything but a directory raises `InputError`.
+    """
     if root is not None:
-        return Path(root)
-    env = os.environ.get(contract.ENV_CHECKPOINT_DIR)
-    if not env:
+        path = Path(root)
+        what = "the root= argument"
+    else:
+        env = os.environ.get(contract.ENV_CHECKPOINT_DIR)
+        if not env:
+            raise errors.InputError(
+                f"no checkpoint directory: ${contract.ENV_CHECKPOINT_DIR} is not set (set "
+                "spec.checkpoint in the DatasetMount, or pass root=)"
+            )
+        path = Path(env)
+        what = f"${contract.ENV_CHECKPOINT_DIR}"
+    if path.exists() and not path.is_dir():
         raise errors.InputError(
-            f"no checkpoint directory: ${contract.ENV_CHECKPOINT_DIR} is not set (set "
-            "spec.checkpoint in the DatasetMount, or pass root=)"
+            f"checkpoint directory {str(path)!r} ({what}): expected a directory, found a file"
         )
-    return Path(env)
+    return path
 
 
 def local_checkpoints(root: Path) -> list[LocalCheckpoint]:
@@ -278,6 +315,10 @@ def local_checkpoints(root: Path) -> list[LocalCheckpoint]:
         entries = list(os.scandir(root))
     except FileNotFoundError:
         return []
+    except NotADirectoryError:
+        raise errors.InputError(
+            f"checkpoint directory {str(root)!r}: expected a directory, found a file"
+        ) from None
     for entry in entries:
         if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
@@ -342,7 +383,7 @@ def parse_request(text: str, *, request_id: str, where: str) -> RestoreRequest |
     """
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to decode
         raise errors.InputError(
             f'{where}: expected a JSON restore request {{"version": {PROTOCOL_VERSION}, '
             f'"kind": "restore", "id", "step"}}, found {len(text)} bytes that are not JSON'

@@ -32,7 +32,9 @@ MANIFEST_NAME = "checkpoint.json"
 POINTER_NAME = "latest"
 DATA_DIR = "data"
 _STEP_DIGITS = 12
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+#: For `fullmatch` (a `$` with `match` would take "step-1\n" for step 1); ASCII digits
+#: only, as `\d` would take other scripts' digits, which int() reads too.
+_STEP_DIR = re.compile(r"step-([0-9]+)")
 
 
 class CorruptCheckpointError(errors.InputError):
@@ -196,7 +198,7 @@ def pointer_path(prefix: str) -> str:
 
 
 def parse_step_dir(base_name: str) -> int | None:
-    match = _STEP_DIR.match(base_name)
+    match = _STEP_DIR.fullmatch(base_name)
     return int(match.group(1)) if match else None
 
 
@@ -241,7 +243,7 @@ def read_json(fs: pafs.FileSystem, path: str) -> object | None:
         return None
     try:
         data: object = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise CorruptCheckpointError(f"{path}: not JSON ({exc})") from exc
     return data
 

@@ -64,7 +64,8 @@ class Mixture:
             )
         names = [s.name for s in self.sources]
         for s in self.sources:
-            if not _NAME_RE.match(s.name):
+            # fullmatch: `match` lets the pattern's `$` accept a final newline.
+            if not _NAME_RE.fullmatch(s.name):
                 raise errors.InputError(
                     f"mixture source name {s.name!r}: expected a DNS label of at most 32 "
                     "characters (a-z, 0-9, '-')"

@@ -32,8 +32,11 @@ STATUS: Final = f"{PREFIX}/status"
 
 #: Reader ids are chosen by the client, so a re-registration after a sidecar restart is
 #: the same reader; the pattern keeps them safe in a URL path and in logs.
-READER_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-LEASE_ID_PATTERN: Final = re.compile(r"^[0-9a-f]{32}$")
+#: Both patterns are for `fullmatch` only: with `match`, a `$` would accept a final "\n".
+READER_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+LEASE_ID_PATTERN: Final = re.compile(r"[0-9a-f]{32}")
+#: Characters of an unexpected answer body shown in the error it becomes.
+_SHOWN_BODY: Final = 500
 
 # --- features: what a sidecar serves beyond the first v1 routes ----------------------
 # Additions to v1 are optional for both ends: a sidecar lists the ones it serves in its
@@ -53,13 +56,21 @@ FEATURE_STALLS: Final = "stalls"
 #: A registration takes `ahead` and answers with leases on the reader's first resident
 #: shards, so opening a dataset costs no acquire round trip when its shards are warm.
 FEATURE_OPEN_AHEAD: Final = "open_ahead"
+#: A registration may say `"reader_lock": true`: the client holds a shared flock on
+#: `<memory dir>/.readers/<reader id>.lock` (`shardcache.node.reader_locks`) for as long
+#: as the reader is open, and the sidecar drops the reader once nobody holds it (the
+#: process that opened it is gone).
+FEATURE_READER_LOCKS: Final = "reader_locks"
 FEATURES: Final = (
     FEATURE_AHEAD,
     FEATURE_NOTES,
     FEATURE_SEGMENTS,
     FEATURE_STALLS,
     FEATURE_OPEN_AHEAD,
+    FEATURE_READER_LOCKS,
 )
+#: The registration's field of `FEATURE_READER_LOCKS`.
+READER_LOCK_FIELD: Final = "reader_lock"
 #: Most shards one acquire answer grants ahead; a client asking for more gets this many.
 MAX_AHEAD: Final = 16
 
@@ -145,7 +156,10 @@ class WireError:
                 code=str(err.get("code", CODE_INTERNAL)),
                 message=str(err.get("message", "")),
             )
-        return cls(status, KIND_CACHE, CODE_INTERNAL, f"unexpected response body: {body!r}")
+        shown = repr(body)
+        if len(shown) > _SHOWN_BODY:  # a huge body would bury the message in the log
+            shown = f"{shown[:_SHOWN_BODY]}... ({len(shown)} characters)"
+        return cls(status, KIND_CACHE, CODE_INTERNAL, f"unexpected response body: {shown}")
 
     def to_exception(self) -> errors.ShardcacheError:
         """The `shardcache.errors` class for this kind, with the sidecar's message."""
@@ -194,7 +208,7 @@ def lease_list(body: Mapping[str, Any], key: str) -> list[str]:
     """A list of lease ids (empty when absent); InputError names the bad field."""
     value = body.get(key, [])
     if not isinstance(value, list) or not all(
-        isinstance(v, str) and LEASE_ID_PATTERN.match(v) for v in value
+        isinstance(v, str) and LEASE_ID_PATTERN.fullmatch(v) for v in value
     ):
         raise errors.InputError(f"field {key!r}: expected a list of lease ids, found {value!r}")
     return value
@@ -207,6 +221,13 @@ def optional_float(body: Mapping[str, Any], key: str) -> float | None:
     if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
         raise errors.InputError(f"field {key!r}: expected a positive number, found {value!r}")
     return float(value)
+
+
+def optional_bool(body: Mapping[str, Any], key: str) -> bool:
+    """A true/false field; absent (or null) is false."""
+    if body.get(key) is None:
+        return False
+    return require_bool(body, key)
 
 
 def require_bool(body: Mapping[str, Any], key: str) -> bool:
@@ -310,7 +331,7 @@ def params_from_json(body: Mapping[str, Any]) -> plans.PlanParams:
 
 
 def check_reader_id(reader_id: str) -> str:
-    if not READER_ID_PATTERN.match(reader_id):
+    if not READER_ID_PATTERN.fullmatch(reader_id):
         raise errors.InputError(
             f"reader id: expected 1-128 characters of [A-Za-z0-9_.-] starting with a letter "
             f"or digit, found {reader_id!r}"

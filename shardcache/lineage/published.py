@@ -18,7 +18,9 @@ from shardcache import errors, manifests, source, states
 from shardcache.checkpoint import layout
 from shardcache.lineage import history
 
-_RANK_DIR = re.compile(r"^rank-(\d+)$")
+#: For `fullmatch`: with `match`, a `$` takes "rank-1\n" for rank 1 (and `\d` takes
+#: other scripts' digits, which int() reads too).
+_RANK_DIR = re.compile(r"rank-([0-9]+)")
 
 
 def open_uri(
@@ -33,7 +35,7 @@ def rank_prefixes(fs: pafs.FileSystem, prefix: str) -> dict[int | None, str]:
     ranks = {
         int(m.group(1)): f"{prefix}/{info.base_name}"
         for info in infos
-        if info.type == pafs.FileType.Directory and (m := _RANK_DIR.match(info.base_name))
+        if info.type == pafs.FileType.Directory and (m := _RANK_DIR.fullmatch(info.base_name))
     }
     return dict(sorted(ranks.items())) if ranks else {None: prefix}
 

@@ -271,6 +271,12 @@ class Metrics:
             ["rank"],
             registry=r,
         )
+        self.readers_dropped = prometheus_client.Counter(
+            "shardcache_readers_dropped_dead",
+            "Readers the sidecar dropped because the process that opened them was gone "
+            "(a rank killed mid-epoch): their reader lock was free.",
+            registry=r,
+        )
         self.memory_backing = prometheus_client.Gauge(
             "shardcache_memory_tier_backing_info",
             "1 for what backs the memory tier: filesystem and, for tmpfs, page size "
@@ -318,6 +324,10 @@ class Metrics:
     def watch_depths(self, readers: Callable[[], list[ReaderDepth]]) -> None:
         """Export each reader's prefetch depth, read from `readers()` at scrape time."""
         self.registry.register(_DepthCollector(readers))
+
+    def reader_dropped_dead(self) -> None:
+        """Count one reader dropped because its process was gone."""
+        self.readers_dropped.inc()
 
     def depth_changed(self, direction: str, reason: str) -> None:
         """Count one change of a reader's prefetch depth (`prefetch_tuner.Changes`)."""

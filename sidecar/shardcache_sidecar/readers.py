@@ -40,6 +40,9 @@ class Reader:
     last_seen: float
     #: The last data-stall totals the reader reported (notes), None before the first.
     stalls: protocol.Stalls | None = None
+    #: Whether the client holds a reader lock for it (`shardcache.node.reader_locks`)
+    #: that the sidecar could see at registration: only such a reader is ever found dead.
+    locked: bool = False
 
 
 @dataclasses.dataclass
@@ -66,15 +69,21 @@ class Registry(Generic[L]):
         self._holds: dict[str, Hold[L]] = {}
 
     # --- readers ----------------------------------------------------------------
-    def register(self, reader_id: str, params: plans.PlanParams, position: int) -> Change:
+    def register(
+        self, reader_id: str, params: plans.PlanParams, position: int, *, locked: bool = False
+    ) -> Change:
         now = self._clock()
         old = self._readers.get(reader_id)
         if old is None:
-            self._readers[reader_id] = Reader(reader_id, params, position, now, now)
+            self._readers[reader_id] = Reader(reader_id, params, position, now, now, locked=locked)
             return Change.CREATED
         change = Change.UNCHANGED if _same_plan(old.params, params) else Change.REPLACED
-        old.params, old.position, old.last_seen = params, position, now
+        old.params, old.position, old.last_seen, old.locked = params, position, now, locked
         return change
+
+    def locked(self) -> list[str]:
+        """The readers whose client holds a reader lock, to check whether they live."""
+        return [r.reader_id for r in self._readers.values() if r.locked]
 
     def get(self, reader_id: str) -> Reader | None:
         return self._readers.get(reader_id)

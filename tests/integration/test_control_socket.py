@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shardcache_sidecar.server import socket_server
 
 from shardcache import plans, unix_http
 from shardcache.contract import protocol
@@ -221,6 +222,29 @@ def test_a_header_block_that_never_ends_is_refused(raw: Callable[[], Raw]) -> No
     assert conn.closed_by_peer()
 
 
+@pytest.mark.parametrize("path", [protocol.MANIFEST, protocol.STATUS], ids=["lean", "aiohttp"])
+def test_a_header_block_over_the_limit_is_refused_when_it_arrives_whole(
+    raw: Callable[[], Raw], path: str
+) -> None:
+    conn = raw()
+    filler = b"a" * (socket_server.MAX_HEAD_BYTES + 1)
+    conn.send(b"GET %s HTTP/1.1\r\nHost: x\r\nX-Filler: %s\r\n\r\n" % (path.encode(), filler))
+    status, body, _ = conn.answer()
+    assert status == 431, body
+    assert "header block" in body["error"]["message"]
+    assert conn.closed_by_peer()
+
+
+def test_a_header_block_just_under_the_limit_is_served(raw: Callable[[], Raw]) -> None:
+    start = b"GET /v1/manifest HTTP/1.1\r\nX-Filler: "
+    filler = b"a" * (socket_server.MAX_HEAD_BYTES - len(start))
+    conn = raw()
+    conn.send(start + filler + b"\r\n\r\n")
+    status, body, _ = conn.answer()
+    assert status == 200, body
+    assert len(body["shards"]) == len(SHARDS)
+
+
 def test_a_request_cut_off_mid_body_disturbs_no_one(
     sidecar: SidecarProcess, raw: Callable[[], Raw]
 ) -> None:
@@ -248,6 +272,33 @@ def test_a_bad_json_body_is_a_400_and_the_connection_keeps_serving(raw: Callable
         "POST", protocol.position_path("badjson"), {"epoch": 0, "position": 1}
     )
     assert (status, body["position"]) == (200, 1)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 50_000 + b"1" + b"}" * 50_000],
+    ids=["arrays", "objects"],
+)
+def test_a_json_body_nested_too_deeply_is_a_400_and_the_connection_keeps_serving(
+    raw: Callable[[], Raw], body: bytes
+) -> None:
+    conn = raw()
+    register(conn, "deepjson")
+    conn.send(
+        unix_http.request_bytes("POST", protocol.position_path("deepjson"), body, keep_alive=True)
+    )
+    status, answer, response = conn.answer()
+    assert status == 400, answer
+    assert (answer["error"]["kind"], answer["error"]["code"]) == (
+        protocol.KIND_INPUT,
+        protocol.CODE_BAD_REQUEST,
+    )
+    assert "nested more than" in answer["error"]["message"]
+    assert response.reusable
+    status, answer, _ = conn.request(
+        "POST", protocol.position_path("deepjson"), {"epoch": 0, "position": 1}
+    )
+    assert (status, answer["position"]) == (200, 1)
 
 
 def test_an_unknown_reader_is_a_404_in_the_wire_error_shape(raw: Callable[[], Raw]) -> None:
@@ -305,6 +356,24 @@ def test_a_percent_escaped_reader_id_means_the_same_reader(raw: Callable[[], Raw
         "POST", "/v1/readers/%65sc/position", {"epoch": 0, "position": 3}
     )
     assert (status, body["reader"], body["position"]) == (200, "esc", 3)
+
+
+@pytest.mark.parametrize(
+    "target", [b"/v1/readers/nl\n", b"/v1/readers/nl%0A"], ids=["raw", "escaped"]
+)
+def test_a_reader_id_ending_in_a_newline_is_refused_and_not_registered(
+    raw: Callable[[], Raw], target: bytes
+) -> None:
+    payload = json.dumps(PARAMS).encode()
+    conn = raw()
+    head = b"PUT %s HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n"
+    conn.send(head % (target, len(payload)) + payload)
+    status, body, _ = conn.answer()
+    assert status == 400, body
+    assert body["error"]["kind"] == protocol.KIND_INPUT
+    assert "reader id" in body["error"]["message"]
+    status, body, _ = raw().request("GET", protocol.STATUS)
+    assert not [r["id"] for r in body["readers"] if r["id"].startswith("nl")]
 
 
 def test_the_lean_transport_counts_its_requests_by_route(

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +18,7 @@ import pytest
 import shardcache
 from shardcache import errors, plans, sidecar_client
 from shardcache.contract import protocol
+from shardcache.node import reader_locks
 from tests.support import datasets, waiting
 from tests.support.locks import exclusively_lockable
 from tests.support.sidecar import SidecarProcess
@@ -426,3 +431,99 @@ def requests_by_route(proc: SidecarProcess) -> dict[str, int]:
             route = line.split('route="', 1)[1].split('"', 1)[0]
             out[route] = out.get(route, 0) + int(float(line.rsplit(" ", 1)[1]))
     return out
+
+
+RANK_KILLED_MID_EPOCH = textwrap.dedent(
+    """
+    import signal, shardcache
+    ds = shardcache.open(shuffle="sample", window=300, block_size=64)
+    next(ds.batches(50))
+    print("mid-epoch", flush=True)
+    signal.pause()
+    """
+)
+
+
+def dropped_dead(proc: SidecarProcess) -> float:
+    """`shardcache_readers_dropped_dead_total` from /metrics (which checks nothing)."""
+    status, text = proc.http_get("/metrics")
+    assert status == 200
+    for line in text.splitlines():
+        if line.startswith("shardcache_readers_dropped_dead_total "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no shardcache_readers_dropped_dead_total in /metrics")
+
+
+def test_a_rank_killed_mid_epoch_loses_its_reader_and_a_silent_live_one_keeps_its(
+    sidecar: SidecarProcess,
+) -> None:
+    shards = provider(sidecar)
+    # Opened, then silent: a trainer in a long step sends nothing for minutes.
+    live = shards.open_reader(plans.PlanParams(shuffle=False, block_size=BLOCK), position=0)
+    env = {**os.environ, **sidecar.client_env(), "PYTHONPATH": os.pathsep.join(sys.path)}
+    with subprocess.Popen(
+        [sys.executable, "-c", RANK_KILLED_MID_EPOCH], env=env, stdout=subprocess.PIPE, text=True
+    ) as rank:
+        assert rank.stdout is not None
+        assert rank.stdout.readline().strip() == "mid-epoch"
+        ids = [r["id"] for r in sidecar.control("GET", protocol.STATUS)[1]["readers"]]
+        assert len(ids) == 2 and live in ids
+        rank.send_signal(signal.SIGKILL)
+        rank.wait()
+    # Found by the sidecar's own periodic check: /metrics checks nothing itself.
+    waiting.wait_until("the dead rank's reader to be dropped", lambda: dropped_dead(sidecar))
+    status = sidecar.control("GET", protocol.STATUS)[1]
+    assert [(r["id"], r[protocol.READER_LOCK_FIELD]) for r in status["readers"]] == [(live, True)]
+    assert status["readers_dropped_dead"] == 1
+    assert status["holds"] == 0
+    # Its sample windows no longer count against the memory tier.
+    assert status["stats"]["sample_windows_bytes"] == 0
+    assert status["stats"]["readers"] == 1
+    lease = shards.acquire(live, 0, epoch=0, position=0)
+    lease.release()
+    shards.close()
+    assert sidecar.control("GET", protocol.STATUS)[1]["readers"] == []
+    assert not list((sidecar.memory_dir / reader_locks.DIRECTORY).iterdir())
+
+
+def test_a_reader_without_a_lock_the_sidecar_sees_is_never_dropped(
+    sidecar: SidecarProcess,
+) -> None:
+    body = {**protocol.params_to_json(plans.PlanParams(block_size=BLOCK)), "position": 0}
+    # An older client sends no lock; a client whose memory directory is another than
+    # the sidecar's claims one the sidecar cannot find.
+    assert sidecar.control("PUT", protocol.reader_path("older"), body)[0] == 200
+    claimed = {**body, protocol.READER_LOCK_FIELD: True}
+    assert sidecar.control("PUT", protocol.reader_path("elsewhere"), claimed)[0] == 200
+    bad = {**body, protocol.READER_LOCK_FIELD: "yes"}
+    status, answer = sidecar.control("PUT", protocol.reader_path("bad"), bad)
+    assert (status, answer["error"]["code"]) == (400, protocol.CODE_BAD_REQUEST)
+    assert "reader_lock" in answer["error"]["message"]
+    # A reader whose lock is let go, to see a check run.
+    held = reader_locks.hold(sidecar.memory_dir, "gone")
+    assert sidecar.control("PUT", protocol.reader_path("gone"), claimed)[0] == 200
+    held.forget()
+    waiting.wait_until("the reader let go to be dropped", lambda: dropped_dead(sidecar))
+    readers = sidecar.control("GET", protocol.STATUS)[1]["readers"]
+    assert sorted((r["id"], r[protocol.READER_LOCK_FIELD]) for r in readers) == [
+        ("elsewhere", False),
+        ("older", False),
+    ]
+
+
+def test_a_live_reader_dropped_by_mistake_registers_again_and_reads_on_exactly(
+    sidecar: SidecarProcess,
+) -> None:
+    shards = provider(sidecar)
+    ds = shardcache.Dataset(shards, plans.PlanParams(seed=5, block_size=BLOCK))
+    batches = ds.batches(50)
+    got = [u for _ in range(3) for u in next(batches).column("uid").to_pylist()]
+    (lock,) = (sidecar.memory_dir / reader_locks.DIRECTORY).iterdir()
+    lock.unlink()  # by hand: the sidecar finds no lock and drops the reader
+    waiting.wait_until("the reader to be dropped", lambda: dropped_dead(sidecar))
+    got += [u for b in batches for u in b.column("uid").to_pylist()]
+    assert sorted(got) == list(range(sum(SHARDS)))
+    (reader,) = sidecar.control("GET", protocol.STATUS)[1]["readers"]
+    assert reader[protocol.READER_LOCK_FIELD] is True  # with a new lock file
+    assert lock.exists()
+    ds.close()

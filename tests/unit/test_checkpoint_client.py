@@ -7,6 +7,7 @@ pointer files) is written here the way the agent writes it.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -216,3 +217,34 @@ def test_no_checkpoint_directory_configured_is_a_clear_error(
     monkeypatch.delenv(contract.ENV_CHECKPOINT_DIR, raising=False)
     with pytest.raises(errors.InputError, match=contract.ENV_CHECKPOINT_DIR):
         checkpoint.latest()
+
+
+def test_a_marker_that_is_a_directory_does_not_break_the_other_checkpoints(root: Path) -> None:
+    (root / "scratch").mkdir()
+    (root / "scratch" / _protocol.MARKER_NAME).mkdir()
+    path = finished(root, "s")
+    checkpoint.commit(path, step=1, data_state={"position": 1})
+    _protocol.write_status(path, _protocol.Status("uploaded", 1))
+    checkpoint.wait(1, timeout=5)
+    assert checkpoint.restore() == path
+    assert checkpoint.restore(1) == path
+    assert checkpoint.data_state("latest") == {"position": 1}
+    with pytest.raises(errors.InputError, match=r"step 42 is not on this node \(have \[1\]\)"):
+        checkpoint.data_state(42)
+    marker = re.escape(str(root / "scratch" / _protocol.MARKER_NAME))
+    with pytest.raises(errors.InputError, match=f"{marker}: expected a regular file, found a dir"):
+        checkpoint.data_state(root / "scratch")
+
+
+def test_a_data_state_that_is_not_a_dict_is_a_clear_error(root: Path) -> None:
+    with pytest.raises(errors.InputError, match=r"data_state must be a JSON object .* found list"):
+        checkpoint.commit(finished(root, "s"), step=1, data_state=[1, 2])  # type: ignore[arg-type]
+    assert _protocol.read_marker(root / "s") is None
+
+
+def test_a_checkpoint_root_that_is_a_file_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(errors.InputError, match="expected a directory, found a file"):
+        checkpoint.restore(root=tmp_path / "file")
+    with pytest.raises(errors.InputError, match="expected a directory, found a file"):
+        checkpoint.wait(1, root=tmp_path / "file")

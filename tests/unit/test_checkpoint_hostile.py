@@ -222,3 +222,52 @@ def test_malformed_manifest_is_refused_naming_the_entry_and_the_agent_keeps_serv
         worker.stop(timeout=10)
     assert said and said[-1][0] is False
     assert os.path.exists(root)
+
+
+def test_a_marker_that_is_a_directory_fails_that_checkpoint_and_the_others_upload(
+    root: Path, store: Path
+) -> None:
+    scratch = committed(root, "scratch", 0)
+    (scratch / _protocol.MARKER_NAME).mkdir()
+    directory = committed(root, "step-1", 1)
+    commit(directory, 1)
+    assert agent(root, store).scan() == [1]
+    status = _protocol.read_status(scratch)
+    assert status is not None and status.phase == "failed" and not status.retryable
+    assert f"{scratch / _protocol.MARKER_NAME}: expected a regular file" in str(status.error)
+
+
+def test_a_status_file_that_is_a_directory_does_not_stop_the_other_uploads(
+    root: Path, store: Path
+) -> None:
+    blocked = committed(root, "step-1", 1)
+    commit(blocked, 1)
+    _protocol.status_path(blocked).mkdir(parents=True)
+    directory = committed(root, "step-2", 2)
+    commit(directory, 2)
+    worker = agent(root, store)
+    assert worker.scan() == [2]
+    # Uploaded once the trainer removes what it put in the status file's place.
+    _protocol.status_path(blocked).rmdir()
+    worker._retry_at.clear()
+    assert worker.scan() == [1]
+
+
+def test_protocol_files_nested_too_deeply_are_refused_and_the_agent_keeps_serving(
+    root: Path, store: Path
+) -> None:
+    deep = "[" * 100_000
+    scratch = committed(root, "scratch", 0)
+    (scratch / _protocol.MARKER_NAME).write_text(deep)
+    request = _protocol.request_path(root, "abc")
+    request.write_text(deep)
+    directory = committed(root, "step-1", 1)
+    commit(directory, 1)
+    _protocol.status_path(directory).parent.mkdir()
+    _protocol.status_path(directory).write_text(deep)
+    worker = agent(root, store)
+    worker.serve_requests()
+    assert worker.scan() == [1]
+    status = _protocol.read_status(scratch)
+    assert status is not None and status.phase == "failed" and "expected JSON" in str(status.error)
+    assert json.loads(request.read_text())["phase"] == "failed"

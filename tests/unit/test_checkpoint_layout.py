@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
+from shardcache_sidecar.checkpoint import siblings
 
 from shardcache import errors
 from shardcache.checkpoint import layout
+from shardcache.lineage import published
 
 pytestmark = pytest.mark.unit
 
@@ -31,6 +35,11 @@ def test_step_directories_sort_in_step_order_and_parse_back() -> None:
     assert [layout.parse_step_dir(n) for n in names] == [9, 10, 100, 2]
     assert layout.parse_step_dir("latest") is None
     assert layout.parse_step_dir("step-x") is None
+
+
+@pytest.mark.parametrize("name", ["step-1\n", "step-000000000001\n", "step-\u0661", "xstep-1"])
+def test_names_that_only_look_like_step_directories_are_no_step(name: str) -> None:
+    assert layout.parse_step_dir(name) is None
 
 
 def test_object_names_follow_the_documented_layout() -> None:
@@ -90,3 +99,13 @@ def test_retention_with_fewer_checkpoints_than_n_deletes_nothing() -> None:
 def test_retention_needs_at_least_one_kept() -> None:
     with pytest.raises(errors.InputError, match=">= 1"):
         layout.retention_plan([1, 2], [], keep_last=0)
+
+
+def test_only_rank_directories_named_exactly_rank_n_are_ranks(tmp_path: Path) -> None:
+    for name in ("rank-0", "rank-1", "rank-2\n", "rank-\u0663", "rank-4x"):
+        (tmp_path / name).mkdir()
+    prefixes = published.rank_prefixes(pafs.LocalFileSystem(), str(tmp_path))
+    assert list(prefixes) == [0, 1]
+    assert siblings.base_of("b/run/rank-3") == "b/run"
+    assert siblings.base_of("b/run/rank-3\n") is None
+    assert siblings.base_of("b/run/rank-\u0663") is None

@@ -42,6 +42,7 @@ def test_a_malformed_descriptor_is_refused_naming_it(tmp_path: Path) -> None:
         ([("a", 1.0), ("a", 1.0)], "names must differ"),
         ([("a", 0.0), ("b", 0.0)], "some source with a weight > 0"),
         ([("a", 1.0), ("B_", 1.0)], "expected a DNS label"),
+        ([("a", 1.0), ("b\n", 1.0)], "expected a DNS label"),
         ([("a", 1.0), ("b", -1.0)], "expected a weight >= 0"),
     ],
 )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache import contract, errors, sidecar_client
+from shardcache import contract, errors, sidecar_client, unix_http
 from shardcache.node import leases
 from tests.support.locks import exclusively_lockable
 
@@ -146,3 +146,24 @@ def test_the_notifier_runs_calls_in_order_survives_a_failing_one_and_drains_on_c
     notifier.submit(functools.partial(ran.append, 5))  # usable again after close
     notifier.close()
     assert ran[-1] == 5
+
+
+def test_an_answer_nested_too_deeply_is_a_rejection_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    deep = b"[" * 100_000
+
+    def exchange(*args: object, **kwargs: object) -> tuple[int, bytes]:
+        return 400, deep
+
+    monkeypatch.setattr(unix_http, "exchange", exchange)
+    settings = sidecar_client.ClientSettings(Path("/tmp/scu-none.sock"), Path("/tmp/scu-mem"))
+    transport = sidecar_client.Transport(settings)
+    try:
+        with pytest.raises(sidecar_client.Rejected) as info:
+            transport.call("GET", "/v1/manifest", retry=False)
+    finally:
+        transport.close()
+    assert info.value.wire.status == 400
+    assert "unexpected response body: '[[[" in info.value.wire.message
+    assert len(info.value.wire.message) < 1000

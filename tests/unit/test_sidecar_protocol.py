@@ -107,10 +107,19 @@ def test_reader_ids_safe_in_a_path_are_accepted(reader_id: str) -> None:
     assert protocol.check_reader_id(reader_id) == reader_id
 
 
-@pytest.mark.parametrize("reader_id", ["", "-x", "a/b", "a b", "x" * 129, "ü"])
+@pytest.mark.parametrize(
+    "reader_id", ["", "-x", "a/b", "a b", "x" * 129, "ü", "abc\n", "abc\r\n", "\nabc"]
+)
 def test_reader_ids_unsafe_in_a_path_are_refused(reader_id: str) -> None:
     with pytest.raises(errors.InputError, match="reader id"):
         protocol.check_reader_id(reader_id)
+
+
+@pytest.mark.parametrize("lease", ["a" * 31, "a" * 32 + "\n", "A" * 32, ""])
+def test_lease_ids_other_than_32_lowercase_hex_digits_are_refused(lease: str) -> None:
+    assert protocol.lease_list({"leases": ["0" * 32]}, "leases") == ["0" * 32]
+    with pytest.raises(errors.InputError, match="expected a list of lease ids"):
+        protocol.lease_list({"leases": [lease]}, "leases")
 
 
 def test_routes_carry_the_api_version() -> None:

@@ -92,3 +92,13 @@ def test_the_next_expiry_is_the_oldest_holds_so_maintenance_sleeps_until_then() 
     assert [h.lease for h in registry.expired(30.0)] == ["lease-a0"]
     assert registry.next_expiry(30.0) == 150.0
     assert registry.drop(old.lease_id) is None
+
+
+def test_only_readers_registered_with_a_lock_the_sidecar_saw_are_checked_for_life() -> None:
+    registry: readers.Registry[str] = readers.Registry(clock=Clock())
+    registry.register("old-client", plans.PlanParams(), 0)
+    registry.register("locked", plans.PlanParams(), 0, locked=True)
+    assert registry.locked() == ["locked"]
+    # Registered again (after a sidecar restart) by a client that lost its lock file.
+    registry.register("locked", plans.PlanParams(), 5, locked=False)
+    assert registry.locked() == []

@@ -50,3 +50,15 @@ def test_an_error_response_is_the_wire_error_body() -> None:
             protocol.error_body(protocol.KIND_INPUT, protocol.CODE_UNKNOWN_READER, "who?")
         ).body
     )
+
+
+@pytest.mark.parametrize("raw", [b"[" * 100_000, b'{"a":' * 50_000 + b"1" + b"}" * 50_000])
+def test_a_body_nested_too_deeply_is_bad_input_not_an_internal_error(raw: bytes) -> None:
+    with pytest.raises(errors.InputError, match="nested more than") as info:
+        replies.json_object(raw)
+    rejected = replies.request_error(info.value)
+    assert (rejected.status, rejected.kind, rejected.code) == (
+        400,
+        protocol.KIND_INPUT,
+        protocol.CODE_BAD_REQUEST,
+    )

@@ -385,9 +385,10 @@ class Agent:
         for path, marker in self.pending():
             try:
                 done = self.publish(path, marker)
-            except errors.InputError as exc:
+            except (errors.InputError, OSError) as exc:
                 # The volume refuses what the agent writes (the trainer turned the status
-                # directory into a link): nothing is written through it; tried again later.
+                # directory into a link, or its status file into a directory): nothing is
+                # written through it; tried again later, and the other directories go on.
                 log.error("checkpoint step %d in %s is not uploaded: %s", marker.step, path, exc)
                 self._retry_at[path] = time.monotonic() + self.settings.retry_interval
                 continue

@@ -19,7 +19,8 @@ import pyarrow.fs as pafs
 from shardcache import errors, states
 from shardcache.lineage import published
 
-_RANK_LEAF = re.compile(r"^(.*)/rank-(\d+)$")
+#: For `fullmatch`, as `published._RANK_DIR`.
+_RANK_LEAF = re.compile(r"(.*)/rank-([0-9]+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Gathered:
 
 def base_of(prefix: str) -> str | None:
     """`<uri>` of a ranked pod's `<uri>/rank-<r>`; None for an unranked prefix."""
-    m = _RANK_LEAF.match(prefix.rstrip("/"))
+    m = _RANK_LEAF.fullmatch(prefix.rstrip("/"))
     return m.group(1) if m else None
 
 

@@ -59,6 +59,8 @@ async def get_manifest(sidecar: lifecycle.Sidecar, _: str, raw: bytes) -> replie
 @ROUTES.get(protocol.STATUS)
 async def get_status(request: web.Request) -> web.Response:
     sidecar = request.app[lifecycle.SIDECAR]
+    # What it shows is exact, not up to a check interval old.
+    sidecar.drop_dead_readers()
     m = sidecar.manifest
     # Counting resident bytes lists the tier directories: not on the event loop.
     stats = await asyncio.get_running_loop().run_in_executor(None, sidecar.stats)
@@ -80,9 +82,11 @@ async def get_status(request: web.Request) -> web.Response:
                     "id": r.reader_id,
                     **protocol.params_to_json(r.params),
                     "position": r.position,
+                    protocol.READER_LOCK_FIELD: r.locked,
                 }
                 for r in sidecar.registry.readers()
             ],
+            "readers_dropped_dead": sidecar.readers_dropped_dead,
             "holds": len(sidecar.registry.holds()),
             "stats": None if stats is None else dataclasses.asdict(stats),
             "ready": sidecar.readiness.report(),
@@ -98,6 +102,7 @@ async def put_reader(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
     body = replies.json_object(raw)
     params = protocol.params_from_json(body)
     position = protocol.require_int(body, "position", minimum=0)
+    claims_lock = protocol.optional_bool(body, protocol.READER_LOCK_FIELD)
     digest = body.get("digest")
     assert sidecar.manifest is not None
     if digest is not None and digest != sidecar.manifest.digest:
@@ -113,7 +118,13 @@ async def put_reader(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
         # The trainer is here: its own plan drives prefetch from now on.
         sidecar.registry.unregister(startup)
         node.unregister_reader(startup)
-    change = sidecar.registry.register(reader_id, params, position)
+    if sidecar.registry.get(reader_id) is None:
+        # A rank restarted after a crash registers a new reader: the dead one goes
+        # first, so it neither counts in the new one's share of the memory tier nor
+        # keeps the fill on its plan.
+        sidecar.drop_dead_readers()
+    locked = claims_lock and sidecar.reader_lock_seen(reader_id)
+    change = sidecar.registry.register(reader_id, params, position, locked=locked)
     move: Callable[[], None]
     if change is readers.Change.UNCHANGED:
         move = functools.partial(
@@ -159,14 +170,8 @@ async def put_reader(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
 
 async def delete_reader(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> replies.Answer:
     reader_id = protocol.check_reader_id(reader_id)
-    reader, holds = sidecar.registry.unregister(reader_id)
-    sidecar.tuner.forget(reader_id)
-    for hold in holds:
-        hold.lease.release()
+    reader, holds = sidecar.forget_reader(reader_id)
     if reader is not None and sidecar.node is not None:
-        # Forgetting a reader is a dict removal under the node's lock, which is only
-        # ever held briefly: no thread hop.
-        sidecar.node.unregister_reader(reader_id)
         log.info("reader %s unregistered", reader_id, extra={"reader": reader_id})
     return replies.answer(
         {"reader": reader_id, "removed": reader is not None, "released_leases": len(holds)}

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from shardcache import contract, errors, manifests, uris
 from shardcache.contract import protocol
-from shardcache.node import backings, caches, pinned_manifests, tiers
+from shardcache.node import backings, caches, pinned_manifests, reader_locks, tiers
 from shardcache_sidecar import configuration, metrics, prefetch_tuner, readers, readiness
 from shardcache_sidecar.server import replies
 
@@ -42,6 +42,11 @@ GATE_MANIFEST = "manifest"
 GATE_WARM = "warm"
 # Past a hold's expiry, when the loop looks again (seconds): a timer may fire a hair early.
 _EXPIRY_MARGIN = 0.001
+#: Seconds between two checks that the readers' processes live (their reader locks,
+#: `drop_dead_readers`): a dead rank's reader steers prefetch and counts in the memory
+#: budget of the others for at most this long. A check is a few system calls per
+#: reader with a lock, and one wake-up of the loop.
+READER_CHECK_S = 1.0
 # Backoff while the source keeps failing at start-up (seconds).
 _RESOLVE_FIRST_DELAY, _RESOLVE_MAX_DELAY = 1.0, 30.0
 
@@ -117,6 +122,10 @@ class Sidecar:
         self.backing: backings.Backing | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
+        #: Readers dropped because the process that opened them was gone (/v1/status).
+        self.readers_dropped_dead = 0
+        #: A registration whose reader lock this sidecar cannot see was logged once.
+        self._warned_unseen_lock = False
         self.metrics.watch(self.stats, self.readiness.is_ready)
         self.metrics.watch_readers(self.reader_stalls)
         #: Tunes each reader's prefetch depth from its stall reports (`prefetch_tuner`).
@@ -144,6 +153,71 @@ class Sidecar:
             (r.reader_id, r.params.rank, node.prefetch_depth(r.reader_id))
             for r in self.registry.readers()
         ]
+
+    def forget_reader(
+        self, reader_id: str
+    ) -> tuple[readers.Reader | None, list[readers.Hold[tiers.Entry]]]:
+        """Unregister a reader: its holds released, its plan out of prefetch and fill.
+        The reader and the holds it had (none for an unknown reader)."""
+        reader, holds = self.registry.unregister(reader_id)
+        self.tuner.forget(reader_id)
+        for hold in holds:
+            hold.lease.release()
+        if reader is not None and self.node is not None:
+            # A dict removal under the node's lock, which is only ever held briefly:
+            # no thread hop.
+            self.node.unregister_reader(reader_id)
+        return reader, holds
+
+    def reader_lock_seen(self, reader_id: str) -> bool:
+        """Whether the reader lock a registration says its client holds is one this
+        sidecar sees. Not seen (the containers mount different directories as the
+        memory tier, or the sidecar may not read the file): the reader is kept until
+        it is closed, as one without a lock; dropping it would drop a live reader."""
+        found = reader_locks.probe(self.settings.memory_dir, (reader_id,))[reader_id]
+        if found in (reader_locks.Found.HELD, reader_locks.Found.FREE):
+            # FREE: the process died right after asking; the next check drops it.
+            return True
+        if not self._warned_unseen_lock:
+            self._warned_unseen_lock = True
+            log.warning(
+                "reader %s says its process holds %s, which this sidecar %s: its readers "
+                "are kept until they are closed, also when their process dies; mount the "
+                "same memory volume in the trainer and the sidecar",
+                reader_id,
+                reader_locks.path_of(self.settings.memory_dir, reader_id),
+                "cannot find" if found is reader_locks.Found.MISSING else "cannot read",
+            )
+        return False
+
+    def drop_dead_readers(self) -> list[str]:
+        """Unregister each reader whose process is gone: its client held a reader lock,
+        and now nobody does (the kernel dropped it with the process, even on SIGKILL).
+        On the event loop: a few system calls per reader with a lock."""
+        locked = self.registry.locked()
+        if not locked:
+            return []
+        found = reader_locks.probe(self.settings.memory_dir, locked)
+        dead = [
+            r
+            for r, f in found.items()
+            if f in (reader_locks.Found.FREE, reader_locks.Found.MISSING)
+        ]
+        for reader_id in dead:
+            reader, holds = self.forget_reader(reader_id)
+            if reader is None:
+                continue
+            self.readers_dropped_dead += 1
+            self.metrics.reader_dropped_dead()
+            log.warning(
+                "reader %s (rank %d) dropped: the process that opened it is gone (its "
+                "reader lock is free); %d hold(s) released",
+                reader_id,
+                reader.params.rank,
+                len(holds),
+                extra={"reader": reader_id, "rank": reader.params.rank},
+            )
+        return dead
 
     async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -299,6 +373,7 @@ class Sidecar:
         )
         self._tasks.append(asyncio.create_task(self._warm(node), name="warm"))
         self._tasks.append(asyncio.create_task(self._maintain(), name="maintain"))
+        self._tasks.append(asyncio.create_task(self._watch_readers(), name="watch-readers"))
 
     async def _warm(self, node: caches.CacheNode) -> None:
         """Make the startup plan's first shards resident, then open the warm gate.
@@ -368,6 +443,18 @@ class Sidecar:
             # "Issue 14 on 2 cores, session 7"). A hold made meanwhile expires later.
             expiry = self.registry.next_expiry(self.settings.handoff_timeout)
             await asyncio.sleep(max(0.0, expiry - time.monotonic()) + _EXPIRY_MARGIN)
+
+    async def _watch_readers(self) -> None:
+        """Drop the readers of dead processes every `READER_CHECK_S` seconds. Not only
+        at a new registration: a rank that is not restarted registers none, and its
+        reader would keep steering prefetch and the fill, and keep its share of the
+        memory budget that `control._grant` divides among the readers."""
+        while not self._closing:
+            await asyncio.sleep(READER_CHECK_S)
+            try:
+                self.drop_dead_readers()
+            except Exception:  # the watch outlives one bad check; the next one retries
+                log.exception("checking whether the readers' processes live failed")
 
     async def close(self) -> None:
         self._closing = True

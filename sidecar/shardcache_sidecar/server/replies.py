@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 from typing import Any
 
 from aiohttp import web
@@ -128,6 +129,13 @@ def json_object(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw) if raw else None
     except ValueError as exc:
         raise errors.InputError(f"request body is not JSON: {exc}") from exc
+    except RecursionError:
+        # json's decoder recurses per level: a body of nested brackets is a client's
+        # mistake (or an attack), not a bug of the sidecar.
+        raise errors.InputError(
+            f"request body is not JSON the sidecar parses: expected a JSON object, found "
+            f"arrays or objects nested more than {sys.getrecursionlimit()} levels deep"
+        ) from None
     if not isinstance(body, dict):
         raise errors.InputError(f"request body: expected a JSON object, found {raw[:80]!r}")
     return body

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from shardcache import errors
 from shardcache.contract import mixture_sources, protocol
+from shardcache.node import reader_locks
 from shardcache_sidecar import configuration, metrics
 from shardcache_sidecar.checkpoint import agent, hook
 from shardcache_sidecar.server import control, lifecycle, probes, replies, socket_server
@@ -246,6 +247,16 @@ async def _serve_one(
 ) -> None:
     settings.socket_path.parent.mkdir(parents=True, exist_ok=True)
     settings.memory_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        reader_locks.prepare(settings.memory_dir)
+    except OSError as exc:
+        # Not fatal: readers are then kept until closed, as without reader locks.
+        log.warning(
+            "cannot use %s for reader locks (%s): the readers of processes that die are "
+            "kept until this sidecar restarts",
+            settings.memory_dir / reader_locks.DIRECTORY,
+            exc,
+        )
     remove_stale_socket(settings.socket_path)
     sidecar = lifecycle.Sidecar(settings)
     checkpoints: agent.Agent | None = None

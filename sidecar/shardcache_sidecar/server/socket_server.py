@@ -269,9 +269,13 @@ class Connection(asyncio.Protocol):
             transport.resume_reading()
             self._paused = False
         end = self._buffer.find(b"\r\n\r\n")
+        # The limit holds for a block that arrived whole in one read too, not only for
+        # one still coming: what is over it is neither parsed nor kept by the parser.
+        # (Without the blank line yet, the buffer's last 3 bytes may be its start.)
+        if end > MAX_HEAD_BYTES or (end < 0 and len(self._buffer) > MAX_HEAD_BYTES + 3):
+            self._refuse(431, f"request header block over {MAX_HEAD_BYTES} bytes")
+            return
         if end < 0:
-            if len(self._buffer) > MAX_HEAD_BYTES:
-                self._refuse(431, f"request header block over {MAX_HEAD_BYTES} bytes")
             return
         try:
             request, length = self._server.parser.parse(bytes(self._buffer[:end]))
