@@ -31,10 +31,10 @@ from typing import Any, TypeAlias
 
 import pyarrow as pa
 
-from shardcache import _integers, datasets, errors
+from shardcache import _integers, datasets, errors, states
 
 STATE_VERSION = 1
-_KIND = "mixture"
+_KIND = states.MIXTURE_KIND
 
 #: What `weights=` accepts: a fixed mapping, or schedule points `(step, mapping)`.
 Weights: TypeAlias = "Mapping[str, float] | Sequence[tuple[int, Mapping[str, float]]] | Schedule"

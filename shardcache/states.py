@@ -27,6 +27,9 @@ IDENTITY_KEYS = ("plan_version", "digest", "seed", "shuffle", "block_size", "wor
 #: Plan version 2's keys: the shuffle granularity ("block" or "sample") and the
 #: sample-shuffle window. A state without them (plan version 1) is in block mode.
 PLAN_KEYS = ("granularity", "window")
+#: The `kind` of a mixture's state (`shardcache.mixtures`), which holds one state per
+#: source: the one thing a tool is most likely to be handed instead of a rank's state.
+MIXTURE_KIND = "mixture"
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -107,7 +110,10 @@ def parse(state: object, *, where: str = "state dict") -> DataState:
         raise errors.StateMismatchError(
             f"{where}: expected a state dict from Dataset.state_dict(), got {type(state).__name__}"
         )
-    required = ("version", "digest", "epoch", "position", *IDENTITY_KEYS)
+    if state.get("kind") == MIXTURE_KIND:
+        raise errors.StateMismatchError(f"{where}: {_mixture_note(state)}")
+    # dict.fromkeys: IDENTITY_KEYS repeats "digest", and a key is missing once.
+    required = dict.fromkeys(("version", "digest", "epoch", "position", *IDENTITY_KEYS))
     missing = [k for k in required if k not in state]
     if missing:
         raise errors.StateMismatchError(f"{where}: lacks {missing}: not a shardcache state")
@@ -130,8 +136,9 @@ def parse(state: object, *, where: str = "state dict") -> DataState:
     if window is not None:
         window = _int(state, "window", where=where, minimum=1)
     try:
+        # Named "segments" only: the InputError it raises gets `where` below, once.
         segments = (
-            streams.Segments.from_json(raw_segments, where=f"{where}: segments")
+            streams.Segments.from_json(raw_segments, where="segments")
             if raw_segments is not None
             else None
         )
@@ -182,6 +189,17 @@ def parse(state: object, *, where: str = "state dict") -> DataState:
     )
 
 
+def _mixture_note(state: Mapping[str, Any]) -> str:
+    sources = state.get("sources")
+    names = sorted(sources) if isinstance(sources, Mapping) else []
+    first = repr(names[0]) if names else "NAME"
+    return (
+        f"this is a mixture's state (shardcache.mix, sources {names}), not one dataset's: "
+        f"a mixture keeps each source's own state under sources.<name>; use the state "
+        f"of the source that read this dataset (e.g. state['sources'][{first}])"
+    )
+
+
 def normalise(skips: Iterable[Skip]) -> tuple[Skip, ...]:
     """Sorted, with overlapping or adjacent ranges of one epoch merged."""
     out: list[Skip] = []
@@ -194,15 +212,22 @@ def normalise(skips: Iterable[Skip]) -> tuple[Skip, ...]:
     return tuple(out)
 
 
-def mismatches(saved: DataState, ours: DataState) -> list[str]:
-    """What differs between the stream a state was saved from and ours, in words."""
+def mismatches(
+    saved: DataState, ours: DataState, *, ours_name: str = "this dataset", same_rank: bool = True
+) -> list[str]:
+    """What differs between the stream a state was saved from and ours, in words.
+
+    A tool checks the states of several ranks against the one plan it was asked to
+    show: it names itself (`ours_name`) and, with `same_rank=False`, takes a state of
+    any rank of that plan."""
     a, b = saved.to_json(), ours.to_json()
-    keys = [k for k in IDENTITY_KEYS if k != "plan_version"] + ["granularity"]
+    skip = {"plan_version"} if same_rank else {"plan_version", "rank"}
+    keys = [k for k in IDENTITY_KEYS if k not in skip] + ["granularity"]
     if saved.params.sampled or ours.params.sampled:
         # The window shapes a sample-mode plan only.
         keys.append("window")
     out = [
-        f"{key}: state has {a[key]!r}, this dataset has {b[key]!r}"
+        f"{key}: state has {a[key]!r}, {ours_name} has {b[key]!r}"
         for key in keys
         if a[key] != b[key]
     ]
@@ -210,7 +235,7 @@ def mismatches(saved: DataState, ours: DataState) -> list[str]:
     # of either version resumes there; sample mode exists from version 2 on.
     if saved.plan_version > ours.plan_version:
         out.insert(
-            0, f"plan_version: state has {saved.plan_version}, this dataset has {ours.plan_version}"
+            0, f"plan_version: state has {saved.plan_version}, {ours_name} has {ours.plan_version}"
         )
     return out
 

@@ -83,8 +83,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="append",
         default=[],
         help="a rank's saved data state (a state dict, a checkpoint's .shardcache-commit "
-        "marker or its checkpoint.json), one per rank: steps then count only the batches "
-        "the rank was handed, and --where marks the samples it skipped",
+        "marker or its checkpoint.json), one per rank, of the plan given: steps then follow "
+        "the rank's stream as it read it (its elastic-resume segments, only the batches "
+        "it was handed), and --where marks the samples it skipped",
     )
     p.add_argument("--tui", action="store_true", help="interactive terminal UI (textual)")
     p.set_defaults(func=run)
@@ -105,9 +106,9 @@ def query_from(args: argparse.Namespace) -> locate.Query:
     )
 
 
-def load_skips(paths: list[str]) -> dict[int, tuple[states.Skip, ...]]:
-    """{rank: skips} from saved data states, in any of the files that carry one."""
-    out: dict[int, tuple[states.Skip, ...]] = {}
+def load_states(paths: list[str]) -> dict[int, tuple[str, states.DataState]]:
+    """{rank: (path, state)} from saved data states, in any of the files that carry one."""
+    out: dict[int, tuple[str, states.DataState]] = {}
     for path in paths:
         try:
             with open(path, encoding="utf-8") as f:
@@ -118,9 +119,28 @@ def load_skips(paths: list[str]) -> dict[int, tuple[states.Skip, ...]]:
             data = data["data_state"]  # a commit marker or a checkpoint manifest
         state = states.parse(data, where=f"--data-state {path}")
         if state.rank in out:
-            raise errors.InputError(f"--data-state: two states of rank {state.rank}")
-        out[state.rank] = state.skips
+            raise errors.InputError(
+                f"--data-state: two states of rank {state.rank} ({out[state.rank][0]} and {path})"
+            )
+        out[state.rank] = (path, state)
     return out
+
+
+def check_states(
+    loaded: dict[int, tuple[str, states.DataState]], digest: str, query: locate.Query
+) -> dict[int, states.DataState]:
+    """The states by rank, each refused unless saved under the dataset (`digest`) and
+    plan the command was given: a state's positions mean other rows in another plan."""
+    for path, state in loaded.values():
+        differ = locate.state_mismatches(digest, query, state)
+        if differ:
+            raise errors.StateMismatchError(
+                f"--data-state {path}: the state was saved under another dataset or plan "
+                f"than the one inspected ({'; '.join(differ)}): give the run's dataset and "
+                "its plan options (--world-size, --seed, --block-size, --no-shuffle, "
+                "--granularity, --window)"
+            )
+    return {rank: state for rank, (_, state) in loaded.items()}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,26 +158,29 @@ def _run(args: argparse.Namespace) -> int:
     query = query_from(args)
     if args.max_chars < 0:
         raise errors.InputError(f"--max-chars must be >= 0, got {args.max_chars}")
+    if args.where is not None and args.limit < 1:
+        raise errors.InputError(f"--limit must be >= 1, got {args.limit}")
     decode = render.load_tokenizer(args.tokenizer) if args.tokenizer else None
-    skips = load_skips(args.data_state)
+    loaded = load_states(args.data_state)
+    if loaded and args.tui:
+        raise errors.InputError("--data-state is not supported with --tui yet")
     inspector = session.open_uri(args.uri, mount=args.mount, cache_dir=args.cache_dir)
     try:
+        run = check_states(loaded, inspector.manifest.digest, query)
         columns = inspector.columns(args.columns)
         if args.tui:
             from shardcache.inspect import tui
 
-            if skips:
-                raise errors.InputError("--data-state is not supported with --tui yet")
             tui.InspectApp(inspector, query, columns=columns, decode=decode).run()
             return 0
         if args.where is not None:
             result = inspector.where(
-                args.where, query, epochs=args.epochs, limit=args.limit, skips=skips
+                args.where, query, epochs=args.epochs, limit=args.limit, run=run
             )
             data = session.where_json(result)
             print(json.dumps(data, indent=2) if args.json else session.where_text(data, query))
             return 0 if result.indices else 1
-        view = inspector.step(query, columns, skips=skips.get(query.rank, ()))
+        view = inspector.step(query, columns, run=run)
         if args.json:
             options = render.FULL
         else:

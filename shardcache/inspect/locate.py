@@ -4,17 +4,28 @@ Pure functions of the manifest's row counts and the reading plan (`shardcache.pl
 in every shuffle mode through `shardcache.placements`), so the answer is the one every
 trainer computes, without reading any data. Step N of
 an epoch is batch N of `Dataset.batches(batch_size)`: positions [N*B, (N+1)*B) of the
-rank's stream, the last step possibly short. Given the ranges a rank skipped
-(`shardcache.states.Skip`, from a run's data states), steps count only the batches
-handed out, as the dataset does, and a skipped sample is reported as skipped.
+rank's stream, the last step possibly short. Given a run's data states
+(`shardcache.states.DataState`, by rank), a rank's stream is the one it read: its
+elastic-resume segments in the epoch they cover (`plans.stream_ranges`), and steps
+count only the batches handed out, its skips passed over as the dataset does; a
+skipped sample is reported as skipped.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
+import types
 from collections.abc import Iterable, Mapping, Sequence
 
 from shardcache import errors, placements, plans, states
+
+#: A run's data states by rank: what each rank skipped and, after an elastic resume,
+#: the segments it reads. Empty: every rank follows the plan (rule 5), nothing skipped.
+States = Mapping[int, states.DataState]
+# Read-only: it is every function's default.
+_NONE: States = types.MappingProxyType({})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,43 +94,85 @@ class Provenance:
 class Sighting:
     """Sample `index` is seen by `rank` at `step` of `epoch`, as row `slot` of the batch;
     or, `skipped`, would have been but the rank skipped it (`step` and `slot` are then
-    where it would have been without the skips)."""
+    where it would have been without the skips); or, `before_resize`, no rank of this
+    world size reads it in `epoch`: the run's states resumed the epoch elastically, and
+    a rank of the earlier world size had consumed it (rank, step and slot are None;
+    `shardcache lineage` follows the earlier ranks)."""
 
     index: int
     epoch: int
-    rank: int
-    step: int
-    slot: int
+    rank: int | None
+    step: int | None
+    slot: int | None
     skipped: bool = False
+    before_resize: bool = False
 
 
-def rank_samples(shard_rows: Sequence[int], query: Query) -> int:
-    lo, hi = plans.rank_bounds(sum(shard_rows), query.params())
-    return hi - lo
+def state_mismatches(digest: str, query: Query, state: states.DataState) -> list[str]:
+    """How the plan `state` was saved under differs from `query`'s (dataset, world
+    size, seed, shuffle, block size, granularity, window), in words: its skips and
+    segments are positions of its own plan, meaningless in another."""
+    ours = states.DataState(digest=digest, params=query.params(), position=0)
+    return states.mismatches(state, ours, ours_name="the inspector", same_rank=False)
 
 
-def _epoch_skips(query: Query, skips: Sequence[states.Skip]) -> list[states.Skip]:
-    return [s for s in skips if s.epoch == query.epoch]
+def _resized(run: States, epoch: int) -> list[int]:
+    """Ranks whose state reads `epoch` as segments (the epoch of an elastic resume)."""
+    return sorted(
+        r
+        for r, s in run.items()
+        if s.params.segments is not None and s.params.segments.epoch == epoch
+    )
 
 
-def handed_out(shard_rows: Sequence[int], query: Query, skips: Sequence[states.Skip] = ()) -> int:
-    """Samples the rank is handed in the epoch: its share less what it skipped."""
-    samples = rank_samples(shard_rows, query)
-    return sum(hi - lo for lo, hi in states.kept(_epoch_skips(query, skips), 0, samples))
+def rank_plan(query: Query, run: States = _NONE) -> plans.PlanParams:
+    """`query.rank`'s plan in `query.epoch`, with the segments its state carries."""
+    params = query.params()
+    state = run.get(query.rank)
+    if state is not None:
+        return dataclasses.replace(params, segments=state.params.segments)
+    resized = _resized(run, query.epoch)
+    if resized:
+        # Every rank of a resumed world size reads segments in that epoch; without the
+        # rank's own state its rule-5 range would be rows it never reads.
+        raise errors.InputError(
+            f"rank {query.rank}'s stream in epoch {query.epoch} is not known: the data "
+            f"states of ranks {resized} read that epoch as segments (an elastic resume "
+            f"to world size {query.world_size}), so rank {query.rank} does too: give "
+            f"rank {query.rank}'s data state as well"
+        )
+    return params
 
 
-def step_count(shard_rows: Sequence[int], query: Query, skips: Sequence[states.Skip] = ()) -> int:
+def rank_samples(shard_rows: Sequence[int], query: Query, run: States = _NONE) -> int:
+    return plans.rank_samples(sum(shard_rows), rank_plan(query, run))
+
+
+def _epoch_skips(query: Query, run: States) -> list[states.Skip]:
+    state = run.get(query.rank)
+    return state.skips_in(query.epoch) if state is not None else []
+
+
+def handed_out(shard_rows: Sequence[int], query: Query, run: States = _NONE) -> int:
+    """Samples the rank is handed in the epoch: its stream less what it skipped."""
+    samples = rank_samples(shard_rows, query, run)
+    return sum(hi - lo for lo, hi in states.kept(_epoch_skips(query, run), 0, samples))
+
+
+def step_count(shard_rows: Sequence[int], query: Query, run: States = _NONE) -> int:
     """Steps (batches, the last maybe short) the rank takes in the epoch."""
-    return -(-handed_out(shard_rows, query, skips) // query.batch_size)
+    return -(-handed_out(shard_rows, query, run) // query.batch_size)
 
 
 def step_rows(
-    shard_rows: Sequence[int], digest: str, query: Query, skips: Sequence[states.Skip] = ()
+    shard_rows: Sequence[int], digest: str, query: Query, run: States = _NONE
 ) -> list[Provenance]:
-    """The samples of `query.step`, in the order the batch holds them; `skips` are the
-    rank's (any epoch), passed over as the dataset does."""
-    samples = rank_samples(shard_rows, query)
-    handed = handed_out(shard_rows, query, skips)
+    """The samples of `query.step`, in the order the batch holds them, along the rank's
+    stream as `run` (the run's states, by rank) recorded it."""
+    params = rank_plan(query, run)
+    samples = plans.rank_samples(sum(shard_rows), params)
+    skips = _epoch_skips(query, run)
+    handed = sum(hi - lo for lo, hi in states.kept(skips, 0, samples))
     steps = -(-handed // query.batch_size)
     if query.step >= steps:
         raise errors.InputError(
@@ -128,11 +181,10 @@ def step_rows(
             f", world size {query.world_size})"
         )
     offsets = plans.shard_offsets(shard_rows)
-    params = query.params()
     out: list[Provenance] = []
     first = query.step * query.batch_size
     count = min(query.batch_size, handed - first)
-    for start, stop in states.positions_of(_epoch_skips(query, skips), samples, first, count):
+    for start, stop in states.positions_of(skips, samples, first, count):
         position = start
         for lo, hi in placements.index_ranges(shard_rows, digest, params, start, stop):
             for index in range(lo, hi):
@@ -142,17 +194,49 @@ def step_rows(
     return out
 
 
+@dataclasses.dataclass(frozen=True, order=True)
+class _Piece:
+    """Global-sequence positions [lo, hi) of the epoch, read by `rank` from stream
+    position `position` on."""
+
+    lo: int
+    hi: int
+    rank: int
+    position: int
+
+
+def _coverage(total: int, query: Query, run: States) -> list[_Piece]:
+    """Who reads each position of `query.epoch`'s global sequence, sorted: every
+    rank's rule-5 range, or in the epoch of an elastic resume its segments (which
+    leave out what the earlier ranks had consumed)."""
+    out: list[_Piece] = []
+    for rank in range(query.world_size):
+        pos = 0
+        for lo, hi in plans.stream_ranges(total, rank_plan(query.replace(rank=rank), run)):
+            out.append(_Piece(lo, hi, rank, pos))
+            pos += hi - lo
+    out.sort()
+    for a, b in itertools.pairwise(out):
+        if b.lo < a.hi:
+            raise errors.InputError(
+                f"the data states are not of one run: in epoch {query.epoch}, ranks {a.rank} "
+                f"and {b.rank} both read position {b.lo} of the global sequence"
+            )
+    return out
+
+
 def sightings(
     shard_rows: Sequence[int],
     digest: str,
     query: Query,
     indices: Iterable[int],
-    skips: Mapping[int, Sequence[states.Skip]] | None = None,
+    run: States = _NONE,
 ) -> list[Sighting]:
     """Where each dataset-wide sample index is seen in `query.epoch`, for every rank of
-    `query.world_size` at `query.batch_size` (`query.rank` and `query.step` are ignored).
-    Every sample is seen exactly once per epoch, or skipped by its rank (`skips`, per
-    rank)."""
+    `query.world_size` at `query.batch_size` (`query.rank` and `query.step` are ignored),
+    along the streams `run` (the run's states, by rank) recorded. Every sample is seen
+    exactly once per epoch, or skipped by its rank, or, in the epoch of an elastic
+    resume, consumed before it."""
     total = sum(shard_rows)
     wanted = sorted(set(indices))
     for index in wanted:
@@ -160,25 +244,24 @@ def sightings(
             raise errors.InputError(
                 f"sample index {index} is out of range: the dataset has {total} samples"
             )
-    w = query.world_size
+    pieces = _coverage(total, query, run)
+    starts = [p.lo for p in pieces]
     found: list[Sighting] = []
     for index, pos in placements.global_positions(shard_rows, digest, query.params(), wanted):
-        # Rank r reads [floor(N*r/W), floor(N*(r+1)/W)): start from the estimate and
-        # correct for the flooring.
-        rank = min(pos * w // total, w - 1)
-        while total * rank // w > pos:
-            rank -= 1
-        while total * (rank + 1) // w <= pos:
-            rank += 1
-        in_rank = pos - total * rank // w
-        mine = [s for s in (skips or {}).get(rank, ()) if s.epoch == query.epoch]
+        i = bisect.bisect_right(starts, pos) - 1
+        if i < 0 or pos >= pieces[i].hi:
+            found.append(Sighting(index, query.epoch, None, None, None, before_resize=True))
+            continue
+        piece = pieces[i]
+        in_rank = piece.position + pos - piece.lo
+        mine = _epoch_skips(query.replace(rank=piece.rank), run)
         skipped = states.is_skipped(mine, in_rank)
         handed = in_rank if skipped else in_rank - states.skipped_before(mine, in_rank)
         found.append(
             Sighting(
                 index=index,
                 epoch=query.epoch,
-                rank=rank,
+                rank=piece.rank,
                 step=handed // query.batch_size,
                 slot=handed % query.batch_size,
                 skipped=skipped,

@@ -11,13 +11,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 
-from shardcache import datasets, errors, manifests, plans, provider, states
+from shardcache import datasets, errors, manifests, plans, provider
 from shardcache.inspect import locate, predicate, render, stats
 
 
@@ -143,18 +143,32 @@ class Inspector:
     def steps(self, query: locate.Query) -> int:
         return locate.step_count(self.manifest.shard_rows, query)
 
+    def check_run(self, query: locate.Query, run: locate.States) -> None:
+        """Refuse states saved under another dataset or plan than `query`'s: their
+        positions would pick the wrong rows."""
+        for rank, state in sorted(run.items()):
+            differ = locate.state_mismatches(self.manifest.digest, query, state)
+            if differ:
+                raise errors.StateMismatchError(
+                    f"the data state of rank {rank} is of another dataset or plan "
+                    f"({'; '.join(differ)})"
+                )
+
     def step(
         self,
         query: locate.Query,
         columns: Sequence[str] | None = None,
         *,
-        skips: Sequence[states.Skip] = (),
+        run: locate.States | None = None,
     ) -> StepView:
-        """The samples of a step; `skips` (the rank's) are passed over as the dataset
-        does, so step N is the N-th batch the rank was handed."""
+        """The samples of a step along the rank's stream as the run's data states
+        (`run`, by rank) recorded it: its segments after an elastic resume, its skips
+        passed over as the dataset does, so step N is the N-th batch it was handed."""
+        run = run or {}
+        self.check_run(query, run)
         names = self.columns(columns)
         m = self.manifest
-        prov = locate.step_rows(m.shard_rows, m.digest, query, skips)
+        prov = locate.step_rows(m.shard_rows, m.digest, query, run)
         pieces: list[pa.RecordBatch] = []
         i = 0
         while i < len(prov):
@@ -171,8 +185,8 @@ class Inspector:
         batch = pa.concat_batches(pieces) if len(pieces) > 1 else pieces[0]
         return StepView(
             query=query,
-            steps=locate.step_count(m.shard_rows, query, skips),
-            rank_samples=locate.rank_samples(m.shard_rows, query),
+            steps=locate.step_count(m.shard_rows, query, run),
+            rank_samples=locate.rank_samples(m.shard_rows, query, run),
             provenance=prov,
             batch=batch,
         )
@@ -184,23 +198,26 @@ class Inspector:
         *,
         epochs: int = 1,
         limit: int = 100,
-        skips: Mapping[int, Sequence[states.Skip]] | None = None,
+        run: locate.States | None = None,
         max_rows: int | None = None,
     ) -> WhereResult:
         """Samples matching `expression`, and at which (epoch, rank, step) each is seen in
         `epochs` epochs from `query.epoch` at `query`'s world size and batch size; with
-        `skips` (per rank), a sample its rank skipped is marked so.
+        the run's data states (`run`, by rank), along the streams they recorded, and a
+        sample its rank skipped is marked so.
 
         `max_rows` bounds the rows scanned (a served inspector's cost per request); past
         it the result is truncated like one past `limit`."""
         if epochs < 1:
             raise errors.InputError(f"epochs must be >= 1, got {epochs}")
+        run = run or {}
+        self.check_run(query, run)
         indices, truncated = self.matching(expression, limit=limit, max_rows=max_rows)
         m = self.manifest
         found: list[locate.Sighting] = []
         for epoch in range(query.epoch, query.epoch + epochs):
             found += locate.sightings(
-                m.shard_rows, m.digest, query.replace(epoch=epoch), indices, skips
+                m.shard_rows, m.digest, query.replace(epoch=epoch), indices, run
             )
         found.sort(key=lambda s: (s.index, s.epoch))
         return WhereResult(expression, indices, found, truncated)
@@ -210,6 +227,9 @@ class Inspector:
     ) -> tuple[list[int], bool]:
         """Dataset-wide indices of the first `limit` samples matching `expression`, in
         manifest order (scanning at most `max_rows` rows), and whether more may match."""
+        if limit < 1:
+            # 0 would report "none match, more not shown"; a negative one, no limit.
+            raise errors.InputError(f"limit must be >= 1, got {limit}")
         pred = predicate.parse(expression)
         predicate.check(pred, self.schema)
         m = self.manifest
@@ -360,6 +380,12 @@ def where_text(data: dict[str, Any], query: locate.Query) -> str:
     )
     lines = [head]
     for s in data["sightings"]:
+        if s.get("before_resize"):
+            lines.append(
+                f"  index {s['index']}: epoch {s['epoch']}: consumed before the elastic resume, "
+                "by a rank of the earlier world size (shardcache lineage says which)"
+            )
+            continue
         if s.get("skipped"):
             lines.append(
                 f"  index {s['index']}: epoch {s['epoch']} rank {s['rank']}: skipped, never read"

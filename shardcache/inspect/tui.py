@@ -225,6 +225,9 @@ class InspectApp(App[None]):
 
     def _go_to_match(self) -> None:
         s = self._matches[self._match]
+        if s.rank is None or s.step is None or s.slot is None:
+            # Only a run's states (not taken with --tui) leave a sample without a rank.
+            return
         if self.show(self.current.replace(epoch=s.epoch, rank=s.rank, step=s.step)):
             self.query_one("#samples", DataTable).move_cursor(row=s.slot)
             self._show_detail(s.slot)

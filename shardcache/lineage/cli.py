@@ -67,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise errors.InputError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.where is not None and args.limit < 1:
+        raise errors.InputError(f"--limit must be >= 1, got {args.limit}")
     inspector = session.open_uri(args.uri, mount=args.mount, cache_dir=args.cache_dir)
     try:
         hist = published.history_of(inspector.manifest, args.checkpoint_uri)

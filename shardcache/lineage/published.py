@@ -69,6 +69,17 @@ def chains(fs: pafs.FileSystem, prefix: str) -> dict[int, list[history.Checkpoin
                     f"{where}: checkpoint step {manifest.step} has no data state: lineage "
                     "needs checkpoints committed with data_state=dataset.state_dict()"
                 )
+            mixed = manifest.data_state
+            if isinstance(mixed, dict) and mixed.get("kind") == states.MIXTURE_KIND:
+                # What states.parse says (use one source's state) is no help here: the
+                # checkpoints are the run's, and lineage cannot pick a source for them.
+                raise errors.InputError(
+                    f"{where}: checkpoint step {manifest.step} carries a mixture's data "
+                    f"state (shardcache.mix, sources "
+                    f"{sorted(mixed.get('sources') or {})}), not one "
+                    "dataset's: lineage follows the checkpoints of a run that read one "
+                    "dataset, and does not read a mixture's yet"
+                )
             state = states.parse(manifest.data_state, where=f"{where} data_state")
             if expected is not None and state.rank != expected:
                 raise errors.InputError(

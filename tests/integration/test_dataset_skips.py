@@ -174,18 +174,18 @@ def test_the_inspector_honours_skips_step_n_is_the_nth_batch_handed_out(root: Pa
         ds.skip_batches(2)
         handed += [uid_list(b) for b in ds.batches(BATCH)]
         state = ds.state_dict()
-        skips = ds.skips
+    run = {0: states.parse(state)}
     (root / "state.json").write_text(json.dumps(state))
     inspector = session.open_uri(str(root / "ds"), cache_dir=str(root / "c"))
     try:
         base = locate.Query(world_size=3, seed=5, block_size=16, batch_size=BATCH)
         assert inspector.steps(base) > len(handed)  # without the skips: more steps
         for step, want in enumerate(handed):
-            view = inspector.step(base.replace(step=step), ["uid"], skips=skips)
+            view = inspector.step(base.replace(step=step), ["uid"], run=run)
             assert view.batch.column("uid").to_pylist() == want, f"step {step}"
             assert view.steps == len(handed)
         skipped_uids = set(range(TOTAL)) - {u for b in handed for u in b}
-        found = inspector.where("uid >= 0", base, limit=TOTAL, skips={0: skips})
+        found = inspector.where("uid >= 0", base, limit=TOTAL, run=run)
         marked = {s.index for s in found.sightings if s.skipped}
         assert marked and marked == {s.index for s in found.sightings if s.rank == 0} & skipped_uids
     finally:

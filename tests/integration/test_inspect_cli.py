@@ -185,6 +185,8 @@ def test_where_with_no_match_exits_nonzero(dataset_uri: str, cache_dir: Path) ->
         (["--where", "uid = 3"], "cannot parse --where 'uid = 3'"),
         (["--where", "nope == 3"], "unknown column(s) ['nope'] in --where"),
         (["--batch-size", "0"], "batch size must be >= 1, got 0"),
+        (["--where", "uid == 3", "--limit", "0"], "--limit must be >= 1, got 0"),
+        (["--where", "uid == 3", "--limit", "-1"], "--limit must be >= 1, got -1"),
     ],
 )
 def test_bad_arguments_give_a_clear_error_and_a_nonzero_exit(
@@ -248,3 +250,155 @@ def test_inspecting_does_not_steer_the_prefetcher(dataset_uri: str, tmp_path: Pa
         assert node.upcoming(reader, 10) == []
     finally:
         insp.close()
+
+
+# --- a run's data states (--data-state) ---------------------------------------------
+
+#: `shardcache.open`'s shuffle and the inspector's options for each mode.
+MODES: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "block": ({}, []),
+    "sample": (
+        {"shuffle": "sample", "window": WINDOW},
+        ["--granularity", "sample", "--window", str(WINDOW)],
+    ),
+    "off": ({"shuffle": False}, ["--no-shuffle"]),
+}
+
+
+def uids(batch: pa.RecordBatch) -> list[int]:
+    got: list[int] = batch.column("uid").to_pylist()
+    return got
+
+
+def resumed_run(
+    uri: str, cache: Path, out: Path, options: dict[str, Any]
+) -> tuple[list[Path], dict[int, list[list[int]]], set[int]]:
+    """Epoch 0 of a 3-rank run: each rank reads 3 batches (rank 1 skips 1 after its
+    first); then 2 ranks resume from all three states (an elastic resume) and read the
+    epoch out, new rank 0 skipping 2 batches after its third. Each new rank's state
+    file at the end, the batches each was handed, and the uids the old ranks read."""
+    old, consumed = [], set()
+    for rank in range(WORLD):
+        with shardcache.open(
+            uri, cache_dir=cache, seed=SEED, rank=rank, world_size=WORLD, block_size=BLOCK,
+            **options,
+        ) as ds:  # fmt: skip
+            batches = ds.batches(BATCH)
+            for i in range(3):
+                consumed.update(uids(next(batches)))
+                if rank == 1 and i == 0:
+                    ds.skip_batches(1)
+            old.append(ds.state_dict())
+            batches.close()
+    paths, handed = [], {}
+    for rank in range(2):
+        with shardcache.open(
+            uri, cache_dir=cache, seed=SEED, rank=rank, world_size=2, block_size=BLOCK,
+            **options,
+        ) as ds:  # fmt: skip
+            ds.load_state_dict(old)
+            got: list[list[int]] = []
+            for batch in ds.batches(BATCH):
+                got.append(uids(batch))
+                if rank == 0 and len(got) == 3:
+                    ds.skip_batches(2)
+            handed[rank] = got
+            paths.append(out / f"state-{rank}.json")
+            paths[-1].write_text(json.dumps(ds.state_dict()))
+    return paths, handed, consumed
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_data_states_of_an_elastic_resume_show_what_the_resumed_ranks_read(
+    dataset_uri: str, cache_dir: Path, tmp_path: Path, mode: str
+) -> None:
+    options, mode_args = MODES[mode]
+    paths, handed, consumed = resumed_run(dataset_uri, cache_dir, tmp_path, options)
+    state_args = [a for p in paths for a in ("--data-state", str(p))]
+    args = [*plan_args(world_size=2), *mode_args, *state_args, "--columns", "uid"]
+    for rank, step in [(0, 0), (0, 3), (1, len(handed[1]) - 1)]:
+        proc = inspect(dataset_uri, cache_dir, "--json", "--rank", str(rank), "--step",
+                       str(step), *args)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        data = json.loads(proc.stdout)
+        got = [s["values"]["uid"]["value"] for s in data["samples"]]
+        assert (got, data["steps"]) == (handed[rank][step], len(handed[rank])), (rank, step)
+    proc = inspect(dataset_uri, cache_dir, "--json", "--where", "uid >= 0", "--limit", "1000",
+                   *args)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)["sightings"]
+    read = {
+        (s["rank"], s["step"], s["slot"]): s["index"]
+        for s in found
+        if not (s["skipped"] or s["before_resize"])
+    }
+    assert {
+        (rank, step, slot): uid
+        for rank, batches in handed.items()
+        for step, batch in enumerate(batches)
+        for slot, uid in enumerate(batch)
+    } == read
+    before = {s["index"] for s in found if s["before_resize"]}
+    skipped = {s["index"] for s in found if s["skipped"]}
+    # Before the resize: what the old ranks read, and the batch old rank 1 skipped.
+    assert consumed <= before and len(before - consumed) == BATCH
+    assert len(skipped) == 2 * BATCH  # new rank 0's 2 batches
+    assert len(before) + len(skipped) + len(read) == len(found) == sum(inspect_data.SHARD_ROWS)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--world-size", "2"], "world_size: state has 3, the inspector has 2"),
+        (["--seed", "12"], f"seed: state has {SEED}, the inspector has 12"),
+        (["--no-shuffle"], "shuffle: state has True, the inspector has False"),
+        (["--granularity", "sample"], "granularity: state has 'block', the inspector has 'sample'"),
+    ],
+)
+def test_a_data_state_of_another_plan_is_refused_naming_both_values(
+    dataset_uri: str, cache_dir: Path, tmp_path: Path, args: list[str], named: str
+) -> None:
+    with shardcache.open(
+        dataset_uri, cache_dir=cache_dir, seed=SEED, rank=0, world_size=WORLD, block_size=BLOCK
+    ) as ds:
+        ds.skip_batches(1, batch_size=BATCH)
+        (tmp_path / "state.json").write_text(json.dumps(ds.state_dict()))
+    proc = inspect(dataset_uri, cache_dir, *plan_args(), *args, "--data-state",
+                   str(tmp_path / "state.json"))  # fmt: skip
+    assert proc.returncode == 2, proc.stdout
+    assert named in proc.stderr and "state.json" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_a_data_state_of_another_dataset_is_refused_naming_both_digests(
+    dataset_uri: str, cache_dir: Path, tmp_path: Path
+) -> None:
+    other = inspect_data.write(tmp_path / "other", (30, 30)).as_uri()
+    with shardcache.open(
+        other, cache_dir=cache_dir, seed=SEED, rank=0, world_size=WORLD, block_size=BLOCK
+    ) as ds:
+        ds.skip_batches(1, batch_size=BATCH)
+        (tmp_path / "state.json").write_text(json.dumps(ds.state_dict()))
+        theirs = ds.manifest.digest
+    proc = inspect(dataset_uri, cache_dir, *plan_args(), "--data-state",
+                   str(tmp_path / "state.json"))  # fmt: skip
+    assert proc.returncode == 2, proc.stdout
+    assert f"digest: state has '{theirs}', the inspector has 'sha256:" in proc.stderr
+
+
+def test_a_mixtures_state_is_refused_pointing_at_its_sources_states(
+    dataset_uri: str, cache_dir: Path, tmp_path: Path
+) -> None:
+    a = shardcache.open(dataset_uri, cache_dir=cache_dir, seed=SEED, block_size=BLOCK)
+    b = shardcache.open(dataset_uri, cache_dir=cache_dir, seed=SEED + 1, block_size=BLOCK)
+    with shardcache.mix({"web": a, "code": b}, weights={"web": 1, "code": 1}, seed=0) as mixed:
+        batches = mixed.batches(BATCH)
+        next(batches)
+        state = mixed.state_dict()
+        batches.close()
+    (tmp_path / "mix.json").write_text(json.dumps(state))
+    proc = inspect(dataset_uri, cache_dir, "--seed", str(SEED), "--block-size", str(BLOCK),
+                   "--data-state", str(tmp_path / "mix.json"))  # fmt: skip
+    assert proc.returncode == 2, proc.stdout
+    assert "this is a mixture's state (shardcache.mix, sources ['code', 'web'])" in proc.stderr
+    assert "state['sources']['code']" in proc.stderr and "lacks" not in proc.stderr

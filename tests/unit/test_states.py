@@ -153,3 +153,31 @@ def test_plan_params_come_back_as_saved() -> None:
         seed=7, epoch=1, rank=1, world_size=2, shuffle=False, block_size=8,
         segments=streams.Segments(1, ((0, 30), (50, 60))),
     )  # fmt: skip
+
+
+def test_a_mixtures_state_is_named_and_points_at_its_sources_states() -> None:
+    mixed: dict[str, Any] = {"version": 1, "kind": "mixture", "seed": 0, "step": 6, "batch_size": 4,
+             "weights": [[0, {"a": 1.0, "b": 1.0}]], "sources": {"b": state(), "a": state()}}  # fmt: skip
+    with pytest.raises(errors.StateMismatchError) as info:
+        states.parse(mixed, where="--data-state m.json")
+    message = str(info.value)
+    assert message.startswith("--data-state m.json: this is a mixture's state")
+    assert "sources ['a', 'b']" in message and "state['sources']['a']" in message
+    assert "lacks" not in message
+    # What it points at is a state the tools read.
+    assert states.parse(mixed["sources"]["a"]).position == 40
+
+
+def test_a_state_lacking_keys_names_each_once() -> None:
+    with pytest.raises(errors.StateMismatchError) as info:
+        states.parse({"version": 3}, where="s.json")
+    missing = re.search(r"lacks (\[.*\])", str(info.value))
+    assert missing is not None
+    names = json.loads(missing.group(1).replace("'", '"'))
+    assert len(names) == len(set(names)) and "digest" in names and "seed" in names
+
+
+def test_a_bad_segments_field_is_prefixed_with_where_once() -> None:
+    with pytest.raises(errors.StateMismatchError) as info:
+        states.parse(state(segments={"epoch": 1, "ranges": "bad"}), where="--data-state s.json")
+    assert str(info.value) == ("--data-state s.json: segments: ranges must be a list, found 'bad'")

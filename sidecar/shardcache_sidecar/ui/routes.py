@@ -12,8 +12,9 @@
                               read the matches; ?consumed=STEP: what that checkpoint
                               consumed (only with a run's checkpoint URI configured)
 
-With a run's checkpoint URI, the step and where views honour the skips its ranks
-recorded, whenever the view's plan is the run's.
+With a run's checkpoint URI, the step and where views follow the streams its ranks
+recorded (their skips, and after an elastic resume their segments), whenever the
+view's plan (world size included) is one the run had.
 
 Reading shards may block on a cold fetch, so the inspector runs in a small executor of
 its own. Bad input is a 400 with a JSON message; the server keeps serving.
@@ -40,7 +41,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from shardcache import errors, plans, states
+from shardcache import errors, plans
 from shardcache.inspect import images, locate, render, session
 from shardcache.lineage import history, published, queries
 
@@ -214,8 +215,7 @@ class _UI:
                     f"{query.batch_size} rows x {width} columns is over the inspector's limit "
                     f"of {MAX_CELLS} cells per answer: ask for fewer rows or columns"
                 )
-            skips = self.run_skips(insp, query).get(query.rank, ())
-            view = insp.step(query, columns, skips=skips)
+            view = insp.step(query, columns, run=self.run_states(insp, query))
             data = session.step_json(view, insp.manifest, options=PAGE_OPTIONS, decode=self.decode)
             for sample in data["samples"]:
                 p = sample["provenance"]
@@ -277,7 +277,7 @@ class _UI:
                 query,
                 epochs=epochs,
                 limit=WHERE_LIMIT,
-                skips=self.run_skips(insp, query),
+                run=self.run_states(insp, query),
                 max_rows=WHERE_SCAN_ROWS,
             )
             return session.where_json(result)
@@ -315,16 +315,11 @@ class _UI:
         self.run_window = hist.params.window
         return hist
 
-    def run_skips(
-        self, insp: session.Inspector, query: locate.Query
-    ) -> dict[int, tuple[states.Skip, ...]]:
-        """The run's skips per rank, when `query` views the run's plan; else none."""
+    def run_states(self, insp: session.Inspector, query: locate.Query) -> locate.States:
+        """The followed run's newest data states by rank, of the world size and plan
+        `query` views (`run_states`); none without a run or for another plan."""
         hist = self.history(insp)
-        if hist is None:
-            return {}
-        if _plan_key(hist.params) != _plan_key(query.params()):
-            return {}
-        return {r: hist.skips(r) for r in hist.chains}
+        return {} if hist is None else run_states(hist, query)
 
     async def _answer(self, work: Callable[[], dict[str, Any]]) -> web.StreamResponse:
         try:
@@ -354,6 +349,22 @@ def _error(status: int, message: str) -> web.Response:
 def _file(name: str, content_type: str) -> web.Response:
     data = importlib.resources.files(__package__).joinpath("static", name).read_bytes()
     return web.Response(body=data, content_type=content_type, headers=_HEADERS)
+
+
+def run_states(hist: history.History, query: locate.Query) -> locate.States:
+    """Each rank's newest data state (its skips, and its segments after an elastic
+    resume) in the generation of `hist` whose plan `query` views, so a step is what
+    that rank was handed; none when no generation has that plan.
+
+    A run that went back to an earlier world size (4 -> 2 -> 4) has two generations
+    of one plan: the view's epoch picks the latest that had started by then."""
+    key = _plan_key(query.params())
+    same = [g for g in hist.generations if _plan_key(g.params) == key]
+    if not same:
+        return {}
+    started = [g for g in same if g.start_epoch <= query.epoch]
+    gen = started[-1] if started else same[0]
+    return {rank: chain[-1].state for rank, chain in gen.chains.items() if chain}
 
 
 def _plan_key(p: plans.PlanParams) -> tuple[object, ...]:

@@ -159,6 +159,15 @@ async function find(event) {
     const data = await getJSON("/ui/api/where", params);
     if (!data.sightings.length) list.append(el("li", {}, `no sample matches ${data.expression}`));
     for (const s of data.sightings) {
+      if (s.before_resize) {
+        // No rank of this world size reads it in that epoch: the run's earlier one did.
+        list.append(el("li", {}, `sample ${s.index}: epoch ${s.epoch}: consumed before the elastic resume (the lineage view says by whom)`));
+        continue;
+      }
+      if (s.skipped) {
+        list.append(el("li", {}, `sample ${s.index}: epoch ${s.epoch}, rank ${s.rank}: skipped, never read`));
+        continue;
+      }
       const link = el("a", { href: "#" }, `sample ${s.index}: epoch ${s.epoch}, rank ${s.rank}, step ${s.step}`);
       link.addEventListener("click", (e) => {
         e.preventDefault();
