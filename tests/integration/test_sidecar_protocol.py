@@ -523,6 +523,12 @@ def test_a_live_reader_dropped_by_mistake_registers_again_and_reads_on_exactly(
     waiting.wait_until("the reader to be dropped", lambda: dropped_dead(sidecar))
     got += [u for b in batches for u in b.column("uid").to_pylist()]
     assert sorted(got) == list(range(sum(SHARDS)))
+    # The batches' notes go on the notifier's thread: the first one after the drop
+    # registers the reader again, maybe after the last batch was handed over.
+    waiting.wait_until(
+        "the reader to register again",
+        lambda: len(sidecar.control("GET", protocol.STATUS)[1]["readers"]) == 1,
+    )
     (reader,) = sidecar.control("GET", protocol.STATUS)[1]["readers"]
     assert reader[protocol.READER_LOCK_FIELD] is True  # with a new lock file
     assert lock.exists()
