@@ -4,7 +4,7 @@
 * `SourceError`: the object store failed; it was retried with backoff already and a
   later retry may succeed.
 * `CacheError`: the node cache cannot serve a request (limits, corruption that could
-  not be repaired).
+  not be repaired, a shard not resident within the acquire's timeout).
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ class SourceError(ShardcacheError, IOError):
 
 class CacheError(ShardcacheError, RuntimeError):
     """The node cache cannot serve the request."""
+
+
+class AcquireTimeoutError(CacheError, TimeoutError):
+    """A shard was not resident within the acquire's timeout. The message names the
+    shard and what it waited on (a fetch in flight since when, room in the memory
+    tier, ...). A `TimeoutError` too, for callers that catch timeouts of any origin."""
 
 
 class SidecarUnavailableError(ShardcacheError, ConnectionError):

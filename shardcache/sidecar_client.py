@@ -322,6 +322,16 @@ class _Notifier:
             thread.join()
 
 
+def _totals(meter: stalls.StallMeter) -> protocol.Stalls:
+    """A meter's totals as notes carry them (`FEATURE_STALLS`)."""
+    return protocol.Stalls(
+        wait_seconds=meter.wait_seconds,
+        step_seconds=meter.step_seconds,
+        batches=meter.batches,
+        recent_fraction=min(1.0, max(0.0, meter.recent_fraction)),
+    )
+
+
 class SidecarProvider:
     """`ShardProvider` backed by the pod's sidecar. Thread-safe."""
 
@@ -343,6 +353,9 @@ class SidecarProvider:
         self._notes_sent = 0.0  # time.monotonic() of the last batch (on the notifier)
         #: time.monotonic() of each reader's last stall report (`note_stalls`).
         self._stalls_noted: dict[str, float] = {}
+        #: Each reader's stall meter, from `note_stalls`: its final totals go to the
+        #: sidecar when the reader closes (`close_reader`).
+        self._meters: dict[str, stalls.StallMeter] = {}
         #: Each open reader's lock (`reader_locks`): the sidecar drops the reader once
         #: nobody holds it, when this process dies. Taken and let go under their own
         #: mutex: the provider's lock is on the read path, this is file I/O.
@@ -613,6 +626,7 @@ class SidecarProvider:
         A fresh lock first: another thread of the parent may have held it at the fork."""
         self._lock = threading.Lock()
         ahead, self._ahead, self._notes = self._ahead, {}, {}
+        self._meters = {}  # the parent's loops, not this process's
         for pins in ahead.values():
             for pinned in pins.values():
                 pinned.release()  # closes this process's descriptor; no unlock
@@ -669,19 +683,14 @@ class SidecarProvider:
     def note_stalls(self, reader_id: str, meter: stalls.StallMeter) -> None:
         """Put the reader's stall totals in its next batch of notes, at most every
         `STALLS_INTERVAL` seconds (called after every batch: one clock read otherwise)."""
+        self._meters[reader_id] = meter
         now = time.monotonic()
         if now - self._stalls_noted.get(reader_id, 0.0) < STALLS_INTERVAL:
             return
         self._stalls_noted[reader_id] = now
         if not self._has(protocol.FEATURE_STALLS):
             return  # an older sidecar: nothing exports them there
-        totals = protocol.Stalls(
-            wait_seconds=meter.wait_seconds,
-            step_seconds=meter.step_seconds,
-            batches=meter.batches,
-            recent_fraction=min(1.0, max(0.0, meter.recent_fraction)),
-        )
-        self._note(reader_id, stalls=totals)
+        self._note(reader_id, stalls=_totals(meter))
 
     def _note(
         self,
@@ -818,6 +827,16 @@ class SidecarProvider:
 
     def close_reader(self, reader_id: str) -> None:
         with self._lock:
+            meter = self._meters.pop(reader_id, None)
+            registered = reader_id in self._readers
+        if meter is not None and registered and self._has(protocol.FEATURE_STALLS):
+            # The loop's last totals, sent while the reader is still registered (notes
+            # of a closed reader are dropped): reports go at most once a second, so
+            # without this the sidecar's counters lost up to a second of every reader,
+            # and all of one that read for less.
+            self._note(reader_id, stalls=_totals(meter))
+            self._notifier.flush(self.settings.request_timeout)
+        with self._lock:
             state = self._readers.pop(reader_id, None)
             ahead = self._ahead.pop(reader_id, {})
             self._stalls_noted.pop(reader_id, None)
@@ -840,11 +859,12 @@ class SidecarProvider:
         self._release_reader_lock(reader_id)
 
     def close(self) -> None:
-        self._notifier.close()
         with self._lock:
             reader_ids = list(self._readers)
+        # Readers first: closing one sends its last notes on the notifier.
         for reader_id in reader_ids:
             self.close_reader(reader_id)
+        self._notifier.close()
         self._transport.close()
 
     def flush(self, timeout: float | None = None) -> bool:

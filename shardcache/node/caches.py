@@ -110,6 +110,36 @@ class NodeObserver(tiers.TierObserver, Protocol):
     def fetch_failed(self, shard: int, error: BaseException) -> None: ...
 
 
+#: Where an attempt to make a shard resident is (`_Attempt.stage`), and what that means
+#: to a person reading a timeout or /v1/status: what the shard waits on.
+STAGES = {
+    "slot": "waiting for a fetch slot (every one is busy with another shard)",
+    "disk": "reading its source bytes from the node disk tier (or waiting while another "
+    "process fetches them into it)",
+    "fetch": "fetching its source bytes from the store",
+    "decode_budget": "waiting for memory to decode it in (other decodes hold the budget)",
+    "decode": "decoding it",
+    "insert": "writing it to the memory tier",
+    "room": "waiting for room in the memory tier (readers lease what fills it)",
+}
+
+
+def _clock(wall: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchFailure:
+    """The last shard fetch that failed after its retries (`NodeStats.last_fetch_error`):
+    a count alone says something broke, not which shard or why."""
+
+    shard: int
+    path: str
+    error: str
+    #: When, UTC (ISO 8601).
+    at: str
+
+
 @dataclasses.dataclass
 class NodeStats:
     disk_resident_bytes: int = 0
@@ -125,6 +155,7 @@ class NodeStats:
     fetched_bytes: int = 0
     fetch_seconds: float = 0.0
     fetch_failures: int = 0
+    last_fetch_error: FetchFailure | None = None
     hits: dict[str, int] = dataclasses.field(default_factory=lambda: {"disk": 0, "memory": 0})
     misses: dict[str, int] = dataclasses.field(default_factory=lambda: {"disk": 0, "memory": 0})
     evictions: dict[str, int] = dataclasses.field(default_factory=lambda: {"disk": 0, "memory": 0})
@@ -137,10 +168,12 @@ class NodeStats:
 class _Counting:
     """Keeps NodeStats and forwards every event to an outer observer (metrics)."""
 
-    def __init__(self, outer: NodeObserver | None) -> None:
+    def __init__(self, outer: NodeObserver | None, paths: Sequence[str] = ()) -> None:
         self.stats = NodeStats()
         self._outer = outer
         self._lock = threading.Lock()
+        #: Each shard's path in the manifest, to name a failed one.
+        self._paths = paths
 
     def forked(self) -> None:
         """In a forked child: a lock of its own (a parent's thread may have held it)."""
@@ -191,8 +224,11 @@ class _Counting:
             self._outer.fetched(nbytes, seconds)
 
     def fetch_failed(self, shard: int, error: BaseException) -> None:
+        path = self._paths[shard] if 0 <= shard < len(self._paths) else ""
+        failure = FetchFailure(shard, path, str(error), _clock(time.time()))
         with self._lock:
             self.stats.fetch_failures += 1
+            self.stats.last_fetch_error = failure
         if self._outer:
             self._outer.fetch_failed(shard, error)
 
@@ -242,15 +278,66 @@ class _Attempt:
     it and a waiter's lookup, another reader's acquire could evict it, and the waiter
     then fetched and decoded it again. `wanting` counts the waiters still waiting (one
     that gave up takes itself off, or, once `settled`, the lease left for it);
-    `leases` are the ones left for them. Both change under the node's lock."""
+    `leases` are the ones left for them. Both change under the node's lock.
 
-    __slots__ = ("done", "leases", "settled", "wanting")
+    `why` began it and `stage` (a key of `STAGES`, since `stage_at`) is where it is:
+    what an acquire that times out on it, and /v1/status, say it waits on. Written by
+    the one thread running the attempt, read by anyone without the lock (each a single
+    assignment)."""
 
-    def __init__(self) -> None:
+    __slots__ = (
+        "done",
+        "leases",
+        "settled",
+        "stage",
+        "stage_at",
+        "stage_wall",
+        "started",
+        "started_wall",
+        "wanting",
+        "why",
+    )
+
+    def __init__(self, why: str) -> None:
         self.done: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.wanting = 0
         self.leases: list[tiers.Entry] = []
         self.settled = False
+        self.why = why
+        self.started = self.stage_at = time.monotonic()
+        self.started_wall = self.stage_wall = time.time()
+        self.stage = "slot"
+
+    def at(self, stage: str) -> None:
+        if stage != self.stage:
+            self.stage_at, self.stage_wall = time.monotonic(), time.time()
+            self.stage = stage
+
+    def to_json(self) -> dict[str, object]:
+        """What /v1/status shows of it."""
+        now = time.monotonic()
+        return {
+            "why": self.why,
+            "started": _clock(self.started_wall),
+            "seconds": round(now - self.started, 3),
+            "stage": self.stage,
+            "stage_since": _clock(self.stage_wall),
+            "stage_seconds": round(now - self.stage_at, 3),
+            "waiting_acquires": self.wanting,
+        }
+
+
+def _no_progress(stage: str) -> None:
+    """Where a load not run for an attempt tells its stages: nowhere."""
+
+
+class _Waited(Exception):
+    """An acquire's wait for `attempt` ended at its deadline (`_await_attempt`); the
+    acquire says what it waited on."""
+
+    def __init__(self, attempt: _Attempt) -> None:
+        super().__init__()
+        self.attempt = attempt
 
 
 class CacheNode:
@@ -268,7 +355,7 @@ class CacheNode:
         if filesystem is None:
             filesystem, _ = source.filesystem(manifest.root, storage_options=storage_options)
         self._fs = filesystem
-        self._events = _Counting(observer)
+        self._events = _Counting(observer, [s.path for s in manifest.shards])
         self.disk = tiers.Tier(
             settings.disk_dir,
             limit_bytes=settings.disk_limit,
@@ -466,29 +553,54 @@ class CacheNode:
         *,
         timeout: float | None = None,
         beside: Sequence[tiers.Entry] = (),
+        count: bool = True,
+        missed: bool = False,
     ) -> tiers.Entry:
         """Block until `shard` is resident in the memory tier; return a lease on it.
+
+        `timeout`: seconds to wait at most, whatever it waits on (a fetch that never
+        returns included), then AcquireTimeoutError saying what that was; None waits
+        for good (and fetches in the calling thread).
 
         `beside`: memory-tier leases the caller keeps holding while it waits. If the
         shard does not fit beside them, RoomHeldError is raised at once: only the
         caller could free that room, so waiting for it would time out.
+
+        `count`: a reader's lookup, counted in the memory tier's statistics: a hit for
+        every shard handed over, and a miss when the shard was not resident at first
+        (one per acquire, however often it looks again). False for a caller that is
+        no reader (the sidecar's warm-up). `missed`: the caller's own `lookup` of the
+        shard missed and counted it; this acquire counts no miss of its own.
         """
         self._check_index(shard)
         deadline = None if timeout is None else time.monotonic() + timeout
         key = self.manifest.decoded_key(shard)
         held = sum(e.size for e in beside if e.leased)
+        missed = missed or not count
         for _ in range(8):
-            entry = self.memory.lookup(key)
+            entry = self.memory.lookup(key, count=False)
             if entry is not None:
+                if count:
+                    self._events.hit(self.memory.name)
                 return entry
+            if not missed:
+                missed = True
+                self._events.miss(self.memory.name)
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            _, entry = self._materialize(shard, why="acquire", wait=remaining, held=held)
+            try:
+                _, entry = self._materialize(shard, why="acquire", wait=remaining, held=held)
+            except _Waited as waited:
+                assert timeout is not None  # only a bounded wait ends so
+                raise errors.AcquireTimeoutError(
+                    self._timed_out(shard, waited.attempt, timeout)
+                ) from None
             if entry is not None:
                 # Leased from its insert on: between an insert that let go of it and a
                 # lookup here, another reader's acquire could evict it (a tight tier then
                 # failed with the error below). Counted as the hit the lookup was: memory
                 # hits count every shard handed to a reader.
-                self._events.hit(self.memory.name)
+                if count:
+                    self._events.hit(self.memory.name)
                 return entry
         raise errors.CacheError(
             f"shard {shard} ({self.manifest.shards[shard].path}) was evicted from the memory "
@@ -496,17 +608,60 @@ class CacheNode:
             f"({self.settings.memory_limit} bytes) is too small for the readers on this node"
         )
 
+    def _timed_out(self, shard: int, attempt: _Attempt, timeout: float) -> str:
+        """Why an acquire of `shard` gave up after `timeout` seconds: where the attempt
+        it waited on is, since when, and what that means."""
+        now = time.monotonic()
+        stage = attempt.stage
+        words = [
+            f"shard {shard} ({self.manifest.shards[shard].path}) is not resident after the "
+            f"acquire timeout of {timeout:g} s: {STAGES.get(stage, stage)} since "
+            f"{_clock(attempt.stage_wall)} ({now - attempt.stage_at:.1f} s)"
+        ]
+        if stage == "room":
+            limit = self.settings.memory_limit
+            words.append(
+                f"; the memory tier holds {self.memory.resident_bytes()} of its {limit} "
+                f"bytes, {self.memory.leased_bytes()} of them leased by readers (never "
+                f"evicted): raise the memory limit ({variables.MEMORY_LIMIT.env}; a "
+                "DatasetMount's spec.cache.memory) or lower the prefetch depth"
+            )
+        elif stage == "fetch":
+            words.append(
+                f"; the fetch from {uris.redact(self.manifest.root)} has not finished (a "
+                "slow store, or one that took the request and never answers)"
+            )
+        words.append(
+            f". The attempt began {now - attempt.started:.1f} s ago, at "
+            f"{_clock(attempt.started_wall)}, for {attempt.why}, and goes on: a later "
+            "acquire of the shard waits for it."
+        )
+        return "".join(words)
+
+    def in_flight(self, shard: int) -> dict[str, object] | None:
+        """The attempt in flight to make `shard` resident, as /v1/status shows it (why
+        it began, its stage and since when, the acquires waiting on it); None when
+        there is none (resident, or nobody is making it so)."""
+        with self._lock:
+            attempt = self._inflight.get(shard)
+        return None if attempt is None else attempt.to_json()
+
     def lookup(self, shard: int, *, count: bool = True) -> tiers.Entry | None:
         """A lease on `shard` if it is resident in the memory tier, else None; never
         fetches, never waits for room (the sidecar calls it on its event loop).
 
-        A hit is counted unless `count` is False (a lease granted ahead of the reader:
-        counted when the reader takes it, `note_reuse`); a miss is not, since the
-        caller's `acquire` that follows counts it."""
+        A hit or a miss is counted unless `count` is False (a lease granted ahead of
+        the reader: counted when the reader takes it, `note_reuse`). After a miss
+        counted here, the caller's `acquire` of the shard passes `missed=True`: the
+        reader looked once. (The acquire counted the miss itself before, at its own
+        lookup, which a readahead finishing in between turned into a hit.)"""
         self._check_index(shard)
         entry = self.memory.lookup(self._memory_keys[shard], count=False)
-        if entry is not None and count:
-            self._events.hit(self.memory.name)
+        if count:
+            if entry is None:
+                self._events.miss(self.memory.name)
+            else:
+                self._events.hit(self.memory.name)
         return entry
 
     def note_reuse(self, shards: Sequence[int]) -> None:
@@ -539,19 +694,47 @@ class CacheNode:
         makes the attempt: one shared with a readahead that found no room fails quietly,
         and the caller's next try makes its own. `queued`: when it was asked for."""
         acquire = why == "acquire"
+        # An acquire with a deadline never runs the attempt itself: a fetch cannot be
+        # bounded (a store that accepts the request and never answers, an NFS mount
+        # that hangs, a FIFO), and an acquire running its own attempt waited on it for
+        # good, whatever its timeout (a reader blocked for hours on one shard). The
+        # attempt runs on a thread of its own, and the acquire waits for it as for any
+        # other attempt, within its timeout.
+        behind = acquire and wait is not None
         with self._lock:
             attempt = self._inflight.get(shard)
             owner = attempt is None
             if attempt is None:
-                attempt = self._inflight[shard] = _Attempt()
-            elif acquire:
+                attempt = self._inflight[shard] = _Attempt(why)
+            if acquire and (behind or not owner):
                 attempt.wanting += 1
-        if not owner:
+        if owner and behind:
+            threading.Thread(
+                target=self._attempt_behind,
+                args=(shard, attempt),
+                kwargs={"held": held, "queued": queued},
+                name=f"shardcache-acquire-{shard}",
+                daemon=True,
+            ).start()
+        if not owner or behind:
             return "shared", self._await_attempt(attempt, wait=wait, acquire=acquire)
-        stamps = timelines.start(shard, why, queued)
-        entry: tiers.Entry | None = None
+        outcome, entry = self._attempt(shard, attempt, held=held, queued=queued)
+        if entry is not None and not acquire:
+            entry.release()
+            entry = None
+        return outcome, entry
+
+    def _attempt(
+        self, shard: int, attempt: _Attempt, *, held: int, queued: float | None
+    ) -> tuple[str, tiers.Entry | None]:
+        """Run `attempt` (this thread made it): load the shard, leave a lease for each
+        acquire waiting on it, and end it. What came of it and the attempt's own lease,
+        which the caller releases or hands over."""
+        stamps = timelines.start(shard, attempt.why, queued)
         try:
-            outcome, entry = self._load(shard, why=why, held=held, stamps=stamps)
+            outcome, entry = self._load(
+                shard, why=attempt.why, held=held, stamps=stamps, progress=attempt
+            )
         except BaseException as exc:
             stamps.done("failed")
             self._settle(shard, attempt, None)
@@ -560,10 +743,21 @@ class CacheNode:
         stamps.done(outcome)
         self._settle(shard, attempt, entry)
         attempt.done.set_result(None)
-        if entry is not None and not acquire:
-            entry.release()
-            entry = None
         return outcome, entry
+
+    def _attempt_behind(
+        self, shard: int, attempt: _Attempt, *, held: int, queued: float | None
+    ) -> None:
+        """`_attempt` for acquires with a deadline, on its own thread (`_materialize`):
+        every acquire, the one that began it too, waits for a lease left for it."""
+        try:
+            _, entry = self._attempt(shard, attempt, held=held, queued=queued)
+        except Exception as exc:
+            # The acquires waiting on it raise it; logged for when all had given up.
+            log.info("making shard %d resident for an acquire failed: %s", shard, exc)
+            return
+        if entry is not None:
+            entry.release()
 
     def _settle(self, shard: int, attempt: _Attempt, entry: tiers.Entry | None) -> None:
         """End the attempt: no one joins it from now on, and each acquire waiting on it
@@ -593,11 +787,12 @@ class CacheNode:
     def _await_attempt(
         self, attempt: _Attempt, *, wait: float | None, acquire: bool
     ) -> tiers.Entry | None:
-        """Wait for another caller's attempt; for an acquire, the lease it left for this
-        one (None if it inserted nothing: the acquire looks the shard up again)."""
+        """Wait for an attempt this caller did not run; for an acquire, the lease it
+        left for this one (None if it inserted nothing: the acquire looks the shard up
+        again). `_Waited` when `wait` seconds passed first."""
         try:
             attempt.done.result(timeout=wait)
-        except BaseException:
+        except BaseException as exc:
             if acquire:
                 with self._lock:
                     if attempt.settled:
@@ -607,6 +802,12 @@ class CacheNode:
                         lease = None
                 if lease is not None:
                     lease.release()
+            done = attempt.done
+            own = done.done() and not done.cancelled() and done.exception() is exc
+            if isinstance(exc, concurrent.futures.TimeoutError) and not own:
+                # This wait's end, not the attempt's own error (a source's socket
+                # timeout is a TimeoutError too).
+                raise _Waited(attempt) from None
             raise
         if not acquire:
             return None
@@ -614,11 +815,18 @@ class CacheNode:
             return attempt.leases.pop() if attempt.leases else None
 
     def _load(
-        self, shard: int, *, why: str, held: int = 0, stamps: timelines.Stamps = timelines.OFF
+        self,
+        shard: int,
+        *,
+        why: str,
+        held: int = 0,
+        stamps: timelines.Stamps = timelines.OFF,
+        progress: _Attempt | None = None,
     ) -> tuple[str, tiers.Entry | None]:
         """Fetch, decode and insert `shard`; what came of it, for the timeline, and a
         lease on what it inserted (or, for an "acquire", found resident), which
-        `_materialize` releases or hands over."""
+        `_materialize` releases or hands over. Each stage is told to `progress`."""
+        at = _no_progress if progress is None else progress.at
         mem_key = self.manifest.decoded_key(shard)
         if why == "acquire":
             found = self.memory.lookup(mem_key, count=False)
@@ -630,19 +838,26 @@ class CacheNode:
         # The decoded shard's bytes stay reserved until it is in the memory tier: with
         # `fetch_concurrency` decodes at once, their total stays within the limit.
         with contextlib.ExitStack() as reserved:
-            # Readahead and the acquires that fetch for themselves (one control thread
-            # each) share the fetch concurrency: a 2-CPU pod with 16 ranks waiting on
+            # Readahead and the acquires' attempts (a thread each, `_materialize`)
+            # share the fetch concurrency: a 2-CPU pod with 16 ranks waiting on
             # cold shards decodes two at a time, not sixteen. Only the fetch and the
             # decode count: the insert below may wait for room, which must not hold a
             # slot.
+            at("slot")
             with self._working:
                 stamps.mark("slot")
-                disk_entry = self._disk_entry(shard, key)
+                at("disk")
+                disk_entry = self._disk_entry(shard, key, at=at)
                 stamps.mark("fetched")
                 try:
                     with disk_entry:
                         decoded = self._decode(
-                            shard, disk_entry.path, reserved, fill=why == "fill", stamps=stamps
+                            shard,
+                            disk_entry.path,
+                            reserved,
+                            fill=why == "fill",
+                            stamps=stamps,
+                            at=at,
                         )
                 except errors.ShardcacheError:
                     # Bytes that are not the pinned shard (damaged on the way) are not
@@ -660,8 +875,9 @@ class CacheNode:
                 self._expansion_seen = max(self._expansion_seen or ratio, ratio)
                 self._expansion_least = min(self._expansion_least or ratio, ratio)
             faultpoints.reach("cache.decode")
+            at("insert")
             inserted = self._insert_decoded(
-                shard, mem_key, decoded, prefetch=why != "acquire", held=held
+                shard, mem_key, decoded, prefetch=why != "acquire", held=held, at=at
             )
             stamps.mark("inserted")
             if inserted is None:
@@ -669,7 +885,9 @@ class CacheNode:
             # Kept for the acquires waiting on this attempt too (`_settle`).
             return "inserted", inserted
 
-    def _disk_entry(self, shard: int, key: str) -> tiers.Entry:
+    def _disk_entry(
+        self, shard: int, key: str, *, at: Callable[[str], None] = lambda _: None
+    ) -> tiers.Entry:
         """A lease on the shard's source bytes in the disk tier: fetched (and checked on
         fetch) if missing; if found, checked against the manifest's sha256, not the
         entry's own meta file (whoever wrote the entry wrote that too)."""
@@ -679,7 +897,7 @@ class CacheNode:
         # new entry back to hash it again.
         try:
             disk_entry, hit = self.disk.get_or_insert(
-                key, entry.size, lambda tmp: self._fetch(shard, tmp), sha256=entry.sha256
+                key, entry.size, lambda tmp: self._fetch(shard, tmp, at=at), sha256=entry.sha256
             )
             if not hit or self._intact(shard, disk_entry.path):
                 return disk_entry
@@ -687,7 +905,7 @@ class CacheNode:
             self._events.corrupted(self.disk.name, key)
             self.disk.evict(key)
             disk_entry, hit = self.disk.get_or_insert(
-                key, entry.size, lambda tmp: self._fetch(shard, tmp), sha256=entry.sha256
+                key, entry.size, lambda tmp: self._fetch(shard, tmp, at=at), sha256=entry.sha256
             )
             if not hit or self._intact(shard, disk_entry.path):
                 return disk_entry
@@ -702,21 +920,38 @@ class CacheNode:
             raise
 
     def _insert_decoded(
-        self, shard: int, mem_key: str, decoded: formats.Decoded, *, prefetch: bool, held: int
+        self,
+        shard: int,
+        mem_key: str,
+        decoded: formats.Decoded,
+        *,
+        prefetch: bool,
+        held: int,
+        at: Callable[[str], None] = lambda _: None,
     ) -> tiers.Entry | None:
         """Write the decoded shard to the memory tier; a lease on it, or None if a
         readahead found no room."""
         entry = self.manifest.shards[shard]
+        waiting: Callable[[], None] | None = None
+        if not prefetch:
+            check = self._window_room_check()
+
+            def waiting() -> None:
+                at("room")
+                check()
+
         try:
             # Readahead never evicts: an evicted shard would be one a reader needs
-            # sooner. Acquires do evict (least recently used, never leased).
+            # sooner. Acquires do evict (least recently used, never leased). Not a
+            # lookup of a reader's (`acquire` counts those): uncounted.
             mem_entry, _ = self.memory.get_or_insert(
                 mem_key,
                 decoded.size,
                 lambda tmp: decoded.write(str(tmp)),
                 evict=not prefetch,
                 held=held,
-                waiting=None if prefetch else self._window_room_check(),
+                waiting=waiting,
+                count=False,
             )
         except (tiers.RoomHeldError, tiers.EntryTooLargeError) as exc:
             # Kept as their own types, so a caller can tell "does not fit" apart.
@@ -862,8 +1097,9 @@ class CacheNode:
             self.memory.used_bytes(),
         )
 
-    def _fetch(self, shard: int, tmp: Path) -> None:
+    def _fetch(self, shard: int, tmp: Path, *, at: Callable[[str], None] = lambda _: None) -> None:
         entry = self.manifest.shards[shard]
+        at("fetch")
         started = time.monotonic()
         source.download(
             self._fs,
@@ -905,6 +1141,7 @@ class CacheNode:
         *,
         fill: bool = False,
         stamps: timelines.Stamps = timelines.OFF,
+        at: Callable[[str], None] = lambda _: None,
     ) -> formats.Decoded | None:
         """Decode a disk-tier shard, bounded before and while decoding; its decoded bytes
         are reserved on `reserved` (the caller's, held until the memory tier has them).
@@ -936,8 +1173,10 @@ class CacheNode:
                 # A format that cannot tell (JSON Lines) is bounded while it decodes, by
                 # what its text can decode to (`_TEXT_EXPANSION`) within the limit.
                 budget = size if size is not None else min(limit, _TEXT_EXPANSION * entry.size)
+                at("decode_budget")
                 reserved.enter_context(self._decoding.reserve(budget))
                 stamps.mark("decode")
+                at("decode")
                 f.seek(0)
                 decoded = formats.decode(
                     self.manifest.format,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import secrets
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -31,6 +32,24 @@ class Change(enum.Enum):
     REPLACED = "replaced"
 
 
+#: Seconds an acquire must have waited before the reader's exported stall fraction
+#: counts it (`stalls_now`): the client reports its totals once a second, so a wait
+#: shorter than that is in its next report; a longer one may never be (the loop is
+#: stuck in it).
+BLOCKED_AFTER_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Wait:
+    """An acquire of the reader's waiting for a shard: since when (the registry's
+    clock, and the wall clock for people), for at most `timeout_s` seconds."""
+
+    shard: int
+    since: float
+    since_wall: float
+    timeout_s: float
+
+
 @dataclasses.dataclass
 class Reader:
     reader_id: str
@@ -43,6 +62,8 @@ class Reader:
     #: Whether the client holds a reader lock for it (`shardcache.node.reader_locks`)
     #: that the sidecar could see at registration: only such a reader is ever found dead.
     locked: bool = False
+    #: Its acquires waiting for a shard now, oldest first (several when threads share it).
+    waits: list[Wait] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -63,8 +84,12 @@ class Registry(Generic[L]):
     """Readers by id, and holds (leases of type L) by lease id. Not thread-safe: the
     server uses it from the event loop only."""
 
-    def __init__(self, *, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float], wall: Callable[[], float] = time.time
+    ) -> None:
         self._clock = clock
+        #: The wall clock, for when a wait began as a person reads it (/v1/status).
+        self._wall = wall
         self._readers: dict[str, Reader] = {}
         self._holds: dict[str, Hold[L]] = {}
 
@@ -114,6 +139,47 @@ class Registry(Generic[L]):
         ):
             return stalls.wait_seconds, stalls.step_seconds
         return stalls.wait_seconds - old.wait_seconds, stalls.step_seconds - old.step_seconds
+
+    def begin_wait(self, reader_id: str, shard: int, timeout_s: float) -> Wait | None:
+        """Note that an acquire of the reader waits for `shard` from now on (None for
+        an unknown reader); `end_wait` it when the acquire is answered."""
+        reader = self._readers.get(reader_id)
+        if reader is None:
+            return None
+        wait = Wait(shard, self._clock(), self._wall(), timeout_s)
+        reader.waits.append(wait)
+        return wait
+
+    def end_wait(self, reader_id: str, wait: Wait | None) -> None:
+        reader = self._readers.get(reader_id)
+        if reader is not None and wait is not None and wait in reader.waits:
+            reader.waits.remove(wait)
+
+    def stalls_now(self, reader: Reader) -> protocol.Stalls | None:
+        """The reader's stall totals as the sidecar exports them now: as it reported
+        them, but with the recent fraction of a loop stuck in an acquire.
+
+        A blocked loop sends no report (its batches stopped), so the last reported
+        fraction would stay what it was before the block, as low as a healthy loop's,
+        for as long as the block lasts, and no stall alert would fire for a rank that
+        only waits. Once its oldest acquire has waited `BLOCKED_AFTER_S`, the fraction
+        is at least what that wait is of it and one mean step (the reader's reported
+        step seconds per batch): 0.8 after 1 s at 0.25 s steps, 0.99 after 20 s. A
+        reader that never reported shows that too (a rank stuck at its first shard).
+        None for a reader neither reporting nor blocked."""
+        reported = reader.stalls
+        if not reader.waits:
+            return reported
+        waited = self._clock() - reader.waits[0].since
+        if waited < BLOCKED_AFTER_S:
+            return reported
+        if reported is None:
+            return protocol.Stalls(0.0, 0.0, 0, 1.0)
+        step = reported.step_seconds / reported.batches if reported.batches else 0.0
+        blocked = waited / (waited + step)
+        if blocked <= reported.recent_fraction:
+            return reported
+        return dataclasses.replace(reported, recent_fraction=min(1.0, blocked))
 
     def unregister(self, reader_id: str) -> tuple[Reader | None, list[Hold[L]]]:
         """Remove a reader; returns it and the holds it still had (to release)."""

@@ -99,6 +99,46 @@ def test_promtool_accepts_the_charts_rules(e2e_cluster: harness.Cluster, tmp_pat
     assert promtool("check", "rules", str(path)).returncode != 0
 
 
+#: Counters of one pod over ten minutes, per second: 4 shards handed to readers from the
+#: memory tier (a hit each), 3 of them cold (a miss each); 4 made resident from the
+#: disk tier, 1 of them found there. (Per second: rates that are exact in binary.)
+HIT_RATIO_TEST = """
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'shardcache_cache_hits_total{namespace="ml",pod="p",tier="memory"}'
+        values: '0+240x10'
+      - series: 'shardcache_cache_misses_total{namespace="ml",pod="p",tier="memory"}'
+        values: '0+180x10'
+      - series: 'shardcache_cache_hits_total{namespace="ml",pod="p",tier="disk"}'
+        values: '0+60x10'
+      - series: 'shardcache_cache_misses_total{namespace="ml",pod="p",tier="disk"}'
+        values: '0+180x10'
+    promql_expr_test:
+      - expr: shardcache:cache_hit_ratio:rate5m
+        eval_time: 10m
+        exp_samples:
+          - labels: 'shardcache:cache_hit_ratio:rate5m{namespace="ml",pod="p",tier="memory"}'
+            value: 0.25
+          - labels: 'shardcache:cache_hit_ratio:rate5m{namespace="ml",pod="p",tier="disk"}'
+            value: 0.25
+"""
+
+
+def test_the_recorded_hit_ratio_is_the_share_of_lookups_each_tier_served(
+    e2e_cluster: harness.Cluster, tmp_path: Path
+) -> None:
+    """A cold shard counts a memory-tier miss and, handed over, a hit: hits over hits
+    plus misses read 4/7 where one shard in four was served warm."""
+    (rule,) = of_kind(render_monitoring(e2e_cluster), "PrometheusRule")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(prometheus.rule_file(rule)))
+    (tmp_path / "test.yaml").write_text(HIT_RATIO_TEST)
+    result = promtool("test", "rules", str(tmp_path / "test.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_monitoring_renders_two_podmonitors_and_the_generated_dashboard_only_when_enabled(
     e2e_cluster: harness.Cluster,
 ) -> None:

@@ -42,13 +42,17 @@ def test_a_child_forked_mid_decode_reads_every_shard_and_the_parent_finishes_its
     real = node._decode
 
     def decode(*args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
+        # Only the parent's readahead: the child's acquires make theirs on threads of
+        # their own too.
+        if threading.current_thread().name == "parent's readahead":
             decoding.set()
             assert gate.wait(60)
         return real(*args, **kwargs)
 
     node._decode = decode  # type: ignore[method-assign]
-    readahead = threading.Thread(target=node._prefetch, args=(0, "readahead"))
+    readahead = threading.Thread(
+        target=node._prefetch, args=(0, "readahead"), name="parent's readahead"
+    )
     readahead.start()
     try:
         assert decoding.wait(30)

@@ -50,9 +50,11 @@ def depth_changes(proc: SidecarProcess) -> list[dict[str, Any]]:
 
 def read_cold_epoch(
     sidecar_factory: Factory, s3_server: S3Server, s3_bucket: str, proxy: FaultProxy, adaptive: bool
-) -> tuple[SidecarProcess, str, list[int]]:
+) -> tuple[SidecarProcess, str, list[dict[str, Any]], list[int]]:
     """One epoch in file order through a sidecar whose store answers slowly; returns the
-    sidecar, its /metrics text while the reader is still open, and the uids read."""
+    sidecar, its /metrics text and its depth changes logged while the reader is still
+    open, and the uids read. (Closing the reader sends its last stall totals, which the
+    tuner decides on too: a change logged then is in no /metrics text taken before.)"""
     datasets.write_dataset(s3_server.filesystem(), f"{s3_bucket}/ds", SHARDS)
     env = {
         **s3_server.env(),
@@ -83,20 +85,20 @@ def read_cold_epoch(
             uids.extend(batch.column("uid").to_pylist())
         shards.flush()
         text = proc.http_get("/metrics")[1]
+        changes = depth_changes(proc)
     finally:
         ds.close()
         proxy.clear_faults()
-    return proc, text, uids
+    return proc, text, changes, uids
 
 
 def test_a_reader_stalled_on_cold_shards_gets_a_deeper_prefetch_logged_and_exported(
     sidecar_factory: Factory, s3_server: S3Server, s3_bucket: str, fault_proxy: FaultProxy
 ) -> None:
-    proc, text, uids = read_cold_epoch(
+    proc, text, changes, uids = read_cold_epoch(
         sidecar_factory, s3_server, s3_bucket, fault_proxy, adaptive=True
     )
     assert uids == list(range(sum(SHARDS)))
-    changes = depth_changes(proc)
     assert changes, f"no depth change logged; the sidecar's log:\n{proc.log_tail()}"
     first = changes[0]
     reader = first["reader"]
@@ -126,11 +128,11 @@ def test_a_reader_stalled_on_cold_shards_gets_a_deeper_prefetch_logged_and_expor
 def test_with_tuning_off_the_same_stalled_reader_keeps_its_depth(
     sidecar_factory: Factory, s3_server: S3Server, s3_bucket: str, fault_proxy: FaultProxy
 ) -> None:
-    proc, text, uids = read_cold_epoch(
+    proc, text, changes, uids = read_cold_epoch(
         sidecar_factory, s3_server, s3_bucket, fault_proxy, adaptive=False
     )
     assert uids == list(range(sum(SHARDS)))
-    assert depth_changes(proc) == []
+    assert changes == depth_changes(proc) == []
     depths = re.findall(
         r'^shardcache_prefetch_depth\{rank="0",reader="[0-9a-f]+"\} (\S+)$', text, re.M
     )

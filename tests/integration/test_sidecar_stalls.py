@@ -81,3 +81,37 @@ def test_a_loop_waiting_on_slow_storage_shows_in_the_sidecars_metrics_and_recove
         ds.close()
     # A closed reader leaves the scrape.
     assert sample(proc.http_get("/metrics")[1], fraction) is None
+
+
+def test_the_sidecars_counters_reach_each_readers_final_totals_when_it_closes(
+    sidecar_factory: Callable[..., SidecarProcess], tmp_path: Path
+) -> None:
+    """Totals ride on notes at most once a second, so the last second of every reader,
+    and all of one that read for less, never reached the counters: the reader was
+    forgotten before its queued notes were sent (2.75 s of steps exported as 2.00,
+    0.40 s as nothing)."""
+    root = tmp_path / "ds"
+    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SHARDS)
+    proc = sidecar_factory(f"file://{root}")
+    proc.start(wait="ready")
+    env = proc.client_env()
+    own: dict[str, float] = {}
+    # Rank 0 reads 1.5 s, past its first report; rank 1 under a second, one report.
+    for rank, steps in ((0, 5), (1, 2)):
+        shards = sidecar_client.SidecarProvider.from_env(environ=env)
+        with shardcache.Dataset(shards, plans.PlanParams(rank=rank, world_size=2)) as ds:
+            batches = ds.batches(20)
+            for _ in range(steps + 1):
+                next(batches)
+                time.sleep(0.3)
+            batches.close()
+            own[f"step{rank}"] = ds.stalls.step_seconds
+            own[f"wait{rank}"] = ds.stalls.wait_seconds
+    text = proc.http_get("/metrics")[1]
+    for rank in (0, 1):
+        for kind in ("step", "wait"):
+            exported = sample(text, rf'shardcache_data_{kind}_seconds_total\{{rank="{rank}"\}}')
+            assert exported == pytest.approx(own[f"{kind}{rank}"], abs=1e-6), (
+                f"rank {rank}'s {kind} seconds: {exported} exported, "
+                f"{own[f'{kind}{rank}']} measured"
+            )

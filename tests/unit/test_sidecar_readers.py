@@ -8,6 +8,7 @@ import pytest
 from shardcache_sidecar import readers
 
 from shardcache import plans, streams
+from shardcache.contract import protocol
 
 pytestmark = pytest.mark.unit
 
@@ -102,3 +103,57 @@ def test_only_readers_registered_with_a_lock_the_sidecar_saw_are_checked_for_lif
     # Registered again (after a sidecar restart) by a client that lost its lock file.
     registry.register("locked", plans.PlanParams(), 5, locked=False)
     assert registry.locked() == []
+
+
+def stalls(wait: float, step: float, batches: int, recent: float) -> protocol.Stalls:
+    return protocol.Stalls(
+        wait_seconds=wait, step_seconds=step, batches=batches, recent_fraction=recent
+    )
+
+
+def test_a_reader_stuck_in_an_acquire_reads_as_stalled_though_its_last_report_was_clear() -> None:
+    clock = Clock()
+    registry: readers.Registry[str] = readers.Registry(clock=clock, wall=lambda: 1_700_000_000.0)
+    registry.register("r", plans.PlanParams(), 0)
+    reader = registry.get("r")
+    assert reader is not None
+    # 40 batches of 0.25 s steps, hardly a wait: a loop whose data keeps up.
+    clear = stalls(0.2, 10.0, 40, 0.02)
+    registry.report_stalls("r", clear)
+    wait = registry.begin_wait("r", 7, 600.0)
+    assert wait is not None and (wait.shard, wait.since_wall) == (7, 1_700_000_000.0)
+    # A wait shorter than a report interval is in the next report: left as reported.
+    clock.now += 0.5
+    assert registry.stalls_now(reader) == clear
+    clock.now += 0.5
+    now = registry.stalls_now(reader)
+    assert now is not None and now.recent_fraction == pytest.approx(1.0 / 1.25)
+    clock.now += 19.0
+    now = registry.stalls_now(reader)
+    assert now is not None and now.recent_fraction == pytest.approx(20.0 / 20.25)
+    # Only the fraction: the totals stay what the reader reported (the counters').
+    assert dataclasses.replace(now, recent_fraction=clear.recent_fraction) == clear
+    registry.end_wait("r", wait)
+    assert reader.waits == []
+    assert registry.stalls_now(reader) == clear
+
+
+def test_a_reader_stuck_before_its_first_report_reads_as_only_waiting() -> None:
+    clock = Clock()
+    registry: readers.Registry[str] = readers.Registry(clock=clock)
+    registry.register("r", plans.PlanParams(), 0)
+    reader = registry.get("r")
+    assert reader is not None
+    assert registry.stalls_now(reader) is None
+    first = registry.begin_wait("r", 0, 600.0)
+    clock.now += 2.0
+    second = registry.begin_wait("r", 1, 600.0)
+    now = registry.stalls_now(reader)
+    assert now is not None and now.recent_fraction == 1.0
+    # The oldest wait counts, and each ends on its own.
+    assert [w.shard for w in reader.waits] == [0, 1]
+    registry.end_wait("r", first)
+    assert [w.shard for w in reader.waits] == [1]
+    registry.end_wait("r", second)
+    assert registry.stalls_now(reader) is None
+    assert registry.begin_wait("gone", 0, 1.0) is None

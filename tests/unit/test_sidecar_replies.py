@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import pytest
 from shardcache_sidecar.server import replies
 
@@ -62,3 +64,26 @@ def test_a_body_nested_too_deeply_is_bad_input_not_an_internal_error(raw: bytes)
         protocol.KIND_INPUT,
         protocol.CODE_BAD_REQUEST,
     )
+
+
+def test_an_acquire_timeout_answers_504_with_its_own_message_naming_the_shard() -> None:
+    message = (
+        "shard 2 (part-00002.parquet) is not resident after the acquire timeout of 20 s: "
+        "fetching its source bytes from the store since 2026-11-26T12:00:00Z (20.0 s)"
+    )
+    rejected = replies.request_error(errors.AcquireTimeoutError(message))
+    assert (rejected.status, rejected.kind, rejected.code) == (
+        504,
+        protocol.KIND_CACHE,
+        protocol.CODE_TIMEOUT,
+    )
+    assert rejected.message == message
+
+
+def test_a_timeout_with_no_message_says_so_instead_of_ending_at_the_colon() -> None:
+    future: concurrent.futures.Future[None] = concurrent.futures.Future()
+    with pytest.raises(TimeoutError) as info:
+        future.result(timeout=0)
+    rejected = replies.request_error(info.value)
+    assert rejected.code == protocol.CODE_TIMEOUT
+    assert rejected.message == "timed out waiting for the shard: no detail given (TimeoutError)"

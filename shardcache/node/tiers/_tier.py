@@ -290,12 +290,15 @@ class Tier:
         held: int = 0,
         sha256: str | None = None,
         waiting: Callable[[], None] | None = None,
+        count: bool = True,
     ) -> tuple[_entries.Entry, bool]:
         """lookup, else insert; one producer per key across threads and processes.
 
         Returns (entry, hit). A caller that finds another one producing the key waits
         for it (on the per-key fill lock) and then gets its entry. `evict`, `held`,
-        `sha256` and `waiting` as in insert.
+        `sha256` and `waiting` as in insert. `count=False` leaves the hit or miss
+        uncounted, as in `lookup`: for an insert that is no reader's lookup (the node
+        cache's memory tier counts its readers' lookups itself).
         """
         _entries.check_key(key)
         entry, _ = self._lookup(key, touch=True)
@@ -305,7 +308,8 @@ class Tier:
             try:
                 entry, _ = self._lookup(key, touch=True)
                 if entry is None:
-                    self._count_lookup(None)
+                    if count:
+                        self._count_lookup(None)
                     entry = self.insert(
                         key, size, produce, evict=evict, held=held, sha256=sha256, waiting=waiting
                     )
@@ -313,7 +317,8 @@ class Tier:
             finally:
                 _locks.unlink_held(fill_fd, self._files.fill(key))
                 _locks.close(fill_fd)
-        self._count_lookup(entry)
+        if count:
+            self._count_lookup(entry)
         return entry, True
 
     def size(self, key: str) -> int | None:

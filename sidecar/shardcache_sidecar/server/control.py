@@ -83,6 +83,8 @@ async def get_status(request: web.Request) -> web.Response:
                     **protocol.params_to_json(r.params),
                     "position": r.position,
                     protocol.READER_LOCK_FIELD: r.locked,
+                    # What a reader stuck in an acquire waits on, and since when.
+                    "waiting": sidecar.reader_waits(r),
                 }
                 for r in sidecar.registry.readers()
             ],
@@ -199,10 +201,11 @@ async def post_acquire(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -
     # A resident shard is leased here at once; only a miss waits in the thread pool. A
     # lookup here checks the lock, the files and the size: a memory tier that hashed
     # its entries on every lookup would do it in the thread pool instead.
-    entry = node.lookup(shard) if node.memory.verify == "never" else None
+    looked = node.memory.verify == "never"
+    entry = node.lookup(shard) if looked else None
     if entry is None:
         started = time.monotonic()
-        entry = await sidecar.acquire(node, shard, timeout)
+        entry = await sidecar.acquire(node, shard, timeout, reader_id=reader_id, missed=looked)
         sidecar.tuner.missed(reader_id, time.monotonic() - started)
     sidecar.tuner.sized(entry.size)
     if sidecar.registry.get(reader_id) is None:

@@ -137,11 +137,31 @@ class Sidecar:
         return None if self.node is None else self.node.stats()
 
     def reader_stalls(self) -> list[metrics.ReaderStalls]:
-        """Readers that reported stall totals (at scrape time, on the event loop)."""
-        return [
-            (r.reader_id, r.params.rank, r.stalls)
+        """Readers that reported stall totals, or whose loop is stuck in an acquire
+        (`Registry.stalls_now`; at scrape time, on the event loop)."""
+        found = [
+            # The warm-up's waits are no training loop's.
+            (r, r.stalls if r.reader_id == STARTUP_READER else self.registry.stalls_now(r))
             for r in self.registry.readers()
-            if r.stalls is not None
+        ]
+        return [(r.reader_id, r.params.rank, s) for r, s in found if s is not None]
+
+    def reader_waits(self, reader: readers.Reader) -> list[dict[str, Any]]:
+        """What /v1/status shows of the reader's acquires waiting now: the shard, since
+        when, and the attempt in flight to make it resident (None while nothing makes
+        it so: the acquire is queued for a control thread, or between two tries)."""
+        node, manifest = self.node, self.manifest
+        now = time.monotonic()
+        return [
+            {
+                "shard": w.shard,
+                "path": None if manifest is None else manifest.shards[w.shard].path,
+                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(w.since_wall)),
+                "seconds": round(now - w.since, 3),
+                "timeout_s": w.timeout_s,
+                "attempt": None if node is None else node.in_flight(w.shard),
+            }
+            for w in reader.waits
         ]
 
     def reader_depths(self) -> list[metrics.ReaderDepth]:
@@ -240,19 +260,33 @@ class Sidecar:
         timeout: float,
         *,
         beside: tuple[tiers.Entry, ...] = (),
+        reader_id: str | None = None,
+        count: bool = True,
+        missed: bool = False,
     ) -> tiers.Entry:
-        """Lease shard `shard`, fetching it if it is not resident (in the thread pool)."""
+        """Lease shard `shard`, fetching it if it is not resident (in the thread pool).
+
+        `reader_id`: the reader it is for, shown waiting on the shard in /v1/status
+        (and as stuck in the stall fraction) until the acquire ends. `count`: a
+        reader's lookup (`CacheNode.acquire`); the warm-up's is not. `missed`: the
+        caller's own lookup missed, counted (`CacheNode.lookup`)."""
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(
             self.executor,
-            functools.partial(node.acquire, shard, timeout=timeout, beside=beside),
+            functools.partial(
+                node.acquire, shard, timeout=timeout, beside=beside, count=count, missed=missed
+            ),
         )
+        wait = None if reader_id is None else self.registry.begin_wait(reader_id, shard, timeout)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
             # The request went away (shutdown); a lease that arrives later is let go.
             future.add_done_callback(_release_result)
             raise
+        finally:
+            if reader_id is not None:
+                self.registry.end_wait(reader_id, wait)
 
     # --- lifecycle --------------------------------------------------------------
     def start(self) -> None:
@@ -396,7 +430,12 @@ class Sidecar:
                 for shard in shards:
                     held.append(
                         await self.acquire(
-                            node, shard, self.settings.acquire_timeout, beside=tuple(held)
+                            node,
+                            shard,
+                            self.settings.acquire_timeout,
+                            beside=tuple(held),
+                            reader_id=STARTUP_READER,
+                            count=False,
                         )
                     )
             except tiers.RoomHeldError as exc:

@@ -84,12 +84,17 @@ def request_error(exc: BaseException) -> RequestError:
         return RequestError(400, protocol.KIND_INPUT, protocol.CODE_BAD_REQUEST, str(exc))
     if isinstance(exc, errors.SourceError):
         return RequestError(502, protocol.KIND_SOURCE, protocol.CODE_SOURCE_FAILED, str(exc))
+    if isinstance(exc, errors.AcquireTimeoutError):
+        # Its message names the shard and what it waited on.
+        return RequestError(504, protocol.KIND_CACHE, protocol.CODE_TIMEOUT, str(exc))
     if isinstance(exc, TimeoutError):
+        # One without a message (a future's wait) left nothing after the colon.
+        detail = str(exc) or f"no detail given ({type(exc).__name__})"
         return RequestError(
             504,
             protocol.KIND_CACHE,
             protocol.CODE_TIMEOUT,
-            f"timed out waiting for the shard: {exc}",
+            f"timed out waiting for the shard: {detail}",
         )
     if isinstance(exc, errors.CacheError):
         return RequestError(503, protocol.KIND_CACHE, protocol.CODE_INTERNAL, str(exc))
