@@ -35,6 +35,7 @@ import threading
 import time
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -322,14 +323,18 @@ class _Notifier:
             thread.join()
 
 
-def _totals(meter: stalls.StallMeter) -> protocol.Stalls:
-    """A meter's totals as notes carry them (`FEATURE_STALLS`)."""
+def _totals(meter: stalls.StallMeter, base: protocol.Stalls | None = None) -> protocol.Stalls:
+    """A meter's totals as notes carry them (`FEATURE_STALLS`), less `base`: what of
+    them the sidecar counted for the meter before this registration of the reader."""
     return protocol.Stalls(
-        wait_seconds=meter.wait_seconds,
-        step_seconds=meter.step_seconds,
-        batches=meter.batches,
+        wait_seconds=max(0.0, meter.wait_seconds - (base.wait_seconds if base else 0.0)),
+        step_seconds=max(0.0, meter.step_seconds - (base.step_seconds if base else 0.0)),
+        batches=max(0, meter.batches - (base.batches if base else 0)),
         recent_fraction=min(1.0, max(0.0, meter.recent_fraction)),
     )
+
+
+_NO_STALLS = protocol.Stalls(wait_seconds=0.0, step_seconds=0.0, batches=0, recent_fraction=0.0)
 
 
 class SidecarProvider:
@@ -356,6 +361,15 @@ class SidecarProvider:
         #: Each reader's stall meter, from `note_stalls`: its final totals go to the
         #: sidecar when the reader closes (`close_reader`).
         self._meters: dict[str, stalls.StallMeter] = {}
+        #: What of each meter's totals readers registered before counted at a sidecar:
+        #: a reader registered again (a restarted sidecar, or a Dataset's reader for its
+        #: new plan after an elastic resume) reports what grew since, or the sidecar's
+        #: counters added the meter's whole past again (a spike in every stall rate).
+        self._counted: weakref.WeakKeyDictionary[stalls.StallMeter, protocol.Stalls] = (
+            weakref.WeakKeyDictionary()
+        )
+        #: Each reader's `_counted` as it was at its registration (from its first report).
+        self._stall_base: dict[str, protocol.Stalls] = {}
         #: Each open reader's lock (`reader_locks`): the sidecar drops the reader once
         #: nobody holds it, when this process dies. Taken and let go under their own
         #: mutex: the provider's lock is on the read path, this is file I/O.
@@ -431,6 +445,10 @@ class SidecarProvider:
         return reader_id
 
     def _register(self, reader_id: str, state: _ReaderState) -> None:
+        meter = self._meters.get(reader_id)
+        if meter is not None:
+            # Registered again (the sidecar forgot it): what it counted is in its past.
+            self._counted_so_far(reader_id, meter)
         body: dict[str, Any] = {
             **protocol.params_to_json(state.params),
             "position": state.position,
@@ -518,6 +536,12 @@ class SidecarProvider:
                     "sidecar does not know reader %s (restarted?); registering again", reader_id
                 )
                 self._register(reader_id, state)
+                meter = self._meters.get(reader_id)
+                if "stalls" in body and meter is not None:
+                    # Totals of the registration the sidecar forgot: counted anew they
+                    # would count its past twice.
+                    stalls_now = self._reported(reader_id, meter)
+                    body = {**body, "stalls": protocol.stalls_to_json(stalls_now)}
         raise errors.CacheError(
             f"the sidecar keeps forgetting reader {reader_id!r} right after registering it"
         )
@@ -627,6 +651,7 @@ class SidecarProvider:
         self._lock = threading.Lock()
         ahead, self._ahead, self._notes = self._ahead, {}, {}
         self._meters = {}  # the parent's loops, not this process's
+        self._counted, self._stall_base = weakref.WeakKeyDictionary(), {}
         for pins in ahead.values():
             for pinned in pins.values():
                 pinned.release()  # closes this process's descriptor; no unlock
@@ -690,7 +715,21 @@ class SidecarProvider:
         self._stalls_noted[reader_id] = now
         if not self._has(protocol.FEATURE_STALLS):
             return  # an older sidecar: nothing exports them there
-        self._note(reader_id, stalls=_totals(meter))
+        self._note(reader_id, stalls=self._reported(reader_id, meter))
+
+    def _reported(self, reader_id: str, meter: stalls.StallMeter) -> protocol.Stalls:
+        with self._lock:
+            base = self._stall_base.get(reader_id)
+            if base is None:
+                base = self._stall_base[reader_id] = self._counted.get(meter, _NO_STALLS)
+        return _totals(meter, base)
+
+    def _counted_so_far(self, reader_id: str, meter: stalls.StallMeter) -> None:
+        """The sidecar has counted `meter`'s totals up to now (the reader closed, or a
+        sidecar forgot it): a reader registered after reports only what grows."""
+        with self._lock:
+            self._counted[meter] = _totals(meter)
+            self._stall_base.pop(reader_id, None)
 
     def _note(
         self,
@@ -834,8 +873,10 @@ class SidecarProvider:
             # of a closed reader are dropped): reports go at most once a second, so
             # without this the sidecar's counters lost up to a second of every reader,
             # and all of one that read for less.
-            self._note(reader_id, stalls=_totals(meter))
+            self._note(reader_id, stalls=self._reported(reader_id, meter))
             self._notifier.flush(self.settings.request_timeout)
+        if meter is not None:
+            self._counted_so_far(reader_id, meter)
         with self._lock:
             state = self._readers.pop(reader_id, None)
             ahead = self._ahead.pop(reader_id, {})

@@ -25,7 +25,9 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-@dataclasses.dataclass
+# eq=False: a meter is one loop's, compared and hashed by identity (the sidecar client
+# keeps, per meter, what of it a sidecar counted already).
+@dataclasses.dataclass(eq=False)
 class StallMeter:
     """Waiting vs. stepping time of one rank's training loop."""
 

@@ -115,3 +115,49 @@ def test_the_sidecars_counters_reach_each_readers_final_totals_when_it_closes(
                 f"rank {rank}'s {kind} seconds: {exported} exported, "
                 f"{own[f'{kind}{rank}']} measured"
             )
+
+
+def test_a_reader_registered_again_adds_only_what_grew_since_to_the_counters(
+    sidecar_factory: Callable[..., SidecarProcess], tmp_path: Path
+) -> None:
+    """An elastic resume registers the Dataset's reader anew for its new plan, with the
+    same stall meter: its first report counted the meter's whole past a second time."""
+    root = tmp_path / "ds"
+    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SHARDS)
+    proc = sidecar_factory(f"file://{root}")
+    proc.start(wait="ready")
+    env = proc.client_env()
+    old = [
+        shardcache.Dataset(
+            sidecar_client.SidecarProvider.from_env(environ=env),
+            plans.PlanParams(rank=r, world_size=2),
+        )
+        for r in (0, 1)
+    ]
+    states = []
+    for ds in old:
+        next(ds.batches(20))
+        states.append(ds.state_dict())
+        ds.close()
+    shards = sidecar_client.SidecarProvider.from_env(environ=env)
+    with shardcache.Dataset(shards, plans.PlanParams(rank=0, world_size=1)) as ds:
+        batches = ds.batches(20)
+        for _ in range(4):
+            next(batches)
+            time.sleep(0.3)
+        batches.close()
+        ds.load_state_dict(states)  # two old ranks' states: segments, a new reader
+        batches = ds.batches(20)
+        for _ in range(4):
+            next(batches)
+            time.sleep(0.3)
+        batches.close()
+        step, wait = ds.stalls.step_seconds, ds.stalls.wait_seconds
+    text = proc.http_get("/metrics")[1]
+    # Rank 0 of the old run read one batch; the counters are per rank.
+    old_step = sample(text, r'shardcache_data_step_seconds_total\{rank="1"\}') or 0.0
+    exported = sample(text, r'shardcache_data_step_seconds_total\{rank="0"\}')
+    assert exported is not None and old_step < 0.1
+    assert exported == pytest.approx(step, abs=0.1), f"{exported} exported, {step} measured"
+    exported_wait = sample(text, r'shardcache_data_wait_seconds_total\{rank="0"\}')
+    assert exported_wait is not None and exported_wait <= wait + 0.1
