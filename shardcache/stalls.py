@@ -102,6 +102,11 @@ class StallMeter:
                 except StopIteration:
                     self.ended(asked, time.perf_counter())
                     return
+                except BaseException:
+                    # A wait that ended in an error (an acquire's timeout) was waited
+                    # all the same: owed to the batch a loop that carries on gets next.
+                    self.ended(asked, time.perf_counter())
+                    raise
                 self.handed(asked, time.perf_counter())
                 if on_batch is not None:
                     on_batch()

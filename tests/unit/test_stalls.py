@@ -41,6 +41,20 @@ def test_the_time_between_two_iterations_is_the_next_batchs_step_and_the_end_its
     assert meter.step_seconds == pytest.approx(0.4 + 0.4)
 
 
+def test_a_wait_that_ends_in_an_error_counts_with_the_next_batch_a_retrying_loop_gets() -> None:
+    def failing() -> Iterator[int]:
+        time.sleep(0.05)
+        raise TimeoutError("the acquire's timeout")
+        yield 0  # a generator
+
+    meter = stalls.StallMeter()
+    with pytest.raises(TimeoutError):
+        next(meter.wrap(failing()))
+    assert meter.batches == 0
+    next(meter.wrap(iter([1])))  # the loop carries on with a new iteration
+    assert meter.batches == 1 and meter.wait_seconds >= 0.05
+
+
 def test_a_loop_of_short_epochs_whose_data_is_ready_measures_mostly_stepping() -> None:
     # Two batches an epoch: timed per iterator, every epoch's first batch counted as a
     # share of 1 (no step before it) and the recent fraction stayed near one half.
