@@ -76,8 +76,20 @@ def map_shard(path: Path) -> tuple[pa.RecordBatch, pa.Buffer]:
     with contextlib.suppress(OSError, ValueError):
         mapped.madvise(MADV_POPULATE_READ)
     root = pa.py_buffer(mapped)
-    reader = ipc.open_file(root)
-    batch = reader.get_batch(0) if reader.num_record_batches == 1 else _combine(reader)
+    try:
+        reader = ipc.open_file(root)
+        batch = reader.get_batch(0) if reader.num_record_batches == 1 else _combine(reader)
+    except pa.ArrowException as exc:
+        # The file's size matched its entry (the lookup checks it) but not its format:
+        # written over after the sidecar wrote it, which only the pod's own processes
+        # can (the memory tier is not hashed, docs/cache-format.md). A bare pyarrow
+        # error named neither the file nor that.
+        raise errors.CacheError(
+            f"{path}: expected a decoded shard (an Arrow IPC file), found a file pyarrow "
+            f"cannot read ({exc}): the memory tier's file was changed after it was "
+            "written. Remove the file (the sidecar then decodes the shard again) and "
+            "look for a process of the pod that writes the shared volume"
+        ) from exc
     return batch, root
 
 

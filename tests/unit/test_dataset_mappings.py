@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from shardcache import datasets
+from shardcache import datasets, errors
 
 pytestmark = pytest.mark.unit
 
@@ -92,3 +92,15 @@ def test_a_new_mapping_has_its_pages_mapped_before_the_first_read(tmp_path: Path
     # Nothing has read the data yet, and still the whole file is in the page table.
     assert _mapped_rss_kib(path) * 1024 >= path.stat().st_size - 4096
     assert mapped.num_rows == 1 << 18
+
+
+def test_a_shard_file_written_over_with_other_bytes_is_a_cache_error_naming_it(
+    tmp_path: Path,
+) -> None:
+    """A memory-tier file changed after the sidecar wrote it (same size: the lookup's
+    check passes) failed with a bare pyarrow 'Not an Arrow file'."""
+    path = _shard(tmp_path / "s0", 0)
+    path.write_bytes(os.urandom(path.stat().st_size))
+    with pytest.raises(errors.CacheError, match="expected a decoded shard") as info:
+        datasets.map_shard(path)
+    assert str(path) in str(info.value) and "Remove the file" in str(info.value)
