@@ -20,7 +20,7 @@ import pytest
 
 from shardcache import manifests
 from shardcache.node import caches, tiers
-from tests.support import datasets
+from tests.support import datasets, nodes
 
 pytestmark = pytest.mark.integration
 
@@ -104,14 +104,7 @@ def waiting_on(node: caches.CacheNode, shard: int, acquires: int) -> None:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[caches.CacheNode]:
-    datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), SHARDS)
-    manifest = manifests.resolve(f"file://{tmp_path / 'ds'}")
-    settings = caches.NodeSettings(
-        disk_dir=tmp_path / "disk", memory_dir=tmp_path / "mem", prefetch_depth=0
-    )
-    node = caches.CacheNode(manifest, settings)
-    yield node
-    node.close()
+    yield from nodes.quiet_node(tmp_path, SHARDS)
 
 
 def test_an_acquire_that_waited_on_a_readahead_is_handed_its_shard_without_a_second_decode(

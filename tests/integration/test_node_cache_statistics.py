@@ -13,12 +13,11 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow.fs as pafs
 import pytest
 
-from shardcache import errors, manifests
+from shardcache import errors
 from shardcache.node import caches
-from tests.support import datasets
+from tests.support import nodes
 
 pytestmark = pytest.mark.integration
 
@@ -27,14 +26,7 @@ SHARDS = [120, 80, 100, 60, 90]
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[caches.CacheNode]:
-    datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), SHARDS)
-    manifest = manifests.resolve(f"file://{tmp_path / 'ds'}")
-    settings = caches.NodeSettings(
-        disk_dir=tmp_path / "disk", memory_dir=tmp_path / "mem", prefetch_depth=0
-    )
-    node = caches.CacheNode(manifest, settings)
-    yield node
-    node.close()
+    yield from nodes.quiet_node(tmp_path, SHARDS)
 
 
 def memory_counts(node: caches.CacheNode) -> tuple[int, int]:
