@@ -67,6 +67,16 @@ def build_registry(settings: configuration.Settings) -> kopf.OperatorRegistry:
     return registry
 
 
+async def _ready_when(
+    started: asyncio.Event, listening: asyncio.Event | None, ready: asyncio.Event
+) -> None:
+    """Set `ready` once kopf has started and, with the webhook, its server listens."""
+    await started.wait()
+    if listening is not None:
+        await listening.wait()
+    ready.set()
+
+
 async def run(settings: configuration.Settings) -> None:
     """Run until SIGINT/SIGTERM; a standby replica waits in kopf's peering."""
     # Tenants' sources are read with the access the platform allows (docs/security.md).
@@ -82,6 +92,15 @@ async def run(settings: configuration.Settings) -> None:
     )
     ready = asyncio.Event()
     runner = await health.start(settings.health_addr, settings.health_port, ready, memo.metrics)
+    # kopf raises its ready flag when its startup handlers are done, before its root
+    # tasks start, the webhook server among them: /readyz said ready while pods of a
+    # DatasetMount were refused ("connection refused" calling the webhook), and the
+    # chart's Service sends the webhook's requests only to ready replicas.
+    started = asyncio.Event()
+    readiness = asyncio.create_task(
+        _ready_when(started, memo.webhook_listening if settings.webhook_enabled else None, ready),
+        name="readiness",
+    )
     # Equal priorities make kopf freeze every replica; a random one elects an active
     # replica and leaves the others on standby.
     priority = settings.priority if settings.priority is not None else random.randint(1, 2**30)
@@ -114,9 +133,10 @@ async def run(settings: configuration.Settings) -> None:
             standalone=settings.standalone,
             peering_name=None if settings.standalone else settings.peering_name,
             priority=priority,
-            ready_flag=ready,
+            ready_flag=started,
         )
     finally:
+        readiness.cancel()
         for task in tasks:
             task.cancel()
         await runner.cleanup()

@@ -9,6 +9,7 @@ Tests build a Context with fakes and fresh metrics.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -58,6 +59,9 @@ class Context:
     stalls: dict[tuple[str, str], dict[str, float]] = dataclasses.field(default_factory=dict)
     #: Each mount's volumes and sidecar as injected, built once for a burst's pods.
     parts: mount_parts.Cache = dataclasses.field(default_factory=mount_parts.Cache)
+    #: Set once the webhook server listens (`webhook.Server`): kopf's ready flag goes
+    #: up before its root tasks, the webhook server among them, even start.
+    webhook_listening: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     @property
     def backoff(self) -> reconcile.Backoff:

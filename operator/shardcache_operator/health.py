@@ -10,7 +10,8 @@ from shardcache_operator import metrics
 
 
 def application(ready: asyncio.Event, meters: metrics.Metrics) -> aiohttp.web.Application:
-    """`ready` is set once kopf has started serving (watching, peering, webhook)."""
+    """`ready` is set once kopf has started (watching, peering) and, where the operator
+    serves the webhook, its server listens (`app.run`)."""
 
     async def healthz(_: aiohttp.web.Request) -> aiohttp.web.Response:
         # Answering at all proves the event loop is not stuck.

@@ -269,6 +269,9 @@ class Server:
             return await fn(request, webhook=webhook, **kwargs)
 
         async for config in self._inner(serve):
+            # kopf's server yields its client config once its site listens: from here
+            # on the operator may call itself ready (`app.run`).
+            memo.webhook_listening.set()
             yield config
 
 

@@ -24,6 +24,7 @@ from kopf._core.engines import admission as kopf_admission
 from kopf._core.reactor import inventory
 from prometheus_client.parser import text_string_to_metric_families
 from shardcache_operator import (
+    app,
     certs,
     configuration,
     context,
@@ -379,3 +380,39 @@ def test_configuration_for_the_chart_matches_what_kopf_manages() -> None:
         "path": "/shardcache-inject",
         "port": 443,
     }
+
+
+async def test_the_operator_is_ready_only_once_its_webhook_server_listens(
+    tmp_path: Path,
+) -> None:
+    """kopf raises its ready flag before its root tasks, the webhook server among them,
+    start: /readyz said ready while labelled pods were refused with 'connection refused'
+    calling the webhook (seen in the e2e tier right after an operator restart)."""
+    port = free_port()
+    settings = configuration.Settings(
+        webhook_addr="127.0.0.1",
+        webhook_port=port,
+        webhook_cert_dir=str(tmp_path / "tls"),
+        sidecar_image="sidecar:test",
+    )
+    memo = context.Context(settings=settings, api=FakeDatasetMounts())
+    started, ready = asyncio.Event(), asyncio.Event()
+    readiness = asyncio.create_task(app._ready_when(started, memo.webhook_listening, ready))
+    started.set()  # kopf's flag: startup handlers done
+    await asyncio.sleep(0.05)
+    assert not ready.is_set()
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", port)
+
+    async def unused(*_: Any, **__: Any) -> Any:
+        raise AssertionError("no review is sent here")
+
+    serving = webhook.Server(webhook.server(settings), memo)(unused)
+    try:
+        await serving.__anext__()
+        await asyncio.wait_for(readiness, timeout=5)
+        assert ready.is_set()
+        _, writer = await asyncio.open_connection("127.0.0.1", port)  # it listens
+        writer.close()
+    finally:
+        await serving.aclose()
