@@ -767,24 +767,21 @@ def _amount(resources: Mapping[str, str], key: str) -> decimal.Decimal:
     return resource_quantity(resources[key], path=key)
 
 
-def _lowered_to(defaults: Mapping[str, str], ceilings: Mapping[str, str]) -> dict[str, str]:
-    """`defaults`, each lowered to its resource's amount in `ceilings` where that is lower."""
-    return {
-        key: ceilings[key]
-        if key in ceilings and _amount(ceilings, key) < _amount(defaults, key)
-        else value
-        for key, value in defaults.items()
-    }
-
-
-def _raised_to(defaults: Mapping[str, str], floors: Mapping[str, str]) -> dict[str, str]:
-    """`defaults`, each raised to its resource's amount in `floors` where that is higher."""
-    return {
-        key: floors[key]
-        if key in floors and _amount(floors, key) > _amount(defaults, key)
-        else value
-        for key, value in defaults.items()
-    }
+def _bounded(
+    defaults: Mapping[str, str], given: Mapping[str, str], *, above: bool
+) -> dict[str, str]:
+    """`defaults`, each replaced by its resource's amount in `given` where that is
+    beyond it: above it (`above`, a limit raised to a request) or below it (a request
+    lowered to a limit)."""
+    out = {}
+    for key, value in defaults.items():
+        beyond = key in given and (
+            _amount(given, key) > _amount(defaults, key)
+            if above
+            else _amount(given, key) < _amount(defaults, key)
+        )
+        out[key] = given[key] if beyond else value
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -817,9 +814,9 @@ class ResourcesSpec:
         if requests is None and limits is not None:
             # As Kubernetes, which takes a resource's limit as its request when the
             # request is omitted, a limit below the default request becomes the request.
-            return {"requests": _lowered_to(DEFAULT_SIDECAR_REQUESTS, limits)}
+            return {"requests": _bounded(DEFAULT_SIDECAR_REQUESTS, limits, above=False)}
         if limits is None and requests is not None:
-            return {"limits": _raised_to(DEFAULT_SIDECAR_LIMITS, requests)}
+            return {"limits": _bounded(DEFAULT_SIDECAR_LIMITS, requests, above=True)}
         return {}
 
 

@@ -124,7 +124,8 @@ STAGES = {
 }
 
 
-def _clock(wall: float) -> str:
+def utc_text(wall: float) -> str:
+    """A `time.time()` as /v1/status and errors show it (ISO 8601, UTC)."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
 
 
@@ -225,7 +226,7 @@ class _Counting:
 
     def fetch_failed(self, shard: int, error: BaseException) -> None:
         path = self._paths[shard] if 0 <= shard < len(self._paths) else ""
-        failure = FetchFailure(shard, path, str(error), _clock(time.time()))
+        failure = FetchFailure(shard, path, str(error), utc_text(time.time()))
         with self._lock:
             self.stats.fetch_failures += 1
             self.stats.last_fetch_error = failure
@@ -318,10 +319,10 @@ class _Attempt:
         now = time.monotonic()
         return {
             "why": self.why,
-            "started": _clock(self.started_wall),
+            "started": utc_text(self.started_wall),
             "seconds": round(now - self.started, 3),
             "stage": self.stage,
-            "stage_since": _clock(self.stage_wall),
+            "stage_since": utc_text(self.stage_wall),
             "stage_seconds": round(now - self.stage_at, 3),
             "waiting_acquires": self.wanting,
         }
@@ -616,7 +617,7 @@ class CacheNode:
         words = [
             f"shard {shard} ({self.manifest.shards[shard].path}) is not resident after the "
             f"acquire timeout of {timeout:g} s: {STAGES.get(stage, stage)} since "
-            f"{_clock(attempt.stage_wall)} ({now - attempt.stage_at:.1f} s)"
+            f"{utc_text(attempt.stage_wall)} ({now - attempt.stage_at:.1f} s)"
         ]
         if stage == "room":
             limit = self.settings.memory_limit
@@ -633,7 +634,7 @@ class CacheNode:
             )
         words.append(
             f". The attempt began {now - attempt.started:.1f} s ago, at "
-            f"{_clock(attempt.started_wall)}, for {attempt.why}, and goes on: a later "
+            f"{utc_text(attempt.started_wall)}, for {attempt.why}, and goes on: a later "
             "acquire of the shard waits for it."
         )
         return "".join(words)

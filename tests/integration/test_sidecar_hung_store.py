@@ -56,13 +56,19 @@ def fraction(proc: SidecarProcess) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def test_a_reader_stuck_on_a_hung_store_shows_in_status_and_metrics_until_its_timeout(
-    sidecar_factory: Factory, tmp_path: Path
-) -> None:
+def started(sidecar_factory: Factory, tmp_path: Path) -> tuple[Path, SidecarProcess]:
+    """The dataset's directory and a ready sidecar over it."""
     root = tmp_path / "ds"
     datasets.write_dataset(pafs.LocalFileSystem(), str(root), SHARDS)
     proc = sidecar_factory(f"file://{root}", args=ARGS)
     proc.start(wait="ready")
+    return root, proc
+
+
+def test_a_reader_stuck_on_a_hung_store_shows_in_status_and_metrics_until_its_timeout(
+    sidecar_factory: Factory, tmp_path: Path
+) -> None:
+    root, proc = started(sidecar_factory, tmp_path)
     hung = HungShard(root / f"part-0000{HUNG}.parquet")
     shards = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())
     ds = shardcache.Dataset(shards, plans.PlanParams(shuffle=False))
@@ -126,10 +132,7 @@ def test_a_reader_stuck_on_a_hung_store_shows_in_status_and_metrics_until_its_ti
 def test_a_failed_fetch_is_in_the_status_with_its_shard_reason_and_time(
     sidecar_factory: Factory, tmp_path: Path
 ) -> None:
-    root = tmp_path / "ds"
-    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SHARDS)
-    proc = sidecar_factory(f"file://{root}", args=ARGS)
-    proc.start(wait="ready")
+    root, proc = started(sidecar_factory, tmp_path)
     assert proc.control("GET", "/v1/status")[1]["stats"]["last_fetch_error"] is None
     (root / "part-00001.parquet").unlink()
     shards = sidecar_client.SidecarProvider.from_env(environ=proc.client_env())

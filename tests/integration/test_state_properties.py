@@ -231,13 +231,18 @@ def open_mode(uri: str, cache: Path, mode: str | bool, threads: int) -> shardcac
     )
 
 
+def epoch_one(uri: str, tmp_path: Path, mode: str | bool, threads: int) -> list[int]:
+    """Epoch 1's uids in batches of 7, read from its start by a dataset of its own."""
+    with open_mode(uri, tmp_path, mode, threads) as ds:
+        ds.set_epoch(1)
+        return uids(ds, 7)
+
+
 @pytest.mark.parametrize(("mode", "threads"), MOVES)
 def test_set_epoch_between_two_batches_reads_on_from_the_new_epochs_start(
     local_uri: str, tmp_path: Path, mode: str | bool, threads: int
 ) -> None:
-    with open_mode(local_uri, tmp_path, mode, threads) as ds:
-        ds.set_epoch(1)
-        epoch1 = uids(ds, 7)
+    epoch1 = epoch_one(local_uri, tmp_path, mode, threads)
     with open_mode(local_uri, tmp_path, mode, threads) as ds:
         it = ds.batches(7)
         next(it)
@@ -257,9 +262,7 @@ def test_set_epoch_between_two_batches_reads_on_from_the_new_epochs_start(
 def test_set_epoch_after_the_epochs_last_batch_reads_the_new_epoch_from_the_same_iterator(
     local_uri: str, tmp_path: Path, mode: str | bool, threads: int
 ) -> None:
-    with open_mode(local_uri, tmp_path, mode, threads) as ds:
-        ds.set_epoch(1)
-        epoch1 = uids(ds, 7)
+    epoch1 = epoch_one(local_uri, tmp_path, mode, threads)
     with open_mode(local_uri, tmp_path, mode, threads) as ds:
         it = ds.batches(7)
         for _ in range(-(-len(ds) // 7)):  # every batch of epoch 0, the short last one too

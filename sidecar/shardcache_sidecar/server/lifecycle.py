@@ -156,7 +156,7 @@ class Sidecar:
             {
                 "shard": w.shard,
                 "path": None if manifest is None else manifest.shards[w.shard].path,
-                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(w.since_wall)),
+                "since": caches.utc_text(w.since_wall),
                 "seconds": round(now - w.since, 3),
                 "timeout_s": w.timeout_s,
                 "attempt": None if node is None else node.in_flight(w.shard),
