@@ -69,7 +69,14 @@ def test_cold_epoch_larger_than_the_memory_tier_stays_within_size_and_memory_lim
     core.create_namespaced_pod(namespace, body)
     try:
         done = pods.wait_event(core, namespace, name, lambda e: e["event"] == "done", "epoch done")
-        pod = core.read_namespaced_pod(name, namespace)
+        # The kubelet reports the phase on its own schedule: a trainer can log "done"
+        # while the pod's status still says Pending (seen once in CI).
+        pod = pods.wait_pod(
+            core, namespace, name,
+            lambda p: p.status.phase == "Running"
+            and any(s.ready for s in p.status.init_container_statuses or []),
+            "running with its sidecar ready",
+        )  # fmt: skip
         log = pods.log(core, namespace, name, jobs.TRAINER_CONTAINER)
         metrics = _metrics(pod)
     finally:
