@@ -939,22 +939,27 @@ class Dataset:
             )
         parsed = [states.parse(s, where=f"state {i}") for i, s in enumerate(state)]
         old = elastic.gather(parsed)
-        if old[0].world_size == self._params.world_size:
-            return old[self._params.rank]
-        # Same run, other world size: checked before the split, which trusts the
-        # states to fit this manifest.
+        # Every old rank's state, not only the one this rank resumes from: the split
+        # below trusts them all to fit this manifest and plan, and a list of which one
+        # does not is no checkpoint of this run at any world size.
         ours = self._params
-        probe = dataclasses.replace(
-            old[0],
-            params=dataclasses.replace(old[0].params, world_size=ours.world_size, rank=ours.rank),
-        )
-        differ = states.mismatches(probe, self._state())
-        if differ:
+        unlike: list[str] = []
+        for saved in old:
+            probe = dataclasses.replace(
+                saved,
+                params=dataclasses.replace(
+                    saved.params, world_size=ours.world_size, rank=ours.rank
+                ),
+            )
+            unlike += [d for d in states.mismatches(probe, self._state()) if d not in unlike]
+        if unlike:
             raise errors.StateMismatchError(
                 "cannot resume: the states were saved by another dataset or configuration ("
-                + "; ".join(differ)
+                + "; ".join(unlike)
                 + "); open the dataset with the same arguments as the run that saved them"
             )
+        if old[0].world_size == ours.world_size:
+            return old[ours.rank]
         new = elastic.resize(
             old, total_rows=self.manifest.total_rows, world_size=self._params.world_size
         )

@@ -19,21 +19,42 @@ from collections.abc import Iterable, Sequence
 
 from shardcache import errors, plans, states, streams
 
-#: What every old rank's state must agree on to be one run's checkpoint.
-_SHARED = ("plan_version", "digest", "seed", "shuffle", "block_size", "world_size", "epoch")
+#: What every old rank's state must agree on to be one run's checkpoint. The shuffle
+#: granularity and (in sample mode) the window shape the epoch's global sequence as much
+#: as the seed does: ranks that disagree on them read ranges of different sequences, so
+#: a cut of what they left deals out other rows than those (some twice, some never).
+_SHARED = (
+    "plan_version",
+    "digest",
+    "seed",
+    "shuffle",
+    "granularity",
+    "block_size",
+    "world_size",
+    "epoch",
+)
+
+
+def _differences(first: states.DataState, other: states.DataState) -> list[str]:
+    """What `other` does not share with `first`, as `key: first's vs other's`."""
+    a, b = first.to_json(), other.to_json()
+    keys = list(_SHARED)
+    if first.params.sampled or other.params.sampled:
+        # The window shapes a sample-mode plan only (as `states.mismatches` compares).
+        keys.append("window")
+    return [f"{k}: {a[k]!r} vs {b[k]!r}" for k in keys if a[k] != b[k]]
 
 
 def gather(saved: Iterable[states.DataState], *, where: str = "states") -> list[states.DataState]:
     """Every old rank's state, sorted by rank, checked to be one run at one point:
-    each rank 0..W-1 exactly once, and one epoch, digest, seed and plan between them.
-    StateMismatchError says what was expected and what was found."""
+    each rank 0..W-1 exactly once, and one epoch, digest, seed and plan (shuffle mode,
+    block size, sample window) between them. StateMismatchError says what was expected
+    and what was found."""
     found = list(saved)
     if not found:
         raise errors.StateMismatchError(f"{where}: no state given: expected one per old rank")
-    first = found[0].to_json()
     for s in found[1:]:
-        data = s.to_json()
-        differ = [f"{k}: {first[k]!r} vs {data[k]!r}" for k in _SHARED if data[k] != first[k]]
+        differ = _differences(found[0], s)
         if differ:
             raise errors.StateMismatchError(
                 f"{where}: the states are not of one run at one point (rank {found[0].rank} "

@@ -8,7 +8,8 @@
 `Batches` is `shardcache.numpy.Batches` with the rank taken from JAX
 (`jax.process_index()` of `jax.process_count()`) instead of $RANK; it reads a mixture
 as `shardcache.numpy.Batches` does (`source` a `shardcache.Mixture`, or `mixture=`). The prefetcher's
-state counts the batches handed over, not those in flight, as for torch.
+state counts the batches handed over, not those in flight, as for torch, and a new pass
+after one left early starts at the first batch not handed over.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class DevicePrefetcher:
         self.sharding = sharding
         self.depth = depth
         self._state: dict[str, Any] | None = None
+        #: A pass was left before its end: it may have taken batches from `batches`
+        #: (placed ahead) that it never handed over.
+        self._left_early = False
         #: How long the loop waited for batches, against its steps.
         self.stalls = stalls.StallMeter()
 
@@ -80,6 +84,13 @@ class DevicePrefetcher:
 
     def _placed(self) -> Iterator[dict[str, Any]]:
         queue: collections.deque[tuple[dict[str, Any], dict[str, Any]]] = collections.deque()
+        # The batches placed ahead and dropped with a pass left early were never handed
+        # over: this pass starts with them (else `batches` would go on after them).
+        owed = self._left_early and self._state is not None
+        if owed and self.batches.state_dict() != self._state:
+            assert self._state is not None
+            self.batches.load_state_dict(self._state)
+        self._left_early = True
         self._state = self.batches.state_dict()
         for batch in self.batches:
             queue.append((jax.device_put(batch, self.sharding), self.batches.state_dict()))
@@ -89,6 +100,7 @@ class DevicePrefetcher:
         while queue:
             placed, self._state = queue.popleft()
             yield placed
+        self._left_early = False
 
     def state_dict(self) -> dict[str, Any]:
         return self._state if self._state is not None else self.batches.state_dict()
@@ -98,5 +110,9 @@ class DevicePrefetcher:
         self._state = None
 
     def set_epoch(self, epoch: int) -> None:
+        before = self.batches.state_dict()
         self.batches.set_epoch(epoch)
-        self._state = None
+        # The epoch being read already is no move: a pass left early still owes the
+        # batches it placed ahead.
+        if self.batches.state_dict() != before:
+            self._state = None

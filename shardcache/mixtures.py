@@ -351,9 +351,22 @@ class Mixture:
         """Resume at the exact next batch of the run that saved `state`: the same draw
         for every later step, and every source at its saved position.
 
+        Only at the world size the state was saved at, from this rank's own state: a
+        mixture offers no elastic resume (what `Dataset.load_state_dict` does with the
+        list of every old rank's states), so a state of another world size, or a list,
+        is refused saying so before any source checks its own state.
+
         All or nothing: every source's state is checked before any source moves, so a
         refused state (StateMismatchError) leaves the mixture and all its sources as
         they were."""
+        given: object = state  # typed as a mapping; a list is what callers pass by mistake
+        if isinstance(given, list | tuple):
+            raise errors.StateMismatchError(
+                "cannot resume: expected one mixture state from Mixture.state_dict(), found "
+                f"a list of {len(given)}: a mixture resumes only at the world size it was "
+                "saved at, from this rank's own state; elastic resume (the states of every "
+                "old rank, for another world size) is not offered for mixtures"
+            )
         if not isinstance(state, Mapping) or state.get("kind") != _KIND:
             raise errors.StateMismatchError(
                 "cannot resume: expected a mixture state from Mixture.state_dict(), found "
@@ -364,6 +377,7 @@ class Mixture:
                 f"cannot resume: mixture state version {state.get('version')!r} is not "
                 f"supported: expected {STATE_VERSION}"
             )
+        self._check_world_sizes(state.get("sources"))
         ours = self.state_dict()
         differ = [
             f"{key}: state has {state.get(key)!r}, this mixture has {ours[key]!r}"
@@ -402,6 +416,25 @@ class Mixture:
         self._step = step
         batch_size = state.get("batch_size")
         self._batch_size = batch_size if isinstance(batch_size, int) else None
+
+    def _check_world_sizes(self, saved_sources: object) -> None:
+        """Refuse a state saved at another world size before anything else: its sources'
+        own refusals would advise the elastic resume a mixture does not offer."""
+        if not isinstance(saved_sources, Mapping):
+            return  # Refused below, with the other differences.
+        for name, ds in self._sources.items():
+            saved = saved_sources.get(name)
+            world = saved.get("world_size") if isinstance(saved, Mapping) else None
+            if isinstance(world, bool) or not isinstance(world, int):
+                continue  # Not a state: the source's own check says what it lacks.
+            if world != ds.params.world_size:
+                raise errors.StateMismatchError(
+                    f"cannot resume: the mixture state was saved at world size {world} "
+                    f"(source {name!r}), this mixture reads at world size "
+                    f"{ds.params.world_size}: a mixture resumes only at the world size it "
+                    f"was saved at ({world}); elastic resume is not offered for mixtures. "
+                    f"Resume with {world} ranks, or start the mixture afresh"
+                )
 
     # --- lifecycle ----------------------------------------------------------------
     def close(self) -> None:

@@ -112,7 +112,9 @@ class Batches:
     `source` and `open_options` are `shardcache.open()`'s; `rank`/`world_size`
     default to $RANK/$WORLD_SIZE (JAX users pass `jax.process_index()` and
     `jax.process_count()`, or use `shardcache.jax`). Each `iter()` reads the rest of
-    the current epoch; `set_epoch` selects the next one.
+    the current epoch: after a pass left early, from the next batch not handed out;
+    after a pass that reached the epoch's end, the same epoch again from its start.
+    `set_epoch` selects the next one.
 
     A mixture (`shardcache.mixture_batching`): `source` a `shardcache.Mixture`, or
     `mixture={name: URI}` with `weights=` (and `mix_seed=`), each source opened with
@@ -217,8 +219,10 @@ class Batches:
 
     def _batches(self) -> Iterator[dict[str, npt.NDArray[Any]]]:
         ds = self._source
-        if not self._fresh and isinstance(ds, datasets.Dataset):
-            # A finished pass: the next one is the same epoch again, from its start.
+        if not self._fresh and isinstance(ds, datasets.Dataset) and self._at_epoch_end():
+            # A pass that reached the epoch's end: the next one is the same epoch again,
+            # from its start. A pass left before the end goes on from its cursor, so no
+            # row it handed out is handed out again.
             state = ds.state_dict()
             state["position"] = 0
             ds.load_state_dict(state)
@@ -247,6 +251,12 @@ class Batches:
                 if close is not None:
                     close()
             self._fresh = False
+
+    def _at_epoch_end(self) -> bool:
+        """Whether the reader's cursor stands at the end of the epoch: the pass ran to its
+        end, or the caller took its last batch (a packed remainder too)."""
+        state = self._reader.state_dict()
+        return bool(state["dataset"]["position"] >= len(self.dataset) and not state["skip"])
 
     def state_dict(self) -> dict[str, Any]:
         """Where the batches handed out so far end (a small JSON dict)."""

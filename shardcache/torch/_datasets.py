@@ -18,6 +18,7 @@ JSON dict here, so either alone resumes at the exact next batch.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -33,7 +34,7 @@ from shardcache import (
     mixture_batching,
     mixtures,
 )
-from shardcache.torch import _ranks, _tensors
+from shardcache.torch import _ranks, _tensors, _worker_notes
 
 
 class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
@@ -44,7 +45,8 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
     `batch_size` rows per batch, or with `pack` that many sequences of `pack` tokens
     made by concatenating the lists of `pack_column` (remainder carried to the next
     batch, and in the state). `lists` and `pad_to`: see `shardcache.torch.collate`.
-    Call `set_epoch(epoch)` at the top of each epoch, as with a DistributedSampler.
+    Call `set_epoch(epoch)` at the top of each epoch, as with a DistributedSampler: it
+    reaches DataLoader workers, persistent ones too (`_worker_notes`).
 
     A mixture: `mixture={name: URI}` and `weights=` (a mapping or a schedule,
     `shardcache.mix`) and `mix_seed=`, every source opened with `open_options`;
@@ -53,7 +55,8 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
     steps), `set_epoch` does nothing, `pack` is refused, and a new iterator in this
     process goes on where the last one stopped. With DataLoader workers, iterate the
     loader once (or resume a StatefulDataLoader): new workers start from the state
-    they are given, the opened mixture's start by default.
+    they are given, the opened mixture's start by default, and persistent workers
+    refuse a second pass.
     """
 
     def __init__(
@@ -121,7 +124,16 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
             pad_value=pad_value,
         )
         self.lists, self.pad_to = lists, pad_to
-        self._epoch: int = open_options.get("epoch", 0)
+        self._epoch: int = open_options.get("epoch") or 0
+        #: What persistent DataLoader workers learn of the main process's `set_epoch`
+        #: and `load_state_dict` at their next pass (their copies are made once).
+        self._notes = _worker_notes.Notes(self._epoch)
+        #: The main process's state loads this copy knows of (a worker's: those made
+        #: before it started, which it was given with its copy).
+        self._loads_known = 0
+        #: (process id, passes begun in it): a forked worker inherits its parent's
+        #: count, so the count restarts in each process.
+        self._passes = (os.getpid(), 0)
         self._pending: dict[str, Any] | None = None
         # Per process, never pickled into DataLoader workers.
         self._dataset: _adapter_sources.Source | None = self._given
@@ -201,6 +213,9 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         if pending is not None:
             reader.load_state_dict(pending)
             self._epoch = reader.dataset.epoch
+            if not _worker_notes.in_worker():
+                # What the next new (or persistent) worker reads, as this process does.
+                self._notes.set_epoch(self._epoch)
         return reader
 
     def _mixture_reader(
@@ -226,12 +241,21 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
     # --- iteration ----------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Read `epoch` next (from its start, unless a state of that epoch was loaded).
-        A mixture has no epochs (its sources move on by themselves): nothing to do."""
+        A mixture has no epochs (its sources move on by themselves): nothing to do.
+
+        Called in the main process, it reaches DataLoader workers too, persistent ones
+        included: each takes it up when its next pass starts."""
         # Checked now, not when the next iterator loads it into a state (a numpy integer
         # would be refused there, a float planned as an epoch that does not exist).
         epoch = _integers.integer(epoch, "epoch", minimum=0)
         if self._opener is None or self._opener.mixture is not None:
             return
+        self._choose_epoch(epoch)
+
+    def _choose_epoch(self, epoch: int) -> None:
+        """Read `epoch` next in this process (and, from the main process, in workers)."""
+        if not _worker_notes.in_worker():
+            self._notes.set_epoch(epoch)
         if epoch != self._epoch:
             self._epoch = epoch
             if self._pending is not None and self._pending["dataset"]["epoch"] != epoch:
@@ -243,8 +267,50 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
             # Forked workers inherit the mixture without pickling: refuse it here too.
             self._dataset, self._opener = None, None
         split = batching.Split(info.id, info.num_workers) if info is not None else None
-        self._live = _Iterator(self, split)
+        refused = self._start_pass(info.id) if info is not None else None
+        if refused is not None and self._live is not None:
+            self._live.close()
+        self._live = _Iterator(self, split, refused=refused)
         return self._live
+
+    def _start_pass(self, worker: int) -> errors.InputError | None:
+        """In a DataLoader worker, at the start of a pass: take up what the main process
+        did since the last one (a persistent worker's copy of the dataset is not made
+        again). Returns why the pass must not run, raised at its first batch: a worker
+        that raised here, while the loader resumes it, would die without a word."""
+        pid, begun = self._passes
+        begun = begun + 1 if pid == os.getpid() else 1
+        self._passes = (os.getpid(), begun)
+        if self._notes.loads != self._loads_known:
+            return errors.StateMismatchError(
+                f"DataLoader worker {worker}: a state was loaded into the IterableDataset "
+                "in the main process (load_state_dict) after this persistent worker "
+                "started, and it reads its own copy of the dataset, made when it started: "
+                "expected no state loaded between passes of a loader with "
+                "persistent_workers=True, found one. Load the state before the loader's "
+                "first pass, or resume with StatefulDataLoader.load_state_dict (it starts "
+                "new workers), or use persistent_workers=False"
+            )
+        if self._opener is None or self._opener.mixture is not None:
+            # A mixture (or one opened by the caller, which the worker refuses when it
+            # opens its reader): no epoch to take up.
+            if begun > 1 and self._opener is not None:
+                return errors.InputError(
+                    f"DataLoader worker {worker}: a new pass of a loader with "
+                    "persistent_workers=True over a mixture: expected one pass (a "
+                    "mixture's batches never end), found another. This worker read "
+                    "batches ahead of what the loader yielded, so it cannot go on at the "
+                    "loader's next batch. Iterate the loader once and bound the loop by "
+                    "steps, or go on with StatefulDataLoader: "
+                    "loader.load_state_dict(loader.state_dict()) starts new workers at the "
+                    "exact next batch"
+                )
+            return None
+        # The epoch a new worker would be given: the one the main process set last.
+        # (A state this worker was given at its start keeps its own epoch until then.)
+        if self._notes.epoch != self._epoch:
+            self._choose_epoch(self._notes.epoch)
+        return None
 
     # --- state --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -256,12 +322,19 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         return self.reader().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the next iterator at the exact next batch of the run that saved it."""
+        """Resume the next iterator at the exact next batch of the run that saved it.
+
+        In the main process, before a DataLoader's workers start (they are given it
+        with their copy of the dataset); persistent workers already running cannot see
+        it and refuse their next pass (StatefulDataLoader.load_state_dict starts new
+        workers)."""
         if not isinstance(state, dict) or ("dataset" not in state and "mixture" not in state):
             raise errors.StateMismatchError(
                 "expected a state from shardcache.torch.IterableDataset.state_dict(), "
                 f"found {type(state).__name__}"
             )
+        if not _worker_notes.in_worker():
+            self._loads_known = self._notes.count_load()
         self._pending = state
         self._live = None
 
@@ -274,27 +347,44 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
 
 
 class _Iterator:
-    """One pass over the rest of an epoch; `Stateful` for StatefulDataLoader."""
+    """One pass over the rest of an epoch; `Stateful` for StatefulDataLoader.
 
-    def __init__(self, owner: IterableDataset, split: batching.Split | None) -> None:
+    A pass `refused` at its start (`IterableDataset._start_pass`) reads nothing and
+    raises that error at its first batch or state: DataLoader hands an error raised
+    there to the main process with the worker's traceback."""
+
+    def __init__(
+        self,
+        owner: IterableDataset,
+        split: batching.Split | None,
+        *,
+        refused: errors.InputError | None = None,
+    ) -> None:
         self._owner = owner
         self._split = split
-        self._reader = owner.reader(split)
+        self._refused = refused
+        self._reader = owner.reader(split) if refused is None else None
         self._batches: Iterator[batching.HostBatch] | None = None
+
+    def _read(self) -> _adapter_sources.Reader:
+        if self._refused is not None:
+            raise self._refused
+        assert self._reader is not None
+        return self._reader
 
     def __iter__(self) -> _Iterator:
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
         if self._batches is None:
-            self._batches = iter(self._reader)
+            self._batches = iter(self._read())
         return self._owner.collate(next(self._batches))
 
     def state_dict(self) -> dict[str, Any]:
-        return self._reader.state_dict()
+        return self._read().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._reader.load_state_dict(state)
+        self._read().load_state_dict(state)
         self._batches = None
 
     def close(self) -> None:

@@ -170,6 +170,37 @@ def test_a_single_state_at_another_world_size_is_refused_with_what_to_do(root: P
         ds.load_state_dict([state, {**state, "rank": 1}, {**state, "rank": 2}])
 
 
+@pytest.mark.parametrize("differ", ["granularity", "window"])
+@pytest.mark.parametrize("new_world", [2, 3])
+def test_a_list_of_ranks_that_read_other_plans_is_refused_at_any_world_size(
+    root: Path, differ: str, new_world: int
+) -> None:
+    """Rank 0 saved by a sample-mode run, rank 1 by a block-mode run (or a sample-mode
+    run with another window): their states are ranges of two different global
+    sequences. A resize to 3 ranks used to take them and read some rows twice and others
+    never; now every world size refuses the list, naming what differs."""
+    plans = (
+        [("sample", WINDOW), ("block", WINDOW)]
+        if differ == "granularity"
+        else [("sample", WINDOW), ("sample", WINDOW + 1)]
+    )
+    saved = []
+    for rank, (mode, window) in enumerate(plans):
+        with shardcache.open(
+            str(root / "ds"), cache_dir=root / "c", rank=rank, world_size=2, seed=SEED,
+            block_size=BLOCK, shuffle=mode, window=window,
+        ) as ds:  # fmt: skip
+            batches = ds.batches(BATCH)
+            next(batches)
+            batches.close()
+            saved.append(ds.state_dict())
+    for rank in range(new_world):
+        with embedded(root, "sample")(rank, new_world) as ds:
+            with pytest.raises(errors.StateMismatchError, match=f"{differ}: "):
+                ds.load_state_dict(saved)
+            assert ds.position == 0
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_resize_through_a_real_sidecar_reads_every_unconsumed_row_once(
     root: Path,

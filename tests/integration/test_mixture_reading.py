@@ -124,6 +124,48 @@ def test_a_state_of_another_mixture_is_refused_saying_what_differs(
         m.load_state_dict(state)
 
 
+def test_a_state_of_another_world_size_is_refused_saying_a_mixture_resumes_only_at_its_own(
+    roots: dict[str, str], tmp_path: Path
+) -> None:
+    """A mixture saved at world size 2 loaded at 3: refused naming both world sizes and
+    that mixtures have no elastic resume (it used to pass on a source's advice to load
+    the list of every rank's states, which a mixture refuses as no dict), and a list of
+    the ranks' states is refused saying the same. Nothing moves."""
+
+    def mixture(rank: int, world: int, cache: Path) -> shardcache.Mixture:
+        opened = {
+            name: shardcache.open(
+                uri, cache_dir=cache / name, seed=7, block_size=4, rank=rank, world_size=world
+            )
+            for name, uri in roots.items()
+        }
+        return shardcache.mix(opened, weights={"web": 1, "code": 1}, seed=3)
+
+    saved = []
+    for rank in range(2):
+        with mixture(rank, 2, tmp_path / "old") as m:
+            list(m.batches(BATCH, steps=3))
+            saved.append(json.loads(json.dumps(m.state_dict())))
+    with mixture(0, 3, tmp_path / "new") as m:
+        with pytest.raises(errors.StateMismatchError) as refused:
+            m.load_state_dict(saved[0])
+        message = str(refused.value)
+        assert "saved at world size 2 (source 'web'), this mixture reads at world size 3" in message
+        assert "resumes only at the world size it was saved at (2)" in message
+        assert "elastic resume is not offered for mixtures" in message
+        assert "load_state_dict([...])" not in message
+        with pytest.raises(
+            errors.StateMismatchError,
+            match=r"found a list of 2: a mixture resumes only at the world size it was saved",
+        ):
+            m.load_state_dict(saved)  # type: ignore[arg-type]
+        assert m.step == 0
+        assert {n: (ds.epoch, ds.position) for n, ds in m.sources.items()} == {
+            "web": (0, 0),
+            "code": (0, 0),
+        }
+
+
 def test_counts_say_how_many_batches_and_rows_each_source_served(
     roots: dict[str, str], tmp_path: Path
 ) -> None:

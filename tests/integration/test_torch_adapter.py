@@ -161,6 +161,80 @@ def test_packed_batches_carry_the_remainder_across_resume(make, workers: int) ->
     assert full[0].shape == (2, 9) and full[0].dtype == torch.int32
 
 
+def epoch_uids(make: torch_datasets.Factory, epoch: int, **options: Any) -> list[list[int]]:
+    """Epoch `epoch`'s batches read in this process: what any loader must yield."""
+    ds = make(**options)
+    ds.set_epoch(epoch)
+    return [[int(u) for u in b["uid"]] for b in loader(ds, 0)]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("shuffle", ["block", "sample"])
+def test_persistent_workers_read_the_epoch_set_in_the_main_process_at_every_pass(
+    make: torch_datasets.Factory, context: str, shuffle: str
+) -> None:
+    """DataLoader(persistent_workers=True) copies the dataset into its workers once:
+    set_epoch(e) in the main process used to stay there, and every pass read epoch 0
+    again. Forked and spawned workers share the epoch with the main process."""
+    options: dict[str, Any] = {"shuffle": shuffle, "window": 40}
+    ds = make(**options)
+    persistent = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=2, persistent_workers=True,
+        multiprocessing_context=context,
+    )  # fmt: skip
+    for epoch in (0, 1, 3):
+        ds.set_epoch(epoch)
+        got = [[int(u) for u in b["uid"]] for b in persistent]
+        assert got == epoch_uids(make, epoch, **options), f"epoch {epoch}"
+    assert epoch_uids(make, 1, **options) != epoch_uids(make, 0, **options)
+
+
+@pytest.mark.parametrize("stop", [1, 4])
+def test_stateful_dataloader_with_persistent_workers_resumes_mid_epoch_exactly(
+    make: torch_datasets.Factory, stop: int
+) -> None:
+    """A later epoch's state from persistent workers says that epoch and resumes at its
+    next batch, in persistent workers too, and the epoch after it follows set_epoch."""
+
+    def stateful(ds: shardcache.torch.IterableDataset) -> Any:
+        return loader(ds, 2, StatefulDataLoader, persistent_workers=True)
+
+    ds = make()
+    first = stateful(ds)
+    assert uids(first) == [u for b in epoch_uids(make, 0) for u in b]
+    ds.set_epoch(2)
+    head: list[int] = []
+    for i, batch in enumerate(first):
+        head += [int(u) for u in batch["uid"]]
+        if i + 1 == stop:
+            break
+    state = json.loads(json.dumps(first.state_dict()))
+    again = make()
+    again.set_epoch(2)
+    resumed = stateful(again)
+    resumed.load_state_dict(state)
+    assert head + uids(resumed) == [u for b in epoch_uids(make, 2) for u in b]
+    again.set_epoch(3)
+    assert uids(resumed) == [u for b in epoch_uids(make, 3) for u in b]
+
+
+def test_a_state_loaded_in_the_main_process_after_persistent_workers_started_is_refused(
+    make: torch_datasets.Factory,
+) -> None:
+    """Persistent workers read copies made when they started: a state loaded into the
+    main process's dataset afterwards cannot reach them. Their next pass used to ignore
+    it and read the epoch from its start; now it says so."""
+    ds = make()
+    persistent = loader(ds, 1, persistent_workers=True)
+    uids(persistent)
+    other = make()
+    batches = iter(loader(other, 0))
+    next(batches)
+    ds.load_state_dict(other.state_dict())
+    with pytest.raises(errors.StateMismatchError, match="after this persistent worker started"):
+        uids(persistent)
+
+
 def test_packing_covers_every_token_once(make, uri: str) -> None:  # type: ignore[no-untyped-def]
     plain = make(columns=["tokens"], batch_size=50)
     expected = torch.cat([b["tokens"] for b in plain])
@@ -371,6 +445,80 @@ def test_numpy_batches_set_epoch_between_two_batches_reads_on_and_resumes_exactl
         again = [b[key] for b in resumed]
     assert all(np.array_equal(a, b) for a, b in zip(again, rest, strict=True))
     assert len(again) == len(rest)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"columns": ["uid"]},
+        {"columns": ["uid"], "drop_last": True},
+        {"columns": ["tokens"], "pack": 8},
+    ],
+)
+def test_numpy_batches_a_new_iter_after_leaving_a_pass_early_goes_on_from_the_next_batch(
+    uri: str, tmp_path: Path, extra: dict[str, Any]
+) -> None:
+    """A second iter() after a break mid-epoch reads the rest of the epoch (it used to
+    start the epoch again, handing out the first batches twice); one after a pass that
+    reached the end reads the epoch again."""
+    import numpy as np
+
+    import shardcache.numpy
+
+    kw: dict[str, Any] = {"cache_dir": str(tmp_path / "cache"), "block_size": 5, "batch_size": 6}
+    key = extra["columns"][0]
+    with shardcache.numpy.Batches(uri, rank=0, world_size=1, **kw, **extra) as plain:
+        epoch = [b[key] for b in plain]
+    with shardcache.numpy.Batches(uri, rank=0, world_size=1, **kw, **extra) as batches:
+        head = []
+        for batch in batches:
+            head.append(batch[key])
+            if len(head) == 2:
+                break
+        rest = [b[key] for b in batches]
+        again = [b[key] for b in batches]
+    assert len(head + rest) == len(epoch)
+    assert all(np.array_equal(a, b) for a, b in zip(head + rest, epoch, strict=True))
+    assert len(again) == len(epoch)
+    assert all(np.array_equal(a, b) for a, b in zip(again, epoch, strict=True))
+
+
+JAX_LEFT_EARLY = """
+import json, sys
+import jax
+import numpy as np
+import shardcache.jax
+
+uri, cache = sys.argv[1:3]
+kw = {"cache_dir": cache, "block_size": 5, "batch_size": 4, "columns": ["uid"]}
+with shardcache.jax.Batches(uri, **kw) as plain:
+    expected = [b["uid"].tolist() for b in plain]
+with shardcache.jax.Batches(uri, **kw) as batches:
+    prefetcher = shardcache.jax.DevicePrefetcher(batches, depth=3)
+    got = []
+    for batch in prefetcher:
+        got.append(np.asarray(batch["uid"]).tolist())
+        if len(got) == 2:
+            break
+    got += [np.asarray(b["uid"]).tolist() for b in prefetcher]
+assert got == expected, (got, expected)
+print(json.dumps({"batches": len(got)}))
+"""
+
+
+def test_jax_prefetcher_a_new_pass_after_leaving_one_early_starts_at_the_first_batch_not_handed_over(
+    uri: str, tmp_path: Path
+) -> None:
+    """The batches placed ahead by a pass left early are handed over by the next pass:
+    none skipped (the reader under it has gone past them), none repeated."""
+    out = subprocess.run(
+        [sys.executable, "-c", JAX_LEFT_EARLY, uri, str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["batches"] > 4
 
 
 def test_the_adapters_set_epoch_takes_numpy_integers_and_refuses_other_types(

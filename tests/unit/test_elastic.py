@@ -162,6 +162,10 @@ def with_rank(s: states.DataState, rank: int) -> states.DataState:
     return dataclasses.replace(s, params=dataclasses.replace(s.params, rank=rank))
 
 
+def with_plan(s: states.DataState, **changes: object) -> states.DataState:
+    return dataclasses.replace(s, params=dataclasses.replace(s.params, **changes))  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "change,message",
     [
@@ -180,6 +184,11 @@ def with_rank(s: states.DataState, rank: int) -> states.DataState:
             "seed: 7 vs 8",
         ),
         (lambda ss: [*ss[:2], dataclasses.replace(ss[2], plan_version=9)], "plan_version"),
+        (lambda ss: [*ss[:2], with_plan(ss[2], granularity="sample")], "granularity: 'block' vs"),
+        (
+            lambda ss: [with_plan(s, granularity="sample", window=8 if s.rank else 9) for s in ss],
+            "window: 9 vs 8",
+        ),
         (lambda ss: [], "no state given"),
     ],
 )
@@ -189,6 +198,12 @@ def test_states_that_are_not_one_run_at_one_point_are_refused(
     old = start_states(3, 0, block_size=4, shuffle=True)
     with pytest.raises(errors.StateMismatchError, match=message):
         elastic.resize(change(old), total_rows=30, world_size=2)
+
+
+def test_ranks_of_block_mode_may_differ_in_the_window_which_only_sample_mode_reads() -> None:
+    old = [with_plan(s, window=8 + s.rank) for s in start_states(3, 0, block_size=4, shuffle=True)]
+    new = elastic.resize(old, total_rows=30, world_size=2)
+    assert sum(streams.length(s.params.segments.ranges) for s in new if s.params.segments) == 30
 
 
 def test_a_position_past_the_end_of_an_old_rank_is_refused() -> None:

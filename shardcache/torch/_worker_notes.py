@@ -1,0 +1,52 @@
+"""What the main process tells DataLoader workers that outlive one pass.
+
+A DataLoader worker reads its own copy of the dataset, made when the worker starts. With
+`persistent_workers=True` a worker serves every later pass of the loader from that copy,
+so what the training loop does to the dataset between passes in the main process
+(`set_epoch(e)`, `load_state_dict(state)`) never reaches it. The few facts a worker
+needs at the start of each pass live in one small tensor in shared memory, which the
+workers' copies share with the main process's dataset: a forked worker maps the same
+memory, and a spawned one receives it through torch's multiprocessing pickler (the one
+DataLoader sends the dataset with), the way torch users share an epoch counter. Only
+the main process writes it; a worker reads it when a pass starts. A dataset pickled any
+other way carries a copy of the values, not the shared memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.utils.data
+
+_EPOCH, _LOADS = 0, 1
+
+
+def in_worker() -> bool:
+    """Whether this process is a DataLoader worker (not the main process)."""
+    return torch.utils.data.get_worker_info() is not None
+
+
+class Notes:
+    """The epoch the main process set last, and how many states it has loaded."""
+
+    def __init__(self, epoch: int) -> None:
+        # int64 like the epochs and counts it holds; shared before any worker starts.
+        values = torch.tensor([epoch, 0], dtype=torch.int64)
+        # torch declares no types for share_memory_ (it returns the tensor itself).
+        values.share_memory_()  # type: ignore[no-untyped-call]
+        self._values = values
+
+    @property
+    def epoch(self) -> int:
+        return int(self._values[_EPOCH])
+
+    @property
+    def loads(self) -> int:
+        return int(self._values[_LOADS])
+
+    def set_epoch(self, epoch: int) -> None:
+        self._values[_EPOCH] = epoch
+
+    def count_load(self) -> int:
+        """Count one more state loaded in the main process; the new count."""
+        self._values[_LOADS] += 1
+        return self.loads
