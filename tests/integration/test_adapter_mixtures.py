@@ -280,6 +280,52 @@ def test_stateful_dataloader_resumes_a_mixture_at_the_exact_next_batch(
     assert head + torch_uids(resumed, 20) == want[: stop + 20]
 
 
+def torch_mixture(uris: dict[str, str], tmp_path: Path) -> shardcache.torch.IterableDataset:
+    return shardcache.torch.IterableDataset(
+        batch_size=BATCH,
+        columns=["uid"],
+        mixture=uris,
+        weights=WEIGHTS,
+        mix_seed=MIX_SEED,
+        **open_options(tmp_path, "block"),
+    )
+
+
+def test_a_second_pass_of_persistent_workers_over_a_mixture_is_refused(
+    uris: dict[str, str], tmp_path: Path
+) -> None:
+    """A persistent worker read batches ahead of what the loader yielded, so its next
+    pass cannot go on at the loader's next batch: it used to go on after them (batches
+    of the mixture skipped); now the pass says so and what to do instead."""
+    want = expected(uris, tmp_path, "block")
+    ds = torch_mixture(uris, tmp_path)
+    persistent = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=2, persistent_workers=True,
+        multiprocessing_context="fork",
+    )  # fmt: skip
+    assert torch_uids(persistent, 5) == want[:5]
+    with pytest.raises(errors.InputError, match="a new pass of a loader with persistent_workers"):
+        torch_uids(persistent, 5)
+    ds.close()
+
+
+def test_stateful_dataloader_with_persistent_workers_goes_on_over_a_mixture_from_its_state(
+    uris: dict[str, str], tmp_path: Path
+) -> None:
+    """What the refusal above advises: the loader's own state starts new workers at the
+    exact next batch of the mixture."""
+    want = expected(uris, tmp_path, "block")
+    ds = torch_mixture(uris, tmp_path)
+    stateful = StatefulDataLoader(
+        ds, batch_size=None, num_workers=2, persistent_workers=True,
+        multiprocessing_context="fork",
+    )  # fmt: skip
+    head = torch_uids(stateful, 5)
+    stateful.load_state_dict(stateful.state_dict())
+    assert head + torch_uids(stateful, 7) == want[:12]
+    ds.close()
+
+
 def test_a_mixture_opened_by_the_caller_is_refused_in_a_worker_process(
     uris: dict[str, str], tmp_path: Path
 ) -> None:
