@@ -23,7 +23,11 @@ one memcpy (5-6 GB/s here). So:
   fancy indexing copies each asked row with one `memmove`, whatever shard it is in;
 - anything else (nulls, booleans, structs, nested lists, dictionaries) falls back to
   `pyarrow.compute.take` per source, a concatenation and a reordering take; the rows
-  are grouped by source (one sort) only when a column needs it.
+  are grouped by source (one sort) only when a column needs it. Views (`string_view`,
+  `binary_view`: what Polars writes) and run-end encoded columns, which `take` has no
+  kernel for, have their rows taken per source by `_take` (the 16-byte views as fixed-
+  size binary, a run found per row by a binary search) into `large_string`,
+  `large_binary` or the runs' values, and get their own type back once gathered.
 
 No per-row Python in any case: the work per batch is a few numpy calls per column
 (plus one per shard for a column that falls back).
@@ -59,6 +63,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as patypes
+
+from shardcache import errors
 
 Indices = npt.NDArray[np.int64]
 
@@ -128,6 +134,15 @@ class Gatherer:
             if i in self._spans:
                 return
             arrays = [src.column(i) for src in self.sources]
+            field = self.schema.field(i)
+            if not _gatherable(field.type):
+                raise errors.InputError(
+                    f"sample mode and take() cannot gather column {field.name!r} of type "
+                    f"{field.type}: expected a type Arrow's take handles, views "
+                    "(string_view, binary_view) in structs and lists, or run-end encoding "
+                    "of a whole column; read in block mode (shuffle='block'), or write the "
+                    "column with large_string or large_binary in place of views"
+                )
             fixed = _Fixed.build(arrays)
             self._fixed[i] = fixed
             self._spans[i] = _Span.build(arrays) if fixed is None and _no_nulls(arrays) else None
@@ -407,10 +422,101 @@ class _Split:
 
 def _fallback(arrays: Sequence[pa.Array], split: _Split) -> pa.Array:
     used = [s for s, pos in enumerate(split.positions) if len(pos)]
-    pieces = [pc.take(arrays[s], pa.array(split.rows[s])) for s in used]
+    pieces = [_take(arrays[s], split.rows[s]) for s in used]
     joined = pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces)
     # Row i of the result is at `where[i]` of the pieces joined in source order.
     where = np.concatenate([split.positions[s] for s in used])
     inverse = np.empty_like(where)
     inverse[where] = np.arange(len(where), dtype=np.int64)
-    return pc.take(joined, pa.array(inverse))
+    return _restore(pc.take(joined, pa.array(inverse)), arrays[0].type)
+
+
+# Types Arrow's `take` has no kernel for (pyarrow 26): string and binary views (what
+# Polars writes), and run-end encoded arrays. `_take` takes their rows itself, into the
+# "plain" type (`large_string`, `large_binary`, the run-end encoded values), which `take`
+# and concatenation handle; `_restore` gives the gathered batch the column's type back.
+# Each copies only the rows taken, never a whole shard per batch.
+_VIEWS = {pa.string_view(): pa.large_string(), pa.binary_view(): pa.large_binary()}
+#: Bytes of one view (length, prefix, buffer index and offset; or up to 12 bytes inline).
+_VIEW_WIDTH = 16
+
+
+def _special(t: pa.DataType) -> bool:
+    """Whether `t` holds a type that `take` has no kernel for (`_take`)."""
+    if t in _VIEWS or patypes.is_run_end_encoded(t):
+        return True
+    if patypes.is_dictionary(t):
+        return False  # `take` takes the indices alone
+    return any(_special(t.field(i).type) for i in range(t.num_fields))
+
+
+def _gatherable(t: pa.DataType, *, top: bool = True) -> bool:
+    """Whether rows of a column of type `t` can be gathered (`Gatherer`): every type
+    Arrow's `take` handles, and views inside structs and lists, and run-end encoding
+    of a whole column."""
+    if not _special(t) or t in _VIEWS:
+        return True
+    if patypes.is_run_end_encoded(t):
+        return top and _gatherable(t.value_type, top=False)
+    if patypes.is_struct(t) or patypes.is_list(t) or patypes.is_large_list(t):
+        return all(_gatherable(t.field(i).type, top=False) for i in range(t.num_fields))
+    return False
+
+
+def _mask(arr: pa.Array, rows: Indices) -> pa.Array | None:
+    """Which of `rows` are null in `arr` (None: none is), read from its validity bitmap
+    seen as booleans: the taken rows' bits alone, not a pass over the shard."""
+    bitmap = arr.buffers()[0]
+    if bitmap is None:
+        return None
+    valid = pa.Array.from_buffers(pa.bool_(), len(arr), [None, bitmap], offset=arr.offset)
+    return pc.invert(pc.take(valid, pa.array(rows)))
+
+
+def _take(arr: pa.Array, rows: Indices) -> pa.Array:
+    """Rows `rows` of `arr`, in its plain type (see `_VIEWS`)."""
+    t = arr.type
+    if not _special(t):
+        return pc.take(arr, pa.array(rows))
+    if t in _VIEWS:
+        # A view is 16 bytes of its own; the long values it points to stay in the
+        # source's buffers: take the views as fixed-size binary, then copy the taken
+        # values out into the plain type, so the batch holds no mapping.
+        views = pa.Array.from_buffers(
+            pa.binary(_VIEW_WIDTH), len(arr), arr.buffers()[:2], offset=arr.offset
+        )
+        taken = pc.take(views, pa.array(rows))
+        own = [taken.buffers()[0], taken.buffers()[1], *arr.buffers()[2:]]
+        return pa.Array.from_buffers(t, len(taken), own).cast(_VIEWS[t])
+    if patypes.is_run_end_encoded(t):
+        # A row's run is the first whose end is past it.
+        ends = arr.run_ends.to_numpy(zero_copy_only=False)
+        runs = np.searchsorted(ends, rows + arr.offset, side="right")
+        return _take(arr.values, runs.astype(np.int64))
+    if patypes.is_struct(t):
+        children = [_take(arr.field(i), rows) for i in range(t.num_fields)]
+        fields = [t.field(i).with_type(c.type) for i, c in enumerate(children)]
+        return pa.StructArray.from_arrays(children, fields=fields, mask=_mask(arr, rows))
+    # A list (`_gatherable`): the values of each taken row, in order.
+    offsets = arr.offsets.to_numpy(zero_copy_only=False)  # a view of the shard's
+    starts = offsets[rows].astype(np.int64)
+    lengths = offsets[rows + 1].astype(np.int64) - starts
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    taken = _take(arr.values, np.repeat(starts - (ends - lengths), lengths) + np.arange(total))
+    large = patypes.is_large_list(t)
+    new_offsets = pa.array(np.concatenate([[0], ends]), pa.int64() if large else pa.int32())
+    kind = (pa.large_list if large else pa.list_)(t.value_field.with_type(taken.type))
+    cls = pa.LargeListArray if large else pa.ListArray
+    return cls.from_arrays(new_offsets, taken, type=kind, mask=_mask(arr, rows))
+
+
+def _restore(arr: pa.Array, t: pa.DataType) -> pa.Array:
+    """`arr`, gathered in its plain type, as type `t`."""
+    if arr.type == t:
+        return arr
+    if patypes.is_run_end_encoded(t):
+        encoded = pc.run_end_encode(arr, run_end_type=t.run_end_type)
+        values = _restore(encoded.values, t.value_type)
+        return pa.RunEndEncodedArray.from_arrays(encoded.run_ends, values, type=t)
+    return arr.cast(t)  # views, at any depth (a copy of the gathered rows only)

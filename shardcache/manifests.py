@@ -90,7 +90,7 @@ class Manifest:
         """The shard's path inside the root's filesystem (not a URI)."""
         _, root_path = source.split_uri(self.root)
         rel = self.shards[index].path
-        return f"{root_path}/{rel}" if rel else root_path
+        return f"{root_path.rstrip('/')}/{rel}" if rel else root_path
 
     def source_key(self, index: int) -> str:
         """Content identity of a shard's source bytes: the disk-tier key."""
@@ -181,6 +181,16 @@ def _list(fs: pafs.FileSystem, root: str, uri: str) -> list[pafs.FileInfo]:
     return [i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
 
 
+def _single_root(uri: str, path: str) -> str:
+    """The root of a dataset of the one object at `uri` (its path `path`): the URI of
+    its parent. A bare path's parent is taken from its absolute path: "data.parquet"
+    has no "/" to cut at, and a relative root would name the file itself, or another
+    directory once the process changes its working directory."""
+    if "://" not in uri:
+        return str(PurePosixPath(path).parent)
+    return uri.rstrip("/").rsplit("/", 1)[0]
+
+
 def resolve(
     uri: str,
     *,
@@ -248,9 +258,11 @@ def resolve(
     ]
     unified = None
     if len({formats.fingerprint(schema) for _, schema in typed}) > 1:
-        unified = schemas.unify(typed)
+        # JSON objects have no key order and may leave keys out: JSON Lines shards are
+        # matched by field name (formats/README.md, "Schema unification").
+        unified = schemas.unify(typed, by_name=fmt == "jsonl")
     promoted = schemas.encode(unified) if unified is not None else None
-    root_uri = uri.rstrip("/") if not single else uri.rsplit("/", 1)[0] if "/" in uri else uri
+    root_uri = _single_root(uri, root) if single else uri.rstrip("/")
     if single:
         shards = tuple(
             dataclasses.replace(s, path=PurePosixPath(files[0][1].path).name) for s in shards

@@ -52,6 +52,14 @@ def redact(uri: str) -> str:
     return _QUERY.sub("", text) if "://" in text else text
 
 
+def query_or_fragment(uri: str) -> str | None:
+    """The "?" or "#" that starts a query or fragment of `uri` (an empty one included:
+    "s3://b/x?" drops its "?" as surely as "s3://b/x?y" drops "?y"), or None."""
+    _, _, rest = uri.partition("://")
+    found = [i for i in (rest.find("?"), rest.find("#")) if i >= 0]
+    return rest[min(found)] if found else None
+
+
 def refuse_userinfo(uri: str, *, where: str) -> None:
     """Raise `InputError` naming `where` (never the credentials) if `uri` has user info."""
     if has_userinfo(uri):

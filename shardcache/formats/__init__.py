@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from shardcache import errors
-from shardcache.formats import arrow, budgets, jsonl, parquet, schemas
+from shardcache.formats import arrow, budgets, jsonl, parquet, schemas, utf8
 
 #: Version of the decoded form; part of every memory-tier key, so a change never
 #: serves a file written by an older version.
@@ -115,8 +115,13 @@ def decode(
     Lines), while it decodes: `budgets.OverBudget` stops it. Other formats are sized
     before they are decoded. Columns of type null named in `promoted` (the manifest's
     schema unification, `schemas.unify`) become all-null columns of the promoted type.
+    A string that is not UTF-8 is an `errors.InputError` (`utf8`).
     """
-    table = jsonl.read(source, budget=budget) if name == "jsonl" else get(name).read(source)
+    if name == "jsonl":
+        table = jsonl.read(source, budget=budget)  # its text is checked as it is read
+    else:
+        table = get(name).read(source)
+        utf8.check_table(table)
     table = schemas.promote(table, promoted)
     batch = _one_batch(table)
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.json as pajson
 
-from shardcache.formats import budgets
+from shardcache.formats import budgets, utf8
 
 EXTENSIONS: tuple[str, ...] = (".jsonl", ".ndjson", ".json")
 
@@ -92,22 +93,38 @@ def _check_depth(piece: bytes) -> None:
                 depth -= 1
 
 
-def _parse(piece: bytes) -> Iterator[pa.Table]:
-    """`piece` parsed, in parts whose `_parse_bound` is under `PARSE_BOUND` (a single
-    line is parsed whole: `MAX_LINE` bounds it)."""
+def _read_json(text: bytes, *, explicit: pa.Schema | None = None) -> pa.Table:
+    # One block, parsed on this thread: pyarrow's allocator keeps memory per thread,
+    # and a piece is too small for its threads to help.
+    options = pajson.ReadOptions(use_threads=False, block_size=len(text) + 1)
+    parse = pajson.ParseOptions(explicit_schema=explicit, unexpected_field_behavior="infer")
+    return pajson.read_json(pa.BufferReader(text), read_options=options, parse_options=parse)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """A parsed part of the shard, with where its text lies in the file (to parse it
+    again with other types: `read`)."""
+
+    table: pa.Table
+    start: int
+    size: int
+
+
+def _parse(piece: bytes, at: int) -> Iterator[_Part]:
+    """`piece`, which starts at byte `at` of the file, parsed in parts whose
+    `_parse_bound` is under `PARSE_BOUND` (a single line is parsed whole: `MAX_LINE`
+    bounds it)."""
     if not piece.strip():
         return
     _check_depth(piece)
     if _parse_bound(piece) > PARSE_BOUND:
         half = piece.rfind(b"\n", 0, len(piece) // 2) + 1 or piece.find(b"\n") + 1
         if 0 < half < len(piece.rstrip(b"\n")):
-            yield from _parse(piece[:half])
-            yield from _parse(piece[half:])
+            yield from _parse(piece[:half], at)
+            yield from _parse(piece[half:], at + half)
             return
-    # One block, parsed on this thread: pyarrow's allocator keeps memory per thread,
-    # and a piece is too small for its threads to help.
-    options = pajson.ReadOptions(use_threads=False, block_size=len(piece) + 1)
-    yield pajson.read_json(pa.BufferReader(piece), read_options=options)
+    yield _Part(_read_json(piece), at, len(piece))
 
 
 #: Most distinct top-level fields a shard may name: a schema is a few hundred bytes a
@@ -115,16 +132,87 @@ def _parse(piece: bytes) -> Iterator[pa.Table]:
 MAX_FIELDS = 10_000
 
 
-def _tables(source: pa.NativeFile) -> Iterator[pa.Table]:
+def _parts(source: pa.NativeFile) -> Iterator[_Part]:
     """The shard's parsed parts, bounded in text (`MAX_LINE`), parse (`PARSE_BOUND`) and
-    fields (`MAX_FIELDS`)."""
+    fields (`MAX_FIELDS`), its text checked to be UTF-8."""
     names: set[str] = set()
+    at, line = 0, 1
     for piece in _pieces(source, max_line=MAX_LINE):
-        for table in _parse(piece):
-            names.update(table.schema.names)
+        # pyarrow's parser copies a string's bytes as they are (formats/utf8.py).
+        utf8.check_bytes(piece, at=at, line=line)
+        for part in _parse(piece, at):
+            names.update(part.table.schema.names)
             if len(names) > MAX_FIELDS:
                 raise budgets.OverBudget(budgets.FIELDS, found=len(names), limit=MAX_FIELDS)
-            yield table
+            yield part
+        at += len(piece)
+        line += piece.count(b"\n")
+
+
+#: Where a type holds another: a struct's field by name, a list's values by None.
+_Path = tuple[str | None, ...]
+
+
+def _string_paths(kind: pa.DataType, at: _Path) -> Iterator[_Path]:
+    if pa.types.is_string(kind):
+        yield at
+    elif pa.types.is_struct(kind):
+        for i in range(kind.num_fields):
+            yield from _string_paths(kind.field(i).type, (*at, kind.field(i).name))
+    elif pa.types.is_list(kind):
+        yield from _string_paths(kind.value_type, (*at, None))
+
+
+def _textual(kind: pa.DataType, strings: set[_Path], at: _Path) -> pa.DataType:
+    """`kind` with each timestamp at a path in `strings` typed string instead."""
+    if pa.types.is_timestamp(kind):
+        return pa.string() if at in strings else kind
+    if pa.types.is_struct(kind):
+        fields = [kind.field(i) for i in range(kind.num_fields)]
+        return pa.struct([f.with_type(_textual(f.type, strings, (*at, f.name))) for f in fields])
+    if pa.types.is_list(kind):
+        field = kind.value_field
+        return pa.list_(field.with_type(_textual(field.type, strings, (*at, None))))
+    return kind
+
+
+def _unify(schemas: list[pa.Schema]) -> pa.Schema:
+    """The pieces' schemas unified as one parse of the whole file types them: null
+    and int64 give way to the other type (`promote_options="permissive"`), and so does
+    a timestamp, inferred from strings that look like one, to string where another
+    piece has other strings in its place."""
+    strings = {
+        path for schema in schemas for f in schema for path in _string_paths(f.type, (f.name,))
+    }
+    textual = [
+        pa.schema([f.with_type(_textual(f.type, strings, (f.name,))) for f in schema])
+        for schema in schemas
+    ]
+    return pa.unify_schemas(textual, promote_options="permissive")
+
+
+def _timestamps_as_text(inferred: pa.DataType, unified: pa.DataType, at: _Path) -> bool:
+    """Whether a field inferred as `inferred` has a timestamp where `unified` has a
+    string: text that only looked like a time in this part."""
+    strings = set(_string_paths(unified, at))
+    return bool(_textual(inferred, strings, at) != inferred)
+
+
+def _retyped(source: pa.NativeFile, part: _Part, schema: pa.Schema) -> _Part:
+    """`part` parsed again from its text in `source`, with the fields it has as a
+    timestamp where `schema` has a string typed as `schema` types them: a cast would
+    give a rendering of the time, not the shard's text."""
+    inferred = part.table.schema
+    wanted = [
+        schema.field(f.name)
+        for f in inferred
+        if _timestamps_as_text(f.type, schema.field(f.name).type, (f.name,))
+    ]
+    if not wanted:
+        return part
+    text = bytes(source.read_at(part.size, part.start))
+    table = _read_json(text, explicit=pa.schema(wanted)).select(inferred.names)
+    return dataclasses.replace(part, table=table)
 
 
 def _row_width(kind: pa.DataType) -> int:
@@ -154,18 +242,24 @@ def inspect(source: pa.NativeFile) -> tuple[int, pa.Schema]:
     """Rows and schema, streaming: a bounded piece of the file in memory at a time.
 
     Each piece of whole lines is parsed on its own and the schemas are unified the way
-    one parse of the whole file would type them (a field null in one piece and a
-    string in another is a string).
+    one parse of the whole file would type them (`_unify`: a field null in one piece
+    and a string in another is a string).
     """
     rows = 0
     schemas: list[pa.Schema] = []
-    for table in _tables(source):
-        rows += table.num_rows
-        schemas.append(table.schema)
-        del table
+    for part in _parts(source):
+        rows += part.table.num_rows
+        schemas.append(part.table.schema)
+        del part
     if not schemas:
         return 0, pa.schema([])
-    return rows, pa.unify_schemas(schemas, promote_options="permissive")
+    return rows, _unify(schemas)
+
+
+def _no_columns(rows: int) -> pa.Table:
+    """A table of `rows` rows and no column (lines that are all `{}`): concatenating
+    such tables loses their rows, which the manifest counted."""
+    return pa.Table.from_batches([pa.RecordBatch.from_struct_array(pa.nulls(rows, pa.struct([])))])
 
 
 def read(source: pa.NativeFile, *, budget: budgets.Budget = budgets.UNBOUNDED) -> pa.Table:
@@ -175,26 +269,31 @@ def read(source: pa.NativeFile, *, budget: budgets.Budget = budgets.UNBOUNDED) -
     `budget.bytes` or hold more than `budget.rows` rows: the file's text is never in
     memory whole, and what is decoded stays within the budget plus one piece.
     """
-    tables: list[pa.Table] = []
+    parts: list[_Part] = []
     decoded = rows = 0
-    for table in _tables(source):
-        decoded += table.nbytes
-        rows += table.num_rows
+    for part in _parts(source):
+        decoded += part.table.nbytes
+        rows += part.table.num_rows
         over = budgets.over(budget, decoded=decoded, rows=rows)
         if over is not None:
             # Let go of what was decoded before raising: the traceback keeps this frame,
             # and the error may live on (in a future, a status) long after.
-            del table
-            tables.clear()
+            del part
+            parts.clear()
             raise over
-        tables.append(table)
-    if not tables:
+        parts.append(part)
+    if not parts:
         # An empty shard is legal; JSON Lines carries no schema without a row.
         return pa.table({})
+    schema = _unify([p.table.schema for p in parts])
+    if len(schema) == 0:
+        return _no_columns(rows)
+    parts = [_retyped(source, p, schema) for p in parts]
+    tables = [p.table for p in parts]
+    parts.clear()
     # Pieces that lack a field another piece has get a column of nulls for it: sized
     # before it is allocated, which one line of many keys among many empty ones would
     # make far larger than the pieces.
-    schema = pa.unify_schemas([t.schema for t in tables], promote_options="permissive")
     total = sum(t.nbytes + _filled(t, schema) for t in tables)
     over = budgets.over(budget, decoded=total, rows=rows)
     if over is not None:

@@ -4,19 +4,22 @@ Writers leave a column whose values are all missing with Arrow type `null` (pand
 pyarrow do so for an all-None column), while other shards of the same dataset carry
 its real type. Such a shard is not a conflict: a null column unifies with the typed
 one, and the shard is cast at decode so every shard a reader gets has the one
-unified schema. Anything else that differs (another type, another field, another
-order) is a real conflict and an error naming the shards and the fields.
+unified schema. Anything else that differs (another type; another field or order,
+but for JSON Lines) is a real conflict and an error naming the shards and the fields.
 
 The rules (README.md beside this file, "Schema unification"):
 
 1. Every shard has the same field names in the same order. (A shard with no fields at
-   all and no rows, an empty JSON Lines file, is left out of the comparison.)
+   all and no rows, an empty JSON Lines file, is left out of the comparison.) JSON
+   Lines shards are matched by name instead (`unify(by_name=True)`): JSON objects have
+   no key order and leave optional keys out, so a field a shard lacks is one of type
+   `null` there, and a shard's fields may come in any order.
 2. For each field, the types other than `null` are all equal: that type is the
    field's unified type. A field that is `null` in every shard stays `null`.
 3. A shard whose field is `null` where the unified type is not is *promoted*: at
    decode, that column becomes an all-null array of the unified type (a validity
-   bitmap and zeroed values: the only cost), with the typed shards' field (its
-   nullability and metadata), so batches of any two shards concatenate.
+   bitmap and zeroed values: the only cost), with the typed shards' field made
+   nullable (the typed shards' columns too), so batches of any two shards concatenate.
 4. Apart from that, a field must be equal in every shard: type, nullability and
    field metadata (schema-level metadata, such as pandas', is ignored).
 
@@ -35,26 +38,40 @@ import pyarrow.types as patypes
 
 from shardcache import errors
 
+#: Schema metadata of a promotion that is the whole unified schema (JSON Lines shards
+#: unified by field name): decoding then gives every shard those fields, in that order.
+_BY_NAME = {b"shardcache.unified": b"by-name"}
 
-def unify(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema | None:
+
+def unify(schemas: Sequence[tuple[str, pa.Schema]], *, by_name: bool = False) -> pa.Schema | None:
     """The fields shards must be promoted to, or None when every shard already has the
     same fields and types.
 
     `schemas` are (shard path, schema) in manifest order. Returns a schema of just the
     fields some shard has as `null` and others as a type. Raises InputError naming the
     shards and fields on a real conflict.
+
+    With `by_name` (JSON Lines, whose objects have no key order and may leave a key
+    out), shards may name their fields in any order and lack some: a missing field is
+    one of type null. Where their field names differ, the promotion returned is the
+    whole unified schema (every field, in the order first seen), for `promote` to
+    give each shard.
     """
     if not schemas:
         return None
     first_path, first = schemas[0]
     names = first.names
-    for path, schema in schemas[1:]:
-        if schema.names != names:
-            raise errors.InputError(
-                f"shards disagree on the schema: {path!r} has the fields {schema.names}, but "
-                f"{first_path!r} has {names}; expected every shard to have the same fields in "
-                "the same order"
-            )
+    same_names = all(schema.names == names for _, schema in schemas[1:])
+    if not same_names and not by_name:
+        path, schema = next((p, s) for p, s in schemas[1:] if s.names != names)
+        raise errors.InputError(
+            f"shards disagree on the schema: {path!r} has the fields {schema.names}, but "
+            f"{first_path!r} has {names}; expected every shard to have the same fields in "
+            "the same order"
+        )
+    if not same_names:
+        names = list(dict.fromkeys(name for _, schema in schemas for name in schema.names))
+    unified: list[pa.Field] = []
     promoted: list[pa.Field] = []
     conflicts: list[str] = []
     for i, name in enumerate(names):
@@ -63,8 +80,11 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema | None:
         typed: dict[str, tuple[pa.Field, str]] = {}
         some_null = False
         for path, schema in schemas:
-            field = schema.field(i)
-            if patypes.is_null(field.type):
+            # By position where the names are the same (a Parquet file may name two
+            # columns alike); by name otherwise, where a shard may lack the field.
+            index = i if same_names else schema.get_field_index(name)
+            field = schema.field(index) if index >= 0 else None
+            if field is None or patypes.is_null(field.type):
                 some_null = True
             else:
                 typed.setdefault(_describe(field), (field, path))
@@ -73,7 +93,12 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema | None:
             conflicts.append(f"field {name!r} is {found}")
         elif typed and some_null:
             ((field, _),) = typed.values()
-            promoted.append(field)
+            # A shard has no value for it at all: the promoted field is nullable even
+            # where the typed shards say `not null`, which their rows keep to.
+            promoted.append(field.with_nullable(True))
+            unified.append(promoted[-1])
+        else:
+            unified.append(next(iter(typed.values()))[0] if typed else pa.field(name, pa.null()))
     if conflicts:
         raise errors.InputError(
             "shards disagree on the schema: "
@@ -81,6 +106,8 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema | None:
             + "; expected one type per field across shards (a column of type null, all "
             "values missing, unifies with any type)"
         )
+    if not same_names:
+        return pa.schema(unified, metadata=_BY_NAME)
     return pa.schema(promoted) if promoted else None
 
 
@@ -93,15 +120,39 @@ def _describe(field: pa.Field) -> str:
 
 def promote(table: pa.Table, promoted: pa.Schema | None) -> pa.Table:
     """`table` with each of its `null`-typed columns named in `promoted` replaced by an
-    all-null column of the promoted type; other columns (and the metadata) untouched."""
+    all-null column of the promoted type, and each of its fields of that type made
+    nullable as `promoted` has it; other columns (and the metadata) untouched.
+
+    A promotion by name (`unify(by_name=True)`) gives the table exactly the promotion's
+    fields, in the promotion's order: a field the table lacks is an all-null column."""
     if promoted is None:
         return table
+    if promoted.metadata == _BY_NAME:
+        return _conform(table, promoted)
     for field in promoted:
         i = table.schema.get_field_index(field.name)
-        if i < 0 or not patypes.is_null(table.schema.field(i).type):
-            continue
-        table = table.set_column(i, field, pa.nulls(table.num_rows, type=field.type))
+        if i >= 0 and table.schema.field(i).type in (field.type, pa.null()):
+            table = table.set_column(i, field, _column(table, i, field))
     return table
+
+
+def _column(table: pa.Table, i: int, field: pa.Field) -> pa.ChunkedArray | pa.Array:
+    """Column i of `table` as `field` has it: its values (only the field changes), or
+    all null where it has type null."""
+    if patypes.is_null(table.schema.field(i).type) and not patypes.is_null(field.type):
+        return pa.nulls(table.num_rows, type=field.type)
+    return table.column(i)
+
+
+def _conform(table: pa.Table, unified: pa.Schema) -> pa.Table:
+    columns = []
+    for field in unified:
+        i = table.schema.get_field_index(field.name)
+        columns.append(
+            _column(table, i, field) if i >= 0 else pa.nulls(table.num_rows, type=field.type)
+        )
+    schema = pa.schema(list(unified), metadata=table.schema.metadata)
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def encode(schema: pa.Schema) -> str:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import decimal
 import io
 import json
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from shardcache import errors, formats
 from shardcache.formats import budgets, jsonl, parquet
 
 
@@ -128,3 +130,53 @@ def test_jsonl_brackets_inside_strings_are_not_nesting() -> None:
     text = ('{"a": "' + "[" * (2 * jsonl.MAX_DEPTH) + '\\"{"}\n').encode()
     rows, schema = jsonl.inspect(pa.BufferReader(text))
     assert rows == 1 and schema.field("a").type == pa.string()
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [["user.name"], ["user.name", "user"]],
+    ids=["dotted", "dotted beside a struct of that path"],
+)
+def test_parquet_decoded_size_counts_dictionary_columns_with_a_dot_in_their_name(
+    columns: list[str],
+) -> None:
+    # Flattened JSON names columns "user.name": its leaf's path names no top-level
+    # "user", or one that is another column (a struct "user" with a field "name").
+    values = {"user.name": ["x" * 1000] * 20_000, "user": [{"name": "y" * 1000}] * 20_000}
+    source = _parquet(pa.table({name: values[name] for name in columns}))
+    bound = parquet.decoded_size(source, limit=1 << 40)
+    source.seek(0)
+    assert bound >= parquet.read(source).combine_chunks().nbytes > 20_000_000 * len(columns)
+
+
+def test_jsonl_text_that_looks_like_times_in_one_piece_stays_text_across_pieces() -> None:
+    # The first piece alone is typed timestamp; the whole file, as pyarrow reads it
+    # in one parse, is text: the pieces are typed (and the first parsed again) as such.
+    looks = [{"d": "2020-01-01T00:00:00", "s": {"e": "2021-02-03"}}] * 3000
+    text = [{"d": "not a date", "s": {"e": "later"}}] * 10
+    rows, schema = jsonl.inspect(_jsonl([*looks, *text]))
+    table = jsonl.read(_jsonl([*looks, *text]))
+    assert rows == table.num_rows == 3010
+    assert table.schema == schema
+    assert schema.field("d").type == pa.string()
+    assert schema.field("s").type == pa.struct([("e", pa.string())])
+    assert table.column("d").to_pylist() == ["2020-01-01T00:00:00"] * 3000 + ["not a date"] * 10
+    assert table.column("s").to_pylist()[0] == {"e": "2021-02-03"}
+
+
+def test_jsonl_lines_without_keys_keep_their_rows() -> None:
+    text = pa.BufferReader(b"{}\n{}\n{}\n")
+    assert jsonl.inspect(text) == (3, pa.schema([]))
+    text.seek(0)
+    assert jsonl.read(text).num_rows == 3
+    text.seek(0)
+    assert formats.decode("jsonl", text).batch.num_rows == 3
+
+
+@pytest.mark.parametrize("read", [jsonl.inspect, jsonl.read])
+def test_jsonl_that_is_not_utf8_is_refused_naming_the_byte_and_line(
+    read: Callable[[pa.NativeFile], object],
+) -> None:
+    text = b'{"text": "fine"}\n' * 20_000 + b'{"text": "caf\xe9 latin-1"}\n'
+    with pytest.raises(errors.InputError, match=r"invalid UTF-8 at byte 340013 \(line 20001\)"):
+        read(pa.BufferReader(text))

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pytest
 
-from shardcache import datasets, gather
+from shardcache import datasets, errors, gather
 
 pytestmark = pytest.mark.unit
 
@@ -255,3 +255,59 @@ def test_the_rows_first_and_last_bytes_are_read_first_and_nothing_past_the_span(
     starts, ends = edges[: len(row_of)], edges[len(row_of) :]
     assert [chr(data[i]) for i in starts[:3]] == ["g", "c", "a"]
     assert [chr(data[i]) for i in ends[:3]] == ["g", "f", "b"]
+
+
+def views(i: int, n: int) -> pa.RecordBatch:
+    """A shard of the types Arrow's `take` has no kernel for: views (what Polars
+    writes), inline (up to 12 bytes) and not, and run-end encoded columns; with nulls,
+    and inside structs and lists."""
+    text = [None if k % 5 == 0 else f"{i}-{k}" + "long text " * (k % 3) for k in range(n)]
+    runs = [f"run {k // 4}" if k % 7 else None for k in range(i * n, (i + 1) * n)]
+    return pa.record_batch(
+        {
+            "text": pa.array(text, pa.string_view()),
+            "blob": pa.array([t.encode() if t else None for t in text], pa.binary_view()),
+            "runs": pc.run_end_encode(pa.array(runs)),
+            "record": pa.array(
+                [None if k % 6 == 1 else {"t": text[k], "k": k} for k in range(n)],
+                pa.struct([("t", pa.string_view()), ("k", pa.int64())]),
+            ),
+            "tags": pa.array(
+                [None if k % 4 == 3 else [text[k], "x" * (k % 20)][: k % 3] for k in range(n)],
+                pa.large_list(pa.string_view()),
+            ),
+        }
+    )
+
+
+def test_view_and_run_end_encoded_columns_gather_as_their_rows_in_their_type(
+    tmp_path: Path,
+) -> None:
+    sources = mapped(tmp_path, [views(0, 40), views(1, 25)])
+    sources = [sources[0].slice(3, 30), sources[1]]  # offsets that do not start at 0
+    index = np.asarray([54, 0, 7, 7, 29, 31, 40, 12, 3], dtype=np.int64)
+    sizes = np.cumsum([0] + [len(s) for s in sources])
+    source_of = (np.searchsorted(sizes, index, side="right") - 1).astype(np.int64)
+    got = gather.gather(sources, source_of, (index - sizes[source_of]).astype(np.int64))
+    got.validate(full=True)
+    assert got.schema == sources[0].schema
+    rows = pa.Table.from_batches(sources).to_pylist()
+    assert got.to_pylist() == [rows[i] for i in index]
+    # Copies of the rows: a held batch keeps no shard's mapping alive.
+    spans = [
+        (b.address, b.address + b.size)
+        for s in sources
+        for column in s.columns
+        for b in column.buffers()
+        if b is not None and b.size
+    ]
+    for column in got.columns:
+        for b in column.buffers():
+            assert b is None or not any(a <= b.address < z for a, z in spans)
+
+
+def test_a_column_no_gather_can_take_is_refused_naming_it(tmp_path: Path) -> None:
+    kind = pa.map_(pa.string_view(), pa.int64())
+    sources = mapped(tmp_path, [pa.record_batch({"m": pa.array([[("a", 1)]] * 3, kind)})])
+    with pytest.raises(errors.InputError, match=r"cannot gather column 'm' of type map<"):
+        gather.gather(sources, np.zeros(2, np.int64), np.asarray([2, 0]))

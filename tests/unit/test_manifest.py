@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 
@@ -8,7 +9,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from shardcache import errors, manifests
+from shardcache import errors, manifests, source
+from shardcache.formats import parquet
 from tests.support import datasets
 
 pytestmark = pytest.mark.unit
@@ -124,3 +126,85 @@ def test_bytes_of_another_format_are_a_clear_error(tmp_path: Path) -> None:
     write(tmp_path, [3])
     with pytest.raises(errors.InputError, match="not readable as arrow"):
         manifests.resolve(f"file://{tmp_path}/ds", format="arrow")
+
+
+@pytest.mark.parametrize("name", ["data.parquet", "./data.parquet"])
+def test_a_relative_single_file_uri_is_rooted_at_its_absolute_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    pq.write_table(datasets.make_table(0, 3), tmp_path / "data.parquet")
+    monkeypatch.chdir(tmp_path)
+    m = manifests.resolve(name)
+    assert m.root == str(tmp_path)
+    assert m.shard_uri_path(0) == str(tmp_path / "data.parquet")
+
+
+@pytest.mark.parametrize("tail", ["#2", "?2", "?", "#"])
+@pytest.mark.parametrize("scheme", ["file://", "s3://"])
+def test_a_hash_or_question_mark_after_a_path_is_refused_not_dropped(
+    tmp_path: Path, scheme: str, tail: str
+) -> None:
+    # Dropped, "v1#2" would read the dataset "v1" without a word.
+    uri = f"{scheme}{tmp_path if scheme == 'file://' else 'bucket'}/v1{tail}"
+    with pytest.raises(
+        errors.InputError, match=f"followed by a '{re.escape(tail[0])}'.*%23 or %3F"
+    ):
+        manifests.resolve(uri)
+
+
+def test_a_percent_encoded_name_is_decoded_for_s3_as_for_file(tmp_path: Path) -> None:
+    assert source.split_uri("s3://bucket/ds/v1%232/") == ("s3", "bucket/ds/v1#2")
+    for name, rows in [("v1", 3), ("v1#2", 5)]:
+        (tmp_path / name).mkdir()
+        pq.write_table(datasets.make_table(0, rows), tmp_path / name / "a.parquet")
+    assert manifests.resolve(f"file://{tmp_path}/v1%232").total_rows == 5
+
+
+def damaged_footer(tmp_path: Path) -> Path:
+    buf = io.BytesIO()
+    pq.write_table(datasets.make_table(0, 100), buf)
+    raw = bytearray(buf.getvalue())
+    length = int.from_bytes(raw[-8:-4], "little")
+    raw[-8 - length : -8] = b"\xab" * length  # the magic at both ends intact
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "part-1.parquet").write_bytes(bytes(raw))
+    return tmp_path / "ds"
+
+
+def test_a_damaged_parquet_footer_is_an_input_error_naming_the_shard_without_retries(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # pyarrow reports a footer that is not Thrift as an OSError, as it does a failed read.
+    root = damaged_footer(tmp_path)
+    retry = source.RetryPolicy(attempts=3, initial_delay=0.001)
+    with pytest.raises(errors.InputError, match=r"part-1.parquet' is not readable as parquet: "):
+        manifests.resolve(str(root), retry=retry)
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]
+
+
+class FailingReads(io.RawIOBase):
+    """A file of 1000 bytes whose reads fail as a store's do (a reset connection)."""
+
+    at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.at = 1000 + offset if whence == 2 else offset
+        return self.at
+
+    def tell(self) -> int:
+        return self.at
+
+    def readinto(self, buffer: object) -> int:
+        raise ConnectionResetError("connection reset by peer")
+
+
+def test_a_failed_read_of_a_parquet_footer_stays_an_os_error_to_be_retried() -> None:
+    with pytest.raises(OSError, match="connection reset") as caught:
+        parquet.inspect(pa.PythonFile(FailingReads(), mode="r"))
+    assert not isinstance(caught.value, errors.ShardcacheError)

@@ -1,5 +1,5 @@
-"""Parquet shards that carry page checksums are verified on decode: a bit flipped in a
-data page (on the wire, on a disk) is an error, not other values."""
+"""Shards are verified on decode: a bit flipped in a checksummed Parquet data page, or a
+string that is not UTF-8 (Parquet, Arrow IPC), is an error, not other values."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shardcache import formats
+from shardcache import errors, formats
 from tests.support import datasets
 
 pytestmark = pytest.mark.unit
@@ -41,3 +41,39 @@ def test_a_flipped_bit_in_a_checksummed_data_page_is_refused() -> None:
     data, _ = shard_bytes(checksums=True)
     with pytest.raises(OSError, match="CRC checksum verification failed"):
         formats.decode("parquet", pa.BufferReader(flip_in_first_data_page(data)))
+
+
+def not_utf8(rows: int, bad: int) -> pa.Array:
+    """`rows` strings, row `bad` of them Latin-1 (what pyarrow's Parquet reader does not
+    check), the others UTF-8."""
+    values = [f"row {k} é".encode() for k in range(rows)]
+    values[bad] = "café".encode("latin-1")
+    return pa.array(values, pa.binary()).view(pa.string())
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_a_string_column_that_is_not_utf8_is_refused_naming_the_column_and_row(
+    fmt: str,
+) -> None:
+    table = pa.table({"uid": range(1000), "text": not_utf8(1000, 637)})
+    buf = io.BytesIO()
+    if fmt == "parquet":
+        pq.write_table(table, buf, row_group_size=300)
+    else:
+        with pa.ipc.new_file(buf, table.schema) as writer:
+            writer.write_table(table, max_chunksize=300)
+    with pytest.raises(
+        errors.InputError, match=r"column 'text' \(string\) is not valid at row 637"
+    ):
+        formats.decode(fmt, pa.BufferReader(buf.getvalue()))
+
+
+def test_strings_nested_in_a_list_are_checked_too_naming_the_row() -> None:
+    bad = not_utf8(10, 4)
+    table = pa.table({"tags": pa.ListArray.from_arrays([0, 5, 10], bad)})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    with pytest.raises(
+        errors.InputError, match=r"column 'tags' \(list<element: string>\) is not valid at row 0"
+    ):
+        formats.decode("parquet", pa.BufferReader(buf.getvalue()))

@@ -116,3 +116,72 @@ def test_a_promotion_is_part_of_the_digest_and_survives_json(tmp_path: Path) -> 
     }
     with pytest.raises(errors.ManifestMismatchError, match="altered"):
         manifests.Manifest.from_json(tampered)
+
+
+def test_a_not_null_field_promoted_from_an_all_null_shard_is_served_nullable(
+    tmp_path: Path,
+) -> None:
+    strict = pa.schema([("x", pa.int64()), pa.field("lab", pa.int64(), nullable=False)])
+    tables = [
+        pa.table({"x": [1, 2], "lab": [1, 2]}, schema=strict),
+        pa.table({"x": [3, 4], "lab": pa.nulls(2)}),
+    ]
+    uri = write(tmp_path / "ds", tables)
+    assert schemas.unify([("a", tables[0].schema), ("b", tables[1].schema)]) == pa.schema(
+        [pa.field("lab", pa.int64(), nullable=True)]
+    )
+    with shardcache.open(uri, cache_dir=tmp_path / "cache", shuffle=False) as ds:
+        got = pa.Table.from_batches(list(ds.batches(4)))
+    # Every shard, the typed one too, has the field as the data has it: nullable.
+    assert got.schema.field("lab") == pa.field("lab", pa.int64(), nullable=True)
+    assert got.column("lab").to_pylist() == [1, 2, None, None]
+    got.validate(full=True)
+
+
+def write_jsonl(root: Path, shards: dict[str, bytes]) -> str:
+    root.mkdir()
+    for name, text in shards.items():
+        (root / name).write_bytes(text)
+    return str(root)
+
+
+def test_jsonl_shards_with_keys_in_another_order_or_missing_unify_by_name(
+    tmp_path: Path,
+) -> None:
+    uri = write_jsonl(
+        tmp_path / "ds",
+        {
+            "part-0.jsonl": b'{"text":"a","label":1}\n{"text":"b","label":2,"meta":"x"}\n',
+            "part-1.jsonl": b'{"label":3,"text":"c"}\n',  # other order, no "meta"
+            "part-2.jsonl": b"{}\n{}\n",  # no key at all
+            "part-3.jsonl": b"",
+        },
+    )
+    with shardcache.open(uri, cache_dir=tmp_path / "cache", shuffle=False) as ds:
+        got = pa.Table.from_batches(list(ds.batches(8)))
+    assert got.schema.names == ["text", "label", "meta"]
+    assert got.to_pylist() == [
+        {"text": "a", "label": 1, "meta": None},
+        {"text": "b", "label": 2, "meta": "x"},
+        {"text": "c", "label": 3, "meta": None},
+        {"text": None, "label": None, "meta": None},
+        {"text": None, "label": None, "meta": None},
+    ]
+
+
+def test_jsonl_shards_that_disagree_on_a_type_are_still_refused(tmp_path: Path) -> None:
+    uri = write_jsonl(
+        tmp_path / "ds", {"part-0.jsonl": b'{"a":1,"b":"x"}\n', "part-1.jsonl": b'{"b":2}\n'}
+    )
+    with pytest.raises(errors.InputError, match=r"field 'b' is string in 'part-0.jsonl', int64"):
+        manifests.resolve(uri)
+
+
+def test_jsonl_shards_of_the_same_fields_promote_as_before(tmp_path: Path) -> None:
+    # The digest of a dataset that resolved before unification by name is unchanged.
+    uri = write_jsonl(
+        tmp_path / "ds",
+        {"part-0.jsonl": b'{"a":1,"b":null}\n', "part-1.jsonl": b'{"a":2,"b":"x"}\n'},
+    )
+    manifest = manifests.resolve(uri)
+    assert manifest.promoted_schema == pa.schema([("b", pa.string())])
