@@ -1,7 +1,9 @@
 """Object storage access: a pyarrow filesystem from a URI, and reads with retries.
 
 Any URI pyarrow's filesystems open works (`file://`, `s3://`, `gs://`, `hdfs://`); a
-bare path is local. S3 endpoint and credentials come from the usual AWS variables,
+bare path is local. A `file://` or `s3://` URI is a path and nothing else, percent-
+decoded (`%23` is a "#" in a name); a "?" or "#" after it is refused (`split_uri`),
+never dropped. S3 endpoint and credentials come from the usual AWS variables,
 read from `storage_options` (an env-like mapping, e.g. a Kubernetes Secret's data)
 or else from the process environment.
 """
@@ -9,10 +11,12 @@ or else from the process environment.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import logging
 import os
 import random
+import re
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -59,8 +63,16 @@ def _env(options: Mapping[str, str] | None) -> Mapping[str, str]:
     return options if options is not None else os.environ
 
 
+#: Schemes whose URI is a path and nothing else, percent-decoded: a "?" or "#" in one
+#: would start a query or fragment that names no object, so it is refused (a name with
+#: one is written %3F or %23). Other schemes are pyarrow's to parse (`from_uri`), whose
+#: query strings carry options.
+_PATH_SCHEMES = ("file", "s3")
+
+
 def split_uri(uri: str) -> tuple[str, str]:
-    """(scheme, rest) of a URI; a bare path is `file`."""
+    """(scheme, rest) of a URI; a bare path is `file`. The path of a file:// or s3://
+    URI is percent-decoded (s3://bucket/v1%232 names the prefix "v1#2")."""
     if "://" not in uri:
         if not uri:
             raise errors.InputError("expected a dataset URI such as s3://bucket/prefix, got ''")
@@ -73,9 +85,18 @@ def split_uri(uri: str) -> tuple[str, str]:
             f"unsupported URI scheme {scheme!r} in {uris.redact(uri)!r}: expected one of "
             + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
         )
+    mark = uris.query_or_fragment(uri)
+    if scheme in _PATH_SCHEMES and mark is not None:
+        # Dropped, it would read another dataset (s3://b/ds/v1#2 is then s3://b/ds/v1)
+        # without a word. What follows it is not shown: a query may hold a signature.
+        raise errors.InputError(
+            f"dataset URI {uris.redact(uri)!r} is followed by a {mark!r}, which starts a "
+            f"{'fragment' if mark == '#' else 'query'} that names no object: expected "
+            "the path alone; a name with '#' or '?' in it is written %23 or %3F"
+        )
     if scheme == "file":
         return scheme, urllib.parse.unquote(parsed.path)
-    return scheme, (parsed.netloc + parsed.path).rstrip("/")
+    return scheme, (parsed.netloc + urllib.parse.unquote(parsed.path)).rstrip("/")
 
 
 def filesystem(
@@ -138,12 +159,45 @@ _PERMANENT_MARKERS = (
 )
 
 
+#: pyarrow's S3 errors carry the response's status: "AWS Error UNKNOWN (HTTP status 400)
+#: during PutObject operation: … KeyTooLongError …".
+_HTTP_STATUS = re.compile(r"\(HTTP status ([0-9]{3})\)")
+#: Client errors a later try can get past: a request timeout, a conflicting operation
+#: in progress, throttling.
+_TRANSIENT_4XX = frozenset({408, 409, 429})
+#: S3 error codes sent with another 4xx status that a later try can get past.
+_TRANSIENT_4XX_MARKERS = (
+    "RequestTimeout",  # 400: the connection idled; a new request goes through
+    "RequestTimeTooSkewed",  # 403: the node's clock, which NTP corrects
+    "ExpiredToken",  # 400: the credential provider fetches a fresh token
+    "TokenRefreshRequired",
+    "NoSuchUpload",  # 404: the multipart upload was aborted; a retry starts a new one
+    "SlowDown",
+    "Throttl",  # Throttling, ThrottlingException
+)
+
+
 def is_permanent(exc: BaseException) -> bool:
-    """True for errors a retry cannot fix: missing objects, bad credentials."""
+    """True for errors a retry cannot fix: missing objects, bad credentials, and any
+    request the store refuses with a 4xx status (a key too long, a bad argument) but
+    timeouts, conflicts and throttling. Without a status in the text (a connection
+    error), transient."""
     if isinstance(exc, FileNotFoundError | PermissionError | NotADirectoryError):
         return True
+    if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+        return True  # a filesystem store: the same path is as long on every try
     text = str(exc)
-    return any(marker in text for marker in _PERMANENT_MARKERS)
+    if any(marker in text for marker in _PERMANENT_MARKERS):
+        return True
+    status = _HTTP_STATUS.search(text)
+    if status is None:
+        return False
+    code = int(status.group(1))
+    return (
+        400 <= code < 500
+        and code not in _TRANSIENT_4XX
+        and not any(marker in text for marker in _TRANSIENT_4XX_MARKERS)
+    )
 
 
 def with_retries(op: Callable[[], T], *, what: str, policy: RetryPolicy | None = None) -> T:

@@ -18,7 +18,8 @@ Files of the directory protocol (all names start with `.shardcache-`, never uplo
   uploading, uploaded, restored or failed (with the error). Kept outside the trainer's
   directories, which the sidecar (another user) may not be allowed to write into.
 * `<root>/.shardcache-latest`        written by the agent: the newest step published in
-  the object store and the steps retained there.
+  the object store, the steps retained there, and the newest step ever published
+  (`highest_published`, which retention does not lower).
 * `<root>/.shardcache-restore`       written by the agent at start: what it restored.
 * `<root>/.shardcache-data-states.json`  written by a ranked pod's agent at start: every
   rank's data state at the newest step that all ranks of its world size published
@@ -63,9 +64,11 @@ def commit(
 
     Write every file of the checkpoint first: the agent uploads the directory as it is
     when the marker appears. `data_state` is `Dataset.state_dict()` at this step, so
-    `shardcache.open(..., resume_from=...)` resumes the data stream with the model.
+    `shardcache.open(..., resume_from=...)` resumes the data stream with the model. It
+    is stored as JSON and read back so: tuples come back as lists; keys must be strings.
     Raises InputError for a missing directory, a directory outside the checkpoint
-    root, a step that is already committed, or a data_state that is not JSON.
+    root, a step that is already committed, or a data_state that is not JSON or is too
+    large for the marker (`_protocol.MAX_PROTOCOL_FILE`).
     """
     step = _protocol.check_step(step, what="checkpoint.commit()")
     directory = Path(path)
@@ -81,6 +84,14 @@ def commit(
             f"checkpoint.commit(): {str(directory)!r} is hidden; the agent ignores names "
             "starting with '.': choose another name"
         )
+    try:
+        directory.name.encode("utf-8")
+    except UnicodeEncodeError:
+        # The name goes into the manifest, which is JSON: UTF-8 text.
+        raise errors.InputError(
+            f"checkpoint.commit(): the directory name {os.fsencode(directory.name)!r} is not "
+            "UTF-8: rename it"
+        ) from None
     env_root = os.environ.get(contract.ENV_CHECKPOINT_DIR)
     root = Path(env_root).resolve() if env_root else directory.parent
     if directory.parent != root:
@@ -94,15 +105,15 @@ def commit(
             f"checkpoint.commit(): data_state must be a JSON object (a dict, as "
             f"Dataset.state_dict() returns), found {type(data_state).__name__}"
         )
-    state = dict(data_state) if data_state is not None else None
-    if state is not None:
-        try:
-            json.dumps(state)
-        except (TypeError, ValueError) as exc:
-            raise errors.InputError(
-                f"checkpoint.commit(): data_state must be JSON-serialisable (pass "
-                f"Dataset.state_dict()), found {exc}"
-            ) from exc
+    # As it will be read back (tuples as lists): written so, and compared so below.
+    state = (
+        _protocol.normalise_data_state(data_state, what="checkpoint.commit()")
+        if data_state is not None
+        else None
+    )
+    marker = _protocol.Marker(step=step, data_state=state, committed_at=time.time())
+    # Refused here, where the trainer can still act on it, not by the agent later.
+    payload = _protocol.marker_bytes(marker, what="checkpoint.commit()")
     existing = _protocol.read_marker(directory)
     if existing is not None:
         if existing.step == step and existing.data_state == state:
@@ -117,9 +128,7 @@ def commit(
                 f"checkpoint.commit(): step {step} is already committed as "
                 f"{str(other.path)!r}; each checkpoint needs its own step"
             )
-    _protocol.write_marker(
-        directory, _protocol.Marker(step=step, data_state=state, committed_at=time.time())
-    )
+    _protocol.write_json_atomic(directory / _protocol.MARKER_NAME, payload)
 
 
 def _find(root: Path, step: int) -> _protocol.LocalCheckpoint | None:
@@ -143,8 +152,11 @@ def wait(
     """Block until checkpoint `step` is published in the object store.
 
     Raises TimeoutError after `timeout` seconds, InputError when the agent refused the
-    checkpoint for good (a duplicate step, unreadable files) or for a step that was never
-    committed here. While the object store fails, the agent retries and this waits.
+    checkpoint for good (a duplicate step, unreadable files, a marker it cannot read)
+    or for a step that was never committed here. While the object store fails, the
+    agent retries and this waits. A step no longer on the node or in the store but
+    older than a step the agent published was published and since removed by
+    retention (keepLast): this returns.
     """
     step = _protocol.check_step(step, what="checkpoint.wait()")
     base = _protocol.checkpoint_root(root)
@@ -162,6 +174,20 @@ def wait(
             published = _protocol.read_root_file(base, _protocol.LATEST_NAME) or {}
             if step in published.get("steps", ()):
                 return  # uploaded, and since removed from the node by retention
+            highest = published.get("highest_published")
+            if isinstance(highest, int) and not isinstance(highest, bool) and step <= highest:
+                # Neither on the node nor kept in the store, but the agent has published
+                # a later step: published, then removed by retention (keepLast). Unpublished
+                # directories are never removed, so a step still uploading is found above.
+                return
+            refused = _protocol.refused_checkpoints(base)
+            if refused:
+                listed = "; ".join(f"{p.name!r}: {why}" for p, why in refused)
+                raise errors.InputError(
+                    f"checkpoint.wait(): no readable checkpoint with step {step} under "
+                    f"{str(base)!r}; the agent cannot read the marker of {listed}. Fix or "
+                    f"remove that marker, or commit step {step}"
+                )
             raise errors.InputError(
                 f"checkpoint.wait(): no checkpoint with step {step} under {str(base)!r}: "
                 "commit it first"
@@ -294,7 +320,7 @@ def data_state(
             return None
     elif isinstance(resume_from, int) and not isinstance(resume_from, bool):
         path = _on_node(resume_from, root=root)
-    elif isinstance(resume_from, str) and resume_from.isdigit():
+    elif isinstance(resume_from, str) and _protocol.parse_step_text(resume_from) is not None:
         path = _on_node(int(resume_from), root=root)
     elif isinstance(resume_from, os.PathLike | str):
         path = Path(resume_from)

@@ -150,20 +150,27 @@ def refuse_linked_dir(path: Path) -> None:
         )
 
 
-def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    """Write JSON so a reader sees the old file or the new one, never a torn one.
+def encode_json(data: Mapping[str, Any]) -> bytes:
+    """The bytes `write_json_atomic` writes for `data` (so a size can be checked first)."""
+    return json.dumps(data, sort_keys=True).encode("utf-8")
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any] | bytes) -> None:
+    """Write JSON (or bytes from `encode_json`) so a reader sees the old file or the
+    new one, never a torn one.
 
     Atomic (temp file + rename) but not fsynced: the checkpoint volume is pod-local and
     does not outlive the node, and an fsync while the node writes gigabytes can take
     long enough to show up in the trainer's step time.
     """
+    payload = data if isinstance(data, bytes) else encode_json(data)
     tmp = path.with_name(f"{RESERVED_PREFIX}tmp-{os.getpid()}-{secrets.token_hex(4)}")
     # Exclusive and no-follow: a link planted under the temporary name is not written
     # through; the rename then replaces whatever `path` is (a link itself, not its target).
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        with os.fdopen(os.open(tmp, flags, 0o644), "w", encoding="utf-8") as out:
-            json.dump(data, out, sort_keys=True)
+        with os.fdopen(os.open(tmp, flags, 0o644), "wb") as out:
+            out.write(payload)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -175,19 +182,77 @@ def check_step(step: object, *, what: str) -> int:
     return step
 
 
+#: A step written as text: ASCII digits only. str.isdigit() also takes other scripts'
+#: digits and superscripts ('²'), which int() then refuses with a bare ValueError.
+_STEP_TEXT = re.compile(r"[0-9]+")
+
+
+def parse_step_text(text: str) -> int | None:
+    """The step a text holds when it is a number in ASCII digits alone, else None."""
+    return int(text) if _STEP_TEXT.fullmatch(text) else None
+
+
+def normalise_data_state(state: Mapping[str, Any], *, what: str) -> dict[str, Any]:
+    """`state` as every reader gets it back: through JSON, the format it is stored in.
+
+    Tuples come back as lists. Keys must be strings: JSON turns a key 0 into "0", so
+    `state[0]` would miss after a restore, and keys of mixed types cannot be sorted
+    for the file at all. NaN and infinities are refused: they are not JSON, and NaN is
+    not even equal to itself, so committing the same state again could not match.
+    Raises InputError naming what is not JSON.
+    """
+    try:
+        text = json.dumps(state, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise errors.InputError(
+            f"{what}: data_state must be JSON-serialisable (pass Dataset.state_dict()), found {exc}"
+        ) from exc
+    # json.dumps accepted it, so it is finite and acyclic: this walk ends.
+    pending: list[tuple[str, object]] = [("data_state", state)]
+    while pending:
+        where, value = pending.pop()
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise errors.InputError(
+                        f"{what}: data_state keys must be strings (JSON object keys are "
+                        f"text: {key!r} would come back as {json.dumps(str(key))}), found "
+                        f"{type(key).__name__} key {key!r} in {where}"
+                    )
+                pending.append((f"{where}[{key!r}]", item))
+        elif isinstance(value, list | tuple):
+            pending.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+    normal: dict[str, Any] = json.loads(text)
+    return normal
+
+
+def marker_bytes(marker: Marker, *, what: str) -> bytes:
+    """The marker file's bytes; InputError when the agent could not read them back."""
+    payload = encode_json(marker.to_json())
+    if len(payload) > MAX_PROTOCOL_FILE:
+        raise errors.InputError(
+            f"{what}: the marker with this data_state is {len(payload)} bytes, over the "
+            f"{MAX_PROTOCOL_FILE} bytes the checkpoint agent reads: keep data_state small "
+            "(Dataset.state_dict() is a few hundred bytes) and save large state as a file "
+            "of the checkpoint"
+        )
+    return payload
+
+
 def parse_marker(text: str, *, where: str) -> Marker:
     """A marker file's content: JSON, or the step number alone (for shell trainers)."""
     stripped = text.strip()
-    if stripped.isdigit():
-        return Marker(step=int(stripped))
+    step = parse_step_text(stripped)
+    if step is not None:
+        return Marker(step=step)
     try:
         data = json.loads(stripped)
     except (ValueError, RecursionError):
         # The content is not echoed: it is the trainer's, but status files are read widely.
         # RecursionError: nested too deeply for json's recursive decoder, as bad as garbage.
         raise errors.InputError(
-            f'{where}: expected JSON {{"step": N}} or a step number, found {len(stripped)} '
-            "bytes that are neither"
+            f'{where}: expected JSON {{"step": N}} or a step number (ASCII digits), found '
+            f"{len(stripped.encode('utf-8'))} bytes that are neither"
         ) from None
     if isinstance(data, int):
         return Marker(step=check_step(data, what=where))
@@ -229,7 +294,8 @@ def read_marker(checkpoint: Path) -> Marker | None:
 
 
 def write_marker(checkpoint: Path, marker: Marker) -> None:
-    write_json_atomic(checkpoint / MARKER_NAME, marker.to_json())
+    path = checkpoint / MARKER_NAME
+    write_json_atomic(path, marker_bytes(marker, what=str(path)))
 
 
 def status_path(checkpoint: Path) -> Path:
@@ -331,6 +397,30 @@ def local_checkpoints(root: Path) -> list[LocalCheckpoint]:
             found.append(LocalCheckpoint(path, marker, read_status(path)))
     found.sort(key=lambda c: (c.step, c.path.name))
     return found
+
+
+def refused_checkpoints(root: Path) -> list[tuple[Path, str]]:
+    """Directories under `root` with a marker that cannot be read, each with why: the
+    agent's error from the directory's status file where it wrote one, else the read
+    error. `local_checkpoints` skips these; `wait()` names them instead of saying
+    "commit it first" to a trainer that did commit."""
+    refused: list[tuple[Path, str]] = []
+    try:
+        entries = list(os.scandir(root))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        path = Path(entry.path)
+        try:
+            read_marker(path)
+        except errors.InputError as exc:
+            status = read_status(path)
+            why = status.error if status is not None and status.error else str(exc)
+            refused.append((path, why))
+    refused.sort()
+    return refused
 
 
 # --- restore requests -----------------------------------------------------------------

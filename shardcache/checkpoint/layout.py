@@ -26,12 +26,20 @@ import pyarrow.fs as pafs
 
 from shardcache import errors
 
-#: Version of the bucket layout, the manifest and the pointer (docs/checkpoints.md).
+#: Version of the bucket layout, the manifest and the pointer (docs/checkpoints.md):
+#: a reader refuses another one.
 LAYOUT_VERSION = 1
+#: Additions within LAYOUT_VERSION that a reader of an older minor ignores without
+#: harm (docs/checkpoints.md, "Versions"). The manifest's `minor` (absent: 0).
+#: 1: `dirs`, the checkpoint's empty directories.
+LAYOUT_MINOR = 1
 MANIFEST_NAME = "checkpoint.json"
 POINTER_NAME = "latest"
 DATA_DIR = "data"
 _STEP_DIGITS = 12
+#: Longest object key S3 and GCS take, in UTF-8 bytes; longer ones are refused with a
+#: 400 on every try, so the uploader refuses such a file before sending it.
+MAX_KEY_BYTES = 1024
 #: For `fullmatch` (a `$` with `match` would take "step-1\n" for step 1); ASCII digits
 #: only, as `\d` would take other scripts' digits, which int() reads too.
 _STEP_DIR = re.compile(r"step-([0-9]+)")
@@ -61,23 +69,31 @@ class CheckpointManifest:
     files: tuple[FileEntry, ...]
     data_state: dict[str, Any] | None
     created_at: float
+    #: Directories of the checkpoint that hold nothing (no file, no subdirectory),
+    #: '/'-separated, sorted: a restore recreates them (layout 1.1; empty before).
+    dirs: tuple[str, ...] = ()
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
     def same_content(self, other: CheckpointManifest) -> bool:
+        # Empty directories are left out: a step published by an agent of layout 1.0
+        # (no `dirs`) and uploaded again after an upgrade is the same checkpoint, not a
+        # duplicate step; they hold no bytes that could differ.
         return (self.step, self.name, self.files) == (other.step, other.name, other.files)
 
     def _body(self) -> dict[str, Any]:
         return {
             "version": LAYOUT_VERSION,
+            "minor": LAYOUT_MINOR,
             "step": self.step,
             "name": self.name,
             "created_at": self.created_at,
             "total_bytes": self.total_bytes,
             "data_state": self.data_state,
             "files": [dataclasses.asdict(f) for f in self.files],
+            "dirs": list(self.dirs),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -96,6 +112,15 @@ class CheckpointManifest:
         raw_files = data.get("files")
         if not isinstance(raw_files, list):
             raise CorruptCheckpointError(f"{where}: expected 'files' to be a list")
+        minor = data.get("minor", 0)
+        if isinstance(minor, bool) or not isinstance(minor, int) or minor < 0:
+            raise CorruptCheckpointError(
+                f"{where}: expected 'minor' to be an integer >= 0, found {minor!r}"
+            )
+        # Optional (layout 1.1): a manifest of layout 1.0 records no empty directories.
+        raw_dirs = data.get("dirs", [])
+        if not isinstance(raw_dirs, list):
+            raise CorruptCheckpointError(f"{where}: expected 'dirs' to be a list of paths")
         try:
             manifest = cls(
                 step=int(data["step"]),
@@ -105,6 +130,9 @@ class CheckpointManifest:
                 ),
                 data_state=data.get("data_state"),
                 created_at=float(data["created_at"]),
+                dirs=tuple(
+                    _dir_entry(d, where=f"{where}: dirs[{i}]") for i, d in enumerate(raw_dirs)
+                ),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptCheckpointError(f"{where}: malformed manifest ({exc!r})") from exc
@@ -116,7 +144,9 @@ class CheckpointManifest:
         check_name(manifest.name, where=where)
         for f in manifest.files:
             check_relpath(f.path, where=where)
-        _check_tree(manifest.files, where=where)
+        for d in manifest.dirs:
+            check_relpath(d, where=where)
+        _check_tree(manifest.files, manifest.dirs, where=where)
         return manifest
 
 
@@ -129,10 +159,12 @@ def _entry(raw: object, *, where: str) -> FileEntry:
     if not isinstance(raw, dict):
         raise CorruptCheckpointError(f"{where}: expected an object with path, size, sha256")
     path, size, digest = raw.get("path"), raw.get("size"), raw.get("sha256")
-    if not isinstance(path, str) or not path or "\x00" in path:
+    if not _usable_path(path):
         raise CorruptCheckpointError(
-            f"{where}: path {path!r} is not a usable file name (empty, not text, or a NUL byte)"
+            f"{where}: path {path!r} is not a usable file name (empty, not text, a NUL "
+            "byte, or not UTF-8)"
         )
+    assert isinstance(path, str)
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise CorruptCheckpointError(
             f"{where} {path!r}: size {size!r} is not a byte count (an integer >= 0)"
@@ -144,7 +176,29 @@ def _entry(raw: object, *, where: str) -> FileEntry:
     return FileEntry(path, size, digest)
 
 
-def _check_tree(files: tuple[FileEntry, ...], *, where: str) -> None:
+def _usable_path(path: object) -> bool:
+    if not isinstance(path, str) or not path or "\x00" in path:
+        return False
+    try:
+        # JSON can spell a lone surrogate ("\ud800"), which no file name can hold.
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _dir_entry(raw: object, *, where: str) -> str:
+    """One `dirs` entry: a usable relative path."""
+    if not _usable_path(raw):
+        raise CorruptCheckpointError(
+            f"{where}: {raw!r} is not a usable directory name (empty, not text, a NUL "
+            "byte, or not UTF-8)"
+        )
+    assert isinstance(raw, str)
+    return raw
+
+
+def _check_tree(files: tuple[FileEntry, ...], dirs: tuple[str, ...], *, where: str) -> None:
     """No path twice, and none that is both a file and a directory ("a" and "a/b")."""
     paths = {f.path for f in files}
     if len(paths) != len(files):
@@ -153,14 +207,17 @@ def _check_tree(files: tuple[FileEntry, ...], *, where: str) -> None:
             if f.path in seen:
                 raise CorruptCheckpointError(f"{where}: file {f.path!r} is listed twice")
             seen.add(f.path)
-    for f in files:
-        parts = f.path.split("/")
-        for i in range(1, len(parts)):
+    if len(set(dirs)) != len(dirs):
+        raise CorruptCheckpointError(f"{where}: a directory is listed twice in 'dirs'")
+    for path, kind in [*((f.path, "file") for f in files), *((d, "directory") for d in dirs)]:
+        parts = path.split("/")
+        # A directory entry is itself a directory; a file's parents all are.
+        for i in range(1, len(parts) + (kind == "directory")):
             parent = "/".join(parts[:i])
             if parent in paths:
                 raise CorruptCheckpointError(
                     f"{where}: {parent!r} is listed as a file and as the directory of "
-                    f"{f.path!r}; a path cannot be both"
+                    f"{path!r}; a path cannot be both"
                 )
 
 
@@ -170,7 +227,7 @@ def _digest(body: Mapping[str, Any]) -> str:
 
 
 def check_name(name: str, *, where: str) -> None:
-    if not name or "/" in name or "\x00" in name or name.startswith(".") or name in ("..",):
+    if not _usable_path(name) or "/" in name or name.startswith(".") or name in ("..",):
         raise CorruptCheckpointError(f"{where}: invalid checkpoint directory name {name!r}")
 
 

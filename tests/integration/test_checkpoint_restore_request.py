@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from shardcache_sidecar.checkpoint import Agent
 
 from shardcache import checkpoint, errors
-from shardcache.checkpoint import _protocol
+from shardcache.checkpoint import _protocol, layout
 from tests.support import rot
 from tests.support.checkpoints import AgentFactory, tree, write_checkpoint
 from tests.support.s3server import S3Server
@@ -183,3 +184,47 @@ def test_request_name_that_cannot_be_answered_is_reported_once_and_skipped(
         assert agent.serve_requests() == []
     assert len([r for r in caplog.records if "cannot answer" in r.getMessage()]) == 1
     assert restore_served_by(agent, 1) == agent.root / "step-1"
+
+
+def test_restore_into_a_name_holding_an_unpublished_commit_goes_beside_it_and_keeps_it(
+    make_agent: AgentFactory, s3_server: S3Server, s3_bucket: str
+) -> None:
+    # A trainer that recycles two slot directories.
+    agent = make_agent("node-a", keep_last=5)
+    agent.restore()
+    root = agent.root
+    for step, slot in ((1, "slot-a"), (2, "slot-b")):
+        checkpoint.commit(write_checkpoint(root, slot, files_of(step)), step=step)
+        assert agent.scan() == [step]
+    shutil.rmtree(root / "slot-a")
+    checkpoint.commit(write_checkpoint(root, "slot-a", files_of(3)), step=3)  # not uploaded yet
+
+    path = restore_served_by(agent, 1)
+
+    assert path == root / "slot-a.restored-1"
+    assert tree(path) == files_of(1)
+    assert checkpoint.restore(1, timeout=0, root=root) == path
+    # The newer commit is untouched, and published on the agent's next scan.
+    assert tree(root / "slot-a") == files_of(3)
+    marker = _protocol.read_marker(root / "slot-a")
+    assert marker is not None and marker.step == 3
+    assert agent.scan() == [3]
+    fs = s3_server.filesystem()
+    assert layout.list_steps(fs, f"{s3_bucket}/run")[0] == [1, 2, 3]
+
+
+def test_restore_into_a_name_holding_a_published_checkpoint_replaces_that_copy(
+    make_agent: AgentFactory,
+) -> None:
+    agent = make_agent("node-a", keep_last=5)
+    agent.restore()
+    root = agent.root
+    checkpoint.commit(write_checkpoint(root, "slot-a", files_of(1)), step=1)
+    assert agent.scan() == [1]
+    shutil.rmtree(root / "slot-a")
+    checkpoint.commit(write_checkpoint(root, "slot-a", files_of(2)), step=2)
+    assert agent.scan() == [2]
+
+    # Step 2 is in the store: restoring step 1 under its own name loses nothing.
+    assert restore_served_by(agent, 1) == root / "slot-a"
+    assert tree(root / "slot-a") == files_of(1)

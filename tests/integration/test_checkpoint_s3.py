@@ -21,6 +21,8 @@ from shardcache_sidecar.checkpoint import (
     CheckpointSettings,
     CorruptCheckpointError,
     Metrics,
+    metrics,
+    uploader,
 )
 
 import shardcache
@@ -371,3 +373,116 @@ def test_store_outage_during_upload_is_retried_until_published(
     finally:
         agent.stop(timeout=30)
     assert checkpoint.latest(root=root) == 1
+
+
+def test_object_missing_from_the_store_is_a_damaged_checkpoint_and_fallback_applies(
+    make_agent: AgentFactory, s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    agent = make_agent()
+    root = tmp_path / "node-a"
+    for step in (1, 2):
+        checkpoint.commit(write_checkpoint(root, f"step-{step}", model_files(step)), step=step)
+        assert agent.scan() == [step]
+    # Deleted behind the manifest's back (a lifecycle rule, a person).
+    victim = f"{s3_bucket}/run/step-000000000002/data/optimizer/state.bin"
+    s3_server.filesystem().delete_file(victim)
+
+    with pytest.raises(CorruptCheckpointError, match="missing from the store") as info:
+        make_agent("node-b").restore()
+    assert "step-000000000002/data/optimizer/state.bin" in str(info.value)
+
+    result = make_agent("node-c", restore_fallback=True).restore()
+    assert result.step == 1 and [s for s, _ in result.skipped] == [2]
+    assert "missing from the store" in result.skipped[0][1]
+    assert tree(tmp_path / "node-c" / "step-1") == model_files(1)
+
+
+def test_file_whose_object_key_would_be_too_long_is_refused_for_good_before_upload(
+    make_agent: AgentFactory, s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    agent = make_agent()
+    root = tmp_path / "node-a"
+    long_path = "/".join(["layer" + "x" * 240] * 5) + "/weights.bin"
+    checkpoint.commit(
+        write_checkpoint(root, "step-1", {long_path: b"w", "model.bin": b"m"}), step=1
+    )
+    started = time.monotonic()
+    assert agent.scan() == []
+    assert time.monotonic() - started < 5  # no retries with backoff
+    with pytest.raises(errors.InputError, match=r"object key of \d+ bytes.*over the 1024"):
+        checkpoint.wait(1, timeout=5, root=root)
+    assert remote_keys(s3_server, s3_bucket) == []
+    # The same limit as the store's own: a path that fits is published.
+    room = layout.MAX_KEY_BYTES - len("run/step-000000000002/data/")
+    fits = "/".join(["d" * 199] * 4)  # components a filesystem takes
+    fits += "/" + "f" * (room - len(fits) - 1)
+    checkpoint.commit(write_checkpoint(root, "step-2", {fits: b"w"}), step=2)
+    assert agent.scan() == [2]
+
+
+def test_a_request_the_store_refuses_with_a_4xx_is_not_retried(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    fs = s3_server.filesystem()
+    directory = write_checkpoint(tmp_path, "step-1", {"model.bin": b"m"})
+    tries = []
+
+    def put() -> str:
+        tries.append(1)
+        return uploader.put_file(
+            fs,
+            directory,
+            "model.bin",
+            f"{s3_bucket}/{'k' * 1100}",
+            expected_size=1,
+            observer=metrics.NullObserver(),
+        )
+
+    with pytest.raises(errors.InputError, match=r"HTTP status 400.*KeyTooLong"):
+        source.with_retries(put, what="uploading", policy=source.RetryPolicy(initial_delay=0.1))
+    assert len(tries) == 1
+
+
+def test_empty_directories_of_a_checkpoint_are_restored_on_another_node(
+    make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    agent = make_agent()
+    root = tmp_path / "node-a"
+    path = write_checkpoint(root, "step-1", model_files(1, 1 << 10))
+    (path / "empty").mkdir()
+    (path / "shards" / "rank-3").mkdir(parents=True)
+    checkpoint.commit(path, step=1)
+    assert agent.scan() == [1]
+
+    def dirs(p: Path) -> list[str]:
+        return sorted(q.relative_to(p).as_posix() for q in p.rglob("*") if q.is_dir())
+
+    restored = make_agent("node-b").restore()
+    assert restored.path is not None
+    assert dirs(restored.path) == dirs(path) == ["empty", "optimizer", "shards", "shards/rank-3"]
+    assert tree(restored.path) == tree(path)
+    # A copy on the node that lacks one is completed, not taken as the checkpoint.
+    (restored.path / "empty").rmdir()
+    again = make_agent("node-b").restore()
+    assert again.downloaded_bytes == 0 and (restored.path / "empty").is_dir()
+
+
+def test_wait_returns_for_a_step_published_and_since_removed_by_retention(
+    make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    agent = make_agent(keep_last=1)
+    agent.restore()
+    root = tmp_path / "node-a"
+    for step in (1, 2):
+        checkpoint.commit(write_checkpoint(root, f"step-{step}", {"m": b"%d" % step}), step=step)
+    assert agent.scan() == [1, 2]
+    assert [c.step for c in _protocol.local_checkpoints(root)] == [2]
+    checkpoint.wait(1, timeout=5, root=root)
+    # Kept across an agent restart on the node, and by retention of later steps.
+    restarted = make_agent(keep_last=1)
+    restarted.restore()
+    latest = _protocol.read_root_file(root, _protocol.LATEST_NAME)
+    assert latest is not None and latest["highest_published"] == 2
+    checkpoint.wait(1, timeout=5, root=root)
+    with pytest.raises(errors.InputError, match="no checkpoint with step 3"):
+        checkpoint.wait(3, timeout=5, root=root)

@@ -248,3 +248,96 @@ def test_a_checkpoint_root_that_is_a_file_is_a_clear_error(tmp_path: Path) -> No
         checkpoint.restore(root=tmp_path / "file")
     with pytest.raises(errors.InputError, match="expected a directory, found a file"):
         checkpoint.wait(1, root=tmp_path / "file")
+
+
+# --- markers in other scripts' digits -------------------------------------------------
+@pytest.mark.parametrize("text", ["\u00b2", "\u0661\u0662", "\uff11\uff12"])
+def test_a_marker_in_digits_other_than_ascii_is_a_clear_error(text: str) -> None:
+    # str.isdigit() takes these, int() does not (or reads them as another number).
+    with pytest.raises(errors.InputError, match="expected JSON"):
+        _protocol.parse_marker(text, where="m")
+
+
+def test_a_marker_in_other_digits_does_not_break_commits_and_restores_of_the_others(
+    root: Path,
+) -> None:
+    (finished(root, "step-0") / _protocol.MARKER_NAME).write_text("²\n")
+    checkpoint.commit(finished(root, "step-1"), step=1)
+    assert checkpoint.restore() == root / "step-1"
+    with pytest.raises(errors.InputError, match="not a committed checkpoint"):
+        checkpoint.data_state("²")
+
+
+# --- data_state is JSON ---------------------------------------------------------------
+def test_data_state_is_stored_as_json_and_committing_it_again_is_harmless(root: Path) -> None:
+    path = finished(root, "s")
+    state = {"epoch": 1, "rng": (7, 9), "nested": {"pair": ("a", 2)}}
+    checkpoint.commit(path, step=1, data_state=state)
+    assert checkpoint.data_state(str(path)) == {
+        "epoch": 1,
+        "rng": [7, 9],
+        "nested": {"pair": ["a", 2]},
+    }
+    checkpoint.commit(path, step=1, data_state=state)  # the same state: a no-op
+
+
+@pytest.mark.parametrize(
+    ("state", "named"),
+    [
+        ({"epoch": 1, 0: "rank0"}, "int key 0 in data_state"),
+        ({"per_rank": {3: 10}}, "int key 3 in data_state['per_rank']"),
+        ({"runs": [{None: 1}]}, "NoneType key None in data_state['runs'][0]"),
+    ],
+)
+def test_data_state_keys_must_be_strings(
+    root: Path, state: dict[object, object], named: str
+) -> None:
+    path = finished(root, "s")
+    with pytest.raises(errors.InputError, match=re.escape(named)):
+        checkpoint.commit(path, step=1, data_state=state)  # type: ignore[arg-type]
+    assert _protocol.read_marker(path) is None
+
+
+def test_data_state_that_is_not_finite_json_is_refused(root: Path) -> None:
+    with pytest.raises(errors.InputError, match="JSON-serialisable"):
+        checkpoint.commit(finished(root, "s"), step=1, data_state={"loss": float("nan")})
+
+
+# --- size of the marker ---------------------------------------------------------------
+def test_a_data_state_too_large_for_the_agent_is_refused_at_commit_with_size_and_limit(
+    root: Path,
+) -> None:
+    path = finished(root, "s")
+    big = {"seen": "x" * _protocol.MAX_PROTOCOL_FILE}
+    with pytest.raises(
+        errors.InputError, match=rf"\d+ bytes, over the {_protocol.MAX_PROTOCOL_FILE}"
+    ):
+        checkpoint.commit(path, step=1, data_state=big)
+    assert _protocol.read_marker(path) is None
+
+
+def test_wait_for_a_step_whose_marker_the_agent_cannot_read_gives_the_agents_reason(
+    root: Path,
+) -> None:
+    # A trainer writing the marker itself is not held to commit()'s checks.
+    path = finished(root, "step-1")
+    (path / _protocol.MARKER_NAME).write_text('{"step": 1, "data_state": {"x": "')
+    _protocol.write_status(
+        path, _protocol.Status("failed", -1, error="the agent's own reason", retryable=False)
+    )
+    with pytest.raises(errors.InputError, match="'step-1': the agent's own reason"):
+        checkpoint.wait(1, timeout=5)
+
+
+# --- wait after retention -------------------------------------------------------------
+def _latest(root: Path, steps: list[int], highest: int | None) -> None:
+    data = {"version": 1, "step": steps[-1], "steps": steps, "highest_published": highest}
+    _protocol.write_json_atomic(root / _protocol.LATEST_NAME, data)
+
+
+def test_wait_returns_for_a_step_published_and_since_removed_by_retention(root: Path) -> None:
+    # Step 1 was committed, published, then removed from the store and the node.
+    _latest(root, [2], highest=2)
+    checkpoint.wait(1, timeout=1)
+    with pytest.raises(errors.InputError, match="no checkpoint with step 3"):
+        checkpoint.wait(3, timeout=1)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
-from shardcache_sidecar.checkpoint import Agent, CheckpointSettings
+from shardcache_sidecar.checkpoint import Agent, CheckpointSettings, uploader
 
 from shardcache.checkpoint import _protocol, layout
 
@@ -157,7 +159,7 @@ def test_restore_never_reuses_or_writes_through_a_planted_link(
     assert secret.read_bytes() == SECRET
 
 
-def _hostile_manifest(store: Path, files: list[dict[str, object]]) -> None:
+def _hostile_manifest(store: Path, files: list[dict[str, object]], **extra: object) -> None:
     body = {
         "version": layout.LAYOUT_VERSION,
         "step": 7,
@@ -166,6 +168,7 @@ def _hostile_manifest(store: Path, files: list[dict[str, object]]) -> None:
         "total_bytes": 0,
         "data_state": None,
         "files": files,
+        **extra,
     }
     path = Path(layout.manifest_path(str(store), 7))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -271,3 +274,83 @@ def test_protocol_files_nested_too_deeply_are_refused_and_the_agent_keeps_servin
     status = _protocol.read_status(scratch)
     assert status is not None and status.phase == "failed" and "expected JSON" in str(status.error)
     assert json.loads(request.read_text())["phase"] == "failed"
+
+
+def test_a_file_name_that_is_not_utf8_refuses_that_checkpoint_and_the_later_ones_upload(
+    root: Path, store: Path
+) -> None:
+    directory = committed(root, "step-1", 1)
+    with open(os.path.join(os.fsencode(directory), b"tokenizer-\xe9.json"), "wb") as f:
+        f.write(b"{}")
+    commit(directory, 1)
+    later = committed(root, "step-2", 2)
+    commit(later, 2)
+    assert agent(root, store).scan() == [2]
+    status = _protocol.read_status(directory)
+    assert status is not None and status.phase == "failed" and not status.retryable
+    assert "b'tokenizer-\\xe9.json'" in str(status.error) and "not UTF-8" in str(status.error)
+    assert not list(store.glob("**/step-000000000001/**/*"))
+
+
+def test_an_unexpected_error_in_one_checkpoint_is_recorded_and_the_others_upload(
+    root: Path, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = committed(root, "step-1", 1)
+    commit(broken, 1)
+    commit(committed(root, "step-2", 2), 2)
+    real = uploader.upload
+
+    def upload(fs: object, prefix: str, directory: Path, *args: object, **kw: object) -> object:
+        if directory == broken:
+            raise RuntimeError("a bug no check foresaw")
+        return real(fs, prefix, directory, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(uploader, "upload", upload)
+    worker = agent(root, store)
+    assert worker.scan() == [2]
+    status = _protocol.read_status(broken)
+    assert status is not None and status.phase == "failed" and status.retryable
+    assert "a bug no check foresaw" in str(status.error)
+    # Retried later, like a store outage: once the fault is gone it is published.
+    monkeypatch.setattr(uploader, "upload", real)
+    worker._retry_at.clear()
+    assert worker.scan() == [1]
+
+
+def test_a_marker_in_digits_other_than_ascii_fails_that_checkpoint_and_the_others_upload(
+    root: Path, store: Path
+) -> None:
+    scratch = committed(root, "step-0", 0)
+    (scratch / _protocol.MARKER_NAME).write_text("²\n")
+    commit(committed(root, "step-1", 1), 1)
+    assert agent(root, store).scan() == [1]
+    status = _protocol.read_status(scratch)
+    assert status is not None and status.phase == "failed" and not status.retryable
+    assert "expected JSON" in str(status.error)
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"dirs": ["a\x00b"]}, "dirs[0]"),
+        ({"dirs": ["../up"]}, "escapes"),
+        ({"dirs": ["model.bin"]}, "'model.bin' is listed as a file and as the directory"),
+        ({"dirs": "opt"}, "expected 'dirs' to be a list"),
+        ({"minor": -1}, "expected 'minor' to be an integer >= 0"),
+    ],
+)
+def test_malformed_empty_directories_in_a_manifest_are_refused_naming_the_entry(
+    store: Path, extra: dict[str, object], named: str
+) -> None:
+    files = [{"path": "model.bin", "size": 1, "sha256": SHA}]
+    _hostile_manifest(store, files, **extra)
+    raw = layout.read_json(pafs.LocalFileSystem(), layout.manifest_path(str(store), 7))
+    with pytest.raises(layout.CorruptCheckpointError, match=re.escape(named)):
+        layout.CheckpointManifest.from_json(raw, where="m")
+
+
+def test_a_manifest_path_that_no_file_name_can_hold_is_refused(store: Path) -> None:
+    _hostile_manifest(store, [{"path": "\ud800", "size": 1, "sha256": SHA}])
+    raw = layout.read_json(pafs.LocalFileSystem(), layout.manifest_path(str(store), 7))
+    with pytest.raises(layout.CorruptCheckpointError, match="not UTF-8"):
+        layout.CheckpointManifest.from_json(raw, where="m")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -109,3 +110,29 @@ def test_only_rank_directories_named_exactly_rank_n_are_ranks(tmp_path: Path) ->
     assert siblings.base_of("b/run/rank-3") == "b/run"
     assert siblings.base_of("b/run/rank-3\n") is None
     assert siblings.base_of("b/run/rank-\u0663") is None
+
+
+def test_empty_directories_round_trip_in_the_manifest_of_layout_1_1() -> None:
+    m = dataclasses.replace(manifest(), dirs=("optim/empty", "shards/rank-3"))
+    doc = m.to_json()
+    assert (doc["version"], doc["minor"]) == (1, layout.LAYOUT_MINOR) == (1, 1)
+    assert doc["dirs"] == ["optim/empty", "shards/rank-3"]
+    assert layout.CheckpointManifest.from_json(copy.deepcopy(doc), where="t") == m
+
+
+def test_a_manifest_of_layout_1_0_without_minor_or_dirs_is_still_read() -> None:
+    body = {k: v for k, v in manifest().to_json().items() if k not in ("minor", "dirs", "digest")}
+    old = {**body, "digest": layout._digest(body)}
+    assert layout.CheckpointManifest.from_json(old, where="t") == manifest()
+
+
+def test_a_later_minor_is_read_and_its_unknown_fields_ignored() -> None:
+    body = {**manifest().to_json(), "minor": 7, "tags": ["future"]}
+    del body["digest"]
+    doc = {**body, "digest": layout._digest(body)}
+    assert layout.CheckpointManifest.from_json(doc, where="t") == manifest()
+
+
+def test_the_same_files_with_other_empty_directories_are_the_same_checkpoint() -> None:
+    # A step published by a layout-1.0 agent, uploaded again after an upgrade.
+    assert dataclasses.replace(manifest(), dirs=("empty",)).same_content(manifest())

@@ -88,3 +88,14 @@ def test_bad_settings_name_the_variable(env: dict[str, str], match: str) -> None
 )
 def test_restore_choice(value: str, parsed: object) -> None:
     assert agent_config.parse_restore(value) == parsed
+
+
+@pytest.mark.parametrize("value", ["²", "١٢", "4²"])
+def test_restore_step_in_digits_other_than_ascii_is_refused_naming_the_variable(
+    value: str,
+) -> None:
+    # str.isdigit() takes these; int() does not (or reads them as another number).
+    with pytest.raises(errors.InputError, match="RESTORE: expected latest, none or a step"):
+        agent_config.parse_restore(value)
+    with pytest.raises(errors.InputError, match="expected latest, none or a step"):
+        agent_config.CheckpointSettings.from_env({**BASE, contract.ENV_CHECKPOINT_RESTORE: value})

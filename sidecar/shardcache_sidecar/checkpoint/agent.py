@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeGuard
 
 from shardcache import errors, faultpoints, source
 from shardcache.checkpoint import _protocol, layout
@@ -226,13 +227,23 @@ class Agent:
         log.warning("the latest pointer named step %s; moved to step %d", pointer, newest)
 
     def _write_latest(self, published: list[int]) -> None:
+        path = self.root / _protocol.LATEST_NAME
+        # The newest step ever published under this URI, which retention and skips do
+        # not lower: wait() tells a step removed by retention from one never committed.
+        # Carried over from the file, which outlives an agent restart on the node.
+        previous = _protocol.read_root_file(self.root, _protocol.LATEST_NAME) or {}
+        known = [*published[-1:]]
+        before = previous.get("highest_published")
+        if previous.get("uri") == self.settings.uri and _is_step(before):
+            known.append(before)
         _protocol.write_json_atomic(
-            self.root / _protocol.LATEST_NAME,
+            path,
             {
                 "version": _protocol.PROTOCOL_VERSION,
                 "step": published[-1] if published else None,
                 "steps": published,
                 "uri": self.settings.uri,
+                "highest_published": max(known) if known else None,
             },
         )
 
@@ -261,7 +272,23 @@ class Agent:
             if isinstance(parsed, _protocol.RestoreAnswer):
                 self._forget_abandoned(path, parsed)
                 continue
-            if self.serve_request(path, parsed):
+            try:
+                served = self.serve_request(path, parsed)
+            except Exception as exc:  # a bug or a hostile input no check foresaw
+                # Answered, so the trainer hears why and the agent does not retry it at
+                # every scan; the other requests are still served.
+                log.exception("restoring checkpoint step %d on request failed", parsed.step)
+                self._answer(
+                    path,
+                    _protocol.answer_json(
+                        request_id,
+                        parsed.step,
+                        error=f"unexpected error ({exc!r}); see the sidecar's log",
+                        requested_at=parsed.requested_at,
+                    ),
+                )
+                continue
+            if served:
                 restored.append(parsed.step)
         return restored
 
@@ -358,26 +385,52 @@ class Agent:
             if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
                 continue
             path = Path(entry.path)
-            status = _protocol.read_status(path)
             try:
-                marker = _protocol.read_marker(path)
-            except errors.InputError as exc:
-                if status is None or status.phase != "failed":
-                    log.error("%s", exc)
-                    self._set_failed(path, -1, str(exc), retryable=False)
+                marker = self._pending_marker(path, now)
+            except Exception as exc:  # a bug or a hostile input no check foresaw
+                self._unexpected(path, -1, exc)
                 continue
-            if marker is None:
-                continue
-            if status is not None and status.step == marker.step:
-                if status.phase in ("uploaded", "restored"):
-                    continue
-                if status.phase == "failed" and not status.retryable:
-                    continue
-            if self._retry_at.get(path, 0.0) > now:
-                continue
-            found.append((path, marker))
+            if marker is not None:
+                found.append((path, marker))
         found.sort(key=lambda item: (item[1].step, item[0].name))
         return found
+
+    def _pending_marker(self, path: Path, now: float) -> _protocol.Marker | None:
+        """The marker of `path` if it is to be published now, else None."""
+        status = _protocol.read_status(path)
+        try:
+            marker = _protocol.read_marker(path)
+        except errors.InputError as exc:
+            if status is None or status.phase != "failed":
+                log.error("%s", exc)
+                self._set_failed(path, -1, str(exc), retryable=False)
+            return None
+        if marker is None:
+            return None
+        if status is not None and status.step == marker.step:
+            if status.phase in ("uploaded", "restored"):
+                return None
+            if status.phase == "failed" and not status.retryable:
+                return None
+        if self._retry_at.get(path, 0.0) > now:
+            return None
+        return marker
+
+    def _unexpected(self, path: Path, step: int, exc: Exception) -> None:
+        """An error no check foresaw, in one directory: logged with its traceback,
+        recorded as a retryable failure (wait() shows it), tried again later; the
+        other directories go on."""
+        log.error(
+            "checkpoint step %d in %s: unexpected error, retrying in %.1fs",
+            step,
+            path,
+            self.settings.retry_interval,
+            exc_info=exc,
+        )
+        self._retry_at[path] = time.monotonic() + self.settings.retry_interval
+        self._set_failed(
+            path, step, f"unexpected error ({exc!r}); see the sidecar's log", retryable=True
+        )
 
     def scan(self) -> list[int]:
         """Publish everything committed so far; the steps published."""
@@ -391,6 +444,11 @@ class Agent:
                 # written through it; tried again later, and the other directories go on.
                 log.error("checkpoint step %d in %s is not uploaded: %s", marker.step, path, exc)
                 self._retry_at[path] = time.monotonic() + self.settings.retry_interval
+                continue
+            except Exception as exc:  # a bug or a hostile input no check foresaw
+                # One directory must not stop every later checkpoint from going up.
+                self.observer.upload_failed(marker.step)
+                self._unexpected(path, marker.step, exc)
                 continue
             if done:
                 published.append(marker.step)
@@ -546,6 +604,10 @@ class Agent:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+def _is_step(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _restored_reason(result: restorer.RestoreResult) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from shardcache import contract, errors, source
+from shardcache.checkpoint import _protocol
 from shardcache.contract import variables
 
 
@@ -102,8 +103,9 @@ def parse_restore(value: str) -> int | str | None:
     text = value.strip().lower()
     if text in ("latest", "none"):
         return None if text == "none" else "latest"
-    if text.isdigit():
-        return int(text)
+    step = _protocol.parse_step_text(text)
+    if step is not None:
+        return step
     raise errors.InputError(
         f"{contract.ENV_CHECKPOINT_RESTORE}: expected latest, none or a step number, found {value!r}"
     )

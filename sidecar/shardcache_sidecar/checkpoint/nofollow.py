@@ -16,6 +16,7 @@ and says why; the agent writes it into the checkpoint's status.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import stat
@@ -108,23 +109,50 @@ def make_parents(root: Path, rel: str) -> None:
         pass
 
 
-def regular_files(directory: Path, *, skip_prefix: str) -> list[tuple[str, int]]:
-    """(relative '/'-path, size) of every file below `directory`, sorted; files whose
-    name starts with `skip_prefix` (the protocol's own) are left out.
+def make_dir(root: Path, rel: str) -> None:
+    """Create the directory `root/rel` and its parents below `root`, following no link."""
+    with _parent_fd(root, rel, create=True) as (parent, name):
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                raise _refused(root / rel, "a symbolic link or not a directory") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    """What a checkpoint directory holds, as the manifest records it."""
+
+    #: (relative '/'-path, size) of every regular file, sorted.
+    files: list[tuple[str, int]]
+    #: Relative '/'-paths of the directories that hold nothing (no file the listing
+    #: keeps, no subdirectory), sorted: all a restore needs to recreate the tree.
+    empty_dirs: list[str]
+
+
+def regular_files(directory: Path, *, skip_prefix: str) -> Listing:
+    """Every file below `directory` and every empty directory; files whose name starts
+    with `skip_prefix` (the protocol's own) are left out.
 
     Raises `SymlinkError` naming the first symbolic link or special file found: a
-    checkpoint with one is refused whole, never uploaded without it.
+    checkpoint with one is refused whole, never uploaded without it. Raises
+    `InputError` naming a file whose name is not UTF-8: object keys and the manifest
+    are UTF-8 text, so it could not be stored under its name.
     """
     found: list[tuple[str, int]] = []
+    empty: list[str] = []
     pending = [""]
     while pending:
         rel_dir = pending.pop()
+        holds = False
         with os.scandir(directory / rel_dir if rel_dir else directory) as entries:
             for entry in entries:
                 rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
                 info = entry.stat(follow_symlinks=False)
                 if entry.name.startswith(skip_prefix) and not stat.S_ISDIR(info.st_mode):
                     continue
+                _check_utf8(rel)
+                holds = True
                 if stat.S_ISLNK(info.st_mode):
                     raise _refused(rel, "a symbolic link")
                 if stat.S_ISDIR(info.st_mode):
@@ -133,5 +161,19 @@ def regular_files(directory: Path, *, skip_prefix: str) -> list[tuple[str, int]]
                     found.append((rel, info.st_size))
                 else:
                     raise _refused(rel, "not a regular file")
-    found.sort()
-    return found
+        if rel_dir and not holds:
+            empty.append(rel_dir)
+    return Listing(sorted(found), sorted(empty))
+
+
+def _check_utf8(rel: str) -> None:
+    # os.scandir decodes a name that is not UTF-8 with surrogate escapes; such a str
+    # cannot be encoded back to UTF-8 (pyarrow would fail on it mid-upload).
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        raise errors.InputError(
+            f"{os.fsencode(rel)!r}: the file name is not UTF-8; object keys and the "
+            "checkpoint's manifest are UTF-8 text, so it cannot be stored under its name: "
+            "rename it (encode names as UTF-8)"
+        ) from None

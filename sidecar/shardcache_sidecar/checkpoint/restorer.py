@@ -178,8 +178,8 @@ def restore_step(
         policy=retry,
     )
     data_state, applied = apply_skip(manifest.data_state, request, where=where)
-    dest = root / manifest.name
-    staging = root / f"{STAGING_PREFIX}{manifest.name}"
+    dest = destination(root, manifest.name, step)
+    staging = root / f"{STAGING_PREFIX}{dest.name}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
 
@@ -225,8 +225,12 @@ def restore_step(
             tasks = [(e, off, n) for e in missing for off, n in ranges(e.size)]
             list(pool.map(fetch, tasks))
             list(pool.map(verify, missing))
+        for rel in manifest.dirs:
+            nofollow.make_dir(staging, rel)
         faultpoints.reach("checkpoint.restore.assemble")
-        _assemble(dest, staging, reused, {f.path for f in manifest.files})
+        _assemble(
+            dest, staging, reused, wanted={f.path for f in manifest.files}, dirs=set(manifest.dirs)
+        )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     _protocol.write_marker(
@@ -247,6 +251,61 @@ def restore_step(
         created_at=manifest.created_at,
         skip=applied,
     )
+
+
+#: Most names tried beside a directory a restore must not replace (`destination`).
+_MAX_OTHER_NAMES = 100
+
+
+def destination(root: Path, name: str, step: int) -> Path:
+    """Where checkpoint `step`, named `name` in its manifest, is restored.
+
+    `root/name`, unless that directory holds a commit that is not in the store: a
+    checkpoint of another step not yet uploaded (a trainer reusing its directory names
+    committed a newer step there), one the agent refused (a duplicate step), or one
+    whose marker cannot be read. The restore never deletes such a commit; it goes to
+    `<name>.restored-<step>` instead (`-2`, `-3`, … if that is taken too), and the
+    caller gets that path.
+    """
+    for i in range(_MAX_OTHER_NAMES):
+        candidate = name if i == 0 else f"{name}.restored-{step}" + (f"-{i}" if i > 1 else "")
+        path = root / candidate
+        if not _holds_unpublished_commit(path, step):
+            if i:
+                log.warning(
+                    "restoring checkpoint step %d into %s: %s holds a commit that is not in "
+                    "the store, which a restore never replaces",
+                    step,
+                    path,
+                    root / name,
+                )
+            return path
+    raise errors.InputError(
+        f"cannot restore checkpoint step {step}: {str(root / name)!r} and "
+        f"{_MAX_OTHER_NAMES - 1} other names beside it hold commits that are not in the "
+        "store; remove some or let them upload, then ask again"
+    )
+
+
+def _holds_unpublished_commit(path: Path, step: int) -> bool:
+    """Whether a restore of `step` into `path` would delete a commit not in the store."""
+    if not path.is_dir() or path.is_symlink():
+        return False  # nothing there, or not a checkpoint directory (replaced as before)
+    try:
+        marker = _protocol.read_marker(path)
+    except errors.InputError:
+        return True  # the trainer's commit, refused by the agent: not ours to delete
+    if marker is None:
+        return False  # not committed: leftovers a restore may reuse
+    status = _protocol.read_status(path)
+    if status is not None and status.step == marker.step:
+        if status.phase in _protocol.DONE_PHASES:
+            return False  # in the store: the restore loses nothing
+        if status.phase == "failed" and not status.retryable:
+            return True  # refused for good (a duplicate step): the store does not have it
+    # The same step not yet uploaded is the node's own copy of it (a restart after a
+    # crash between the manifest and the status): its intact files are reused.
+    return marker.step != step
 
 
 def apply_skip(
@@ -338,7 +397,17 @@ def _fetch_range(
     offset: int,
     length: int,
 ) -> None:
-    with fs.open_input_file(remote) as src:
+    try:
+        opened = fs.open_input_file(remote)
+    except FileNotFoundError:
+        # Not a fault of this request: the manifest promises the object. The store lost
+        # it (a lifecycle rule, a person, a writer's retention), so the checkpoint is
+        # damaged, and restoreFallback applies.
+        raise layout.CorruptCheckpointError(
+            f"{remote}: the object named in the manifest is missing from the store (expected "
+            f"{entry.size} bytes, sha256 {entry.sha256})"
+        ) from None
+    with opened as src:
         if src.size() != entry.size:
             raise layout.CorruptCheckpointError(
                 f"{remote}: expected {entry.size} bytes as the manifest says, found {src.size()}"
@@ -353,9 +422,17 @@ def _fetch_range(
         os.close(fd)
 
 
-def _assemble(dest: Path, staging: Path, reused: list[layout.FileEntry], wanted: set[str]) -> None:
-    """Make `dest` hold exactly the checkpoint's files: reused ones plus those in staging."""
-    if dest.is_dir() and len(reused) == len(wanted) and _files(dest) == wanted:
+def _assemble(
+    dest: Path,
+    staging: Path,
+    reused: list[layout.FileEntry],
+    *,
+    wanted: set[str],
+    dirs: set[str],
+) -> None:
+    """Make `dest` hold exactly the checkpoint's files and empty directories: reused
+    files plus what is in staging."""
+    if dest.is_dir() and len(reused) == len(wanted) and _tree(dest) == (wanted, dirs):
         return  # the copy on the node is the checkpoint already
     for entry in reused:
         target = staging / entry.path
@@ -371,8 +448,10 @@ def _assemble(dest: Path, staging: Path, reused: list[layout.FileEntry], wanted:
         os.replace(staging, dest)
 
 
-def _files(directory: Path) -> set[str]:
+def _tree(directory: Path) -> tuple[set[str], set[str]] | None:
+    """(files, empty directories) of `directory`; None when it must be rebuilt."""
     try:
-        return {rel for rel, _ in uploader.list_files(directory)}
+        listing = uploader.list_files(directory)
     except errors.InputError:
-        return set()  # a link or special file in it: the directory is rebuilt
+        return None  # a link or special file in it: the directory is rebuilt
+    return {rel for rel, _ in listing.files}, set(listing.empty_dirs)

@@ -65,24 +65,58 @@ class Window:
             return max(MIN_WINDOW, self._budget // max(1, self._active))
 
 
-def list_files(directory: Path) -> list[tuple[str, int]]:
-    """(relative path, size) of every file of a checkpoint, sorted; protocol files left out.
+def list_files(directory: Path, *, key_prefix: str | None = None) -> nofollow.Listing:
+    """Every file of a checkpoint (relative path, size), sorted, protocol files left
+    out, and its empty directories.
 
     A symbolic link or special file anywhere in the directory refuses the checkpoint
-    (`nofollow.SymlinkError`, named in its status): the agent never follows one.
+    (`nofollow.SymlinkError`, named in its status): the agent never follows one. So
+    does a name that is not UTF-8, and, with `key_prefix` (the object key the relative
+    paths are appended to, where the store limits keys), a file whose key would be
+    longer than `layout.MAX_KEY_BYTES`: the store would refuse it on every try.
     """
     if not directory.is_dir() or directory.is_symlink():
         raise errors.InputError(
             f"checkpoint directory {str(directory)!r} disappeared before it was uploaded"
         )
     try:
-        return nofollow.regular_files(directory, skip_prefix=_protocol.RESERVED_PREFIX)
-    except nofollow.SymlinkError as exc:
-        raise nofollow.SymlinkError(f"checkpoint {directory.name!r}: {exc}") from None
+        directory.name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise errors.InputError(
+            f"checkpoint directory {os.fsencode(directory.name)!r}: the name is not UTF-8; "
+            "it is recorded in the manifest, which is UTF-8 text: rename it"
+        ) from None
+    try:
+        listing = nofollow.regular_files(directory, skip_prefix=_protocol.RESERVED_PREFIX)
+    except errors.InputError as exc:
+        # The same class (SymlinkError stays one), with the checkpoint named.
+        raise type(exc)(f"checkpoint {directory.name!r}: {exc}") from None
     except OSError as exc:
         raise errors.InputError(
             f"cannot list checkpoint directory {str(directory)!r}: {exc}"
         ) from exc
+    if key_prefix is not None:
+        used = len(key_prefix.encode("utf-8"))
+        for rel, _ in listing.files:
+            key_bytes = used + len(rel.encode("utf-8"))
+            if key_bytes > layout.MAX_KEY_BYTES:
+                shown = rel if len(rel) <= 120 else f"{rel[:70]}…{rel[-40:]}"
+                raise errors.InputError(
+                    f"checkpoint {directory.name!r}: file {shown!r} would be stored as an "
+                    f"object key of {key_bytes} bytes ({key_prefix!r} + its path), over the "
+                    f"{layout.MAX_KEY_BYTES} bytes the object store takes: shorten its "
+                    f"path to at most {max(layout.MAX_KEY_BYTES - used, 0)} bytes (or the "
+                    "checkpoint URI's prefix)"
+                )
+    return listing
+
+
+def key_prefix(fs: pafs.FileSystem, path: str) -> str | None:
+    """The object key `path` names where the store limits key length (S3, GCS: the
+    path after the bucket), else None (a filesystem: its own limits apply)."""
+    if fs.type_name not in ("s3", "gcs"):
+        return None
+    return path.partition("/")[2]
 
 
 def sha256_file(root: Path, rel: str) -> str:
@@ -168,14 +202,15 @@ def upload(
     """
     obs = observer or metrics.NullObserver()
     step = marker.step
-    files = list_files(directory)
+    listing = list_files(directory, key_prefix=key_prefix(fs, layout.data_path(prefix, step, "")))
+    files = listing.files
     manifest_at = layout.manifest_path(prefix, step)
     existing_raw = source.with_retries(
         lambda: layout.read_json(fs, manifest_at), what=f"reading {manifest_at}", policy=retry
     )
     if existing_raw is not None:
         existing = layout.CheckpointManifest.from_json(existing_raw, where=manifest_at)
-        local = _local_manifest(directory, files, marker, existing.created_at)
+        local = _local_manifest(directory, listing, marker, existing.created_at)
         if local.same_content(existing):
             log.info("checkpoint step %d is already published: nothing to upload", step)
             return existing
@@ -225,6 +260,7 @@ def upload(
         files=tuple(entries[rel] for rel, _ in files),
         data_state=marker.data_state,
         created_at=marker.committed_at if marker.committed_at is not None else time.time(),
+        dirs=tuple(listing.empty_dirs),
     )
     faultpoints.reach("checkpoint.upload.manifest")
     source.with_retries(
@@ -236,16 +272,17 @@ def upload(
 
 
 def _local_manifest(
-    directory: Path, files: list[tuple[str, int]], marker: _protocol.Marker, created_at: float
+    directory: Path, listing: nofollow.Listing, marker: _protocol.Marker, created_at: float
 ) -> layout.CheckpointManifest:
     return layout.CheckpointManifest(
         step=marker.step,
         name=directory.name,
         files=tuple(
-            layout.FileEntry(rel, size, sha256_file(directory, rel)) for rel, size in files
+            layout.FileEntry(rel, size, sha256_file(directory, rel)) for rel, size in listing.files
         ),
         data_state=marker.data_state,
         created_at=created_at,
+        dirs=tuple(listing.empty_dirs),
     )
 
 
