@@ -27,6 +27,12 @@ from shardcache.formats import schemas
 #: the store's identity (ETag), not its mtime. Pins of other versions are re-resolved
 #: (the operator) or refused naming both versions (`from_json`); docs/wire-format.md.
 MANIFEST_VERSION = 3
+#: 4: as 3, with a promotion by name (JSON Lines shards whose fields differ in order or
+#: presence: `schemas.unify(by_name=True)`). Only such a manifest is written as 4, so an
+#: older shardcache refuses it by its number instead of decoding each shard in its own
+#: field order; every other manifest, and its digest, stays version 3.
+BY_NAME_VERSION = 4
+_READABLE = (MANIFEST_VERSION, BY_NAME_VERSION)
 #: Shards inspected at once. Inspection reads metadata only (a JSON Lines shard in
 #: `jsonl.INSPECT_CHUNK` pieces), so memory is bounded by this times a few MiB, whatever
 #: the shards hold; 8 keeps a listing of thousands of shards fast on slow stores.
@@ -75,6 +81,10 @@ class Manifest:
         return schemas.decode(self.promoted) if self.promoted is not None else None
 
     @cached_property
+    def version(self) -> int:
+        return version_of(self.promoted)
+
+    @cached_property
     def shard_rows(self) -> list[int]:
         return [s.rows for s in self.shards]
 
@@ -109,7 +119,7 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         out = {
-            "version": MANIFEST_VERSION,
+            "version": self.version,
             "root": self.root,
             "format": self.format,
             "digest": self.digest,
@@ -121,11 +131,12 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Manifest:
-        if data.get("version") != MANIFEST_VERSION:
+        if data.get("version") not in _READABLE:
             raise errors.InputError(
                 f"manifest version {data.get('version')!r} is not supported: expected "
-                f"{MANIFEST_VERSION} (per-shard sha256); resolve the source again (the "
-                "operator re-pins a DatasetMount pinned by an older version by itself)"
+                f"{MANIFEST_VERSION} (per-shard sha256) or {BY_NAME_VERSION} (JSON Lines "
+                "fields matched by name); resolve the source again (the operator re-pins "
+                "a DatasetMount pinned by an older version by itself)"
             )
         try:
             shards = tuple(ShardEntry(**s) for s in data["shards"])
@@ -138,6 +149,11 @@ class Manifest:
             )
         except (KeyError, TypeError) as exc:
             raise errors.InputError(f"malformed manifest: {exc}") from exc
+        if manifest.version != data["version"]:
+            raise errors.InputError(
+                f"malformed manifest: it says version {data['version']}, but its "
+                f"promotion makes it version {manifest.version}"
+            )
         if manifest.digest != data["digest"]:
             raise errors.ManifestMismatchError(
                 f"manifest content hashes to {manifest.digest}, "
@@ -150,7 +166,7 @@ def compute_digest(fmt: str, shards: tuple[ShardEntry, ...], *, promoted: str | 
     """sha256 over the shard list (and the promotion, when there is one). The root is
     left out: a copy of the same objects under another prefix is the same dataset."""
     content: dict[str, Any] = {
-        "version": MANIFEST_VERSION,
+        "version": version_of(promoted),
         "format": fmt,
         "shards": [[s.path, s.size, s.version, s.rows, s.fingerprint, s.sha256] for s in shards],
     }
@@ -162,6 +178,13 @@ def compute_digest(fmt: str, shards: tuple[ShardEntry, ...], *, promoted: str | 
         separators=(",", ":"),
     )
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def version_of(promoted: str | None) -> int:
+    """The manifest version a manifest with this promotion is written as."""
+    if promoted is not None and schemas.is_by_name(schemas.decode(promoted)):
+        return BY_NAME_VERSION
+    return MANIFEST_VERSION
 
 
 def _hidden(rel: str) -> bool:

@@ -155,6 +155,12 @@ def _conform(table: pa.Table, unified: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def is_by_name(schema: pa.Schema) -> bool:
+    """Whether `schema` is a promotion by name (`unify(by_name=True)`), which an older
+    shardcache would apply by position: manifests holding one have their own version."""
+    return bool(schema.metadata == _BY_NAME)
+
+
 def encode(schema: pa.Schema) -> str:
     """The schema as text for the manifest's JSON (base64 of its IPC serialization)."""
     return base64.b64encode(schema.serialize().to_pybytes()).decode()

@@ -185,3 +185,25 @@ def test_jsonl_shards_of_the_same_fields_promote_as_before(tmp_path: Path) -> No
     )
     manifest = manifests.resolve(uri)
     assert manifest.promoted_schema == pa.schema([("b", pa.string())])
+    assert manifest.to_json()["version"] == manifests.MANIFEST_VERSION == 3
+
+
+def test_a_manifest_matching_jsonl_fields_by_name_has_its_own_version(tmp_path: Path) -> None:
+    """A shardcache before unification by name would decode each shard in its own field
+    order: such a manifest is version 4, which it refuses by number, and it round-trips
+    here."""
+    uri = write_jsonl(
+        tmp_path / "ds",
+        {"part-0.jsonl": b'{"a":1,"b":"x"}\n', "part-1.jsonl": b'{"b":"y","a":2}\n'},
+    )
+    manifest = manifests.resolve(uri)
+    body = manifest.to_json()
+    assert body["version"] == manifests.BY_NAME_VERSION == 4
+    assert manifests.Manifest.from_json(body) == manifest
+    # The version is covered by the digest and must agree with the promotion.
+    with pytest.raises(
+        errors.InputError, match="says version 3, but its promotion makes it version 4"
+    ):
+        manifests.Manifest.from_json({**body, "version": 3})
+    with pytest.raises(errors.InputError, match="manifest version 5 is not supported"):
+        manifests.Manifest.from_json({**body, "version": 5})
