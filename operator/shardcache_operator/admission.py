@@ -13,7 +13,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardcache import errors
-from shardcache_operator import authority, injection, mount_parts, sample_room, specs, status
+from shardcache_operator import (
+    authority,
+    injection,
+    mount_parts,
+    pod_updates,
+    sample_room,
+    specs,
+    status,
+)
 
 #: Returns the DatasetMount object (as the API serves it) or None when it does not exist.
 Lookup = Callable[[str, str], Mapping[str, Any] | None]
@@ -153,6 +161,14 @@ def decide(
     )
 
 
+def decide_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> Decision:
+    """An UPDATE of a pod (or of its `ephemeralcontainers`): admitted as sent, or refused
+    when it would reach what only the injected sidecar holds (`pod_updates`). Never a
+    patch and never a DatasetMount read: the injection happened at CREATE."""
+    message = pod_updates.refusal(old, new)
+    return Decision(message is None, dict(new), [], message=message or "")
+
+
 def review(
     request: Mapping[str, Any],
     *,
@@ -161,7 +177,10 @@ def review(
     missing_policy: str = REFUSE,
     policy: authority.Policy = authority.DEFAULT,
 ) -> dict[str, Any]:
-    """An AdmissionReview v1 response to an AdmissionReview v1 request for a pod."""
+    """An AdmissionReview v1 response to an AdmissionReview v1 request for a pod: its
+    CREATE (injection) or an UPDATE (`decide_update`)."""
+    if is_update(request):
+        return respond(request, decide_update(old_pod_of(request), pod_of(request)))
     decision = admit(
         pod_of(request),
         namespace=namespace_of(request),
@@ -185,6 +204,17 @@ def admit(pod: Mapping[str, Any], *, namespace: str, **options: Any) -> Decision
 
 def pod_of(request: Mapping[str, Any]) -> dict[str, Any]:
     return dict((request.get("request") or {}).get("object") or {})
+
+
+def old_pod_of(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod before an UPDATE (empty for a CREATE)."""
+    return dict((request.get("request") or {}).get("oldObject") or {})
+
+
+def is_update(request: Mapping[str, Any]) -> bool:
+    """Whether the review is of an UPDATE: of the pod, or of a subresource such as its
+    ephemeral containers (the webhook sees no other subresource)."""
+    return (request.get("request") or {}).get("operation") == "UPDATE"
 
 
 def namespace_of(request: Mapping[str, Any]) -> str:

@@ -9,7 +9,8 @@ See docs/operator.md for the layout this produces. In short, per mount:
 * one emptyDir (medium Memory unless `cache.medium: Disk`, sizeLimit = cache.memory + headroom)
   at `contract.mount_dir(run_dir, mount)` in the sidecar and the trainer containers: it
   holds the control socket and the memory tier the trainers mmap;
-* one hostPath (DirectoryOrCreate) for the node disk tier, in the sidecar only;
+* one hostPath (DirectoryOrCreate) for the node disk tier, in the sidecar only, which
+  mounts its namespace's directory alone (`subPath`);
 * one emptyDir for checkpoints when `spec.checkpoint` is set, in both.
 
 Idempotent: the pod annotation `shardcache.io/injected` lists the mounts already
@@ -60,6 +61,8 @@ ANNOTATION_LOCAL_RANKS = "shardcache.io/local-ranks"
 ANNOTATION_JOB_INDEX = "batch.kubernetes.io/job-completion-index"
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+#: A decimal number as the Job controller writes one (`re`'s \d would take any Unicode digit).
+_ASCII_DECIMAL_RE = re.compile(r"[0-9]+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,8 +203,16 @@ def _known_rank(
         return sharding.rank, "spec.sharding.rank"
     if _rank_field(spec, indexed_job) is not None:
         index = annotations.get(ANNOTATION_JOB_INDEX)
-        if index is not None and str(index).isdigit():
-            return int(str(index)), f"annotation {ANNOTATION_JOB_INDEX}"
+        if index is None:
+            return None, ""
+        # ASCII digits only: str.isdigit() is also true of '²' or '٣', which int()
+        # refuses or reads as another number (the webhook answered 500 to '²').
+        if not _ASCII_DECIMAL_RE.fullmatch(str(index)):
+            raise errors.InputError(
+                f"annotation {ANNOTATION_JOB_INDEX}: expected the Job's completion index, "
+                f"a non-negative integer in ASCII digits, found {index!r}"
+            )
+        return int(str(index)), f"annotation {ANNOTATION_JOB_INDEX}"
     return None, ""
 
 
@@ -250,7 +261,9 @@ def _parts(mount: Mount, key: mount_parts.Key, defaults: SidecarDefaults) -> mou
     """The mount's volumes and sidecar container; a pure function of `mount.spec` and
     `key` (which `mount_parts.Cache` relies on)."""
     names = key.names
-    volumes = pod_volumes.volumes_for(mount.name, mount.spec, names, run_dir=defaults.run_dir)
+    volumes = pod_volumes.volumes_for(
+        mount.name, mount.spec, names, run_dir=defaults.run_dir, namespace=mount.namespace
+    )
     env = pod_env.sidecar_env(
         mount.name,
         mount.spec,
@@ -303,6 +316,41 @@ def refuse_unsafe_pod(pod_spec: Mapping[str, Any], mounts: Sequence[Mount]) -> N
         )
 
 
+#: The pod's container lists, in the order a refusal names them.
+CONTAINER_KEYS = ("initContainers", "containers", "ephemeralContainers")
+
+
+def refuse_undeclared_volumes(pod_spec: Mapping[str, Any]) -> None:
+    """Refuse a container that mounts a volume the submitted pod does not declare.
+
+    The API server checks the pod *after* the webhooks, so a mount of a volume the
+    injection is about to add (`shardcache-<mount>-disk`, a name anyone can predict)
+    would pass its check: a trainer would get the node disk tier, every namespace's
+    directory in it (with `subPath`, another's alone). Without the injection such a
+    pod is invalid anyway, so refusing every undeclared name costs no valid pod.
+    """
+    declared = {str(v.get("name")) for v in _containers(pod_spec, "volumes")}
+    for key in CONTAINER_KEYS:
+        for index, container in enumerate(_containers(pod_spec, key)):
+            for field in ("volumeMounts", "volumeDevices"):
+                where = f"spec.{key}[{index}].{field}"
+                used = container.get(field) or []
+                if not isinstance(used, list):
+                    raise errors.InputError(
+                        f"{where}: expected a list, found {type(used).__name__}"
+                    )
+                for item in used:
+                    name = item.get("name") if isinstance(item, Mapping) else None
+                    if isinstance(name, str) and name in declared:
+                        continue
+                    raise errors.InputError(
+                        f"{where} of container {container.get('name')!r} names volume "
+                        f"{name!r}, which the pod does not declare: expected one of its "
+                        f"spec.volumes ({', '.join(sorted(declared)) or 'none'}); the "
+                        "volumes the cache injection adds are the sidecar's own"
+                    )
+
+
 def inject(
     pod: Mapping[str, Any],
     mounts: Sequence[Mount],
@@ -329,6 +377,7 @@ def inject(
     if not todo:
         return result
     refuse_unsafe_pod(pod_spec, todo)
+    refuse_undeclared_volumes(pod_spec)
     if indexed_job is None:
         indexed_job = ANNOTATION_JOB_INDEX in annotations
 

@@ -99,16 +99,22 @@ def mixture(
     return mixture_sources.Mixture((first, *further), seed=spec.mixture.seed)
 
 
+def namespace_subdir(namespace: str) -> str:
+    """The namespace's directory below the node path: `ns-<namespace>`. Namespace names
+    are DNS labels, so this is a safe single path component."""
+    return f"ns-{namespace}"
+
+
 def disk_dir(namespace: str | None) -> str:
-    """The sidecar's disk tier: one directory per namespace below the mounted node path.
+    """The sidecar's disk tier: one directory per namespace below the node path, mounted
+    alone (`pod_volumes`) at the same place below the default.
 
     Tenants do not share cache entries: a sidecar of one namespace never reads what a
     sidecar of another wrote (the cost: a dataset two namespaces use is cached twice).
-    Namespace names are DNS labels, so the name is a safe single path component.
     """
     if not namespace:
         return contract.DEFAULT_DISK_DIR
-    return f"{contract.DEFAULT_DISK_DIR}/ns-{namespace}"
+    return f"{contract.DEFAULT_DISK_DIR}/{namespace_subdir(namespace)}"
 
 
 def sidecar_env(

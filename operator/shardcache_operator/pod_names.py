@@ -43,6 +43,8 @@ def unique(base: str, taken: set[str], *, limit: int = 63) -> str:
     return candidate
 
 
+_DECIMAL_RE = re.compile(r"[0-9]+")
+
 #: A checkpoint volume's name as `Taken.allocate` gives it: `<base>-ckpt`, maybe `-N`.
 _CHECKPOINT_VOLUME_RE = re.compile(r"shardcache-[a-z0-9-]*-ckpt(-[0-9]+)?")
 
@@ -50,6 +52,14 @@ _CHECKPOINT_VOLUME_RE = re.compile(r"shardcache-[a-z0-9-]*-ckpt(-[0-9]+)?")
 def is_checkpoint_volume(name: str) -> bool:
     """Whether `name` is a checkpoint volume the injection named (a DatasetMount's)."""
     return _CHECKPOINT_VOLUME_RE.fullmatch(name) is not None
+
+
+def _objects(value: object) -> list[Mapping[str, Any]]:
+    """The objects of a list field of a container; none when it is no list. The API
+    server refuses such a pod after the webhooks: here it must only not fail (a 500)."""
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, Mapping)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,19 +91,18 @@ class Taken:
         every = [*containers, *init_containers]
         self.containers = {str(c.get("name")) for c in [*every, *ephemeral]}
         self.volumes = {str(v.get("name")) for v in volumes}
+        ports = [p for c in every for p in _objects(c.get("ports"))]
         self.ports = {
-            int(p["containerPort"])
-            for c in every
-            for p in c.get("ports") or []
-            if isinstance(p.get("containerPort"), int)
+            int(p["containerPort"]) for p in ports if isinstance(p.get("containerPort"), int)
         }
-        self.port_names = {str(p.get("name")) for c in every for p in c.get("ports") or []}
+        self.port_names = {str(p.get("name")) for p in ports}
         # Loopback ports of sidecars injected earlier: declared nowhere but in their env.
         self.ports |= {
             int(e["value"])
             for c in every
-            for e in c.get("env") or []
-            if e.get("name") == UI_PORT_ENV and str(e.get("value", "")).isdigit()
+            for e in _objects(c.get("env"))
+            # ASCII digits: str.isdigit() is true of '²' too, which int() refuses.
+            if e.get("name") == UI_PORT_ENV and _DECIMAL_RE.fullmatch(str(e.get("value", "")))
         }
 
     def port(self, first: int) -> int:

@@ -4,7 +4,8 @@
   `run_volume_bytes(cache.memory)`, the tier plus headroom) at
   `contract.mount_dir(run_dir, mount)` in the sidecar and the trainers: it holds the
   control socket and the memory tier the trainers mmap;
-* the disk tier: a hostPath (DirectoryOrCreate) at `cache.nodePath`, in the sidecar only;
+* the disk tier: a hostPath (DirectoryOrCreate) of `cache.nodePath`, in the sidecar only,
+  which mounts only its namespace's directory in it (`subPath: ns-<namespace>`);
 * the checkpoint volume when `spec.checkpoint` is set: an emptyDir in both.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from shardcache import contract, errors
 from shardcache.contract import parsers
-from shardcache_operator import pod_names, specs
+from shardcache_operator import pod_env, pod_names, specs
 
 # Defined with the spec model, whose check of the sidecar's memory request needs them.
 RUN_VOLUME_HEADROOM = specs.RUN_VOLUME_HEADROOM
@@ -39,8 +40,30 @@ class MountVolumes:
     trainer_mounts: list[TrainerMount]
 
 
+def disk_mount(volume: str, namespace: str | None) -> dict[str, Any]:
+    """The sidecar's mount of the node disk tier: its namespace's directory alone.
+
+    With the whole node path mounted, anything that ran in the sidecar container (an
+    exec into it, a process compromised by hostile data) would reach every namespace's
+    entries on the node. The kubelet creates a missing subPath directory as root with
+    the mode of the volume's root, so the node path is prepared setgid and group
+    writable (2770, group = the sidecar's; the chart's node-cache DaemonSet): the new
+    `ns-<namespace>` is then the sidecar group's to write. No namespace (offline
+    injection): the node path itself, as the env says (`pod_env.disk_dir`).
+    """
+    path = pod_env.disk_dir(namespace)
+    if not namespace:
+        return {"name": volume, "mountPath": path}
+    return {"name": volume, "mountPath": path, "subPath": pod_env.namespace_subdir(namespace)}
+
+
 def volumes_for(
-    mount: str, spec: specs.DatasetMountSpec, names: pod_names.MountNames, *, run_dir: str
+    mount: str,
+    spec: specs.DatasetMountSpec,
+    names: pod_names.MountNames,
+    *,
+    run_dir: str,
+    namespace: str | None = None,
 ) -> MountVolumes:
     """The volumes of `mount` and their mount points (nothing is added to a pod here)."""
     run_source: dict[str, Any] = {
@@ -58,7 +81,7 @@ def volumes_for(
     ]
     sidecar_mounts = [
         {"name": names.run_volume, "mountPath": mount_dir},
-        {"name": names.disk_volume, "mountPath": contract.DEFAULT_DISK_DIR},
+        disk_mount(names.disk_volume, namespace),
     ]
     trainer_mounts = [TrainerMount(names.run_volume, mount_dir, f"the {mount} cache")]
     if spec.checkpoint is not None and names.checkpoint_volume is not None:

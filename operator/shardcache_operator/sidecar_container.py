@@ -34,6 +34,26 @@ def _limits(resources: specs.ResourcesSpec, extra: int) -> dict[str, str]:
     return limits
 
 
+def _requests(resources: specs.ResourcesSpec, extra: int, limits: dict[str, str]) -> dict[str, str]:
+    """The requests, with the memory request raised by `extra` bytes as the limit is.
+
+    The memory tier's tmpfs pages are node memory the pod holds (charged to the
+    sidecar's cgroup) whether or not a limit is set: a request without them let the
+    scheduler place a 64Gi tier as 256Mi and overcommit the node's memory its
+    neighbours depend on. Capped at the raised limit, which the spec allows a request
+    up to (`specs._sidecar_requests_within_limits`): the API server refuses a request
+    above its limit.
+    """
+    requests = dict(resources.requests)
+    if extra and "memory" in requests:
+        path = "spec.sidecar.resources.requests.memory"
+        memory = specs.memory_bytes(requests["memory"], path=path) + extra
+        if "memory" in limits:
+            memory = min(memory, specs.memory_bytes(limits["memory"], path=path))
+        requests["memory"] = parsers.quantity(memory)
+    return requests
+
+
 def build(
     spec: specs.DatasetMountSpec,
     names: pod_names.MountNames,
@@ -47,6 +67,7 @@ def build(
     """The container; `image` is the operator's default, used when the spec names none."""
     port = names.port
     extra_memory = specs.sidecar_memory_raise(spec.cache)
+    limits = _limits(spec.sidecar.resources, extra_memory)
     sidecar: dict[str, Any] = {
         "name": names.sidecar,
         "image": spec.sidecar.image or image,
@@ -62,8 +83,8 @@ def build(
         "readinessProbe": _probe(protocol.READYZ, port, period=5, failures=3),
         "livenessProbe": _probe(protocol.HEALTHZ, port, period=10, failures=6),
         "resources": {
-            "requests": dict(spec.sidecar.resources.requests),
-            "limits": _limits(spec.sidecar.resources, extra_memory),
+            "requests": _requests(spec.sidecar.resources, extra_memory, limits),
+            "limits": limits,
         },
         "securityContext": {
             "runAsNonRoot": True,

@@ -792,7 +792,10 @@ class ResourcesSpec:
         "requests",
         "Minimum resources (cpu, memory) the sidecar is scheduled with. Omitted: cpu 250m "
         "and memory 256Mi, each lowered to its limit where the limit is lower. Each must "
-        "be at most its limit (for memory with cache.medium Memory: the raised limit).",
+        "be at most its limit (for memory with cache.medium Memory: the raised limit). "
+        "With cache.medium Memory the memory request is raised by the memory tier's "
+        "volume at injection too, at most to the raised limit: its pages are node memory "
+        "the scheduler must count.",
         default_factory=lambda: dict(DEFAULT_SIDECAR_REQUESTS),
         resource_map=True,
     )

@@ -5,8 +5,10 @@ handler `inject` stays registered for kopf's managed mode. Both read the API cli
 settings, metrics and the DatasetMounts in memory from the `context.Context` memo.
 
 The webhook configuration selects pods by the opt-in label (objectSelector on
-`shardcache.io/mount`), so unlabelled pods never reach the operator. TLS comes from
-certificate files (the chart's Secret) or from `certs.generate` at start-up.
+`shardcache.io/mount`), so unlabelled pods never reach the operator. It sees their
+CREATE (injection) and their UPDATEs, of the pod and of its ephemeral containers,
+which may not touch the injected sidecar (`pod_updates`). TLS comes from certificate
+files (the chart's Secret) or from `certs.generate` at start-up.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from shardcache_operator import (
     handlers,
     injection,
     mounts,
+    pod_updates,
     specs,
 )
 
@@ -63,6 +66,24 @@ REINVOCATION_POLICY = "Never"
 
 #: Handler id; kopf serves it at the URL path /<id>, which a configuration must name.
 HANDLER_ID = "shardcache-inject"
+#: The handler of `pods/ephemeralcontainers` UPDATEs (`kubectl debug`). kopf gives each
+#: subresource a handler (and a webhook in managed mode) of its own; `Server` answers
+#: both the same way, and the chart's one webhook sends both to HANDLER_ID's path.
+EPHEMERAL_HANDLER_ID = "shardcache-ephemeral-containers"
+HANDLER_IDS = (HANDLER_ID, EPHEMERAL_HANDLER_ID)
+
+#: The API server calls the webhook for a CREATE, and for an UPDATE only when the pod's
+#: spec changes: a label, annotation, finalizer or owner change (the Job controller's
+#: finalizer removals, for one) can reach no container, so it costs no call and does
+#: not wait for the operator (failurePolicy Fail). A CEL match condition (GA in
+#: Kubernetes 1.30, beta and on in 1.28); kopf's managed mode cannot write one, so there
+#: those UPDATEs come and are admitted at once (`admission.decide_update`).
+MATCH_CONDITIONS = (
+    {
+        "name": "create-or-spec-change",
+        "expression": "request.operation != 'UPDATE' || object.spec != oldObject.spec",
+    },
+)
 
 
 def build_configuration(
@@ -76,49 +97,56 @@ def build_configuration(
 ) -> dict[str, Any]:
     """A MutatingWebhookConfiguration for the pod webhook, pointing at a Service or a URL.
 
-    The same shape kopf writes in managed mode (see docs/operator.md): pods only, CREATE
-    only, objectSelector on the opt-in label, failurePolicy Fail, no side effects.
+    The webhooks kopf writes in managed mode (see docs/operator.md), one per handler:
+    pods on CREATE and UPDATE, and `pods/ephemeralcontainers` on UPDATE; objectSelector
+    on the opt-in label, failurePolicy Fail, no side effects. Beyond kopf's: the match
+    conditions that spare the webhook UPDATEs which leave the spec alone.
     """
     if (service is None) == (url is None):
         raise ValueError("give either service (with namespace) or url")
-    client_config: dict[str, Any] = {"caBundle": ca_bundle}
-    if url is not None:
-        client_config["url"] = f"{url.rstrip('/')}/{HANDLER_ID}"
-    else:
-        client_config["service"] = {
-            "name": service,
-            "namespace": namespace,
-            "path": f"/{HANDLER_ID}",
-            "port": port,
+
+    def client_config(handler: str) -> dict[str, Any]:
+        if url is not None:
+            return {"caBundle": ca_bundle, "url": f"{url.rstrip('/')}/{handler}"}
+        path = f"/{handler}"
+        return {
+            "caBundle": ca_bundle,
+            "service": {"name": service, "namespace": namespace, "path": path, "port": port},
         }
+
+    def webhook(handler: str, resource: str, operations: list[str]) -> dict[str, Any]:
+        return {
+            # Webhook names need three dot-separated segments.
+            "name": f"{handler}.{specs.GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": client_config(handler),
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": [resource],
+                    "operations": operations,
+                    "scope": "Namespaced",
+                }
+            ],
+            "objectSelector": {
+                "matchExpressions": [{"key": injection.LABEL_MOUNT, "operator": "Exists"}]
+            },
+            "matchConditions": [dict(c) for c in MATCH_CONDITIONS],
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "matchPolicy": "Equivalent",
+            "reinvocationPolicy": REINVOCATION_POLICY,
+            "timeoutSeconds": 10,
+        }
+
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name},
         "webhooks": [
-            {
-                # Webhook names need three dot-separated segments.
-                "name": f"{HANDLER_ID}.{specs.GROUP}",
-                "admissionReviewVersions": ["v1"],
-                "clientConfig": client_config,
-                "rules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "resources": ["pods"],
-                        "operations": ["CREATE"],
-                        "scope": "Namespaced",
-                    }
-                ],
-                "objectSelector": {
-                    "matchExpressions": [{"key": injection.LABEL_MOUNT, "operator": "Exists"}]
-                },
-                "failurePolicy": "Fail",
-                "sideEffects": "None",
-                "matchPolicy": "Equivalent",
-                "reinvocationPolicy": REINVOCATION_POLICY,
-                "timeoutSeconds": 10,
-            }
+            webhook(HANDLER_ID, "pods", ["CREATE", "UPDATE"]),
+            webhook(EPHEMERAL_HANDLER_ID, f"pods/{pod_updates.EPHEMERAL_SUBRESOURCE}", ["UPDATE"]),
         ],
     }
 
@@ -210,19 +238,39 @@ async def decide(
     return decision
 
 
+def decide_update(
+    old: Mapping[str, Any], new: Mapping[str, Any], memo: context.Context
+) -> admission.Decision:
+    """`admission.decide_update`, with metrics. No DatasetMount is read: most UPDATEs of
+    opted-in pods are admitted at the first look at their init containers."""
+    started = time.monotonic()
+    decision = admission.decide_update(old, new)
+    memo.metrics.admission_duration.observe(time.monotonic() - started)
+    memo.metrics.admission_total.labels(result="unchanged" if decision.allowed else "refused").inc()
+    return decision
+
+
 async def inject(
     *,
     body: kopf.Body,
     patch: kopf.Patch,
     warnings: list[str],
     memo: context.Context,
+    operation: str | None = None,
+    old: kopf.Body | None = None,
     **kwargs: Any,
 ) -> None:
-    """Inject the requested DatasetMounts into the pod, or refuse it with the reason.
+    """Inject the requested DatasetMounts into the pod, or refuse it with the reason;
+    on an UPDATE, refuse one that reaches the injected sidecar (`pod_updates`).
 
     The kopf handler: registered so that kopf's managed mode writes the webhook
     configuration; `Server` answers its requests without going through kopf.
     """
+    if operation == "UPDATE":
+        update = decide_update(dict(old or {}), dict(body), memo)
+        if not update.allowed:
+            raise kopf.AdmissionError(update.message, code=403)
+        return
     pod = dict(body)
     namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
     decision = await decide(pod, namespace, memo, kwargs[handlers.MOUNT_INDEX])
@@ -238,6 +286,10 @@ async def inject(
 async def answer(request: Mapping[str, Any], memo: context.Context) -> dict[str, Any]:
     """The AdmissionReview response to a pod's AdmissionReview request, straight from
     `admission`: our JSON patch as computed, no kopf handler machinery."""
+    if admission.is_update(request):
+        pod = admission.pod_of(request)
+        decision = decide_update(admission.old_pod_of(request), pod, memo)
+        return admission.respond(request, decision)
     pod = admission.pod_of(request)
     namespace = admission.namespace_of(request) or "default"
     decision = await decide(pod, namespace, memo, memo.mounts.index)
@@ -264,7 +316,7 @@ class Server:
         memo = self._memo
 
         async def serve(request: Any, *, webhook: str | None = None, **kwargs: Any) -> Any:
-            if webhook == HANDLER_ID:
+            if webhook in HANDLER_IDS:
                 return await answer(request, memo)
             return await fn(request, webhook=webhook, **kwargs)
 
@@ -276,17 +328,29 @@ class Server:
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    """Wire the pod webhook onto `registry`; it reads the `context.Context` memo."""
-    kopf.on.mutate(
-        "",
-        "v1",
-        "pods",
-        id=HANDLER_ID,
-        operations=["CREATE"],
-        labels={injection.LABEL_MOUNT: kopf.PRESENT},
-        side_effects=False,
-        # Kept in a managed webhook configuration when the operator stops: labelled pods
-        # then wait for it (failurePolicy Fail) instead of starting without their data.
-        persistent=True,
-        registry=registry,
-    )(inject)
+    """Wire the pod webhook onto `registry`; it reads the `context.Context` memo.
+
+    Two handlers, because kopf selects one subresource per handler: pods themselves
+    (CREATE injects, UPDATE guards the injected sidecar) and their ephemeral containers
+    (`kubectl debug`, always an UPDATE). Both are `inject`.
+    """
+    wiring: tuple[tuple[str, str | None, list[kopf.Operation]], ...] = (
+        (HANDLER_ID, None, ["CREATE", "UPDATE"]),
+        (EPHEMERAL_HANDLER_ID, pod_updates.EPHEMERAL_SUBRESOURCE, ["UPDATE"]),
+    )
+    for handler, subresource, operations in wiring:
+        kopf.on.mutate(
+            "",
+            "v1",
+            "pods",
+            id=handler,
+            subresource=subresource,
+            operations=operations,
+            labels={injection.LABEL_MOUNT: kopf.PRESENT},
+            side_effects=False,
+            # Kept in a managed webhook configuration when the operator stops: labelled
+            # pods then wait for it (failurePolicy Fail) instead of starting without
+            # their data, and their sidecars stay as injected.
+            persistent=True,
+            registry=registry,
+        )(inject)

@@ -169,9 +169,10 @@ DISK_DIR: Final = Variable(
     parsers.PATH,
     "/var/cache/shardcache",
     _SIDECAR,
-    "The node disk tier in the sidecar container. The hostPath spec.cache.nodePath is "
-    "mounted at the default; the webhook points each sidecar at `ns-<namespace>` below "
-    "it, so tenants never share cache entries.",
+    "The node disk tier in the sidecar container. The webhook mounts only "
+    "`ns-<namespace>` of the hostPath spec.cache.nodePath (a subPath), at "
+    "`ns-<namespace>` below the default, and points each sidecar there, so tenants "
+    "never share cache entries nor see each other's.",
     injected=_IN_SIDECAR,
 )
 METRICS_PORT: Final = Variable(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -13,7 +14,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 import yaml
-from shardcache_operator import injection, specs
+from shardcache_operator import injection, specs, webhook
 
 from tests.e2e import harness
 from tests.e2e.conftest import Release
@@ -266,9 +267,10 @@ def test_node_cache_daemonset_prepares_the_sidecars_directory(
     argv = [*prepare["command"][:-3], str(node_dir), *prepare["command"][-2:]]
     subprocess.run([sys.executable, *argv[1:]], check=True)
     stat = os.stat(node_dir)
-    assert (stat.st_uid, stat.st_gid, stat.st_mode & 0o777) == (uid, uid, 0o750)
-    # A restarted pod finds the directory prepared and leaves it alone (on a node, root
-    # without CAP_FOWNER could not chmod it any more: tests/node runs that case).
+    # setgid and group-writable: the ns-<namespace> directories the kubelet makes in it
+    # for the sidecars' subPath mounts are root's, with the sidecar's group.
+    assert (stat.st_uid, stat.st_gid, stat.st_mode & 0o7777) == (uid, uid, 0o2770)
+    # A restarted pod finds the directory prepared and leaves it alone.
     subprocess.run([sys.executable, *argv[1:]], check=True)
     assert os.stat(node_dir) == stat
     assert not [
@@ -276,3 +278,59 @@ def test_node_cache_daemonset_prepares_the_sidecars_directory(
         for d in documents(render(e2e_cluster, "--set=nodeCache.prepare=false"))
         if d["kind"] == "DaemonSet"
     ]
+
+
+def test_node_cache_prepare_sets_an_older_charts_directory_right_with_cap_chown_alone(
+    e2e_cluster: harness.Cluster, tmp_path: pathlib.Path
+) -> None:
+    """An older chart made the node directory 0750, and the kubelet may have made an
+    ns-<namespace> directory in it (root's, 0750) before the DaemonSet rolled: both are
+    set right by root with CAP_CHOWN only (no CAP_FOWNER, no CAP_FSETID), as on a node,
+    and a link there is never followed."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    (daemonset,) = [d for d in documents(render(e2e_cluster)) if d["kind"] == "DaemonSet"]
+    (prepare,) = daemonset["spec"]["template"]["spec"]["initContainers"]  # type: ignore[index]
+    uid = injection.SidecarDefaults(image="x").run_as_user
+    node_dir = tmp_path / "node-cache"
+    node_dir.mkdir()
+    (node_dir / "ns-kubelet").mkdir(mode=0o750)  # root's, as the kubelet makes it
+    (node_dir / "ns-sidecar").mkdir(mode=0o755)  # an older sidecar's own
+    os.chown(node_dir / "ns-sidecar", uid, uid)
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o755)
+    (node_dir / "ns-link").symlink_to(outside)
+    os.chown(node_dir, uid, uid)
+    node_dir.chmod(0o750)
+    argv = [*prepare["command"][:-3], str(node_dir), *prepare["command"][-2:]]
+    capabilities = ["--inh-caps=-all,+chown", "--bounding-set=-all,+chown", "--no-new-privs"]
+    subprocess.run([setpriv, *capabilities, "--", sys.executable, *argv[1:]], check=True)
+
+    def owner_and_mode(path: pathlib.Path) -> tuple[int, int, int]:
+        st = os.lstat(path)
+        return st.st_uid, st.st_gid, st.st_mode & 0o7777
+
+    assert owner_and_mode(node_dir) == (uid, uid, 0o2770)
+    assert owner_and_mode(node_dir / "ns-kubelet") == (0, uid, 0o2770)
+    assert owner_and_mode(node_dir / "ns-sidecar") == (uid, uid, 0o755)
+    assert owner_and_mode(outside) == (0, 0, 0o755)
+
+
+def test_webhook_sees_pod_updates_and_debug_containers_but_not_spec_free_updates(
+    e2e_cluster: harness.Cluster,
+) -> None:
+    """CREATE injects; UPDATEs of the pod and of pods/ephemeralcontainers (kubectl
+    debug) may not reach the injected sidecar; an UPDATE that leaves the spec alone is
+    not sent at all, by the operator's own match condition."""
+    (config,) = [
+        d for d in documents(render(e2e_cluster)) if d["kind"] == "MutatingWebhookConfiguration"
+    ]
+    (hook,) = config["webhooks"]  # type: ignore[index]
+    (rule,) = hook["rules"]
+    assert rule["operations"] == ["CREATE", "UPDATE"]
+    assert rule["resources"] == ["pods", "pods/ephemeralcontainers"]
+    assert hook["matchConditions"] == list(webhook.MATCH_CONDITIONS)
+    assert hook["objectSelector"] == {
+        "matchExpressions": [{"key": injection.LABEL_MOUNT, "operator": "Exists"}]
+    }

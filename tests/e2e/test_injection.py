@@ -207,11 +207,79 @@ def test_pods_in_the_release_namespace_never_reach_the_webhook(
         )
 
 
+def refusal(call: Any) -> str:
+    """The message of the API server's refusal of `call()`, which must be refused."""
+    with pytest.raises(ApiException) as refused:
+        call()
+    message: str = json.loads(refused.value.body)["message"]
+    return message
+
+
+def test_a_trainer_mounting_the_injected_disk_volume_by_name_is_refused(
+    admin: kubernetes.client.ApiClient, ready_mount: ReadyMount
+) -> None:
+    """The API server checks volume names after the webhooks: without the webhook's own
+    check this trainer was stored with the node disk tier, another namespace's part of
+    it through the subPath."""
+    body = objects.pod(objects.unique("intruder"), ready_mount.name)
+    body["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": f"shardcache-{ready_mount.name}-disk", "mountPath": "/loot", "subPath": "ns-x"}
+    ]
+    core = kubernetes.client.CoreV1Api(admin)
+    message = refusal(lambda: core.create_namespaced_pod(ready_mount.namespace, body))
+    assert 'admission webhook "inject.shardcache.io" denied the request' in message, message
+    assert f"names volume 'shardcache-{ready_mount.name}-disk', which the pod does not" in message
+
+
+def test_the_injected_sidecar_cannot_be_changed_nor_debugged_after_admission(
+    admin: kubernetes.client.ApiClient, ready_mount: ReadyMount
+) -> None:
+    """Through the real API server: a pod's init container images are mutable and
+    `kubectl debug` adds ephemeral containers (pods/ephemeralcontainers, an UPDATE);
+    neither may reach the sidecar, which holds the Secret and the node disk tier.
+    What the trainer may do stays possible."""
+    core = kubernetes.client.CoreV1Api(admin)
+    stored = create_pod(admin, ready_mount.namespace, objects.pod(None, ready_mount.name))
+    name, namespace = stored["metadata"]["name"], ready_mount.namespace
+    sidecar = f"shardcache-{ready_mount.name}"
+    index = [c["name"] for c in stored["spec"]["initContainers"]].index(sidecar)
+    swap = [{"op": "replace", "path": f"/spec/initContainers/{index}/image", "value": "evil:1"}]
+    message = refusal(lambda: core.patch_namespaced_pod(name, namespace, swap))
+    assert 'admission webhook "inject.shardcache.io" denied the request' in message, message
+    assert f"init container '{sidecar}' is the cache sidecar of DatasetMount" in message
+
+    def debug(**container: Any) -> Any:
+        body = {"name": objects.unique("debug"), "image": objects.TRAINER_IMAGE, **container}
+        patch = {"spec": {"ephemeralContainers": [body]}}
+        return core.patch_namespaced_pod_ephemeralcontainers(name, namespace, patch)
+
+    message = refusal(lambda: debug(targetContainerName=sidecar))
+    assert f"targets '{sidecar}', the cache sidecar" in message, message
+    disk = {"name": f"{sidecar}-disk", "mountPath": "/loot"}
+    message = refusal(lambda: debug(volumeMounts=[disk]))
+    assert f"mounts '{sidecar}-disk', a volume only the cache sidecar mounts" in message
+
+    # The trainer's own image, and a debug container beside the trainer with its volumes.
+    trainer = [{"op": "replace", "path": "/spec/containers/0/image", "value": "trainer:2"}]
+    core.patch_namespaced_pod(name, namespace, trainer)
+    run = {"name": f"{sidecar}-run", "mountPath": "/cache"}
+    debug(targetContainerName="trainer", volumeMounts=[run])
+    after = admin.sanitize_for_serialization(core.read_namespaced_pod(name, namespace))
+    assert after["spec"]["initContainers"][index] == stored["spec"]["initContainers"][index]
+    assert after["spec"]["containers"][0]["image"] == "trainer:2"
+    assert [c["targetContainerName"] for c in after["spec"]["ephemeralContainers"]] == ["trainer"]
+    core.delete_namespaced_pod(
+        name, namespace, body=kubernetes.client.V1DeleteOptions(grace_period_seconds=0)
+    )
+
+
 def test_opted_in_pod_is_refused_while_the_webhook_is_down(
     admin: kubernetes.client.ApiClient, operator: harness.Operator, ready_mount: ReadyMount
 ) -> None:
     """failurePolicy Fail (the chart's default): no trainer starts without its cache."""
     core = kubernetes.client.CoreV1Api(admin)
+    injected = create_pod(admin, ready_mount.namespace, objects.pod(None, ready_mount.name))
+    name = injected["metadata"]["name"]
     operator.stop()
     try:
         with pytest.raises(ApiException) as refused:
@@ -220,6 +288,14 @@ def test_opted_in_pod_is_refused_while_the_webhook_is_down(
         assert 'failed calling webhook "inject.shardcache.io"' in message, message
         # Pods that did not opt in do not depend on the operator.
         core.create_namespaced_pod(ready_mount.namespace, objects.pod(None, None))
+        # Nor does an update of an opted-in pod that leaves its spec alone (a label, a
+        # finalizer the Job controller removes): the match condition spares the call.
+        relabel = {"metadata": {"labels": {"phase": "down"}}}
+        core.patch_namespaced_pod(name, ready_mount.namespace, relabel)
+        # One that changes the spec waits for the webhook, as a creation does.
+        image = [{"op": "replace", "path": "/spec/containers/0/image", "value": "trainer:2"}]
+        message = refusal(lambda: core.patch_namespaced_pod(name, ready_mount.namespace, image))
+        assert 'failed calling webhook "inject.shardcache.io"' in message, message
     finally:
         operator.start()
     stored = create_pod(admin, ready_mount.namespace, objects.pod(None, ready_mount.name))

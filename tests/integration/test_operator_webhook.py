@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import datetime
 import functools
 import json
@@ -112,10 +113,12 @@ class Endpoint:
         self.api = memo.api
         self.ssl = ssl.create_default_context(cadata=base64.b64decode(ca_bundle).decode())
 
-    async def post(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def post(
+        self, body: dict[str, Any], *, path: str = "shardcache-inject"
+    ) -> dict[str, Any]:
         async with (
             aiohttp.ClientSession() as session,
-            session.post(f"{self.url}/shardcache-inject", json=body, ssl=self.ssl) as resp,
+            session.post(f"{self.url}/{path}", json=body, ssl=self.ssl) as resp,
         ):
             assert resp.status == 200, await resp.text()
             data: dict[str, Any] = await resp.json()
@@ -203,6 +206,79 @@ async def test_labelled_pod_is_injected_through_kopf(endpoint: Endpoint) -> None
     again = (await endpoint.post(review(patched)))["response"]
     assert again["allowed"] is True and "patch" not in again
     assert endpoint.api.reads == reads
+
+
+def update_review(
+    old: dict[str, Any], new: dict[str, Any], *, subresource: str | None = None
+) -> dict[str, Any]:
+    body = review(new, uid="uid-update")
+    body["request"] |= {"operation": "UPDATE", "oldObject": old}
+    if subresource is not None:
+        body["request"]["subResource"] = subresource
+    return body
+
+
+async def test_updates_are_answered_without_a_read_and_refused_when_they_reach_the_sidecar(
+    endpoint: Endpoint,
+) -> None:
+    created = (await endpoint.post(review(pod("imagenet"))))["response"]
+    stored = jsonpatch.apply_patch(pod("imagenet"), json.loads(base64.b64decode(created["patch"])))
+    reads = endpoint.api.reads
+    relabelled = copy.deepcopy(stored)
+    relabelled["metadata"]["labels"]["team"] = "vision"
+    answer = (await endpoint.post(update_review(stored, relabelled)))["response"]
+    assert answer == {"uid": "uid-update", "allowed": True}
+    swapped = copy.deepcopy(stored)
+    swapped["spec"]["initContainers"][0]["image"] = "evil.example/dump:1"
+    answer = (await endpoint.post(update_review(stored, swapped)))["response"]
+    assert answer["allowed"] is False
+    assert "'shardcache-imagenet' is the cache sidecar" in answer["status"]["message"]
+    # kopf's managed mode calls the ephemeral containers' handler at a path of its own.
+    debugged = copy.deepcopy(stored)
+    debugged["spec"]["ephemeralContainers"] = [
+        {"name": "debugger", "image": "busybox", "targetContainerName": "shardcache-imagenet"}
+    ]
+    for path in ("shardcache-inject", webhook.EPHEMERAL_HANDLER_ID):
+        body = update_review(stored, debugged, subresource="ephemeralcontainers")
+        answer = (await endpoint.post(body, path=path))["response"]
+        assert answer["allowed"] is False, path
+        assert "targets 'shardcache-imagenet', the cache sidecar" in answer["status"]["message"]
+    assert endpoint.api.reads == reads
+    sample = endpoint.memo.metrics.registry.get_sample_value
+    assert sample("shardcache_operator_admission_reviews_total", {"result": "refused"}) == 3
+
+
+async def test_kopfs_own_handler_refuses_the_same_updates(endpoint: Endpoint) -> None:
+    """`inject` as kopf calls it (with `operation` and `old`), for kopf's serving."""
+    stored = jsonpatch.apply_patch(
+        pod("imagenet"),
+        json.loads(
+            base64.b64decode((await endpoint.post(review(pod("imagenet"))))["response"]["patch"])
+        ),
+    )
+    swapped = copy.deepcopy(stored)
+    swapped["spec"]["initContainers"][0]["image"] = "evil.example/dump:1"
+    with pytest.raises(kopf.AdmissionError, match="is the cache sidecar of DatasetMount imagenet"):
+        await webhook.inject(
+            body=kopf.Body(swapped),
+            patch=kopf.Patch(),
+            warnings=[],
+            memo=endpoint.memo,
+            operation="UPDATE",
+            old=kopf.Body(stored),
+        )
+    patch = kopf.Patch()
+    relabelled = copy.deepcopy(stored)
+    relabelled["metadata"]["labels"]["team"] = "vision"
+    await webhook.inject(
+        body=kopf.Body(relabelled),
+        patch=patch,
+        warnings=[],
+        memo=endpoint.memo,
+        operation="UPDATE",
+        old=kopf.Body(stored),
+    )
+    assert not patch
 
 
 async def test_a_mount_missing_from_the_index_is_read_once_then_served_from_memory(
@@ -352,7 +428,7 @@ def test_configuration_for_the_chart_matches_what_kopf_manages() -> None:
     pods = references.Resource(
         group="", version="v1", plural="pods", kind="Pod", namespaced=True, verbs=["create"]
     )
-    (managed,) = kopf_admission.build_webhooks(
+    managed = kopf_admission.build_webhooks(
         registry._webhooks.get_all_handlers(),
         resources=[pods],
         name_suffix="shardcache.io",
@@ -361,15 +437,23 @@ def test_configuration_for_the_chart_matches_what_kopf_manages() -> None:
     config = webhook.build_configuration(
         "shardcache.io", ca_bundle="Q0E=", url="https://127.0.0.1:9443"
     )
-    (ours,) = config["webhooks"]
-    assert ours["name"] == managed["name"]
-    assert ours["clientConfig"]["url"] == managed["clientConfig"]["url"]
-    assert ours["objectSelector"] == managed["objectSelector"]
-    assert ours["failurePolicy"] == managed["failurePolicy"] == "Fail"
-    # kopf writes no reinvocationPolicy; the API server's default is Never, as ours.
-    assert ours["reinvocationPolicy"] == managed.get("reinvocationPolicy", "Never") == "Never"
-    assert ours["rules"][0]["operations"] == managed["rules"][0]["operations"] == ["CREATE"]
-    assert ours["rules"][0]["resources"] == managed["rules"][0]["resources"] == ["pods"]
+    assert len(config["webhooks"]) == len(managed) == 2
+    for ours, theirs in zip(config["webhooks"], managed, strict=True):
+        assert ours["name"] == theirs["name"]
+        assert ours["clientConfig"]["url"] == theirs["clientConfig"]["url"]
+        assert ours["objectSelector"] == theirs["objectSelector"]
+        assert ours["failurePolicy"] == theirs["failurePolicy"] == "Fail"
+        # kopf writes no reinvocationPolicy; the API server's default is Never, as ours.
+        assert ours["reinvocationPolicy"] == theirs.get("reinvocationPolicy", "Never") == "Never"
+        assert ours["rules"][0]["operations"] == theirs["rules"][0]["operations"]
+        assert ours["rules"][0]["resources"] == theirs["rules"][0]["resources"]
+        # Beyond what kopf can write: UPDATEs that leave the spec alone are not sent.
+        assert ours["matchConditions"] == list(webhook.MATCH_CONDITIONS)
+    pods_hook, ephemeral_hook = config["webhooks"]
+    assert pods_hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    assert pods_hook["rules"][0]["resources"] == ["pods"]
+    assert ephemeral_hook["rules"][0]["operations"] == ["UPDATE"]
+    assert ephemeral_hook["rules"][0]["resources"] == ["pods/ephemeralcontainers"]
     in_cluster = webhook.build_configuration(
         "shardcache", ca_bundle="Q0E=", service="shardcache-webhook", namespace="shardcache"
     )
@@ -380,6 +464,9 @@ def test_configuration_for_the_chart_matches_what_kopf_manages() -> None:
         "path": "/shardcache-inject",
         "port": 443,
     }
+    assert in_cluster["webhooks"][1]["clientConfig"]["service"]["path"] == (
+        "/shardcache-ephemeral-containers"
+    )
 
 
 async def test_the_operator_is_ready_only_once_its_webhook_server_listens(

@@ -350,6 +350,77 @@ def test_root_init_container_with_only_cap_chown_hands_a_host_path_to_the_non_ro
     assert fields["NoNewPrivs"].strip() == "1"
 
 
+def test_a_sub_path_the_kubelet_creates_in_a_setgid_group_writable_host_path_is_writable(
+    real_node: dict[str, Any],
+    kube_cluster: cluster.KubeCluster,
+    core: kubernetes.client.CoreV1Api,
+    namespace: str,
+) -> None:
+    """What the injected sidecar relies on to mount its namespace's directory of the node
+    disk tier alone: the kubelet creates a missing subPath directory as root with the
+    mode of the volume's root, so in a directory prepared as the chart's DaemonSet does
+    (the sidecar's, mode 2770) the new one is root's with the sidecar's group, and the
+    non-root container without capabilities writes there; a sibling stays out of sight."""
+    uid = 65532
+    host_dir = node.Paths.under(cluster.CLUSTER_DIR).root / f"subpath-{namespace}"
+    host_dir.mkdir()
+    os.chown(host_dir, uid, uid)
+    host_dir.chmod(0o2770)
+    sibling = host_dir / "ns-other"
+    sibling.mkdir()
+    (sibling / "entry").write_text("another namespace's\n")
+    image = toolbox(real_node)
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "subpath"},
+        "spec": {
+            "nodeSelector": {node.REAL_NODE_LABEL: "true"},
+            "tolerations": [{"key": node.REAL_NODE_LABEL, "operator": "Exists"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "args": ["sleep", "/cache/ns-mine/written"],
+                    "securityContext": {
+                        "runAsUser": uid,
+                        "runAsGroup": uid,
+                        "runAsNonRoot": True,
+                        "readOnlyRootFilesystem": True,
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": [
+                        {"name": "cache", "mountPath": "/cache/ns-mine", "subPath": "ns-mine"}
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "cache", "hostPath": {"path": str(host_dir), "type": "DirectoryOrCreate"}}
+            ],
+        },
+    }
+    try:
+        core.create_namespaced_pod(namespace, body)
+        wait_ready(core, namespace, "subpath")
+        made = (host_dir / "ns-mine").stat()
+        assert (made.st_uid, made.st_gid, made.st_mode & 0o7777) == (0, uid, 0o2770)
+        written = (host_dir / "ns-mine" / "written").stat()
+        assert (written.st_uid, written.st_gid) == (uid, uid)
+        mounts = kubectl(
+            kube_cluster, "-n", namespace, "exec", "subpath", "-c", "main", "--",
+            "/toolbox", "cat", "/proc/self/mountinfo",
+        )  # fmt: skip
+        (mine,) = [line.split() for line in mounts.splitlines() if " /cache/ns-mine " in line]
+        # The bind's root within the host filesystem is the namespace's directory alone.
+        assert mine[3].endswith(f"/subpath-{namespace}/ns-mine"), mine
+    finally:
+        with contextlib.suppress(kubernetes.client.ApiException):
+            core.delete_namespaced_pod("subpath", namespace, grace_period_seconds=0)
+
+
 def test_an_image_nobody_imported_fails_on_the_loopback_proxy_without_leaving_the_machine(
     real_node: dict[str, Any], core: kubernetes.client.CoreV1Api, namespace: str
 ) -> None:

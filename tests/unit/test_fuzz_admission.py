@@ -7,9 +7,12 @@ the webhook would answer as a 500.
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
 from typing import Any
 
+import jsonpatch
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -151,3 +154,56 @@ def test_admission_answers_any_pod(
     obj["spec"].update(copy.deepcopy(spec))
     obj["metadata"]["annotations"] = annotations
     _review(obj, dsm("imagenet"), dsm("captions"))
+
+
+container_fields = st.dictionaries(
+    st.sampled_from(["name", "volumeMounts", "volumeDevices", "env", "targetContainerName"]),
+    json_values,
+    max_size=4,
+)
+
+
+@FUZZ
+@given(
+    st.sampled_from(["containers", "initContainers", "ephemeralContainers"]),
+    container_fields,
+    st.one_of(json_values, st.just([{"name": "scratch", "emptyDir": {}}])),
+)
+def test_admission_answers_any_use_of_volumes_by_containers(
+    key: str, container: dict[str, Any], volumes: Any
+) -> None:
+    obj = pod()
+    obj["spec"].setdefault(key, []).append(copy.deepcopy(container))
+    obj["spec"]["volumes"] = copy.deepcopy(volumes)
+    _review(obj, dsm("imagenet"))
+
+
+def _update_review(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    request = review_request(new)
+    request["request"] |= {"operation": "UPDATE", "oldObject": old}
+    response: dict[str, Any] = admission.review(request, lookup=lookup_of(), defaults=DEFAULTS)[
+        "response"
+    ]
+    assert isinstance(response["allowed"], bool) and "patch" not in response
+    if not response["allowed"]:
+        assert response["status"]["code"] == 403 and response["status"]["message"]
+    return response
+
+
+@FUZZ
+@given(
+    st.sampled_from(["initContainers", "ephemeralContainers", "containers"]),
+    container_fields,
+    json_values,
+)
+def test_update_reviews_answer_any_change_of_an_injected_pod(
+    key: str, container: dict[str, Any], replaced: Any
+) -> None:
+    """An UPDATE review never raises: a 500 would block the update (failurePolicy Fail)."""
+    old = _review(pod(), dsm("imagenet"))
+    stored = jsonpatch.apply_patch(pod(), json.loads(base64.b64decode(old["patch"])))
+    new = copy.deepcopy(stored)
+    new["spec"].setdefault(key, []).append(copy.deepcopy(container))
+    _update_review(stored, new)
+    new["spec"]["initContainers"][0] = copy.deepcopy(replaced)
+    assert _update_review(stored, new)["allowed"] is False

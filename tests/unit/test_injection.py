@@ -134,7 +134,8 @@ def test_labelled_pod_gets_a_native_sidecar_with_a_startup_probe() -> None:
     assert security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert set(sidecar["resources"]) == {"requests", "limits"}
-    assert sidecar["resources"]["requests"] == {"cpu": "250m", "memory": "256Mi"}
+    # 256Mi for the sidecar and the 2560Mi run volume of the default 2Gi memory tier.
+    assert sidecar["resources"]["requests"] == {"cpu": "250m", "memory": f"{256 + 2560}Mi"}
     assert stored["metadata"]["annotations"][injection.ANNOTATION_INJECTED] == "imagenet"
 
 
@@ -174,10 +175,16 @@ def test_volumes_memory_tier_in_both_disk_tier_in_sidecar_only() -> None:
     }
     mount_dir = str(contract.mount_dir(contract.DEFAULT_RUN_DIR, "imagenet"))
     sidecar = sidecars(stored)[0]
-    assert {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]} == {
-        "shardcache-imagenet-run": mount_dir,
-        "shardcache-imagenet-disk": contract.DEFAULT_DISK_DIR,
-    }
+    # The node path's directory of the pod's namespace alone, where the env points.
+    assert sidecar["volumeMounts"] == [
+        {"name": "shardcache-imagenet-run", "mountPath": mount_dir},
+        {
+            "name": "shardcache-imagenet-disk",
+            "mountPath": f"{contract.DEFAULT_DISK_DIR}/ns-ml",
+            "subPath": "ns-ml",
+        },
+    ]
+    assert env_of(sidecar)[contract.ENV_DISK_DIR] == f"{contract.DEFAULT_DISK_DIR}/ns-ml"
     (trainer,) = stored["spec"]["containers"]
     assert trainer["volumeMounts"] == [{"name": "shardcache-imagenet-run", "mountPath": mount_dir}]
 

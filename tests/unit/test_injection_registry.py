@@ -53,11 +53,20 @@ def test_the_operator_registers_reconcile_timers_finalizer_index_and_webhook() -
     every = [*reg._indexing.get_all_handlers(), *reg._watching.get_all_handlers()]
     every += [*reg._changing.get_all_handlers(), *reg._spawning.get_all_handlers()]
     assert all(h.selector.any_name == "datasetmounts" for h in every)
-    (mutate,) = reg._webhooks.get_all_handlers()
-    assert mutate.id == webhook.HANDLER_ID
-    assert list(mutate.operations or []) == ["CREATE"]
-    assert mutate.labels == {injection.LABEL_MOUNT: kopf.PRESENT}
-    assert mutate.persistent is True
+    # Pods: CREATE injects, UPDATE guards the sidecar; their ephemeral containers
+    # (kubectl debug) are a subresource, which kopf gives a handler of its own.
+    pods, ephemeral = reg._webhooks.get_all_handlers()
+    assert (pods.id, pods.subresource) == (webhook.HANDLER_ID, None)
+    assert list(pods.operations or []) == ["CREATE", "UPDATE"]
+    assert (ephemeral.id, ephemeral.subresource) == (
+        webhook.EPHEMERAL_HANDLER_ID,
+        "ephemeralcontainers",
+    )
+    assert list(ephemeral.operations or []) == ["UPDATE"]
+    for mutate in (pods, ephemeral):
+        assert mutate.fn is webhook.inject
+        assert mutate.labels == {injection.LABEL_MOUNT: kopf.PRESENT}
+        assert mutate.persistent is True
     activities = {h.id for h in reg._activities.get_all_handlers()}
     assert activities == {"login", "configure"}
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import jsonpatch
 import pytest
-from shardcache_operator import admission
+from shardcache_operator import admission, injection
 
 from shardcache import contract
 from tests.unit.test_injection import DEFAULTS, admit, dsm, env_of, pod, review_request, sidecars
@@ -72,3 +73,104 @@ def test_disk_tier_is_partitioned_per_namespace() -> None:
         f"{contract.DEFAULT_DISK_DIR}/ns-team-a",
         f"{contract.DEFAULT_DISK_DIR}/ns-team-b",
     }
+
+
+def _mounting(key: str, field: str, volume: str) -> dict[str, Any]:
+    """A labelled pod whose container in `key` uses `volume` through `field`."""
+    entry = {"name": volume}
+    entry |= {"mountPath": "/loot", "subPath": "ns-team-a"} if field == "volumeMounts" else {}
+    entry |= {"devicePath": "/dev/loot"} if field == "volumeDevices" else {}
+    body = pod()
+    container = {"name": "intruder", "image": "python:3.11", field: [entry]}
+    if key == "containers":
+        body["spec"]["containers"][0] |= {
+            field: [entry],
+            "securityContext": {"runAsUser": 65532, "runAsGroup": 65532},
+        }
+    else:
+        body["spec"][key] = [container]
+    return body
+
+
+@pytest.mark.parametrize("key", ["containers", "initContainers", "ephemeralContainers"])
+@pytest.mark.parametrize("field", ["volumeMounts", "volumeDevices"])
+def test_a_container_using_the_injected_disk_volume_by_name_is_refused(
+    key: str, field: str
+) -> None:
+    """The API server validates the pod after the webhooks, so a mount of the volume the
+    injection is about to add passed: a trainer got the node disk tier, and with a
+    subPath another namespace's directory in it, as the sidecar's user."""
+    response, stored = admit(_mounting(key, field, "shardcache-imagenet-disk"), dsm("imagenet"))
+    assert response["allowed"] is False
+    assert "patch" not in response
+    message = response["status"]["message"]
+    assert f"spec.{key}[0].{field} of container " in message
+    assert "names volume 'shardcache-imagenet-disk', which the pod does not declare" in message
+    assert "expected one of its spec.volumes (none)" in message
+    assert "volumes" not in stored["spec"]
+
+
+@pytest.mark.parametrize("volume", ["shardcache-imagenet-run", "shardcache-imagenet-ckpt"])
+def test_a_container_using_any_other_injected_volume_by_name_is_refused(volume: str) -> None:
+    mount = dsm("imagenet", checkpoint={"uri": "s3://ckpt/imagenet/"})
+    response, _ = admit(_mounting("initContainers", "volumeMounts", volume), mount)
+    assert response["allowed"] is False
+    assert (
+        f"names volume {volume!r}, which the pod does not declare"
+        in (response["status"]["message"])
+    )
+
+
+def test_mounts_of_the_pods_own_volumes_are_admitted() -> None:
+    body = pod(volumes=[{"name": "scratch", "emptyDir": {}}])
+    body["spec"]["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": "/tmp"}]
+    response, stored = admit(body, dsm("imagenet"))
+    assert response["allowed"] is True
+    (trainer,) = stored["spec"]["containers"]
+    assert [m["name"] for m in trainer["volumeMounts"]] == ["scratch", "shardcache-imagenet-run"]
+
+
+def test_the_sidecar_mounts_only_its_namespaces_directory_of_the_node_path() -> None:
+    """Anything that runs in the sidecar container (an exec into it, a process hostile
+    data compromised) sees its namespace's disk tier, never another's."""
+    reply = admission.review(
+        review_request(pod(), namespace="team-a"),
+        lookup=lambda _ns, name: {**dsm(name), "metadata": {"name": name}},
+        defaults=DEFAULTS,
+    )
+    stored = jsonpatch.apply_patch(pod(), json.loads(base64.b64decode(reply["response"]["patch"])))
+    (sidecar,) = sidecars(stored)
+    volumes = {v["name"]: v for v in stored["spec"]["volumes"]}
+    (disk,) = [m for m in sidecar["volumeMounts"] if "hostPath" in volumes[m["name"]]]
+    assert volumes[disk["name"]]["hostPath"]["path"] == contract.DEFAULT_DISK_DIR
+    assert disk["subPath"] == "ns-team-a"
+    assert disk["mountPath"] == env_of(sidecar)[contract.ENV_DISK_DIR]
+
+
+@pytest.mark.parametrize("index", ["\u00b2", "\u0663", "1\u00b9", "-1", "1.0", ""])
+def test_a_completion_index_in_other_than_ascii_digits_is_refused_with_a_message(
+    index: str,
+) -> None:
+    """'²'.isdigit() is True but int('²') raises: the webhook answered 500."""
+    body = pod()
+    body["metadata"]["annotations"] = {injection.ANNOTATION_JOB_INDEX: index}
+    response, _ = admit(body, dsm("imagenet", sharding={"worldSize": 4}))
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert f"annotation {injection.ANNOTATION_JOB_INDEX}: expected the Job's completion" in message
+    assert f"found {index!r}" in message
+
+
+def test_a_completion_index_in_ascii_digits_is_still_checked_against_the_world_size() -> None:
+    body = pod()
+    body["metadata"]["annotations"] = {injection.ANNOTATION_JOB_INDEX: "7"}
+    response, _ = admit(body, dsm("imagenet", sharding={"worldSize": 4}))
+    assert response["allowed"] is False
+    assert "the pod's rank is 7" in response["status"]["message"]
+
+
+def test_an_inspector_port_in_unicode_digits_in_a_containers_env_is_no_500() -> None:
+    body = pod()
+    body["spec"]["containers"][0]["env"] = [{"name": contract.ENV_UI_PORT, "value": "\u00b2"}]
+    response, _ = admit(body, dsm("imagenet"))
+    assert response["allowed"] is True

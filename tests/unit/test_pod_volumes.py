@@ -88,3 +88,31 @@ def test_two_mounts_with_the_default_checkpoint_path_name_the_other_mounts_volum
         "/checkpoints (volume 'shardcache-b-ckpt'), where the c checkpoints must go: give each "
         "DatasetMount of the pod its own spec.checkpoint.mountPath"
     )
+
+
+def test_the_sidecar_mounts_its_namespaces_directory_of_the_node_path_alone() -> None:
+    volumes = pod_volumes.volumes_for("m", parse(), NAMES, run_dir="/srv/run", namespace="team-a")
+    (host,) = [v for v in volumes.volumes if "hostPath" in v]
+    assert host == {
+        "name": "shardcache-m-disk",
+        "hostPath": {"path": "/var/cache/shardcache", "type": "DirectoryOrCreate"},
+    }
+    (disk,) = [m for m in volumes.sidecar_mounts if m["name"] == "shardcache-m-disk"]
+    assert disk == {
+        "name": "shardcache-m-disk",
+        "mountPath": "/var/cache/shardcache/ns-team-a",
+        "subPath": "ns-team-a",
+    }
+    # Trainers never get the disk tier.
+    assert [t.volume for t in volumes.trainer_mounts] == ["shardcache-m-run"]
+
+
+def test_offline_injection_without_a_namespace_mounts_the_node_path_itself() -> None:
+    # A template injected by `shardcache inject` has no namespace yet: the sidecar's
+    # env points at the node path, so the mount does too (docs/operator.md, Offline).
+    (disk,) = [
+        m
+        for m in pod_volumes.volumes_for("m", parse(), NAMES, run_dir="/srv/run").sidecar_mounts
+        if m["name"] == "shardcache-m-disk"
+    ]
+    assert disk == {"name": "shardcache-m-disk", "mountPath": "/var/cache/shardcache"}

@@ -67,7 +67,8 @@ DISK = {"medium": "Disk"}
 
 
 def test_a_limit_below_the_default_request_becomes_the_request() -> None:
-    resources = sidecar_resources(parse(sidecar={"resources": {"limits": {"cpu": "100m"}}}))
+    spec = parse(sidecar={"resources": {"limits": {"cpu": "100m"}}}, cache=DISK)
+    resources = sidecar_resources(spec)
     assert resources["requests"] == {"cpu": "100m", "memory": "256Mi"}
     assert resources["limits"] == {"cpu": "100m"}
 
@@ -92,6 +93,34 @@ def test_a_memory_limit_that_followed_the_request_is_still_raised_by_the_run_vol
     )
     resources = sidecar_resources(spec)
     assert resources["limits"] == {"cpu": "2", "memory": f"{2048 + 1280}Mi"}
+
+
+def test_the_memory_request_is_raised_by_the_memory_tier_volume_as_the_limit_is() -> None:
+    """The tmpfs pages of a Memory-medium tier are node memory the pod holds: the
+    scheduler must count them, or a 64Gi tier is placed as a 256Mi sidecar and the
+    node's memory is overcommitted under its neighbours."""
+    spec = parse(cache={"memory": "64Gi", "medium": "Memory"})
+    run_volume = pod_volumes.run_volume_bytes(64 * 2**30)
+    assert run_volume == 80 * 2**30
+    resources = sidecar_resources(spec)
+    assert amount(resources["requests"]["memory"]) == 256 * 2**20 + run_volume
+    assert amount(resources["limits"]["memory"]) == 2**30 + run_volume
+    assert resources["requests"]["cpu"] == "250m"
+
+
+def test_a_memory_request_without_a_memory_limit_is_still_raised_by_the_tier() -> None:
+    spec = parse(sidecar={"resources": {"requests": {"memory": "512Mi"}, "limits": {}}})
+    assert sidecar_resources(spec) == {
+        "requests": {"memory": "3Gi"},
+        "limits": {},
+    }  # 512Mi + 2560Mi
+
+
+def test_a_disk_medium_tier_raises_neither_the_memory_request_nor_the_limit() -> None:
+    assert sidecar_resources(parse(cache=DISK)) == {
+        "requests": dict(specs.DEFAULT_SIDECAR_REQUESTS),
+        "limits": dict(specs.DEFAULT_SIDECAR_LIMITS),
+    }
 
 
 @pytest.mark.parametrize(
@@ -148,10 +177,14 @@ def test_a_request_above_the_limit_the_user_set_refuses_the_spec_naming_both(
 
 
 def test_a_memory_request_within_the_limit_raised_by_the_memory_tier_is_accepted() -> None:
-    # The pod's memory limit is 1Gi plus the 2560Mi run volume: a 3Gi request fits it.
+    # The pod's memory limit is 1Gi plus the 2560Mi run volume: a 3Gi request fits it,
+    # and raised by the run volume too it stops at that limit.
     resources = {"requests": {"memory": "3Gi"}, "limits": {"memory": "1Gi"}}
     spec = parse(sidecar={"resources": resources}, cache={"memory": "2Gi", "medium": "Memory"})
-    assert sidecar_resources(spec)["requests"] == {"memory": "3Gi"}
+    assert sidecar_resources(spec) == {
+        "requests": {"memory": f"{1024 + 2560}Mi"},
+        "limits": {"memory": f"{1024 + 2560}Mi"},
+    }
     with pytest.raises(errors.InputError, match=r"requests\.memory: '3Gi' is above"):
         parse(sidecar={"resources": resources}, cache={"memory": "2Gi", "medium": "Disk"})
 

@@ -97,5 +97,7 @@ def test_cold_epoch_larger_than_the_memory_tier_stays_within_size_and_memory_lim
     sidecar = pods.sidecar_status(pod)
     assert sidecar.restart_count == 0, sidecar.last_state  # no OOM kill, no crash
     assert sidecar.state.running is not None and sidecar.ready
-    limits = next(c.resources.limits for c in pod.spec.init_containers if c.name == sidecar.name)
-    assert limits["memory"] == "276Mi", limits  # 256Mi + the 20Mi run volume
+    resources = next(c.resources for c in pod.spec.init_containers if c.name == sidecar.name)
+    assert resources.limits["memory"] == "276Mi", resources  # 256Mi + the 20Mi run volume
+    # The scheduler counted the tmpfs too: the request is raised as the limit is.
+    assert resources.requests["memory"] == "148Mi", resources  # 128Mi + the 20Mi volume
