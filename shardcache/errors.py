@@ -1,6 +1,7 @@
 """Errors raised by shardcache, grouped by what the caller should do about them.
 
 * `InputError`: fix your input (a URI, a spec, a state dict); retrying will not help.
+  `AccessDeniedError`, one of them: the store refused the credentials.
 * `SourceError`: the object store failed; it was retried with backoff already and a
   later retry may succeed.
 * `CacheError`: the node cache cannot serve a request (limits, corruption that could
@@ -28,6 +29,13 @@ class StateMismatchError(InputError):
 
 class ManifestMismatchError(InputError):
     """The dataset differs from the pinned manifest digest."""
+
+
+class AccessDeniedError(InputError):
+    """The object store refused the credentials (HTTP 401/403: AccessDenied,
+    InvalidAccessKeyId, SignatureDoesNotMatch). The same credentials fail again, so it
+    is not retried; unlike other input, it is fixed outside the spec (a key rotated in a
+    Secret, a bucket policy), so whoever can watch for that (the operator) tells it apart."""
 
 
 class SourceError(ShardcacheError, IOError):

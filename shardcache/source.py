@@ -5,7 +5,8 @@ bare path is local. A `file://` or `s3://` URI is a path and nothing else, perce
 decoded (`%23` is a "#" in a name); a "?" or "#" after it is refused (`split_uri`),
 never dropped. S3 endpoint and credentials come from the usual AWS variables,
 read from `storage_options` (an env-like mapping, e.g. a Kubernetes Secret's data)
-or else from the process environment.
+or else from the process environment; settings no request could get past are refused
+first, naming the variable (`s3_settings`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardcache import errors, uris
+from shardcache import contract, errors, s3_settings, uris
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,25 +39,43 @@ ENV_S3_REQUEST_TIMEOUT = "SHARDCACHE_S3_REQUEST_TIMEOUT"
 _COPY_CHUNK = 8 << 20
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
-    """Backoff for transient source errors (5xx, timeouts, refused connections)."""
+    """Backoff for transient source errors (5xx, timeouts, refused or reset connections,
+    throttling), budgeted by time.
 
-    #: Total tries, first included. Five tries with the delays below ride out a
-    #: restarting object store (~10 s) without stalling a broken one for minutes.
-    attempts: int = 5
+    A transient error is tried again after a delay that doubles from `initial_delay` to
+    `max_delay` (full jitter), until the next try would begin more than
+    `budget_seconds` after the first one began, or `attempts` tries were made, whichever
+    comes first; then `with_retries` raises `SourceError`. A permanent error
+    (`is_permanent`: a missing object, refused credentials, a request the store refuses)
+    fails at once, whatever the budget.
+    """
+
+    #: Seconds after the first try began past which no further try begins. 60: an
+    #: object store that restarts (a rolling restart, its pod rescheduled) answers again
+    #: within 10-30 s, and a training loop rides that out; a store down for longer is an
+    #: outage that the caller reports. A try that hangs adds its own timeouts
+    #: (`SHARDCACHE_S3_REQUEST_TIMEOUT`, 30 s, twice with the SDK's own retry), so one
+    #: call gives up within about two minutes, well inside the sidecar's and the client's
+    #: acquire timeout (600 s).
+    budget_seconds: float = 60.0
+    #: Most tries, the first included; None: as many as `budget_seconds` allows (about
+    #: 20 over a minute of refused connections with the delays below).
+    attempts: int | None = None
     #: First delay in seconds; doubles each retry, with full jitter.
     initial_delay: float = 0.2
     #: Cap on one delay in seconds.
     max_delay: float = 5.0
 
-    def delays(self) -> list[float]:
-        out = []
-        delay = self.initial_delay
-        for _ in range(self.attempts - 1):
-            out.append(random.uniform(delay / 2, delay))
-            delay = min(delay * 2, self.max_delay)
-        return out
+    def __post_init__(self) -> None:
+        if self.attempts is not None and self.attempts < 1:
+            raise errors.InputError(f"RetryPolicy.attempts: expected >= 1, found {self.attempts}")
+        for name in ("budget_seconds", "initial_delay", "max_delay"):
+            if getattr(self, name) < 0:
+                raise errors.InputError(
+                    f"RetryPolicy.{name}: expected seconds >= 0, found {getattr(self, name)}"
+                )
 
 
 def _env(options: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -99,16 +118,23 @@ def split_uri(uri: str) -> tuple[str, str]:
     return scheme, (parsed.netloc + urllib.parse.unquote(parsed.path)).rstrip("/")
 
 
+def checked_uri(uri: str) -> tuple[str, str]:
+    """`split_uri`, and a bucket for s3://: every check of a URI made before a request,
+    so an `InputError` here is the URI's fault, never the store's."""
+    scheme, path = split_uri(uri)
+    if scheme == "s3" and (not path or path.startswith("/")):
+        raise errors.InputError(f"expected s3://BUCKET/PREFIX, got {uris.redact(uri)!r}")
+    return scheme, path
+
+
 def filesystem(
     uri: str, *, storage_options: Mapping[str, str] | None = None
 ) -> tuple[pafs.FileSystem, str]:
     """The filesystem that serves `uri` and the path of the URI inside it."""
-    scheme, path = split_uri(uri)
+    scheme, path = checked_uri(uri)
     if scheme == "file":
         return pafs.LocalFileSystem(), path
     if scheme == "s3":
-        if not path or path.startswith("/"):
-            raise errors.InputError(f"expected s3://BUCKET/PREFIX, got {uris.redact(uri)!r}")
         return _s3(storage_options), path
     try:
         fs, inner = pafs.FileSystem.from_uri(uri)
@@ -121,21 +147,28 @@ def filesystem(
 
 def _s3(options: Mapping[str, str] | None) -> pafs.S3FileSystem:
     env = _env(options)
+    problem = s3_settings.problem(
+        env,
+        origin="storage options" if options is not None else "the environment",
+        pair=options is not None,
+    )
+    if problem is not None:
+        raise errors.InputError(problem)
     kwargs: dict[str, object] = {}
-    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    endpoint = env.get(contract.ENV_S3_ENDPOINT_S3) or env.get(contract.ENV_S3_ENDPOINT)
     if endpoint:
-        parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        parsed = urllib.parse.urlsplit(s3_settings.endpoint_url(endpoint))
         kwargs["endpoint_override"] = parsed.netloc
         kwargs["scheme"] = parsed.scheme
-    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    region = env.get(contract.ENV_S3_REGION) or env.get(contract.ENV_S3_DEFAULT_REGION)
     # With a custom endpoint and no region, pyarrow would ask the endpoint for the
     # bucket's region; any region is fine for S3-compatible servers.
     kwargs["region"] = region or ("us-east-1" if endpoint else None)
-    if env.get("AWS_ACCESS_KEY_ID"):
-        kwargs["access_key"] = env["AWS_ACCESS_KEY_ID"]
-        kwargs["secret_key"] = env.get("AWS_SECRET_ACCESS_KEY", "")
-        if env.get("AWS_SESSION_TOKEN"):
-            kwargs["session_token"] = env["AWS_SESSION_TOKEN"]
+    if env.get(contract.ENV_S3_ACCESS_KEY_ID):
+        kwargs["access_key"] = env[contract.ENV_S3_ACCESS_KEY_ID]
+        kwargs["secret_key"] = env[contract.ENV_S3_SECRET_ACCESS_KEY]
+        if env.get(contract.ENV_S3_SESSION_TOKEN):
+            kwargs["session_token"] = env[contract.ENV_S3_SESSION_TOKEN]
     elif options is not None:
         kwargs["anonymous"] = True
     kwargs["connect_timeout"] = float(env.get(ENV_S3_CONNECT_TIMEOUT, "5"))
@@ -145,17 +178,22 @@ def _s3(options: Mapping[str, str] | None) -> pafs.S3FileSystem:
     return pafs.S3FileSystem(**{k: v for k, v in kwargs.items() if v is not None})
 
 
+#: S3 error codes (as the service and as pyarrow's SDK spell them) of refused
+#: credentials: `AccessDeniedError`.
+_ACCESS_DENIED_MARKERS = (
+    "AccessDenied",
+    "ACCESS_DENIED",
+    "InvalidAccessKeyId",
+    "INVALID_ACCESS_KEY_ID",
+    "SignatureDoesNotMatch",
+    "SIGNATURE_DOES_NOT_MATCH",
+)
 _PERMANENT_MARKERS = (
     "NoSuchBucket",
     "NO_SUCH_BUCKET",
     "NoSuchKey",
     "NO_SUCH_KEY",
-    "AccessDenied",
-    "ACCESS_DENIED",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "INVALID_ACCESS_KEY_ID",
-    "SIGNATURE_DOES_NOT_MATCH",
+    *_ACCESS_DENIED_MARKERS,
 )
 
 
@@ -200,33 +238,57 @@ def is_permanent(exc: BaseException) -> bool:
     )
 
 
+def is_access_denied(exc: BaseException) -> bool:
+    """True for a permanent error (`is_permanent`) that says the store refused the
+    credentials: AccessDenied, InvalidAccessKeyId, SignatureDoesNotMatch, or a bare
+    401/403 status. A 403 for a skewed clock is transient, never this."""
+    if not is_permanent(exc) or isinstance(exc, FileNotFoundError | NotADirectoryError):
+        return False
+    text = str(exc)
+    if any(marker in text for marker in _ACCESS_DENIED_MARKERS):
+        return True
+    status = _HTTP_STATUS.search(text)
+    return status is not None and int(status.group(1)) in (401, 403)
+
+
 def with_retries(op: Callable[[], T], *, what: str, policy: RetryPolicy | None = None) -> T:
-    """Run `op`, retrying transient OSErrors with backoff; raise SourceError after."""
+    """Run `op`, retrying transient OSErrors as `policy` says (`RetryPolicy`); raise
+    `SourceError` once it is spent, `AccessDeniedError` for refused credentials and
+    `InputError` for any other permanent error, at once."""
     policy = policy or RetryPolicy()
-    delays = policy.delays()
-    for attempt in range(policy.attempts):
+    started = time.monotonic()
+    delay = policy.initial_delay
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return op()
         except errors.ShardcacheError:
             raise
         except OSError as exc:
+            if is_access_denied(exc):
+                raise errors.AccessDeniedError(f"{what}: {exc}") from exc
             if is_permanent(exc):
                 raise errors.InputError(f"{what}: {exc}") from exc
-            if attempt == policy.attempts - 1:
+            wait = random.uniform(delay / 2, delay)
+            elapsed = time.monotonic() - started
+            spent = policy.attempts is not None and attempt >= policy.attempts
+            if spent or elapsed + wait > policy.budget_seconds:
                 raise errors.SourceError(
-                    f"{what}: failed after {policy.attempts} attempts; last error: {exc}"
+                    f"{what}: failed after {attempt} attempts in {elapsed:.1f} s; last error: {exc}"
                 ) from exc
-            delay = delays[attempt]
             log.warning(
-                "%s: attempt %d/%d failed (%s); retrying in %.2fs",
+                "%s: attempt %d failed %.1f s after the first began (%s); retrying in "
+                "%.2fs (for up to %g s)",
                 what,
-                attempt + 1,
-                policy.attempts,
+                attempt,
+                elapsed,
                 exc,
-                delay,
+                wait,
+                policy.budget_seconds,
             )
-            time.sleep(delay)
-    raise AssertionError("unreachable")
+            time.sleep(wait)
+            delay = min(delay * 2, policy.max_delay)
 
 
 #: Content identities (`content_identity`): what a manifest pins per shard.

@@ -77,7 +77,8 @@ PANELS: tuple[Panel, ...] = (
         'shardcache:source_errors:rate5m{namespace=~"$namespace"}',
         "{{namespace}}/{{pod}}",
         "reqps",
-        "Shard fetches that failed after the sidecar's retries, per second.",
+        "Source reads that failed after the sidecar's retries, per second: shard fetches, "
+        "and manifest resolutions at start-up (shardcache_source_errors_total by op).",
     ),
     Panel(
         "Bytes fetched from the object store",

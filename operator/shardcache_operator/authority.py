@@ -6,7 +6,8 @@ mount's Secret, `cache.memory` and `cache.disk` take node memory and disk. The p
 engineer sets the limits in the chart's values (`policy.*`), which reach the operator
 as settings (`configuration.Settings`); the webhook refuses a pod whose DatasetMount
 asks for more, with a message naming the field, the value and what is allowed
-(docs/security.md). Pure functions: unit-tested without a cluster.
+(docs/security.md), and the operator marks such a DatasetMount `Invalid` with the
+reason `NotAllowed` (the same message). Pure functions: unit-tested without a cluster.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from shardcache import contract
 from shardcache_operator import specs
 
 GiB = 1 << 30
+#: The Ready condition's reason of a DatasetMount the policy does not allow.
+REASON = "NotAllowed"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ import kopf
 
 from shardcache import errors
 from shardcache_operator import (
+    authority,
     configuration,
     context,
     injection,
@@ -92,6 +93,30 @@ async def index_mount(
     return {(namespace or "", name): dict(body)}
 
 
+def _spec_of(memo: context.Context, obj: Mapping[str, Any]) -> specs.DatasetMountSpec | None:
+    """`obj`'s spec, parsed once per (uid, generation) as for the webhook; None if invalid."""
+    try:
+        return memo.mounts.load(obj, known=len(memo.mounts.index)).spec
+    except errors.InputError:
+        return None
+
+
+def refusal_of(body: Mapping[str, Any], memo: context.Context) -> status.Failed | None:
+    """What the platform says of a mount with a valid spec: `Invalid` (until the spec
+    changes) when its policy does not allow it, which the webhook would refuse every pod
+    of; None when it may go on. An invalid spec is left to the reconcile."""
+    spec = _spec_of(memo, body)
+    if spec is None:
+        return None
+    settings = memo.settings
+    found = authority.violations(spec, settings.policy(), default_image=settings.sidecar_image)
+    if not found:
+        return None
+    return status.Failed(
+        status.Phase.INVALID, authority.REASON, "; ".join(found), reachable=None, keeps_pin=True
+    )
+
+
 async def resolve(
     *,
     body: kopf.Body,
@@ -102,7 +127,8 @@ async def resolve(
     memo: context.Context,
     **kwargs: Any,
 ) -> None:
-    """Resolve and pin the manifest; failures become status, Events and retries."""
+    """Resolve and pin the manifest of a mount the platform allows (`refusal_of`);
+    failures, refusals included, become status, Events and retries."""
     started = time.monotonic()
     result = await reconcile.reconcile(
         body,
@@ -113,6 +139,7 @@ async def resolve(
         retry=retry,
         backoff=memo.backoff,
         timeout=memo.settings.resolve_timeout_seconds,
+        refusal=refusal_of(body, memo),
     )
     new_status = dict(result.status)
     new_status["attachedPods"] = memo.pods.count(namespace or "", name)

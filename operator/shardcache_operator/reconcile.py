@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from shardcache import errors, manifests, uris
+from shardcache import contract, errors, manifests, s3_settings, uris
 from shardcache_operator import sample_room, specs, status
 
 logger = logging.getLogger(__name__)
@@ -37,11 +37,26 @@ class ManifestLike(Protocol):
     def total_bytes(self) -> int: ...
 
 
-#: Blocking manifest resolution: (uri, format, storage_options) -> manifest.
+#: Blocking manifest resolution: (uri, format, storage_options) -> manifest; raises
+#: SourceRefused when it does not read the source at all, AccessDeniedError when the
+#: store refuses the credentials, other InputErrors for the data found there.
 Resolver = Callable[[str, str, Mapping[str, str] | None], ManifestLike]
 #: Blocking, cheap reachability check of a source: (uri, storage_options) -> None;
-#: raises SourceError when unreachable, InputError when the data is gone.
+#: raises SourceError when unreachable, AccessDeniedError when the credentials are
+#: refused, InputError when the data is gone.
 Prober = Callable[[str, Mapping[str, str] | None], None]
+
+
+class SourceRefused(errors.InputError):
+    """The operator does not read the source at all: its URI, or the platform's policy
+    (`sources.Access`), refuses it before any request. Only a spec change helps, so it
+    is `Invalid` and not retried; every other InputError of a source is about what the
+    store holds or says, which can change without one, and is retried."""
+
+
+#: Failures only a change at the source fixes (data restored, a bucket created): retried
+#: at the backoff's longest delay, not the first ones.
+SLOW_RETRY_REASONS = frozenset({"InvalidData", "DigestMismatch", "SourceGone"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +82,22 @@ class Backoff:
 
     def delay(self, retry: int) -> float:
         return float(min(self.max_seconds, self.initial_seconds * 2 ** max(0, retry)))
+
+
+def retry_delay(outcome: status.Outcome, *, retry: int, backoff: Backoff) -> float | None:
+    """Seconds until `outcome` is tried again, or None when only a spec change can help
+    (Ready, Invalid). A failure only a change at the source fixes (`SLOW_RETRY_REASONS`)
+    is tried at the backoff's cap (5 min by default, as often as the periodic check of
+    a pinned source); every other Pending or Degraded one with the backoff from its
+    start."""
+    if not isinstance(outcome, status.Failed) or outcome.phase not in (
+        status.Phase.DEGRADED,
+        status.Phase.PENDING,
+    ):
+        return None
+    if outcome.reason in SLOW_RETRY_REASONS:
+        return backoff.max_seconds
+    return backoff.delay(retry)
 
 
 def source_identity(spec: specs.DatasetMountSpec) -> dict[str, str]:
@@ -95,7 +126,9 @@ async def _options(
     """The Secret's data as storage options, or why it cannot be had.
 
     Before a pin that means waiting (Pending); after one, sidecars cannot start
-    without the Secret, so the mount is Degraded while its pin stays.
+    without the Secret, so the mount is Degraded while its pin stays. A Secret whose
+    keys can only fail (one of the key pair without the other, a newline around a
+    value, a password in the endpoint) is `SecretInvalid`, retried like a missing one.
     """
     if spec.source.secret_ref is None:
         return None, None
@@ -114,13 +147,50 @@ async def _options(
     if options is None:
         message = (
             f"Secret {namespace}/{secret} named in spec.source.secretRef.name does not exist: "
-            "create it with keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and "
-            "AWS_ENDPOINT_URL, AWS_REGION as needed)"
+            f"create it with keys {contract.ENV_S3_ACCESS_KEY_ID}, "
+            f"{contract.ENV_S3_SECRET_ACCESS_KEY} (and {contract.ENV_S3_ENDPOINT}, "
+            f"{contract.ENV_S3_REGION} as needed)"
         )
         return None, status.Failed(
             phase, "SecretNotFound", message, reachable=None, keeps_pin=pinned
         )
+    problem = s3_settings.problem(
+        options,
+        origin=f"Secret {namespace}/{secret} named in spec.source.secretRef.name",
+        pair=True,
+    )
+    if problem is not None:
+        return None, status.Failed(
+            phase, "SecretInvalid", problem, reachable=None, keeps_pin=pinned
+        )
     return options, None
+
+
+def _credentials(
+    spec: specs.DatasetMountSpec, namespace: str, options: Mapping[str, str] | None
+) -> str:
+    """What the source was read with, for a message about refused credentials."""
+    ref = spec.source.secret_ref
+    if ref is None:
+        return "the request without credentials (spec.source names no secretRef)"
+    secret = f"Secret {namespace}/{ref.name} (spec.source.secretRef.name)"
+    if not (options or {}).get(contract.ENV_S3_ACCESS_KEY_ID):
+        return (
+            f"the request without credentials ({secret} has no "
+            f"{contract.ENV_S3_ACCESS_KEY_ID} and {contract.ENV_S3_SECRET_ACCESS_KEY})"
+        )
+    return f"the credentials in {secret}"
+
+
+def _rejected(credentials: str, exc: errors.AccessDeniedError, *, pinned: bool) -> status.Failed:
+    """Refused credentials: fixed in the Secret or the bucket's policy, never in the
+    spec, so retried with the backoff (Pending before a pin, Degraded after)."""
+    message = (
+        f"the object store refused {credentials}: {exc}; give the key pair read access "
+        "to the source, or put one that has it in the Secret (retried with backoff)"
+    )
+    phase = status.Phase.DEGRADED if pinned else status.Phase.PENDING
+    return status.Failed(phase, "CredentialsRejected", message, reachable=False, keeps_pin=pinned)
 
 
 def _pinned(spec: specs.DatasetMountSpec, previous: Mapping[str, Any]) -> status.Resolved | None:
@@ -156,6 +226,12 @@ async def _check(
     shown = uris.redact(uri)
     try:
         await asyncio.wait_for(asyncio.to_thread(probe, uri, options), timeout)
+    except errors.AccessDeniedError as exc:
+        return _rejected(_credentials(spec, namespace, options), exc, pinned=True)
+    except SourceRefused as exc:
+        return status.Failed(
+            status.Phase.INVALID, "InvalidSource", str(exc), reachable=None, keeps_pin=True
+        )
     except errors.InputError as exc:
         return status.Failed(
             status.Phase.DEGRADED, "SourceGone", str(exc), reachable=True, keeps_pin=True
@@ -199,6 +275,7 @@ async def _resolve(
         spec.source.version,
         where="spec.source",
         options=options,
+        credentials=_credentials(spec, namespace, options),
         resolve=resolve,
         timeout=timeout,
     )
@@ -211,15 +288,26 @@ async def _resolve_source(
     *,
     where: str,
     options: Mapping[str, str] | None,
+    credentials: str,
     resolve: Resolver,
     timeout: float,
 ) -> status.Outcome:
-    """Resolve one source's manifest; `where` names its spec fields in messages."""
+    """Resolve one source's manifest; `where` names its spec fields in messages and
+    `credentials` what it is read with (`_credentials`).
+
+    `Invalid` only when the operator does not read the source at all (`SourceRefused`);
+    what the store holds or says is retried: refused credentials with the backoff,
+    data that is missing or unusable (`InvalidData`, `DigestMismatch`) slowly."""
     shown = uris.redact(uri)
     try:
         manifest = await asyncio.wait_for(asyncio.to_thread(resolve, uri, fmt, options), timeout)
-    except errors.InputError as exc:
+    except SourceRefused as exc:
         return status.Failed(status.Phase.INVALID, "InvalidSource", str(exc), reachable=None)
+    except errors.AccessDeniedError as exc:
+        return _rejected(credentials, exc, pinned=False)
+    except errors.InputError as exc:
+        message = f"{exc} (tried again every few minutes, until the data at the source is fixed)"
+        return status.Failed(status.Phase.DEGRADED, "InvalidData", message, reachable=True)
     except errors.SourceError as exc:
         return status.Failed(status.Phase.DEGRADED, "SourceUnreachable", str(exc), reachable=False)
     except TimeoutError:
@@ -233,10 +321,11 @@ async def _resolve_source(
         message = (
             f"{where}.version pins {version}, but {shown} has manifest "
             f"{manifest.digest} (manifest version {manifests.MANIFEST_VERSION}): restore "
-            f"the pinned data or update {where}.version (a digest from a shardcache "
-            f"before manifest version {manifests.MANIFEST_VERSION} never matches)"
+            f"the pinned data (tried again every few minutes) or update {where}.version "
+            f"(a digest from a shardcache before manifest version "
+            f"{manifests.MANIFEST_VERSION} never matches)"
         )
-        return status.Failed(status.Phase.INVALID, "DigestMismatch", message, reachable=True)
+        return status.Failed(status.Phase.DEGRADED, "DigestMismatch", message, reachable=True)
     return status.Resolved(
         digest=manifest.digest,
         format=manifest.format,
@@ -322,6 +411,7 @@ async def _resolve_mixture(
             source.version,
             where=where,
             options=options,
+            credentials=_credentials(spec, namespace, options),
             resolve=resolve,
             timeout=timeout,
         )
@@ -413,12 +503,17 @@ async def reconcile(
     retry: int = 0,
     backoff: Backoff = Backoff(),
     timeout: float = 600.0,
+    refusal: status.Failed | None = None,
 ) -> Result:
     """Resolve and pin the manifest of one DatasetMount object; never raises for its data.
 
     A pin for the same source (`status.resolvedSource`) is kept and only checked for
     reachability: listing again could only move the pin, which is what pinning forbids.
     Spec changes elsewhere (cache sizes, prefetch depth) therefore keep it.
+
+    `refusal`: the platform's verdict on a valid spec (`authority`),
+    which stops the reconcile before the source is read; a Pending one is retried
+    with the backoff like any other.
     """
     metadata = obj.get("metadata") or {}
     namespace = str(metadata.get("namespace") or "")
@@ -432,6 +527,16 @@ async def reconcile(
         )
         return _result(outcome, obj, generation=generation, now=now, identity=None, retry_in=None)
     identity = source_identity(spec)
+    if refusal is not None:
+        pending = refusal.phase in (status.Phase.DEGRADED, status.Phase.PENDING)
+        return _result(
+            refusal,
+            obj,
+            generation=generation,
+            now=now,
+            identity=identity,
+            retry_in=backoff.delay(retry) if pending else None,
+        )
     pin = _pinned(spec, obj.get("status") or {})
     if pin is not None:
         outcome = await _check(
@@ -459,12 +564,7 @@ async def reconcile(
         )
         if failed is not None:
             outcome, mixture = failed, None
-    retry_in: float | None = None
-    if isinstance(outcome, status.Failed) and outcome.phase in (
-        status.Phase.DEGRADED,
-        status.Phase.PENDING,
-    ):
-        retry_in = backoff.delay(retry)
+    retry_in = retry_delay(outcome, retry=retry, backoff=backoff)
     return _result(
         outcome,
         obj,

@@ -33,15 +33,25 @@ class Access:
     ambient_credentials: bool = False
 
 
+#: How long the operator retries a source that fails transiently before it reports it
+#: (`SourceUnreachable`): rides out a store restarting (a pinned mount stays Ready, and
+#: its pods admitted, through a blip) and stays inside the resolve timeout; longer
+#: outages are retried by the reconcile's backoff, saying so in status meanwhile.
+RETRY = source.RetryPolicy(budget_seconds=30.0)
+
+
 def storage_options(
     uri: str, options: Mapping[str, str] | None, access: Access
 ) -> Mapping[str, str] | None:
-    """The storage options the operator reads `uri` with, or `InputError` saying why
-    the operator does not read it at all."""
-    scheme, _ = source.split_uri(uri)
+    """The storage options the operator reads `uri` with, or `reconcile.SourceRefused`
+    saying why the operator does not read it at all (the URI, or the platform's policy)."""
+    try:
+        scheme, _ = source.checked_uri(uri)
+    except errors.InputError as exc:
+        raise reconcile.SourceRefused(str(exc)) from exc
     if scheme == "file":
         if not access.file_sources:
-            raise errors.InputError(
+            raise reconcile.SourceRefused(
                 "file:// sources are not resolved by the operator: the path would be read "
                 "on the operator's own filesystem, not where your pods run; use an object "
                 "store URI (a platform can allow file:// with the chart value "
@@ -51,7 +61,7 @@ def storage_options(
     if access.ambient_credentials:
         return options
     if scheme != "s3":
-        raise errors.InputError(
+        raise reconcile.SourceRefused(
             f"{scheme}:// sources are not resolved by the operator: its client would use the "
             "operator's own cloud identity; use s3:// (with spec.source.secretRef, or a "
             "public bucket read anonymously), or ask the platform for the chart value "
@@ -63,14 +73,23 @@ def storage_options(
 
 
 def resolve_manifest(
-    uri: str, fmt: str, storage_options_: Mapping[str, str] | None, *, access: Access | None = None
+    uri: str,
+    fmt: str,
+    storage_options_: Mapping[str, str] | None,
+    *,
+    access: Access | None = None,
+    retry: source.RetryPolicy = RETRY,
 ) -> reconcile.ManifestLike:
     options = storage_options(uri, storage_options_, access or Access())
-    return manifests.resolve(uri, format=fmt, storage_options=options)
+    return manifests.resolve(uri, format=fmt, storage_options=options, retry=retry)
 
 
 def probe_source(
-    uri: str, storage_options_: Mapping[str, str] | None, *, access: Access | None = None
+    uri: str,
+    storage_options_: Mapping[str, str] | None,
+    *,
+    access: Access | None = None,
+    retry: source.RetryPolicy = RETRY,
 ) -> None:
     """Two metadata requests at most: does the dataset's root still exist, non-empty?"""
     options = storage_options(uri, storage_options_, access or Access())
@@ -86,7 +105,7 @@ def probe_source(
         selector = pafs.FileSelector(root, recursive=False, allow_not_found=True)
         return bool(fs.get_file_info(selector))
 
-    if not source.with_retries(present, what=f"checking {uris.redact(uri)}"):
+    if not source.with_retries(present, what=f"checking {uris.redact(uri)}", policy=retry):
         raise errors.InputError(
             f"nothing found at {uris.redact(uri)!r} any more: the pinned data is gone"
         )

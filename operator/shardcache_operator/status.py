@@ -28,7 +28,7 @@ class Phase(enum.StrEnum):
     PENDING = "Pending"  # not resolved yet, or waiting for its Secret
     READY = "Ready"  # manifest resolved and digest pinned: pods are admitted
     DEGRADED = "Degraded"  # the source failed; retried with backoff
-    INVALID = "Invalid"  # the spec or the data at the source is wrong: fix it
+    INVALID = "Invalid"  # the spec is wrong, or names a source not read: fix it
     TERMINATING = "Terminating"  # deleted, waiting for attached pods to finish
 
 
@@ -267,9 +267,11 @@ def schema() -> dict[str, Any]:
         "properties": {
             "phase": _prop(
                 "string",
-                "Pending (not resolved yet or waiting for its Secret), Ready (digest pinned, "
-                "pods admitted), Degraded (source failing, retried with backoff), Invalid "
-                "(fix the spec or the data), Terminating (deleted, pods still attached).",
+                "Pending (not resolved yet, or waiting for its Secret or for credentials "
+                "the store accepts), Ready (digest pinned, pods admitted), Degraded (source "
+                "failing or its data not what was pinned, retried with backoff), Invalid "
+                "(fix the spec: the operator will not read its source), Terminating "
+                "(deleted, pods still attached).",
                 enum=[phase.value for phase in Phase],
             ),
             "conditions": {

@@ -60,10 +60,16 @@ ENV_CHECKPOINT_VERIFY_UPLOADS: Final = variables.CHECKPOINT_VERIFY_UPLOADS.env
 ENV_CHECKPOINT_UPLOAD_BUFFER: Final = variables.CHECKPOINT_UPLOAD_BUFFER.env
 ENV_RECONNECT_TIMEOUT: Final = variables.RECONNECT_TIMEOUT.env
 
-#: S3 settings read by `shardcache.source` (the usual AWS variable names).
+#: S3 settings read by `shardcache.source` (the usual AWS variable names): the keys of
+#: the Secret named by spec.source.secretRef, which the operator reads and the sidecar
+#: gets as its environment (`envFrom`).
+ENV_S3_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+ENV_S3_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+ENV_S3_SESSION_TOKEN = "AWS_SESSION_TOKEN"
 ENV_S3_ENDPOINT = "AWS_ENDPOINT_URL"
 ENV_S3_ENDPOINT_S3 = "AWS_ENDPOINT_URL_S3"
 ENV_S3_REGION = "AWS_REGION"
+ENV_S3_DEFAULT_REGION = "AWS_DEFAULT_REGION"
 
 # --- paths -----------------------------------------------------------------------
 #: Default run directory inside pods (a memory-backed volume per mount below it).

@@ -57,6 +57,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds a handed-over shard stays held for the client",
     )
     add("--acquire-timeout", type=float, help="longest an acquire may wait, seconds")
+    add(
+        "--source-retry-seconds",
+        type=float,
+        help="how long a shard fetch retries a store that fails transiently, seconds",
+    )
     add("--control-threads", type=int, help="threads for blocking cache calls (waiting acquires)")
     parser.set_defaults(func=run)
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shardcache import contract, errors, plans, sidecar_client, uris
+from shardcache import contract, errors, plans, sidecar_client, source, uris
 from shardcache.contract import mixture_sources, variables
 from shardcache.node import caches
 from shardcache_sidecar.checkpoint import agent_config
@@ -82,6 +82,11 @@ class Settings:
     #: Longest one acquire may block, in seconds (a client may ask for less). Ten
     #: minutes: a cold multi-GiB shard from a slow store, not a stuck one.
     acquire_timeout: float = 600.0
+    #: Seconds a shard fetch keeps retrying a store that fails transiently (refused or
+    #: reset connections, 5xx, timeouts) before the reader gets `SourceError`: rides out
+    #: a store restarting mid-epoch (`source.RetryPolicy.budget_seconds`, whose default
+    #: says why), far inside `acquire_timeout`.
+    source_retry_seconds: float = source.RetryPolicy().budget_seconds
     #: Threads that run blocking cache calls. Each waiting acquire holds one, so this
     #: bounds how many readers can wait at once; 32 covers 8 GPUs x 4 loader workers.
     control_threads: int = 32
@@ -122,6 +127,10 @@ class Settings:
         for name in ("handoff_timeout", "acquire_timeout"):
             if getattr(self, name) <= 0:
                 raise errors.InputError(f"{name} must be > 0 seconds, found {getattr(self, name)}")
+        if self.source_retry_seconds < 0:
+            raise errors.InputError(
+                f"source_retry_seconds must be >= 0 seconds, found {self.source_retry_seconds}"
+            )
         for name in ("metrics_port", "ui_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise errors.InputError(
@@ -164,6 +173,7 @@ class Settings:
             memory_limit=self.memory_limit,
             prefetch_depth=self.prefetch_depth,
             fetch_concurrency=self.fetch_concurrency,
+            retry=source.RetryPolicy(budget_seconds=self.source_retry_seconds),
             # The pod's own memory volume: no other process commits or evicts there.
             memory_sole_writer=True,
         )

@@ -62,6 +62,10 @@ class _StallCollector(prom_registry.Collector):
 #: What the depth collector reads at scrape time: (reader id, rank, its prefetch depth).
 ReaderDepth = tuple[str, int, int]
 
+#: What a source error is counted under (`op`): a shard fetch, or the manifest's
+#: resolution at start-up (while it fails, /readyz says why and no shard is fetched).
+SOURCE_OPS = ("fetch", "manifest")
+
 #: Every (direction, reason) a depth change is counted under (`prefetch_depths.Reason`).
 DEPTH_CHANGES = (("up", "stalled"), ("down", "recovered"), ("down", "memory"))
 
@@ -216,9 +220,14 @@ class Metrics:
         )
         self.source_errors = prometheus_client.Counter(
             "shardcache_source_errors",
-            "Shard fetches that failed after retries.",
+            "Source reads that failed after retries, by op: a shard fetch (fetch), or "
+            "resolving the manifest at start-up (manifest; /readyz says why).",
+            ["op"],
             registry=r,
         )
+        # Present from the first scrape, so rate() has a zero to start from.
+        for op in SOURCE_OPS:
+            self.source_errors.labels(op)
         self.manifests = prometheus_client.Counter(
             "shardcache_manifest_loads",
             "Manifests loaded at start-up, by where from: the object store (source) or "
@@ -381,7 +390,11 @@ class Metrics:
         self.fetch_seconds.observe(seconds)
 
     def fetch_failed(self, shard: int, error: BaseException) -> None:
-        self.source_errors.inc()
+        self.source_errors.labels("fetch").inc()
+
+    def manifest_failed(self) -> None:
+        """Count one failed try to resolve the manifest at start-up (`op="manifest"`)."""
+        self.source_errors.labels("manifest").inc()
 
     def manifest_loaded(self, origin: str) -> None:
         """`origin`: "source" (resolved from the object store) or "node" (the pinned

@@ -1,8 +1,9 @@
 """The DatasetMount policy through the real API server (issue 13, rows 6, 7, 9).
 
 The CRD refuses credentials in URIs and unbounded quantities at create time; the
-webhook refuses pods whose DatasetMount names a node path, image or cache size the
-platform did not allow (the chart's `policy.*` defaults), with a message naming it.
+operator marks a DatasetMount that names a node path, image or cache size the platform
+did not allow (the chart's `policy.*` defaults) Invalid (reason NotAllowed), and the
+webhook refuses its pods, each with a message naming it.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def test_crd_refuses_credentials_and_unbounded_values(
         ({"cache": {"disk": "2Ti"}}, "spec.cache.disk"),
     ],
 )
-def test_webhook_refuses_pods_of_a_mount_beyond_the_platform_policy(
+def test_a_mount_beyond_the_platform_policy_is_invalid_and_its_pods_refused(
     admin: kubernetes.client.ApiClient,
     ready_mount: ReadyMount,
     operator: harness.Operator,
@@ -64,7 +65,12 @@ def test_webhook_refuses_pods_of_a_mount_beyond_the_platform_policy(
     objects.create_datasetmount(
         admin, ready_mount.namespace, objects.datasetmount(name, ready_mount.uri, **spec)
     )
-    objects.wait_phase(admin, ready_mount.namespace, name, "Ready", operator)
+    # The operator says so in status too, without reading the source.
+    refused = objects.wait_phase(
+        admin, ready_mount.namespace, name, "Invalid", operator, reason="NotAllowed"
+    )
+    assert named in objects.condition(refused, "Ready")["message"]
+    assert "manifestDigest" not in refused
     core = kubernetes.client.CoreV1Api(admin)
     with pytest.raises(ApiException) as refused:
         core.create_namespaced_pod(ready_mount.namespace, objects.pod(None, name))

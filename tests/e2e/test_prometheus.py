@@ -139,6 +139,64 @@ def test_the_recorded_hit_ratio_is_the_share_of_lookups_each_tier_served(
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+#: A sidecar that cannot resolve its manifest (a failure every 30 s, op="manifest") and
+#: never gets ready, beside one that is ready and fetches without errors.
+NOT_READY_TEST = """
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'shardcache_ready{namespace="ml",pod="stuck",container="shardcache-train"}'
+        values: '0x20'
+      - series: 'shardcache_source_errors_total{namespace="ml",pod="stuck",op="manifest"}'
+        values: '0+2x20'
+      - series: 'shardcache_source_errors_total{namespace="ml",pod="stuck",op="fetch"}'
+        values: '0x20'
+      - series: 'shardcache_ready{namespace="ml",pod="fine",container="shardcache-train"}'
+        values: '1x20'
+      - series: 'shardcache_source_errors_total{namespace="ml",pod="fine",op="fetch"}'
+        values: '0x20'
+    promql_expr_test:
+      - expr: shardcache:source_errors:rate5m{pod="stuck"}
+        eval_time: 10m
+        exp_samples:
+          - labels: 'shardcache:source_errors:rate5m{namespace="ml",pod="stuck"}'
+            value: 0.03333333333333333
+    alert_rule_test:
+      - alertname: ShardcacheSidecarNotReady
+        eval_time: 5m
+        exp_alerts: []
+      - alertname: ShardcacheSidecarNotReady
+        eval_time: 15m
+        exp_alerts:
+          - exp_labels:
+              severity: warning
+              namespace: ml
+              pod: stuck
+              container: shardcache-train
+            exp_annotations:
+              summary: "Sidecar ml/stuck (shardcache-train) is not ready"
+              description: >-
+                Its trainer does not start until it is. Its /readyz says why (the source
+                unreachable, credentials refused, a digest mismatch, warm-up); see
+                shardcache_source_errors_total{op="manifest"} and the sidecar's log.
+"""
+
+
+def test_a_sidecar_failing_its_source_at_start_up_is_counted_and_alerted_when_not_ready_for_long(
+    e2e_cluster: harness.Cluster, tmp_path: Path
+) -> None:
+    """Manifest failures count in the recorded source-error rate, too slowly for
+    ShardcacheSourceErrors (one per backoff); ShardcacheSidecarNotReady fires after its
+    `for` (10m) for the stuck sidecar only."""
+    (rule,) = of_kind(render_monitoring(e2e_cluster), "PrometheusRule")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(prometheus.rule_file(rule)))
+    (tmp_path / "test.yaml").write_text(NOT_READY_TEST)
+    result = promtool("test", "rules", str(tmp_path / "test.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_monitoring_renders_two_podmonitors_and_the_generated_dashboard_only_when_enabled(
     e2e_cluster: harness.Cluster,
 ) -> None:

@@ -31,7 +31,7 @@ def quick_resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> mani
 
 
 def quick_probe(uri: str, options: Mapping[str, str] | None) -> None:
-    sources.probe_source(uri, options)
+    sources.probe_source(uri, options, retry=FAST_RETRY)
 
 
 def write_shards(server: S3Server, bucket: str, prefix: str, count: int, *, start: int = 0) -> None:
@@ -166,11 +166,12 @@ async def test_explicit_version_pin_is_checked_against_the_source(
     assert ok.status["phase"] == "Ready"
     wrong = "sha256:" + "0" * 64
     bad = await run(dsm(uri, source={"version": wrong}), s3_server)
-    assert bad.status["phase"] == "Invalid"
+    # The data may be restored: tried again at the longest backoff, not only on a spec edit.
+    assert bad.status["phase"] == "Degraded"
     ready = conditions(bad)["Ready"]
     assert ready["reason"] == "DigestMismatch"
     assert wrong in ready["message"] and digest in ready["message"]
-    assert bad.retry_in is None
+    assert bad.retry_in == reconcile.Backoff().max_seconds
 
 
 async def test_unreachable_source_degrades_with_growing_backoff_and_keeps_the_pin(
@@ -229,10 +230,11 @@ async def test_invalid_datasetmounts_get_clear_messages_and_others_still_resolve
             "Pending",
             "Secret ml/gone named in spec.source.secretRef.name does not exist",
         ),
-        "empty": (dsm(f"s3://{s3_bucket}/nothing-here/", name="empty"), "Invalid", "nothing-here"),
+        # Data not (yet) at the source: Degraded and retried, not Invalid.
+        "empty": (dsm(f"s3://{s3_bucket}/nothing-here/", name="empty"), "Degraded", "nothing-here"),
         "no-bucket": (
             dsm("s3://no-such-bucket-zz/x/", name="no-bucket"),
-            "Invalid",
+            "Degraded",
             "no-such-bucket-zz",
         ),
     }
@@ -246,8 +248,9 @@ async def test_invalid_datasetmounts_get_clear_messages_and_others_still_resolve
         assert ready["status"] == "False"
         assert text in ready["message"], (name, ready["message"])
         assert result.events and result.events[0].type == "Warning"
-        # Pending waits for the Secret (retried); Invalid waits for a spec change.
-        assert (result.retry_in is not None) == (phase == "Pending"), name
+        # Pending waits for the Secret, Degraded for the data (both retried); Invalid
+        # waits for a spec change.
+        assert (result.retry_in is not None) == (phase != "Invalid"), name
 
 
 async def test_reconcile_survives_a_resolver_that_crashes(s3_server: S3Server) -> None:
@@ -355,3 +358,53 @@ async def test_a_secret_the_operator_may_not_read_is_pending_with_the_fix(
     assert ready["reason"] == "SecretForbidden"
     assert "may not get Secret ml/s3-creds" in ready["message"]
     assert result.retry_in is not None
+
+
+def wrong_key_secrets(server: S3Server) -> reconcile.SecretReader:
+    wrong = {**server.env(), "AWS_SECRET_ACCESS_KEY": "not-the-key"}
+
+    async def read_secret(namespace: str, name: str) -> Mapping[str, str] | None:
+        return wrong
+
+    return read_secret
+
+
+async def test_wrong_credentials_are_rejected_naming_the_secret_and_heal_once_it_is_fixed(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    """The real store's refusal (MinIO's 403) is `CredentialsRejected`, retried with
+    the backoff, not `Invalid`: fixing the Secret alone brings the mount to Ready."""
+    write_shards(s3_server, s3_bucket, "train", 1)
+    obj = dsm(f"s3://{s3_bucket}/train/")
+    rejected = await run(obj, s3_server, read_secret=wrong_key_secrets(s3_server), retry=1)
+    assert rejected.status["phase"] == "Pending"
+    ready = conditions(rejected)["Ready"]
+    assert ready["reason"] == "CredentialsRejected"
+    assert "Secret ml/s3-creds" in ready["message"] and "not-the-key" not in ready["message"]
+    assert conditions(rejected)["SourceReachable"]["status"] == "False"
+    assert rejected.retry_in == reconcile.Backoff().delay(1)
+
+    obj["status"] = rejected.status
+    fixed = await run(obj, s3_server, retry=2)
+    assert fixed.status["phase"] == "Ready"
+    assert [e.reason for e in fixed.events] == ["ManifestPinned"]
+
+
+async def test_credentials_rotated_wrong_under_a_pinned_mount_are_not_reported_as_data_gone(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    write_shards(s3_server, s3_bucket, "train", 1)
+    obj = dsm(f"s3://{s3_bucket}/train/")
+    obj["status"] = (await run(obj, s3_server)).status
+    rotated = await check(obj, s3_server, read_secret=wrong_key_secrets(s3_server))
+    assert rotated.status["phase"] == "Degraded"
+    ready = conditions(rotated)["Ready"]
+    assert ready["reason"] == "CredentialsRejected", ready
+    assert "Secret ml/s3-creds" in ready["message"]
+    assert conditions(rotated)["SourceReachable"]["status"] == "False"
+    assert rotated.status["manifestDigest"] == obj["status"]["manifestDigest"]
+
+    obj["status"] = rotated.status
+    back = await check(obj, s3_server)
+    assert back.status["phase"] == "Ready"
+    assert [e.reason for e in back.events] == ["SourceRecovered"]

@@ -73,7 +73,9 @@ def test_a_source_failure_reaches_the_client_as_source_error_and_the_sidecar_rec
     fault_proxy: FaultProxy,
     sidecar_factory: Factory,
 ) -> None:
+    # A short retry budget: the default rides out a minute of refused connections.
     args = ["--no-shuffle", "--ready-shards", "1", "--prefetch-depth", "0"]
+    args += ["--source-retry-seconds", "1"]
     proc = sidecar_factory(s3_dataset[0], env=through_proxy(s3_server, fault_proxy), args=args)
     proc.start(wait="ready")
     shards = sidecar_client.SidecarProvider.from_env(
@@ -93,7 +95,7 @@ def test_a_source_failure_reaches_the_client_as_source_error_and_the_sidecar_rec
     assert lease.path.stat().st_size > 0
     lease.release()
     _, text = proc.http_get("/metrics")
-    assert "shardcache_source_errors_total 1.0" in text
+    assert 'shardcache_source_errors_total{op="fetch"} 1.0' in text
 
 
 def test_probes_and_other_readers_are_served_while_an_acquire_waits_on_a_stalled_store(
@@ -125,3 +127,83 @@ def test_probes_and_other_readers_are_served_while_an_acquire_waits_on_a_stalled
     fault_proxy.clear_faults()
     acquiring.join(60)
     assert not acquiring.is_alive() and len(result) == 1
+
+
+def readyz_saying(proc: SidecarProcess, text: str) -> tuple[int, object]:
+    """/readyz once its answer holds `text`."""
+
+    def said() -> tuple[int, object] | None:
+        reply = proc.http_get("/readyz")
+        return reply if text in str(reply[1]) else None
+
+    return waiting.wait_until(f"/readyz to say {text!r}", said, describe=proc.log_tail)
+
+
+def source_errors(proc: SidecarProcess, op: str) -> float:
+    _, text = proc.http_get("/metrics")
+    prefix = f'shardcache_source_errors_total{{op="{op}"}} '
+    (line,) = [line for line in str(text).splitlines() if line.startswith(prefix)]
+    return float(line.removeprefix(prefix))
+
+
+def test_a_source_failing_at_start_up_is_counted_while_readyz_says_it_retries(
+    s3_server: S3Server,
+    s3_dataset: tuple[str, pa.Table],
+    fault_proxy: FaultProxy,
+    sidecar_factory: Factory,
+) -> None:
+    """No shard is fetched before the manifest is resolved: without its own count, the
+    source-error rule and alert stayed at zero while every new pod was stuck."""
+    fault_proxy.refuse_connections()
+    proc = sidecar_factory(s3_dataset[0], env=through_proxy(s3_server, fault_proxy))
+    proc.start()
+    count = waiting.wait_until(
+        "the failed manifest resolution to be counted",
+        lambda: source_errors(proc, "manifest") or None,
+        interval=0.2,
+        describe=proc.log_tail,
+    )
+    assert count >= 1
+    assert source_errors(proc, "fetch") == 0
+    status, body = proc.http_get("/readyz")
+    assert status == 503 and "retrying" in str(body)
+    fault_proxy.accept_connections()
+    proc.wait_for("/readyz", timeout=90)
+
+
+def test_refused_credentials_at_start_up_are_counted_and_named_in_readyz(
+    s3_server: S3Server, s3_dataset: tuple[str, pa.Table], sidecar_factory: Factory
+) -> None:
+    env = {**s3_server.env(), "AWS_SECRET_ACCESS_KEY": "not-the-key"}
+    proc = sidecar_factory(s3_dataset[0], env=env)
+    proc.start()
+    status, body = readyz_saying(proc, "refused")
+    assert status == 503
+    assert "the object store refused the credentials" in str(body)
+    assert "not-the-key" not in str(body)
+    assert source_errors(proc, "manifest") == 1
+    assert proc.running, "the sidecar exited: it must keep saying why"
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"AWS_SECRET_ACCESS_KEY": ""}, "AWS_SECRET_ACCESS_KEY is missing"),
+        ({"AWS_ACCESS_KEY_ID": ""}, "AWS_ACCESS_KEY_ID is missing"),
+        ({"AWS_ACCESS_KEY_ID": "AKIAWITHNEWLINE\n"}, "AWS_ACCESS_KEY_ID begins or ends with"),
+    ],
+    ids=["no-secret-key", "no-key-id", "newline"],
+)
+def test_a_sidecar_whose_secret_lacks_a_key_refuses_at_start_naming_it(
+    s3_server: S3Server,
+    s3_dataset: tuple[str, pa.Table],
+    sidecar_factory: Factory,
+    change: dict[str, str],
+    named: str,
+) -> None:
+    proc = sidecar_factory(s3_dataset[0], env={**s3_server.env(), **change})
+    proc.start()
+    status, body = readyz_saying(proc, "unusable")
+    assert status == 503 and named in str(body), body
+    assert "AKIAWITHNEWLINE" not in str(body)
+    assert source_errors(proc, "manifest") == 1

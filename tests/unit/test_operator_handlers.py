@@ -15,7 +15,16 @@ from typing import Any
 import kopf
 import pytest
 from kopf._core.engines import posting
-from shardcache_operator import app, configuration, context, handlers, metrics, status, webhook
+from shardcache_operator import (
+    app,
+    authority,
+    configuration,
+    context,
+    handlers,
+    metrics,
+    status,
+    webhook,
+)
 
 from shardcache import errors
 
@@ -235,3 +244,23 @@ def test_startup_takes_the_webhook_server_from_the_memo(tmp_path: Path) -> None:
     no_webhook = configuration.Settings(webhook_enabled=False)
     app.configure(settings=without, memo=context.Context(settings=no_webhook, api=FakeApi()))
     assert without.admission.server is None
+
+
+async def test_a_mount_the_policy_does_not_allow_is_invalid_without_reading_its_source() -> None:
+    events = capture_events()
+
+    def never(uri: str, fmt: str, options: Mapping[str, str] | None) -> FakeManifest:
+        raise AssertionError("a mount the platform refuses is not resolved")
+
+    ctx = memo(resolve=never, probe=present)
+    body = dsm()
+    body["spec"]["cache"] = {"disk": "2Ti"}  # over the default cap, policy.maxCacheDisk
+    patch = kopf.Patch()
+    await handlers.resolve(
+        body=kopf.Body(dict(body)), patch=patch, retry=0, namespace="ml", name="data", memo=ctx
+    )
+    assert patch.status["phase"] == "Invalid"
+    (ready,) = [c for c in patch.status["conditions"] if c["type"] == "Ready"]
+    assert ready["reason"] == authority.REASON
+    assert "spec.cache.disk 2Ti is over the platform's cap of 1Ti" in ready["message"]
+    assert drained(events) == [("Warning", authority.REASON)]

@@ -116,8 +116,10 @@ async def test_a_failing_source_keeps_the_mount_from_ready_naming_the_source(
     obj = mix(roots)
     obj["spec"]["mixture"]["sources"][1]["uri"] = f"file://{tmp_path / 'nothing-here'}"
     result = await run(obj, Resolver())
-    assert result.status["phase"] == status.Phase.INVALID
+    # Missing data is retried (slowly), not Invalid: it may yet be uploaded.
+    assert result.status["phase"] == status.Phase.DEGRADED
     ready = {c["type"]: c for c in result.status["conditions"]}["Ready"]
+    assert ready["reason"] == "InvalidData"
     assert ready["message"].startswith("spec.mixture.sources[1] (math): nothing found at")
     assert "mixture" not in result.status
 

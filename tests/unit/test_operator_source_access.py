@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shardcache_operator import configuration, sources
+from shardcache_operator import configuration, reconcile, sources
 
 from shardcache import errors, source
 
@@ -83,6 +83,20 @@ def test_file_sources_are_refused_and_nothing_of_the_operator_is_listed(tmp_path
     assert "policy.allowFileSources" in str(caught.value)
     with pytest.raises(errors.InputError):
         sources.probe_source("file:///etc/", None)
+
+
+@pytest.mark.parametrize(
+    "uri", ["file:///etc/", "gs://bucket/x/", "s3:///no-bucket", "ftp://host/x", "s3://b/x?v=1"]
+)
+def test_what_the_operator_refuses_to_read_is_told_apart_from_what_the_store_says(
+    uri: str,
+) -> None:
+    """A refusal before any request is the spec's to fix (Invalid, never retried); the
+    reconcile retries every other InputError (`reconcile.SourceRefused`)."""
+    with pytest.raises(reconcile.SourceRefused):
+        sources.resolve_manifest(uri, "parquet", None)
+    with pytest.raises(reconcile.SourceRefused):
+        sources.probe_source(uri, None)
 
 
 def test_file_sources_resolve_when_allowed(tmp_path: Path) -> None:

@@ -47,13 +47,29 @@ def test_observer_events_and_node_stats_become_metrics() -> None:
     assert sample(text, 'shardcache_cache_evicted_bytes_total{tier="memory"}') == 300
     assert sample(text, 'shardcache_cache_corrupted_entries_total{tier="disk"}') == 1
     assert sample(text, "shardcache_source_fetched_bytes_total") == 1000
-    assert sample(text, "shardcache_source_errors_total") == 1
+    assert sample(text, 'shardcache_source_errors_total{op="fetch"}') == 1
+    assert sample(text, 'shardcache_source_errors_total{op="manifest"}') == 0
     assert sample(text, 'shardcache_source_fetch_duration_seconds_bucket{le="0.25"}') == 1
     assert sample(text, 'shardcache_cache_resident_bytes{tier="disk"}') == 10
     assert sample(text, 'shardcache_cache_limit_bytes{tier="memory"}') == 50
     assert sample(text, "shardcache_sample_windows_bytes") == 40
     assert sample(text, "shardcache_readers") == 2
     assert sample(text, "shardcache_ready") == 1
+
+
+def test_a_failed_manifest_resolution_counts_as_a_source_error_beside_the_fetches() -> None:
+    """A sidecar that cannot resolve its manifest at start-up fetches nothing: its
+    failures must count, or the source-error rule and its alert stay at zero."""
+    m = metrics.Metrics()
+    before = m.render().decode()
+    # Both present from the first scrape, so rate() has a zero to start from.
+    assert sample(before, 'shardcache_source_errors_total{op="fetch"}') == 0
+    assert sample(before, 'shardcache_source_errors_total{op="manifest"}') == 0
+    m.manifest_failed()
+    m.manifest_failed()
+    text = m.render().decode()
+    assert sample(text, 'shardcache_source_errors_total{op="manifest"}') == 2
+    assert sample(text, 'shardcache_source_errors_total{op="fetch"}') == 0
 
 
 def test_two_sidecars_in_one_process_have_separate_registries() -> None:

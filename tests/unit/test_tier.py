@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -552,3 +553,66 @@ def test_a_meta_file_replaced_after_a_lookup_is_read_again(tmp_path: Path) -> No
     found = t.lookup("k")
     assert found is not None and found.size == 1 * KIB
     found.release()
+
+
+def _no_space(path: Path) -> None:
+    """A producer on a volume with no room left (ENOSPC on its write)."""
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+def _volume(total: int, free: int) -> Callable[[object], os.statvfs_result]:
+    """`os.statvfs` of a volume of `total` bytes with `free` free (1 KiB blocks)."""
+
+    def statvfs(path: object) -> os.statvfs_result:
+        blocks, avail = total // KIB, free // KIB
+        return os.statvfs_result((KIB, KIB, blocks, avail, avail, 0, 0, 0, 0, 255))
+
+    return statvfs
+
+
+def test_a_disk_tier_under_its_limit_on_a_volume_others_filled_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = tiers.Tier(
+        tmp_path / "ns-b", limit_bytes=64 * KIB, name="disk", fsync=False, wait_timeout=0
+    )
+    leased = tier.insert("own", 4 * KIB, writer("own", 4 * KIB))  # a reader holds it
+    monkeypatch.setattr(os, "statvfs", _volume(total=1024 * KIB, free=2 * KIB))
+    with pytest.raises(errors.CacheError) as caught:
+        tier.insert("next", 16 * KIB, _no_space)
+    leased.release()
+    message = str(caught.value)
+    assert "holds only 4096 of its 65536 bytes" in message, message
+    assert f"{1018 * KIB} of the volume's {1024 * KIB} bytes ({2 * KIB} free)" in message
+    assert "other namespaces' disk tiers" in message and "policy.maxCacheDisk," in message
+
+
+def test_a_disk_tier_whose_volume_is_smaller_than_its_limit_names_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = tiers.Tier(
+        tmp_path / "ns-b", limit_bytes=64 * KIB, name="disk", fsync=False, wait_timeout=0
+    )
+    # Nothing but this tier on a volume too small for it: not the neighbours' doing.
+    monkeypatch.setattr(os, "statvfs", _volume(total=8 * KIB, free=8 * KIB))
+    with pytest.raises(errors.CacheError, match=contract.ENV_DISK_LIMIT) as caught:
+        tier.insert("next", 16 * KIB, _no_space)
+    assert "namespaces" not in str(caught.value)
+
+
+def test_a_memory_tier_out_of_space_never_blames_other_namespaces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = tiers.Tier(
+        tmp_path / "mem",
+        limit_bytes=64 * KIB,
+        name="memory",
+        fsync=False,
+        verify="never",
+        hashed=False,
+        wait_timeout=0,
+    )
+    monkeypatch.setattr(os, "statvfs", _volume(total=1024 * KIB, free=0))
+    with pytest.raises(errors.CacheError, match=contract.ENV_MEMORY_LIMIT) as caught:
+        tier.insert("next", 16 * KIB, _no_space)
+    assert "namespaces" not in str(caught.value)

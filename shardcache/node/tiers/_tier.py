@@ -473,6 +473,8 @@ class Tier:
         tier: readahead (evict=False) backs off with TierFullError; an insert that may
         evict removes one more unleased entry than the limit asked for, or, when none
         is left, waits for readers to unmap, until `deadline`. Returns whether it evicted.
+        The node disk tier's volume also holds the tiers of other namespaces, which this
+        one cannot evict: when their bytes are what keeps the room, the error says so.
         """
         if not evict:
             raise _errors.TierFullError(
@@ -489,7 +491,26 @@ class Tier:
                         self.name, self.root, victim, key,
                     )  # fmt: skip
                     return True
+            own = listing.used
+        # The node disk tier's volume holds every namespace's tier: bytes that are not
+        # this tier's, enough to make the room, are why it is full.
+        others = self._foreign_bytes(own) if self.name == "disk" else None
+        crowded = others is not None and others[0] >= size
         if time.monotonic() >= deadline:
+            if others is not None and crowded:
+                foreign, total, free = others
+                raise errors.CacheError(
+                    f"{self.name} volume of {self.root} stayed out of space for {key} "
+                    f"({size} bytes) for {self.wait_timeout:g} s while this tier holds only "
+                    f"{own} of its {self.limit_bytes} bytes and has no unleased entry left "
+                    f"to evict: {foreign} of the volume's {total} bytes ({free} free) are not "
+                    "this tier's. The node volume is full because of other namespaces' disk "
+                    "tiers (each namespace's lies below the same nodePath on the node) or "
+                    "other files there, which this tier cannot evict. The platform keeps "
+                    "what the namespaces on a node may cache under its volume (chart value "
+                    'policy.maxCacheDisk, docs/operator.md "Sizing the node disk"); until '
+                    "then, free the node's volume or run the pod on another node"
+                ) from exc
             raise errors.CacheError(
                 f"{self.name} volume {self.root} stayed out of space for {key} ({size} "
                 f"bytes) for {self.wait_timeout:g} s although the tier holds at most "
@@ -498,11 +519,24 @@ class Tier:
                 f"{self._limit_setting()}"
             ) from exc
         logger.warning(
-            "%s volume %s is out of space for %s (%d bytes) below the tier limit and "
-            "every entry is leased: waiting for readers to release or unmap",
-            self.name, self.root, key, size,
+            "%s volume %s is out of space for %s (%d bytes) below the tier limit (the tier "
+            "holds %d bytes) and no entry of the tier can be evicted: waiting for readers "
+            "to release or unmap%s",
+            self.name, self.root, key, size, own,
+            f" or for other namespaces' tiers, which hold {others[0]} bytes of the volume"
+            if others is not None and crowded else "",
         )  # fmt: skip
         return False
+
+    def _foreign_bytes(self, own: int) -> tuple[int, int, int] | None:
+        """(bytes of the volume that are not this tier's `own`, the volume's size, its
+        free bytes), by statvfs; None when it cannot be read."""
+        try:
+            st = os.statvfs(self.root)
+        except OSError:
+            return None
+        total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        return max(0, total - free - own), total, free
 
     def _limit_setting(self) -> str:
         return _LIMIT_SETTINGS.get(self.name, f"the {self.name} tier's limit_bytes")

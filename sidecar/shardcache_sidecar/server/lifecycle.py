@@ -19,13 +19,14 @@ import functools
 import gc
 import json
 import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from aiohttp import web
 
-from shardcache import contract, errors, manifests, uris
+from shardcache import contract, errors, manifests, s3_settings, source, uris
 from shardcache.contract import protocol
 from shardcache.node import backings, caches, pinned_manifests, reader_locks, tiers
 from shardcache_sidecar import configuration, metrics, prefetch_tuner, readers, readiness
@@ -49,6 +50,25 @@ _EXPIRY_MARGIN = 0.001
 READER_CHECK_S = 1.0
 # Backoff while the source keeps failing at start-up (seconds).
 _RESOLVE_FIRST_DELAY, _RESOLVE_MAX_DELAY = 1.0, 30.0
+#: Retries inside one try to resolve the manifest: a few seconds, not the data path's
+#: minute (`source.RetryPolicy`), since the loop around it retries for good with the
+#: backoff above and says why in /readyz (and counts it) after each try.
+_RESOLVE_RETRY = source.RetryPolicy(budget_seconds=5.0)
+#: Where the sidecar's S3 settings come from, for messages about them.
+_CREDENTIALS_ORIGIN = (
+    "the sidecar's environment (the Secret named by spec.source.secretRef, by envFrom)"
+)
+
+
+def credentials_problem(uri: str, environ: Mapping[str, str]) -> str | None:
+    """What is wrong with the S3 settings the sidecar reads `uri` with (its environment,
+    which the webhook makes from the mount's Secret: one of the key pair without the
+    other, a newline around a value, a password in the endpoint), or None. Checked
+    before anything else, so a warm node's pinned manifest does not hide it."""
+    scheme, _ = source.split_uri(uri)
+    if scheme != "s3":
+        return None
+    return s3_settings.problem(environ, origin=_CREDENTIALS_ORIGIN, pair=True)
 
 
 def partial_warm_reason(
@@ -317,6 +337,13 @@ class Sidecar:
 
     async def _resolve(self) -> manifests.Manifest | None:
         s = self.settings
+        problem = credentials_problem(s.source_uri, os.environ)
+        if problem is not None:
+            self.metrics.manifest_failed()
+            self._refuse(
+                409, protocol.CODE_BAD_REQUEST, f"the dataset source is unusable: {problem}"
+            )
+            return None
         if s.manifest_digest is not None:
             # A pinned manifest another sidecar on this node resolved: no store request.
             kept = await self.blocking(
@@ -333,7 +360,7 @@ class Sidecar:
         while not self._closing:
             try:
                 manifest = await self.blocking(
-                    manifests.resolve, s.source_uri, format=s.source_format
+                    manifests.resolve, s.source_uri, format=s.source_format, retry=_RESOLVE_RETRY
                 )
                 self.metrics.manifest_loaded("source")
                 if manifest.digest == s.manifest_digest:
@@ -341,12 +368,24 @@ class Sidecar:
                         pinned_manifests.keep, self._pinned_copies(), manifest, uri=s.source_uri
                     )
                 return manifest
+            except errors.AccessDeniedError as exc:
+                self.metrics.manifest_failed()
+                self._refuse(
+                    409,
+                    protocol.CODE_BAD_REQUEST,
+                    f"the object store refused the credentials in {_CREDENTIALS_ORIGIN}: "
+                    f"{exc}; fix the Secret's {contract.ENV_S3_ACCESS_KEY_ID} and "
+                    f"{contract.ENV_S3_SECRET_ACCESS_KEY} and restart the pod",
+                )
+                return None
             except errors.InputError as exc:
+                self.metrics.manifest_failed()
                 self._refuse(
                     409, protocol.CODE_BAD_REQUEST, f"the dataset source is unusable: {exc}"
                 )
                 return None
             except errors.SourceError as exc:
+                self.metrics.manifest_failed()
                 why = f"resolving the manifest of {uris.redact(s.source_uri)} failed: {exc}; retrying in {delay:.0f} s"
                 log.warning(why)
                 self.readiness.waiting(GATE_MANIFEST, why)

@@ -1,0 +1,269 @@
+"""What status says, and when the operator tries again, for each way a source fails.
+
+`Invalid` (no retry) is kept for a source the operator does not read at all; refused
+credentials, a Secret whose keys can only fail, and data that is missing or changed
+are fixed outside the spec, so they are retried and heal once fixed (docs/operator.md,
+"Status, phases and conditions")."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+from shardcache_operator import reconcile, status
+
+from shardcache import errors
+
+pytestmark = pytest.mark.unit
+
+DIGEST = "sha256:" + "ab" * 32
+OTHER = "sha256:" + "cd" * 32
+GOOD_SECRET = {"AWS_ACCESS_KEY_ID": "AKIAGOOD", "AWS_SECRET_ACCESS_KEY": "s3cr3t-value"}
+BACKOFF = reconcile.Backoff(initial_seconds=2, max_seconds=120)
+DENIED = (
+    "listing s3://bucket/data/: When getting information for key 'data' in bucket "
+    "'bucket': AWS Error ACCESS_DENIED during HeadObject operation: No response body."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeManifest:
+    digest: str = DIGEST
+    format: str = "parquet"
+    shards: tuple[Any, ...] = ("a",)
+    total_rows: int = 10
+    total_bytes: int = 1000
+
+
+def mount(**source: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "data", "namespace": "ml", "generation": 1},
+        "spec": {"source": {"uri": "s3://bucket/data/", "secretRef": {"name": "creds"}, **source}},
+    }
+
+
+def resolver(
+    *failures: BaseException, digest: str = DIGEST
+) -> Callable[[str, str, Mapping[str, str] | None], FakeManifest]:
+    """Raises `failures` in turn, then resolves to `digest`."""
+    left = list(failures)
+
+    def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> FakeManifest:
+        if left:
+            raise left.pop(0)
+        return FakeManifest(digest=digest)
+
+    return resolve
+
+
+def answers(uri: str, options: Mapping[str, str] | None) -> None:
+    return None
+
+
+def secret_of(data: Mapping[str, str]) -> reconcile.SecretReader:
+    async def read(namespace: str, name: str) -> Mapping[str, str] | None:
+        return data
+
+    return read
+
+
+async def run(
+    obj: dict[str, Any],
+    resolve: reconcile.Resolver,
+    *,
+    secret: Mapping[str, str] = GOOD_SECRET,
+    probe: reconcile.Prober = answers,
+    retry: int = 0,
+) -> reconcile.Result:
+    return await reconcile.reconcile(
+        obj,
+        read_secret=secret_of(secret),
+        resolve=resolve,
+        probe=probe,
+        now="t",
+        retry=retry,
+        backoff=BACKOFF,
+    )
+
+
+def conditions(result: reconcile.Result) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in result.status["conditions"]}
+
+
+async def test_refused_credentials_name_the_secret_and_are_retried_with_backoff() -> None:
+    result = await run(mount(), resolver(errors.AccessDeniedError(DENIED)), retry=2)
+    assert result.status["phase"] == "Pending"
+    ready, reachable = conditions(result)["Ready"], conditions(result)["SourceReachable"]
+    assert ready["reason"] == "CredentialsRejected"
+    assert "Secret ml/creds" in ready["message"] and "ACCESS_DENIED" in ready["message"]
+    # The store refused: not "the source answered".
+    assert (reachable["status"], reachable["reason"]) == ("False", "CredentialsRejected")
+    assert result.retry_in == BACKOFF.delay(2)
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", "CredentialsRejected")]
+
+
+async def test_fixing_the_secret_after_refused_credentials_pins_the_manifest() -> None:
+    obj = mount()
+    resolve = resolver(errors.AccessDeniedError(DENIED))
+    obj["status"] = (await run(obj, resolve)).status
+    healed = await run(obj, resolve, retry=1)
+    assert healed.status["phase"] == "Ready"
+    assert healed.status["manifestDigest"] == DIGEST
+    assert [e.reason for e in healed.events] == ["ManifestPinned"]
+
+
+async def test_refused_credentials_without_a_secret_say_the_request_had_none() -> None:
+    obj = mount()
+    del obj["spec"]["source"]["secretRef"]
+    result = await run(obj, resolver(errors.AccessDeniedError(DENIED)))
+    message = conditions(result)["Ready"]["message"]
+    assert "without credentials" in message and "no secretRef" in message
+
+
+async def test_rotated_wrong_credentials_of_a_pinned_mount_are_not_reported_as_data_gone() -> None:
+    obj = mount()
+    obj["status"] = (await run(obj, resolver())).status
+
+    def denied(uri: str, options: Mapping[str, str] | None) -> None:
+        raise errors.AccessDeniedError(DENIED)
+
+    result = await reconcile.check_source(
+        obj, read_secret=secret_of(GOOD_SECRET), probe=denied, now="t2"
+    )
+    assert result is not None
+    assert result.status["phase"] == "Degraded"
+    ready, reachable = conditions(result)["Ready"], conditions(result)["SourceReachable"]
+    assert ready["reason"] == "CredentialsRejected" and "Secret ml/creds" in ready["message"]
+    assert reachable["status"] == "False"
+    # The pin stays: running pods keep their dataset.
+    assert result.status["manifestDigest"] == DIGEST
+    assert conditions(result)["ManifestResolved"]["reason"] == "Pinned"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        errors.InputError("listing s3://bucket/data/: nothing found at 's3://bucket/data/'"),
+        errors.InputError("listing s3://no-bucket/x/: AWS Error NO_SUCH_BUCKET"),
+        errors.InputError("empty dataset at 's3://bucket/data/': expected at least one shard"),
+    ],
+    ids=["missing-prefix", "missing-bucket", "empty-prefix"],
+)
+async def test_missing_data_is_degraded_and_retried_slowly_until_it_is_there(
+    error: errors.InputError,
+) -> None:
+    obj = mount()
+    resolve = resolver(error)
+    failed = await run(obj, resolve)
+    assert failed.status["phase"] == "Degraded"
+    assert conditions(failed)["Ready"]["reason"] == "InvalidData"
+    assert str(error) in conditions(failed)["Ready"]["message"]
+    assert failed.retry_in == BACKOFF.max_seconds
+    obj["status"] = failed.status
+    assert (await run(obj, resolve, retry=1)).status["phase"] == "Ready"
+
+
+async def test_a_digest_mismatch_is_retried_slowly_and_heals_when_the_data_is_restored() -> None:
+    obj = mount(version=DIGEST)
+    changed = resolver(digest=OTHER)
+    failed = await run(obj, changed)
+    assert failed.status["phase"] == "Degraded"
+    ready = conditions(failed)["Ready"]
+    assert ready["reason"] == "DigestMismatch"
+    assert DIGEST in ready["message"] and OTHER in ready["message"]
+    assert failed.retry_in == BACKOFF.max_seconds
+    obj["status"] = failed.status
+    restored = await run(obj, resolver(digest=DIGEST), retry=1)
+    assert restored.status["phase"] == "Ready"
+
+
+async def test_a_source_the_operator_does_not_read_is_invalid_and_not_retried() -> None:
+    refused = reconcile.SourceRefused("file:// sources are not resolved by the operator")
+    result = await run(mount(uri="file:///data"), resolver(refused))
+    assert result.status["phase"] == "Invalid"
+    assert conditions(result)["Ready"]["reason"] == "InvalidSource"
+    assert result.retry_in is None
+
+
+@pytest.mark.parametrize(
+    ("secret", "named"),
+    [
+        ({"AWS_ACCESS_KEY_ID": "AKIAGOOD"}, "AWS_SECRET_ACCESS_KEY"),
+        ({"AWS_SECRET_ACCESS_KEY": "s3cr3t-value"}, "AWS_ACCESS_KEY_ID"),
+        ({**GOOD_SECRET, "AWS_ACCESS_KEY_ID": "AKIAGOOD\n"}, "AWS_ACCESS_KEY_ID"),
+        ({**GOOD_SECRET, "AWS_SECRET_ACCESS_KEY": " s3cr3t-value"}, "AWS_SECRET_ACCESS_KEY"),
+        (
+            {**GOOD_SECRET, "AWS_ENDPOINT_URL": "http://AKIAGOOD:s3cr3t-value@minio:9000"},
+            "AWS_ENDPOINT_URL",
+        ),
+    ],
+    ids=["no-secret-key", "no-key-id", "newline", "leading-space", "endpoint-userinfo"],
+)
+async def test_a_secret_whose_keys_can_only_fail_is_named_without_its_values(
+    secret: dict[str, str], named: str
+) -> None:
+    calls: list[str] = []
+
+    def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> FakeManifest:
+        calls.append(uri)
+        return FakeManifest()
+
+    result = await run(mount(), resolve, secret=secret, retry=1)
+    assert result.status["phase"] == "Pending"
+    ready = conditions(result)["Ready"]
+    assert ready["reason"] == "SecretInvalid"
+    assert "Secret ml/creds" in ready["message"] and named in ready["message"]
+    texts = [c["message"] for c in result.status["conditions"]] + [e.message for e in result.events]
+    assert not any("AKIAGOOD" in t or "s3cr3t-value" in t for t in texts), texts
+    assert conditions(result)["SourceReachable"]["status"] == "Unknown"
+    assert result.retry_in == BACKOFF.delay(1)
+    assert calls == [], "the source was read with a Secret that can only fail"
+
+
+async def test_a_secret_with_neither_key_reads_anonymously() -> None:
+    seen: list[Mapping[str, str] | None] = []
+
+    def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> FakeManifest:
+        seen.append(options)
+        return FakeManifest()
+
+    endpoint_only = {"AWS_ENDPOINT_URL": "http://minio:9000"}
+    result = await run(mount(), resolve, secret=endpoint_only)
+    assert result.status["phase"] == "Ready"
+    assert seen == [endpoint_only]
+
+
+async def test_a_secret_broken_after_the_pin_degrades_the_mount_and_keeps_the_pin() -> None:
+    obj = mount()
+    obj["status"] = (await run(obj, resolver())).status
+    result = await reconcile.check_source(
+        obj,
+        read_secret=secret_of({"AWS_ACCESS_KEY_ID": "AKIAGOOD"}),
+        probe=answers,
+        now="t2",
+    )
+    assert result is not None
+    assert result.status["phase"] == "Degraded"
+    assert conditions(result)["Ready"]["reason"] == "SecretInvalid"
+    assert result.status["manifestDigest"] == DIGEST
+
+
+@pytest.mark.parametrize(
+    ("outcome", "expected"),
+    [
+        (status.Failed(status.Phase.PENDING, "CredentialsRejected", "m", reachable=False), 8.0),
+        (status.Failed(status.Phase.PENDING, "SecretInvalid", "m", reachable=None), 8.0),
+        (status.Failed(status.Phase.DEGRADED, "SourceUnreachable", "m", reachable=False), 8.0),
+        (status.Failed(status.Phase.DEGRADED, "InvalidData", "m", reachable=True), 120.0),
+        (status.Failed(status.Phase.DEGRADED, "DigestMismatch", "m", reachable=True), 120.0),
+        (status.Failed(status.Phase.DEGRADED, "SourceGone", "m", reachable=True), 120.0),
+        (status.Failed(status.Phase.INVALID, "InvalidSpec", "m", reachable=None), None),
+        (status.Resolved(digest=DIGEST, format="parquet", shards=1, rows=1, bytes=1), None),
+    ],
+)
+def test_retry_delay_is_the_backoff_for_fixable_failures_and_its_cap_for_the_sources_data(
+    outcome: status.Outcome, expected: float | None
+) -> None:
+    assert reconcile.retry_delay(outcome, retry=2, backoff=BACKOFF) == expected
