@@ -140,14 +140,17 @@ def test_retention_keeps_the_last_n_in_the_bucket_and_on_the_node(
     checkpoint.wait(30, timeout=1, root=root)
 
 
-def test_corrupted_object_is_detected_on_restore_and_fallback_happens_only_when_told(
-    make_agent: AgentFactory, s3_server: S3Server, s3_bucket: str, tmp_path: Path
-) -> None:
-    agent = make_agent()
-    root = tmp_path / "node-a"
+def publish_steps_1_and_2(agent: Agent, root: Path) -> None:
     for step in (1, 2):
         checkpoint.commit(write_checkpoint(root, f"step-{step}", model_files(step)), step=step)
         assert agent.scan() == [step]
+
+
+def test_corrupted_object_is_detected_on_restore_and_fallback_happens_only_when_told(
+    make_agent: AgentFactory, s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "node-a"
+    publish_steps_1_and_2(make_agent(), root)
     # Bit rot in the store: same size, other bytes.
     victim = f"{s3_bucket}/run/step-000000000002/data/model.bin"
     rot.flip_bit(s3_server.filesystem(), victim, 12345)
@@ -378,11 +381,8 @@ def test_store_outage_during_upload_is_retried_until_published(
 def test_object_missing_from_the_store_is_a_damaged_checkpoint_and_fallback_applies(
     make_agent: AgentFactory, s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
-    agent = make_agent()
     root = tmp_path / "node-a"
-    for step in (1, 2):
-        checkpoint.commit(write_checkpoint(root, f"step-{step}", model_files(step)), step=step)
-        assert agent.scan() == [step]
+    publish_steps_1_and_2(make_agent(), root)
     # Deleted behind the manifest's back (a lifecycle rule, a person).
     victim = f"{s3_bucket}/run/step-000000000002/data/optimizer/state.bin"
     s3_server.filesystem().delete_file(victim)

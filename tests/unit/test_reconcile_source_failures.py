@@ -7,7 +7,6 @@ are fixed outside the spec, so they are retried and heal once fixed (docs/operat
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,10 +14,10 @@ import pytest
 from shardcache_operator import reconcile, status
 
 from shardcache import errors
+from tests.unit.test_reconcile_events import DIGEST, FakeManifest
 
 pytestmark = pytest.mark.unit
 
-DIGEST = "sha256:" + "ab" * 32
 OTHER = "sha256:" + "cd" * 32
 GOOD_SECRET = {"AWS_ACCESS_KEY_ID": "AKIAGOOD", "AWS_SECRET_ACCESS_KEY": "s3cr3t-value"}
 BACKOFF = reconcile.Backoff(initial_seconds=2, max_seconds=120)
@@ -26,15 +25,6 @@ DENIED = (
     "listing s3://bucket/data/: When getting information for key 'data' in bucket "
     "'bucket': AWS Error ACCESS_DENIED during HeadObject operation: No response body."
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class FakeManifest:
-    digest: str = DIGEST
-    format: str = "parquet"
-    shards: tuple[Any, ...] = ("a",)
-    total_rows: int = 10
-    total_bytes: int = 1000
 
 
 def mount(**source: Any) -> dict[str, Any]:
