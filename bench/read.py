@@ -25,7 +25,7 @@ from shardcache_sidecar import launcher
 
 import shardcache
 from bench import token_passes
-from shardcache import contract, plans
+from shardcache import contract, formats, plans
 
 GiB = 1 << 30
 
@@ -97,7 +97,9 @@ def main() -> int:
                 ttfb_warm, warm_s, warm_tokens, warm_sum = sidecar_pass(env, args.batch_size, 1)
                 results.append(("(b) shardcache sidecar, warm", warm_s, warm_tokens))
                 mem_dir = contract.memory_dir(env[contract.ENV_RUN_DIR], env[contract.ENV_MOUNT])
-                files = sorted(p for p in mem_dir.iterdir() if p.name.endswith("-d1"))
+                files = sorted(
+                    p for p in mem_dir.iterdir() if p.name.endswith(f"-d{formats.DECODE_VERSION}")
+                )
                 assert len(files) == args.shards, f"expected {args.shards} decoded shards"
                 t = time.perf_counter()
                 raw_tokens, raw_sum = token_passes.touch(raw_batches(files, args.batch_size))

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardcache
-from shardcache import errors, plans, source
+from shardcache import errors, formats, plans, source
 from tests.support import datasets
 from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
@@ -73,7 +73,7 @@ def test_batches_inside_a_block_are_zero_copy_views_of_the_mapped_shard(
     datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), [1000])
     with shardcache.open(str(tmp_path / "ds"), cache_dir=tmp_path / "c", block_size=500) as ds:
         first = next(iter(ds.batches(100)))
-        mem_files = list((tmp_path / "c" / "mem").glob("*-d1"))
+        mem_files = list((tmp_path / "c" / "mem").glob(f"*-d{formats.DECODE_VERSION}"))
         assert len(mem_files) == 1
         # The batch's values buffer lies inside this process's mapping of the file.
         addr = first.column("tokens").values.buffers()[1].address
