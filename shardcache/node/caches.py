@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -237,7 +238,8 @@ class _Counting:
 @dataclasses.dataclass
 class _Reader:
     params: plans.PlanParams
-    runs: list[plans.Run]
+    #: None until first needed when made by `make_runs` (`planned(lazy=True)`).
+    runs: list[plans.Run] | None
     position: int
     ends: list[int] = dataclasses.field(default_factory=list)
     #: Sample mode (plan version 2): the windows the reader meets, with their shards.
@@ -246,9 +248,12 @@ class _Reader:
     #: Shards read ahead of it when set (`CacheNode.set_prefetch_depth`); else the
     #: settings' depth.
     depth: int | None = None
+    #: Makes `runs` when they are first asked for (`upcoming`).
+    make_runs: Callable[[], list[plans.Run]] | None = None
 
     def __post_init__(self) -> None:
-        self.ends = plans.run_ends(self.runs)
+        if self.runs is not None:
+            self.ends = plans.run_ends(self.runs)
         self.window_ends = windows.window_ends(self.plan_windows)
 
     @classmethod
@@ -258,17 +263,30 @@ class _Reader:
         orders: epoch_plans.EpochPlans,
         params: plans.PlanParams,
         position: int,
+        *,
+        lazy: bool = False,
     ) -> _Reader:
+        """The reader's plan; with `lazy`, made when first asked for (`upcoming`)
+        instead of now (not for sample mode, whose windows are made now)."""
         if params.sampled:
             # A sample-mode reader holds every shard of its window while it gathers.
             wins = windows.rank_windows(manifest.shard_rows, manifest.digest, params)
             return cls(params, [], position, plan_windows=wins)
+        if lazy:
+            return cls(
+                params, None, position, make_runs=functools.partial(orders.rank_runs, params)
+            )
         return cls(params, orders.rank_runs(params), position)
 
     def upcoming(self, count: int) -> list[int]:
         if self.params.sampled:
             return windows.next_shards(self.plan_windows, self.window_ends, self.position, count)
-        return plans.next_shards(self.runs, self.ends, self.position, count)
+        runs = self.runs
+        if runs is None:
+            assert self.make_runs is not None
+            runs = self.runs = self.make_runs()
+            self.ends = plans.run_ends(runs)
+        return plans.next_shards(runs, self.ends, self.position, count)
 
 
 class _Attempt:
@@ -506,7 +524,17 @@ class CacheNode:
                 raise errors.InputError(f"unknown reader {reader_id!r}: register it first")
             if epoch != reader.params.epoch:
                 new_epoch = params = reader.params.with_epoch(epoch)
-                moved = _Reader.planned(self.manifest, self._orders, params, position)
+                # Where the plan is cheap enough for the event loop, it is made when
+                # first needed: a reader whose every shard is resident needs none
+                # until an acquire grants its next shards (the warm path's `notes`
+                # never do). Else now, where the caller put this (the thread pool).
+                moved = _Reader.planned(
+                    self.manifest,
+                    self._orders,
+                    params,
+                    position,
+                    lazy=self._still_all_resident() and self.plan_is_cheap(params),
+                )
                 moved.depth = reader.depth  # a tuned depth outlives the epoch
                 self._readers[reader_id] = moved
             else:
@@ -655,9 +683,13 @@ class CacheNode:
         the reader: counted when the reader takes it, `note_reuse`). After a miss
         counted here, the caller's `acquire` of the shard passes `missed=True`: the
         reader looked once. (The acquire counted the miss itself before, at its own
-        lookup, which a readahead finishing in between turned into a hit.)"""
+        lookup, which a readahead finishing in between turned into a hit.)
+
+        The sidecar's sole-writer tier holds the entry in its own memory instead of
+        with a lease file's system calls (`Tier.hold`): this is the lookup of every
+        acquire and of every shard granted ahead, on the event loop."""
         self._check_index(shard)
-        entry = self.memory.lookup(self._memory_keys[shard], count=False)
+        entry = self.memory.hold(self._memory_keys[shard], count=False)
         if count:
             if entry is None:
                 self._events.miss(self.memory.name)
@@ -1283,10 +1315,20 @@ class CacheNode:
             depth = self.settings.prefetch_depth if reader.depth is None else reader.depth
             return reader.upcoming(depth + 1)
 
+    def _still_all_resident(self) -> bool:
+        """Whether every shard of the manifest is known to be in the memory tier without
+        looking at any: nothing left the sole-writer tier since a walk
+        (`_every_shard_resident`) last found every shard there. False where that is not
+        known (another writer, a removal since, no walk yet): a caller then looks."""
+        removals = self.memory.removals
+        return removals is not None and removals == self._all_resident_at
+
     def _schedule(self, only: str | None = None) -> None:
         """Prefetch what the readers (or reader `only`) will read next and is missing,
         each shard as urgently as the reader nearest to it needs it."""
-        if self._closed:
+        if self._closed or self._still_all_resident():
+            # Nothing is missing: no reader's next shards to walk at every request (a
+            # set lookup each would find every one resident and queue nothing).
             return
         for reader_id in self.reader_ids() if only is None else [only]:
             for index, shard in enumerate(self._ahead(reader_id)):

@@ -19,7 +19,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from shardcache import errors, manifests, plans
-from shardcache.node import caches, timelines
+from shardcache.node import _locks, caches, timelines
 from tests.support import datasets
 
 pytestmark = pytest.mark.integration
@@ -375,6 +375,82 @@ def test_a_warm_epoch_start_looks_at_every_shard_once_until_one_leaves_the_tier(
     assert resident(node) == list(range(len(SHARDS)))
     monkeypatch.undo()
     assert read_all(node).equals(expected)
+
+
+def test_a_warm_readers_requests_walk_no_readahead_and_make_no_plan_until_a_grant_needs_it(
+    warm_sole_writer: tuple[caches.CacheNode, pa.Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A warm pass's requests (`notes`, each moving its reader) asked the memory tier
+    # about every shard of the reader's readahead window, each resident, and every
+    # epoch start made the reader's plan, which only a grant ahead reads while every
+    # shard is resident (docs/benchmarks.md, "Where a warm pass's sidecar CPU goes").
+    node, expected = warm_sole_writer
+    node.update_reader("rank-0", epoch=1, position=0)  # the walk that finds them all
+    asked = contains_calls(node, monkeypatch)
+    made: list[plans.PlanParams] = []
+    rank_runs = node._orders.rank_runs
+
+    def counted(params: plans.PlanParams) -> list[plans.Run]:
+        made.append(params)
+        return rank_runs(params)
+
+    monkeypatch.setattr(node._orders, "rank_runs", counted)
+    for epoch in (2, 3):
+        for rank in range(WORLD):
+            node.update_reader(f"rank-{rank}", epoch=epoch, position=0)
+            node.update_reader(f"rank-{rank}", epoch=epoch, position=150)
+    assert asked == []
+    assert made == []
+    # A grant ahead reads the plan: made then, once, and the same as made at once.
+    ahead = node.upcoming("rank-1", 3)
+    assert len(made) == 1 and made[0].rank == 1 and made[0].epoch == 3
+    params = plans.PlanParams(seed=1, epoch=3, rank=1, world_size=WORLD, block_size=100)
+    assert ahead == plans.next_shards(
+        *(lambda runs: (runs, plans.run_ends(runs)))(
+            plans.rank_runs(node.manifest.shard_rows, node.manifest.digest, params)
+        ),
+        150,
+        3,
+    )
+    node.upcoming("rank-1", 3)
+    assert len(made) == 1
+    # A shard leaves the tier: readahead looks again and makes it again.
+    gone = node.manifest.decoded_key(ahead[0])
+    assert node.memory.evict(gone)
+    node.update_reader("rank-1", epoch=3, position=150)
+    assert gone in asked
+    monkeypatch.undo()
+    settle(node)
+    assert resident(node) == list(range(len(SHARDS)))
+    assert read_all(node).equals(expected)
+
+
+def test_the_sidecars_lookups_of_resident_shards_hold_them_without_a_lease_file(
+    warm_sole_writer: tuple[caches.CacheNode, pa.Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every acquire and every shard granted ahead is a lookup on the event loop: the
+    # sidecar's own tier holds the entry in memory (`Tier.hold`), not with a lock file.
+    node, _ = warm_sole_writer
+    for shard in range(len(SHARDS)):
+        entry = node.lookup(shard, count=False)
+        assert entry is not None
+        entry.release()
+    opened: list[str] = []
+    real = _locks.open_for_lock
+
+    def counted(path: Path, flags: int, mode: int = 0o644) -> int:
+        opened.append(os.fspath(path))
+        return real(path, flags, mode)
+
+    monkeypatch.setattr(_locks, "open_for_lock", counted)
+    held = [node.lookup(shard) for shard in range(len(SHARDS))]
+    assert all(entry is not None for entry in held) and opened == []
+    # Held so, none is evicted.
+    assert not any(node.memory.evict(node.manifest.decoded_key(s)) for s in range(len(SHARDS)))
+    for entry in held:
+        assert entry is not None
+        entry.release()
+    assert node.memory.evict(node.manifest.decoded_key(0))
 
 
 def test_a_new_epochs_plan_is_made_on_the_loop_only_when_the_ranks_share_is_small(

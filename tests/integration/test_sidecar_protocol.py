@@ -276,7 +276,8 @@ def test_an_acquire_grants_the_readers_next_resident_shards_ahead(
     for grant in answer["ahead"]:
         assert set(grant) == {"lease", "shard", "path", "lock", "size"}
         assert (sidecar.memory_dir / grant["path"]).stat().st_size == grant["size"]
-        assert not exclusively_lockable(sidecar.memory_dir / grant["lock"])
+    # (The sidecar's holds on its own memory tier are kept in its memory, `Tier.hold`:
+    # the status route counts them; the lock files stay free for the trainer's pins.)
     # Asking for none grants none; an acquire away from where the plan is grants none.
     none = sidecar.control(
         "POST", protocol.acquire_path("r"), {"shard": 0, "epoch": 0, "position": 0}
@@ -328,7 +329,6 @@ def test_a_registration_grants_the_readers_first_resident_shards(
     for grant in answer["ahead"]:
         assert set(grant) == {"lease", "shard", "path", "lock", "size"}
         assert (sidecar.memory_dir / grant["path"]).stat().st_size == grant["size"]
-        assert not exclusively_lockable(sidecar.memory_dir / grant["lock"])
     # Unregistering drops the holds of what the reader never took over.
     assert sidecar.control("DELETE", protocol.reader_path("r"))[1]["released_leases"] == 4
     for grant in answer["ahead"]:

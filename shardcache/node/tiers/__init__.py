@@ -10,7 +10,8 @@ between them is on disk and guarded by flock (see `_locks`), never in process me
   `hashed=False` (the memory tier, which never verifies) writes a null sha256;
 * a lease is a shared flock on `<key>.lock`, held by `Entry` until released; eviction
   needs an exclusive flock on it, so a leased entry is never evicted, and a dead
-  process's leases vanish with it;
+  process's leases vanish with it. (A sole writer, the only process that evicts in its
+  directory, may hold its own entries in memory instead: `Tier.hold`.);
 * an insert first reserves its bytes as a temp file `.tmp-<pid>-<token>-<size>-<key>`,
   under the tier-wide lock `.tier.lock` that also guards counting and evicting, so the
   total of entries plus reservations never exceeds the limit;

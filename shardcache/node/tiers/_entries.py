@@ -14,6 +14,7 @@ import os
 import re
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -135,18 +136,33 @@ class Entry:
 
     A context manager; `release()` is idempotent and thread-safe. The lease is a shared
     flock held by this object's own descriptor, so leases are independent of each other
-    even within one process, and the kernel drops them if the process dies.
+    even within one process, and the kernel drops them if the process dies. A sole
+    writer's tier may hold one in its own memory instead (`unpin` instead of
+    `lease_fd`: `Tier.hold`), where only that tier evicts.
     """
 
     def __init__(
-        self, *, key: str, path: Path, size: int, sha256: str | None, lease_fd: int
+        self,
+        *,
+        key: str,
+        path: Path,
+        size: int,
+        sha256: str | None,
+        lease_fd: int | None = None,
+        unpin: Callable[[], None] | None = None,
     ) -> None:
+        if (lease_fd is None) == (unpin is None):
+            raise ValueError("an Entry is held by a lease descriptor or by an unpin, one of them")
         self.key = key
         self.path = path
         self.size = size
         self.sha256 = sha256
         # finalize runs at most once, on release() or when the Entry is collected.
-        self._finalizer = weakref.finalize(self, _locks.close, lease_fd)
+        self._finalizer = (
+            weakref.finalize(self, _locks.close, lease_fd)
+            if lease_fd is not None
+            else weakref.finalize(self, unpin)  # type: ignore[arg-type]
+        )
 
     @property
     def leased(self) -> bool:

@@ -32,6 +32,10 @@ answers stay safe, only slower: a lookup still takes the lease and stats the met
 data files for a key it believes committed, so an entry removed behind our back is a
 miss, never a wrong hit; that miss checks the files under the tier lock and forgets the
 key (`lost`), so the caller's next `contains` is false and the shard is made again.
+(`Tier.hold` stats the data file of a key it holds in memory, and falls back to that
+lookup when it is gone or of another size; such a second writer does not see those
+holds, so it may evict a held entry: the trainer's pin then fails its check and the
+client asks again, as for any entry gone before it pinned it.)
 An entry committed by another process is not seen until this one commits it too
 (the same bytes: keys are content identities): a wasted decode, never a wrong answer.
 And every listing made under the tier lock (`Tier.resident_bytes`, `used_bytes`: each

@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -118,6 +120,12 @@ class Tier:
         #: The committed keys, kept by this object's commits and removals; None when
         #: other writers may change the directory (then every answer asks the files).
         self._members = _membership.Membership(self._files) if sole_writer else None
+        #: A sole writer's holds kept in its own memory (`hold`): how many on each key.
+        #: Only this object evicts from its directory, and it never takes a held key.
+        self._pins: dict[str, int] = {}
+        #: Keys this object is removing now (`_remove_unleased`): `hold` takes none.
+        self._removing: set[str] = set()
+        self._pins_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Tier(name={self.name!r}, root={str(self.root)!r}, limit_bytes={self.limit_bytes})"
@@ -136,6 +144,65 @@ class Tier:
         if count:
             self._count_lookup(entry)
         return entry
+
+    def hold(self, key: str, *, count: bool = True) -> _entries.Entry | None:
+        """`lookup`'s answer, held in this process's memory where the tier is the sole
+        writer of a directory it never verifies (the sidecar's memory tier); `lookup`
+        itself anywhere else, and for a key whose meta file no lookup has read since it
+        was committed.
+
+        Why: a lookup of a resident shard is eight system calls (the lease file's open,
+        flock, stat and fstat, the meta and data files' stats, the LRU touch, the close
+        at release), about 40 us each on the sidecar's event loop with cold caches, and
+        an acquire with grants makes five (docs/benchmarks.md, "Where a warm pass's
+        sidecar CPU goes"). The lease exists so that no eviction takes the entry while
+        it is held; a sole writer's evictions are all this object's
+        (`_remove_unleased`), which skips a key held here exactly as one leased on
+        disk, under `_pins_lock`, so a hold never meets an eviction half done. What is
+        still checked is what a lookup checks of a resident entry besides its lease:
+        the data file is there with the size its meta file says (else the lookup
+        decides: a miss, or a bad entry removed), and its LRU time is touched.
+        """
+        members = self._members
+        if members is None or self.verify != "never":
+            return self.lookup(key, count=count)
+        _entries.check_key(key)
+        with self._pins_lock:
+            known = self._metas.get(key)
+            pinned = known is not None and key in members.keys and key not in self._removing
+            if pinned:
+                self._pins[key] = self._pins.get(key, 0) + 1
+        if known is None or not pinned:
+            return self.lookup(key, count=count)
+        meta = known[1]
+        data = self._files.data(key)
+        entry = _entries.Entry(
+            key=key,
+            path=data,
+            size=meta.size,
+            sha256=meta.sha256,
+            unpin=functools.partial(self._unpin, key),
+        )
+        try:
+            intact = os.stat(data).st_size == meta.size
+            if intact:
+                _entries.mark_used(data)
+        except FileNotFoundError:
+            intact = False
+        if not intact:  # the files say what became of it (`_lookup`)
+            entry.release()
+            return self.lookup(key, count=count)
+        if count:
+            self._count_lookup(entry)
+        return entry
+
+    def _unpin(self, key: str) -> None:
+        with self._pins_lock:
+            left = self._pins.get(key, 0) - 1
+            if left > 0:
+                self._pins[key] = left
+            else:
+                self._pins.pop(key, None)
 
     def insert(
         self,
@@ -261,6 +328,8 @@ class Tier:
                     os.replace(meta_tmp, self._files.meta(key))
                     if self._members is not None:
                         self._members.keys.add(key)
+                        # `hold` takes the meta from a lookup of this commit's files.
+                        self._metas.pop(key, None)
                     _entries.mark_used(
                         self._files.data(key)
                     )  # the newest entry is the last to evict
@@ -377,6 +446,9 @@ class Tier:
         leased = 0
         with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
             for key, st in self._files.listing().committed().items():
+                if key in self._pins:  # held in this process's memory (`hold`)
+                    leased += st.st_size
+                    continue
                 fd = _locks.acquire(
                     self._files.lease(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False
                 )
@@ -683,29 +755,40 @@ class Tier:
                     _directory.unlink(self._files.meta(key))
                     if self._members is not None:
                         self._members.discard(key)
+                        self._metas.pop(key, None)
                     if current is not None:
                         _directory.unlink(self._files.data(key))
         finally:
             _locks.close(lease_fd)
 
     def _remove_unleased(self, key: str, size: int) -> bool:
-        """Remove an entry if no lease is held; call with the tier lock held exclusively."""
-        lock = _locks.acquire(
-            self._files.lease(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=True
-        )
-        if lock is None:
-            return False
+        """Remove an entry if no lease is held, on disk or in this process's memory
+        (`hold`); call with the tier lock held exclusively."""
+        with self._pins_lock:
+            if key in self._pins:
+                return False
+            self._removing.add(key)
         try:
-            _directory.unlink(
-                self._files.meta(key)
-            )  # uncommit first: a reader never sees data without meta
-            if self._members is not None:
-                self._members.discard(key)
-            faultpoints.reach("cache.evict")
-            _directory.unlink(self._files.data(key))
-            _locks.unlink_held(lock, self._files.lease(key))
+            lock = _locks.acquire(
+                self._files.lease(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=True
+            )
+            if lock is None:
+                return False
+            try:
+                _directory.unlink(
+                    self._files.meta(key)
+                )  # uncommit first: a reader never sees data without meta
+                if self._members is not None:
+                    self._members.discard(key)
+                    self._metas.pop(key, None)
+                faultpoints.reach("cache.evict")
+                _directory.unlink(self._files.data(key))
+                _locks.unlink_held(lock, self._files.lease(key))
+            finally:
+                _locks.close(lock)
         finally:
-            _locks.close(lock)
+            with self._pins_lock:
+                self._removing.discard(key)
         if self.observer is not None:
             self.observer.evicted(self.name, size)
         logger.debug("%s tier: evicted %s (%d bytes)", self.name, key, size)
