@@ -18,6 +18,7 @@ import logging
 import os
 import random
 import re
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -67,6 +68,10 @@ class RetryPolicy:
     initial_delay: float = 0.2
     #: Cap on one delay in seconds.
     max_delay: float = 5.0
+    #: Once set, no further try begins: the wait ends at once and `with_retries` raises
+    #: `SourceError` with the last error. How a process that is stopping ends retries
+    #: it no longer needs (the checkpoint agent's start-up restore on SIGTERM).
+    stop: threading.Event | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.attempts is not None and self.attempts < 1:
@@ -287,7 +292,12 @@ def with_retries(op: Callable[[], T], *, what: str, policy: RetryPolicy | None =
                 wait,
                 policy.budget_seconds,
             )
-            time.sleep(wait)
+            if policy.stop is None:
+                time.sleep(wait)
+            elif policy.stop.wait(wait):
+                raise errors.SourceError(
+                    f"{what}: stopped after {attempt} attempts; last error: {exc}"
+                ) from exc
             delay = min(delay * 2, policy.max_delay)
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, Generic, TypeVar
 
 from shardcache import errors, plans
-from shardcache.contract import mixture_sources, parsers
+from shardcache.contract import log_levels, mixture_sources, parsers
 
 T = TypeVar("T")
 
@@ -129,9 +129,19 @@ RUN_DIR: Final = Variable(
     "control socket and memory tier.",
     injected=_into(Container.SIDECAR, Container.TRAINER),
 )
+#: A DatasetMount's name, as Kubernetes allows it (a DNS-1123 subdomain, lower case) and
+#: the webhook injects it: the sidecar makes it one directory below the run directory,
+#: so `..`, `a/b` or `.` would move the socket and memory tier out of their place.
+#: (`pattern` ignores case; `(?-i:...)` keeps the lower case Kubernetes requires.)
+MOUNT_NAME: Final = parsers.pattern(
+    r"(?-i:(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)",
+    expected="a DatasetMount name (lower-case letters, digits, '-' and '.', each "
+    "'.'-separated part starting and ending with a letter or digit; at most 253 characters)",
+    kind="DatasetMount name",
+)
 MOUNT: Final = Variable(
     "SHARDCACHE_MOUNT",
-    parsers.TEXT,
+    MOUNT_NAME,
     None,
     _readers(Reader.SIDECAR, Reader.TRAINER),
     "The DatasetMount a sidecar serves, and the one `shardcache.open()` uses when given "
@@ -211,7 +221,7 @@ LOG_FORMAT: Final = Variable(
 )
 LOG_LEVEL: Final = Variable(
     "SHARDCACHE_LOG_LEVEL",
-    parsers.TEXT,
+    log_levels.PARSER,
     "INFO",
     _SIDECAR,
     "Sidecar log level (a Python logging level name), optionally with levels for single "

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import faulthandler
 import logging
+import math
 import os
 import signal
 import sys
@@ -18,7 +20,7 @@ import threading
 from typing import Any
 
 from shardcache import errors
-from shardcache.contract import parsers
+from shardcache.contract import parsers, variables
 from shardcache_sidecar import configuration, logs, server
 
 log = logging.getLogger("shardcache_sidecar")
@@ -34,13 +36,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add = parser.add_argument
     # One flag per contract variable the sidecar reads, parsed like the variable.
     for option in configuration.OPTIONS:
-        help_text = f"{option.variable.doc} (${option.variable.env})"
+        help_text = _help(option.variable)
         if option.variable.parser is parsers.BOOLEAN:
+            # `--shuffle`, `--shuffle false` and `--no-shuffle`. A value is parsed like
+            # the variable: argparse's BooleanOptionalAction takes none, so
+            # `--shuffle ture` left `ture` to the top-level parser, whose error named
+            # neither the flag nor what it expects.
             add(
                 option.flag,
                 dest=option.field,
-                action=argparse.BooleanOptionalAction,
+                nargs="?",
+                const=True,
+                type=option.variable.parser.flag_type,
+                metavar="BOOLEAN",
                 help=help_text,
+            )
+            add(
+                "--no-" + option.flag.removeprefix("--"),
+                dest=option.field,
+                action="store_const",
+                const=False,
+                default=None,
+                help=f"same as {option.flag} false",
             )
         else:
             add(
@@ -51,19 +68,76 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                 help=help_text,
             )
     # Sidecar-only tuning, no environment variable: nothing else sets them.
+    defaults = {f.name: f.default for f in dataclasses.fields(configuration.Settings)}
     add(
         "--handoff-timeout",
-        type=float,
-        help="seconds a handed-over shard stays held for the client",
+        type=_TIMEOUT.flag_type,
+        metavar="SECONDS",
+        help="seconds a handed-over shard stays held for the client "
+        f"(default {defaults['handoff_timeout']:g})",
     )
-    add("--acquire-timeout", type=float, help="longest an acquire may wait, seconds")
+    add(
+        "--acquire-timeout",
+        type=_TIMEOUT.flag_type,
+        metavar="SECONDS",
+        help=f"longest an acquire may wait, seconds (default {defaults['acquire_timeout']:g})",
+    )
     add(
         "--source-retry-seconds",
-        type=float,
-        help="how long a shard fetch retries a store that fails transiently, seconds",
+        type=_RETRY_BUDGET.flag_type,
+        metavar="SECONDS",
+        help="how long a shard fetch retries a store that fails transiently, seconds; "
+        f"0: no retries (default {defaults['source_retry_seconds']:g})",
     )
-    add("--control-threads", type=int, help="threads for blocking cache calls (waiting acquires)")
+    add(
+        "--control-threads",
+        type=parsers.integer(minimum=1).flag_type,
+        metavar="INTEGER",
+        help="threads for blocking cache calls (waiting acquires) "
+        f"(default {defaults['control_threads']}; at least 1)",
+    )
     parser.set_defaults(func=run)
+
+
+def _help(variable: variables.Variable[Any]) -> str:
+    """The row's doc, its variable, its default and its range, as `--help` shows them."""
+    notes = [f"${variable.env}"]
+    if variable.default is not None:
+        value = variable.render(variable.default)
+        if variable.parser is parsers.BYTES:
+            value = f"{value} ({parsers.quantity(variable.default)})"
+        notes.append(f"default {value}")
+    low, high = variable.parser.minimum, variable.parser.maximum
+    if low is not None and high is not None:
+        notes.append(f"range {low}-{high}")
+    elif low is not None:
+        notes.append(f"at least {low}")
+    elif high is not None:
+        notes.append(f"at most {high}")
+    # argparse expands %-formats in help texts.
+    return f"{variable.doc} ({'; '.join(notes)})".replace("%", "%%")
+
+
+def _timeout(text: str) -> float:
+    value = parsers.SECONDS.convert(text)  # refuses NaN, <= 0 and what is no number
+    if not math.isfinite(value):
+        raise parsers.ParseError("a finite number of seconds > 0", text)
+    return value
+
+
+def _retry_budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise parsers.ParseError("seconds as a number", repr(text)) from None
+    # `not value >= 0` refuses NaN too.
+    if not (value >= 0 and math.isfinite(value)):
+        raise parsers.ParseError("a finite number of seconds >= 0", text)
+    return value
+
+
+_TIMEOUT: parsers.Parser[float] = parsers.Parser("seconds > 0", _timeout)
+_RETRY_BUDGET: parsers.Parser[float] = parsers.Parser("seconds >= 0", _retry_budget)
 
 
 def _metavar(kind: str) -> str:
@@ -90,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in _NOT_SETTINGS}
     try:
         settings = configuration.from_env(overrides=overrides)
+        _make_directories(settings)
     except errors.InputError as exc:
         print(f"shardcache sidecar: {exc}", file=sys.stderr)
         return 2
@@ -112,6 +187,24 @@ def run(args: argparse.Namespace) -> int:
         logging.shutdown()
         os._exit(0)
     return 0
+
+
+def _make_directories(settings: configuration.Settings) -> None:
+    """The control socket's and the memory tier's directories, made before anything
+    starts, so that one the user cannot write is refused like a bad setting."""
+    places = (
+        (settings.socket_path.parent, "the control socket's directory", ("socket_path",)),
+        (settings.memory_dir, "the memory tier", ("memory_dir",)),
+    )
+    for path, what, fields in places:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            # Either the directory's own flag moved it or the run directory placed it.
+            set_by = " or ".join(configuration.where_set(f) for f in (*fields, "run_dir"))
+            raise errors.InputError(
+                f"cannot create {what} {str(path)!r} (set by {set_by}): {exc.strerror or exc}"
+            ) from exc
 
 
 async def _main(settings: configuration.Settings) -> None:

@@ -11,6 +11,7 @@ with a message naming the variable or flag, what was expected and what was found
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 from shardcache import contract, errors, plans, sidecar_client, source, uris
 from shardcache.contract import mixture_sources, variables
 from shardcache.node import caches
+from shardcache_sidecar import logs
 from shardcache_sidecar.checkpoint import agent_config
 
 
@@ -124,12 +126,17 @@ class Settings:
                 raise errors.InputError(f"{name} must be >= 0, found {getattr(self, name)}")
         if self.control_threads < 1:
             raise errors.InputError(f"control_threads must be >= 1, found {self.control_threads}")
+        # `not ... > 0` and `isfinite` refuse NaN, which compares false with everything.
         for name in ("handoff_timeout", "acquire_timeout"):
-            if getattr(self, name) <= 0:
-                raise errors.InputError(f"{name} must be > 0 seconds, found {getattr(self, name)}")
-        if self.source_retry_seconds < 0:
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise errors.InputError(
+                    f"{name}: expected a finite number of seconds > 0, found {value}"
+                )
+        if not (self.source_retry_seconds >= 0 and math.isfinite(self.source_retry_seconds)):
             raise errors.InputError(
-                f"source_retry_seconds must be >= 0 seconds, found {self.source_retry_seconds}"
+                "source_retry_seconds: expected a finite number of seconds >= 0, "
+                f"found {self.source_retry_seconds}"
             )
         for name in ("metrics_port", "ui_port"):
             if not 0 <= getattr(self, name) <= 65535:
@@ -140,6 +147,7 @@ class Settings:
             raise errors.InputError(
                 f"log format must be 'json' or 'text', found {self.log_format!r}"
             )
+        logs.levels(self.log_level)
         if self.manifest_digest is not None and not self.manifest_digest.startswith("sha256:"):
             raise errors.InputError(
                 f"${contract.ENV_MANIFEST_DIGEST}: expected 'sha256:<hex>', "
@@ -232,6 +240,15 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
+def where_set(field: str) -> str:
+    """Where a user sets `field`, for an error that asks them to change it:
+    `--metrics-port / $SHARDCACHE_METRICS_PORT`."""
+    for option in OPTIONS:
+        if option.field == field:
+            return f"{option.flag} / ${option.variable.env}"
+    raise KeyError(field)
+
+
 def from_env(
     environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
 ) -> Settings:
@@ -246,6 +263,9 @@ def from_env(
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
     run_dir = Path(values.pop("run_dir"))
     mount = values.pop("mount") or LOCAL_MOUNT
+    # The environment's value is parsed already; one given in code is checked here: it
+    # becomes a directory below the run directory (`variables.MOUNT_NAME` says why).
+    variables.MOUNT_NAME("--mount", mount)
     # A socket moved by flag moves nothing else: the memory tier stays where the
     # run directory and mount put it.
     values["socket_path"] = Path(values["socket_path"] or contract.socket_path(run_dir, mount))

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from shardcache import errors
+from shardcache.contract import log_levels, parsers
 
 # Attributes every LogRecord has; anything else came in through `extra=`.
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
@@ -60,22 +61,9 @@ def configure(fmt: str, level: str) -> None:
 
 def levels(text: str) -> tuple[str, dict[str, str]]:
     """`LEVEL[,logger=LEVEL...]` as (the root's level, levels by logger name); raises
-    InputError naming the part that is not a level."""
-    root, *named = (part.strip() for part in text.split(","))
-    loggers: dict[str, str] = {}
-    for part in named:
-        name, equals, level = (item.strip() for item in part.partition("="))
-        if not equals or not name:
-            raise errors.InputError(
-                f"log level {text!r}: expected LEVEL or LEVEL,logger=LEVEL,..., found {part!r}"
-            )
-        loggers[name] = _level(level, text)
-    return _level(root, text), loggers
-
-
-def _level(name: str, text: str) -> str:
-    if not isinstance(logging.getLevelName(name.upper()), int):
-        raise errors.InputError(
-            f"log level {text!r}: {name!r} is not a level name (DEBUG, INFO, WARNING, ERROR)"
-        )
-    return name.upper()
+    InputError naming the part that is not a level (`contract.log_levels`, which the
+    contract row's parser uses too)."""
+    try:
+        return log_levels.split(text)
+    except parsers.ParseError as exc:
+        raise errors.InputError(f"log level {text!r}: {exc}") from None

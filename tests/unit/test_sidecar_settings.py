@@ -92,6 +92,12 @@ def test_flags_override_the_environment() -> None:
             {contract.ENV_FETCH_CONCURRENCY: "-1"},
             f"${contract.ENV_FETCH_CONCURRENCY}: expected an integer >= 0, found -1",
         ),
+        ({"SHARDCACHE_LOG_LEVEL": "LOUD"}, "$SHARDCACHE_LOG_LEVEL: expected LEVEL or"),
+        ({"SHARDCACHE_LOG_LEVEL": "INFO,shardcache=LOUD"}, "found 'LOUD' in"),
+        ({"SHARDCACHE_LOG_LEVEL": "INFO,nonsense"}, "found 'nonsense' in"),
+        ({contract.ENV_MOUNT: "../escaped"}, f"${contract.ENV_MOUNT}: expected a DatasetMount"),
+        ({contract.ENV_MOUNT: "a/b"}, "found 'a/b'"),
+        ({contract.ENV_MOUNT: "."}, "found '.'"),
     ],
 )
 def test_bad_settings_say_which_variable_and_what_was_found(
@@ -101,3 +107,34 @@ def test_bad_settings_say_which_variable_and_what_was_found(
     with pytest.raises(errors.InputError) as info:
         configuration.from_env({**base, **env})
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"handoff_timeout": float("nan")}, "handoff_timeout: expected a finite number"),
+        ({"acquire_timeout": float("nan")}, "acquire_timeout: expected a finite number"),
+        ({"acquire_timeout": float("inf")}, "found inf"),
+        ({"source_retry_seconds": float("nan")}, "source_retry_seconds: expected a finite"),
+        ({"source_retry_seconds": float("inf")}, "found inf"),
+        ({"log_level": "LOUD"}, "log level 'LOUD'"),
+        ({"mount": "../escaped"}, "--mount: expected a DatasetMount name"),
+        ({"mount": "a/b"}, "found 'a/b'"),
+        ({"mount": "."}, "found '.'"),
+    ],
+)
+def test_values_given_in_code_are_checked_like_the_flags(
+    overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(errors.InputError) as info:
+        configuration.from_env({contract.ENV_SOURCE_URI: "s3://b/p"}, overrides)
+    assert message in str(info.value)
+
+
+def test_a_mount_stays_one_directory_below_the_run_directory() -> None:
+    # Dotted names are DatasetMount names too (Kubernetes allows them, the webhook
+    # injects them); they are still a single path component.
+    env = {contract.ENV_SOURCE_URI: "s3://b/p", contract.ENV_RUN_DIR: "/run/sc"}
+    s = configuration.from_env({**env, contract.ENV_MOUNT: "web.text-v2"})
+    assert s.socket_path == Path("/run/sc/web.text-v2/control.sock")
+    assert s.memory_dir == Path("/run/sc/web.text-v2/mem")

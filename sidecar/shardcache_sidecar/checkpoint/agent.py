@@ -10,6 +10,7 @@ even after SIGKILL, continues where the last one stopped.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -54,6 +55,11 @@ class Agent:
         self.fs, self.prefix = source.filesystem(settings.uri, storage_options=storage_options)
         self.prefix = self.prefix.rstrip("/")
         self._stop = threading.Event()
+        #: The start-up restore's retries end when the agent is told to stop: nothing
+        #: was restored, so nothing waits for it, and a stopped standalone agent would
+        #: otherwise sit out the whole retry budget (a minute) before it exits. The
+        #: drain after a stop keeps `settings.retry`: it publishes committed work.
+        self._startup_retry = dataclasses.replace(settings.retry, stop=self._stop)
         self._ready = threading.Event()
         self._restore_error: str | None = None
         self._retry_at: dict[Path, float] = {}
@@ -93,7 +99,7 @@ class Agent:
                 wanted=s.restore,
                 fallback=s.restore_fallback,
                 concurrency=s.upload_concurrency,
-                retry=s.retry,
+                retry=self._startup_retry,
                 observer=self.observer,
             )
             result = self._gather_ranks(result)
@@ -135,7 +141,7 @@ class Agent:
         gathered = source.with_retries(
             lambda: siblings.gather(self.fs, self.prefix),
             what=f"gathering the ranks' data states beside {self.prefix}",
-            policy=s.retry,
+            policy=self._startup_retry,
         )
         if gathered is None:
             return result
@@ -153,7 +159,7 @@ class Agent:
                 wanted=str(gathered.step),
                 fallback=False,
                 concurrency=s.upload_concurrency,
-                retry=s.retry,
+                retry=self._startup_retry,
                 observer=self.observer,
             )
         # A skip requested for the step (`shardcache skip`, one request per rank prefix)
@@ -163,7 +169,7 @@ class Agent:
             request = source.with_retries(
                 functools.partial(layout.read_skip_request, self.fs, prefix, gathered.step),
                 what=f"reading the skip request of step {gathered.step} under {prefix}",
-                policy=s.retry,
+                policy=self._startup_retry,
             )
             where = layout.manifest_path(prefix, gathered.step)
             skipped.append(restorer.apply_skip(state, request, where=where)[0])
@@ -184,7 +190,7 @@ class Agent:
             complete, _ = source.with_retries(
                 lambda: layout.list_steps(self.fs, self.prefix),
                 what=f"listing {self.settings.uri}",
-                policy=self.settings.retry,
+                policy=self._startup_retry,
             )
         except errors.ShardcacheError as exc:
             log.warning("cannot list the published checkpoints: %s", exc)
@@ -211,16 +217,18 @@ class Agent:
                     layout.read_json(self.fs, layout.pointer_path(self.prefix))
                 ),
                 what=f"reading the latest pointer under {s.uri}",
-                policy=s.retry,
+                policy=self._startup_retry,
             )
             if pointer is not None and pointer >= newest:
                 return
             where = layout.manifest_path(self.prefix, newest)
             raw = source.with_retries(
-                lambda: layout.read_json(self.fs, where), what=f"reading {where}", policy=s.retry
+                lambda: layout.read_json(self.fs, where),
+                what=f"reading {where}",
+                policy=self._startup_retry,
             )
             manifest = layout.CheckpointManifest.from_json(raw, where=where)
-            retention.publish_pointer(self.fs, self.prefix, manifest, retry=s.retry)
+            retention.publish_pointer(self.fs, self.prefix, manifest, retry=self._startup_retry)
         except (errors.ShardcacheError, OSError) as exc:
             log.warning("cannot move the latest pointer to step %d: %s", newest, exc)
             return
@@ -569,6 +577,9 @@ class Agent:
                 return
             except errors.SourceError as exc:
                 self._restore_error = str(exc)
+                if self._stop.is_set():
+                    log.info("checkpoint restore stopped: %s", exc)
+                    return
                 log.warning("checkpoint restore failed, retrying: %s", exc)
                 self._tell(False, f"checkpoint restore failed, retrying: {exc}")
                 self._stop.wait(self.settings.retry_interval)

@@ -26,7 +26,7 @@ from aiohttp import web
 from shardcache import errors
 from shardcache.contract import mixture_sources, protocol
 from shardcache.node import reader_locks
-from shardcache_sidecar import configuration, metrics
+from shardcache_sidecar import configuration, listening, metrics
 from shardcache_sidecar.checkpoint import agent, hook
 from shardcache_sidecar.server import control, lifecycle, probes, replies, socket_server
 from shardcache_sidecar.ui import routes
@@ -281,8 +281,20 @@ async def _serve_one(
         # The trainer may run as another user than the sidecar; the socket lives in
         # the pod's own volume, so the pod boundary is the access boundary.
         os.chmod(settings.socket_path, 0o666)
-        await web.TCPSite(probe_runner, settings.metrics_host, settings.metrics_port).start()
-        await web.TCPSite(ui_runner, configuration.UI_HOST, settings.ui_port).start()
+        await listening.start_tcp(
+            probe_runner,
+            settings.metrics_host,
+            settings.metrics_port,
+            port_field="metrics_port",
+            host_field="metrics_host",
+        )
+        await listening.start_tcp(
+            ui_runner,
+            configuration.UI_HOST,
+            settings.ui_port,
+            port_field="ui_port",
+            host_field=None,
+        )
         log.info(
             "listening",
             extra={
