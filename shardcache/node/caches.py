@@ -165,6 +165,10 @@ class NodeStats:
         default_factory=lambda: {"disk": 0, "memory": 0}
     )
     corrupted: dict[str, int] = dataclasses.field(default_factory=lambda: {"disk": 0, "memory": 0})
+    #: Tiers whose size could not be read, by name, with the error (its resident bytes
+    #: are then 0 here, unknown in fact): e.g. a directory made unwritable under a
+    #: running sidecar, where even the tier lock cannot be opened.
+    tier_errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 class _Counting:
@@ -443,6 +447,8 @@ class CacheNode:
         self._working = threading.BoundedSemaphore(self.fetch_concurrency)
         self._decoding = decode_budgets.DecodeBudget(settings.memory_limit)
         self._warned_small_memory = False
+        #: The last error reading each tier's size (`stats`), so it is logged once.
+        self._tier_errors_seen: dict[str, str] = {}
         self._closed = False
         #: What the sample-mode readers hold, written for other processes sharing the
         #: memory tier (`window_claims`); a sole writer (the sidecar) has none.
@@ -1526,15 +1532,32 @@ class CacheNode:
         return True
 
     def stats(self) -> NodeStats:
+        """The counts so far and each tier's size now. A tier whose directory fails
+        (no permission, gone) is named in `tier_errors`, not raised: the rest of the
+        figures are still read, and a metrics scrape still answers."""
         stats = self._events.snapshot()
-        stats.disk_resident_bytes = self.disk.resident_bytes()
+        stats.disk_resident_bytes = self._resident(self.disk, stats)
         stats.disk_limit_bytes = self.settings.disk_limit
-        stats.memory_resident_bytes = self.memory.resident_bytes()
+        stats.memory_resident_bytes = self._resident(self.memory, stats)
         stats.memory_limit_bytes = self.settings.memory_limit
         need = self.window_need()
         stats.sample_windows_bytes = need.bytes + self._claimed_elsewhere(need)[1]
         stats.readers = len(self.reader_ids())
         return stats
+
+    def _resident(self, tier: tiers.Tier, stats: NodeStats) -> int:
+        try:
+            found = tier.resident_bytes()
+        except OSError as exc:
+            why = f"{tier.name} tier {tier.root}: {type(exc).__name__}: {exc}"
+            stats.tier_errors[tier.name] = why
+            if self._tier_errors_seen.get(tier.name) != why:
+                # Once per distinct error, not at every scrape.
+                self._tier_errors_seen[tier.name] = why
+                log.warning("reading the size of the %s", why)
+            return 0
+        self._tier_errors_seen.pop(tier.name, None)
+        return found
 
     def close(self) -> None:
         self._closed = True

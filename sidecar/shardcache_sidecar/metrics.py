@@ -92,14 +92,21 @@ class _DepthCollector(prom_registry.Collector):
         yield depth
 
 
+#: What the stats collector reads of the tier check at scrape time: what keeps the
+#: sidecar from using each tier directory, by tier (empty: none), None before it ran.
+TierProblems = Callable[[], Mapping[str, str] | None]
+
+
 class _StatsCollector(prom_registry.Collector):
     def __init__(
         self,
         stats: Callable[[], caches.NodeStats | None],
         ready: Callable[[], bool],
+        tier_problems: TierProblems,
     ) -> None:
         self._stats = stats
         self._ready = ready
+        self._tier_problems = tier_problems
 
     def describe(self) -> list[prom_core.Metric]:
         # Not described up front: collect() may only run once the node exists.
@@ -112,6 +119,19 @@ class _StatsCollector(prom_registry.Collector):
         ready.add_metric([], 1.0 if self._ready() else 0.0)
         yield ready
         stats = self._stats()
+        problems = self._tier_problems()
+        if problems is not None:
+            unread = {} if stats is None else stats.tier_errors
+            usable = prom_core.GaugeMetricFamily(
+                "shardcache_cache_tier_usable",
+                "1 while the sidecar can use the tier's directory: its start-up check "
+                "(create it, lock it, create a file) passed and the scrape read its size; "
+                "0 when not: /readyz's tiers gate and the log say why.",
+                labels=["tier"],
+            )
+            for tier in TIERS:
+                usable.add_metric([tier], 0.0 if tier in problems or tier in unread else 1.0)
+            yield usable
         if stats is None:
             return
         resident = prom_core.GaugeMetricFamily(
@@ -119,8 +139,11 @@ class _StatsCollector(prom_registry.Collector):
             "Bytes held by each cache tier on this node.",
             labels=["tier"],
         )
-        resident.add_metric(["disk"], stats.disk_resident_bytes)
-        resident.add_metric(["memory"], stats.memory_resident_bytes)
+        # A tier whose size could not be read has no sample rather than a false 0.
+        if "disk" not in stats.tier_errors:
+            resident.add_metric(["disk"], stats.disk_resident_bytes)
+        if "memory" not in stats.tier_errors:
+            resident.add_metric(["memory"], stats.memory_resident_bytes)
         yield resident
         limit = prom_core.GaugeMetricFamily(
             "shardcache_cache_limit_bytes",
@@ -191,8 +214,10 @@ class MixtureCollector(prom_registry.Collector):
             if stats is None:
                 continue
             readers.add_metric([name], float(stats.readers))
-            resident.add_metric([name, "disk"], float(stats.disk_resident_bytes))
-            resident.add_metric([name, "memory"], float(stats.memory_resident_bytes))
+            if "disk" not in stats.tier_errors:
+                resident.add_metric([name, "disk"], float(stats.disk_resident_bytes))
+            if "memory" not in stats.tier_errors:
+                resident.add_metric([name, "memory"], float(stats.memory_resident_bytes))
             fetched.add_metric([name], float(stats.fetched_bytes))
             for tier in TIERS:
                 hits.add_metric([name, tier], float(stats.hits.get(tier, 0)))
@@ -322,9 +347,11 @@ class Metrics:
         self,
         stats: Callable[[], caches.NodeStats | None],
         ready: Callable[[], bool],
+        tier_problems: TierProblems = lambda: None,
     ) -> None:
-        """Export gauges read from `stats()` (None while there is no node yet)."""
-        self.registry.register(_StatsCollector(stats, ready))
+        """Export gauges read from `stats()` (None while there is no node yet), and
+        whether each tier is usable from `tier_problems()` and the stats."""
+        self.registry.register(_StatsCollector(stats, ready, tier_problems))
 
     def watch_readers(self, readers: Callable[[], list[ReaderStalls]]) -> None:
         """Export each reader's stall fraction, read from `readers()` at scrape time."""

@@ -91,3 +91,24 @@ def test_a_failed_fetch_is_kept_as_the_last_fetch_error_with_shard_path_reason_a
     assert "fetching shard 3 (part-00003.parquet)" in failure.error, failure
     assert "No such file" in failure.error, failure
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", failure.at), failure
+
+
+def test_stats_name_a_tier_whose_lock_cannot_be_opened_and_still_read_the_other(
+    node: caches.CacheNode,
+) -> None:
+    """A /metrics scrape reads these: a disk tier gone bad under a running sidecar (its
+    directory made unwritable; here its lock made a directory) used to fail the whole
+    scrape with the tier lock's OSError."""
+    node.acquire(0, timeout=30).release()
+    before = node.stats()
+    assert before.disk_resident_bytes > 0 and before.tier_errors == {}
+    lock = node.disk.root / ".tier.lock"
+    lock.unlink()
+    lock.mkdir()
+    stats = node.stats()
+    assert list(stats.tier_errors) == ["disk"]
+    assert stats.tier_errors["disk"].startswith(f"disk tier {node.disk.root}: IsADirectoryError")
+    assert stats.disk_resident_bytes == 0
+    assert stats.memory_resident_bytes == before.memory_resident_bytes > 0
+    lock.rmdir()
+    assert node.stats().tier_errors == {}

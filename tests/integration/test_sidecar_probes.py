@@ -62,7 +62,11 @@ def test_probes_and_metrics_on_tcp_and_on_the_socket(
     assert proc.http_get("/healthz") == (200, {"status": "alive", "version": "v1"})
     ready = proc.wait_for("/readyz")
     assert ready["ready"] is True
-    assert {c["name"]: c["ok"] for c in ready["checks"]} == {"manifest": True, "warm": True}
+    assert {c["name"]: c["ok"] for c in ready["checks"]} == {
+        "tiers": True,
+        "manifest": True,
+        "warm": True,
+    }
     assert proc.control("GET", "/healthz")[0] == 200
     assert proc.control("GET", "/readyz")[0] == 200
 

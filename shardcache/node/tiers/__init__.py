@@ -25,12 +25,15 @@ The modules, by what they hold:
 * `_directory`: the tier's files by name, the directory listing, reservations;
 * `_eviction`: which entries make room, least recently used first;
 * `_membership`: a sole writer's committed keys, kept in memory (`Tier(sole_writer=True)`);
-* `_tier`: `Tier`, which does lookups, inserts, eviction and start-up repair with them.
+* `_tier`: `Tier`, which does lookups, inserts, eviction and start-up repair with them;
+* `_access`: whether this process may use a tier directory at all (`unusable`), tried
+  up front rather than found out by the first insert.
 """
 
 from __future__ import annotations
 
 from shardcache.node.names import FILL_LOCK_SUFFIX, TIER_LOCK_NAME
+from shardcache.node.tiers._access import Owner, Unusable, unusable
 from shardcache.node.tiers._entries import (
     FORMAT_VERSION,
     Entry,
@@ -56,13 +59,16 @@ __all__ = [
     "EntryMeta",
     "EntryTooLargeError",
     "IncompatibleFormatError",
+    "Owner",
     "RoomHeldError",
     "ScanReport",
     "Tier",
     "TierFullError",
     "TierObserver",
+    "Unusable",
     "check_key",
     "mark_used",
     "read_meta",
     "sha256_file",
+    "unusable",
 ]

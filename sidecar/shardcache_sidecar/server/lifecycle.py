@@ -1,8 +1,9 @@
 """The sidecar's state and its lifecycle: bring-up, warm-up, maintenance, shutdown.
 
 Start-up is asynchronous: the servers answer at once (/healthz is 200, data routes say
-"starting"), while the manifest is resolved, checked against the pinned digest, and the
-first shards of the startup plan are fetched; /readyz turns 200 when all of it is done.
+"starting"), while the tier directories are checked (`tier_checks`), the manifest is
+resolved, checked against the pinned digest, and the first shards of the startup plan
+are fetched; /readyz turns 200 when all of it is done.
 
 `Sidecar` is the app state every handler (`control`, `probes`) reaches through
 `request.app[SIDECAR]`: settings, metrics, readiness gates, the reader registry, and
@@ -29,7 +30,14 @@ from aiohttp import web
 from shardcache import contract, errors, manifests, s3_settings, source, uris
 from shardcache.contract import protocol
 from shardcache.node import backings, caches, pinned_manifests, reader_locks, tiers
-from shardcache_sidecar import configuration, metrics, prefetch_tuner, readers, readiness
+from shardcache_sidecar import (
+    configuration,
+    metrics,
+    prefetch_tuner,
+    readers,
+    readiness,
+    tier_checks,
+)
 from shardcache_sidecar.server import replies
 
 # The logger name the sidecar's logs carried before the server was split (the JSON
@@ -39,8 +47,13 @@ T = TypeVar("T")
 
 #: Reader id of the plan pre-registered from the sidecar's own settings at start-up.
 STARTUP_READER = "startup"
+GATE_TIERS = "tiers"
 GATE_MANIFEST = "manifest"
 GATE_WARM = "warm"
+#: Seconds between two checks of tier directories the sidecar cannot use yet
+#: (`tier_checks`): a few system calls each, and a node directory the node-cache
+#: DaemonSet prepares after the pod started is taken up within this long.
+TIER_RECHECK_S = 2.0
 # Past a hold's expiry, when the loop looks again (seconds): a timer may fire a hair early.
 _EXPIRY_MARGIN = 0.001
 #: Seconds between two checks that the readers' processes live (their reader locks,
@@ -116,6 +129,10 @@ class Sidecar:
         self.metrics = metrics.Metrics()
         self.readiness = readiness.Readiness()
         self.readiness.require(
+            GATE_TIERS,
+            f"checking the memory tier {settings.memory_dir} and the disk tier {settings.disk_dir}",
+        )
+        self.readiness.require(
             GATE_MANIFEST, f"resolving the manifest of {uris.redact(settings.source_uri)}"
         )
         self.readiness.require(
@@ -146,7 +163,10 @@ class Sidecar:
         self.readers_dropped_dead = 0
         #: A registration whose reader lock this sidecar cannot see was logged once.
         self._warned_unseen_lock = False
-        self.metrics.watch(self.stats, self.readiness.is_ready)
+        #: What keeps the sidecar from using each tier directory, by tier, from the
+        #: last start-up check (`tier_checks`); None before the first one.
+        self.tier_problems: Mapping[str, str] | None = None
+        self.metrics.watch(self.stats, self.readiness.is_ready, lambda: self.tier_problems)
         self.metrics.watch_readers(self.reader_stalls)
         #: Tunes each reader's prefetch depth from its stall reports (`prefetch_tuner`).
         self.tuner = prefetch_tuner.Tuner.for_settings(settings, self.metrics)
@@ -402,8 +422,48 @@ class Sidecar:
         self.problem = replies.Problem(status, protocol.KIND_INPUT, code, message)
         self.readiness.waiting(GATE_MANIFEST, message)
 
+    async def _tiers_usable(self) -> bool:
+        """Wait until the sidecar can use its memory and disk tier directories (True),
+        or it is closing (False). Until then the `tiers` gate says why, and the log at
+        ERROR each time the reason changes: the cause is usually a node directory the
+        node-cache DaemonSet prepares soon, so the sidecar waits for it rather than exit
+        (`tier_checks`)."""
+        s = self.settings
+        since = time.monotonic()
+        logged = None
+        while not self._closing:
+            found = await self.blocking(
+                tier_checks.problems, s.memory_dir, s.disk_dir, retry_s=TIER_RECHECK_S
+            )
+            self.tier_problems = found
+            if not found:
+                if logged is not None:
+                    log.info(
+                        "the tier directories are usable now, after %.0f s",
+                        time.monotonic() - since,
+                    )
+                self.readiness.open(
+                    GATE_TIERS, f"memory tier {s.memory_dir} and disk tier {s.disk_dir} usable"
+                )
+                return True
+            why = "; ".join(found.values())
+            if why != logged:
+                log.error(why)
+                logged = why
+            self.readiness.waiting(GATE_TIERS, why)
+            self.readiness.waiting(
+                GATE_MANIFEST, "not begun: waiting for the tier directories (gate tiers)"
+            )
+            await asyncio.sleep(TIER_RECHECK_S)
+        return False
+
     async def _bring_up(self) -> None:
         s = self.settings
+        if not await self._tiers_usable():
+            return
+        self.readiness.waiting(
+            GATE_MANIFEST, f"resolving the manifest of {uris.redact(s.source_uri)}"
+        )
         manifest = await self._resolve()
         if manifest is None:
             return
@@ -489,7 +549,9 @@ class Sidecar:
                 log.error(why)
                 self.readiness.waiting(GATE_WARM, why)
                 return
-            except (errors.ShardcacheError, TimeoutError) as exc:
+            except (errors.ShardcacheError, TimeoutError, OSError) as exc:
+                # OSError: a tier directory that failed after the start-up check (made
+                # unwritable, removed); retried like a failing source.
                 why = f"making the first shards {shards} resident failed: {exc}; retrying in {delay:.0f} s"
                 log.warning(why)
                 self.readiness.waiting(GATE_WARM, why)

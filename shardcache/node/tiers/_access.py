@@ -1,0 +1,123 @@
+"""Whether this process can use a tier directory at all, and if not, who may.
+
+A tier finds out lazily: its directory is first written by an insert, its `.tier.lock`
+first opened by a lookup or a size count. A process that may not write the directory
+(a node directory nobody prepared for its user) then fails every shard and every
+count, and each failure names one file, not the cause. `unusable` tries what every
+tier operation needs once, up front, and says what it found: the step that failed,
+the user it runs as, and the owner and mode of the directory (or of the nearest
+directory above it that exists, when it could not be made).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+from pathlib import Path
+
+from shardcache.node import _locks, names
+from shardcache.node.tiers import _directory
+
+#: The key part of the probe's reservation: a zero-byte `.tmp-` file as an insert
+#: makes one (docs/cache-format.md), so a probe left by a process killed between its
+#: creation and its removal is reclaimed like any dead writer's.
+_PROBE_KEY = "access-probe"
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """Owner and mode of a directory, as `stat` found them."""
+
+    path: Path
+    uid: int
+    gid: int
+    mode: int
+
+    def describe(self) -> str:
+        return (
+            f"owned by uid {self.uid}, gid {self.gid}, mode {stat.S_IMODE(self.mode):04o} "
+            f"({stat.filemode(self.mode)})"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Unusable:
+    """Why this process cannot use the tier directory `path`."""
+
+    path: Path
+    #: What failed, e.g. "opening /var/cache/shardcache/.tier.lock".
+    step: str
+    error: OSError
+    uid: int
+    gid: int
+    #: Supplementary groups of the process (a group-writable directory needs one).
+    groups: tuple[int, ...]
+    #: The directory, or the nearest one above it that exists; None if none could be read.
+    owner: Owner | None
+
+    def describe(self) -> str:
+        """One sentence naming the directory, the step and error, the process's user and
+        the directory's owner and mode."""
+        others = ", ".join(str(g) for g in self.groups if g != self.gid)
+        who = f"uid {self.uid}, gid {self.gid}" + (
+            f", groups {others}" if others else ", no other groups"
+        )
+        if self.owner is None:
+            where = "its owner could not be read"
+        elif self.owner.path == self.path:
+            where = f"it is {self.owner.describe()}"
+        else:
+            where = f"it does not exist and {self.owner.path} is {self.owner.describe()}"
+        return (
+            f"{self.step} failed ({type(self.error).__name__}: "
+            f"{self.error.strerror or self.error}); this process runs as {who}; {where}"
+        )
+
+
+def _owner(path: Path) -> Owner | None:
+    for candidate in (path, *path.parents):
+        try:
+            st = os.stat(candidate)
+        except OSError:
+            continue
+        return Owner(candidate, st.st_uid, st.st_gid, st.st_mode)
+    return None
+
+
+def _try(root: Path) -> tuple[str, OSError] | None:
+    step = f"creating the directory {root}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = root / names.TIER_LOCK_NAME
+        step = f"opening {lock}"
+        with _locks.held(lock, _locks.SHARED):
+            # Under the shared tier lock, as an insert reserves: a scan reclaiming dead
+            # writers' temp files holds it exclusively, so it never takes this one.
+            step = f"creating a file in {root}"
+            path, fd = _directory.Directory(root, name="probe").create_reservation(_PROBE_KEY, 0)
+            try:
+                _directory.unlink(path)
+            finally:
+                _locks.close(fd)
+    except OSError as exc:
+        return step, exc
+    return None
+
+
+def unusable(root: Path) -> Unusable | None:
+    """None when this process can make `root`, open and lock its `.tier.lock` and create
+    and remove a file in it (all a tier does to it); else what failed, and who may."""
+    failed = _try(Path(root))
+    if failed is None:
+        return None
+    step, exc = failed
+    return Unusable(
+        path=Path(root),
+        step=step,
+        error=exc,
+        uid=os.geteuid(),
+        gid=os.getegid(),
+        groups=tuple(os.getgroups()),
+        owner=_owner(Path(root)),
+    )
