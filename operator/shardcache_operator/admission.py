@@ -31,7 +31,8 @@ ADMIT = "Admit"
 
 
 class LookupFailed(Exception):
-    """The DatasetMount could not be read (the API failed); the pod is refused."""
+    """The DatasetMount could not be read (the API failed); the pod is refused. Its text
+    ends the refusal: what went wrong and what to do (`lookup_failures.explain`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +90,8 @@ def decide(
         try:
             obj = lookup(namespace, name)
         except LookupFailed as exc:
-            return Decision(
-                False, unchanged, [], message=f"{where} could not be read: {exc}; retry later"
-            )
+            # The reason says what to do: retrying does not help a missing permission.
+            return Decision(False, unchanged, [], message=f"{where} could not be read: {exc}")
         if obj is None:
             reason = f"{where} does not exist: create it, or remove {name} from the pod's "
             reason += f"{injection.LABEL_MOUNT} label"

@@ -17,10 +17,12 @@ import kopf
 from shardcache_operator import (
     configuration,
     context,
+    crd_version,
     handlers,
     health,
     kube,
     pod_watch,
+    served_namespaces,
     sources,
     webhook,
 )
@@ -51,9 +53,23 @@ def configure(settings: kopf.OperatorSettings, memo: context.Context, **_: Any) 
     # Deleting a DatasetMount stops its check-source timer; never wait a minute for it.
     settings.background.instant_exit_timeout = handlers.INSTANT_EXIT_TIMEOUT_SECONDS
     settings.background.cancellation_polling = handlers.CANCELLATION_POLLING_SECONDS
+    settings.scanning.disabled = scanning_disabled(memo.settings.namespaces)
     if memo.settings.webhook_enabled:
         settings.admission.server = webhook.Server(webhook.server(memo.settings), memo)
         settings.admission.managed = memo.settings.webhook_configuration
+
+
+def scanning_disabled(namespaces: tuple[str, ...]) -> bool:
+    """Whether kopf's cluster scanning is off: for exact namespace names.
+
+    kopf lists namespaces to resolve patterns; the chart grants a namespaced release no
+    `list namespaces` (least privilege), and kopf retried that listing for about a
+    minute, an ERROR per try, before serving the names as given: no mount reconciled
+    while /readyz said ready. Off, kopf serves exactly these names at once. It then also
+    stops watching CRDs, which it needs only to follow versions added at run time.
+    Cluster-wide, kopf lists no namespaces anyway and keeps its CRD watch.
+    """
+    return bool(namespaces) and served_namespaces.exact(namespaces)
 
 
 def build_registry(settings: configuration.Settings) -> kopf.OperatorRegistry:
@@ -89,9 +105,12 @@ async def run(settings: configuration.Settings) -> None:
         api=kube.Api(kube.configure(settings.kubeconfig)),
         resolve=functools.partial(sources.resolve_manifest, access=access),
         probe=functools.partial(sources.probe_source, access=access),
+        crd=crd_version.Gate(crd_version.read_installed),
     )
     ready = asyncio.Event()
-    runner = await health.start(settings.health_addr, settings.health_port, ready, memo.metrics)
+    runner = await health.start(
+        settings.health_addr, settings.health_port, ready, memo.metrics, note=memo.crd.message
+    )
     # kopf raises its ready flag when its startup handlers are done, before its root
     # tasks start, the webhook server among them: /readyz said ready while pods of a
     # DatasetMount were refused ("connection refused" calling the webhook), and the

@@ -30,6 +30,10 @@ class Policy:
     #: hostPath directories `cache.nodePath` may name, exactly (no parents, no children):
     #: the one the chart's node-cache DaemonSet prepares.
     node_paths: tuple[str, ...] = (contract.DEFAULT_DISK_DIR,)
+    #: `cache.nodePath` of a mount that names none (chart value nodeCache.path, the
+    #: directory the node-cache DaemonSet prepares). Checked like a named one: the
+    #: chart's default allow-list is this path alone.
+    default_node_path: str = contract.DEFAULT_DISK_DIR
     #: Images `sidecar.image` may name besides the operator's default image, which
     #: is always allowed. Empty: only the default.
     sidecar_images: tuple[str, ...] = ()
@@ -43,10 +47,16 @@ class Policy:
 def violations(spec: specs.DatasetMountSpec, policy: Policy, *, default_image: str) -> list[str]:
     """Why `spec` asks for more than `policy` allows; empty when it does not."""
     found: list[str] = []
-    path = spec.cache.node_path
+    path = spec.cache.node_path or policy.default_node_path
     if posixpath.normpath(path) != path or path not in policy.node_paths:
+        asked = (
+            f"spec.cache.nodePath {path!r}"
+            if spec.cache.node_path is not None
+            else f"spec.cache.nodePath (unset: the platform's default {path!r}, chart value "
+            "nodeCache.path)"
+        )
         found.append(
-            f"spec.cache.nodePath {path!r} is not allowed: the platform allows "
+            f"{asked} is not allowed: the platform allows "
             f"{', '.join(repr(p) for p in policy.node_paths) or 'none'} "
             "(chart value policy.nodePaths)"
         )

@@ -40,6 +40,9 @@ class Settings:
     # --- what DatasetMounts may ask for (`authority.Policy`, docs/security.md) ----------
     #: hostPath directories spec.cache.nodePath may name (chart: policy.nodePaths).
     node_paths: tuple[str, ...] = authority.Policy.node_paths
+    #: spec.cache.nodePath of DatasetMounts that name none (chart: nodeCache.path, the
+    #: directory its node-cache DaemonSet prepares on every node).
+    default_node_path: str = authority.Policy.default_node_path
     #: Images spec.sidecar.image may name besides `sidecar_image` (policy.sidecarImages).
     sidecar_images: tuple[str, ...] = authority.Policy.sidecar_images
     #: Caps in bytes on spec.cache.memory and spec.cache.disk; quantities in env
@@ -123,6 +126,7 @@ class Settings:
     def policy(self) -> authority.Policy:
         return authority.Policy(
             node_paths=self.node_paths,
+            default_node_path=self.default_node_path,
             sidecar_images=self.sidecar_images,
             max_cache_memory=self.max_cache_memory,
             max_cache_disk=self.max_cache_disk,
@@ -141,6 +145,13 @@ _CHOICES: dict[str, parsers.Parser[Any]] = {
     "missing_policy": parsers.choice(*POLICIES),
     "max_cache_memory": parsers.Parser("quantity", _quantity),
     "max_cache_disk": parsers.Parser("quantity", _quantity),
+    # A mount's own nodePath is held to the CRD's pattern; the default is held to it too.
+    "default_node_path": parsers.pattern(
+        specs.NODE_PATH_PATTERN[1:-1],
+        expected="an absolute path like /var/cache/shardcache "
+        "(no '.' or '..' segments, no '//', no trailing '/')",
+        kind="node path",
+    ),
 }
 
 

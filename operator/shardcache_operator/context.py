@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from shardcache_operator import (
     configuration,
+    crd_version,
     metrics,
     mount_parts,
     mounts,
@@ -62,6 +63,14 @@ class Context:
     #: Set once the webhook server listens (`webhook.Server`): kopf's ready flag goes
     #: up before its root tasks, the webhook server among them, even start.
     webhook_listening: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    #: Whether the installed CRD is as new as the operator; `app.run` gives it the API
+    #: read, tests none (nothing to check).
+    crd: crd_version.Gate = dataclasses.field(default_factory=crd_version.Gate)
+
+    def __post_init__(self) -> None:
+        # The parsed specs the webhook and the handlers share get the platform's
+        # cache.nodePath where they name none (chart value nodeCache.path).
+        self.mounts.default_node_path = self.settings.default_node_path
 
     @property
     def backoff(self) -> reconcile.Backoff:

@@ -9,8 +9,11 @@ committed file equals `render()`, so the model stays the one source of truth.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import sys
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -21,6 +24,37 @@ HEADER = (
     "# Generated from shardcache_operator/specs.py and shardcache_operator/status.py by `make crds`.\n"
     "# Do not edit by hand: change the model and regenerate.\n"
 )
+
+
+#: Annotation of the generated CRD: its schema version, which the operator compares
+#: with its own before it reconciles (`crd_version`) and the chart before an upgrade
+#: (templates/checks/crds.yaml). helm installs crds/ on first install only, so an upgrade
+#: may leave an older CRD whose schema prunes what a newer operator writes.
+ANNOTATION_SCHEMA_VERSION = "shardcache.io/schema-version"
+#: Bump with every change of what the API server accepts, defaults, stores or prunes
+#: (not for a description): SCHEMA_FINGERPRINT records which schema this version is,
+#: and tests/unit/test_crd.py fails until both are set. Bump the chart's version too
+#: (helm/shardcache/Chart.yaml).
+SCHEMA_VERSION = 1
+SCHEMA_FINGERPRINT = "sha256:ecdc83c2608cd5cdc38925945f1d7ed2badf1b1b8e0f31a0bc51d5b9ba79798b"
+
+
+def _without_descriptions(node: object) -> object:
+    if isinstance(node, Mapping):
+        return {
+            key: _without_descriptions(value)
+            for key, value in node.items()
+            if not (key == "description" and isinstance(value, str))
+        }
+    if isinstance(node, list):
+        return [_without_descriptions(item) for item in node]
+    return node
+
+
+def fingerprint(crd: Mapping[str, Any]) -> str:
+    """sha256 of the CRD's spec without its descriptions: what the API server enforces."""
+    text = json.dumps(_without_descriptions(crd["spec"]), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def _schema_default(value: object) -> object:
@@ -146,7 +180,10 @@ def build() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{specs.PLURAL}.{specs.GROUP}"},
+        "metadata": {
+            "name": f"{specs.PLURAL}.{specs.GROUP}",
+            "annotations": {ANNOTATION_SCHEMA_VERSION: str(SCHEMA_VERSION)},
+        },
         "spec": {
             "group": specs.GROUP,
             "scope": "Namespaced",

@@ -23,6 +23,7 @@ from shardcache_operator import (
     authority,
     configuration,
     context,
+    crd_version,
     injection,
     reconcile,
     skips,
@@ -129,6 +130,7 @@ async def resolve(
 ) -> None:
     """Resolve and pin the manifest of a mount the platform allows (`refusal_of`);
     failures, refusals included, become status, Events and retries."""
+    await hold_for_crd(body, memo, retry)
     started = time.monotonic()
     result = await reconcile.reconcile(
         body,
@@ -151,10 +153,29 @@ async def resolve(
         raise kopf.TemporaryError(result.outcome.message, delay=result.retry_in)
 
 
+async def hold_for_crd(body: kopf.Body, memo: context.Context, retry: int) -> None:
+    """Retry later, saying why, while the installed CRD is older than the operator."""
+    problem = await memo.crd.problem()
+    if problem is None:
+        return
+    # An Event on the first try and then every tenth (about every 5 minutes): kopf's
+    # log line comes with every retry.
+    if retry % 10 == 0:
+        kopf.event(body, type="Warning", reason=crd_version.REASON, message=problem)
+    raise kopf.TemporaryError(problem, delay=crd_version.RECHECK_SECONDS)
+
+
+async def check_crd(*, memo: context.Context, **_: Any) -> None:
+    """At start-up: log the installed CRD's verdict before any mount is handled."""
+    await memo.crd.problem()
+
+
 async def check_source(
     *, body: kopf.Body, patch: kopf.Patch, memo: context.Context, **_: Any
 ) -> None:
     """Ready <-> Degraded as the source of a pinned mount goes away and comes back."""
+    if await memo.crd.problem() is not None:
+        return
     result = await reconcile.check_source(
         body,
         read_secret=memo.api.read_secret,
@@ -178,6 +199,8 @@ async def check_skips(
     *, body: kopf.Body, patch: kopf.Patch, namespace: str | None, memo: context.Context, **_: Any
 ) -> None:
     """status.lastSkip and a SkipApplied Event when sidecars restored with a skip."""
+    if await memo.crd.problem() is not None:
+        return
     try:
         spec = specs.parse_spec(body.get("spec"))
     except errors.InputError:
@@ -223,6 +246,8 @@ async def check_stalls(
     **_: Any,
 ) -> None:
     """DataStarved and an Event naming the pods when a pod's loop waits on data."""
+    if await memo.crd.problem() is not None:
+        return
     ns = namespace or ""
     try:
         stall = specs.parse_spec(body.get("spec")).stall
@@ -312,6 +337,7 @@ def register(registry: kopf.OperatorRegistry, settings: configuration.Settings) 
     Explicit ids: handler ids become annotation keys (progress storage), so they stay
     stable whatever the functions are called.
     """
+    kopf.on.startup(id="check-crd", registry=registry)(check_crd)
     kopf.index(*RESOURCE, id=MOUNT_INDEX, registry=registry)(index_mount)
     kopf.on.resume(*RESOURCE, id="resolve", registry=registry)(resolve)
     kopf.on.create(*RESOURCE, id="resolve", registry=registry)(resolve)

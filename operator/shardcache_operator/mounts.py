@@ -15,7 +15,9 @@ A `Store` adds the two things the index does not cover:
   for long if the watch were to miss it.
 - Parsing a spec costs far more than a dict lookup, and specs change only with the
   object's generation. Parsed specs are kept per (uid, generation); status changes
-  (phase, attachedPods) bump neither, so they reuse the parsed spec.
+  (phase, attachedPods) bump neither, so they reuse the parsed spec. A spec that names
+  no cache.nodePath gets the platform's default here (`default_node_path`), so the
+  webhook and the operator's policy check see the path its pods will mount.
 
 Single-threaded: kopf's handlers and the webhook run on the operator's event loop.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from shardcache import errors
+from shardcache import contract, errors
 from shardcache_operator import specs
 
 Key = tuple[str, str]
@@ -57,7 +59,9 @@ def indexed(index: MountIndex, namespace: str, name: str) -> Mapping[str, Any] |
 class Store:
     """Short-lived API reads and parsed specs, beside kopf's DatasetMount index."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, default_node_path: str = contract.DEFAULT_DISK_DIR) -> None:
+        #: cache.nodePath of mounts that name none (the operator's default_node_path).
+        self.default_node_path = default_node_path
         #: kopf's DatasetMount index, live, as its indexer last handed it over (kopf
         #: feeds indexes on standby replicas too); empty until the first DatasetMount.
         self.index: MountIndex = {}
@@ -101,8 +105,9 @@ class Store:
         cached = self._parsed.get(key)
         if cached is None or cached[0] != identity:
             try:
-                parsed: specs.DatasetMountSpec | Exception = specs.parse_spec(
-                    obj.get("spec"), path=f"{specs.KIND} {key[1]}: spec"
+                parsed: specs.DatasetMountSpec | Exception = specs.with_node_path(
+                    specs.parse_spec(obj.get("spec"), path=f"{specs.KIND} {key[1]}: spec"),
+                    self.default_node_path,
                 )
             except errors.InputError as exc:
                 parsed = exc

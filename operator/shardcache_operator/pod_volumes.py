@@ -76,7 +76,12 @@ def volumes_for(
         {"name": names.run_volume, "emptyDir": run_source},
         {
             "name": names.disk_volume,
-            "hostPath": {"path": spec.cache.node_path, "type": "DirectoryOrCreate"},
+            # The operator fills in the platform's default (`mounts.Store`); a spec
+            # nothing filled in (offline injection, tests) gets the chart's default.
+            "hostPath": {
+                "path": spec.cache.node_path or contract.DEFAULT_DISK_DIR,
+                "type": "DirectoryOrCreate",
+            },
         },
     ]
     sidecar_mounts = [

@@ -502,13 +502,20 @@ class CacheSpec:
         "this namespace on the node that use the same nodePath; each namespace has its own "
         "directory below it).",
     )
-    node_path: str = _field(
+    #: None: the platform's default (`authority.Policy.default_node_path`, chart value
+    #: nodeCache.path), filled in when the operator loads the mount (`mounts.Store`).
+    #: The CRD has no default here on purpose: one the API server fills in would be
+    #: stored as if written, and a platform whose nodes keep the cache elsewhere could
+    #: not tell such a mount from one that asked for /var/cache/shardcache.
+    node_path: str | None = _field(
         "nodePath",
         "Directory on the node (hostPath, created if missing) that holds the disk tier. "
-        "It must be writable by the sidecar's user: the chart's node-cache DaemonSet "
-        "prepares the default path on every node. Only paths the platform allows "
-        "(chart value policy.nodePaths) are admitted.",
-        default=contract.DEFAULT_DISK_DIR,
+        "Unset: the platform's default (chart value nodeCache.path, "
+        f"{contract.DEFAULT_DISK_DIR} unless changed), which the chart's node-cache "
+        "DaemonSet prepares on every node; any other path must be writable by the "
+        "sidecar's user. Only paths the platform allows (chart value policy.nodePaths) "
+        "are admitted.",
+        default=None,
         # Absolute, no "." or ".." segments, no "//": compared exactly with the
         # platform's allow-list (`authority.Policy.node_paths`).
         pattern=NODE_PATH_PATTERN,
@@ -1139,6 +1146,13 @@ def to_dict(obj: object) -> dict[str, Any]:
 def parse_spec(data: object, *, path: str = "spec") -> DatasetMountSpec:
     """Validate a DatasetMount `spec` mapping; `InputError` names the offending field."""
     return from_dict(DatasetMountSpec, data, path=path)
+
+
+def with_node_path(spec: DatasetMountSpec, default: str) -> DatasetMountSpec:
+    """`spec` with `default` (the platform's) as cache.nodePath where it names none."""
+    if spec.cache.node_path is not None:
+        return spec
+    return dataclasses.replace(spec, cache=dataclasses.replace(spec.cache, node_path=default))
 
 
 # --- whole objects -------------------------------------------------------------------

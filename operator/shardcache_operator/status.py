@@ -1,8 +1,8 @@
 """DatasetMount status: pure builders of the status dict, and its schema.
 
 The reconcile core (`reconcile.py`) decides an `Outcome`; `build_status` turns it into
-the status subresource: phase, the three conditions (SourceReachable, ManifestResolved,
-Ready, each with reason and message), the pinned digest and counts. Conditions keep
+the status subresource: phase, the conditions (SourceReachable, ManifestResolved,
+Ready, each with reason and message; DataStarved comes from `starvation`), the pinned digest and counts. Conditions keep
 their `lastTransitionTime` while their status does not change, so re-reconciling an
 unchanged object produces an identical status.
 """
@@ -232,7 +232,7 @@ def schema() -> dict[str, Any]:
         "properties": {
             "type": _prop(
                 "string",
-                "SourceReachable, ManifestResolved or Ready.",
+                f"{', '.join(CONDITION_TYPES[:-1])} or {CONDITION_TYPES[-1]}.",
                 enum=list(CONDITION_TYPES),
             ),
             "status": _prop("string", "True, False or Unknown.", enum=["True", "False", "Unknown"]),
@@ -276,8 +276,10 @@ def schema() -> dict[str, Any]:
             ),
             "conditions": {
                 "type": "array",
-                "description": "SourceReachable, ManifestResolved and Ready, each with a "
-                "reason and a message.",
+                # Named from CONDITION_TYPES: the description once left out DataStarved.
+                "description": f"{', '.join(CONDITION_TYPES[:-1])} and {CONDITION_TYPES[-1]}, "
+                "each with a reason and a message (DataStarved only once the stall checks "
+                "judged the mount's pods).",
                 "items": condition,
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],

@@ -7,8 +7,10 @@ settings, metrics and the DatasetMounts in memory from the `context.Context` mem
 The webhook configuration selects pods by the opt-in label (objectSelector on
 `shardcache.io/mount`), so unlabelled pods never reach the operator. It sees their
 CREATE (injection) and their UPDATEs, of the pod and of its ephemeral containers,
-which may not touch the injected sidecar (`pod_updates`). TLS comes from certificate
-files (the chart's Secret) or from `certs.generate` at start-up.
+which may not touch the injected sidecar (`pod_updates`). A pod created in a namespace
+the operator does not serve is admitted unchanged (`served_namespaces`). TLS comes from
+certificate files (the chart's Secret), reloaded when they change (`tls_reload`), or
+from `certs.generate` at start-up.
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ from shardcache_operator import (
     context,
     handlers,
     injection,
+    lookup_failures,
     mounts,
     pod_updates,
+    served_namespaces,
     specs,
+    tls_reload,
 )
 
 logger = logging.getLogger(__name__)
@@ -151,8 +156,13 @@ def build_configuration(
     }
 
 
-def server(settings: configuration.Settings) -> kopf.WebhookServer:
-    """kopf's HTTPS server with our certificates (never kopf's oscrypto self-signing)."""
+def server(
+    settings: configuration.Settings,
+    *,
+    reload_interval: float = tls_reload.CHECK_INTERVAL_SECONDS,
+) -> kopf.WebhookServer:
+    """kopf's HTTPS server with our certificates (never kopf's oscrypto self-signing),
+    reloaded when their files change (`tls_reload`: cert-manager renewals)."""
     cert_file, key_file, ca_file = (
         settings.webhook_cert_file,
         settings.webhook_key_file,
@@ -171,12 +181,11 @@ def server(settings: configuration.Settings) -> kopf.WebhookServer:
             str(files.ca_file),
         )
         logger.info("generated a webhook CA and certificate for %s in %s", sans, directory)
-    return kopf.WebhookServer(
+    return tls_reload.WebhookServer(
+        tls_reload.Reloader(Path(cert_file), Path(key_file), interval=reload_interval),
         addr=settings.webhook_addr,
         port=settings.webhook_port,
         host=settings.webhook_host,
-        certfile=cert_file,
-        pkeyfile=key_file,
         cafile=ca_file,
     )
 
@@ -191,6 +200,9 @@ async def decide(
     (`mounts.Store`), so a burst of pods costs no API reads.
     """
     started = time.monotonic()
+    served = memo.settings.namespaces
+    if not served_namespaces.serves(served, namespace):
+        return _unserved(pod, memo, started)
     metadata: Mapping[str, Any] = pod.get("metadata") or {}
     # Find every requested DatasetMount first; the decision itself is pure.
     fetched: dict[str, Mapping[str, Any] | Exception | None] = {}
@@ -219,7 +231,9 @@ async def decide(
     def lookup(_namespace: str, name: str) -> Mapping[str, Any] | None:
         found = fetched.get(name)
         if isinstance(found, Exception):
-            raise admission.LookupFailed(str(found))
+            raise admission.LookupFailed(
+                lookup_failures.explain(found, namespace=namespace, served=served)
+            )
         return found
 
     decision = admission.admit(
@@ -238,11 +252,27 @@ async def decide(
     return decision
 
 
+def _unserved(pod: Mapping[str, Any], memo: context.Context, started: float) -> admission.Decision:
+    """A pod created in a namespace this operator does not serve, admitted as it came.
+
+    Its webhook should not see such pods (the chart's namespaceSelector lists the
+    watched namespaces), but one configured wider must not refuse them: this operator
+    may not read DatasetMounts there, and another release may serve them (each
+    release's webhook sees every opted-in pod its selector matches, in name order).
+    """
+    decision = admission.Decision(True, dict(pod), [])
+    memo.metrics.admission_duration.observe(time.monotonic() - started)
+    memo.metrics.admission_total.labels(result="unchanged").inc()
+    return decision
+
+
 def decide_update(
     old: Mapping[str, Any], new: Mapping[str, Any], memo: context.Context
 ) -> admission.Decision:
     """`admission.decide_update`, with metrics. No DatasetMount is read: most UPDATEs of
-    opted-in pods are admitted at the first look at their init containers."""
+    opted-in pods are admitted at the first look at their init containers. Whatever the
+    namespace: the guard reads nothing this operator may lack, and an injected sidecar
+    is guarded by every release whose webhook sees it."""
     started = time.monotonic()
     decision = admission.decide_update(old, new)
     memo.metrics.admission_duration.observe(time.monotonic() - started)

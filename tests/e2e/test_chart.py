@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 import yaml
-from shardcache_operator import injection, specs, webhook
+from shardcache_operator import configuration, injection, webhook
 
 from tests.e2e import harness
 from tests.e2e.conftest import Release
@@ -101,6 +101,13 @@ def test_values_schema_refuses_bad_values(e2e_cluster: harness.Cluster) -> None:
         "--set=operator.replicas=2,peering.enabled=false": "replicas",
         "--set=operator.unknownKey=1": "unknownKey",
         "--set=rbac.secretNamespaces={Not_A_Namespace}": "secretNamespaces",
+        # The node-cache DaemonSet's root init container chowns nodeCache.path on every
+        # node: the CRD's nodePath pattern (no "/", no "." or ".." segment, no "//").
+        "--set=nodeCache.path=/": "nodeCache/path",
+        "--set=nodeCache.path=/var/cache/../../etc": "nodeCache/path",
+        "--set=nodeCache.path=/var//cache": "nodeCache/path",
+        "--set=nodeCache.path=/var/cache/": "nodeCache/path",
+        "--set=policy.nodePaths={/var/cache/..}": "nodePaths",
     }
     for flag, named in cases.items():
         result = e2e_cluster.run(
@@ -110,6 +117,88 @@ def test_values_schema_refuses_bad_values(e2e_cluster: harness.Cluster) -> None:
         assert result.returncode != 0, f"{flag} was accepted"
         assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
         assert named in result.stderr, f"{flag}: {result.stderr}"
+
+
+def map_values(values: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths of the non-empty maps in `values`, but those the templates copy
+    whole (toYaml) instead of reading keys of."""
+    whole = {
+        "operator.resources", "webhook.objectSelector", "podSecurityContext",
+        "securityContext", "monitoring.dashboard.labels",
+    }  # fmt: skip
+    found = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and path not in whole:
+            found += [path, *map_values(value, f"{path}.")]
+    return found
+
+
+def test_values_of_an_older_chart_fail_with_what_to_do_not_a_nil_pointer(
+    e2e_cluster: harness.Cluster,
+) -> None:
+    """`helm upgrade --reuse-values` keeps an older chart's values, which lack maps added
+    since; every map the templates read is named, with the flag that helps."""
+    defaults = yaml.safe_load((harness.CHART_DIR / "values.yaml").read_text())
+    paths = map_values(defaults)
+    assert {"nodeCache", "policy", "monitoring", "operator.settings"} <= set(paths)
+    for path in paths:
+        text = render(e2e_cluster, f"--set={path}=null", check=False)
+        assert "nil pointer" not in text, f"{path}: {text}"
+        if "values don't meet the specifications of the schema" in text:
+            continue  # refused earlier, naming a key (peering: replicas need it)
+        assert f"the values lack {path}" in text, f"{path}: {text}"
+        assert "--reset-then-reuse-values" in text, text
+
+
+def test_operator_replicas_are_spread_and_kept_through_voluntary_disruptions(
+    e2e_cluster: harness.Cluster,
+) -> None:
+    """Both replicas serve a failurePolicy Fail webhook: a PodDisruptionBudget and a
+    soft spread by node (defect 8), none with one replica, none when switched off."""
+    rendered = documents(render(e2e_cluster))
+    (deployment,) = [d for d in rendered if d["kind"] == "Deployment"]
+    (budget,) = [d for d in rendered if d["kind"] == "PodDisruptionBudget"]
+    pod = deployment["spec"]["template"]  # type: ignore[index]
+    assert budget["spec"] == {  # type: ignore[index]
+        "minAvailable": 1,
+        "selector": deployment["spec"]["selector"],  # type: ignore[index]
+    }
+    (spread,) = pod["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert spread["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    single = documents(render(e2e_cluster, *MODES["single-replica-no-peering"]))
+    assert not [d for d in single if d["kind"] == "PodDisruptionBudget"]
+    off = documents(
+        render(
+            e2e_cluster,
+            "--set=operator.spread.topologyKey=",
+            "--set=operator.podDisruptionBudget.enabled=false",
+        )
+    )
+    assert not [d for d in off if d["kind"] == "PodDisruptionBudget"]
+    (plain,) = [d for d in off if d["kind"] == "Deployment"]
+    assert "topologySpreadConstraints" not in plain["spec"]["template"]["spec"]  # type: ignore[index]
+    refused = render(e2e_cluster, "--set=operator.podDisruptionBudget.minAvailable=2", check=False)
+    assert "must be below operator.replicas (2)" in refused, refused
+
+
+def test_node_cache_path_is_the_default_node_path_of_the_operator(
+    e2e_cluster: harness.Cluster,
+) -> None:
+    """nodeCache.path is spec.cache.nodePath's default, as values.yaml says (defect 3):
+    the operator gets it, and an allow-list without it is refused."""
+    rendered = documents(render(e2e_cluster, "--set=nodeCache.path=/data/x"))
+    (deployment,) = [d for d in rendered if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]  # type: ignore[index]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SHARDCACHE_OPERATOR_DEFAULT_NODE_PATH"] == "/data/x"
+    assert env["SHARDCACHE_OPERATOR_NODE_PATHS"] == "/data/x"
+    settings = configuration.from_env({k: v for k, v in env.items() if v is not None})
+    assert settings.policy().default_node_path == "/data/x"
+    refused = render(e2e_cluster, "--set=policy.nodePaths={/mnt/a}", check=False)
+    assert 'leaves out nodeCache.path "/var/cache/shardcache"' in refused, refused
 
 
 def test_rbac_grants_secrets_only_where_asked(e2e_cluster: harness.Cluster) -> None:
@@ -252,7 +341,8 @@ def test_node_cache_daemonset_prepares_the_sidecars_directory(
     (daemonset,) = [d for d in documents(render(e2e_cluster)) if d["kind"] == "DaemonSet"]
     pod = daemonset["spec"]["template"]["spec"]  # type: ignore[index]
     (volume,) = pod["volumes"]
-    assert volume["hostPath"] == {"path": specs.CacheSpec().node_path, "type": "DirectoryOrCreate"}
+    default_path = configuration.Settings().default_node_path
+    assert volume["hostPath"] == {"path": default_path, "type": "DirectoryOrCreate"}
     (prepare,) = pod["initContainers"]
     assert prepare["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
     assert prepare["securityContext"]["allowPrivilegeEscalation"] is False

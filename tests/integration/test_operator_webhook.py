@@ -320,7 +320,11 @@ async def test_unlabelled_pod_passes_untouched(endpoint: Endpoint) -> None:
     [
         ("missing", "DatasetMount ml/missing does not exist"),
         ("cold", "DatasetMount ml/cold is not Ready (phase Pending"),
-        ("explodes", "DatasetMount ml/explodes could not be read: API server said 500"),
+        (
+            "explodes",
+            "DatasetMount ml/explodes could not be read: the operator got no answer from the "
+            "API server (RuntimeError: API server said 500); retry in a moment",
+        ),
         ("imagenet_missing", "DatasetMount ml/missing does not exist"),
     ],
 )

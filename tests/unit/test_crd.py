@@ -55,6 +55,45 @@ def test_committed_crd_equals_generated_output() -> None:
     assert CRD_PATH.read_text() == crd.render(), "run `make crds` and commit the result"
 
 
+def test_a_schema_change_bumps_the_schema_version() -> None:
+    """The operator refuses to reconcile against an installed CRD of a lower schema
+    version (`crd_version`), so every change of what the API server enforces must bump
+    it, or an upgrade that skipped the CRDs would go unnoticed again."""
+    found = crd.fingerprint(crd.build())
+    assert found == crd.SCHEMA_FINGERPRINT, (
+        f"the CRD's schema changed (fingerprint {found}): bump crd.SCHEMA_VERSION (now "
+        f"{crd.SCHEMA_VERSION}), set crd.SCHEMA_FINGERPRINT to {found!r}, bump the chart's "
+        "version (helm/shardcache/Chart.yaml) and run `make crds`"
+    )
+
+
+def test_descriptions_are_not_part_of_the_schema_fingerprint() -> None:
+    changed = copy.deepcopy(crd.build())
+    spec = changed["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["description"] = "reworded"
+    assert crd.fingerprint(changed) == crd.fingerprint(crd.build())
+    spec["properties"]["cache"]["properties"]["nodePath"]["default"] = "/var/cache/shardcache"
+    assert crd.fingerprint(changed) != crd.fingerprint(crd.build())
+
+
+def test_condition_descriptions_name_every_condition_type() -> None:
+    status = committed_schema()["properties"]["status"]["properties"]
+    conditions = status["conditions"]
+    for kind in conditions["items"]["properties"]["type"]["enum"]:
+        assert kind in conditions["description"]
+        assert kind in conditions["items"]["properties"]["type"]["description"]
+
+
+def test_node_path_has_no_crd_default_so_the_platform_default_applies() -> None:
+    """A default the API server fills in is stored as if the author wrote it: the
+    operator could not tell a mount that left nodePath out from one that asked for
+    /var/cache/shardcache, and a platform whose nodeCache.path is elsewhere refused
+    every mount that left it out (the helm exploration's defect 3)."""
+    cache = committed_schema()["properties"]["spec"]["properties"]["cache"]["properties"]
+    assert "default" not in cache["nodePath"]
+    assert specs.parse_spec({"source": {"uri": "s3://b/p/"}}).cache.node_path is None
+
+
 def test_crd_identity_matches_the_issue() -> None:
     body = committed_crd()["spec"]
     assert body["group"] == "shardcache.io"

@@ -68,7 +68,8 @@ def test_the_operator_registers_reconcile_timers_finalizer_index_and_webhook() -
         assert mutate.labels == {injection.LABEL_MOUNT: kopf.PRESENT}
         assert mutate.persistent is True
     activities = {h.id for h in reg._activities.get_all_handlers()}
-    assert activities == {"login", "configure"}
+    # check-crd: the installed CRD is judged before any mount is handled (crd_version).
+    assert activities == {"login", "configure", "check-crd"}
 
 
 def test_without_the_webhook_no_admission_handler_is_registered() -> None:

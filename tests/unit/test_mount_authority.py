@@ -13,7 +13,15 @@ import re
 from typing import Any
 
 import pytest
-from shardcache_operator import admission, authority, configuration, injection, specs
+from shardcache_operator import (
+    admission,
+    authority,
+    configuration,
+    context,
+    injection,
+    mounts,
+    specs,
+)
 
 from shardcache import contract, errors
 from tests.unit.test_injection import DEFAULTS, admit, dsm, lookup_of, pod, review_request
@@ -142,3 +150,59 @@ def test_operator_settings_carry_the_policy_from_the_chart_env() -> None:
     )
     with pytest.raises(errors.InputError, match="SHARDCACHE_OPERATOR_MAX_CACHE_DISK"):
         configuration.from_env({"SHARDCACHE_OPERATOR_MAX_CACHE_DISK": "lots"})
+
+
+def test_a_mount_without_node_path_gets_the_platforms_default_node_path() -> None:
+    """nodeCache.path is spec.cache.nodePath's default: under a release with
+    nodeCache.path=/data/x (the chart's allow-list then is /data/x alone) a mount that
+    leaves nodePath out is allowed and its pods mount /data/x (the helm exploration's
+    defect 3: it was Invalid, and so were its pods)."""
+    settings = configuration.from_env(
+        {
+            "SHARDCACHE_OPERATOR_NODE_PATHS": "/data/x",
+            "SHARDCACHE_OPERATOR_DEFAULT_NODE_PATH": "/data/x",
+        }
+    )
+    store = context.Context(settings=settings, api=None).mounts  # type: ignore[arg-type]
+    mount = dsm("imagenet")
+    assert "nodePath" not in mount["spec"].get("cache", {})
+    loaded = store.load(mount, known=1)
+    assert loaded.spec.cache.node_path == "/data/x"
+    assert authority.violations(loaded.spec, settings.policy(), default_image="s:1") == []
+    decision = admission.decide(
+        pod(),
+        namespace="ml",
+        lookup=lookup_of(mount),
+        defaults=DEFAULTS,
+        load=lambda obj: store.load(obj, known=1),
+        policy=settings.policy(),
+    )
+    assert decision.allowed, decision.message
+    paths = [v["hostPath"]["path"] for v in decision.pod["spec"]["volumes"] if "hostPath" in v]
+    assert paths == ["/data/x"]
+
+
+def test_a_mount_that_names_its_node_path_keeps_it_under_another_default() -> None:
+    """Mounts stored by an older CRD carry its default, /var/cache/shardcache, as if
+    written: they keep it, allowed where the platform still allows it."""
+    policy = authority.Policy(
+        node_paths=("/data/x", contract.DEFAULT_DISK_DIR), default_node_path="/data/x"
+    )
+    store = mounts.Store(default_node_path="/data/x")
+    named = store.load(dsm("imagenet", cache={"nodePath": contract.DEFAULT_DISK_DIR}), known=1)
+    assert named.spec.cache.node_path == contract.DEFAULT_DISK_DIR
+    assert authority.violations(named.spec, policy, default_image="s:1") == []
+
+
+def test_an_unset_node_path_the_platform_does_not_allow_says_it_was_the_default() -> None:
+    spec = specs.parse_spec({"source": {"uri": "s3://b/p/"}})
+    policy = authority.Policy(node_paths=("/mnt/nvme",), default_node_path="/data/x")
+    (message,) = authority.violations(spec, policy, default_image="s:1")
+    assert "unset: the platform's default '/data/x', chart value nodeCache.path" in message
+    assert "'/mnt/nvme'" in message
+
+
+def test_the_default_node_path_setting_is_held_to_the_crds_pattern() -> None:
+    assert configuration.from_env({}).default_node_path == contract.DEFAULT_DISK_DIR
+    with pytest.raises(errors.InputError, match="SHARDCACHE_OPERATOR_DEFAULT_NODE_PATH"):
+        configuration.from_env({"SHARDCACHE_OPERATOR_DEFAULT_NODE_PATH": "/var/cache/../etc"})

@@ -75,3 +75,27 @@ the per-namespace Roles (operator.watchNamespaces). Why each is needed:
   resources: [events]
   verbs: [create]
 {{- end -}}
+
+{{/*
+Fail early, naming what is missing, when the values lack a map that the templates read
+keys of: `helm upgrade --reuse-values` from an older chart keeps that release's values,
+which predate maps added since (nodeCache, policy, monitoring, ...), and the templates
+would stop at a nil pointer instead. templates/checks/values.yaml runs it first (helm
+renders deeper paths first). tests/e2e/test_chart.py nulls each map to prove the list
+complete.
+*/}}
+{{- define "shardcache.checkValues" -}}
+{{- $missing := list -}}
+{{- range $path := list "operator" "operator.image" "operator.spread" "operator.podDisruptionBudget" "operator.settings" "sidecar" "sidecar.image" "policy" "peering" "serviceAccount" "rbac" "webhook" "webhook.certManager" "metrics" "networkPolicy" "networkPolicy.metricsPorts" "nodeCache" "monitoring" "monitoring.podMonitor" "monitoring.rules" "monitoring.rules.dataStall" "monitoring.rules.notReady" "monitoring.rules.sourceErrors" "monitoring.rules.sidecarNotReady" "monitoring.dashboard" -}}
+{{- $node := $.Values -}}
+{{- range $key := splitList "." $path -}}
+{{- $node = ternary (get (kindIs "map" $node | ternary $node dict) $key) nil (kindIs "map" $node) -}}
+{{- end -}}
+{{- if not (kindIs "map" $node) -}}
+{{- $missing = append $missing $path -}}
+{{- end -}}
+{{- end -}}
+{{- if $missing -}}
+{{- fail (printf "the values lack %s, which this chart (%s) reads: they are an older chart's, as `helm upgrade --reuse-values` keeps them. Upgrade with --reset-then-reuse-values (helm 3.14 or later: this chart's defaults, then your earlier values and flags on top), or give your values files again (-f) without --reuse-values; docs/operator.md, \"Upgrading\"" (join ", " $missing) .Chart.Version) -}}
+{{- end -}}
+{{- end -}}
