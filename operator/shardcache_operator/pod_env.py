@@ -199,7 +199,7 @@ def set_trainer_env(
         variables.MOUNT.env: mounts[0],
         variables.CHECKPOINT_DIR.env: checkpoint_dir,
     }
-    env = container.setdefault("env", [])
+    env = container["env"] = list(container.get("env") or [])  # `env:` alone is a null
     for variable in variables.injected_into(variables.Container.TRAINER):
         if variable.env in layout:
             value = layout[variable.env]

@@ -127,9 +127,9 @@ def add_mount(container: dict[str, Any], mount: TrainerMount) -> None:
     """Mount a volume into a trainer container; `InputError` when the path is taken."""
     volume = _taken_by(container, mount.path)
     if volume is None:
-        container.setdefault("volumeMounts", []).append(
-            {"name": mount.volume, "mountPath": mount.path}
-        )
+        # `or`: a YAML `volumeMounts:` with nothing under it is a null, not a list.
+        mounts = container.get("volumeMounts") or []
+        container["volumeMounts"] = [*mounts, {"name": mount.volume, "mountPath": mount.path}]
         return
     name = container.get("name")
     if pod_names.is_checkpoint_volume(volume):

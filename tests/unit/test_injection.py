@@ -640,3 +640,15 @@ def test_a_fixed_rank_publishes_under_its_rank_and_an_unranked_pod_under_the_uri
     assert env_of(sidecars(stored)[0])[contract.ENV_CHECKPOINT_URI] == "s3://ckpt/run-1/rank-2"
     _, stored = admit(pod(), dsm("imagenet", checkpoint=checkpoint))
     assert env_of(sidecars(stored)[0])[contract.ENV_CHECKPOINT_URI] == "s3://ckpt/run-1"
+
+
+def test_a_trainer_whose_env_and_volume_mounts_are_yaml_nulls_is_injected() -> None:
+    # `env:` or `volumeMounts:` with nothing under it is a null in YAML (offline inject).
+    body = pod(
+        containers=[{"name": "trainer", "image": "python:3.11", "env": None, "volumeMounts": None}]
+    )
+    response, stored = admit(body, dsm("imagenet"))
+    assert response["allowed"] is True
+    (trainer,) = stored["spec"]["containers"]
+    assert env_of(trainer)[contract.ENV_MOUNT] == "imagenet"
+    assert trainer["volumeMounts"], "the run volume is mounted into the trainer"
