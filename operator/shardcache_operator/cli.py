@@ -7,12 +7,14 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from shardcache import errors
+from shardcache.contract import log_levels
 from shardcache_operator import configuration, injection, offline
 
 
@@ -28,11 +30,15 @@ def register_operator(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "--namespace", action="append", dest="namespaces", help="serve only this namespace"
     )
     parser.add_argument("--standalone", action="store_true", default=None, help="no peering")
-    parser.add_argument("--priority", type=int, help="peering priority (default: random)")
+    parser.add_argument(
+        "--priority", type=_flag("priority"), help="peering priority (default: random)"
+    )
     parser.add_argument("--sidecar-image", help="default sidecar image")
     parser.add_argument("--no-webhook", dest="webhook_enabled", action="store_false", default=None)
     parser.add_argument("--webhook-addr", help="webhook listen address")
-    parser.add_argument("--webhook-port", type=int, help="webhook listen port")
+    parser.add_argument(
+        "--webhook-port", type=_flag("webhook_port"), help="webhook listen port (0-65535)"
+    )
     parser.add_argument("--webhook-host", help="host name in a managed webhook URL")
     parser.add_argument("--cert-file", dest="webhook_cert_file", help="serving certificate")
     parser.add_argument("--key-file", dest="webhook_key_file", help="serving key")
@@ -45,16 +51,27 @@ def register_operator(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="name of a MutatingWebhookConfiguration the operator manages (with caBundle)",
     )
     parser.add_argument("--health-addr", help="/healthz and /metrics listen address")
-    parser.add_argument("--health-port", type=int, help="/healthz and /metrics listen port")
-    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--health-port",
+        type=_flag("health_port"),
+        help="/healthz and /metrics listen port (0-65535)",
+    )
+    parser.add_argument(
+        "--log-level",
+        type=log_levels.PARSER.flag_type,
+        default="INFO",
+        help=f"LEVEL[,logger=LEVEL...], each LEVEL one of {log_levels.LEVEL_NAMES}, in any "
+        "case (default: INFO; the chart's operator.logLevel)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="debug logging (--log-level DEBUG)")
     parser.set_defaults(func=run_operator)
 
 
 def run_operator(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    root, loggers = log_levels.split("DEBUG" if args.verbose else args.log_level)
+    logging.basicConfig(level=root, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name, level in loggers.items():
+        logging.getLogger(name).setLevel(level)
     overrides: dict[str, Any] = {
         key: getattr(args, key)
         for key in (
@@ -82,10 +99,20 @@ def run_operator(args: argparse.Namespace) -> int:
     except errors.InputError as exc:
         print(f"shardcache operator: {exc}", file=sys.stderr)
         return 2
-    from shardcache_operator import app  # kopf and the API client load only here
+    from shardcache_operator import app, kube  # kopf and the API client load only here
 
-    asyncio.run(app.run(settings))
+    try:
+        asyncio.run(app.run(settings))
+    except kube.KubeconfigError as exc:
+        # Raised before anything starts: one line naming the file, like a bad setting.
+        print(f"shardcache operator: {exc}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _flag(setting: str) -> Callable[[str], Any]:
+    """argparse's `type=` for a flag of `setting`: the same parser and range as its env."""
+    return configuration.parser(setting).flag_type
 
 
 def register_inject(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

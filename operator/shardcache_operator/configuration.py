@@ -9,6 +9,8 @@ booleans, and errors that name the variable, what was expected and what was foun
 from __future__ import annotations
 
 import dataclasses
+import math
+import posixpath
 from collections.abc import Mapping
 from typing import Any
 
@@ -140,44 +142,122 @@ def _quantity(text: str) -> int:
         raise parsers.ParseError("a byte size like '64Gi' or 1048576", repr(text)) from None
 
 
-#: Settings whose text is not read by their annotated type alone.
-_CHOICES: dict[str, parsers.Parser[Any]] = {
+def _seconds(*, off: bool = False) -> parsers.Parser[float]:
+    """Seconds, finite and > 0; with `off`, 0 too (the setting's documented "none")."""
+    expected = "seconds >= 0 (0: off)" if off else "seconds > 0"
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise parsers.ParseError(f"{expected}, a number", repr(text)) from None
+        # NaN compares false with everything: `not value >= 0` refuses it too. An
+        # infinite interval or timeout is never what was meant (a timer that never fires).
+        if not (math.isfinite(value) and value >= 0) or (value == 0 and not off):
+            raise parsers.ParseError(f"finite {expected}", text)
+        return value
+
+    return parsers.Parser(expected, convert)
+
+
+def _absolute_path(text: str) -> str:
+    # Mounted into every injected pod: a relative or unnormalised path is an invalid
+    # mountPath (or names a directory other than the one it reads as).
+    if not (
+        text.startswith("/") and not text.startswith("//") and posixpath.normpath(text) == text
+    ):
+        raise parsers.ParseError(
+            "an absolute, normalised path like /run/shardcache (no '.' or '..' segments, "
+            "no '//', no trailing '/')",
+            repr(text),
+        )
+    return text
+
+
+_NODE_PATH = parsers.pattern(
+    specs.NODE_PATH_PATTERN[1:-1],
+    expected="an absolute path like /var/cache/shardcache "
+    "(no '.' or '..' segments, no '//', no trailing '/')",
+    kind="node path",
+)
+
+
+def _node_paths(text: str) -> tuple[str, ...]:
+    # Each is compared with a mount's spec.cache.nodePath, which the CRD holds to the
+    # same pattern: a path outside it could never be named, so it is a typo.
+    return tuple(_NODE_PATH.convert(path) for path in parsers.words(text))
+
+
+PORT = parsers.integer(minimum=0, maximum=65535)
+_SECONDS = _seconds()
+
+#: Each numeric or path setting's parser, with its range; the rest are read by their
+#: annotated type (`_parser`). docs/operator.md, "Settings", states the ranges.
+_PARSERS: dict[str, parsers.Parser[Any]] = {
+    "run_dir": parsers.Parser("absolute path", _absolute_path),
+    # 0 is root, which the injected runAsNonRoot refuses.
+    "sidecar_uid": parsers.integer(minimum=1),
+    "startup_timeout_seconds": parsers.integer(minimum=1),
     "missing_policy": parsers.choice(*POLICIES),
+    "node_paths": parsers.Parser("comma-separated node paths", _node_paths),
+    # A mount's own nodePath is held to the CRD's pattern; the default is held to it too.
+    "default_node_path": _NODE_PATH,
     "max_cache_memory": parsers.Parser("quantity", _quantity),
     "max_cache_disk": parsers.Parser("quantity", _quantity),
-    # A mount's own nodePath is held to the CRD's pattern; the default is held to it too.
-    "default_node_path": parsers.pattern(
-        specs.NODE_PATH_PATTERN[1:-1],
-        expected="an absolute path like /var/cache/shardcache "
-        "(no '.' or '..' segments, no '//', no trailing '/')",
-        kind="node path",
-    ),
+    "resolve_timeout_seconds": _SECONDS,
+    "backoff_initial_seconds": _SECONDS,
+    "backoff_max_seconds": _SECONDS,
+    "source_check_seconds": _SECONDS,
+    "pods_interval_seconds": _SECONDS,
+    "skips_interval_seconds": _SECONDS,
+    "stall_check_seconds": _seconds(off=True),
+    "deletion_poll_seconds": _SECONDS,
+    # 0: any free port (tests, and local runs beside another operator).
+    "webhook_port": PORT,
+    "health_port": PORT,
+    "priority": parsers.integer(),
 }
 
 
+def parser(name: str) -> parsers.Parser[Any]:
+    """The parser of setting `name` (a field of `Settings`): its env text and flags."""
+    field = next((f for f in dataclasses.fields(Settings) if f.name == name), None)
+    if field is None:
+        raise KeyError(name)
+    return _parser(field)
+
+
 def _parser(field: dataclasses.Field[Any]) -> parsers.Parser[Any]:
-    """The contract's parser for a field's annotated type (the env of the chart is text)."""
+    """The contract's parser for a field: its own (`_PARSERS`), else by annotated type."""
+    if field.name in _PARSERS:
+        return _PARSERS[field.name]
     kind = str(field.type)
     if kind.startswith("bool"):
         return parsers.BOOLEAN
-    if field.name in _CHOICES:
-        return _CHOICES[field.name]
-    if kind.startswith("int"):
-        return parsers.integer()
-    if kind.startswith("float"):
-        return parsers.NUMBER
     if kind.startswith("tuple"):
         return parsers.WORDS
-    return _CHOICES.get(field.name, parsers.TEXT)
+    if kind.startswith("str"):
+        return parsers.TEXT
+    # A number has a range: give it one in `_PARSERS` (tests hold every field to it).
+    raise TypeError(f"setting {field.name} ({kind}) has no parser in _PARSERS")
 
 
 def from_env(environ: Mapping[str, str], **overrides: Any) -> Settings:
-    """Settings from SHARDCACHE_OPERATOR_* variables, then `overrides` (None = keep)."""
+    """Settings from SHARDCACHE_OPERATOR_* variables, then `overrides` (None = keep).
+
+    Overrides (the CLI's flags) are held to the same parsers and ranges, named by their
+    setting, so no value reaches the operator unchecked."""
     values: dict[str, Any] = {}
-    for field in dataclasses.fields(Settings):
+    fields = {field.name: field for field in dataclasses.fields(Settings)}
+    for field in fields.values():
         name = ENV_PREFIX + field.name.upper()
         text = environ.get(name, "")
         if text.strip():
             values[field.name] = _parser(field)(f"${name}", text)
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in fields:
+            raise TypeError(f"no operator setting {key!r}")
+        values[key] = _parser(fields[key])(key, parsers.render(value))
     return Settings(**values)

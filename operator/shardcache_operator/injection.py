@@ -34,6 +34,7 @@ from typing import Any
 
 from shardcache import contract, errors
 from shardcache_operator import (
+    configuration,
     mount_parts,
     pod_env,
     pod_names,
@@ -89,11 +90,13 @@ class SidecarDefaults:
     image: str
     #: Run directory inside pods; each mount gets a subdirectory (see contract.mount_dir).
     run_dir: str = contract.DEFAULT_RUN_DIR
-    #: Non-root UID/GID of the sidecar; the node disk path must be writable by it.
-    run_as_user: int = 65532
+    #: Non-root UID/GID of the sidecar; the node disk path must be writable by it. The
+    #: defaults are the operator's settings' (`configuration.Settings`, defined there once;
+    #: the chart sets them from nodeCache.uid).
+    run_as_user: int = configuration.Settings.sidecar_uid
     #: Seconds the sidecar may take to become ready (restore + warm-up) before kubelet
-    #: restarts it; generous because a checkpoint restore can be large.
-    startup_timeout_seconds: int = 600
+    #: restarts it.
+    startup_timeout_seconds: int = configuration.Settings.startup_timeout_seconds
     #: First TCP port tried for a sidecar's probes/metrics; later mounts take the next free.
     metrics_port: int = contract.DEFAULT_METRICS_PORT
     #: First TCP port tried for a sidecar's loopback web inspector.

@@ -15,25 +15,85 @@ from typing import Any, cast
 
 import kopf
 import kubernetes
+import yaml
 
+from shardcache import errors
 from shardcache_operator import specs
 
 
+class KubeconfigError(errors.InputError):
+    """No API client configuration: a kubeconfig that is missing, unreadable or not a
+    kubeconfig, or none at all outside a cluster. The message names the file."""
+
+
 def configure(kubeconfig: str | None) -> kubernetes.client.ApiClient:
-    """An API client; in-cluster config unless a kubeconfig is given or found."""
+    """An API client; in-cluster config unless a kubeconfig is given or found.
+
+    Raises `KubeconfigError` naming the kubeconfig when there is no usable config."""
     if kubeconfig:
         # kopf's login (login_via_client) calls load_kube_config() without a path, which
         # reads the library's default location: KUBECONFIG as it was at import time. Point
         # both at this file, or kopf would log in with ~/.kube/config (or not at all).
+        _load_kubeconfig(kubeconfig, given=True)
         os.environ["KUBECONFIG"] = kubeconfig
         kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION = kubeconfig
-        kubernetes.config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
     else:
         try:
             kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
         except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+            _load_kubeconfig(
+                kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION, given=False
+            )
     return kubernetes.client.ApiClient()
+
+
+def _load_kubeconfig(location: str, *, given: bool) -> None:
+    """Load `location` (a path, or the library's default: paths joined by ':'), or
+    raise `KubeconfigError`: the library says "No configuration found" for a missing
+    file and raises TypeError for YAML that is not a mapping, naming no file."""
+    where = f"kubeconfig {location or repr(location)}"
+    if not given:
+        where += (
+            " (not in a cluster: the default from $KUBECONFIG or ~/.kube/config; or --kubeconfig)"
+        )
+    paths = [os.path.expanduser(p) for p in location.split(os.pathsep) if p]
+    if not any(os.path.exists(path) for path in paths):
+        raise KubeconfigError(f"{where}: expected a kubeconfig file, found no such file")
+    try:
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=location if given else None
+        )
+    except OSError as exc:
+        raise KubeconfigError(f"{where}: cannot be read: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(exc).split())
+        raise KubeconfigError(
+            f"{where}: expected a kubeconfig, found malformed YAML: {problem}"
+        ) from exc
+    except kubernetes.config.ConfigException as exc:
+        raise KubeconfigError(f"{where}: {exc}") from exc
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        raise KubeconfigError(
+            f"{where}: expected a kubeconfig (a mapping with clusters, users, contexts and "
+            f"current-context), found a document the client cannot read ({exc})"
+        ) from exc
+
+
+def object_not_found(body: object, name: str) -> bool:
+    """Whether a 404's body says the DatasetMount `name` does not exist, rather than its
+    resource type: the API server answers a missing object with a Status whose details
+    name it (reason NotFound, details.kind the plural), and a path of a resource type it
+    does not serve (no CRD) with a plain "404 page not found"."""
+    try:
+        status = json.loads(body) if isinstance(body, str | bytes) else body
+    except ValueError:
+        return False
+    if not isinstance(status, dict) or status.get("reason") != "NotFound":
+        return False
+    details = status.get("details")
+    if not isinstance(details, dict):
+        return False
+    return details.get("kind") == specs.PLURAL and details.get("name") in (None, name)
 
 
 def connection_info() -> kopf.ConnectionInfo:
@@ -104,8 +164,10 @@ class Api:
                 name,
             )
         except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
+            if exc.status == 404 and object_not_found(exc.body, name):
                 return None
+            # A 404 for the resource type (the CRD is not installed) is not a missing
+            # mount: "create it" would be the wrong advice (`lookup_failures.explain`).
             raise
         return cast(dict[str, Any], obj)
 

@@ -49,4 +49,12 @@ def explain(exc: BaseException, *, namespace: str, served: tuple[str, ...]) -> s
             "ServiceAccount token may have expired or been revoked; restart the operator "
             "(`kubectl rollout restart deployment` of the release)"
         )
+    if status == 404:
+        # A missing DatasetMount is no failure (`kube.read_datasetmount` returns None);
+        # a 404 that gets here is for the resource type itself.
+        return (
+            f"the DatasetMount CRD is not installed ({answered} for the resource type "
+            "datasetmounts.shardcache.io): kubectl apply -f <chart>/crds/ (helm installs "
+            'them on first install only; docs/operator.md, "Upgrading")'
+        )
     return f"{answered}; {_RETRY}"

@@ -1,0 +1,135 @@
+"""The chart's operator Deployment and alert rules, rendered with `helm template` (no
+cluster): nodeCache.uid reaches the webhook, every log level works, and the
+ShardcacheCacheTierUnusable alert fires for an unusable tier (promtool)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from shardcache_operator import configuration, webhook
+
+from tests.support import prometheus, toolpaths
+
+pytestmark = pytest.mark.unit
+
+CHART = toolpaths.REPO_ROOT / "helm" / "shardcache"
+
+
+def helm_template(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    helm = toolpaths.tool_binary("helm", "HELM_VERSION", "helm")
+    home = {k: str(tmp_path / k) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")}
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | home
+    return subprocess.run(
+        [str(helm), "template", "rel", str(CHART), "--namespace=rel-system", *args],
+        capture_output=True, text=True, check=False, timeout=60, env=env,
+    )  # fmt: skip
+
+
+def rendered(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    result = helm_template(tmp_path, *args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def operator_container(tmp_path: Path, *args: str) -> dict[str, Any]:
+    (deployment,) = [d for d in rendered(tmp_path, *args) if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container  # type: ignore[no-any-return]
+
+
+def test_node_cache_uid_is_the_uid_the_webhook_injects(tmp_path: Path) -> None:
+    container = operator_container(tmp_path, "--set=nodeCache.uid=1000,nodeCache.gid=1000")
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SHARDCACHE_OPERATOR_SIDECAR_UID"] == "1000"
+    settings = configuration.from_env({k: v for k, v in env.items() if v is not None})
+    assert webhook.defaults_of(settings).run_as_user == 1000
+    default = operator_container(tmp_path)
+    env = {e["name"]: e.get("value") for e in default["env"]}
+    assert env["SHARDCACHE_OPERATOR_SIDECAR_UID"] == str(configuration.Settings.sidecar_uid)
+
+
+def test_a_gid_other_than_the_uid_is_refused(tmp_path: Path) -> None:
+    """The webhook sets runAsGroup = runAsUser: a different gid would own the directory
+    for a group the sidecar is not in."""
+    result = helm_template(tmp_path, "--set=nodeCache.uid=1000")
+    assert result.returncode != 0
+    assert "nodeCache.gid 65532 differs from nodeCache.uid 1000" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "flag"),
+    [("debug", "DEBUG"), ("info", "INFO"), ("Warning", "WARNING"), ("ERROR", "ERROR")],
+)
+def test_every_log_level_reaches_the_operator_in_any_case(
+    tmp_path: Path, value: str, flag: str
+) -> None:
+    container = operator_container(tmp_path, f"--set=operator.logLevel={value}")
+    assert f"--log-level={flag}" in container["args"]
+
+
+def test_an_unknown_log_level_is_refused_by_the_schema(tmp_path: Path) -> None:
+    result = helm_template(tmp_path, "--set=operator.logLevel=verbose")
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert "logLevel" in result.stderr
+
+
+#: A sidecar whose disk tier is unusable for 20 minutes (its memory tier is fine), beside
+#: one whose disk tier is unusable for 2 minutes only (a node the DaemonSet reached late).
+TIER_UNUSABLE_TEST = """
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'shardcache_cache_tier_usable{namespace="ml",pod="stuck",container="shardcache-train",tier="disk"}'
+        values: '0x20'
+      - series: 'shardcache_cache_tier_usable{namespace="ml",pod="stuck",container="shardcache-train",tier="memory"}'
+        values: '1x20'
+      - series: 'shardcache_cache_tier_usable{namespace="ml",pod="late",container="shardcache-train",tier="disk"}'
+        values: '0 0 1x18'
+    alert_rule_test:
+      - alertname: ShardcacheCacheTierUnusable
+        eval_time: 3m
+        exp_alerts: []
+      - alertname: ShardcacheCacheTierUnusable
+        eval_time: 10m
+        exp_alerts:
+          - exp_labels:
+              severity: warning
+              namespace: ml
+              pod: stuck
+              container: shardcache-train
+              tier: disk
+            exp_annotations:
+              summary: "Sidecar ml/stuck (shardcache-train) cannot use its disk tier"
+              description: >-
+                Its /readyz `tiers` gate and its log name the directory, the UID/GID it runs
+                as, the directory's owner and mode and the fix (owner nodeCache.uid, mode
+                2770: docs/operator.md). It rechecks every 2 s and goes on once fixed.
+"""
+
+
+def test_an_unusable_tier_fires_its_alert_after_its_for_and_a_healed_one_never(
+    tmp_path: Path,
+) -> None:
+    docs = rendered(tmp_path, "--set=monitoring.rules.enabled=true")
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(prometheus.rule_file(rule)))
+    (tmp_path / "test.yaml").write_text(TIER_UNUSABLE_TEST)
+    promtool = prometheus.binary("promtool")
+    check = subprocess.run(
+        [str(promtool), "check", "rules", str(tmp_path / "rules.yaml")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    result = subprocess.run(
+        [str(promtool), "test", "rules", str(tmp_path / "test.yaml")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
