@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 .PHONY: help install demo test lint typecheck layers pytest bench-read
 help:
 	@echo "make demo   - run the data path end to end on this machine (no cluster)"
-	@echo "make test   - lint, types, layering, then unit, integration and e2e tests"
+	@echo "make test   - lint, types, layering, then unit, integration and e2e tests, and the node tier (a real kubelet; SHARDCACHE_NODE=0 leaves it out)"
 	@echo "make bench-read / bench-ckpt / bench-peers / bench-sample / bench-gather / bench-shuffle-quality / bench-node / bench-gpu / bench-operator - benchmarks (not tests)"
 	@echo "make soak   - the crash matrix at random, >= 100 kills (nightly; not in make test)"
 	@echo "make flake-check - make test 3 times on fresh clones with a CPU burner (not in make test)"

@@ -119,6 +119,12 @@ def split_uri(uri: str) -> tuple[str, str]:
             "the path alone; a name with '#' or '?' in it is written %23 or %3F"
         )
     if scheme == "file":
+        if parsed.netloc:
+            # Dropped, file://tmp/data would read /data without a word.
+            raise errors.InputError(
+                f"file URI {uris.redact(uri)!r} names the host {parsed.netloc!r}: expected "
+                "file:///absolute/path (three slashes; a local path names no host)"
+            )
         return scheme, urllib.parse.unquote(parsed.path)
     return scheme, (parsed.netloc + urllib.parse.unquote(parsed.path)).rstrip("/")
 

@@ -141,7 +141,15 @@ def register_inject(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _read_documents(path: str) -> list[object]:
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        # A ValueError, not an OSError: it would end in a traceback naming no file.
+        where = "standard input" if path == "-" else path
+        raise errors.InputError(
+            f"{where}: expected UTF-8 YAML, found byte {exc.object[exc.start]:#04x} at "
+            f"offset {exc.start} that is not UTF-8"
+        ) from exc
     try:
         return list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:
@@ -168,10 +176,16 @@ def run_inject(args: argparse.Namespace) -> int:
             output.append(injected)
     except (errors.InputError, OSError) as exc:
         print(f"shardcache inject: {exc}", file=sys.stderr)
-        return 1
+        return 2
     text = yaml.safe_dump_all(output, sort_keys=False)
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
+    if not args.output:
         sys.stdout.write(text)
+        return 0
+    try:
+        Path(args.output).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        print(
+            f"shardcache inject: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr
+        )
+        return 2
     return 0

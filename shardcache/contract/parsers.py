@@ -151,12 +151,50 @@ def _text(text: str) -> str:
     return text
 
 
+#: A URI setting's form: a lowercase scheme, "://", then at least one character. The
+#: same pattern and limit as the CRD's `uri` fields (shardcache_operator.specs
+#: URI_PATTERN, MAX_URI_LENGTH; tests/unit/test_uri_settings.py holds them equal), so a
+#: value the API server refuses in a DatasetMount is refused in a variable or flag too.
+URI_PATTERN = r"^[a-z][a-z0-9+.-]*://.+$"
+MAX_URI_LENGTH = 2048
+_URI = re.compile(URI_PATTERN)
+URI_EXPECTED = "a URI scheme://path such as s3://bucket/prefix or file:///data"
+#: A scheme with its "://" mistyped: "s3//b/p", "s3:/b/p", "file:/x", "s3:b".
+_MISTYPED_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*(//|:/?)(?!/)")
+
+
+def _uri_problem(text: str) -> str | None:
+    """Why `text` is not of `URI_EXPECTED`'s form (what was found), or None.
+
+    Without this, a mistyped `s3//bucket/run` is a relative local path to pyarrow: the
+    checkpoint agent would publish under `$PWD/s3/bucket/run` and say it is ready."""
+    if len(text) > MAX_URI_LENGTH:
+        return f"{len(text)} characters, over the {MAX_URI_LENGTH} a URI may have"
+    if text.startswith("file://") and not text.startswith("file:///"):
+        # pyarrow takes file://tmp/x as host "tmp", path "/x"; a file:// URI names no
+        # host here (`source.split_uri` refuses it too).
+        return f"{text!r}, which names a host: a local path is file:///absolute/path"
+    if _URI.match(text):
+        return None
+    if text.startswith("/"):
+        return f"{text!r}, a local path: write it file://{text}"
+    scheme, sep, rest = text.partition("://")
+    if sep and rest and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        return f"{text!r}: the scheme is written in lowercase ({scheme.lower()}://)"
+    if _MISTYPED_SCHEME.match(text):
+        return f"{text!r}: the scheme is not followed by '://'"
+    return repr(text)
+
+
 def _uri(text: str) -> str:
     if not text:
         raise ParseError("a URI such as s3://bucket/prefix", repr(text))
     if uris.has_userinfo(text):
         # The refusal names the variable but never echoes the credentials.
         raise ParseError(f"a URI without credentials ({uris.ADVICE})", repr(uris.redact(text)))
+    problem = _uri_problem(text)
+    if problem is not None:
+        raise ParseError(URI_EXPECTED, problem)
     return text
 
 
@@ -209,7 +247,8 @@ SECONDS: Parser[float] = Parser("seconds > 0", _seconds)
 NUMBER: Parser[float] = Parser("number", _number)
 TEXT: Parser[str] = Parser("string", _text)
 PATH: Parser[str] = Parser("path", _path)
-#: A dataset or checkpoint URI; one with credentials in it is refused (`shardcache.uris`).
+#: A dataset or checkpoint URI, `scheme://…` (`URI_PATTERN`); one with credentials in it
+#: is refused (`shardcache.uris`).
 URI: Parser[str] = Parser("URI", _uri)
 WORDS: Parser[tuple[str, ...]] = Parser("comma-separated list", words)
 #: A manifest digest as the operator pins it (only the algorithm prefix is checked here;

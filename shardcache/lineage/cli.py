@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from shardcache import errors
 from shardcache.inspect import session
-from shardcache.lineage import published, queries
+from shardcache.lineage import failures, published, queries
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--checkpoint-uri",
         required=True,
+        type=published.uri_argument,
         help="where the run published its checkpoints (spec.checkpoint.uri; the URI above "
         "the rank-<r> prefixes of a ranked job)",
     )
@@ -56,12 +56,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except errors.InputError as exc:
-        print(f"shardcache lineage: {exc}", file=sys.stderr)
-        return 2
-    except errors.ShardcacheError as exc:
-        print(f"shardcache lineage: {exc}", file=sys.stderr)
-        return 1
+    except (errors.ShardcacheError, OSError) as exc:
+        return failures.report("lineage", exc)
 
 
 def _run(args: argparse.Namespace) -> int:

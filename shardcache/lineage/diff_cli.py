@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from shardcache import errors, manifests, plans
-from shardcache.lineage import diff, published
+from shardcache.lineage import diff, failures, published
 
 #: (option, type, default) of the plan options each run has.
 _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
@@ -25,7 +24,7 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("shuffle", str, "on"),
     ("window", int, plans.DEFAULT_WINDOW),
     ("digest", str, None),
-    ("checkpoint-uri", str, None),
+    ("checkpoint-uri", published.uri_argument, None),
 )
 
 #: --shuffle's spellings, as `shardcache.open(shuffle=…)` values.
@@ -66,18 +65,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except errors.InputError as exc:
-        print(f"shardcache diff: {exc}", file=sys.stderr)
-        return 2
-    except errors.ShardcacheError as exc:
-        print(f"shardcache diff: {exc}", file=sys.stderr)
-        return 1
+    except (errors.ShardcacheError, OSError) as exc:
+        return failures.report("diff", exc)
 
 
 def _value(args: argparse.Namespace, side: str, name: str) -> Any:
     dest = name.replace("-", "_")
     own = getattr(args, f"{side}_{dest}")
     return own if own is not None else getattr(args, dest)
+
+
+def _flag(args: argparse.Namespace, side: str, name: str) -> str:
+    """The option that gave run `side` its value of `name`, as the user typed it:
+    `--a-seed` when set for that run alone, else the shared `--seed`."""
+    own = getattr(args, f"{side}_{name.replace('-', '_')}")
+    return f"--{side}-{name}" if own is not None else f"--{name}"
 
 
 def side_plan(
@@ -92,16 +94,17 @@ def side_plan(
     if digest is not None and digest != manifest.digest:
         raise errors.ManifestMismatchError(
             f"run {side.upper()}: the dataset resolves to {manifest.digest}, but "
-            f"--{side}-digest pins {digest}: the dataset changed"
+            f"{_flag(args, side, 'digest')} pins {digest}: the dataset changed"
         )
     if values["shuffle"] not in _SHUFFLES:
         raise errors.InputError(
-            f"--{side}-shuffle: expected one of {', '.join(_SHUFFLES)}, found {values['shuffle']!r}"
+            f"{_flag(args, side, 'shuffle')}: expected one of {', '.join(_SHUFFLES)}, "
+            f"found {values['shuffle']!r}"
         )
     shuffle, granularity = plans.shuffle_mode(_SHUFFLES[values["shuffle"]])
     for name in ("world-size", "batch-size", "block-size", "window"):
         if values[name] < 1:
-            raise errors.InputError(f"--{side}-{name} must be >= 1, got {values[name]}")
+            raise errors.InputError(f"{_flag(args, side, name)} must be >= 1, got {values[name]}")
     params = plans.PlanParams(
         seed=values["seed"],
         world_size=values["world-size"],

@@ -16,9 +16,9 @@ the rewound run's upload of the same step ignore it) but is still there to look 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
-import sys
 import time
 from typing import Any
 
@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 
 from shardcache import errors, states
 from shardcache.checkpoint import layout
-from shardcache.lineage import published
+from shardcache.lineage import failures, published
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,7 @@ def plan(
         reason=reason,
     )
     out: list[Planned] = []
-    for rank, rank_prefix in published.rank_prefixes(fs, prefix).items():
+    for rank, rank_prefix in published.ranks(fs, prefix).items():
         found = {m.step: m for m in published.checkpoint_manifests(fs, rank_prefix)}
         where = f"{rank_prefix} (rank {rank})" if rank is not None else rank_prefix
         if step not in found:
@@ -97,24 +97,44 @@ def plan(
 def apply(fs: pafs.FileSystem, planned: list[Planned]) -> None:
     """Set the later checkpoints aside, then write the requests. A skip request that is
     there before the later checkpoints are gone would be applied to nobody's restore,
-    so the order makes a failure halfway safe to retry."""
+    so the order makes a failure halfway safe to retry. Each write is retried as the
+    reads are (`published.RETRY`): all of them can be repeated."""
+
+    def read(path: str) -> object | None:
+        return published.retried(
+            lambda: layout.read_json(fs, path), what=f"reading {published.display(fs, path)}"
+        )
+
+    def write(path: str, data: dict[str, Any]) -> None:
+        published.retried(
+            lambda: layout.write_json(fs, path, data),
+            what=f"writing {published.display(fs, path)}",
+        )
+
+    def delete(path: str) -> None:
+        # A retry after a delete that went through but whose answer was lost finds
+        # nothing there: done.
+        def attempt() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(path)
+
+        published.retried(attempt, what=f"deleting {published.display(fs, path)}")
+
     for p in planned:
         for later in p.discard:
-            manifest = layout.read_json(fs, layout.manifest_path(p.prefix, later))
+            manifest = read(layout.manifest_path(p.prefix, later))
             if manifest is None:
                 continue
             assert isinstance(manifest, dict)
-            layout.write_json(fs, layout.discarded_path(p.prefix, later), manifest)
-            fs.delete_file(layout.manifest_path(p.prefix, later))
+            write(layout.discarded_path(p.prefix, later), manifest)
+            delete(layout.manifest_path(p.prefix, later))
         if p.discard:
             pointer = {"version": layout.LAYOUT_VERSION, "step": p.request.step}
-            name = layout.read_json(fs, layout.manifest_path(p.prefix, p.request.step))
+            name = read(layout.manifest_path(p.prefix, p.request.step))
             if isinstance(name, dict) and "name" in name:
                 pointer["name"] = name["name"]
-            layout.write_json(fs, layout.pointer_path(p.prefix), pointer)
-        layout.write_json(
-            fs, layout.skip_request_path(p.prefix, p.request.step), p.request.to_json()
-        )
+            write(layout.pointer_path(p.prefix), pointer)
+        write(layout.skip_request_path(p.prefix, p.request.step), p.request.to_json())
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -128,7 +148,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "the trainer resumes after them; the skip is recorded in the data state."
         ),
     )
-    p.add_argument("--checkpoint-uri", required=True, help="where the run publishes checkpoints")
+    p.add_argument(
+        "--checkpoint-uri",
+        required=True,
+        type=published.uri_argument,
+        help="where the run publishes checkpoints (s3://bucket/run, file:///dir)",
+    )
     p.add_argument("--step", type=int, required=True, help="the checkpoint to restart from")
     p.add_argument("--batches", type=int, required=True, help="batches to skip after it")
     p.add_argument(
@@ -163,12 +188,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if not args.dry_run:
             apply(fs, planned)
-    except errors.InputError as exc:
-        print(f"shardcache skip: {exc}", file=sys.stderr)
-        return 2
-    except errors.ShardcacheError as exc:
-        print(f"shardcache skip: {exc}", file=sys.stderr)
-        return 1
+    except (errors.ShardcacheError, OSError) as exc:
+        return failures.report("skip", exc)
     data = report(planned, dry_run=args.dry_run)
     print(json.dumps(data, indent=2) if args.json else text(data))
     return 0
@@ -201,7 +222,11 @@ def text(data: dict[str, Any]) -> str:
         who = f"rank {r['rank']}" if r["rank"] is not None else r["prefix"]
         s = r["skip"]
         aside = f"; set aside later checkpoints {r['set_aside']}" if r["set_aside"] else ""
+        # The stop is start + batches x batch size: the epoch's length is the dataset's,
+        # which this command does not read; the agent cuts the range at the epoch's end
+        # when it restores the step (`states.clamp`).
         lines.append(
-            f"  {who}: epoch {s['epoch']} positions [{s['start']}, {s['stop']}) skipped{aside}"
+            f"  {who}: epoch {s['epoch']} positions [{s['start']}, {s['stop']}) skipped, "
+            f"those before the epoch's end{aside}"
         )
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -20,9 +21,12 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
+from shardcache import errors
+from shardcache.contract import parsers
 from shardcache_sidecar import launcher
 
 _READY_TIMEOUT_S = 60.0
+_AT_LEAST_ONE = parsers.integer(minimum=1).flag_type
 _MOUNT = "demo"
 #: Where a pod keeps its memory tier: tmpfs.
 _SHM = Path("/dev/shm")
@@ -30,12 +34,15 @@ _SHM = Path("/dev/shm")
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("demo", help="run the data path end to end on this machine")
-    parser.add_argument("--shards", type=int, default=16, help="shards to generate (16)")
-    parser.add_argument("--rows", type=int, default=25_000, help="rows per shard (25000)")
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--shards", type=_AT_LEAST_ONE, default=16, help="shards to generate (16)")
+    parser.add_argument("--rows", type=_AT_LEAST_ONE, default=25_000, help="rows per shard (25000)")
+    parser.add_argument("--batch-size", type=_AT_LEAST_ONE, default=1024)
+    parser.add_argument("--epochs", type=_AT_LEAST_ONE, default=2)
     parser.add_argument(
-        "--minio", type=Path, default=None, help="a MinIO binary to serve the dataset over S3"
+        "--minio",
+        type=Path,
+        default=None,
+        help="a MinIO binary to serve the dataset over S3 (default: a file:// directory)",
     )
     parser.add_argument("--workdir", type=Path, default=None, help="keep files here")
     parser.set_defaults(func=run)
@@ -90,7 +97,26 @@ def memory_backed_run_dir(shm: Path = _SHM, limit: int = launcher.MEMORY_LIMIT) 
         return None
 
 
+def _terminated(signum: int, _: object) -> None:
+    """SIGTERM (CI cancelling `make demo`, `timeout`) as an exception, so the clean-up
+    runs as on Ctrl-C: the sidecar and MinIO stopped, the memory tier on /dev/shm (RAM)
+    and the work directory removed. A second SIGTERM must not cut that clean-up short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return _run(args)
+    except errors.InputError as exc:
+        print(f"shardcache demo: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     import shardcache
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="shardcache-demo-"))

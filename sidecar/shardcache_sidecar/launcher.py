@@ -8,14 +8,17 @@ used on the data path itself.
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import os
 import secrets
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,8 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from shardcache import source
-from shardcache.contract import variables
+from shardcache import errors, source, unix_http
+from shardcache.contract import names, protocol, variables
 
 READY_TIMEOUT_S = 120.0
 #: The memory tier's limit of a sidecar started here unless the caller gives one.
@@ -37,17 +40,59 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, what: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+def wait_http(
+    url: str,
+    what: str,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    *,
+    refused: Callable[[], str | None] | None = None,
+) -> None:
+    """Wait until `url` answers 200. SystemExit when `proc` exits, when `refused()`
+    gives a reason (the process said it will never get there), or after
+    `READY_TIMEOUT_S`, with the last answer's body (a /readyz says why)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
+    last = ""
+    asked = 0.0
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"{what} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(OSError):
+        try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
                     return
+        except urllib.error.HTTPError as exc:
+            last = exc.read().decode(errors="replace")[-2000:]
+        except OSError:
+            pass
+        if refused is not None and time.monotonic() - asked >= 1.0:
+            asked = time.monotonic()
+            reason = refused()
+            if reason is not None:
+                raise SystemExit(f"{what} refuses to start: {reason}")
         time.sleep(0.1)
-    raise SystemExit(f"{what} was not ready at {url} after {READY_TIMEOUT_S:.0f}s")
+    why = f": {last}" if last else ""
+    raise SystemExit(f"{what} was not ready at {url} after {READY_TIMEOUT_S:.0f}s{why}")
+
+
+def refusal(socket_path: Path) -> str | None:
+    """Why the sidecar on `socket_path` will not serve its dataset until restarted with
+    other settings (its data routes answer an input error: an empty or unusable source,
+    refused credentials, another digest), or None: serving, still starting, or not yet
+    listening. /readyz alone cannot tell a refusal from a slow start."""
+    try:
+        status, body = unix_http.exchange(socket_path, "GET", protocol.MANIFEST, None, 2.0)
+    except (OSError, http.client.HTTPException):
+        return None
+    if status < 400:
+        return None
+    try:
+        error = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(error, dict) or error.get("kind") != protocol.KIND_INPUT:
+        return None
+    return str(error.get("message"))
 
 
 @contextlib.contextmanager
@@ -67,11 +112,16 @@ def process(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[subproce
 
 @contextlib.contextmanager
 def object_store(minio: Path | None, work: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """(dataset root URI, storage env): MinIO when available, else a local directory."""
-    if minio is None or not minio.is_file():
+    """(dataset root URI, storage env): MinIO when a binary is given, else a local
+    directory. A binary given that is not an executable file is refused (InputError):
+    serving file:// instead would measure something else without a word."""
+    if minio is None:
         print("no MinIO binary given: serving the dataset from file://", flush=True)
         yield f"file://{work / 'source'}", {}
         return
+    if not minio.is_file() or not os.access(minio, os.X_OK):
+        found = "not an executable file" if minio.exists() else "no such file"
+        raise errors.InputError(f"--minio {minio}: expected a MinIO binary, found {found}")
     port = free_port()
     creds = {
         "AWS_ACCESS_KEY_ID": "demo-" + secrets.token_hex(4),
@@ -92,11 +142,22 @@ def object_store(minio: Path | None, work: Path) -> Iterator[tuple[str, dict[str
         yield "s3://demo/tokens", creds
 
 
+#: The modification time of every shard `generate` writes to a local directory (2024-01-01
+#: 00:00 UTC). A file:// shard's store identity is its mtime (`source.content_identity`),
+#: which the manifest digest covers, and the reading plan is a function of the digest:
+#: with the time of writing, two identical `shardcache demo` runs would read in other
+#: orders, and docs/debugging.md's outputs would be nobody's. Object stores give an
+#: ETag, a function of the bytes for these single-part uploads.
+FIXED_MTIME_NS = 1_704_067_200 * 10**9
+
+
 def generate(
     root: str, env: dict[str, str], shards: int, rows: int, *, compression: str = "zstd"
 ) -> int:
     """Write `shards` Parquet shards of `rows` rows (`uid`, `tokens: list<int32>` of
-    64 to 319 tokens); return the number of tokens."""
+    64 to 319 tokens); return the number of tokens. The same arguments give the same
+    dataset digest on every run (`FIXED_MTIME_NS`), with the same pyarrow (its version
+    is in the Parquet footer)."""
     fs, path = source.filesystem(root, storage_options=env or None)
     if root.startswith("s3://"):
         endpoint = env["AWS_ENDPOINT_URL"].split("://", 1)[1]
@@ -120,8 +181,11 @@ def generate(
         count = offsets[-1].as_py()
         tokens = pa.ListArray.from_arrays(offsets, pool.slice(i % 7, count))
         table = pa.table({"uid": uid, "tokens": tokens})
-        with fs.open_output_stream(f"{path}/part-{i:05d}.parquet") as out:
+        shard = f"{path}/part-{i:05d}.parquet"
+        with fs.open_output_stream(shard) as out:
             pq.write_table(table, out, compression=compression)
+        if isinstance(fs, pafs.LocalFileSystem):
+            os.utime(shard, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
         total += count
     return total
 
@@ -167,7 +231,15 @@ def sidecar(
     env = {**os.environ, **storage_env, **sidecar_env, **(extra_env or {})}
     log = work / f"sidecar-{port}.log"
     base = f"http://127.0.0.1:{port}"
+    given = (extra_env or {}).get(variables.SOCKET.env)
+    control = Path(given) if given else names.socket_path(run_dir, mount)
     with process([sys.executable, "-m", "shardcache", "sidecar"], env, log) as proc:
-        wait_http(f"{base}/readyz" if wait_ready else f"{base}/healthz", "the sidecar", proc, log)
+        wait_http(
+            f"{base}/readyz" if wait_ready else f"{base}/healthz",
+            "the sidecar",
+            proc,
+            log,
+            refused=lambda: refusal(control),
+        )
         # The trainer's env: what the webhook writes into trainer containers.
         yield variables.environ([(variables.RUN_DIR, run_dir), (variables.MOUNT, mount)]), base

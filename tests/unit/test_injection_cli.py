@@ -261,3 +261,30 @@ def test_every_example_workload_injects_with_the_example_datasetmounts(
             wanted = injection.requested_mounts(pod["metadata"])
             sidecars = [c for c in pod["spec"]["initContainers"] if c.get("restartPolicy")]
             assert [c["name"] for c in sidecars] == [f"shardcache-{m}" for m in wanted]
+
+
+def test_an_output_file_it_cannot_write_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    target = tmp_path / "missing" / "out.yaml"
+    code, out, err = run(
+        capsys, "-f", str(EXAMPLE_JOB), "--mount", str(EXAMPLE_DSM), "-o", str(target)
+    )
+    assert code == 2 and out == ""
+    last = err.splitlines()[-1]  # after the example's "no pinned digest" warning
+    assert last == f"shardcache inject: cannot write {target}: No such file or directory"
+
+
+@pytest.mark.parametrize("which", ["-f", "--mount"])
+def test_a_file_that_is_not_utf8_is_named_and_exit_2(
+    which: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("metadata: {name: caf\xe9}\n".encode("latin-1"))
+    files = {"-f": str(EXAMPLE_JOB), "--mount": str(EXAMPLE_DSM), which: str(latin1)}
+    code, out, err = run(capsys, "-f", files["-f"], "--mount", files["--mount"])
+    assert code == 2 and out == ""
+    assert err == (
+        f"shardcache inject: {latin1}: expected UTF-8 YAML, found byte 0xe9 at offset 20 "
+        "that is not UTF-8\n"
+    )

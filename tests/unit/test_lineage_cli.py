@@ -12,6 +12,7 @@ import pytest
 from shardcache import cli, errors
 from shardcache.checkpoint import layout
 from shardcache.lineage import published
+from tests.support import datasets
 
 pytestmark = pytest.mark.unit
 
@@ -44,3 +45,71 @@ def test_a_checkpoint_carrying_a_mixtures_state_is_named_as_one(tmp_path: Path) 
     message = str(info.value)
     assert "checkpoint step 6 carries a mixture's data state" in message
     assert "sources ['a', 'b']" in message and "lacks" not in message
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["skip", "--step", "1", "--batches", "1", "--checkpoint-uri"],
+        ["lineage", "file:///ds", "--where", "uid == 1", "--checkpoint-uri"],
+        ["diff", "file:///ds", "--a-checkpoint-uri"],
+        ["web", "file:///ds", "--checkpoint-uri"],
+    ],
+    ids=["skip", "lineage", "diff", "web"],
+)
+def test_a_mistyped_checkpoint_uri_is_refused_not_read_as_a_local_directory(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # s3//ckpt/run was the empty directory ./s3/ckpt/run: "step 1 is not published".
+    with pytest.raises(SystemExit) as info:
+        cli.main([*args, "s3//ckpt/run"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "checkpoint-uri: expected a URI scheme://path such as s3://bucket/prefix" in err
+    assert "found 's3//ckpt/run': the scheme is not followed by '://'" in err
+
+
+def test_an_absolute_local_checkpoint_path_is_still_taken(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = cli.main(["skip", "--checkpoint-uri", str(tmp_path), "--step", "1", "--batches", "1"])
+    assert status == 2
+    assert "checkpoint step 1 is not published (published steps: none)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        (["--batch-size", "0"], "--batch-size"),
+        (["--b-batch-size", "0"], "--b-batch-size"),
+        (["--world-size", "0"], "--world-size"),
+        (["--a-shuffle", "rows"], "--a-shuffle"),
+        (["--shuffle", "rows"], "--shuffle"),
+    ],
+)
+def test_diff_names_the_option_the_user_typed(
+    given: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri, _ = datasets.write_local(tmp_path / "ds", [10])
+    status = cli.main(["diff", uri, *given])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.startswith(f"shardcache diff: {named} ") or err.startswith(
+        f"shardcache diff: {named}: "
+    )
+
+
+def test_skip_says_a_range_past_the_epochs_end_is_cut_there() -> None:
+    from shardcache.lineage import skip
+
+    data = {
+        "dry_run": True,
+        "step": 200,
+        "batches": 1_000_000_000,
+        "ranks": [{"rank": None, "prefix": "/ck", "set_aside": [],
+                   "skip": {"epoch": 0, "start": 6400, "stop": 32_000_006_400}}],
+    }  # fmt: skip
+    line = skip.text(data).splitlines()[1]
+    assert (
+        line == "  /ck: epoch 0 positions [6400, 32000006400) skipped, those before the epoch's end"
+    )

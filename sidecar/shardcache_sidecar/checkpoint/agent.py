@@ -557,6 +557,16 @@ class Agent:
         """Restore, then publish commits, on a background thread."""
         if self._thread is not None:
             raise RuntimeError("the checkpoint agent is already running")
+        # Where the checkpoints go, as resolved (a local path is absolute here): the
+        # first thing to check when they are not where expected.
+        log.info(
+            "checkpoint agent: publishing what is committed under %s to %s (%s filesystem, "
+            "path %s)",
+            self.root,
+            self.settings.uri,
+            self.fs.type_name,
+            self.prefix,
+        )
         self._thread = threading.Thread(target=self._run, name="checkpoint-agent", daemon=True)
         self._thread.start()
 

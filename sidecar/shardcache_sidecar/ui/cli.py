@@ -11,15 +11,19 @@ import argparse
 import asyncio
 import signal
 import sys
+from pathlib import Path
 
 from aiohttp import web
 
 from shardcache import errors
+from shardcache.contract import parsers
 from shardcache.inspect import cli, render, session
+from shardcache.lineage import published
 from shardcache_sidecar.ui import routes
 
 #: One above the sidecar's metrics port, so a local sidecar and this can run together.
 DEFAULT_PORT = 8471
+_PORT = parsers.integer(minimum=0, maximum=65535)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,11 +37,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--cache-dir", help="embedded cache directory (default ~/.cache/shardcache)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any)"
+        "--port",
+        type=_PORT.flag_type,
+        default=DEFAULT_PORT,
+        help=f"port (default {DEFAULT_PORT}; 0: any)",
     )
     p.add_argument("--tokenizer", help="a HuggingFace tokenizer.json to decode token ids")
     p.add_argument(
         "--checkpoint-uri",
+        type=published.uri_argument,
         help="where a run publishes its checkpoints: adds the lineage view, and steps "
         "honour the run's skips",
     )
@@ -45,8 +53,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
+def _check_plan_arguments(args: argparse.Namespace) -> None:
+    """The plan options every page would otherwise refuse, request after request."""
+    for flag in ("--batch-size", "--world-size", "--block-size", "--window"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value < 1:
+            raise errors.InputError(f"{flag} must be >= 1, got {value}")
+
+
+def _make_cache_dir(cache_dir: str | None) -> None:
+    if cache_dir is None:
+        return  # the default, which the embedded cache creates
+    try:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise errors.InputError(
+            f"--cache-dir {cache_dir}: cannot create it: {exc.strerror or exc}"
+        ) from exc
+
+
 def run(args: argparse.Namespace) -> int:
     try:
+        _check_plan_arguments(args)
+        _make_cache_dir(args.cache_dir)
         defaults = routes.Defaults(
             seed=args.seed,
             shuffle=args.shuffle,
@@ -80,7 +109,10 @@ async def _serve(
     checkpoint_uri: str | None = None,
 ) -> None:
     app = web.Application()
-    routes.mount(app, lambda: inspector, defaults, decode=decode, checkpoint_uri=checkpoint_uri)
+    # The name it was started for is a Host it answers (routes.host_allowed).
+    routes.mount(
+        app, lambda: inspector, defaults, decode=decode, checkpoint_uri=checkpoint_uri, hosts=[host]
+    )
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     stop = asyncio.Event()
