@@ -10,17 +10,29 @@ import sys
 from shardcache import errors, plans, states
 from shardcache.inspect import locate, render, session
 
+#: Samples per step when neither --batch-size nor a data state says.
+DEFAULT_BATCH_SIZE = 32
+
 
 def _names(text: str) -> list[str]:
     return [c.strip() for c in text.split(",") if c.strip()]
 
 
-def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    """The reading-plan options, shared with `shardcache web`."""
+def add_plan_arguments(
+    parser: argparse.ArgumentParser, *, batch_size: int | None = DEFAULT_BATCH_SIZE
+) -> None:
+    """The reading-plan options, shared with `shardcache web`; `batch_size` is
+    --batch-size's default (None: decided later, from the run's data states)."""
     g = parser.add_argument_group("reading plan (as the training job uses it)")
     g.add_argument("--world-size", type=int, default=1, help="ranks in the job (default 1)")
     g.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
-    g.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32)")
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=batch_size,
+        help=f"samples per step (default {DEFAULT_BATCH_SIZE}"
+        + (", or the one --data-state records)" if batch_size is None else ")"),
+    )
     g.add_argument(
         "--block-size",
         type=int,
@@ -59,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--step", type=int, default=0, help="batch number in the epoch, from 0")
-    add_plan_arguments(p)
+    add_plan_arguments(p, batch_size=None)
     p.add_argument(
         "--columns",
         type=_names,
@@ -91,13 +103,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
-def query_from(args: argparse.Namespace) -> locate.Query:
+def query_from(args: argparse.Namespace, *, batch_size: int | None = None) -> locate.Query:
+    """The query the arguments give; `batch_size` when --batch-size was not given (the
+    run's, from its data states)."""
+    size = args.batch_size if args.batch_size is not None else batch_size
     return locate.Query(
         epoch=args.epoch,
         rank=args.rank,
         world_size=args.world_size,
         step=args.step,
-        batch_size=args.batch_size,
+        batch_size=size if size is not None else DEFAULT_BATCH_SIZE,
         seed=args.seed,
         shuffle=args.shuffle,
         block_size=args.block_size,
@@ -126,6 +141,19 @@ def load_states(paths: list[str]) -> dict[int, tuple[str, states.DataState]]:
     return out
 
 
+def recorded_batch_size(loaded: dict[int, tuple[str, states.DataState]]) -> int | None:
+    """The batch size the states record (None when none does): step N is a batch of
+    it. States that record different ones are not of one run."""
+    sizes = {path: s.batch_size for path, s in loaded.values() if s.batch_size is not None}
+    if len(set(sizes.values())) > 1:
+        raise errors.StateMismatchError(
+            "--data-state: the states record different batch sizes "
+            f"({', '.join(f'{p}: {b}' for p, b in sizes.items())}): expected the states of "
+            "one run"
+        )
+    return next(iter(sizes.values()), None)
+
+
 def check_states(
     loaded: dict[int, tuple[str, states.DataState]], digest: str, query: locate.Query
 ) -> dict[int, states.DataState]:
@@ -138,7 +166,7 @@ def check_states(
                 f"--data-state {path}: the state was saved under another dataset or plan "
                 f"than the one inspected ({'; '.join(differ)}): give the run's dataset and "
                 "its plan options (--world-size, --seed, --block-size, --no-shuffle, "
-                "--granularity, --window)"
+                "--granularity, --window, and --batch-size or none to take the state's)"
             )
     return {rank: state for rank, (_, state) in loaded.items()}
 
@@ -147,21 +175,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except errors.InputError as exc:
-        print(f"shardcache inspect: {exc}", file=sys.stderr)
+        print(f"shardcache inspect: {render.safe_lines(str(exc))}", file=sys.stderr)
         return 2
     except errors.ShardcacheError as exc:
-        print(f"shardcache inspect: {exc}", file=sys.stderr)
+        print(f"shardcache inspect: {render.safe_lines(str(exc))}", file=sys.stderr)
         return 1
 
 
 def _run(args: argparse.Namespace) -> int:
-    query = query_from(args)
+    loaded = load_states(args.data_state)
+    query = query_from(args, batch_size=recorded_batch_size(loaded))
     if args.max_chars < 0:
         raise errors.InputError(f"--max-chars must be >= 0, got {args.max_chars}")
     if args.where is not None and args.limit < 1:
         raise errors.InputError(f"--limit must be >= 1, got {args.limit}")
     decode = render.load_tokenizer(args.tokenizer) if args.tokenizer else None
-    loaded = load_states(args.data_state)
     if loaded and args.tui:
         raise errors.InputError("--data-state is not supported with --tui yet")
     inspector = session.open_uri(args.uri, mount=args.mount, cache_dir=args.cache_dir)
@@ -178,7 +206,11 @@ def _run(args: argparse.Namespace) -> int:
                 args.where, query, epochs=args.epochs, limit=args.limit, run=run
             )
             data = session.where_json(result)
-            print(json.dumps(data, indent=2) if args.json else session.where_text(data, query))
+            print(
+                render.safe_json(json.dumps(data, indent=2, ensure_ascii=False))
+                if args.json
+                else session.where_text(data, query)
+            )
             return 0 if result.indices else 1
         view = inspector.step(query, columns, run=run)
         if args.json:
@@ -188,7 +220,9 @@ def _run(args: argparse.Namespace) -> int:
             options = render.RenderOptions(max_chars=limit)
         data = session.step_json(view, inspector.manifest, options=options, decode=decode)
         print(
-            json.dumps(data, indent=2, ensure_ascii=False) if args.json else session.step_text(data)
+            render.safe_json(json.dumps(data, indent=2, ensure_ascii=False))
+            if args.json
+            else session.step_text(data)
         )
         return 0
     finally:

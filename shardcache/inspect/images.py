@@ -14,6 +14,8 @@ _PNG = b"\x89PNG\r\n\x1a\n"
 _JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 # Markers that stand alone, without a length field.
 _JPEG_BARE = frozenset({0x01, *range(0xD0, 0xD9)})
+#: Bytes every format but JPEG is recognised from (JPEG walks its marker segments).
+_HEAD = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,19 +27,22 @@ class ImageInfo:
     height: int | None
 
 
-def sniff(data: bytes) -> ImageInfo | None:
-    """The image format and size of `data`, or None when it is not an image we know."""
-    if data.startswith(_PNG):
-        return _png(data)
-    if data[:3] == b"\xff\xd8\xff":
+def sniff(data: bytes | memoryview) -> ImageInfo | None:
+    """The image format and size of `data`, or None when it is not an image we know.
+
+    `data` may be a cell in place (a byte memoryview): only the header is copied."""
+    head = bytes(data[:_HEAD])
+    if head.startswith(_PNG):
+        return _png(head)
+    if head[:3] == b"\xff\xd8\xff":
         return _jpeg(data)
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        size = struct.unpack("<HH", data[6:10]) if len(data) >= 10 else (None, None)
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        size = struct.unpack("<HH", head[6:10]) if len(head) >= 10 else (None, None)
         return ImageInfo("gif", "image/gif", *size)
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return _webp(data)
-    if data[:2] == b"BM" and len(data) >= 26:
-        width, height = struct.unpack("<ii", data[18:26])
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return _webp(head)
+    if head[:2] == b"BM" and len(head) >= 26:
+        width, height = struct.unpack("<ii", head[18:26])
         return ImageInfo("bmp", "image/bmp", width, abs(height))
     return None
 
@@ -49,7 +54,7 @@ def _png(data: bytes) -> ImageInfo:
     return ImageInfo("png", "image/png", None, None)
 
 
-def _jpeg(data: bytes) -> ImageInfo:
+def _jpeg(data: bytes | memoryview) -> ImageInfo:
     i = 2
     while i + 4 <= len(data):
         if data[i] != 0xFF:

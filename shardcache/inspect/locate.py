@@ -110,10 +110,16 @@ class Sighting:
 
 def state_mismatches(digest: str, query: Query, state: states.DataState) -> list[str]:
     """How the plan `state` was saved under differs from `query`'s (dataset, world
-    size, seed, shuffle, block size, granularity, window), in words: its skips and
-    segments are positions of its own plan, meaningless in another."""
+    size, seed, shuffle, block size, granularity, window, and the batch size it
+    records), in words: its skips and segments are positions of its own plan,
+    meaningless in another, and its step N is a batch of its own batch size."""
     ours = states.DataState(digest=digest, params=query.params(), position=0)
-    return states.mismatches(state, ours, ours_name="the inspector", same_rank=False)
+    out = states.mismatches(state, ours, ours_name="the inspector", same_rank=False)
+    if state.batch_size is not None and state.batch_size != query.batch_size:
+        out.append(
+            f"batch_size: state has {state.batch_size}, the inspector has {query.batch_size}"
+        )
+    return out
 
 
 def _resized(run: States, epoch: int) -> list[int]:
@@ -174,6 +180,12 @@ def step_rows(
     skips = _epoch_skips(query, run)
     handed = sum(hi - lo for lo, hi in states.kept(skips, 0, samples))
     steps = -(-handed // query.batch_size)
+    if steps == 0:
+        raise errors.InputError(
+            f"rank {query.rank} is handed no samples in epoch {query.epoch}, so there is no "
+            f"step {query.step} ({sum(shard_rows)} samples in the dataset, world size "
+            f"{query.world_size})"
+        )
     if query.step >= steps:
         raise errors.InputError(
             f"step {query.step} is past the end of epoch {query.epoch} for rank {query.rank}: "

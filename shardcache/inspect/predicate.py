@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.types as pat
 
 from shardcache import errors
 
@@ -130,13 +131,45 @@ def check(predicate: Predicate, schema: pa.Schema) -> None:
         )
 
 
+def literal(term: Compare, dtype: pa.DataType) -> pa.Scalar:
+    """`term`'s literal as an Arrow scalar of the column's type where it is a number
+    against numbers: inferred, an integer is int64, which holds neither a uint64 id
+    above 2^63 nor says plainly that a literal is out of the column's range."""
+    value = term.value
+    numeric = pat.is_integer(dtype) or pat.is_floating(dtype)
+    if isinstance(value, bool) or not isinstance(value, int) or not numeric:
+        return pa.scalar(value)
+    if pat.is_integer(dtype):
+        try:
+            return pa.scalar(value, type=dtype)
+        except (OverflowError, pa.ArrowInvalid) as exc:
+            info = _int_range(dtype)
+            raise errors.InputError(
+                f"{value} is out of range for column {term.column!r} ({dtype}): expected "
+                f"an integer from {info[0]} to {info[1]}"
+            ) from exc
+    try:
+        return pa.scalar(float(value), type=dtype)
+    except (OverflowError, pa.ArrowInvalid) as exc:
+        raise errors.InputError(
+            f"{value} is out of range for column {term.column!r} ({dtype})"
+        ) from exc
+
+
+def _int_range(dtype: pa.DataType) -> tuple[int, int]:
+    bits = dtype.bit_width
+    if pat.is_signed_integer(dtype):
+        return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    return 0, 2**bits - 1
+
+
 def mask(predicate: Predicate, batch: pa.RecordBatch) -> pa.Array:
     """A boolean array: rows of `batch` the predicate holds for (nulls are False)."""
     result: pa.Array | None = None
     for term in predicate.terms:
         column = batch.column(term.column)
         try:
-            hit = _OPS[term.op](column, pa.scalar(term.value))
+            hit = _OPS[term.op](column, literal(term, column.type))
         except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise errors.InputError(
                 f"cannot compare column {term.column!r} ({column.type}) with {term.value!r}: "

@@ -9,13 +9,18 @@ says what was expected, and nothing is read.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import functools
+import mmap
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
+import pyarrow.ipc as ipc
 
 from shardcache import datasets, errors, manifests, plans, provider
 from shardcache.inspect import locate, predicate, render, stats
@@ -66,7 +71,7 @@ class ProviderRows:
         lease = self._provider.acquire(reader, shard, epoch=0, position=end)
         try:
             # The mapping outlives the lease (see provider.ShardLease.release).
-            batch = datasets.read_shard(lease.path)
+            batch = map_lazily(lease.path)
         finally:
             lease.release()
         with self._lock:
@@ -85,6 +90,29 @@ class ProviderRows:
             self._provider.close()
 
 
+def map_lazily(path: Path) -> pa.RecordBatch:
+    """A decoded shard, memory-mapped with its pages read as they are touched.
+
+    `datasets.read_shard` fills the whole mapping up front, right for a trainer that
+    reads every row; the inspector reads a few rows and the first bytes of long cells,
+    so that would cost a whole shard's pages (from disk, in the embedded cache) for a
+    step of a few samples."""
+    try:
+        with open(path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        # Random reads: no readahead around each touched page (a step of 256 long
+        # documents would otherwise read a few hundred KiB around each one).
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            mapped.madvise(mmap.MADV_RANDOM)
+        reader = ipc.open_file(pa.py_buffer(mapped))
+        if reader.num_record_batches == 1:
+            return reader.get_batch(0)
+    except (pa.ArrowException, OSError, ValueError):
+        pass
+    # Not the decoded form, or unreadable: the dataset's reader says why, or copes.
+    return datasets.read_shard(path)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepView:
     query: locate.Query
@@ -92,8 +120,19 @@ class StepView:
     steps: int
     rank_samples: int
     provenance: list[locate.Provenance]
-    #: The selected columns of the step's samples, in batch order.
-    batch: pa.RecordBatch
+    #: The selected columns of the step's samples, in batch order: zero-copy slices of
+    #: the shards, one chunk per run of consecutive rows.
+    table: pa.Table
+
+    @functools.cached_property
+    def batch(self) -> pa.RecordBatch:
+        """The step as one record batch (a copy when it spans several slices)."""
+        pieces = self.table.to_batches()
+        if len(pieces) == 1:
+            return pieces[0]
+        if not pieces:
+            return pa.RecordBatch.from_pylist([], schema=self.table.schema)
+        return pa.concat_batches(pieces)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +140,29 @@ class WhereResult:
     expression: str
     indices: list[int]
     sightings: list[locate.Sighting]
-    #: True when more samples matched than the limit allowed.
+    #: True when more samples may match than are reported: past the limit, or rows
+    #: left unscanned (`stopped`).
     truncated: bool
+    #: Rows scanned, of the dataset's `rows`.
+    scanned: int = 0
+    rows: int = 0
+    #: Why the scan stopped early: "limit" (enough matches), "budget" (the row budget
+    #: of a served inspector), or None (every row was scanned).
+    stopped: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Scan:
+    """The samples an expression matches, in manifest order, and how far it looked."""
+
+    indices: list[int]
+    scanned: int
+    rows: int
+    stopped: str | None
+
+    @property
+    def truncated(self) -> bool:
+        return self.stopped is not None
 
 
 def public_uri(uri: str) -> str:
@@ -138,7 +198,8 @@ class Inspector:
         missing = [c for c in wanted if c not in names]
         if missing:
             raise errors.InputError(f"unknown column(s) {missing}: the dataset has {names}")
-        return list(wanted)
+        # A column named twice is shown once (Arrow's select refuses duplicates).
+        return list(dict.fromkeys(wanted))
 
     def steps(self, query: locate.Query) -> int:
         return locate.step_count(self.manifest.shard_rows, query)
@@ -182,13 +243,14 @@ class Inspector:
                 j += 1
             pieces.append(self.rows.read(prov[i].shard).select(names).slice(prov[i].row, j - i))
             i = j
-        batch = pa.concat_batches(pieces) if len(pieces) > 1 else pieces[0]
+        # A table of the slices, not one concatenated batch: a copy of a step of long
+        # documents would cost the documents' size.
         return StepView(
             query=query,
             steps=locate.step_count(m.shard_rows, query, run),
             rank_samples=locate.rank_samples(m.shard_rows, query, run),
             provenance=prov,
-            batch=batch,
+            table=pa.Table.from_batches(pieces),
         )
 
     def where(
@@ -207,12 +269,13 @@ class Inspector:
         sample its rank skipped is marked so.
 
         `max_rows` bounds the rows scanned (a served inspector's cost per request); past
-        it the result is truncated like one past `limit`."""
+        it the result is truncated and says so (`stopped` "budget", `scanned` rows)."""
         if epochs < 1:
             raise errors.InputError(f"epochs must be >= 1, got {epochs}")
         run = run or {}
         self.check_run(query, run)
-        indices, truncated = self.matching(expression, limit=limit, max_rows=max_rows)
+        scan = self.scan(expression, limit=limit, max_rows=max_rows)
+        indices = scan.indices
         m = self.manifest
         found: list[locate.Sighting] = []
         for epoch in range(query.epoch, query.epoch + epochs):
@@ -220,13 +283,21 @@ class Inspector:
                 m.shard_rows, m.digest, query.replace(epoch=epoch), indices, run
             )
         found.sort(key=lambda s: (s.index, s.epoch))
-        return WhereResult(expression, indices, found, truncated)
+        return WhereResult(
+            expression, indices, found, scan.truncated, scan.scanned, scan.rows, scan.stopped
+        )
 
     def matching(
         self, expression: str, *, limit: int = 100, max_rows: int | None = None
     ) -> tuple[list[int], bool]:
         """Dataset-wide indices of the first `limit` samples matching `expression`, in
         manifest order (scanning at most `max_rows` rows), and whether more may match."""
+        scan = self.scan(expression, limit=limit, max_rows=max_rows)
+        return scan.indices, scan.truncated
+
+    def scan(self, expression: str, *, limit: int = 100, max_rows: int | None = None) -> Scan:
+        """The first `limit` samples matching `expression` in manifest order, scanning
+        at most `max_rows` rows (a shard larger than what is left is scanned in part)."""
         if limit < 1:
             # 0 would report "none match, more not shown"; a negative one, no limit.
             raise errors.InputError(f"limit must be >= 1, got {limit}")
@@ -234,27 +305,39 @@ class Inspector:
         predicate.check(pred, self.schema)
         m = self.manifest
         offsets = plans.shard_offsets(m.shard_rows)
+        total = m.total_rows
         indices: list[int] = []
         scanned = 0
         for shard in range(len(m.shards)):
-            if max_rows is not None and scanned + m.shard_rows[shard] > max_rows:
-                return indices, True
-            scanned += m.shard_rows[shard]
-            batch = self.rows.read(shard).select(pred.columns)
+            rows = m.shard_rows[shard]
+            if rows == 0:
+                continue
+            if max_rows is not None and scanned >= max_rows:
+                return Scan(indices, scanned, total, "budget")
+            take = rows if max_rows is None else min(rows, max_rows - scanned)
+            batch = self.rows.read(shard).select(pred.columns).slice(0, take)
             for row in predicate.matching_rows(pred, batch):
                 if len(indices) == limit:
-                    return indices, True
+                    return Scan(indices, scanned + row, total, "limit")
                 indices.append(offsets[shard] + row)
-        return indices, False
+            scanned += take
+            if take < rows:
+                return Scan(indices, scanned, total, "budget")
+        return Scan(indices, scanned, total, None)
 
     def cell(self, shard: int, row: int, column: str) -> Any:
+        return self.scalar(shard, row, column).as_py()
+
+    def scalar(self, shard: int, row: int, column: str) -> pa.Scalar:
+        """One cell as an Arrow scalar, in place: its size can be checked before it is
+        copied (`as_buffer`, `as_py`)."""
         self.columns([column])
         batch = self.rows.read(shard)
         if not 0 <= row < batch.num_rows:
             raise errors.InputError(
                 f"row {row} is out of range: shard {shard} has {batch.num_rows} rows"
             )
-        return batch.column(column)[row].as_py()
+        return batch.column(column)[row]
 
     def stats(self, *, max_rows: int = 100_000) -> dict[str, Any]:
         """Column statistics over the first `max_rows` rows in manifest order."""
@@ -297,16 +380,22 @@ def step_json(
     decode: render.Decode | None = None,
     decode_columns: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The machine-readable form of a step: what `--json` prints and the web API serves."""
-    columns = view.batch.schema.names
-    types = [view.batch.schema.field(c).type for c in columns]
-    values = [view.batch.column(c).to_pylist() for c in columns]
+    """The machine-readable form of a step: what `--json` prints and the web API serves.
+
+    Columns render through Arrow (`render.render_column`): only what is shown becomes
+    Python."""
+    columns = view.table.schema.names
+    types = [view.table.schema.field(c).type for c in columns]
+    rendered = []
+    for c in columns:
+        dec = decode if (not decode_columns or c in decode_columns) else None
+        try:
+            rendered.append(render.render_column(view.table.column(c), options=options, decode=dec))
+        except errors.InputError as exc:
+            raise errors.InputError(f"column {c!r}: {exc}") from exc
     samples = []
     for i, p in enumerate(view.provenance):
-        cells = {}
-        for c, t, vals in zip(columns, types, values, strict=True):
-            dec = decode if (not decode_columns or c in decode_columns) else None
-            cells[c] = render.render_value(vals[i], t, options=options, decode=dec)
+        cells = {c: col[i] for c, col in zip(columns, rendered, strict=True)}
         samples.append(
             {
                 "provenance": {
@@ -350,7 +439,7 @@ def step_text(data: dict[str, Any]) -> str:
         f"shuffle {_mode(q)} · samples {first}-{first + len(samples) - 1} "
         f"of {data['rank_samples']:,} for this rank",
     ]
-    width = max([len(c["name"]) for c in data["columns"]] + [5])
+    width = max([len(render.safe(c["name"])) for c in data["columns"]] + [5])
     indent = " " * (width + 6)
     for slot, sample in enumerate(samples):
         p = sample["provenance"]
@@ -358,9 +447,10 @@ def step_text(data: dict[str, Any]) -> str:
         lines.append(f"[{slot}] index {p['index']} · shard {p['shard']} row {p['row']}")
         for name, cell in sample["values"].items():
             body = render.cell_text(cell, indent=indent)
-            lines.append(f"    {name.ljust(width)}  {body[0]}")
+            lines.append(f"    {render.safe(name).ljust(width)}  {body[0]}")
             lines.extend(body[1:])
-    return "\n".join(lines)
+    # Names, paths and values come from the data: nothing in them may steer the terminal.
+    return "\n".join(render.safe(line) for line in lines)
 
 
 def where_json(result: WhereResult) -> dict[str, Any]:
@@ -368,14 +458,30 @@ def where_json(result: WhereResult) -> dict[str, Any]:
         "expression": result.expression,
         "matches": len(result.indices),
         "truncated": result.truncated,
+        "stopped": result.stopped,
+        "scanned_rows": result.scanned,
+        "dataset_rows": result.rows,
         "sightings": [dataclasses.asdict(s) for s in result.sightings],
     }
 
 
+def scan_note(data: dict[str, Any]) -> str:
+    """What a lookup that stopped early leaves unsaid, in words ("" when it did not)."""
+    if data.get("stopped") == "budget":
+        return (
+            f"searched the first {data['scanned_rows']:,} of {data['dataset_rows']:,} rows "
+            "(the lookup's budget): later rows were not searched"
+        )
+    if data.get("stopped") == "limit" or data["truncated"]:
+        return "more not shown"
+    return ""
+
+
 def where_text(data: dict[str, Any], query: locate.Query) -> str:
+    note = scan_note(data)
     head = (
         f"{data['matches']} sample(s) match {data['expression']!r}"
-        + (" (more not shown)" if data["truncated"] else "")
+        + (f" ({note})" if note else "")
         + f"; world size {query.world_size}, batch size {query.batch_size}, seed {query.seed}"
     )
     lines = [head]
@@ -395,7 +501,7 @@ def where_text(data: dict[str, Any], query: locate.Query) -> str:
             f"  index {s['index']}: epoch {s['epoch']} rank {s['rank']} step {s['step']} "
             f"(row {s['slot']} of the batch)"
         )
-    return "\n".join(lines)
+    return "\n".join(render.safe(line) for line in lines)
 
 
 def open_uri(

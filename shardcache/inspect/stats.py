@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pat
 
+from shardcache.inspect import render
+
 #: Bars of a length histogram: enough to see the shape, few enough to read.
 HISTOGRAM_BINS = 20
 
@@ -36,7 +38,11 @@ def _summary(lengths: pa.ChunkedArray) -> dict[str, Any]:
     if len(lengths) == 0:
         return {"min": None, "max": None, "mean": None}
     mm = pc.min_max(lengths).as_py()
-    return {"min": mm["min"], "max": mm["max"], "mean": round(pc.mean(lengths).as_py(), 3)}
+    out = {"min": mm["min"], "max": mm["max"], "mean": round(pc.mean(lengths).as_py(), 3)}
+    if render.exact(mm["min"]) is not None or render.exact(mm["max"]) is not None:
+        # A page's JSON numbers are doubles: 64-bit ids need their exact text.
+        out["display"] = f"{mm['min']} / {out['mean']} / {mm['max']}"
+    return out
 
 
 def column_stats(table: pa.Table) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """`shardcache inspect --tui`: page through steps, ranks and epochs in the terminal.
 
 Built on textual, which is imported only here (the `inspect` extra), so the client
-library never needs it. Keys: n/p (or →/←) step, r/R rank, e/E epoch, g go to a step,
+library never needs it. Everything painted is a rich `Text` of `render.safe` text: a
+plain `str` would be parsed as markup (a value holding `[/]` would crash the viewer),
+and rich passes ESC through to the terminal. Keys: n/p (or →/←) step, r/R rank, e/E epoch, g go to a step,
 / search with a --where expression (jumps to where the first match is seen), m next
 match, q quit. Errors (a step past the end, a bad expression) show in the status line
 and leave the view as it was.
@@ -23,8 +25,13 @@ _TABLE_OPTIONS = render.RenderOptions(max_chars=48, max_tokens=8, max_turns=3, m
 _DETAIL_OPTIONS = render.RenderOptions(max_chars=600, max_tokens=64, max_turns=12)
 
 
+def label(text: str) -> Text:
+    """`text` as painted: escaped, never markup."""
+    return Text(render.safe(text))
+
+
 def summary(cell: dict[str, Any]) -> str:
-    """One line per cell for the table."""
+    """One line per cell for the table (not yet `safe`: `label` it)."""
     kind = cell["kind"]
     if kind == "null":
         return "∅"
@@ -97,7 +104,7 @@ class InspectApp(App[None]):
 
     def on_mount(self) -> None:
         table = self.query_one("#samples", DataTable)
-        table.add_columns("#", "index", "shard", "row", *self.columns)
+        table.add_columns(*(label(c) for c in ("#", "index", "shard", "row", *self.columns)))
         if not self.show(self.current):
             self._update_status()
 
@@ -122,7 +129,8 @@ class InspectApp(App[None]):
         for slot, sample in enumerate(self.data["samples"]):
             p = sample["provenance"]
             cells = [summary(sample["values"][c]) for c in self.columns]
-            table.add_row(str(slot), str(p["index"]), p["shard"], str(p["row"]), *cells)
+            row = (str(slot), str(p["index"]), p["shard"], str(p["row"]), *cells)
+            table.add_row(*(label(c) for c in row))
         self.message = ""
         self._update_status()
         self._show_detail(0)
@@ -135,7 +143,7 @@ class InspectApp(App[None]):
             f" of {self.data.get('steps', '?')} · batch size {q.batch_size} · seed {q.seed}"
         )
         self.query_one("#status", Static).update(
-            Text(head + ("\n" + self.message if self.message else ""))
+            Text(head + ("\n" + render.safe(self.message) if self.message else ""))
         )
 
     def _show_detail(self, slot: int) -> None:
@@ -146,12 +154,14 @@ class InspectApp(App[None]):
         sample = samples[slot]
         p = sample["provenance"]
         lines = [f"[{slot}] index {p['index']} · shard {p['shard']} row {p['row']}"]
-        width = max(len(c) for c in self.columns)
+        width = max(len(render.safe(c)) for c in self.columns)
         for name, cell in sample["values"].items():
             body = render.cell_text(cell, indent=" " * (width + 4))
-            lines.append(f"  {name.ljust(width)}  {body[0]}")
+            lines.append(f"  {render.safe(name).ljust(width)}  {body[0]}")
             lines.extend(body[1:])
-        self.query_one("#detail", Static).update(Text("\n".join(lines)))
+        self.query_one("#detail", Static).update(
+            Text("\n".join(render.safe(line) for line in lines))
+        )
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show_detail(event.cursor_row)

@@ -182,3 +182,18 @@ def test_a_state_of_another_plan_is_named_with_both_values(
     assert locate.state_mismatches("sha256:other", q, run[1]) == [
         f"digest: state has {DIGEST!r}, the inspector has 'sha256:other'"
     ]
+
+
+def test_a_state_recording_another_batch_size_is_named_with_both_values() -> None:
+    q, _, run = resumed_run("block")
+    state = dataclasses.replace(run[1], batch_size=7)
+    assert locate.state_mismatches(DIGEST, q.replace(batch_size=7), state) == []
+    assert locate.state_mismatches(DIGEST, q.replace(batch_size=8), state) == [
+        "batch_size: state has 7, the inspector has 8"
+    ]
+
+
+def test_a_rank_without_samples_is_told_so() -> None:
+    # Not "expected 0 <= step < 0".
+    with pytest.raises(errors.InputError, match="rank 1 is handed no samples in epoch 0"):
+        locate.step_rows([0, 0], DIGEST, locate.Query(world_size=2, rank=1))

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 import pytest
 
@@ -70,3 +72,44 @@ def test_unknown_column_names_the_columns_there_are() -> None:
 def test_literal_of_the_wrong_kind_is_an_input_error() -> None:
     with pytest.raises(errors.InputError, match="cannot compare column 'uid'"):
         predicate.mask(predicate.parse("uid == 'x'"), BATCH)
+
+
+IDS = pa.RecordBatch.from_pydict(
+    {
+        "id": pa.array([1, 2**63 + 5, 2**64 - 1], pa.uint64()),
+        "n": pa.array([1, 2, 3], pa.int64()),
+        "small": pa.array([1, 2, 3], pa.uint8()),
+    }
+)
+
+
+@pytest.mark.parametrize(
+    "expr,rows",
+    [
+        ("id == 18446744073709551615", [2]),
+        ("id == 9223372036854775813", [1]),
+        ("id > 9223372036854775807", [1, 2]),
+        ("small == 3", [2]),
+    ],
+)
+def test_uint64_ids_above_2_63_are_searchable(expr: str, rows: list[int]) -> None:
+    assert predicate.matching_rows(predicate.parse(expr), IDS) == rows
+
+
+@pytest.mark.parametrize(
+    "expr,named",
+    [
+        (
+            "n == 99999999999999999999",
+            "99999999999999999999 is out of range for column 'n' (int64)",
+        ),
+        (
+            "small == 300",
+            "300 is out of range for column 'small' (uint8): expected an integer from 0 to 255",
+        ),
+        ("id == -1", "-1 is out of range for column 'id' (uint64)"),
+    ],
+)
+def test_a_literal_out_of_the_columns_range_is_an_input_error(expr: str, named: str) -> None:
+    with pytest.raises(errors.InputError, match=re.escape(named)):
+        predicate.matching_rows(predicate.parse(expr), IDS)

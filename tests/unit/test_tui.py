@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from textual.widgets import DataTable, Static
 
 import shardcache
-from shardcache.inspect import locate, session, tui
+from shardcache.inspect import locate, render, session, tui
 from tests.support import inspect_data
 
 pytestmark = pytest.mark.unit
@@ -105,3 +107,39 @@ async def test_search_jumps_to_where_the_sample_is_seen(
         await pilot.press("slash", *"nope == 1", "enter")
         assert "unknown column(s) ['nope']" in status(app)
         assert app.current == q
+
+
+ESC = "\x1b"
+#: Rich markup that would crash (`[/]`) or be eaten (`[b]`), and escape sequences.
+TEXTS = [
+    "regex a[/] or path [/usr]",
+    "see [b]bold[/b] and list[int]",
+    f"hi {ESC}]52;c;SEVMTE8K\x07 there",
+    f"x{ESC}]8;;http://evil.example/{ESC}\\click\x9b",
+]
+
+
+async def test_cells_are_painted_as_the_data_is_never_as_markup_or_escapes(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "ds"
+    root.mkdir()
+    pq.write_table(
+        pa.table({"uid": list(range(len(TEXTS))), f"t[b]{ESC}[8m": TEXTS}),
+        root / f"p[b]{ESC}[2K.parquet",
+    )
+    insp = session.open_uri(root.as_uri(), cache_dir=str(tmp_path / "cache"))
+    try:
+        app = tui.InspectApp(insp, locate.Query(batch_size=len(TEXTS), shuffle=False))
+        async with app.run_test(size=(200, 48)):
+            table = app.query_one("#samples", DataTable)
+            painted = [table.get_row_at(i)[-1].plain for i in range(table.row_count)]
+            assert painted == [render.safe(t) for t in TEXTS]
+            assert table.get_row_at(0)[2].plain == "p[b]\\u001b[2K.parquet"
+            labels = [c.label.plain for c in table.columns.values()]
+            assert labels[-1] == "t[b]\\u001b[8m"
+            detail = str(app.query_one("#detail", Static).render())
+            for shown in (painted, labels, [detail]):
+                assert not any(ESC in s or "\x9b" in s for s in shown)
+    finally:
+        insp.close()

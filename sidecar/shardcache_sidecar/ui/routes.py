@@ -14,16 +14,28 @@
 
 With a run's checkpoint URI, the step and where views follow the streams its ranks
 recorded (their skips, and after an elastic resume their segments), whenever the
-view's plan (world size included) is one the run had.
+view's plan (world size included) is one the run had. A checkpoint without a data
+state (model only) is left out of those views; a run that cannot be followed (a
+mixture's states, a rewound run) leaves them on the plan. Either way the answer says
+so in `run_notes`; only /ui/api/lineage refuses.
 
 Reading shards may block on a cold fetch, so the inspector runs in a small executor of
 its own. Bad input is a 400 with a JSON message; the server keeps serving.
 
 Every request has a bounded cost (docs/security.md): at most `MAX_BATCH_SIZE` rows and
-`MAX_CELLS` cells per step, a `block_size` floor (a tiny block makes the plan hold one
-entry per row) and in sample mode a `window` floor (a permutation is computed per window), `MAX_IMAGE_BYTES` per image, `WHERE_SCAN_ROWS` rows scanned per lookup
-and `MAX_RESPONSE_BYTES` per JSON answer. Over a limit is a 4xx naming the limit. The
-inspector listens on loopback only (`shardcache_sidecar.server.running`).
+`MAX_CELLS` cells per step, whose values are clipped in Arrow before they become Python
+(`PAGE_OPTIONS`) and convert at most `MAX_CONVERT_BYTES` in all; a `block_size` floor (a
+tiny block makes the plan hold one entry per row) and in sample mode a `window` floor
+(a permutation is computed per window); `MAX_WORLD_SIZE` ranks and
+`MAX_RANK_EPOCHS` ranks x epochs per lookup (each rank's stream is placed);
+`MAX_IMAGE_BYTES` per image, checked before it is copied; `WHERE_SCAN_ROWS` rows scanned
+per lookup (where and lineage; the answer says how far it got); `MAX_RESPONSE_BYTES`
+per JSON answer. Over a limit is a 4xx naming the limit.
+
+The inspector listens on loopback only (`shardcache_sidecar.server.running`), and
+answers only requests whose `Host` is a loopback name, an IP address or a host it was
+started for (`host_allowed`): a web page whose name was rebound to 127.0.0.1 (DNS
+rebinding) sends its own name, and is refused.
 """
 
 from __future__ import annotations
@@ -33,12 +45,16 @@ import concurrent.futures
 import dataclasses
 import functools
 import importlib.resources
+import ipaddress
 import json
+import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
+import pyarrow as pa
 from aiohttp import web
 
 from shardcache import errors, plans
@@ -46,6 +62,9 @@ from shardcache.inspect import images, locate, render, session
 from shardcache.lineage import history, published, queries
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+#: By this name in `_UI`, whose `history` method shadows the module.
+History = history.History
 
 PREFIX = "/ui"
 _STATIC = {"app.js": "text/javascript", "app.css": "text/css"}
@@ -59,8 +78,18 @@ _HEADERS = {
 #: What the page shows per cell: enough to read a sample, bounded so a step of long
 #: documents stays a small response.
 PAGE_OPTIONS = render.RenderOptions(
-    max_chars=2000, max_tokens=256, max_turns=50, max_cell_chars=500
+    max_chars=2000,
+    max_tokens=256,
+    max_turns=50,
+    max_cell_chars=500,
+    max_items=256,
+    # A longer text clipped for the page reports its size in bytes: counting its
+    # characters would read all of it.
+    max_count_bytes=64 << 10,
 )
+#: Bytes of (clipped) values one step answer may convert to Python: about what
+#: `MAX_RESPONSE_BYTES` lets through anyway.
+MAX_CONVERT_BYTES = 32 << 20
 #: Rows the statistics look at: a few shards' worth, computed once and kept.
 STATS_ROWS = 100_000
 #: Samples a reverse lookup reports.
@@ -79,6 +108,15 @@ MIN_BLOCK_SIZE = 256
 MAX_IMAGE_BYTES = 16 << 20
 #: Rows a reverse lookup scans before it stops and says the answer is truncated.
 WHERE_SCAN_ROWS = 2_000_000
+#: Ranks a view may ask for: a reverse lookup places every rank's stream.
+MAX_WORLD_SIZE = 65_536
+#: Ranks x epochs one reverse lookup places (about two seconds of work).
+MAX_RANK_EPOCHS = 262_144
+#: Seconds a read of the followed run's checkpoints is reused: a click must not list
+#: and read every manifest of every rank again, and new checkpoints still show soon.
+HISTORY_TTL_S = 5.0
+#: Host names every inspector answers (with any IP address): loopback's.
+LOOPBACK_NAMES = frozenset({"localhost"})
 #: Bytes of one JSON answer (the last guard; the limits above keep answers far below).
 MAX_RESPONSE_BYTES = 16 << 20
 
@@ -129,15 +167,35 @@ class _UI:
         self.run_window: int | None = None
         self.executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="shardcache-ui")
         self._stats: dict[str, dict[str, Any]] = {}
+        self._history_lock = threading.Lock()
+        #: (digest, read at, history, checkpoints left out) of the last read.
+        self._history: tuple[str, float, History, list[str]] | None = None
+
+    def inspector(self) -> session.Inspector:
+        """The inspector, or the host's reason it has none (the sidecar's "starting"),
+        which goes to the host app's error middleware as it was raised."""
+        try:
+            return self.source()
+        except errors.ShardcacheError:
+            raise
+        except Exception as exc:
+            raise _NotServing(exc) from exc
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
 
     # --- request parsing ----------------------------------------------------------
-    def query(self, request: web.Request) -> locate.Query:
+    def query(self, request: web.Request, insp: session.Inspector | None = None) -> locate.Query:
+        """The view a request asks for; what it leaves out is the opening view's (with
+        `insp`, at the followed run's batch size)."""
         q = request.query
-        d = self.defaults
+        d = self.defaults if insp is None else self.opening_view(insp)
+        world_size = _int(q, "world_size", d.world_size)
+        if world_size > MAX_WORLD_SIZE:
+            raise errors.InputError(
+                f"world_size {world_size} is over the inspector's limit of {MAX_WORLD_SIZE} ranks"
+            )
         batch_size = _int(q, "batch_size", d.batch_size)
         if batch_size > MAX_BATCH_SIZE:
             raise errors.InputError(
@@ -171,7 +229,7 @@ class _UI:
         return locate.Query(
             epoch=_int(q, "epoch", 0),
             rank=_int(q, "rank", 0),
-            world_size=_int(q, "world_size", d.world_size),
+            world_size=world_size,
             step=_int(q, "step", 0),
             batch_size=batch_size,
             seed=_int(q, "seed", d.seed),
@@ -193,11 +251,11 @@ class _UI:
 
     async def info(self, request: web.Request) -> web.StreamResponse:
         def work() -> dict[str, Any]:
-            insp = self.source()
+            insp = self.inspector()
             return {
                 "dataset": session.dataset_json(insp.manifest),
                 "columns": [{"name": f.name, "type": str(f.type)} for f in insp.schema],
-                "defaults": dataclasses.asdict(self.defaults),
+                "defaults": dataclasses.asdict(self.opening_view(insp)),
                 "tokenizer": self.decode is not None,
                 "lineage": self.checkpoint_uri is not None,
             }
@@ -206,17 +264,22 @@ class _UI:
 
     async def step(self, request: web.Request) -> web.StreamResponse:
         def work() -> dict[str, Any]:
-            query = self.query(request)
             columns = _names(request.query.get("columns"))
-            insp = self.source()
+            insp = self.inspector()
+            query = self.query(request, insp)
             width = len(insp.columns(columns))
             if query.batch_size * width > MAX_CELLS:
                 raise errors.InputError(
                     f"{query.batch_size} rows x {width} columns is over the inspector's limit "
                     f"of {MAX_CELLS} cells per answer: ask for fewer rows or columns"
                 )
-            view = insp.step(query, columns, run=self.run_states(insp, query))
-            data = session.step_json(view, insp.manifest, options=PAGE_OPTIONS, decode=self.decode)
+            notes: list[str] = []
+            view = insp.step(query, columns, run=self.run_states(insp, query, notes))
+            # Each answer its own budget: what it converts to Python is bounded.
+            options = dataclasses.replace(PAGE_OPTIONS, budget=render.Budget(MAX_CONVERT_BYTES))
+            data = session.step_json(view, insp.manifest, options=options, decode=self.decode)
+            if notes:
+                data["run_notes"] = notes
             for sample in data["samples"]:
                 p = sample["provenance"]
                 for name, cell in sample["values"].items():
@@ -231,14 +294,18 @@ class _UI:
         def work() -> tuple[bytes, str]:
             q = request.query
             column = q.get("column", "")
-            value = self.source().cell(_int(q, "shard", 0), _int(q, "row", 0), column)
-            if not isinstance(value, bytes):
+            cell = self.inspector().scalar(_int(q, "shard", 0), _int(q, "row", 0), column)
+            binary = isinstance(cell, pa.BinaryScalar) and not isinstance(cell, pa.StringScalar)
+            buffer = cell.as_buffer() if binary else None
+            if buffer is None:
                 raise errors.InputError(f"column {column!r} is not binary: expected an image cell")
-            if len(value) > MAX_IMAGE_BYTES:
+            # Measured in place, before a copy: a huge cell costs nothing to refuse.
+            if buffer.size > MAX_IMAGE_BYTES:
                 raise _TooLarge(
-                    f"the cell is {len(value)} bytes, over the inspector's limit of "
+                    f"the cell is {buffer.size} bytes, over the inspector's limit of "
                     f"{MAX_IMAGE_BYTES} bytes per image"
                 )
+            value = buffer.to_pybytes()
             info = images.sniff(value)
             if info is None:
                 raise errors.InputError(
@@ -248,6 +315,8 @@ class _UI:
 
         try:
             body, mime = await self.run(work)
+        except _NotServing as exc:
+            raise exc.reason from None
         except _TooLarge as exc:
             return _error(413, str(exc))
         except errors.InputError as exc:
@@ -256,7 +325,7 @@ class _UI:
 
     async def stats(self, request: web.Request) -> web.StreamResponse:
         def work() -> dict[str, Any]:
-            insp = self.source()
+            insp = self.inspector()
             key = insp.manifest.digest
             if key not in self._stats:
                 self._stats[key] = insp.stats(max_rows=STATS_ROWS)
@@ -270,23 +339,32 @@ class _UI:
             epochs = _int(request.query, "epochs", 1)
             if not 1 <= epochs <= 100:
                 raise errors.InputError(f"epochs must be in [1, 100], got {epochs}")
-            insp = self.source()
-            query = self.query(request)
+            insp = self.inspector()
+            query = self.query(request, insp)
+            if query.world_size * epochs > MAX_RANK_EPOCHS:
+                raise errors.InputError(
+                    f"world_size {query.world_size} x epochs {epochs} is over the inspector's "
+                    f"limit of {MAX_RANK_EPOCHS} rank-epochs per lookup: ask for fewer epochs"
+                )
+            notes: list[str] = []
             result = insp.where(
                 expr,
                 query,
                 epochs=epochs,
                 limit=WHERE_LIMIT,
-                run=self.run_states(insp, query),
+                run=self.run_states(insp, query, notes),
                 max_rows=WHERE_SCAN_ROWS,
             )
-            return session.where_json(result)
+            data = session.where_json(result)
+            if notes:
+                data["run_notes"] = notes
+            return data
 
         return await self._answer(work)
 
     async def lineage(self, request: web.Request) -> web.StreamResponse:
         def work() -> dict[str, Any]:
-            insp = self.source()
+            insp = self.inspector()
             hist = self.history(insp)
             if hist is None:
                 raise errors.InputError(
@@ -299,27 +377,97 @@ class _UI:
             limit = _int(request.query, "limit", WHERE_LIMIT)
             if not 1 <= limit <= LINEAGE_LIMIT:
                 raise errors.InputError(f"limit must be in [1, {LINEAGE_LIMIT}], got {limit}")
-            indices, truncated = insp.matching(expr, limit=limit)
-            found = queries.reads(hist, indices)
-            return queries.reads_json(hist, expr, indices, truncated, found)
+            scan = insp.scan(expr, limit=limit, max_rows=WHERE_SCAN_ROWS)
+            found = queries.reads(hist, scan.indices)
+            data = queries.reads_json(hist, expr, scan.indices, scan.truncated, found)
+            data.update(stopped=scan.stopped, scanned_rows=scan.scanned, dataset_rows=scan.rows)
+            return data
 
         return await self._answer(work)
 
     # --- the run's checkpoints ----------------------------------------------------
     def history(self, insp: session.Inspector) -> history.History | None:
-        """The run, read afresh: it publishes checkpoints while the page is open."""
+        """The run, every checkpoint with its data state (lineage refuses a model-only
+        one), read afresh: it publishes checkpoints while the page is open."""
         if self.checkpoint_uri is None:
             return None
         hist = published.history_of(insp.manifest, self.checkpoint_uri)
-        self.run_block_size = hist.params.block_size
-        self.run_window = hist.params.window
+        self._remember(hist)
         return hist
 
-    def run_states(self, insp: session.Inspector, query: locate.Query) -> locate.States:
+    def data_history(self, insp: session.Inspector) -> tuple[History, list[str]] | None:
+        """The run for the data views: model-only checkpoints left out (and named),
+        read at most every `HISTORY_TTL_S` seconds."""
+        if self.checkpoint_uri is None:
+            return None
+        digest = insp.manifest.digest
+        with self._history_lock:
+            kept = self._history
+            if (
+                kept is not None
+                and kept[0] == digest
+                and time.monotonic() - kept[1] < HISTORY_TTL_S
+            ):
+                return kept[2], kept[3]
+        stateless: list[str] = []
+        hist = published.history_of(insp.manifest, self.checkpoint_uri, stateless=stateless)
+        self._remember(hist)
+        with self._history_lock:
+            self._history = (digest, time.monotonic(), hist, stateless)
+        return hist, stateless
+
+    def _remember(self, hist: History) -> None:
+        self.run_block_size = hist.params.block_size
+        self.run_window = hist.params.window
+
+    def run_states(
+        self, insp: session.Inspector, query: locate.Query, notes: list[str] | None = None
+    ) -> locate.States:
         """The followed run's newest data states by rank, of the world size and plan
-        `query` views (`run_states`); none without a run or for another plan."""
-        hist = self.history(insp)
-        return {} if hist is None else run_states(hist, query)
+        `query` views (`run_states`); none without a run or for another plan. What was
+        left out, or why the run is not followed, goes to `notes`."""
+        try:
+            found = self.data_history(insp)
+        except errors.InputError as exc:
+            # The data views stay usable on the plan; only lineage refuses such a run.
+            if notes is not None:
+                notes.append(
+                    f"the run's checkpoints are not followed ({exc}): steps follow the plan"
+                )
+            return {}
+        if found is None:
+            return {}
+        hist, stateless = found
+        if stateless and notes is not None:
+            notes.append(
+                f"left out {len(stateless)} checkpoint(s) without a data state (model only): "
+                + ", ".join(stateless[:5])
+                + (", …" if len(stateless) > 5 else "")
+            )
+        return run_states(hist, query)
+
+    def opening_view(self, insp: session.Inspector) -> Defaults:
+        """The view the page opens with: the job's plan, at the followed run's batch
+        size when the run read that plan (its step N is a batch of that size)."""
+        try:
+            found = self.data_history(insp)
+        except errors.InputError:
+            return self.defaults
+        if found is None:
+            return self.defaults
+        hist = found[0]
+        d = self.defaults
+        view = locate.Query(
+            world_size=d.world_size,
+            batch_size=d.batch_size,
+            seed=d.seed,
+            shuffle=d.shuffle,
+            block_size=d.block_size,
+            granularity=d.granularity,
+            window=d.window,
+        )
+        sizes = {s.batch_size for s in run_states(hist, view).values() if s.batch_size}
+        return dataclasses.replace(d, batch_size=sizes.pop()) if len(sizes) == 1 else d
 
     async def _answer(self, work: Callable[[], dict[str, Any]]) -> web.StreamResponse:
         try:
@@ -328,6 +476,12 @@ class _UI:
             return _error(400, str(exc))
         except (errors.SourceError, errors.CacheError) as exc:
             return _error(503, str(exc))
+        except _NotServing as exc:
+            raise exc.reason from None
+        except Exception as exc:
+            # A bug, not bad input: the page still gets a JSON answer it can show.
+            log.exception("the inspector failed to answer")
+            return _error(500, f"the inspector failed: {type(exc).__name__}: {exc}")
         text = json.dumps(data)
         if len(text) > MAX_RESPONSE_BYTES:
             return _error(
@@ -336,6 +490,14 @@ class _UI:
                 f"{MAX_RESPONSE_BYTES}: ask for fewer rows or columns",
             )
         return web.Response(text=text, content_type="application/json", headers=_HEADERS)
+
+
+class _NotServing(Exception):
+    """The host's inspector source refused (`reason`): not the inspector's failure."""
+
+    def __init__(self, reason: Exception) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
 
 
 class _TooLarge(errors.InputError):
@@ -401,6 +563,54 @@ def _names(text: str | None) -> list[str] | None:
     return [c for c in text.split(",") if c]
 
 
+def host_allowed(host: str | None, extra: Iterable[str] = ()) -> bool:
+    """Whether a request's `Host` header names this inspector: a loopback name, an IP
+    address (a rebound page sends its own name, never an address), or one of `extra`
+    (the names it was started for). No header (HTTP/1.0) is no browser's request."""
+    if not host:
+        return True
+    try:
+        name = urlsplit("//" + host).hostname
+    except ValueError:
+        return False
+    if not name:
+        return False
+    name = name.rstrip(".")
+    if name in LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    return name in {_bare(h) for h in extra}
+
+
+def _bare(host: str) -> str:
+    return host.strip().strip("[]").rstrip(".").lower()
+
+
+def _host_guard(extra: Iterable[str]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    hosts = tuple(extra)
+
+    @web.middleware
+    async def guard(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        host = request.headers.get("Host")
+        if not host_allowed(host, hosts):
+            names = ["localhost", "an IP address", *hosts]
+            return _error(
+                403,
+                f"Host {host!r} is not a name this inspector serves: expected "
+                f"{', '.join(names)} (a guard against DNS rebinding; start it with "
+                "--host NAME to serve a name)",
+            )
+        return await handler(request)
+
+    return guard
+
+
 def mount(
     app: web.Application,
     source: InspectorSource,
@@ -408,9 +618,14 @@ def mount(
     *,
     decode: render.Decode | None = None,
     checkpoint_uri: str | None = None,
+    hosts: Iterable[str] = (),
 ) -> None:
     """Add the inspector's GET routes under /ui to `app`; with `checkpoint_uri` (where a
-    run publishes its checkpoints) the lineage view follows that run."""
+    run publishes its checkpoints) the lineage view follows that run.
+
+    Also guards all of `app` (the inspector's own app) against DNS rebinding: a request
+    whose Host is not loopback's, an IP address or one of `hosts` gets a 403."""
+    app.middlewares.insert(0, _host_guard(hosts))
     ui = _UI(source, defaults, decode, checkpoint_uri)
     app.add_routes(
         [

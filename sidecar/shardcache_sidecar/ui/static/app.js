@@ -1,5 +1,7 @@
 // The web inspector's page. All state is in the query string, so a URL restores a
 // view. Values from the dataset are inserted as text (textContent), never as HTML.
+// JSON numbers are doubles here: where the server sends a `display` string (an
+// integer beyond 2^53 - 1), the page shows that string, never the rounded number.
 "use strict";
 
 const FIELDS = [
@@ -60,13 +62,18 @@ function renderCell(cell) {
   switch (cell.kind) {
     case "null":
       return el("span", { class: "note" }, "null");
-    case "text":
+    case "text": {
+      // A long text clipped for the page is measured in bytes (counting its characters
+      // would read all of it).
+      const size = cell.length !== null ? `${cell.length.toLocaleString()} chars` : `${cell.bytes.toLocaleString()} bytes`;
       return el("div", {},
         el("div", { class: "text" }, cell.value + (cell.truncated ? "…" : "")),
-        el("span", { class: "note" }, `${cell.length.toLocaleString()} chars${cell.truncated ? ", truncated" : ""}`));
+        el("span", { class: "note" }, `${size}${cell.truncated ? ", truncated" : ""}`));
+    }
     case "tokens": {
+      const ids = "display" in cell ? cell.display : cell.ids.join(", ");
       const box = el("div", {},
-        el("code", { class: "ids" }, "[" + cell.ids.join(", ") + (cell.truncated ? ", …" : "") + "]"),
+        el("code", { class: "ids" }, "[" + ids + (cell.truncated ? ", …" : "") + "]"),
         el("span", { class: "note" }, `${cell.length.toLocaleString()} tokens`));
       if ("decoded" in cell) {
         box.append(el("div", { class: "text" }, el("span", { class: "note" }, "decoded: "),
@@ -93,9 +100,12 @@ function renderCell(cell) {
       for (const [name, sub] of Object.entries(cell.fields)) dl.append(el("dt", {}, name), el("dd", {}, renderCell(sub)));
       return dl;
     }
-    case "list":
-      return el("code", {}, JSON.stringify(cell.value) + ` (${cell.length} items)`);
+    case "list": {
+      const items = "display" in cell ? cell.display : JSON.stringify(cell.value);
+      return el("code", {}, items + ` (${cell.length} items${cell.truncated ? ", first shown" : ""})`);
+    }
     default:
+      if ("display" in cell) return el("span", {}, cell.display);
       return el("span", {}, typeof cell.value === "string" ? cell.value : JSON.stringify(cell.value));
   }
 }
@@ -127,8 +137,9 @@ async function show(push) {
   if (push) history.pushState(null, "", "/ui?" + params.toString());
   say("loading…");
   try {
-    renderStep(await getJSON("/ui/api/step", params));
-    say("");
+    const data = await getJSON("/ui/api/step", params);
+    renderStep(data);
+    say((data.run_notes || []).join("; "));
   } catch (err) {
     document.getElementById("samples").dataset.loaded = "error";
     say(err.message, true);
@@ -157,7 +168,8 @@ async function find(event) {
   list.replaceChildren();
   try {
     const data = await getJSON("/ui/api/where", params);
-    if (!data.sightings.length) list.append(el("li", {}, `no sample matches ${data.expression}`));
+    for (const note of data.run_notes || []) list.append(el("li", { class: "note" }, note));
+    if (!data.sightings.length) list.append(el("li", {}, noMatch(data)));
     for (const s of data.sightings) {
       if (s.before_resize) {
         // No rank of this world size reads it in that epoch: the run's earlier one did.
@@ -178,10 +190,26 @@ async function find(event) {
       });
       list.append(el("li", {}, link));
     }
-    if (data.truncated) list.append(el("li", { class: "note" }, "more matches not shown"));
+    if (data.truncated) list.append(el("li", { class: "note", "data-stopped": data.stopped || "" }, scanNote(data)));
   } catch (err) {
     list.append(el("li", { class: "error" }, err.message));
   }
+}
+
+// A lookup that stopped at its row budget has not looked at every sample: say how far
+// it got, never "no sample matches".
+function noMatch(data) {
+  if (data.stopped === "budget") {
+    return `no match in the first ${data.scanned_rows.toLocaleString()} of ${data.dataset_rows.toLocaleString()} rows searched for ${data.expression}`;
+  }
+  return `no sample matches ${data.expression}`;
+}
+
+function scanNote(data) {
+  if (data.stopped === "budget") {
+    return `searched the first ${data.scanned_rows.toLocaleString()} of ${data.dataset_rows.toLocaleString()} rows (the lookup's budget): later rows were not searched`;
+  }
+  return "more matches not shown";
 }
 
 // The lineage view: which (epoch, step, rank) of the run read the matches, and which
@@ -221,7 +249,7 @@ async function follow(event) {
     document.getElementById("lineage-run").textContent =
       `run: world size ${run.world_size}, batch size ${run.batch_size}, seed ${run.seed}, ` +
       `checkpoints ${run.checkpoints.map((c) => c.step).join(", ") || "none"}`;
-    if (!data.reads.length) list.append(el("li", {}, `no sample matches ${data.expression}`));
+    if (!data.reads.length) list.append(el("li", {}, noMatch(data)));
     for (const r of data.reads) {
       if (r.status === "skipped" || r.step === null) {
         list.append(el("li", { class: "note", "data-status": r.status }, describeRead(r)));
@@ -235,7 +263,7 @@ async function follow(event) {
       });
       list.append(el("li", {}, link));
     }
-    if (data.truncated) list.append(el("li", { class: "note" }, "more matches not shown"));
+    if (data.truncated) list.append(el("li", { class: "note", "data-stopped": data.stopped || "" }, scanNote(data)));
     list.dataset.loaded = "reads";
   } catch (err) {
     list.append(el("li", { class: "error" }, err.message));
@@ -297,6 +325,7 @@ function histogram(h) {
 }
 
 function summary(s) {
+  if (s && s.display) return s.display;
   return s && s.min !== null ? `${s.min} / ${s.mean} / ${s.max}` : "";
 }
 
