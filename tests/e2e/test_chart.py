@@ -330,7 +330,7 @@ def test_installed_operator_deployment_is_available_under_its_service_account(
     ]
     (container,) = spec.containers
     assert container.security_context.read_only_root_filesystem is True
-    assert container.args == ["operator"]
+    assert container.args == ["operator", "--log-level=INFO"]  # operator.logLevel, upper-cased
 
 
 def test_node_cache_daemonset_prepares_the_sidecars_directory(
