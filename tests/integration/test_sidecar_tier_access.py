@@ -15,8 +15,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -26,9 +24,8 @@ from typing import Any
 import pyarrow.fs as pafs
 import pytest
 
-from shardcache import contract
 from tests.support import datasets
-from tests.support.sidecar import HOST, MOUNT, SidecarProcess, free_port
+from tests.support.sidecar import SidecarProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -47,41 +44,12 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-class NobodySidecar(SidecarProcess):
+def nobody_sidecar(source_uri: str, *, workdir: Path) -> SidecarProcess:
     """The sidecar as NOBODY, as the webhook's securityContext runs it (non-root)."""
-
-    def start(self, *, wait: str = "healthy") -> None:
-        env = {
-            **os.environ,
-            contract.ENV_SOURCE_URI: self.source_uri,
-            contract.ENV_RUN_DIR: str(self.run_dir),
-            contract.ENV_MOUNT: MOUNT,
-            contract.ENV_DISK_DIR: str(self.disk_dir),
-            contract.ENV_METRICS_PORT: str(self.port),
-            contract.ENV_UI_PORT: str(self.ui_port),
-            "SHARDCACHE_METRICS_HOST": HOST,
-        }
-        assert SETPRIV is not None
-        command = [
-            SETPRIV,
-            f"--reuid={NOBODY}",
-            f"--regid={NOBODY}",
-            "--clear-groups",
-            sys.executable,
-            "-m",
-            "shardcache",
-            "sidecar",
-        ]
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                command,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.wait_for("/healthz")
+    assert SETPRIV is not None
+    proc = SidecarProcess(source_uri, workdir=workdir)
+    proc.command_prefix = [SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    return proc
 
 
 def tiers_gate(body: Any) -> dict[str, Any]:
@@ -98,7 +66,7 @@ def test_a_sidecar_that_cannot_write_its_disk_tier_says_why_and_goes_on_once_it_
     workdir: Path,
 ) -> None:
     datasets.write_dataset(pafs.LocalFileSystem(), str(workdir / "ds"), [100, 80, 60])
-    proc = NobodySidecar(f"file://{workdir / 'ds'}", workdir=workdir)
+    proc = nobody_sidecar(f"file://{workdir / 'ds'}", workdir=workdir)
     proc.port, proc.ui_port = free_port(), free_port()
     proc.run_dir.mkdir()
     os.chown(proc.run_dir, NOBODY, NOBODY)

@@ -73,6 +73,8 @@ class SidecarProcess:
         self.extra_env = dict(env or {})
         self.args = list(args or [])
         self.process: subprocess.Popen[bytes] | None = None
+        #: What the sidecar's command runs under (e.g. setpriv, to run it as another user).
+        self.command_prefix: list[str] = []
 
     @property
     def socket_path(self) -> Path:
@@ -98,7 +100,7 @@ class SidecarProcess:
             "SHARDCACHE_METRICS_HOST": HOST,
             **self.extra_env,
         }
-        command = [sys.executable, "-m", "shardcache", "sidecar", *self.args]
+        command = [*self.command_prefix, sys.executable, "-m", "shardcache", "sidecar", *self.args]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 command,
