@@ -115,10 +115,14 @@ def test_memory_tier_hits_count_shards_handed_to_readers_and_misses_their_cold_l
     try:
         # At position 0 throughout: no readahead of the shards asked for races the
         # lookups (shard 0, the plan's next, is resident).
+        # A shard granted ahead is counted when the client's notes say it was taken,
+        # sent in the background: flushed before each reading of the counts.
         shards.acquire(reader, 0, epoch=0, position=0).release()
+        assert shards.flush()
         assert counts() == (1, 0), "(hits, misses) after a warm shard"
         for cold in (1, 3):
             shards.acquire(reader, cold, epoch=0, position=0).release()
+        assert shards.flush()
         assert counts() == (3, 2), "(hits, misses) after two cold shards"
         # Taken again (pinned without asking, told in notes): a hit.
         shards.acquire(reader, 1, epoch=0, position=0).release()
