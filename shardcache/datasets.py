@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import mmap
 import os
+import threading
 import time
 import uuid
 import weakref
@@ -44,6 +45,7 @@ from shardcache import (
     streams,
     windows,
 )
+from shardcache.node import after_fork, regular_files
 
 if TYPE_CHECKING:
     from shardcache import selections, sequences
@@ -70,8 +72,13 @@ def read_shard(path: Path, columns: Sequence[str] | None = None) -> pa.RecordBat
 def map_shard(path: Path) -> tuple[pa.RecordBatch, pa.Buffer]:
     """`read_shard(path)` and the buffer over the whole mapping (read-only), which the
     device prefetcher registers with the GPU driver as one range."""
-    with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    # Never through a link, never waiting for a FIFO's writer: the pod's processes may
+    # put anything in the memory volume (`regular_files`).
+    fd = regular_files.open_regular(path, os.O_RDONLY)
+    try:
+        mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
     # Not Linux, or a kernel before 5.14: the pages fault in as they are read.
     with contextlib.suppress(OSError, ValueError):
         mapped.madvise(MADV_POPULATE_READ)
@@ -99,6 +106,9 @@ class MappingListener(Protocol):
     `mapped` is called while the reader holds the shard's lease (the memory tier will
     not evict it then); `dropped` before the reader's last reference to the mapping
     goes, so a listener that holds `root` itself decides when the pages are unmapped.
+    `dropped` of a shard evicted while the reader waits in an acquire comes from the
+    reader's watching thread (`_Mappings.waiting`), never at once with the reader's own
+    calls: those are made under the same lock, and the reader is in that acquire.
     """
 
     def mapped(self, root: pa.Buffer) -> None: ...
@@ -125,9 +135,18 @@ class _Mappings:
     over a 4 KiB-page tmpfs far below memory speed (docs/benchmarks.md measures 4.5 vs
     6.9 GB/s here); a mapping kept from the previous epoch reads at memory speed. A
     mapping is reused only while its file is still the resident entry (same device and
-    inode), and at every shard switch the ones whose files were evicted are dropped, so
-    the reader never holds memory the tier gave up for longer than one shard. At most
-    `MAX_MAPPINGS` are kept (least recently used go first).
+    inode). The ones whose files were evicted are dropped before every acquire, and
+    while an acquire waits (`waiting`), so the reader never holds memory the tier gave
+    up beyond the shard it is still slicing. At most `MAX_MAPPINGS` are kept (least
+    recently used go first).
+
+    Why while it waits: the acquire of a cold shard evicts the least recently used
+    entries, which are the shards this reader read and still maps; their pages stay in
+    the memory volume while mapped, so the insert found the volume full below the
+    tier's limit and waited for readers to unmap, and the one reader was the one
+    waiting: 300 s, then CacheError. A thread of this object drops those mappings
+    every `UNMAP_EVERY_S` while an acquire lasts (`_watch`), in the embedded cache
+    (the acquire's insert runs in the reader's thread) and through a sidecar alike.
     """
 
     MAX_MAPPINGS = 512
@@ -135,17 +154,74 @@ class _Mappings:
     #: once it is this old: file timestamps come from a coarse clock (a scheduler tick),
     #: so a change within the same tick as the one we saw could leave it unchanged.
     SETTLED_NS = 100_000_000
+    #: How often mappings of evicted files are dropped while an acquire lasts: an
+    #: insert waiting for room polls the volume about this often.
+    UNMAP_EVERY_S = 0.05
+    #: The watching thread ends after this long without an acquire (the next one
+    #: starts it again).
+    IDLE_S = 10.0
 
     def __init__(self) -> None:
         self._maps: dict[str, tuple[tuple[int, int], pa.RecordBatch, pa.Buffer]] = {}
         self._dirs: dict[str, int] | None = None
+        #: How many mappings each directory holds: what `_prune` stats, without a
+        #: `dirname` per mapping at every prune (two a shard: before and after acquire).
+        self._dir_counts: dict[str, int] = {}
         self.listeners: list[MappingListener] = []
+        #: Guards the mappings (the watching thread prunes them while an acquire
+        #: waits), and wakes that thread. Reentrant: a listener may look back.
+        self._cond = threading.Condition(threading.RLock())
+        #: Acquires in progress, and how many have begun (a wait outlasted a period
+        #: when the count is the same after it).
+        self._waits = 0
+        self._begun = 0
+        self._watcher: threading.Thread | None = None
+        self._idle = False
+        after_fork.register(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's watching thread is not here, and may have
+        held the lock at the fork."""
+        self._cond = threading.Condition(threading.RLock())
+        self._waits = self._begun = 0
+        self._watcher, self._idle = None, False
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Around an acquire: while it lasts, mappings of files the tier evicted are
+        dropped every `UNMAP_EVERY_S` (the class docstring says why)."""
+        cond = self._cond
+        with cond:
+            self._waits += 1
+            self._begun += 1
+            if self._watcher is None:
+                self._watcher = threading.Thread(
+                    target=_watch,
+                    args=(weakref.ref(self), cond),
+                    name="shardcache-unmap-evicted",
+                    daemon=True,
+                )
+                self._watcher.start()
+            elif self._idle:
+                cond.notify()
+        try:
+            yield
+        finally:
+            with cond:
+                self._waits -= 1
 
     def batch(self, path: Path) -> pa.RecordBatch:
+        with self._cond:
+            return self._batch(path)
+
+    def _batch(self, path: Path) -> pa.RecordBatch:
         key = str(path)
         st = os.stat(key)
         ident = (st.st_dev, st.st_ino)
         cached = self._maps.pop(key, None)
+        if cached is None:
+            directory = os.path.dirname(key)
+            self._dir_counts[directory] = self._dir_counts.get(directory, 0) + 1
         if cached is not None and cached[0] == ident:
             batch, root = cached[1], cached[2]
         else:
@@ -160,19 +236,31 @@ class _Mappings:
         return batch
 
     def _drop(self, key: str) -> None:
-        self._dropped(self._maps.pop(key)[2])
+        root = self._maps.pop(key)[2]
+        directory = os.path.dirname(key)
+        left = self._dir_counts[directory] - 1
+        if left:
+            self._dir_counts[directory] = left
+        else:
+            del self._dir_counts[directory]
+        self._dropped(root)
 
     def _dropped(self, root: pa.Buffer) -> None:
         for listener in self.listeners:
             listener.dropped(root)
 
     def prune(self) -> None:
+        """Drop the mappings whose files were evicted or replaced."""
+        with self._cond:
+            self._prune()
+
+    def _prune(self) -> None:
         # Evicting an entry unlinks its file, which changes its directory's mtime: while
         # no directory changed since a settled look, no mapped file can have gone, and one
         # stat replaces one per mapping (they cost the loop GIL hand-offs too).
         now = time.time_ns()
         try:
-            dirs = {d: os.stat(d).st_mtime_ns for d in {os.path.dirname(k) for k in self._maps}}
+            dirs = {d: os.stat(d).st_mtime_ns for d in self._dir_counts}
         except FileNotFoundError:
             dirs = None
         if dirs is not None and dirs == self._dirs:
@@ -189,9 +277,41 @@ class _Mappings:
         self._dirs = dirs if settled else None
 
     def clear(self) -> None:
-        for key in list(self._maps):
-            self._drop(key)
-        self._dirs = None
+        with self._cond:
+            for key in list(self._maps):
+                self._drop(key)
+            self._dirs = None
+
+
+def _watch(ref: weakref.ReferenceType[_Mappings], cond: threading.Condition) -> None:
+    """The thread of `_Mappings.waiting`: while an acquire lasts, drop the mappings of
+    evicted files every `UNMAP_EVERY_S`; end after `IDLE_S` without one, or once the
+    mappings are gone. Holds them weakly, so a reader dropped without close() goes."""
+    with cond:
+        while True:
+            mappings = ref()
+            if mappings is None or mappings._watcher is not threading.current_thread():
+                return  # collected, or this thread is a forked parent's
+            if mappings._waits == 0:
+                mappings._idle = True
+                del mappings
+                woken = cond.wait(_Mappings.IDLE_S)
+                mappings = ref()
+                if mappings is None:
+                    return
+                mappings._idle = False
+                if not woken and mappings._waits == 0:
+                    mappings._watcher = None
+                    return
+                continue
+            begun = mappings._begun
+            del mappings
+            cond.wait(_Mappings.UNMAP_EVERY_S)
+            mappings = ref()
+            # Only an acquire that lasted the whole period: most take far less.
+            if mappings is not None and mappings._waits and mappings._begun == begun:
+                mappings._prune()
+            del mappings
 
 
 #: A batch as `_timed` hands it on: a record batch, or the pieces of one.
@@ -453,6 +573,9 @@ class Dataset:
                         if lease is not None:
                             lease.release()
                             lease = None
+                        # Only the pending slices keep the old shard's mapping from
+                        # here: an evicted file's pages go while we wait for the next.
+                        shard_batch = None
                         lease = self._acquire(
                             self._reader_id,
                             run.shard,
@@ -982,7 +1105,12 @@ class Dataset:
     def _acquire(self, reader_id: str, shard: int, *, epoch: int, position: int) -> _Lease:
         # An iteration begun before close() must not read on through a closed provider.
         self._check_open()
-        return self._provider.acquire(reader_id, shard, epoch=epoch, position=position)
+        # Mappings of evicted files hold their pages in the memory volume, which the
+        # acquire of a cold shard may need: let them go before, and while it waits.
+        mappings = self._mappings
+        mappings.prune()
+        with mappings.waiting():
+            return self._provider.acquire(reader_id, shard, epoch=epoch, position=position)
 
     def close(self) -> None:
         self._closed = True

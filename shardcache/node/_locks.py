@@ -19,18 +19,30 @@ Lock files may be unlinked while someone waits on them (an evicted entry's lock 
 goes with it). A waiter that opened the old file would then hold a lock nobody else
 can see, so every acquisition checks, once locked, that the path still names the inode
 it locked, and starts again otherwise.
+
+Anyone sharing a tier directory can put something else at a lock file's name. A FIFO
+there blocked `os.open` for reading until a writer came, which was never: with
+`_open_lock` held across that open, every lock of the process waited behind it (every
+tier, lease and fill lock; the trainer's pins). So lock files are opened through
+`regular_files.open_regular` (never through a link, never blocking on a FIFO, only a
+regular file), and `acquire` removes anything else found at the name, with a WARNING,
+and takes the lock on a regular file made in its place.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from shardcache import errors
+from shardcache.node import regular_files
+
+log = logging.getLogger(__name__)
 
 SHARED = fcntl.LOCK_SH
 EXCLUSIVE = fcntl.LOCK_EX
@@ -51,10 +63,16 @@ _open_lock = threading.RLock()
 
 
 def open_for_lock(path: Path, flags: int, mode: int = 0o644) -> int:
-    """`os.open` for a descriptor that will hold a lock: a forked child lets go of it."""
+    """`os.open` for a descriptor that will hold a lock: a forked child lets go of it.
+
+    Only a regular file, never through a link: NotRegularFile for anything else. The
+    open cannot block (`O_NONBLOCK`: a FIFO without a writer opens at once and is then
+    refused), so holding `_open_lock` across it, which makes the descriptor and its
+    place in `_open` one step for a fork, never holds up the process's other locks.
+    """
     name = os.fspath(path)
     with _open_lock:
-        fd = os.open(name, flags, mode)
+        fd = regular_files.open_regular(name, flags, mode)
         _open.add(fd)
     return fd
 
@@ -110,14 +128,23 @@ def acquire(path: Path, operation: int, *, create: bool) -> int | None:
     Returns None if the file does not exist and `create` is false, or if `operation`
     includes NONBLOCKING and someone else holds a conflicting lock. Close the descriptor
     (`close`) to release. Files are opened read-only: flock needs no write access, so
-    a reader running as another user can still take a shared lock.
+    a reader running as another user can still take a shared lock. Anything but a
+    regular file at `path` (a FIFO, a link, a directory) is removed with a WARNING
+    first; NotRegularFile if it cannot be.
     """
     flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    removed: set[tuple[int, int] | None] = set()
     for _ in range(_MAX_ATTEMPTS):
         try:
             fd = open_for_lock(path, flags)
         except FileNotFoundError:
             return None
+        except regular_files.NotRegularFile as bad:
+            # Nobody holds a lock of ours on it (we never open one), so it is only in
+            # the way: removed, and the lock is taken on a regular file made in its
+            # place (or, without `create`, the name is missing).
+            _remove_in_the_way(bad, removed)
+            continue
         try:
             fcntl.flock(fd, operation)
         except BlockingIOError:
@@ -133,6 +160,26 @@ def acquire(path: Path, operation: int, *, create: bool) -> int | None:
         f"could not lock {path}: it was replaced {_MAX_ATTEMPTS} times while locking; "
         "is another program deleting files in the cache directory?"
     )
+
+
+def _remove_in_the_way(
+    bad: regular_files.NotRegularFile, removed: set[tuple[int, int] | None]
+) -> None:
+    """Remove what `bad` found at a lock file's name; raise `bad` if it stays."""
+    if bad.ident in removed:
+        raise bad  # removed once and there again, or not removable (rmtree's errors)
+    removed.add(bad.ident)
+    try:
+        gone = regular_files.remove_found(bad)
+    except OSError as exc:
+        raise errors.CacheError(f"{bad}, and removing it failed: {exc}") from exc
+    if gone:
+        log.warning(
+            "removed %s: it was %s where a lock file belongs (put there by hand or by "
+            "another program sharing the directory); a regular lock file takes its place",
+            bad.path,
+            bad.what,
+        )
 
 
 def lock(fd: int, operation: int) -> None:

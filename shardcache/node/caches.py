@@ -363,6 +363,23 @@ class _Waited(Exception):
         self.attempt = attempt
 
 
+def _reclaim_at_start(tier: tiers.Tier) -> None:
+    """Remove what processes killed mid-write left in `tier` (`Tier.reclaim`): a data
+    file without its meta file counts against the limit and no eviction takes it, so a
+    node's disk tier shrank by one shard for every sidecar killed at the wrong moment.
+    A tier that cannot be read now is left to the first insert to report."""
+    try:
+        removed, freed = tier.reclaim()
+    except (OSError, errors.CacheError) as exc:
+        log.info("%s tier %s: nothing reclaimed at start: %s", tier.name, tier.root, exc)
+        return
+    if removed:
+        log.info(
+            "%s tier %s: reclaimed %d files (%d bytes) left by processes killed mid-write",
+            tier.name, tier.root, removed, freed,
+        )  # fmt: skip
+
+
 class CacheNode:
     def __init__(
         self,
@@ -406,6 +423,8 @@ class CacheNode:
             wait_timeout=settings.wait_timeout,
             sole_writer=settings.memory_sole_writer,
         )
+        for tier in (self.disk, self.memory):
+            _reclaim_at_start(tier)
         # Memory-tier keys by shard, computed once: a key is a sha256 of the shard's
         # identity, and the prefetcher looks up several at every request.
         self._memory_keys = [manifest.decoded_key(i) for i in range(len(manifest.shards))]

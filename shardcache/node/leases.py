@@ -72,7 +72,9 @@ def pin(path: Path, lock_path: Path, size: int | None = None) -> PinnedEntry | N
     Returns None when the entry is gone or was replaced between the sidecar's answer and
     this call (the lock file no longer names the file we locked, or the data file is
     missing, or, given `size`, is not `size` bytes long): the caller asks the sidecar
-    again. Never creates files.
+    again. Never creates files, nor removes any: a lock file that is not a regular file
+    (a FIFO, a link: the trainer's own processes put it there) is NotRegularFile, a
+    CacheError naming it, never a wait (`regular_files`).
     """
     try:
         fd = _locks.open_for_lock(lock_path, os.O_RDONLY | os.O_CLOEXEC)
@@ -102,7 +104,7 @@ def pin(path: Path, lock_path: Path, size: int | None = None) -> PinnedEntry | N
 
 def _is_entry_data(path: Path, size: int | None) -> bool:
     try:
-        st = os.stat(path)
+        st = os.lstat(path)  # a link is not the entry, whatever it points to
     except FileNotFoundError:
         return False
     return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)

@@ -9,6 +9,8 @@ served warm.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import errors
-from shardcache.node import caches
+from shardcache.node import caches, regular_files
 from tests.support import nodes
 
 pytestmark = pytest.mark.integration
@@ -94,21 +96,28 @@ def test_a_failed_fetch_is_kept_as_the_last_fetch_error_with_shard_path_reason_a
 
 
 def test_stats_name_a_tier_whose_lock_cannot_be_opened_and_still_read_the_other(
-    node: caches.CacheNode,
+    node: caches.CacheNode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A /metrics scrape reads these: a disk tier gone bad under a running sidecar (its
-    directory made unwritable; here its lock made a directory) used to fail the whole
-    scrape with the tier lock's OSError."""
+    directory made unwritable; here its lock refused as to a user who may not read it)
+    used to fail the whole scrape with the tier lock's OSError. (A directory or a FIFO
+    in the lock's place no longer does: it is replaced by a regular lock file.)"""
     node.acquire(0, timeout=30).release()
     before = node.stats()
     assert before.disk_resident_bytes > 0 and before.tier_errors == {}
-    lock = node.disk.root / ".tier.lock"
-    lock.unlink()
-    lock.mkdir()
+    lock = os.fspath(node.disk.root / ".tier.lock")
+    real = os.open
+
+    def refusing(name: str | bytes | os.PathLike[str], *args: object, **kw: object) -> int:
+        if os.fspath(name) == lock:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), lock)
+        return real(name, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(regular_files.os, "open", refusing)
     stats = node.stats()
     assert list(stats.tier_errors) == ["disk"]
-    assert stats.tier_errors["disk"].startswith(f"disk tier {node.disk.root}: IsADirectoryError")
+    assert stats.tier_errors["disk"].startswith(f"disk tier {node.disk.root}: PermissionError")
     assert stats.disk_resident_bytes == 0
     assert stats.memory_resident_bytes == before.memory_resident_bytes > 0
-    lock.rmdir()
+    monkeypatch.undo()
     assert node.stats().tier_errors == {}

@@ -10,7 +10,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from shardcache import datasets, errors
+import shardcache
+from shardcache import datasets, embedded, errors, manifests, plans
+from tests.support import datasets as test_datasets
+from tests.support import waiting
 
 pytestmark = pytest.mark.unit
 
@@ -104,3 +107,70 @@ def test_a_shard_file_written_over_with_other_bytes_is_a_cache_error_naming_it(
     with pytest.raises(errors.CacheError, match="expected a decoded shard") as info:
         datasets.map_shard(path)
     assert str(path) in str(info.value) and "Remove the file" in str(info.value)
+
+
+class _EvictingOnAcquire:
+    """An embedded provider whose acquire of `last` first evicts `evict` from the memory
+    tier, as a cold acquire does to make room, then waits, as the tier waits for room,
+    until no mapping of their files is left in this process: the reader's own."""
+
+    def __init__(self, inner: embedded.EmbeddedProvider, *, last: int, evict: list[int]) -> None:
+        self.inner = inner
+        self.last = last
+        self.evict = evict
+        self.waited = False
+
+    @property
+    def manifest(self) -> manifests.Manifest:
+        return self.inner.manifest
+
+    def open_reader(self, params: plans.PlanParams, *, position: int) -> str:
+        return self.inner.open_reader(params, position=position)
+
+    def acquire(self, reader_id: str, shard: int, *, epoch: int, position: int) -> object:
+        if shard == self.last:
+            node = self.inner.node
+            paths = []
+            for victim in self.evict:
+                key = node.manifest.decoded_key(victim)
+                paths.append(str(node.memory.root / key))
+                assert node.memory.evict(key)
+
+            def still_mapped() -> list[str]:
+                maps = Path("/proc/self/maps").read_text()
+                return [p for p in paths if p in maps]
+
+            waiting.wait_until(
+                "the reader to unmap the shards evicted while its acquire waits",
+                lambda: not still_mapped(),
+                timeout=10.0,
+                describe=lambda: f"still mapped: {still_mapped()}",
+            )
+            self.waited = True
+        return self.inner.acquire(reader_id, shard, epoch=epoch, position=position)
+
+    def close_reader(self, reader_id: str) -> None:
+        self.inner.close_reader(reader_id)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_reader_unmaps_the_shards_evicted_while_its_acquire_waits(tmp_path: Path) -> None:
+    """The acquire of a cold shard evicts the shards this reader read and still maps;
+    their pages stay in the memory volume while mapped, so the insert waited for room
+    the waiting reader itself held (300 s, then CacheError). The reader now lets go of
+    those mappings while it waits, not only after its acquire returns."""
+    uri, table = test_datasets.write_local(tmp_path / "ds", [100] * 4)
+    opened = shardcache.open(uri, cache_dir=tmp_path / "cache", shuffle=False)
+    inner = opened.provider
+    assert isinstance(inner, embedded.EmbeddedProvider)
+    # Shards 0 and 1 evicted at shard 3; shard 2's slices are the caller's last batch.
+    shards = _EvictingOnAcquire(inner, last=3, evict=[0, 1])
+    ds = datasets.Dataset(shards, opened.params)
+    try:
+        uids = [u for b in ds.batches(100) for u in b.column("uid").to_pylist()]
+    finally:
+        ds.close()
+    assert shards.waited
+    assert uids == table.column("uid").to_pylist()

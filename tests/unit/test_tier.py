@@ -518,13 +518,13 @@ def test_lookups_of_a_resident_entry_read_its_meta_file_once(
     t, _ = make_tier(tmp_path, verify="never")
     put(t, "k", 1 * KIB)
     reads: list[Path] = []
-    real = _entries.read_meta
+    real = _entries.read_meta_file
 
-    def counting(path: Path, key: str) -> tiers.EntryMeta:
+    def counting(path: Path, key: str) -> tuple[tiers.EntryMeta, os.stat_result]:
         reads.append(path)
         return real(path, key)
 
-    monkeypatch.setattr(_entries, "read_meta", counting)
+    monkeypatch.setattr(_entries, "read_meta_file", counting)
     for _ in range(5):
         found = t.lookup("k")
         assert found is not None and found.size == 1 * KIB

@@ -3,6 +3,7 @@ when it cannot (`tier_checks`), and the metrics of a tier it cannot read."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from shardcache_sidecar import metrics, tier_checks
 
-from shardcache.node import caches, tiers
+from shardcache.node import caches, regular_files, tiers
 
 pytestmark = pytest.mark.unit
 
@@ -29,21 +30,35 @@ def test_a_usable_tier_directory_is_made_and_left_with_only_its_tier_lock(tmp_pa
     assert sorted(os.listdir(root)) == [tiers.TIER_LOCK_NAME]
 
 
+def refuse_opening(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    """Opening `path` fails with EACCES, as for a user that may not read it. (Root may
+    open anything; a directory or a FIFO in its place is removed and made again as a
+    regular lock file, `regular_files`, so neither makes a lock unopenable.)"""
+    real = os.open
+
+    def refusing(name: str | bytes | os.PathLike[str], *args: object, **kw: object) -> int:
+        if os.fspath(name) == os.fspath(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real(name, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(regular_files.os, "open", refusing)
+
+
 def test_a_tier_whose_lock_cannot_be_opened_is_unusable_naming_the_lock_owner_and_mode(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = tmp_path / "disk"
     root.mkdir()
     os.chmod(root, 0o2770)
-    (root / tiers.TIER_LOCK_NAME).mkdir()  # open(O_CREAT) of a directory: EISDIR
+    refuse_opening(monkeypatch, root / tiers.TIER_LOCK_NAME)
     found = tiers.unusable(root)
     assert found is not None
     assert found.step == f"opening {root / tiers.TIER_LOCK_NAME}"
-    assert isinstance(found.error, IsADirectoryError)
+    assert isinstance(found.error, PermissionError)
     assert (found.uid, found.gid) == (os.geteuid(), os.getegid())
     assert found.owner is not None and found.owner.path == root
     text = found.describe()
-    assert f"opening {root / tiers.TIER_LOCK_NAME} failed (IsADirectoryError:" in text
+    assert f"opening {root / tiers.TIER_LOCK_NAME} failed (PermissionError:" in text
     assert f"this process runs as uid {os.geteuid()}, gid {os.getegid()}" in text
     st = os.stat(root)
     assert f"owned by uid {st.st_uid}, gid {st.st_gid}, mode 2770 (drwxrws---)" in text
@@ -95,10 +110,12 @@ def test_the_memory_reason_says_which_setting_moves_the_memory_tier() -> None:
     assert "SHARDCACHE_MEMORY_DIR (--memory-dir)" in text and "uid 65534" in text
 
 
-def test_problems_names_only_the_tier_that_is_unusable(tmp_path: Path) -> None:
+def test_problems_names_only_the_tier_that_is_unusable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     disk = tmp_path / "disk"
     disk.mkdir()
-    (disk / tiers.TIER_LOCK_NAME).mkdir()
+    refuse_opening(monkeypatch, disk / tiers.TIER_LOCK_NAME)
     found = tier_checks.problems(tmp_path / "mem", disk, retry_s=2.0)
     assert list(found) == ["disk"]
     assert found["disk"].startswith(f"the disk tier {disk} is not usable: opening")

@@ -15,7 +15,10 @@ between them is on disk and guarded by flock (see `_locks`), never in process me
 * an insert first reserves its bytes as a temp file `.tmp-<pid>-<token>-<size>-<key>`,
   under the tier-wide lock `.tier.lock` that also guards counting and evicting, so the
   total of entries plus reservations never exceeds the limit;
-* least recently used is the data file's mtime, which a lookup touches.
+* least recently used is the data file's mtime, which a lookup touches;
+* every file is opened without following a link or waiting on a FIFO, and only a
+  regular file is used (`shardcache.node.regular_files`): anything else at a tier
+  file's name is removed as a bad entry.
 
 The format is specified in docs/cache-format.md; `FORMAT_VERSION` is its version.
 The modules, by what they hold:
@@ -24,6 +27,8 @@ The modules, by what they hold:
 * `_errors`: what an insert raises when an entry does not fit;
 * `_directory`: the tier's files by name, the directory listing, reservations;
 * `_eviction`: which entries make room, least recently used first;
+* `_no_space`: a volume full below the limit (ENOSPC): what holds the room, and when
+  evicting more would free nothing;
 * `_membership`: a sole writer's committed keys, kept in memory (`Tier(sole_writer=True)`);
 * `_tier`: `Tier`, which does lookups, inserts, eviction and start-up repair with them;
 * `_access`: whether this process may use a tier directory at all (`unusable`), tried

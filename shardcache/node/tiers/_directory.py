@@ -14,7 +14,7 @@ import os
 import secrets
 from pathlib import Path
 
-from shardcache.node import _locks, names
+from shardcache.node import _locks, names, regular_files
 from shardcache.node.tiers import _entries
 
 # One logger for the whole package, as before it was split into modules.
@@ -38,10 +38,31 @@ class Listing:
 
     @property
     def used(self) -> int:
-        return sum(st.st_size for st in self.data.values()) + self.reserved
+        """What counts against the limit: the tier's own data files (`own`) and the
+        reservations. A file named like a key that the tier did not make is neither
+        counted nor ever removed (docs/security.md)."""
+        return sum(st.st_size for st in self.own().values()) + self.reserved
 
     def committed(self) -> dict[str, os.stat_result]:
         return {key: st for key, st in self.data.items() if key in self.meta}
+
+    def orphans(self) -> dict[str, os.stat_result]:
+        """Data files without a meta file but with a lease lock file: what a process
+        killed between a commit's two renames, or between an eviction's two unlinks,
+        left (both take `<key>.lock` first and remove it last). A file named like a key
+        with neither is not the tier's."""
+        return {
+            key: st for key, st in self.data.items() if key not in self.meta and key in self.leases
+        }
+
+    def own(self) -> dict[str, os.stat_result]:
+        """The data files this tier made: committed entries and orphans."""
+        return {key: st for key, st in self.data.items() if key in self.meta or key in self.leases}
+
+    def foreign(self) -> int:
+        """Bytes of files named like keys that are not the tier's (`own`)."""
+        own = self.own()
+        return sum(st.st_size for key, st in self.data.items() if key not in own)
 
 
 def reserved_size(tmp_name: str) -> int:
@@ -54,12 +75,20 @@ def reserved_size(tmp_name: str) -> int:
 
 
 def unlink(path: Path) -> bool:
-    """Remove a file; whether it was there."""
+    """Remove a file (or a link, a FIFO, a directory with all in it, where someone put
+    one in a tier file's place: `regular_files`); whether it was there."""
+    return regular_files.remove(path)
+
+
+def replace(source: Path, target: Path) -> None:
+    """`os.replace(source, target)`, first removing a directory at `target` (a file is
+    never renamed over one, and it would make the key fail for good)."""
     try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    return True
+        os.replace(source, target)
+    except IsADirectoryError:
+        logger.warning("removing the directory %s, which was in a tier file's place", target)
+        regular_files.remove(target)
+        os.replace(source, target)
 
 
 #: Entries whose paths are kept (a dataset's shards, many times over); beyond, start over.

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 
 from shardcache import errors
-from shardcache.node import _locks
+from shardcache.node import _locks, regular_files
 from shardcache.node.tiers import _errors
 
 #: Version of the tier directory format (docs/cache-format.md), the newest this code
@@ -34,6 +34,9 @@ READABLE_VERSIONS = (1, 2)
 # Keys become file names; dots are excluded so that `<key>.lock` and friends can never
 # collide with another key's data file.
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,200}")
+#: A meta file is under 400 bytes (a 200-character key, a sha256, a size); one bigger
+#: than this is not a meta file, and is not read whole to find that out.
+META_MAX_BYTES = 4096
 # sha256 is streamed in chunks this big: large enough that the per-call overhead is
 # negligible, small enough not to matter for memory. hashlib releases the GIL per chunk.
 _HASH_CHUNK = 4 * 1024 * 1024
@@ -62,9 +65,21 @@ def read_meta(path: Path, key: str) -> EntryMeta:
     """Read and validate a meta file.
 
     Raises FileNotFoundError if it is missing, IncompatibleFormatError if it has another
-    format_version, and CacheError if it is not a valid meta file for `key`.
+    format_version, and CacheError if it is not a valid meta file for `key`: among them
+    NotRegularFile for a link, a FIFO or a directory in its place, and one over
+    `META_MAX_BYTES` (`regular_files`: read without following a link or waiting for a
+    FIFO's writer, and capped).
     """
-    raw = path.read_bytes()
+    return read_meta_file(path, key)[0]
+
+
+def read_meta_file(path: Path, key: str) -> tuple[EntryMeta, os.stat_result]:
+    """`read_meta`, and the `fstat` of the file it read."""
+    raw, st = regular_files.read_capped(path, META_MAX_BYTES)
+    return _parse_meta(path, key, raw), st
+
+
+def _parse_meta(path: Path, key: str, raw: bytes) -> EntryMeta:
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -106,7 +121,8 @@ def sha256_file(path: Path, *, fsync: bool = False) -> str:
     digest = hashlib.sha256()
     buffer = bytearray(_HASH_CHUNK)
     view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as f:
+    # Never through a link, never waiting for a FIFO's writer (`regular_files`).
+    with open(regular_files.open_regular(path, os.O_RDONLY), "rb", buffering=0) as f:
         while n := f.readinto(buffer):
             digest.update(view[:n])
         if fsync:
@@ -125,10 +141,10 @@ def mark_used(path: Path) -> None:
     """
     now = time.time_ns()
     try:
-        os.utime(path, ns=(now, now))
+        os.utime(path, ns=(now, now), follow_symlinks=False)
     except PermissionError:
         with contextlib.suppress(PermissionError):
-            os.utime(path)
+            os.utime(path, follow_symlinks=False)
 
 
 class Entry:

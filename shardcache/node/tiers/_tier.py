@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -21,13 +22,23 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from shardcache import contract, errors, faultpoints
-from shardcache.node import _locks, names
-from shardcache.node.tiers import _directory, _entries, _errors, _eviction, _membership
+from shardcache.node import _locks, names, regular_files
+from shardcache.node.tiers import (
+    _directory,
+    _entries,
+    _errors,
+    _eviction,
+    _membership,
+    _no_space,
+)
 
 # Backoff while waiting for leases to be released: first poll soon, then settle at a rate
 # that costs nothing (each poll lists the directory under the tier lock).
 _WAIT_FIRST_S = 0.01
 _WAIT_MAX_S = 0.5
+# Waiting for a full volume to have room polls `statvfs` only (no lock, no listing), and
+# the room comes back the moment a reader unmaps: polled more often than leases.
+_NO_SPACE_POLL_MAX_S = 0.1
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 # Which setting a user raises when an entry does not fit, by tier name.
 _LIMIT_SETTINGS = {"disk": contract.ENV_DISK_LIMIT, "memory": contract.ENV_MEMORY_LIMIT}
@@ -184,7 +195,8 @@ class Tier:
             unpin=functools.partial(self._unpin, key),
         )
         try:
-            intact = os.stat(data).st_size == meta.size
+            st = os.lstat(data)
+            intact = stat.S_ISREG(st.st_mode) and st.st_size == meta.size
             if intact:
                 _entries.mark_used(data)
         except FileNotFoundError:
@@ -264,7 +276,7 @@ class Tier:
                 limit=self.limit_bytes,
             )
         deadline = time.monotonic() + self.wait_timeout
-        delay = _WAIT_FIRST_S
+        room = _no_space.NoSpace()
         while True:
             try:
                 return self._insert_reserved(
@@ -275,14 +287,14 @@ class Tier:
                     deadline=deadline,
                     sha256=sha256,
                     waiting=waiting,
+                    room=room,
                 )
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
                     raise
-                if self._after_no_space(key, size, exc, evict=evict, deadline=deadline):
-                    continue
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, _WAIT_MAX_S)
+                self._after_no_space(
+                    key, size, exc, evict=evict, deadline=deadline, room=room, waiting=waiting
+                )
 
     def _insert_reserved(
         self,
@@ -294,9 +306,12 @@ class Tier:
         deadline: float,
         sha256: str | None,
         waiting: Callable[[], None] | None = None,
+        room: _no_space.NoSpace | None = None,
     ) -> _entries.Entry:
         """One attempt of `insert`: reserve, produce, commit; the reservation goes on error."""
-        tmp_path, tmp_fd = self._reserve(key, size, evict=evict, deadline=deadline, waiting=waiting)
+        tmp_path, tmp_fd = self._reserve(
+            key, size, evict=evict, deadline=deadline, waiting=waiting, room=room
+        )
         meta_tmp = tmp_path.with_name(tmp_path.name + names.META_SUFFIX)
         committed = False
         try:
@@ -322,10 +337,13 @@ class Tier:
             try:
                 with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
                     # Data first, meta last: the meta rename is the commit point, and a
-                    # crash in between leaves data without meta, which is never served.
-                    os.replace(tmp_path, self._files.data(key))
+                    # crash in between leaves data without meta, which is never served
+                    # (and, with the lease lock file taken above, is known as an orphan
+                    # of the tier's own and reclaimed: `Listing.orphans`). Whatever
+                    # someone put in their place, a directory too, goes.
+                    _directory.replace(tmp_path, self._files.data(key))
                     faultpoints.reach("cache.insert")
-                    os.replace(meta_tmp, self._files.meta(key))
+                    _directory.replace(meta_tmp, self._files.meta(key))
                     if self._members is not None:
                         self._members.keys.add(key)
                         # `hold` takes the meta from a lookup of this commit's files.
@@ -395,9 +413,10 @@ class Tier:
         caller that only counts room may take it to hold."""
         _entries.check_key(key)
         try:
-            return os.stat(self._files.data(key)).st_size
+            st = os.lstat(self._files.data(key))
         except FileNotFoundError:
             return None
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
 
     def contains(self, key: str) -> bool:
         """Whether a committed entry exists (no lease, no verification). From memory,
@@ -428,7 +447,8 @@ class Tier:
             return sum(st.st_size for st in committed.values())
 
     def used_bytes(self) -> int:
-        """What counts against the limit: every data file plus every live reservation."""
+        """What counts against the limit: the tier's own data files (committed entries,
+        and orphans a crash left) plus every live reservation (`Listing.used`)."""
         with _locks.held(self._files.tier_lock, _locks.SHARED):
             listing = self._files.listing()
             self._saw(listing.committed())
@@ -463,27 +483,41 @@ class Tier:
         _entries.check_key(key)
         with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
             try:
-                size = os.stat(self._files.data(key)).st_size
+                size: int | None = os.lstat(self._files.data(key)).st_size
             except FileNotFoundError:
                 size = None
-            if size is None and not self._files.meta(key).exists():
+            if size is None and not os.path.lexists(self._files.meta(key)):
                 return False
             return self._remove_unleased(key, size or 0)
+
+    def reclaim(self) -> tuple[int, int]:
+        """What a start needs (the node cache calls it when it opens its tiers): remove
+        temp files of dead writers and orphans (data files a crash left without their
+        meta file, `Listing.orphans`), which count against the limit and which no
+        eviction takes. Returns (files removed, bytes freed). Cheap: one listing under
+        the tier lock, no entry read. `scan` does this and checks every entry too."""
+        with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+            listing = self._files.listing()
+            before = listing.used
+            removed = self._files.reclaim_tmp(listing)
+            removed += self._reclaim_orphans(listing)[0]
+            return removed, before - listing.used
 
     def scan(self) -> ScanReport:
         """Repair the directory at start-up and report what was found.
 
-        Removes temp files of dead writers, data without meta and meta without data
-        (unless a live process holds their lease), then checks every entry like lookup
-        does (sha256 too when verify == "always") without touching LRU times.
+        Removes temp files of dead writers, orphans (data without meta, with the lease
+        lock file a commit or eviction takes first: `Listing.orphans`), meta without
+        data and lease lock files of no entry (unless a live process holds the lease),
+        then checks every entry like lookup does (sha256 too when verify == "always")
+        without touching LRU times. A data file without either is not the tier's: it
+        is left alone.
         """
-        removed_incomplete = 0
         with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
             listing = self._files.listing()
             removed_tmp = self._files.reclaim_tmp(listing)
-            for key in set(listing.data) | listing.meta | listing.leases:
-                if key in listing.data and key in listing.meta:
-                    continue
+            removed_incomplete = self._reclaim_orphans(listing)[0]
+            for key in (listing.meta | listing.leases) - set(listing.data):
                 lock = _locks.acquire(
                     self._files.lease(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=True
                 )
@@ -535,80 +569,184 @@ class Tier:
 
     # --- internals -------------------------------------------------------------------
     def _after_no_space(
-        self, key: str, size: int, exc: OSError, *, evict: bool, deadline: float
-    ) -> bool:
-        """The volume ran out of room below the tier's limit (ENOSPC while producing).
+        self,
+        key: str,
+        size: int,
+        exc: OSError,
+        *,
+        evict: bool,
+        deadline: float,
+        room: _no_space.NoSpace,
+        waiting: Callable[[], None] | None,
+    ) -> None:
+        """The volume ran out of room below the tier's limit (ENOSPC while producing):
+        return once a retry may fit, or raise at `deadline`.
 
-        The limit counts the tier's files, but a reader may still map a file eviction
-        already unlinked (a released shard whose batch it is still slicing), and its
-        pages stay in the volume until unmapped. That is "no room yet", like a full
-        tier: readahead (evict=False) backs off with TierFullError; an insert that may
-        evict removes one more unleased entry than the limit asked for, or, when none
-        is left, waits for readers to unmap, until `deadline`. Returns whether it evicted.
-        The node disk tier's volume also holds the tiers of other namespaces, which this
-        one cannot evict: when their bytes are what keeps the room, the error says so.
+        The limit counts the tier's files, but a reader may still map files eviction
+        already unlinked, whose pages stay in the volume until unmapped (`_no_space`
+        says what follows). That is "no room yet", like a full tier: readahead
+        (evict=False) backs off with TierFullError; an insert that may evict removes
+        unleased entries while that brings room back, and no more once the evicted
+        files still mapped would cover it: then it waits for readers to unmap (the
+        trainer drops its mappings of evicted files while it waits on an acquire,
+        `datasets._Mappings`). `room` is this insert's across its tries: its WARNING is
+        logged once. The node disk tier's volume also holds the tiers of other
+        namespaces, which this one cannot evict: when their bytes are what keeps the
+        room, the error says so.
         """
         if not evict:
             raise _errors.TierFullError(
                 f"{self.name} volume {self.root} is out of space for {key} ({size} bytes) "
                 f"below the tier's limit of {self.limit_bytes} bytes; not evicting (evict=False)"
             ) from exc
-        with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
-            listing = self._files.listing()
-            for victim, st in _eviction.least_recently_used(listing.data):
-                if self._remove_unleased(victim, st.st_size):
-                    logger.info(
-                        "%s volume %s is out of space below the tier limit: evicted %s to "
-                        "make room for %s (a reader still maps files evicted before)",
-                        self.name, self.root, victim, key,
-                    )  # fmt: skip
-                    return True
-            own = listing.used
-        # The node disk tier's volume holds every namespace's tier: bytes that are not
-        # this tier's, enough to make the room, are why it is full.
-        others = self._foreign_bytes(own) if self.name == "disk" else None
-        crowded = others is not None and others[0] >= size
-        if time.monotonic() >= deadline:
-            if others is not None and crowded:
-                foreign, total, free = others
+        need = _no_space.needed(size)
+        delay = _WAIT_FIRST_S
+        evicted_at: float | None = None
+        own = 0
+        # The volume said there was room and the write failed all the same (no inode
+        # left, a quota): its free bytes are not believed before a wait, or this would
+        # retry at once, for good.
+        believe, room.promised = not room.promised, False
+        while True:
+            found = _no_space.volume(self.root)
+            if found is not None:
+                room.saw(found.free)
+                if found.free >= need and believe:
+                    room.promised = True
+                    return
+            now = time.monotonic()
+            if evicted_at is None or now - evicted_at >= _WAIT_MAX_S:
+                # Entries may have been released since: try them again now and then,
+                # not at every poll (each lists the directory under the tier lock).
+                evicted_at = now
+                with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+                    listing = self._files.listing()
+                    self._reclaim_orphans(listing)
+                    if self._evict_for_room(key, listing, need, room):
+                        room.promised = True
+                        return
+                    own = listing.used
+                found = _no_space.volume(self.root)
+            # The node disk tier's volume holds every namespace's tier: bytes that are
+            # not this tier's, enough to make the room, are why it is full.
+            outside = _no_space.others(found, own=own)
+            crowded = self.name == "disk" and found is not None and outside >= size
+            holders = _no_space.holders(found, own=own, unfreed=room.unfreed)
+            if now >= deadline:
+                if found is not None and crowded:
+                    raise errors.CacheError(
+                        f"{self.name} volume of {self.root} stayed out of space for {key} "
+                        f"({size} bytes) for {self.wait_timeout:g} s while this tier holds "
+                        f"only {own} of its {self.limit_bytes} bytes and has no unleased entry "
+                        f"left to evict: {outside} of the volume's {found.total} bytes "
+                        f"({found.free} free) are not this tier's. The node volume is full "
+                        "because of other "
+                        "namespaces' disk tiers (each namespace's lies below the same "
+                        "nodePath on the node) or other files there, which this tier cannot "
+                        "evict. The platform keeps what the namespaces on a node may cache "
+                        "under its volume (chart value policy.maxCacheDisk, docs/operator.md "
+                        '"Sizing the node disk"); until then, free the node\'s volume or run '
+                        "the pod on another node"
+                    ) from exc
                 raise errors.CacheError(
-                    f"{self.name} volume of {self.root} stayed out of space for {key} "
-                    f"({size} bytes) for {self.wait_timeout:g} s while this tier holds only "
-                    f"{own} of its {self.limit_bytes} bytes and has no unleased entry left "
-                    f"to evict: {foreign} of the volume's {total} bytes ({free} free) are not "
-                    "this tier's. The node volume is full because of other namespaces' disk "
-                    "tiers (each namespace's lies below the same nodePath on the node) or "
-                    "other files there, which this tier cannot evict. The platform keeps "
-                    "what the namespaces on a node may cache under its volume (chart value "
-                    'policy.maxCacheDisk, docs/operator.md "Sizing the node disk"); until '
-                    "then, free the node's volume or run the pod on another node"
+                    f"{self.name} volume {self.root} stayed out of space for {key} ({size} "
+                    f"bytes) for {self.wait_timeout:g} s although the tier holds at most "
+                    f"{self.limit_bytes} bytes: {holders}. Readers keep evicted files mapped "
+                    "(a reader holding batches of shards it released, or a reader of an older "
+                    "shardcache that kept its mappings while it waited), or something "
+                    f"else fills the volume; give the volume more room than "
+                    f"{self._limit_setting()}"
                 ) from exc
-            raise errors.CacheError(
-                f"{self.name} volume {self.root} stayed out of space for {key} ({size} "
-                f"bytes) for {self.wait_timeout:g} s although the tier holds at most "
-                f"{self.limit_bytes} bytes: readers keep evicted files mapped, or something "
-                f"else fills the volume; give the volume more room than "
-                f"{self._limit_setting()}"
-            ) from exc
-        logger.warning(
-            "%s volume %s is out of space for %s (%d bytes) below the tier limit (the tier "
-            "holds %d bytes) and no entry of the tier can be evicted: waiting for readers "
-            "to release or unmap%s",
-            self.name, self.root, key, size, own,
-            f" or for other namespaces' tiers, which hold {others[0]} bytes of the volume"
-            if others is not None and crowded else "",
-        )  # fmt: skip
+            if waiting is not None:
+                waiting()
+            if not room.warned:
+                room.warned = True
+                logger.warning(
+                    "%s volume %s is out of space for %s (%d bytes) below the tier limit of "
+                    "%d bytes and evicting more would free nothing now: %s. Waiting up to "
+                    "%g s for readers to unmap or release%s",
+                    self.name, self.root, key, size, self.limit_bytes, holders,
+                    self.wait_timeout,
+                    f", or for other namespaces' tiers, which hold {outside} bytes of the "
+                    "volume" if crowded else "",
+                )  # fmt: skip
+            time.sleep(min(delay, max(0.0, deadline - now)))
+            delay = min(delay * 2, _NO_SPACE_POLL_MAX_S)
+            believe = True
+
+    def _evict_for_room(
+        self, key: str, listing: _directory.Listing, need: int, room: _no_space.NoSpace
+    ) -> bool:
+        """Evict unleased entries, least recently used first, until the volume has
+        `need` free bytes (True) or the evicted files a reader still maps would give
+        them once unmapped (False: waiting is enough); call under the tier lock."""
+        found = _no_space.volume(self.root)
+        for victim, st in _eviction.least_recently_used(listing.committed()):
+            if found is not None and room.waiting_is_enough(need, found.free, time.monotonic()):
+                return False
+            if not self._remove_unleased(victim, st.st_size):
+                continue
+            del listing.data[victim]
+            after = _no_space.volume(self.root)
+            logger.info(
+                "%s volume %s is out of space below the tier limit: evicted %s (%d bytes) "
+                "to make room for %s",
+                self.name, self.root, victim, st.st_size, key,
+            )  # fmt: skip
+            if found is None or after is None:
+                return True  # cannot tell what came back: one entry a try
+            room.evicted(st.st_size, before=found.free, after=after.free)
+            found = after
+            if found.free >= need:
+                return True
         return False
 
-    def _foreign_bytes(self, own: int) -> tuple[int, int, int] | None:
-        """(bytes of the volume that are not this tier's `own`, the volume's size, its
-        free bytes), by statvfs; None when it cannot be read."""
-        try:
-            st = os.statvfs(self.root)
-        except OSError:
-            return None
-        total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-        return max(0, total - free - own), total, free
+    def _remover(self, room: _no_space.NoSpace) -> Callable[[str, int], bool]:
+        """`_remove_unleased` that tells `room` whether each eviction freed its bytes
+        in the volume (two statvfs calls, no more)."""
+
+        def remove(key: str, size: int) -> bool:
+            before = _no_space.volume(self.root)
+            if not self._remove_unleased(key, size):
+                return False
+            after = _no_space.volume(self.root)
+            if before is not None and after is not None:
+                room.evicted(size, before=before.free, after=after.free)
+            return True
+
+        return remove
+
+    def _reclaim_orphans(self, listing: _directory.Listing) -> tuple[int, int]:
+        """Remove the orphans of `listing` (`Listing.orphans`: data files a process
+        killed between a commit's or an eviction's two steps left without a meta file)
+        and take them out of it; (files removed, bytes freed). Call under the tier lock
+        held exclusively: every commit and eviction renames or unlinks both files under
+        it, so none is half done by a live process. An orphan whose lease lock is held
+        (a bad entry being removed by a lookup that leases it) is left for later."""
+        removed = freed = 0
+        for key, st in list(listing.orphans().items()):
+            lock = _locks.acquire(
+                self._files.lease(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False
+            )
+            if lock is None:
+                continue
+            try:
+                if os.path.lexists(self._files.meta(key)):
+                    continue  # committed after all (only a writer ignoring the tier lock)
+                _directory.unlink(self._files.data(key))
+                _locks.unlink_held(lock, self._files.lease(key))
+            finally:
+                _locks.close(lock)
+            del listing.data[key]
+            listing.leases.discard(key)
+            removed += 1
+            freed += st.st_size
+            logger.warning(
+                "%s tier: removed %s from %s (%d bytes), a data file without its meta file "
+                "that a process killed while committing or evicting it left",
+                self.name, key, self.root, st.st_size,
+            )  # fmt: skip
+        return removed, freed
 
     def _limit_setting(self) -> str:
         return _LIMIT_SETTINGS.get(self.name, f"the {self.name} tier's limit_bytes")
@@ -651,7 +789,8 @@ class Tier:
             except errors.CacheError as exc:
                 meta, problem = None, str(exc)
             try:
-                st = os.stat(self._files.data(key))
+                # Not through a link: a link is not the entry, wherever it points.
+                st = os.lstat(self._files.data(key))
                 data_id: tuple[int, int] | None = (st.st_dev, st.st_ino)
             except FileNotFoundError:
                 data_id = None
@@ -660,6 +799,10 @@ class Tier:
                 return None, "incompatible"
             if data_id is None:
                 self._discard(key, lease_fd, None, "its data file is missing", corrupted=True)
+                return None, "corrupted"
+            if not stat.S_ISREG(st.st_mode):
+                why = f"its data file is {regular_files.kind(st.st_mode)}, expected a regular file"
+                self._discard(key, lease_fd, data_id, why, corrupted=True)
                 return None, "corrupted"
             if st.st_size != meta.size:
                 why = f"size {st.st_size} bytes, expected {meta.size} (truncated or overwritten)"
@@ -708,12 +851,17 @@ class Tier:
         file's size is checked against it on every lookup all the same.)
         """
         path = self._files.meta(key)
-        st = os.stat(path)  # FileNotFoundError, as read_meta would raise
+        st = os.lstat(path)  # FileNotFoundError, as read_meta would raise
+        if not stat.S_ISREG(st.st_mode):  # a FIFO, a link, a directory: never opened
+            raise regular_files.NotRegularFile(
+                path, regular_files.kind(st.st_mode), (st.st_dev, st.st_ino)
+            )
         seen = (st.st_ino, st.st_mtime_ns, st.st_size)
         known = self._metas.get(key)
         if known is not None and known[0] == seen:
             return known[1]
-        meta = _entries.read_meta(path, key)
+        meta, read = _entries.read_meta_file(path, key)
+        seen = (read.st_ino, read.st_mtime_ns, read.st_size)  # the file read, if replaced
         if len(self._metas) >= _METAS_KEPT:
             self._metas.clear()  # keys of long-evicted entries: start again
         self._metas[key] = (seen, meta)
@@ -747,7 +895,7 @@ class Tier:
                 self.observer.corrupted(self.name, key)
             with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
                 try:
-                    st = os.stat(self._files.data(key))
+                    st = os.lstat(self._files.data(key))
                     current: tuple[int, int] | None = (st.st_dev, st.st_ino)
                 except FileNotFoundError:
                     current = None
@@ -802,14 +950,21 @@ class Tier:
         evict: bool,
         deadline: float,
         waiting: Callable[[], None] | None = None,
+        room: _no_space.NoSpace | None = None,
     ) -> tuple[Path, int]:
-        """Make room for `size` bytes and reserve them as a locked temp file."""
+        """Make room for `size` bytes and reserve them as a locked temp file. `room`:
+        the insert's, told which evictions freed nothing in the volume (files a reader
+        still maps), should the volume fill up below the limit (`_after_no_space`)."""
+        remove = self._remove_unleased if room is None else self._remover(room)
         delay = _WAIT_FIRST_S
         warned = False
         while True:
             with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
                 listing = self._files.listing()
                 self._files.reclaim_tmp(listing)
+                if listing.used + size > self.limit_bytes:
+                    # What a crash left never serves anyone: it goes before any entry.
+                    self._reclaim_orphans(listing)
                 used = listing.used
                 leased = 0
                 if used + size > self.limit_bytes and not evict:
@@ -825,31 +980,37 @@ class Tier:
                         used=used,
                         size=size,
                         limit=self.limit_bytes,
-                        remove=self._remove_unleased,
+                        remove=remove,
                     )
                 if used + size <= self.limit_bytes:
                     return self._files.create_reservation(key, size)
                 reserved = listing.reserved
+                # Orphans a lease still holds (a lookup removing a bad entry): neither
+                # leased entries nor reservations, and said apart from them.
+                stuck = sum(st.st_size for st in listing.orphans().values())
             remaining = deadline - time.monotonic()
+            held_by = f"{reserved} bytes reserved by inserts in progress" + (
+                f", {stuck} bytes of incomplete entries still locked" if stuck else ""
+            )
             if remaining <= 0:
                 raise errors.CacheError(
                     f"{self.name} tier cannot make room for {key} ({size} bytes) within "
                     f"{self.wait_timeout:g} s: limit {self.limit_bytes} bytes, {leased} bytes "
-                    f"held by leases, {reserved} bytes reserved by inserts in progress; "
-                    f"readers must release entries, or raise {self._limit_setting()}"
+                    f"held by leases, {held_by}; readers must release entries, or raise "
+                    f"{self._limit_setting()}"
                 )
             if waiting is not None:
                 waiting()
             if not warned:
                 warned = True
                 logger.warning(
-                    "%s tier is full: limit %d bytes, %d bytes leased, %d bytes reserved by "
-                    "inserts in progress; waiting up to %g s for leases to be released to "
-                    "insert %s (%d bytes). Raise %s if this persists.",
+                    "%s tier is full: limit %d bytes, %d bytes leased, %s; waiting up to %g "
+                    "s for leases to be released to insert %s (%d bytes). Raise %s if this "
+                    "persists.",
                     self.name,
                     self.limit_bytes,
                     leased,
-                    reserved,
+                    held_by,
                     self.wait_timeout,
                     key,
                     size,
