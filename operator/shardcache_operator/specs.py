@@ -58,10 +58,12 @@ MAX_BYTES = 2**63 - 1
 RESOURCE_QUANTITY_PATTERN = (
     r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE]\+?[0-9]+))?$"
 )
-URI_PATTERN = r"^[a-z][a-z0-9+.-]*://.+$"
+#: The contract's URI form and limit (`parsers.URI_PATTERN`, `MAX_URI_LENGTH`): what the
+#: API server refuses in a DatasetMount, a variable or flag refuses too. The limit also
+#: keeps CEL within its cost budget.
+URI_PATTERN = parsers.URI_PATTERN
+MAX_URI_LENGTH = parsers.MAX_URI_LENGTH
 NODE_PATH_PATTERN = r"^(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+$"
-#: Longest URI: far beyond any real bucket path, small enough for CEL's cost budget.
-MAX_URI_LENGTH = 2048
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 RESTORE_PATTERN = r"^(latest|none|[0-9]+)$"
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"

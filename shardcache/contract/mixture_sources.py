@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcache import errors
+from shardcache.contract import parsers
 
 FORMAT_VERSION = 1
 DESCRIPTOR_NAME = "mixture.json"
@@ -70,6 +71,10 @@ class Mixture:
                     f"mixture source name {s.name!r}: expected a DNS label of at most 32 "
                     "characters (a-z, 0-9, '-')"
                 )
+            # Held to the form every URI setting has (`parsers.URI`): a source without
+            # `scheme://` would otherwise get past the settings and fail later, at its
+            # first read, as a relative local path.
+            parsers.URI(f"mixture source {s.name!r}: uri", s.uri)
             if not math.isfinite(s.weight) or s.weight < 0:
                 raise errors.InputError(
                     f"mixture source {s.name!r}: expected a weight >= 0, found {s.weight}"

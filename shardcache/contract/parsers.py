@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -107,10 +108,9 @@ def integer(*, minimum: int | None = None, maximum: int | None = None) -> Parser
             value = int(text)
         except ValueError:
             raise ParseError("an integer", repr(text)) from None
-        if minimum is not None and value < minimum:
-            raise ParseError(f"an integer >= {minimum}", str(value))
-        if maximum is not None and value > maximum:
-            raise ParseError(f"an integer <= {maximum}", str(value))
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            # The whole range, not only the bound broken: the user sees what fits.
+            raise ParseError(f"an integer {bounds}", str(value))
         return value
 
     bounds = _range_text(minimum, maximum)
@@ -132,9 +132,10 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise ParseError("seconds as a number", repr(text)) from None
-    # NaN compares false with everything, so `not value > 0` also refuses it.
-    if not value > 0:
-        raise ParseError("seconds > 0", text)
+    # An infinite timeout or interval is never what was meant (a timer that never
+    # fires), and NaN compares false with everything, so neither is taken.
+    if not (math.isfinite(value) and value > 0):
+        raise ParseError("finite seconds > 0", text)
     return value
 
 
@@ -152,9 +153,9 @@ def _text(text: str) -> str:
 
 
 #: A URI setting's form: a lowercase scheme, "://", then at least one character. The
-#: same pattern and limit as the CRD's `uri` fields (shardcache_operator.specs
-#: URI_PATTERN, MAX_URI_LENGTH; tests/unit/test_uri_settings.py holds them equal), so a
-#: value the API server refuses in a DatasetMount is refused in a variable or flag too.
+#: CRD's `uri` fields use this pattern and limit (shardcache_operator.specs imports
+#: them), so a value the API server refuses in a DatasetMount is refused in a variable
+#: or flag too. The wire carries URIs in this form (docs/wire-format.md).
 URI_PATTERN = r"^[a-z][a-z0-9+.-]*://.+$"
 MAX_URI_LENGTH = 2048
 _URI = re.compile(URI_PATTERN)

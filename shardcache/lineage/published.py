@@ -44,11 +44,10 @@ def open_uri(
 
 def uri_argument(text: str) -> str:
     """argparse `type=` of a `--checkpoint-uri`: a URI of the contract's form
-    (`parsers.URI`: `s3://bucket/run`, `file:///dir`) or an absolute local path. A
-    relative path is refused with the rest: `s3//bucket/run`, a typo, would otherwise
-    be read as the empty local directory `./s3/bucket/run`."""
-    if text.startswith("/"):
-        return text
+    (`parsers.URI`: `s3://bucket/run`, `file:///dir`), as `$SHARDCACHE_CHECKPOINT_URI`
+    and `spec.checkpoint.uri` are, so the value a pod was given can be pasted here and
+    back. A bare path is refused naming its `file://` form; `s3//bucket/run`, a typo,
+    would otherwise be read as the empty local directory `./s3/bucket/run`."""
     return parsers.URI.flag_type(text)
 
 

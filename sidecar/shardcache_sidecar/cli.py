@@ -71,14 +71,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     defaults = {f.name: f.default for f in dataclasses.fields(configuration.Settings)}
     add(
         "--handoff-timeout",
-        type=_TIMEOUT.flag_type,
+        type=parsers.SECONDS.flag_type,
         metavar="SECONDS",
         help="seconds a handed-over shard stays held for the client "
         f"(default {defaults['handoff_timeout']:g})",
     )
     add(
         "--acquire-timeout",
-        type=_TIMEOUT.flag_type,
+        type=parsers.SECONDS.flag_type,
         metavar="SECONDS",
         help=f"longest an acquire may wait, seconds (default {defaults['acquire_timeout']:g})",
     )
@@ -118,13 +118,6 @@ def _help(variable: variables.Variable[Any]) -> str:
     return f"{variable.doc} ({'; '.join(notes)})".replace("%", "%%")
 
 
-def _timeout(text: str) -> float:
-    value = parsers.SECONDS.convert(text)  # refuses NaN, <= 0 and what is no number
-    if not math.isfinite(value):
-        raise parsers.ParseError("a finite number of seconds > 0", text)
-    return value
-
-
 def _retry_budget(text: str) -> float:
     try:
         value = float(text)
@@ -136,7 +129,6 @@ def _retry_budget(text: str) -> float:
     return value
 
 
-_TIMEOUT: parsers.Parser[float] = parsers.Parser("seconds > 0", _timeout)
 _RETRY_BUDGET: parsers.Parser[float] = parsers.Parser("seconds >= 0", _retry_budget)
 
 

@@ -69,7 +69,7 @@ def test_switches_set_to_false_stay_off() -> None:
         ({contract.ENV_CHECKPOINT_RESTORE: "newest"}, "expected latest, none or a step"),
         ({contract.ENV_CHECKPOINT_URI: "ftp://x/y"}, "unsupported URI scheme"),
         ({contract.ENV_CHECKPOINT_DIR: ""}, "CHECKPOINT_DIR is not"),
-        ({contract.ENV_CHECKPOINT_CONCURRENCY: "0"}, "CONCURRENCY: expected an integer >= 1"),
+        ({contract.ENV_CHECKPOINT_CONCURRENCY: "0"}, "CONCURRENCY: expected an integer 1-256"),
         ({contract.ENV_CHECKPOINT_UPLOAD_BUFFER: "-1"}, "BUFFER_BYTES: expected a byte count >= 0"),
         (
             {contract.ENV_CHECKPOINT_VERIFY_UPLOADS: "ture"},

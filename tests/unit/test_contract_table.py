@@ -223,11 +223,11 @@ def test_other_boolean_words_are_refused_naming_the_variable(text: str) -> None:
 @pytest.mark.parametrize(
     ("variable", "text", "message"),
     [
-        (variables.PREFETCH_DEPTH, "1025", "expected an integer <= 1024, found 1025"),
-        (variables.FETCH_CONCURRENCY, "-1", "expected an integer >= 0, found -1"),
+        (variables.PREFETCH_DEPTH, "1025", "expected an integer 0-1024, found 1025"),
+        (variables.FETCH_CONCURRENCY, "-1", "expected an integer 0-256, found -1"),
         (variables.SEED, "1.5", "expected an integer, found '1.5'"),
         (variables.MEMORY_LIMIT, "2Gi", "expected a byte count >= 0, found '2Gi'"),
-        (variables.RECONNECT_TIMEOUT, "0", "expected seconds > 0, found 0"),
+        (variables.RECONNECT_TIMEOUT, "0", "expected finite seconds > 0, found 0"),
         (variables.LOG_FORMAT, "xml", "expected json or text, found 'xml'"),
         (variables.MANIFEST_DIGEST, "md5:1", "expected 'sha256:<hex>', found 'md5:1'"),
     ],

@@ -29,9 +29,9 @@ def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     [
         (["--log-level", "LOUD"], "argument --log-level: expected LEVEL or"),
         (["--log-level", "INFO,shardcache=LOUD"], "found 'LOUD' in 'INFO,shardcache=LOUD'"),
-        (["--handoff-timeout", "nan"], "argument --handoff-timeout: expected seconds > 0"),
-        (["--acquire-timeout", "nan"], "argument --acquire-timeout: expected seconds > 0"),
-        (["--acquire-timeout", "inf"], "expected a finite number of seconds > 0, found inf"),
+        (["--handoff-timeout", "nan"], "argument --handoff-timeout: expected finite seconds > 0"),
+        (["--acquire-timeout", "nan"], "argument --acquire-timeout: expected finite seconds > 0"),
+        (["--acquire-timeout", "inf"], "expected finite seconds > 0, found inf"),
         (["--source-retry-seconds", "nan"], "argument --source-retry-seconds: expected a finite"),
         (["--source-retry-seconds", "inf"], "seconds >= 0, found inf"),
         (["--control-threads", "0"], "argument --control-threads: expected an integer >= 1"),

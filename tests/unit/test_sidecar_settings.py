@@ -90,7 +90,7 @@ def test_flags_override_the_environment() -> None:
         ({contract.ENV_RUN_DIR: "/" + "x" * 120}, "Unix sockets allow at most 107"),
         (
             {contract.ENV_FETCH_CONCURRENCY: "-1"},
-            f"${contract.ENV_FETCH_CONCURRENCY}: expected an integer >= 0, found -1",
+            f"${contract.ENV_FETCH_CONCURRENCY}: expected an integer 0-256, found -1",
         ),
         ({"SHARDCACHE_LOG_LEVEL": "LOUD"}, "$SHARDCACHE_LOG_LEVEL: expected LEVEL or"),
         ({"SHARDCACHE_LOG_LEVEL": "INFO,shardcache=LOUD"}, "found 'LOUD' in"),

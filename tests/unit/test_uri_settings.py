@@ -63,10 +63,21 @@ def test_the_sidecars_settings_refuse_a_mistyped_source_scheme() -> None:
         configuration.from_env({contract.ENV_SOURCE_URI: "s3//bucket/data"})
 
 
-def test_the_contract_and_the_crd_define_a_uri_alike() -> None:
-    assert parsers.URI_PATTERN == specs.URI_PATTERN
-    assert parsers.MAX_URI_LENGTH == specs.MAX_URI_LENGTH
-    # Whatever the CRD refuses, the contract refuses.
+def test_the_uri_pattern_is_written_once_and_the_crd_uses_it() -> None:
+    # A second copy (the operator kept one) drifts; the CRD's fields take the contract's.
+    root = Path(__file__).resolve().parents[2]
+    literal = "[a-z][a-z0-9+.-]*://"
+    holders = [
+        str(path.relative_to(root))
+        for package in ("shardcache", "sidecar", "operator")
+        for path in sorted((root / package).rglob("*.py"))
+        if literal in path.read_text(encoding="utf-8")
+    ]
+    assert holders == ["shardcache/contract/parsers.py"]
+    assert specs.MAX_URI_LENGTH == parsers.MAX_URI_LENGTH
+
+
+def test_whatever_the_crd_pattern_refuses_the_contract_refuses() -> None:
     for value in [*TYPOS, *GOOD, "s3://b\nx", "3s://b/x", "s3 ://b"]:
         crd_takes = re.fullmatch(specs.URI_PATTERN, value) and len(value) <= specs.MAX_URI_LENGTH
         if not crd_takes:

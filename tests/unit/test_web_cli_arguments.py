@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 @pytest.mark.parametrize(
     ("port", "found"),
-    [("99999", "an integer <= 65535, found 99999"), ("-1", "an integer >= 0, found -1")],
+    [("99999", "an integer 0-65535, found 99999"), ("-1", "an integer 0-65535, found -1")],
 )
 def test_a_port_outside_0_to_65535_is_refused_by_the_flag(
     port: str, found: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
