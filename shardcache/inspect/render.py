@@ -378,10 +378,6 @@ def _tokens(
     array: pa.Array, valid: list[bool], options: RenderOptions, decode: Decode | None
 ) -> list[dict[str, Any]]:
     lengths = _lengths(array)
-    limit = options.max_tokens
-    shown: list[list[int] | None] = _to_py(
-        array if limit is None else pc.list_slice(array, 0, limit), options
-    )
     decoded: list[tuple[str, bool] | None] = [None] * len(array)
     if decode is not None:
         # Text of at most max_chars characters needs about as many tokens: decode a
@@ -392,26 +388,22 @@ def _tokens(
             if ids is not None:
                 text, cut = _clip(decode(ids), chars)
                 decoded[i] = (text, cut or len(ids) < (lengths[i] or 0))
-    out: list[dict[str, Any]] = []
-    for i, ok in enumerate(valid):
-        ids = shown[i]
-        if not ok or ids is None:
-            out.append({"kind": "null"})
-            continue
-        length = lengths[i] or 0
-        cell: dict[str, Any] = {
+
+    def cell(i: int, ids: list[Any], length: int) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "kind": "tokens",
             "ids": ids,
             "length": length,
             "truncated": len(ids) < length,
         }
         if _unsafe_int(ids):
-            cell["display"] = ", ".join(str(v) for v in ids)
+            out["display"] = ", ".join(str(v) for v in ids)
         shown_text = decoded[i]
         if shown_text is not None:
-            cell["decoded"], cell["decoded_truncated"] = shown_text
-        out.append(cell)
-    return out
+            out["decoded"], out["decoded_truncated"] = shown_text
+        return out
+
+    return _list_cells(array, valid, options, options.max_tokens, lengths, cell)
 
 
 def _turns(array: pa.Array, valid: list[bool], options: RenderOptions) -> list[dict[str, Any]]:
@@ -476,8 +468,31 @@ def _cell(value: Any, options: RenderOptions) -> str:
 
 
 def _lists(array: pa.Array, valid: list[bool], options: RenderOptions) -> list[dict[str, Any]]:
-    lengths = _lengths(array)
-    limit = options.max_items
+    def cell(_: int, items: list[Any], length: int) -> dict[str, Any]:
+        shown = jsonable(items)
+        out: dict[str, Any] = {"kind": "list", "value": shown, "length": length}
+        if len(items) < length:
+            out["truncated"] = True
+        if _unsafe_int(items):
+            # What the page's JSON.stringify would print, with the integers exact.
+            out["display"] = json.dumps(shown, ensure_ascii=False, separators=(",", ":"))
+        return out
+
+    return _list_cells(array, valid, options, options.max_items, _lengths(array), cell)
+
+
+def _list_cells(
+    array: pa.Array,
+    valid: list[bool],
+    options: RenderOptions,
+    limit: int | None,
+    lengths: list[int | None],
+    build: Callable[[int, list[Any], int], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """One cell per row of a list column: a null cell, or what `build` makes of the
+    row's index, its first `limit` items (None: all) and its full length. Only the
+    shown items are converted to Python, so a row of a million tokens costs what is
+    shown."""
     values = _to_py(array if limit is None else pc.list_slice(array, 0, limit), options)
     out: list[dict[str, Any]] = []
     for i, ok in enumerate(valid):
@@ -485,15 +500,7 @@ def _lists(array: pa.Array, valid: list[bool], options: RenderOptions) -> list[d
         if not ok or items is None:
             out.append({"kind": "null"})
             continue
-        length = lengths[i] or 0
-        shown = jsonable(items)
-        cell: dict[str, Any] = {"kind": "list", "value": shown, "length": length}
-        if len(items) < length:
-            cell["truncated"] = True
-        if _unsafe_int(items):
-            # What the page's JSON.stringify would print, with the integers exact.
-            cell["display"] = json.dumps(shown, ensure_ascii=False, separators=(",", ":"))
-        out.append(cell)
+        out.append(build(i, items, lengths[i] or 0))
     return out
 
 

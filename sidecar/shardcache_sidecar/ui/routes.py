@@ -586,12 +586,19 @@ def host_allowed(host: str | None, extra: Iterable[str] = ()) -> bool:
     return name in {_bare(h) for h in extra}
 
 
+def allowed_hosts(extra: Iterable[str] = ()) -> list[str]:
+    """What `host_allowed` takes, in words, for the 403 that refuses a Host: the one
+    list, so the message never disagrees with the check."""
+    return [*sorted(LOOPBACK_NAMES), "*.localhost", "an IP address", *extra]
+
+
 def _bare(host: str) -> str:
     return host.strip().strip("[]").rstrip(".").lower()
 
 
 def _host_guard(extra: Iterable[str]) -> Callable[..., Awaitable[web.StreamResponse]]:
     hosts = tuple(extra)
+    expected = ", ".join(allowed_hosts(hosts))
 
     @web.middleware
     async def guard(
@@ -599,11 +606,10 @@ def _host_guard(extra: Iterable[str]) -> Callable[..., Awaitable[web.StreamRespo
     ) -> web.StreamResponse:
         host = request.headers.get("Host")
         if not host_allowed(host, hosts):
-            names = ["localhost", "an IP address", *hosts]
             return _error(
                 403,
                 f"Host {host!r} is not a name this inspector serves: expected "
-                f"{', '.join(names)} (a guard against DNS rebinding; start it with "
+                f"{expected} (a guard against DNS rebinding; start it with "
                 "--host NAME to serve a name)",
             )
         return await handler(request)
