@@ -555,6 +555,18 @@ CHECKPOINT_UPLOAD_BUFFER: Final = Variable(
     injected=_IN_SIDECAR,
 )
 
+CHECKPOINT_DRAIN: Final = Variable(
+    "SHARDCACHE_CHECKPOINT_DRAIN_SECONDS",
+    parsers.SECONDS,
+    # Inside Kubernetes' default 30 s grace period with room to log: past it the kubelet
+    # kills the process and nobody learns which commits never went up.
+    25.0,
+    _AGENT,
+    "Seconds the checkpoint agent keeps publishing what is committed after SIGTERM; "
+    "then it logs the steps it did not upload (the standalone agent exits 1). An "
+    "upload stuck on a store that does not answer ends there.",
+)
+
 # --- the client ---------------------------------------------------------------------
 RECONNECT_TIMEOUT: Final = Variable(
     "SHARDCACHE_RECONNECT_TIMEOUT_SECONDS",
@@ -605,6 +617,7 @@ TABLE: Final[tuple[Variable[Any], ...]] = (
     CHECKPOINT_CONCURRENCY,
     CHECKPOINT_VERIFY_UPLOADS,
     CHECKPOINT_UPLOAD_BUFFER,
+    CHECKPOINT_DRAIN,
     CHECKPOINT_URI,
     RECONNECT_TIMEOUT,
 )

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeGuard
 
-from shardcache import errors, faultpoints, source
+from shardcache import contract, errors, faultpoints, source
 from shardcache.checkpoint import _protocol, layout
 from shardcache_sidecar.checkpoint import (
     agent_config,
@@ -620,11 +620,61 @@ class Agent:
         except Exception:  # the agent outlives any one bad directory
             log.exception("checkpoint scan failed")
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop after publishing what is already committed (bounded by `timeout`)."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop after publishing what is already committed (bounded by `timeout`);
+        False when the drain is still running at the timeout (an upload stuck on a
+        store that does not answer): `unpublished()` then says what it left."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def drain(self) -> bool:
+        """Stop, publishing what is committed for at most `settings.drain_timeout`
+        ($SHARDCACHE_CHECKPOINT_DRAIN_SECONDS). False when an upload was still running
+        then (a store that stopped answering), after logging each step not uploaded:
+        past the pod's grace period the kubelet's SIGKILL would say nothing."""
+        if self.stop(self.settings.drain_timeout):
+            return True
+        left = self.unpublished()
+        log.error(
+            "checkpoint agent: drain cut off after %gs (%s); not uploaded: %s",
+            self.settings.drain_timeout,
+            contract.ENV_CHECKPOINT_DRAIN,
+            ", ".join(f"step {step} in {path}" for step, path in left) or "nothing committed",
+        )
+        return False
+
+    def unpublished(self) -> list[tuple[int, Path]]:
+        """(step, directory) of every commit not published, oldest step first: what a
+        drain cut short leaves behind. Reads only, so it is safe beside a drain that
+        is still running; a directory whose marker cannot be read is left out (the
+        scan logged it and marked it failed)."""
+        left: list[tuple[int, Path]] = []
+        try:
+            entries = list(os.scandir(self.root))
+        except OSError:
+            return []
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                continue
+            path = Path(entry.path)
+            try:
+                marker = _protocol.read_marker(path)
+                status = _protocol.read_status(path)
+            except (errors.InputError, OSError):
+                continue
+            if marker is None:
+                continue
+            if (
+                status is not None
+                and status.step == marker.step
+                and status.phase in ("uploaded", "restored")
+            ):
+                continue
+            left.append((marker.step, path))
+        return sorted(left, key=lambda item: (item[0], item[1].name))
 
 
 def _is_step(value: object) -> TypeGuard[int]:

@@ -46,10 +46,12 @@ class CheckpointSettings:
     retry: source.RetryPolicy = dataclasses.field(default_factory=source.RetryPolicy)
     #: Seconds before a checkpoint whose upload failed transiently is tried again.
     retry_interval: float = 5.0
-    #: Seconds the sidecar keeps publishing commits after SIGTERM. The native sidecar
-    #: is stopped after the trainer exits, within the pod's grace period (30 s by
-    #: default), so the trainer's last commit still goes up when it fits.
-    drain_timeout: float = 25.0
+    #: Seconds the agent keeps publishing commits after SIGTERM
+    #: ($SHARDCACHE_CHECKPOINT_DRAIN_SECONDS). The native sidecar is stopped after the
+    #: trainer exits, within the pod's grace period (30 s by default), so the trainer's
+    #: last commit still goes up when it fits, and a stuck upload does not hold the
+    #: process past it.
+    drain_timeout: float = variables.CHECKPOINT_DRAIN.required_default
 
     def __post_init__(self) -> None:
         if self.keep_last < 1:
@@ -95,6 +97,7 @@ FIELDS: Final[Mapping[str, variables.Variable[Any]]] = {
     "upload_concurrency": variables.CHECKPOINT_CONCURRENCY,
     "upload_buffer": variables.CHECKPOINT_UPLOAD_BUFFER,
     "verify_uploads": variables.CHECKPOINT_VERIFY_UPLOADS,
+    "drain_timeout": variables.CHECKPOINT_DRAIN,
 }
 
 

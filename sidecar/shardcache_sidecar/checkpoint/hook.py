@@ -46,6 +46,7 @@ def attach(
 
 
 async def detach(running: agent.Agent) -> None:
-    """Publish what is committed (bounded by the drain timeout), then stop."""
+    """Publish what is committed (bounded by the drain timeout, after which the agent
+    logs what it did not upload), then stop."""
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, running.stop, running.settings.drain_timeout)
+    await loop.run_in_executor(None, running.drain)
