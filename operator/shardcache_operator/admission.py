@@ -46,6 +46,24 @@ class Decision:
     message: str = ""
     warnings: tuple[str, ...] = ()
     injected: tuple[str, ...] = ()
+    #: Warning Events to post on DatasetMounts: (mount name, reason, message).
+    events: tuple[tuple[str, str, str], ...] = ()
+
+
+#: The Event reason on a DatasetMount whose pod had no probe/metrics port left in range.
+REASON_NO_METRICS_PORT = "NoMetricsPort"
+
+
+def no_port_warning(where: str, name: str, defaults: injection.SidecarDefaults) -> str:
+    first, last = defaults.metrics_port, defaults.metrics_port_last
+    return (
+        f"{where}: no free port for its sidecar's probes and metrics in {first}-{last}, the "
+        "range the chart's NetworkPolicy opens to Prometheus and the operator (chart value "
+        "networkPolicy.metricsPorts): the pod's containers and its other mounts' sidecars "
+        f"use them all, and a sidecar outside it could never be scraped; admitted without "
+        f"the cache for {name}. Free a port in the range, or widen "
+        "networkPolicy.metricsPorts"
+    )
 
 
 def _ready_message(obj: Mapping[str, Any]) -> str:
@@ -145,8 +163,15 @@ def decide(
                 source_digests=mount.source_digests,
             )
         )
+    events: list[tuple[str, str, str]] = []
+    room = injection.metrics_ports_free(pod, defaults) if mounts else 0
+    for left in mounts[room:]:
+        message = no_port_warning(f"DatasetMount {namespace}/{left.name}", left.name, defaults)
+        warnings.append(message)
+        events.append((left.name, REASON_NO_METRICS_PORT, message))
+    mounts = mounts[:room]
     if not mounts:
-        return Decision(True, unchanged, [], warnings=tuple(warnings))
+        return Decision(True, unchanged, [], warnings=tuple(warnings), events=tuple(events))
     try:
         injected = injection.inject(pod, mounts, defaults=defaults, cache=parts)
     except errors.InputError as exc:
@@ -158,6 +183,7 @@ def decide(
         injection.json_patch(pod, injected),
         warnings=tuple(warnings),
         injected=tuple(m.name for m in mounts),
+        events=tuple(events),
     )
 
 

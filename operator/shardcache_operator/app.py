@@ -135,7 +135,12 @@ async def run(settings: configuration.Settings) -> None:
         asyncio.create_task(watcher.run(kube.connection_info), name="pod-watch"),
         asyncio.create_task(
             memo.pod_counts.run(
-                memo.api.write_attached_pods, memo.metrics, interval=settings.pods_interval_seconds
+                memo.api.write_attached_pods,
+                memo.metrics,
+                interval=settings.pods_interval_seconds,
+                # A status write under an older CRD prunes what it lacks (crd_version).
+                hold=memo.crd.problem,
+                recheck=crd_version.RECHECK_SECONDS,
             ),
             name="pod-counts",
         ),

@@ -35,6 +35,14 @@ class Settings:
     #: Seconds a sidecar may take to get ready (checkpoint restore, warm-up) before
     #: kubelet restarts it; 10 minutes covers a multi-GiB restore on a slow link.
     startup_timeout_seconds: int = 600
+    #: The sidecars' probe/metrics ports: the first mount of a pod gets the first free
+    #: one from `metrics_port_first`, further mounts the next, never above
+    #: `metrics_port_last`: the chart renders both from networkPolicy.metricsPorts, the
+    #: ports its NetworkPolicy opens to Prometheus and the operator. A mount with no
+    #: free port left in the range is admitted without its cache and a warning
+    #: (`admission`). Ten ports: ten mounts, or a trainer's own ports among them.
+    metrics_port_first: int = contract.DEFAULT_METRICS_PORT
+    metrics_port_last: int = contract.DEFAULT_METRICS_PORT + 9
     #: What to do with a pod whose DatasetMount does not exist: Refuse (default: the
     #: trainer would fail later anyway, louder and later) or Admit without injection.
     missing_policy: str = "Refuse"
@@ -212,6 +220,9 @@ _PARSERS: dict[str, parsers.Parser[Any]] = {
     "skips_interval_seconds": _SECONDS,
     "stall_check_seconds": _seconds(off=True),
     "deletion_poll_seconds": _SECONDS,
+    # Declared on the sidecar container: a real port, not 0.
+    "metrics_port_first": parsers.integer(minimum=1, maximum=65535),
+    "metrics_port_last": parsers.integer(minimum=1, maximum=65535),
     # 0: any free port (tests, and local runs beside another operator).
     "webhook_port": PORT,
     "health_port": PORT,
@@ -260,4 +271,11 @@ def from_env(environ: Mapping[str, str], **overrides: Any) -> Settings:
         if key not in fields:
             raise TypeError(f"no operator setting {key!r}")
         values[key] = _parser(fields[key])(key, parsers.render(value))
-    return Settings(**values)
+    settings = Settings(**values)
+    if settings.metrics_port_first > settings.metrics_port_last:
+        first, last = (ENV_PREFIX + f"METRICS_PORT_{end}" for end in ("FIRST", "LAST"))
+        raise errors.InputError(
+            f"${first} and ${last}: expected the first port <= the last (a range like "
+            f"8470-8479), found {settings.metrics_port_first}-{settings.metrics_port_last}"
+        )
+    return settings

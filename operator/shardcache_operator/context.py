@@ -40,6 +40,8 @@ class Api(Protocol):
         self, namespace: str, label_selector: str
     ) -> list[dict[str, Any]]: ...
 
+    async def post_event(self, body: Mapping[str, Any]) -> None: ...
+
 
 @dataclasses.dataclass(frozen=True)
 class Context:

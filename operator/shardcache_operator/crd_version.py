@@ -16,7 +16,9 @@ resolving, no status checks. It says what to run in its log, in /readyz and in a
 webhook admits pods of mounts already Ready with their pins (those pins were made
 against the older schema and are still the datasets their jobs read: refusing them
 would stop running training for an upgrade's ordering), deletions release their
-finalizers, and status.attachedPods stays current (both exist in every schema).
+finalizers. status.attachedPods waits too (`pod_counts`): it exists in every schema,
+but the API server prunes the whole stored object to the installed schema on any status
+write, so writing the count alone would drop the pin's manifestVersion all the same.
 
 It never updates the CRD itself: the CRD is cluster-wide, shared by every release,
 and two releases of different versions would rewrite it in turn; and writing CRDs is a

@@ -313,8 +313,11 @@ async def finalize(
     count = memo.pods.count(ns, name)
     forced = annotations.get(ANNOTATION_FORCE_DELETE) == "true"
     if count and not forced:
-        patch.status["phase"] = status.Phase.TERMINATING.value
-        patch.status["attachedPods"] = count
+        # Not under an older CRD: a status write prunes the object to its schema
+        # (crd_version); the wait, its Event and the finalizer go on all the same.
+        if await memo.crd.problem() is None:
+            patch.status["phase"] = status.Phase.TERMINATING.value
+            patch.status["attachedPods"] = count
         message = (
             f"waiting for {count} pod(s) using DatasetMount {ns}/{name} to finish; "
             f"annotate it {ANNOTATION_FORCE_DELETE}=true to delete it now"

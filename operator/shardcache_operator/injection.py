@@ -97,8 +97,10 @@ class SidecarDefaults:
     #: Seconds the sidecar may take to become ready (restore + warm-up) before kubelet
     #: restarts it.
     startup_timeout_seconds: int = configuration.Settings.startup_timeout_seconds
-    #: First TCP port tried for a sidecar's probes/metrics; later mounts take the next free.
-    metrics_port: int = contract.DEFAULT_METRICS_PORT
+    #: First TCP port tried for a sidecar's probes/metrics; later mounts take the next free,
+    #: up to `metrics_port_last` (the range the chart's NetworkPolicy opens).
+    metrics_port: int = configuration.Settings.metrics_port_first
+    metrics_port_last: int = configuration.Settings.metrics_port_last
     #: First TCP port tried for a sidecar's loopback web inspector.
     ui_port: int = contract.DEFAULT_UI_PORT
 
@@ -354,6 +356,22 @@ def refuse_undeclared_volumes(pod_spec: Mapping[str, Any]) -> None:
                     )
 
 
+def metrics_ports_free(pod: Mapping[str, Any], defaults: SidecarDefaults) -> int:
+    """How many more sidecars `pod` can take with a probe/metrics port inside the range
+    (`SidecarDefaults.metrics_port` to `metrics_port_last`): the range's ports none of
+    its containers, our sidecars already injected among them, declares."""
+    pod_spec = pod.get("spec") or {}
+    if not isinstance(pod_spec, Mapping):
+        raise errors.InputError(f"spec: expected an object, found {type(pod_spec).__name__}")
+    taken = pod_names.Taken(
+        containers=_containers(pod_spec, "containers"),
+        init_containers=_containers(pod_spec, "initContainers"),
+        ephemeral=(),
+        volumes=(),
+    )
+    return taken.free(defaults.metrics_port, defaults.metrics_port_last)
+
+
 def inject(
     pod: Mapping[str, Any],
     mounts: Sequence[Mount],
@@ -402,6 +420,7 @@ def inject(
         names = taken.allocate(
             mount.name,
             first_port=defaults.metrics_port,
+            last_port=defaults.metrics_port_last,
             first_ui_port=defaults.ui_port,
             checkpoints=mount.spec.checkpoint is not None,
         )

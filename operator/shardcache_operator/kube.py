@@ -198,3 +198,43 @@ class Api:
             name,
             {"status": {"attachedPods": count}},
         )
+
+    async def post_event(self, body: Mapping[str, Any]) -> None:
+        """Create the core/v1 Event `body` (`event_body`) in its object's namespace."""
+        namespace = str((body.get("metadata") or {}).get("namespace") or "")
+        # The client sends a dict as it is: no model round trip for one JSON object.
+        event = cast(kubernetes.client.CoreV1Event, dict(body))
+        await asyncio.to_thread(self._core.create_namespaced_event, namespace, event)
+
+
+#: Kubernetes refuses an Event message over 1 KiB.
+EVENT_MESSAGE_LIMIT = 1024
+
+
+def event_body(
+    obj: Mapping[str, Any], *, type: str, reason: str, message: str, now: str
+) -> dict[str, Any]:
+    """A core/v1 Event about `obj` (a DatasetMount as the API serves it), as kopf posts
+    its own: for what happens outside kopf's handlers (the webhook), where kopf's event
+    queue does not reach. `now` is an RFC 3339 time."""
+    metadata = obj.get("metadata") or {}
+    namespace = str(metadata.get("namespace") or "")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"namespace": namespace, "generateName": "shardcache-"},
+        "involvedObject": {
+            "apiVersion": obj.get("apiVersion"),
+            "kind": obj.get("kind"),
+            "name": metadata.get("name"),
+            "namespace": namespace,
+            "uid": metadata.get("uid"),
+        },
+        "type": type,
+        "reason": reason,
+        "message": message[:EVENT_MESSAGE_LIMIT],
+        "source": {"component": "shardcache-operator"},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }

@@ -7,11 +7,18 @@ minute (issue 18). Instead, every pod event that changes a mount's set of pods
 (`pod_watch`) and every DatasetMount event `touch`es one `Writer`; its single task wakes, waits `interval` seconds so a burst of pods becomes one write per mount,
 compares the index's count with the status the watch last showed, and patches only the
 mounts whose count changed. With nothing changing it sleeps on an event: no wake-ups.
+
+While the installed CRD is older than the operator's (`crd_version`) it writes nothing:
+the API server prunes the whole stored object to the older schema on any status write,
+so a patch of attachedPods alone would drop the fields the older schema lacks (the pin's
+manifestVersion) just as a full status write would. It looks at the gate again every
+`recheck` seconds and writes every count that changed meanwhile once the CRD is current.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
@@ -24,6 +31,8 @@ logger = logging.getLogger(__name__)
 PodIndex = Mapping[tuple[str, str], Iterable[Any]]
 #: Writes status.attachedPods of one DatasetMount: (namespace, name, count).
 StatusWriter = Callable[[str, str, int], Awaitable[None]]
+#: Why status may not be written now (`crd_version.Gate.problem`), or None.
+Hold = Callable[[], Awaitable[str | None]]
 
 
 def count(index: PodIndex, namespace: str, name: str) -> int:
@@ -59,6 +68,8 @@ class Writer:
         self._mounts: mounts.MountIndex = {}
         #: Counts written whose watch event has not come back yet.
         self._written: dict[mounts.Key, int] = {}
+        #: Why the last flush wrote nothing (the CRD is older), or None.
+        self.held: str | None = None
 
     def touch(self, pods: PodIndex | None = None, known: mounts.MountIndex | None = None) -> None:
         """A pod or a mount changed. The arguments are live views (kept, they stay
@@ -69,8 +80,11 @@ class Writer:
             self._mounts = known
         self._changed.set()
 
-    async def flush(self, write: StatusWriter, meters: metrics.Metrics) -> int:
-        """Write every stale count once; returns how many writes were made."""
+    async def flush(
+        self, write: StatusWriter, meters: metrics.Metrics, *, hold: Hold | None = None
+    ) -> int:
+        """Write every stale count once; returns how many writes were made. None while
+        `hold` gives a reason (the gauges still follow the pods: they prune nothing)."""
         for key, value in list(self._written.items()):
             obj = mounts.indexed(self._mounts, *key)
             # Gone, or the watch shows what was written: the status speaks for itself.
@@ -80,6 +94,14 @@ class Writer:
             meters.attached_pods.labels(namespace=namespace, datasetmount=name).set(
                 count(self._pods, namespace, name)
             )
+        held = None if hold is None else await hold()
+        if held is not None and self.held is None:
+            logger.warning("not writing status.attachedPods: %s", held)
+        elif held is None and self.held is not None:
+            logger.info("writing status.attachedPods again")
+        self.held = held
+        if held is not None:
+            return 0
         writes = 0
         for (namespace, name), now in stale(self._pods, self._mounts, self._written).items():
             try:
@@ -93,10 +115,25 @@ class Writer:
             writes += 1
         return writes
 
-    async def run(self, write: StatusWriter, meters: metrics.Metrics, *, interval: float) -> None:
-        """Until cancelled: on each change, wait `interval` s (coalescing), then flush."""
+    async def run(
+        self,
+        write: StatusWriter,
+        meters: metrics.Metrics,
+        *,
+        interval: float,
+        hold: Hold | None = None,
+        recheck: float = 30.0,
+    ) -> None:
+        """Until cancelled: on each change, wait `interval` s (coalescing), then flush.
+        While held, flush again every `recheck` s even without a change: the counts
+        pending are written as soon as the hold ends."""
         while True:
-            await self._changed.wait()
+            if self.held is None:
+                await self._changed.wait()
+            else:
+                # No pod event is due when the CRDs are applied: look again by itself.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), recheck)
             await asyncio.sleep(interval)
             self._changed.clear()
-            await self.flush(write, meters)
+            await self.flush(write, meters, hold=hold)

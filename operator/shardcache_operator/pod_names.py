@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shardcache import errors
 from shardcache.contract import variables
 
 UI_PORT_ENV = variables.UI_PORT.env
@@ -113,16 +114,34 @@ class Taken:
         self.ports.add(port)
         return port
 
+    def free(self, first: int, last: int) -> int:
+        """How many ports from `first` to `last` no container of the pod uses."""
+        return sum(1 for port in range(first, last + 1) if port not in self.ports)
+
     def allocate(
-        self, mount: str, *, first_port: int, first_ui_port: int, checkpoints: bool
+        self,
+        mount: str,
+        *,
+        first_port: int,
+        first_ui_port: int,
+        checkpoints: bool,
+        last_port: int | None = None,
     ) -> MountNames:
         """Names for one mount's sidecar, volumes and port, in a fixed order so that
-        injecting the same pod twice gives the same names."""
+        injecting the same pod twice gives the same names. The port stays at or below
+        `last_port` (the admission leaves out mounts beyond the range's room first,
+        `injection.metrics_ports_free`); none left there is an `InputError`."""
         base = dns_label(f"shardcache-{mount}", limit=BASE_LIMIT)
         sidecar = unique(base, self.containers)
         run_volume = unique(f"{base}-run", self.volumes)
         disk_volume = unique(f"{base}-disk", self.volumes)
         port = self.port(first_port)
+        if last_port is not None and port > last_port:
+            raise errors.InputError(
+                f"no free port for the sidecar of DatasetMount {mount} in {first_port}-"
+                f"{last_port} (the sidecars' probe/metrics range): the pod's containers "
+                "and its other sidecars use them all"
+            )
         port_name = unique("shardcache", self.port_names, limit=PORT_NAME_LIMIT)
         checkpoint_volume = unique(f"{base}-ckpt", self.volumes) if checkpoints else None
         ui_port = self.port(first_ui_port)

@@ -15,6 +15,7 @@ from `certs.generate` at start-up.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import tempfile
@@ -34,6 +35,7 @@ from shardcache_operator import (
     context,
     handlers,
     injection,
+    kube,
     lookup_failures,
     mounts,
     pod_updates,
@@ -54,6 +56,8 @@ def defaults_of(settings: configuration.Settings) -> injection.SidecarDefaults:
         run_dir=settings.run_dir,
         run_as_user=settings.sidecar_uid,
         startup_timeout_seconds=settings.startup_timeout_seconds,
+        metrics_port=settings.metrics_port_first,
+        metrics_port_last=settings.metrics_port_last,
     )
 
 
@@ -246,10 +250,38 @@ async def decide(
         policy=_policy(memo.settings),
         parts=memo.parts,
     )
+    for name, reason, message in decision.events:
+        obj = fetched.get(name)
+        if isinstance(obj, Mapping):
+            await post_event(memo, obj, reason, message)
     memo.metrics.admission_duration.observe(time.monotonic() - started)
     result = "refused" if not decision.allowed else "injected" if decision.patch else "unchanged"
     memo.metrics.admission_total.labels(result=result).inc()
     return decision
+
+
+#: Seconds the webhook waits for its Event to be created (`post_event`).
+EVENT_TIMEOUT_SECONDS = 2.0
+
+
+async def post_event(
+    memo: context.Context, obj: Mapping[str, Any], reason: str, message: str
+) -> None:
+    """A Warning Event on the DatasetMount `obj` for what a pod's admission skipped: the
+    pod does not exist yet, and its mount is what `kubectl describe` is read on.
+
+    Through the API, not `kopf.event`: kopf's event queue is set only in its handlers'
+    tasks, never the webhook's. Rare (a pod with no port left for a mount), so posted
+    before answering, bounded so that a slow API server cannot stall the admission; a
+    failure is logged, the admission warning says it all the same."""
+    logger.warning("%s", message)
+    body = kube.event_body(
+        obj, type="Warning", reason=reason, message=message, now=handlers.now_text()
+    )
+    try:
+        await asyncio.wait_for(memo.api.post_event(body), EVENT_TIMEOUT_SECONDS)
+    except Exception as exc:  # any API failure: the pod is admitted regardless
+        logger.info("posting the %s Event: %s", reason, exc)
 
 
 def _unserved(pod: Mapping[str, Any], memo: context.Context, started: float) -> admission.Decision:

@@ -191,7 +191,9 @@ METRICS_PORT: Final = Variable(
     8470,
     _SIDECAR,
     "TCP port of /healthz, /readyz and /metrics (nothing else: the inspector has its "
-    "own loopback port); the webhook picks the first free port from this one. The "
+    "own loopback port); the webhook picks the first free port from this one, within the "
+    "operator's SHARDCACHE_OPERATOR_METRICS_PORT_FIRST-LAST (the chart's "
+    "networkPolicy.metricsPorts). The "
     "control API stays on the Unix socket.",
     injected=_IN_SIDECAR,
 )

@@ -179,3 +179,20 @@ async def test_readyz_stays_ready_for_the_webhook_and_says_why_nothing_is_reconc
         body = await response.text()
     assert response.status == 200
     assert body.startswith("ready (webhook only): ") and APPLY in body
+
+
+async def test_a_deletion_waits_for_its_pods_without_writing_status_while_the_crd_is_older() -> (
+    None
+):
+    """The finalizer still holds and releases; only the status write waits."""
+    events = capture_events()
+    ctx = memo(crd=crd_version.Gate(Reads(installed(None))))
+    ctx.pods.set("ml", "train-0", ("data",))
+    patch = kopf.Patch()
+    with pytest.raises(kopf.TemporaryError):
+        await handlers.finalize(
+            body=dsm(phase="Ready"), patch=patch, namespace="ml", name="data", annotations={},
+            memo=ctx,
+        )  # fmt: skip
+    assert not patch
+    assert drained(events) == [("Normal", "WaitingForPods")]

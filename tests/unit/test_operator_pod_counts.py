@@ -68,3 +68,49 @@ async def test_a_burst_of_touches_becomes_one_write_and_idle_means_no_wakeups() 
         assert write.calls == [("ml", "a", 50)]
     finally:
         task.cancel()
+
+
+class Hold:
+    """A `crd_version.Gate.problem` stand-in: a reason until `lift`."""
+
+    def __init__(self, reason: str | None) -> None:
+        self.reason = reason
+        self.asked = 0
+
+    async def __call__(self) -> str | None:
+        self.asked += 1
+        return self.reason
+
+
+async def test_no_count_is_written_while_the_crd_is_older_and_all_are_once_it_is_current() -> None:
+    writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder()
+    hold = Hold("the installed CRD is schema version 0, this operator needs 2")
+    writer.touch({("ml", "a"): ["p1"]}, {("ml", "a"): [dsm("a", 0)], ("ml", "b"): [dsm("b", 3)]})
+    assert await writer.flush(write, meters, hold=hold) == 0
+    assert write.calls == []
+    assert writer.held == hold.reason
+    # The gauge prunes nothing: it still follows the pods.
+    sample = meters.registry.get_sample_value
+    assert (
+        sample("shardcache_operator_attached_pods", {"namespace": "ml", "datasetmount": "a"}) == 1
+    )
+    hold.reason = None
+    assert await writer.flush(write, meters, hold=hold) == 2
+    assert sorted(write.calls) == [("ml", "a", 1), ("ml", "b", 0)]
+    assert writer.held is None
+
+
+async def test_a_held_writer_looks_again_without_a_pod_event() -> None:
+    """Applying the CRDs changes no pod: the writer must look again by itself."""
+    writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder()
+    hold = Hold("the installed CRD is older")
+    writer.touch({("ml", "a"): ["p1", "p2"]}, {("ml", "a"): [dsm("a", 0)]})
+    task = asyncio.create_task(writer.run(write, meters, interval=0.01, hold=hold, recheck=0.1))
+    try:
+        await asyncio.sleep(0.05)
+        assert write.calls == []
+        hold.reason = None
+        await asyncio.sleep(0.3)
+        assert write.calls == [("ml", "a", 2)]
+    finally:
+        task.cancel()
