@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shardcache.contract import parsers, protocol
+from shardcache.contract import parsers, protocol, variables
 from shardcache_operator import pod_names, specs
 
 
@@ -96,6 +96,10 @@ def build(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": list(volume_mounts),
+        # Where the sidecar writes why it exits (a refusal, unusable tier directories),
+        # which `kubectl describe pod` shows; a crash that wrote nothing shows its last
+        # log lines instead. The path is the one the sidecar writes by default.
+        "terminationMessagePath": variables.TERMINATION_MESSAGE_PATH.required_default,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.source.secret_ref is not None:

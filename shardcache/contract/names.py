@@ -48,6 +48,7 @@ ENV_LOCAL_RANKS: Final = variables.LOCAL_RANKS.env
 ENV_METRICS_PORT: Final = variables.METRICS_PORT.env
 ENV_UI_PORT: Final = variables.UI_PORT.env
 ENV_METRICS_HOST: Final = variables.METRICS_HOST.env
+ENV_TERMINATION_MESSAGE_PATH: Final = variables.TERMINATION_MESSAGE_PATH.env
 ENV_LOG_FORMAT: Final = variables.LOG_FORMAT.env
 ENV_LOG_LEVEL: Final = variables.LOG_LEVEL.env
 ENV_CHECKPOINT_DIR: Final = variables.CHECKPOINT_DIR.env

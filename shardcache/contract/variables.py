@@ -214,6 +214,16 @@ METRICS_HOST: Final = Variable(
     "Address of the probe and metrics listener; all interfaces because kubelet probes "
     "arrive on the pod IP (the local launcher uses 127.0.0.1).",
 )
+TERMINATION_MESSAGE_PATH: Final = Variable(
+    "SHARDCACHE_TERMINATION_MESSAGE_PATH",
+    parsers.PATH,
+    "/dev/termination-log",
+    _SIDECAR,
+    "File the sidecar writes why it exits into (a refusal, unusable tier directories), "
+    "so `kubectl describe pod` shows it: the injected sidecar container's "
+    "terminationMessagePath, which is this default. Written only when it exists (the "
+    "kubelet makes it): outside Kubernetes nothing is written.",
+)
 LOG_FORMAT: Final = Variable(
     "SHARDCACHE_LOG_FORMAT",
     parsers.choice("json", "text"),
@@ -610,6 +620,7 @@ TABLE: Final[tuple[Variable[Any], ...]] = (
     METRICS_PORT,
     UI_PORT,
     METRICS_HOST,
+    TERMINATION_MESSAGE_PATH,
     LOG_FORMAT,
     LOG_LEVEL,
     CHECKPOINT_DIR,

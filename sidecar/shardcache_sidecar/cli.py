@@ -17,11 +17,13 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from shardcache import errors
 from shardcache.contract import parsers, variables
-from shardcache_sidecar import configuration, logs, server
+from shardcache_sidecar import configuration, logs, server, termination
+from shardcache_sidecar.server import running
 
 log = logging.getLogger("shardcache_sidecar")
 
@@ -154,11 +156,16 @@ SWITCH_INTERVAL_S = 0.0005
 def run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in _NOT_SETTINGS}
+    # Where a refusal is written for `kubectl describe` (`termination`), before the
+    # settings that name it are known to be valid.
+    given = overrides.get("termination_message_path")
+    message_path = Path(given) if given else termination.path_from(os.environ)
     try:
         settings = configuration.from_env(overrides=overrides)
-        _make_directories(settings)
+        made = running.make_directories(settings)
     except errors.InputError as exc:
         print(f"shardcache sidecar: {exc}", file=sys.stderr)
+        termination.write(message_path, f"shardcache sidecar: {exc}")
         return 2
     logs.configure(settings.log_format, settings.log_level)
     # `kill -USR1` dumps every thread's stack to stderr: how to see what a stuck
@@ -168,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(_main(settings))
     except errors.InputError as exc:
         log.error("cannot start: %s", exc)
+        termination.write(settings.termination_message_path, f"cannot start: {exc}")
+        running.remove_made(made)
         return 2
     # Threads still blocked on the object store would hold the interpreter open for as
     # long as their fetch takes; the work is abandoned and the kernel drops its locks.
@@ -179,24 +188,6 @@ def run(args: argparse.Namespace) -> int:
         logging.shutdown()
         os._exit(0)
     return 0
-
-
-def _make_directories(settings: configuration.Settings) -> None:
-    """The control socket's and the memory tier's directories, made before anything
-    starts, so that one the user cannot write is refused like a bad setting."""
-    places = (
-        (settings.socket_path.parent, "the control socket's directory", ("socket_path",)),
-        (settings.memory_dir, "the memory tier", ("memory_dir",)),
-    )
-    for path, what, fields in places:
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            # Either the directory's own flag moved it or the run directory placed it.
-            set_by = " or ".join(configuration.where_set(f) for f in (*fields, "run_dir"))
-            raise errors.InputError(
-                f"cannot create {what} {str(path)!r} (set by {set_by}): {exc.strerror or exc}"
-            ) from exc
 
 
 async def _main(settings: configuration.Settings) -> None:

@@ -92,6 +92,9 @@ class Settings:
     #: Threads that run blocking cache calls. Each waiting acquire holds one, so this
     #: bounds how many readers can wait at once; 32 covers 8 GPUs x 4 loader workers.
     control_threads: int = 32
+    #: Where the sidecar writes why it exits (`termination`): the container's
+    #: terminationMessagePath, which `kubectl describe pod` shows.
+    termination_message_path: Path = Path(variables.TERMINATION_MESSAGE_PATH.required_default)
     #: "json" (one object per line, for log pipelines) or "text".
     log_format: str = variables.LOG_FORMAT.required_default
     log_level: str = variables.LOG_LEVEL.required_default
@@ -234,6 +237,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics_host", variables.METRICS_HOST, "--metrics-host"),
     Option("metrics_port", variables.METRICS_PORT, "--metrics-port"),
     Option("ui_port", variables.UI_PORT, "--ui-port"),
+    Option(
+        "termination_message_path",
+        variables.TERMINATION_MESSAGE_PATH,
+        "--termination-message-path",
+    ),
     Option("log_format", variables.LOG_FORMAT, "--log-format"),
     Option("log_level", variables.LOG_LEVEL, "--log-level"),
     Option("mixture", variables.MIXTURE, "--mixture"),
@@ -271,6 +279,7 @@ def from_env(
     values["socket_path"] = Path(values["socket_path"] or contract.socket_path(run_dir, mount))
     values["memory_dir"] = Path(values["memory_dir"] or contract.memory_dir(run_dir, mount))
     values["disk_dir"] = Path(values["disk_dir"])
+    values["termination_message_path"] = Path(values["termination_message_path"])
     values["source_uri"] = values["source_uri"] or ""
     values["checkpoint"] = agent_config.CheckpointSettings.from_env(env)
     return Settings(**values)

@@ -14,6 +14,7 @@ the kubelet's restart backoff (up to five minutes) after it healed.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -59,3 +60,28 @@ def problems(memory_dir: Path, disk_dir: Path, *, retry_s: float) -> Mapping[str
     if disk is not None:
         found["disk"] = disk_reason(disk, retry_s=retry_s)
     return found
+
+
+def _owner(path: Path) -> tiers.Owner | None:
+    """The directory, or the nearest one above it that exists, with owner and mode."""
+    for candidate in (path, *path.parents):
+        try:
+            st = os.stat(candidate)
+        except OSError:
+            continue
+        return tiers.Owner(candidate, st.st_uid, st.st_gid, st.st_mode)
+    return None
+
+
+def creation_failure(path: Path, exc: OSError) -> str:
+    """Why `path` could not be made, as the tier check says it of a tier directory: the
+    error, the user this process runs as, the owner and mode of what is there."""
+    return tiers.Unusable(
+        path=path,
+        step=f"creating the directory {path}",
+        error=exc,
+        uid=os.geteuid(),
+        gid=os.getegid(),
+        groups=tuple(os.getgroups()),
+        owner=_owner(path),
+    ).describe()

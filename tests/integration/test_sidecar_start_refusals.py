@@ -148,4 +148,7 @@ def test_a_run_directory_the_user_cannot_write_is_refused_naming_it(
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     line = refused(start(dataset, tmp_path, user=nobody))
     assert f"'{tmp_path / 'run' / 'default'}'" in line
-    assert line.endswith("Permission denied")
+    # As clear as the tier check's own text: the error, the user, what is there.
+    assert "(PermissionError: Permission denied)" in line
+    assert "this process runs as uid 65534, gid 65534" in line
+    assert "owned by uid 0, gid 0" in line

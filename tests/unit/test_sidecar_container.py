@@ -12,6 +12,7 @@ import pytest
 from shardcache_operator import pod_names, pod_volumes, sidecar_container, specs
 
 from shardcache import errors
+from shardcache.contract import variables
 
 pytestmark = pytest.mark.unit
 
@@ -259,3 +260,17 @@ def test_a_resource_quantity_kubernetes_refuses_is_refused_naming_the_path(bad: 
 def test_a_huge_exponent_is_refused_without_computing_the_number() -> None:
     with pytest.raises(errors.InputError, match=r"is over the largest quantity"):
         specs.resource_quantity("1e999999999", path="q")
+
+
+def test_the_sidecar_says_why_it_exited_where_kubectl_describe_shows_it() -> None:
+    """The path the container declares is the one the sidecar writes (the contract
+    row's default), and a crash without a message shows its last log lines."""
+    container = sidecar_container.build(
+        parse(), NAMES, image="shardcache-sidecar:test", env=[], volume_mounts=[],
+        run_as_user=65532, startup_timeout_seconds=600,
+    )  # fmt: skip
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["terminationMessagePath"] == variables.TERMINATION_MESSAGE_PATH.default
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    names = {e["name"] for e in container["env"]}
+    assert variables.TERMINATION_MESSAGE_PATH.env not in names  # the default is the path

@@ -26,7 +26,7 @@ from aiohttp import web
 from shardcache import errors
 from shardcache.contract import mixture_sources, protocol
 from shardcache.node import reader_locks
-from shardcache_sidecar import configuration, listening, metrics
+from shardcache_sidecar import configuration, listening, metrics, termination, tier_checks
 from shardcache_sidecar.checkpoint import agent, hook
 from shardcache_sidecar.server import control, lifecycle, probes, replies, socket_server
 from shardcache_sidecar.ui import routes
@@ -119,6 +119,65 @@ def remove_stale_socket(path: Path) -> None:
     raise errors.InputError(
         f"another sidecar is already serving on {path}: stop it first, or use another run directory"
     )
+
+
+def _missing(path: Path) -> list[Path]:
+    """`path` and the directories above it that do not exist, outermost first."""
+    missing: list[Path] = []
+    # os.path's answers never raise: a directory this user may not look into is one
+    # to report when making it fails, not a traceback here.
+    while not os.path.lexists(path) and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing[::-1]
+
+
+def make_directories(settings: configuration.Settings) -> list[Path]:
+    """The control socket's and the memory tier's directories of every source, made
+    before anything listens, so that one this user cannot make is refused like a bad
+    setting, described as the tier check describes a tier directory (the user, the
+    owner and mode of what is there). Returns the directories this call made,
+    outermost first, for `remove_made` when the start is refused after all."""
+    made: list[Path] = []
+    for source in source_settings(settings):
+        places = (
+            (source.socket_path.parent, "the control socket's directory", "socket_path"),
+            (source.memory_dir, "the memory tier", "memory_dir"),
+        )
+        for path, what, field in places:
+            missing = _missing(path)
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                remove_made([*made, *(m for m in missing if os.path.isdir(m))])
+                # Either the directory's own flag moved it or the run directory placed it.
+                set_by = " or ".join(configuration.where_set(f) for f in (field, "run_dir"))
+                raise errors.InputError(
+                    f"cannot create {what} {str(path)!r} (set by {set_by}): "
+                    f"{tier_checks.creation_failure(path, exc)}"
+                ) from exc
+            made += missing
+    return made
+
+
+def remove_made(made: list[Path]) -> None:
+    """Take back the directories `make_directories` made, innermost first, each only
+    while empty: a refused start leaves nothing behind, and nothing else is touched."""
+    for path in reversed(made):
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def exit_reason(sidecar: lifecycle.Sidecar) -> str | None:
+    """Why a sidecar that is stopping never served, for its termination message: its
+    tier directories were unusable (the kubelet killed it when the startup probe gave
+    up), or it refused its settings (a digest mismatch, ...); None after serving."""
+    if sidecar.tier_problems:
+        return "the sidecar could not start: " + "; ".join(sidecar.tier_problems.values())
+    problem = sidecar.problem
+    if problem is not None and problem.kind == protocol.KIND_INPUT:
+        return f"the sidecar refused to serve: {problem.message}"
+    return None
 
 
 #: Seconds between looks at the further sources' readiness (a multi-source mount).
@@ -222,9 +281,7 @@ async def serve(
         if on_start is not None:
             on_start(sidecar)
 
-    for sub in further:
-        sub.socket_path.parent.mkdir(parents=True, exist_ok=True)
-    first.socket_path.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(settings)
     write_descriptor(first)
     try:
         await asyncio.gather(
@@ -245,19 +302,15 @@ async def _serve_one(
     *,
     on_start: Callable[[lifecycle.Sidecar], None] | None = None,
 ) -> None:
-    settings.socket_path.parent.mkdir(parents=True, exist_ok=True)
-    settings.memory_dir.mkdir(parents=True, exist_ok=True)
+    # Everything that may refuse the start (a directory, a socket still served, a port
+    # in use) comes before anything is written into the directories: a refused start
+    # takes back what it made (`remove_made`) and leaves nothing behind.
+    made = make_directories(settings)
     try:
-        reader_locks.prepare(settings.memory_dir)
-    except OSError as exc:
-        # Not fatal: readers are then kept until closed, as without reader locks.
-        log.warning(
-            "cannot use %s for reader locks (%s): the readers of processes that die are "
-            "kept until this sidecar restarts",
-            settings.memory_dir / reader_locks.DIRECTORY,
-            exc,
-        )
-    remove_stale_socket(settings.socket_path)
+        remove_stale_socket(settings.socket_path)
+    except errors.InputError:
+        remove_made(made)
+        raise
     sidecar = lifecycle.Sidecar(settings)
     checkpoints: agent.Agent | None = None
     # Waiting acquires can take minutes; on SIGTERM they get a few seconds, not the
@@ -276,11 +329,8 @@ async def _serve_one(
     await ui_runner.setup()
     assert control_runner.server is not None  # set up above
     control_server = socket_server.Server(sidecar, control_runner.server)
+    started = False
     try:
-        await control_server.start(settings.socket_path)
-        # The trainer may run as another user than the sidecar; the socket lives in
-        # the pod's own volume, so the pod boundary is the access boundary.
-        os.chmod(settings.socket_path, 0o666)
         await listening.start_tcp(
             probe_runner,
             settings.metrics_host,
@@ -295,6 +345,11 @@ async def _serve_one(
             port_field="ui_port",
             host_field=None,
         )
+        await control_server.start(settings.socket_path)
+        # The trainer may run as another user than the sidecar; the socket lives in
+        # the pod's own volume, so the pod boundary is the access boundary.
+        os.chmod(settings.socket_path, 0o666)
+        _prepare_reader_locks(settings.memory_dir)
         log.info(
             "listening",
             extra={
@@ -304,6 +359,7 @@ async def _serve_one(
             },
         )
         sidecar.start()
+        started = True
         if settings.checkpoint is not None:
             checkpoints = hook.attach(
                 settings.checkpoint, sidecar.readiness, sidecar.metrics.registry
@@ -314,6 +370,9 @@ async def _serve_one(
         await stop.wait()
         log.info("shutting down")
     finally:
+        reason = exit_reason(sidecar) if started else None
+        if reason is not None:
+            termination.write(settings.termination_message_path, reason)
         await control_server.close(_SHUTDOWN_TIMEOUT)
         await control_runner.cleanup()
         await probe_runner.cleanup()
@@ -323,3 +382,18 @@ async def _serve_one(
         await sidecar.close()
         with contextlib.suppress(FileNotFoundError):
             settings.socket_path.unlink()
+        if not started:
+            remove_made(made)
+
+
+def _prepare_reader_locks(memory_dir: Path) -> None:
+    try:
+        reader_locks.prepare(memory_dir)
+    except OSError as exc:
+        # Not fatal: readers are then kept until closed, as without reader locks.
+        log.warning(
+            "cannot use %s for reader locks (%s): the readers of processes that die are "
+            "kept until this sidecar restarts",
+            memory_dir / reader_locks.DIRECTORY,
+            exc,
+        )
