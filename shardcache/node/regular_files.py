@@ -21,6 +21,7 @@ anything else is `NotRegularFile`, which the tier treats as a bad entry and remo
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -72,9 +73,10 @@ def _found(path: Path | str) -> NotRegularFile | None:
 def open_regular(path: Path | str, flags: int, mode: int = 0o644) -> int:
     """`os.open` of a regular file, never through a link and never blocking.
 
-    Raises NotRegularFile for anything else at `path` (a link, a FIFO, a directory, a
-    device, a socket), FileNotFoundError if nothing is there (without `O_CREAT`), and
-    other OSErrors as `os.open` does. The descriptor keeps `O_NONBLOCK`, which changes
+    With `O_CREAT`, a file of this process's user gets `mode` exactly (not masked by
+    the umask). Raises NotRegularFile for anything else at `path` (a link, a FIFO, a
+    directory, a device, a socket), FileNotFoundError if nothing is there (without
+    `O_CREAT`), and other OSErrors as `os.open` does. The descriptor keeps `O_NONBLOCK`, which changes
     nothing for a regular file (nor for `flock`, which blocks or not by its own flag).
     """
     try:
@@ -95,6 +97,13 @@ def open_regular(path: Path | str, flags: int, mode: int = 0o644) -> int:
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise NotRegularFile(path, kind(st.st_mode), (st.st_dev, st.st_ino))
+    if flags & os.O_CREAT and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
+        # `mode` whatever the umask: a tier directory is shared by processes of other
+        # users (sidecars of another release's uid, trainers reading the memory tier),
+        # and a lock or entry file only its owner may open wedged them (`PermissionError`
+        # on every lookup and eviction of the key). Only the owner may change it.
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, mode)
     return fd
 
 

@@ -25,6 +25,14 @@ from shardcache.node import tiers
 def disk_reason(found: tiers.Unusable, *, retry_s: float) -> str:
     """Why the disk tier is unusable and how a platform engineer fixes it."""
     uid, gid = found.uid, found.gid
+    if found.lock_owner is not None:
+        # The directory is right; a file in it is another user's (`describe` says
+        # which and what to do): changing the directory would not help.
+        return (
+            f"the disk tier {found.path} is not usable: {found.describe()}. The sidecar "
+            f"checks again every {retry_s:g} s and goes on by itself once it can open it "
+            f'(docs/cache-format.md, "Files of other users")'
+        )
     return (
         f"the disk tier {found.path} is not usable: {found.describe()}. The sidecar must be "
         f"able to write it. On Kubernetes it is the namespace's directory of the node "

@@ -211,6 +211,8 @@ def _bytes_on_disk(root: Path) -> int:
     for item in os.scandir(root):
         if item.name.endswith((names.LOCK_SUFFIX, names.META_SUFFIX)):
             continue
+        if item.is_dir(follow_symlinks=False):  # `.limits/`: the processes' limits
+            continue
         try:
             total += item.stat(follow_symlinks=False).st_size
         except FileNotFoundError:

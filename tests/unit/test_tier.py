@@ -359,8 +359,9 @@ def test_scan_removes_stale_temp_files_and_incomplete_entries(tmp_path: Path) ->
         corrupted=0,
         incompatible=0,
     )
+    # `.limits/` holds the limit the inserting process declared (`tiers._limits`).
     assert sorted(p.name for p in t.root.iterdir()) == sorted(
-        [tiers.TIER_LOCK_NAME, "good", "good.lock", "good" + names.META_SUFFIX]
+        [tiers.TIER_LOCK_NAME, ".limits", "good", "good.lock", "good" + names.META_SUFFIX]
     )
 
 

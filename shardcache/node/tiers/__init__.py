@@ -14,7 +14,8 @@ between them is on disk and guarded by flock (see `_locks`), never in process me
   directory, may hold its own entries in memory instead: `Tier.hold`.);
 * an insert first reserves its bytes as a temp file `.tmp-<pid>-<token>-<size>-<key>`,
   under the tier-wide lock `.tier.lock` that also guards counting and evicting, so the
-  total of entries plus reservations never exceeds the limit;
+  total of entries plus reservations never exceeds the limit (the largest limit of
+  the processes inserting there, each declared in `.limits/`);
 * least recently used is the data file's mtime, which a lookup touches;
 * every file is opened without following a link or waiting on a FIFO, and only a
   regular file is used (`shardcache.node.regular_files`): anything else at a tier
@@ -32,7 +33,11 @@ The modules, by what they hold:
 * `_membership`: a sole writer's committed keys, kept in memory (`Tier(sole_writer=True)`);
 * `_tier`: `Tier`, which does lookups, inserts, eviction and start-up repair with them;
 * `_access`: whether this process may use a tier directory at all (`unusable`), tried
-  up front rather than found out by the first insert.
+  up front rather than found out by the first insert;
+* `_other_users`: files of another user this process may not open or remove (a
+  sidecar's user changed), handled as files in the way rather than raised;
+* `_limits`: the limits of the processes inserting into a directory, the largest of
+  which every insert counts against.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 
 from shardcache.node import _locks, names
-from shardcache.node.tiers import _directory
+from shardcache.node.tiers import _directory, _other_users
 
 #: The key part of the probe's reservation: a zero-byte `.tmp-` file as an insert
 #: makes one (docs/cache-format.md), so a probe left by a process killed between its
@@ -55,6 +55,9 @@ class Unusable:
     groups: tuple[int, ...]
     #: The directory, or the nearest one above it that exists; None if none could be read.
     owner: Owner | None
+    #: The tier lock, when it is there and this process may not open it (a process of
+    #: another user made it with a restrictive umask): what to remove, not the directory.
+    lock_owner: Owner | None = None
 
     def describe(self) -> str:
         """One sentence naming the directory, the step and error, the process's user and
@@ -69,10 +72,19 @@ class Unusable:
             where = f"it is {self.owner.describe()}"
         else:
             where = f"it does not exist and {self.owner.path} is {self.owner.describe()}"
-        return (
+        text = (
             f"{self.step} failed ({type(self.error).__name__}: "
             f"{self.error.strerror or self.error}); this process runs as {who}; {where}"
         )
+        lock = self.lock_owner
+        if lock is not None:
+            text += (
+                f"; the tier lock {lock.path} is {lock.describe()}: a process of uid "
+                f"{lock.uid} made it with a restrictive umask (this version makes it 0644). "
+                f"Remove that file (rm {lock.path}): safe once no process of uid "
+                f"{lock.uid} uses the directory, whose entries this sidecar then replaces"
+            )
+        return text
 
 
 def _owner(path: Path) -> Owner | None:
@@ -112,6 +124,16 @@ def unusable(root: Path) -> Unusable | None:
     if failed is None:
         return None
     step, exc = failed
+    lock_owner = None
+    lock = Path(root) / names.TIER_LOCK_NAME
+    if isinstance(exc, PermissionError) and step == f"opening {lock}":
+        try:
+            st = os.stat(lock)
+        except OSError:
+            pass  # not there (the directory is not writable), or not reachable
+        else:
+            if not _other_users.readable(st):
+                lock_owner = Owner(lock, st.st_uid, st.st_gid, st.st_mode)
     return Unusable(
         path=Path(root),
         step=step,
@@ -120,4 +142,5 @@ def unusable(root: Path) -> Unusable | None:
         gid=os.getegid(),
         groups=tuple(os.getgroups()),
         owner=_owner(Path(root)),
+        lock_owner=lock_owner,
     )

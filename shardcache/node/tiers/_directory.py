@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import time
 from pathlib import Path
 
 from shardcache.node import _locks, names, regular_files
@@ -90,6 +91,10 @@ def replace(source: Path, target: Path) -> None:
         regular_files.remove(target)
         os.replace(source, target)
 
+
+#: A temp file this process may not open (`_other_users`) is a dead writer's once it
+#: has not been written for this long: a producer writes as its bytes arrive.
+UNREADABLE_TMP_STALE_S = 3600
 
 #: Entries whose paths are kept (a dataset's shards, many times over); beyond, start over.
 _KNOWN_PATHS = 65536
@@ -178,7 +183,21 @@ class Directory:
         removed = 0
         for name in list(listing.tmp):
             path = self.root / name
-            fd = _locks.acquire(path, _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False)
+            try:
+                fd = _locks.acquire(path, _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False)
+            except PermissionError:
+                # Another user's, made with a restrictive umask: its lock cannot be
+                # tried. A live writer keeps writing it; one untouched this long is dead.
+                if self._stale(path):
+                    unlink(path)
+                    del listing.tmp[name]
+                    removed += 1
+                    logger.warning(
+                        "%s tier: removed %s, which this process may not open, untouched "
+                        "for over %d s: a dead writer's",
+                        self.name, name, UNREADABLE_TMP_STALE_S,
+                    )  # fmt: skip
+                continue
             if fd is None:
                 continue
             try:
@@ -193,6 +212,14 @@ class Directory:
                 unlink(self.root / name)
                 listing.tmp_meta.discard(name)
         return removed
+
+    @staticmethod
+    def _stale(path: Path) -> bool:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        return time.time() - st.st_mtime > UNREADABLE_TMP_STALE_S
 
     def create_reservation(self, key: str, size: int) -> tuple[Path, int]:
         """Create `.tmp-<pid>-<token>-<size>-<key>`, locked; call under the tier lock."""
@@ -211,6 +238,8 @@ class Directory:
     def write_file(self, path: Path, content: bytes, *, fsync: bool) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
+            # Readable by the directory's other users whatever the umask (`_other_users`).
+            os.fchmod(fd, 0o644)
             view = memoryview(content)
             while view:
                 view = view[os.write(fd, view) :]

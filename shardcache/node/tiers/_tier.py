@@ -28,8 +28,10 @@ from shardcache.node.tiers import (
     _entries,
     _errors,
     _eviction,
+    _limits,
     _membership,
     _no_space,
+    _other_users,
 )
 
 # Backoff while waiting for leases to be released: first poll soon, then settle at a rate
@@ -137,6 +139,11 @@ class Tier:
         #: Keys this object is removing now (`_remove_unleased`): `hold` takes none.
         self._removing: set[str] = set()
         self._pins_lock = threading.Lock()
+        #: This process's limit declared in the directory, and the others' (`_limits`);
+        #: a sole writer has no others.
+        self._limits = None if sole_writer else _limits.Limits(self.root, limit_bytes)
+        #: Keys eviction found it may not remove (`_cannot_remove`), said once each.
+        self._unremovable: set[str] = set()
 
     def __repr__(self) -> str:
         return f"Tier(name={self.name!r}, root={str(self.root)!r}, limit_bytes={self.limit_bytes})"
@@ -348,6 +355,8 @@ class Tier:
                         self._members.keys.add(key)
                         # `hold` takes the meta from a lookup of this commit's files.
                         self._metas.pop(key, None)
+                    with self._pins_lock:
+                        self._unremovable.discard(key)  # this process's own now
                     _entries.mark_used(
                         self._files.data(key)
                     )  # the newest entry is the last to evict
@@ -390,7 +399,7 @@ class Tier:
         _entries.check_key(key)
         entry, _ = self._lookup(key, touch=True)
         if entry is None:
-            fill_fd = _locks.acquire(self._files.fill(key), _locks.EXCLUSIVE, create=True)
+            fill_fd = self._lock(self._files.fill(key), _locks.EXCLUSIVE, create=True)
             assert fill_fd is not None  # blocking acquire with create never returns None
             try:
                 entry, _ = self._lookup(key, touch=True)
@@ -469,8 +478,11 @@ class Tier:
                 if key in self._pins:  # held in this process's memory (`hold`)
                     leased += st.st_size
                     continue
-                fd = _locks.acquire(
-                    self._files.lease(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False
+                fd = self._lock(
+                    self._files.lease(key),
+                    _locks.EXCLUSIVE | _locks.NONBLOCKING,
+                    create=False,
+                    tier_locked=True,
                 )
                 if fd is None:
                     leased += st.st_size if self._files.lease(key).exists() else 0
@@ -518,8 +530,11 @@ class Tier:
             removed_tmp = self._files.reclaim_tmp(listing)
             removed_incomplete = self._reclaim_orphans(listing)[0]
             for key in (listing.meta | listing.leases) - set(listing.data):
-                lock = _locks.acquire(
-                    self._files.lease(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=True
+                lock = self._lock(
+                    self._files.lease(key),
+                    _locks.EXCLUSIVE | _locks.NONBLOCKING,
+                    create=True,
+                    tier_locked=True,
                 )
                 if lock is None:
                     continue  # a live process is committing it or leases it: leave it
@@ -538,8 +553,11 @@ class Tier:
                 finally:
                     _locks.close(lock)
             for key in listing.fills:
-                fill = _locks.acquire(
-                    self._files.fill(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False
+                fill = self._lock(
+                    self._files.fill(key),
+                    _locks.EXCLUSIVE | _locks.NONBLOCKING,
+                    create=False,
+                    tier_locked=True,
                 )
                 if fill is not None:
                     _locks.unlink_held(fill, self._files.fill(key))
@@ -725,8 +743,11 @@ class Tier:
         (a bad entry being removed by a lookup that leases it) is left for later."""
         removed = freed = 0
         for key, st in list(listing.orphans().items()):
-            lock = _locks.acquire(
-                self._files.lease(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False
+            lock = self._lock(
+                self._files.lease(key),
+                _locks.EXCLUSIVE | _locks.NONBLOCKING,
+                create=True,
+                tier_locked=True,
             )
             if lock is None:
                 continue
@@ -758,8 +779,24 @@ class Tier:
             else:
                 self.observer.hit(self.name)
 
+    def _lock(
+        self, path: Path, operation: int, *, create: bool, tier_locked: bool = False
+    ) -> int | None:
+        """`_locks.acquire` of an entry's lock file; one this process may not open (a
+        process of another user made it, with a restrictive umask) is replaced first
+        (`_other_users`), under the tier lock (`tier_locked`: the caller holds it)."""
+        try:
+            return _locks.acquire(path, operation, create=create)
+        except PermissionError:
+            if tier_locked:
+                _other_users.replace_lock(path, tier=self.name)
+            else:
+                with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+                    _other_users.replace_lock(path, tier=self.name)
+        return _locks.acquire(path, operation, create=create)
+
     def _take_lease(self, key: str, *, create: bool) -> int:
-        fd = _locks.acquire(self._files.lease(key), _locks.SHARED, create=create)
+        fd = self._lock(self._files.lease(key), _locks.SHARED, create=create)
         if fd is None:
             raise FileNotFoundError(self._files.lease(key))
         return fd
@@ -776,7 +813,7 @@ class Tier:
                 return None, "missing"
         elif not self._files.meta(key).exists():  # cheap miss without creating a lock file
             return None, "missing"
-        lease_fd = _locks.acquire(self._files.lease(key), _locks.SHARED, create=False)
+        lease_fd = self._lock(self._files.lease(key), _locks.SHARED, create=False)
         if lease_fd is None:
             return None, "missing"  # evicted since we looked
         try:
@@ -788,6 +825,9 @@ class Tier:
                 return None, "missing"
             except errors.CacheError as exc:
                 meta, problem = None, str(exc)
+            except PermissionError:
+                meta = None
+                problem = _other_users.unreadable_why(self._files.meta(key), "meta file")
             try:
                 # Not through a link: a link is not the entry, wherever it points.
                 st = os.lstat(self._files.data(key))
@@ -804,6 +844,10 @@ class Tier:
                 why = f"its data file is {regular_files.kind(st.st_mode)}, expected a regular file"
                 self._discard(key, lease_fd, data_id, why, corrupted=True)
                 return None, "corrupted"
+            if not _other_users.readable(st):
+                why = _other_users.unreadable_why(self._files.data(key), "data file")
+                self._discard(key, lease_fd, data_id, why, corrupted=False)
+                return None, "incompatible"
             if st.st_size != meta.size:
                 why = f"size {st.st_size} bytes, expected {meta.size} (truncated or overwritten)"
                 self._discard(key, lease_fd, data_id, why, corrupted=True)
@@ -917,15 +961,25 @@ class Tier:
                 return False
             self._removing.add(key)
         try:
-            lock = _locks.acquire(
-                self._files.lease(key), _locks.EXCLUSIVE | _locks.NONBLOCKING, create=True
-            )
+            try:
+                lock = self._lock(
+                    self._files.lease(key),
+                    _locks.EXCLUSIVE | _locks.NONBLOCKING,
+                    create=True,
+                    tier_locked=True,
+                )
+            except _other_users.Unremovable as exc:
+                self._cannot_remove(key, str(exc))
+                return False
             if lock is None:
                 return False
             try:
-                _directory.unlink(
-                    self._files.meta(key)
-                )  # uncommit first: a reader never sees data without meta
+                try:
+                    # Uncommit first: a reader never sees data without meta.
+                    _directory.unlink(self._files.meta(key))
+                except PermissionError as exc:
+                    self._cannot_remove(key, f"{exc.strerror}: {exc.filename}")
+                    return False
                 if self._members is not None:
                     self._members.discard(key)
                     self._metas.pop(key, None)
@@ -937,10 +991,27 @@ class Tier:
         finally:
             with self._pins_lock:
                 self._removing.discard(key)
+        with self._pins_lock:
+            self._unremovable.discard(key)
         if self.observer is not None:
             self.observer.evicted(self.name, size)
         logger.debug("%s tier: evicted %s (%d bytes)", self.name, key, size)
         return True
+
+    def _cannot_remove(self, key: str, why: str) -> None:
+        """An entry this process may not remove (another user's, in a directory with
+        the sticky bit): skipped by eviction, like a leased one, and said once."""
+        with self._pins_lock:
+            first = key not in self._unremovable
+            self._unremovable.add(key)
+        if first:
+            logger.warning(
+                "%s tier: cannot evict %s from %s (%s): %s. Its bytes count against the "
+                "limit until it is removed; the directory must let its users remove each "
+                "other's files (mode 2770 without the sticky bit: chmod -t %s), or remove "
+                "the files of other users by hand",
+                self.name, key, self.root, _other_users.directory(self.root), why, self.root,
+            )  # fmt: skip
 
     def _reserve(
         self,
@@ -962,40 +1033,63 @@ class Tier:
             with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
                 listing = self._files.listing()
                 self._files.reclaim_tmp(listing)
-                if listing.used + size > self.limit_bytes:
+                # Each inserting process's limit bounds the directory it shares: the
+                # largest live one is what every insert counts against (`_limits`).
+                limit = self.limit_bytes if self._limits is None else self._limits.effective()
+                if listing.used + size > limit:
                     # What a crash left never serves anyone: it goes before any entry.
                     self._reclaim_orphans(listing)
                 used = listing.used
                 leased = 0
-                if used + size > self.limit_bytes and not evict:
+                if used + size > limit and not evict:
                     raise _errors.TierFullError(
-                        f"{self.name} tier has {self.limit_bytes - used} of {self.limit_bytes} "
+                        f"{self.name} tier has {limit - used} of {limit} "
                         f"bytes free, {key} needs {size}; not evicting (evict=False)"
                     )
-                if used + size > self.limit_bytes:
+                if used + size > limit:
                     # Only entries this tier committed (data and meta): a file it did
                     # not create in a shared directory is never deleted (docs/security.md).
                     used, leased = _eviction.evict_for(
                         listing.committed(),
                         used=used,
                         size=size,
-                        limit=self.limit_bytes,
+                        limit=limit,
                         remove=remove,
                     )
-                if used + size <= self.limit_bytes:
+                if used + size <= limit:
                     return self._files.create_reservation(key, size)
                 reserved = listing.reserved
+                with self._pins_lock:
+                    stranded = sum(
+                        st.st_size
+                        for k, st in listing.committed().items()
+                        if k in self._unremovable
+                    )
+                leased = max(0, leased - stranded)  # eviction skipped them as if leased
                 # Orphans a lease still holds (a lookup removing a bad entry): neither
                 # leased entries nor reservations, and said apart from them.
                 stuck = sum(st.st_size for st in listing.orphans().values())
             remaining = deadline - time.monotonic()
-            held_by = f"{reserved} bytes reserved by inserts in progress" + (
-                f", {stuck} bytes of incomplete entries still locked" if stuck else ""
+            bound = f"limit {limit} bytes" + (
+                f" (the largest limit of the processes sharing the directory; this one's "
+                f"is {self.limit_bytes})"
+                if limit != self.limit_bytes
+                else ""
+            )
+            held_by = (
+                f"{reserved} bytes reserved by inserts in progress"
+                + (f", {stuck} bytes of incomplete entries still locked" if stuck else "")
+                + (
+                    f", {stranded} bytes of other users' entries this process may not "
+                    f"remove ({_other_users.directory(self.root)})"
+                    if stranded
+                    else ""
+                )
             )
             if remaining <= 0:
                 raise errors.CacheError(
                     f"{self.name} tier cannot make room for {key} ({size} bytes) within "
-                    f"{self.wait_timeout:g} s: limit {self.limit_bytes} bytes, {leased} bytes "
+                    f"{self.wait_timeout:g} s: {bound}, {leased} bytes "
                     f"held by leases, {held_by}; readers must release entries, or raise "
                     f"{self._limit_setting()}"
                 )
@@ -1004,11 +1098,11 @@ class Tier:
             if not warned:
                 warned = True
                 logger.warning(
-                    "%s tier is full: limit %d bytes, %d bytes leased, %s; waiting up to %g "
+                    "%s tier is full: %s, %d bytes leased, %s; waiting up to %g "
                     "s for leases to be released to insert %s (%d bytes). Raise %s if this "
                     "persists.",
                     self.name,
-                    self.limit_bytes,
+                    bound,
                     leased,
                     held_by,
                     self.wait_timeout,

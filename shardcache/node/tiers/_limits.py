@@ -1,0 +1,107 @@
+"""The byte limits of the processes inserting into one tier directory, and the one that
+bounds it: the largest.
+
+Every DatasetMount of a namespace shares the namespace's node disk tier
+(`ns-<namespace>`), each sidecar with its mount's `cache.disk` as its limit. Each
+process enforced its own limit on the whole directory, so the largest bounded it, and a
+mount with a smaller limit evicted the others' entries down to its own limit at every
+insert, and, while their readers leased more than its limit, could insert nothing at
+all: it waited out the tier's wait (five minutes) and failed, holding nothing itself.
+
+So each inserting process declares its limit in the directory, and every insert counts
+against the largest live one (`effective`): the directory stays bounded by the largest
+limit, as before, and no process evicts below it. A declaration is
+`.limits/<limit>-<pid>-<token>.lock`, held under a shared `flock` by its process for as
+long as it lives; one whose lock can be taken exclusively belongs to a dead process and
+is removed by whoever finds it (no process ID is trusted, as for temp files). A dot
+name and a directory: tiers of every format version ignore it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import threading
+import weakref
+from pathlib import Path
+
+from shardcache.node import _locks, after_fork
+
+#: The subdirectory of the tier's directory (a dot name: tiers ignore it).
+DIRECTORY = ".limits"
+_NAME = re.compile(r"(\d{1,20})-\d+-[0-9a-f]+\.lock")
+# Any user of the tier's directory declares here (the directory's own mode, 2770 for
+# the node disk tier, bounds who that is): removing a dead process's file needs it.
+_DIRECTORY_MODE = 0o777
+
+
+def _release(fd: int, path: Path) -> None:
+    with contextlib.suppress(OSError):
+        _locks.unlink_held(fd, path)
+    with contextlib.suppress(OSError):
+        _locks.close(fd)
+
+
+class Limits:
+    """This process's declaration of `limit` in the tier directory `root`, made at the
+    first `effective` (an insert's), and the live declarations of the others."""
+
+    def __init__(self, root: Path, limit: int) -> None:
+        self._dir = root / DIRECTORY
+        self._limit = limit
+        self._pid = -1
+        self._lock = threading.Lock()
+        self._finalizer: weakref.finalize[..., Limits] | None = None
+        after_fork.register(self)
+
+    def after_fork(self) -> None:
+        # The child's copy of the descriptor points at /dev/null (`_locks`): it holds
+        # nothing, and declares its own at its first insert.
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._finalizer = None
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    def effective(self) -> int:
+        """The largest limit of the processes inserting into the directory now, this
+        one's included (declared first, if it is not yet). Call under the tier lock.
+        Best effort: a declaration that cannot be made or read counts nothing (then
+        this process's own limit is what it is held to, as before declarations)."""
+        largest = self._limit
+        try:
+            self._declare()
+            names = os.listdir(self._dir)
+        except OSError:
+            return largest
+        for name in names:
+            found = _NAME.fullmatch(name)
+            if found is None:
+                continue
+            path = self._dir / name
+            try:
+                fd = _locks.acquire(path, _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False)
+            except OSError:
+                continue
+            if fd is None:  # held: a live process's (this one's own among them)
+                largest = max(largest, int(found.group(1)))
+                continue
+            _release(fd, path)  # a dead process's, whatever its limit: none piles up
+        return largest
+
+    def _declare(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self._dir, _DIRECTORY_MODE)
+                with contextlib.suppress(OSError):
+                    os.chmod(self._dir, _DIRECTORY_MODE)  # whatever the umask
+            path = self._dir / f"{self._limit}-{os.getpid()}-{secrets.token_hex(4)}.lock"
+            fd = _locks.acquire(path, _locks.SHARED, create=True)
+            if fd is None:  # only with NONBLOCKING, not passed here
+                return
+            self._finalizer = weakref.finalize(self, _release, fd, path)
+            self._pid = os.getpid()
