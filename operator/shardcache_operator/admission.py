@@ -54,15 +54,14 @@ class Decision:
 REASON_NO_METRICS_PORT = "NoMetricsPort"
 
 
-def no_port_warning(where: str, name: str, defaults: injection.SidecarDefaults) -> str:
+def no_port_reason(where: str, defaults: injection.SidecarDefaults) -> str:
     first, last = defaults.metrics_port, defaults.metrics_port_last
     return (
         f"{where}: no free port for its sidecar's probes and metrics in {first}-{last}, the "
         "range the chart's NetworkPolicy opens to Prometheus and the operator (chart value "
         "networkPolicy.metricsPorts): the pod's containers and its other mounts' sidecars "
-        f"use them all, and a sidecar outside it could never be scraped; admitted without "
-        f"the cache for {name}. Free a port in the range, or widen "
-        "networkPolicy.metricsPorts"
+        "use them all, and a sidecar outside it could never be scraped. Free a port in the "
+        "range, or widen networkPolicy.metricsPorts"
     )
 
 
@@ -166,7 +165,16 @@ def decide(
     events: list[tuple[str, str, str]] = []
     room = injection.metrics_ports_free(pod, defaults) if mounts else 0
     for left in mounts[room:]:
-        message = no_port_warning(f"DatasetMount {namespace}/{left.name}", left.name, defaults)
+        reason = no_port_reason(f"DatasetMount {namespace}/{left.name}", defaults)
+        # As for a mount that is not Ready: its own admission policy decides whether
+        # the pod waits (refused, the controller retries) or starts without the cache.
+        if left.spec.admission.policy == REFUSE:
+            message = (
+                f"{reason}; or set spec.admission.policy: Admit to start pods without the cache"
+            )
+            events.append((left.name, REASON_NO_METRICS_PORT, message))
+            return Decision(False, unchanged, [], message=message, events=tuple(events))
+        message = f"{reason}; admitted without the cache for {left.name}"
         warnings.append(message)
         events.append((left.name, REASON_NO_METRICS_PORT, message))
     mounts = mounts[:room]

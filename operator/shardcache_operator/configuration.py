@@ -39,8 +39,9 @@ class Settings:
     #: one from `metrics_port_first`, further mounts the next, never above
     #: `metrics_port_last`: the chart renders both from networkPolicy.metricsPorts, the
     #: ports its NetworkPolicy opens to Prometheus and the operator. A mount with no
-    #: free port left in the range is admitted without its cache and a warning
-    #: (`admission`). Ten ports: ten mounts, or a trainer's own ports among them.
+    #: free port left in the range follows its spec.admission.policy (refused, or
+    #: admitted without its cache; `admission`). Ten ports: ten mounts, or a trainer's
+    #: own ports among them.
     metrics_port_first: int = contract.DEFAULT_METRICS_PORT
     metrics_port_last: int = contract.DEFAULT_METRICS_PORT + 9
     #: What to do with a pod whose DatasetMount does not exist: Refuse (default: the

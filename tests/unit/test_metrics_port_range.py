@@ -5,8 +5,10 @@ The webhook took the first free port from 8470 with no upper bound: a pod whose 
 containers used 8470-8479 got a sidecar on 8480, which the NetworkPolicy keeps
 Prometheus and the operator's stall check from reaching, silently. Now the operator
 takes the range from the chart (the same values render both), allocates inside it, and
-a mount with no port left there is admitted without its cache with an admission
-warning and a Warning Event on the DatasetMount.
+a mount with no port left there follows its spec.admission.policy, as a mount that is
+not Ready does: Refuse (the default) refuses the pod naming the range and the fix, Admit
+starts it without that cache with an admission warning; a Warning Event on the
+DatasetMount says it either way.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tests.unit.test_injection import admit, dsm, pod, sidecars
 pytestmark = pytest.mark.unit
 
 FIRST = contract.DEFAULT_METRICS_PORT
+ADMIT = {"admission": {"policy": "Admit"}}
 
 
 def busy_pod(ports: range, label: str = "imagenet") -> dict[str, Any]:
@@ -42,8 +45,18 @@ def busy_pod(ports: range, label: str = "imagenet") -> dict[str, Any]:
     return obj
 
 
-def test_a_pod_using_the_whole_range_gets_no_port_outside_it_but_a_warning() -> None:
-    response, stored = admit(busy_pod(range(FIRST, FIRST + 10)), dsm("imagenet"))
+def test_a_pod_using_the_whole_range_is_refused_naming_the_range_and_the_fix() -> None:
+    response, _stored = admit(busy_pod(range(FIRST, FIRST + 10)), dsm("imagenet"))
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert "DatasetMount ml/imagenet: no free port for its sidecar's probes and metrics" in message
+    assert f"in {FIRST}-{FIRST + 9}" in message
+    assert "networkPolicy.metricsPorts" in message
+    assert "spec.admission.policy: Admit" in message
+
+
+def test_an_admit_mount_with_no_port_left_starts_the_pod_without_it_and_warns() -> None:
+    response, stored = admit(busy_pod(range(FIRST, FIRST + 10)), dsm("imagenet", **ADMIT))
     assert response["allowed"] is True
     assert sidecars(stored) == []  # not a sidecar on 8480 that nobody can scrape
     (warning,) = response["warnings"]
@@ -55,7 +68,7 @@ def test_a_pod_using_the_whole_range_gets_no_port_outside_it_but_a_warning() -> 
 
 def test_the_mounts_that_fit_get_the_last_free_ports_and_the_rest_a_warning() -> None:
     obj = busy_pod(range(FIRST, FIRST + 9), label="imagenet_captions")
-    response, stored = admit(obj, dsm("imagenet"), dsm("captions"))
+    response, stored = admit(obj, dsm("imagenet"), dsm("captions", **ADMIT))
     assert response["allowed"] is True
     (sidecar,) = sidecars(stored)
     assert sidecar["name"] == "shardcache-imagenet"
@@ -68,7 +81,7 @@ def test_the_decision_names_the_event_to_post_on_the_mount() -> None:
     decision = admission.decide(
         busy_pod(range(FIRST, FIRST + 10)),
         namespace="ml",
-        lookup=lambda ns, name: dsm(name),
+        lookup=lambda ns, name: dsm(name, **ADMIT),
         defaults=injection.SidecarDefaults(image="img"),
     )
     assert decision.allowed and not decision.patch
@@ -91,7 +104,7 @@ class Events:
 
 
 async def test_the_webhook_posts_a_warning_event_on_the_datasetmount() -> None:
-    obj = dsm("imagenet")
+    obj = dsm("imagenet", **ADMIT)
     obj["metadata"]["uid"] = "u-1"
     api = Events()
     memo = context.Context(settings=configuration.Settings(), api=api)  # type: ignore[arg-type]
@@ -198,3 +211,19 @@ def test_the_chart_refuses_a_range_whose_first_port_is_above_its_last(tmp_path: 
     )
     assert result.returncode != 0
     assert "networkPolicy.metricsPorts: expected first <= last, found 8479-8470" in result.stderr
+
+
+async def test_a_refused_pod_leaves_the_event_on_the_datasetmount_too() -> None:
+    # A controller's pod refused at admission shows only in the controller's events:
+    # the mount's own Event is where `kubectl describe dsm` finds it.
+    obj = dsm("imagenet")
+    obj["metadata"]["uid"] = "u-1"
+    api = Events()
+    memo = context.Context(settings=configuration.Settings(), api=api)  # type: ignore[arg-type]
+    decision = await webhook.decide(
+        busy_pod(range(FIRST, FIRST + 10)), "ml", memo, {("ml", "imagenet"): [obj]}
+    )
+    assert not decision.allowed
+    (event,) = api.posted
+    assert event["reason"] == admission.REASON_NO_METRICS_PORT
+    assert event["message"] == decision.message
