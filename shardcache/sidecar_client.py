@@ -459,6 +459,11 @@ class SidecarProvider:
         # ignores the field (unknown fields are), and the lock is let go below.
         if self._hold_reader_lock(reader_id):
             body[protocol.READER_LOCK_FIELD] = True
+        # Feature `skip_handed`: this client pins again, itself, whatever it was handed
+        # with `reuse` (`_pin_again`), so grants of those would cost both ends a lease
+        # and its release for nothing. Sent whatever the sidecar: an older one ignores
+        # the field and grants them, which is what it always did.
+        body[protocol.SKIP_HANDED_FIELD] = True
         if self.settings.ahead:
             # Feature `open_ahead`: the reader's first resident shards come with the
             # answer, so the first acquire costs no round trip. A sidecar without it

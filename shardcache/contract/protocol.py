@@ -61,6 +61,11 @@ FEATURE_OPEN_AHEAD: Final = "open_ahead"
 #: as the reader is open, and the sidecar drops the reader once nobody holds it (the
 #: process that opened it is gone).
 FEATURE_READER_LOCKS: Final = "reader_locks"
+#: A registration may say `"skip_handed": true`: the client pins again, itself, every
+#: entry handed to it with `reuse` (the warm fast path), so grants ahead (of an acquire
+#: or a registration) leave out the shards already handed to this reader: a lease, a
+#: hold and its release each, for a pin the client makes anyway.
+FEATURE_SKIP_HANDED: Final = "skip_handed"
 FEATURES: Final = (
     FEATURE_AHEAD,
     FEATURE_NOTES,
@@ -68,9 +73,12 @@ FEATURES: Final = (
     FEATURE_STALLS,
     FEATURE_OPEN_AHEAD,
     FEATURE_READER_LOCKS,
+    FEATURE_SKIP_HANDED,
 )
 #: The registration's field of `FEATURE_READER_LOCKS`.
 READER_LOCK_FIELD: Final = "reader_lock"
+#: The registration's field of `FEATURE_SKIP_HANDED`.
+SKIP_HANDED_FIELD: Final = "skip_handed"
 #: Most shards one acquire answer grants ahead; a client asking for more gets this many.
 MAX_AHEAD: Final = 16
 

@@ -105,6 +105,7 @@ async def put_reader(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
     params = protocol.params_from_json(body)
     position = protocol.require_int(body, "position", minimum=0)
     claims_lock = protocol.optional_bool(body, protocol.READER_LOCK_FIELD)
+    skips_handed = protocol.optional_bool(body, protocol.SKIP_HANDED_FIELD)
     digest = body.get("digest")
     assert sidecar.manifest is not None
     if digest is not None and digest != sidecar.manifest.digest:
@@ -127,6 +128,10 @@ async def put_reader(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
         sidecar.drop_dead_readers()
     locked = claims_lock and sidecar.reader_lock_seen(reader_id)
     change = sidecar.registry.register(reader_id, params, position, locked=locked)
+    if skips_handed:
+        sidecar.handed.opt_in(reader_id, len(sidecar.manifest.shards))
+    else:
+        sidecar.handed.forget(reader_id)
     move: Callable[[], None]
     if change is readers.Change.UNCHANGED:
         move = functools.partial(
@@ -164,8 +169,10 @@ async def put_reader(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
             # window's shards would be held beside those (`_grant_ahead`).
             upcoming = [s for s in upcoming if s in held]
         answer["reuse"] = True
+        skip = sidecar.handed.of(reader_id)
         answer["ahead"] = [
-            _handover(sidecar, reader_id, s, e) for s, e in _grant(sidecar, node, upcoming)
+            _handover(sidecar, reader_id, s, e, reuse=True)
+            for s, e in _grant(sidecar, node, upcoming, skip=skip)
         ]
     return replies.answer(answer)
 
@@ -223,20 +230,30 @@ async def post_acquire(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -
     # The client may pin this entry again later without asking (POST .../pinned
     # instead) only if a lookup here would check no more than the client's pin does:
     # the lock, the file and its size.
-    answer["reuse"] = node.memory.verify == "never"
-    if ahead and node.memory.verify == "never":
+    answer["reuse"] = reuse = node.memory.verify == "never"
+    if reuse:
+        sidecar.handed.mark(reader_id, shard)
+    if ahead and reuse:
         answer["ahead"] = [
-            _handover(sidecar, reader_id, s, e)
+            _handover(sidecar, reader_id, s, e, reuse=True)
             for s, e in _grant_ahead(sidecar, node, reader_id, entry, shard, ahead)
         ]
     return replies.answer(answer)
 
 
 def _handover(
-    sidecar: lifecycle.Sidecar, reader_id: str, shard: int, entry: tiers.Entry
+    sidecar: lifecycle.Sidecar,
+    reader_id: str,
+    shard: int,
+    entry: tiers.Entry,
+    *,
+    reuse: bool = False,
 ) -> dict[str, Any]:
-    """Hold `entry` for the reader until it takes it over; what the answer says of it."""
+    """Hold `entry` for the reader until it takes it over; what the answer says of it.
+    `reuse`: the answer lets the client pin the entry again itself (`skip_handed`)."""
     hold = sidecar.registry.hold(reader_id, shard, entry)
+    if reuse:
+        sidecar.handed.mark(reader_id, shard)
     # A memory-tier entry is the file named by its key in the memory directory, its
     # lock file beside it (`tiers`); pathlib's relative_to cost more than the rest.
     return {
@@ -278,12 +295,17 @@ def _grant_ahead(
     if node.samples(reader_id):
         return []
     limit = min(count, node.settings.prefetch_depth)
-    upcoming = node.upcoming(reader_id, limit + 1)
+    skip = sidecar.handed.of(reader_id)
+    # Shards handed before are passed over, not granted (`skip_handed`): look past
+    # them, up to `MAX_AHEAD` shards further, for `limit` the reader would have to
+    # ask for, so that its next round trip is as far off as without them.
+    reach = limit + 1 if skip is None else limit + 1 + protocol.MAX_AHEAD
+    upcoming = node.upcoming(reader_id, reach)
     if not upcoming or upcoming[0] != shard:
         # Not where the reader's plan says it is (a tool, a test, a plan moved under
         # it): "the next shards" would be a guess.
         return []
-    return _grant(sidecar, node, upcoming[1 : limit + 1], acquired.size)
+    return _grant(sidecar, node, upcoming[1:], acquired.size, skip=skip, most=limit)
 
 
 def _grant(
@@ -291,13 +313,24 @@ def _grant(
     node: caches.CacheNode,
     shards: list[int],
     shard_size: int | None = None,
+    *,
+    skip: bytearray | None = None,
+    most: int | None = None,
 ) -> list[tuple[int, tiers.Entry]]:
     """Leases on `shards`, in order, as far as they are resident and within the budget
-    `_grant_ahead` explains; shards are taken to be `shard_size` bytes (default: the
-    first one's)."""
+    `_grant_ahead` explains, at most `most` of them (default: all); shards are taken to
+    be `shard_size` bytes (default: the first one's).
+
+    Leaves out the shards marked in `skip` (`handed`: the reader's client pins those
+    again itself) without a lookup: whether one is still resident is the client's pin
+    to find out, and it asks for the shard if not. So the grants may have gaps there."""
     granted: list[tuple[int, tiers.Entry]] = []
     budget: int | None = None
     for next_shard in shards:
+        if most is not None and len(granted) >= most:
+            break
+        if skip is not None and skip[next_shard]:
+            continue
         entry = node.lookup(next_shard, count=False)
         if entry is None:
             break
@@ -361,14 +394,12 @@ async def post_notes(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
         if reader is not None:
             sidecar.metrics.stalled(reader.params.rank, waited, stepped)
             sidecar.tuner.reported(reader, stalls, node=node, registered=sidecar.registry.readers())
-    return replies.answer(
-        {
-            "reader": reader_id,
-            "epoch": epoch,
-            "position": position,
-            "pinned": len(pinned),
-            "released": dropped,
-        }
+    # json.dumps's bytes for these five fields, without its walk of a dict: about half
+    # of a warm pass's requests are notes. The id matched `READER_ID_PATTERN` when the
+    # reader registered (nothing to escape), and the rest are ints.
+    return replies.Answer(
+        b'{"reader": "%s", "epoch": %d, "position": %d, "pinned": %d, "released": %d}'
+        % (reader_id.encode(), epoch, position, len(pinned), dropped)
     )
 
 

@@ -38,7 +38,7 @@ from shardcache_sidecar import (
     readiness,
     tier_checks,
 )
-from shardcache_sidecar.server import replies
+from shardcache_sidecar.server import handed, replies
 
 # The logger name the sidecar's logs carried before the server was split (the JSON
 # `logger` field), shared by the server's modules.
@@ -140,6 +140,8 @@ class Sidecar:
             f"waiting for the first {settings.ready_shards} shard(s) of the startup plan",
         )
         self.registry: readers.Registry[tiers.Entry] = readers.Registry(clock=time.monotonic)
+        #: What each reader opted into `skip_handed` was handed with `reuse`.
+        self.handed = handed.Handed()
         # Dedicated: acquires block for as long as a cold fetch takes, and must not
         # starve the loop's default executor (DNS, file I/O inside aiohttp).
         self.executor = concurrent.futures.ThreadPoolExecutor(
@@ -221,6 +223,7 @@ class Sidecar:
         The reader and the holds it had (none for an unknown reader)."""
         reader, holds = self.registry.unregister(reader_id)
         self.tuner.forget(reader_id)
+        self.handed.forget(reader_id)
         for hold in holds:
             hold.lease.release()
         if reader is not None and self.node is not None:
