@@ -214,6 +214,20 @@ def _single_root(uri: str, path: str) -> str:
     return uri.rstrip("/").rsplit("/", 1)[0]
 
 
+def _single_name(root_uri: str, path: str) -> str:
+    """The one shard's path relative to `root_uri` (`_single_root`), where `path` is the
+    object's path in its filesystem: what `Manifest.shard_uri_path` joins back to `path`.
+
+    Not the last segment of `path`: s3://b/dir/a%2Fb.parquet names the key
+    "dir/a/b.parquet", and its root, cut at the URI's last "/", is s3://b/dir, so the
+    shard is "a/b.parquet" ("b.parquet" there would read the object "dir/b.parquet")."""
+    _, parent = source.split_uri(root_uri)
+    prefix = parent.rstrip("/") + "/"
+    if path.startswith(prefix):
+        return path[len(prefix) :]
+    return PurePosixPath(path).name
+
+
 def resolve(
     uri: str,
     *,
@@ -287,7 +301,6 @@ def resolve(
     promoted = schemas.encode(unified) if unified is not None else None
     root_uri = _single_root(uri, root) if single else uri.rstrip("/")
     if single:
-        shards = tuple(
-            dataclasses.replace(s, path=PurePosixPath(files[0][1].path).name) for s in shards
-        )
+        name = _single_name(root_uri, root)
+        shards = tuple(dataclasses.replace(s, path=name) for s in shards)
     return Manifest.build(root_uri, fmt, shards, promoted=promoted)

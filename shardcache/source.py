@@ -2,11 +2,13 @@
 
 Any URI pyarrow's filesystems open works (`file://`, `s3://`, `gs://`, `hdfs://`); a
 bare path is local. A `file://` or `s3://` URI is a path and nothing else, percent-
-decoded (`%23` is a "#" in a name); a "?" or "#" after it is refused (`split_uri`),
-never dropped. S3 endpoint and credentials come from the usual AWS variables,
-read from `storage_options` (an env-like mapping, e.g. a Kubernetes Secret's data)
-or else from the process environment; settings no request could get past are refused
-first, naming the variable (`s3_settings`).
+decoded once (`%23` is a "#" in a name, `%2F` a "/" of the key); a "?" or "#" after it
+is refused (`split_uri`), never dropped, and so is an s3 key no request reads as
+written (`checked_uri`); `identity` writes each source one way. S3 endpoint and
+credentials come from the usual AWS variables, read from `storage_options` (an env-like
+mapping, e.g. a Kubernetes Secret's data) or else from the process environment;
+settings no request could get past are refused first, naming the variable
+(`s3_settings`).
 """
 
 from __future__ import annotations
@@ -135,7 +137,44 @@ def checked_uri(uri: str) -> tuple[str, str]:
     scheme, path = split_uri(uri)
     if scheme == "s3" and (not path or path.startswith("/")):
         raise errors.InputError(f"expected s3://BUCKET/PREFIX, got {uris.redact(uri)!r}")
+    if scheme == "s3":
+        _refuse_unreadable_key(uri)
     return scheme, path
+
+
+def identity(uri: str) -> str:
+    """What `uri` names, written one way, so two spellings of one source compare equal:
+    the scheme and the path decoded once (`checked_uri`), a local path made absolute and
+    normalised ("data.parquet", "./data.parquet" and "file:///cwd/data%2Eparquet" are
+    one), no trailing "/". An object store's key is not normalised: "a/../b" is a key
+    of its own there (one `checked_uri` refuses). Raises `InputError` as `checked_uri`
+    does."""
+    scheme, path = checked_uri(uri)
+    if scheme == "file":
+        path = os.path.abspath(path)
+        if path.startswith("//"):
+            # normpath keeps two leading slashes (POSIX leaves their meaning open);
+            # Linux reads them as one.
+            path = "/" + path.lstrip("/")
+    return f"{scheme}://{path.rstrip('/') or '/'}"
+
+
+def _refuse_unreadable_key(uri: str) -> None:
+    """Refuse an s3:// URI whose key, decoded, has an empty, "." or ".." segment.
+
+    No request reads such a key as written: pyarrow refuses an empty segment
+    ("a//b"), the store or its signature normalises "." and ".." away (a read of
+    another object, or a refusal that looks like bad credentials), and a trailing %2F
+    is cut like a trailing "/", naming "a" where "a/" was written."""
+    # A literal trailing "/" marks a prefix (s3://b/ds/); one written %2F is in the key.
+    key = urllib.parse.unquote(urllib.parse.urlsplit(uri).path.rstrip("/"))[1:]
+    if key and any(part in ("", ".", "..") for part in key.split("/")):
+        raise errors.InputError(
+            f"s3 URI {uris.redact(uri)!r} names the key {key!r}, which has an empty, '.' or "
+            "'..' segment or ends in '/': no request reads such a key as written; "
+            "expected s3://BUCKET/KEY with segments of at least one character other "
+            "than '.' and '..' (a '%' in a key is written %25)"
+        )
 
 
 def filesystem(

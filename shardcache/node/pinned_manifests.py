@@ -20,8 +20,8 @@ import json
 import logging
 from pathlib import Path
 
-from shardcache import errors, manifests
-from shardcache.node import tiers
+from shardcache import errors, manifests, source
+from shardcache.node import nested_json, tiers
 
 log = logging.getLogger(__name__)
 
@@ -30,33 +30,54 @@ log = logging.getLogger(__name__)
 KEY_PREFIX = f"manifest-v{manifests.MANIFEST_VERSION}-"
 
 
+#: How deep a kept manifest's JSON nests: the manifest, its shard list, a shard.
+MAX_DEPTH = 3
+
+
 def key(digest: str, uri: str) -> str:
     """The disk-tier key of the manifest pinned as `digest` for source `uri`.
 
     The digest leaves the root out (a copy under another prefix is the same dataset),
-    but a manifest names its root, so the source is part of the key."""
-    identity = f"{digest}|{uri.rstrip('/')}"
+    but a manifest names its root, so the source is part of the key: its identity
+    (`source.identity`), so that "data.parquet", "file:///cwd/data.parquet" and
+    "s3://b/ds/" find what "s3://b/ds" kept. Raises `InputError` for a URI that names
+    no source."""
+    identity = f"{digest}|{source.identity(uri)}"
     return KEY_PREFIX + hashlib.sha256(identity.encode()).hexdigest()[:40]
 
 
 def _resolves_from(manifest: manifests.Manifest, uri: str) -> bool:
     """Whether `manifests.resolve(uri)` gives `manifest.root`: the prefix itself, or for
-    a single-object dataset the object's parent (its one shard named by the object)."""
-    if manifest.root == uri.rstrip("/"):
+    a single-object dataset the object's parent (its one shard named by the object).
+    Compared as identities: the root is cut from the URI as written, the shard's name
+    is decoded."""
+    wanted = source.identity(uri)
+    root = source.identity(manifest.root)
+    if root == wanted:
         return True
-    return len(manifest.shards) == 1 and f"{manifest.root}/{manifest.shards[0].path}" == uri
+    return len(manifest.shards) == 1 and f"{root.rstrip('/')}/{manifest.shards[0].path}" == wanted
 
 
 def load(tier: tiers.Tier, *, digest: str, uri: str) -> manifests.Manifest | None:
     """The manifest kept for (`digest`, `uri`), or None: not kept, or not trustworthy
-    (then removed, so the caller's `keep` replaces it)."""
-    entry_key = key(digest, uri)
+    (then removed, so the caller's `keep` replaces it), or `uri` names no source (the
+    resolve that follows says why)."""
+    try:
+        entry_key = key(digest, uri)
+    except errors.InputError:
+        return None
     entry = tier.lookup(entry_key, count=False)
     if entry is None:
         return None
     with entry:
         raw = Path(entry.path).read_bytes()
     try:
+        found = nested_json.depth(raw)
+        if found > MAX_DEPTH:
+            raise errors.CacheError(
+                f"expected JSON nested at most {MAX_DEPTH} deep (a manifest, its shard "
+                f"list, a shard), found {found} deep in {entry.path}"
+            )
         manifest = manifests.Manifest.from_json(json.loads(raw))
         if manifest.digest != digest:
             raise errors.ManifestMismatchError(f"it is manifest {manifest.digest}")
@@ -86,7 +107,7 @@ def keep(tier: tiers.Tier, manifest: manifests.Manifest, *, uri: str) -> None:
 
     try:
         entry, _ = tier.get_or_insert(key(manifest.digest, uri), len(body), write)
-    except (OSError, errors.CacheError) as exc:
+    except (OSError, errors.CacheError, errors.InputError) as exc:
         log.warning("could not keep manifest %s in the node disk tier: %s", manifest.digest, exc)
         return
     entry.release()

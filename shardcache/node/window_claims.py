@@ -27,7 +27,7 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-from shardcache.node import _locks, after_fork
+from shardcache.node import _locks, after_fork, nested_json
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ DIRECTORY = ".windows"
 VERSION = 1
 _DATA = ".json"
 _LOCK = ".lock"
+#: A claims file nests 3 deep (the file, its readers, a claim); a deeper one is not
+#: parsed (`nested_json`: it would raise RecursionError) but skipped as unreadable.
+MAX_DEPTH = 3
 
 #: A reader's claim: each memory-tier key it holds, with its decoded bytes where known.
 Claim = Mapping[str, int | None]
@@ -98,7 +101,19 @@ class Claims:
             if self._dead(stem):
                 continue
             try:
-                doc = json.loads((self._dir / name).read_text())
+                raw = (self._dir / name).read_bytes()
+                nesting = nested_json.depth(raw)
+                if nesting > MAX_DEPTH:
+                    # Advisory, and looked at on every room check: not a warning each time.
+                    log.debug(
+                        "window claims file %s: expected JSON nested at most %d deep, "
+                        "found %d deep; it counts nothing",
+                        self._dir / name,
+                        MAX_DEPTH,
+                        nesting,
+                    )
+                    continue
+                doc = json.loads(raw)
             except (OSError, ValueError):
                 continue
             if not isinstance(doc, dict) or doc.get("version") != VERSION:

@@ -70,3 +70,38 @@ def test_keys_are_tier_keys_versioned_by_the_manifest_format() -> None:
     tiers.check_key(key)
     assert key.startswith(f"manifest-v{manifests.MANIFEST_VERSION}-")
     assert key == pinned_manifests.key("sha256:" + "a" * 64, "s3://b/ds/")
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "data.parquet",  # relative to the working directory
+        "./sub/../data.parquet",
+        "{cwd}/data.parquet",  # a bare absolute path
+        "file://{cwd}/./data%2Eparquet",  # percent-encoded, not normalised
+    ],
+)
+def test_a_single_file_source_finds_its_kept_manifest_however_it_is_spelled(
+    tmp_path: Path, tier: tiers.Tier, monkeypatch: pytest.MonkeyPatch, spelling: str
+) -> None:
+    datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "one"), [40])
+    (tmp_path / "one" / "part-00000.parquet").rename(tmp_path / "data.parquet")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    uri = spelling.format(cwd=tmp_path)
+    manifest = manifests.resolve(uri)
+    pinned_manifests.keep(tier, manifest, uri=uri)
+    assert pinned_manifests.load(tier, digest=manifest.digest, uri=uri) == manifest
+    # Every spelling names one source, so one kept copy serves them all.
+    for other in ("data.parquet", f"file://{tmp_path}/data.parquet"):
+        assert pinned_manifests.load(tier, digest=manifest.digest, uri=other) == manifest
+
+
+def test_a_uri_that_names_no_source_finds_nothing_kept_and_keeps_nothing(
+    tier: tiers.Tier, resolved: tuple[str, manifests.Manifest]
+) -> None:
+    _, manifest = resolved
+    bad = "s3://bucket/a//b.parquet"  # refused by the resolve that follows
+    assert pinned_manifests.load(tier, digest=manifest.digest, uri=bad) is None
+    pinned_manifests.keep(tier, manifest, uri=bad)
+    assert tier.keys() == []

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 
 from shardcache import errors
-from shardcache.node import _locks, regular_files
+from shardcache.node import _locks, nested_json, regular_files
 from shardcache.node.tiers import _errors
 
 #: Version of the tier directory format (docs/cache-format.md), the newest this code
@@ -37,6 +37,9 @@ KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,200}")
 #: A meta file is under 400 bytes (a 200-character key, a sha256, a size); one bigger
 #: than this is not a meta file, and is not read whole to find that out.
 META_MAX_BYTES = 4096
+#: A meta file is one object of scalars: nesting 1 deep. Deeper is a corrupt file, not
+#: a parse that recurses until `RecursionError` (`nested_json`).
+META_MAX_DEPTH = 1
 # sha256 is streamed in chunks this big: large enough that the per-call overhead is
 # negligible, small enough not to matter for memory. hashlib releases the GIL per chunk.
 _HASH_CHUNK = 4 * 1024 * 1024
@@ -80,6 +83,12 @@ def read_meta_file(path: Path, key: str) -> tuple[EntryMeta, os.stat_result]:
 
 
 def _parse_meta(path: Path, key: str, raw: bytes) -> EntryMeta:
+    found = nested_json.depth(raw)
+    if found > META_MAX_DEPTH:
+        raise errors.CacheError(
+            f"meta file {path}: expected a JSON object of scalars (nested "
+            f"{META_MAX_DEPTH} deep), found nesting {found} deep"
+        )
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
