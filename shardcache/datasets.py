@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import mmap
 import os
 import threading
 import time
@@ -45,17 +44,13 @@ from shardcache import (
     streams,
     windows,
 )
-from shardcache.node import after_fork, regular_files
+from shardcache.node import after_fork, mapping, regular_files
 
 if TYPE_CHECKING:
     from shardcache import selections, sequences
 
 #: The state dict's format (`shardcache.states`); version 1 states still load.
 STATE_VERSION = states.STATE_VERSION
-
-
-#: Linux's MADV_POPULATE_READ (5.14+; the mmap module of Python 3.11 has no name for it).
-MADV_POPULATE_READ = 22
 
 
 def read_shard(path: Path, columns: Sequence[str] | None = None) -> pa.RecordBatch:
@@ -73,16 +68,19 @@ def map_shard(path: Path) -> tuple[pa.RecordBatch, pa.Buffer]:
     """`read_shard(path)` and the buffer over the whole mapping (read-only), which the
     device prefetcher registers with the GPU driver as one range."""
     # Never through a link, never waiting for a FIFO's writer: the pod's processes may
-    # put anything in the memory volume (`regular_files`).
-    fd = regular_files.open_regular(path, os.O_RDONLY)
+    # put anything in the memory volume (`regular_files`). The mapping keeps no
+    # descriptor (`mapping`): a reader keeps hundreds of mappings.
     try:
-        mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
-    finally:
-        os.close(fd)
-    # Not Linux, or a kernel before 5.14: the pages fault in as they are read.
-    with contextlib.suppress(OSError, ValueError):
-        mapped.madvise(MADV_POPULATE_READ)
-    root = pa.py_buffer(mapped)
+        fd = regular_files.open_regular(path, os.O_RDONLY)
+        try:
+            root = mapping.map_file(fd, mapping.MADV_POPULATE_READ)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        clear = mapping.limit_error(exc, path)
+        if clear is None:
+            raise
+        raise clear from exc
     try:
         reader = ipc.open_file(root)
         batch = reader.get_batch(0) if reader.num_record_batches == 1 else _combine(reader)
@@ -138,7 +136,8 @@ class _Mappings:
     inode). The ones whose files were evicted are dropped before every acquire, and
     while an acquire waits (`waiting`), so the reader never holds memory the tier gave
     up beyond the shard it is still slicing. At most `MAX_MAPPINGS` are kept (least
-    recently used go first).
+    recently used go first); a mapping keeps no file descriptor, and where the platform
+    leaves no other way than one that does, fewer (`mapping.kept_mappings`).
 
     Why while it waits: the acquire of a cold shard evicts the least recently used
     entries, which are the shards this reader read and still maps; their pages stay in
@@ -163,6 +162,7 @@ class _Mappings:
 
     def __init__(self) -> None:
         self._maps: dict[str, tuple[tuple[int, int], pa.RecordBatch, pa.Buffer]] = {}
+        self.max_mappings = mapping.kept_mappings(self.MAX_MAPPINGS)
         self._dirs: dict[str, int] | None = None
         #: How many mappings each directory holds: what `_prune` stats, without a
         #: `dirname` per mapping at every prune (two a shard: before and after acquire).
@@ -231,7 +231,7 @@ class _Mappings:
             for listener in self.listeners:
                 listener.mapped(root)
         self._maps[key] = (ident, batch, root)  # most recently used last
-        while len(self._maps) > self.MAX_MAPPINGS:
+        while len(self._maps) > self.max_mappings:
             self._drop(next(iter(self._maps)))
         return batch
 

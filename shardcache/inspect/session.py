@@ -9,7 +9,6 @@ says what was expected, and nothing is read.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import mmap
@@ -24,6 +23,7 @@ import pyarrow.ipc as ipc
 
 from shardcache import datasets, errors, manifests, plans, provider
 from shardcache.inspect import locate, predicate, render, stats
+from shardcache.node import mapping
 
 
 class ShardRows(Protocol):
@@ -98,13 +98,12 @@ def map_lazily(path: Path) -> pa.RecordBatch:
     so that would cost a whole shard's pages (from disk, in the embedded cache) for a
     step of a few samples."""
     try:
-        with open(path, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
         # Random reads: no readahead around each touched page (a step of 256 long
-        # documents would otherwise read a few hundred KiB around each one).
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            mapped.madvise(mmap.MADV_RANDOM)
-        reader = ipc.open_file(pa.py_buffer(mapped))
+        # documents would otherwise read a few hundred KiB around each one). The mapping
+        # keeps no descriptor (`mapping`).
+        with open(path, "rb") as f:
+            mapped = mapping.map_file(f.fileno(), getattr(mmap, "MADV_RANDOM", None))
+        reader = ipc.open_file(mapped)
         if reader.num_record_batches == 1:
             return reader.get_batch(0)
     except (pa.ArrowException, OSError, ValueError):
