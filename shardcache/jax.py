@@ -76,6 +76,9 @@ class DevicePrefetcher:
         #: A pass was left before its end: it may have taken batches from `batches`
         #: (placed ahead) that it never handed over.
         self._left_early = False
+        #: Counts `set_epoch` and `load_state_dict` moves: an open pass that sees it
+        #: change drops the batches it placed ahead of the old place.
+        self._moves = 0
         #: How long the loop waited for batches, against its steps.
         self.stalls = stalls.StallMeter()
 
@@ -92,27 +95,54 @@ class DevicePrefetcher:
             self.batches.load_state_dict(self._state)
         self._left_early = True
         self._state = self.batches.state_dict()
-        for batch in self.batches:
-            queue.append((jax.device_put(batch, self.sharding), self.batches.state_dict()))
-            if len(queue) > self.depth:
-                placed, self._state = queue.popleft()
-                yield placed
-        while queue:
-            placed, self._state = queue.popleft()
-            yield placed
+        moves = self._moves
+        source: Iterator[dict[str, Any]] | None = iter(self.batches)
+        while True:
+            if self._moves != moves:
+                # `set_epoch` or `load_state_dict` between two batches handed over: the
+                # ones placed ahead are of the place `batches` left, and the caller
+                # asked for the new one's first batch next. Dropped, their device
+                # buffers freed with the last reference; `batches` reads on from the
+                # new place (a pass it had ended is begun again, there).
+                moves = self._moves
+                queue.clear()
+                self._state = self.batches.state_dict()
+                if source is None:
+                    source = iter(self.batches)
+            if source is not None:
+                batch = next(source, None)
+                if batch is None:
+                    source = None
+                else:
+                    placed = jax.device_put(batch, self.sharding)
+                    queue.append((placed, self.batches.state_dict()))
+                    if len(queue) <= self.depth:
+                        continue
+            if not queue:
+                break
+            handed, self._state = queue.popleft()
+            yield handed
         self._left_early = False
 
     def state_dict(self) -> dict[str, Any]:
         return self._state if self._state is not None else self.batches.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the exact next batch of the run that saved `state`; called between
+        two batches of an open pass, the batches placed ahead are dropped and the next
+        one handed over is the state's."""
         self.batches.load_state_dict(state)
         self._state = None
+        self._moves += 1
 
     def set_epoch(self, epoch: int) -> None:
+        """Read `epoch` next, from its start; called between two batches of an open
+        pass, the batches of the old epoch placed ahead are dropped and the next one
+        handed over is the new epoch's first."""
         before = self.batches.state_dict()
         self.batches.set_epoch(epoch)
         # The epoch being read already is no move: a pass left early still owes the
         # batches it placed ahead.
         if self.batches.state_dict() != before:
             self._state = None
+            self._moves += 1

@@ -12,6 +12,18 @@ from shardcache.inspect import locate, render, session
 
 #: Samples per step when neither --batch-size nor a data state says.
 DEFAULT_BATCH_SIZE = 32
+#: Where the batch size of a step came from, as the output says it
+#: (`batch_size_from`): step N means other samples at another batch size, so an
+#: assumed one is said.
+FROM_FLAG, FROM_STATE, FROM_DEFAULT = "--batch-size", "--data-state", session.BATCH_SIZE_ASSUMED
+
+
+def batch_size_from(args: argparse.Namespace, recorded: int | None) -> str:
+    """Where the query's batch size comes from: the flag, the run's data states, or
+    assumed (`DEFAULT_BATCH_SIZE`: nothing given says the run's)."""
+    if args.batch_size is not None:
+        return FROM_FLAG
+    return FROM_STATE if recorded is not None else FROM_DEFAULT
 
 
 def _names(text: str) -> list[str]:
@@ -184,7 +196,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     loaded = load_states(args.data_state)
-    query = query_from(args, batch_size=recorded_batch_size(loaded))
+    recorded = recorded_batch_size(loaded)
+    query = query_from(args, batch_size=recorded)
+    origin = batch_size_from(args, recorded)
     if args.max_chars < 0:
         raise errors.InputError(f"--max-chars must be >= 0, got {args.max_chars}")
     if args.where is not None and args.limit < 1:
@@ -199,13 +213,20 @@ def _run(args: argparse.Namespace) -> int:
         if args.tui:
             from shardcache.inspect import tui
 
-            tui.InspectApp(inspector, query, columns=columns, decode=decode).run()
+            tui.InspectApp(
+                inspector,
+                query,
+                columns=columns,
+                decode=decode,
+                batch_size_assumed=origin == FROM_DEFAULT,
+            ).run()
             return 0
         if args.where is not None:
             result = inspector.where(
                 args.where, query, epochs=args.epochs, limit=args.limit, run=run
             )
             data = session.where_json(result)
+            data["batch_size_from"] = origin
             print(
                 render.safe_json(json.dumps(data, indent=2, ensure_ascii=False))
                 if args.json
@@ -219,6 +240,7 @@ def _run(args: argparse.Namespace) -> int:
             limit = args.max_chars or None
             options = render.RenderOptions(max_chars=limit)
         data = session.step_json(view, inspector.manifest, options=options, decode=decode)
+        data["batch_size_from"] = origin
         print(
             render.safe_json(json.dumps(data, indent=2, ensure_ascii=False))
             if args.json

@@ -425,8 +425,23 @@ def _mode(query: dict[str, Any]) -> str:
     return "block"
 
 
+#: `batch_size_from` of a step or lookup whose batch size nobody gave (the default).
+BATCH_SIZE_ASSUMED = "assumed"
+
+
+def assumed_batch_size_note(batch_size: int) -> str:
+    """Says that a step's batch size was assumed, not the run's: step N is batch N of
+    it, other samples at another size."""
+    return (
+        f"note: batch size {batch_size} is assumed (the default): give the run's with "
+        "--batch-size, or its saved data state with --data-state; step N is batch N of "
+        "that size"
+    )
+
+
 def step_text(data: dict[str, Any]) -> str:
-    """The terminal form of `step_json`'s output."""
+    """The terminal form of `step_json`'s output; says so when its batch size was
+    assumed (`data["batch_size_from"]`, set by the command)."""
     q = data["query"]
     d = data["dataset"]
     samples = data["samples"]
@@ -438,6 +453,8 @@ def step_text(data: dict[str, Any]) -> str:
         f"shuffle {_mode(q)} · samples {first}-{first + len(samples) - 1} "
         f"of {data['rank_samples']:,} for this rank",
     ]
+    if data.get("batch_size_from") == BATCH_SIZE_ASSUMED:
+        lines.append(assumed_batch_size_note(q["batch_size"]))
     width = max([len(render.safe(c["name"])) for c in data["columns"]] + [5])
     indent = " " * (width + 6)
     for slot, sample in enumerate(samples):
@@ -484,6 +501,8 @@ def where_text(data: dict[str, Any], query: locate.Query) -> str:
         + f"; world size {query.world_size}, batch size {query.batch_size}, seed {query.seed}"
     )
     lines = [head]
+    if data.get("batch_size_from") == BATCH_SIZE_ASSUMED:
+        lines.append(assumed_batch_size_note(query.batch_size))
     for s in data["sightings"]:
         if s.get("before_resize"):
             lines.append(

@@ -81,8 +81,11 @@ class InspectApp(App[None]):
         *,
         columns: list[str] | None = None,
         decode: render.Decode | None = None,
+        batch_size_assumed: bool = False,
     ) -> None:
         super().__init__()
+        #: The batch size is the default, not the run's: the status line says so.
+        self.batch_size_assumed = batch_size_assumed
         self.inspector = inspector
         self.current = query
         self.columns = inspector.columns(columns)
@@ -140,7 +143,9 @@ class InspectApp(App[None]):
         q = self.current
         head = (
             f"epoch {q.epoch} · rank {q.rank}/{q.world_size} · step {q.step}"
-            f" of {self.data.get('steps', '?')} · batch size {q.batch_size} · seed {q.seed}"
+            f" of {self.data.get('steps', '?')} · batch size {q.batch_size}"
+            + (" (assumed: --batch-size gives the run's)" if self.batch_size_assumed else "")
+            + f" · seed {q.seed}"
         )
         self.query_one("#status", Static).update(
             Text(head + ("\n" + render.safe(self.message) if self.message else ""))

@@ -108,7 +108,16 @@ class NodeObserver(tiers.TierObserver, Protocol):
         """`count` hits in `tier` that readers took without a lookup (`note_reuse`)."""
         ...
 
-    def fetch_failed(self, shard: int, error: BaseException) -> None: ...
+    def fetch_failed(self, shard: int, error: BaseException) -> None:
+        """A fetch of `shard` a reader waited on (an acquire, the warm-up, or a
+        readahead or fill an acquire joined) failed after its retries."""
+        ...
+
+    def readahead_failed(self, shard: int, error: BaseException) -> None:
+        """A fetch of `shard` for the readahead or the fill that no reader waited on
+        failed after its retries: the reader's own acquire fetches it again, and that
+        one counts as `fetch_failed` if it fails too."""
+        ...
 
 
 #: Where an attempt to make a shard resident is (`_Attempt.stage`), and what that means
@@ -156,7 +165,14 @@ class NodeStats:
     fetches: int = 0
     fetched_bytes: int = 0
     fetch_seconds: float = 0.0
+    #: Failed fetches a reader waited on (`NodeObserver.fetch_failed`): one per
+    #: failed fetch of a shard that an acquire (or the warm-up) needed.
     fetch_failures: int = 0
+    #: Failed fetches of the readahead and the fill that no reader waited on
+    #: (`NodeObserver.readahead_failed`): not in `fetch_failures`, which counted one
+    #: missing shard three times and more with them.
+    readahead_failures: int = 0
+    #: The last failed fetch, whoever made it (the readahead's too): the reason.
     last_fetch_error: FetchFailure | None = None
     hits: dict[str, int] = dataclasses.field(default_factory=lambda: {"disk": 0, "memory": 0})
     misses: dict[str, int] = dataclasses.field(default_factory=lambda: {"disk": 0, "memory": 0})
@@ -230,13 +246,24 @@ class _Counting:
             self._outer.fetched(nbytes, seconds)
 
     def fetch_failed(self, shard: int, error: BaseException) -> None:
+        self._failed(shard, error)
+        if self._outer:
+            self._outer.fetch_failed(shard, error)
+
+    def readahead_failed(self, shard: int, error: BaseException) -> None:
+        self._failed(shard, error, ahead=True)
+        if self._outer:
+            self._outer.readahead_failed(shard, error)
+
+    def _failed(self, shard: int, error: BaseException, *, ahead: bool = False) -> None:
         path = self._paths[shard] if 0 <= shard < len(self._paths) else ""
         failure = FetchFailure(shard, path, str(error), utc_text(time.time()))
         with self._lock:
-            self.stats.fetch_failures += 1
+            if ahead:
+                self.stats.readahead_failures += 1
+            else:
+                self.stats.fetch_failures += 1
             self.stats.last_fetch_error = failure
-        if self._outer:
-            self._outer.fetch_failed(shard, error)
 
 
 @dataclasses.dataclass
@@ -310,6 +337,7 @@ class _Attempt:
 
     __slots__ = (
         "done",
+        "fetch_error",
         "leases",
         "settled",
         "stage",
@@ -327,6 +355,9 @@ class _Attempt:
         self.leases: list[tiers.Entry] = []
         self.settled = False
         self.why = why
+        #: The attempt's fetch failed after its retries (`_disk_entry`): counted when
+        #: it ends, once it is known whether a reader waited on it (`_count_failure`).
+        self.fetch_error: BaseException | None = None
         self.started = self.stage_at = time.monotonic()
         self.started_wall = self.stage_wall = time.time()
         self.stage = "slot"
@@ -796,6 +827,9 @@ class CacheNode:
         except BaseException as exc:
             stamps.done("failed")
             self._settle(shard, attempt, None)
+            # Counted before the waiters learn of it: a reader that got the error
+            # finds it counted.
+            self._count_failure(shard, attempt)
             attempt.done.set_exception(exc)
             raise
         stamps.done(outcome)
@@ -816,6 +850,24 @@ class CacheNode:
             return
         if entry is not None:
             entry.release()
+
+    def _count_failure(self, shard: int, attempt: _Attempt) -> None:
+        """Count the failed fetch of an ended attempt: as a source error when a reader
+        waited on it (it was an acquire's or the warm-up's, or an acquire joined it),
+        else as the readahead's. Settled, so no acquire joins it any more; one that
+        gave up first (its timeout) took itself off `wanting` and got no such error."""
+        error = attempt.fetch_error
+        if error is None:
+            return
+        with self._lock:
+            waited = attempt.why == "acquire" or attempt.wanting > 0
+        try:
+            if waited:
+                self._events.fetch_failed(shard, error)
+            else:
+                self._events.readahead_failed(shard, error)
+        except Exception:  # a count lost, never the waiters' error (set after this)
+            log.exception("counting the failed fetch of shard %d failed", shard)
 
     def _settle(self, shard: int, attempt: _Attempt, entry: tiers.Entry | None) -> None:
         """End the attempt: no one joins it from now on, and each acquire waiting on it
@@ -905,7 +957,7 @@ class CacheNode:
             with self._working:
                 stamps.mark("slot")
                 at("disk")
-                disk_entry = self._disk_entry(shard, key, at=at)
+                disk_entry = self._disk_entry(shard, key, at=at, attempt=progress)
                 stamps.mark("fetched")
                 try:
                     with disk_entry:
@@ -944,11 +996,18 @@ class CacheNode:
             return "inserted", inserted
 
     def _disk_entry(
-        self, shard: int, key: str, *, at: Callable[[str], None] = lambda _: None
+        self,
+        shard: int,
+        key: str,
+        *,
+        at: Callable[[str], None] = lambda _: None,
+        attempt: _Attempt | None = None,
     ) -> tiers.Entry:
         """A lease on the shard's source bytes in the disk tier: fetched (and checked on
         fetch) if missing; if found, checked against the manifest's sha256, not the
-        entry's own meta file (whoever wrote the entry wrote that too)."""
+        entry's own meta file (whoever wrote the entry wrote that too). A failure is
+        left on `attempt` to count when it ends (`_count_failure`); without one,
+        counted now as a reader's."""
         entry = self.manifest.shards[shard]
         # A fetch checks the bytes against the manifest's sha256 as they arrive
         # (`source.download`), so that is the entry's sha256: the tier does not read the
@@ -974,7 +1033,10 @@ class CacheNode:
                 "once it is released"
             )
         except errors.ShardcacheError as exc:
-            self._events.fetch_failed(shard, exc)
+            if attempt is None:
+                self._events.fetch_failed(shard, exc)
+            else:
+                attempt.fetch_error = exc
             raise
 
     def _insert_decoded(

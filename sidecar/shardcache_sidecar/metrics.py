@@ -253,6 +253,16 @@ class Metrics:
         # Present from the first scrape, so rate() has a zero to start from.
         for op in SOURCE_OPS:
             self.source_errors.labels(op)
+        # Apart from source_errors: the readahead and the fill try a shard before its
+        # reader asks, again after a failure, and the reader's acquire fetches it once
+        # more; counted there, one missing shard read as three failures and more.
+        self.readahead_failures = prometheus_client.Counter(
+            "shardcache_readahead_failures",
+            "Shard fetches of the readahead or the fill that failed after retries with "
+            "no reader waiting on them (a reader's own failed fetch counts in "
+            'shardcache_source_errors_total{op="fetch"}).',
+            registry=r,
+        )
         self.manifests = prometheus_client.Counter(
             "shardcache_manifest_loads",
             "Manifests loaded at start-up, by where from: the object store (source) or "
@@ -418,6 +428,9 @@ class Metrics:
 
     def fetch_failed(self, shard: int, error: BaseException) -> None:
         self.source_errors.labels("fetch").inc()
+
+    def readahead_failed(self, shard: int, error: BaseException) -> None:
+        self.readahead_failures.inc()
 
     def manifest_failed(self) -> None:
         """Count one failed try to resolve the manifest at start-up (`op="manifest"`)."""

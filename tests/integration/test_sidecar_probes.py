@@ -30,6 +30,7 @@ EXPECTED_METRICS = [
     "shardcache_source_fetched_bytes_total",
     "shardcache_source_fetch_duration_seconds_bucket",
     "shardcache_source_errors_total",
+    "shardcache_readahead_failures_total",
     'shardcache_cache_hits_total{tier="memory"}',
     'shardcache_cache_misses_total{tier="disk"}',
     'shardcache_cache_evictions_total{tier="memory"}',

@@ -72,6 +72,22 @@ def test_a_failed_manifest_resolution_counts_as_a_source_error_beside_the_fetche
     assert sample(text, 'shardcache_source_errors_total{op="fetch"}') == 0
 
 
+def test_a_readahead_failure_counts_apart_from_the_source_errors() -> None:
+    """The readahead's failed fetch of a shard no reader waited on is not a source error
+    of the data path: one missing shard counted three times there (docs/monitoring.md)."""
+    m = metrics.Metrics()
+    assert sample(m.render().decode(), "shardcache_readahead_failures_total") == 0
+    m.readahead_failed(3, OSError("boom"))
+    m.readahead_failed(3, OSError("boom"))
+    text = m.render().decode()
+    assert sample(text, "shardcache_readahead_failures_total") == 2
+    assert sample(text, 'shardcache_source_errors_total{op="fetch"}') == 0
+    m.fetch_failed(3, OSError("boom"))
+    text = m.render().decode()
+    assert sample(text, 'shardcache_source_errors_total{op="fetch"}') == 1
+    assert sample(text, "shardcache_readahead_failures_total") == 2
+
+
 def test_two_sidecars_in_one_process_have_separate_registries() -> None:
     a, b = metrics.Metrics(), metrics.Metrics()
     a.fetched(10, 0.1)

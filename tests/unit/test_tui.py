@@ -143,3 +143,18 @@ async def test_cells_are_painted_as_the_data_is_never_as_markup_or_escapes(
                 assert not any(ESC in s or "\x9b" in s for s in shown)
     finally:
         insp.close()
+
+
+async def test_the_status_line_says_when_the_batch_size_was_assumed(
+    inspector: session.Inspector,
+) -> None:
+    """`shardcache inspect --tui` with neither --batch-size nor a data state: step N is
+    batch N of the default, which the status line says is not known to be the run's."""
+    query = locate.Query(world_size=WORLD, seed=SEED, block_size=BLOCK)
+    app = tui.InspectApp(inspector, query, batch_size_assumed=True)
+    async with app.run_test(size=(160, 48)):
+        assert "batch size 32 (assumed: --batch-size gives the run's)" in status(app)
+    given = start(inspector)
+    async with given.run_test(size=(160, 48)):
+        assert f"batch size {BATCH} · seed" in status(given)
+        assert "assumed" not in status(given)

@@ -59,7 +59,8 @@ _EXPIRY_MARGIN = 0.001
 #: Seconds between two checks that the readers' processes live (their reader locks,
 #: `drop_dead_readers`): a dead rank's reader steers prefetch and counts in the memory
 #: budget of the others for at most this long. A check is a few system calls per
-#: reader with a lock, and one wake-up of the loop.
+#: reader with a lock, and one wake-up of the loop; none run while no reader with a
+#: lock is registered (`_watch_readers` then sleeps until one is).
 READER_CHECK_S = 1.0
 # Backoff while the source keeps failing at start-up (seconds).
 _RESOLVE_FIRST_DELAY, _RESOLVE_MAX_DELAY = 1.0, 30.0
@@ -165,6 +166,10 @@ class Sidecar:
         self.readers_dropped_dead = 0
         #: A registration whose reader lock this sidecar cannot see was logged once.
         self._warned_unseen_lock = False
+        #: Set when a reader with a lock this sidecar sees registers: `_watch_readers`
+        #: waits on it while no such reader is registered, so an idle sidecar's loop
+        #: is not woken every `READER_CHECK_S` for nothing.
+        self._locked_reader = asyncio.Event()
         #: What keeps the sidecar from using each tier directory, by tier, from the
         #: last start-up check (`tier_checks`); None before the first one.
         self.tier_problems: Mapping[str, str] | None = None
@@ -240,6 +245,8 @@ class Sidecar:
         found = reader_locks.probe(self.settings.memory_dir, (reader_id,))[reader_id]
         if found in (reader_locks.Found.HELD, reader_locks.Found.FREE):
             # FREE: the process died right after asking; the next check drops it.
+            # The caller registers it as locked before the loop runs the watch again.
+            self._locked_reader.set()
             return True
         if not self._warned_unseen_lock:
             self._warned_unseen_lock = True
@@ -591,8 +598,15 @@ class Sidecar:
         """Drop the readers of dead processes every `READER_CHECK_S` seconds. Not only
         at a new registration: a rank that is not restarted registers none, and its
         reader would keep steering prefetch and the fill, and keep its share of the
-        memory budget that `control._grant` divides among the readers."""
+        memory budget that `control._grant` divides among the readers.
+
+        While no reader with a lock is registered there is nothing to check: the watch
+        sleeps until `reader_lock_seen` finds one (an idle sidecar's loop stays asleep)."""
         while not self._closing:
+            if not self.registry.locked():
+                self._locked_reader.clear()
+                await self._locked_reader.wait()
+                continue
             await asyncio.sleep(READER_CHECK_S)
             try:
                 self.drop_dead_readers()
