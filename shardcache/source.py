@@ -13,6 +13,7 @@ settings no request could get past are refused first, naming the variable
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -395,6 +396,64 @@ def content_sha256(fs: pafs.FileSystem, path: str) -> str:
     return h.hexdigest()
 
 
+#: A local volume out of room (a full filesystem, a quota spent): what writing a
+#: download's destination may raise that is the destination's fault, never the store's.
+#: Retrying the store does not fix it; the disk tier makes room (`tiers._no_space`).
+NO_SPACE_ERRNOS: frozenset[int] = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class _WriteFailed(Exception):
+    """Carries an OSError of writing a download's destination out of `with_retries`
+    (not an OSError itself, so it is not retried as the store's): see `download`."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Destination:
+    """The local file a download writes; each of its OSErrors becomes `_WriteFailed`,
+    apart from the store's, which the same loop reads."""
+
+    def __init__(self, dest: Path) -> None:
+        try:
+            self._out = open(dest, "wb")  # noqa: SIM115 - closed by `close`/`discard`
+        except OSError as exc:
+            raise _WriteFailed(exc) from exc
+
+    def write(self, data: memoryview) -> None:
+        try:
+            self._out.write(data)
+        except OSError as exc:
+            raise _WriteFailed(exc) from exc
+
+    def close(self) -> None:
+        # The buffered tail is written here: a full volume may say so only now.
+        try:
+            self._out.close()
+        except OSError as exc:
+            raise _WriteFailed(exc) from exc
+
+    def discard(self) -> None:
+        """Close after another error, which is the one raised."""
+        with contextlib.suppress(OSError):
+            self._out.close()
+
+
+def write_error(exc: OSError, *, dest: Path, what: str) -> OSError | errors.CacheError:
+    """What `download` raises for `exc`, an error writing its destination `dest`: a
+    full volume (`NO_SPACE_ERRNOS`) as the OSError it is, for the caller's tier to make
+    room (the node disk tier evicts, waits, then raises a CacheError naming the
+    volume); any other as a CacheError naming the local file. Never a SourceError: the
+    store served the bytes."""
+    if exc.errno in NO_SPACE_ERRNOS:
+        return exc
+    return errors.CacheError(
+        f"{what}: writing the local copy {dest} failed ({exc}): the local volume's "
+        "fault, not the store's; it is not retried"
+    )
+
+
 def download(
     fs: pafs.FileSystem,
     path: str,
@@ -410,20 +469,32 @@ def download(
     given, the store identity (`content_identity`) and the content hash
     (`content_sha256`) the manifest pinned. A changed object raises
     `ManifestMismatchError` naming both values; its bytes stay in `dest`, which the
-    caller discards: they are never served."""
+    caller discards: they are never served.
+
+    Only reading the store is retried (`with_retries`). Writing `dest` fails at once,
+    as `write_error` says: a full local volume raises its OSError (ENOSPC, EDQUOT),
+    anything else a CacheError; neither is the store's failure. Until 2026-11-27 a
+    full disk tier was retried as a flaky store for the whole retry budget and then
+    reported as a SourceError (kind=source) that blamed the store."""
 
     def attempt() -> None:
         written = 0
         h = hashlib.sha256()
-        with fs.open_input_stream(path) as src, open(dest, "wb") as out:
-            found_etag = _etag(src)
-            # pyarrow buffers, not bytes: one copy of a chunk per fetch, not three.
-            while (chunk := src.read_buffer(_COPY_CHUNK)).size:
-                view = memoryview(chunk)
-                out.write(view)
-                h.update(view)
-                written += chunk.size
-                del view
+        with fs.open_input_stream(path) as src:
+            out = _Destination(dest)
+            try:
+                found_etag = _etag(src)
+                # pyarrow buffers, not bytes: one copy of a chunk per fetch, not three.
+                while (chunk := src.read_buffer(_COPY_CHUNK)).size:
+                    view = memoryview(chunk)
+                    out.write(view)
+                    h.update(view)
+                    written += chunk.size
+                    del view
+            except BaseException:
+                out.discard()
+                raise
+            out.close()
         if written != expected_size:
             raise errors.ManifestMismatchError(
                 f"{what}: expected {expected_size} bytes as pinned in the manifest, "
@@ -442,4 +513,7 @@ def download(
                     "the dataset"
                 )
 
-    with_retries(attempt, what=what, policy=policy)
+    try:
+        with_retries(attempt, what=what, policy=policy)
+    except _WriteFailed as failed:
+        raise write_error(failed.error, dest=dest, what=what) from None

@@ -1032,6 +1032,10 @@ class CacheNode:
                 f"manifest pinned (sha256 {entry.sha256}) and is in use elsewhere; retry "
                 "once it is released"
             )
+        except errors.CacheError:
+            # The node's own problem (its disk volume full with nothing left to evict,
+            # an entry larger than the tier), not the store's: not a fetch failure.
+            raise
         except errors.ShardcacheError as exc:
             if attempt is None:
                 self._events.fetch_failed(shard, exc)

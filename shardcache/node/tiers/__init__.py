@@ -29,7 +29,8 @@ The modules, by what they hold:
 * `_directory`: the tier's files by name, the directory listing, reservations;
 * `_eviction`: which entries make room, least recently used first;
 * `_no_space`: a volume full below the limit (ENOSPC): what holds the room, and when
-  evicting more would free nothing;
+  evicting more would free nothing; a limit clamped to its volume's size
+  (`limit_within`, `volume_under`);
 * `_membership`: a sole writer's committed keys, kept in memory (`Tier(sole_writer=True)`);
 * `_tier`: `Tier`, which does lookups, inserts, eviction and start-up repair with them;
 * `_access`: whether this process may use a tier directory at all (`unusable`), tried
@@ -59,6 +60,7 @@ from shardcache.node.tiers._errors import (
     RoomHeldError,
     TierFullError,
 )
+from shardcache.node.tiers._no_space import limit_within, volume_under
 from shardcache.node.tiers._tier import ScanReport, Tier, TierObserver
 
 __all__ = [
@@ -77,8 +79,10 @@ __all__ = [
     "TierObserver",
     "Unusable",
     "check_key",
+    "limit_within",
     "mark_used",
     "read_meta",
     "sha256_file",
     "unusable",
+    "volume_under",
 ]

@@ -3,8 +3,11 @@
 A tier's limit counts its own files, but the volume under it holds more: the pages of
 files the tier evicted that a reader still maps (a mapping keeps an unlinked tmpfs
 file's pages until it goes), the tiers of other namespaces on a shared node volume,
-and whatever else is there. ENOSPC below the limit is therefore "no room yet", and
-`Tier._after_no_space` makes room with what is here:
+and whatever else is there. ENOSPC (or EDQUOT, a quota spent) below the limit is
+therefore "no room yet", and `Tier._after_no_space` makes room with what is here. A
+producer's full volume counts the same as the insert's own: the disk tier's fetch
+(`source.download`) raises the ENOSPC of writing its temp file as it is, never
+retried as the store's failure:
 
 * it evicts least recently used unleased entries while that brings room back;
 * an eviction whose room does not come back (the insert's own, to fit the limit, or
@@ -27,6 +30,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+
+from shardcache import source
+
+#: The errnos of a volume out of room (`source.NO_SPACE_ERRNOS`).
+ERRNOS = source.NO_SPACE_ERRNOS
 
 # Room an insert needs beside its data: its meta file (a page of a tmpfs, a block of a
 # disk), the data itself rounded up to whole pages.
@@ -54,6 +62,27 @@ def volume(root: Path) -> Volume | None:
         return None
     blocks = st.f_bfree if os.geteuid() == 0 else st.f_bavail
     return Volume(total=st.f_blocks * st.f_frsize, free=blocks * st.f_frsize)
+
+
+def volume_under(path: Path) -> Volume | None:
+    """The volume `path` is or will be on: its own, else its nearest existing parent's
+    (a tier directory not made yet lies on the volume of the directory above it)."""
+    for place in (path, *path.parents):
+        if place.exists():
+            return volume(place)
+    return None
+
+
+def limit_within(limit: int, found: Volume | None) -> int:
+    """A tier's `limit` at most its volume's size (`found`; None: unknown, unchanged).
+
+    A larger limit can never be reached: the tier would only find out by ENOSPC (the
+    disk tier's default is a fixed 50 GiB, whatever disk the node has). Clamped to the
+    size, not the free bytes: the tier's own files are part of what is used, and the
+    rest of the volume is what `Tier._after_no_space` handles when it fills."""
+    if found is None or limit <= found.total:
+        return limit
+    return found.total
 
 
 def needed(size: int) -> int:

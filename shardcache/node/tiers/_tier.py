@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import functools
 import logging
 import os
@@ -243,8 +242,9 @@ class Tier:
         removed and the error propagates. With evict=False nothing is evicted and nothing
         waited for: if the free room is too small, TierFullError is raised at once (for
         readahead, which should not push out entries that are needed sooner).
-        ENOSPC while producing (the volume is fuller than the tier's files: a reader
-        still maps evicted ones) is "no room yet" too: see `_after_no_space`.
+        ENOSPC or EDQUOT while producing (the volume is fuller than the tier's files: a
+        reader still maps evicted ones, other files fill it; `source.download` raises
+        them as they are) is "no room yet" too: see `_after_no_space`.
 
         `held` is how many bytes of this tier's entries the caller itself holds leases
         on and keeps holding while this insert waits: if `size` does not fit beside
@@ -297,7 +297,7 @@ class Tier:
                     room=room,
                 )
             except OSError as exc:
-                if exc.errno != errno.ENOSPC:
+                if exc.errno not in _no_space.ERRNOS:
                     raise
                 self._after_no_space(
                     key, size, exc, evict=evict, deadline=deadline, room=room, waiting=waiting
@@ -663,8 +663,10 @@ class Tier:
                         "nodePath on the node) or other files there, which this tier cannot "
                         "evict. The platform keeps what the namespaces on a node may cache "
                         "under its volume (chart value policy.maxCacheDisk, docs/operator.md "
-                        '"Sizing the node disk"); until then, free the node\'s volume or run '
-                        "the pod on another node"
+                        '"Sizing the node disk"); until then, free the node\'s volume, run '
+                        "the pod on another node, or lower this tier's limit "
+                        f"({self._limit_setting()}, the mount's cache.disk) to what the "
+                        "volume can hold beside them"
                     ) from exc
                 raise errors.CacheError(
                     f"{self.name} volume {self.root} stayed out of space for {key} ({size} "

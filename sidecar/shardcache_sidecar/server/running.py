@@ -25,7 +25,7 @@ from aiohttp import web
 
 from shardcache import errors
 from shardcache.contract import mixture_sources, protocol
-from shardcache.node import reader_locks
+from shardcache.node import reader_locks, tiers
 from shardcache_sidecar import configuration, listening, metrics, termination, tier_checks
 from shardcache_sidecar.checkpoint import agent, hook
 from shardcache_sidecar.server import control, lifecycle, probes, replies, socket_server
@@ -222,6 +222,28 @@ def source_settings(settings: configuration.Settings) -> list[configuration.Sett
     return out
 
 
+def disk_limit_within_volume(settings: configuration.Settings) -> configuration.Settings:
+    """`settings` with the disk tier's limit at most its volume's size, said in the log
+    when clamped: a limit the volume can never hold (the default is a fixed 50 GiB) is
+    only found out by a full disk, and shows in /v1/status and the metrics as room
+    that is not there. `shardcache.open()` sizes its own from the free space."""
+    found = tiers.volume_under(settings.disk_dir)
+    limit = tiers.limit_within(settings.disk_limit, found)
+    if limit == settings.disk_limit or found is None:
+        return settings
+    log.warning(
+        "disk tier limit %d bytes (%s) exceeds its volume %s of %d bytes (%d free): "
+        "using %d bytes; set the limit to what the node's volume can hold",
+        settings.disk_limit,
+        configuration.where_set("disk_limit"),
+        settings.disk_dir,
+        found.total,
+        found.free,
+        limit,
+    )
+    return dataclasses.replace(settings, disk_limit=limit)
+
+
 def write_descriptor(settings: configuration.Settings) -> None:
     """`<mount dir>/mixture.json`, where `shardcache.open_mixture()` finds the sources
     (written whole, then renamed, so a reader never sees part of it)."""
@@ -244,6 +266,7 @@ async def serve(
     A multi-source mount (`settings.mixture`) runs one cache per source in this process
     (`source_settings`); /readyz of the first opens only when every source is ready.
     """
+    settings = disk_limit_within_volume(settings)
     if settings.mixture is None:
         await _serve_one(settings, stop, on_start=on_start)
         return
