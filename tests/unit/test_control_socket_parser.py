@@ -70,3 +70,54 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(parser: socket_serve
     with pytest.raises(socket_server._Refused) as refused:
         parser.parse(raw)
     assert refused.value.status == 413
+
+
+def test_a_request_line_is_matched_against_the_routes_once_and_then_remembered(
+    parser: socket_server.Parser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    matched: list[bytes] = []
+    match = parser.routes.match
+
+    def counting(method: bytes, target: bytes) -> tuple[object, str] | None:
+        matched.append(target)
+        return match(method, target)
+
+    monkeypatch.setattr(parser.routes, "match", counting)
+    for body in (b"{}", b'{"epoch": 0, "position": 1}', b"{}"):
+        request, length = parser.parse(head("POST", "/v1/readers/r7/notes", body))
+        assert (request.route.call, request.ident, length) == (control.post_notes, "r7", len(body))
+    request, _ = parser.parse(head("POST", "/v1/readers/r8/notes", b"{}"))
+    assert request.ident == "r8"
+    assert matched == [b"/v1/readers/r7/notes", b"/v1/readers/r8/notes"]
+
+
+def test_a_remembered_line_with_a_bad_header_block_is_refused_and_one_not_ours_handed_over(
+    parser: socket_server.Parser,
+) -> None:
+    # What a line says is remembered; what the header block says is still checked
+    # first, and a route not in the table is still aiohttp's, every time.
+    good = head("POST", "/v1/readers/r7/notes", b"{}")
+    parser.parse(good)
+    line = good[: good.find(b"\r\n")]
+    for _ in range(2):
+        with pytest.raises(socket_server._Refused, match="malformed header line"):
+            parser.parse(line + b"\r\nbroken")
+    for _ in range(2):
+        with pytest.raises(socket_server._HandOver):
+            parser.parse(b"GET /metrics HTTP/1.1\r\nHost: x")
+        with pytest.raises(socket_server._Refused, match="malformed header line"):
+            parser.parse(b"GET /metrics HTTP/1.1\r\nbroken")
+
+
+def test_the_remembered_lines_are_bounded(parser: socket_server.Parser) -> None:
+    for i in range(3 * socket_server.Parser.KEPT):
+        request, _ = parser.parse(head("DELETE", f"/v1/leases/l{i}", None))
+        assert request.ident == f"l{i}"
+    assert len(parser._lines) <= socket_server.Parser.KEPT
+
+
+def test_a_long_request_line_is_served_but_not_remembered(parser: socket_server.Parser) -> None:
+    ident = "r" * socket_server.Parser.LINE_KEPT
+    request, _ = parser.parse(head("POST", f"/v1/readers/{ident}/notes", b"{}"))
+    assert request.ident == ident
+    assert parser._lines == {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 
 import pytest
 from shardcache_sidecar.server import replies
@@ -87,3 +88,59 @@ def test_a_timeout_with_no_message_says_so_instead_of_ending_at_the_colon() -> N
     rejected = replies.request_error(info.value)
     assert rejected.code == protocol.CODE_TIMEOUT
     assert rejected.message == "timed out waiting for the shard: no detail given (TimeoutError)"
+
+
+BODIES = [
+    b"{}",
+    b'{"epoch": 0, "position": 4096, "pinned": [1, 2, 3], "released": []}',
+    b'{"a": 1} ',
+    b' {"a": 1}',
+    b'{"a": 1}\n',
+    b'{"a": 1} {"b": 2}',
+    b'{"a": 1}}',
+    b'{"a": }',
+    b'{"a": "\xc3\xa9"}',
+    b'{"a": "\xed\xa0\x80"}',  # a lone surrogate: json.loads takes it (surrogatepass)
+    b'{"a": "\xff"}',
+    '{"a": 1}'.encode("utf-16-le"),
+    '{"a": 1}'.encode("utf-16"),
+    '{"a": 1}'.encode("utf-8-sig"),
+    b'{"a": NaN, "b": [1.5, -0, 1e400]}',
+    b'{"a": 1, "a": 2}',
+    b"[1, 2]",
+    b"null",
+    b"{",
+    b"}",
+    b"",
+]
+
+
+@pytest.mark.parametrize("raw", BODIES)
+def test_a_body_is_decoded_exactly_as_json_loads_decodes_it(raw: bytes) -> None:
+    try:
+        expected: object = json.loads(raw) if raw else None
+    except ValueError as exc:
+        expected = exc
+    if isinstance(expected, dict):
+        assert repr(replies.json_object(raw)) == repr(expected)
+        return
+    with pytest.raises(errors.InputError) as refused:
+        replies.json_object(raw)
+    if isinstance(expected, ValueError):
+        assert str(refused.value) == f"request body is not JSON: {expected}"
+    else:
+        assert "expected a JSON object" in str(refused.value)
+
+
+def test_a_plain_object_body_is_decoded_without_json_loads_detour(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The control client's bodies (`{...}` in UTF-8) take the scanner directly; anything
+    # else still goes to json.loads, which words its errors.
+    def no_loads(raw: bytes) -> object:
+        raise AssertionError("json_loads_called")
+
+    monkeypatch.setattr(replies.json, "loads", no_loads)
+    assert replies.json_object(b'{"epoch": 1, "pinned": [3]}') == {"epoch": 1, "pinned": [3]}
+    with pytest.raises(AssertionError, match="json_loads_called"):
+        replies.json_object(b' {"epoch": 1}')

@@ -134,15 +134,25 @@ class Parser:
     """Request heads into `_Request`s, for the routes given.
 
     A client sends the same header lines with every request but for Content-Length (the
-    control client: Host, Accept, Connection, Content-Length, Content-Type), so what a
-    header block says is remembered by its bytes: a request's head is then a dict
-    lookup, the request line and the route. Only blocks that parsed are remembered, at
-    most `KEPT` of them."""
+    control client: Host, Accept, Connection, Content-Length, Content-Type), and a rank
+    the same few request lines (its reader's `notes`, `acquire`), so what a request
+    line and what a header block say are remembered by their bytes: a request's head is
+    then two dict lookups. Why: at an idle sidecar every step of a request runs with
+    cold caches, and matching the route (splitting, joining, scanning the target) cost
+    more than the rest of the head (docs/benchmarks.md, "CPU per control request,
+    session 17"). Only what parsed is remembered, at most `KEPT` lines (of at most
+    `LINE_KEPT` bytes) and `KEPT` blocks: a line refused or of another HTTP version, and
+    a block refused or handed over, are looked at again every time; a line whose route
+    is not in the table is remembered as aiohttp's."""
 
     KEPT = 256
+    #: A control request line is under 100 bytes: longer ones are parsed every time
+    #: rather than kept (`KEPT` of them up to `MAX_HEAD_BYTES` each would be 16 MiB).
+    LINE_KEPT = 512
 
     def __init__(self, routes: Routes) -> None:
         self.routes = routes
+        self._lines: dict[bytes, tuple[bytes, bytes, tuple[routing.Route, str] | None]] = {}
         self._headers: dict[bytes, tuple[int, bool]] = {}
 
     def parse(self, head: bytes) -> tuple[_Request, int]:
@@ -151,14 +161,14 @@ class Parser:
         aiohttp's."""
         line_end = head.find(b"\r\n")
         line = head if line_end < 0 else head[:line_end]
-        parts = line.split(b" ")
-        if len(parts) != 3 or not parts[0] or not parts[1].startswith(b"/"):
-            raise _Refused(400, f"malformed request line {line[:200]!r}")
-        method, target, version = parts
-        if version != b"HTTP/1.1":
-            if version.startswith(b"HTTP/1."):
-                raise _HandOver  # 1.0's keep-alive rules: aiohttp's
-            raise _Refused(400, f"malformed request line {line[:200]!r}")
+        said_line = self._lines.get(line)
+        if said_line is None:
+            said_line = self._request_line(line)
+            if len(line) <= self.LINE_KEPT:
+                if len(self._lines) >= self.KEPT:
+                    self._lines.clear()
+                self._lines[line] = said_line
+        method, target, matched = said_line
         block = b"" if line_end < 0 else head[line_end + 2 :]
         said = self._headers.get(block)
         if said is None:
@@ -167,7 +177,6 @@ class Parser:
                 self._headers.clear()
             self._headers[block] = said
         length, close = said
-        matched = self.routes.match(method, target)
         if matched is None:
             raise _HandOver
         if length > MAX_BODY_BYTES:
@@ -176,6 +185,20 @@ class Parser:
                 f"request body of {length} bytes: the control API takes at most {MAX_BODY_BYTES}",
             )
         return _Request(matched[0], matched[1], method, target, close), length
+
+    def _request_line(self, line: bytes) -> tuple[bytes, bytes, tuple[routing.Route, str] | None]:
+        """(method, target, the route and the path's id or None: aiohttp's route) of a
+        request line. Raises `_Refused` for what is not HTTP, `_HandOver` for another
+        HTTP version."""
+        parts = line.split(b" ")
+        if len(parts) != 3 or not parts[0] or not parts[1].startswith(b"/"):
+            raise _Refused(400, f"malformed request line {line[:200]!r}")
+        method, target, version = parts
+        if version != b"HTTP/1.1":
+            if version.startswith(b"HTTP/1."):
+                raise _HandOver  # 1.0's keep-alive rules: aiohttp's
+            raise _Refused(400, f"malformed request line {line[:200]!r}")
+        return method, target, self.routes.match(method, target)
 
 
 def _header_block(block: bytes) -> tuple[int, bool]:
