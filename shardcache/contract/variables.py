@@ -282,6 +282,22 @@ MEMORY_LIMIT: Final = Variable(
     spec_field="cache.memory",
     injected=_IN_SIDECAR,
 )
+#: The run volume's room over the memory tier's limit, as a fraction of that limit. The
+#: webhook sizes the pod's memory volume `run_volume_bytes(cache.memory)` and raises the
+#: sidecar's memory limit by as much; the sidecar counts that much of its cgroup limit
+#: as tmpfs pages, not as room to decode in (`shardcache.node.quotas.decode_room`).
+#: Why a quarter: `shardcache_operator.specs.RUN_VOLUME_HEADROOM`, which must equal it
+#: (tests/unit/test_decode_room.py checks).
+RUN_VOLUME_HEADROOM: Final = 0.25
+
+
+def run_volume_bytes(memory_tier_bytes: int) -> int:
+    """The run volume's sizeLimit for a memory tier of `memory_tier_bytes`: the tier plus
+    `RUN_VOLUME_HEADROOM`, the headroom rounded up to whole MiB."""
+    headroom = -(-int(memory_tier_bytes * RUN_VOLUME_HEADROOM) // MiB) * MiB
+    return memory_tier_bytes + headroom
+
+
 DISK_LIMIT: Final = Variable(
     "SHARDCACHE_DISK_LIMIT_BYTES",
     parsers.BYTES,

@@ -466,11 +466,26 @@ class CacheNode:
         self._readers: dict[str, _Reader] = {}
         #: The epoch's global order, made once for all the readers that share it.
         self._orders = epoch_plans.EpochPlans(manifest.shard_rows, manifest.digest)
-        #: Fetches and decodes run at once: the setting, else sized from the quota.
+        quota = quotas.read()
+        #: Bytes the decodes may hold at once (`decode_budgets.capacity`): the container's
+        #: memory limit less the memory volume and the process, or the tier's limit.
+        self._decode_room = quotas.decode_room(
+            quota,
+            volume_bytes=quotas.volume_bytes(
+                settings.memory_limit,
+                tmpfs_size=quotas.tmpfs_size(settings.memory_dir),
+                memory_limit=quota.memory_limit,
+            ),
+        )
+        self._decode_capacity = decode_budgets.capacity(settings.memory_limit, self._decode_room)
+        #: Fetches and decodes run at once: the setting, else sized from the quota, the
+        #: largest shard's decoded size guessed from its source size (no metadata was
+        #: read yet; each decode reserves its own peak, `_decode`).
         self.fetch_concurrency = settings.fetch_concurrency or quotas.fetch_concurrency(
-            quotas.read(),
-            shard_bytes=max((s.size for s in manifest.shards), default=0),
-            memory_tier_bytes=settings.memory_limit,
+            quota,
+            decoded_bytes=quotas.FETCH_MEMORY_FACTOR
+            * max((s.size for s in manifest.shards), default=0),
+            room=self._decode_room,
         )
         #: What the fetch threads take from, most urgent first; the threads start with
         #: the first shard queued (`_enqueue`).
@@ -495,7 +510,7 @@ class CacheNode:
         self._expansion_least: float | None = None
         self._largest_source = max((s.size for s in manifest.shards), default=0)
         self._working = threading.BoundedSemaphore(self.fetch_concurrency)
-        self._decoding = decode_budgets.DecodeBudget(settings.memory_limit)
+        self._decoding = self._decode_budget()
         self._warned_small_memory = False
         #: The last error reading each tier's size (`stats`), so it is logged once.
         self._tier_errors_seen: dict[str, str] = {}
@@ -523,11 +538,15 @@ class CacheNode:
         self._workers = []
         self._fill_lock = threading.Lock()
         self._working = threading.BoundedSemaphore(self.fetch_concurrency)
-        self._decoding = decode_budgets.DecodeBudget(self.settings.memory_limit)
+        self._decoding = self._decode_budget()
         self._claims_lock = threading.Lock()
         self._claimed = {}
         self._events.forked()
         self._orders = epoch_plans.EpochPlans(self.manifest.shard_rows, self.manifest.digest)
+
+    def _decode_budget(self) -> decode_budgets.DecodeBudget:
+        capacity, what = self._decode_capacity
+        return decode_budgets.DecodeBudget(capacity, what=what)
 
     # --- readers ----------------------------------------------------------------
     def register_reader(
@@ -969,6 +988,8 @@ class CacheNode:
                             stamps=stamps,
                             at=at,
                         )
+                except decode_budgets.DecodeRoomError:
+                    raise  # the bytes are the shard's: kept for a sidecar given more room
                 except errors.ShardcacheError:
                     # Bytes that are not the pinned shard (damaged on the way) are not
                     # kept: the next acquire fetches again instead of meeting them from
@@ -1295,10 +1316,41 @@ class CacheNode:
                 if fill and not self._fill_room(guess):
                     return None
                 # A format that cannot tell (JSON Lines) is bounded while it decodes, by
-                # what its text can decode to (`_TEXT_EXPANSION`) within the limit.
-                budget = size if size is not None else min(limit, _TEXT_EXPANSION * entry.size)
+                # what its text can decode to (`_TEXT_EXPANSION`) within the limit and
+                # within the room a decode's peak has.
+                budget = (
+                    size
+                    if size is not None
+                    else min(
+                        limit,
+                        _TEXT_EXPANSION * entry.size,
+                        self._decoding.capacity // quotas.DECODE_PEAK_FACTOR,
+                    )
+                )
                 at("decode_budget")
-                reserved.enter_context(self._decoding.reserve(budget))
+                # The decode's peak, not its result, is what the cgroup must hold: with
+                # the decoded size alone, two decodes of a shard that compresses 40x
+                # OOM-killed the sidecar during warm-up (docs/faults.md).
+                # The peak is an estimate (DECODE_PEAK_FACTOR is the flat columns' worst;
+                # token lists peak near 1.4x what their metadata says): a decode whose
+                # estimate exceeds the room runs alone, with all of it. Only a shard whose
+                # decoded size alone exceeds the room is refused: it can never fit.
+                try:
+                    self._decoding.check_fits(budget)
+                    peak = min(quotas.decode_peak(budget), self._decoding.capacity)
+                    reserved.enter_context(self._decoding.reserve(peak))
+                except decode_budgets.DecodeRoomError as exc:
+                    raise decode_budgets.DecodeRoomError(
+                        f"{what} takes {budget} bytes decoded "
+                        f"({'from its metadata' if size is not None else 'at most'}) and {exc}: "
+                        "refused before decoding, which would get the sidecar OOM-killed; "
+                        "raise the sidecar's memory limit (spec.sidecar.resources.limits."
+                        "memory; the webhook adds the memory volume to it) by "
+                        f"{exc.size - exc.room} bytes or more, or write smaller shards "
+                        '(docs/operator.md, "What a pod gets, per mount")',
+                        size=exc.size,
+                        room=exc.room,
+                    ) from None
                 stamps.mark("decode")
                 at("decode")
                 f.seek(0)

@@ -5,7 +5,11 @@ decoders from that runs 64 of them on 2 CPUs' worth of quota (throttled, and eac
 holding a decoded shard in memory against the pod's memory limit). The node cache's
 fetch concurrency, when not set, is sized here (`fetch_concurrency`): one fetch and
 decode per CPU the container may use, as many as its memory limit leaves room for
-beside the memory tier.
+beside the memory tier's volume. The same room (`decode_room`) caps the node cache's
+decode budget, which each decode reserves its peak in before it starts: the webhook
+gives the sidecar 1Gi (its spec's limit) plus the run volume, whose tmpfs pages are
+charged to the same cgroup, so decoding against the tier's limit instead (as it did)
+got the sidecar OOM-killed, with nothing in its log, by shards that compress well.
 
 cgroup v2 (`cpu.max`, `memory.max`) and v1 (`cpu.cfs_quota_us` / `cpu.cfs_period_us`,
 `memory.limit_in_bytes`) are both read, for this process's own cgroup and every
@@ -20,14 +24,25 @@ import math
 import os
 from pathlib import Path
 
+from shardcache.contract import variables
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: Memory the sidecar process needs besides its decodes: the interpreter, pyarrow,
 #: aiohttp and the manifest (about 200 MiB resident in the benchmarks), rounded up.
 BASE_MEMORY_BYTES = 256 << 20
-#: Memory one fetch and decode holds, as a multiple of the source shard's size: the
-#: source bytes read, and the decoded batch (uncompressed Arrow; Parquet tokens
-#: compress about 2-3x) before it is written to the memory tier.
+#: A shard's decoded bytes per source byte, guessed before any shard's metadata was
+#: read (`fetch_concurrency` at start): Parquet tokens compress about 2-3x. Only a
+#: guess: each decode then reserves its peak from its own metadata (`decode_peak`).
 FETCH_MEMORY_FACTOR = 4
+#: Anonymous memory a decode peaks at, as a multiple of the decoded size the shard's
+#: metadata gives (`formats.decoded_size`). Measured (RSS high-water mark less the RSS
+#: before, `formats.decoded_size` then `formats.decode` of one file, pyarrow 2026-11):
+#: flat int64/float64/int32 columns, 4M rows, 83 MB by metadata: 2.55x in 4 row
+#: groups, 2.85x in one (the column chunks read, the decoded columns and
+#: `combine_chunks`' copy live at once); strings, 170 MB: 2.20x; list<int32> tokens,
+#: 552 MB and 1.66 GB by metadata (a bound twice the decoded bytes, offsets at their
+#: widest): 1.42x and 1.27x. Rounded up from the largest.
+DECODE_PEAK_FACTOR = 3
 #: v1 reports "no limit" as a huge number (the largest page-aligned long).
 _V1_UNLIMITED = 1 << 62
 
@@ -63,20 +78,71 @@ def read(root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")
     )
 
 
-def fetch_concurrency(quota: Quota, *, shard_bytes: int, memory_tier_bytes: int) -> int:
+def fetch_concurrency(quota: Quota, *, decoded_bytes: int, room: int | None) -> int:
     """Concurrent fetches and decodes for a container with `quota`.
 
-    One per CPU, since a decode takes a core; fewer where the memory limit, less the
-    memory tier (tmpfs pages are charged to the container that writes them) and the
-    process itself, holds fewer decodes of the largest shard (`shard_bytes`, source
-    size) at once. Never below 1: one fetch at a time still makes progress.
+    One per CPU, since a decode takes a core; fewer where the room to decode in
+    (`decode_room`) holds fewer decode peaks of the largest shard (`decoded_bytes`, its
+    decoded size or a guess of it) at once. Never below 1: one fetch at a time still
+    makes progress. The decode budget, not this, keeps the decodes within the room.
     """
     workers = quota.cpus
-    if quota.memory_limit is not None:
-        spare = quota.memory_limit - memory_tier_bytes - BASE_MEMORY_BYTES
-        per_fetch = max(1, FETCH_MEMORY_FACTOR * shard_bytes)
-        workers = min(workers, spare // per_fetch)
+    if room is not None:
+        workers = min(workers, room // decode_peak(decoded_bytes))
     return max(1, workers)
+
+
+def decode_peak(decoded_bytes: int) -> int:
+    """Bytes a decode of a shard of `decoded_bytes` (by its metadata) peaks at."""
+    return max(1, DECODE_PEAK_FACTOR * decoded_bytes)
+
+
+def decode_room(quota: Quota, *, volume_bytes: int) -> int | None:
+    """Bytes this container may decode in: its memory limit less its memory volume's
+    tmpfs pages (`volume_bytes`, charged to the same cgroup) and the process itself
+    (`BASE_MEMORY_BYTES`). None without a memory limit; 0 when nothing is left."""
+    if quota.memory_limit is None:
+        return None
+    return max(0, quota.memory_limit - volume_bytes - BASE_MEMORY_BYTES)
+
+
+def volume_bytes(
+    memory_tier_bytes: int, *, tmpfs_size: int | None, memory_limit: int | None
+) -> int:
+    """Bytes of the memory tier's volume to count against the memory limit.
+
+    A tmpfs smaller than the memory limit is a sized volume (an emptyDir of medium
+    Memory with a sizeLimit): its pages are charged to this cgroup, up to its size
+    (`tmpfs_size`, None where the volume is no tmpfs). Otherwise the webhook's run
+    volume (`contract.variables.run_volume_bytes` of the tier): a tmpfs as large as the
+    limit has no size of its own (it may take half the node), and a disk's pages are
+    page cache the kernel reclaims, so the webhook's size is the bound counted then.
+    """
+    if tmpfs_size is not None and (memory_limit is None or tmpfs_size < memory_limit):
+        return tmpfs_size
+    return variables.run_volume_bytes(memory_tier_bytes)
+
+
+def tmpfs_size(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> int | None:
+    """Bytes the tmpfs holding `path` holds in all; None where `path` is on another
+    kind of filesystem or it cannot be told."""
+    try:
+        target = os.path.realpath(path)
+        lines = mountinfo.read_text().splitlines()
+        stat = os.statvfs(target)
+    except OSError:
+        return None
+    best, kind = "", ""
+    for line in lines:
+        # "36 35 98:0 / /mnt rw,noatime shared:1 - tmpfs tmpfs rw,size=..." (proc(5)).
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        mount_point = fields[4].replace("\\040", " ")
+        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best):
+            best, kind = mount_point, line.split(" - ", 1)[1].split()[0]
+    return stat.f_blocks * stat.f_frsize if kind == "tmpfs" else None
 
 
 def _cgroup_dirs(root: Path, proc_cgroup: Path) -> list[Path]:

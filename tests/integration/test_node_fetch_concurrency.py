@@ -78,10 +78,19 @@ def test_acquires_of_cold_shards_decode_no_more_than_the_fetch_concurrency_at_on
 def test_fetch_concurrency_0_is_sized_from_the_cgroup(tmp_path: Path) -> None:
     node = node_over(tmp_path, fetch_concurrency=0)
     try:
+        quota = quotas.read()
+        room = quotas.decode_room(
+            quota,
+            volume_bytes=quotas.volume_bytes(
+                node.settings.memory_limit,
+                tmpfs_size=quotas.tmpfs_size(node.settings.memory_dir),
+                memory_limit=quota.memory_limit,
+            ),
+        )
         expected = quotas.fetch_concurrency(
-            quotas.read(),
-            shard_bytes=max(s.size for s in node.manifest.shards),
-            memory_tier_bytes=node.settings.memory_limit,
+            quota,
+            decoded_bytes=quotas.FETCH_MEMORY_FACTOR * max(s.size for s in node.manifest.shards),
+            room=room,
         )
         assert node.fetch_concurrency == expected >= 1
     finally:

@@ -32,12 +32,31 @@ def test_reservations_that_fit_together_do_not_wait() -> None:
 
 def test_a_reservation_over_the_capacity_is_refused_at_once() -> None:
     with (
-        pytest.raises(errors.CacheError, match="cannot fit the decode budget of 100 bytes"),
+        pytest.raises(
+            decode_budgets.DecodeRoomError,
+            match=r"peaks at about 101 bytes, more than the decode budget of 100 bytes",
+        ),
         decode_budgets.DecodeBudget(100).reserve(101),
     ):
         pass
+    # A cache error (HTTP 503, kind=cache): not the source's fault, nor a bug.
+    assert issubclass(decode_budgets.DecodeRoomError, errors.CacheError)
 
 
 def _hold(budget: decode_budgets.DecodeBudget, nbytes: int, entered: threading.Event) -> None:
     with budget.reserve(nbytes):
         entered.set()
+
+
+def test_only_a_shard_whose_decoded_size_alone_exceeds_the_capacity_is_refused() -> None:
+    # The peak factor is an estimate (token lists peak near 1.4x their metadata's
+    # size, flat columns near 3x): a shard that fits decoded runs alone with all the
+    # room rather than being refused for an estimate.
+    budget = decode_budgets.DecodeBudget(100, what="the room")
+    budget.check_fits(100)
+    with pytest.raises(
+        decode_budgets.DecodeRoomError,
+        match=r"that is more than the decode budget of 100 bytes \(the room\)",
+    ) as refused:
+        budget.check_fits(101)
+    assert (refused.value.size, refused.value.room) == (101, 100)

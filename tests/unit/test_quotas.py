@@ -69,9 +69,9 @@ def test_no_cgroup_files_means_no_limits(tmp_path: Path) -> None:
         (16, 2.0, None, 2),
         (16, None, None, 16),
         (4, 16.0, None, 4),
-        # The memory limit, less the memory tier and the process, holds 3 decodes of a
-        # 64 MiB shard (4 x 64 MiB each).
-        (16, None, 2 * GiB + 256 * MiB + 3 * 256 * MiB + MiB, 3),
+        # The memory limit, less the memory volume and the process, holds 3 decode peaks
+        # of a shard of 64 MiB decoded (3 x 64 MiB each).
+        (16, None, GiB + 256 * MiB + 3 * 3 * 64 * MiB + MiB, 3),
         # Even a pod with no room to spare fetches one at a time.
         (16, 8.0, GiB, 1),
     ],
@@ -80,5 +80,6 @@ def test_fetch_concurrency_is_the_cpu_quota_capped_by_memory(
     affinity: int, cpu_limit: float | None, memory_limit: int | None, expected: int
 ) -> None:
     quota = quotas.Quota(affinity=affinity, cpu_limit=cpu_limit, memory_limit=memory_limit)
-    got = quotas.fetch_concurrency(quota, shard_bytes=64 * MiB, memory_tier_bytes=2 * GiB)
+    room = quotas.decode_room(quota, volume_bytes=GiB)
+    got = quotas.fetch_concurrency(quota, decoded_bytes=64 * MiB, room=room)
     assert got == expected
