@@ -21,6 +21,7 @@ from shardcache_operator import (
     sample_room,
     specs,
     status,
+    volume_room,
 )
 
 #: Returns the DatasetMount object (as the API serves it) or None when it does not exist.
@@ -150,9 +151,13 @@ def decide(
                 )
             warnings.append(f"{reason}; admitted without the cache for {name}")
             continue
-        tight = sample_room.warning(where, mount.spec, obj.get("status") or {}, pod)
+        pinned = obj.get("status") or {}
+        tight = sample_room.warning(where, mount.spec, pinned, pod)
         if tight:
             warnings.append(tight)
+        crowded = volume_room.warning(where, mount.spec, pinned, pod)
+        if crowded:
+            warnings.append(crowded)
         mounts.append(
             injection.Mount(
                 name=name,

@@ -197,13 +197,13 @@ def format_bytes(size: int) -> str:
 
 MiB = 1 << 20
 #: The run volume's room over the memory tier's limit, as a fraction of that limit.
-#: The tier counts only its files, but a reader keeps the shard it just released
-#: mapped until its next acquire returns (zero-copy slices of a batch that spans two
-#: shards), so an evicted file's pages stay in the volume a while: about one decoded
-#: shard per reader beyond the limit. The webhook knows neither the decoded shard size
-#: nor the number of readers, so it gives a quarter of the tier (one shard per reader
-#: when the tier holds four or more per reader, as its prefetch depth wants); when that
-#: is not enough the tier treats ENOSPC as "no room yet" and evicts or waits.
+#: The tier counts only its files, but a rank keeps the batch it last used (a zero-copy
+#: slice that maps its whole shard) while it asks for the next, so an evicted shard's
+#: pages stay in the volume until it moves on: one decoded shard per local rank beyond
+#: the limit. A quarter of the tier covers that while the tier holds four or more
+#: decoded shards per local rank; admission warns a pod whose ranks' shards exceed it
+#: (`volume_room`), and a sidecar whose ranks all wait for room they hold themselves
+#: fails their acquires with what the volume needs (`shardcache.node.volume_cycles`).
 RUN_VOLUME_HEADROOM = 0.25
 
 

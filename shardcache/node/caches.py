@@ -42,6 +42,7 @@ from shardcache.node import (
     quotas,
     tiers,
     timelines,
+    volume_cycles,
     window_claims,
     work_queues,
 )
@@ -464,6 +465,9 @@ class CacheNode:
         self._lock = threading.Lock()
         self._inflight: dict[int, _Attempt] = {}
         self._readers: dict[str, _Reader] = {}
+        #: Readers' acquires in progress: when they are as many as the readers, none
+        #: can unmap what it holds of the memory volume (`_volume_cycle_check`).
+        self._acquiring = 0
         #: The epoch's global order, made once for all the readers that share it.
         self._orders = epoch_plans.EpochPlans(manifest.shard_rows, manifest.digest)
         quota = quotas.read()
@@ -534,6 +538,7 @@ class CacheNode:
         descriptors let go of the parent's locks, `_locks`)."""
         self._lock = threading.Lock()
         self._inflight = {}
+        self._acquiring = 0
         self._queue = work_queues.WorkQueue()
         self._workers = []
         self._fill_lock = threading.Lock()
@@ -659,6 +664,26 @@ class CacheNode:
         beside: Sequence[tiers.Entry] = (),
         count: bool = True,
         missed: bool = False,
+    ) -> tiers.Entry:
+        """`_acquire`, counted among the readers' acquires in progress when `count`."""
+        if not count:
+            return self._acquire(shard, timeout=timeout, beside=beside, count=count, missed=missed)
+        with self._lock:
+            self._acquiring += 1
+        try:
+            return self._acquire(shard, timeout=timeout, beside=beside, count=count, missed=missed)
+        finally:
+            with self._lock:
+                self._acquiring -= 1
+
+    def _acquire(
+        self,
+        shard: int,
+        *,
+        timeout: float | None,
+        beside: Sequence[tiers.Entry],
+        count: bool,
+        missed: bool,
     ) -> tiers.Entry:
         """Block until `shard` is resident in the memory tier; return a lease on it.
 
@@ -1080,10 +1105,12 @@ class CacheNode:
         waiting: Callable[[], None] | None = None
         if not prefetch:
             check = self._window_room_check()
+            cycle = self._volume_cycle_check(decoded.size)
 
             def waiting() -> None:
                 at("room")
                 check()
+                cycle()
 
         try:
             # Readahead never evicts: an evicted shard would be one a reader needs
@@ -1227,6 +1254,51 @@ class CacheNode:
 
         return check
 
+    def _volume_cycle_check(self, size: int) -> Callable[[], None]:
+        """What an acquire's insert of `size` bytes also calls while it waits for room:
+        fails it once its readers hold the memory volume's missing room themselves, all
+        waiting in acquires (`volume_cycles`), instead of at the tier's wait timeout.
+        Only where this process serves every reader of the volume (a sole writer: the
+        sidecar); readers of other processes may still be progressing."""
+        watch = volume_cycles.Watch()
+
+        def check() -> None:
+            if not self.settings.memory_sole_writer:
+                return
+            with self._lock:
+                readers, waiting = len(self._readers), self._acquiring
+            found = tiers.volume(self.memory.root)
+            need = tiers.needed(size)
+            if found is None or found.free >= need or waiting < readers:
+                watch.reset()
+                return
+            resident = self.memory.resident_bytes()
+            look = volume_cycles.Look(
+                total=found.total,
+                free=found.free,
+                own=self.memory.used_bytes(),
+                evictable=max(0, resident - self.memory.leased_bytes()),
+                need=need,
+                readers=readers,
+                waiting=waiting,
+            )
+            if not watch.lasted(look, time.monotonic()):
+                return
+            with self._lock:
+                largest = max(self._decoded_sizes.values(), default=size)
+            message = volume_cycles.describe(
+                look,
+                root=str(self.memory.root),
+                limit=self.settings.memory_limit,
+                shard_bytes=max(largest, size),
+                setting=variables.MEMORY_LIMIT.env,
+            )
+            log.error("%s", message)
+            # `_insert_decoded` names the shard in front of this.
+            raise errors.CacheError(message)
+
+        return check
+
     def _warn_small_memory(self, size: int) -> None:
         if self._warned_small_memory:
             return
@@ -1234,8 +1306,8 @@ class CacheNode:
         log.warning(
             "memory tier limit (%d bytes) is smaller than the readahead wants "
             "(prefetch depth %d, shard ~%d bytes decoded, %d bytes in use): readahead "
-            "is reduced to what fits; readers still progress, more slowly. Raise the "
-            "memory limit or lower the prefetch depth.",
+            "is reduced to what fits, and a reader waits for each shard it reaches. Raise "
+            "the memory limit or lower the prefetch depth.",
             self.settings.memory_limit,
             self.settings.prefetch_depth,
             size,

@@ -225,8 +225,11 @@ def test_admission_admits_the_pod_and_carries_the_warning() -> None:
         pod, namespace="ml", lookup=lambda ns, name: mount, defaults=DEFAULTS
     )
     assert decision.allowed and decision.injected == ("web",)
-    assert len(decision.warnings) == 1
+    # And (`volume_room`) 8 ranks of 128 MiB shards beside a 2Gi tier need more than
+    # the run volume's 512Mi of headroom.
+    assert len(decision.warnings) == 2
     assert decision.warnings[0].startswith("DatasetMount ml/web shuffles samples")
+    assert decision.warnings[1].startswith("DatasetMount ml/web: the pod's run volume")
 
     pod["metadata"]["annotations"] = {injection.ANNOTATION_LOCAL_RANKS: "eight"}
     refused = admission.admit(pod, namespace="ml", lookup=lambda ns, name: mount, defaults=DEFAULTS)

@@ -60,7 +60,7 @@ from shardcache.node.tiers._errors import (
     RoomHeldError,
     TierFullError,
 )
-from shardcache.node.tiers._no_space import limit_within, volume_under
+from shardcache.node.tiers._no_space import Volume, limit_within, needed, volume, volume_under
 from shardcache.node.tiers._tier import ScanReport, Tier, TierObserver
 
 __all__ = [
@@ -78,11 +78,14 @@ __all__ = [
     "TierFullError",
     "TierObserver",
     "Unusable",
+    "Volume",
     "check_key",
     "limit_within",
     "mark_used",
+    "needed",
     "read_meta",
     "sha256_file",
     "unusable",
+    "volume",
     "volume_under",
 ]

@@ -1,0 +1,121 @@
+"""Eight ranks on a run volume the webhook sized, each keeping one evicted shard mapped.
+
+A rank keeps the batch it last used while it asks for the next (`for b in
+ds.batches(n)`), a zero-copy slice that maps its whole shard; once the tier evicted
+that shard its pages stay in the volume beyond the tier's limit. Eight ranks hold
+eight shards, more than the volume's room over the limit: every insert waited for
+readers to unmap and every reader waited in an acquire, 300 s, then CacheError
+(explorer report D1). The sidecar now fails the waiting acquires within seconds with
+what the volume needs (`caches.CacheNode._volume_cycle_check`). Root only (tmpfs).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+from shardcache_operator import pod_volumes
+
+from shardcache import contract
+from tests.support import datasets
+from tests.support.sidecar import SidecarProcess
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root"),
+]
+
+RANKS = 8
+#: 24 shards of ~1 MiB decoded through a 4 MiB tier on a 5 MiB volume: 8 ranks each
+#: mapping one evicted shard need 8 MiB beyond the tier's files.
+SHARDS = [15_000] * 24
+TIER_BYTES = 4 << 20
+#: The tier's wait for room: what the ranks waited before the fix.
+WAIT_S = 300
+
+RANK = r"""
+import json, sys, shardcache
+rank, world, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+ds = shardcache.open(rank=rank, world_size=world, seed=1)
+uids = []
+try:
+    for b in ds.batches(batch_size=256):
+        uids.extend(b.column("uid").to_pylist())
+    result = {"uids": uids}
+except Exception as e:
+    result = {"uids": uids, "error": f"{type(e).__name__}: {e}"}
+# A file, not a pipe: a rank blocked writing to a full pipe would keep its mappings.
+with open(out, "w") as f:
+    json.dump(result, f)
+"""
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: int) -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.mark.timeout(240)
+def test_ranks_holding_evicted_shards_beyond_the_volume_read_every_row_once_or_fail_fast(
+    sidecar_factory: Callable[..., SidecarProcess], tmp_path: Path
+) -> None:
+    root = tmp_path / "ds"
+    datasets.write_dataset(pafs.LocalFileSystem(), str(root), SHARDS)
+    proc = sidecar_factory(f"file://{root}", env={contract.ENV_MEMORY_LIMIT: str(TIER_BYTES)})
+    volume = pod_volumes.run_volume_bytes(TIER_BYTES)
+    results: list[dict[str, object]] = []
+    with tmpfs(proc.run_dir, volume):
+        try:
+            proc.start(wait="ready")
+            env = {**os.environ, **proc.client_env()}
+            began = time.monotonic()
+            ranks = [
+                subprocess.Popen(
+                    [sys.executable, "-c", RANK, str(r), str(RANKS), str(tmp_path / f"{r}.json")],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for r in range(RANKS)
+            ]
+            try:
+                for r, p in enumerate(ranks):
+                    p.wait(timeout=max(1.0, began + 90 - time.monotonic()))
+                    results.append(json.loads((tmp_path / f"{r}.json").read_text()))
+            finally:
+                for p in ranks:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+            took = time.monotonic() - began
+        finally:
+            proc.kill()
+    uids = [u for r in results for u in r["uids"]]  # type: ignore[attr-defined]
+    seen = collections.Counter(uids)
+    assert max(seen.values(), default=1) == 1, "a row was read twice"
+    failed = [str(r["error"]) for r in results if "error" in r]
+    if not failed:
+        assert len(seen) == sum(SHARDS)
+        return
+    # A fast, clear error: well before the tier's wait timeout, naming the volume's
+    # size, the bytes readers still map, how many readers, and the volume needed.
+    assert took < WAIT_S / 3, took
+    for error in failed:
+        assert "cannot hold what its" in error, error
+        assert f"({volume} bytes)" in error, error
+        assert "shards the tier evicted that readers still map" in error, error
+        assert "The volume needs at least" in error, error
