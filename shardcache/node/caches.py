@@ -480,6 +480,7 @@ class CacheNode:
                 tmpfs_size=quotas.tmpfs_size(settings.memory_dir),
                 memory_limit=quota.memory_limit,
             ),
+            base=quotas.process_base(),
         )
         self._decode_capacity = decode_budgets.capacity(settings.memory_limit, self._decode_room)
         #: Fetches and decodes run at once: the setting, else sized from the quota, the

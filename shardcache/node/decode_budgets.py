@@ -44,8 +44,7 @@ def capacity(memory_tier_bytes: int, room: int | None) -> tuple[int, str]:
         )
     return room, (
         f"the {room} bytes the container's memory limit leaves to decode in, beside the "
-        f"memory volume's tmpfs pages and {quotas.BASE_MEMORY_BYTES} bytes for the "
-        "process itself"
+        "memory volume's tmpfs pages and the process itself"
     )
 
 

@@ -97,13 +97,33 @@ def decode_peak(decoded_bytes: int) -> int:
     return max(1, DECODE_PEAK_FACTOR * decoded_bytes)
 
 
-def decode_room(quota: Quota, *, volume_bytes: int) -> int | None:
+def decode_room(quota: Quota, *, volume_bytes: int, base: int = BASE_MEMORY_BYTES) -> int | None:
     """Bytes this container may decode in: its memory limit less its memory volume's
     tmpfs pages (`volume_bytes`, charged to the same cgroup) and the process itself
-    (`BASE_MEMORY_BYTES`). None without a memory limit; 0 when nothing is left."""
+    (`base`: `process_base()` where it can be measured). None without a memory limit;
+    0 when nothing is left."""
     if quota.memory_limit is None:
         return None
-    return max(0, quota.memory_limit - volume_bytes - BASE_MEMORY_BYTES)
+    return max(0, quota.memory_limit - volume_bytes - base)
+
+
+#: What the process may grow by beyond what it holds when its cache starts (readers'
+#: state, connection buffers, metrics), within `process_base`.
+GROWTH_BYTES = 64 << 20
+
+
+def process_base(statm: Path = Path("/proc/self/statm")) -> int:
+    """The process's own memory for `decode_room`: what it has resident now (the
+    interpreter, pyarrow, aiohttp, the manifest: 100-150 MiB measured, a sidecar with
+    8 ranks at 143 MB) plus `GROWTH_BYTES`, never more than `BASE_MEMORY_BYTES`, which
+    is also the answer where /proc cannot say. The constant alone left no room at all
+    to a sidecar given 256Mi (its decodes all refused), where it had served for
+    sessions."""
+    try:
+        resident_pages = int(statm.read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return BASE_MEMORY_BYTES
+    return min(BASE_MEMORY_BYTES, resident_pages * os.sysconf("SC_PAGE_SIZE") + GROWTH_BYTES)
 
 
 def volume_bytes(

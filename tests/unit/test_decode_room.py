@@ -101,3 +101,23 @@ def test_tmpfs_size_reads_the_mount_holding_the_path(tmp_path: Path) -> None:
     mountinfo.write_text("22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n")
     assert quotas.tmpfs_size(inner, mountinfo) is None
     assert quotas.tmpfs_size(tmp_path / "missing", mountinfo) is None
+
+
+def test_the_process_base_is_what_it_holds_plus_growth_never_over_the_constant(
+    tmp_path: Path,
+) -> None:
+    page = os.sysconf("SC_PAGE_SIZE")
+    statm = tmp_path / "statm"
+    statm.write_text(f"100000 {(120 << 20) // page} 5000 100 0 20000 0\n")
+    assert quotas.process_base(statm) == (120 << 20) + quotas.GROWTH_BYTES
+    # A sidecar given 256Mi (the node tier's limits test) keeps room to decode in:
+    # with the constant alone, 256Mi + a 20Mi volume left none, and every shard was
+    # refused.
+    room = quotas.decode_room(
+        quota(276 << 20), volume_bytes=20 << 20, base=quotas.process_base(statm)
+    )
+    assert room == (256 - 120 - 64) << 20
+    statm.write_text(f"100000 {(400 << 20) // page} 5000 100 0 20000 0\n")
+    assert quotas.process_base(statm) == quotas.BASE_MEMORY_BYTES
+    assert quotas.process_base(tmp_path / "missing") == quotas.BASE_MEMORY_BYTES
+    assert 0 < quotas.process_base() <= quotas.BASE_MEMORY_BYTES
