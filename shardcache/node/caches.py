@@ -468,6 +468,8 @@ class CacheNode:
         #: Readers' acquires in progress: when they are as many as the readers, none
         #: can unmap what it holds of the memory volume (`_volume_cycle_check`).
         self._acquiring = 0
+        #: Readers' acquires ended so far: progress that restarts a cycle's grace.
+        self._acquires_ended = 0
         #: The epoch's global order, made once for all the readers that share it.
         self._orders = epoch_plans.EpochPlans(manifest.shard_rows, manifest.digest)
         quota = quotas.read()
@@ -540,6 +542,7 @@ class CacheNode:
         self._lock = threading.Lock()
         self._inflight = {}
         self._acquiring = 0
+        self._acquires_ended = 0
         self._queue = work_queues.WorkQueue()
         self._workers = []
         self._fill_lock = threading.Lock()
@@ -676,6 +679,7 @@ class CacheNode:
         finally:
             with self._lock:
                 self._acquiring -= 1
+                self._acquires_ended += 1
 
     def _acquire(
         self,
@@ -1257,10 +1261,11 @@ class CacheNode:
 
     def _volume_cycle_check(self, size: int) -> Callable[[], None]:
         """What an acquire's insert of `size` bytes also calls while it waits for room:
-        fails it once its readers hold the memory volume's missing room themselves, all
-        waiting in acquires (`volume_cycles`), instead of at the tier's wait timeout.
-        Only where this process serves every reader of the volume (a sole writer: the
-        sidecar); readers of other processes may still be progressing."""
+        fails it once its readers hold the memory volume's missing room themselves,
+        waiting in acquires or for those that do (`volume_cycles`), instead of at the
+        tier's wait timeout. Only where this process serves every reader of the volume
+        (a sole writer: the sidecar); readers of other processes may still be
+        progressing."""
         watch = volume_cycles.Watch()
 
         def check() -> None:
@@ -1268,9 +1273,10 @@ class CacheNode:
                 return
             with self._lock:
                 readers, waiting = len(self._readers), self._acquiring
+                ended = self._acquires_ended
             found = tiers.volume(self.memory.root)
             need = tiers.needed(size)
-            if found is None or found.free >= need or waiting < readers:
+            if found is None or found.free >= need or waiting == 0:
                 watch.reset()
                 return
             resident = self.memory.resident_bytes()
@@ -1282,6 +1288,7 @@ class CacheNode:
                 need=need,
                 readers=readers,
                 waiting=waiting,
+                ended=ended,
             )
             if not watch.lasted(look, time.monotonic()):
                 return

@@ -16,6 +16,15 @@ acquire, the volume has not gained room for `GRACE_S`, and neither its free byte
 nor the tier's unleased entries cover the insert, the room is held by the waiting
 readers themselves. The acquire then fails with what the volume needs.
 
+Readers need not all wait in an acquire for the cycle to hold: a rank that got its last
+batch and then waits for the others (a collective, a barrier; in the explorer's run a
+rank blocked writing its output to a pipe) keeps its batch mapped and asks for nothing,
+so "every reader waits" never came true and three of eight ranks waited out the tier's
+300 s. Such a reader cannot be told from one busy with a long shard, so the cycle short
+of some readers fails only after `IDLE_GRACE_S` in which no acquire ended and the volume
+gained neither free nor evictable room: a busy reader that moves on gives back room (or
+joins the waiting), which starts the grace again.
+
 Pure functions and a small state, so the arithmetic is tested without a full volume.
 """
 
@@ -28,6 +37,12 @@ import dataclasses
 #: (`datasets._Mappings.UNMAP_EVERY_S`) and than the tier waits for them before it
 #: evicts again (`tiers._no_space.UNMAP_GRACE_S`).
 GRACE_S = 3.0
+
+#: Seconds a cycle must last while some readers are not in an acquire: they asked for
+#: nothing and gave back no room meanwhile. Long, because a reader busy with one shard
+#: (a slow step, an evaluation) asks for nothing either, and far inside the tier's own
+#: wait for room (300 s), which fails the acquire anyway with a vaguer error.
+IDLE_GRACE_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +61,9 @@ class Look:
     #: Readers this process serves, and the acquires of theirs in progress.
     readers: int
     waiting: int
+    #: Readers' acquires ended so far (a count that only grows): one that ended is
+    #: progress, or a reader that failed and gives its room back.
+    ended: int = 0
 
     @property
     def mapped(self) -> int:
@@ -54,16 +72,26 @@ class Look:
         return max(0, self.total - self.free - self.own)
 
 
+def held(look: Look) -> bool:
+    """Whether only readers could give the insert its room: neither the free bytes nor
+    the unleased entries cover what it needs, while readers' mappings hold part of the
+    volume."""
+    return look.free + look.evictable < look.need and look.mapped > 0
+
+
 def stuck(look: Look) -> bool:
     """Whether nothing but the waiting readers could give the insert its room: every
-    reader waits in an acquire, and neither the free bytes nor the unleased entries
-    cover what the insert needs, while readers' mappings hold part of the volume."""
-    return (
-        look.readers > 0
-        and look.waiting >= look.readers
-        and look.free + look.evictable < look.need
-        and look.mapped > 0
-    )
+    reader waits in an acquire, and the room is `held`."""
+    return look.readers > 0 and look.waiting >= look.readers and held(look)
+
+
+def grace(look: Look) -> float | None:
+    """How long `look` must last to be a cycle: `GRACE_S` when every reader waits in
+    an acquire, `IDLE_GRACE_S` when some do and the others may be waiting for them
+    elsewhere; None when no reader waits or the room is not `held`."""
+    if look.readers <= 0 or look.waiting <= 0 or not held(look):
+        return None
+    return GRACE_S if look.waiting >= look.readers else IDLE_GRACE_S
 
 
 def volume_needed(limit: int, readers: int, shard_bytes: int) -> int:
@@ -87,21 +115,31 @@ class Watch:
 
     since: float | None = None
     free: int | None = None
+    evictable: int | None = None
+    ended: int | None = None
 
     def reset(self) -> None:
         """No cycle now: the next one starts its grace afresh."""
-        self.since = self.free = None
+        self.since = self.free = self.evictable = self.ended = None
 
     def lasted(self, look: Look, now: float) -> bool:
-        """Whether `look` is a cycle that has lasted `GRACE_S`: not while the volume
-        gains room (a reader unmapped: progress, however slow)."""
-        if not stuck(look):
+        """Whether `look` is a cycle that has lasted its `grace`: not while the volume
+        gains free or evictable room (a reader unmapped or let go: progress, however
+        slow) or an acquire ends. A reader joining the waiting keeps the time: the
+        room it holds was missing already."""
+        wanted = grace(look)
+        if wanted is None:
             self.reset()
             return False
-        if self.since is None or (self.free is not None and look.free > self.free):
+        if (
+            self.since is None
+            or (self.free is not None and look.free > self.free)
+            or (self.evictable is not None and look.evictable > self.evictable)
+            or look.ended != self.ended
+        ):
             self.since = now
-        self.free = look.free
-        return now - self.since >= GRACE_S
+        self.free, self.evictable, self.ended = look.free, look.evictable, look.ended
+        return now - self.since >= wanted
 
 
 def describe(look: Look, *, root: str, limit: int, shard_bytes: int, setting: str) -> str:
@@ -117,8 +155,8 @@ def describe(look: Look, *, root: str, limit: int, shard_bytes: int, setting: st
     )
     return (
         f"the memory volume {root} ({look.total} bytes) cannot hold what its "
-        f"{look.readers} reader(s) keep mapped beside the tier: every reader waits in an "
-        f"acquire, {look.mapped} bytes of the volume are shards the tier evicted that "
+        f"{look.readers} reader(s) keep mapped beside the tier: {_who_waits(look)}, "
+        f"{look.mapped} bytes of the volume are shards the tier evicted that "
         "readers still map (each keeps the batch it holds, a zero-copy slice of its "
         f"previous shard), the tier's files take {look.own} ({look.evictable} of them "
         f"unleased) and {look.free} bytes are free, but this shard needs {look.need}. "
@@ -127,4 +165,15 @@ def describe(look: Look, *, root: str, limit: int, shard_bytes: int, setting: st
         f"{setting}) plus one decoded shard ({shard_bytes} bytes) per reader{pod} "
         '(docs/operator.md, "The run volume"). Or run fewer readers on the node, or '
         "let go of each batch before asking for the next (a copy keeps no mapping)"
+    )
+
+
+def _who_waits(look: Look) -> str:
+    if look.waiting >= look.readers:
+        return "every reader waits in an acquire"
+    return (
+        f"{look.waiting} of them wait in an acquire and the other "
+        f"{look.readers - look.waiting} gave back no room for {IDLE_GRACE_S:g} s while "
+        "keeping theirs mapped (a rank that waits for the others, in a collective or a "
+        "barrier, or one busy elsewhere)"
     )
