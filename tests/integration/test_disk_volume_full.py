@@ -12,10 +12,8 @@ sidecar clamps its disk limit (a fixed 50 GiB by default) to the volume's size a
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -24,7 +22,7 @@ import pytest
 import shardcache
 from shardcache import contract, errors, manifests, plans, sidecar_client
 from shardcache.node import caches
-from tests.support import datasets
+from tests.support import datasets, mounts
 from tests.support.sidecar import SidecarProcess
 
 pytestmark = [
@@ -40,16 +38,6 @@ VOLUME = 16 * MiB
 FILLER = 8 * MiB
 
 
-@contextlib.contextmanager
-def tmpfs(path: Path, size: int) -> Iterator[Path]:
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
-
-
 @pytest.mark.timeout(180)
 def test_a_dataset_larger_than_the_free_room_of_the_disk_volume_serves_every_row(
     sidecar_factory: Callable[..., SidecarProcess], tmp_path: Path
@@ -58,7 +46,7 @@ def test_a_dataset_larger_than_the_free_room_of_the_disk_volume_serves_every_row
     source_bytes = sum(f.stat().st_size for f in (tmp_path / "ds").iterdir())
     assert source_bytes > VOLUME - FILLER  # the tier must evict to get through
     proc = sidecar_factory(uri, env={contract.ENV_PREFETCH_DEPTH: "2"})
-    with tmpfs(proc.disk_dir, VOLUME) as disk:
+    with mounts.tmpfs(proc.disk_dir, VOLUME) as disk:
         (disk / "someone-elses.bin").write_bytes(b"\0" * FILLER)
         try:
             proc.start(wait="ready")
@@ -92,7 +80,7 @@ def test_a_disk_volume_with_no_room_and_nothing_to_evict_is_a_cache_error_not_a_
 ) -> None:
     datasets.write_dataset(pafs.LocalFileSystem(), str(tmp_path / "ds"), [40_000])
     manifest = manifests.resolve(f"file://{tmp_path / 'ds'}")
-    with tmpfs(tmp_path / "disk", 2 * MiB) as disk:
+    with mounts.tmpfs(tmp_path / "disk", 2 * MiB) as disk:
         (disk / "someone-elses.bin").write_bytes(b"\0" * (3 * MiB // 2))
         settings = caches.NodeSettings(
             disk_dir=disk, memory_dir=tmp_path / "mem", prefetch_depth=0, wait_timeout=1.0

@@ -16,7 +16,7 @@ import pytest
 
 from shardcache import errors
 from shardcache.node import tiers
-from tests.integration.test_memory_volume_full import tmpfs
+from tests.support import mounts
 
 pytestmark = [
     pytest.mark.integration,
@@ -34,7 +34,7 @@ def _write(path: Path) -> None:
 def test_a_tier_below_its_limit_on_a_volume_another_namespace_filled_names_them(
     tmp_path: Path,
 ) -> None:
-    with tmpfs(tmp_path / "node", 8 * MiB) as volume:
+    with mounts.tmpfs(tmp_path / "node", 8 * MiB) as volume:
         # Team a's limit is far above the volume: it fills it, evicting its own at ENOSPC.
         a = tiers.Tier(volume / "ns-a", limit_bytes=1 << 40, name="disk", fsync=False)
         held = [a.insert(f"a{i}", MiB, _write) for i in range(7)]  # its readers hold them

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +34,7 @@ from shardcache_operator import pod_volumes
 import shardcache
 from shardcache import contract, errors, plans, sidecar_client
 from shardcache.node import tiers
-from tests.support import datasets
+from tests.support import datasets, mounts
 from tests.support.sidecar import SidecarProcess
 
 pytestmark = [
@@ -53,16 +52,6 @@ SEED = 3
 BATCH = 4096
 
 
-@contextlib.contextmanager
-def tmpfs(path: Path, size: int) -> Iterator[Path]:
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
-
-
 @pytest.mark.timeout(240)
 def test_a_cold_epoch_through_a_run_volume_sized_like_the_webhook_serves_every_row(
     sidecar_factory: Callable[..., SidecarProcess], tmp_path: Path
@@ -78,7 +67,7 @@ def test_a_cold_epoch_through_a_run_volume_sized_like_the_webhook_serves_every_r
         },
         args=["--block-size", str(BLOCK)],
     )
-    with tmpfs(proc.run_dir, pod_volumes.run_volume_bytes(TIER_BYTES)):
+    with mounts.tmpfs(proc.run_dir, pod_volumes.run_volume_bytes(TIER_BYTES)):
         try:
             proc.start(wait="ready")
             shards = sidecar_client.SidecarProvider.from_env(
@@ -126,7 +115,7 @@ def mapped_then_evicted(tier: tiers.Tier, key: str, size: int) -> Iterator[mmap.
 
 
 def test_enospc_below_the_tier_limit_evicts_one_more_unleased_entry(tmp_path: Path) -> None:
-    with tmpfs(tmp_path / "v", 1024 * KiB) as volume:
+    with mounts.tmpfs(tmp_path / "v", 1024 * KiB) as volume:
         tier = tiers.Tier(volume, limit_bytes=1024 * KiB, name="memory", fsync=False)
         with mapped_then_evicted(tier, "a" * 64, 400 * KiB):
             tier.insert("c" * 64, 300 * KiB, _produce(300 * KiB)).release()
@@ -137,7 +126,7 @@ def test_enospc_below_the_tier_limit_evicts_one_more_unleased_entry(tmp_path: Pa
 
 
 def test_enospc_with_every_entry_leased_waits_for_the_reader_to_unmap(tmp_path: Path) -> None:
-    with tmpfs(tmp_path / "v", 1024 * KiB) as volume:
+    with mounts.tmpfs(tmp_path / "v", 1024 * KiB) as volume:
         tier = tiers.Tier(
             volume, limit_bytes=1024 * KiB, name="memory", fsync=False, wait_timeout=30.0
         )
@@ -153,7 +142,7 @@ def test_enospc_with_every_entry_leased_waits_for_the_reader_to_unmap(tmp_path: 
 
 
 def test_enospc_that_outlasts_the_wait_names_the_volume_and_the_setting(tmp_path: Path) -> None:
-    with tmpfs(tmp_path / "v", 1024 * KiB) as volume:
+    with mounts.tmpfs(tmp_path / "v", 1024 * KiB) as volume:
         tier = tiers.Tier(
             volume, limit_bytes=1024 * KiB, name="memory", fsync=False, wait_timeout=0.3
         )
@@ -212,7 +201,7 @@ def test_a_reader_of_mixed_shard_sizes_through_a_sidecar_on_a_webhook_sized_volu
     unmap while the one reader waited on that acquire: 300 s, then CacheError."""
     uri, table = datasets.write_local(tmp_path / "ds", MIXED_SHARDS)
     proc = sidecar_factory(uri, env={contract.ENV_MEMORY_LIMIT: str(MIXED_TIER_BYTES)})
-    with tmpfs(proc.run_dir, MIXED_VOLUME_BYTES):
+    with mounts.tmpfs(proc.run_dir, MIXED_VOLUME_BYTES):
         try:
             proc.start(wait="ready")
             shards = sidecar_client.SidecarProvider.from_env(
@@ -240,7 +229,7 @@ def test_an_embedded_reader_of_mixed_shard_sizes_on_a_tight_memory_volume_never_
 ) -> None:
     uri, table = datasets.write_local(tmp_path / "ds", MIXED_SHARDS)
     volume = tmp_path / "shm"
-    with tmpfs(volume, MIXED_VOLUME_BYTES):
+    with mounts.tmpfs(volume, MIXED_VOLUME_BYTES):
         with shardcache.open(
             uri,
             cache_dir=tmp_path / "cache",
@@ -255,7 +244,7 @@ def test_an_embedded_reader_of_mixed_shard_sizes_on_a_tight_memory_volume_never_
 def test_enospc_evicts_no_more_than_the_mapped_files_it_waits_for(tmp_path: Path) -> None:
     """Evicting entries a reader still maps frees nothing: the old code evicted one more
     at every retry, down to an empty tier, before it waited."""
-    with tmpfs(tmp_path / "v", 1024 * KiB) as volume:
+    with mounts.tmpfs(tmp_path / "v", 1024 * KiB) as volume:
         tier = tiers.Tier(
             volume, limit_bytes=1024 * KiB, name="memory", fsync=False, wait_timeout=30.0
         )
@@ -275,7 +264,7 @@ def test_enospc_evicts_no_more_than_the_mapped_files_it_waits_for(tmp_path: Path
 def test_enospc_never_deletes_a_file_the_tier_did_not_make(tmp_path: Path) -> None:
     """A foreign file named like a key in the tier's directory (NCCL's `nccl-…` in
     /dev/shm) was deleted when the volume ran out of space."""
-    with tmpfs(tmp_path / "v", 1024 * KiB) as volume:
+    with mounts.tmpfs(tmp_path / "v", 1024 * KiB) as volume:
         precious = volume / "precious"
         precious.write_bytes(b"y" * (300 * KiB))
         os.utime(precious, ns=(0, 0))  # the oldest file there

@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -27,7 +27,7 @@ from shardcache_operator import pod_volumes
 
 from shardcache import contract
 from shardcache.node import volume_cycles
-from tests.support import datasets
+from tests.support import datasets, mounts
 from tests.support.sidecar import SidecarProcess
 
 pytestmark = [
@@ -82,16 +82,6 @@ while sum(os.path.exists(os.path.join(here, f"{r}.json")) for r in range(world))
 """
 
 
-@contextlib.contextmanager
-def tmpfs(path: Path, size: int) -> Iterator[Path]:
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
-
-
 @pytest.mark.timeout(240)
 def test_ranks_holding_evicted_shards_beyond_the_volume_read_every_row_once_or_fail_fast(
     sidecar_factory: Callable[..., SidecarProcess], tmp_path: Path
@@ -101,7 +91,7 @@ def test_ranks_holding_evicted_shards_beyond_the_volume_read_every_row_once_or_f
     proc = sidecar_factory(f"file://{root}", env={contract.ENV_MEMORY_LIMIT: str(TIER_BYTES)})
     volume = pod_volumes.run_volume_bytes(TIER_BYTES)
     results: list[dict[str, object]] = []
-    with tmpfs(proc.run_dir, volume):
+    with mounts.tmpfs(proc.run_dir, volume):
         try:
             proc.start(wait="ready")
             env = {**os.environ, **proc.client_env()}
@@ -160,7 +150,7 @@ def test_ranks_that_wait_for_the_others_holding_their_last_batch_do_not_hide_the
     outs = tmp_path / "out"
     outs.mkdir()
     results: dict[int, dict[str, object]] = {}
-    with tmpfs(proc.run_dir, volume):
+    with mounts.tmpfs(proc.run_dir, volume):
         try:
             proc.start(wait="ready")
             env = {**os.environ, **proc.client_env()}

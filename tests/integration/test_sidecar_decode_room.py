@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ import pytest
 from shardcache import errors, plans, sidecar_client
 from shardcache.contract import variables
 from shardcache.node import quotas
+from tests.support import mounts
 from tests.support.sidecar import SidecarProcess
 
 MiB = 1 << 20
@@ -94,16 +94,6 @@ def memory_cgroup(limit: int) -> Iterator[Path]:
                 time.sleep(0.1)
 
 
-@contextlib.contextmanager
-def tmpfs(path: Path, size: int) -> Iterator[Path]:
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 def oom_kills(group: Path) -> int:
     for line in (group / "memory.oom_control").read_text().splitlines():
         if line.startswith("oom_kill "):
@@ -128,7 +118,7 @@ def test_shards_decoding_past_the_room_are_refused_with_a_reason_not_oom_killed(
     volume = variables.run_volume_bytes(TIER)
     limit = GiB + volume  # sidecar_container._limits: the spec's 1Gi + the run volume
     workdir = tmp_path / "w"
-    with memory_cgroup(limit) as group, tmpfs(workdir / "run", volume):
+    with memory_cgroup(limit) as group, mounts.tmpfs(workdir / "run", volume):
         proc = SidecarProcess(uri, workdir=workdir, env={variables.MEMORY_LIMIT.env: str(TIER)})
         proc.command_prefix = [
             "sh", "-c", f'echo $$ > {group}/cgroup.procs; exec "$@"', "in-cgroup",
@@ -193,7 +183,7 @@ def test_shards_that_fit_the_room_are_decoded_and_the_sidecar_becomes_ready(
     volume = variables.run_volume_bytes(TIER)
     limit = GiB + volume
     workdir = tmp_path / "w"
-    with memory_cgroup(limit) as group, tmpfs(workdir / "run", volume):
+    with memory_cgroup(limit) as group, mounts.tmpfs(workdir / "run", volume):
         proc = SidecarProcess(
             f"file://{root}", workdir=workdir, env={variables.MEMORY_LIMIT.env: str(TIER)}
         )
