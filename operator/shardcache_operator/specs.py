@@ -196,22 +196,10 @@ def format_bytes(size: int) -> str:
 
 
 MiB = 1 << 20
-#: The run volume's room over the memory tier's limit, as a fraction of that limit.
-#: The tier counts only its files, but a rank keeps the batch it last used (a zero-copy
-#: slice that maps its whole shard) while it asks for the next, so an evicted shard's
-#: pages stay in the volume until it moves on: one decoded shard per local rank beyond
-#: the limit. A quarter of the tier covers that while the tier holds four or more
-#: decoded shards per local rank; admission warns a pod whose ranks' shards exceed it
-#: (`volume_room`), and a sidecar whose ranks all wait for room they hold themselves
-#: fails their acquires with what the volume needs (`shardcache.node.volume_cycles`).
-RUN_VOLUME_HEADROOM = 0.25
-
-
-def run_volume_bytes(memory_tier_bytes: int) -> int:
-    """The run volume's sizeLimit: the memory tier plus `RUN_VOLUME_HEADROOM`, the
-    headroom rounded up to whole MiB (so the quantity reads as one, e.g. 16Mi -> 20Mi)."""
-    headroom = -(-int(memory_tier_bytes * RUN_VOLUME_HEADROOM) // MiB) * MiB
-    return memory_tier_bytes + headroom
+#: The run volume's room over the memory tier's limit, and its sizeLimit: defined once,
+#: in the contract (the sidecar counts that volume against its memory limit).
+RUN_VOLUME_HEADROOM = variables.RUN_VOLUME_HEADROOM
+run_volume_bytes = variables.run_volume_bytes
 
 
 # --- field metadata ----------------------------------------------------------------

@@ -286,8 +286,14 @@ MEMORY_LIMIT: Final = Variable(
 #: webhook sizes the pod's memory volume `run_volume_bytes(cache.memory)` and raises the
 #: sidecar's memory limit by as much; the sidecar counts that much of its cgroup limit
 #: as tmpfs pages, not as room to decode in (`shardcache.node.quotas.decode_room`).
-#: Why a quarter: `shardcache_operator.specs.RUN_VOLUME_HEADROOM`, which must equal it
-#: (tests/unit/test_decode_room.py checks).
+#: Why a quarter: the tier counts only its files, but a rank keeps the batch it last
+#: used (a zero-copy slice that maps its whole shard) while it asks for the next, so an
+#: evicted shard's pages stay in the volume until it moves on: one decoded shard per
+#: local rank beyond the limit. A quarter covers that while the tier holds four or more
+#: decoded shards per local rank; admission warns a pod whose ranks' shards exceed it
+#: (`shardcache_operator.volume_room`), and a sidecar whose ranks all wait for room they
+#: hold themselves fails their acquires with what the volume needs
+#: (`shardcache.node.volume_cycles`). The operator sizes with these two, not a copy.
 RUN_VOLUME_HEADROOM: Final = 0.25
 
 
