@@ -152,6 +152,16 @@ class FetchFailure:
     at: str
 
 
+@dataclasses.dataclass(frozen=True)
+class VolumeCycle:
+    """The last acquire failed on the memory volume's cycle (`NodeStats.last_volume_cycle`):
+    what the reader was told, so /v1/status shows it after the rank exited."""
+
+    error: str
+    #: When, UTC (ISO 8601).
+    at: str
+
+
 @dataclasses.dataclass
 class NodeStats:
     disk_resident_bytes: int = 0
@@ -175,6 +185,11 @@ class NodeStats:
     readahead_failures: int = 0
     #: The last failed fetch, whoever made it (the readahead's too): the reason.
     last_fetch_error: FetchFailure | None = None
+    #: Acquires failed because the readers themselves held the memory volume's
+    #: missing room (`CacheNode._volume_cycle_check`): each such acquire once.
+    volume_cycles: int = 0
+    #: The last of those: the error the reader got, and when (UTC, ISO 8601).
+    last_volume_cycle: VolumeCycle | None = None
     hits: dict[str, int] = dataclasses.field(default_factory=lambda: {"disk": 0, "memory": 0})
     misses: dict[str, int] = dataclasses.field(default_factory=lambda: {"disk": 0, "memory": 0})
     evictions: dict[str, int] = dataclasses.field(default_factory=lambda: {"disk": 0, "memory": 0})
@@ -255,6 +270,11 @@ class _Counting:
         self._failed(shard, error, ahead=True)
         if self._outer:
             self._outer.readahead_failed(shard, error)
+
+    def volume_cycle(self, error: str) -> None:
+        with self._lock:
+            self.stats.volume_cycles += 1
+            self.stats.last_volume_cycle = VolumeCycle(error, utc_text(time.time()))
 
     def _failed(self, shard: int, error: BaseException, *, ahead: bool = False) -> None:
         path = self._paths[shard] if 0 <= shard < len(self._paths) else ""
@@ -1302,6 +1322,7 @@ class CacheNode:
                 setting=variables.MEMORY_LIMIT.env,
             )
             log.error("%s", message)
+            self._events.volume_cycle(message)
             # `_insert_decoded` names the shard in front of this.
             raise errors.CacheError(message)
 

@@ -166,6 +166,15 @@ class _StatsCollector(prom_registry.Collector):
         )
         readers.add_metric([], stats.readers)
         yield readers
+        cycles = prom_core.CounterMetricFamily(
+            "shardcache_memory_volume_cycles",
+            "Acquires failed because the readers themselves held the room the memory "
+            "volume lacked (shards the tier evicted that they still map): the volume is "
+            "too small for this many readers, or they keep batches while they ask for "
+            "the next (/v1/status stats.last_volume_cycle says what was missing).",
+        )
+        cycles.add_metric([], stats.volume_cycles)
+        yield cycles
 
 
 class MixtureCollector(prom_registry.Collector):

@@ -38,6 +38,7 @@ EXPECTED_METRICS = [
     'shardcache_cache_resident_bytes{tier="memory"}',
     'shardcache_cache_limit_bytes{tier="disk"}',
     "shardcache_readers",
+    "shardcache_memory_volume_cycles_total",
     "shardcache_ready",
 ]
 

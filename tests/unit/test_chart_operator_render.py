@@ -133,3 +133,57 @@ def test_an_unusable_tier_fires_its_alert_after_its_for_and_a_healed_one_never(
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+#: A sidecar whose readers failed on the memory volume once, at minute 3; one that never
+#: did; one whose counter restarted from 0 with its sidecar (a reset is no failure).
+VOLUME_CYCLE_TEST = """
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'shardcache_memory_volume_cycles_total{namespace="ml",pod="full",container="shardcache-train"}'
+        values: '0 0 0 1x40'
+      - series: 'shardcache_memory_volume_cycles_total{namespace="ml",pod="fine",container="shardcache-train"}'
+        values: '0x43'
+      - series: 'shardcache_memory_volume_cycles_total{namespace="ml",pod="restarted",container="shardcache-train"}'
+        values: '2x5 0x38'
+    alert_rule_test:
+      - alertname: ShardcacheMemoryVolumeCycle
+        eval_time: 2m
+        exp_alerts: []
+      - alertname: ShardcacheMemoryVolumeCycle
+        eval_time: 5m
+        exp_alerts:
+          - exp_labels:
+              severity: warning
+              namespace: ml
+              pod: full
+              container: shardcache-train
+            exp_annotations:
+              summary: "Readers of sidecar ml/full (shardcache-train) failed on a full memory volume they hold themselves"
+              description: >-
+                The ranks keep shards the tier evicted mapped (a batch they hold while asking
+                for the next) beyond what the run volume has room for. /v1/status
+                stats.last_volume_cycle names the volume, what they hold and the size that
+                serves them: raise spec.cache.memory, run fewer ranks on the node, or let go
+                of held batches (docs/faults.md).
+      - alertname: ShardcacheMemoryVolumeCycle
+        eval_time: 40m
+        exp_alerts: []
+"""
+
+
+def test_a_volume_cycle_alerts_at_once_and_clears_when_none_failed_for_15m(
+    tmp_path: Path,
+) -> None:
+    docs = rendered(tmp_path, "--set=monitoring.rules.enabled=true")
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(prometheus.rule_file(rule)))
+    (tmp_path / "test.yaml").write_text(VOLUME_CYCLE_TEST)
+    result = subprocess.run(
+        [str(prometheus.binary("promtool")), "test", "rules", str(tmp_path / "test.yaml")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr

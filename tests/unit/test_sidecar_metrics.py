@@ -38,6 +38,7 @@ def test_observer_events_and_node_stats_become_metrics() -> None:
             memory_limit_bytes=50,
             sample_windows_bytes=40,
             readers=2,
+            volume_cycles=3,
         )
     )
     text = m.render().decode()
@@ -54,6 +55,7 @@ def test_observer_events_and_node_stats_become_metrics() -> None:
     assert sample(text, 'shardcache_cache_limit_bytes{tier="memory"}') == 50
     assert sample(text, "shardcache_sample_windows_bytes") == 40
     assert sample(text, "shardcache_readers") == 2
+    assert sample(text, "shardcache_memory_volume_cycles_total") == 3
     assert sample(text, "shardcache_ready") == 1
 
 
@@ -110,3 +112,18 @@ def test_ready_only_when_every_gate_is_open_and_reasons_are_reported() -> None:
     ]
     r.open("checkpoint-restore")
     assert r.is_ready() and r.report()["ready"] is True
+
+
+def test_a_volume_cycle_is_counted_with_the_error_its_reader_got() -> None:
+    """A rank that failed on the memory volume's cycle exits; the count and the last
+    error stay in /v1/status's stats, and the metric behind its alert moves."""
+    counting = caches._Counting(None)
+    assert counting.snapshot().volume_cycles == 0
+    assert counting.snapshot().last_volume_cycle is None
+    counting.volume_cycle("first")
+    counting.volume_cycle("the memory volume /run/m (5 bytes) cannot hold ...")
+    stats = counting.snapshot()
+    assert stats.volume_cycles == 2
+    assert stats.last_volume_cycle is not None
+    assert stats.last_volume_cycle.error.startswith("the memory volume /run/m")
+    assert stats.last_volume_cycle.at.endswith("Z")
