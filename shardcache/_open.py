@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 from collections.abc import Mapping
@@ -21,9 +22,11 @@ from shardcache import (
     plans,
     source,
 )
-from shardcache.node import caches
+from shardcache.node import caches, tiers
 
 GiB = 1 << 30
+
+log = logging.getLogger(__name__)
 
 
 def _default_cache_dir() -> Path:
@@ -47,6 +50,26 @@ def _default_disk_limit(disk_dir: Path) -> int:
     except OSError:
         return 10 * GiB
     return max(1 * GiB, min(100 * GiB, free // 2))
+
+
+def _disk_limit_within_volume(limit: int, disk_dir: Path) -> int:
+    """A disk limit given at most its volume's size, as the sidecar's
+    (`tiers.limit_within`): a larger one is only found out by a full disk. Said at
+    WARNING: it was asked for (the default is sized from the free space)."""
+    found = tiers.volume_under(disk_dir)
+    within = tiers.limit_within(limit, found)
+    if within != limit and found is not None:
+        log.log(
+            tiers.clamp_level(explicit=True),
+            "disk_limit %d bytes exceeds the volume of %s, %d bytes (%d free): using %d "
+            "bytes; give open() a disk_limit the volume can hold",
+            limit,
+            disk_dir,
+            found.total,
+            found.free,
+            within,
+        )
+    return within
 
 
 def open(
@@ -171,7 +194,9 @@ def open(
     sized = caches.NodeSettings(
         disk_dir=disk_dir,
         memory_dir=mem_dir,
-        disk_limit=disk_limit if disk_limit is not None else _default_disk_limit(disk_dir),
+        disk_limit=_disk_limit_within_volume(disk_limit, disk_dir)
+        if disk_limit is not None
+        else _default_disk_limit(disk_dir),
         memory_limit=memory_limit if memory_limit is not None else _default_memory_limit(mem_dir),
     )
     # Options left out keep NodeSettings' defaults, so each default is written once.

@@ -9,7 +9,6 @@ booleans, and errors that name the variable, what was expected and what was foun
 from __future__ import annotations
 
 import dataclasses
-import math
 import posixpath
 from collections.abc import Mapping
 from typing import Any
@@ -151,24 +150,6 @@ def _quantity(text: str) -> int:
         raise parsers.ParseError("a byte size like '64Gi' or 1048576", repr(text)) from None
 
 
-def _seconds(*, off: bool = False) -> parsers.Parser[float]:
-    """Seconds, finite and > 0; with `off`, 0 too (the setting's documented "none")."""
-    expected = "seconds >= 0 (0: off)" if off else "seconds > 0"
-
-    def convert(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise parsers.ParseError(f"{expected}, a number", repr(text)) from None
-        # NaN compares false with everything: `not value >= 0` refuses it too. An
-        # infinite interval or timeout is never what was meant (a timer that never fires).
-        if not (math.isfinite(value) and value >= 0) or (value == 0 and not off):
-            raise parsers.ParseError(f"finite {expected}", text)
-        return value
-
-    return parsers.Parser(expected, convert)
-
-
 def _absolute_path(text: str) -> str:
     # Mounted into every injected pod: a relative or unnormalised path is an invalid
     # mountPath (or names a directory other than the one it reads as).
@@ -198,7 +179,7 @@ def _node_paths(text: str) -> tuple[str, ...]:
 
 
 PORT = parsers.integer(minimum=0, maximum=65535)
-_SECONDS = _seconds()
+_SECONDS = parsers.SECONDS
 
 #: Each numeric or path setting's parser, with its range; the rest are read by their
 #: annotated type (`_parser`). docs/operator.md, "Settings", states the ranges.
@@ -219,7 +200,7 @@ _PARSERS: dict[str, parsers.Parser[Any]] = {
     "source_check_seconds": _SECONDS,
     "pods_interval_seconds": _SECONDS,
     "skips_interval_seconds": _SECONDS,
-    "stall_check_seconds": _seconds(off=True),
+    "stall_check_seconds": parsers.seconds(zero="off"),
     "deletion_poll_seconds": _SECONDS,
     # Declared on the sidecar container: a real port, not 0.
     "metrics_port_first": parsers.integer(minimum=1, maximum=65535),

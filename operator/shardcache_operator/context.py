@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from shardcache_operator import (
     configuration,
     crd_version,
+    event_gates,
     metrics,
     mount_parts,
     mounts,
@@ -68,6 +69,9 @@ class Context:
     #: Whether the installed CRD is as new as the operator; `app.run` gives it the API
     #: read, tests none (nothing to check).
     crd: crd_version.Gate = dataclasses.field(default_factory=crd_version.Gate)
+    #: The webhook's Events posted per DatasetMount and cause, so that a controller's
+    #: pods meeting the same cause post one, with a count (`event_gates`).
+    events: event_gates.Gate = dataclasses.field(default_factory=event_gates.Gate)
 
     def __post_init__(self) -> None:
         # The parsed specs the webhook and the handlers share get the platform's

@@ -33,6 +33,7 @@ from shardcache_operator import (
     certs,
     configuration,
     context,
+    event_gates,
     handlers,
     injection,
     kube,
@@ -253,7 +254,7 @@ async def decide(
     for name, reason, message in decision.events:
         obj = fetched.get(name)
         if isinstance(obj, Mapping):
-            await post_event(memo, obj, reason, message)
+            await post_event(memo, obj, reason, message, now=time.monotonic())
     memo.metrics.admission_duration.observe(time.monotonic() - started)
     result = "refused" if not decision.allowed else "injected" if decision.patch else "unchanged"
     memo.metrics.admission_total.labels(result=result).inc()
@@ -265,15 +266,31 @@ EVENT_TIMEOUT_SECONDS = 2.0
 
 
 async def post_event(
-    memo: context.Context, obj: Mapping[str, Any], reason: str, message: str
+    memo: context.Context, obj: Mapping[str, Any], reason: str, message: str, *, now: float
 ) -> None:
     """A Warning Event on the DatasetMount `obj` for what a pod's admission skipped: the
     pod does not exist yet, and its mount is what `kubectl describe` is read on.
 
     Through the API, not `kopf.event`: kopf's event queue is set only in its handlers'
-    tasks, never the webhook's. Rare (a pod with no port left for a mount), so posted
-    before answering, bounded so that a slow API server cannot stall the admission; a
-    failure is logged, the admission warning says it all the same."""
+    tasks, never the webhook's. One per mount and cause in a while (`event_gates`): the
+    pods of one controller all meet the same cause, and the next Event counts the ones
+    held back. Posted before answering, bounded so that a slow API server cannot stall
+    the admission; a failure is logged, the admission warning says it all the same."""
+    metadata = obj.get("metadata") or {}
+    key = (
+        str(metadata.get("namespace") or ""),
+        str(metadata.get("name") or ""),
+        str(metadata.get("uid") or ""),
+        reason,
+        message,
+    )
+    held = memo.events.admit(key, now=now)
+    if held is None:
+        logger.debug(
+            "%s (Event held back: one was posted within %gs)", message, memo.events.interval_seconds
+        )
+        return
+    message = event_gates.with_count(message, held)
     logger.warning("%s", message)
     body = kube.event_body(
         obj, type="Warning", reason=reason, message=message, now=handlers.now_text()

@@ -127,23 +127,25 @@ def _byte_count(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ParseError("seconds as a number", repr(text)) from None
-    # An infinite timeout or interval is never what was meant (a timer that never
-    # fires), and NaN compares false with everything, so neither is taken.
-    if not (math.isfinite(value) and value > 0):
-        raise ParseError("finite seconds > 0", text)
-    return value
+def seconds(*, zero: str | None = None) -> Parser[float]:
+    """Seconds, finite and > 0; with `zero` (what 0 means: `zero="off"`), 0 too.
 
+    The one definition: the operator's intervals and the sidecar's timeouts use it, so
+    `inf`, `nan` and negative seconds are refused alike wherever they are read."""
+    expected = f"seconds >= 0 (0: {zero})" if zero is not None else "seconds > 0"
 
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ParseError("a number", repr(text)) from None
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ParseError("seconds as a number", repr(text)) from None
+        # An infinite timeout or interval is never what was meant (a timer that never
+        # fires), and NaN compares false with everything, so neither is taken.
+        if not (math.isfinite(value) and value >= 0) or (value == 0 and zero is None):
+            raise ParseError(f"finite {expected}", text)
+        return value
+
+    return Parser(expected, convert)
 
 
 def _text(text: str) -> str:
@@ -244,8 +246,7 @@ def words(text: str) -> tuple[str, ...]:
 BOOLEAN: Parser[bool] = Parser("boolean", _boolean)
 #: Bytes as a plain integer: the variables say so in their names (`..._BYTES`).
 BYTES: Parser[int] = Parser("bytes", _byte_count)
-SECONDS: Parser[float] = Parser("seconds > 0", _seconds)
-NUMBER: Parser[float] = Parser("number", _number)
+SECONDS: Parser[float] = seconds()
 TEXT: Parser[str] = Parser("string", _text)
 PATH: Parser[str] = Parser("path", _path)
 #: A dataset or checkpoint URI, `scheme://…` (`URI_PATTERN`); one with credentials in it

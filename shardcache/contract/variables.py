@@ -311,7 +311,9 @@ DISK_LIMIT: Final = Variable(
     # typical node's local disk.
     50 * GiB,
     _SIDECAR,
-    "Bytes of source shards in the node disk tier (LRU, shared by the node's pods).",
+    "Bytes of source shards in the node disk tier (LRU, shared by the node's pods); a "
+    "limit above the size of the tier's volume is clamped to that size at start "
+    "(logged: a WARNING when set, INFO for the default).",
     spec_field="cache.disk",
     injected=_IN_SIDECAR,
 )

@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import faulthandler
 import logging
-import math
 import os
 import signal
 import sys
@@ -120,18 +119,8 @@ def _help(variable: variables.Variable[Any]) -> str:
     return f"{variable.doc} ({'; '.join(notes)})".replace("%", "%%")
 
 
-def _retry_budget(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise parsers.ParseError("seconds as a number", repr(text)) from None
-    # `not value >= 0` refuses NaN too.
-    if not (value >= 0 and math.isfinite(value)):
-        raise parsers.ParseError("a finite number of seconds >= 0", text)
-    return value
-
-
-_RETRY_BUDGET: parsers.Parser[float] = parsers.Parser("seconds >= 0", _retry_budget)
+#: The contract's seconds (`parsers.seconds`), 0 included.
+_RETRY_BUDGET = parsers.seconds(zero="no retries")
 
 
 def _metavar(kind: str) -> str:
@@ -171,23 +160,34 @@ def run(args: argparse.Namespace) -> int:
     # `kill -USR1` dumps every thread's stack to stderr: how to see what a stuck
     # acquire waits on in a running pod.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    code = 0
     try:
         asyncio.run(_main(settings))
     except errors.InputError as exc:
         log.error("cannot start: %s", exc)
-        termination.write(settings.termination_message_path, f"cannot start: {exc}")
+        if not isinstance(exc, termination.Written):  # else it holds every source's reason
+            termination.write(settings.termination_message_path, f"cannot start: {exc}")
         running.remove_made(made)
         return 2
+    except termination.Unfinished:
+        # Logged and in the termination message already; the status makes the
+        # container's last state an error, which `kubectl describe` shows.
+        code = 1
     # Threads still blocked on the object store would hold the interpreter open for as
     # long as their fetch takes; the work is abandoned and the kernel drops its locks.
     busy = [
         t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon
     ]
-    if busy:
+    if busy or code:
+        # A drain cut off leaves its upload inside the store's client (a daemon
+        # thread): a normal exit would wait on it in the interpreter's shutdown
+        # (pyarrow's S3 finalizer), the hang the drain's bound is for.
         log.info("exiting with %d cache thread(s) still busy", len(busy))
         logging.shutdown()
-        os._exit(0)
-    return 0
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 async def _main(settings: configuration.Settings) -> None:

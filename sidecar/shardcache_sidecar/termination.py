@@ -11,15 +11,21 @@ Only a file that exists is written: the kubelet makes it in every container, and
 outside Kubernetes (a sidecar started by hand, as root) this must not create
 /dev/termination-log. A file that cannot be written is ignored: the exit and its
 reason in the log matter more than this copy.
+
+A multi-source sidecar runs one server per source in one process: their reasons are
+written together (`joined`), since each one's own write would replace the others'. A
+sidecar that served but stopped with work undone (a checkpoint drain cut off) says what
+in the message too and exits 1 (`Unfinished`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from shardcache import errors
 from shardcache.contract import variables
 
 log = logging.getLogger(__name__)
@@ -42,6 +48,37 @@ def clipped(message: str) -> bytes:
         return data
     marker = b" [...]"
     return data[: LIMIT_BYTES - len(marker)].decode(errors="ignore").encode() + marker
+
+
+def joined(reasons: Sequence[str]) -> str:
+    """Several servers' reasons (a multi-source sidecar), one a line, in the order they
+    came: the first failure is what went wrong, later ones are often its echo. Within
+    the kubelet's limit, whole lines only, and a last line counting the ones left out
+    (the log has them all)."""
+    lines: list[str] = []
+    used = 0
+    for index, reason in enumerate(reasons):
+        line = reason.replace("\n", " ")
+        left = len(reasons) - index - 1
+        # Room kept for the count line should later reasons not fit.
+        tail = len(f"\n(and {left + 1} more: see the log)".encode())
+        size = len(line.encode()) + (1 if lines else 0)
+        if used + size + (tail if left else 0) > LIMIT_BYTES and lines:
+            lines.append(f"(and {len(reasons) - index} more: see the log)")
+            break
+        lines.append(line)
+        used += size
+    return "\n".join(lines)
+
+
+class Written(errors.InputError):
+    """A refusal whose reasons the termination message already holds (`joined`): the
+    caller logs it and exits, and does not overwrite the message with it alone."""
+
+
+class Unfinished(Exception):
+    """The sidecar stopped with work left undone (a checkpoint drain cut off), which its
+    termination message names: it exits 1, so `kubectl describe` shows an error."""
 
 
 def write(path: Path, message: str) -> bool:

@@ -104,13 +104,14 @@ def test_docs_table_lists_every_variable_as_the_code_defines_it() -> None:
     documented = {row[0].strip("`"): row for row in rows}
     assert sorted(documented) == sorted(v.env for v in variables.TABLE)
     for variable in variables.TABLE:
-        _, kind, default, spec_field, readers, into, _meaning = documented[variable.env]
-        assert (kind, default, spec_field, readers, into) == (
+        _, kind, default, spec_field, readers, into, meaning = documented[variable.env]
+        assert (kind, default, spec_field, readers, into, meaning) == (
             variable.parser.kind,
             default_text(variable),
             spec_text(variable),
             names(variable.readers),
             names(variable.injected),
+            variable.doc,
         ), variable.env
 
 

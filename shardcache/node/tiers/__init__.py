@@ -30,7 +30,7 @@ The modules, by what they hold:
 * `_eviction`: which entries make room, least recently used first;
 * `_no_space`: a volume full below the limit (ENOSPC): what holds the room, and when
   evicting more would free nothing; a limit clamped to its volume's size
-  (`limit_within`, `volume_under`);
+  (`limit_within`, `volume_under`), said at the level `clamp_level` gives;
 * `_membership`: a sole writer's committed keys, kept in memory (`Tier(sole_writer=True)`);
 * `_tier`: `Tier`, which does lookups, inserts, eviction and start-up repair with them;
 * `_access`: whether this process may use a tier directory at all (`unusable`), tried
@@ -60,7 +60,14 @@ from shardcache.node.tiers._errors import (
     RoomHeldError,
     TierFullError,
 )
-from shardcache.node.tiers._no_space import Volume, limit_within, needed, volume, volume_under
+from shardcache.node.tiers._no_space import (
+    Volume,
+    clamp_level,
+    limit_within,
+    needed,
+    volume,
+    volume_under,
+)
 from shardcache.node.tiers._tier import ScanReport, Tier, TierObserver
 
 __all__ = [
@@ -80,6 +87,7 @@ __all__ = [
     "Unusable",
     "Volume",
     "check_key",
+    "clamp_level",
     "limit_within",
     "mark_used",
     "needed",

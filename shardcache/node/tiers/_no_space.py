@@ -28,6 +28,7 @@ Pure functions and a small state, so the arithmetic is tested without a full vol
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from pathlib import Path
 
@@ -83,6 +84,16 @@ def limit_within(limit: int, found: Volume | None) -> int:
     if found is None or limit <= found.total:
         return limit
     return found.total
+
+
+def clamp_level(*, explicit: bool) -> int:
+    """The log level that says a limit was clamped to its volume (`limit_within`).
+
+    WARNING for a limit someone set: what they asked for cannot be had, and they can
+    change it. INFO for the default: a fixed size (the disk tier's 50 GiB) that a small
+    node's volume is expected not to hold; a warning at every start on every such node
+    would be one nobody acts on but by setting the limit, and it hides the others."""
+    return logging.WARNING if explicit else logging.INFO
 
 
 def needed(size: int) -> int:

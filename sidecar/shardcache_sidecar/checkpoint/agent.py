@@ -633,18 +633,21 @@ class Agent:
     def drain(self) -> bool:
         """Stop, publishing what is committed for at most `settings.drain_timeout`
         ($SHARDCACHE_CHECKPOINT_DRAIN_SECONDS). False when an upload was still running
-        then (a store that stopped answering), after logging each step not uploaded:
-        past the pod's grace period the kubelet's SIGKILL would say nothing."""
+        then (a store that stopped answering), after logging each step not uploaded
+        (`cut_off`): past the pod's grace period the kubelet's SIGKILL would say nothing."""
         if self.stop(self.settings.drain_timeout):
             return True
-        left = self.unpublished()
-        log.error(
-            "checkpoint agent: drain cut off after %gs (%s); not uploaded: %s",
-            self.settings.drain_timeout,
-            contract.ENV_CHECKPOINT_DRAIN,
-            ", ".join(f"step {step} in {path}" for step, path in left) or "nothing committed",
-        )
+        log.error("%s", self.cut_off())
         return False
+
+    def cut_off(self) -> str:
+        """What a drain cut short left: for the log and the termination message."""
+        left = self.unpublished()
+        return (
+            f"checkpoint agent: drain cut off after {self.settings.drain_timeout:g}s "
+            f"({contract.ENV_CHECKPOINT_DRAIN}); not uploaded: "
+            + (", ".join(f"step {step} in {path}" for step, path in left) or "nothing committed")
+        )
 
     def unpublished(self) -> list[tuple[int, Path]]:
         """(step, directory) of every commit not published, oldest step first: what a

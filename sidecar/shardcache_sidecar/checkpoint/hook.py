@@ -45,8 +45,11 @@ def attach(
     return started
 
 
-async def detach(running: agent.Agent) -> None:
+async def detach(running: agent.Agent) -> str | None:
     """Publish what is committed (bounded by the drain timeout, after which the agent
-    logs what it did not upload), then stop."""
+    logs what it did not upload), then stop. None when everything committed went up,
+    else what was left (`Agent.cut_off`): the sidecar exits nonzero with it."""
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, running.drain)
+    if await loop.run_in_executor(None, running.drain):
+        return None
+    return running.cut_off()

@@ -29,7 +29,14 @@ from aiohttp import web
 
 from shardcache import contract, errors, manifests, s3_settings, source, uris
 from shardcache.contract import protocol
-from shardcache.node import backings, caches, pinned_manifests, reader_locks, tiers
+from shardcache.node import (
+    backings,
+    caches,
+    decode_budgets,
+    pinned_manifests,
+    reader_locks,
+    tiers,
+)
 from shardcache_sidecar import (
     configuration,
     metrics,
@@ -105,6 +112,17 @@ def too_large_reason(wanted: int, shard: int, exc: tiers.EntryTooLargeError) -> 
         f"more than the whole memory tier holds (limit {exc.limit} bytes): it can never be "
         f"resident and every read of it fails; raise spec.cache.memory "
         f"({contract.ENV_MEMORY_LIMIT}) above {exc.size} bytes"
+    )
+
+
+def no_decode_room_reason(wanted: int, shard: int, exc: decode_budgets.DecodeRoomError) -> str:
+    """Why the warm gate stays closed for good: a shard whose decode never fits the room
+    this sidecar has to decode in. Its decoded size and the room are fixed while the
+    sidecar runs, so a retry would only meet the same refusal."""
+    return (
+        f"shard {shard} of the first {wanted} startup shards cannot be decoded here: {exc}. "
+        "Not retried: neither its decoded size nor the room changes until the sidecar "
+        "restarts with more memory, and every read of that shard fails the same way"
     )
 
 
@@ -528,7 +546,9 @@ class Sidecar:
         Held shards can fill the memory tier: the next one then does not fit beside
         them, which no retry changes. The gate opens with the shards that fit and says
         so; the trainer still reads everything, shard by shard. A shard bigger than the
-        whole tier keeps the gate closed: every read of it would fail too.
+        whole tier, or whose decode never fits the room the sidecar has to decode in
+        (`DecodeRoomError`), keeps the gate closed, said once: every read of it would
+        fail too, and no retry changes either size.
         """
         k = self.settings.ready_shards
         shards = node.upcoming(STARTUP_READER, k) if k else []
@@ -556,6 +576,12 @@ class Sidecar:
                 return
             except tiers.EntryTooLargeError as exc:
                 why = too_large_reason(len(shards), shards[len(held)], exc)
+                log.error(why)
+                self.readiness.waiting(GATE_WARM, why)
+                return
+            except decode_budgets.DecodeRoomError as exc:
+                # Before the retried errors below (it is a CacheError): no wait helps.
+                why = no_decode_room_reason(len(shards), shards[len(held)], exc)
                 log.error(why)
                 self.readiness.waiting(GATE_WARM, why)
                 return

@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from shardcache import errors
-from shardcache.contract import mixture_sources, protocol
+from shardcache.contract import mixture_sources, protocol, variables
 from shardcache.node import reader_locks, tiers
 from shardcache_sidecar import configuration, listening, metrics, termination, tier_checks
 from shardcache_sidecar.checkpoint import agent, hook
@@ -226,15 +226,22 @@ def disk_limit_within_volume(settings: configuration.Settings) -> configuration.
     """`settings` with the disk tier's limit at most its volume's size, said in the log
     when clamped: a limit the volume can never hold (the default is a fixed 50 GiB) is
     only found out by a full disk, and shows in /v1/status and the metrics as room
-    that is not there. `shardcache.open()` sizes its own from the free space."""
+    that is not there. A WARNING when the limit was set, INFO for the default
+    (`tiers.clamp_level`). `shardcache.open()` clamps a limit it is given alike and
+    sizes its default from the free space."""
     found = tiers.volume_under(settings.disk_dir)
     limit = tiers.limit_within(settings.disk_limit, found)
     if limit == settings.disk_limit or found is None:
         return settings
-    log.warning(
-        "disk tier limit %d bytes (%s) exceeds its volume %s of %d bytes (%d free): "
+    # The webhook writes the default for a mount that names no cache.disk, so the
+    # value, not whether the variable is present, tells a limit someone chose.
+    default = settings.disk_limit == variables.DISK_LIMIT.required_default
+    log.log(
+        tiers.clamp_level(explicit=not default),
+        "disk tier limit %d bytes (%s%s) exceeds its volume %s of %d bytes (%d free): "
         "using %d bytes; set the limit to what the node's volume can hold",
         settings.disk_limit,
+        "the default of " if default else "",
         configuration.where_set("disk_limit"),
         settings.disk_dir,
         found.total,
@@ -304,19 +311,39 @@ async def serve(
         if on_start is not None:
             on_start(sidecar)
 
+    # Each source's reason to exit, in the order they came: written together once all
+    # have stopped, since each one's own write would replace the others'.
+    exits: list[str] = []
+
+    async def one(sub: configuration.Settings, name: str, note: Callable[..., None]) -> None:
+        try:
+            await _serve_one(sub, stop, on_start=note, exits=exits, label=f"source {name}: ")
+        except errors.InputError as exc:
+            exits.append(f"source {name}: cannot start: {exc}")
+            stop.set()  # the others shut down cleanly: the sidecar exits as one
+            raise
+        except BaseException:
+            stop.set()
+            raise
+
     make_directories(settings)
     write_descriptor(first)
     try:
-        await asyncio.gather(
-            _serve_one(first, stop, on_start=first_started),
-            *(
-                _serve_one(sub, stop, on_start=started(name))
-                for sub, name in zip(further, names[1:], strict=True)
-            ),
+        results = await asyncio.gather(
+            one(first, names[0], first_started),
+            *(one(sub, name, started(name)) for sub, name in zip(further, names[1:], strict=True)),
+            return_exceptions=True,
         )
     finally:
         for task in gates:
             task.cancel()
+        if exits:
+            termination.write(settings.termination_message_path, termination.joined(exits))
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed and isinstance(failed[0], errors.InputError):
+        raise termination.Written("; ".join(str(r) for r in failed)) from failed[0]
+    if failed:
+        raise failed[0]
 
 
 async def _serve_one(
@@ -324,7 +351,11 @@ async def _serve_one(
     stop: asyncio.Event,
     *,
     on_start: Callable[[lifecycle.Sidecar], None] | None = None,
+    exits: list[str] | None = None,
+    label: str = "",
 ) -> None:
+    """One cache server until `stop`. Why it never served goes to the termination
+    message, or, given `exits` (one of several servers: `serve`), there, after `label`."""
     # Everything that may refuse the start (a directory, a socket still served, a port
     # in use) comes before anything is written into the directories: a refused start
     # takes back what it made (`remove_made`) and leaves nothing behind.
@@ -336,6 +367,7 @@ async def _serve_one(
         raise
     sidecar = lifecycle.Sidecar(settings)
     checkpoints: agent.Agent | None = None
+    undone: str | None = None
     # Waiting acquires can take minutes; on SIGTERM they get a few seconds, not the
     # default minute, so the cache closes and the checkpoint agent drains within the
     # pod's grace period.
@@ -394,19 +426,40 @@ async def _serve_one(
         log.info("shutting down")
     finally:
         reason = exit_reason(sidecar) if started else None
-        if reason is not None:
-            termination.write(settings.termination_message_path, reason)
+        reasons = [] if reason is None else [reason]
+        # Written now, before the shutdown that may outlast the grace period.
+        _tell(settings, reasons, exits, label)
         await control_server.close(_SHUTDOWN_TIMEOUT)
         await control_runner.cleanup()
         await probe_runner.cleanup()
         await ui_runner.cleanup()
         if checkpoints is not None:
-            await hook.detach(checkpoints)
+            undone = await hook.detach(checkpoints)
+            if undone is not None:
+                _tell(settings, [*reasons, undone], exits, label, told=len(reasons))
         await sidecar.close()
         with contextlib.suppress(FileNotFoundError):
             settings.socket_path.unlink()
         if not started:
             remove_made(made)
+    if undone is not None:
+        raise termination.Unfinished(undone)
+
+
+def _tell(
+    settings: configuration.Settings,
+    reasons: list[str],
+    exits: list[str] | None,
+    label: str,
+    *,
+    told: int = 0,
+) -> None:
+    """`reasons` to the termination message, or to `exits` (one of several servers,
+    `serve`, writes them all) after `label`; `told` of them are there already."""
+    if exits is not None:
+        exits.extend(label + reason for reason in reasons[told:])
+    elif reasons:
+        termination.write(settings.termination_message_path, termination.joined(reasons))
 
 
 def _prepare_reader_locks(memory_dir: Path) -> None:
