@@ -23,6 +23,7 @@ from shardcache import (
     plans,
 )
 from shardcache.contract import mixture_sources, variables
+from shardcache.node import nested_json
 
 
 def descriptor(
@@ -41,12 +42,22 @@ def descriptor(
     mount_dir = contract.mount_dir(run_dir, name)
     path = mount_dir / mixture_sources.DESCRIPTOR_NAME
     try:
-        data = json.loads(path.read_text())
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise errors.InputError(
             f"open_mixture(): mount {name!r} serves one source (its sidecar wrote no "
             f"{path}): use shardcache.open(), or give the DatasetMount spec.mixture"
         ) from None
+    # Told before parsing: `json.loads` of a file nested a few thousand deep raised
+    # RecursionError, which no caller expects from bad input.
+    found = nested_json.depth(raw)
+    if found > mixture_sources.MAX_DEPTH:
+        raise errors.InputError(
+            f"open_mixture(): {path}: expected a mixture descriptor nested at most "
+            f"{mixture_sources.MAX_DEPTH} deep, found one nested {found} deep"
+        )
+    try:
+        data = json.loads(raw)
     except ValueError as exc:
         raise errors.InputError(f"open_mixture(): {path} is not JSON: {exc}") from exc
     return mixture_sources.Mixture.from_json(data), str(mount_dir)

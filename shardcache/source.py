@@ -475,12 +475,25 @@ def download(
     as `write_error` says: a full local volume raises its OSError (ENOSPC, EDQUOT),
     anything else a CacheError; neither is the store's failure. Until 2026-11-27 a
     full disk tier was retried as a flaky store for the whole retry budget and then
-    reported as a SourceError (kind=source) that blamed the store."""
+    reported as a SourceError (kind=source) that blamed the store.
+
+    An object the manifest pinned that the store no longer has (a file:// shard
+    deleted, an S3 404) is `SourceError`, at once: the dataset changed under the pinned
+    manifest, which is the store's failure, not the caller's input (`InputError`, which
+    it was until 2026-11-28, said "fix your arguments" to a user who had given none)."""
 
     def attempt() -> None:
         written = 0
         h = hashlib.sha256()
-        with fs.open_input_stream(path) as src:
+        try:
+            src_file = fs.open_input_stream(path)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise errors.SourceError(
+                f"{what}: expected the {expected_size}-byte object the manifest pinned, "
+                f"found none at {path} ({exc}): it was deleted or moved after the manifest "
+                "was resolved; restore it, or re-pin the dataset"
+            ) from exc
+        with src_file as src:
             out = _Destination(dest)
             try:
                 found_etag = _etag(src)

@@ -27,6 +27,40 @@ SOURCES_SUBDIR = "sources"
 #: A source name: a DNS label (it names a directory, a metric label and a state key).
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$"
 _NAME_RE = re.compile(NAME_PATTERN)
+#: A descriptor nests 3 deep (the object, its sources list, a source object; every
+#: value in a source is a scalar). Anything deeper is refused before it is parsed or
+#: walked: `json.loads` recurses once per level, so a few KiB of "[" raised
+#: RecursionError (no ValueError) in the trainer and the sidecar, and a descriptor
+#: object that contains itself has no depth at all.
+MAX_DEPTH = 3
+
+
+def _deeper_than(data: object, limit: int) -> bool:
+    """Whether `data` (parsed JSON, or any object) nests lists and mappings more than
+    `limit` deep. Walked without recursion and never below `limit + 1`, so an object
+    that contains itself is simply too deep."""
+    level: list[object] = [data]
+    for _ in range(limit + 1):
+        below: list[object] = []
+        for item in level:
+            if isinstance(item, Mapping):
+                below.extend(item.values())
+            elif isinstance(item, list | tuple):
+                below.extend(item)
+        if not below:
+            return False
+        level = below
+    # Something remains at level limit + 1: a container at level limit + 1 exists only
+    # if one of these is one.
+    return any(isinstance(item, Mapping | list | tuple) for item in level)
+
+
+def _too_deep() -> errors.InputError:
+    return errors.InputError(
+        f"expected a mixture descriptor nested at most {MAX_DEPTH} deep (an "
+        "object, its list of sources, a source object of scalars), found one nested "
+        "deeper (or containing itself)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +135,9 @@ class Mixture:
 
     @classmethod
     def from_json(cls, data: object) -> Mixture:
+        # Before anything is looked at or shown: a repr of a deep value recurses too.
+        if _deeper_than(data, MAX_DEPTH):
+            raise _too_deep()
         if not isinstance(data, Mapping) or data.get("version") != FORMAT_VERSION:
             raise errors.InputError(
                 f"expected a mixture of version {FORMAT_VERSION}, found "
@@ -134,6 +171,10 @@ class Mixture:
             data = json.loads(text)
         except ValueError as exc:
             raise errors.InputError(f"not JSON ({exc})") from exc
+        except RecursionError:
+            # This layer is below `shardcache.node.nested_json`, which would tell the
+            # depth before parsing; the parser gives up at its recursion limit instead.
+            raise _too_deep() from None
         return cls.from_json(data)
 
 

@@ -9,6 +9,7 @@ import sys
 
 from shardcache import errors, plans, states
 from shardcache.inspect import locate, render, session
+from shardcache.lineage import published
 
 #: Samples per step when neither --batch-size nor a data state says.
 DEFAULT_BATCH_SIZE = 32
@@ -16,14 +17,19 @@ DEFAULT_BATCH_SIZE = 32
 #: (`batch_size_from`): step N means other samples at another batch size, so an
 #: assumed one is said.
 FROM_FLAG, FROM_STATE, FROM_DEFAULT = "--batch-size", "--data-state", session.BATCH_SIZE_ASSUMED
+#: The batch size the followed run's checkpoints record (`--checkpoint-uri`).
+FROM_RUN = "--checkpoint-uri"
 
 
 def batch_size_from(args: argparse.Namespace, recorded: int | None) -> str:
-    """Where the query's batch size comes from: the flag, the run's data states, or
-    assumed (`DEFAULT_BATCH_SIZE`: nothing given says the run's)."""
+    """Where the query's batch size comes from: the flag, the run's data states (given
+    as files, or read from its checkpoints), or assumed (`DEFAULT_BATCH_SIZE`: nothing
+    given says the run's)."""
     if args.batch_size is not None:
         return FROM_FLAG
-    return FROM_STATE if recorded is not None else FROM_DEFAULT
+    if recorded is None:
+        return FROM_DEFAULT
+    return FROM_RUN if args.checkpoint_uri is not None else FROM_STATE
 
 
 def _names(text: str) -> list[str]:
@@ -31,10 +37,14 @@ def _names(text: str) -> list[str]:
 
 
 def add_plan_arguments(
-    parser: argparse.ArgumentParser, *, batch_size: int | None = DEFAULT_BATCH_SIZE
+    parser: argparse.ArgumentParser,
+    *,
+    batch_size: int | None = DEFAULT_BATCH_SIZE,
+    recorded_by: str = "--data-state",
 ) -> None:
     """The reading-plan options, shared with `shardcache web`; `batch_size` is
-    --batch-size's default (None: decided later, from the run's data states)."""
+    --batch-size's default (None: decided later, from the run's data states, which the
+    option `recorded_by` gives)."""
     g = parser.add_argument_group("reading plan (as the training job uses it)")
     g.add_argument("--world-size", type=int, default=1, help="ranks in the job (default 1)")
     g.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
@@ -43,7 +53,7 @@ def add_plan_arguments(
         type=int,
         default=batch_size,
         help=f"samples per step (default {DEFAULT_BATCH_SIZE}"
-        + (", or the one --data-state records)" if batch_size is None else ")"),
+        + (f", or the one {recorded_by} records)" if batch_size is None else ")"),
     )
     g.add_argument(
         "--block-size",
@@ -110,6 +120,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "marker or its checkpoint.json), one per rank, of the plan given: steps then follow "
         "the rank's stream as it read it (its elastic-resume segments, only the batches "
         "it was handed), and --where marks the samples it skipped",
+    )
+    p.add_argument(
+        "--checkpoint-uri",
+        type=published.uri_argument,
+        help="where the run publishes its checkpoints (spec.checkpoint.uri), as for "
+        "`shardcache web`: steps and --where follow each rank's newest published data "
+        "state of the plan given (its skips, its resumed ranks' segments), at the batch "
+        "size it records unless --batch-size says otherwise",
     )
     p.add_argument("--tui", action="store_true", help="interactive terminal UI (textual)")
     p.set_defaults(func=run)
@@ -194,7 +212,41 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
+def followed_states(
+    inspector: session.Inspector, args: argparse.Namespace
+) -> dict[int, tuple[str, states.DataState]]:
+    """The run at `--checkpoint-uri`, as `load_states` gives states: each rank's newest
+    data state in the generation of the plan given (any batch size: the run's is read
+    from them), as the web inspector follows a run. A note on stderr says what was
+    left out, or that no checkpoint has this plan (steps then follow the plan)."""
+    uri = args.checkpoint_uri
+    stateless: list[str] = []
+    hist = published.history_of(inspector.manifest, uri, stateless=stateless)
+    if stateless:
+        print(
+            f"note: --checkpoint-uri: left out {len(stateless)} checkpoint(s) without a data "
+            f"state (model only): {', '.join(stateless[:5])}"
+            + (", …" if len(stateless) > 5 else ""),
+            file=sys.stderr,
+        )
+    view = query_from(args)
+    found = hist.newest_states(view.params(), view.epoch)
+    if not found:
+        worlds = sorted({g.world_size for g in hist.generations})
+        print(
+            f"note: --checkpoint-uri: the run's checkpoints have no data state of the plan "
+            f"given (its world sizes: {worlds}, seed {hist.params.seed}, block size "
+            f"{hist.params.block_size}): steps follow the plan",
+            file=sys.stderr,
+        )
+    return {rank: (f"{uri} (rank {rank})", state) for rank, state in found.items()}
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.checkpoint_uri is not None and args.data_state:
+        raise errors.InputError(
+            "expected --data-state files or --checkpoint-uri (the run's newest states), found both"
+        )
     loaded = load_states(args.data_state)
     recorded = recorded_batch_size(loaded)
     query = query_from(args, batch_size=recorded)
@@ -204,10 +256,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.where is not None and args.limit < 1:
         raise errors.InputError(f"--limit must be >= 1, got {args.limit}")
     decode = render.load_tokenizer(args.tokenizer) if args.tokenizer else None
-    if loaded and args.tui:
-        raise errors.InputError("--data-state is not supported with --tui yet")
+    if (loaded or args.checkpoint_uri is not None) and args.tui:
+        raise errors.InputError(
+            "--data-state and --checkpoint-uri are not supported with --tui yet"
+        )
     inspector = session.open_uri(args.uri, mount=args.mount, cache_dir=args.cache_dir)
     try:
+        if args.checkpoint_uri is not None:
+            loaded = followed_states(inspector, args)
+            recorded = recorded_batch_size(loaded)
+            query = query_from(args, batch_size=recorded)
+            origin = batch_size_from(args, recorded)
         run = check_states(loaded, inspector.manifest.digest, query)
         columns = inspector.columns(args.columns)
         if args.tui:

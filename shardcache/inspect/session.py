@@ -434,8 +434,8 @@ def assumed_batch_size_note(batch_size: int) -> str:
     it, other samples at another size."""
     return (
         f"note: batch size {batch_size} is assumed (the default): give the run's with "
-        "--batch-size, or its saved data state with --data-state; step N is batch N of "
-        "that size"
+        "--batch-size, or its saved data state with --data-state (or its checkpoints "
+        "with --checkpoint-uri); step N is batch N of that size"
     )
 
 

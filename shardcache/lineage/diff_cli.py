@@ -58,6 +58,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         help="epochs compared from 0 (default 1, or up to the newest checkpoint's epoch)",
     )
+    p.add_argument(
+        "--cache-dir",
+        help="taken as `inspect`, `lineage` and `web` take it, so their command lines "
+        "carry over; diff compares samples by identity and reads no shard data, so "
+        "nothing is cached there",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

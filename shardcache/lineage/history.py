@@ -132,6 +132,23 @@ class History:
         last = self.last(rank)
         return last.skips if last is not None else ()
 
+    def newest_states(self, view: plans.PlanParams, epoch: int) -> dict[int, states.DataState]:
+        """Each rank's newest data state (its skips, and its segments after an elastic
+        resume) in the generation whose plan `view` is (seed, world size, shuffle
+        mode, block size, window), so a step viewed in `epoch` is what that rank was
+        handed; none when no generation has that plan. What a view that follows the
+        run reads (`shardcache inspect --checkpoint-uri`, the web inspector's).
+
+        A run that went back to an earlier world size (4 -> 2 -> 4) has two generations
+        of one plan: `epoch` picks the latest that had started by then."""
+        key = _plan_key(view)
+        same = [g for g in self.generations if _plan_key(g.params) == key]
+        if not same:
+            return {}
+        started = [g for g in same if g.start_epoch <= epoch]
+        gen = started[-1] if started else same[0]
+        return {rank: chain[-1].state for rank, chain in gen.chains.items() if chain}
+
     def batch_size(self, rank: int, before: int | None = None) -> int | None:
         for c in reversed(self.chains.get(rank, ())):
             if (before is None or c.step <= before) and c.state.batch_size is not None:
@@ -155,6 +172,11 @@ class History:
         default), in reading order, adjacent ranges merged."""
         params = plan.with_epoch(epoch) if plan is not None else self._rank(rank, epoch)
         return placements.index_ranges(self.shard_rows, self.digest, params, start, stop)
+
+
+def _plan_key(p: plans.PlanParams) -> tuple[object, ...]:
+    """What makes two views the same plan (a block-mode plan has no window)."""
+    return (p.seed, p.world_size, p.mode, p.block_size, p.window if p.sampled else None)
 
 
 def _interval(

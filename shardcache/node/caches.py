@@ -165,7 +165,13 @@ class VolumeCycle:
 @dataclasses.dataclass
 class NodeStats:
     disk_resident_bytes: int = 0
+    #: What bounds the disk tier's directory: the largest limit of the live sidecars
+    #: sharing it (`tiers.Tier.bound_bytes`), which every insert counts against; it was
+    #: this process's own limit until 2026-11-28, below the resident bytes whenever a
+    #: mount with a larger `cache.disk` shared the node's tier.
     disk_limit_bytes: int = 0
+    #: This process's own disk limit (the mount's `cache.disk`, clamped to the volume).
+    disk_own_limit_bytes: int = 0
     memory_resident_bytes: int = 0
     memory_limit_bytes: int = 0
     #: What the sample-mode readers' current and next windows take of the memory tier
@@ -1775,13 +1781,19 @@ class CacheNode:
         figures are still read, and a metrics scrape still answers."""
         stats = self._events.snapshot()
         stats.disk_resident_bytes = self._resident(self.disk, stats)
-        stats.disk_limit_bytes = self.settings.disk_limit
+        stats.disk_limit_bytes = self._bound(self.disk, stats)
+        stats.disk_own_limit_bytes = self.settings.disk_limit
         stats.memory_resident_bytes = self._resident(self.memory, stats)
         stats.memory_limit_bytes = self.settings.memory_limit
         need = self.window_need()
         stats.sample_windows_bytes = need.bytes + self._claimed_elsewhere(need)[1]
         stats.readers = len(self.reader_ids())
         return stats
+
+    def _bound(self, tier: tiers.Tier, stats: NodeStats) -> int:
+        if tier.name in stats.tier_errors:
+            return tier.limit_bytes  # its directory fails: its own limit is all it knows
+        return tier.bound_bytes()
 
     def _resident(self, tier: tiers.Tier, stats: NodeStats) -> int:
         try:

@@ -15,6 +15,14 @@ holds an exclusive `flock` on `.windows/<pid>-<token>.lock` for as long as it li
 a file whose lock can be taken belongs to a dead process (across PID namespaces, as a
 tier's temp files are told apart) and is removed by whoever finds it. Advisory: a file
 that cannot be read counts nothing this time.
+
+Processes of different users may share the directory (ranks started under different
+uids on one node's tier): the directory and every file are made readable by all
+whatever the umask, and a lock file this process cannot open (another user's 0600,
+left by a release that honoured a umask of 077) is handled as the tiers handle one
+(`tiers._other_users`): replaced, its claims file removed with it, with a WARNING;
+where it cannot be removed either (a sticky directory), its file counts nothing.
+Until 2026-11-28 it raised PermissionError out of every room check.
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-from shardcache.node import _locks, after_fork, nested_json
+from shardcache import errors
+from shardcache.node import _locks, after_fork, nested_json, regular_files
+from shardcache.node.tiers import _other_users
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +50,15 @@ _LOCK = ".lock"
 #: A claims file nests 3 deep (the file, its readers, a claim); a deeper one is not
 #: parsed (`nested_json`: it would raise RecursionError) but skipped as unreadable.
 MAX_DEPTH = 3
+#: Bytes of a claims file a reader reads; a larger one counts nothing (it was read
+#: whole). A claim lists the keys of two windows of each of the process's readers, a
+#: key and its size in under 100 bytes: 16 MiB is over 150,000 held shards, more than
+#: any memory tier holds at once.
+MAX_BYTES = 16 << 20
+#: Anyone using the memory tier's directory makes and removes claims here (its own
+#: mode bounds who), as in the tiers' `.limits`.
+_DIRECTORY_MODE = 0o777
+_FILE_MODE = 0o644
 
 #: A reader's claim: each memory-tier key it holds, with its decoded bytes where known.
 Claim = Mapping[str, int | None]
@@ -54,6 +73,8 @@ class Claims:
         self._name = ""
         self._lock_fd: int | None = None
         self._written: dict[str, dict[str, int | None]] | None = None
+        #: The files a WARNING was logged for: they are looked at on every room check.
+        self._warned: set[str] = set()
         after_fork.register(self)
 
     def publish(self, readers: Mapping[str, Claim]) -> None:
@@ -72,13 +93,17 @@ class Claims:
             return
         try:
             if self._lock_fd is None:
-                self._dir.mkdir(exist_ok=True)
+                if not self._dir.is_dir():
+                    with contextlib.suppress(FileExistsError):
+                        self._dir.mkdir(_DIRECTORY_MODE)
+                        os.chmod(self._dir, _DIRECTORY_MODE)  # whatever the umask
                 self._lock_fd = _locks.acquire(
                     self._dir / (self._name + _LOCK), _locks.EXCLUSIVE, create=True
                 )
             body = json.dumps({"version": VERSION, "pid": self._pid, "readers": wanted})
             tmp = self._dir / f".tmp-{self._name}"
             tmp.write_text(body)
+            os.chmod(tmp, _FILE_MODE)  # readable by the directory's other users
             os.replace(tmp, self._dir / (self._name + _DATA))
         except OSError as exc:
             # Advisory: without it, this process's windows go uncounted elsewhere.
@@ -94,6 +119,9 @@ class Claims:
             names = [p.name for p in os.scandir(self._dir) if p.name.endswith(_DATA)]
         except FileNotFoundError:
             return found
+        except OSError as exc:
+            self._warn_once(str(self._dir), "cannot list the window claims in %s: %s", exc)
+            return found
         for name in names:
             stem = name[: -len(_DATA)]
             if stem == self._name and os.getpid() == self._pid:
@@ -101,7 +129,9 @@ class Claims:
             if self._dead(stem):
                 continue
             try:
-                raw = (self._dir / name).read_bytes()
+                # Never through a link or into a FIFO, and never more than a claims
+                # file can hold: it was read whole, whatever its size.
+                raw, _ = regular_files.read_capped(self._dir / name, MAX_BYTES)
                 nesting = nested_json.depth(raw)
                 if nesting > MAX_DEPTH:
                     # Advisory, and looked at on every room check: not a warning each time.
@@ -114,6 +144,15 @@ class Claims:
                     )
                     continue
                 doc = json.loads(raw)
+            except errors.CacheError as exc:
+                self._warn_once(
+                    name,
+                    "window claims file: expected a regular file of at most %d bytes; %s. "
+                    "It counts nothing",
+                    MAX_BYTES,
+                    exc,
+                )
+                continue
             except (OSError, ValueError):
                 continue
             if not isinstance(doc, dict) or doc.get("version") != VERSION:
@@ -132,7 +171,13 @@ class Claims:
     def _dead(self, stem: str) -> bool:
         """Whether the file `stem` belongs to a process that is gone; if so, removed."""
         lock = self._dir / (stem + _LOCK)
-        fd = _locks.acquire(lock, _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False)
+        try:
+            fd = _locks.acquire(lock, _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False)
+        except PermissionError:
+            return self._replace_unopenable(stem, lock)
+        except errors.CacheError as exc:  # something else at its name that stays
+            self._warn_once(stem, "window claims lock %s: %s; its file counts nothing", lock, exc)
+            return True
         if fd is None:
             if lock.exists():
                 return False  # held by its live writer
@@ -148,6 +193,53 @@ class Claims:
         finally:
             _locks.close(fd)
         return True
+
+    def _replace_unopenable(self, stem: str, lock: Path) -> bool:
+        """The lock of `stem` is another user's that this process may not open, so
+        whether its writer lives cannot be told: removed with its claims file, as the
+        tiers replace such a lock (`_other_users`). True: its file counts nothing."""
+        try:
+            st = os.lstat(lock)
+        except OSError:
+            return True  # gone, or not even to be looked at: counts nothing
+        if _other_users.readable(st):
+            # Refused for another reason (the directory's mode): its writer may live.
+            self._warn_once(
+                stem, "window claims lock %s cannot be opened; its file counts nothing", lock
+            )
+            return True
+        try:
+            os.unlink(lock)
+        except FileNotFoundError:
+            pass
+        except PermissionError as exc:
+            self._warn_once(
+                stem,
+                "window claims: cannot open the lock file %s (%s) nor remove it (%s): %s. "
+                "Its claims count nothing; remove it as uid %d or root",
+                lock,
+                _other_users.describe(st),
+                exc.strerror,
+                _other_users.directory(self._dir),
+                st.st_uid,
+            )
+            return True
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            os.unlink(self._dir / (stem + _DATA))
+        log.warning(
+            "window claims: removed %s and its claims file, which this process could not "
+            "open (%s; made by a process of another user with a restrictive umask). Should "
+            "that process still run, its windows are no longer counted here",
+            lock,
+            _other_users.describe(st),
+        )
+        return True
+
+    def _warn_once(self, key: str, message: str, *args: object) -> None:
+        # Each room check looks again: one WARNING per file, then DEBUG.
+        level = logging.DEBUG if key in self._warned else logging.WARNING
+        self._warned.add(key)
+        log.log(level, message, *args)
 
     def _remove(self) -> None:
         if self._lock_fd is None:

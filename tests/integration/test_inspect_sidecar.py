@@ -78,6 +78,8 @@ def test_ui_on_its_loopback_port_shows_what_the_reader_gets(
         "batch_size": 32,
         "granularity": "block",
         "window": 65536,
+        # The sidecar never learns the trainer's batch size: the page says it assumed one.
+        "batch_size_from": "assumed",
     }
     for rank, step in [(0, 0), (1, 2), (2, 8)]:
         status, _, body = get(sidecar, f"/ui/api/step?rank={rank}&step={step}&batch_size={BATCH}")

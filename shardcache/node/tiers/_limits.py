@@ -91,6 +91,33 @@ class Limits:
             _release(fd, path)  # a dead process's, whatever its limit: none piles up
         return largest
 
+    def bound(self) -> int:
+        """What bounds the directory now, for a status: the largest limit of the live
+        processes' declarations, this one's own included. Only looks (declares nothing,
+        removes nothing), so it needs no tier lock; a declaration whose lock can be
+        taken belongs to a dead process and counts nothing."""
+        largest = self._limit
+        try:
+            names = os.listdir(self._dir)
+        except OSError:
+            return largest
+        for name in names:
+            found = _NAME.fullmatch(name)
+            if found is None:
+                continue
+            try:
+                fd = _locks.acquire(
+                    self._dir / name, _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False
+                )
+            except OSError:
+                continue
+            if fd is None:
+                if (self._dir / name).exists():  # held by a live process
+                    largest = max(largest, int(found.group(1)))
+                continue
+            _locks.close(fd)  # a dead process's: left to the next insert to remove
+        return largest
+
     def _declare(self) -> None:
         with self._lock:
             if self._pid == os.getpid():

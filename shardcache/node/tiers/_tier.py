@@ -455,6 +455,13 @@ class Tier:
             self._saw(committed)
             return sum(st.st_size for st in committed.values())
 
+    def bound_bytes(self) -> int:
+        """The byte limit that bounds the tier's directory now: the largest of the live
+        processes inserting into it (`_limits`), this one's `limit_bytes` included;
+        `limit_bytes` for a sole writer. What a status reports beside the resident
+        bytes, which are the directory's, not this process's."""
+        return self.limit_bytes if self._limits is None else self._limits.bound()
+
     def used_bytes(self) -> int:
         """What counts against the limit: the tier's own data files (committed entries,
         and orphans a crash left) plus every live reservation (`Listing.used`)."""

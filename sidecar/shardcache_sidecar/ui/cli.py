@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="where a run publishes its checkpoints: adds the lineage view, and steps "
         "honour the run's skips",
     )
-    cli.add_plan_arguments(p)
+    # No default: the page says when the batch size is assumed (`routes.FROM_DEFAULT`).
+    cli.add_plan_arguments(p, batch_size=None, recorded_by="--checkpoint-uri")
     p.set_defaults(func=run)
 
 
@@ -57,7 +58,7 @@ def _check_plan_arguments(args: argparse.Namespace) -> None:
     """The plan options every page would otherwise refuse, request after request."""
     for flag in ("--batch-size", "--world-size", "--block-size", "--window"):
         value = getattr(args, flag[2:].replace("-", "_"))
-        if value < 1:
+        if value is not None and value < 1:
             raise errors.InputError(f"{flag} must be >= 1, got {value}")
 
 
@@ -81,9 +82,10 @@ def run(args: argparse.Namespace) -> int:
             shuffle=args.shuffle,
             block_size=args.block_size,
             world_size=args.world_size,
-            batch_size=args.batch_size,
+            batch_size=routes.DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size,
             granularity=args.granularity,
             window=args.window,
+            batch_size_from=routes.FROM_DEFAULT if args.batch_size is None else routes.FROM_FLAG,
         )
         decode = render.load_tokenizer(args.tokenizer) if args.tokenizer else None
         inspector = session.open_uri(args.uri, cache_dir=args.cache_dir)

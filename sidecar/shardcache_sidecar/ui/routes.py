@@ -123,6 +123,15 @@ MAX_RESPONSE_BYTES = 16 << 20
 InspectorSource = Callable[[], session.Inspector]
 
 
+#: Where the opening view's batch size came from (`Defaults.batch_size_from`, the
+#: page's `info.defaults`): given (`shardcache web --batch-size`), the followed run's
+#: data states (`--checkpoint-uri`), or assumed (the default, which the page says, as
+#: `shardcache inspect` does: step N is other samples at another batch size).
+FROM_FLAG, FROM_RUN, FROM_DEFAULT = "--batch-size", "--checkpoint-uri", session.BATCH_SIZE_ASSUMED
+#: The batch size a view opens with when nothing says the run's.
+DEFAULT_BATCH_SIZE = 32
+
+
 @dataclasses.dataclass(frozen=True)
 class Defaults:
     """The view the page opens with: the job's plan, as the sidecar was configured."""
@@ -131,20 +140,24 @@ class Defaults:
     shuffle: bool = True
     block_size: int = plans.DEFAULT_BLOCK_SIZE
     world_size: int = 1
-    batch_size: int = 32
+    batch_size: int = DEFAULT_BATCH_SIZE
     granularity: str = plans.BLOCK
     window: int = plans.DEFAULT_WINDOW
+    batch_size_from: str = FROM_FLAG
 
     @classmethod
-    def from_plan(cls, params: plans.PlanParams, *, batch_size: int = 32) -> Defaults:
+    def from_plan(cls, params: plans.PlanParams, *, batch_size: int | None = None) -> Defaults:
+        """The job's plan; a sidecar never learns the trainer's batch size, so without
+        `batch_size` it is assumed (and the page says so)."""
         return cls(
             seed=params.seed,
             shuffle=params.shuffle,
             block_size=params.block_size,
             world_size=params.world_size,
-            batch_size=batch_size,
+            batch_size=DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
             granularity=params.granularity,
             window=params.window,
+            batch_size_from=FROM_DEFAULT if batch_size is None else FROM_FLAG,
         )
 
 
@@ -467,7 +480,9 @@ class _UI:
             window=d.window,
         )
         sizes = {s.batch_size for s in run_states(hist, view).values() if s.batch_size}
-        return dataclasses.replace(d, batch_size=sizes.pop()) if len(sizes) == 1 else d
+        if len(sizes) != 1:
+            return d
+        return dataclasses.replace(d, batch_size=sizes.pop(), batch_size_from=FROM_RUN)
 
     async def _answer(self, work: Callable[[], dict[str, Any]]) -> web.StreamResponse:
         try:
@@ -519,19 +534,9 @@ def run_states(hist: history.History, query: locate.Query) -> locate.States:
     that rank was handed; none when no generation has that plan.
 
     A run that went back to an earlier world size (4 -> 2 -> 4) has two generations
-    of one plan: the view's epoch picks the latest that had started by then."""
-    key = _plan_key(query.params())
-    same = [g for g in hist.generations if _plan_key(g.params) == key]
-    if not same:
-        return {}
-    started = [g for g in same if g.start_epoch <= query.epoch]
-    gen = started[-1] if started else same[0]
-    return {rank: chain[-1].state for rank, chain in gen.chains.items() if chain}
-
-
-def _plan_key(p: plans.PlanParams) -> tuple[object, ...]:
-    """What makes two views the same plan (a block-mode plan has no window)."""
-    return (p.seed, p.world_size, p.mode, p.block_size, p.window if p.sampled else None)
+    of one plan: the view's epoch picks the latest that had started by then
+    (`History.newest_states`, which `shardcache inspect --checkpoint-uri` reads too)."""
+    return hist.newest_states(query.params(), query.epoch)
 
 
 def _int(query: Any, name: str, default: int) -> int:

@@ -110,6 +110,20 @@ function renderCell(cell) {
   }
 }
 
+// The opening view's batch size when nobody gave the run's (info.defaults): step N is
+// batch N of it, other samples at another size, so the page says it was assumed, as
+// `shardcache inspect` does.
+let assumedBatchSize = null;
+
+function batchAssumed(size) {
+  return assumedBatchSize !== null && Number(size) === assumedBatchSize;
+}
+
+function assumedNote(size) {
+  return `batch size ${size} is assumed (the default): give the run's with --batch-size, ` +
+    `or follow its checkpoints with --checkpoint-uri; step N is batch N of that size`;
+}
+
 function renderStep(data) {
   const q = data.query;
   const samples = document.getElementById("samples");
@@ -117,7 +131,9 @@ function renderStep(data) {
   const first = data.samples.length ? data.samples[0].provenance.position : 0;
   document.getElementById("summary").textContent =
     `epoch ${q.epoch} · rank ${q.rank} of ${q.world_size} · step ${q.step} of ${data.steps} · ` +
-    `samples ${first}–${first + data.samples.length - 1} of ${data.rank_samples} for this rank`;
+    `samples ${first}–${first + data.samples.length - 1} of ${data.rank_samples} for this rank` +
+    (batchAssumed(q.batch_size) ? ` · ${assumedNote(q.batch_size)}` : "");
+  document.getElementById("batch-assumed").hidden = !batchAssumed(q.batch_size);
   data.samples.forEach((sample, slot) => {
     const p = sample.provenance;
     const cells = el("dl", { class: "cells" });
@@ -358,6 +374,10 @@ async function start() {
     document.getElementById("dataset").textContent =
       `${d.root} · ${d.format} · ${d.shards} shards · ${d.rows.toLocaleString()} samples · ${d.digest.slice(0, 19)}…`;
     fillForm(new URLSearchParams(location.search), info.defaults);
+    if (info.defaults.batch_size_from === "assumed") assumedBatchSize = info.defaults.batch_size;
+    const marker = document.getElementById("batch-assumed");
+    marker.title = assumedNote(info.defaults.batch_size);
+    marker.hidden = !batchAssumed(form.elements.batch_size.value);
     document.getElementById("lineage").hidden = !info.lineage;
   } catch (err) {
     say(err.message, true);
