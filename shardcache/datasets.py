@@ -126,6 +126,28 @@ def select(batch: pa.RecordBatch, columns: Sequence[str] | None) -> pa.RecordBat
     return batch.select(list(columns))
 
 
+def _owned(pieces: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
+    """`pieces` as one batch in buffers of its own: it keeps no shard mapped.
+    (`concat_batches` allocates new buffers even for one piece, slices included.)"""
+    return pa.concat_batches(pieces)
+
+
+def _leaves_shard(runs: Sequence[plans.Run], i: int, start: int, rows: int) -> bool:
+    """Whether reading the next `rows` rows of `runs`, from row `start` of `runs[i]` on,
+    needs a shard other than `runs[i]`'s, or runs past the end of `runs`: the walk to
+    the next batch handed out would acquire another shard (the next epoch's first,
+    at the end) while the caller still holds the one handed out now."""
+    shard = runs[i].shard
+    left = rows - (runs[i].stop - start)
+    j = i + 1
+    while left > 0:
+        if j == len(runs) or runs[j].shard != shard:
+            return True
+        left -= len(runs[j])
+        j += 1
+    return False
+
+
 class _Mappings:
     """Shard files this reader has memory-mapped, kept across epochs.
 
@@ -496,6 +518,14 @@ class Dataset:
 
         The last batch may be short unless `drop_last`. `state_dict()` taken after a
         batch was handed out counts that batch as read.
+
+        In block mode a batch inside one run of rows is a zero-copy slice of the mapped
+        shard; one stitched from several runs is a copy, and so is the batch after
+        which the next one needs another shard (or the epoch ends): the loop holds it
+        while the next shard is acquired, and a slice would keep the shard it leaves
+        mapped, pages the tier may have evicted that stay in the memory volume
+        (docs/reading-plan.md, "What it means for batches"). A loop that keeps more
+        than the batch in hand keeps those mapped.
         """
         stitched = (
             pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
@@ -514,7 +544,11 @@ class Dataset:
         """Like `batches`, but each batch as the zero-copy slices it is made of, in
         order: one slice, or several where the batch crosses a shuffle-block or shard
         boundary. For consumers that put the pieces together themselves (on a GPU,
-        say) instead of having them copied into one batch here.
+        say) instead of having them copied into one batch here. The same copies as
+        `batches` keep a shard left behind unmapped: the batch handed out last before
+        the walk to the next acquires another shard is one copied piece, and a batch
+        crossing into another shard starts with the rows of the one before as one
+        copied piece.
 
         `stride`: only every `stride`-th batch from the position (the 1st, the
         stride+1-th, ...); the position moves past the ones between, which are never
@@ -542,40 +576,51 @@ class Dataset:
                 batch_size, columns=columns, drop_last=drop_last, stride=stride
             )
             return
-        sliced = self._sliced(batch_size, columns=columns, drop_last=drop_last)
+        sliced = self._sliced(batch_size, columns=columns, drop_last=drop_last, stride=stride)
         with contextlib.closing(sliced):
-            for j, pieces in enumerate(sliced):
-                # Slices cost nothing to make: the ones between are made and dropped.
-                if j % stride == 0:
-                    yield pieces
+            yield from sliced
 
     def _sliced(
-        self, batch_size: int, *, columns: Sequence[str] | None, drop_last: bool
+        self, batch_size: int, *, columns: Sequence[str] | None, drop_last: bool, stride: int = 1
     ) -> Generator[list[pa.RecordBatch], None, None]:
-        """Block mode's batches: zero-copy slices of the mapped shards."""
+        """Block mode's batches: zero-copy slices of the mapped shards, every
+        `stride`-th one from the position, except what would keep a shard mapped
+        while the next is acquired.
+
+        Why copies at all: the caller holds the batch it was last handed while it asks
+        for the next (`for b in ds.batches(n)`), and a slice keeps its shard's whole
+        mapping alive. Once the tier evicted that shard, its pages stay in the memory
+        volume beyond the tier's limit; eight ranks on a volume sized from the tier
+        each waited for the others' room (`shardcache.node.volume_cycles`). So a
+        handed batch after which the walk to the next handed one acquires another
+        shard (or the epoch ends) is a copy, one such batch per shard run (batch_size
+        rows of the shard's); and pending slices of the old shard are copied into one
+        before that acquire. Every other batch stays zero-copy.
+        """
         lease: provider.ShardLease | None = None
         current = -1
         shard_batch: pa.RecordBatch | None = None
         pending: list[pa.RecordBatch] = []
         pending_rows = 0
+        made = 0  # batches made so far: every stride-th is handed out
         try:
             while True:
                 # A move between two batches (a skip, a loaded state, another epoch)
                 # walks the plan again from the new position (nothing is pending right
                 # after a batch is yielded).
                 seen = self._moves
-                for run in plans.skip(self.runs(), self._position):
+                runs = list(plans.skip(self.runs(), self._position))
+                for i, run in enumerate(runs):
                     if run.shard != current:
-                        # Pending slices stay valid after the old lease goes: eviction
-                        # only unlinks a memory-tier file, and the slices keep its
-                        # mapping (and so its pages) alive until the stitched batch is
-                        # built from them.
                         if lease is not None:
                             lease.release()
                             lease = None
-                        # Only the pending slices keep the old shard's mapping from
-                        # here: an evicted file's pages go while we wait for the next.
+                        # Nothing of the old shard may stay mapped through the acquire:
+                        # pending slices become one copy, and the batch handed last
+                        # was a copy (`_leaves_shard`).
                         shard_batch = None
+                        if pending:
+                            pending = [_owned(pending)]
                         lease = self._acquire(
                             self._reader_id,
                             run.shard,
@@ -589,20 +634,29 @@ class Dataset:
                     start = run.start
                     while start < run.stop and seen == self._moves:
                         take = min(batch_size - pending_rows, run.stop - start)
-                        pending.append(shard_batch.slice(start, take))
+                        handed = made % stride == 0
+                        if handed:  # the batches between are never sliced
+                            pending.append(shard_batch.slice(start, take))
                         pending_rows += take
                         start += take
                         if pending_rows == batch_size:
                             out, pending, pending_rows = pending, [], 0
                             self._position += batch_size
-                            yield out
+                            made += 1
+                            if handed:
+                                if _leaves_shard(runs, i, start, stride * batch_size):
+                                    out = [_owned(out)]
+                                yield out
                     if seen != self._moves:
                         break
                 else:
-                    if pending and not drop_last:
+                    if pending_rows and not drop_last:
                         self._position += pending_rows
                         out, pending, pending_rows = pending, [], 0
-                        yield out
+                        made += 1
+                        # The epoch ends: the next acquire is the next epoch's.
+                        if out:
+                            yield [_owned(out)]
                     # Even after the epoch's last batch, a move reads on from there.
                     if seen == self._moves:
                         break
@@ -669,6 +723,9 @@ class Dataset:
             ):
                 if selection is not None:  # always: its leases are its own
                     yield [selection.gather()]
+                # Not held while the next is planned: its gatherer maps the window's
+                # shards, released when the next window's are acquired (`_selections`).
+                selection = None
             return
         while True:
             leases = _Leases()
@@ -753,6 +810,7 @@ class Dataset:
         gatherer: gather.Gatherer | None = None
         slots = sequences.slots([], 0)
         by_shard: dict[int, pa.RecordBatch] = {}
+        sources: list[pa.RecordBatch] = []
         #: The windows of the last batch, by (epoch, index): the batches of one window
         #: share one object (its identity tells a consumer its copy can be reused).
         made: dict[tuple[int, int], selections_.WindowRows] = {}
@@ -797,6 +855,10 @@ class Dataset:
                         leases.retire(shard, at=lo)
                     if follow:
                         leases.release_before(lo)
+                    # The shards let go of above stay mapped while anything here holds
+                    # them, and an evicted one's pages stay in the memory volume: the
+                    # acquires below could wait for room this reader holds itself.
+                    gatherer, sources, by_shard = None, [], {}
                     for shard in want:
                         if not leases.reuse(shard):
                             leases.held[shard] = self._acquire(

@@ -2,9 +2,10 @@
 
 A reader keeps the batch it last used while it asks for its next shard (a plain
 `for batch in ds.batches(n)` loop holds it until the next one is assigned). That batch
-is a zero-copy slice, so it keeps its whole shard's file mapped, and once the tier
-has evicted (unlinked) that shard its pages stay in the volume, outside the tier's
-limit, until the batch goes. With K readers that is about K decoded shards beyond
+was a zero-copy slice (block mode now hands it out as a copy, `datasets.Dataset._sliced`:
+what follows is a reader that keeps more than it in hand), so it kept its whole
+shard's file mapped, and once the tier has evicted (unlinked) that shard its pages
+stay in the volume, outside the tier's limit, until the batch goes. With K readers that is about K decoded shards beyond
 the limit. When that is more than the volume's room over the limit plus what the
 tier can still give up, every insert waits for readers to unmap and every reader
 waits in an acquire for an insert: nobody unmaps, and the tier's wait ran its whole
@@ -157,9 +158,9 @@ def describe(look: Look, *, root: str, limit: int, shard_bytes: int, setting: st
         f"the memory volume {root} ({look.total} bytes) cannot hold what its "
         f"{look.readers} reader(s) keep mapped beside the tier: {_who_waits(look)}, "
         f"{look.mapped} bytes of the volume are shards the tier evicted that "
-        "readers still map (each keeps the batch it holds, a zero-copy slice of its "
-        f"previous shard), the tier's files take {look.own} ({look.evictable} of them "
-        f"unleased) and {look.free} bytes are free, but this shard needs {look.need}. "
+        "readers still map (zero-copy batches a reader keeps beyond the one it was "
+        "handed last, which is a copy at a shard's end), the tier's files take "
+        f"{look.own} ({look.evictable} of them unleased) and {look.free} bytes are free, but this shard needs {look.need}. "
         "No reader can unmap while it waits, so they would wait for each other. The "
         f"volume needs at least {wanted} bytes: the memory limit ({limit} bytes, "
         f"{setting}) plus one decoded shard ({shard_bytes} bytes) per reader{pod} "

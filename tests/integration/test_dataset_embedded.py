@@ -338,10 +338,16 @@ def test_a_later_epoch_reads_through_the_mappings_of_the_previous_one(tmp_path: 
         ds.set_epoch(1)
         second = {b.column("uid")[0].as_py(): b for b in ds.batches(100)}
     assert first.keys() == second.keys()
-    # Same rows at the same addresses: the epoch-0 mapping served epoch 1.
+    # Same rows at the same addresses: the epoch-0 mapping served epoch 1. (The batch
+    # that ends an epoch's reading of a shard is a copy, at an address of its own.)
+    sliced = 0
     for uid, batch in first.items():
         addr = batch.column("tokens").values.buffers()[1].address
-        assert second[uid].column("tokens").values.buffers()[1].address == addr
+        again = second[uid].column("tokens").values.buffers()[1].address
+        if mapping_of(addr) is not None and mapping_of(again) is not None:
+            sliced += 1
+            assert again == addr
+    assert sliced >= len(first) - 4
 
 
 def test_mappings_of_evicted_shards_are_let_go(tmp_path: Path) -> None:

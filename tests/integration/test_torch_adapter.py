@@ -351,10 +351,16 @@ def test_registration_follows_the_mappings_lifetime(make) -> None:  # type: igno
     registry = _host_memory.Registry(registrar, settle=lambda: settled.append(1))
     sc.add_mapping_listener(registry)
     reader = ds.reader()
+    copies = 0
     for batch in reader:
         for piece in batch.pieces:
             address = piece.column(0).buffers()[1].address
-            assert registry.covers(address, 8 * len(piece))
+            if not registry.covers(address, 8 * len(piece)):
+                # Copies (`Dataset._sliced`): the batch that ends a shard's reading,
+                # and a batch's head from the shard before, made before the acquire.
+                assert len(batch.pieces) == 1 or piece is batch.pieces[0]
+                copies += 1
+    assert copies >= 1
     assert registrar.log.count("register") == len(SHARDS)
     assert len(registrar.live) == len(SHARDS)  # kept across epochs while resident
     sc.close()  # the reader lets every mapping go: each is unregistered first
