@@ -210,6 +210,8 @@ def test_ranks_that_wait_for_the_others_holding_zero_copy_batches_do_not_hide_th
                     if p.poll() is None:
                         p.kill()
                         p.wait()
+            # What stays for someone who finds the ranks gone: the count and the error.
+            stats = proc.control("GET", "/v1/status")[1]["stats"]
         finally:
             proc.kill()
     uids = [u for r in results.values() for u in r["uids"]]  # type: ignore[attr-defined]
@@ -225,6 +227,9 @@ def test_ranks_that_wait_for_the_others_holding_zero_copy_batches_do_not_hide_th
     # in its partial form: the early ranks never asked again.
     assert any(IDLE_WORDS in e for e in failed), (len(results), errors)
     assert not any("every reader waits" in e for e in failed), errors
+    assert stats["volume_cycles"] >= len(failed), stats
+    last = stats["last_volume_cycle"]
+    assert any(last["error"] in e for e in failed), (last, errors)
     for error in failed:
         assert "cannot hold what its" in error, error
         assert f"({volume} bytes)" in error, error
