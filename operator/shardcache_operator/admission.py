@@ -66,6 +66,22 @@ def no_port_reason(where: str, defaults: injection.SidecarDefaults) -> str:
     )
 
 
+def _refusal(reason: str, name: str, deleting: bool) -> str:
+    """What a pod refused for a mount not Ready can do. A mount being deleted is never
+    Ready again (its finalizer only waits for its pods), so waiting for Ready would be
+    endless: it is recreated once gone, or the pod goes without it."""
+    if deleting:
+        return (
+            f"{reason}: it will not be Ready again; recreate it once `kubectl get dsm {name}` "
+            f"finds none (it goes when its pods finish), or remove {name} from the pod's "
+            f"{injection.LABEL_MOUNT} label to start the pod without the cache"
+        )
+    return (
+        f"{reason}; wait until `kubectl get dsm {name}` shows Ready, "
+        "or set spec.admission.policy: Admit to start pods without the cache"
+    )
+
+
 def _ready_message(obj: Mapping[str, Any]) -> str:
     for condition in (obj.get("status") or {}).get("conditions") or []:
         if condition.get("type") == status.READY_CONDITION and condition.get("message"):
@@ -126,7 +142,8 @@ def decide(
             return Decision(False, unchanged, [], message=f"{where}: {'; '.join(refused)}")
         generation = (obj.get("metadata") or {}).get("generation")
         observed = (obj.get("status") or {}).get("observedGeneration")
-        if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        deleting = bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+        if deleting:
             reason = f"{where} is being deleted"
         elif (
             mount.phase == status.Phase.READY and generation is not None and observed != generation
@@ -142,13 +159,7 @@ def decide(
             reason = ""
         if reason:
             if mount.spec.admission.policy == REFUSE:
-                return Decision(
-                    False,
-                    unchanged,
-                    [],
-                    message=f"{reason}; wait until `kubectl get dsm {name}` shows Ready, "
-                    "or set spec.admission.policy: Admit to start pods without the cache",
-                )
+                return Decision(False, unchanged, [], message=_refusal(reason, name, deleting))
             warnings.append(f"{reason}; admitted without the cache for {name}")
             continue
         pinned = obj.get("status") or {}

@@ -41,6 +41,10 @@ class Api(Protocol):
         self, namespace: str, label_selector: str
     ) -> list[dict[str, Any]]: ...
 
+    async def list_unfinished_pods(
+        self, namespace: str, label_selector: str
+    ) -> list[dict[str, Any]]: ...
+
     async def post_event(self, body: Mapping[str, Any]) -> None: ...
 
 

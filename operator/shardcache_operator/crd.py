@@ -35,8 +35,8 @@ ANNOTATION_SCHEMA_VERSION = "shardcache.io/schema-version"
 #: (not for a description): SCHEMA_FINGERPRINT records which schema this version is,
 #: and tests/unit/test_crd.py fails until both are set. Bump the chart's version too
 #: (helm/shardcache/Chart.yaml).
-SCHEMA_VERSION = 1
-SCHEMA_FINGERPRINT = "sha256:ecdc83c2608cd5cdc38925945f1d7ed2badf1b1b8e0f31a0bc51d5b9ba79798b"
+SCHEMA_VERSION = 2
+SCHEMA_FINGERPRINT = "sha256:2a7e3748675ab63f205c9f5a448ed2d1f1d1982b12c28638e2621ce4f515cb39"
 
 
 def _without_descriptions(node: object) -> object:

@@ -26,6 +26,7 @@ from shardcache_operator import (
     crd_version,
     injection,
     reconcile,
+    sidecar_checks,
     skips,
     specs,
     starvation,
@@ -315,12 +316,17 @@ async def finalize(
     if count and not forced:
         # Not under an older CRD: a status write prunes the object to its schema
         # (crd_version); the wait, its Event and the finalizer go on all the same.
+        force_hint = f"annotate it {ANNOTATION_FORCE_DELETE}=true to delete it now"
         if await memo.crd.problem() is None:
             patch.status["phase"] = status.Phase.TERMINATING.value
             patch.status["attachedPods"] = count
+            previous = (body.get("status") or {}).get("conditions") or []
+            ready = status.terminating_condition(count, force_hint=force_hint)
+            conditions = status.with_condition(previous, ready, now=now_text())
+            if conditions != [dict(c) for c in previous]:
+                patch.status["conditions"] = conditions
         message = (
-            f"waiting for {count} pod(s) using DatasetMount {ns}/{name} to finish; "
-            f"annotate it {ANNOTATION_FORCE_DELETE}=true to delete it now"
+            f"waiting for {count} pod(s) using DatasetMount {ns}/{name} to finish; {force_hint}"
         )
         if (body.get("status") or {}).get("phase") != status.Phase.TERMINATING:
             kopf.event(body, type="Normal", reason="WaitingForPods", message=message)
@@ -373,4 +379,13 @@ def register(registry: kopf.OperatorRegistry, settings: configuration.Settings) 
             when=watches_stalls,
             registry=registry,
         )(check_stalls)
+    # Only mounts with pods (or a SidecarsHealthy=False to clear), as check-stalls.
+    kopf.timer(
+        *RESOURCE,
+        interval=sidecar_checks.INTERVAL_SECONDS,
+        initial_delay=sidecar_checks.INTERVAL_SECONDS,
+        id="check-sidecars",
+        when=sidecar_checks.watches_sidecars,
+        registry=registry,
+    )(sidecar_checks.check_sidecars)
     kopf.on.delete(*RESOURCE, id="finalize", registry=registry)(finalize)

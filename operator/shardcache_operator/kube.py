@@ -18,7 +18,7 @@ import kubernetes
 import yaml
 
 from shardcache import errors
-from shardcache_operator import specs
+from shardcache_operator import pod_watch, specs
 
 
 class KubeconfigError(errors.InputError):
@@ -173,12 +173,24 @@ class Api:
 
     async def list_running_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         """Running pods of `namespace` matching `label_selector`, as JSON dicts."""
+        return await self._list_pods(namespace, label_selector, "status.phase=Running")
+
+    async def list_unfinished_pods(
+        self, namespace: str, label_selector: str
+    ) -> list[dict[str, Any]]:
+        """Pods of `namespace` matching `label_selector` not Succeeded or Failed (a pod
+        whose sidecar cannot start stays Pending), as JSON dicts."""
+        return await self._list_pods(namespace, label_selector, pod_watch.FIELD_SELECTOR)
+
+    async def _list_pods(
+        self, namespace: str, label_selector: str, field_selector: str
+    ) -> list[dict[str, Any]]:
         # Raw JSON: the generated models would be converted back to dicts anyway.
         found: Any = await asyncio.to_thread(
             self._core.list_namespaced_pod,
             namespace,
             label_selector=label_selector,
-            field_selector="status.phase=Running",
+            field_selector=field_selector,
             _preload_content=False,
         )
         try:

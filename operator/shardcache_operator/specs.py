@@ -801,7 +801,8 @@ class ResourcesSpec:
         "Maximum resources of the sidecar. Omitted: cpu 2 and memory 1Gi, each raised to "
         "its request where the request is higher. With cache.medium Memory the memory "
         "limit is raised by the memory tier's volume (cache.memory and a quarter) at "
-        "injection, a fraction of a byte rounded up.",
+        "injection, a fraction of a byte rounded up. A memory limit must be at least "
+        "192Mi (the sidecar holds 100-150 MiB resident; below it is OOMKilled at start).",
         default_factory=lambda: dict(DEFAULT_SIDECAR_LIMITS),
         resource_map=True,
     )
@@ -921,12 +922,34 @@ def _sidecar_requests_within_limits(spec: DatasetMountSpec, path: str) -> str | 
     return None
 
 
+def _sidecar_memory_limit_above_floor(spec: DatasetMountSpec, path: str) -> str | None:
+    """A memory limit the sidecar can start in: below the floor it is OOMKilled at every
+    start and the pod never runs. The spec's own limit is what the process has: with
+    cache.medium Memory the webhook adds the memory tier's volume on top of it, and with
+    Disk the tier's pages are page cache the kernel reclaims, so the floor alone bounds
+    it either way. No limit at all (limits without memory) has nothing to check."""
+    given = spec.sidecar.resources.limits.get("memory")
+    if given is None:
+        return None
+    field = f"{path}.sidecar.resources.limits.memory"
+    found = memory_bytes(given, path=field)
+    floor = variables.SIDECAR_MEMORY_FLOOR
+    if found >= floor:
+        return None
+    return (
+        f"{field}: expected at least {parsers.quantity(floor)} (the sidecar holds 100-150 MiB "
+        f"resident once it starts, and is OOMKilled at every start below that), found "
+        f"{given!r}; raise the limit or omit it (default 1Gi)"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class DatasetMountSpec:
     """What data a job reads and how the node caches it."""
 
     python_checks: ClassVar[tuple[Callable[[Any, str], str | None], ...]] = (
         _sidecar_requests_within_limits,
+        _sidecar_memory_limit_above_floor,
     )
 
     source: SourceSpec = _field("source", "The dataset in object storage.")

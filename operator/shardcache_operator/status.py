@@ -37,7 +37,17 @@ MANIFEST_RESOLVED = "ManifestResolved"
 READY_CONDITION = "Ready"
 #: Set by the stall check (`starvation`), never by a reconcile, which keeps it as it is.
 DATA_STARVED = "DataStarved"
-CONDITION_TYPES = (SOURCE_REACHABLE, MANIFEST_RESOLVED, READY_CONDITION, DATA_STARVED)
+#: Set by the sidecar check (`sidecar_health`), never by a reconcile, which keeps it.
+SIDECARS_HEALTHY = "SidecarsHealthy"
+CONDITION_TYPES = (
+    SOURCE_REACHABLE,
+    MANIFEST_RESOLVED,
+    READY_CONDITION,
+    DATA_STARVED,
+    SIDECARS_HEALTHY,
+)
+#: Conditions other checks than the reconcile own: a reconcile's status keeps them.
+KEPT_BY_RECONCILE = (DATA_STARVED, SIDECARS_HEALTHY)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +144,36 @@ def merge_conditions(
     return merged
 
 
+def with_condition(
+    previous: Sequence[Mapping[str, Any]], condition: Condition, *, now: str
+) -> list[dict[str, Any]]:
+    """status.conditions with `condition` in place of its type's entry (appended where
+    there is none), the others as they are: status is written as a merge patch, which
+    replaces a list whole."""
+    kept = [dict(c) for c in previous if isinstance(c, Mapping)]
+    old = next((c for c in kept if c.get("type") == condition.type), None)
+    (merged,) = merge_conditions([old] if old else [], [condition], now=now, generation=None)
+    if old is not None and "observedGeneration" in old:
+        # The generation the condition was computed for has not moved with a deletion.
+        merged["observedGeneration"] = old["observedGeneration"]
+    if old is None:
+        return [*kept, merged]
+    return [merged if c is old else c for c in kept]
+
+
+def terminating_condition(pods: int, *, force_hint: str) -> Condition:
+    """Ready while the mount waits for its pods to finish before it goes: no new pod is
+    admitted, so Ready=True ("pods using it are admitted") would be wrong, and `kubectl
+    wait --for=condition=Ready` would pass on a mount on its way out."""
+    return Condition(
+        READY_CONDITION,
+        "False",
+        "Terminating",
+        f"being deleted: waiting for {pods} pod(s) using it to finish; new pods are "
+        f"refused (recreate the DatasetMount once it is gone); {force_hint}",
+    )
+
+
 def build_status(
     outcome: Outcome,
     *,
@@ -176,7 +216,7 @@ def build_status(
     conditions += [
         dict(c)
         for c in previous.get("conditions") or []
-        if isinstance(c, Mapping) and c.get("type") == DATA_STARVED
+        if isinstance(c, Mapping) and c.get("type") in KEPT_BY_RECONCILE
     ]
     status: dict[str, Any] = {
         # The plain string: the status dict is serialized as JSON and YAML alike.
@@ -279,7 +319,9 @@ def schema() -> dict[str, Any]:
                 # Named from CONDITION_TYPES: the description once left out DataStarved.
                 "description": f"{', '.join(CONDITION_TYPES[:-1])} and {CONDITION_TYPES[-1]}, "
                 "each with a reason and a message (DataStarved only once the stall checks "
-                "judged the mount's pods).",
+                "judged the mount's pods, SidecarsHealthy only once an injected sidecar was "
+                "OOMKilled or crash-looped). Ready is False with reason Terminating while the "
+                "mount is being deleted.",
                 "items": condition,
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],

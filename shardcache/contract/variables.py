@@ -297,6 +297,16 @@ MEMORY_LIMIT: Final = Variable(
 RUN_VOLUME_HEADROOM: Final = 0.25
 
 
+#: The least memory limit a sidecar can start in, besides its memory tier's volume (the
+#: webhook adds that on top: `run_volume_bytes`): the process holds 100-150 MiB resident
+#: once it listens (interpreter, pyarrow, aiohttp, the manifest; 143 MB measured with 8
+#: ranks, `shardcache.node.quotas.process_base`), and a 40Mi limit was OOMKilled at every
+#: start. The operator refuses a spec below it (`spec.sidecar.resources.limits.memory`);
+#: the margin over 150 MiB leaves a little room to decode a small shard in. Below
+#: `quotas.BASE_MEMORY_BYTES` (256 MiB), since sidecars given 256Mi serve.
+SIDECAR_MEMORY_FLOOR: Final = 192 * MiB
+
+
 def run_volume_bytes(memory_tier_bytes: int) -> int:
     """The run volume's sizeLimit for a memory tier of `memory_tier_bytes`: the tier plus
     `RUN_VOLUME_HEADROOM`, the headroom rounded up to whole MiB."""

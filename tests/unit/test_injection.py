@@ -615,6 +615,20 @@ def test_datasetmount_being_deleted_is_not_ready() -> None:
     assert "DatasetMount ml/imagenet is being deleted" in response["status"]["message"]
 
 
+def test_a_pod_refused_for_a_mount_being_deleted_is_told_it_will_not_be_ready_again() -> None:
+    """Exploration s18-xnode defect 4: the refusal said "wait until ... shows Ready", which a
+    mount being deleted never does again."""
+    deleting = dsm("imagenet")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    response, _ = admit(pod(), deleting)
+    message = response["status"]["message"]
+    assert response["allowed"] is False
+    assert "shows Ready" not in message
+    assert "will not be Ready again" in message
+    assert "recreate it once `kubectl get dsm imagenet` finds none" in message
+    assert f"remove imagenet from the pod's {injection.LABEL_MOUNT} label" in message
+
+
 def test_each_rank_of_an_indexed_job_publishes_checkpoints_under_its_own_prefix() -> None:
     obj = pod(sharding={})
     obj["metadata"]["annotations"] = {injection.ANNOTATION_JOB_INDEX: "3"}

@@ -42,9 +42,10 @@ def test_the_operator_registers_reconcile_timers_finalizer_index_and_webhook() -
     reg = registry()
     changing = {(h.id, h.reason) for h in reg._changing.get_all_handlers()}
     assert {i for i, _ in changing} == {"resolve", "resolve/spec", "finalize"}
-    # Pod counts follow pod events; the timers check sources, skips and data stalls.
+    # Pod counts follow pod events; the timers check sources, skips, data stalls and
+    # sidecars that die (sidecar_checks).
     timers = {h.id for h in reg._spawning.get_all_handlers()}
-    assert timers == {"check-source", "check-skips", "check-stalls"}
+    assert timers == {"check-source", "check-skips", "check-stalls", "check-sidecars"}
     # Pods are watched by pod_watch, not kopf: kopf indexes and watches DatasetMounts only.
     (index,) = reg._indexing.get_all_handlers()
     assert index.id == handlers.MOUNT_INDEX
@@ -83,5 +84,6 @@ def test_handlers_are_module_level_functions_not_closures() -> None:
     assert {fn.__module__ for fn in fns} == {
         "shardcache_operator.app",
         "shardcache_operator.handlers",
+        "shardcache_operator.sidecar_checks",
         "shardcache_operator.webhook",
     }

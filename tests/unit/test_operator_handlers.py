@@ -194,6 +194,55 @@ async def test_finalize_waits_for_attached_pods_unless_forced() -> None:
     assert sample(ctx.metrics, "shardcache_operator_datasetmounts", phase="Terminating") == 0
 
 
+async def test_a_terminating_mount_says_ready_false_terminating_with_its_pods() -> None:
+    """Exploration s18-xnode defect 4: Ready stayed True ("pods using it are admitted")
+    while the webhook refused every new pod of a mount being deleted."""
+    capture_events()
+    ctx = memo()
+    ctx.pods.set("ml", "train-0", ("data",))
+    ctx.pods.set("ml", "train-1", ("data",))
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "ManifestPinned",
+        "message": "pods using it are admitted",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "observedGeneration": 1,
+    }
+    reachable = {"type": "SourceReachable", "status": "True", "reason": "Listed"}
+    patch = kopf.Patch()
+    with pytest.raises(kopf.TemporaryError):
+        await handlers.finalize(
+            body=dsm(phase="Ready", conditions=[reachable, ready]),
+            patch=patch,
+            namespace="ml",
+            name="data",
+            annotations={},
+            memo=ctx,
+        )
+    conditions = patch.status["conditions"]
+    assert conditions[0] == reachable  # the others as they were
+    assert [c["type"] for c in conditions] == ["SourceReachable", "Ready"]
+    terminating = conditions[1]
+    assert (terminating["status"], terminating["reason"]) == ("False", "Terminating")
+    assert "waiting for 2 pod(s)" in terminating["message"]
+    assert "new pods are refused" in terminating["message"]
+    assert handlers.ANNOTATION_FORCE_DELETE in terminating["message"]
+    assert terminating["lastTransitionTime"] != "2026-01-01T00:00:00Z"
+    # The next poll with nothing changed writes no conditions again.
+    again = kopf.Patch()
+    with pytest.raises(kopf.TemporaryError):
+        await handlers.finalize(
+            body=dsm(phase="Terminating", conditions=conditions),
+            patch=again,
+            namespace="ml",
+            name="data",
+            annotations={},
+            memo=ctx,
+        )
+    assert "conditions" not in again.status
+
+
 async def test_indexing_a_mount_hands_the_writer_the_mount_index_and_pod_counts() -> None:
     ctx = memo()
     ctx.pods.set("ml", "a", ("data",))

@@ -75,10 +75,10 @@ def test_a_limit_below_the_default_request_becomes_the_request() -> None:
 
 
 def test_a_memory_limit_below_the_default_request_becomes_the_request() -> None:
-    spec = parse(sidecar={"resources": {"limits": {"memory": "128Mi"}}}, cache=DISK)
+    spec = parse(sidecar={"resources": {"limits": {"memory": "200Mi"}}}, cache=DISK)
     resources = sidecar_resources(spec)
-    assert resources["requests"] == {"cpu": "250m", "memory": "128Mi"}
-    assert resources["limits"] == {"memory": "128Mi"}
+    assert resources["requests"] == {"cpu": "250m", "memory": "200Mi"}
+    assert resources["limits"] == {"memory": "200Mi"}
 
 
 def test_a_request_above_the_default_limit_becomes_the_limit() -> None:
@@ -132,8 +132,8 @@ def test_a_disk_medium_tier_raises_neither_the_memory_request_nor_the_limit() ->
         {"requests": {"cpu": "4"}},
         {"requests": {"memory": "16Gi"}},
         {"limits": {"cpu": "100m"}},
-        {"limits": {"memory": "128Mi"}},
-        {"limits": {"cpu": "10m", "memory": "1Mi"}},
+        {"limits": {"memory": "200Mi"}},
+        {"limits": {"cpu": "10m", "memory": "192Mi"}},  # the floor (SIDECAR_MEMORY_FLOOR)
         {"requests": {"cpu": "1.5"}, "limits": {"cpu": "1500m"}},
     ],
 )
@@ -198,10 +198,11 @@ RAISE = pod_volumes.run_volume_bytes(TIER)
     ("memory", "pod_limit"),
     [
         ("1.3Gi", 1395864372 + RAISE),  # 1395864371.2 bytes, rounded up
-        ("0.1Gi", 107374183 + RAISE),  # 107374182.4
-        ("0.5", 1 + RAISE),
-        ("1500m", 2 + RAISE),
-        ("128974848000m", 128974848 + RAISE),
+        # Each at least the floor (SIDECAR_MEMORY_FLOOR, 192Mi), which a smaller limit fails.
+        ("0.2Gi", 214748365 + RAISE),  # 214748364.8
+        ("201326592.5", 201326593 + RAISE),
+        ("268435456500m", 268435457 + RAISE),
+        ("201326592000m", 201326592 + RAISE),
         ("1e9", 10**9 + RAISE),
         ("2Gi", TIER + 2 * 2**30 + 512 * 2**20),
     ],
