@@ -305,7 +305,9 @@ async def finalize(
     Running sidecars carry everything they need in their env, so they would keep
     working; the wait makes a deletion visible instead of silently leaving pods
     on a dataset that is no longer declared. Node cache files are not removed:
-    they are content-addressed and the disk tier's LRU reclaims them.
+    they are content-addressed and shared by the namespace's other mounts, whose
+    sidecars' LRU evicts them; once the namespace itself is gone, the node-cache
+    DaemonSet's reclaim removes its directory (`node_reclaim`).
 
     Async: it reads memory only, and a sync handler cost a hop to kopf's thread pool
     and back for each of 500 mounts deleted at once (issue 18).

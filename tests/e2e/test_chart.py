@@ -216,9 +216,15 @@ def test_rbac_grants_secrets_only_where_asked(e2e_cluster: harness.Cluster) -> N
     assert [
         (meta["namespace"], rule["verbs"], rule["resourceNames"]) for meta, rule in secret_rules
     ] == [("team-a", ["get"], ["s3-credentials"])]
-    # Watching two namespaces: pods and DatasetMounts through Roles there, nothing cluster-wide.
-    (cluster_role,) = by_kind["ClusterRole"]
+    # Watching two namespaces: pods and DatasetMounts through Roles there, nothing cluster-wide
+    # (but the node-cache reclaim's list of namespaces, its own service account's).
+    roles = {str(r["metadata"]["name"]).rsplit("-", 1)[-1]: r for r in by_kind["ClusterRole"]}  # type: ignore[index]
+    cluster_role, node_cache = roles.pop("operator"), roles.pop("cache")
+    assert not roles
     assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"]]
+    assert node_cache["rules"] == [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list"]}
+    ]
     assert sorted(r["metadata"]["namespace"] for r in by_kind["Role"]) == [
         "team-a", "team-a", "team-b",
     ]  # fmt: skip
@@ -340,7 +346,7 @@ def test_node_cache_daemonset_prepares_the_sidecars_directory(
     makes the default node path its own, with root confined to an init container."""
     (daemonset,) = [d for d in documents(render(e2e_cluster)) if d["kind"] == "DaemonSet"]
     pod = daemonset["spec"]["template"]["spec"]  # type: ignore[index]
-    (volume,) = pod["volumes"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "node-cache"]
     default_path = configuration.Settings().default_node_path
     assert volume["hostPath"] == {"path": default_path, "type": "DirectoryOrCreate"}
     (prepare,) = pod["initContainers"]
@@ -348,8 +354,8 @@ def test_node_cache_daemonset_prepares_the_sidecars_directory(
     assert prepare["securityContext"]["allowPrivilegeEscalation"] is False
     uid = injection.SidecarDefaults(image="x").run_as_user
     assert prepare["command"][-2:] == [str(uid), str(uid)]
-    (idle,) = pod["containers"]
-    assert idle["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    (reclaim,) = pod["containers"]  # nodeCache.reclaim (tests/unit/test_chart_node_cache_render.py)
+    assert reclaim["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert pod["automountServiceAccountToken"] is False
     # The command itself, run here as root on a stand-in for the node directory.
     node_dir = tmp_path / "node-cache"

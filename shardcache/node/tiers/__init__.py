@@ -38,7 +38,9 @@ The modules, by what they hold:
 * `_other_users`: files of another user this process may not open or remove (a
   sidecar's user changed), handled as files in the way rather than raised;
 * `_limits`: the limits of the processes inserting into a directory, the largest of
-  which every insert counts against.
+  which every insert counts against;
+* `_retire`: a whole tier directory taken out of use (renamed aside under its tier
+  lock while no process holds a lock in it), for the node-cache DaemonSet's reclaim.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ from shardcache.node.tiers._no_space import (
     volume,
     volume_under,
 )
+from shardcache.node.tiers._retire import move_aside_unused
 from shardcache.node.tiers._tier import ScanReport, Tier, TierObserver
 
 __all__ = [
@@ -90,6 +93,7 @@ __all__ = [
     "clamp_level",
     "limit_within",
     "mark_used",
+    "move_aside_unused",
     "needed",
     "read_meta",
     "sha256_file",

@@ -33,6 +33,9 @@ TRAIN_BLOCK_SIZE = 8
 #: at the settings' default minute, set here through operator.extraEnv): test_skip.py
 #: waits for status.lastSkip, and a few seconds keep that wait short.
 SKIPS_INTERVAL_S = 3
+#: The node-cache DaemonSet's reclaim interval (nodeCache.reclaim.intervalSeconds;
+#: 600 by default): short, so that test_node_reclaim sees a deleted namespace's tier go.
+RECLAIM_INTERVAL_S = 10
 CRD_NAMES = (
     "datasetmounts.shardcache.io",
     "clusterkopfpeerings.kopf.dev",
@@ -90,7 +93,8 @@ def release_values(
         "sidecar": {"image": {"repository": repository, "tag": tag}},
         # `default`: where examples/ put their DatasetMounts and Secret (test_examples.py).
         "rbac": {"secretNamespaces": [namespace, "default"], "secretNames": [SECRET_NAME]},
-        "nodeCache": {"nodeSelector": real_node.node_selector},
+        "nodeCache": {"nodeSelector": real_node.node_selector,
+                      "reclaim": {"intervalSeconds": RECLAIM_INTERVAL_S}},
     }  # fmt: skip
 
 

@@ -1,0 +1,211 @@
+"""The node-cache DaemonSet's reclaim: a deleted namespace's node disk tier removed.
+
+`python3 -m shardcache_operator.node_reclaim /node-cache --interval-seconds 600` (the
+chart's node-cache DaemonSet, `nodeCache.reclaim`). Every interval, one round:
+
+1. one `list namespaces` (the DaemonSet's service account may do nothing else); when it
+   fails the round removes nothing and the next round tries again;
+2. the node path's entries, and `reclaim_decisions.decide` over both;
+3. each `ns-<namespace>` whose namespace is gone is renamed aside under its tier lock
+   while no process holds a lock in it (`shardcache.node.tiers.move_aside_unused`; one
+   in use is left for a later round), then removed; so is anything an earlier round
+   renamed aside and did not finish removing.
+
+What was removed and its bytes are logged at INFO, what was left and why at INFO too
+(a namespace's last pods may take a round to stop), refused names at WARNING once.
+Removal never follows a link (`shutil.rmtree` by descriptors) and never leaves the node
+path (every name is one component, opened relative to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import stat
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import FrameType
+
+from shardcache import errors
+from shardcache.node import tiers
+from shardcache_operator import reclaim_decisions
+
+log = logging.getLogger(__name__)
+
+#: Every namespace that exists, by name; raises when the API cannot say.
+NamespaceLister = Callable[[], Iterable[str]]
+
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclasses.dataclass
+class Round:
+    """What one round did (for logs and tests)."""
+
+    #: namespace -> bytes of its directory removed.
+    removed: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: namespace -> why its directory was left this round.
+    kept: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Names refused (`reclaim_decisions.Decision.refused`).
+    refused: list[str] = dataclasses.field(default_factory=list)
+    #: Why the round removed nothing at all (the namespace list failed), or None.
+    skipped: str | None = None
+
+
+def remove_aside(root: Path, aside: str) -> tuple[int, int]:
+    """Remove the directory `root/aside` (renamed aside, in no one's use); return (files,
+    bytes) it held. Links inside are removed, never followed."""
+    root_fd = os.open(root, _DIRECTORY_FLAGS)
+    try:
+        files = size = 0
+        for _, _, filenames, dir_fd in os.fwalk(aside, dir_fd=root_fd, follow_symlinks=False):
+            for filename in filenames:
+                try:
+                    st = os.stat(filename, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    files += 1
+                    size += st.st_size
+        shutil.rmtree(aside, dir_fd=root_fd)
+        return files, size
+    finally:
+        os.close(root_fd)
+
+
+def reclaim_round(
+    root: Path, namespaces: NamespaceLister, *, said: set[str] | None = None
+) -> Round:
+    """One round over the node path `root` (module docstring). `said`: refused names
+    already warned about (each is warned about once)."""
+    done = Round()
+    try:
+        existing = list(namespaces())
+    except Exception as exc:  # any failure of the API or its client: retry next round
+        done.skipped = f"could not list namespaces ({type(exc).__name__}: {exc})"
+        log.warning("node cache reclaim: %s; nothing removed, next round retries", done.skipped)
+        return done
+    decision = reclaim_decisions.decide(os.listdir(root), existing)
+    for name, reason in decision.refused:
+        done.refused.append(name)
+        if said is None or name not in said:
+            log.warning("node cache reclaim: %s left alone: %s", root / name, reason)
+            if said is not None:
+                said.add(name)
+    for aside in decision.leftovers:
+        _remove(root, aside, namespace=None, done=done)
+    for name, namespace in decision.reclaim:
+        aside = reclaim_decisions.aside_name(namespace)
+        why: str | None
+        try:
+            why = tiers.move_aside_unused(root, name, aside)
+        except (OSError, errors.CacheError) as exc:
+            why = f"could not be checked ({exc})"
+        if why is not None:
+            done.kept[namespace] = why
+            log.info(
+                "node cache reclaim: %s of deleted namespace %s kept this round: %s",
+                root / name,
+                namespace,
+                why,
+            )
+            continue
+        _remove(root, aside, namespace=namespace, done=done)
+    return done
+
+
+def _remove(root: Path, aside: str, *, namespace: str | None, done: Round) -> None:
+    try:
+        files, size = remove_aside(root, aside)
+    except OSError as exc:
+        # Renamed aside already: no sidecar sees it; the next round removes the rest.
+        log.warning(
+            "node cache reclaim: removing %s failed (%s); the next round retries", root / aside, exc
+        )
+        return
+    what = f"deleted namespace {namespace}" if namespace else "an earlier round"
+    done.removed[namespace or aside] = size
+    log.info(
+        "node cache reclaim: removed %s (%s): %d files, %d bytes", root / aside, what, files, size
+    )
+
+
+def kubernetes_lister() -> NamespaceLister:
+    """Every namespace's name, in pages, through the pod's service account."""
+    import kubernetes  # the operator extra: in the image, not in the client library
+
+    def names() -> list[str]:
+        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+        core = kubernetes.client.CoreV1Api()
+        found: list[str] = []
+        token: str | None = None
+        while True:
+            page = core.list_namespace(limit=500, _continue=token, _request_timeout=30)
+            found += [ns.metadata.name for ns in page.items if ns.metadata and ns.metadata.name]
+            token = page.metadata._continue if page.metadata else None
+            if not token:
+                return found
+
+    return names
+
+
+def run(root: Path, interval: float, namespaces: NamespaceLister, stop: threading.Event) -> None:
+    """Rounds every `interval` seconds until `stop` is set."""
+    said: set[str] = set()
+    while not stop.is_set():
+        try:
+            reclaim_round(root, namespaces, said=said)
+        except OSError as exc:  # the node path itself unreadable: say so, keep going
+            log.error("node cache reclaim: could not read %s: %s", root, exc)
+        except Exception:  # a bug: said with its traceback; the next round may fare better
+            log.exception("node cache reclaim: the round failed; the next round retries")
+        stop.wait(interval)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (the chart's: `/node-cache --interval-seconds=N`)."""
+    parser = argparse.ArgumentParser(
+        prog="python3 -m shardcache_operator.node_reclaim",
+        description="Remove the node disk tier of every namespace that no longer exists.",
+    )
+    parser.add_argument(
+        "root", type=Path, help="the node path (the chart mounts it at /node-cache)"
+    )
+    parser.add_argument(
+        "--interval-seconds", type=float, default=600.0, help="seconds between rounds (> 0)"
+    )
+    parser.add_argument("--once", action="store_true", help="one round, then exit")
+    args = parser.parse_args(argv)
+    if not args.interval_seconds > 0:
+        parser.error(f"--interval-seconds must be > 0, found {args.interval_seconds}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stop = threading.Event()
+
+    # As pid 1 an unhandled SIGTERM is dropped: handle it, so the pod stops at once.
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    lister = kubernetes_lister()
+    if args.once:
+        reclaim_round(args.root, lister)
+        return 0
+    run(args.root, args.interval_seconds, lister, stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
