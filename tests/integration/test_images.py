@@ -149,8 +149,12 @@ def test_image_config_is_the_definition(service_bundle: oci_runtime.Bundle) -> N
         (None, "run the node cache sidecar"),  # the image's own entrypoint + cmd
         (["shardcache", "sidecar", "--help"], "usage: shardcache sidecar"),
         (["shardcache", "operator", "--help"], "usage: shardcache operator"),
-        # The chart's node-cache DaemonSet runs `python -c …` in this image.
+        # The chart's node-cache DaemonSet runs `python -c …` in this image, or its reclaim.
         (["python", "-c", "import os; print('python as', os.getuid())"], "python as 65532"),
+        (
+            ["python3", "-m", "shardcache_operator.node_reclaim", "--help"],
+            "usage: python3 -m shardcache_operator.node_reclaim",
+        ),
     ],
 )
 def test_entry_commands_run_as_nonroot_on_a_readonly_root(
