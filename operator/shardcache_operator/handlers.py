@@ -230,11 +230,9 @@ async def check_skips(
 def watches_stalls(*, body: kopf.Body, **_: Any) -> bool:
     """kopf's `when=` filter of check-stalls: mounts with pods, or still DataStarved."""
     state = body.get("status") or {}
-    starved = any(
-        c.get("type") == status.DATA_STARVED and c.get("status") == "True"
-        for c in state.get("conditions") or []
+    return bool(state.get("attachedPods")) or status.has_condition(
+        state, status.DATA_STARVED, "True"
     )
-    return bool(state.get("attachedPods")) or starved
 
 
 async def check_stalls(
@@ -263,9 +261,7 @@ async def check_stalls(
         fractions = await starvation.scrape(session, endpoints)
     key = (ns, name)
     previous = (body.get("status") or {}).get("conditions") or []
-    starved_before = any(
-        c.get("type") == status.DATA_STARVED and c.get("status") == "True" for c in previous
-    )
+    starved_before = status.has_condition(body.get("status"), status.DATA_STARVED, "True")
     verdict = starvation.judge(
         memo.stalls.get(key, {}),
         fractions,

@@ -19,11 +19,9 @@ INTERVAL_SECONDS = 30.0
 def watches_sidecars(*, body: kopf.Body, **_: Any) -> bool:
     """kopf's `when=` filter: mounts with pods, or with a SidecarsHealthy to clear."""
     state = body.get("status") or {}
-    unhealthy = any(
-        c.get("type") == status.SIDECARS_HEALTHY and c.get("status") == "False"
-        for c in state.get("conditions") or []
+    return bool(state.get("attachedPods")) or status.has_condition(
+        state, status.SIDECARS_HEALTHY, "False"
     )
-    return bool(state.get("attachedPods")) or unhealthy
 
 
 async def check_sidecars(

@@ -255,6 +255,12 @@ def build_status(
     return status
 
 
+def has_condition(status: Mapping[str, Any] | None, type_: str, value: str) -> bool:
+    """Whether `status` has the condition `type_` with status `value` ("True"/"False")."""
+    conditions = (status or {}).get("conditions") or []
+    return any(c.get("type") == type_ and c.get("status") == value for c in conditions)
+
+
 def is_ready(status: Mapping[str, Any] | None) -> bool:
     return bool(status) and status is not None and status.get("phase") == Phase.READY
 

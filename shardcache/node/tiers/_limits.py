@@ -70,9 +70,25 @@ class Limits:
         one's included (declared first, if it is not yet). Call under the tier lock.
         Best effort: a declaration that cannot be made or read counts nothing (then
         this process's own limit is what it is held to, as before declarations)."""
-        largest = self._limit
         try:
             self._declare()
+        except OSError:
+            return self._limit
+        return self._largest_live(remove_dead=True)
+
+    def bound(self) -> int:
+        """What bounds the directory now, for a status: the largest limit of the live
+        processes' declarations, this one's own included. Only looks (declares nothing,
+        removes nothing), so it needs no tier lock; a declaration whose lock can be
+        taken belongs to a dead process and counts nothing."""
+        return self._largest_live(remove_dead=False)
+
+    def _largest_live(self, *, remove_dead: bool) -> int:
+        """The largest limit of the declarations a live process holds, and this one's.
+        A dead process's, whatever its limit, is removed with `remove_dead` (under the
+        tier lock: none piles up), else left to the next insert."""
+        largest = self._limit
+        try:
             names = os.listdir(self._dir)
         except OSError:
             return largest
@@ -85,37 +101,16 @@ class Limits:
                 fd = _locks.acquire(path, _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False)
             except OSError:
                 continue
-            if fd is None:  # held: a live process's (this one's own among them)
-                largest = max(largest, int(found.group(1)))
-                continue
-            _release(fd, path)  # a dead process's, whatever its limit: none piles up
-        return largest
-
-    def bound(self) -> int:
-        """What bounds the directory now, for a status: the largest limit of the live
-        processes' declarations, this one's own included. Only looks (declares nothing,
-        removes nothing), so it needs no tier lock; a declaration whose lock can be
-        taken belongs to a dead process and counts nothing."""
-        largest = self._limit
-        try:
-            names = os.listdir(self._dir)
-        except OSError:
-            return largest
-        for name in names:
-            found = _NAME.fullmatch(name)
-            if found is None:
-                continue
-            try:
-                fd = _locks.acquire(
-                    self._dir / name, _locks.EXCLUSIVE | _locks.NONBLOCKING, create=False
-                )
-            except OSError:
-                continue
             if fd is None:
-                if (self._dir / name).exists():  # held by a live process
+                # Held: a live process's (this one's own among them). Without the tier
+                # lock it may have been removed meanwhile.
+                if remove_dead or path.exists():
                     largest = max(largest, int(found.group(1)))
                 continue
-            _locks.close(fd)  # a dead process's: left to the next insert to remove
+            if remove_dead:
+                _release(fd, path)
+            else:
+                _locks.close(fd)
         return largest
 
     def _declare(self) -> None:
