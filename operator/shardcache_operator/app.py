@@ -21,6 +21,7 @@ from shardcache_operator import (
     handlers,
     health,
     kube,
+    mount_watch,
     pod_watch,
     served_namespaces,
     sources,
@@ -145,6 +146,11 @@ async def run(settings: configuration.Settings) -> None:
             name="pod-counts",
         ),
     ]
+    if settings.webhook_enabled:
+        # What the webhook admits pods from, on every replica: kopf's own watch (and so
+        # its index) stops while peering pauses this replica (`mount_watch`).
+        mounts = mount_watch.Watcher(memo.mounts, namespaces=settings.namespaces)
+        tasks.append(asyncio.create_task(mounts.run(kube.connection_info), name="mount-watch"))
     try:
         # Handlers count pods (the finalizer releases a mount with none): never from an
         # index that has not listed them yet.

@@ -55,7 +55,7 @@ class Context:
     metrics: metrics.Metrics = dataclasses.field(default_factory=metrics.Metrics)
     resolve: reconcile.Resolver = sources.resolve_manifest
     probe: reconcile.Prober = sources.probe_source
-    #: API reads of mounts not indexed yet, and parsed specs, for the webhook.
+    #: Watched DatasetMounts, API reads of the others, parsed specs: for the webhook.
     mounts: mounts.Store = dataclasses.field(default_factory=mounts.Store)
     #: Unfinished opted-in pods per DatasetMount, from the operator's pod watch.
     pods: pod_watch.Index = dataclasses.field(default_factory=pod_watch.Index)

@@ -39,9 +39,9 @@ FINALIZER = "shardcache.io/finalizer"
 #: Annotation on a DatasetMount: delete it without waiting for attached pods.
 ANNOTATION_FORCE_DELETE = "shardcache.io/force-delete"
 RESOURCE = (specs.GROUP, specs.VERSION, specs.PLURAL)
-#: kopf index of DatasetMount objects by (namespace, name), as the watch last showed
-#: them: what the webhook admits pods from (`mounts`). kopf feeds indexes on standby
-#: replicas too, and they serve the webhook as well.
+#: kopf index of DatasetMount objects by (namespace, name), as kopf's watch last showed
+#: them, for the handlers. Not for the webhook: kopf stops watching (and feeding indexes)
+#: while peering pauses a replica, so the webhook reads `mount_watch`'s view instead.
 MOUNT_INDEX = "datasetmounts"
 #: Seconds kopf waits for a stopped timer to return before falling back to polling it
 #: (kopf's default is a few zero-time loop cycles). The source check is async and
@@ -82,9 +82,9 @@ async def index_mount(
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """(namespace, name) -> the DatasetMount object (a plain dict, as the API serves it).
 
-    Also hands the webhook the index itself (a live view; kopf passes every index to
-    every handler, this one included), since kopf does not give it to custom servers,
-    and wakes the pod-count writer: a status written from a count that changed meanwhile
+    Also hands the index itself to the handlers' `memo.mounts` (a live view; kopf
+    passes every index to every handler, this one included), and wakes the pod-count
+    writer: a status written from a count that changed meanwhile
     (by `resolve`, say) is put right by its next flush. kopf calls indexers on every
     event but a deletion, so this needs no `on.event` handler of its own: one was a
     handler run, a log line and a diff per event, most of them status patches (issue 18).

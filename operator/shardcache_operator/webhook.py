@@ -38,7 +38,6 @@ from shardcache_operator import (
     injection,
     kube,
     lookup_failures,
-    mounts,
     pod_updates,
     served_namespaces,
     specs,
@@ -196,13 +195,14 @@ def server(
 
 
 async def decide(
-    pod: Mapping[str, Any], namespace: str, memo: context.Context, index: mounts.MountIndex
+    pod: Mapping[str, Any], namespace: str, memo: context.Context
 ) -> admission.Decision:
     """`admission.decide` for one pod, its DatasetMounts found in memory, and metrics.
 
-    Mounts come from kopf's watch-fed index (`handlers.MOUNT_INDEX`); one the watch has
-    not delivered yet is read from the API once and then served from memory
-    (`mounts.Store`), so a burst of pods costs no API reads.
+    Mounts come from the operator's own DatasetMount watch (`mount_watch`, live on
+    standby replicas too, unlike kopf's index); one the watch has not delivered yet is
+    read from the API once and then served from memory (`mounts.Store`), so a burst of
+    pods costs no API reads.
     """
     started = time.monotonic()
     served = memo.settings.namespaces
@@ -219,7 +219,7 @@ async def decide(
     for name in wanted:
         if name in injected:
             continue
-        fetched[name] = memo.mounts.lookup(index, namespace, name, now=time.monotonic())
+        fetched[name] = memo.mounts.lookup(namespace, name, now=time.monotonic())
         if fetched[name] is not None:
             memo.metrics.admission_lookups_total.labels(source="memory").inc()
             continue
@@ -247,7 +247,7 @@ async def decide(
         lookup=lookup,
         defaults=defaults_of(memo.settings),
         missing_policy=memo.settings.missing_policy,
-        load=functools.partial(memo.mounts.load, known=len(index)),
+        load=functools.partial(memo.mounts.load, known=len(memo.mounts.watched)),
         policy=_policy(memo.settings),
         parts=memo.parts,
     )
@@ -352,7 +352,7 @@ async def inject(
         return
     pod = dict(body)
     namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
-    decision = await decide(pod, namespace, memo, kwargs[handlers.MOUNT_INDEX])
+    decision = await decide(pod, namespace, memo)
     warnings.extend(decision.warnings)
     if not decision.allowed:
         raise kopf.AdmissionError(decision.message, code=403)
@@ -371,7 +371,7 @@ async def answer(request: Mapping[str, Any], memo: context.Context) -> dict[str,
         return admission.respond(request, decision)
     pod = admission.pod_of(request)
     namespace = admission.namespace_of(request) or "default"
-    decision = await decide(pod, namespace, memo, memo.mounts.index)
+    decision = await decide(pod, namespace, memo)
     return admission.respond(request, decision)
 
 

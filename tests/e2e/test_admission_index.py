@@ -1,7 +1,7 @@
 """Admission from memory, through the real API server (issue 18).
 
-The webhook answers from kopf's watch-fed index of DatasetMounts; a mount the watch has
-not delivered yet is read from the API once. What the index says decides: a mount that
+The webhook answers from the operator's own DatasetMount watch; a mount the watch has
+not delivered yet is read from the API once. What the watch says decides: a mount that
 turned not-Ready, or was deleted, refuses the next pod. The operator's own counters
 (`shardcache_operator_admission_lookups_total{source}`) say where each answer came from.
 """

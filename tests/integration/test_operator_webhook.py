@@ -105,7 +105,8 @@ class Endpoint:
         index: dict[tuple[str, str], list[dict[str, Any]]],
     ) -> None:
         self.url = url
-        #: kopf's DatasetMount index as the webhook sees it (empty: the watch is silent).
+        #: kopf's DatasetMount index (only kopf's `inject` path receives it; the webhook
+        #: reads the operator's own watch, `memo.mounts`, listed empty here).
         self.index = index
         self.ca_bundle = ca_bundle
         self.memo = memo
@@ -163,6 +164,7 @@ async def endpoint(tmp_path: Path) -> AsyncIterator[Endpoint]:
     )
     # The operator's server: pod reviews answered by webhook.answer, others by kopf.
     memo.mounts.index = index
+    memo.mounts.listed([])  # the operator's DatasetMount watch: listed, then silent
     serving = webhook.Server(webhook.server(settings), memo)(fn)
     client_config = await serving.__anext__()
     try:
@@ -295,17 +297,29 @@ async def test_a_mount_missing_from_the_index_is_read_once_then_served_from_memo
     assert endpoint.memo.mounts.parses == 1
 
 
-async def test_an_indexed_mount_costs_no_read_and_its_status_there_decides(
+async def test_a_watched_mount_costs_no_read_and_its_status_there_decides(
     endpoint: Endpoint,
 ) -> None:
-    endpoint.index[("ml", "captions")] = [dsm("captions", phase="Degraded")]
+    endpoint.memo.mounts.seen("ADDED", dsm("captions", phase="Degraded"))
     answer = await endpoint.post(review(pod("captions")))
     assert answer["response"]["allowed"] is False
     assert "is not Ready (phase Degraded" in answer["response"]["status"]["message"]
-    endpoint.index[("ml", "captions")] = [dsm("captions")]
+    endpoint.memo.mounts.seen("MODIFIED", dsm("captions"))
     answer = await endpoint.post(review(pod("captions"), uid="uid-2"))
     assert answer["response"]["allowed"] is True
     assert endpoint.api.reads == 0
+
+
+async def test_a_frozen_kopf_index_is_not_what_pods_are_admitted_from(
+    endpoint: Endpoint,
+) -> None:
+    # kopf stops watching while peering pauses a replica, and its index stays as it was
+    # when the replica was outranked (node tier, s18): here a Degraded copy, while the
+    # mount is Ready now. The webhook reads its own watch, then the API: admitted.
+    endpoint.index[("ml", "captions")] = [dsm("captions", phase="Degraded")]
+    answer = await endpoint.post(review(pod("captions")))
+    assert answer["response"]["allowed"] is True, answer["response"]
+    assert endpoint.api.reads == 1
 
 
 async def test_unlabelled_pod_passes_untouched(endpoint: Endpoint) -> None:

@@ -91,7 +91,7 @@ def test_the_decision_names_the_event_to_post_on_the_mount() -> None:
 
 
 class Events:
-    """The API as the webhook sees it: the mount is indexed, Events are recorded."""
+    """The API as the webhook sees it: the mount is watched, Events are recorded."""
 
     def __init__(self, fail: bool = False) -> None:
         self.posted: list[dict[str, Any]] = []
@@ -108,8 +108,8 @@ async def test_the_webhook_posts_a_warning_event_on_the_datasetmount() -> None:
     obj["metadata"]["uid"] = "u-1"
     api = Events()
     memo = context.Context(settings=configuration.Settings(), api=api)  # type: ignore[arg-type]
-    index = {("ml", "imagenet"): [obj]}
-    decision = await webhook.decide(busy_pod(range(FIRST, FIRST + 10)), "ml", memo, index)
+    memo.mounts.listed([obj])
+    decision = await webhook.decide(busy_pod(range(FIRST, FIRST + 10)), "ml", memo)
     assert decision.allowed and not decision.patch
     (event,) = api.posted
     assert event["involvedObject"] == {
@@ -124,7 +124,8 @@ async def test_the_webhook_posts_a_warning_event_on_the_datasetmount() -> None:
     assert event["metadata"]["namespace"] == "ml"
     # An API that refuses the Event does not refuse the pod.
     memo = context.Context(settings=configuration.Settings(), api=Events(fail=True))  # type: ignore[arg-type]
-    decision = await webhook.decide(busy_pod(range(FIRST, FIRST + 10)), "ml", memo, index)
+    memo.mounts.listed([obj])
+    decision = await webhook.decide(busy_pod(range(FIRST, FIRST + 10)), "ml", memo)
     assert decision.allowed and decision.warnings
 
 
@@ -220,9 +221,8 @@ async def test_a_refused_pod_leaves_the_event_on_the_datasetmount_too() -> None:
     obj["metadata"]["uid"] = "u-1"
     api = Events()
     memo = context.Context(settings=configuration.Settings(), api=api)  # type: ignore[arg-type]
-    decision = await webhook.decide(
-        busy_pod(range(FIRST, FIRST + 10)), "ml", memo, {("ml", "imagenet"): [obj]}
-    )
+    memo.mounts.listed([obj])
+    decision = await webhook.decide(busy_pod(range(FIRST, FIRST + 10)), "ml", memo)
     assert not decision.allowed
     (event,) = api.posted
     assert event["reason"] == admission.REASON_NO_METRICS_PORT

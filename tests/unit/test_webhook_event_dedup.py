@@ -38,9 +38,9 @@ def mount(name: str, uid: str, **spec: Any) -> dict[str, Any]:
 async def test_many_pods_meeting_the_same_cause_post_one_event() -> None:
     api = Events()
     memo = context.Context(settings=configuration.Settings(), api=api)  # type: ignore[arg-type]
-    index = {("ml", "imagenet"): [mount("imagenet", "u-1", **ADMIT)]}
+    memo.mounts.listed([mount("imagenet", "u-1", **ADMIT)])
     for _ in range(500):
-        decision = await webhook.decide(busy_pod(range(FIRST, FIRST + 10)), "ml", memo, index)
+        decision = await webhook.decide(busy_pod(range(FIRST, FIRST + 10)), "ml", memo)
         # Every pod still gets its own admission warning: that is the pod's, not the mount's.
         assert decision.allowed and decision.warnings
     (event,) = api.posted
@@ -50,13 +50,15 @@ async def test_many_pods_meeting_the_same_cause_post_one_event() -> None:
 async def test_each_mount_and_each_cause_gets_its_own_event() -> None:
     api = Events()
     memo = context.Context(settings=configuration.Settings(), api=api)  # type: ignore[arg-type]
-    index = {
-        ("ml", "imagenet"): [mount("imagenet", "u-1", **ADMIT)],
-        ("ml", "laion"): [mount("laion", "u-2", **ADMIT)],
-        ("ml", "strict"): [mount("strict", "u-3")],
-    }
+    memo.mounts.listed(
+        [
+            mount("imagenet", "u-1", **ADMIT),
+            mount("laion", "u-2", **ADMIT),
+            mount("strict", "u-3"),
+        ]
+    )
     for label in ("imagenet", "laion", "strict", "imagenet", "laion", "strict"):
-        await webhook.decide(busy_pod(range(FIRST, FIRST + 10), label=label), "ml", memo, index)
+        await webhook.decide(busy_pod(range(FIRST, FIRST + 10), label=label), "ml", memo)
     names = sorted(e["involvedObject"]["name"] for e in api.posted)
     assert names == ["imagenet", "laion", "strict"]
 

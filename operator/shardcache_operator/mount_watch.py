@@ -1,0 +1,142 @@
+"""The operator's own watch of DatasetMounts, feeding the webhook's `mounts.Store`.
+
+kopf already watches DatasetMounts, but only while this replica is the active one: peering
+pauses kopf's listing and watching on a standby, so kopf's index stops at the moment a
+replica is outranked and misses every deletion made during the pause, even after it
+resumes. The webhook answers on every replica, so it needs mounts as they are now. This
+watch runs outside kopf (like `pod_watch`) and ignores peering:
+
+- LIST then WATCH the DatasetMounts of the served namespaces (cluster-wide or each named
+  one); the LIST replaces the Store's view whole (`Store.listed`), so a mount deleted
+  while the watch was down is gone too; each event updates it (`Store.seen`);
+- resumes from the last resourceVersion (bookmarks keep it fresh) and lists again when
+  the API server says it is too old (410 Gone);
+- on any error the Store is told (`Store.lost`) and the webhook reads the API (a copy
+  served for `mounts.READ_TTL_SECONDS` at most) until the next LIST succeeds.
+
+A watch connection that goes silent without an error is dropped after
+`WATCH_TIMEOUT_SECONDS + READ_GRACE_SECONDS` without a byte, then listed again.
+The same permissions as kopf's watch: list and watch datasetmounts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+import kopf
+
+from shardcache_operator import mounts, pod_watch, specs
+
+logger = logging.getLogger(__name__)
+
+#: Items per LIST page: bounded memory for the initial list of a large cluster.
+LIST_LIMIT = 500
+#: The server ends a watch after this long; it is then resumed from its last version.
+WATCH_TIMEOUT_SECONDS = 60
+#: How much longer than that a connection may stay silent before it is taken for dead.
+READ_GRACE_SECONDS = 30
+#: Pause before reconnecting after an error (a restarting API server, a network blip).
+RETRY_SECONDS = 1.0
+
+
+def paths(namespaces: tuple[str, ...]) -> list[str]:
+    """The DatasetMount collections to watch: cluster-wide, or one per served namespace."""
+    base = f"/apis/{specs.GROUP}/{specs.VERSION}"
+    if not namespaces:
+        return [f"{base}/{specs.PLURAL}"]
+    return [f"{base}/namespaces/{ns}/{specs.PLURAL}" for ns in namespaces]
+
+
+class Watcher:
+    """The informer; `run` is its only task."""
+
+    def __init__(self, store: mounts.Store, *, namespaces: tuple[str, ...] = ()) -> None:
+        self.store = store
+        self._namespaces = namespaces
+
+    async def run(self, connect: Callable[[], kopf.ConnectionInfo]) -> None:
+        """Until cancelled: list, watch, resume; `connect` gives fresh credentials."""
+        try:
+            while True:
+                try:
+                    info = connect()
+                    async with pod_watch._session(info) as session:
+                        versions = await self._list(session, info.server)
+                        await asyncio.gather(
+                            *(
+                                self._watch(session, info.server, path, version)
+                                for path, version in versions.items()
+                            )
+                        )
+                except asyncio.CancelledError:
+                    raise
+                except pod_watch.Gone:
+                    self.store.lost()
+                    logger.info("DatasetMount watch: resourceVersion expired; listing again")
+                except Exception as exc:  # keep watching through API restarts and blips
+                    self.store.lost()
+                    logger.warning(
+                        "DatasetMount watch: %s; reading mounts from the API, retrying in %.0f s",
+                        exc,
+                        RETRY_SECONDS,
+                    )
+                    await asyncio.sleep(RETRY_SECONDS)
+        finally:
+            self.store.lost()
+
+    async def _list(self, session: aiohttp.ClientSession, server: str) -> dict[str, str]:
+        objs: list[Mapping[str, Any]] = []
+        versions: dict[str, str] = {}
+        for path in paths(self._namespaces):
+            token = ""
+            while True:
+                params = {"limit": str(LIST_LIMIT)}
+                if token:
+                    params["continue"] = token
+                async with session.get(server + path, params=params) as response:
+                    if response.status == 410:
+                        raise pod_watch.Gone()
+                    response.raise_for_status()
+                    listing = await response.json()
+                objs.extend(listing.get("items") or [])
+                token = (listing.get("metadata") or {}).get("continue") or ""
+                if not token:
+                    versions[path] = str((listing.get("metadata") or {}).get("resourceVersion"))
+                    break
+        self.store.listed(objs)
+        return versions
+
+    async def _watch(
+        self, session: aiohttp.ClientSession, server: str, path: str, version: str
+    ) -> None:
+        while True:
+            params = {
+                "watch": "1",
+                "resourceVersion": version,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": str(WATCH_TIMEOUT_SECONDS),
+            }
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_read=WATCH_TIMEOUT_SECONDS + READ_GRACE_SECONDS
+            )
+            async with session.get(server + path, params=params, timeout=timeout) as response:
+                if response.status == 410:
+                    raise pod_watch.Gone()
+                response.raise_for_status()
+                async for line in response.content:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            raise pod_watch.Gone()
+                        raise RuntimeError(f"watch error: {obj.get('message')}")
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        self.store.seen(str(kind), obj)
