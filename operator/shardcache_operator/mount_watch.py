@@ -22,7 +22,6 @@ The same permissions as kopf's watch: list and watch datasetmounts.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,12 +29,10 @@ from typing import Any
 import aiohttp
 import kopf
 
-from shardcache_operator import mounts, pod_watch, specs
+from shardcache_operator import informer, mounts, specs
 
 logger = logging.getLogger(__name__)
 
-#: Items per LIST page: bounded memory for the initial list of a large cluster.
-LIST_LIMIT = 500
 #: The server ends a watch after this long; it is then resumed from its last version.
 WATCH_TIMEOUT_SECONDS = 60
 #: How much longer than that a connection may stay silent before it is taken for dead.
@@ -65,7 +62,7 @@ class Watcher:
             while True:
                 try:
                     info = connect()
-                    async with pod_watch._session(info) as session:
+                    async with informer.session(info) as session:
                         versions = await self._list(session, info.server)
                         await asyncio.gather(
                             *(
@@ -75,7 +72,7 @@ class Watcher:
                         )
                 except asyncio.CancelledError:
                     raise
-                except pod_watch.Gone:
+                except informer.Gone:
                     self.store.lost()
                     logger.info("DatasetMount watch: resourceVersion expired; listing again")
                 except Exception as exc:  # keep watching through API restarts and blips
@@ -93,50 +90,20 @@ class Watcher:
         objs: list[Mapping[str, Any]] = []
         versions: dict[str, str] = {}
         for path in paths(self._namespaces):
-            token = ""
-            while True:
-                params = {"limit": str(LIST_LIMIT)}
-                if token:
-                    params["continue"] = token
-                async with session.get(server + path, params=params) as response:
-                    if response.status == 410:
-                        raise pod_watch.Gone()
-                    response.raise_for_status()
-                    listing = await response.json()
-                objs.extend(listing.get("items") or [])
-                token = (listing.get("metadata") or {}).get("continue") or ""
-                if not token:
-                    versions[path] = str((listing.get("metadata") or {}).get("resourceVersion"))
-                    break
+            items, versions[path] = await informer.list_all(session, server + path, {})
+            objs.extend(items)
         self.store.listed(objs)
         return versions
 
     async def _watch(
         self, session: aiohttp.ClientSession, server: str, path: str, version: str
     ) -> None:
-        while True:
-            params = {
-                "watch": "1",
-                "resourceVersion": version,
-                "allowWatchBookmarks": "true",
-                "timeoutSeconds": str(WATCH_TIMEOUT_SECONDS),
-            }
-            timeout = aiohttp.ClientTimeout(
-                total=None, sock_read=WATCH_TIMEOUT_SECONDS + READ_GRACE_SECONDS
-            )
-            async with session.get(server + path, params=params, timeout=timeout) as response:
-                if response.status == 410:
-                    raise pod_watch.Gone()
-                response.raise_for_status()
-                async for line in response.content:
-                    if not line.strip():
-                        continue
-                    event = json.loads(line)
-                    kind, obj = event.get("type"), event.get("object") or {}
-                    if kind == "ERROR":
-                        if obj.get("code") == 410:
-                            raise pod_watch.Gone()
-                        raise RuntimeError(f"watch error: {obj.get('message')}")
-                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                    if kind in ("ADDED", "MODIFIED", "DELETED"):
-                        self.store.seen(str(kind), obj)
+        await informer.watch(
+            session,
+            server + path,
+            {},
+            version,
+            self.store.seen,
+            timeout_seconds=WATCH_TIMEOUT_SECONDS,
+            silent_seconds=WATCH_TIMEOUT_SECONDS + READ_GRACE_SECONDS,
+        )

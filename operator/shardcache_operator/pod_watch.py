@@ -23,9 +23,7 @@ give the same guarantee).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import ssl
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -33,7 +31,7 @@ import aiohttp
 import kopf
 
 from shardcache import errors
-from shardcache_operator import injection, metrics
+from shardcache_operator import informer, injection, metrics
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +45,6 @@ FIELD_SELECTOR = ",".join(f"status.phase!={phase}" for phase in FINISHED_PHASES)
 #: an injected sidecar) is several times larger to send and to decode, 4-5 times per pod.
 ACCEPT_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 ACCEPT_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
-#: Items per LIST page: bounded memory for the initial list of a large cluster.
-LIST_LIMIT = 500
 #: The server ends a watch after this long; it is then resumed from its last version.
 WATCH_TIMEOUT_SECONDS = 300
 #: Pause before reconnecting after an error (a restarting API server, a network blip).
@@ -114,10 +110,6 @@ class Index(Mapping[Key, frozenset[str]]):
         return changed
 
 
-class Gone(Exception):
-    """The API server no longer has the version a watch asked for (HTTP 410)."""
-
-
 class Watcher:
     """The informer; `run` is its only task. `changed` is called when counts may differ."""
 
@@ -161,7 +153,7 @@ class Watcher:
         while True:
             try:
                 info = connect()
-                async with _session(info) as session:
+                async with informer.session(info) as session:
                     versions = await self._list(session, info.server)
                     self.synced.set()
                     await asyncio.gather(
@@ -172,7 +164,7 @@ class Watcher:
                     )
             except asyncio.CancelledError:
                 raise
-            except Gone:
+            except informer.Gone:
                 logger.info("pod watch: resourceVersion expired; listing again")
             except Exception as exc:  # keep watching through API restarts and blips
                 logger.warning("pod watch: %s; retrying in %.0f s", exc, RETRY_SECONDS)
@@ -181,30 +173,16 @@ class Watcher:
     async def _list(self, session: aiohttp.ClientSession, server: str) -> dict[str, str]:
         pods: dict[Key, tuple[str, ...]] = {}
         versions: dict[str, str] = {}
+        params = {"labelSelector": LABEL_SELECTOR, "fieldSelector": FIELD_SELECTOR}
+        headers = {"Accept": ACCEPT_LIST}
         for path in self._paths():
-            token = ""
-            while True:
-                params = {
-                    "labelSelector": LABEL_SELECTOR,
-                    "fieldSelector": FIELD_SELECTOR,
-                    "limit": str(LIST_LIMIT),
-                }
-                if token:
-                    params["continue"] = token
-                headers = {"Accept": ACCEPT_LIST}
-                async with session.get(server + path, params=params, headers=headers) as response:
-                    response.raise_for_status()
-                    listing = await response.json()
-                for pod in listing.get("items") or []:
-                    metadata = pod.get("metadata") or {}
-                    key = (str(metadata.get("namespace") or ""), str(metadata.get("name") or ""))
-                    mounts = mounts_of(pod)
-                    if mounts:
-                        pods[key] = mounts
-                token = (listing.get("metadata") or {}).get("continue") or ""
-                if not token:
-                    versions[path] = str((listing.get("metadata") or {}).get("resourceVersion"))
-                    break
+            items, versions[path] = await informer.list_all(session, server + path, params, headers)
+            for pod in items:
+                metadata = pod.get("metadata") or {}
+                key = (str(metadata.get("namespace") or ""), str(metadata.get("name") or ""))
+                mounts = mounts_of(pod)
+                if mounts:
+                    pods[key] = mounts
         if self.index.replace(pods):
             self._changed()
         return versions
@@ -212,56 +190,13 @@ class Watcher:
     async def _watch(
         self, session: aiohttp.ClientSession, server: str, path: str, version: str
     ) -> None:
-        while True:
-            params = {
-                "watch": "1",
-                "labelSelector": LABEL_SELECTOR,
-                "fieldSelector": FIELD_SELECTOR,
-                "resourceVersion": version,
-                "allowWatchBookmarks": "true",
-                "timeoutSeconds": str(WATCH_TIMEOUT_SECONDS),
-            }
-            timeout = aiohttp.ClientTimeout(total=None, sock_read=WATCH_TIMEOUT_SECONDS + 30)
-            headers = {"Accept": ACCEPT_WATCH}
-            async with session.get(
-                server + path, params=params, timeout=timeout, headers=headers
-            ) as response:
-                if response.status == 410:
-                    raise Gone()
-                response.raise_for_status()
-                async for line in response.content:
-                    if not line.strip():
-                        continue
-                    event = json.loads(line)
-                    kind, obj = event.get("type"), event.get("object") or {}
-                    if kind == "ERROR":
-                        if obj.get("code") == 410:
-                            raise Gone()
-                        raise RuntimeError(f"watch error: {obj.get('message')}")
-                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                    if kind != "BOOKMARK":
-                        self.apply(str(kind), obj)
-
-
-def _session(info: kopf.ConnectionInfo) -> aiohttp.ClientSession:
-    """An HTTP session with the operator's credentials (those kopf logs in with)."""
-    context = ssl.create_default_context(cafile=info.ca_path) if info.ca_path else None
-    if context is None:
-        context = ssl.create_default_context()
-        if info.ca_data:
-            data = info.ca_data
-            context.load_verify_locations(cadata=data.decode() if isinstance(data, bytes) else data)
-    if info.insecure:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if info.certificate_path and info.private_key_path:
-        context.load_cert_chain(info.certificate_path, info.private_key_path)
-    headers = {"Accept": "application/json"}
-    auth = None
-    if info.token:
-        headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
-    elif info.username and info.password:
-        auth = aiohttp.BasicAuth(info.username, info.password)
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(ssl=context), headers=headers, auth=auth
-    )
+        await informer.watch(
+            session,
+            server + path,
+            {"labelSelector": LABEL_SELECTOR, "fieldSelector": FIELD_SELECTOR},
+            version,
+            self.apply,
+            timeout_seconds=WATCH_TIMEOUT_SECONDS,
+            silent_seconds=WATCH_TIMEOUT_SECONDS + 30,
+            headers={"Accept": ACCEPT_WATCH},
+        )

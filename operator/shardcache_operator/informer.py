@@ -1,0 +1,115 @@
+"""What the operator's own watches share (`pod_watch`, `mount_watch`): a session with
+kopf's credentials, a paged LIST, and a WATCH resumed from its last version.
+
+Both run outside kopf: kopf's watches pause on a standby replica and its index never
+drops what was deleted during a pause, while the webhook answers on every replica.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+import kopf
+
+#: Items per LIST page: bounded memory for the initial list of a large cluster.
+LIST_LIMIT = 500
+
+
+class Gone(Exception):
+    """The API server no longer has the version a watch asked for (HTTP 410)."""
+
+
+def session(info: kopf.ConnectionInfo) -> aiohttp.ClientSession:
+    """An HTTP session with the operator's credentials (those kopf logs in with)."""
+    context = ssl.create_default_context(cafile=info.ca_path) if info.ca_path else None
+    if context is None:
+        context = ssl.create_default_context()
+        if info.ca_data:
+            data = info.ca_data
+            context.load_verify_locations(cadata=data.decode() if isinstance(data, bytes) else data)
+    if info.insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if info.certificate_path and info.private_key_path:
+        context.load_cert_chain(info.certificate_path, info.private_key_path)
+    headers = {"Accept": "application/json"}
+    auth = None
+    if info.token:
+        headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+    elif info.username and info.password:
+        auth = aiohttp.BasicAuth(info.username, info.password)
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=context), headers=headers, auth=auth
+    )
+
+
+async def list_all(
+    session: aiohttp.ClientSession,
+    url: str,
+    params: Mapping[str, str],
+    headers: Mapping[str, str] | None = None,
+) -> tuple[list[dict[str, Any]], str]:
+    """Every item of the collection at `url`, page by page, and the version to watch
+    from. Gone on 410 (a continue token that expired)."""
+    items: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        query = {**params, "limit": str(LIST_LIMIT)}
+        if token:
+            query["continue"] = token
+        async with session.get(url, params=query, headers=headers) as response:
+            if response.status == 410:
+                raise Gone()
+            response.raise_for_status()
+            listing = await response.json()
+        items.extend(listing.get("items") or [])
+        metadata = listing.get("metadata") or {}
+        token = metadata.get("continue") or ""
+        if not token:
+            return items, str(metadata.get("resourceVersion"))
+
+
+async def watch(
+    session: aiohttp.ClientSession,
+    url: str,
+    params: Mapping[str, str],
+    version: str,
+    apply: Callable[[str, dict[str, Any]], None],
+    *,
+    timeout_seconds: int,
+    silent_seconds: float,
+    headers: Mapping[str, str] | None = None,
+) -> None:
+    """Until an error: WATCH from `version`, calling `apply(kind, obj)` for each ADDED,
+    MODIFIED and DELETED event, and again from the last version seen when the server
+    ends the watch (after `timeout_seconds`). A connection silent for `silent_seconds`
+    is an error; Gone when the version is too old (410)."""
+    while True:
+        query = {
+            **params,
+            "watch": "1",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=silent_seconds)
+        async with session.get(url, params=query, timeout=timeout, headers=headers) as response:
+            if response.status == 410:
+                raise Gone()
+            response.raise_for_status()
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone()
+                    raise RuntimeError(f"watch error: {obj.get('message')}")
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    apply(str(kind), obj)
