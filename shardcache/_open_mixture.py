@@ -26,6 +26,22 @@ from shardcache.contract import mixture_sources, variables
 from shardcache.node import nested_json
 
 
+def _read_capped(path: os.PathLike[str]) -> bytes:
+    """The descriptor's bytes; an InputError when it is larger than any descriptor a
+    sidecar writes (read no further than the cap, whatever the file holds)."""
+    cap = mixture_sources.MAX_DESCRIPTOR_BYTES
+    with open(path, "rb") as f:
+        raw = f.read(cap + 1)
+        if len(raw) > cap:
+            size = os.fstat(f.fileno()).st_size
+            raise errors.InputError(
+                f"open_mixture(): {os.fspath(path)}: expected a mixture descriptor of at "
+                f"most {cap} bytes (the sidecar writes a few KiB), found {max(size, len(raw))} "
+                "bytes"
+            )
+    return raw
+
+
 def descriptor(
     mount: str | None = None, *, environ: Mapping[str, str] | None = None
 ) -> tuple[mixture_sources.Mixture, str]:
@@ -42,7 +58,7 @@ def descriptor(
     mount_dir = contract.mount_dir(run_dir, name)
     path = mount_dir / mixture_sources.DESCRIPTOR_NAME
     try:
-        raw = path.read_bytes()
+        raw = _read_capped(path)
     except FileNotFoundError:
         raise errors.InputError(
             f"open_mixture(): mount {name!r} serves one source (its sidecar wrote no "

@@ -112,6 +112,19 @@ PANELS: tuple[Panel, ...] = (
         "What the sample-mode readers' current and next windows take of the memory tier; "
         "above 100% their reads fail: raise spec.cache.memory or lower spec.sharding.window.",
     ),
+    # Beside the windows panel and below resident bytes by tier: the memory tier's
+    # other way of running out (what ShardcacheMemoryVolumeCycle alerts on).
+    Panel(
+        "Memory volume cycles (15m)",
+        "sum by (namespace, pod, container) "
+        '(increase(shardcache_memory_volume_cycles_total{namespace=~"$namespace"}[15m]))',
+        "{{namespace}}/{{pod}} {{container}}",
+        "none",
+        "Acquires that failed because the readers held, mapped, the shards the memory "
+        "volume lacked room for (ShardcacheMemoryVolumeCycle fires above 0): raise "
+        "spec.cache.memory, run fewer ranks on the node, or let go of held batches; "
+        "/v1/status stats.last_volume_cycle names what was missing (docs/faults.md).",
+    ),
     Panel(
         "Sidecars ready",
         'sum(shardcache_ready{namespace=~"$namespace"})',

@@ -21,9 +21,11 @@ from shardcache_operator import (
     metrics,
     mount_parts,
     mounts,
+    namespace_lists,
     pod_counts,
     pod_watch,
     reconcile,
+    sidecar_health,
     sources,
 )
 
@@ -76,6 +78,11 @@ class Context:
     #: The webhook's Events posted per DatasetMount and cause, so that a controller's
     #: pods meeting the same cause post one, with a count (`event_gates`).
     events: event_gates.Gate = dataclasses.field(default_factory=event_gates.Gate)
+    #: The dead sidecars of each namespace's pods by mount, one LIST per namespace per
+    #: check-sidecars round (`sidecar_checks`).
+    sidecar_lists: namespace_lists.Shared[dict[str, sidecar_health.Health]] = dataclasses.field(
+        default_factory=lambda: namespace_lists.Shared(sidecar_health.LIST_MAX_AGE_SECONDS)
+    )
 
     def __post_init__(self) -> None:
         # The parsed specs the webhook and the handlers share get the platform's

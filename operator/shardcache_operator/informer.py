@@ -7,8 +7,11 @@ drops what was deleted during a pause, while the webhook answers on every replic
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import ssl
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,6 +20,10 @@ import kopf
 
 #: Items per LIST page: bounded memory for the initial list of a large cluster.
 LIST_LIMIT = 500
+#: Seconds between two warnings of a watch that keeps failing. It retries every
+#: second, so a missing CRD or a refusing API server logged a warning a second, for
+#: as long as it lasted; each later warning counts the failures since the last.
+FAILURE_LOG_SECONDS = 60.0
 
 
 class Gone(Exception):
@@ -113,3 +120,65 @@ async def watch(
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     apply(str(kind), obj)
+
+
+@dataclasses.dataclass
+class Failures:
+    """The log of a watch's failed attempts: a WARNING when it starts failing, then at
+    most one every `interval_seconds` with the count since the last, and one INFO when
+    an attempt succeeds again (`recovered`)."""
+
+    #: The watch, as its log lines name it ("pod watch").
+    what: str
+    logger: logging.Logger
+    interval_seconds: float = FAILURE_LOG_SECONDS
+    clock: Callable[[], float] = time.monotonic
+    #: When the current run of failures began; None while the watch works.
+    _since: float | None = None
+    _logged_at: float = 0.0
+    _failures: int = 0
+    _unlogged: int = 0
+
+    def failed(self, exc: BaseException, *, then: str) -> None:
+        """One attempt failed with `exc`; `then` says what the watch does meanwhile
+        ("retrying in 1 s")."""
+        now = self.clock()
+        self._failures += 1
+        if self._since is None:
+            self._since = self._logged_at = now
+            self._unlogged = 0
+            self.logger.warning(
+                "%s: %s; %s (while it fails, logged again at most every %.0f s)",
+                self.what,
+                exc,
+                then,
+                self.interval_seconds,
+            )
+            return
+        self._unlogged += 1
+        if now - self._logged_at < self.interval_seconds:
+            return
+        self.logger.warning(
+            "%s: still failing: %s; %d failure(s) in %.0f s, %d since the last warning; %s",
+            self.what,
+            exc,
+            self._failures,
+            now - self._since,
+            self._unlogged,
+            then,
+        )
+        self._logged_at = now
+        self._unlogged = 0
+
+    def recovered(self) -> None:
+        """An attempt succeeded: says so once if it had been failing."""
+        if self._since is None:
+            return
+        self.logger.info(
+            "%s: recovered after %d failure(s) in %.0f s",
+            self.what,
+            self._failures,
+            self.clock() - self._since,
+        )
+        self._since = None
+        self._failures = self._unlogged = 0

@@ -12,7 +12,9 @@ watch runs outside kopf (like `pod_watch`) and ignores peering:
 - resumes from the last resourceVersion (bookmarks keep it fresh) and lists again when
   the API server says it is too old (410 Gone);
 - on any error the Store is told (`Store.lost`) and the webhook reads the API (a copy
-  served for `mounts.READ_TTL_SECONDS` at most) until the next LIST succeeds.
+  served for `mounts.READ_TTL_SECONDS` at most) until the next LIST succeeds; the
+  first error is a WARNING, later ones one a minute with a count (`informer.Failures`),
+  and the LIST that succeeds again an INFO.
 
 A watch connection that goes silent without an error is dropped after
 `WATCH_TIMEOUT_SECONDS + READ_GRACE_SECONDS` without a byte, then listed again.
@@ -55,6 +57,7 @@ class Watcher:
     def __init__(self, store: mounts.Store, *, namespaces: tuple[str, ...] = ()) -> None:
         self.store = store
         self._namespaces = namespaces
+        self._failures = informer.Failures("DatasetMount watch", logger)
 
     async def run(self, connect: Callable[[], kopf.ConnectionInfo]) -> None:
         """Until cancelled: list, watch, resume; `connect` gives fresh credentials."""
@@ -64,6 +67,7 @@ class Watcher:
                     info = connect()
                     async with informer.session(info) as session:
                         versions = await self._list(session, info.server)
+                        self._failures.recovered()
                         await asyncio.gather(
                             *(
                                 self._watch(session, info.server, path, version)
@@ -77,10 +81,8 @@ class Watcher:
                     logger.info("DatasetMount watch: resourceVersion expired; listing again")
                 except Exception as exc:  # keep watching through API restarts and blips
                     self.store.lost()
-                    logger.warning(
-                        "DatasetMount watch: %s; reading mounts from the API, retrying in %.0f s",
-                        exc,
-                        RETRY_SECONDS,
+                    self._failures.failed(
+                        exc, then=f"reading mounts from the API, retrying in {RETRY_SECONDS:.0f} s"
                     )
                     await asyncio.sleep(RETRY_SECONDS)
         finally:

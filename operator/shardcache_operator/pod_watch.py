@@ -132,6 +132,7 @@ class Watcher:
         }
         self._changed = changed
         self._namespaces = namespaces
+        self._failures = informer.Failures("pod watch", logger)
 
     def _paths(self) -> list[str]:
         if not self._namespaces:
@@ -156,6 +157,7 @@ class Watcher:
                 async with informer.session(info) as session:
                     versions = await self._list(session, info.server)
                     self.synced.set()
+                    self._failures.recovered()
                     await asyncio.gather(
                         *(
                             self._watch(session, info.server, path, version)
@@ -167,7 +169,7 @@ class Watcher:
             except informer.Gone:
                 logger.info("pod watch: resourceVersion expired; listing again")
             except Exception as exc:  # keep watching through API restarts and blips
-                logger.warning("pod watch: %s; retrying in %.0f s", exc, RETRY_SECONDS)
+                self._failures.failed(exc, then=f"retrying in {RETRY_SECONDS:.0f} s")
                 await asyncio.sleep(RETRY_SECONDS)
 
     async def _list(self, session: aiohttp.ClientSession, server: str) -> dict[str, str]:

@@ -33,6 +33,12 @@ _NAME_RE = re.compile(NAME_PATTERN)
 #: RecursionError (no ValueError) in the trainer and the sidecar, and a descriptor
 #: object that contains itself has no depth at all.
 MAX_DEPTH = 3
+#: The largest descriptor a reader reads. A legitimate one holds at most 16 sources
+#: (spec.source and spec.mixture.sources' maxItems of 15), each a name, a weight, a
+#: format, a digest and a URI of at most 2048 characters: under 40 KiB. A file above
+#: this is not one (a stray or hostile write into the run directory) and is refused
+#: before it is read into the trainer's memory.
+MAX_DESCRIPTOR_BYTES = 1 << 20
 
 
 def _deeper_than(data: object, limit: int) -> bool:

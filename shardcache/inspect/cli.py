@@ -171,13 +171,16 @@ def load_states(paths: list[str]) -> dict[int, tuple[str, states.DataState]]:
     return out
 
 
-def recorded_batch_size(loaded: dict[int, tuple[str, states.DataState]]) -> int | None:
+def recorded_batch_size(
+    loaded: dict[int, tuple[str, states.DataState]], *, flag: str = "--data-state"
+) -> int | None:
     """The batch size the states record (None when none does): step N is a batch of
-    it. States that record different ones are not of one run."""
+    it. States that record different ones are not of one run. `flag` is the option
+    the states came from, named in the error."""
     sizes = {path: s.batch_size for path, s in loaded.values() if s.batch_size is not None}
     if len(set(sizes.values())) > 1:
         raise errors.StateMismatchError(
-            "--data-state: the states record different batch sizes "
+            f"{flag}: the states record different batch sizes "
             f"({', '.join(f'{p}: {b}' for p, b in sizes.items())}): expected the states of "
             "one run"
         )
@@ -185,15 +188,21 @@ def recorded_batch_size(loaded: dict[int, tuple[str, states.DataState]]) -> int 
 
 
 def check_states(
-    loaded: dict[int, tuple[str, states.DataState]], digest: str, query: locate.Query
+    loaded: dict[int, tuple[str, states.DataState]],
+    digest: str,
+    query: locate.Query,
+    *,
+    flag: str = "--data-state",
 ) -> dict[int, states.DataState]:
     """The states by rank, each refused unless saved under the dataset (`digest`) and
-    plan the command was given: a state's positions mean other rows in another plan."""
+    plan the command was given: a state's positions mean other rows in another plan.
+    `flag` is the option the states came from (--data-state or --checkpoint-uri), so
+    the error names the one the user gave."""
     for path, state in loaded.values():
         differ = locate.state_mismatches(digest, query, state)
         if differ:
             raise errors.StateMismatchError(
-                f"--data-state {path}: the state was saved under another dataset or plan "
+                f"{flag} {path}: the state was saved under another dataset or plan "
                 f"than the one inspected ({'; '.join(differ)}): give the run's dataset and "
                 "its plan options (--world-size, --seed, --block-size, --no-shuffle, "
                 "--granularity, --window, and --batch-size or none to take the state's)"
@@ -261,13 +270,15 @@ def _run(args: argparse.Namespace) -> int:
             "--data-state and --checkpoint-uri are not supported with --tui yet"
         )
     inspector = session.open_uri(args.uri, mount=args.mount, cache_dir=args.cache_dir)
+    flag = "--data-state"
     try:
         if args.checkpoint_uri is not None:
+            flag = "--checkpoint-uri"
             loaded = followed_states(inspector, args)
-            recorded = recorded_batch_size(loaded)
+            recorded = recorded_batch_size(loaded, flag=flag)
             query = query_from(args, batch_size=recorded)
             origin = batch_size_from(args, recorded)
-        run = check_states(loaded, inspector.manifest.digest, query)
+        run = check_states(loaded, inspector.manifest.digest, query, flag=flag)
         columns = inspector.columns(args.columns)
         if args.tui:
             from shardcache.inspect import tui

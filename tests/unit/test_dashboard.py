@@ -43,3 +43,22 @@ def test_every_panel_has_one_query_and_a_place_of_its_own() -> None:
         places.add((grid["x"], grid["y"]))
     assert len(places) == len(board["panels"])
     assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
+
+
+def test_memory_volume_cycles_have_a_panel_beside_the_memory_tier_panels() -> None:
+    # ShardcacheMemoryVolumeCycle alerts on this counter; the dashboard showed nothing
+    # of it, so an alert's "why" had no graph next to the memory tier's.
+    board = json.loads(load_generator().render())
+    by_title = {p["title"]: p for p in board["panels"]}
+    (cycles,) = [
+        p
+        for p in board["panels"]
+        if "shardcache_memory_volume_cycles_total" in p["targets"][0]["expr"]
+    ]
+    assert 'namespace=~"$namespace"' in cycles["targets"][0]["expr"]
+    assert "ShardcacheMemoryVolumeCycle" in cycles["description"]
+    windows = by_title["Sample windows / memory tier limit"]["gridPos"]
+    resident = by_title["Cache resident bytes by tier"]["gridPos"]
+    place = cycles["gridPos"]
+    assert place["y"] == windows["y"] and place["x"] == windows["x"] + windows["w"]
+    assert place["x"] == resident["x"] and place["y"] == resident["y"] + resident["h"]

@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -35,6 +36,12 @@ _NAME = re.compile(r"(\d{1,20})-\d+-[0-9a-f]+\.lock")
 # Any user of the tier's directory declares here (the directory's own mode, 2770 for
 # the node disk tier, bounds who that is): removing a dead process's file needs it.
 _DIRECTORY_MODE = 0o777
+#: How long `bound` may answer from its last look: a status request or metrics scrape
+#: listed `.limits/` and tried a lock per declaration each time, while declarations
+#: change only when a sidecar starts or ends. A declaration made or removed changes
+#: the directory's mtime and is seen at once; a process that died with its
+#: declaration in place (its lock free, the file left) is seen within this.
+BOUND_TTL_SECONDS = 1.0
 
 
 def _release(fd: int, path: Path) -> None:
@@ -54,6 +61,9 @@ class Limits:
         self._pid = -1
         self._lock = threading.Lock()
         self._finalizer: weakref.finalize[..., Limits] | None = None
+        #: (monotonic time of the look, the directory's (inode, mtime) then, the
+        #: answer) of the last `bound`.
+        self._bound: tuple[float, tuple[int, int], int] | None = None
         after_fork.register(self)
 
     def after_fork(self) -> None:
@@ -64,6 +74,7 @@ class Limits:
         self._finalizer = None
         self._pid = -1
         self._lock = threading.Lock()
+        self._bound = None
 
     def effective(self) -> int:
         """The largest limit of the processes inserting into the directory now, this
@@ -80,8 +91,21 @@ class Limits:
         """What bounds the directory now, for a status: the largest limit of the live
         processes' declarations, this one's own included. Only looks (declares nothing,
         removes nothing), so it needs no tier lock; a declaration whose lock can be
-        taken belongs to a dead process and counts nothing."""
-        return self._largest_live(remove_dead=False)
+        taken belongs to a dead process and counts nothing. Answered from the last
+        look while the directory is unchanged and that look is less than
+        `BOUND_TTL_SECONDS` old (one stat instead of a lock per declaration)."""
+        now = time.monotonic()
+        try:
+            st = os.stat(self._dir)
+        except OSError:
+            return self._largest_live(remove_dead=False)
+        version = (st.st_ino, st.st_mtime_ns)
+        cached = self._bound  # one read: another thread may replace it meanwhile
+        if cached is not None and cached[1] == version and 0 <= now - cached[0] < BOUND_TTL_SECONDS:
+            return cached[2]
+        largest = self._largest_live(remove_dead=False)
+        self._bound = (now, version, largest)
+        return largest
 
     def _largest_live(self, *, remove_dead: bool) -> int:
         """The largest limit of the declarations a live process holds, and this one's.
