@@ -94,6 +94,10 @@ class HostBatch:
     column: str | None = None
     shape: tuple[int, int] | None = None
     selections: list[selections_.Selection] = dataclasses.field(default_factory=list)
+    #: The reader acquires another shard (or ends the epoch) before it reads the next
+    #: batch, and this one is a copy (`Dataset.acquires_next`): a consumer that keeps
+    #: earlier batches' pieces lets go of them before it asks for the next.
+    leaves: bool = False
 
     @property
     def packed(self) -> bool:
@@ -129,7 +133,7 @@ def host_batches(
     pieces = dataset.batch_pieces(batch_size, columns=columns, drop_last=drop_last, stride=stride)
     with contextlib.closing(pieces):
         for chunk in pieces:
-            yield HostBatch(pieces=chunk)
+            yield HostBatch(pieces=chunk, leaves=dataset.acquires_next)
 
 
 def list_column(schema: pa.Schema, name: str | None) -> str:

@@ -148,6 +148,17 @@ def _leaves_shard(runs: Sequence[plans.Run], i: int, start: int, rows: int) -> b
     return False
 
 
+def _windows_read(
+    ranges: Sequence[streams.Range], lo: int, hi: int, *, width: int, epoch: int
+) -> set[tuple[int, int]]:
+    """The (epoch, index) of every sample-mode window stream positions [lo, hi) read."""
+    out: set[tuple[int, int]] = set()
+    for a, b in streams.cut(ranges, lo, hi):
+        first, last = windows.window_of(a, width), windows.window_of(b - 1, width)
+        out.update((epoch, k) for k in range(first, last + 1))
+    return out
+
+
 class _Mappings:
     """Shard files this reader has memory-mapped, kept across epochs.
 
@@ -401,6 +412,9 @@ class Dataset:
         #: Iterations gathering ahead on threads, which close() ends (and so stops).
         self._aheads: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
         self._position = 0
+        #: Whether the walk acquires another shard before it hands the next batch
+        #: (`acquires_next`).
+        self._acquires_next = False
         #: The batch size of the last batches() call: what skip_batches() skips in.
         self._batch_size: int | None = None
         self._skips: tuple[states.Skip, ...] = ()
@@ -511,6 +525,16 @@ class Dataset:
             self._position = 0
             self._moves += 1
 
+    @property
+    def acquires_next(self) -> bool:
+        """Whether the block-mode walk acquires another shard (or ends the epoch) before
+        it hands out the next batch: the batch handed last is then a copy (see
+        `batches`). A consumer that keeps slices of earlier batches (a prefetcher's
+        window) lets go of them before it asks for the next, or it maps the shard the
+        walk leaves while the tier may evict it (docs/reading-plan.md, "What it means
+        for batches"). False in sample mode, and when nothing was handed yet."""
+        return self._acquires_next
+
     def batches(
         self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
     ) -> Generator[pa.RecordBatch, None, None]:
@@ -603,6 +627,12 @@ class Dataset:
         pending: list[pa.RecordBatch] = []
         pending_rows = 0
         made = 0  # batches made so far: every stride-th is handed out
+        #: Whether the batch handed last slices the current shard: then the walk acquires
+        #: no other shard before the next is handed, unless a move comes in between.
+        sliced = False
+        #: After a move: the lease of the shard the batch in the caller's hand slices,
+        #: kept through the acquires until the next batch is handed (see below).
+        kept: provider.ShardLease | None = None
         try:
             while True:
                 # A move between two batches (a skip, a loaded state, another epoch)
@@ -612,6 +642,14 @@ class Dataset:
                 runs = list(plans.skip(self.runs(), self._position))
                 for i, run in enumerate(runs):
                     if run.shard != current:
+                        if lease is not None and sliced:
+                            # Only a move (a skip, a loaded state, another epoch) gets
+                            # here with a slice in the caller's hand: the batch was
+                            # handed before the walk knew it would leave the shard. A
+                            # copy comes too late, so the shard stays leased (the tier
+                            # cannot evict it under the slice) until the next batch is
+                            # handed: two leases for one acquire, after a move only.
+                            kept, lease, sliced = lease, None, False
                         if lease is not None:
                             lease.release()
                             lease = None
@@ -644,9 +682,15 @@ class Dataset:
                             self._position += batch_size
                             made += 1
                             if handed:
-                                if _leaves_shard(runs, i, start, stride * batch_size):
+                                sliced = not _leaves_shard(runs, i, start, stride * batch_size)
+                                if not sliced:
                                     out = [_owned(out)]
+                                self._acquires_next = not sliced
                                 yield out
+                                # The caller let go of the batch before this one.
+                                if kept is not None:
+                                    kept.release()
+                                    kept = None
                     if seen != self._moves:
                         break
                 else:
@@ -656,13 +700,20 @@ class Dataset:
                         made += 1
                         # The epoch ends: the next acquire is the next epoch's.
                         if out:
+                            sliced = False
+                            self._acquires_next = True
                             yield [_owned(out)]
+                            if kept is not None:
+                                kept.release()
+                                kept = None
                     # Even after the epoch's last batch, a move reads on from there.
                     if seen == self._moves:
                         break
         finally:
             if lease is not None:
                 lease.release()
+            if kept is not None:
+                kept.release()
 
     def batch_selections(
         self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
@@ -671,7 +722,10 @@ class Dataset:
         windows' mapped shards it is made of (`shardcache.selections`), for a consumer
         that gathers them itself (on a GPU, say). `Selection.gather()` is exactly the
         batch `batches()` yields. Positions, leases and `state_dict()` move as with
-        `batches()`. A block-mode dataset has nothing to gather: an InputError.
+        `batches()`, except that the window the selection handed last reads stays
+        leased until the next is handed (it maps that window's shards), while it and
+        the windows acquired are two at most (docs/reading-plan.md, "What it means for
+        batches"). A block-mode dataset has nothing to gather: an InputError.
         """
         if not self._params.sampled:
             raise errors.InputError(
@@ -687,7 +741,7 @@ class Dataset:
         self, batch_size: int, columns: Sequence[str] | None, drop_last: bool
     ) -> Generator[selections.Selection, None, None]:
         planned = self._selections(
-            batch_size, columns=columns, drop_last=drop_last, parts=True, follow=True
+            batch_size, columns=columns, drop_last=drop_last, parts=True, follow=True, held=True
         )
         with contextlib.closing(planned):
             for _, selection in planned:
@@ -779,6 +833,7 @@ class Dataset:
         leases: _Leases | None = None,
         stride: int = 1,
         backlog: gather_ahead.Backlog | None = None,
+        held: bool = False,
     ) -> Generator[tuple[tuple[int, int], selections.Selection | None], None, None]:
         """Sample mode's batches as rows of the window's shards, each with the positions
         [lo, hi) of the rank's stream it moves past (the batch's, and with `stride`
@@ -799,6 +854,13 @@ class Dataset:
         memory tier's wait ran out. With nothing queued the batch is planned whatever it
         spans: it is the caller's next (a batch larger than a window spans more than
         two), or the caller moved and plans again.
+
+        `held` (with `follow`): the caller holds the selection it was handed last while
+        it asks for the next (`batch_selections()`), and a selection's gatherer and
+        window rows are views of its window's mappings. The shards of the window left
+        behind then stay leased, so the tier cannot evict them under those views, until
+        the next selection is handed: at most that window and the one acquired, what a
+        reader gathering ahead holds too (`windows.held_at`).
         """
         from shardcache import gather, sequences  # numpy: sample mode only
         from shardcache import selections as selections_
@@ -806,7 +868,12 @@ class Dataset:
         own = leases is None
         moves = self._moves
         leases = _Leases() if leases is None else leases
-        held: list[int] = []
+        #: With `held`: leases of the window the selection in the caller's hand reads,
+        #: left behind by the plan, released once the next selection is handed.
+        leaving: dict[int, provider.ShardLease] = {}
+        #: With `held`: the windows the selection handed last reads.
+        handed: set[tuple[int, int]] = set()
+        holding: list[int] = []
         gatherer: gather.Gatherer | None = None
         slots = sequences.slots([], 0)
         by_shard: dict[int, pa.RecordBatch] = {}
@@ -819,6 +886,11 @@ class Dataset:
         count = 0
         try:
             while True:
+                # Back here after a selection was handed (or first): the caller let
+                # go of the one before it.
+                for lease in leaving.values():
+                    lease.release()
+                leaving.clear()
                 if follow and (pos != self._position or moves != self._moves):
                     # Read the position afresh each batch: a move between batches (a skip,
                     # a loaded state, another epoch) plans again from there.
@@ -843,7 +915,7 @@ class Dataset:
                 # reader is in them; shards of windows left behind are released first
                 # (or, planning ahead, once the batches before `lo` are handed over).
                 want = seq.stream_window_shards(ranges, lo, hi)
-                if want != held or gatherer is None:
+                if want != holding or gatherer is None:
                     while backlog is not None and backlog.chunks and not self._within_reach(want):
                         yield (lo, lo), None
                     if backlog is not None and self._moves == moves:
@@ -851,8 +923,19 @@ class Dataset:
                         # windows only they read go now, not at the next hand-over, so
                         # they are not held beside the two this plan may lease.
                         leases.release_before(self._position)
+                    # Kept only while they and the windows acquired are two at most:
+                    # a third would be room the sidecar's check of the memory limit
+                    # does not count (`windows.held_at`), which ranks waited for.
+                    keep = (
+                        held
+                        and gatherer is not None
+                        and len(handed | self._windows_read(ranges, lo, hi)) <= 2
+                    )
                     for shard in [s for s in leases.held if s not in want]:
-                        leases.retire(shard, at=lo)
+                        if keep:
+                            leaving[shard] = leases.held.pop(shard)
+                        else:
+                            leases.retire(shard, at=lo)
                     if follow:
                         leases.release_before(lo)
                     # The shards let go of above stay mapped while anything here holds
@@ -860,6 +943,8 @@ class Dataset:
                     # acquires below could wait for room this reader holds itself.
                     gatherer, sources, by_shard = None, [], {}
                     for shard in want:
+                        if shard in leaving:
+                            leases.held[shard] = leaving.pop(shard)
                         if not leases.reuse(shard):
                             leases.held[shard] = self._acquire(
                                 self._reader_id,
@@ -874,13 +959,15 @@ class Dataset:
                     gatherer = gather.Gatherer(sources)
                     slots = sequences.slots(want, len(seq.offsets))
                     by_shard = dict(zip(want, sources, strict=True))
-                    held = want
+                    holding = want
                 where: list[selections_.Part] = []
                 if parts:
                     made = self._window_parts(seq, ranges, lo, hi, by_shard, made, where)
                 pos = hi
                 if follow:
                     self._position = hi
+                if held:
+                    handed = self._windows_read(ranges, lo, hi)
                 span, since = (since, hi), hi
                 yield (
                     span,
@@ -894,8 +981,15 @@ class Dataset:
                     ),
                 )
         finally:
+            for lease in leaving.values():
+                lease.release()
             if own:
                 leases.release_all()
+
+    def _windows_read(
+        self, ranges: Sequence[streams.Range], lo: int, hi: int
+    ) -> set[tuple[int, int]]:
+        return _windows_read(ranges, lo, hi, width=self._params.window, epoch=self._params.epoch)
 
     def _within_reach(self, shards: Sequence[int]) -> bool:
         """Whether `shards` are all of the window the caller's position is in or of

@@ -41,7 +41,7 @@ import dataclasses
 import functools
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -243,6 +243,8 @@ class DevicePrefetcher:
                     done = _new_event()
                     done.record(stream)
                 queue.append(_InFlight(tensors, done, reader.state_dict(), keep))
+                if batch.leaves:
+                    self._let_go(queue, stream)
                 if len(queue) > self.depth:
                     yield self._hand_over(queue.popleft())
             while queue:
@@ -290,6 +292,7 @@ class DevicePrefetcher:
         #: Copy events of the windows launched, oldest first (CUDA only).
         launched: collections.deque[Any] = collections.deque()
         count = 1  # the first window is one batch: the first hand-over comes soon
+        flight: _InFlight | None = None
         try:
             while True:
                 while len(queue) <= self.depth:
@@ -305,13 +308,17 @@ class DevicePrefetcher:
                     for batch in batches:
                         window.append(batch)
                         states.append(reader.state_dict())
-                        if len(window) == count:
+                        # The reader acquires another shard at the next batch: the
+                        # window ends with this one (a copy), see `_let_go`.
+                        if len(window) == count or batch.leaves:
                             break
                     if not window:
                         break
                     count = self._launch(window, states, queue, registry, stream, copy=copy)
                     if cuda and queue and queue[-1].done is not None:
                         launched.append(queue[-1].done)
+                    if window[-1].leaves:
+                        self._let_go([*queue, *([flight] if flight else [])], stream)
                 if not queue:
                     break
                 flight = queue.popleft()
@@ -323,6 +330,25 @@ class DevicePrefetcher:
                 self._gathers.clear()  # the windows of this pass: not read again
             if registry is not None:
                 self.stats.registered, self.stats.refused = registry.registered, registry.refused
+
+    def _let_go(self, flights: Iterable[_InFlight], stream: Any) -> None:
+        """Before the reader acquires another shard: wait for the queued copies and let
+        go of the host memory they read (slices of the mapped shards) and of the
+        tensors over whole mappings (`_slabs.Mappings`, made again on use).
+
+        Why: what this holds of the shard the reader leaves keeps that shard's pages in
+        the memory volume once the tier evicts it, and ranks on a volume sized from the
+        tier waited for each other's room (explorer report D1; docs/reading-plan.md,
+        "What it means for batches"). The reader hands the batch before that acquire as
+        a copy (`HostBatch.leaves`), so after this nothing maps the shard. Costs one
+        wait for the copy stream per shard read, while it has the window's copies to
+        do (docs/benchmarks.md, "The batch before another shard, copied")."""
+        if stream is not None:
+            stream.synchronize()
+        for flight in flights:
+            flight.keep.clear()
+        if self._mappings is not None:
+            self._mappings.forget()
 
     def _launch(
         self,
