@@ -16,6 +16,7 @@ from shardcache import errors
 from shardcache_operator import (
     authority,
     injection,
+    job_pins,
     mount_parts,
     pod_updates,
     sample_room,
@@ -53,6 +54,11 @@ class Decision:
 
 #: The Event reason on a DatasetMount whose pod had no probe/metrics port left in range.
 REASON_NO_METRICS_PORT = "NoMetricsPort"
+#: The Event reason on a DatasetMount whose pod got its job's pin, not the mount's
+#: current one (`job_pins`): a Normal Event, the promise kept.
+REASON_JOB_PIN = "JobPinKept"
+#: Event reasons posted as Normal; the others are Warnings.
+NORMAL_REASONS = frozenset({REASON_JOB_PIN})
 
 
 def no_port_reason(where: str, defaults: injection.SidecarDefaults) -> str:
@@ -99,6 +105,7 @@ def decide(
     load: Callable[[Mapping[str, Any]], specs.DatasetMount] = specs.load,
     policy: authority.Policy = authority.DEFAULT,
     parts: mount_parts.Cache | None = None,
+    siblings: Mapping[str, Mapping[str, frozenset[str]]] | None = None,
 ) -> Decision:
     """Inject the mounts the pod asks for, or refuse it naming the mount and the reason.
 
@@ -107,6 +114,8 @@ def decide(
     asks for more than the platform's `policy` allows is refused whatever its state.
     `load` parses a mount object (the webhook's caches parsed specs per generation);
     `parts` keeps each mount's built volumes and sidecar for the next pod.
+    `siblings`: for a pod of a job (`job_pins.job_of`), mount -> pin text -> the job's
+    live pods given it (`job_pins.Siblings`); such a pod gets its job's pin.
     """
     unchanged = dict(pod)
     metadata = pod.get("metadata") or {}
@@ -115,8 +124,10 @@ def decide(
     except errors.InputError as exc:
         return Decision(False, unchanged, [], message=str(exc))
     already = set(injection.injected_mounts(pod))
+    job = job_pins.job_of(metadata)
     mounts: list[injection.Mount] = []
     warnings: list[str] = []
+    events: list[tuple[str, str, str]] = []
     for name in wanted:
         if name in already:
             continue
@@ -169,16 +180,22 @@ def decide(
         crowded = volume_room.warning(where, mount.spec, pinned, pod)
         if crowded:
             warnings.append(crowded)
-        mounts.append(
-            injection.Mount(
-                name=name,
-                spec=mount.spec,
-                digest=mount.manifest_digest,
-                namespace=namespace,
-                source_digests=mount.source_digests,
-            )
+        chosen = injection.Mount(
+            name=name,
+            spec=mount.spec,
+            digest=mount.manifest_digest,
+            namespace=namespace,
+            source_digests=mount.source_digests,
         )
-    events: list[tuple[str, str, str]] = []
+        if job is not None:
+            try:
+                chosen, moved = _job_pinned(chosen, where, job, metadata, siblings or {})
+            except errors.InputError as exc:
+                return Decision(False, unchanged, [], message=str(exc), events=tuple(events))
+            if moved:
+                warnings.append(moved)
+                events.append((name, REASON_JOB_PIN, moved))
+        mounts.append(chosen)
     room = injection.metrics_ports_free(pod, defaults) if mounts else 0
     for left in mounts[room:]:
         reason = no_port_reason(f"DatasetMount {namespace}/{left.name}", defaults)
@@ -209,6 +226,32 @@ def decide(
         injected=tuple(m.name for m in mounts),
         events=tuple(events),
     )
+
+
+def _job_pinned(
+    mount: injection.Mount,
+    where: str,
+    job: job_pins.Job,
+    metadata: Mapping[str, Any],
+    siblings: Mapping[str, Mapping[str, frozenset[str]]],
+) -> tuple[injection.Mount, str]:
+    """`mount` as the pod of `job` gets it: with its job's pin where that is not the
+    mount's current one, and then the message saying so (else ""). InputError: refused."""
+    current = job_pins.pin_of(mount.spec, mount.digest, mount.source_digests)
+    pod = str(metadata.get("name") or f"{metadata.get('generateName') or ''}*")
+    served = job_pins.serve(
+        where, pod=pod, job=job, current=current, siblings=siblings.get(mount.name) or {}
+    )
+    if served.pin is None:
+        return mount, ""
+    further = served.pin.sources[1:]
+    chosen = dataclasses.replace(
+        mount,
+        spec=job_pins.apply(mount.spec, served.pin, where),
+        digest=served.pin.digest,
+        source_digests={s.name: s.digest for s in further if s.name and s.digest},
+    )
+    return chosen, served.message
 
 
 def decide_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> Decision:

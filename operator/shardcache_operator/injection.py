@@ -15,7 +15,9 @@ See docs/operator.md for the layout this produces. In short, per mount:
 
 Idempotent: the pod annotation `shardcache.io/injected` lists the mounts already
 injected, and those are skipped. Names of containers, volumes and ports never collide
-with the pod's own: a taken name gets a numeric suffix.
+with the pod's own: a taken name gets a numeric suffix. The annotation
+`shardcache.io/pins` records what each mount's sidecar was given from its sources, so
+that the job's later pods get the same (`job_pins`).
 
 `inject` composes four parts, each a module of pure functions: names and ports
 (`pod_names`), volumes (`pod_volumes`), the sidecar container (`sidecar_container`)
@@ -35,6 +37,7 @@ from typing import Any
 from shardcache import contract, errors
 from shardcache_operator import (
     configuration,
+    job_pins,
     mount_parts,
     pod_env,
     pod_names,
@@ -463,6 +466,15 @@ def inject(
     pod_spec["containers"] = containers
     pod_spec["volumes"] = volumes
     annotations[ANNOTATION_INJECTED] = ",".join(all_mounts)
+    # What each mount's sidecar was given, for the pods of the same job admitted later
+    # (`job_pins`). Entries of mounts injected before stay; anything else a pod's author
+    # wrote there goes: only what the injection wrote may pin a job.
+    pins = {
+        name: text for name, text in job_pins.annotation_pins(annotations).items() if name in done
+    }
+    for mount in todo:
+        pins[mount.name] = job_pins.pin_of(mount.spec, mount.digest, mount.source_digests).text()
+    annotations[job_pins.ANNOTATION_PINS] = job_pins.annotation_value(pins)
     metadata["annotations"] = annotations
     return result
 

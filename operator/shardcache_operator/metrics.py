@@ -63,6 +63,14 @@ class Metrics:
             ["namespace", "datasetmount"],
             registry=self.registry,
         )
+        self.pods_on_older_pin = prometheus_client.Gauge(
+            "shardcache_operator_pods_on_older_pin",
+            "Unfinished pods of a DatasetMount whose sidecar reads another digest than the "
+            "mount pins now: their job's, kept across a source edit (docs/operator.md, "
+            "Pinning). They go as those jobs finish.",
+            ["namespace", "datasetmount"],
+            registry=self.registry,
+        )
         self.admission_total = prometheus_client.Counter(
             "shardcache_operator_admission_reviews_total",
             "Pod admission reviews, by result: injected, unchanged, refused.",
@@ -114,6 +122,8 @@ class Metrics:
             self._phases.pop((namespace, name), None)
             with contextlib.suppress(KeyError):
                 self.attached_pods.remove(namespace, name)
+            with contextlib.suppress(KeyError):
+                self.pods_on_older_pin.remove(namespace, name)
             with contextlib.suppress(KeyError):
                 self.datasetmount_ready.remove(namespace, name)
         else:

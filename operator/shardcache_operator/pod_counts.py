@@ -94,6 +94,14 @@ class Writer:
             meters.attached_pods.labels(namespace=namespace, datasetmount=name).set(
                 count(self._pods, namespace, name)
             )
+            # The pod watch's `Index` knows each pod's digest; a plain mapping (tests) not.
+            older = getattr(self._pods, "older", None)
+            obj = mounts.indexed(self._mounts, namespace, name)
+            if older is not None and obj is not None:
+                digest = (obj.get("status") or {}).get("manifestDigest")
+                meters.pods_on_older_pin.labels(namespace=namespace, datasetmount=name).set(
+                    older(namespace, name, digest if isinstance(digest, str) else None)
+                )
         held = None if hold is None else await hold()
         if held is not None and self.held is None:
             logger.warning("not writing status.attachedPods: %s", held)

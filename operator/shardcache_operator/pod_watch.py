@@ -10,8 +10,10 @@ while unfinished), so this module watches pods itself, as a plain informer:
 - LIST then WATCH `/api/v1/pods` with a server-side label selector on the opt-in label
   and a field selector leaving out finished pods, as metadata only, so unlabelled pods
   never reach the operator, memory does not grow with them, and each event is small;
-- each event updates `Index` (pod -> mounts, mount -> pods) in place; only an event
-  that changes a mount's set of pods wakes the count writer (`pod_counts`);
+- each event updates `Index` (pod -> mounts, mount -> pods, and for pods of a job the
+  pins they were given, which the webhook serves the job's later pods: `job_pins`) in
+  place; only an event that changes a mount's set of pods wakes the count writer
+  (`pod_counts`);
 - resumes from the last resourceVersion (bookmarks keep it fresh) and lists again
   when the API server says it is too old (410 Gone).
 
@@ -31,7 +33,7 @@ import aiohttp
 import kopf
 
 from shardcache import errors
-from shardcache_operator import informer, injection, metrics
+from shardcache_operator import informer, injection, job_pins, metrics
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,10 @@ class Index(Mapping[Key, frozenset[str]]):
     def __init__(self) -> None:
         self._pods: dict[Key, tuple[str, ...]] = {}
         self._by_mount: dict[Key, set[str]] = {}
+        #: What the live pods of each job were given of each mount, for the webhook.
+        self.jobs = job_pins.Siblings()
+        #: pod -> mount -> the digest its injection wrote (`job_pins.ANNOTATION_PINS`).
+        self._digests: dict[Key, dict[str, str]] = {}
 
     def __getitem__(self, key: Key) -> frozenset[str]:
         return frozenset(self._by_mount[key])
@@ -80,9 +86,35 @@ class Index(Mapping[Key, frozenset[str]]):
     def count(self, namespace: str, name: str) -> int:
         return len(self._by_mount.get((namespace, name), ()))
 
-    def set(self, namespace: str, pod: str, mounts: tuple[str, ...]) -> bool:
-        """Record the mounts of one pod (empty: none, or gone); True when that changed."""
+    def older(self, namespace: str, name: str, digest: str | None) -> int:
+        """Unfinished pods of the mount given another digest than `digest` (the mount's
+        pin now); pods injected without a recorded pin (an older operator) are not known."""
+        if digest is None:
+            return 0
+        return sum(
+            1
+            for pod in self._by_mount.get((namespace, name), ())
+            if self._digests.get((namespace, pod), {}).get(name, digest) != digest
+        )
+
+    def set(
+        self,
+        namespace: str,
+        pod: str,
+        mounts: tuple[str, ...],
+        job: str | None = None,
+        pins: Mapping[str, str] | None = None,
+    ) -> bool:
+        """Record the mounts of one pod (empty: none, or gone) and, for a pod of a job,
+        the pins it was given of them; True when its mounts changed."""
         key = (namespace, pod)
+        live = {m: text for m, text in (pins or {}).items() if m in mounts}
+        self.jobs.record(namespace, pod, job if mounts else None, live)
+        digests = {m: d for m, text in live.items() if (d := job_pins.digest_in(text))}
+        if digests:
+            self._digests[key] = digests
+        else:
+            self._digests.pop(key, None)
         before = self._pods.get(key, ())
         if before == mounts:
             return False
@@ -100,14 +132,33 @@ class Index(Mapping[Key, frozenset[str]]):
             self._pods.pop(key, None)
         return True
 
-    def replace(self, pods: Mapping[Key, tuple[str, ...]]) -> bool:
-        """A fresh LIST: the index becomes exactly `pods`; True when anything changed."""
+    def replace(
+        self,
+        pods: Mapping[Key, tuple[str, ...]],
+        jobs: Mapping[Key, tuple[str | None, Mapping[str, str]]] | None = None,
+    ) -> bool:
+        """A fresh LIST: the index becomes exactly `pods` (and `jobs`: pod -> its job
+        key and pins); True when any pod's mounts changed."""
         changed = False
         for key in [k for k in self._pods if k not in pods]:
             changed |= self.set(*key, ())
+        for key in self.jobs.pods() - set(pods):
+            self.jobs.record(*key, None, {})
+        for key in [k for k in self._digests if k not in pods]:
+            del self._digests[key]
         for (namespace, pod), mounts in pods.items():
-            changed |= self.set(namespace, pod, mounts)
+            job, pins = (jobs or {}).get((namespace, pod), (None, {}))
+            changed |= self.set(namespace, pod, mounts, job, pins)
         return changed
+
+
+def job_facts(metadata: Mapping[str, Any]) -> tuple[str | None, dict[str, str]]:
+    """A pod's job key (None: no job) and the pins its injection wrote (`job_pins`)."""
+    job = job_pins.job_of(metadata)
+    annotations = metadata.get("annotations") or {}
+    if not isinstance(annotations, Mapping):
+        return None if job is None else job.key, {}
+    return None if job is None else job.key, job_pins.annotation_pins(annotations)
 
 
 class Watcher:
@@ -146,7 +197,8 @@ class Watcher:
         self._events[opted_in].inc()
         mounts = () if kind == "DELETED" else mounts_of(pod)
         namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
-        if self.index.set(namespace, name, mounts):
+        job, pins = job_facts(metadata) if mounts else (None, {})
+        if self.index.set(namespace, name, mounts, job, pins):
             self._changed()
 
     async def run(self, connect: Callable[[], kopf.ConnectionInfo]) -> None:
@@ -174,6 +226,7 @@ class Watcher:
 
     async def _list(self, session: aiohttp.ClientSession, server: str) -> dict[str, str]:
         pods: dict[Key, tuple[str, ...]] = {}
+        jobs: dict[Key, tuple[str | None, Mapping[str, str]]] = {}
         versions: dict[str, str] = {}
         params = {"labelSelector": LABEL_SELECTOR, "fieldSelector": FIELD_SELECTOR}
         headers = {"Accept": ACCEPT_LIST}
@@ -185,7 +238,8 @@ class Watcher:
                 mounts = mounts_of(pod)
                 if mounts:
                     pods[key] = mounts
-        if self.index.replace(pods):
+                    jobs[key] = job_facts(metadata)
+        if self.index.replace(pods, jobs):
             self._changed()
         return versions
 

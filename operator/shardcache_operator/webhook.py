@@ -36,6 +36,7 @@ from shardcache_operator import (
     event_gates,
     handlers,
     injection,
+    job_pins,
     kube,
     lookup_failures,
     pod_updates,
@@ -241,9 +242,18 @@ async def decide(
             )
         return found
 
+    # A pod of a job gets what its job's live pods of each mount were given, as the
+    # operator's pod watch last saw them (`job_pins`).
+    job = job_pins.job_of(metadata) if isinstance(metadata, Mapping) else None
+    siblings = (
+        {name: memo.pods.jobs.pins(namespace, job.key, name) for name in wanted}
+        if job is not None
+        else None
+    )
     decision = admission.admit(
         pod,
         namespace=namespace,
+        siblings=siblings,
         lookup=lookup,
         defaults=defaults_of(memo.settings),
         missing_policy=memo.settings.missing_policy,
@@ -268,8 +278,9 @@ EVENT_TIMEOUT_SECONDS = 2.0
 async def post_event(
     memo: context.Context, obj: Mapping[str, Any], reason: str, message: str, *, now: float
 ) -> None:
-    """A Warning Event on the DatasetMount `obj` for what a pod's admission skipped: the
-    pod does not exist yet, and its mount is what `kubectl describe` is read on.
+    """An Event on the DatasetMount `obj` for what a pod's admission skipped or chose (a
+    Warning, or Normal for `admission.NORMAL_REASONS`): the pod does not exist yet, and
+    its mount is what `kubectl describe` is read on.
 
     Through the API, not `kopf.event`: kopf's event queue is set only in its handlers'
     tasks, never the webhook's. One per mount and cause in a while (`event_gates`): the
@@ -291,9 +302,14 @@ async def post_event(
         )
         return
     message = event_gates.with_count(message, held)
-    logger.warning("%s", message)
+    normal = reason in admission.NORMAL_REASONS
+    logger.log(logging.INFO if normal else logging.WARNING, "%s", message)
     body = kube.event_body(
-        obj, type="Warning", reason=reason, message=message, now=handlers.now_text()
+        obj,
+        type="Normal" if normal else "Warning",
+        reason=reason,
+        message=message,
+        now=handlers.now_text(),
     )
     try:
         await asyncio.wait_for(memo.api.post_event(body), EVENT_TIMEOUT_SECONDS)
