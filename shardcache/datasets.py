@@ -34,6 +34,7 @@ from shardcache import (
     _integers,
     elastic,
     errors,
+    even_batches,
     gather_ahead,
     manifests,
     placements,
@@ -540,8 +541,15 @@ class Dataset:
     ) -> Generator[pa.RecordBatch, None, None]:
         """Record batches of `batch_size` rows for the rest of the current epoch.
 
-        The last batch may be short unless `drop_last`. `state_dict()` taken after a
-        batch was handed out counts that batch as read.
+        The last batch may be short unless `drop_last`. `drop_last=True` also gives
+        every rank of the epoch the same count: batches end after the last whole one
+        within the first `least` positions, `least` being the fewest rows any rank
+        reads in the epoch (ranks differ by one row); the rows after it count as
+        consumed, so the state after it says the epoch is done
+        (`shardcache.even_batches`). Without it, ranks' counts may differ by one.
+        `state_dict()` taken after a batch was handed out counts that batch as read.
+        Two iterators open at once share the position: each reads on from where the
+        other's last batch left it.
 
         In block mode a batch inside one run of rows is a zero-copy slice of the mapped
         shard; one stitched from several runs is a copy, and so is the batch after
@@ -635,11 +643,16 @@ class Dataset:
         kept: provider.ShardLease | None = None
         try:
             while True:
-                # A move between two batches (a skip, a loaded state, another epoch)
-                # walks the plan again from the new position (nothing is pending right
-                # after a batch is yielded).
-                seen = self._moves
-                runs = list(plans.skip(self.runs(), self._position))
+                # A move between two batches (a skip, a loaded state, another epoch, or
+                # the batches another open iterator of this dataset handed out) walks
+                # the plan again from the new position (nothing is pending right after
+                # a batch is yielded). `at` is where this walk left the position.
+                seen, at = self._moves, self._position
+                runs = list(plans.skip(self.runs(), at))
+                if drop_last:
+                    # Every rank of the epoch stops after the same count of batches
+                    # (`shardcache.even_batches`).
+                    runs = plans.head(runs, self._drop_stop(at, batch_size) - at)
                 for i, run in enumerate(runs):
                     if run.shard != current:
                         if lease is not None and sliced:
@@ -670,7 +683,7 @@ class Dataset:
                         current = run.shard
                     assert shard_batch is not None
                     start = run.start
-                    while start < run.stop and seen == self._moves:
+                    while start < run.stop and seen == self._moves and self._position == at:
                         take = min(batch_size - pending_rows, run.stop - start)
                         handed = made % stride == 0
                         if handed:  # the batches between are never sliced
@@ -679,7 +692,10 @@ class Dataset:
                         start += take
                         if pending_rows == batch_size:
                             out, pending, pending_rows = pending, [], 0
-                            self._position += batch_size
+                            self._position = self._ended(
+                                self._position + batch_size, batch_size, drop_last
+                            )
+                            at = self._position
                             made += 1
                             if handed:
                                 sliced = not _leaves_shard(runs, i, start, stride * batch_size)
@@ -691,11 +707,16 @@ class Dataset:
                                 if kept is not None:
                                     kept.release()
                                     kept = None
-                    if seen != self._moves:
+                    if seen != self._moves or self._position != at:
                         break
                 else:
+                    if drop_last:
+                        # No whole batch is left before the common end: the rest of the
+                        # rank's rows are trimmed (`_ended`).
+                        self._position = at = self._ended(at, batch_size, drop_last)
                     if pending_rows and not drop_last:
                         self._position += pending_rows
+                        at = self._position
                         out, pending, pending_rows = pending, [], 0
                         made += 1
                         # The epoch ends: the next acquire is the next epoch's.
@@ -707,13 +728,28 @@ class Dataset:
                                 kept.release()
                                 kept = None
                     # Even after the epoch's last batch, a move reads on from there.
-                    if seen == self._moves:
+                    if seen == self._moves and self._position == at:
                         break
         finally:
             if lease is not None:
                 lease.release()
             if kept is not None:
                 kept.release()
+
+    def _drop_stop(self, position: int, batch_size: int) -> int:
+        """Where `drop_last` batches cut from `position` end: after the last whole batch
+        before the fewest rows any rank of the epoch reads (`shardcache.even_batches`)."""
+        least = even_batches.least_samples(self.manifest.total_rows, self._params)
+        return even_batches.stop(position, batch_size, min(least, len(self)))
+
+    def _ended(self, position: int, batch_size: int, drop_last: bool) -> int:
+        """The position once a batch ending at `position` was made: with `drop_last`,
+        when no whole batch fits after it before the ranks' common end, the end of the
+        epoch, so the rows trimmed count as consumed and a state says the epoch is done
+        (no rank reads them in this epoch; an elastic resume does not deal them out)."""
+        if drop_last and self._drop_stop(position, batch_size) == position:
+            return len(self)
+        return position
 
     def batch_selections(
         self, batch_size: int, *, columns: Sequence[str] | None = None, drop_last: bool = False
@@ -809,7 +845,7 @@ class Dataset:
                         # The batches before this one are handed over: the shards only
                         # they read can go, as the inline gather lets them go.
                         leases.release_before(lo)
-                        self._position = hi
+                        self._position = self._ended(hi, batch_size, drop_last)
                         yield [batch]
                     else:
                         # close() ends the gathering early: not the epoch's end.
@@ -817,6 +853,9 @@ class Dataset:
                         # Even after the epoch's last batch, a move reads on from there,
                         # as the inline gather does.
                         moved = self._moves != mark
+                        if not moved:
+                            # No whole batch was left before the ranks' common end.
+                            self._position = self._ended(self._position, batch_size, drop_last)
             finally:
                 leases.release_all()
             if not moved:
@@ -898,13 +937,17 @@ class Dataset:
                     moves = self._moves
                     count = 0
                 n = min(batch_size, len(self) - pos)
-                if n <= 0 or (n < batch_size and drop_last):
+                if n <= 0 or (drop_last and self._drop_stop(pos, batch_size) == pos):
+                    if follow:
+                        # With drop_last, the rows no whole batch takes before the
+                        # ranks' common end are trimmed (`_ended`).
+                        self._position = pos = self._ended(pos, batch_size, drop_last)
                     break
                 count += 1
                 if (count - 1) % stride:
                     pos += n
                     if follow:
-                        self._position = pos
+                        self._position = pos = self._ended(pos, batch_size, drop_last)
                     continue
                 seq = self.sequence()
                 # The rank's stream as ranges of the global sequence: its rule-5 range,
@@ -965,7 +1008,7 @@ class Dataset:
                     made = self._window_parts(seq, ranges, lo, hi, by_shard, made, where)
                 pos = hi
                 if follow:
-                    self._position = hi
+                    self._position = pos = self._ended(hi, batch_size, drop_last)
                 if held:
                     handed = self._windows_read(ranges, lo, hi)
                 span, since = (since, hi), hi

@@ -4,7 +4,8 @@ Rules (docs/reading-plan.md, "Elastic resume"): in the epoch e of the checkpoint
 old rank consumed the first `position` samples of its stream (`plans.stream_ranges`;
 skipped samples count as consumed). What every old rank left, put in the order of the
 epoch's global sequence, is cut into W' contiguous parts whose sizes differ by at most
-one; new rank r' reads part r' as its segments in epoch e, from position 0. Epochs
+one; new rank r' reads part r' as its segments in epoch e, from position 0, and they
+record the smallest part's size (where `drop_last` ends every new rank's batches). Epochs
 after e follow rule 5 at the new world size. A resized state carries its segments, so
 it resumes again at the same or another world size (chains such as 4 -> 3 -> 5).
 
@@ -99,7 +100,11 @@ def resize(
     if world_size < 1:
         raise errors.InputError(f"world_size must be >= 1, got {world_size}")
     first = old[0]
-    parts = streams.split(remainder(old, total_rows), world_size)
+    rest = remainder(old, total_rows)
+    parts = streams.split(rest, world_size)
+    # The smallest part: where drop_last ends every new rank's batches in this epoch, so
+    # they yield the same count (a rank knows only its own part once saved and resumed).
+    least = streams.length(rest) // world_size
     sizes = {s.batch_size for s in old}
     # The batch size says what `skip_batches` and lineage count in; keep it only when
     # the old ranks agree on it.
@@ -111,7 +116,7 @@ def resize(
                 first.params,
                 rank=rank,
                 world_size=world_size,
-                segments=streams.Segments(first.epoch, tuple(part)),
+                segments=streams.Segments(first.epoch, tuple(part), least),
             ),
             position=0,
             batch_size=batch_size,

@@ -27,7 +27,7 @@ import bisect
 import dataclasses
 import hashlib
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from shardcache import _integers, errors, streams
 
@@ -326,6 +326,17 @@ def skip(runs: Sequence[Run], position: int) -> Iterator[Run]:
             continue
         yield Run(run.shard, run.start + remaining, run.stop)
         remaining = 0
+
+
+def head(runs: Iterable[Run], rows: int) -> list[Run]:
+    """The first `rows` rows of `runs` (all of them when they hold fewer)."""
+    out: list[Run] = []
+    for run in runs:
+        if rows <= 0:
+            break
+        out.append(run if len(run) <= rows else Run(run.shard, run.start, run.start + rows))
+        rows -= len(out[-1])
+    return out
 
 
 def shard_order(runs: Sequence[Run]) -> list[int]:

@@ -30,10 +30,20 @@ class Segments:
 
     epoch: int
     ranges: tuple[Range, ...]
+    #: The fewest rows any rank of the resize that made these segments reads in `epoch`
+    #: (floor(R/W') of the R rows it dealt out): where `drop_last` ends every new rank's
+    #: batches, so they all yield the same count (`shardcache.even_batches`). None in a
+    #: state resized before it was recorded: the rank's own rows stand in.
+    least: int | None = None
 
     def __post_init__(self) -> None:
         if self.epoch < 0:
             raise errors.InputError(f"segments: epoch must be >= 0, got {self.epoch}")
+        if self.least is not None and not 0 <= self.least <= len(self):
+            raise errors.InputError(
+                f"segments: least must be an int in [0, {len(self)}] (the rows of the "
+                f"ranges), found {self.least}"
+            )
         for a, b in self.ranges:
             if not 0 <= a < b:
                 raise errors.InputError(
@@ -52,7 +62,11 @@ class Segments:
         return length(self.ranges)
 
     def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "ranges": [[a, b] for a, b in self.ranges]}
+        out: dict[str, Any] = {"epoch": self.epoch, "ranges": [[a, b] for a, b in self.ranges]}
+        # Left out when unknown: the segments of a state resized before it read as saved.
+        if self.least is not None:
+            out["least"] = self.least
+        return out
 
     @classmethod
     def from_json(cls, data: object, *, where: str = "segments") -> Segments:
@@ -73,8 +87,11 @@ class Segments:
             ):
                 raise errors.InputError(f"{where}: a range must be [a, b], found {item!r}")
             ranges.append((item[0], item[1]))
+        least = data.get("least")
+        if least is not None and (isinstance(least, bool) or not isinstance(least, int)):
+            raise errors.InputError(f"{where}: least must be an integer, found {least!r}")
         try:
-            return cls(epoch, tuple(ranges))
+            return cls(epoch, tuple(ranges), least)
         except errors.InputError as exc:
             raise errors.InputError(f"{where}: {str(exc).removeprefix('segments: ')}") from exc
 

@@ -149,11 +149,12 @@ def test_the_remainder_is_cut_in_global_order_into_near_equal_parts() -> None:
     old = start_states(4, 0, block_size=4, shuffle=False)
     old = [dataclasses.replace(s, position=p) for s, p in zip(old, [3, 10, 0, 8], strict=True)]
     new = elastic.resize(old, total_rows=40, world_size=3)
-    # Left: [3, 10), [20, 30), [38, 40): 19 rows, cut 6 / 6 / 7.
+    # Left: [3, 10), [20, 30), [38, 40): 19 rows, cut 6 / 6 / 7; the smallest part (6)
+    # is where drop_last ends every new rank's batches.
     assert [s.params.segments for s in new] == [
-        streams.Segments(0, ((3, 9),)),
-        streams.Segments(0, ((9, 10), (20, 25))),
-        streams.Segments(0, ((25, 30), (38, 40))),
+        streams.Segments(0, ((3, 9),), 6),
+        streams.Segments(0, ((9, 10), (20, 25)), 6),
+        streams.Segments(0, ((25, 30), (38, 40)), 6),
     ]
     assert [s.position for s in new] == [0, 0, 0]
 
