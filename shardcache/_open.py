@@ -20,6 +20,7 @@ from shardcache import (
     errors,
     manifests,
     plans,
+    ranks,
     source,
 )
 from shardcache.node import caches, tiers
@@ -78,8 +79,8 @@ def open(
     cache_dir: str | os.PathLike[str] | None = None,
     shuffle: bool | str | None = None,
     seed: int | None = None,
-    rank: int = 0,
-    world_size: int = 1,
+    rank: int | None = None,
+    world_size: int | None = None,
     epoch: int = 0,
     block_size: int | None = None,
     window: int | None = None,
@@ -123,6 +124,10 @@ def open(
     the pod's first, True ("block"), 0, `plans.DEFAULT_BLOCK_SIZE` and
     `plans.DEFAULT_WINDOW` (`shardcache._plan_defaults`). Given, they win.
 
+    `rank` and `world_size` left out (None) are $RANK and $WORLD_SIZE, as torchrun
+    sets them in every process (0 and 1 where unset), the default the torch and numpy
+    adapters have too (`shardcache.ranks`); given, they win.
+
     `gather_threads` (sample mode): threads that gather the next batches while the
     caller works on the current one; 0 or 1 gathers each batch in the caller's thread.
     Left out, one per CPU the container's quota allows but one, at least 2 and at most
@@ -143,9 +148,10 @@ def open(
     if options:
         raise errors.InputError(f"unknown option(s) {sorted(options)} for shardcache.open()")
     _open_options.check(given)
+    found = ranks.given_or_env(rank, world_size)
     # Read the saved state first: a bad `resume_from` fails before any cache starts.
     state = (
-        checkpoint.data_state(resume_from, world_size=world_size)
+        checkpoint.data_state(resume_from, world_size=found.world_size)
         if resume_from is not None
         else None
     )
@@ -161,8 +167,8 @@ def open(
     params = plans.PlanParams(
         seed=plan.seed,
         epoch=epoch,
-        rank=rank,
-        world_size=world_size,
+        rank=found.rank,
+        world_size=found.world_size,
         shuffle=shuffled,
         block_size=plan.block_size,
         granularity=granularity,

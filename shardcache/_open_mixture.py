@@ -21,6 +21,7 @@ from shardcache import (
     errors,
     mixtures,
     plans,
+    ranks,
 )
 from shardcache.contract import mixture_sources, variables
 from shardcache.node import nested_json
@@ -86,8 +87,8 @@ def open_mixture(
     mix_seed: int | None = None,
     shuffle: bool | str | None = None,
     seed: int | None = None,
-    rank: int = 0,
-    world_size: int = 1,
+    rank: int | None = None,
+    world_size: int | None = None,
     epoch: int = 0,
     block_size: int | None = None,
     window: int | None = None,
@@ -100,7 +101,8 @@ def open_mixture(
     `mix_seed` its seed (`spec.mixture.seed`). `shuffle`, `seed`, `rank`, `world_size`,
     `epoch`, `block_size` and `window` are every source's plan parameters, as for
     `shardcache.open()`: left out, `shuffle`, `seed`, `block_size` and `window` are the
-    mount's `spec.sharding` (the plan every source's sidecar warmed up with).
+    mount's `spec.sharding` (the plan every source's sidecar warmed up with), and
+    `rank` and `world_size` $RANK and $WORLD_SIZE (`shardcache.ranks`).
     `resume_from` continues from a checkpoint committed with
     `data_state=mixture.state_dict()`.
     """
@@ -127,9 +129,10 @@ def open_mixture(
             ) from None
     if mix_seed is not None and (isinstance(mix_seed, bool) or not isinstance(mix_seed, int)):
         raise errors.InputError(f"open_mixture(): mix_seed: expected an int, found {mix_seed!r}")
+    env = os.environ if environ is None else environ
+    found = ranks.given_or_env(rank, world_size, env)
     mixture, mount_dir = descriptor(mount, environ=environ)
     state = checkpoint.data_state(resume_from) if resume_from is not None else None
-    env = os.environ if environ is None else environ
     plan = _plan_defaults.resolve(
         _plan_defaults.from_env(env, mount=mount),
         shuffle=shuffle,
@@ -141,8 +144,8 @@ def open_mixture(
     params = plans.PlanParams(
         seed=plan.seed,
         epoch=epoch,
-        rank=rank,
-        world_size=world_size,
+        rank=found.rank,
+        world_size=found.world_size,
         shuffle=on,
         block_size=plan.block_size,
         granularity=granularity,

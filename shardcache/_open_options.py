@@ -57,8 +57,9 @@ KINDS: dict[str, Kind] = {
     "cache_dir": Kind(_PATH, "a directory path (str or os.PathLike)", optional=True),
     "shuffle": Kind((bool, str), 'True, False, "block" or "sample"', optional=True),
     "seed": Kind((int,), "an int", optional=True),
-    "rank": Kind((int,), "an int"),
-    "world_size": Kind((int,), "an int"),
+    # Left out: $RANK/$WORLD_SIZE (`shardcache.ranks.given_or_env`).
+    "rank": Kind((int,), "an int", optional=True),
+    "world_size": Kind((int,), "an int", optional=True),
     "epoch": Kind((int,), "an int"),
     "block_size": Kind((int,), "an int", optional=True),
     "window": Kind((int,), "a row count (an int >= 1)", minimum=1, optional=True),

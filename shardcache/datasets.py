@@ -514,8 +514,10 @@ class Dataset:
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to read. A new epoch starts at its first sample; setting
         the current epoch again keeps the position (so a loaded state survives the
-        usual `set_epoch` at the top of the training loop). Called between two batches
-        of an open iterator, the iterator reads on from the new epoch's first sample.
+        usual `set_epoch` at the top of the training loop); back to an epoch read
+        before, the pass starts afresh and that epoch's recorded skips are dropped.
+        Called between two batches of an open iterator, the iterator reads on from the
+        new epoch's first sample.
 
         `epoch` is an int >= 0 (a numpy integer is taken as its int); anything else is
         an InputError."""
@@ -524,6 +526,11 @@ class Dataset:
         if params.epoch != self._params.epoch:
             self._params = params
             self._position = 0
+            # Back in an epoch read before, the pass starts afresh and reads the rows
+            # its earlier pass skipped: those skips no longer hold (a state keeping them
+            # would claim rows ahead of its position skipped, which `states.parse`
+            # refuses).
+            self._skips = tuple(s for s in self._skips if s.epoch != params.epoch)
             self._moves += 1
 
     @property
@@ -1230,7 +1237,19 @@ class Dataset:
         params = dataclasses.replace(
             self._params, epoch=saved.epoch, segments=saved.params.segments
         )
-        samples = plans.rank_samples(self.manifest.total_rows, params)
+        # Segments name positions of the epoch's global sequence, one per row: one past
+        # its end would be read as fewer rows than the state counts (len() and the
+        # remaining rows would disagree), so it is no state of this dataset.
+        total = self.manifest.total_rows
+        seg = params.segments
+        if seg is not None and seg.ranges and seg.ranges[-1][1] > total:
+            raise errors.StateMismatchError(
+                f"segments of epoch {seg.epoch}: expected ranges within the epoch's "
+                f"{total} samples [0, {total}), found one ending at {seg.ranges[-1][1]} "
+                f"({list(seg.ranges[-1])}): the state contradicts this dataset; was it "
+                "edited by hand?"
+            )
+        samples = plans.rank_samples(total, params)
         # A skip the checkpoint agent applied at restore may run past the epoch's end.
         saved = states.clamp(saved, samples)
         if saved.position > samples:

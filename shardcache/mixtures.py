@@ -168,6 +168,26 @@ class SourceCounts:
     epochs_finished: int = 0
 
 
+def _refuse_shared(sources: Mapping[str, datasets.Dataset]) -> None:
+    """Refuse one `Dataset` object given as two sources.
+
+    The two names would share one stream and one position, which the mixture's state
+    would then hold twice; and each source is read by its own iterator, two of which
+    over one dataset walked on from their own cursors in block mode while both advanced
+    its position (rows handed out twice, a state past the epoch's end). Two sources of
+    the same data are two `open()` calls."""
+    first: dict[int, str] = {}
+    for name, ds in sources.items():
+        seen = first.setdefault(id(ds), name)
+        if seen != name:
+            raise errors.InputError(
+                f"mix(): sources {seen!r} and {name!r} are one Dataset object: expected "
+                "a Dataset of its own for each source (each source reads its own stream, "
+                "from its own open() call); to draw one dataset more often, raise its "
+                "weight"
+            )
+
+
 class Mixture:
     """Batches drawn from several datasets by weight. Create it with `shardcache.mix()`."""
 
@@ -191,6 +211,7 @@ class Mixture:
                     f"mix(): source {name!r}: expected a shardcache.Dataset, "
                     f"found {type(ds).__name__}"
                 )
+        _refuse_shared(sources)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise errors.InputError(f"mix(): seed: expected an int, found {seed!r}")
         self._names = tuple(sources)

@@ -48,3 +48,27 @@ def resolve(rank: int | None, world_size: int | None, found: Ranks) -> Ranks:
         found.world_size if world_size is None else world_size,
         found.local_rank,
     )
+
+
+def given_or_env(
+    rank: int | None, world_size: int | None, env: Mapping[str, str] | None = None
+) -> Ranks:
+    """`rank` and `world_size` where given, else $RANK/$WORLD_SIZE (`from_env`): what
+    `shardcache.open()` and the adapters read as when not told. Under torchrun every
+    process has those set; a default of rank 0 of 1 there would have each rank read the
+    whole epoch. The environment is read only for what was left out, so a process told
+    both does not depend on a launcher's variables. A mix (one given, one from the
+    environment) is checked here, naming where each came from; two given ones are
+    checked by the reading plan, as before."""
+    if rank is not None and world_size is not None:
+        return Ranks(rank, world_size)
+    found = resolve(rank, world_size, from_env(env))
+    if found.world_size < 1 or not 0 <= found.rank < found.world_size:
+        said_rank = "rank" if rank is not None else "$RANK"
+        said_world = "world_size" if world_size is not None else "$WORLD_SIZE"
+        raise errors.InputError(
+            f"{said_rank}={found.rank} and {said_world}={found.world_size}: expected "
+            f"0 <= rank < world_size; give both rank= and world_size=, or neither (to "
+            f"read them from $RANK/$WORLD_SIZE)"
+        )
+    return found

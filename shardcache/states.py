@@ -179,14 +179,35 @@ def parse(state: object, *, where: str = "state dict") -> DataState:
                 f"{where}: a skip must end after it starts, found {skip.to_json()}"
             )
         skips.append(skip)
+    position = _int(state, "position", where=where)
+    _check_skips_behind(skips, epoch=params.epoch, position=position, where=where)
     return DataState(
         digest=str(state["digest"]),
         params=params,
-        position=_int(state, "position", where=where),
+        position=position,
         batch_size=batch_size,
         skips=normalise(skips),
         plan_version=plan_version,
     )
+
+
+def _check_skips_behind(skips: Sequence[Skip], *, epoch: int, position: int, where: str) -> None:
+    """Refuse a skip of the state's own epoch that ends after its position.
+
+    A skip moves the position to its end (`skip_batches`), so the rank can only be at
+    or past it; one ahead of the position is hand-edited, and reading on would hand out
+    the rows it calls skipped (the reader does not pass over a skip ahead of it),
+    while the state and `shardcache lineage` go on saying they were never read. A skip
+    that ends exactly at the position is the agent's, which may run past the epoch's
+    end (`clamp` cuts both)."""
+    ahead = [s for s in skips if s.epoch == epoch and s.stop > position]
+    if ahead:
+        raise errors.StateMismatchError(
+            f"{where}: expected every skip of epoch {epoch} to end at or before the "
+            f"position {position} (a skip moves the position past it), found "
+            f"{[s.to_json() for s in ahead]}: the state contradicts itself; was it edited "
+            "by hand? Skip with Dataset.skip_batches() or shardcache skip instead"
+        )
 
 
 def _mixture_note(state: Mapping[str, Any]) -> str:

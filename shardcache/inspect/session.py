@@ -538,7 +538,8 @@ def open_uri(
         raise errors.InputError(
             f"expected a dataset URI or --mount NAME, found both ({uri!r}, {mount!r})"
         )
-    ds = shardcache.open(uri, cache_dir=cache_dir, mount=mount)
     # The inspector reads shards at random, not along one rank's stream: it takes the
-    # dataset's shard provider and leaves its iterator alone.
+    # dataset's shard provider and leaves its iterator alone. Rank 0 of 1 is said
+    # outright, so a launcher's $RANK/$WORLD_SIZE (open()'s defaults) play no part.
+    ds = shardcache.open(uri, cache_dir=cache_dir, mount=mount, rank=0, world_size=1)
     return Inspector(ProviderRows(ds.provider, owns=True))

@@ -138,7 +138,8 @@ def _run(args: argparse.Namespace) -> int:
             ):
                 print(f"sidecar ready ({trainer_env}); memory tier under {where}", flush=True)
                 os.environ.update(trainer_env)
-                with shardcache.open() as ds:
+                # One trainer, as the demo's sidecar was started for: not a shell's $RANK.
+                with shardcache.open(rank=0, world_size=1) as ds:
                     for epoch in range(args.epochs):
                         ds.set_epoch(epoch)
                         seen = 0
