@@ -112,6 +112,8 @@ def parse(state: object, *, where: str = "state dict") -> DataState:
         )
     if state.get("kind") == MIXTURE_KIND:
         raise errors.StateMismatchError(f"{where}: {_mixture_note(state)}")
+    if "dataset" in state and "split" in state:
+        raise errors.StateMismatchError(f"{where}: {_adapter_note(state)}")
     # dict.fromkeys: IDENTITY_KEYS repeats "digest", and a key is missing once.
     required = dict.fromkeys(("version", "digest", "epoch", "position", *IDENTITY_KEYS))
     missing = [k for k in required if k not in state]
@@ -218,6 +220,18 @@ def _mixture_note(state: Mapping[str, Any]) -> str:
         f"this is a mixture's state (shardcache.mix, sources {names}), not one dataset's: "
         f"a mixture keeps each source's own state under sources.<name>; use the state "
         f"of the source that read this dataset (e.g. state['sources'][{first}])"
+    )
+
+
+def _adapter_note(state: Mapping[str, Any]) -> str:
+    # A checkpoint committed with data_state=torch_ds.state_dict() and opened with
+    # shardcache.open(resume_from=...): the Dataset state is one key down.
+    return (
+        f"this is a framework adapter's state (shardcache.torch / shardcache.numpy, "
+        f"split {state.get('split')!r}), not one dataset's: it wraps the dataset's state "
+        "under 'dataset': pass it to the adapter's load_state_dict "
+        "(shardcache.torch.IterableDataset also takes it through resume_from=), or pass "
+        "state['dataset'] here"
     )
 
 

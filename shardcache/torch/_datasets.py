@@ -13,13 +13,16 @@ opens every source), `mixture=True` (the pod's multi-source DatasetMount), or a
 State follows torchdata's `Stateful` protocol on both the dataset and its iterator,
 which is what `StatefulDataLoader` looks for: in each worker it loads the dataset's
 state, creates the iterator, then loads the iterator's state; both are the same small
-JSON dict here, so either alone resumes at the exact next batch.
+JSON dict here, so either alone resumes at the exact next batch. The main process's
+`state_dict()` is refused once DataLoader workers have read (their batches never reach
+its copy), and `load_state_dict` takes the list of every old rank's state to resume at
+another world size (`_rank_states`); docs/adapters.md, "What to commit".
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,12 +32,13 @@ from shardcache import (
     _adapter_sources,
     _integers,
     batching,
+    checkpoint,
     datasets,
     errors,
     mixture_batching,
     mixtures,
 )
-from shardcache.torch import _ranks, _tensors, _worker_notes
+from shardcache.torch import _rank_states, _ranks, _tensors, _worker_notes
 
 
 class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
@@ -91,6 +95,7 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
                     "or world_size (the mixture's sources were opened with theirs)"
                 )
             self._given = source
+            resumed = None
             some = next(iter(source.sources.values()))
             self.rank, self.world_size = some.params.rank, some.params.world_size
             self.local_rank = _ranks.discover(None, None).local_rank
@@ -103,6 +108,10 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
                 found.world_size,
                 found.local_rank,
             )
+            resumed = _adapter_resume(open_options, mixture, found.world_size)
+            if resumed is not None:
+                # Loaded below as any adapter state; the dataset opens at its start.
+                open_options = {k: v for k, v in open_options.items() if k != "resume_from"}
             args = dict(
                 open_options, source_uri=source, rank=found.rank, world_size=found.world_size
             )
@@ -135,10 +144,17 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         #: count, so the count restarts in each process.
         self._passes = (os.getpid(), 0)
         self._pending: dict[str, Any] | None = None
+        #: Every old rank's Dataset state, loaded at the next pass (elastic resume).
+        self._pending_ranks: list[dict[str, Any]] | None = None
+        #: Passes DataLoader workers had started when this process's state was last its
+        #: own (its pass or a load): more since, and `state_dict()` is not the loader's.
+        self._worker_passes_known = self._notes.worker_passes
         # Per process, never pickled into DataLoader workers.
         self._dataset: _adapter_sources.Source | None = self._given
         self._opened_fresh = False
         self._live: _Iterator | None = None
+        if self._opener is not None and resumed is not None:
+            self.load_state_dict(resumed)
 
     # --- pickling into workers ----------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -203,8 +219,17 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         if isinstance(source, mixtures.Mixture):
             return self._mixture_reader(source, split, defer_gather=defer_gather)
         ds = source
+        if not _worker_notes.in_worker():
+            # A pass of this process: its state is this process's own again.
+            self._worker_passes_known = self._notes.worker_passes
         pending, self._pending = self._pending, None
-        if pending is None and (not self._opened_fresh or ds.epoch != self._epoch):
+        ranks, self._pending_ranks = self._pending_ranks, None
+        if ranks is not None:
+            # This rank's share of what the old ranks left; each loader process then
+            # starts at its own batch of it, as from an epoch's start.
+            ds.load_state_dict(ranks)
+            self._adopt_epoch(ds.epoch)
+        elif pending is None and (not self._opened_fresh or ds.epoch != self._epoch):
             state = ds.state_dict()
             state.update(epoch=self._epoch, position=0)
             ds.load_state_dict(state)
@@ -212,11 +237,21 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         reader = batching.Reader(ds, self.options, split, defer_gather=defer_gather)
         if pending is not None:
             reader.load_state_dict(pending)
-            self._epoch = reader.dataset.epoch
-            if not _worker_notes.in_worker():
-                # What the next new (or persistent) worker reads, as this process does.
-                self._notes.set_epoch(self._epoch)
+            finished = reader.state_dict()["dataset"]["position"] >= len(ds)
+            if not (finished and self._epoch > ds.epoch):
+                self._adopt_epoch(ds.epoch)
+            # Else a state at the end of its epoch, and set_epoch already chose a later
+            # one (StatefulDataLoader loads the state lazily, at iter(loader), after the
+            # user's set_epoch): this pass reads nothing, and the next reads the chosen
+            # epoch, as new DataLoader workers (copies of this dataset) would.
         return reader
+
+    def _adopt_epoch(self, epoch: int) -> None:
+        """The epoch a loaded state put this process in is the current one."""
+        self._epoch = epoch
+        if not _worker_notes.in_worker():
+            # What the next new (or persistent) worker reads, as this process does.
+            self._notes.set_epoch(self._epoch)
 
     def _mixture_reader(
         self, mixed: mixtures.Mixture, split: batching.Split | None, *, defer_gather: bool
@@ -260,6 +295,8 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
             self._epoch = epoch
             if self._pending is not None and self._pending["dataset"]["epoch"] != epoch:
                 self._pending = None
+            if self._pending_ranks is not None and self._pending_ranks[0].get("epoch") != epoch:
+                self._pending_ranks = None
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = torch.utils.data.get_worker_info()
@@ -281,6 +318,7 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         pid, begun = self._passes
         begun = begun + 1 if pid == os.getpid() else 1
         self._passes = (os.getpid(), begun)
+        self._notes.count_worker_pass()
         if self._notes.loads != self._loads_known:
             return errors.StateMismatchError(
                 f"DataLoader worker {worker}: a state was loaded into the IterableDataset "
@@ -314,28 +352,76 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
 
     # --- state --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where the latest iterator in this process is (a small JSON dict)."""
+        """Where the latest iterator in this process is (a small JSON dict).
+
+        In the main process, refused (StateMismatchError) once DataLoader workers have
+        read since this process's last pass or load: the workers' batches never reach
+        this copy of the dataset, so its state would be the epoch's start and a resume
+        from it would read those batches again."""
+        if not _worker_notes.in_worker() and self._notes.worker_passes != self._worker_passes_known:
+            raise errors.StateMismatchError(
+                "IterableDataset.state_dict() in the main process: expected a dataset "
+                "read in this process, found DataLoader workers reading it since this "
+                "process last did (their batches never reach this copy, so its state "
+                "would be the epoch's start and a resume would repeat them). Commit "
+                "StatefulDataLoader.state_dict() (torchdata; its workers' states are "
+                "exact), or read with num_workers=0 and commit ds.state_dict() "
+                '(docs/adapters.md, "What to commit")'
+            )
+        if self._pending_ranks is not None:
+            # Elastic: this rank's share is known once the dataset is open; the states
+            # stay pending for the next pass (each loader process starts at its batch).
+            ranks = self._pending_ranks
+            state = self.reader().state_dict()
+            self._pending_ranks = ranks
+            return state
         if self._live is not None:
             return self._live.state_dict()
         if self._pending is not None:
             return self._pending
         return self.reader().state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Resume the next iterator at the exact next batch of the run that saved it.
 
         In the main process, before a DataLoader's workers start (they are given it
         with their copy of the dataset); persistent workers already running cannot see
         it and refuse their next pass (StatefulDataLoader.load_state_dict starts new
-        workers)."""
-        if not isinstance(state, dict) or ("dataset" not in state and "mixture" not in state):
+        workers).
+
+        To resume at another world size, pass the list of every old rank's state (any
+        order, same batch_size and pack): this one's `state_dict()` from num_workers=0,
+        or a StatefulDataLoader's where its workers' cursors give the rank's consumed
+        rows exactly (`_rank_states`); this rank reads its share of the rows no old rank
+        consumed."""
+        ranks: list[dict[str, Any]] | None = None
+        pending: dict[str, Any] | None = None
+        if isinstance(state, list | tuple):
+            if self._opener is None or self._opener.mixture is not None:
+                raise errors.StateMismatchError(
+                    "expected one state from shardcache.torch.IterableDataset.state_dict() "
+                    "for a mixture, found a list: a mixture resumes at the world size it "
+                    "was saved at"
+                )
+            ranks = _rank_states.dataset_states(state, self.options)
+        elif isinstance(state, dict) and ("dataset" in state or "mixture" in state):
+            pending = state
+        else:
+            loader = isinstance(state, dict) and "_snapshot" in state
             raise errors.StateMismatchError(
-                "expected a state from shardcache.torch.IterableDataset.state_dict(), "
-                f"found {type(state).__name__}"
+                "expected a state from shardcache.torch.IterableDataset.state_dict(), or "
+                "the list of every old rank's to resume at another world size, found "
+                + (
+                    "a StatefulDataLoader's state: load it with "
+                    "StatefulDataLoader.load_state_dict (it hands each worker its own)"
+                    if loader
+                    else type(state).__name__
+                )
             )
         if not _worker_notes.in_worker():
             self._loads_known = self._notes.count_load()
-        self._pending = state
+            self._worker_passes_known = self._notes.worker_passes
+        self._pending, self._pending_ranks = pending, ranks
         self._live = None
 
     def close(self) -> None:
@@ -391,3 +477,21 @@ class _Iterator:
         """Close a mixture reader's open streams (their leases)."""
         if isinstance(self._reader, mixture_batching.MixtureReader):
             self._reader.close()
+
+
+def _adapter_resume(
+    open_options: Mapping[str, Any], mixture: object, world_size: int
+) -> dict[str, Any] | list[dict[str, Any]] | None:
+    """The checkpoint's data state when `resume_from` names one of this adapter's (its
+    `state_dict()`, or every old rank's) or a StatefulDataLoader's (which the adapter
+    refuses saying how to load it): the adapter loads it, as `shardcache.open()` cannot.
+    Anything else (a `Dataset` state) is left to `shardcache.open()`, as before."""
+    resume_from = open_options.get("resume_from")
+    if resume_from is None or mixture is not None:
+        return None
+    state = checkpoint.data_state(resume_from, world_size=world_size)
+    items = state if isinstance(state, list) else [state]
+    ours = [isinstance(s, dict) and ("dataset" in s or "_snapshot" in s) for s in items]
+    if state is None or not all(ours):
+        return None
+    return state

@@ -1,0 +1,108 @@
+"""A StatefulDataLoader state saved at the end of an epoch, then
+`loader.load_state_dict(state)` + `ds.set_epoch(next)`: the pass reads the next epoch,
+with any number of workers (docs/adapters.md, "Epochs").
+
+With num_workers=0 it read the saved epoch again (s19 D1): torchdata loads the dataset's
+state lazily, at `iter(loader)`, after the user's `set_epoch`, and the adapter let the
+loaded state's epoch replace the one `set_epoch` chose."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+import pytest
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from tests.support import datasets, torch_datasets
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+
+@pytest.fixture
+def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    uri = str(tmp_path / "ds")
+    datasets.write_dataset(pafs.LocalFileSystem(), uri, torch_datasets.SHARDS)
+    with torch_datasets.iterable_datasets(uri, tmp_path / "cache", monkeypatch) as factory:
+        yield factory
+
+
+def loader(ds: Any, workers: int) -> Any:
+    return StatefulDataLoader(
+        ds, batch_size=None, num_workers=workers,
+        multiprocessing_context="fork" if workers else None,
+    )  # fmt: skip
+
+
+def uids(batches: Any) -> list[int]:
+    return [int(u) for b in batches for u in b["uid"]]
+
+
+@pytest.mark.parametrize("shuffle", ["block", "sample"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_end_of_epoch_state_then_set_epoch_reads_the_next_epoch(
+    make: Any, workers: int, shuffle: str
+) -> None:
+    options = {"shuffle": shuffle, "window": 16}
+    reference = make(**options)
+    reference.set_epoch(1)
+    epoch1 = uids(loader(reference, 0))
+
+    first_ds = make(**options)
+    first = loader(first_ds, workers)
+    epoch0 = uids(first)  # the whole of epoch 0, then a checkpoint at the epoch boundary
+    state = json.loads(json.dumps(first.state_dict()))
+    assert epoch0 != epoch1
+
+    # The resumed job: load the checkpoint, then the usual loop from the next epoch.
+    ds = make(**options)
+    resumed = loader(ds, workers)
+    resumed.load_state_dict(state)
+    ds.set_epoch(1)
+    got = uids(resumed)
+    assert got != epoch0, "the resumed run read epoch 0 again instead of epoch 1"
+    assert got == epoch1
+    if workers == 0:  # with workers the main process's copy read nothing (D2's refusal)
+        assert ds.state_dict()["dataset"]["epoch"] == 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_set_epoch_before_loading_an_end_of_epoch_state_reads_the_next_epoch(
+    make: Any, workers: int
+) -> None:
+    reference = make()
+    reference.set_epoch(1)
+    epoch1 = uids(loader(reference, 0))
+
+    first = loader(make(), workers)
+    uids(first)
+    state = json.loads(json.dumps(first.state_dict()))
+
+    ds = make()
+    ds.set_epoch(1)
+    resumed = loader(ds, workers)
+    resumed.load_state_dict(state)
+    assert uids(resumed) == epoch1
+
+
+def test_a_mid_epoch_state_still_resumes_its_own_epoch(make: Any) -> None:
+    reference = uids(loader(make(), 0))
+
+    first_ds = make()
+    first = loader(first_ds, 0)
+    batches = iter(first)
+    seen = uids([next(batches) for _ in range(4)])
+    state = json.loads(json.dumps(first.state_dict()))
+
+    ds = make()
+    resumed = loader(ds, 0)
+    resumed.load_state_dict(state)
+    ds.set_epoch(0)
+    assert seen + uids(resumed) == reference
