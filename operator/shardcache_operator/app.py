@@ -129,11 +129,20 @@ async def run(settings: configuration.Settings) -> None:
     watcher = pod_watch.Watcher(
         memo.pods,
         memo.metrics,
-        lambda: memo.pod_counts.touch(memo.pods),
+        lambda: memo.pod_counts.touch(memo.pods, memo.mounts),
         namespaces=settings.namespaces,
+    )
+    # What the webhook admits pods from and the pod-count writer writes to, on every
+    # replica: kopf's own watch (and so its index) stops while peering pauses this
+    # replica, and a paused index keeps deleted mounts and misses new ones (`mount_watch`).
+    mounts = mount_watch.Watcher(
+        memo.mounts,
+        namespaces=settings.namespaces,
+        changed=lambda: memo.pod_counts.touch(memo.pods, memo.mounts),
     )
     tasks = [
         asyncio.create_task(watcher.run(kube.connection_info), name="pod-watch"),
+        asyncio.create_task(mounts.run(kube.connection_info), name="mount-watch"),
         asyncio.create_task(
             memo.pod_counts.run(
                 memo.api.write_attached_pods,
@@ -146,11 +155,6 @@ async def run(settings: configuration.Settings) -> None:
             name="pod-counts",
         ),
     ]
-    if settings.webhook_enabled:
-        # What the webhook admits pods from, on every replica: kopf's own watch (and so
-        # its index) stops while peering pauses this replica (`mount_watch`).
-        mounts = mount_watch.Watcher(memo.mounts, namespaces=settings.namespaces)
-        tasks.append(asyncio.create_task(mounts.run(kube.connection_info), name="mount-watch"))
     try:
         # Handlers count pods (the finalizer releases a mount with none): never from an
         # index that has not listed them yet.

@@ -83,15 +83,12 @@ async def index_mount(
     """(namespace, name) -> the DatasetMount object (a plain dict, as the API serves it).
 
     Also hands the index itself to the handlers' `memo.mounts` (a live view; kopf
-    passes every index to every handler, this one included), and wakes the pod-count
-    writer: a status written from a count that changed meanwhile
-    (by `resolve`, say) is put right by its next flush. kopf calls indexers on every
-    event but a deletion, so this needs no `on.event` handler of its own: one was a
-    handler run, a log line and a diff per event, most of them status patches (issue 18).
+    passes every index to every handler, this one included). The pod-count writer is
+    woken by `mount_watch` instead, and writes the mounts it shows: this index freezes
+    while peering pauses the replica (`pod_counts`).
     """
     index = kwargs[MOUNT_INDEX]
     memo.mounts.index = index
-    memo.pod_counts.touch(memo.pods, index)
     return {(namespace or "", name): dict(body)}
 
 
@@ -338,7 +335,7 @@ def register(registry: kopf.OperatorRegistry, settings: configuration.Settings) 
     """Wire the DatasetMount handlers onto `registry`; `settings` gives timer intervals.
 
     Pods are not watched through kopf (see `pod_watch`), and pod counts have no timer:
-    the pod watch and `index_mount` wake the one `pod_counts` writer `app.run` starts,
+    the pod watch and `mount_watch` wake the one `pod_counts` writer `app.run` starts,
     so an idle cluster costs no wake-ups per mount.
 
     Explicit ids: handler ids become annotation keys (progress storage), so they stay

@@ -1,5 +1,6 @@
 """What the operator's own watches share (`pod_watch`, `mount_watch`): a session with
-kopf's credentials, a paged LIST, and a WATCH resumed from its last version.
+kopf's credentials, a paged LIST, a WATCH resumed from its last version, and the loop
+that runs them (`run`).
 
 Both run outside kopf: kopf's watches pause on a standby replica and its index never
 drops what was deleted during a pause, while the webhook answers on every replica.
@@ -7,12 +8,13 @@ drops what was deleted during a pause, while the webhook answers on every replic
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -28,6 +30,16 @@ FAILURE_LOG_SECONDS = 60.0
 
 class Gone(Exception):
     """The API server no longer has the version a watch asked for (HTTP 410)."""
+
+
+#: LISTs a watch's collections into its view: (session, server) -> path -> resourceVersion.
+Lister = Callable[[aiohttp.ClientSession, str], Awaitable[Mapping[str, str]]]
+#: WATCHes one collection into the view until it ends: (session, server, path, version).
+PathWatcher = Callable[[aiohttp.ClientSession, str, str, str], Awaitable[None]]
+
+
+def _nothing() -> None:
+    return None
 
 
 def session(info: kopf.ConnectionInfo) -> aiohttp.ClientSession:
@@ -182,3 +194,50 @@ class Failures:
         )
         self._since = None
         self._failures = self._unlogged = 0
+
+
+async def run(
+    connect: Callable[[], kopf.ConnectionInfo],
+    list_view: Lister,
+    watch_path: PathWatcher,
+    failures: Failures,
+    *,
+    retry_seconds: float,
+    meanwhile: str = "",
+    on_listed: Callable[[], None] = _nothing,
+    on_lost: Callable[[], None] = _nothing,
+) -> None:
+    """Until cancelled: list, watch every path listed, resume; `connect` gives fresh
+    credentials each attempt.
+
+    An expired version (410) lists again at once; any other error is logged through
+    `failures` (`meanwhile` says what the view's reader does until then, "reading the
+    API, ") and retried after `retry_seconds`. `on_listed` is called after each LIST
+    that succeeds; `on_lost` whenever the view may be stale: after an expired version,
+    after an error, and when cancelled.
+    """
+    try:
+        while True:
+            try:
+                info = connect()
+                async with session(info) as http:
+                    versions = await list_view(http, info.server)
+                    on_listed()
+                    failures.recovered()
+                    await asyncio.gather(
+                        *(
+                            watch_path(http, info.server, path, version)
+                            for path, version in versions.items()
+                        )
+                    )
+            except asyncio.CancelledError:
+                raise
+            except Gone:
+                on_lost()
+                failures.logger.info("%s: resourceVersion expired; listing again", failures.what)
+            except Exception as exc:  # keep watching through API restarts and blips
+                on_lost()
+                failures.failed(exc, then=f"{meanwhile}retrying in {retry_seconds:.0f} s")
+                await asyncio.sleep(retry_seconds)
+    finally:
+        on_lost()

@@ -19,11 +19,13 @@ watch runs outside kopf (like `pod_watch`) and ignores peering:
 A watch connection that goes silent without an error is dropped after
 `WATCH_TIMEOUT_SECONDS + READ_GRACE_SECONDS` without a byte, then listed again.
 The same permissions as kopf's watch: list and watch datasetmounts.
+
+`changed` is called after each LIST and each event: it wakes the pod-count writer
+(`pod_counts`), which writes the counts of exactly the mounts this watch shows.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -54,39 +56,30 @@ def paths(namespaces: tuple[str, ...]) -> list[str]:
 class Watcher:
     """The informer; `run` is its only task."""
 
-    def __init__(self, store: mounts.Store, *, namespaces: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        store: mounts.Store,
+        *,
+        namespaces: tuple[str, ...] = (),
+        changed: Callable[[], None] | None = None,
+    ) -> None:
         self.store = store
         self._namespaces = namespaces
+        self._changed = changed
         self._failures = informer.Failures("DatasetMount watch", logger)
 
     async def run(self, connect: Callable[[], kopf.ConnectionInfo]) -> None:
-        """Until cancelled: list, watch, resume; `connect` gives fresh credentials."""
-        try:
-            while True:
-                try:
-                    info = connect()
-                    async with informer.session(info) as session:
-                        versions = await self._list(session, info.server)
-                        self._failures.recovered()
-                        await asyncio.gather(
-                            *(
-                                self._watch(session, info.server, path, version)
-                                for path, version in versions.items()
-                            )
-                        )
-                except asyncio.CancelledError:
-                    raise
-                except informer.Gone:
-                    self.store.lost()
-                    logger.info("DatasetMount watch: resourceVersion expired; listing again")
-                except Exception as exc:  # keep watching through API restarts and blips
-                    self.store.lost()
-                    self._failures.failed(
-                        exc, then=f"reading mounts from the API, retrying in {RETRY_SECONDS:.0f} s"
-                    )
-                    await asyncio.sleep(RETRY_SECONDS)
-        finally:
-            self.store.lost()
+        """Until cancelled: list, watch, resume (`informer.run`); `connect` gives fresh
+        credentials. Whenever the view may be stale the store is told (`Store.lost`)."""
+        await informer.run(
+            connect,
+            self._list,
+            self._watch,
+            self._failures,
+            retry_seconds=RETRY_SECONDS,
+            meanwhile="reading mounts from the API, ",
+            on_lost=self.store.lost,
+        )
 
     async def _list(self, session: aiohttp.ClientSession, server: str) -> dict[str, str]:
         objs: list[Mapping[str, Any]] = []
@@ -95,7 +88,16 @@ class Watcher:
             items, versions[path] = await informer.list_all(session, server + path, {})
             objs.extend(items)
         self.store.listed(objs)
+        self._notify()
         return versions
+
+    def _seen(self, kind: str, obj: Mapping[str, Any]) -> None:
+        self.store.seen(kind, obj)
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed()
 
     async def _watch(
         self, session: aiohttp.ClientSession, server: str, path: str, version: str
@@ -105,7 +107,7 @@ class Watcher:
             server + path,
             {},
             version,
-            self.store.seen,
+            self._seen,
             timeout_seconds=WATCH_TIMEOUT_SECONDS,
             silent_seconds=WATCH_TIMEOUT_SECONDS + READ_GRACE_SECONDS,
         )

@@ -4,9 +4,20 @@ A timer per DatasetMount polled kopf's pod index every 30 s: with 500 mounts it 
 ~1,600 status patches an hour, drew HTTP 429s from API priority and fairness, kept a
 tenth of a core busy at idle, and (being synchronous) once held a deletion for a
 minute (issue 18). Instead, every pod event that changes a mount's set of pods
-(`pod_watch`) and every DatasetMount event `touch`es one `Writer`; its single task wakes, waits `interval` seconds so a burst of pods becomes one write per mount,
-compares the index's count with the status the watch last showed, and patches only the
-mounts whose count changed. With nothing changing it sleeps on an event: no wake-ups.
+(`pod_watch`) and every DatasetMount event (`mount_watch`) `touch`es one `Writer`; its
+single task wakes, waits `interval` seconds so a burst of pods becomes one write per
+mount, compares the index's count with the status the watch last showed, and patches
+only the mounts whose count changed. With nothing changing it sleeps on an event: no
+wake-ups.
+
+The mounts written are those of the operator's own DatasetMount watch (`mounts.Store`,
+fed by `mount_watch`), not kopf's index: kopf neither lists nor watches while peering
+pauses a replica, so its index kept deleted mounts (a 404 every interval) and missed new
+ones (never counted) after a pause. While that watch reconnects (`Store.synced` false)
+nothing is written: its view may be stale; its next LIST wakes the writer again.
+Every replica writes (docs/operator.md, "High availability"): all of them count from
+their own live watches, so they write the same values, and a mount whose watched status
+already shows the count is not written.
 
 While the installed CRD is older than the operator's (`crd_version`) it writes nothing:
 the API server prunes the whole stored object to the older schema on any status write,
@@ -39,8 +50,12 @@ def count(index: PodIndex, namespace: str, name: str) -> int:
     return len(list(index.get((namespace, name), [])))
 
 
+#: (namespace, name) -> the DatasetMount as the operator's watch shows it (`Store.watched`).
+Watched = Mapping[mounts.Key, Mapping[str, Any]]
+
+
 def stale(
-    index: PodIndex, known: mounts.MountIndex, written: Mapping[mounts.Key, int]
+    index: PodIndex, known: Watched, written: Mapping[mounts.Key, int]
 ) -> dict[mounts.Key, int]:
     """Mounts whose status.attachedPods differs from the index, with the right count.
 
@@ -48,10 +63,7 @@ def stale(
     writing it again would only add a request.
     """
     result: dict[mounts.Key, int] = {}
-    for key in list(known):
-        obj = mounts.indexed(known, *key)
-        if obj is None:
-            continue
+    for key, obj in list(known.items()):
         now = count(index, *key)
         shown = (obj.get("status") or {}).get("attachedPods")
         if now != shown and written.get(key) != now:
@@ -65,15 +77,15 @@ class Writer:
     def __init__(self) -> None:
         self._changed = asyncio.Event()
         self._pods: PodIndex = {}
-        self._mounts: mounts.MountIndex = {}
+        self._mounts: mounts.Store = mounts.Store()
         #: Counts written whose watch event has not come back yet.
         self._written: dict[mounts.Key, int] = {}
         #: Why the last flush wrote nothing (the CRD is older), or None.
         self.held: str | None = None
 
-    def touch(self, pods: PodIndex | None = None, known: mounts.MountIndex | None = None) -> None:
+    def touch(self, pods: PodIndex | None = None, known: mounts.Store | None = None) -> None:
         """A pod or a mount changed. The arguments are live views (kept, they stay
-        current): the pod watch's index, kopf's DatasetMount index as handlers get it."""
+        current): the pod watch's index, the operator's DatasetMount watch's store."""
         if pods is not None:
             self._pods = pods
         if known is not None:
@@ -85,18 +97,20 @@ class Writer:
     ) -> int:
         """Write every stale count once; returns how many writes were made. None while
         `hold` gives a reason (the gauges still follow the pods: they prune nothing)."""
+        # Read at each flush: a LIST replaces `watched` whole.
+        known: Watched = self._mounts.watched
         for key, value in list(self._written.items()):
-            obj = mounts.indexed(self._mounts, *key)
+            obj = known.get(key)
             # Gone, or the watch shows what was written: the status speaks for itself.
             if obj is None or (obj.get("status") or {}).get("attachedPods") == value:
                 del self._written[key]
-        for namespace, name in list(self._mounts):
+        for namespace, name in list(known):
             meters.attached_pods.labels(namespace=namespace, datasetmount=name).set(
                 count(self._pods, namespace, name)
             )
             # The pod watch's `Index` knows each pod's digest; a plain mapping (tests) not.
             older = getattr(self._pods, "older", None)
-            obj = mounts.indexed(self._mounts, namespace, name)
+            obj = known.get((namespace, name))
             if older is not None and obj is not None:
                 digest = (obj.get("status") or {}).get("manifestDigest")
                 meters.pods_on_older_pin.labels(namespace=namespace, datasetmount=name).set(
@@ -110,8 +124,12 @@ class Writer:
         self.held = held
         if held is not None:
             return 0
+        if not self._mounts.synced:
+            # Reconnecting: a mount deleted or created meanwhile is not known yet. The
+            # watch's next LIST touches this writer again.
+            return 0
         writes = 0
-        for (namespace, name), now in stale(self._pods, self._mounts, self._written).items():
+        for (namespace, name), now in stale(self._pods, known, self._written).items():
             try:
                 await write(namespace, name, now)
             except Exception as exc:  # a 404 (deleted meanwhile) or a 429: retry later

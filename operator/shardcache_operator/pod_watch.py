@@ -202,27 +202,16 @@ class Watcher:
             self._changed()
 
     async def run(self, connect: Callable[[], kopf.ConnectionInfo]) -> None:
-        """Until cancelled: list, watch, resume; `connect` gives fresh credentials."""
-        while True:
-            try:
-                info = connect()
-                async with informer.session(info) as session:
-                    versions = await self._list(session, info.server)
-                    self.synced.set()
-                    self._failures.recovered()
-                    await asyncio.gather(
-                        *(
-                            self._watch(session, info.server, path, version)
-                            for path, version in versions.items()
-                        )
-                    )
-            except asyncio.CancelledError:
-                raise
-            except informer.Gone:
-                logger.info("pod watch: resourceVersion expired; listing again")
-            except Exception as exc:  # keep watching through API restarts and blips
-                self._failures.failed(exc, then=f"retrying in {RETRY_SECONDS:.0f} s")
-                await asyncio.sleep(RETRY_SECONDS)
+        """Until cancelled: list, watch, resume (`informer.run`); `connect` gives fresh
+        credentials. The index keeps what it showed through errors (nothing to tell)."""
+        await informer.run(
+            connect,
+            self._list,
+            self._watch,
+            self._failures,
+            retry_seconds=RETRY_SECONDS,
+            on_listed=self.synced.set,
+        )
 
     async def _list(self, session: aiohttp.ClientSession, server: str) -> dict[str, str]:
         pods: dict[Key, tuple[str, ...]] = {}

@@ -128,3 +128,26 @@ def test_a_namespaced_operator_watches_each_served_namespace() -> None:
         PATH,
         "/apis/shardcache.io/v1alpha1/namespaces/nlp/datasetmounts",
     ]
+
+
+async def test_each_list_and_event_wakes_the_pod_count_writer(
+    api: tuple[FakeApi, Callable[[], kopf.ConnectionInfo]],
+) -> None:
+    """The pod-count writer writes the mounts this watch shows: it must hear of each
+    change (kopf's indexer, which woke it before, is paused on a standby replica)."""
+    fake, connect = api
+    store, seen = mounts.Store(), []
+    fake.items = [dsm("a", "u-1")]
+    watcher = mount_watch.Watcher(
+        store, namespaces=("ml",), changed=lambda: seen.append(sorted(store.watched))
+    )
+    task = asyncio.create_task(watcher.run(connect))
+    try:
+        await until(lambda: seen == [[("ml", "a")]])
+        await fake.scripts.put([{"type": "ADDED", "object": dsm("b", "u-2", version="2")}])
+        await until(lambda: len(seen) == 2)
+        assert seen[-1] == [("ml", "a"), ("ml", "b")]
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

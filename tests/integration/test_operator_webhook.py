@@ -32,6 +32,7 @@ from shardcache_operator import (
     handlers,
     health,
     injection,
+    mounts,
     status,
     webhook,
 )
@@ -374,7 +375,9 @@ async def test_healthz_readyz_and_metrics_follow_prometheus_conventions(
     # Counted from the pod index by the count writer, as the operator does: the gauge
     # shows what the writer computed, not a value the test wrote.
     pods = {("ml", "imagenet"): ["trainer-0", "trainer-1", "trainer-2"]}
-    endpoint.memo.pod_counts.touch(pods, {("ml", "imagenet"): [dsm("imagenet")]})
+    known = mounts.Store()
+    known.listed([dsm("imagenet")])
+    endpoint.memo.pod_counts.touch(pods, known)
 
     async def write(namespace: str, name: str, count: int) -> None:
         pass

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from shardcache_operator import admission, job_pins, metrics, pod_counts, pod_watch, specs
+from shardcache_operator import admission, job_pins, metrics, mounts, pod_counts, pod_watch, specs
 
 from shardcache import contract, errors
 from tests.unit.test_injection import DEFAULTS, DIGEST, dsm, env_of, lookup_of, pod, sidecars
@@ -322,7 +322,9 @@ async def test_pods_still_reading_an_older_pin_are_counted_per_mount() -> None:
     async def write(namespace: str, name: str, count: int) -> None:
         return None
 
-    writer.touch(index, {("ml", "imagenet"): [after]})
+    known = mounts.Store()
+    known.listed([after])
+    writer.touch(index, known)
     await writer.flush(write, meters)
     labels = {"namespace": "ml", "datasetmount": "imagenet"}
     sample = meters.registry.get_sample_value

@@ -243,12 +243,19 @@ async def test_a_terminating_mount_says_ready_false_terminating_with_its_pods() 
     assert "conditions" not in again.status
 
 
-async def test_indexing_a_mount_hands_the_writer_the_mount_index_and_pod_counts() -> None:
+async def test_pod_counts_follow_the_operator_watch_not_a_paused_kopf_index() -> None:
+    """kopf's index froze while peering paused this replica: it still holds "gone"
+    (deleted meanwhile) and lacks "data" (created meanwhile). The writer is handed the
+    operator's own watch (as `mount_watch` does) and kopf's indexer leaves it alone."""
     ctx = memo()
     ctx.pods.set("ml", "a", ("data",))
+    ctx.pods.set("ml", "b", ("gone",))
     body = dsm()
+    gone = kopf.Body({**dict(body), "metadata": {"name": "gone", "namespace": "ml", "uid": "u-2"}})
+    ctx.mounts.listed([dict(body)])
+    ctx.pod_counts.touch(ctx.pods, ctx.mounts)
     await handlers.index_mount(
-        namespace="ml", name="data", body=body, memo=ctx, datasetmounts={("ml", "data"): [body]}
+        namespace="ml", name="gone", body=gone, memo=ctx, datasetmounts={("ml", "gone"): [gone]}
     )
     written: list[tuple[str, str, int]] = []
 

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from shardcache_operator import metrics, pod_counts
+from shardcache_operator import metrics, mounts, pod_counts
 
 pytestmark = pytest.mark.unit
 
@@ -14,6 +14,13 @@ pytestmark = pytest.mark.unit
 def dsm(name: str, attached: int | None) -> dict[str, Any]:
     status = {} if attached is None else {"attachedPods": attached}
     return {"metadata": {"name": name, "namespace": "ml"}, "status": status}
+
+
+def store(*objs: dict[str, Any]) -> mounts.Store:
+    """The operator's DatasetMount watch, listed with `objs`."""
+    result = mounts.Store()
+    result.listed(objs)
+    return result
 
 
 class Recorder:
@@ -30,7 +37,7 @@ class Recorder:
 
 async def test_only_mounts_whose_count_changed_are_written_once() -> None:
     writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder()
-    known = {("ml", "a"): [dsm("a", 2)], ("ml", "b"): [dsm("b", 0)], ("ml", "c"): [dsm("c", None)]}
+    known = store(dsm("a", 2), dsm("b", 0), dsm("c", None))
     pods = {("ml", "a"): ["p1", "p2"], ("ml", "b"): ["p3"], ("ml", "x"): ["p4"]}
     writer.touch(pods, known)
     assert await writer.flush(write, meters) == 2
@@ -46,7 +53,7 @@ async def test_only_mounts_whose_count_changed_are_written_once() -> None:
 
 async def test_a_failed_write_is_retried_on_the_next_flush() -> None:
     writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder(fail=1)
-    writer.touch({("ml", "a"): ["p1"]}, {("ml", "a"): [dsm("a", 0)]})
+    writer.touch({("ml", "a"): ["p1"]}, store(dsm("a", 0)))
     assert await writer.flush(write, meters) == 0
     assert await writer.flush(write, meters) == 1
     assert write.calls == [("ml", "a", 1)]
@@ -54,7 +61,7 @@ async def test_a_failed_write_is_retried_on_the_next_flush() -> None:
 
 async def test_a_burst_of_touches_becomes_one_write_and_idle_means_no_wakeups() -> None:
     writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder()
-    known = {("ml", "a"): [dsm("a", 0)]}
+    known = store(dsm("a", 0))
     pods: dict[tuple[str, str], list[str]] = {("ml", "a"): []}
     task = asyncio.create_task(writer.run(write, meters, interval=0.2))
     try:
@@ -85,7 +92,7 @@ class Hold:
 async def test_no_count_is_written_while_the_crd_is_older_and_all_are_once_it_is_current() -> None:
     writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder()
     hold = Hold("the installed CRD is schema version 0, this operator needs 2")
-    writer.touch({("ml", "a"): ["p1"]}, {("ml", "a"): [dsm("a", 0)], ("ml", "b"): [dsm("b", 3)]})
+    writer.touch({("ml", "a"): ["p1"]}, store(dsm("a", 0), dsm("b", 3)))
     assert await writer.flush(write, meters, hold=hold) == 0
     assert write.calls == []
     assert writer.held == hold.reason
@@ -104,7 +111,7 @@ async def test_a_held_writer_looks_again_without_a_pod_event() -> None:
     """Applying the CRDs changes no pod: the writer must look again by itself."""
     writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder()
     hold = Hold("the installed CRD is older")
-    writer.touch({("ml", "a"): ["p1", "p2"]}, {("ml", "a"): [dsm("a", 0)]})
+    writer.touch({("ml", "a"): ["p1", "p2"]}, store(dsm("a", 0)))
     task = asyncio.create_task(writer.run(write, meters, interval=0.01, hold=hold, recheck=0.1))
     try:
         await asyncio.sleep(0.05)
@@ -114,3 +121,29 @@ async def test_a_held_writer_looks_again_without_a_pod_event() -> None:
         assert write.calls == [("ml", "a", 2)]
     finally:
         task.cancel()
+
+
+async def test_counts_go_to_the_mounts_the_operator_watch_shows_not_to_deleted_ones() -> None:
+    """After a peering pause kopf's index kept deleted mounts and missed new ones: the
+    writer follows the operator's own watch, so a deleted mount gets no write (no 404
+    every interval) and one created meanwhile gets its count."""
+    writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder()
+    known = store(dsm("old", 0))
+    pods = {("ml", "old"): ["p1"], ("ml", "new"): ["p2", "p3"]}
+    writer.touch(pods, known)
+    # While this replica was paused: "old" deleted, "new" created; the watch relists.
+    known.listed([dsm("new", None)])
+    assert await writer.flush(write, meters) == 1
+    assert write.calls == [("ml", "new", 2)]
+
+
+async def test_nothing_is_written_while_the_mount_watch_reconnects() -> None:
+    """A broken watch may show deleted mounts and miss new ones: wait for its LIST."""
+    writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder()
+    known = store(dsm("a", 0))
+    writer.touch({("ml", "a"): ["p1"]}, known)
+    known.lost()
+    assert await writer.flush(write, meters) == 0
+    known.listed([dsm("a", 0)])
+    assert await writer.flush(write, meters) == 1
+    assert write.calls == [("ml", "a", 1)]
