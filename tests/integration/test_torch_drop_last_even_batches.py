@@ -8,11 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow.fs as pafs
 import pytest
 import torch.utils.data
 
-from tests.support import datasets, torch_datasets
+from tests.support import torch_datasets
 
 pytestmark = [
     pytest.mark.integration,
@@ -23,9 +22,7 @@ pytestmark = [
 
 @pytest.fixture
 def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    uri = str(tmp_path / "ds")
-    datasets.write_dataset(pafs.LocalFileSystem(), uri, torch_datasets.SHARDS)
-    with torch_datasets.iterable_datasets(uri, tmp_path / "cache", monkeypatch) as factory:
+    with torch_datasets.over_written(tmp_path, monkeypatch) as factory:
         yield factory
 
 

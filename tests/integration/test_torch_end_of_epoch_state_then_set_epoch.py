@@ -13,11 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
 import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from tests.support import datasets, torch_datasets
+from tests.support import torch_datasets
 
 pytestmark = [
     pytest.mark.integration,
@@ -28,9 +27,7 @@ pytestmark = [
 
 @pytest.fixture
 def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    uri = str(tmp_path / "ds")
-    datasets.write_dataset(pafs.LocalFileSystem(), uri, torch_datasets.SHARDS)
-    with torch_datasets.iterable_datasets(uri, tmp_path / "cache", monkeypatch) as factory:
+    with torch_datasets.over_written(tmp_path, monkeypatch) as factory:
         yield factory
 
 

@@ -17,13 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
 import pytest
 import torch
 
 import shardcache.torch
 from shardcache import embedded
-from tests.support import datasets, torch_datasets
+from tests.support import torch_datasets
 from tests.unit.test_block_batch_copies import _EvictingReadShards
 
 pytestmark = [pytest.mark.integration]
@@ -31,9 +30,7 @@ pytestmark = [pytest.mark.integration]
 
 @pytest.fixture
 def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    uri = str(tmp_path / "ds")
-    datasets.write_dataset(pafs.LocalFileSystem(), uri, [100, 64, 100, 37])
-    with torch_datasets.iterable_datasets(uri, tmp_path / "cache", monkeypatch) as factory:
+    with torch_datasets.over_written(tmp_path, monkeypatch, [100, 64, 100, 37]) as factory:
         yield factory
 
 

@@ -12,14 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
 import pytest
 import torch
 
 import shardcache.torch
 from shardcache import errors
 from shardcache.torch import _copy_plans, _host_memory, _slabs
-from tests.support import datasets, torch_datasets
+from tests.support import torch_datasets
 
 pytestmark = [pytest.mark.integration]
 
@@ -28,9 +27,7 @@ SHARDS = torch_datasets.SHARDS
 
 @pytest.fixture
 def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    uri = str(tmp_path / "ds")
-    datasets.write_dataset(pafs.LocalFileSystem(), uri, SHARDS)
-    with torch_datasets.iterable_datasets(uri, tmp_path / "cache", monkeypatch) as factory:
+    with torch_datasets.over_written(tmp_path, monkeypatch, SHARDS) as factory:
         yield factory
 
 

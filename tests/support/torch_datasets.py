@@ -7,13 +7,15 @@ block and shard boundaries, and an epoch ends on a short batch.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 import pytest
 
 import shardcache.torch
+from tests.support import datasets
 
 SHARDS = [40, 25, 33, 17]
 
@@ -44,3 +46,14 @@ def iterable_datasets(
     finally:
         for ds in made:
             ds.close()
+
+
+@contextlib.contextmanager
+def over_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shards: Sequence[int] = SHARDS
+) -> Iterator[Factory]:
+    """`iterable_datasets` over a dataset of `shards` rows written under `tmp_path`."""
+    uri = str(tmp_path / "ds")
+    datasets.write_dataset(pafs.LocalFileSystem(), uri, list(shards))
+    with iterable_datasets(uri, tmp_path / "cache", monkeypatch) as factory:
+        yield factory
