@@ -93,9 +93,12 @@ def run(args: argparse.Namespace, work: Path) -> None:
             client.acquire(reader, shard, epoch=0, position=ROWS * shard).release()
         client.close()
         transport = sidecar_client.Transport(client.settings)
-        body = {**protocol.params_to_json(plans.PlanParams(shuffle=False)), "position": 0}
+        # With `seq` as a provider sends it (an older sidecar ignores it): always the
+        # same, so every position is applied after its one compare (`FEATURE_SEQ`).
+        seq = {protocol.SEQ_FIELD: 0}
+        body = {**protocol.params_to_json(plans.PlanParams(shuffle=False)), "position": 0, **seq}
         features = transport.call("PUT", protocol.reader_path("bench"), body).get("features", [])
-        here = {"epoch": 0, "position": 0}
+        here = {"epoch": 0, "position": 0, **seq}
 
         def acquire(ahead: int) -> Callable[[], None]:
             def call() -> None:
@@ -123,7 +126,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
         epochs = iter(range(1, 1 << 30))
         # A rank enters a new epoch every pass: the sidecar makes (or slices) its plan.
         routes["position (a new epoch)"] = lambda: transport.call(
-            "POST", protocol.position_path("bench"), {"epoch": next(epochs), "position": 0}
+            "POST", protocol.position_path("bench"), {"epoch": next(epochs), "position": 0, **seq}
         )
         if "notes" in features:
             routes["notes (1 pinned)"] = lambda: transport.call(

@@ -257,6 +257,10 @@ class Transport:
 class _ReaderState:
     params: plans.PlanParams
     position: int
+    #: How often the reader moved (`_move`): every request that carries its position
+    #: carries the count it was built at (`protocol.FEATURE_SEQ`), so the sidecar can
+    #: tell a position built before another but arriving after it.
+    seq: int = 0
 
 
 @dataclasses.dataclass
@@ -449,9 +453,12 @@ class SidecarProvider:
         if meter is not None:
             # Registered again (the sidecar forgot it): what it counted is in its past.
             self._counted_so_far(reader_id, meter)
+        with self._lock:
+            params, position, seq = state.params, state.position, state.seq
         body: dict[str, Any] = {
-            **protocol.params_to_json(state.params),
-            "position": state.position,
+            **protocol.params_to_json(params),
+            "position": position,
+            protocol.SEQ_FIELD: seq,
             "digest": self._manifest.digest,
         }
         # Locked before the sidecar hears of the reader, so no check of the sidecar's
@@ -479,7 +486,7 @@ class SidecarProvider:
             self._release_reader_lock(reader_id)  # nobody looks at it: no file left behind
         if protocol.FEATURE_OPEN_AHEAD in self._features and isinstance(answer, Mapping):
             self._take_ahead(reader_id, answer)
-        if state.params.segments is not None and protocol.FEATURE_SEGMENTS not in self._features:
+        if params.segments is not None and protocol.FEATURE_SEGMENTS not in self._features:
             warnings.warn(
                 "the sidecar does not know elastic-resume segments (an older version): "
                 "data is still exact, but it reads ahead along the wrong plan until the "
@@ -551,19 +558,23 @@ class SidecarProvider:
             f"the sidecar keeps forgetting reader {reader_id!r} right after registering it"
         )
 
-    def _move(self, reader_id: str, epoch: int, position: int) -> _ReaderState:
+    def _move(self, reader_id: str, epoch: int, position: int) -> int:
+        """Move the reader here; the `seq` of this position, for the request that says so."""
         state = self._state(reader_id)
         with self._lock:
             if epoch != state.params.epoch:
                 state.params = state.params.with_epoch(epoch)
             state.position = position
-        return state
+            state.seq += 1
+            return state.seq
 
     def readahead(self, reader_id: str, *, epoch: int, position: int) -> None:
         """Tell the sidecar where the reader is, so it prefetches from there."""
-        self._move(reader_id, epoch, position)
+        seq = self._move(reader_id, epoch, position)
         self._reader_call(
-            reader_id, protocol.position_path(reader_id), {"epoch": epoch, "position": position}
+            reader_id,
+            protocol.position_path(reader_id),
+            {"epoch": epoch, "position": position, protocol.SEQ_FIELD: seq},
         )
 
     def acquire(
@@ -577,7 +588,7 @@ class SidecarProvider:
         away, costs a round trip to the sidecar, which makes the shard resident, hands
         it over, and grants the reader's next resident shards ahead.
         """
-        self._move(reader_id, epoch, position)
+        seq = self._move(reader_id, epoch, position)
         with self._lock:
             pinned = self._ahead.get(reader_id, {}).pop(shard, None)
         if pinned is None:
@@ -589,6 +600,7 @@ class SidecarProvider:
             "shard": shard,
             "epoch": epoch,
             "position": position,
+            protocol.SEQ_FIELD: seq,
             "timeout_s": self.settings.acquire_timeout,
         }
         with self._lock:
@@ -761,9 +773,16 @@ class SidecarProvider:
         """Send every reader's batch (on the notifier): one request per reader for all
         that piled up while the previous batch was on its way.
 
-        Sends the reader's latest epoch and position, so a late batch never moves the
-        sidecar's view of the reader back. Failures are dropped: the next acquire's
-        position corrects the sidecar, and a hold not dropped expires there.
+        Sends the reader's latest epoch and position with their `seq`: a request that
+        carries a later position (an acquire, a readahead hint, a registration on the
+        trainer's thread) may reach the sidecar between building a batch and sending it,
+        and the sidecar applies no position older than the last it applied
+        (`protocol.FEATURE_SEQ`), so the late batch does not move its view of the reader
+        back; the batch's shards and holds are applied all the same. (A sidecar without
+        the feature moves the reader back until its next call: prefetch and status
+        follow the old position meanwhile, while leases keep every row read exact.)
+        Failures are dropped: the next acquire's position corrects the sidecar, and a
+        hold not dropped expires there.
         """
         pause = self._notes_sent + NOTES_INTERVAL - time.monotonic()
         if pause > 0:
@@ -778,6 +797,7 @@ class SidecarProvider:
                 body: dict[str, Any] = {
                     "epoch": state.params.epoch,
                     "position": state.position,
+                    protocol.SEQ_FIELD: state.seq,
                     "pinned": notes.pinned,
                     "released": notes.released,
                 }
@@ -794,15 +814,21 @@ class SidecarProvider:
     def _notify_pinned(self, reader_id: str, shard: int) -> None:
         """Tell the sidecar a reader took `shard` without asking (on the notifier).
 
-        Sends the reader's latest epoch and position rather than those at the pin, so a
-        late notification never moves the sidecar's view of the reader back. Failures are
-        dropped: the next acquire's position corrects the sidecar.
+        Sends the reader's latest epoch and position rather than those at the pin, with
+        their `seq`, so a late notification never moves the sidecar's view of the reader
+        back (`_send_notes`). Failures are dropped: the next acquire's position corrects
+        the sidecar.
         """
         with self._lock:
             state = self._readers.get(reader_id)
             if state is None:  # closed meanwhile
                 return
-            body = {"shard": shard, "epoch": state.params.epoch, "position": state.position}
+            body = {
+                "shard": shard,
+                "epoch": state.params.epoch,
+                "position": state.position,
+                protocol.SEQ_FIELD: state.seq,
+            }
         try:
             self._reader_call(reader_id, protocol.pinned_path(reader_id), body, retry=False)
         except errors.ShardcacheError as exc:

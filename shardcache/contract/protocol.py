@@ -66,6 +66,14 @@ FEATURE_READER_LOCKS: Final = "reader_locks"
 #: or a registration) leave out the shards already handed to this reader: a lease, a
 #: hold and its release each, for a pin the client makes anyway.
 FEATURE_SKIP_HANDED: Final = "skip_handed"
+#: Every request that carries a reader's position (registration, position, acquire,
+#: pinned, notes) may carry `seq`: the client's count of that reader's moves when the
+#: request was built. The client sends requests on several connections (the notifier's
+#: batches among them), so one built earlier may arrive later; the sidecar applies no
+#: position older than the last it applied for the reader, and everything else in the
+#: request as before. A request without `seq` (an older client) moves the reader, as
+#: it always did.
+FEATURE_SEQ: Final = "seq"
 FEATURES: Final = (
     FEATURE_AHEAD,
     FEATURE_NOTES,
@@ -74,11 +82,14 @@ FEATURES: Final = (
     FEATURE_OPEN_AHEAD,
     FEATURE_READER_LOCKS,
     FEATURE_SKIP_HANDED,
+    FEATURE_SEQ,
 )
 #: The registration's field of `FEATURE_READER_LOCKS`.
 READER_LOCK_FIELD: Final = "reader_lock"
 #: The registration's field of `FEATURE_SKIP_HANDED`.
 SKIP_HANDED_FIELD: Final = "skip_handed"
+#: The field of `FEATURE_SEQ`, in every request that carries a position.
+SEQ_FIELD: Final = "seq"
 #: Most shards one acquire answer grants ahead; a client asking for more gets this many.
 MAX_AHEAD: Final = 16
 
@@ -200,6 +211,13 @@ def optional_int(body: Mapping[str, Any], key: str, *, minimum: int, default: in
     if body.get(key) is None:
         return default
     return require_int(body, key, minimum=minimum)
+
+
+def optional_seq(body: Mapping[str, Any]) -> int | None:
+    """A request's `seq` (`FEATURE_SEQ`): an integer >= 0, or None when absent."""
+    if body.get(SEQ_FIELD) is None:
+        return None
+    return require_int(body, SEQ_FIELD, minimum=0)
 
 
 def int_list(body: Mapping[str, Any], key: str) -> list[int]:

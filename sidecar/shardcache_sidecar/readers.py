@@ -64,6 +64,15 @@ class Reader:
     locked: bool = False
     #: Its acquires waiting for a shard now, oldest first (several when threads share it).
     waits: list[Wait] = dataclasses.field(default_factory=list)
+    #: The `seq` of the last position applied (`protocol.FEATURE_SEQ`); None while the
+    #: client sent none (an older client: every position it sends is applied).
+    seq: int | None = None
+
+    def behind(self, seq: int | None) -> bool:
+        """Whether a request's position is older than the one applied last: built by the
+        client before it, it arrived after (another connection). Its position is not
+        applied; the rest of the request is. One int compare: notes are the hot path."""
+        return seq is not None and self.seq is not None and seq < self.seq
 
 
 @dataclasses.dataclass
@@ -95,15 +104,30 @@ class Registry(Generic[L]):
 
     # --- readers ----------------------------------------------------------------
     def register(
-        self, reader_id: str, params: plans.PlanParams, position: int, *, locked: bool = False
+        self,
+        reader_id: str,
+        params: plans.PlanParams,
+        position: int,
+        *,
+        locked: bool = False,
+        seq: int | None = None,
     ) -> Change:
+        """Register a reader, or take a known one's plan and position again. A
+        registration of a known reader's plan older than its last applied position
+        (`seq`: a client registering it again from two threads after a sidecar restart)
+        leaves the reader where it is: the caller reads epoch and position back from it."""
         now = self._clock()
         old = self._readers.get(reader_id)
         if old is None:
-            self._readers[reader_id] = Reader(reader_id, params, position, now, now, locked=locked)
+            self._readers[reader_id] = Reader(
+                reader_id, params, position, now, now, locked=locked, seq=seq
+            )
             return Change.CREATED
         change = Change.UNCHANGED if _same_plan(old.params, params) else Change.REPLACED
-        old.params, old.position, old.last_seen, old.locked = params, position, now, locked
+        old.last_seen, old.locked = now, locked
+        if change is Change.UNCHANGED and old.behind(seq):
+            return change
+        old.params, old.position, old.seq = params, position, seq
         return change
 
     def locked(self) -> list[str]:
@@ -113,14 +137,22 @@ class Registry(Generic[L]):
     def get(self, reader_id: str) -> Reader | None:
         return self._readers.get(reader_id)
 
-    def move(self, reader_id: str, *, epoch: int, position: int) -> Reader | None:
+    def move(
+        self, reader_id: str, *, epoch: int, position: int, seq: int | None = None
+    ) -> Reader | None:
+        """Move a known reader to `epoch`/`position` (None for an unknown one); one
+        whose position `seq` is behind the last applied stays where it is."""
         reader = self._readers.get(reader_id)
         if reader is None:
             return None
+        reader.last_seen = self._clock()
+        if reader.behind(seq):
+            return reader
+        if seq is not None:
+            reader.seq = seq
         if epoch != reader.params.epoch:
             reader.params = reader.params.with_epoch(epoch)
         reader.position = position
-        reader.last_seen = self._clock()
         return reader
 
     def report_stalls(self, reader_id: str, stalls: protocol.Stalls) -> tuple[float, float]:

@@ -127,3 +127,12 @@ def test_routes_carry_the_api_version() -> None:
     assert protocol.pinned_path("r") == "/v1/readers/r/pinned"
     assert protocol.lease_path("ab") == "/v1/leases/ab"
     assert protocol.MANIFEST.startswith(f"/{protocol.VERSION}/")
+
+
+def test_a_seq_is_an_integer_from_zero_or_left_out() -> None:
+    assert protocol.optional_seq({}) is None
+    assert protocol.optional_seq({"seq": None}) is None
+    assert protocol.optional_seq({"seq": 0}) == 0
+    for bad in (-1, True, "3", 2.0):
+        with pytest.raises(errors.InputError, match="field 'seq': expected an integer"):
+            protocol.optional_seq({"seq": bad})

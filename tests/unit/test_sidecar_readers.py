@@ -57,6 +57,41 @@ def test_move_follows_epoch_and_position_of_known_readers_only() -> None:
     assert registry.move("unknown", epoch=0, position=0) is None
 
 
+def test_a_position_behind_the_last_applied_seq_leaves_the_reader_where_it_is() -> None:
+    registry: readers.Registry[str] = readers.Registry(clock=Clock())
+    params = plans.PlanParams()
+    registry.register("r", params, 0, seq=0)
+    registry.move("r", epoch=1, position=900, seq=3)
+    # Built before the move above, arrived after it (notes on another connection).
+    stale = registry.move("r", epoch=0, position=300, seq=2)
+    assert stale is not None and (stale.params.epoch, stale.position, stale.seq) == (1, 900, 3)
+    # So with a registration again of the same plan; one of another plan is applied.
+    assert registry.register("r", params, 10, seq=1) is readers.Change.UNCHANGED
+    reader = registry.get("r")
+    assert reader is not None and (reader.params.epoch, reader.position) == (1, 900)
+    registry.move("r", epoch=1, position=950, seq=4)
+    assert (reader.params.epoch, reader.position) == (1, 950)
+    other = plans.PlanParams(seed=5)
+    assert registry.register("r", other, 20, seq=1) is readers.Change.REPLACED
+    assert (reader.params, reader.position, reader.seq) == (other, 20, 1)
+
+
+def test_positions_without_seq_are_applied_in_the_order_they_arrive() -> None:
+    # An older client sends none: as before the feature, the last to arrive wins.
+    registry: readers.Registry[str] = readers.Registry(clock=Clock())
+    registry.register("r", plans.PlanParams(), 0)
+    registry.move("r", epoch=1, position=900)
+    moved = registry.move("r", epoch=0, position=300)
+    assert moved is not None and (moved.params.epoch, moved.position) == (0, 300)
+    registry.move("r", epoch=0, position=400, seq=7)
+    moved = registry.move("r", epoch=0, position=5)
+    assert moved is not None and moved.position == 5
+    # A registration without one forgets the reader's: a lower seq applies after it.
+    registry.register("r", plans.PlanParams(), 6)
+    moved = registry.move("r", epoch=0, position=8, seq=1)
+    assert moved is not None and moved.position == 8
+
+
 def test_holds_expire_after_the_handoff_timeout_and_go_with_their_reader() -> None:
     clock = Clock()
     registry: readers.Registry[str] = readers.Registry(clock=clock)

@@ -106,6 +106,7 @@ async def put_reader(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
     position = protocol.require_int(body, "position", minimum=0)
     claims_lock = protocol.optional_bool(body, protocol.READER_LOCK_FIELD)
     skips_handed = protocol.optional_bool(body, protocol.SKIP_HANDED_FIELD)
+    seq = protocol.optional_seq(body)
     digest = body.get("digest")
     assert sidecar.manifest is not None
     if digest is not None and digest != sidecar.manifest.digest:
@@ -127,7 +128,12 @@ async def put_reader(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
         # keeps the fill on its plan.
         sidecar.drop_dead_readers()
     locked = claims_lock and sidecar.reader_lock_seen(reader_id)
-    change = sidecar.registry.register(reader_id, params, position, locked=locked)
+    change = sidecar.registry.register(reader_id, params, position, locked=locked, seq=seq)
+    reader = sidecar.registry.get(reader_id)
+    assert reader is not None
+    # Where the reader is now: a registration older than a position applied since
+    # (`seq`) leaves it there.
+    params, position = reader.params, reader.position
     if skips_handed:
         sidecar.handed.opt_in(reader_id, len(sidecar.manifest.shards))
     else:
@@ -191,9 +197,14 @@ async def post_position(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) 
     node = sidecar.serving()
     reader_id = _known_reader(sidecar, reader_id)
     body = replies.json_object(raw)
-    epoch = protocol.require_int(body, "epoch", minimum=0)
-    position = protocol.require_int(body, "position", minimum=0)
-    await _follow(sidecar, node, reader_id, epoch, position)
+    epoch, position = await _follow(
+        sidecar,
+        node,
+        reader_id,
+        protocol.require_int(body, "epoch", minimum=0),
+        protocol.require_int(body, "position", minimum=0),
+        protocol.optional_seq(body),
+    )
     return replies.answer({"reader": reader_id, "epoch": epoch, "position": position})
 
 
@@ -204,7 +215,7 @@ async def post_acquire(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -
     wanted = protocol.optional_float(call.body, "timeout_s")
     timeout = settings.acquire_timeout if wanted is None else min(wanted, settings.acquire_timeout)
     ahead = min(protocol.optional_int(call.body, "ahead", minimum=0, default=0), protocol.MAX_AHEAD)
-    await _follow(sidecar, call.node, call.reader_id, call.epoch, call.position)
+    await _follow(sidecar, call.node, call.reader_id, call.epoch, call.position, call.seq)
     # A resident shard is leased here at once; only a miss waits in the thread pool. A
     # lookup here checks the lock, the files and the size: a memory tier that hashed
     # its entries on every lookup would do it in the thread pool instead.
@@ -355,27 +366,28 @@ async def post_pinned(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) ->
     reader, so prefetch follows it, and count the memory-tier hit.
     """
     call = _shard_call(sidecar, reader_id, raw)
-    await _follow(sidecar, call.node, call.reader_id, call.epoch, call.position)
+    epoch, position = await _follow(
+        sidecar, call.node, call.reader_id, call.epoch, call.position, call.seq
+    )
     call.node.note_reuse((call.shard,))
     return replies.answer(
-        {
-            "reader": call.reader_id,
-            "shard": call.shard,
-            "epoch": call.epoch,
-            "position": call.position,
-        }
+        {"reader": call.reader_id, "shard": call.shard, "epoch": epoch, "position": position}
     )
 
 
 async def post_notes(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> replies.Answer:
     """What a reader did without asking, batched: the shards it pinned itself (each as
     a `pinned` call) and the holds it no longer needs (each as a lease release), then
-    where it is now. One request for what were several, sent off the read path."""
+    where it is now. One request for what were several, sent off the read path.
+
+    A batch built before a request that reached the sidecar first (`seq`) moves the
+    reader nowhere; its shards and holds are applied all the same."""
     node = sidecar.serving()
     reader_id = _known_reader(sidecar, reader_id)
     body = replies.json_object(raw)
     epoch = protocol.require_int(body, "epoch", minimum=0)
     position = protocol.require_int(body, "position", minimum=0)
+    seq = protocol.optional_seq(body)
     pinned = protocol.int_list(body, "pinned")
     released = protocol.lease_list(body, "released")
     stalls = protocol.stalls_from_json(body)
@@ -386,7 +398,7 @@ async def post_notes(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
         if hold is not None:
             hold.lease.release()
             dropped += 1
-    await _follow(sidecar, node, reader_id, epoch, position)
+    epoch, position = await _follow(sidecar, node, reader_id, epoch, position, seq)
     node.note_reuse(pinned)
     if stalls is not None:
         reader = sidecar.registry.get(reader_id)
@@ -418,6 +430,7 @@ class _ShardCall:
     shard: int
     epoch: int
     position: int
+    seq: int | None
 
 
 def _shard_call(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> _ShardCall:
@@ -432,27 +445,42 @@ def _shard_call(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> _Shar
         shard=protocol.require_int(body, "shard"),
         epoch=protocol.require_int(body, "epoch", minimum=0),
         position=protocol.require_int(body, "position", minimum=0),
+        seq=protocol.optional_seq(body),
     )
     node.check_shards((call.shard,))
     return call
 
 
 async def _follow(
-    sidecar: lifecycle.Sidecar, node: caches.CacheNode, reader_id: str, epoch: int, position: int
-) -> None:
-    """Move the reader to where the call says it is, so prefetch follows it.
+    sidecar: lifecycle.Sidecar,
+    node: caches.CacheNode,
+    reader_id: str,
+    epoch: int,
+    position: int,
+    seq: int | None,
+) -> tuple[int, int]:
+    """Move the reader to where the call says it is, so prefetch follows it; the epoch
+    and position it is at then.
+
+    Not when the call's position is older than one applied already (`seq`,
+    `protocol.FEATURE_SEQ`): the client built it first but it arrived after (a batch of
+    notes goes on the client's notifier thread, a position call on the trainer's), and
+    applying it moved prefetch and the status back until the reader's next call.
 
     On the event loop, unless the reader enters an epoch whose global order nobody made
     yet: computing it for a large manifest takes long enough to stall other readers.
     (The first rank of a job to get there makes it in the thread pool; the others slice
     it, which costs less than the hop.)"""
     reader = sidecar.registry.get(reader_id)
+    if reader is not None and reader.behind(seq):
+        return reader.params.epoch, reader.position
     new_epoch = reader is None or reader.params.epoch != epoch
-    sidecar.registry.move(reader_id, epoch=epoch, position=position)
+    sidecar.registry.move(reader_id, epoch=epoch, position=position, seq=seq)
     if new_epoch and (reader is None or not node.plan_is_cheap(reader.params.with_epoch(epoch))):
         await sidecar.blocking(node.update_reader, reader_id, epoch=epoch, position=position)
     else:
         node.update_reader(reader_id, epoch=epoch, position=position)
+    return epoch, position
 
 
 def _known_reader(sidecar: lifecycle.Sidecar, reader_id: str) -> str:
