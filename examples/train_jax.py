@@ -11,7 +11,8 @@ batches = shardcache.jax.Batches(
 )
 feed = shardcache.jax.DevicePrefetcher(batches, sharding=jax.devices()[0], depth=2)
 step = jax.jit(lambda tokens: jnp.mean(tokens.astype(jnp.float32)))
-for epoch in range(2):
+# Resume: feed.load_state_dict(state) here; the loop starts at the state's epoch.
+for epoch in range(feed.epoch, 2):
     feed.set_epoch(epoch)
     for batch in feed:
         step(batch["tokens"])  # int32 [16, 2048], already on the device

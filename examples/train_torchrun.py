@@ -16,11 +16,12 @@ batches = shardcache.torch.DevicePrefetcher(
     ds, depth=2
 )  # or a (Stateful)DataLoader(ds, batch_size=None)
 model = torch.nn.Embedding(50_000, 64).to(batches.device)
-for epoch in range(2):
+# Resume: batches.load_state_dict(torch.load("/tmp/ckpt.pt")["data"]) here; the loop then
+# starts at the state's epoch (an earlier one would read its samples again, and is refused).
+for epoch in range(batches.epoch, 2):
     batches.set_epoch(epoch)
     for step, batch in enumerate(batches):
         loss = model(batch["tokens"].long()).float().pow(2).mean()  # [16, 2048] on this rank's GPU
         loss.backward()
         if step % 1000 == 0:
             torch.save({"model": model.state_dict(), "data": batches.state_dict()}, "/tmp/ckpt.pt")
-# Resume: batches.load_state_dict(torch.load("/tmp/ckpt.pt")["data"]) before iterating.

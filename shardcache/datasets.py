@@ -423,6 +423,9 @@ class Dataset:
         #: loaded state, another epoch), so an iterator in flight notices it and reads on
         #: from the new position.
         self._moves = 0
+        #: After `load_state_dict`: the moves count, epoch and position it left, so that
+        #: `set_epoch` back before that epoch with nothing read since is refused.
+        self._loaded: tuple[int, int, int] | None = None
         #: Keyed by the whole plan: a loaded state may change the segments, not the epoch.
         self._runs_cache: tuple[plans.PlanParams, list[plans.Run]] | None = None
         self._sequence_cache: tuple[int, sequences.Sequence] | None = None
@@ -516,6 +519,9 @@ class Dataset:
         the current epoch again keeps the position (so a loaded state survives the
         usual `set_epoch` at the top of the training loop); back to an epoch read
         before, the pass starts afresh and that epoch's recorded skips are dropped.
+        Right after `load_state_dict`, before any batch, an epoch before the loaded
+        state's is refused (StateMismatchError): a training loop starting at epoch 0
+        after a resume would read every sample before the checkpoint again.
         Called between two batches of an open iterator, the iterator reads on from the
         new epoch's first sample.
 
@@ -523,6 +529,9 @@ class Dataset:
         an InputError."""
         # Made before the comparison: it checks `epoch`, and 0.0 must not pass as 0.
         params = self._params.with_epoch(epoch)
+        loaded = self._loaded
+        if loaded is not None and loaded[0] == self._moves and loaded[2] == self._position:
+            states.refuse_epoch_before_loaded(params.epoch, loaded[1], loaded[2])
         if params.epoch != self._params.epoch:
             self._params = params
             self._position = 0
@@ -1218,6 +1227,7 @@ class Dataset:
         if resumed.batch_size is not None:
             self._batch_size = resumed.batch_size
         self._moves += 1
+        self._loaded = (self._moves, self._params.epoch, self._position)
 
     def checked_state(
         self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]

@@ -135,6 +135,11 @@ class DevicePrefetcher:
         self._state = None
         self._moves += 1
 
+    @property
+    def epoch(self) -> int:
+        """The epoch read next (`Batches.epoch`): a resumed loop starts at it."""
+        return self.batches.epoch
+
     def set_epoch(self, epoch: int) -> None:
         """Read `epoch` next, from its start; called between two batches of an open
         pass, the batches of the old epoch placed ahead are dropped and the next one

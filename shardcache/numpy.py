@@ -32,6 +32,7 @@ from shardcache import (
     mixtures,
     ranks,
     stalls,
+    states,
 )
 
 LISTS = ("offsets", "padded")
@@ -184,6 +185,9 @@ class Batches:
         #: Bumped when `set_epoch` or `load_state_dict` moves the reader, so an open
         #: iteration reads on from where they put it (as a `Dataset`'s iterator does).
         self._moves = 0
+        #: After `load_state_dict`: the moves count, epoch and position it left
+        #: (`set_epoch` back before that epoch with nothing read since is refused).
+        self._loaded: tuple[int, int, int] | None = None
         #: How long the loop waited for batches, against its steps.
         self.stalls = stalls.StallMeter()
 
@@ -199,13 +203,28 @@ class Batches:
         """The mixture read, or None when reading one dataset."""
         return self._source if isinstance(self._source, mixtures.Mixture) else None
 
+    @property
+    def epoch(self) -> int:
+        """The epoch read next (a loaded state's, after `load_state_dict`): a resumed
+        training loop starts at it, `for epoch in range(batches.epoch, epochs)`. A
+        mixture has no epochs: 0."""
+        ds = self._source
+        return ds.epoch if isinstance(ds, datasets.Dataset) else 0
+
     def set_epoch(self, epoch: int) -> None:
         """Read `epoch` next, from its start (unless it is the epoch already being read);
         called between two batches of an open iteration, it reads on from there. A
-        mixture has no epochs (its sources move on by themselves): nothing to do."""
+        mixture has no epochs (its sources move on by themselves): nothing to do.
+        Right after `load_state_dict`, before any batch, an epoch before the loaded
+        state's is refused (StateMismatchError): it would repeat samples."""
         # Checked here: the state below would carry a numpy integer, or 0.0 pass as 0.
         epoch = _integers.integer(epoch, "epoch", minimum=0)
         ds = self._source
+        loaded = self._loaded
+        if loaded is not None and loaded[0] == self._moves:
+            at = self._reader.state_dict()["dataset"]
+            if (at["epoch"], at["position"]) == loaded[1:]:
+                states.refuse_epoch_before_loaded(epoch, loaded[1], loaded[2])
         if isinstance(ds, datasets.Dataset) and epoch != ds.epoch:
             state = ds.state_dict()
             state.update(epoch=epoch, position=0)
@@ -268,6 +287,10 @@ class Batches:
         self._reader.load_state_dict(state)
         self._fresh = True
         self._moves += 1
+        at = self._reader.state_dict().get("dataset")
+        if isinstance(at, dict):
+            # A mixture's state has no epoch: set_epoch does nothing there.
+            self._loaded = (self._moves, at["epoch"], at["position"])
 
     def close(self) -> None:
         if isinstance(self._reader, mixture_batching.MixtureReader):

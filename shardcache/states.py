@@ -371,3 +371,19 @@ def positions_of(
         if count <= 0:
             break
     return out
+
+
+def refuse_epoch_before_loaded(epoch: int, loaded_epoch: int, loaded_position: int) -> None:
+    """Refuse `set_epoch(epoch)` to an epoch before that of a state just loaded (no
+    batch read since). A training loop written `for epoch in range(epochs):
+    ds.set_epoch(epoch)` after a resume would otherwise start epoch 0 again and hand
+    out every sample read before the checkpoint a second time, silently."""
+    if epoch < loaded_epoch:
+        raise errors.StateMismatchError(
+            f"set_epoch({epoch}) right after loading a state of epoch {loaded_epoch} "
+            f"(position {loaded_position}): expected epoch {loaded_epoch} or later, found "
+            f"{epoch}; reading epoch {epoch} again would repeat every sample read before "
+            "the checkpoint. Start the training loop at the loaded epoch: "
+            "`for epoch in range(ds.epoch, epochs)`. To read an earlier epoch again on "
+            "purpose, open the dataset without loading the state"
+        )

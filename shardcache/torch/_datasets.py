@@ -37,6 +37,7 @@ from shardcache import (
     errors,
     mixture_batching,
     mixtures,
+    states,
 )
 from shardcache.torch import _rank_states, _ranks, _tensors, _worker_notes
 
@@ -277,6 +278,8 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
     def set_epoch(self, epoch: int) -> None:
         """Read `epoch` next (from its start, unless a state of that epoch was loaded).
         A mixture has no epochs (its sources move on by themselves): nothing to do.
+        Before an epoch of a state loaded and not read yet, refused
+        (StateMismatchError): it would repeat the samples read before the checkpoint.
 
         Called in the main process, it reaches DataLoader workers too, persistent ones
         included: each takes it up when its next pass starts."""
@@ -285,7 +288,30 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         epoch = _integers.integer(epoch, "epoch", minimum=0)
         if self._opener is None or self._opener.mixture is not None:
             return
+        loaded = self._loaded_state()
+        if loaded is not None and not _worker_notes.in_worker():
+            states.refuse_epoch_before_loaded(epoch, loaded[0], loaded[1])
         self._choose_epoch(epoch)
+
+    def _loaded_state(self) -> tuple[int, int] | None:
+        """The epoch and position of a state loaded and not read from yet."""
+        if self._pending is not None and "dataset" in self._pending:
+            at = self._pending["dataset"]
+            return int(at["epoch"]), int(at["position"])
+        if self._pending_ranks is not None:
+            # Elastic: the new rank starts its share of the old ranks' epoch.
+            return int(self._pending_ranks[0].get("epoch", self._epoch)), 0
+        return None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch read next: a loaded state's until it is read, else the one
+        `set_epoch` chose. A resumed loop starts at it, `for epoch in range(ds.epoch,
+        epochs)`. A mixture has no epochs: 0."""
+        if self._opener is not None and self._opener.mixture is not None:
+            return 0
+        loaded = self._loaded_state()
+        return loaded[0] if loaded is not None else self._epoch
 
     def _choose_epoch(self, epoch: int) -> None:
         """Read `epoch` next in this process (and, from the main process, in workers)."""

@@ -185,6 +185,11 @@ class DevicePrefetcher:
         self.dataset.load_state_dict(state)
         self._state = None
 
+    @property
+    def epoch(self) -> int:
+        """The epoch read next (`IterableDataset.epoch`): a resumed loop starts at it."""
+        return self.dataset.epoch
+
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
         self._state = None
