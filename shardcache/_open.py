@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import shutil
@@ -174,6 +175,12 @@ def open(
         granularity=granularity,
         window=plan.window,
     )
+    if params.sampled and importlib.util.find_spec("numpy") is None:
+        # Found now, not at the first batch: the gather is numpy's (`shardcache.gather`).
+        raise errors.InputError(
+            "shuffle='sample' needs numpy, which is not installed: expected "
+            "`pip install 'shardcache[sample]'` (or shuffle='block', which needs pyarrow only)"
+        )
     if source_uri is None:
         from shardcache import sidecar_client
 
@@ -184,6 +191,7 @@ def open(
             )
         return _resumed(datasets.Dataset(shards, params, gather_threads=gather_threads), state)
 
+    source.check_storage_options(storage_options)
     manifest = manifests.resolve(
         source_uri, format=format, storage_options=storage_options, retry=retry
     )
@@ -195,8 +203,16 @@ def open(
     root = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
     disk_dir = root / contract.DISK_SUBDIR
     mem_dir = Path(memory_dir) if memory_dir is not None else root / contract.MEMORY_SUBDIR
-    disk_dir.mkdir(parents=True, exist_ok=True)
-    mem_dir.mkdir(parents=True, exist_ok=True)
+    mem_name = "memory_dir" if memory_dir is not None else "cache_dir"
+    for name, made in (("cache_dir", disk_dir), (mem_name, mem_dir)):
+        try:
+            made.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError, PermissionError) as exc:
+            raise errors.InputError(
+                f"{name}: expected a directory this process can create and write, found "
+                f"{made} not creatable ({type(exc).__name__}: {exc.strerror}); a path on "
+                "the way is a file, or is not writable"
+            ) from exc
     sized = caches.NodeSettings(
         disk_dir=disk_dir,
         memory_dir=mem_dir,

@@ -115,6 +115,20 @@ class MappingListener(Protocol):
     def dropped(self, root: pa.Buffer) -> None: ...
 
 
+def column_names(columns: Sequence[str] | None) -> tuple[str, ...] | None:
+    """`columns=` as given by a caller: a list (or tuple) of names, or None for all.
+    A str is refused: iterated, "tokens" would select the columns "t", "o", "k", ...,
+    and a dataset with a column per letter would read the wrong ones silently."""
+    if columns is None:
+        return None
+    if isinstance(columns, str | bytes):
+        raise errors.InputError(
+            f"columns: expected a list of column names, found the {type(columns).__name__} "
+            f"{columns!r}; for one column write columns=[{columns!r}]"
+        )
+    return tuple(columns)
+
+
 def select(batch: pa.RecordBatch, columns: Sequence[str] | None) -> pa.RecordBatch:
     """`columns` of `batch` (zero-copy); an unknown name is an InputError."""
     if columns is None:
@@ -575,6 +589,7 @@ class Dataset:
         (docs/reading-plan.md, "What it means for batches"). A loop that keeps more
         than the batch in hand keeps those mapped.
         """
+        columns = column_names(columns)
         stitched = (
             pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
             for pieces in self._pieces(batch_size, columns=columns, drop_last=drop_last)
@@ -603,6 +618,7 @@ class Dataset:
         gathered in sample mode (loader workers that deal a rank's batches out,
         `batching.Reader`).
         """
+        columns = column_names(columns)
         if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
             raise errors.InputError(f"stride must be an int >= 1, got {stride!r}")
         pieces = self._pieces(batch_size, columns=columns, drop_last=drop_last, stride=stride)
@@ -779,6 +795,7 @@ class Dataset:
         the windows acquired are two at most (docs/reading-plan.md, "What it means for
         batches"). A block-mode dataset has nothing to gather: an InputError.
         """
+        columns = column_names(columns)
         if not self._params.sampled:
             raise errors.InputError(
                 "batch_selections: expected a sample-mode dataset (shuffle='sample'); "
@@ -1107,6 +1124,7 @@ class Dataset:
         `indices` is a sequence of ints or an integer numpy array. An index outside
         [0, len(dataset's manifest)) is an InputError naming it. Needs numpy.
         """
+        columns = column_names(columns)
         import numpy as np  # numpy: sample mode and take() only
 
         from shardcache import gather, sequences

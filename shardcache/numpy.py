@@ -167,7 +167,7 @@ class Batches:
             self._source = opener.open()
         self.options = batching.Options(
             batch_size=batch_size,
-            columns=tuple(columns) if columns is not None else None,
+            columns=datasets.column_names(columns),
             drop_last=drop_last,
             pack=pack,
             pack_column=pack_column,

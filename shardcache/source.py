@@ -86,6 +86,24 @@ class RetryPolicy:
                 )
 
 
+#: Every key `storage_options` may hold: the AWS variables read for S3, and our timeouts.
+STORAGE_OPTION_KEYS = (*s3_settings.VARIABLES, ENV_S3_CONNECT_TIMEOUT, ENV_S3_REQUEST_TIMEOUT)
+
+
+def check_storage_options(options: Mapping[str, str] | None) -> None:
+    """Refuse keys nobody reads: fsspec's spelling (`key`, `secret`, `endpoint_url`) or a
+    typo would otherwise drop the endpoint and the credentials, and the read would go
+    anonymously to another endpoint and fail, a minute later, naming neither."""
+    if options is None:
+        return
+    unknown = sorted(str(k) for k in options if k not in STORAGE_OPTION_KEYS)
+    if unknown:
+        raise errors.InputError(
+            f"storage_options: expected keys among {list(STORAGE_OPTION_KEYS)} (the AWS "
+            f"variables; they replace the environment), found unknown {unknown}"
+        )
+
+
 def _env(options: Mapping[str, str] | None) -> Mapping[str, str]:
     return options if options is not None else os.environ
 

@@ -127,7 +127,7 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
             )
         self.options = batching.Options(
             batch_size=batch_size,
-            columns=tuple(columns) if columns is not None else None,
+            columns=datasets.column_names(columns),
             drop_last=drop_last,
             pack=pack,
             pack_column=pack_column,
