@@ -54,3 +54,13 @@ class AcquireTimeoutError(CacheError, TimeoutError):
 
 class SidecarUnavailableError(ShardcacheError, ConnectionError):
     """The sidecar did not answer on its control socket; retrying later may succeed."""
+
+
+def missing_extra(exc: ModuleNotFoundError, needed_by: str, extra: str) -> ModuleNotFoundError:
+    """`exc` (a framework not installed) said with what to install: a trainer's
+    pyarrow-only install lacks numpy, torch and jax until it asks for them."""
+    return ModuleNotFoundError(
+        f"{needed_by} needs {exc.name}, which is not installed: "
+        f"`pip install 'shardcache[{extra}]'`",
+        name=exc.name,
+    )

@@ -18,7 +18,12 @@ import collections
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import jax
+from shardcache import errors as _errors
+
+try:
+    import jax
+except ModuleNotFoundError as _exc:
+    raise _errors.missing_extra(_exc, "shardcache.jax", "jax") from _exc
 
 import shardcache
 import shardcache.numpy

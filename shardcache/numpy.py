@@ -17,9 +17,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
+
+from shardcache import errors as _errors
+
+try:
+    import numpy as np
+    import numpy.typing as npt
+except ModuleNotFoundError as _exc:
+    raise _errors.missing_extra(_exc, "shardcache.numpy", "sample") from _exc
 
 from shardcache import (
     _adapter_sources,

@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from shardcache import errors
+
 if TYPE_CHECKING:
     from shardcache.torch._datasets import IterableDataset
     from shardcache.torch._prefetch import DevicePrefetcher
@@ -37,4 +39,10 @@ def __getattr__(name: str) -> Any:
     module = _MODULES.get(name)
     if module is None:
         raise AttributeError(f"module 'shardcache.torch' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    try:
+        imported = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("torch", "numpy"):
+            raise
+        raise errors.missing_extra(exc, f"shardcache.torch.{name}", "torch") from exc
+    return getattr(imported, name)
