@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shardcache import contract
+from shardcache import contract, errors
 from shardcache.contract import mixture_sources, parsers, variables
 from shardcache_operator import specs
 
@@ -199,7 +199,21 @@ def set_trainer_env(
         variables.MOUNT.env: mounts[0],
         variables.CHECKPOINT_DIR.env: checkpoint_dir,
     }
-    env = container["env"] = list(container.get("env") or [])  # `env:` alone is a null
+    given = container.get("env") or []  # `env:` alone is a null
+    # The API server would refuse such a pod anyway; refused here with its field named,
+    # not answered with a 500 (the fuzz test's examples: `env: 1`, `env: [null]`).
+    name = container.get("name")
+    if not isinstance(given, list):
+        raise errors.InputError(
+            f"container {name!r}: env: expected a list, found {type(given).__name__}"
+        )
+    for index, entry in enumerate(given):
+        if not isinstance(entry, Mapping):
+            raise errors.InputError(
+                f"container {name!r}: env[{index}]: expected a mapping with a name, found "
+                f"{type(entry).__name__}"
+            )
+    env = container["env"] = list(given)
     for variable in variables.injected_into(variables.Container.TRAINER):
         if variable.env in layout:
             value = layout[variable.env]

@@ -666,3 +666,14 @@ def test_a_trainer_whose_env_and_volume_mounts_are_yaml_nulls_is_injected() -> N
     (trainer,) = stored["spec"]["containers"]
     assert env_of(trainer)[contract.ENV_MOUNT] == "imagenet"
     assert trainer["volumeMounts"], "the run volume is mounted into the trainer"
+
+
+@pytest.mark.parametrize(("env", "found"), [(1, "env: expected a list"), ([None], "env[0]")])
+def test_a_trainer_whose_env_is_not_a_list_of_mappings_is_refused_naming_it(
+    env: object, found: str
+) -> None:
+    # The fuzz test's examples: these answered 500 (an AttributeError, a TypeError).
+    body = pod(containers=[{"name": "trainer", "image": "python:3.11", "env": env}])
+    response, _ = admit(body, dsm("imagenet"))
+    assert response["allowed"] is False
+    assert found in response["status"]["message"]
