@@ -1258,7 +1258,8 @@ class Dataset:
         differ = states.mismatches(saved, self._state())
         if differ:
             raise errors.StateMismatchError(
-                "cannot resume: the state was saved by another dataset or configuration ("
+                self._older_manifest(saved.digest)
+                or "cannot resume: the state was saved by another dataset or configuration ("
                 + "; ".join(differ)
                 + "); open the dataset with the same arguments as the run that saved it"
             )
@@ -1286,6 +1287,23 @@ class Dataset:
                 f"{params.rank} ({samples} samples)"
             )
         return dataclasses.replace(saved, params=params)
+
+    def _older_manifest(self, digest: str) -> str | None:
+        """Why a state of this very dataset, saved before manifest version 3, cannot
+        resume here (None when `digest` is no such state's): said apart from "another
+        dataset", which would send its owner looking for the wrong mistake."""
+        if digest not in manifests.version_2_digests(self.manifest):
+            return None
+        return (
+            f"cannot resume: the state was saved from this dataset's manifest of version 2 "
+            f"(digest {digest}), by a shardcache older than manifest version "
+            f"{manifests.MANIFEST_VERSION} (per-shard sha256), which digests it as "
+            f"{self.manifest.digest}; the reading plan is seeded by the digest, so the "
+            "saved position names rows of another order and resuming would repeat and "
+            "skip samples. Resume it with the shardcache release that saved it, or go on "
+            "with this one from the next epoch without the state "
+            f"(set_epoch(state['epoch'] + 1)), which reads every sample of that epoch once"
+        )
 
     def _pick(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> states.DataState:
         """The state this rank resumes from: `state` itself, or from a list of every old
@@ -1323,7 +1341,8 @@ class Dataset:
             unlike += [d for d in states.mismatches(probe, self._state()) if d not in unlike]
         if unlike:
             raise errors.StateMismatchError(
-                "cannot resume: the states were saved by another dataset or configuration ("
+                self._older_manifest(old[0].digest)
+                or "cannot resume: the states were saved by another dataset or configuration ("
                 + "; ".join(unlike)
                 + "); open the dataset with the same arguments as the run that saved them"
             )

@@ -180,6 +180,39 @@ def compute_digest(fmt: str, shards: tuple[ShardEntry, ...], *, promoted: str | 
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def version_2_digests(manifest: Manifest) -> frozenset[str]:
+    """The digests this manifest's shards had at manifest version 2 (before per-shard
+    sha256), what the data states of runs of that time carry. A local file's `version`
+    was then the sha256 of its bytes (now its mtime), so both spellings are tried. None
+    for a promoted manifest: version 2 refused shards that disagree on the schema.
+
+    Only to name why such a state cannot resume: the reading plan is seeded by the
+    digest (docs/reading-plan.md, rule 1), so its order was another."""
+    if manifest.promoted is not None:
+        return frozenset()
+    out = set()
+    for local in (False, True):
+        shards = [
+            [
+                s.path,
+                s.size,
+                source.SHA256_PREFIX + s.sha256
+                if local and s.version.startswith(source.MTIME_PREFIX)
+                else s.version,
+                s.rows,
+                s.fingerprint,
+            ]
+            for s in manifest.shards
+        ]
+        canonical = json.dumps(
+            {"version": 2, "format": manifest.format, "shards": shards},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        out.add("sha256:" + hashlib.sha256(canonical.encode()).hexdigest())
+    return frozenset(out)
+
+
 def version_of(promoted: str | None) -> int:
     """The manifest version a manifest with this promotion is written as."""
     if promoted is not None and schemas.is_by_name(schemas.decode(promoted)):

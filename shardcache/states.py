@@ -19,9 +19,14 @@ from typing import Any
 
 from shardcache import _integers, errors, plans, streams
 
-#: Version 2 added `batch_size` and `skips`; version 3 `segments` (elastic resume).
-STATE_VERSION = 3
-SUPPORTED_VERSIONS = (1, 2, 3)
+#: Version 2 added `batch_size` and `skips`; version 3 `segments` (elastic resume);
+#: version 4 the segments' `least`. A state is written as the lowest version that holds
+#: it (`version_of`), so a state without `least` still loads in a shardcache that
+#: reads 3 only.
+STATE_VERSION = 4
+SUPPORTED_VERSIONS = (1, 2, 3, 4)
+#: The version of a state whose segments carry no `least` (or that has none).
+_WITHOUT_LEAST = 3
 #: The keys that say which stream a state belongs to; a resume needs all of them equal.
 IDENTITY_KEYS = ("plan_version", "digest", "seed", "shuffle", "block_size", "world_size", "rank")
 #: Plan version 2's keys: the shuffle granularity ("block" or "sample") and the
@@ -77,7 +82,7 @@ class DataState:
     def to_json(self) -> dict[str, Any]:
         p = self.params
         return {
-            "version": STATE_VERSION,
+            "version": version_of(p.segments),
             "plan_version": self.plan_version,
             "digest": self.digest,
             "seed": p.seed,
@@ -93,6 +98,17 @@ class DataState:
             "skips": [s.to_json() for s in self.skips],
             "segments": p.segments.to_json() if p.segments is not None else None,
         }
+
+
+def version_of(segments: streams.Segments | None) -> int:
+    """The version a state with these segments is written as: 4 only when they carry
+    `least`. A reader of version 3 would ignore `least` and end its `drop_last`
+    batches at its own rows, so after a resize whose ranks got unequal shares it yields
+    one batch more than the ranks that read 4, and a collective waits for it forever;
+    by the number it refuses the state instead."""
+    if segments is not None and segments.least is not None:
+        return STATE_VERSION
+    return _WITHOUT_LEAST
 
 
 def _int(data: Mapping[str, Any], key: str, *, where: str, minimum: int = 0) -> int:

@@ -37,6 +37,25 @@ def test_a_state_round_trips_and_older_versions_read_without_what_they_lack() ->
     assert (v1.skips, v1.batch_size, v1.position) == ((), None, 40)
 
 
+def test_a_state_is_written_as_version_4_only_when_its_segments_carry_least() -> None:
+    """Version 4 is version 3 with `least`: a shardcache that reads 3 only refuses it by
+    number instead of ending drop_last batches at the rank's own rows (a rank with one
+    batch more than its peers waits in a collective they never join)."""
+    with_least = {"epoch": 1, "ranges": [[0, 30], [50, 60]], "least": 39}
+    # Written by the clients between `least` and version 4: read, and saved again as 4.
+    v3_least = states.parse(state(segments=with_least))
+    assert v3_least.params.segments is not None and v3_least.params.segments.least == 39
+    assert v3_least.to_json() == state(version=4, segments=with_least)
+    assert states.parse(state(version=4, segments=with_least)) == v3_least
+    # Nothing that needs 4: still 3, so an older shardcache keeps loading it.
+    assert states.parse(state()).to_json()["version"] == 3
+    assert states.parse(state(segments=None)).to_json()["version"] == 3
+    assert states.parse(state(version=4)).to_json()["version"] == 3
+    with pytest.raises(errors.StateMismatchError, match=r"state version 5 is not supported: "
+                       r"expected one of \[1, 2, 3, 4\]"):  # fmt: skip
+        states.parse(state(version=5))
+
+
 def test_a_plan_version_1_state_reads_as_block_mode_and_resumes_a_block_mode_dataset() -> None:
     old = {k: v for k, v in state().items() if k not in ("granularity", "window")}
     old["plan_version"] = 1
@@ -71,7 +90,7 @@ def test_an_unknown_plan_version_or_granularity_is_refused() -> None:
 @pytest.mark.parametrize(
     "changes,message",
     [
-        ({"version": 4}, "state version 4 is not supported"),
+        ({"version": 5}, "state version 5 is not supported"),
         ({"segments": {"epoch": 1, "ranges": [[5, 5]]}}, "0 <= a < b"),
         ({"segments": {"epoch": 1, "ranges": [[9, 12], [0, 3]]}}, "increasing order"),
         ({"segments": [[0, 3]]}, "expected"),
