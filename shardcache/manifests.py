@@ -32,7 +32,8 @@ MANIFEST_VERSION = 3
 #: older shardcache refuses it by its number instead of decoding each shard in its own
 #: field order; every other manifest, and its digest, stays version 3.
 BY_NAME_VERSION = 4
-_READABLE = (MANIFEST_VERSION, BY_NAME_VERSION)
+#: The versions this release reads.
+READABLE = (MANIFEST_VERSION, BY_NAME_VERSION)
 #: Shards inspected at once. Inspection reads metadata only (a JSON Lines shard in
 #: `jsonl.INSPECT_CHUNK` pieces), so memory is bounded by this times a few MiB, whatever
 #: the shards hold; 8 keeps a listing of thousands of shards fast on slow stores.
@@ -131,7 +132,7 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Manifest:
-        if data.get("version") not in _READABLE:
+        if data.get("version") not in READABLE:
             raise errors.InputError(
                 f"manifest version {data.get('version')!r} is not supported: expected "
                 f"{MANIFEST_VERSION} (per-shard sha256) or {BY_NAME_VERSION} (JSON Lines "
@@ -178,6 +179,31 @@ def compute_digest(fmt: str, shards: tuple[ShardEntry, ...], *, promoted: str | 
         separators=(",", ":"),
     )
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def served_version_note(version: object) -> str | None:
+    """Why a manifest of `version`, served by a pod's sidecar, cannot be read by this
+    client library; None when it can. The two come from separate images (the sidecar's
+    from the chart, the client from the trainer's), so after an upgrade of one only the
+    number says which of them is behind."""
+    if version in READABLE:
+        return None
+    readable = " and ".join(str(v) for v in READABLE)
+    if isinstance(version, int) and not isinstance(version, bool) and version > max(READABLE):
+        return (
+            f"the sidecar serves manifest version {version}, newer than this shardcache "
+            f"client reads ({readable}): the sidecar image is of a newer shardcache release "
+            "than the trainer's; install the sidecar's release of shardcache in the trainer "
+            "image (client and sidecar must share a manifest version: docs/wire-format.md)"
+        )
+    if isinstance(version, int) and not isinstance(version, bool):
+        return (
+            f"the sidecar serves manifest version {version}, older than this shardcache "
+            f"client reads ({readable}): the sidecar image predates the trainer's shardcache "
+            "release; upgrade the chart (and so the sidecar image) to the trainer's release, "
+            "or install the sidecar's release of shardcache in the trainer image"
+        )
+    return f"the sidecar serves a manifest without a version number (version {version!r})"
 
 
 def version_2_digests(manifest: Manifest) -> frozenset[str]:

@@ -426,6 +426,9 @@ class SidecarProvider:
         payload = self._call("GET", protocol.MANIFEST)
         if not isinstance(payload, Mapping):
             raise errors.CacheError(f"sidecar sent a manifest that is not an object: {payload!r}")
+        skew = manifests.served_version_note(payload.get("version"))
+        if skew is not None:
+            raise errors.CacheError(skew)
         # from_json recomputes the digest: what the sidecar serves is what it claims.
         return manifests.Manifest.from_json(payload)
 
