@@ -450,6 +450,10 @@ def test_a_late_position_moves_the_reader_nowhere_and_the_rest_of_its_request_ap
         (reader,) = sidecar.control("GET", protocol.STATUS)[1]["readers"]
         return reader["epoch"], reader["position"]
 
+    def seq() -> int | None:
+        (reader,) = sidecar.control("GET", protocol.STATUS)[1]["readers"]
+        return reader["seq"]  # type: ignore[no-any-return]
+
     def memory_hits() -> int:
         return int(sidecar.control("GET", protocol.STATUS)[1]["stats"]["hits"]["memory"])
 
@@ -459,7 +463,7 @@ def test_a_late_position_moves_the_reader_nowhere_and_the_rest_of_its_request_ap
     late = {"epoch": 0, "position": 300, "seq": 2, "pinned": [0], "released": [first["lease"]]}
     answer = sidecar.control("POST", protocol.notes_path("r"), late)[1]
     assert answer == {"reader": "r", "epoch": 1, "position": 900, "pinned": 1, "released": 1}
-    assert where() == (1, 900)
+    assert (where(), seq()) == ((1, 900), 3)  # the status says which move it shows
     assert sidecar.control("GET", protocol.STATUS)[1]["holds"] == 0
     assert memory_hits() == hits + 1
     # So with a late pinned shard, and a late acquire: leased, the reader not moved.
@@ -480,7 +484,7 @@ def test_a_late_position_moves_the_reader_nowhere_and_the_rest_of_its_request_ap
     # An equal seq is the same position, a later one moves the reader.
     sidecar.control("POST", protocol.position_path("r"), {"epoch": 1, "position": 900, "seq": 3})
     sidecar.control("POST", protocol.position_path("r"), {"epoch": 2, "position": 7, "seq": 4})
-    assert where() == (2, 7)
+    assert (where(), seq()) == ((2, 7), 4)
     for bad in ("4", -1, True, 1.5):
         status, refused = sidecar.control(
             "POST", protocol.position_path("r"), {"epoch": 0, "position": 0, "seq": bad}

@@ -82,6 +82,9 @@ async def get_status(request: web.Request) -> web.Response:
                     "id": r.reader_id,
                     **protocol.params_to_json(r.params),
                     "position": r.position,
+                    # The order of the position shown (`seq`): a client's counter of
+                    # its reader's moves is comparable with it when a position looks stale.
+                    protocol.SEQ_FIELD: r.seq,
                     protocol.READER_LOCK_FIELD: r.locked,
                     # What a reader stuck in an acquire waits on, and since when.
                     "waiting": sidecar.reader_waits(r),
