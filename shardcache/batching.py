@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.types as patypes
 
-from shardcache import _integers, datasets, errors
+from shardcache import _integers, datasets, errors, states
 
 if TYPE_CHECKING:
     from shardcache import selections as selections_
@@ -205,6 +205,14 @@ class Reader:
     def state_dict(self) -> dict[str, Any]:
         ds = self._ds.state_dict()
         ds["position"] = self._cursor
+        # The dataset may stand past the cursor (the rows `drop_last` trims are recorded
+        # as the last batch is made, before it is handed out; a worker walks on past its
+        # own batches): a skip there has not happened at the cursor, and one ending
+        # after the position is a state that contradicts itself. The walk resumed at the
+        # cursor records it again.
+        ds["skips"] = [
+            s.to_json() for s in states.skips_until(self._ds.skips, self._ds.epoch, self._cursor)
+        ]
         return {
             "version": STATE_VERSION,
             "dataset": ds,
@@ -244,9 +252,7 @@ class Reader:
 
     # --- iteration --------------------------------------------------------------
     def _seek(self, position: int) -> None:
-        state = self._ds.state_dict()
-        state["position"] = position
-        self._ds.load_state_dict(state)
+        self._ds.load_state_dict(states.moved(self._ds.state_dict(), position=position))
 
     def _chunks(self) -> Iterator[tuple[int, HostBatch]]:
         """(position, batch) of this process's read batches from the cursor on."""

@@ -483,7 +483,9 @@ class Dataset:
 
     @property
     def skips(self) -> tuple[states.Skip, ...]:
-        """Every range of positions this rank skipped, all epochs, oldest first."""
+        """Every range of positions this rank passed over without reading, all epochs,
+        oldest first: `skip_batches`, the agent's skips at restore, and the rows
+        `drop_last` trimmed after an epoch's last whole batch."""
         return self._skips
 
     @property
@@ -724,9 +726,7 @@ class Dataset:
                         start += take
                         if pending_rows == batch_size:
                             out, pending, pending_rows = pending, [], 0
-                            self._position = self._ended(
-                                self._position + batch_size, batch_size, drop_last
-                            )
+                            self._end_at(self._position + batch_size, batch_size, drop_last)
                             at = self._position
                             made += 1
                             if handed:
@@ -744,8 +744,8 @@ class Dataset:
                 else:
                     if drop_last:
                         # No whole batch is left before the common end: the rest of the
-                        # rank's rows are trimmed (`_ended`).
-                        self._position = at = self._ended(at, batch_size, drop_last)
+                        # rank's rows are trimmed (`_end_at`).
+                        at = self._end_at(at, batch_size, drop_last)
                     if pending_rows and not drop_last:
                         self._position += pending_rows
                         at = self._position
@@ -774,13 +774,20 @@ class Dataset:
         least = even_batches.least_samples(self.manifest.total_rows, self._params)
         return even_batches.stop(position, batch_size, min(least, len(self)))
 
-    def _ended(self, position: int, batch_size: int, drop_last: bool) -> int:
-        """The position once a batch ending at `position` was made: with `drop_last`,
-        when no whole batch fits after it before the ranks' common end, the end of the
-        epoch, so the rows trimmed count as consumed and a state says the epoch is done
-        (no rank reads them in this epoch; an elastic resume does not deal them out)."""
+    def _end_at(self, position: int, batch_size: int, drop_last: bool) -> int:
+        """Move to where a batch ending at `position` leaves the rank, and return it:
+        `position`, or with `drop_last`, when no whole batch fits after it before the
+        ranks' common end, the end of the epoch, so a state says the epoch is done (no
+        rank reads them in this epoch; an elastic resume does not deal them out). The
+        rows trimmed are recorded as a skip: never handed out, as `shardcache lineage`
+        and the inspector must say (they read a rank's history from its states)."""
         if drop_last and self._drop_stop(position, batch_size) == position:
-            return len(self)
+            end = len(self)
+            if position < end:
+                trimmed = states.Skip(self._params.epoch, position, end)
+                self._skips = states.normalise([*self._skips, trimmed])
+            position = end
+        self._position = position
         return position
 
     def batch_selections(
@@ -878,7 +885,7 @@ class Dataset:
                         # The batches before this one are handed over: the shards only
                         # they read can go, as the inline gather lets them go.
                         leases.release_before(lo)
-                        self._position = self._ended(hi, batch_size, drop_last)
+                        self._end_at(hi, batch_size, drop_last)
                         yield [batch]
                     else:
                         # close() ends the gathering early: not the epoch's end.
@@ -888,7 +895,7 @@ class Dataset:
                         moved = self._moves != mark
                         if not moved:
                             # No whole batch was left before the ranks' common end.
-                            self._position = self._ended(self._position, batch_size, drop_last)
+                            self._end_at(self._position, batch_size, drop_last)
             finally:
                 leases.release_all()
             if not moved:
@@ -973,14 +980,14 @@ class Dataset:
                 if n <= 0 or (drop_last and self._drop_stop(pos, batch_size) == pos):
                     if follow:
                         # With drop_last, the rows no whole batch takes before the
-                        # ranks' common end are trimmed (`_ended`).
-                        self._position = pos = self._ended(pos, batch_size, drop_last)
+                        # ranks' common end are trimmed (`_end_at`).
+                        pos = self._end_at(pos, batch_size, drop_last)
                     break
                 count += 1
                 if (count - 1) % stride:
                     pos += n
                     if follow:
-                        self._position = pos = self._ended(pos, batch_size, drop_last)
+                        pos = self._end_at(pos, batch_size, drop_last)
                     continue
                 seq = self.sequence()
                 # The rank's stream as ranges of the global sequence: its rule-5 range,
@@ -1041,7 +1048,7 @@ class Dataset:
                     made = self._window_parts(seq, ranges, lo, hi, by_shard, made, where)
                 pos = hi
                 if follow:
-                    self._position = pos = self._ended(hi, batch_size, drop_last)
+                    pos = self._end_at(hi, batch_size, drop_last)
                 if held:
                     handed = self._windows_read(ranges, lo, hi)
                 span, since = (since, hi), hi

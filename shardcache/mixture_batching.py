@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from shardcache import batching, datasets, errors, mixtures, plans
+from shardcache import batching, datasets, errors, mixtures, plans, states
 
 if TYPE_CHECKING:
     from shardcache import selections
@@ -216,9 +216,7 @@ class MixtureReader:
             del self._streams[name]
             stream.close()
         if not here:
-            state = ds.state_dict()
-            state.update(epoch=epoch, position=position)
-            ds.load_state_dict(state)
+            ds.load_state_dict(states.moved(ds.state_dict(), epoch=epoch, position=position))
         stream = batching.host_batches(
             ds, rows, columns=self._opt.columns, defer_gather=self._defer
         )

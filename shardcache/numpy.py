@@ -191,9 +191,6 @@ class Batches:
         #: Bumped when `set_epoch` or `load_state_dict` moves the reader, so an open
         #: iteration reads on from where they put it (as a `Dataset`'s iterator does).
         self._moves = 0
-        #: After `load_state_dict`: the moves count, epoch and position it left
-        #: (`set_epoch` back before that epoch with nothing read since is refused).
-        self._loaded: tuple[int, int, int] | None = None
         #: How long the loop waited for batches, against its steps.
         self.stalls = stalls.StallMeter()
 
@@ -223,18 +220,17 @@ class Batches:
         mixture has no epochs (its sources move on by themselves): nothing to do.
         Right after `load_state_dict`, before any batch, an epoch before the loaded
         state's is refused (StateMismatchError): it would repeat samples."""
-        # Checked here: the state below would carry a numpy integer, or 0.0 pass as 0.
+        # Checked here for a mixture too: its loop passes what a dataset's would.
         epoch = _integers.integer(epoch, "epoch", minimum=0)
         ds = self._source
-        loaded = self._loaded
-        if loaded is not None and loaded[0] == self._moves:
-            at = self._reader.state_dict()["dataset"]
-            if (at["epoch"], at["position"]) == loaded[1:]:
-                states.refuse_epoch_before_loaded(epoch, loaded[1], loaded[2])
-        if isinstance(ds, datasets.Dataset) and epoch != ds.epoch:
-            state = ds.state_dict()
-            state.update(epoch=epoch, position=0)
-            ds.load_state_dict(state)
+        if not isinstance(ds, datasets.Dataset):
+            return
+        before = ds.epoch
+        # The dataset's own rules, so the adapters cannot drift from them: the same
+        # epoch keeps the position, an epoch before a just-loaded state's is refused,
+        # and an epoch read before starts afresh without its old skips.
+        ds.set_epoch(epoch)
+        if ds.epoch != before:
             self._reader = batching.Reader(ds, self.options)
             self._fresh = True
             self._moves += 1
@@ -248,9 +244,7 @@ class Batches:
             # A pass that reached the epoch's end: the next one is the same epoch again,
             # from its start. A pass left before the end goes on from its cursor, so no
             # row it handed out is handed out again.
-            state = ds.state_dict()
-            state["position"] = 0
-            ds.load_state_dict(state)
+            ds.load_state_dict(states.moved(ds.state_dict(), position=0))
             self._reader = batching.Reader(ds, self.options)
         self._fresh = False
         while True:
@@ -293,10 +287,6 @@ class Batches:
         self._reader.load_state_dict(state)
         self._fresh = True
         self._moves += 1
-        at = self._reader.state_dict().get("dataset")
-        if isinstance(at, dict):
-            # A mixture's state has no epoch: set_epoch does nothing there.
-            self._loaded = (self._moves, at["epoch"], at["position"])
 
     def close(self) -> None:
         if isinstance(self._reader, mixture_batching.MixtureReader):

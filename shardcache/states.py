@@ -337,6 +337,34 @@ def clamp(state: DataState, rank_samples: int) -> DataState:
     return dataclasses.replace(state, position=rank_samples, skips=normalise(kept))
 
 
+def skips_until(skips: Sequence[Skip], epoch: int, position: int) -> tuple[Skip, ...]:
+    """`skips` as they stand at `position` of `epoch`: that epoch's skips cut there (one
+    starting at or after it dropped), other epochs' kept."""
+    out = []
+    for s in skips:
+        if s.epoch != epoch or s.stop <= position:
+            out.append(s)
+        elif s.start < position:
+            out.append(Skip(s.epoch, s.start, position))
+    return tuple(out)
+
+
+def moved(state: Mapping[str, Any], *, position: int, epoch: int | None = None) -> dict[str, Any]:
+    """A state dict of `Dataset.state_dict()` moved to `position` of `epoch` (its own
+    epoch when None), to load: what a reader does to start a pass or a loader process
+    at a place of its own. The skips of that epoch are cut there (`skips_until`): a
+    skip after the place has not happened there (the rows `drop_last` trimmed, recorded
+    at the epoch's end, are trimmed again when the walk gets there), and a state with a
+    skip ahead of its position contradicts itself (`parse` refuses it)."""
+    out = dict(state)
+    out["epoch"] = state["epoch"] if epoch is None else epoch
+    out["position"] = position
+    raw = state.get("skips") or []
+    skips = [Skip(s["epoch"], s["start"], s["stop"]) for s in raw]
+    out["skips"] = [s.to_json() for s in skips_until(skips, out["epoch"], position)]
+    return out
+
+
 def skipped_before(skips: Sequence[Skip], position: int) -> int:
     """Samples of `skips` (one epoch's) that lie before `position`."""
     return sum(max(0, min(s.stop, position) - s.start) for s in skips)

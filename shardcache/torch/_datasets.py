@@ -231,9 +231,7 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
             ds.load_state_dict(ranks)
             self._adopt_epoch(ds.epoch)
         elif pending is None and (not self._opened_fresh or ds.epoch != self._epoch):
-            state = ds.state_dict()
-            state.update(epoch=self._epoch, position=0)
-            ds.load_state_dict(state)
+            ds.load_state_dict(states.moved(ds.state_dict(), epoch=self._epoch, position=0))
         self._opened_fresh = False
         reader = batching.Reader(ds, self.options, split, defer_gather=defer_gather)
         if pending is not None:

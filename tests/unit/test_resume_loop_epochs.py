@@ -122,3 +122,24 @@ def test_the_torch_dataset_refuses_a_loop_from_epoch_0_after_a_load(tmp_path: Pa
     rows = sum(len(b["uid"]) for b in resumed)
     resumed.close()
     assert rows == 50 - 10
+
+
+def test_the_numpy_batches_go_back_to_an_epoch_whose_batches_were_skipped(
+    tmp_path: Path,
+) -> None:
+    """Their set_epoch is the dataset's: back in an epoch read before, the pass starts
+    afresh and reads the rows its earlier pass skipped (it used to reload a state that
+    still called them skipped, ahead of position 0, which is refused)."""
+    uri, _ = datasets.write_local(tmp_path / "ds", [25, 25])
+    with shardcache.numpy.Batches(
+        uri, batch_size=10, columns=["uid"], cache_dir=tmp_path / "cache", rank=0, world_size=1
+    ) as batches:
+        it = iter(batches)
+        next(it)
+        batches.dataset.skip_batches(2)
+        assert len([u for b in it for u in b["uid"]]) == 50 - 30
+        batches.set_epoch(1)
+        assert len([u for b in batches for u in b["uid"]]) == 50
+        batches.set_epoch(0)
+        again = sorted(int(u) for b in batches for u in b["uid"])
+    assert again == list(range(50))
