@@ -22,16 +22,18 @@ from shardcache import errors
 if TYPE_CHECKING:
     from shardcache.torch._datasets import IterableDataset
     from shardcache.torch._prefetch import DevicePrefetcher
+    from shardcache.torch._rank_states import state_epoch
     from shardcache.torch._ranks import discover
     from shardcache.torch._tensors import collate
 
-__all__ = ["DevicePrefetcher", "IterableDataset", "collate", "discover"]
+__all__ = ["DevicePrefetcher", "IterableDataset", "collate", "discover", "state_epoch"]
 
 _MODULES = {
     "IterableDataset": "shardcache.torch._datasets",
     "DevicePrefetcher": "shardcache.torch._prefetch",
     "discover": "shardcache.torch._ranks",
     "collate": "shardcache.torch._tensors",
+    "state_epoch": "shardcache.torch._rank_states",
 }
 
 

@@ -223,6 +223,8 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         if not _worker_notes.in_worker():
             # A pass of this process: its state is this process's own again.
             self._worker_passes_known = self._notes.worker_passes
+        if self._pending is not None:
+            self.refuse_state_after_earlier_epoch(self._pending)
         pending, self._pending = self._pending, None
         ranks, self._pending_ranks = self._pending_ranks, None
         if ranks is not None:
@@ -289,7 +291,32 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         loaded = self._loaded_state()
         if loaded is not None and not _worker_notes.in_worker():
             states.refuse_epoch_before_loaded(epoch, loaded[0], loaded[1])
+        if not _worker_notes.in_worker():
+            self._notes.choose()
         self._choose_epoch(epoch)
+
+    def refuse_state_after_earlier_epoch(self, state: Any) -> None:
+        """Refuse a state loaded after `set_epoch` chose an epoch before the state's.
+
+        StatefulDataLoader hands the dataset its state only at `iter(loader)`, after the
+        loop's `set_epoch`, so a loop from epoch 0 (`for epoch in range(epochs)`) is not
+        refused by `set_epoch`; the state then read the rest of its epoch in the loop's
+        turn 0 and the loop read that epoch again whole in its turn: every sample before
+        the checkpoint twice, silently. Raised before anything moves."""
+        at = state.get("dataset") if isinstance(state, dict) else None
+        if not isinstance(at, dict) or not self._notes.chosen:
+            return
+        saved, position = at.get("epoch"), at.get("position")
+        if isinstance(saved, int) and self._epoch < saved:
+            raise errors.StateMismatchError(
+                f"a state of epoch {saved} (position {position}) reached the dataset after "
+                f"set_epoch({self._epoch}) chose an earlier epoch: expected set_epoch"
+                f"({saved}) or later, found {self._epoch}; reading on would repeat the "
+                "samples read before the checkpoint. StatefulDataLoader loads the "
+                "dataset's state at iter(loader), after the loop's set_epoch: start the "
+                "loop at the checkpoint's epoch, `for epoch in range(start, epochs)` with "
+                "`start = shardcache.torch.state_epoch(loader_state)`"
+            )
 
     def _loaded_state(self) -> tuple[int, int] | None:
         """The epoch and position of a state loaded and not read from yet."""
@@ -494,6 +521,8 @@ class _Iterator:
         return self._read().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        # StatefulDataLoader's workers get their states here, after the loop's set_epoch.
+        self._owner.refuse_state_after_earlier_epoch(state)
         self._read().load_state_dict(state)
         self._batches = None
 

@@ -155,6 +155,49 @@ def _loader_rank_state(
     return dict(first, split=[0, 1])
 
 
+def state_epoch(state: Any) -> int:
+    """The epoch a checkpointed data state resumes in, to start the training loop at:
+    of an `IterableDataset.state_dict()`, a StatefulDataLoader's `state_dict()` (with
+    workers, the earliest of theirs) or a `Dataset.state_dict()`. StatefulDataLoader
+    hands the dataset its state only at `iter(loader)`, so `ds.epoch` cannot say it
+    before the loop starts; this reads it from the state itself."""
+    found = _dataset_parts(state)
+    epochs = [e for d in found if isinstance(e := d.get("epoch"), int) and not isinstance(e, bool)]
+    if not found or len(epochs) != len(found):
+        hint = (
+            " (a mixture has no epochs)" if isinstance(state, dict) and "mixture" in state else ""
+        )
+        raise errors.StateMismatchError(
+            "expected a state of shardcache.torch.IterableDataset.state_dict(), of a "
+            "StatefulDataLoader over one, or of Dataset.state_dict(), with an epoch; "
+            f"found {_kind(state)}{hint}"
+        )
+    return min(epochs)
+
+
+def _dataset_parts(state: Any) -> list[dict[str, Any]]:
+    """Every `Dataset` state inside `state` (see `state_epoch`)."""
+    if not isinstance(state, dict):
+        return []
+    if "digest" in state and "epoch" in state:
+        return [state]
+    if isinstance(state.get("dataset"), dict):
+        return [state["dataset"]]
+    if "_snapshot" in state:
+        snapshot = state["_snapshot"]
+        workers = snapshot.get("_worker_snapshots") if isinstance(snapshot, dict) else None
+        if isinstance(workers, dict) and workers:
+            return [d for worker in workers.values() for d in _dataset_parts(worker)]
+        if isinstance(snapshot, dict):
+            return _dataset_parts(snapshot)
+        return []
+    fetcher = state.get("fetcher_state")
+    inner = fetcher.get("dataset_iter_state") if isinstance(fetcher, dict) else None
+    if inner is None:
+        inner = state.get("dataset_state")
+    return _dataset_parts(inner)
+
+
 def _kind(state: Any) -> str:
     if isinstance(state, dict):
         return f"a dict with keys {sorted(map(str, state))[:8]}"

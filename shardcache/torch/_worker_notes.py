@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.utils.data
 
-_EPOCH, _LOADS, _WORKER_PASSES = 0, 1, 2
+_EPOCH, _LOADS, _WORKER_PASSES, _CHOSEN = 0, 1, 2, 3
 
 
 def in_worker() -> bool:
@@ -32,12 +32,12 @@ def in_worker() -> bool:
 
 
 class Notes:
-    """The epoch the main process set last, how many states it has loaded, and how many
-    passes DataLoader workers have started."""
+    """The epoch the main process set last (and whether the loop chose it), how many
+    states it has loaded, and how many passes DataLoader workers have started."""
 
     def __init__(self, epoch: int) -> None:
         # int64 like the epochs and counts it holds; shared before any worker starts.
-        values = torch.tensor([epoch, 0, 0], dtype=torch.int64)
+        values = torch.tensor([epoch, 0, 0, 0], dtype=torch.int64)
         # torch declares no types for share_memory_ (it returns the tensor itself).
         values.share_memory_()  # type: ignore[no-untyped-call]
         self._values = values
@@ -54,8 +54,17 @@ class Notes:
     def worker_passes(self) -> int:
         return int(self._values[_WORKER_PASSES])
 
+    @property
+    def chosen(self) -> bool:
+        """Whether the training loop has called `set_epoch` (the epoch is its choice,
+        not the default or a loaded state's)."""
+        return bool(self._values[_CHOSEN])
+
     def set_epoch(self, epoch: int) -> None:
         self._values[_EPOCH] = epoch
+
+    def choose(self) -> None:
+        self._values[_CHOSEN] = 1
 
     def count_load(self) -> int:
         """Count one more state loaded in the main process; the new count."""
