@@ -14,7 +14,7 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -34,8 +34,9 @@ class Gone(Exception):
 
 #: LISTs a watch's collections into its view: (session, server) -> path -> resourceVersion.
 Lister = Callable[[aiohttp.ClientSession, str], Awaitable[Mapping[str, str]]]
-#: WATCHes one collection into the view until it ends: (session, server, path, version).
-PathWatcher = Callable[[aiohttp.ClientSession, str, str, str], Awaitable[None]]
+#: WATCHes one collection into the view until it ends: (session, server, path, version,
+#: working), calling `working()` whenever the stream proves it carries (`watch`).
+PathWatcher = Callable[[aiohttp.ClientSession, str, str, str, Callable[[], None]], Awaitable[None]]
 
 
 def _nothing() -> None:
@@ -102,11 +103,16 @@ async def watch(
     timeout_seconds: int,
     silent_seconds: float,
     headers: Mapping[str, str] | None = None,
+    working: Callable[[], None] = _nothing,
 ) -> None:
     """Until an error: WATCH from `version`, calling `apply(kind, obj)` for each ADDED,
     MODIFIED and DELETED event, and again from the last version seen when the server
     ends the watch (after `timeout_seconds`). A connection silent for `silent_seconds`
-    is an error; Gone when the version is too old (410)."""
+    is an error; Gone when the version is too old (410).
+
+    `working()` is called after each event other than ERROR (bookmarks included) and
+    each time the server ends the watch cleanly: the stream demonstrably carries.
+    An accepted request alone is not that: a proxy may cut the stream just after."""
     while True:
         query = {
             **params,
@@ -132,13 +138,15 @@ async def watch(
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     apply(str(kind), obj)
+                working()
+        working()
 
 
 @dataclasses.dataclass
 class Failures:
     """The log of a watch's failed attempts: a WARNING when it starts failing, then at
     most one every `interval_seconds` with the count since the last, and one INFO when
-    an attempt succeeds again (`recovered`)."""
+    the watch works again (`recovered`; `run` says when that is)."""
 
     #: The watch, as its log lines name it ("pod watch").
     what: str
@@ -183,7 +191,7 @@ class Failures:
         self._unlogged = 0
 
     def recovered(self) -> None:
-        """An attempt succeeded: says so once if it had been failing."""
+        """The watch works again: says so once if it had been failing."""
         if self._since is None:
             return
         self.logger.info(
@@ -194,6 +202,24 @@ class Failures:
         )
         self._since = None
         self._failures = self._unlogged = 0
+
+
+def _all_working(
+    paths: Iterable[str], then: Callable[[], None]
+) -> Callable[[str], Callable[[], None]]:
+    """Per path, the `working` callback of its watch: `then()` once every path's has been
+    called (and at each call after that, as `Failures.recovered` expects)."""
+    waiting = set(paths)
+
+    def of(path: str) -> Callable[[], None]:
+        def working() -> None:
+            waiting.discard(path)
+            if not waiting:
+                then()
+
+        return working
+
+    return of
 
 
 async def run(
@@ -215,6 +241,14 @@ async def run(
     API, ") and retried after `retry_seconds`. `on_listed` is called after each LIST
     that succeeds; `on_lost` whenever the view may be stale: after an expired version,
     after an error, and when cancelled.
+
+    The watch has recovered (`failures.recovered`) once, after a LIST, every path's
+    WATCH has shown it carries (`watch`'s `working`: an event, a bookmark, or a clean
+    end by the server). Not at the LIST: a LIST that works says nothing of the WATCH
+    after it (a role granting list without watch, a proxy cutting long requests), and
+    such a watch logged a WARNING and a false "recovered" INFO at every retry. On a
+    quiet cluster that is up to the server's watch timeout after the LIST; a failure
+    before then counts as the same run of failures.
     """
     try:
         while True:
@@ -223,10 +257,10 @@ async def run(
                 async with session(info) as http:
                     versions = await list_view(http, info.server)
                     on_listed()
-                    failures.recovered()
+                    working = _all_working(versions, failures.recovered)
                     await asyncio.gather(
                         *(
-                            watch_path(http, info.server, path, version)
+                            watch_path(http, info.server, path, version, working(path))
                             for path, version in versions.items()
                         )
                     )

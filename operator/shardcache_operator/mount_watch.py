@@ -14,7 +14,8 @@ watch runs outside kopf (like `pod_watch`) and ignores peering:
 - on any error the Store is told (`Store.lost`) and the webhook reads the API (a copy
   served for `mounts.READ_TTL_SECONDS` at most) until the next LIST succeeds; the
   first error is a WARNING, later ones one a minute with a count (`informer.Failures`),
-  and the LIST that succeeds again an INFO.
+  and an INFO once the watch works again: a LIST and then a WATCH that delivers an event
+  or bookmark, or is ended by the server (`informer.run`), not at the LIST alone.
 
 A watch connection that goes silent without an error is dropped after
 `WATCH_TIMEOUT_SECONDS + READ_GRACE_SECONDS` without a byte, then listed again.
@@ -100,7 +101,12 @@ class Watcher:
             self._changed()
 
     async def _watch(
-        self, session: aiohttp.ClientSession, server: str, path: str, version: str
+        self,
+        session: aiohttp.ClientSession,
+        server: str,
+        path: str,
+        version: str,
+        working: Callable[[], None],
     ) -> None:
         await informer.watch(
             session,
@@ -110,4 +116,5 @@ class Watcher:
             self._seen,
             timeout_seconds=WATCH_TIMEOUT_SECONDS,
             silent_seconds=WATCH_TIMEOUT_SECONDS + READ_GRACE_SECONDS,
+            working=working,
         )

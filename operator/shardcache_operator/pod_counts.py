@@ -24,6 +24,13 @@ the API server prunes the whole stored object to the older schema on any status 
 so a patch of attachedPods alone would drop the fields the older schema lacks (the pin's
 manifestVersion) just as a full status write would. It looks at the gate again every
 `recheck` seconds and writes every count that changed meanwhile once the CRD is current.
+
+Each flush also sets the per-mount gauges (`attached_pods`, `pods_on_older_pin`) of the
+mounts the watch shows, and removes those it set earlier for mounts the watch no longer
+shows. The delete handler removes a released mount's series too (`Metrics.set_phase`),
+but only on the active replica, and the mount stays in the watch until its DELETED
+event: a flush in between set its series again, and with nothing else removing them a
+deleted mount's last counts were exported for as long as the operator ran.
 """
 
 from __future__ import annotations
@@ -71,6 +78,19 @@ def stale(
     return result
 
 
+def gone(gauged: Iterable[mounts.Key], known: Watched) -> list[mounts.Key]:
+    """The mounts whose gauges were set that the watch no longer shows."""
+    return sorted(key for key in gauged if key not in known)
+
+
+def forget(meters: metrics.Metrics, namespace: str, name: str) -> None:
+    """Remove a mount's per-mount pod gauges; a series never set (or already removed by
+    the delete handler) is no error."""
+    for gauge in (meters.attached_pods, meters.pods_on_older_pin):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)
+
+
 class Writer:
     """One per operator (in its `context.Context`); `run` is its only task."""
 
@@ -82,6 +102,8 @@ class Writer:
         self._written: dict[mounts.Key, int] = {}
         #: Why the last flush wrote nothing (the CRD is older), or None.
         self.held: str | None = None
+        #: Mounts whose per-mount gauges the last flush set: removed once not watched.
+        self._gauged: set[mounts.Key] = set()
 
     def touch(self, pods: PodIndex | None = None, known: mounts.Store | None = None) -> None:
         """A pod or a mount changed. The arguments are live views (kept, they stay
@@ -104,18 +126,7 @@ class Writer:
             # Gone, or the watch shows what was written: the status speaks for itself.
             if obj is None or (obj.get("status") or {}).get("attachedPods") == value:
                 del self._written[key]
-        for namespace, name in list(known):
-            meters.attached_pods.labels(namespace=namespace, datasetmount=name).set(
-                count(self._pods, namespace, name)
-            )
-            # The pod watch's `Index` knows each pod's digest; a plain mapping (tests) not.
-            older = getattr(self._pods, "older", None)
-            obj = known.get((namespace, name))
-            if older is not None and obj is not None:
-                digest = (obj.get("status") or {}).get("manifestDigest")
-                meters.pods_on_older_pin.labels(namespace=namespace, datasetmount=name).set(
-                    older(namespace, name, digest if isinstance(digest, str) else None)
-                )
+        self._gauge(known, meters)
         held = None if hold is None else await hold()
         if held is not None and self.held is None:
             logger.warning("not writing status.attachedPods: %s", held)
@@ -140,6 +151,23 @@ class Writer:
             meters.pod_count_writes_total.inc()
             writes += 1
         return writes
+
+    def _gauge(self, known: Watched, meters: metrics.Metrics) -> None:
+        """Set the per-mount gauges of the `known` mounts; remove those of mounts gone."""
+        for namespace, name in gone(self._gauged, known):
+            forget(meters, namespace, name)
+        self._gauged = set(known)
+        # The pod watch's `Index` knows each pod's digest; a plain mapping (tests) not.
+        older = getattr(self._pods, "older", None)
+        for (namespace, name), obj in list(known.items()):
+            meters.attached_pods.labels(namespace=namespace, datasetmount=name).set(
+                count(self._pods, namespace, name)
+            )
+            if older is not None:
+                digest = (obj.get("status") or {}).get("manifestDigest")
+                meters.pods_on_older_pin.labels(namespace=namespace, datasetmount=name).set(
+                    older(namespace, name, digest if isinstance(digest, str) else None)
+                )
 
     async def run(
         self,

@@ -233,7 +233,12 @@ class Watcher:
         return versions
 
     async def _watch(
-        self, session: aiohttp.ClientSession, server: str, path: str, version: str
+        self,
+        session: aiohttp.ClientSession,
+        server: str,
+        path: str,
+        version: str,
+        working: Callable[[], None],
     ) -> None:
         await informer.watch(
             session,
@@ -244,4 +249,5 @@ class Watcher:
             timeout_seconds=WATCH_TIMEOUT_SECONDS,
             silent_seconds=WATCH_TIMEOUT_SECONDS + 30,
             headers={"Accept": ACCEPT_WATCH},
+            working=working,
         )

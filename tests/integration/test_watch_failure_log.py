@@ -1,6 +1,7 @@
 """The DatasetMount watch and the pod watch, against a fake API server that refuses
 their LIST (the CRD not installed yet), log one WARNING while it fails, not one a
-retry, and one INFO once a LIST succeeds again (`informer.Failures`)."""
+retry, and one INFO once a LIST succeeds again and its WATCH delivers (here a bookmark,
+`informer.Failures`)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ pytestmark = pytest.mark.integration
 
 MOUNTS = "/apis/shardcache.io/v1alpha1/namespaces/ml/datasetmounts"
 PODS = "/api/v1/namespaces/ml/pods"
+BOOKMARK = b'{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "1"}}}\n'
 
 
 class FakeApi:
-    """Answers 404 to `failing` LISTs, then lists nothing; watches hang until closed."""
+    """Answers 404 to `failing` LISTs, then lists nothing; watches send a bookmark (as
+    an API server does within a minute) and hang until closed."""
 
     def __init__(self) -> None:
         self.failing = True
@@ -31,6 +34,7 @@ class FakeApi:
         if request.query.get("watch") == "1":
             response = web.StreamResponse()
             await response.prepare(request)
+            await response.write(BOOKMARK)
             await self.closed.wait()
             return response
         if self.failing:

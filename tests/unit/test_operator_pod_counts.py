@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from shardcache_operator import metrics, mounts, pod_counts
+from shardcache_operator import metrics, mounts, pod_counts, pod_watch
 
 pytestmark = pytest.mark.unit
 
@@ -147,3 +147,59 @@ async def test_nothing_is_written_while_the_mount_watch_reconnects() -> None:
     known.listed([dsm("a", 0)])
     assert await writer.flush(write, meters) == 1
     assert write.calls == [("ml", "a", 1)]
+
+
+def gauges(meters: metrics.Metrics, name: str) -> tuple[float | None, float | None]:
+    """(attached_pods, pods_on_older_pin) of ml/`name`; None for a series not exported."""
+    labels = {"namespace": "ml", "datasetmount": name}
+    sample = meters.registry.get_sample_value
+    return (
+        sample("shardcache_operator_attached_pods", labels),
+        sample("shardcache_operator_pods_on_older_pin", labels),
+    )
+
+
+async def test_a_mount_gone_from_the_watch_loses_its_pod_gauges() -> None:
+    """Each flush set the gauges of every watched mount and removed none: a mount
+    deleted (or gone at a relist) kept exporting its last counts. On a standby replica
+    nothing else removes them (the delete handler runs on the active one only)."""
+    writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder()
+    pods = pod_watch.Index()
+    pods.set("ml", "p1", ("a",))
+    pods.set("ml", "p2", ("b",))
+    known = store(dsm("a", 1), dsm("b", 1))
+    writer.touch(pods, known)
+    await writer.flush(write, meters)
+    assert gauges(meters, "a") == gauges(meters, "b") == (1, 0)
+    known.seen("DELETED", dsm("a", 1))
+    await writer.flush(write, meters)
+    assert gauges(meters, "a") == (None, None)
+    assert gauges(meters, "b") == (1, 0)
+    known.listed([])  # a relist without "b"
+    await writer.flush(write, meters)
+    assert gauges(meters, "b") == (None, None)
+
+
+async def test_a_flush_between_the_delete_handler_and_the_deleted_event_does_not_keep_the_series() -> (
+    None
+):
+    """The delete handler removes the series (`Metrics.set_phase(None)`), but the mount
+    stays in the watch until its DELETED event: a flush in between set them again, and
+    they stayed. They go at the next flush after the event, and stay gone, even while
+    pods labelled with the mount are still in the pod index (a forced deletion)."""
+    writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder()
+    pods = pod_watch.Index()
+    pods.set("ml", "p1", ("a",))
+    known = store(dsm("a", 1))
+    writer.touch(pods, known)
+    await writer.flush(write, meters)
+    meters.set_phase("ml", "a", None)  # the finalizer released it
+    assert gauges(meters, "a") == (None, None)
+    await writer.flush(write, meters)  # the DELETED event is not in yet
+    assert gauges(meters, "a") == (1, 0)
+    known.seen("DELETED", dsm("a", 1))
+    await writer.flush(write, meters)
+    assert gauges(meters, "a") == (None, None)
+    await writer.flush(write, meters)
+    assert gauges(meters, "a") == (None, None)
+    assert 'datasetmount="a"' not in meters.exposition().decode()
