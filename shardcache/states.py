@@ -27,6 +27,8 @@ STATE_VERSION = 4
 SUPPORTED_VERSIONS = (1, 2, 3, 4)
 #: The version of a state whose segments carry no `least` (or that has none).
 _WITHOUT_LEAST = 3
+#: The first version with `batch_size` and `skips`.
+_WITH_SKIPS = 2
 #: The keys that say which stream a state belongs to; a resume needs all of them equal.
 IDENTITY_KEYS = ("plan_version", "digest", "seed", "shuffle", "block_size", "world_size", "rank")
 #: Plan version 2's keys: the shuffle granularity ("block" or "sample") and the
@@ -109,6 +111,24 @@ def version_of(segments: streams.Segments | None) -> int:
     if segments is not None and segments.least is not None:
         return STATE_VERSION
     return _WITHOUT_LEAST
+
+
+def rewritten(state: DataState, *, saved: Mapping[str, Any]) -> dict[str, Any]:
+    """`state`, a state read from `saved` whose position and skips a tool then moved
+    (the checkpoint agent's skip at restore), as JSON of the version `saved` has (at
+    least 2, which holds skips). The trainer that wrote `saved` reads the state next, and
+    it may be of an older release than the tool (the sidecar's image upgraded first): a
+    version-3 state whose segments carry `least` (written before version 4 existed) was
+    written back as 4 by `to_json`, which the very trainer that saved it refused ("state
+    version 4 is not supported"). Kept at its version, it loads wherever `saved` did;
+    such a state resumed by a trainer that ignores `least` is no worse than `saved`."""
+    version = saved.get("version")
+    if version not in SUPPORTED_VERSIONS:
+        raise errors.StateMismatchError(
+            f"state version {version!r} is not supported: expected one of "
+            f"{list(SUPPORTED_VERSIONS)} (saved by another shardcache version)"
+        )
+    return {**state.to_json(), "version": max(int(version), _WITH_SKIPS)}
 
 
 def _int(data: Mapping[str, Any], key: str, *, where: str, minimum: int = 0) -> int:

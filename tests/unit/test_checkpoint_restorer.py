@@ -70,3 +70,38 @@ def test_a_skip_request_round_trips_and_a_bad_one_is_refused() -> None:
         layout.SkipRequest.from_json({**request.to_json(), "batches": 0}, where="t")
     with pytest.raises(errors.InputError, match="version 2 is not supported"):
         layout.SkipRequest.from_json({**request.to_json(), "version": 2}, where="t")
+
+
+# A rank's state after an elastic resize with drop_last, as a shardcache of 2026-11-28
+# before state version 4 saved it (3cdcca0): version 3 with the segments' `least`.
+RESIZED_V3 = {
+    "version": 3, "plan_version": 2, "digest": "sha256:d", "seed": 3, "shuffle": True,
+    "granularity": "block", "window": 65536, "block_size": 64, "world_size": 2, "rank": 0,
+    "epoch": 0, "position": 150, "batch_size": 50, "skips": [],
+    "segments": {"epoch": 0, "ranges": [[100, 499], [599, 799]], "least": 599},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "saved,written",
+    [
+        (RESIZED_V3, 3),
+        ({**RESIZED_V3, "version": 4}, 4),
+        ({**RESIZED_V3, "segments": None}, 3),
+        (STATE, 2),
+        ({k: v for k, v in STATE.items() if k not in ("skips", "batch_size")} | {"version": 1}, 2),
+    ],
+)
+def test_a_skip_keeps_the_version_the_trainer_saved_its_state_as(
+    saved: dict[str, object], written: int
+) -> None:
+    """The sidecar's agent is often of a newer release than the trainer: a state it
+    raised to a version the trainer does not read fails that trainer's restore (3cdcca0's
+    own state came back as version 4: 'state version 4 is not supported')."""
+    request = layout.SkipRequest(step=9, batches=2, batch_size=50)
+    state, _ = restorer.apply_skip(dict(saved), request, where="t")
+    assert state is not None
+    assert state["version"] == written
+    parsed, before = states.parse(state), states.parse(saved)
+    assert parsed.position == before.position + 100
+    assert parsed.params.segments == before.params.segments

@@ -313,9 +313,12 @@ def apply_skip(
 ) -> tuple[dict[str, object] | None, dict[str, int] | None]:
     """The data state the trainer gets, with the requested skip recorded, and the skip.
 
-    The agent does not know the dataset, so a skip past the end of the epoch is cut
-    when the dataset loads the state (`states.clamp`). Raises InputError when the
-    checkpoint has no data state to skip in, or no batch size is known.
+    The state keeps the version the trainer saved it as (`states.rewritten`): the
+    trainer's image may be of an older release than this sidecar's, and refuses a
+    version it does not read. The agent does not know the dataset, so a skip past the
+    end of the epoch is cut when the dataset loads the state (`states.clamp`). Raises
+    InputError when the checkpoint has no data state to skip in, or no batch size is
+    known.
     """
     if request is None:
         return data_state, None
@@ -344,7 +347,12 @@ def apply_skip(
         skip.stop,
         state.rank,
     )
-    return new.to_json(), {**skip.to_json(), "batches": request.batches, "rank": state.rank}
+    # At the version the trainer wrote: it may be of an older release than this agent.
+    return states.rewritten(new, saved=data_state), {
+        **skip.to_json(),
+        "batches": request.batches,
+        "rank": state.rank,
+    }
 
 
 def record_applied(
