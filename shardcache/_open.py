@@ -125,9 +125,11 @@ def open(
     the pod's first, True ("block"), 0, `plans.DEFAULT_BLOCK_SIZE` and
     `plans.DEFAULT_WINDOW` (`shardcache._plan_defaults`). Given, they win.
 
-    `rank` and `world_size` left out (None) are $RANK and $WORLD_SIZE, as torchrun
-    sets them in every process (0 and 1 where unset), the default the torch and numpy
-    adapters have too (`shardcache.ranks`); given, they win.
+    `rank` and `world_size` left out (None) are those of torch.distributed's default
+    process group where the trainer imported torch and initialised one (it wins over
+    the environment), else $RANK and $WORLD_SIZE, as torchrun sets them in every
+    process (0 and 1 where unset): the default the torch and numpy adapters have too
+    (`shardcache.ranks.given_or_env`). Given, they win. torch is never imported for it.
 
     `gather_threads` (sample mode): threads that gather the next batches while the
     caller works on the current one; 0 or 1 gathers each batch in the caller's thread.

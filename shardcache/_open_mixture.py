@@ -102,7 +102,8 @@ def open_mixture(
     `epoch`, `block_size` and `window` are every source's plan parameters, as for
     `shardcache.open()`: left out, `shuffle`, `seed`, `block_size` and `window` are the
     mount's `spec.sharding` (the plan every source's sidecar warmed up with), and
-    `rank` and `world_size` $RANK and $WORLD_SIZE (`shardcache.ranks`).
+    `rank` and `world_size` an initialised torch.distributed process group's, else
+    $RANK and $WORLD_SIZE (`shardcache.ranks.given_or_env`).
     `resume_from` continues from a checkpoint committed with
     `data_state=mixture.state_dict()`.
     """

@@ -57,7 +57,8 @@ KINDS: dict[str, Kind] = {
     "cache_dir": Kind(_PATH, "a directory path (str or os.PathLike)", optional=True),
     "shuffle": Kind((bool, str), 'True, False, "block" or "sample"', optional=True),
     "seed": Kind((int,), "an int", optional=True),
-    # Left out: $RANK/$WORLD_SIZE (`shardcache.ranks.given_or_env`).
+    # Left out: an initialised torch.distributed group's, else $RANK/$WORLD_SIZE
+    # (`shardcache.ranks.given_or_env`).
     "rank": Kind((int,), "an int", optional=True),
     "world_size": Kind((int,), "an int", optional=True),
     "epoch": Kind((int,), "an int"),

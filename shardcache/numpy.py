@@ -117,7 +117,8 @@ class Batches:
     a mixture of datasets.
 
     `source` and `open_options` are `shardcache.open()`'s; `rank`/`world_size`
-    default to $RANK/$WORLD_SIZE (JAX users pass `jax.process_index()` and
+    default as `shardcache.open()`'s do: an initialised torch.distributed process
+    group's, else $RANK/$WORLD_SIZE (JAX users pass `jax.process_index()` and
     `jax.process_count()`, or use `shardcache.jax`). Each `iter()` reads the rest of
     the current epoch: after a pass left early, from the next batch not handed out;
     after a pass that reached the epoch's end, the same epoch again from its start.
@@ -162,7 +163,7 @@ class Batches:
             some = next(iter(source.sources.values()))
             self.rank, self.world_size = some.params.rank, some.params.world_size
         else:
-            found = ranks.resolve(rank, world_size, ranks.from_env())
+            found = ranks.given_or_env(rank, world_size)
             self.rank, self.world_size = found.rank, found.world_size
             args = dict(
                 open_options, source_uri=source, rank=found.rank, world_size=found.world_size

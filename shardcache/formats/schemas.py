@@ -1,11 +1,14 @@
 """Schema unification across the shards of one dataset.
 
 Writers leave a column whose values are all missing with Arrow type `null` (pandas and
-pyarrow do so for an all-None column), while other shards of the same dataset carry
-its real type. Such a shard is not a conflict: a null column unifies with the typed
-one, and the shard is cast at decode so every shard a reader gets has the one
-unified schema. Anything else that differs (another type; another field or order,
-but for JSON Lines) is a real conflict and an error naming the shards and the fields.
+pyarrow do so for an all-None column), or as a dictionary whose values are `null` (an
+all-None pandas categorical converts to one; an Arrow IPC or Feather shard keeps that
+type, where Parquet reads it back as `null`), while other shards of the same dataset
+carry its real type. Such a shard is not a conflict: a column with no values unifies
+with the typed one, and the shard is cast at decode so every shard a reader gets has
+the one unified schema. Anything else that differs (another type; another field or
+order, but for JSON Lines) is a real conflict and an error naming the shards and the
+fields.
 
 The rules (README.md beside this file, "Schema unification"):
 
@@ -15,7 +18,10 @@ The rules (README.md beside this file, "Schema unification"):
    no key order and leave optional keys out, so a field a shard lacks is one of type
    `null` there, and a shard's fields may come in any order.
 2. For each field, the types other than `null` are all equal: that type is the
-   field's unified type. A field that is `null` in every shard stays `null`.
+   field's unified type. A `dictionary<values=null>` (any index type) counts as `null`
+   here: it can hold no value either. A field that is `null` in every shard stays as it
+   is where every shard has the same type, and is unified as `null` where they differ
+   (`null` in one, a dictionary of nulls in another).
 3. A shard whose field is `null` where the unified type is not is *promoted*: at
    decode, that column becomes an all-null array of the unified type (a validity
    bitmap and zeroed values: the only cost), with the typed shards' field made
@@ -24,7 +30,8 @@ The rules (README.md beside this file, "Schema unification"):
    field metadata (schema-level metadata, such as pandas', is ignored).
 
 Only whole top-level columns are promoted; a `list<null>` against `list<int32>` is a
-conflict, since promoting inside a nested type would change values, not just types.
+conflict, since promoting inside a nested type would change values, not just types. So
+is a `dictionary<string>` against `string`: both hold values, in other types.
 """
 
 from __future__ import annotations
@@ -79,13 +86,17 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]], *, by_name: bool = False) ->
         # shards are concatenated, which needs equal fields.
         typed: dict[str, tuple[pa.Field, str]] = {}
         some_null = False
+        #: The types of the shards' columns with no values (`null`, dictionary of nulls).
+        empty: set[pa.DataType] = set()
         for path, schema in schemas:
             # By position where the names are the same (a Parquet file may name two
             # columns alike); by name otherwise, where a shard may lack the field.
             index = i if same_names else schema.get_field_index(name)
             field = schema.field(index) if index >= 0 else None
-            if field is None or patypes.is_null(field.type):
+            if field is None or no_values(field.type):
                 some_null = True
+                if field is not None:
+                    empty.add(field.type)
             else:
                 typed.setdefault(_describe(field), (field, path))
         if len(typed) > 1:
@@ -97,18 +108,34 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]], *, by_name: bool = False) ->
             # where the typed shards say `not null`, which their rows keep to.
             promoted.append(field.with_nullable(True))
             unified.append(promoted[-1])
+        elif typed:
+            unified.append(next(iter(typed.values()))[0])
+        elif len(empty) > 1:
+            # No shard has a value, in types that do not concatenate (`null` in one, a
+            # dictionary of nulls in another): every shard gets it as plain `null`.
+            promoted.append(pa.field(name, pa.null()))
+            unified.append(promoted[-1])
         else:
-            unified.append(next(iter(typed.values()))[0] if typed else pa.field(name, pa.null()))
+            unified.append(pa.field(name, pa.null()))
     if conflicts:
         raise errors.InputError(
             "shards disagree on the schema: "
             + "; ".join(conflicts)
-            + "; expected one type per field across shards (a column of type null, all "
-            "values missing, unifies with any type)"
+            + "; expected one type per field across shards (a column of type null, or a "
+            "dictionary of nulls, all values missing, unifies with any type)"
         )
     if not same_names:
         return pa.schema(unified, metadata=_BY_NAME)
     return pa.schema(promoted) if promoted else None
+
+
+def no_values(kind: pa.DataType) -> bool:
+    """Whether a column of type `kind` can hold no value: `null`, or a dictionary whose
+    values are `null` (what an all-None categorical is written as), whose every index is
+    null or points at a null."""
+    if patypes.is_dictionary(kind):
+        return bool(patypes.is_null(kind.value_type))
+    return bool(patypes.is_null(kind))
 
 
 def _describe(field: pa.Field) -> str:
@@ -119,9 +146,10 @@ def _describe(field: pa.Field) -> str:
 
 
 def promote(table: pa.Table, promoted: pa.Schema | None) -> pa.Table:
-    """`table` with each of its `null`-typed columns named in `promoted` replaced by an
-    all-null column of the promoted type, and each of its fields of that type made
-    nullable as `promoted` has it; other columns (and the metadata) untouched.
+    """`table` with each of its columns with no values (`no_values`: `null`, or a
+    dictionary of nulls) named in `promoted` replaced by an all-null column of the
+    promoted type, and each of its fields of that type made nullable as `promoted` has
+    it; other columns (and the metadata) untouched.
 
     A promotion by name (`unify(by_name=True)`) gives the table exactly the promotion's
     fields, in the promotion's order: a field the table lacks is an all-null column."""
@@ -131,15 +159,17 @@ def promote(table: pa.Table, promoted: pa.Schema | None) -> pa.Table:
         return _conform(table, promoted)
     for field in promoted:
         i = table.schema.get_field_index(field.name)
-        if i >= 0 and table.schema.field(i).type in (field.type, pa.null()):
+        kind = table.schema.field(i).type if i >= 0 else None
+        if kind is not None and (kind == field.type or no_values(kind)):
             table = table.set_column(i, field, _column(table, i, field))
     return table
 
 
 def _column(table: pa.Table, i: int, field: pa.Field) -> pa.ChunkedArray | pa.Array:
     """Column i of `table` as `field` has it: its values (only the field changes), or
-    all null where it has type null."""
-    if patypes.is_null(table.schema.field(i).type) and not patypes.is_null(field.type):
+    all null where it has no values (`no_values`) in another type."""
+    kind = table.schema.field(i).type
+    if no_values(kind) and kind != field.type:
         return pa.nulls(table.num_rows, type=field.type)
     return table.column(i)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
@@ -207,3 +208,87 @@ def test_a_manifest_matching_jsonl_fields_by_name_has_its_own_version(tmp_path: 
         manifests.Manifest.from_json({**body, "version": 3})
     with pytest.raises(errors.InputError, match="manifest version 5 is not supported"):
         manifests.Manifest.from_json({**body, "version": 5})
+
+
+def all_null_categorical(rows: int, indices: str = "int32") -> pa.DictionaryArray:
+    """An all-None pandas categorical as pyarrow converts it: a dictionary of nulls."""
+    index = pa.nulls(rows, pa.type_for_alias(indices))
+    return pa.DictionaryArray.from_arrays(index, pa.array([], pa.null()))
+
+
+def with_label(table: pa.Table, label: pa.Array) -> pa.Table:
+    return table.set_column(1, pa.field("label", label.type), label)
+
+
+def write_shards(root: Path, fmt: str, tables: list[pa.Table]) -> str:
+    if fmt == "parquet":
+        return write(root, tables)
+    root.mkdir()
+    for i, table in enumerate(tables):
+        feather.write_feather(table, root / f"part-{i:05d}.arrow")
+    return str(root)
+
+
+def test_unify_counts_a_dictionary_of_nulls_as_a_column_without_values() -> None:
+    strings = pa.schema([("label", pa.string())])
+    nulls = pa.schema([("label", pa.null())])
+    categories = pa.schema([("label", pa.dictionary(pa.int8(), pa.string()))])
+    no_categories = pa.schema([("label", all_null_categorical(1).type)])
+    assert schemas.unify([("a", strings), ("b", no_categories)]) == strings
+    assert schemas.unify([("a", no_categories), ("b", categories)]) == categories
+    # No shard has a value: `null` and a dictionary of nulls do not concatenate, so
+    # every shard gets the field as `null`.
+    assert schemas.unify([("a", nulls), ("b", no_categories)]) == nulls
+    assert schemas.unify([("a", no_categories), ("b", no_categories)]) is None
+    # A dictionary of strings holds values: against a string it is another type.
+    with pytest.raises(
+        errors.InputError,
+        match=r"field 'label' is string in 'a', dictionary<values=string, indices=int8",
+    ):
+        schemas.unify([("a", strings), ("b", categories)])
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "parquet"])
+def test_a_shard_whose_labels_are_an_all_null_categorical_reads_as_the_typed_shards(
+    tmp_path: Path, fmt: str
+) -> None:
+    tables = [typed(0, 6), with_label(typed(6, 4), all_null_categorical(4)), typed(10, 3)]
+    uri = write_shards(tmp_path / "ds", fmt, tables)
+    with shardcache.open(uri, cache_dir=tmp_path / "cache", shuffle=False) as ds:
+        got = pa.Table.from_batches(list(ds.batches(5)))
+    assert got.schema == tables[0].schema
+    assert got.column("uid").to_pylist() == list(range(13))
+    assert got.column("label").to_pylist() == [
+        *[u % 3 if u % 4 else None for u in range(6)],
+        *[None] * 4,
+        *[u % 3 if u % 4 else None for u in range(10, 13)],
+    ]
+    got.validate(full=True)
+
+
+def test_shards_of_all_null_categoricals_and_of_null_columns_read_as_null_sampled(
+    tmp_path: Path,
+) -> None:
+    tables = [
+        with_label(typed(0, 5), all_null_categorical(5, "int8")),
+        all_null(5, 4),
+        with_label(typed(9, 3), all_null_categorical(3)),
+    ]
+    uri = write_shards(tmp_path / "ds", "arrow", tables)
+    with shardcache.open(uri, cache_dir=tmp_path / "cache", shuffle="sample", seed=3) as ds:
+        got = pa.Table.from_batches(list(ds.batches(4))).sort_by("uid")
+    assert got.schema.field("label") == pa.field("label", pa.null())
+    assert got.column("uid").to_pylist() == list(range(12))
+    assert got.column("label").null_count == 12
+
+
+def test_a_categorical_of_strings_against_strings_is_still_refused(tmp_path: Path) -> None:
+    categories = pa.array(["x", "y", "x"]).dictionary_encode()
+    strings = with_label(typed(3, 2), pa.array(["x", None]))
+    uri = write_shards(tmp_path / "ds", "arrow", [with_label(typed(0, 3), categories), strings])
+    with pytest.raises(
+        errors.InputError,
+        match=r"field 'label' is dictionary<values=string, indices=int32, ordered=0> in "
+        r"'part-00000.arrow', string in 'part-00001.arrow'",
+    ):
+        shardcache.open(uri, cache_dir=tmp_path / "cache")
