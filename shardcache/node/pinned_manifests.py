@@ -25,17 +25,20 @@ from shardcache.node import nested_json, tiers
 
 log = logging.getLogger(__name__)
 
-#: The key prefix of this entry kind; the manifest's own version is part of the key, so
-#: sidecars of other manifest versions on one node never read each other's entries.
-KEY_PREFIX = f"manifest-v{manifests.MANIFEST_VERSION}-"
+#: The key prefix of this entry kind, then the manifest's own version (`key`): a sidecar
+#: of a release that does not read that version never finds the entry (it would take it
+#: for damage, remove it, and the node's next sidecar would resolve from the store).
+KEY_PREFIX = "manifest-v"
 
 
 #: How deep a kept manifest's JSON nests: the manifest, its shard list, a shard.
 MAX_DEPTH = 3
 
 
-def key(digest: str, uri: str) -> str:
-    """The disk-tier key of the manifest pinned as `digest` for source `uri`.
+def key(digest: str, uri: str, version: int = manifests.MANIFEST_VERSION) -> str:
+    """The disk-tier key of the manifest of `version` pinned as `digest` for source
+    `uri`. The digest covers the version, so the pin alone does not say it: a reader
+    looks under each version it reads (`load`).
 
     The digest leaves the root out (a copy under another prefix is the same dataset),
     but a manifest names its root, so the source is part of the key: its identity
@@ -43,7 +46,7 @@ def key(digest: str, uri: str) -> str:
     "s3://b/ds/" find what "s3://b/ds" kept. Raises `InputError` for a URI that names
     no source."""
     identity = f"{digest}|{source.identity(uri)}"
-    return KEY_PREFIX + hashlib.sha256(identity.encode()).hexdigest()[:40]
+    return f"{KEY_PREFIX}{version}-" + hashlib.sha256(identity.encode()).hexdigest()[:40]
 
 
 def _resolves_from(manifest: manifests.Manifest, uri: str) -> bool:
@@ -63,11 +66,16 @@ def load(tier: tiers.Tier, *, digest: str, uri: str) -> manifests.Manifest | Non
     (then removed, so the caller's `keep` replaces it), or `uri` names no source (the
     resolve that follows says why)."""
     try:
-        entry_key = key(digest, uri)
+        # Under each version this release reads: releases before versioned keys kept a
+        # version-4 manifest under version 3's.
+        keys = [key(digest, uri, version) for version in manifests.READABLE]
     except errors.InputError:
         return None
-    entry = tier.lookup(entry_key, count=False)
-    if entry is None:
+    for entry_key in keys:
+        entry = tier.lookup(entry_key, count=False)
+        if entry is not None:
+            break
+    else:
         return None
     with entry:
         raw = Path(entry.path).read_bytes()
@@ -106,7 +114,7 @@ def keep(tier: tiers.Tier, manifest: manifests.Manifest, *, uri: str) -> None:
             f.write(body)
 
     try:
-        entry, _ = tier.get_or_insert(key(manifest.digest, uri), len(body), write)
+        entry, _ = tier.get_or_insert(key(manifest.digest, uri, manifest.version), len(body), write)
     except (OSError, errors.CacheError, errors.InputError) as exc:
         log.warning("could not keep manifest %s in the node disk tier: %s", manifest.digest, exc)
         return

@@ -70,6 +70,33 @@ def test_keys_are_tier_keys_versioned_by_the_manifest_format() -> None:
     tiers.check_key(key)
     assert key.startswith(f"manifest-v{manifests.MANIFEST_VERSION}-")
     assert key == pinned_manifests.key("sha256:" + "a" * 64, "s3://b/ds/")
+    assert pinned_manifests.key("sha256:" + "a" * 64, "s3://b/ds", 4).startswith("manifest-v4-")
+
+
+def test_a_version_4_manifest_is_kept_under_its_own_version_and_found_under_either(
+    tier: tiers.Tier, tmp_path: Path
+) -> None:
+    """A release that reads version 3 only looks under `manifest-v3-`: a version-4
+    manifest kept there (as every release before versioned keys kept it) it took for
+    damage and removed, and the node's next sidecar resolved from the store again."""
+    root = tmp_path / "jsonl"
+    root.mkdir()
+    (root / "part-0.jsonl").write_bytes(b'{"a":1,"b":"x"}\n')
+    (root / "part-1.jsonl").write_bytes(b'{"b":"y","a":2}\n')  # fields by name: version 4
+    uri = f"file://{root}"
+    manifest = manifests.resolve(uri)
+    assert manifest.version == manifests.BY_NAME_VERSION == 4
+    pinned_manifests.keep(tier, manifest, uri=uri)
+    assert tier.contains(pinned_manifests.key(manifest.digest, uri, 4))
+    assert not tier.contains(pinned_manifests.key(manifest.digest, uri, 3))
+    assert pinned_manifests.load(tier, digest=manifest.digest, uri=uri) == manifest
+    # As an earlier release kept it: under version 3's key. Still found, and kept there.
+    tier.evict(pinned_manifests.key(manifest.digest, uri, 4))
+    body = json.dumps(manifest.to_json()).encode()
+    old = pinned_manifests.key(manifest.digest, uri, 3)
+    tier.insert(old, len(body), lambda path: path.write_bytes(body)).release()
+    assert pinned_manifests.load(tier, digest=manifest.digest, uri=uri) == manifest
+    assert tier.contains(old)
 
 
 @pytest.mark.parametrize(
