@@ -45,6 +45,12 @@ def from_env(env: Mapping[str, str] | None = None) -> Ranks:
     return Ranks(rank, world, local)
 
 
+def local_rank(env: Mapping[str, str] | None = None) -> int:
+    """$LOCAL_RANK (0 where unset): the rank among this node's processes, which picks
+    the GPU."""
+    return _int(os.environ if env is None else env, "LOCAL_RANK", 0)
+
+
 def resolve(rank: int | None, world_size: int | None, found: Ranks) -> Ranks:
     """`rank` and `world_size` where given, else what was `found`."""
     return Ranks(
