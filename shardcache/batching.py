@@ -190,6 +190,10 @@ class Reader:
         self._defer = defer_gather and options.pack is None
         self._cursor = min(len(dataset), dataset.position + self._split.index * options.batch_size)
         self._skip = 0
+        #: The dataset's `moves` when the cursor was last set from it: a move since (a
+        #: `skip_batches` or `set_epoch` through `.dataset` between two batches) put the
+        #: rank elsewhere (`state_dict`).
+        self._seen = dataset.moves
         #: The packed column, known from the first batch's schema.
         self._column: str | None = None
 
@@ -204,19 +208,24 @@ class Reader:
     # --- state ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         ds = self._ds.state_dict()
-        ds["position"] = self._cursor
+        cursor, skip = self._cursor, self._skip
+        if self._split.count == 1 and self._ds.moves != self._seen:
+            # Moved since the last batch: the rank is where the move put it (nothing of
+            # the place it left is handed out any more).
+            cursor, skip = self._ds.position, 0
+        ds["position"] = cursor
         # The dataset may stand past the cursor (the rows `drop_last` trims are recorded
         # as the last batch is made, before it is handed out; a worker walks on past its
         # own batches): a skip there has not happened at the cursor, and one ending
         # after the position is a state that contradicts itself. The walk resumed at the
         # cursor records it again.
         ds["skips"] = [
-            s.to_json() for s in states.skips_until(self._ds.skips, self._ds.epoch, self._cursor)
+            s.to_json() for s in states.skips_until(self._ds.skips, self._ds.epoch, cursor)
         ]
         return {
             "version": STATE_VERSION,
             "dataset": ds,
-            "skip": self._skip,
+            "skip": skip,
             "batch_size": self._opt.batch_size,
             "pack": self._opt.pack,
             "split": [self._split.index, self._split.count],
@@ -249,6 +258,7 @@ class Reader:
         self._ds.load_state_dict(state.get("dataset"))  # type: ignore[arg-type]
         self._cursor = self._ds.position
         self._skip = skip
+        self._seen = self._ds.moves
 
     # --- iteration --------------------------------------------------------------
     def _seek(self, position: int) -> None:
@@ -257,8 +267,12 @@ class Reader:
     def _chunks(self) -> Iterator[tuple[int, HostBatch]]:
         """(position, batch) of this process's read batches from the cursor on."""
         size, count = self._opt.batch_size, self._split.count
+        if self._split.count == 1 and self._ds.moves != self._seen:
+            # Moved since the last batch (`state_dict`): read on from there.
+            self._cursor, self._skip = self._ds.position, 0
         start = min(self._cursor, len(self._ds))
         self._seek(start)
+        self._seen = self._ds.moves
         # Unpacked, the last short batch is dropped by the dataset; packed, its tokens
         # still count.
         drop = self._opt.drop_last and self._opt.pack is None
@@ -272,8 +286,23 @@ class Reader:
             stride=count,
         )
         with contextlib.closing(batches):
-            for j, batch in enumerate(batches):
-                yield start + j * size * count, batch
+            if count > 1:
+                # A loader worker: its batches are every count-th of the rank's stream.
+                for j, batch in enumerate(batches):
+                    yield start + j * size * count, batch
+                return
+            while True:
+                # Where the next batch starts is the dataset's place, not the last batch's
+                # end: a move between two batches (`skip_batches`, `set_epoch` through
+                # `.dataset`) changed it, and the walk reads on from there; counted from
+                # the last batch, the state missed the batch handed after a skip, which a
+                # resume then handed out again.
+                at = self._ds.position
+                following = next(batches, None)
+                if following is None:
+                    return
+                self._seen = self._ds.moves
+                yield at, following
 
     def __iter__(self) -> Iterator[HostBatch]:
         if self._opt.pack is None:

@@ -482,6 +482,13 @@ class Dataset:
         return self._position
 
     @property
+    def moves(self) -> int:
+        """How many times the position was moved from outside an iterator (`set_epoch`
+        to another epoch, `skip_batches`, `load_state_dict`): a reader that keeps a
+        place of its own (`batching.Reader`) knows by it that its place is stale."""
+        return self._moves
+
+    @property
     def skips(self) -> tuple[states.Skip, ...]:
         """Every range of positions this rank passed over without reading, all epochs,
         oldest first: `skip_batches`, the agent's skips at restore, and the rows
