@@ -124,10 +124,16 @@ def _judge(container_status: Mapping[str, Any], now: datetime.datetime) -> tuple
 
 
 def _sidecars_by_mount(pod: Mapping[str, Any]) -> dict[str, dict[str, Mapping[str, Any]]]:
-    """Every injected sidecar of the pod: mount -> container name -> container."""
+    """Every injected sidecar of the pod: mount -> container name -> container.
+
+    Init containers only, as the injection has always placed them: the trainers (the
+    pod's `containers`) carry $SHARDCACHE_MOUNT too, and a trainer's own OOMKill or
+    crash loop was reported as the mount's sidecar, with advice to raise the sidecar's
+    memory limit (`pod_updates.injected_containers` tells them apart the same way).
+    """
     spec = pod.get("spec") or {}
     found: dict[str, dict[str, Mapping[str, Any]]] = {}
-    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+    for container in spec.get("initContainers") or []:
         env = {e.get("name"): e.get("value") for e in container.get("env") or []}
         mount = env.get(contract.ENV_MOUNT)
         if mount:

@@ -16,8 +16,10 @@ from shardcache_operator import (
     configuration,
     context,
     handlers,
+    injection,
     sidecar_checks,
     sidecar_health,
+    specs,
     status,
 )
 
@@ -85,6 +87,53 @@ def test_healthy_sidecars_other_mounts_and_trainer_deaths_are_no_trouble() -> No
     pod = sidecar_pod(last_reason=None, waiting=None)
     pod["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"reason": "OOMKilled"}}
     assert sidecar_health.troubles(pod, "data") == []  # the trainer's own limit
+
+
+def test_an_injected_trainer_that_dies_is_no_sidecar_trouble() -> None:
+    """A pod as the injection builds it: its trainer carries $SHARDCACHE_MOUNT too, and
+    its OOMKill was reported as the mount's sidecar (advice: raise the sidecar limit)."""
+    mount = specs.load(
+        {
+            "apiVersion": specs.API_VERSION,
+            "kind": specs.KIND,
+            "metadata": {"name": "data", "namespace": "ml"},
+            "spec": {"source": {"uri": "s3://bucket/data/"}},
+            "status": {"phase": "Ready", "manifestDigest": "sha256:" + "0f" * 32},
+        }
+    )
+    given = {
+        "metadata": {
+            "name": "train-0",
+            "namespace": "ml",
+            "labels": {"shardcache.io/mount": "data"},
+        },
+        "spec": {"containers": [{"name": "trainer", "image": "python:3.11"}]},
+    }
+    pod = injection.inject(
+        given,
+        [injection.Mount("data", mount.spec, mount.manifest_digest, "ml")],
+        defaults=injection.SidecarDefaults(image="shardcache-sidecar:test"),
+    )
+    (sidecar,) = pod["spec"]["initContainers"]
+    pod["status"] = {
+        "phase": "Running",
+        "initContainerStatuses": [
+            {"name": sidecar["name"], "ready": True, "restartCount": 0, "state": {"running": {}}}
+        ],
+        "containerStatuses": [
+            {
+                "name": "trainer",
+                "restartCount": 5,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+            }
+        ],
+    }
+    assert sidecar_health.troubles(pod, "data") == []
+    pod["status"]["initContainerStatuses"][0]["lastState"] = {
+        "terminated": {"reason": "OOMKilled", "exitCode": 137}
+    }
+    assert [t.container for t in sidecar_health.troubles(pod, "data")] == [sidecar["name"]]
 
 
 def test_the_condition_is_absent_until_a_sidecar_dies_and_clears_to_true() -> None:
