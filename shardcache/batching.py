@@ -208,11 +208,7 @@ class Reader:
     # --- state ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         ds = self._ds.state_dict()
-        cursor, skip = self._cursor, self._skip
-        if self._split.count == 1 and self._ds.moves != self._seen:
-            # Moved since the last batch: the rank is where the move put it (nothing of
-            # the place it left is handed out any more).
-            cursor, skip = self._ds.position, 0
+        cursor, skip = self._place()
         ds["position"] = cursor
         # The dataset may stand past the cursor (the rows `drop_last` trims are recorded
         # as the last batch is made, before it is handed out; a worker walks on past its
@@ -230,6 +226,14 @@ class Reader:
             "pack": self._opt.pack,
             "split": [self._split.index, self._split.count],
         }
+
+    def _place(self) -> tuple[int, int]:
+        """(cursor, skip) where this process stands: its own, or where a move of the
+        dataset since its last batch put the rank (one process per rank; nothing of the
+        place it left is handed out any more)."""
+        if self._split.count == 1 and self._ds.moves != self._seen:
+            return self._ds.position, 0
+        return self._cursor, self._skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the exact next batch of the run that saved `state`."""
@@ -267,9 +271,7 @@ class Reader:
     def _chunks(self) -> Iterator[tuple[int, HostBatch]]:
         """(position, batch) of this process's read batches from the cursor on."""
         size, count = self._opt.batch_size, self._split.count
-        if self._split.count == 1 and self._ds.moves != self._seen:
-            # Moved since the last batch (`state_dict`): read on from there.
-            self._cursor, self._skip = self._ds.position, 0
+        self._cursor, self._skip = self._place()
         start = min(self._cursor, len(self._ds))
         self._seek(start)
         self._seen = self._ds.moves

@@ -173,11 +173,12 @@ def compute_digest(fmt: str, shards: tuple[ShardEntry, ...], *, promoted: str | 
     }
     if promoted is not None:
         content["promoted"] = promoted
-    canonical = json.dumps(
-        content,
-        sort_keys=True,
-        separators=(",", ":"),
-    )
+    return _digest(content)
+
+
+def _digest(content: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of `content` (keys sorted, no spaces)."""
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -230,12 +231,7 @@ def version_2_digests(manifest: Manifest) -> frozenset[str]:
             ]
             for s in manifest.shards
         ]
-        canonical = json.dumps(
-            {"version": 2, "format": manifest.format, "shards": shards},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
-        out.add("sha256:" + hashlib.sha256(canonical.encode()).hexdigest())
+        out.add(_digest({"version": 2, "format": manifest.format, "shards": shards}))
     return frozenset(out)
 
 

@@ -122,13 +122,18 @@ def rewritten(state: DataState, *, saved: Mapping[str, Any]) -> dict[str, Any]:
     written back as 4 by `to_json`, which the very trainer that saved it refused ("state
     version 4 is not supported"). Kept at its version, it loads wherever `saved` did;
     such a state resumed by a trainer that ignores `least` is no worse than `saved`."""
-    version = saved.get("version")
+    version = _supported(saved.get("version"), where="")
+    return {**state.to_json(), "version": max(version, _WITH_SKIPS)}
+
+
+def _supported(version: object, *, where: str) -> int:
+    """`version` if this release reads states of it; StateMismatchError otherwise."""
     if version not in SUPPORTED_VERSIONS:
         raise errors.StateMismatchError(
-            f"state version {version!r} is not supported: expected one of "
+            f"{where}state version {version!r} is not supported: expected one of "
             f"{list(SUPPORTED_VERSIONS)} (saved by another shardcache version)"
         )
-    return {**state.to_json(), "version": max(int(version), _WITH_SKIPS)}
+    return int(version)
 
 
 def _int(data: Mapping[str, Any], key: str, *, where: str, minimum: int = 0) -> int:
@@ -155,12 +160,7 @@ def parse(state: object, *, where: str = "state dict") -> DataState:
     missing = [k for k in required if k not in state]
     if missing:
         raise errors.StateMismatchError(f"{where}: lacks {missing}: not a shardcache state")
-    version = state["version"]
-    if version not in SUPPORTED_VERSIONS:
-        raise errors.StateMismatchError(
-            f"{where}: state version {version!r} is not supported: expected one of "
-            f"{list(SUPPORTED_VERSIONS)} (saved by another shardcache version)"
-        )
+    version = _supported(state["version"], where=f"{where}: ")
     raw_segments = state.get("segments") if version >= 3 else None
     plan_version = _int(state, "plan_version", where=where)
     if plan_version not in plans.SUPPORTED_PLAN_VERSIONS:
