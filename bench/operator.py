@@ -61,6 +61,7 @@ import kubernetes.client
 import pyarrow.fs
 from kubernetes.client import ApiException
 from shardcache_operator import certs, injection, specs
+from shardcache_sidecar import listening
 
 from bench import operator_probes as probes
 from tests.e2e import conftest, harness, objects
@@ -565,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         bundle = certs.generate([harness.HOST, "localhost"])
         files = certs.write(bundle, workdir / "tls")
-        tls = conftest.WebhookTls(files.ca_file.parent, bundle.ca_bundle, harness.free_port())
+        tls = conftest.WebhookTls(files.ca_file.parent, bundle.ca_bundle, listening.free_port())
         values = conftest.release_values("local", NAMESPACE, tls)
         (workdir / "values.json").write_text(json.dumps(values))
         cluster.run(

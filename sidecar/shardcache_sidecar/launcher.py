@@ -12,7 +12,6 @@ import http.client
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -28,16 +27,11 @@ import pyarrow.parquet as pq
 
 from shardcache import errors, source, unix_http
 from shardcache.contract import names, protocol, variables
+from shardcache_sidecar.listening import free_port
 
 READY_TIMEOUT_S = 120.0
 #: The memory tier's limit of a sidecar started here unless the caller gives one.
 MEMORY_LIMIT = 1 << 30
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(

@@ -37,7 +37,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -55,6 +54,8 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 if __package__ in (None, ""):
     # Run as a script (`python tests/cluster/cluster.py`): its siblings are tests.cluster.*.
     sys.path.insert(0, str(REPO_ROOT))
+
+from shardcache_sidecar.listening import free_port  # noqa: E402
 
 from tests.cluster import images, network, node  # noqa: E402
 
@@ -302,12 +303,6 @@ def kubeconfig(server: str, ca_pem: bytes, client: KeyPair, user: str) -> str:
 
 
 # -- processes -----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def pid_alive(pid: int, binary: str) -> bool:

@@ -23,6 +23,7 @@ import kubernetes.client
 import pytest
 from kubernetes.client import ApiException
 from shardcache_operator import certs, handlers, specs
+from shardcache_sidecar import listening
 
 from tests.e2e import harness, objects, workloads
 
@@ -105,7 +106,7 @@ def webhook_tls(e2e_workdir: pathlib.Path) -> WebhookTls:
     """The local operator's serving certificate; the chart's caBundle trusts its CA."""
     bundle = certs.generate([harness.HOST, "localhost"])
     files = certs.write(bundle, e2e_workdir / "tls")
-    return WebhookTls(files.ca_file.parent, bundle.ca_bundle, harness.free_port())
+    return WebhookTls(files.ca_file.parent, bundle.ca_bundle, listening.free_port())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,6 @@ import pathlib
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ import kubernetes.client
 import kubernetes.config
 import pyarrow.fs
 from kubernetes.client import ApiException
+from shardcache_sidecar.listening import free_port
 
 import shardcache
 from tests.support import processes, toolpaths
@@ -81,12 +81,6 @@ def provider_name() -> str:
     if name not in PROVIDERS:
         raise ValueError(f"{PROVIDER_ENV}: expected one of {', '.join(PROVIDERS)}, found {name!r}")
     return name
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until(

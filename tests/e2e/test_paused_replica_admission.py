@@ -22,6 +22,7 @@ import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
 from shardcache_operator import handlers, webhook
+from shardcache_sidecar import listening
 
 from tests.e2e import harness, objects
 
@@ -119,7 +120,11 @@ def test_a_replica_outranked_after_leading_admits_from_the_current_mount(
     workdir = e2e_workdir / "usurper"
     workdir.mkdir(exist_ok=True)
     usurper = Usurper(
-        workdir, operator.kubeconfig, operator.tls_dir, harness.free_port(), operator.sidecar_image
+        workdir,
+        operator.kubeconfig,
+        operator.tls_dir,
+        listening.free_port(),
+        operator.sidecar_image,
     )
     usurper.start()
     try:

@@ -11,6 +11,7 @@ import pathlib
 
 import kubernetes.client
 import pytest
+from shardcache_sidecar import listening
 
 from tests.e2e import harness, objects
 
@@ -56,7 +57,7 @@ def test_the_standby_replica_takes_over_when_the_active_one_stops(
         workdir,
         operator.kubeconfig,
         operator.tls_dir,
-        harness.free_port(),
+        listening.free_port(),
         operator.sidecar_image,
     )
     standby.start()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from shardcache_sidecar.listening import free_port
 
 from tests.support import processes, toolpaths, waiting
 
@@ -47,14 +48,6 @@ class Target:
     labels: Mapping[str, str]
     #: The operator's own `namespace` label wins (the PodMonitor's honorLabels).
     honor_labels: bool = False
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 class Prometheus:

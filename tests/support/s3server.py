@@ -12,7 +12,6 @@ import os
 import pathlib
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,6 +21,7 @@ from collections.abc import Iterator
 
 import pyarrow.fs
 import pytest
+from shardcache_sidecar.listening import free_port
 
 from tests.support import faultproxy, processes, toolpaths
 
@@ -35,12 +35,6 @@ STOP_TIMEOUT_S = 15.0
 
 def minio_binary() -> pathlib.Path:
     return toolpaths.tool_binary("minio", "MINIO_VERSION", "minio")
-
-
-def free_port(host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class S3Server:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shardcache_sidecar.listening import free_port
 
 from shardcache import contract
 
@@ -33,12 +34,6 @@ MOUNT = "m"
 # more on two cores shared with builds.
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
