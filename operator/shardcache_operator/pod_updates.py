@@ -44,7 +44,7 @@ def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return spec if isinstance(spec, Mapping) else {}
 
 
-def _served_mount(container: Mapping[str, Any]) -> str | None:
+def served_mount(container: Mapping[str, Any]) -> str | None:
     """The DatasetMount an injected container serves ($SHARDCACHE_MOUNT), else None."""
     for entry in _list(container.get("env")):
         if entry.get("name") == contract.ENV_MOUNT:
@@ -62,7 +62,7 @@ def injected_containers(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {
         str(c.get("name")): c
         for c in _list(_spec(pod).get("initContainers"))
-        if _served_mount(c) is not None
+        if served_mount(c) is not None
     }
 
 
@@ -101,7 +101,7 @@ def refusal(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
         return None
     after = {str(c.get("name")): c for c in _list(_spec(new).get("initContainers"))}
     for name, before in injected.items():
-        mount = _served_mount(before)
+        mount = served_mount(before)
         now = after.get(name)
         if now == before:
             continue
@@ -128,7 +128,7 @@ def refusal(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
             choices = ", ".join(str(c.get("name")) for c in _list(_spec(old).get("containers")))
             return (
                 f"{where} targets {target!r}, the cache sidecar of DatasetMount "
-                f"{_served_mount(injected[target])}: its processes' environment holds "
+                f"{served_mount(injected[target])}: its processes' environment holds "
                 f"the source's credentials; expected a target among the pod's containers "
                 f"({choices or 'none'}), or none"
             )

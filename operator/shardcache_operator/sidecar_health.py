@@ -26,8 +26,7 @@ import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from shardcache import contract
-from shardcache_operator import status
+from shardcache_operator import pod_updates, status
 
 CONDITION = status.SIDECARS_HEALTHY
 #: Warning Event reasons, one per kind of death (also the condition's reason).
@@ -131,13 +130,11 @@ def _sidecars_by_mount(pod: Mapping[str, Any]) -> dict[str, dict[str, Mapping[st
     crash loop was reported as the mount's sidecar, with advice to raise the sidecar's
     memory limit (`pod_updates.injected_containers` tells them apart the same way).
     """
-    spec = pod.get("spec") or {}
     found: dict[str, dict[str, Mapping[str, Any]]] = {}
-    for container in spec.get("initContainers") or []:
-        env = {e.get("name"): e.get("value") for e in container.get("env") or []}
-        mount = env.get(contract.ENV_MOUNT)
+    for name, container in pod_updates.injected_containers(pod).items():
+        mount = pod_updates.served_mount(container)
         if mount:
-            found.setdefault(str(mount), {})[str(container.get("name"))] = container
+            found.setdefault(mount, {})[name] = container
     return found
 
 

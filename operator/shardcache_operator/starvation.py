@@ -25,8 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from shardcache import contract
-from shardcache_operator import injection, specs, status
+from shardcache_operator import injection, pod_updates, specs, status
 
 CONDITION = status.DATA_STARVED
 METRIC = "shardcache_reader_stall_fraction"
@@ -57,10 +56,10 @@ def endpoint(pod: Mapping[str, Any], mount: str) -> Endpoint | None:
         return None
     if mount not in injection.requested_mounts(metadata):
         return None
-    spec = pod.get("spec") or {}
-    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-        env = {e.get("name"): e.get("value") for e in container.get("env") or []}
-        if env.get(contract.ENV_MOUNT) != mount:
+    # The injected sidecars only: a trainer container carries $SHARDCACHE_MOUNT too,
+    # and its own ports (a trainer's metrics, a rendezvous) are no sidecar's /metrics.
+    for container in pod_updates.injected_containers(pod).values():
+        if pod_updates.served_mount(container) != mount:
             continue
         ports = container.get("ports") or []
         if ports and "containerPort" in ports[0]:

@@ -31,6 +31,15 @@ def pod(name: str, *, mount: str = "train", ip: str = "10.0.0.7", phase: str = "
     }
 
 
+def test_a_trainer_carrying_the_mounts_variable_is_not_taken_for_its_sidecar() -> None:
+    # Admitted without its sidecar (the webhook failed open), the pod still asks for
+    # the mount, and its trainer has $SHARDCACHE_MOUNT and a port of its own.
+    found = pod("p")
+    found["spec"]["initContainers"] = []
+    found["spec"]["containers"][0]["env"] = [{"name": contract.ENV_MOUNT, "value": "train"}]
+    assert starvation.endpoint(found, "train") is None
+
+
 def test_the_endpoint_is_the_mounts_own_sidecar_port_on_the_pod_ip() -> None:
     assert starvation.endpoint(pod("p"), "train") == starvation.Endpoint(
         "p", "http://10.0.0.7:8471/metrics"
