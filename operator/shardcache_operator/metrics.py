@@ -10,6 +10,7 @@ results, reasons) except the per-DatasetMount gauge, which has one series per ob
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Mapping
 
 import prometheus_client
 
@@ -118,6 +119,27 @@ class Metrics:
 
     def set_phase(self, namespace: str, name: str, phase: status.Phase | None) -> None:
         """Record a DatasetMount's phase; None forgets it (deleted) and its pod gauge."""
+        self._record(namespace, name, phase)
+        self._count_phases()
+
+    def follow_phases(
+        self,
+        phases: Mapping[tuple[str, str], status.Phase | None],
+        gone: Iterable[tuple[str, str]],
+    ) -> None:
+        """Set the phases the DatasetMount watch shows and forget the mounts it no longer
+        shows, counting once: the pod-count writer's flush, on every replica (a standby
+        never runs the handlers that call `set_phase`, and a mount whose finalizer went
+        without the delete handler never has it forget the mount). None: the mount has
+        no phase yet (its first reconcile); what was recorded for it stays."""
+        for namespace, name in gone:
+            self._record(namespace, name, None)
+        for (namespace, name), phase in phases.items():
+            if phase is not None:
+                self._record(namespace, name, phase)
+        self._count_phases()
+
+    def _record(self, namespace: str, name: str, phase: status.Phase | None) -> None:
         if phase is None:
             self._phases.pop((namespace, name), None)
             with contextlib.suppress(KeyError):
@@ -130,6 +152,8 @@ class Metrics:
             self._phases[(namespace, name)] = status.Phase(phase).value
             ready = 1 if phase == status.Phase.READY else 0
             self.datasetmount_ready.labels(namespace=namespace, datasetmount=name).set(ready)
+
+    def _count_phases(self) -> None:
         counts = {each.value: 0 for each in status.Phase}
         for known in self._phases.values():
             counts[known] = counts.get(known, 0) + 1

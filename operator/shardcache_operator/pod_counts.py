@@ -30,7 +30,9 @@ mounts the watch shows, and removes those it set earlier for mounts the watch no
 shows. The delete handler removes a released mount's series too (`Metrics.set_phase`),
 but only on the active replica, and the mount stays in the watch until its DELETED
 event: a flush in between set its series again, and with nothing else removing them a
-deleted mount's last counts were exported for as long as the operator ran.
+deleted mount's last counts were exported for as long as the operator ran. The flush
+also sets each watched mount's phase gauges (`Metrics.follow_phases`) from its
+`status.phase`, and forgets those of mounts gone, for the same reasons.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from shardcache_operator import metrics, mounts
+from shardcache_operator import metrics, mounts, status
 
 logger = logging.getLogger(__name__)
 
@@ -83,12 +85,14 @@ def gone(gauged: Iterable[mounts.Key], known: Watched) -> list[mounts.Key]:
     return sorted(key for key in gauged if key not in known)
 
 
-def forget(meters: metrics.Metrics, namespace: str, name: str) -> None:
-    """Remove a mount's per-mount pod gauges; a series never set (or already removed by
-    the delete handler) is no error."""
-    for gauge in (meters.attached_pods, meters.pods_on_older_pin):
-        with contextlib.suppress(KeyError):
-            gauge.remove(namespace, name)
+def phase_of(obj: Mapping[str, Any]) -> status.Phase | None:
+    """The phase a watched DatasetMount's status shows; None before its first reconcile
+    wrote one (or a value this operator does not know)."""
+    value = (obj.get("status") or {}).get("phase")
+    try:
+        return status.Phase(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
 
 
 class Writer:
@@ -154,8 +158,8 @@ class Writer:
 
     def _gauge(self, known: Watched, meters: metrics.Metrics) -> None:
         """Set the per-mount gauges of the `known` mounts; remove those of mounts gone."""
-        for namespace, name in gone(self._gauged, known):
-            forget(meters, namespace, name)
+        left = gone(self._gauged, known)
+        meters.follow_phases({key: phase_of(obj) for key, obj in known.items()}, left)
         self._gauged = set(known)
         # The pod watch's `Index` knows each pod's digest; a plain mapping (tests) not.
         older = getattr(self._pods, "older", None)

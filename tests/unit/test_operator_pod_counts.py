@@ -203,3 +203,37 @@ async def test_a_flush_between_the_delete_handler_and_the_deleted_event_does_not
     await writer.flush(write, meters)
     assert gauges(meters, "a") == (None, None)
     assert 'datasetmount="a"' not in meters.exposition().decode()
+
+
+def ready_series(meters: metrics.Metrics, name: str) -> float | None:
+    labels = {"namespace": "ml", "datasetmount": name}
+    return meters.registry.get_sample_value("shardcache_operator_datasetmount_ready", labels)
+
+
+def phase_count(meters: metrics.Metrics, phase: str) -> float | None:
+    return meters.registry.get_sample_value("shardcache_operator_datasetmounts", {"phase": phase})
+
+
+async def test_every_replica_exports_each_watched_mounts_readiness_and_forgets_a_deleted_one() -> (
+    None
+):
+    """`datasetmount_ready` and the per-phase count were set by the reconcile handlers
+    and removed by the delete handler, both on the active replica only: a standby never
+    exported them, one that had been active kept the phases it last wrote, and a mount
+    whose finalizer went without the delete handler (a replica that lost the lease
+    between) was reported not Ready, for the alert, until a restart."""
+    writer, meters, write = pod_counts.Writer(), metrics.Metrics(), Recorder()
+    ready, pending = dsm("a", 0), dsm("b", 0)
+    ready["status"]["phase"], pending["status"]["phase"] = "Ready", "Pending"
+    known = store(ready, pending, dsm("c", None))  # "c": not reconciled yet
+    writer.touch(pod_watch.Index(), known)
+    await writer.flush(write, meters)
+    assert (ready_series(meters, "a"), ready_series(meters, "b")) == (1, 0)
+    assert ready_series(meters, "c") is None
+    assert (phase_count(meters, "Ready"), phase_count(meters, "Pending")) == (1, 1)
+    pending["status"]["phase"] = "Ready"
+    known.seen("MODIFIED", pending)
+    known.seen("DELETED", ready)
+    await writer.flush(write, meters)
+    assert (ready_series(meters, "a"), ready_series(meters, "b")) == (None, 1)
+    assert (phase_count(meters, "Ready"), phase_count(meters, "Pending")) == (1, 0)
