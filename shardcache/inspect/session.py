@@ -338,17 +338,21 @@ class Inspector:
             )
         return batch.column(column)[row]
 
-    def stats(self, *, max_rows: int = 100_000) -> dict[str, Any]:
-        """Column statistics over the first `max_rows` rows in manifest order."""
+    def stats(self, *, max_rows: int = 100_000, max_bytes: int | None = None) -> dict[str, Any]:
+        """Column statistics over the first `max_rows` rows in manifest order, and no
+        further shard once those read hold `max_bytes` (decoded): a row bound alone
+        read 100,000 rows whatever their width (gigabytes of images, each shard fetched
+        into the cache for a page of lengths). The first shard is always read."""
         batches: list[pa.RecordBatch] = []
-        seen = 0
+        seen = held = 0
         for shard in range(len(self.manifest.shards)):
-            if seen >= max_rows:
+            if seen >= max_rows or (max_bytes is not None and batches and held >= max_bytes):
                 break
             batch = self.rows.read(shard)
             batch = batch.slice(0, max_rows - seen)
             batches.append(batch)
             seen += batch.num_rows
+            held += batch.nbytes
         table = pa.Table.from_batches(batches, schema=self.schema)
         result = stats.column_stats(table)
         result["dataset_rows"] = self.manifest.total_rows

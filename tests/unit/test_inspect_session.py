@@ -100,3 +100,24 @@ def test_a_scan_budget_smaller_than_a_shard_scans_its_first_rows(tmp_path: Path)
         assert (whole.indices, whole.stopped, whole.scanned) == ([4500], None, 5000)
     finally:
         insp.close()
+
+
+def test_statistics_of_wide_rows_stop_at_their_byte_budget_not_at_the_row_bound(
+    tmp_path: Path,
+) -> None:
+    # Four shards of 50 rows of 64 KiB each (3.2 MiB a shard): a row bound of 100,000
+    # read them all; a budget of one shard's bytes reads the first, and says so.
+    root = tmp_path / "wide"
+    root.mkdir()
+    for shard in range(4):
+        blobs = [bytes([shard]) * (64 << 10)] * 50
+        pq.write_table(pa.table({"image": pa.array(blobs, pa.binary())}), root / f"{shard}.parquet")
+    insp = session.open_uri(root.as_uri(), cache_dir=str(tmp_path / "c"))
+    try:
+        bounded = insp.stats(max_rows=100_000, max_bytes=3 << 20)
+        assert (bounded["rows"], bounded["dataset_rows"]) == (50, 200)
+        assert insp.stats(max_rows=100_000, max_bytes=7 << 20)["rows"] == 150
+        assert insp.stats(max_rows=100_000)["rows"] == 200
+        assert insp.stats(max_rows=70, max_bytes=1)["rows"] == 50  # the first shard always
+    finally:
+        insp.close()

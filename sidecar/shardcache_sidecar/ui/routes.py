@@ -92,6 +92,9 @@ PAGE_OPTIONS = render.RenderOptions(
 MAX_CONVERT_BYTES = 32 << 20
 #: Rows the statistics look at: a few shards' worth, computed once and kept.
 STATS_ROWS = 100_000
+#: And no shard more once those read hold this much (decoded): wide rows (images,
+#: long documents) reach it long before `STATS_ROWS`.
+STATS_BYTES = 256 << 20
 #: Samples a reverse lookup reports.
 WHERE_LIMIT = 50
 #: Samples a lineage query may ask to follow (?limit=): a response stays small.
@@ -341,7 +344,7 @@ class _UI:
             insp = self.inspector()
             key = insp.manifest.digest
             if key not in self._stats:
-                self._stats[key] = insp.stats(max_rows=STATS_ROWS)
+                self._stats[key] = insp.stats(max_rows=STATS_ROWS, max_bytes=STATS_BYTES)
             return self._stats[key]
 
         return await self._answer(work)
