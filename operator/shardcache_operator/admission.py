@@ -57,6 +57,10 @@ REASON_NO_METRICS_PORT = "NoMetricsPort"
 #: The Event reason on a DatasetMount whose pod got its job's pin, not the mount's
 #: current one (`job_pins`): a Normal Event, the promise kept.
 REASON_JOB_PIN = "JobPinKept"
+#: The Warning Event reason on a DatasetMount whose pod was refused because its job's
+#: live pods were injected by a webhook from before job pins, before the mount's current
+#: pin: what they read is not known (`job_pins.PinUnknown`).
+REASON_JOB_PIN_UNKNOWN = "JobPinUnknown"
 #: Event reasons posted as Normal; the others are Warnings.
 NORMAL_REASONS = frozenset({REASON_JOB_PIN})
 
@@ -106,6 +110,7 @@ def decide(
     policy: authority.Policy = authority.DEFAULT,
     parts: mount_parts.Cache | None = None,
     siblings: Mapping[str, Mapping[str, frozenset[str]]] | None = None,
+    unpinned: Mapping[str, Mapping[str, str | None]] | None = None,
 ) -> Decision:
     """Inject the mounts the pod asks for, or refuse it naming the mount and the reason.
 
@@ -116,6 +121,7 @@ def decide(
     `parts` keeps each mount's built volumes and sidecar for the next pod.
     `siblings`: for a pod of a job (`job_pins.job_of`), mount -> pin text -> the job's
     live pods given it (`job_pins.Siblings`); such a pod gets its job's pin.
+    `unpinned`: mount -> the job's live pods injected without a pin -> creationTimestamp.
     """
     unchanged = dict(pod)
     metadata = pod.get("metadata") or {}
@@ -189,7 +195,19 @@ def decide(
         )
         if job is not None:
             try:
-                chosen, moved = _job_pinned(chosen, where, job, metadata, siblings or {})
+                chosen, moved = _job_pinned(
+                    chosen,
+                    where,
+                    job,
+                    metadata,
+                    (siblings or {}).get(name) or {},
+                    job_pins.unpinned(
+                        (unpinned or {}).get(name) or {}, _resolved_at(obj.get("status"))
+                    ),
+                )
+            except job_pins.PinUnknown as exc:
+                events.append((name, REASON_JOB_PIN_UNKNOWN, str(exc)))
+                return Decision(False, unchanged, [], message=str(exc), events=tuple(events))
             except errors.InputError as exc:
                 return Decision(False, unchanged, [], message=str(exc), events=tuple(events))
             if moved:
@@ -212,7 +230,18 @@ def decide(
         events.append((left.name, REASON_NO_METRICS_PORT, message))
     mounts = mounts[:room]
     if not mounts:
-        return Decision(True, unchanged, [], warnings=tuple(warnings), events=tuple(events))
+        # Admitted without the cache, but never with a pin of the author's own: the pod
+        # watch would serve it to the job's later pods.
+        kept = injection.without_unearned_pins(pod)
+        if kept is None:
+            return Decision(True, unchanged, [], warnings=tuple(warnings), events=tuple(events))
+        return Decision(
+            True,
+            kept,
+            injection.json_patch(pod, kept),
+            warnings=tuple(warnings),
+            events=tuple(events),
+        )
     try:
         injected = injection.inject(pod, mounts, defaults=defaults, cache=parts)
     except errors.InputError as exc:
@@ -233,14 +262,15 @@ def _job_pinned(
     where: str,
     job: job_pins.Job,
     metadata: Mapping[str, Any],
-    siblings: Mapping[str, Mapping[str, frozenset[str]]],
+    siblings: Mapping[str, frozenset[str]],
+    unpinned: job_pins.Unpinned,
 ) -> tuple[injection.Mount, str]:
     """`mount` as the pod of `job` gets it: with its job's pin where that is not the
     mount's current one, and then the message saying so (else ""). InputError: refused."""
     current = job_pins.pin_of(mount.spec, mount.digest, mount.source_digests)
     pod = str(metadata.get("name") or f"{metadata.get('generateName') or ''}*")
     served = job_pins.serve(
-        where, pod=pod, job=job, current=current, siblings=siblings.get(mount.name) or {}
+        where, pod=pod, job=job, current=current, siblings=siblings, unpinned=unpinned
     )
     if served.pin is None:
         return mount, ""
@@ -252,6 +282,12 @@ def _job_pinned(
         source_digests={s.name: s.digest for s in further if s.name and s.digest},
     )
     return chosen, served.message
+
+
+def _resolved_at(pinned: object) -> str | None:
+    """status.resolvedAt: when the mount's current pin was resolved."""
+    found = pinned.get("resolvedAt") if isinstance(pinned, Mapping) else None
+    return found if isinstance(found, str) else None
 
 
 def decide_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> Decision:

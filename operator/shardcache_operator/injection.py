@@ -155,6 +155,28 @@ def injected_mounts(pod: Mapping[str, Any]) -> list[str]:
     return [name for name in value.split(",") if name and name in served]
 
 
+def without_unearned_pins(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """`pod` (a copy) without the `job_pins.ANNOTATION_PINS` entries of mounts not
+    injected into it, or None when it has none: a pod admitted without the cache keeps
+    its author's annotations, and the pod watch would serve such a pin to the job's
+    later pods (`job_pins`)."""
+    metadata = pod.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    if not isinstance(annotations, Mapping) or job_pins.ANNOTATION_PINS not in annotations:
+        return None
+    done = set(injected_mounts(pod))
+    kept = {m: t for m, t in job_pins.annotation_pins(annotations).items() if m in done}
+    value = job_pins.annotation_value(kept) if kept else None
+    if value == annotations[job_pins.ANNOTATION_PINS]:
+        return None
+    result: dict[str, Any] = _copied(dict(pod))
+    if value is None:
+        del result["metadata"]["annotations"][job_pins.ANNOTATION_PINS]
+    else:
+        result["metadata"]["annotations"][job_pins.ANNOTATION_PINS] = value
+    return result
+
+
 def _copied(value: Any) -> Any:
     """A deep copy of a JSON-like value (dicts, lists, scalars): the admitted pod as
     the API server sends it, copied at about 2.5x the speed of `copy.deepcopy`, which

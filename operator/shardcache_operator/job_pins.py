@@ -12,6 +12,13 @@ whose job has live pods of the same mount gets *their* pin, not the mount's curr
 source added to or removed from the mixture since), refuse the pod: a job never mixes
 datasets silently.
 
+Pods injected by a webhook from before job pins carry no `ANNOTATION_PINS`. The pod
+watch indexes them too (`Siblings.unpinned`: by their `shardcache.io/injected`
+annotation, with their creationTimestamp): one created after the mount's current pin
+was resolved (status.resolvedAt, and `UNPINNED_MARGIN_SECONDS`) was given that pin; of
+one created before, the digest cannot be known, and the pod is refused as for pods
+that disagree (`unpinned`, `serve`), with a Warning Event naming them.
+
 What names a job (`job_of`), first match wins: the opt-in label `shardcache.io/job`
 (any controller: the user names the unit that must read one dataset), a JobSet
 (`jobset.sigs.k8s.io/jobset-uid`, else `-name`: all its Jobs), a LeaderWorkerSet group
@@ -25,6 +32,7 @@ Pure, except `Siblings`, a plain in-memory index the pod watch keeps.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -63,6 +71,12 @@ JOB_LABELS = (
     _JOB_UID,
     _JOB_UID_LEGACY,
 )
+
+#: An injected pod without a pin is taken to hold the mount's current pin only when
+#: created this long after status.resolvedAt: the webhook reads mounts from a watch (a
+#: moment behind the status write), and the two times come from two clocks (the
+#: operator's and the API server's), each to the second.
+UNPINNED_MARGIN_SECONDS = 60
 
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -283,6 +297,57 @@ class Served:
     message: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class Unpinned:
+    """A job's live pods of a mount injected without a recorded pin (by a webhook from
+    before job pins): those given the mount's `current` pin, and those whose pin is
+    `unknown`."""
+
+    current: frozenset[str] = frozenset()
+    unknown: frozenset[str] = frozenset()
+    #: status.resolvedAt as read, for the message.
+    resolved_at: str | None = None
+
+
+class PinUnknown(errors.InputError):
+    """A job's live pods were given a pin nobody recorded: the pod is refused, and a
+    Warning Event on the mount names them (`admission.REASON_JOB_PIN_UNKNOWN`)."""
+
+
+def _time(text: str | None) -> datetime.datetime | None:
+    """An RFC 3339 time as the API server and the operator write them; None: no time."""
+    if not text:
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.UTC)
+
+
+def unpinned(created: Mapping[str, str | None], resolved_at: str | None) -> Unpinned:
+    """Which pods of `created` (pod -> creationTimestamp) read the pin the mount resolved
+    at `resolved_at` (status.resolvedAt): those created `UNPINNED_MARGIN_SECONDS` after
+    it. A pod created before (or near) it, or a time missing or unreadable, is unknown:
+    it may have been given the pin before."""
+    since = _time(resolved_at)
+    margin = datetime.timedelta(seconds=UNPINNED_MARGIN_SECONDS)
+    current, unknown = set(), set()
+    for pod, text in created.items():
+        when = _time(text)
+        if since is not None and when is not None and when >= since + margin:
+            current.add(pod)
+        else:
+            unknown.add(pod)
+    return Unpinned(frozenset(current), frozenset(unknown), resolved_at)
+
+
+def _some(pods: frozenset[str]) -> str:
+    names = sorted(pods)
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more
+
+
 def serve(
     where: str,
     *,
@@ -290,13 +355,28 @@ def serve(
     job: Job,
     current: Pin,
     siblings: Mapping[str, frozenset[str]],
+    unpinned: Unpinned = Unpinned(),
 ) -> Served:
     """The pin a pod of `job` gets of a mount: its job's, as its live pods of the mount
-    (`siblings`: pin text -> pod names) were given, else the mount's `current` one.
+    (`siblings`: pin text -> pod names; `unpinned`: those without a recorded pin) were
+    given, else the mount's `current` one.
 
     InputError (the pod is refused) when the job's pods hold different pins already, or
-    a pin cannot be read: guessing would mix datasets in one job.
+    a pin cannot be read; `PinUnknown` when some were given a pin nobody recorded:
+    guessing would mix datasets in one job.
     """
+    if unpinned.unknown:
+        raise PinUnknown(
+            f"{where}: pod {pod} of {job.label} is refused: the job's live pods "
+            f"{_some(unpinned.unknown)} were injected by a webhook from before job pins "
+            f"(no annotation {ANNOTATION_PINS}) and created before the mount's current pin "
+            f"was resolved (status.resolvedAt {unpinned.resolved_at or 'not set'}), so the "
+            "dataset they read is not known. Let the job finish, or delete it and create a "
+            "new one to train on one dataset"
+        )
+    if unpinned.current:
+        text = current.text()
+        siblings = {**siblings, text: siblings.get(text, frozenset()) | unpinned.current}
     if not siblings:
         return Served(None)
     if len(siblings) > 1:
@@ -345,23 +425,39 @@ Key = tuple[str, str, str]
 
 
 class Siblings:
-    """(namespace, job key, mount) -> pin text -> the live pods given it; the pod watch
-    keeps it (`pod_watch.Index.set`)."""
+    """(namespace, job key, mount) -> pin text -> the live pods given it, and the live
+    pods injected without a recorded pin -> their creationTimestamp; the pod watch keeps
+    it (`pod_watch.Index.set`)."""
 
     def __init__(self) -> None:
-        self._pods: dict[tuple[str, str], tuple[str, dict[str, str]]] = {}
+        self._pods: dict[tuple[str, str], tuple[str, dict[str, str], tuple[str, ...]]] = {}
         self._by_job: dict[Key, dict[str, set[str]]] = {}
+        self._unpinned: dict[Key, dict[str, str | None]] = {}
 
     def pins(self, namespace: str, job: str, mount: str) -> dict[str, frozenset[str]]:
         found = self._by_job.get((namespace, job, mount)) or {}
         return {text: frozenset(pods) for text, pods in found.items()}
 
-    def record(self, namespace: str, pod: str, job: str | None, pins: Mapping[str, str]) -> None:
-        """Record the pins of one live pod (no job or no pins: forget it)."""
+    def unpinned(self, namespace: str, job: str, mount: str) -> dict[str, str | None]:
+        """The job's live pods injected with `mount` but no pin -> their creationTimestamp."""
+        return dict(self._unpinned.get((namespace, job, mount)) or {})
+
+    def record(
+        self,
+        namespace: str,
+        pod: str,
+        job: str | None,
+        pins: Mapping[str, str],
+        *,
+        unpinned: tuple[str, ...] = (),
+        created: str | None = None,
+    ) -> None:
+        """Record the pins of one live pod, and the mounts injected into it without one
+        (`unpinned`, with the pod's `created`); no job, or neither: forget it."""
         key = (namespace, pod)
         before = self._pods.pop(key, None)
         if before is not None:
-            old_job, old_pins = before
+            old_job, old_pins, old_unpinned = before
             for mount, text in old_pins.items():
                 held = self._by_job.get((namespace, old_job, mount))
                 if held is None:
@@ -371,11 +467,20 @@ class Siblings:
                     del held[text]
                 if not held:
                     del self._by_job[(namespace, old_job, mount)]
-        if job is None or not pins:
+            for mount in old_unpinned:
+                times = self._unpinned.get((namespace, old_job, mount))
+                if times is not None:
+                    times.pop(pod, None)
+                    if not times:
+                        del self._unpinned[(namespace, old_job, mount)]
+        unpinned = tuple(m for m in unpinned if m not in pins)
+        if job is None or not (pins or unpinned):
             return
-        self._pods[key] = (job, dict(pins))
+        self._pods[key] = (job, dict(pins), unpinned)
         for mount, text in pins.items():
             self._by_job.setdefault((namespace, job, mount), {}).setdefault(text, set()).add(pod)
+        for mount in unpinned:
+            self._unpinned.setdefault((namespace, job, mount), {})[pod] = created
 
     def pods(self) -> set[tuple[str, str]]:
         return set(self._pods)

@@ -67,7 +67,8 @@ class Metrics:
         self.pods_on_older_pin = prometheus_client.Gauge(
             "shardcache_operator_pods_on_older_pin",
             "Unfinished pods of a DatasetMount whose sidecar reads another digest than the "
-            "mount pins now: their job's, kept across a source edit (docs/operator.md, "
+            "mount pins now: their job's, kept across a source edit, and pods injected "
+            "without a recorded pin before the current one was resolved (docs/operator.md, "
             "Pinning). They go as those jobs finish.",
             ["namespace", "datasetmount"],
             registry=self.registry,

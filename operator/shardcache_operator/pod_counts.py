@@ -168,9 +168,15 @@ class Writer:
                 count(self._pods, namespace, name)
             )
             if older is not None:
-                digest = (obj.get("status") or {}).get("manifestDigest")
+                pinned = obj.get("status") or {}
+                digest, resolved_at = pinned.get("manifestDigest"), pinned.get("resolvedAt")
                 meters.pods_on_older_pin.labels(namespace=namespace, datasetmount=name).set(
-                    older(namespace, name, digest if isinstance(digest, str) else None)
+                    older(
+                        namespace,
+                        name,
+                        digest if isinstance(digest, str) else None,
+                        resolved_at if isinstance(resolved_at, str) else None,
+                    )
                 )
 
     async def run(

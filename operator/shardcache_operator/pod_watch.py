@@ -11,8 +11,9 @@ while unfinished), so this module watches pods itself, as a plain informer:
   and a field selector leaving out finished pods, as metadata only, so unlabelled pods
   never reach the operator, memory does not grow with them, and each event is small;
 - each event updates `Index` (pod -> mounts, mount -> pods, and for pods of a job the
-  pins they were given, which the webhook serves the job's later pods: `job_pins`) in
-  place; only an event that changes a mount's set of pods wakes the count writer
+  pins they were given, which the webhook serves the job's later pods: `job_pins`; and
+  the mounts injected into them without a pin, by a webhook from before job pins, with
+  their creationTimestamp) in place; only an event that changes a mount's set of pods wakes the count writer
   (`pod_counts`);
 - resumes from the last resourceVersion (bookmarks keep it fresh) and lists again
   when the API server says it is too old (410 Gone).
@@ -25,6 +26,7 @@ give the same guarantee).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -73,6 +75,8 @@ class Index(Mapping[Key, frozenset[str]]):
         self.jobs = job_pins.Siblings()
         #: pod -> mount -> the digest its injection wrote (`job_pins.ANNOTATION_PINS`).
         self._digests: dict[Key, dict[str, str]] = {}
+        #: pod -> (mounts injected into it without a pin, its creationTimestamp).
+        self._unpinned: dict[Key, tuple[tuple[str, ...], str | None]] = {}
 
     def __getitem__(self, key: Key) -> frozenset[str]:
         return frozenset(self._by_mount[key])
@@ -86,15 +90,24 @@ class Index(Mapping[Key, frozenset[str]]):
     def count(self, namespace: str, name: str) -> int:
         return len(self._by_mount.get((namespace, name), ()))
 
-    def older(self, namespace: str, name: str, digest: str | None) -> int:
+    def older(
+        self, namespace: str, name: str, digest: str | None, resolved_at: str | None = None
+    ) -> int:
         """Unfinished pods of the mount given another digest than `digest` (the mount's
-        pin now); pods injected without a recorded pin (an older operator) are not known."""
+        pin now, resolved at `resolved_at`), and those injected without a recorded pin (a
+        webhook from before job pins) created before it was resolved (`job_pins.unpinned`:
+        they read an earlier pin); without `resolved_at` those are not counted."""
         if digest is None:
             return 0
-        return sum(
-            1
-            for pod in self._by_mount.get((namespace, name), ())
-            if self._digests.get((namespace, pod), {}).get(name, digest) != digest
+        pods = self._by_mount.get((namespace, name), ())
+        created = {
+            pod: self._unpinned[(namespace, pod)][1]
+            for pod in pods
+            if name in self._unpinned.get((namespace, pod), ((), None))[0]
+        }
+        unknown = job_pins.unpinned(created, resolved_at).unknown if resolved_at else frozenset()
+        return len(unknown) + sum(
+            1 for pod in pods if self._digests.get((namespace, pod), {}).get(name, digest) != digest
         )
 
     def set(
@@ -104,17 +117,29 @@ class Index(Mapping[Key, frozenset[str]]):
         mounts: tuple[str, ...],
         job: str | None = None,
         pins: Mapping[str, str] | None = None,
+        *,
+        injected: tuple[str, ...] = (),
+        created: str | None = None,
     ) -> bool:
         """Record the mounts of one pod (empty: none, or gone) and, for a pod of a job,
-        the pins it was given of them; True when its mounts changed."""
+        the pins it was given of them; `injected` (its `shardcache.io/injected`
+        annotation) and `created` (its creationTimestamp) tell a mount injected without
+        a pin (`job_pins.Siblings.unpinned`). True when its mounts changed."""
         key = (namespace, pod)
         live = {m: text for m, text in (pins or {}).items() if m in mounts}
-        self.jobs.record(namespace, pod, job if mounts else None, live)
+        unpinned = tuple(m for m in injected if m in mounts and m not in live)
+        self.jobs.record(
+            namespace, pod, job if mounts else None, live, unpinned=unpinned, created=created
+        )
         digests = {m: d for m, text in live.items() if (d := job_pins.digest_in(text))}
         if digests:
             self._digests[key] = digests
         else:
             self._digests.pop(key, None)
+        if unpinned:
+            self._unpinned[key] = (unpinned, created)
+        else:
+            self._unpinned.pop(key, None)
         before = self._pods.get(key, ())
         if before == mounts:
             return False
@@ -135,10 +160,10 @@ class Index(Mapping[Key, frozenset[str]]):
     def replace(
         self,
         pods: Mapping[Key, tuple[str, ...]],
-        jobs: Mapping[Key, tuple[str | None, Mapping[str, str]]] | None = None,
+        jobs: Mapping[Key, Facts] | None = None,
     ) -> bool:
-        """A fresh LIST: the index becomes exactly `pods` (and `jobs`: pod -> its job
-        key and pins); True when any pod's mounts changed."""
+        """A fresh LIST: the index becomes exactly `pods` (and `jobs`: pod -> what
+        `facts` read of it); True when any pod's mounts changed."""
         changed = False
         for key in [k for k in self._pods if k not in pods]:
             changed |= self.set(*key, ())
@@ -146,9 +171,19 @@ class Index(Mapping[Key, frozenset[str]]):
             self.jobs.record(*key, None, {})
         for key in [k for k in self._digests if k not in pods]:
             del self._digests[key]
+        for key in [k for k in self._unpinned if k not in pods]:
+            del self._unpinned[key]
         for (namespace, pod), mounts in pods.items():
-            job, pins = (jobs or {}).get((namespace, pod), (None, {}))
-            changed |= self.set(namespace, pod, mounts, job, pins)
+            found = (jobs or {}).get((namespace, pod)) or Facts(None, {})
+            changed |= self.set(
+                namespace,
+                pod,
+                mounts,
+                found.job,
+                found.pins,
+                injected=found.injected,
+                created=found.created,
+            )
         return changed
 
 
@@ -159,6 +194,32 @@ def job_facts(metadata: Mapping[str, Any]) -> tuple[str | None, dict[str, str]]:
     if not isinstance(annotations, Mapping):
         return None if job is None else job.key, {}
     return None if job is None else job.key, job_pins.annotation_pins(annotations)
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What the index keeps of a pod besides its mounts (`Index.set`)."""
+
+    job: str | None
+    pins: Mapping[str, str]
+    injected: tuple[str, ...] = ()
+    created: str | None = None
+
+
+def facts(metadata: Mapping[str, Any]) -> Facts:
+    """`job_facts`, and the mounts the pod's injection names (`shardcache.io/injected`:
+    a pod of a webhook from before job pins has it, and its sidecars, but no pins) and
+    its creationTimestamp. The watch sees metadata only, so the annotation stands for
+    the sidecars here; a pod author who writes it on a pod admitted without the cache
+    only keeps their own job's later pods from starting."""
+    job, pins = job_facts(metadata)
+    annotations = metadata.get("annotations") or {}
+    value = (
+        annotations.get(injection.ANNOTATION_INJECTED) if isinstance(annotations, Mapping) else None
+    )
+    injected = tuple(m for m in value.split(",") if m) if isinstance(value, str) else ()
+    created = metadata.get("creationTimestamp")
+    return Facts(job, pins, injected, created if isinstance(created, str) else None)
 
 
 class Watcher:
@@ -197,8 +258,17 @@ class Watcher:
         self._events[opted_in].inc()
         mounts = () if kind == "DELETED" else mounts_of(pod)
         namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
-        job, pins = job_facts(metadata) if mounts else (None, {})
-        if self.index.set(namespace, name, mounts, job, pins):
+        found = facts(metadata) if mounts else Facts(None, {})
+        changed = self.index.set(
+            namespace,
+            name,
+            mounts,
+            found.job,
+            found.pins,
+            injected=found.injected,
+            created=found.created,
+        )
+        if changed:
             self._changed()
 
     async def run(self, connect: Callable[[], kopf.ConnectionInfo]) -> None:
@@ -215,7 +285,7 @@ class Watcher:
 
     async def _list(self, session: aiohttp.ClientSession, server: str) -> dict[str, str]:
         pods: dict[Key, tuple[str, ...]] = {}
-        jobs: dict[Key, tuple[str | None, Mapping[str, str]]] = {}
+        jobs: dict[Key, Facts] = {}
         versions: dict[str, str] = {}
         params = {"labelSelector": LABEL_SELECTOR, "fieldSelector": FIELD_SELECTOR}
         headers = {"Accept": ACCEPT_LIST}
@@ -227,7 +297,7 @@ class Watcher:
                 mounts = mounts_of(pod)
                 if mounts:
                     pods[key] = mounts
-                    jobs[key] = job_facts(metadata)
+                    jobs[key] = facts(metadata)
         if self.index.replace(pods, jobs):
             self._changed()
         return versions

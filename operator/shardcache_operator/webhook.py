@@ -250,10 +250,16 @@ async def decide(
         if job is not None
         else None
     )
+    unpinned = (
+        {name: memo.pods.jobs.unpinned(namespace, job.key, name) for name in wanted}
+        if job is not None
+        else None
+    )
     decision = admission.admit(
         pod,
         namespace=namespace,
         siblings=siblings,
+        unpinned=unpinned,
         lookup=lookup,
         defaults=defaults_of(memo.settings),
         missing_policy=memo.settings.missing_policy,
@@ -266,7 +272,7 @@ async def decide(
         if isinstance(obj, Mapping):
             await post_event(memo, obj, reason, message, now=time.monotonic())
     memo.metrics.admission_duration.observe(time.monotonic() - started)
-    result = "refused" if not decision.allowed else "injected" if decision.patch else "unchanged"
+    result = "refused" if not decision.allowed else "injected" if decision.injected else "unchanged"
     memo.metrics.admission_total.labels(result=result).inc()
     return decision
 
