@@ -18,7 +18,10 @@ it closes that, never a file the child opened since; the parent's locks stay).
 Lock files may be unlinked while someone waits on them (an evicted entry's lock file
 goes with it). A waiter that opened the old file would then hold a lock nobody else
 can see, so every acquisition checks, once locked, that the path still names the inode
-it locked, and starts again otherwise.
+it locked (itself, not through a symbolic link put there meanwhile), and starts again
+otherwise. A file renamed over a lock file while it is held cannot be prevented by
+anyone who may write the directory; `held` says so at release (an ERROR), since a
+process that locked the new file meanwhile ran beside the holder.
 
 Anyone sharing a tier directory can put something else at a lock file's name. A FIFO
 there blocked `os.open` for reading until a writer came, which was never: with
@@ -27,6 +30,15 @@ tier, lease and fill lock; the trainer's pins). So lock files are opened through
 `regular_files.open_regular` (never through a link, never blocking on a FIFO, only a
 regular file), and `acquire` removes anything else found at the name, with a WARNING,
 and takes the lock on a regular file made in its place.
+
+A process that holds a lock and stops (SIGSTOP, a debugger, a hung NFS or disk write
+in D state) keeps it for as long as it is stopped: the kernel drops it only when the
+process dies. Every sidecar sharing the directory then waited in `flock` forever, on
+each insert, count and metrics scrape, and a new sidecar never passed its start-up
+check. So a wait may be bounded (`timeout`): the lock is tried without blocking until
+it is free or the time is up, and then `LockTimeout` names the lock file and its
+holders as /proc/locks shows them (pid, state, command), so that the caller fails that
+one operation with the reason and goes on serving what needs no lock.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +64,41 @@ NONBLOCKING = fcntl.LOCK_NB
 # Each retry means another process unlinked the file between our open and our lock;
 # a thousand in a row means something is deleting lock files in a loop.
 _MAX_ATTEMPTS = 1000
+
+#: How long a bounded wait sleeps between tries at most: a lock held for the usual
+#: instant is taken within a millisecond or two, one held longer costs no busy loop.
+_MAX_POLL_S = 0.05
+
+
+class LockTimeout(errors.CacheError, TimeoutError):
+    """A lock was held by another process for longer than the wait allowed.
+
+    A TimeoutError, hence an OSError, too: callers that already treat a tier
+    directory's OSError as "this tier fails now" (a metrics scrape, the sidecar's
+    start-up check) do so for a lock stuck behind a frozen process as well."""
+
+    def __init__(
+        self,
+        path: Path,
+        waited: float,
+        holders: list[str],
+        *,
+        pids: frozenset[int] = frozenset(),
+        ident: tuple[int, int] | None = None,
+    ) -> None:
+        who = "; ".join(holders) if holders else "no holder found in /proc/locks"
+        super().__init__(
+            f"could not lock {path} within {waited:g} s: held by {who}. A process that "
+            "is stopped (SIGSTOP, a debugger) or stuck in the kernel (state D) holds it "
+            "until it runs or dies"
+        )
+        self.path = path
+        self.waited = waited
+        self.holders = holders
+        #: The holders' pids as this process sees them (0: another PID namespace's).
+        self.pids = pids
+        #: (st_dev, st_ino) of the file waited on, for `unlink_waited_on`.
+        self.ident = ident
 
 
 #: Every descriptor of this process that holds or may hold a lock (`open_for_lock`);
@@ -115,14 +163,98 @@ os.register_at_fork(
 
 def _same_file(fd: int, path: Path) -> bool:
     try:
-        on_disk = os.stat(path)
+        # Not through a link: one put at the name, leading to the file locked here,
+        # would pass, and the next process (which never opens a link) would remove it
+        # and lock a new file, both then holding "the" lock.
+        on_disk = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
         return False
     held = os.fstat(fd)
     return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
 
 
-def acquire(path: Path, operation: int, *, create: bool) -> int | None:
+def _state(pid: int) -> str:
+    """A process's state and command from /proc/<pid>/stat, in words."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as stat_file:
+            text = stat_file.read()
+    except OSError:
+        return "not visible here"
+    comm = text[text.find("(") + 1 : text.rfind(")")]
+    state = text[text.rfind(")") + 2 : text.rfind(")") + 3]
+    words = {
+        "T": "stopped",
+        "t": "stopped by a debugger",
+        "D": "in uninterruptible sleep (D)",
+        "Z": "a zombie",
+    }.get(state, f"state {state}")
+    return f"{comm}, {words}"
+
+
+def holders(fd: int, locks_text: str | None = None) -> list[str]:
+    """Who holds a lock on the file open as `fd`, from /proc/locks: "pid 123 (python,
+    stopped), exclusive". A pid of 0 is a process of another PID namespace (another
+    pod's sidecar), which this one cannot name. `locks_text` stands for the file."""
+    return [words for _, words in _holders(fd, locks_text)]
+
+
+def _holders(fd: int, locks_text: str | None) -> list[tuple[int, str]]:
+    st = os.fstat(fd)
+    wanted = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    if locks_text is None:
+        try:
+            with open("/proc/locks", encoding="ascii", errors="replace") as locks_file:
+                locks_text = locks_file.read()
+        except OSError:
+            return []
+    found = []
+    for line in locks_text.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == "->":  # "->": a waiter, not a holder
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            ident = (int(major, 16), int(minor, 16), int(inode))
+            pid = int(fields[4])
+        except ValueError:
+            continue
+        if ident != wanted:
+            continue
+        kind = "exclusive" if fields[3] == "WRITE" else "shared"
+        if pid <= 0:
+            found.append((0, f"a process of another PID namespace (another pod), {kind}"))
+        else:
+            found.append((pid, f"pid {pid} ({_state(pid)}), {kind}"))
+    return found
+
+
+def _flock_within(fd: int, operation: int, path: Path, timeout: float) -> None:
+    """flock `fd` with `operation`, waiting at most `timeout` s; LockTimeout after."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, operation | NONBLOCKING)
+            return
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                found = _holders(fd, None)
+                st = os.fstat(fd)
+                raise LockTimeout(
+                    path,
+                    timeout,
+                    [words for _, words in found],
+                    pids=frozenset(pid for pid, _ in found),
+                    ident=(st.st_dev, st.st_ino),
+                ) from None
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, _MAX_POLL_S)
+
+
+def acquire(
+    path: Path, operation: int, *, create: bool, timeout: float | None = None
+) -> int | None:
     """Open `path`, flock it with `operation`, and return the descriptor (the lock).
 
     Returns None if the file does not exist and `create` is false, or if `operation`
@@ -131,6 +263,9 @@ def acquire(path: Path, operation: int, *, create: bool) -> int | None:
     a reader running as another user can still take a shared lock. Anything but a
     regular file at `path` (a FIFO, a link, a directory) is removed with a WARNING
     first; NotRegularFile if it cannot be.
+
+    `timeout`: a blocking `operation` waits at most so many seconds, then raises
+    LockTimeout naming the holders; None waits as long as it takes.
     """
     flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     removed: set[tuple[int, int] | None] = set()
@@ -146,7 +281,10 @@ def acquire(path: Path, operation: int, *, create: bool) -> int | None:
             _remove_in_the_way(bad, removed)
             continue
         try:
-            fcntl.flock(fd, operation)
+            if timeout is None or operation & NONBLOCKING:
+                fcntl.flock(fd, operation)
+            else:
+                _flock_within(fd, operation, path, timeout)
         except BlockingIOError:
             close(fd)
             return None
@@ -182,6 +320,25 @@ def _remove_in_the_way(
         )
 
 
+def unlink_waited_on(timed_out: LockTimeout) -> bool:
+    """Unlink the lock file a wait timed out on, if its name still holds that very file:
+    whoever locks the name next locks a new file, and its holder keeps a lock nobody
+    waits on. Only for a lock that guards no shared state (a fill lock: its holder's
+    work is done again, never undone). Whether it was unlinked (not when replaced
+    meanwhile, or another user's in a directory with the sticky bit)."""
+    try:
+        st = os.lstat(timed_out.path)
+    except FileNotFoundError:
+        return False
+    if (st.st_dev, st.st_ino) != timed_out.ident:
+        return False
+    try:
+        os.unlink(timed_out.path)
+    except (FileNotFoundError, PermissionError):
+        return False
+    return True
+
+
 def lock(fd: int, operation: int) -> None:
     """flock an already open descriptor (a file this process just created)."""
     fcntl.flock(fd, operation)
@@ -199,12 +356,22 @@ def unlink_held(fd: int, path: Path) -> None:
 
 
 @contextlib.contextmanager
-def held(path: Path, operation: int) -> Iterator[int]:
-    """Hold a blocking lock on `path` (created if missing) for the `with` block."""
-    fd = acquire(path, operation, create=True)
+def held(path: Path, operation: int, *, timeout: float | None = None) -> Iterator[int]:
+    """Hold a blocking lock on `path` (created if missing) for the `with` block; waited
+    for at most `timeout` s (LockTimeout), or as long as it takes (None)."""
+    fd = acquire(path, operation, create=True, timeout=timeout)
     if fd is None:  # only possible with NONBLOCKING, which callers of held() never pass
         raise errors.CacheError(f"could not lock {path}")
     try:
         yield fd
     finally:
-        close(fd)
+        try:
+            if not _same_file(fd, path):
+                log.error(
+                    "%s was replaced or removed while this process held it: a process that "
+                    "locked it since may have run at the same time (is another program "
+                    "writing the cache directory?)",
+                    path,
+                )
+        finally:
+            close(fd)

@@ -74,6 +74,10 @@ _CHEAP_RANK_BLOCKS = 8 * 42
 #: windows cannot all be resident before it gives up (`_window_room_check`): long enough
 #: that a reader's position, which the sidecar learns at its next request, is not stale.
 _WINDOW_ROOM_GRACE_S = 2.0
+#: How long a metrics scrape waits for a tier's lock to read its size: within a
+#: scraper's timeout (Prometheus: 10 s), so that a lock held by a stopped process
+#: shows as the tier unusable (`NodeStats.tier_errors`) instead of no answer at all.
+STATS_LOCK_TIMEOUT_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1797,8 +1801,8 @@ class CacheNode:
 
     def _resident(self, tier: tiers.Tier, stats: NodeStats) -> int:
         try:
-            found = tier.resident_bytes()
-        except OSError as exc:
+            found = tier.resident_bytes(timeout=STATS_LOCK_TIMEOUT_S)
+        except OSError as exc:  # a LockTimeout too: a stopped process holds the lock
             why = f"{tier.name} tier {tier.root}: {type(exc).__name__}: {exc}"
             stats.tier_errors[tier.name] = why
             if self._tier_errors_seen.get(tier.name) != why:

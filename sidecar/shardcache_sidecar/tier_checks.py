@@ -25,6 +25,14 @@ from shardcache.node import tiers
 def disk_reason(found: tiers.Unusable, *, retry_s: float) -> str:
     """Why the disk tier is unusable and how a platform engineer fixes it."""
     uid, gid = found.uid, found.gid
+    if isinstance(found.error, tiers.LockTimeout):
+        # The directory is right; another process holds its lock and does not run.
+        return (
+            f"the disk tier {found.path} is not usable now: {found.describe()}. Resume or "
+            f"end that process (another sidecar of this node); the sidecar checks again "
+            f"every {retry_s:g} s and goes on by itself once it gets the lock "
+            f'(docs/cache-format.md, "A stopped process holding a lock")'
+        )
     if found.lock_owner is not None:
         # The directory is right; a file in it is another user's (`describe` says
         # which and what to do): changing the directory would not help.

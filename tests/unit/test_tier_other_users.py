@@ -238,3 +238,27 @@ def test_the_sidecar_names_an_unreadable_tier_lock_not_the_directory_as_the_fix(
     assert f"the tier lock {lock} is owned by uid {OLD_UID}, gid {GROUP}, mode 0600" in reason
     assert f"Remove that file (rm {lock})" in reason
     assert "chmod 2770" not in reason  # the directory is right
+
+
+def test_another_users_private_entry_in_a_sticky_directory_is_named_not_served(
+    shared: Path,
+) -> None:
+    # Another user's files at an entry's names, mode 0600, in a directory with the
+    # sticky bit: this process may neither read nor replace them. Its insert's commit
+    # failed with a bare PermissionError on a temp file's rename.
+    os.chmod(shared, 0o3770)
+    left_by_old_user(shared)
+    for name, text in (("k2", "not k2's bytes".ljust(100)), ("k2.meta.json", "{}")):
+        (shared / name).write_text(text)
+        os.chown(shared / name, OLD_UID, GROUP)
+        os.chmod(shared / name, 0o600)
+    got = as_new_user(shared, "get", "k2", "k3")
+    message = str(got["k2"])
+    assert message.startswith(
+        f"Unremovable: disk tier: cannot replace {shared / 'k2'} (owned by uid {OLD_UID}, "
+        f"gid {GROUP}, mode 0600; this process runs as uid {NEW_UID}"
+    ), message
+    assert "mode 3770, with the sticky bit" in message and f"chmod -t {shared}" in message
+    assert got["k3"] == [body("k3"), False]  # the rest of the tier still works
+    assert (shared / "k2").read_text() == "not k2's bytes".ljust(100)  # left alone
+    assert not [p.name for p in shared.iterdir() if p.name.startswith(".tmp-")]

@@ -45,6 +45,7 @@ The modules, by what they hold:
 
 from __future__ import annotations
 
+from shardcache.node._locks import LockTimeout
 from shardcache.node.names import FILL_LOCK_SUFFIX, TIER_LOCK_NAME
 from shardcache.node.tiers._access import Owner, Unusable, unusable
 from shardcache.node.tiers._entries import (
@@ -71,16 +72,18 @@ from shardcache.node.tiers._no_space import (
     volume_under,
 )
 from shardcache.node.tiers._retire import move_aside_unused
-from shardcache.node.tiers._tier import ScanReport, Tier, TierObserver
+from shardcache.node.tiers._tier import LOCK_TIMEOUT_S, ScanReport, Tier, TierObserver
 
 __all__ = [
     "FILL_LOCK_SUFFIX",
     "FORMAT_VERSION",
+    "LOCK_TIMEOUT_S",
     "TIER_LOCK_NAME",
     "Entry",
     "EntryMeta",
     "EntryTooLargeError",
     "IncompatibleFormatError",
+    "LockTimeout",
     "Owner",
     "RoomHeldError",
     "ScanReport",

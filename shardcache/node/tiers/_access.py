@@ -24,6 +24,11 @@ from shardcache.node.tiers import _directory, _other_users
 #: creation and its removal is reclaimed like any dead writer's.
 _PROBE_KEY = "access-probe"
 
+#: How long the check waits for `.tier.lock`, which others hold for an instant: one
+#: held longer is held by a stopped or stuck process, which kept the sidecar's start
+#: waiting forever, with nothing in /readyz. The check is repeated every few seconds.
+LOCK_TIMEOUT_S = 10.0
+
 
 @dataclasses.dataclass(frozen=True)
 class Owner:
@@ -97,13 +102,13 @@ def _owner(path: Path) -> Owner | None:
     return None
 
 
-def _try(root: Path) -> tuple[str, OSError] | None:
+def _try(root: Path, lock_timeout: float | None) -> tuple[str, OSError] | None:
     step = f"creating the directory {root}"
     try:
         root.mkdir(parents=True, exist_ok=True)
         lock = root / names.TIER_LOCK_NAME
         step = f"opening {lock}"
-        with _locks.held(lock, _locks.SHARED):
+        with _locks.held(lock, _locks.SHARED, timeout=lock_timeout):
             # Under the shared tier lock, as an insert reserves: a scan reclaiming dead
             # writers' temp files holds it exclusively, so it never takes this one.
             step = f"creating a file in {root}"
@@ -112,15 +117,18 @@ def _try(root: Path) -> tuple[str, OSError] | None:
                 _directory.unlink(path)
             finally:
                 _locks.close(fd)
+    except _locks.LockTimeout as exc:
+        return f"locking {root / names.TIER_LOCK_NAME}", exc
     except OSError as exc:
         return step, exc
     return None
 
 
-def unusable(root: Path) -> Unusable | None:
-    """None when this process can make `root`, open and lock its `.tier.lock` and create
-    and remove a file in it (all a tier does to it); else what failed, and who may."""
-    failed = _try(Path(root))
+def unusable(root: Path, *, lock_timeout: float | None = LOCK_TIMEOUT_S) -> Unusable | None:
+    """None when this process can make `root`, open and lock its `.tier.lock` (waiting
+    at most `lock_timeout` s) and create and remove a file in it (all a tier does to
+    it); else what failed, and who may."""
+    failed = _try(Path(root), lock_timeout)
     if failed is None:
         return None
     step, exc = failed

@@ -8,6 +8,7 @@ where a docstring says so.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 from shardcache.node import _locks, names, regular_files
-from shardcache.node.tiers import _entries
+from shardcache.node.tiers import _entries, _other_users
 
 # One logger for the whole package, as before it was split into modules.
 logger = logging.getLogger("shardcache.node.tiers")
@@ -81,15 +82,36 @@ def unlink(path: Path) -> bool:
     return regular_files.remove(path)
 
 
-def replace(source: Path, target: Path) -> None:
+def replace(source: Path, target: Path, *, tier: str) -> None:
     """`os.replace(source, target)`, first removing a directory at `target` (a file is
-    never renamed over one, and it would make the key fail for good)."""
+    never renamed over one, and it would make the key fail for good). Another user's
+    file at `target` in a directory with the sticky bit cannot be replaced:
+    `_other_users.Unremovable` names it, its owner and the fix, instead of a bare
+    PermissionError."""
     try:
         os.replace(source, target)
+    except PermissionError as exc:
+        raise _unreplaceable(target, exc, tier=tier) from exc
     except IsADirectoryError:
         logger.warning("removing the directory %s, which was in a tier file's place", target)
         regular_files.remove(target)
         os.replace(source, target)
+
+
+def _unreplaceable(target: Path, exc: PermissionError, *, tier: str) -> Exception:
+    try:
+        st = os.lstat(target)
+    except OSError:
+        return exc
+    if st.st_uid == os.geteuid():
+        return exc
+    return _other_users.Unremovable(
+        f"{tier} tier: cannot replace {target} ({_other_users.describe(st)}): "
+        f"{exc.strerror}: {_other_users.directory(target.parent)}. The key cannot be "
+        f"cached here until that file is gone: remove it as uid {st.st_uid} or root, "
+        f"and let the directory's users replace each other's files (mode 2770 without "
+        f"the sticky bit: chmod -t {target.parent})"
+    )
 
 
 #: A temp file this process may not open (`_other_users`) is a dead writer's once it
@@ -103,12 +125,23 @@ _KNOWN_PATHS = 65536
 class Directory:
     """The files of the tier named `name` (used in log messages) under `root`."""
 
-    def __init__(self, root: Path, *, name: str) -> None:
+    def __init__(self, root: Path, *, name: str, lock_timeout: float | None = None) -> None:
         self.root = root
         self.name = name
         self.tier_lock = root / names.TIER_LOCK_NAME
+        #: How long a wait for `.tier.lock` lasts before it fails (`_locks.LockTimeout`);
+        #: None waits as long as it takes.
+        self.lock_timeout = lock_timeout
         self._prefix = os.path.join(os.fspath(root), "")
         self._known: dict[str, tuple[Path, Path, Path]] = {}
+
+    def tier_locked(
+        self, operation: int, *, timeout: float | None = None
+    ) -> contextlib.AbstractContextManager[int]:
+        """`.tier.lock` held with `operation` for a `with` block, waited for at most
+        `timeout` s (this directory's `lock_timeout` if None)."""
+        wait = self.lock_timeout if timeout is None else timeout
+        return _locks.held(self.tier_lock, operation, timeout=wait)
 
     def data(self, key: str) -> Path:
         return self._paths(key)[0]

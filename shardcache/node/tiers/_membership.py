@@ -57,7 +57,7 @@ class Membership:
 
     def __init__(self, files: _directory.Directory) -> None:
         self._files = files
-        with _locks.held(files.tier_lock, _locks.SHARED):
+        with files.tier_locked(_locks.SHARED):
             #: Read without a lock (a set lookup is atomic under the GIL); changed only
             #: while `.tier.lock` is held exclusively, or by `lost` under it shared.
             self.keys: set[str] = set(files.listing().committed())
@@ -86,7 +86,7 @@ class Membership:
         """A lookup missed `key` although the set has it: forget it if its files are
         gone. Under the tier lock, so a commit of the key by another thread of this
         process is either wholly before (kept) or wholly after (it adds it again)."""
-        with _locks.held(self._files.tier_lock, _locks.SHARED):
+        with self._files.tier_locked(_locks.SHARED):
             if not self._files.committed(key):
                 self.discard(key)
 

@@ -79,6 +79,12 @@ _Outcome = Literal["hit", "missing", "corrupted", "incompatible"]
 #: holds at once (hundreds to thousands of shards), a few MB at most.
 _METAS_KEPT = 65536
 
+#: How long an operation waits for `.tier.lock` or an entry's lease lock, which others
+#: hold for the instant of a count, an eviction or a commit, before it fails with
+#: `_locks.LockTimeout` naming the holder: only a holder that is stopped or stuck holds
+#: one this long, and every sidecar of the node waited for it forever.
+LOCK_TIMEOUT_S = 60.0
+
 
 class Tier:
     """A byte-limited, LRU, checksummed directory of immutable entries (package docstring)."""
@@ -95,6 +101,7 @@ class Tier:
         observer: TierObserver | None = None,
         wait_timeout: float = 300.0,
         sole_writer: bool = False,
+        lock_timeout: float | None = LOCK_TIMEOUT_S,
     ) -> None:
         """`hashed=False`: meta files carry no sha256 (null, format version 2) unless the
         producer's caller gives one, and an insert never reads its entry back to hash
@@ -104,7 +111,12 @@ class Tier:
         `sole_writer=True`: this object is the only one that commits or removes
         entries in `root` (other processes may lease and read them); membership is
         then answered from memory (`contains`, and a lookup's miss) instead of with
-        system calls. `_membership` says why that stays exact."""
+        system calls. `_membership` says why that stays exact.
+
+        `lock_timeout`: how long an operation waits for the tier lock or an entry's
+        lease lock before it fails with `_locks.LockTimeout` (None: as long as it
+        takes). Waiting for another process producing the same key (the fill lock)
+        lasts up to `wait_timeout`, after which this one produces it too."""
         if limit_bytes < 0:
             raise errors.InputError(f"{name} tier limit must be >= 0 bytes, found {limit_bytes}")
         if verify not in ("always", "never"):
@@ -116,6 +128,8 @@ class Tier:
             )
         if wait_timeout < 0:
             raise errors.InputError(f"wait_timeout must be >= 0 s, found {wait_timeout}")
+        if lock_timeout is not None and lock_timeout < 0:
+            raise errors.InputError(f"lock_timeout must be >= 0 s or None, found {lock_timeout}")
         self.root = Path(root)
         self.limit_bytes = limit_bytes
         self.name = name
@@ -124,8 +138,9 @@ class Tier:
         self.hashed = hashed
         self.observer = observer
         self.wait_timeout = wait_timeout
+        self.lock_timeout = lock_timeout
         self.root.mkdir(parents=True, exist_ok=True)
-        self._files = _directory.Directory(self.root, name=name)
+        self._files = _directory.Directory(self.root, name=name, lock_timeout=lock_timeout)
         #: Meta files read by lookups, by key, with the (inode, mtime, size) they had:
         #: see `_read_meta`.
         self._metas: dict[str, tuple[tuple[int, int, int], _entries.EntryMeta]] = {}
@@ -342,15 +357,15 @@ class Tier:
             self._files.write_file(meta_tmp, meta.to_json(), fsync=self.fsync)
             lease_fd = self._take_lease(key, create=True)
             try:
-                with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+                with self._files.tier_locked(_locks.EXCLUSIVE):
                     # Data first, meta last: the meta rename is the commit point, and a
                     # crash in between leaves data without meta, which is never served
                     # (and, with the lease lock file taken above, is known as an orphan
                     # of the tier's own and reclaimed: `Listing.orphans`). Whatever
                     # someone put in their place, a directory too, goes.
-                    _directory.replace(tmp_path, self._files.data(key))
+                    _directory.replace(tmp_path, self._files.data(key), tier=self.name)
                     faultpoints.reach("cache.insert")
-                    _directory.replace(meta_tmp, self._files.meta(key))
+                    _directory.replace(meta_tmp, self._files.meta(key), tier=self.name)
                     if self._members is not None:
                         self._members.keys.add(key)
                         # `hold` takes the meta from a lookup of this commit's files.
@@ -365,11 +380,18 @@ class Tier:
                 if not committed:
                     _locks.close(lease_fd)
         finally:
-            if not committed:
-                with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
-                    _directory.unlink(tmp_path)
-                    _directory.unlink(meta_tmp)
-            _locks.close(tmp_fd)
+            try:
+                if not committed:
+                    with self._files.tier_locked(_locks.EXCLUSIVE):
+                        _directory.unlink(tmp_path)
+                        _directory.unlink(meta_tmp)
+            except _locks.LockTimeout as exc:
+                # Not raised over the error that got here: the reservation is
+                # unlocked below, so the next reclaim under the tier lock removes it as
+                # a dead writer's.
+                logger.warning("%s tier: left the reservation %s: %s", self.name, tmp_path, exc)
+            finally:
+                _locks.close(tmp_fd)
         if self.fsync:
             self._files.fsync()
         return _entries.Entry(
@@ -399,8 +421,7 @@ class Tier:
         _entries.check_key(key)
         entry, _ = self._lookup(key, touch=True)
         if entry is None:
-            fill_fd = self._lock(self._files.fill(key), _locks.EXCLUSIVE, create=True)
-            assert fill_fd is not None  # blocking acquire with create never returns None
+            fill_fd = self._fill_lock(key)
             try:
                 entry, _ = self._lookup(key, touch=True)
                 if entry is None:
@@ -411,11 +432,44 @@ class Tier:
                     )
                     return entry, False
             finally:
-                _locks.unlink_held(fill_fd, self._files.fill(key))
-                _locks.close(fill_fd)
+                if fill_fd is not None:
+                    _locks.unlink_held(fill_fd, self._files.fill(key))
+                    _locks.close(fill_fd)
         if count:
             self._count_lookup(entry)
         return entry, True
+
+    def _fill_lock(self, key: str) -> int | None:
+        """The fill lock of `key`; None to produce it without one.
+
+        A holder in another process that keeps it for `wait_timeout` is taken for
+        stopped or stuck (it may only be slow): its lock file is unlinked, so the
+        waiters of every process agree on a new one and one of them produces the key
+        again, which is safe (entries are immutable and committed by rename; a hit is
+        checked by its reader), where waiting for it forever was not. If the file cannot
+        be unlinked (another user's, in a directory with the sticky bit), this waiter
+        produces it without a fill lock. A thread of this process holding it is running,
+        and is waited for as long as it takes."""
+        path = self._files.fill(key)
+        while True:
+            try:
+                fd = self._lock(path, _locks.EXCLUSIVE, create=True, timeout=self.wait_timeout)
+            except _locks.LockTimeout as exc:
+                if os.getpid() in exc.pids:
+                    continue
+                took_over = _locks.unlink_waited_on(exc)
+                logger.warning(
+                    "%s tier: producing %s %s: %s",
+                    self.name,
+                    key,
+                    "under a new fill lock" if took_over else "without its fill lock",
+                    exc,
+                )
+                if took_over:
+                    continue
+                return None
+            assert fd is not None  # blocking acquire with create never returns None
+            return fd
 
     def size(self, key: str) -> int | None:
         """Bytes of the entry's data file if there is one (no lease, no check): what a
@@ -448,9 +502,11 @@ class Tier:
         """Keys of the committed entries, sorted."""
         return sorted(self._files.listing().committed())
 
-    def resident_bytes(self) -> int:
-        """Bytes of committed entries in this tier, written by any process."""
-        with _locks.held(self._files.tier_lock, _locks.SHARED):
+    def resident_bytes(self, *, timeout: float | None = None) -> int:
+        """Bytes of committed entries in this tier, written by any process. `timeout`:
+        the longest wait for the tier lock, if not `lock_timeout` (a metrics scrape's
+        is shorter than a scraper waits)."""
+        with self._files.tier_locked(_locks.SHARED, timeout=timeout):
             committed = self._files.listing().committed()
             self._saw(committed)
             return sum(st.st_size for st in committed.values())
@@ -465,7 +521,7 @@ class Tier:
     def used_bytes(self) -> int:
         """What counts against the limit: the tier's own data files (committed entries,
         and orphans a crash left) plus every live reservation (`Listing.used`)."""
-        with _locks.held(self._files.tier_lock, _locks.SHARED):
+        with self._files.tier_locked(_locks.SHARED):
             listing = self._files.listing()
             self._saw(listing.committed())
             return listing.used
@@ -480,7 +536,7 @@ class Tier:
     def leased_bytes(self) -> int:
         """Bytes of entries some process holds a lease on (a snapshot, best effort)."""
         leased = 0
-        with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+        with self._files.tier_locked(_locks.EXCLUSIVE):
             for key, st in self._files.listing().committed().items():
                 if key in self._pins:  # held in this process's memory (`hold`)
                     leased += st.st_size
@@ -500,7 +556,7 @@ class Tier:
     def evict(self, key: str) -> bool:
         """Remove the entry unless it is leased; return whether it was removed."""
         _entries.check_key(key)
-        with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+        with self._files.tier_locked(_locks.EXCLUSIVE):
             try:
                 size: int | None = os.lstat(self._files.data(key)).st_size
             except FileNotFoundError:
@@ -515,7 +571,7 @@ class Tier:
         meta file, `Listing.orphans`), which count against the limit and which no
         eviction takes. Returns (files removed, bytes freed). Cheap: one listing under
         the tier lock, no entry read. `scan` does this and checks every entry too."""
-        with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+        with self._files.tier_locked(_locks.EXCLUSIVE):
             listing = self._files.listing()
             before = listing.used
             removed = self._files.reclaim_tmp(listing)
@@ -532,7 +588,7 @@ class Tier:
         without touching LRU times. A data file without either is not the tier's: it
         is left alone.
         """
-        with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+        with self._files.tier_locked(_locks.EXCLUSIVE):
             listing = self._files.listing()
             removed_tmp = self._files.reclaim_tmp(listing)
             removed_incomplete = self._reclaim_orphans(listing)[0]
@@ -644,7 +700,7 @@ class Tier:
                 # Entries may have been released since: try them again now and then,
                 # not at every poll (each lists the directory under the tier lock).
                 evicted_at = now
-                with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+                with self._files.tier_locked(_locks.EXCLUSIVE):
                     listing = self._files.listing()
                     self._reclaim_orphans(listing)
                     if self._evict_for_room(key, listing, need, room):
@@ -789,20 +845,28 @@ class Tier:
                 self.observer.hit(self.name)
 
     def _lock(
-        self, path: Path, operation: int, *, create: bool, tier_locked: bool = False
+        self,
+        path: Path,
+        operation: int,
+        *,
+        create: bool,
+        tier_locked: bool = False,
+        timeout: float | None = None,
     ) -> int | None:
-        """`_locks.acquire` of an entry's lock file; one this process may not open (a
+        """`_locks.acquire` of an entry's lock file, a blocking one waited for at most
+        `timeout` s (`lock_timeout` if None); one this process may not open (a
         process of another user made it, with a restrictive umask) is replaced first
         (`_other_users`), under the tier lock (`tier_locked`: the caller holds it)."""
+        wait = self.lock_timeout if timeout is None else timeout
         try:
-            return _locks.acquire(path, operation, create=create)
+            return _locks.acquire(path, operation, create=create, timeout=wait)
         except PermissionError:
             if tier_locked:
                 _other_users.replace_lock(path, tier=self.name)
             else:
-                with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+                with self._files.tier_locked(_locks.EXCLUSIVE):
                     _other_users.replace_lock(path, tier=self.name)
-        return _locks.acquire(path, operation, create=create)
+        return _locks.acquire(path, operation, create=create, timeout=wait)
 
     def _take_lease(self, key: str, *, create: bool) -> int:
         fd = self._lock(self._files.lease(key), _locks.SHARED, create=create)
@@ -946,7 +1010,7 @@ class Tier:
             )
             if corrupted and self.observer is not None:
                 self.observer.corrupted(self.name, key)
-            with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+            with self._files.tier_locked(_locks.EXCLUSIVE):
                 try:
                     st = os.lstat(self._files.data(key))
                     current: tuple[int, int] | None = (st.st_dev, st.st_ino)
@@ -1039,7 +1103,7 @@ class Tier:
         delay = _WAIT_FIRST_S
         warned = False
         while True:
-            with _locks.held(self._files.tier_lock, _locks.EXCLUSIVE):
+            with self._files.tier_locked(_locks.EXCLUSIVE):
                 listing = self._files.listing()
                 self._files.reclaim_tmp(listing)
                 # Each inserting process's limit bounds the directory it shares: the
