@@ -111,6 +111,9 @@ def reads_text(data: dict[str, Any]) -> str:
         if len(run["generations"]) > 1:
             # Rank numbers are per world size once the run was resumed at another.
             head += f" (world size {r['world_size']})"
+        if r["pass_index"]:
+            # The rank read the epoch again from its start (a second pass).
+            head += f" pass {r['pass_index'] + 1}"
         at = f" step {r['step']} (row {r['slot']} of the batch)" if r["step"] is not None else ""
         if r["status"] == "read":
             since = (

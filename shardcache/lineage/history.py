@@ -7,9 +7,22 @@ skips; the reading plan (`shardcache.plans`) turns positions into sample indices
 the history is exact without replaying the run or reading any data. A run starts at
 epoch 0, position 0 (how `shardcache.open` starts without `resume_from`).
 
-A chain that goes backwards (a checkpoint behind its predecessor) or whose later
-state lacks an earlier skip is not one run: a rewind that kept the abandoned
-checkpoints. It is refused.
+A reader may read an epoch again from its start (a second pass: iterating the numpy
+batches or the torch dataset again after a pass reached the epoch's end, as a
+validation loop does); that pass drops the epoch's skips and records its own
+(`states.moved`). So a checkpoint of the same epoch as its predecessor that is behind
+it, or lacks one of its skips of that epoch, is a later pass over the epoch, not a
+rewind: the rank read on from the predecessor's position to the end of the epoch
+(less the skips it carries), then from position 0 to the checkpoint's (less the skips
+the checkpoint carries). Each span names its pass, and `Generation.restarts` keeps the
+skips each earlier pass made. A skip an earlier pass made after its last checkpoint
+(a `skip_batches`, the rows `drop_last` trims at the end) is in no state: the pass that
+followed dropped it, so lineage counts those rows as read. States cannot tell two
+passes between one pair of checkpoints from one; lineage takes the fewest.
+
+A chain that goes back to an earlier epoch, or whose later state lacks a skip of
+another epoch, is not one run: a rewind that kept the abandoned checkpoints. It is
+refused.
 
 A change of world size (an elastic resume, `shardcache.elastic`) starts a new
 generation: the steps in order, cut where the world size changes. The first states of
@@ -50,6 +63,19 @@ class Span:
     #: Which generation (world size) read it; its plan for `rank` (segments included).
     generation: int = 0
     plan: plans.PlanParams | None = None
+    #: Which pass over `epoch` read it: 0 the first, 1 a second pass from the epoch's
+    #: start, and so on.
+    pass_index: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """Checkpoint `step` is in a later pass over `epoch` than its predecessor: the
+    earlier pass ended there, having made `skips` (the predecessor's of `epoch`)."""
+
+    step: int
+    epoch: int
+    skips: tuple[states.Skip, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +93,21 @@ class Generation:
     #: Each rank's last (epoch, position) before the next generation took over; None
     #: for the newest generation.
     ended: Mapping[int, tuple[int, int]] | None
+    #: Per rank, oldest first: the checkpoints that start reading an epoch again.
+    restarts: Mapping[int, tuple[Restart, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
         return self.params.world_size
+
+    def pass_skips(self, rank: int, epoch: int) -> list[tuple[states.Skip, ...]]:
+        """The skips of `epoch` of each pass `rank` made over it, oldest first: an
+        earlier pass's as its last checkpoint carries them, the last pass's as the
+        rank's newest checkpoint does. One entry for an epoch read once."""
+        chain = self.chains.get(rank, ())
+        newest = tuple(chain[-1].state.skips_in(epoch)) if chain else ()
+        earlier = [r.skips for r in self.restarts.get(rank, ()) if r.epoch == epoch]
+        return [*earlier, newest]
 
     def steps(self) -> list[int]:
         return sorted({c.step for chain in self.chains.values() for c in chain})
@@ -128,7 +165,8 @@ class History:
         return chain[-1].state if chain else None
 
     def skips(self, rank: int) -> tuple[states.Skip, ...]:
-        """The skips the rank's newest checkpoint carries (all earlier ones included)."""
+        """The skips the rank's newest checkpoint carries (all earlier ones included,
+        but those of an earlier pass over an epoch read again: `Generation.pass_skips`)."""
         last = self.last(rank)
         return last.skips if last is not None else ()
 
@@ -198,6 +236,50 @@ def _covered(skip: states.Skip, skips: Sequence[states.Skip]) -> bool:
     return any(
         s.epoch == skip.epoch and s.start <= skip.start and skip.stop <= s.stop for s in skips
     )
+
+
+def _later_epoch_note(
+    lost: Sequence[states.Skip], prev: states.DataState, state: states.DataState
+) -> str:
+    """Why a run that read `prev`'s epoch again and then went on may be refused: the
+    states do not say how far that pass read."""
+    if state.epoch <= prev.epoch or not any(k.epoch == prev.epoch for k in lost):
+        return ""
+    return (
+        f", or a pass over epoch {prev.epoch} again from its start followed by epoch "
+        f"{state.epoch} with no checkpoint between (the states cannot say how far that "
+        "pass read)"
+    )
+
+
+def _spans(
+    reads: Sequence[tuple[int, int, int]],
+    passes: Mapping[int, int],
+    rank: int,
+    after: int | None,
+    before: int,
+    generation: int,
+    plan: plans.PlanParams,
+) -> list[Span]:
+    """Spans of (epoch, start, stop) ranges read between checkpoints `after` and
+    `before`, each in the pass its epoch is in (`passes`; 0 when absent)."""
+    return [
+        Span(rank, e, x, y, after, before, generation, plan.with_epoch(e), passes.get(e, 0))
+        for e, x, y in reads
+    ]
+
+
+def _later_pass(prev: states.DataState, state: states.DataState) -> bool:
+    """Whether `state` is in a later pass over `prev`'s epoch: of the same epoch, and
+    behind `prev` or without one of `prev`'s skips of it (a pass from the epoch's start
+    drops them). Only a pass from the start does either; a rewind to an earlier
+    checkpoint of the epoch whose abandoned checkpoints were kept looks the same, and
+    is taken for one."""
+    if state.epoch != prev.epoch:
+        return False
+    if state.position < prev.position:
+        return True
+    return any(not _covered(k, state.skips) for k in prev.skips_in(prev.epoch))
 
 
 def _split_generations(
@@ -338,6 +420,7 @@ def _generation(
         resumed_from, start_epoch = _resumed_from(prev, gchains, total, world, where=where)
     spans: list[Span] = []
     out: dict[int, tuple[Checkpoint, ...]] = {}
+    all_restarts: dict[int, tuple[Restart, ...]] = {}
     for rank, chain in sorted(gchains.items()):
         seg = chain[0].state.params.segments if prev is not None else None
         plan = dataclasses.replace(params, rank=rank, segments=seg)
@@ -347,6 +430,9 @@ def _generation(
 
         last: Checkpoint | None = None
         clamped: list[Checkpoint] = []
+        #: The pass each epoch is in (0 until the rank reads it again from its start).
+        passes: dict[int, int] = {}
+        restarts: list[Restart] = []
         for ckpt in chain:
             s = states.clamp(ckpt.state, samples(ckpt.state.epoch))
             label = f"{where}: rank {rank} step {ckpt.step}"
@@ -377,29 +463,46 @@ def _generation(
             begin = (
                 (last.state.epoch, last.state.position) if last is not None else (start_epoch, 0)
             )
-            if (s.epoch, s.position) < begin:
+            again = last is not None and _later_pass(last.state, s)
+            if (s.epoch, s.position) < begin and not again:
                 raise errors.InputError(
                     f"{label}: the data state (epoch {s.epoch}, position {s.position}) is "
                     f"behind step {last.step if last else '?'}'s (epoch {begin[0]}, position "
-                    f"{begin[1]}): the run was rewound and the abandoned checkpoints kept; "
-                    "`shardcache skip` sets them aside"
+                    f"{begin[1]}), in an earlier epoch: the run was rewound and the abandoned "
+                    "checkpoints kept; `shardcache skip` sets them aside"
                 )
             if last is not None:
-                lost = [k for k in last.state.skips if not _covered(k, s.skips)]
+                # A later pass over the epoch dropped the earlier pass's skips of it.
+                lost = [
+                    k
+                    for k in last.state.skips
+                    if not _covered(k, s.skips) and not (again and k.epoch == s.epoch)
+                ]
                 if lost:
                     raise errors.InputError(
                         f"{label}: the data state lacks skips that step {last.step} carries "
-                        f"({[k.to_json() for k in lost]}): not one run"
+                        f"({[k.to_json() for k in lost]}): not one run{_later_epoch_note(lost, last.state, s)}"
                     )
             after = last.step if last is not None else resumed_from
+            reads: list[tuple[int, int, int]] = []
+            if last is not None and again:
+                # The earlier pass read on to the end of the epoch, the later one from
+                # its start.
+                e = s.epoch
+                reads += [
+                    (e, x, y) for x, y in states.kept(last.state.skips_in(e), begin[1], samples(e))
+                ]
+                restarts.append(Restart(ckpt.step, e, tuple(last.state.skips_in(e))))
+                spans += _spans(reads, passes, rank, after, ckpt.step, index, plan)
+                passes[e] = passes.get(e, 0) + 1
+                begin, reads = (e, 0), []
             for epoch, a, b in _interval(begin, (s.epoch, s.position), samples):
-                for x, y in states.kept(s.skips_in(epoch), a, b):
-                    spans.append(
-                        Span(rank, epoch, x, y, after, ckpt.step, index, plan.with_epoch(epoch))
-                    )
+                reads += [(epoch, x, y) for x, y in states.kept(s.skips_in(epoch), a, b)]
+            spans += _spans(reads, passes, rank, after, ckpt.step, index, plan)
             last = Checkpoint(ckpt.step, s)
             clamped.append(last)
         out[rank] = tuple(clamped)
+        all_restarts[rank] = tuple(restarts)
     gen = Generation(
         index=index,
         params=params,
@@ -407,5 +510,6 @@ def _generation(
         start_epoch=start_epoch,
         resumed_from=resumed_from,
         ended=None,
+        restarts=all_restarts,
     )
     return gen, spans

@@ -4,7 +4,8 @@ checkpoint consumed.
 `reads` answers, for dataset-wide sample indices, which (epoch, step, rank) read each
 one and which checkpoints come after that read (their weights include its gradient);
 a sample a rank skipped is reported as skipped, one planned after a rank's newest
-checkpoint as pending. `consumed` is the reverse: what each rank read since the
+checkpoint as pending. An epoch a rank read again from its start (a second pass,
+`history`) gives one answer per pass, each with that pass's skips. `consumed` is the reverse: what each rank read since the
 previous checkpoint, as sample-index ranges.
 """
 
@@ -46,6 +47,8 @@ class Read:
     #: (an elastic resume); rank numbers are per generation.
     generation: int = 0
     world_size: int = 1
+    #: Which pass over the epoch: 0 the first, 1 a second from the epoch's start, ...
+    pass_index: int = 0
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -54,14 +57,15 @@ class Read:
         return data
 
 
-SpanIndex = dict[tuple[int, int, int], tuple[list[int], list[history.Span]]]
+SpanIndex = dict[tuple[int, int, int, int], tuple[list[int], list[history.Span]]]
 
 
 def _spans_by_key(hist: history.History) -> SpanIndex:
-    """Spans by (generation, rank, epoch), sorted by start."""
-    grouped: dict[tuple[int, int, int], list[history.Span]] = {}
+    """Spans by (generation, rank, epoch, pass), sorted by start."""
+    grouped: dict[tuple[int, int, int, int], list[history.Span]] = {}
     for span in hist.spans:
-        grouped.setdefault((span.generation, span.rank, span.epoch), []).append(span)
+        key = (span.generation, span.rank, span.epoch, span.pass_index)
+        grouped.setdefault(key, []).append(span)
     out = {}
     for key, spans in grouped.items():
         spans.sort(key=lambda s: s.start)
@@ -144,8 +148,11 @@ def reads(
         for index, gpos in _global_positions(hist, epoch, wanted):
             piece = pieces[bisect.bisect_right(starts, gpos) - 1]
             pos = piece.position + gpos - piece.lo
-            out.append(_read(hist, by_key, steps, piece, index, epoch, pos, batch_size))
-    out.sort(key=lambda r: (r.index, r.epoch, r.generation))
+            passes = piece.generation.pass_skips(piece.rank, epoch)
+            for n, skips in enumerate(passes):
+                where = _Where(epoch, pos, n, skips)
+                out.append(_read(by_key, steps, piece, index, where, batch_size))
+    out.sort(key=lambda r: (r.index, r.epoch, r.generation, r.pass_index))
     return out
 
 
@@ -156,20 +163,27 @@ def _batch_size(gen: history.Generation, rank: int, before: int | None) -> int |
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Where:
+    """Position `position` of `epoch` in pass `pass_index` over it, which made `skips`."""
+
+    epoch: int
+    position: int
+    pass_index: int
+    skips: tuple[states.Skip, ...]
+
+
 def _read(
-    hist: history.History,
     by_key: SpanIndex,
     steps: list[int],
     piece: _Piece,
     index: int,
-    epoch: int,
-    pos: int,
+    where: _Where,
     batch_size: int | None,
 ) -> Read:
     gen, rank = piece.generation, piece.rank
-    chain = gen.chains.get(rank, ())
-    skips = [s for s in (chain[-1].state.skips if chain else ()) if s.epoch == epoch]
-    starts, spans = by_key.get((gen.index, rank, epoch), ([], []))
+    epoch, pos, skips = where.epoch, where.position, where.skips
+    starts, spans = by_key.get((gen.index, rank, epoch, where.pass_index), ([], []))
     i = bisect.bisect_right(starts, pos) - 1
     span = spans[i] if i >= 0 and spans[i].start <= pos < spans[i].stop else None
     size = batch_size or _batch_size(gen, rank, span.before if span is not None else None)
@@ -179,7 +193,7 @@ def _read(
         step, slot = n // size, n % size
     base = Read(
         index, epoch, rank, pos, "pending", step, slot,
-        generation=gen.index, world_size=gen.world_size,
+        generation=gen.index, world_size=gen.world_size, pass_index=where.pass_index,
     )  # fmt: skip
     if span is not None:
         after = tuple(s for s in steps if s >= span.before)
@@ -219,10 +233,14 @@ def consumed(hist: history.History, step: int) -> dict[str, Any]:
             (prev.state.epoch, prev.state.position) if prev is not None else (gen.start_epoch, 0)
         )
         end = (chain[at].state.epoch, chain[at].state.position)
+        restart = next((r for r in gen.restarts.get(rank, ()) if r.step == step), None)
+        # After a restart the earlier pass's skips after `begin` are in no state (the
+        # later pass dropped them); the later pass's lie between the epoch's start and `end`.
+        begin_skips = (restart.epoch, 0) if restart is not None else begin
         skipped = [
             s.to_json()
             for s in chain[at].state.skips
-            if begin <= (s.epoch, s.start) < end or begin < (s.epoch, s.stop) <= end
+            if begin_skips <= (s.epoch, s.start) < end or begin_skips < (s.epoch, s.stop) <= end
         ]
         ranks.append(
             {
@@ -232,6 +250,9 @@ def consumed(hist: history.History, step: int) -> dict[str, Any]:
                 "world_size": gen.world_size,
                 "from": {"epoch": begin[0], "position": begin[1]},
                 "to": {"epoch": end[0], "position": end[1]},
+                # The epoch read on to its end and then again from its start (a later
+                # pass, `history`) between the two checkpoints; None when none was.
+                "read_again": restart.epoch if restart is not None else None,
                 "epochs": [{"epoch": e, "ranges": r} for e, r in sorted(epochs.items())],
                 "samples": total,
                 "skips": skipped,

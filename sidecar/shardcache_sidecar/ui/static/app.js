@@ -246,7 +246,9 @@ function runParams(run, read) {
 }
 
 function describeRead(r) {
-  const where = `sample ${r.index}: epoch ${r.epoch}, rank ${r.rank}`;
+  // pass_index > 0: the rank read the epoch again from its start (a second pass).
+  const pass = r.pass_index ? ` pass ${r.pass_index + 1}` : "";
+  const where = `sample ${r.index}: epoch ${r.epoch}${pass}, rank ${r.rank}`;
   if (r.status === "skipped") return `${where}: skipped, never read`;
   const at = r.step !== null ? `, step ${r.step}` : "";
   if (r.status === "pending") return `${where}${at}: after the newest checkpoint`;
