@@ -191,6 +191,9 @@ class Batches:
         self._fresh = True
         #: Bumped when `set_epoch` or `load_state_dict` moves the reader, so an open
         #: iteration reads on from where they put it (as a `Dataset`'s iterator does).
+        #: Not `Dataset.moves`: that also counts the moves a reader makes itself (each
+        #: pass seeks its start) and skips, which the open reader follows without a
+        #: new start, and a mixture has none.
         self._moves = 0
         #: How long the loop waited for batches, against its steps.
         self.stalls = stalls.StallMeter()
@@ -239,14 +242,52 @@ class Batches:
     def __iter__(self) -> Iterator[dict[str, npt.NDArray[Any]]]:
         return self.stalls.wrap(self._batches())
 
+    def skip_batches(self, batches: int) -> states.Skip | None:
+        """Skip the next `batches` batches this iterator would hand out, without reading
+        them: `batch_size` rows each (the last short one counts as a batch, unless
+        `drop_last`, whose trim the walk records on reaching it), recorded in
+        `state_dict()` as `Dataset.skip_batches` records a skip, so a resumed run never
+        hands them out and `shardcache lineage` says they were skipped. Before any
+        batch, it needs no batch size (`.dataset.skip_batches` does: the dataset has
+        had no `batches()` call yet). After a pass that reached the epoch's end it
+        skips the first batches of the next pass (the epoch again, as the next `iter()`
+        reads); between two batches of an open iteration, that iteration reads on after
+        them. Returns the recorded range, or None when the epoch had nothing left.
+
+        Refused (InputError) for a mixture (skip a source's through `.mixture`) and
+        with `pack` (a batch is packed sequences, not rows: skip rows through
+        `.dataset.skip_batches(k, batch_size=rows)`)."""
+        ds = self._source
+        if not isinstance(ds, datasets.Dataset):
+            raise errors.InputError(
+                "Batches.skip_batches: this reads a mixture, whose batches draw from every "
+                "source; skip a source's batches through .mixture"
+            )
+        if self.options.pack is not None:
+            raise errors.InputError(
+                f"Batches.skip_batches: with pack={self.options.pack} a batch is "
+                f"{self.options.batch_size} packed sequences, not rows; skip rows with "
+                ".dataset.skip_batches(k, batch_size=rows)"
+            )
+        if self._begin_pass(ds):
+            # The next iter() reads on in this pass, after the skip.
+            self._fresh = True
+        return ds.skip_batches(batches, batch_size=self.options.batch_size)
+
+    def _begin_pass(self, ds: datasets.Dataset) -> bool:
+        """Start the epoch again when the last pass reached its end (and say whether it
+        did): a pass left before the end goes on from its cursor, so no row it handed
+        out is handed out again."""
+        if self._fresh or not self._at_epoch_end():
+            return False
+        ds.load_state_dict(states.moved(ds.state_dict(), position=0))
+        self._reader = batching.Reader(ds, self.options)
+        return True
+
     def _batches(self) -> Iterator[dict[str, npt.NDArray[Any]]]:
         ds = self._source
-        if not self._fresh and isinstance(ds, datasets.Dataset) and self._at_epoch_end():
-            # A pass that reached the epoch's end: the next one is the same epoch again,
-            # from its start. A pass left before the end goes on from its cursor, so no
-            # row it handed out is handed out again.
-            ds.load_state_dict(states.moved(ds.state_dict(), position=0))
-            self._reader = batching.Reader(ds, self.options)
+        if isinstance(ds, datasets.Dataset):
+            self._begin_pass(ds)
         self._fresh = False
         while True:
             moves = self._moves

@@ -437,17 +437,39 @@ def positions_of(
     return out
 
 
-def refuse_epoch_before_loaded(epoch: int, loaded_epoch: int, loaded_position: int) -> None:
-    """Refuse `set_epoch(epoch)` to an epoch before that of a state just loaded (no
-    batch read since). A training loop written `for epoch in range(epochs):
-    ds.set_epoch(epoch)` after a resume would otherwise start epoch 0 again and hand
-    out every sample read before the checkpoint a second time, silently."""
-    if epoch < loaded_epoch:
-        raise errors.StateMismatchError(
-            f"set_epoch({epoch}) right after loading a state of epoch {loaded_epoch} "
-            f"(position {loaded_position}): expected epoch {loaded_epoch} or later, found "
-            f"{epoch}; reading epoch {epoch} again would repeat every sample read before "
-            "the checkpoint. Start the training loop at the loaded epoch: "
-            "`for epoch in range(ds.epoch, epochs)`. To read an earlier epoch again on "
-            "purpose, open the dataset without loading the state"
+def refuse_epoch_before_loaded(
+    epoch: int,
+    loaded_epoch: int,
+    loaded_position: int | None,
+    *,
+    state_last: bool = False,
+    advice: str | None = None,
+) -> None:
+    """The one epoch rule of a resume: refuse reading `epoch` when it is before
+    `loaded_epoch`, that of a state loaded and not read from yet. A training loop
+    written `for epoch in range(epochs): ds.set_epoch(epoch)` after a resume would
+    otherwise start epoch 0 again and hand out every sample read before the checkpoint
+    a second time, silently.
+
+    By default `set_epoch(epoch)` came right after the load; `state_last`: the state
+    reached the dataset after `set_epoch` chose `epoch` (a StatefulDataLoader loads it
+    at iter(loader)). `advice` replaces the default way out (a loop from the loaded
+    epoch) where the caller knows a better one."""
+    if epoch >= loaded_epoch:
+        return
+    loaded = f"a state of epoch {loaded_epoch} (position {loaded_position})"
+    what = (
+        f"{loaded} reached the dataset after set_epoch({epoch}) chose an earlier epoch"
+        if state_last
+        else f"set_epoch({epoch}) right after loading {loaded}"
+    )
+    raise errors.StateMismatchError(
+        f"{what}: expected epoch {loaded_epoch} or later, found {epoch}; reading epoch "
+        f"{epoch} again would repeat every sample read before the checkpoint. "
+        + (
+            advice
+            or "Start the training loop at the loaded epoch: `for epoch in range(ds.epoch, "
+            "epochs)`. To read an earlier epoch again on purpose, open the dataset without "
+            "loading the state"
         )
+    )

@@ -307,15 +307,17 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         if not isinstance(at, dict) or not self._notes.chosen:
             return
         saved, position = at.get("epoch"), at.get("position")
-        if isinstance(saved, int) and self._epoch < saved:
-            raise errors.StateMismatchError(
-                f"a state of epoch {saved} (position {position}) reached the dataset after "
-                f"set_epoch({self._epoch}) chose an earlier epoch: expected set_epoch"
-                f"({saved}) or later, found {self._epoch}; reading on would repeat the "
-                "samples read before the checkpoint. StatefulDataLoader loads the "
-                "dataset's state at iter(loader), after the loop's set_epoch: start the "
-                "loop at the checkpoint's epoch, `for epoch in range(start, epochs)` with "
-                "`start = shardcache.torch.state_epoch(loader_state)`"
+        if isinstance(saved, int):
+            # The rule `set_epoch` applies after a load, in the other order of events.
+            states.refuse_epoch_before_loaded(
+                self._epoch,
+                saved,
+                position if isinstance(position, int) else None,
+                state_last=True,
+                advice="StatefulDataLoader loads the dataset's state at iter(loader), after "
+                "the loop's set_epoch: start the loop at the checkpoint's epoch, `for epoch "
+                "in range(start, epochs)` with `start = "
+                "shardcache.torch.state_epoch(loader_state)`",
             )
 
     def _loaded_state(self) -> tuple[int, int] | None:

@@ -1,5 +1,5 @@
 """Random walks of a training loop over the numpy batches: batches taken, batches
-skipped, epochs set (forward, again, back), passes run to the end and started again,
+skipped (through `.dataset` and `Batches.skip_batches`), epochs set (forward, again, back), passes run to the end and started again,
 with and without `drop_last`, in every shuffle mode. At every step the state taken
 loads into a fresh reader, which then yields exactly what the walked one yields next;
 and no pass hands out a row twice. (Skips ahead of a position, a trim recorded before
@@ -16,6 +16,7 @@ import hypothesis.strategies as st
 import pytest
 
 import shardcache.numpy
+from shardcache import errors
 from tests.support import datasets
 
 pytestmark = pytest.mark.unit
@@ -25,6 +26,7 @@ OPS = st.lists(
     st.one_of(
         st.tuples(st.just("next"), st.integers(1, 4)),
         st.tuples(st.just("skip"), st.integers(1, 2)),
+        st.tuples(st.just("bskip"), st.integers(1, 2)),  # Batches.skip_batches
         st.tuples(st.just("epoch"), st.integers(0, 2)),
         st.tuples(st.just("rest"), st.just(0)),
     ),
@@ -84,6 +86,11 @@ def test_every_state_of_a_random_walk_resumes_exactly(
                 it, ended = None, True
             elif op == "skip":
                 skip = walked.dataset.skip_batches(n, batch_size=size)
+                skipped += 0 if skip is None else len(skip)
+            elif op == "bskip":
+                if it is None and ended:  # it skips the next pass's first batches
+                    handed, skipped, ended, fresh = [], 0, False, True
+                skip = walked.skip_batches(n)
                 skipped += 0 if skip is None else len(skip)
             else:
                 # The epoch read keeps its place; another starts at its beginning.
@@ -151,3 +158,42 @@ def test_a_skip_before_the_first_batch_is_kept_in_the_state(uri: str, tmp_path: 
     with shardcache.numpy.Batches(uri, **options) as resumed:
         resumed.load_state_dict(state)
         assert [u for b in resumed for u in uids(b)] == rest
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("shuffle", [True, "sample", False])
+def test_batches_skip_batches_before_any_batch_skips_its_own_batches_and_resumes(
+    uri: str, tmp_path: Path, drop_last: bool, shuffle: bool | str
+) -> None:
+    """`Batches.skip_batches(k)` before any batch: `.dataset.skip_batches(k)` needed
+    batch_size= there (the dataset has had no batches() call). With the batches' own
+    size it skips k of them, is in the state, and a resume hands every other row."""
+    options: dict[str, Any] = dict(
+        batch_size=3, columns=["uid"], cache_dir=tmp_path / "cache", rank=1, world_size=2,
+        drop_last=drop_last, shuffle=shuffle, window=8, block_size=4,
+    )  # fmt: skip
+    everything = epoch_rows(uri, options, 0)  # 14 rows: 4 whole batches and 2 rows
+    with shardcache.numpy.Batches(uri, **options) as walked:
+        skip = walked.skip_batches(2)
+        state = walked.state_dict()
+        rest = [u for b in walked for u in uids(b)]
+    assert skip is not None and (skip.start, skip.stop) == (0, 6)
+    assert state["dataset"]["skips"] == [{"epoch": 0, "start": 0, "stop": 6}]
+    with shardcache.numpy.Batches(uri, **options) as resumed:
+        resumed.load_state_dict(state)
+        again = [u for b in resumed for u in uids(b)]
+    assert again == rest
+    skipped = everything[:6]
+    assert not set(again) & set(skipped)
+    kept = everything[6:12] if drop_last else everything[6:]
+    assert again == kept
+
+
+def test_batches_skip_batches_is_refused_for_packed_batches(uri: str, tmp_path: Path) -> None:
+    with shardcache.numpy.Batches(
+        uri, batch_size=2, columns=["tokens"], cache_dir=tmp_path / "cache", rank=1,
+        world_size=2, pack=4,
+    ) as packed:  # fmt: skip
+        with pytest.raises(errors.InputError, match="packed sequences, not rows"):
+            packed.skip_batches(1)
+        assert packed.state_dict()["dataset"]["skips"] == []
