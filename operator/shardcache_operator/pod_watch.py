@@ -174,17 +174,23 @@ class Index(Mapping[Key, frozenset[str]]):
         for key in [k for k in self._unpinned if k not in pods]:
             del self._unpinned[key]
         for (namespace, pod), mounts in pods.items():
-            found = (jobs or {}).get((namespace, pod)) or Facts(None, {})
-            changed |= self.set(
-                namespace,
-                pod,
-                mounts,
-                found.job,
-                found.pins,
-                injected=found.injected,
-                created=found.created,
-            )
+            changed |= self.record(namespace, pod, mounts, (jobs or {}).get((namespace, pod)))
         return changed
+
+    def record(
+        self, namespace: str, pod: str, mounts: tuple[str, ...], found: Facts | None
+    ) -> bool:
+        """`set` with what `facts` read of the pod (None: nothing, as for a pod gone)."""
+        found = found or Facts(None, {})
+        return self.set(
+            namespace,
+            pod,
+            mounts,
+            found.job,
+            found.pins,
+            injected=found.injected,
+            created=found.created,
+        )
 
 
 def job_facts(metadata: Mapping[str, Any]) -> tuple[str | None, dict[str, str]]:
@@ -258,17 +264,7 @@ class Watcher:
         self._events[opted_in].inc()
         mounts = () if kind == "DELETED" else mounts_of(pod)
         namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
-        found = facts(metadata) if mounts else Facts(None, {})
-        changed = self.index.set(
-            namespace,
-            name,
-            mounts,
-            found.job,
-            found.pins,
-            injected=found.injected,
-            created=found.created,
-        )
-        if changed:
+        if self.index.record(namespace, name, mounts, facts(metadata) if mounts else None):
             self._changed()
 
     async def run(self, connect: Callable[[], kopf.ConnectionInfo]) -> None:

@@ -12,20 +12,18 @@ and once the directory is prepared the same process goes on and becomes ready.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
 
 from tests.support import datasets
-from tests.support.sidecar import SidecarProcess, free_port
+from tests.support.sidecar import SidecarProcess, free_port, metric_value, readiness_check
 
 pytestmark = pytest.mark.integration
 
@@ -52,16 +50,6 @@ def nobody_sidecar(source_uri: str, *, workdir: Path) -> SidecarProcess:
     return proc
 
 
-def tiers_gate(body: Any) -> dict[str, Any]:
-    gates = {check["name"]: check for check in body["checks"]}
-    return gates["tiers"]  # type: ignore[no-any-return]
-
-
-def metric(text: str, name: str) -> float | None:
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    return None if match is None else float(match.group(1))
-
-
 def test_a_sidecar_that_cannot_write_its_disk_tier_says_why_and_goes_on_once_it_is_prepared(
     workdir: Path,
 ) -> None:
@@ -77,12 +65,12 @@ def test_a_sidecar_that_cannot_write_its_disk_tier_says_why_and_goes_on_once_it_
         deadline = time.monotonic() + 60
         while True:
             status, body = proc.http_get("/readyz")
-            reason = tiers_gate(body)["reason"]
+            reason = readiness_check(body, "tiers")["reason"]
             if "not usable" in reason or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         assert status == 503
-        assert tiers_gate(body)["ok"] is False
+        assert readiness_check(body, "tiers")["ok"] is False
         for part in (
             f"the disk tier {proc.disk_dir} is not usable",
             f"opening {proc.disk_dir}/.tier.lock failed (PermissionError",
@@ -97,9 +85,9 @@ def test_a_sidecar_that_cannot_write_its_disk_tier_says_why_and_goes_on_once_it_
 
         status, text = proc.http_get("/metrics")
         assert status == 200, text
-        assert metric(text, 'shardcache_cache_tier_usable{tier="disk"}') == 0
-        assert metric(text, 'shardcache_cache_tier_usable{tier="memory"}') == 1
-        assert metric(text, "shardcache_ready") == 0
+        assert metric_value(text, 'shardcache_cache_tier_usable{tier="disk"}') == 0
+        assert metric_value(text, 'shardcache_cache_tier_usable{tier="memory"}') == 1
+        assert metric_value(text, "shardcache_ready") == 0
 
         log = proc.log_tail()
         assert "Traceback" not in log, log
@@ -113,12 +101,12 @@ def test_a_sidecar_that_cannot_write_its_disk_tier_says_why_and_goes_on_once_it_
         os.chmod(proc.disk_dir, 0o2770)
         ready = proc.wait_for("/readyz", timeout=60)
         assert ready["ready"] is True
-        assert tiers_gate(ready)["ok"] is True
+        assert readiness_check(ready, "tiers")["ok"] is True
         assert proc.process is not None and proc.process.pid == pid  # no restart
         status, text = proc.http_get("/metrics")
         assert status == 200
-        assert metric(text, 'shardcache_cache_tier_usable{tier="disk"}') == 1
-        assert (metric(text, 'shardcache_cache_resident_bytes{tier="disk"}') or 0) > 0
+        assert metric_value(text, 'shardcache_cache_tier_usable{tier="disk"}') == 1
+        assert (metric_value(text, 'shardcache_cache_resident_bytes{tier="disk"}') or 0) > 0
         assert "the tier directories are usable now" in proc.log_tail()
     finally:
         if proc.running:

@@ -12,29 +12,17 @@ same sidecar goes on and becomes ready.
 
 from __future__ import annotations
 
-import re
 import signal
 from pathlib import Path
-from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
 
 from tests.support import datasets, waiting
 from tests.support.locks import StoppedHolder
-from tests.support.sidecar import SidecarProcess
+from tests.support.sidecar import SidecarProcess, metric_value, readiness_check
 
 pytestmark = pytest.mark.integration
-
-
-def tiers_gate(body: Any) -> dict[str, Any]:
-    gates = {check["name"]: check for check in body["checks"]}
-    return gates["tiers"]  # type: ignore[no-any-return]
-
-
-def metric(text: str, name: str) -> float | None:
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    return None if match is None else float(match.group(1))
 
 
 def test_a_sidecar_names_the_stopped_holder_of_the_tier_lock_and_goes_on_once_it_is_gone(
@@ -50,7 +38,7 @@ def test_a_sidecar_names_the_stopped_holder_of_the_tier_lock_and_goes_on_once_it
 
         def reason() -> str | None:
             status, body = proc.http_get("/readyz")
-            text = str(tiers_gate(body)["reason"])
+            text = str(readiness_check(body, "tiers")["reason"])
             return text if status == 503 and "not usable" in text else None
 
         found = waiting.wait_until("the tiers gate to name the held lock", reason)
@@ -65,13 +53,13 @@ def test_a_sidecar_names_the_stopped_holder_of_the_tier_lock_and_goes_on_once_it
 
         status, text = proc.http_get("/metrics")
         assert status == 200, text
-        assert metric(text, 'shardcache_cache_tier_usable{tier="disk"}') == 0
-        assert metric(text, "shardcache_ready") == 0
+        assert metric_value(text, 'shardcache_cache_tier_usable{tier="disk"}') == 0
+        assert metric_value(text, "shardcache_ready") == 0
 
         pid = proc.process.pid if proc.process is not None else None
         holder.kill()
         ready = proc.wait_for("/readyz", timeout=120)
-        assert ready["ready"] is True and tiers_gate(ready)["ok"] is True
+        assert ready["ready"] is True and readiness_check(ready, "tiers")["ok"] is True
         assert proc.process is not None and proc.process.pid == pid  # no restart
 
         # Stopped again while the sidecar runs: a scrape still answers, the disk tier
@@ -79,12 +67,12 @@ def test_a_sidecar_names_the_stopped_holder_of_the_tier_lock_and_goes_on_once_it
         holder = StoppedHolder(lock)
         status, text = proc.http_get("/metrics")
         assert status == 200, text
-        assert metric(text, 'shardcache_cache_tier_usable{tier="disk"}') == 0
-        assert metric(text, 'shardcache_cache_resident_bytes{tier="disk"}') is None
+        assert metric_value(text, 'shardcache_cache_tier_usable{tier="disk"}') == 0
+        assert metric_value(text, 'shardcache_cache_resident_bytes{tier="disk"}') is None
         assert f"held by pid {holder.pid} (python" in proc.log_tail()
         holder.kill()
         status, text = proc.http_get("/metrics")
-        assert metric(text, 'shardcache_cache_tier_usable{tier="disk"}') == 1
+        assert metric_value(text, 'shardcache_cache_tier_usable{tier="disk"}') == 1
         assert "Traceback" not in proc.log_tail(), proc.log_tail()
     finally:
         holder.kill()

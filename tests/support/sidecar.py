@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -212,3 +213,16 @@ def sidecar_factory() -> Iterator[Any]:
     yield make
     for proc in made:
         proc.cleanup()
+
+
+def readiness_check(body: Any, name: str) -> dict[str, Any]:
+    """The check called `name` of a /readyz answer's `checks`."""
+    checks = {check["name"]: check for check in body["checks"]}
+    return checks[name]  # type: ignore[no-any-return]
+
+
+def metric_value(text: str, name: str) -> float | None:
+    """The value of the sample `name` (labels included, as exposed) in a /metrics text;
+    None when it is not exposed."""
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    return None if match is None else float(match.group(1))
