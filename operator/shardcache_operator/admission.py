@@ -105,6 +105,7 @@ def decide(
     namespace: str,
     lookup: Lookup,
     defaults: injection.SidecarDefaults,
+    namespace_uid: str | None = None,
     missing_policy: str = REFUSE,
     load: Callable[[Mapping[str, Any]], specs.DatasetMount] = specs.load,
     policy: authority.Policy = authority.DEFAULT,
@@ -122,6 +123,8 @@ def decide(
     `siblings`: for a pod of a job (`job_pins.job_of`), mount -> pin text -> the job's
     live pods given it (`job_pins.Siblings`); such a pod gets its job's pin.
     `unpinned`: mount -> the job's live pods injected without a pin -> creationTimestamp.
+    `namespace_uid`: the namespace's UID, which keys its node disk directory
+    (`injection.Mount.namespace_uid`; the webhook reads it, `namespace_uids`).
     """
     unchanged = dict(pod)
     metadata = pod.get("metadata") or {}
@@ -191,6 +194,7 @@ def decide(
             spec=mount.spec,
             digest=mount.manifest_digest,
             namespace=namespace,
+            namespace_uid=namespace_uid,
             source_digests=mount.source_digests,
         )
         if job is not None:
@@ -305,6 +309,7 @@ def review(
     defaults: injection.SidecarDefaults,
     missing_policy: str = REFUSE,
     policy: authority.Policy = authority.DEFAULT,
+    namespace_uid: str | None = None,
 ) -> dict[str, Any]:
     """An AdmissionReview v1 response to an AdmissionReview v1 request for a pod: its
     CREATE (injection) or an UPDATE (`decide_update`)."""
@@ -313,6 +318,7 @@ def review(
     decision = admit(
         pod_of(request),
         namespace=namespace_of(request),
+        namespace_uid=namespace_uid,
         lookup=lookup,
         defaults=defaults,
         missing_policy=missing_policy,

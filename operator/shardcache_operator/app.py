@@ -22,6 +22,7 @@ from shardcache_operator import (
     health,
     kube,
     mount_watch,
+    namespace_uids,
     pod_watch,
     served_namespaces,
     sources,
@@ -155,6 +156,13 @@ async def run(settings: configuration.Settings) -> None:
             name="pod-counts",
         ),
     ]
+    if settings.webhook_enabled:
+        # The UIDs the webhook keys each namespace's node disk directory by, on every
+        # replica (the webhook answers on each).
+        namespaces = namespace_uids.Watcher(memo.namespaces, namespaces=settings.namespaces)
+        tasks.append(
+            asyncio.create_task(namespaces.run(kube.connection_info), name="namespace-watch")
+        )
     try:
         # Handlers count pods (the finalizer releases a mount with none): never from an
         # index that has not listed them yet.

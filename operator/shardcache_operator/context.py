@@ -22,6 +22,7 @@ from shardcache_operator import (
     mount_parts,
     mounts,
     namespace_lists,
+    namespace_uids,
     pod_counts,
     pod_watch,
     reconcile,
@@ -36,6 +37,8 @@ class Api(Protocol):
     async def read_secret(self, namespace: str, name: str) -> Mapping[str, str] | None: ...
 
     async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def read_namespace_uid(self, name: str) -> str | None: ...
 
     async def write_attached_pods(self, namespace: str, name: str, count: int) -> None: ...
 
@@ -59,6 +62,8 @@ class Context:
     probe: reconcile.Prober = sources.probe_source
     #: Watched DatasetMounts, API reads of the others, parsed specs: for the webhook.
     mounts: mounts.Store = dataclasses.field(default_factory=mounts.Store)
+    #: Each served namespace's UID, which keys its node disk directory, for the webhook.
+    namespaces: namespace_uids.Store = dataclasses.field(default_factory=namespace_uids.Store)
     #: Unfinished opted-in pods per DatasetMount, from the operator's pod watch.
     pods: pod_watch.Index = dataclasses.field(default_factory=pod_watch.Index)
     #: Event-driven writes of status.attachedPods.

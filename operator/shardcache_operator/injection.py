@@ -81,6 +81,10 @@ class Mount:
     #: read what another's wrote (docs/security.md). None (offline, no namespace): the
     #: node path itself.
     namespace: str | None = None
+    #: The namespace's UID: the node's directory is `ns-<namespace>.<uid>`, so that a
+    #: namespace created again with the same name never gets the earlier one's entries
+    #: (`namespace_dirs`). None (offline injection, no API to ask): `ns-<namespace>`.
+    namespace_uid: str | None = None
     #: Digests pinned for the further sources of a mixture (status.mixture), by name.
     source_digests: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -292,7 +296,12 @@ def _parts(mount: Mount, key: mount_parts.Key, defaults: SidecarDefaults) -> mou
     `key` (which `mount_parts.Cache` relies on)."""
     names = key.names
     volumes = pod_volumes.volumes_for(
-        mount.name, mount.spec, names, run_dir=defaults.run_dir, namespace=mount.namespace
+        mount.name,
+        mount.spec,
+        names,
+        run_dir=defaults.run_dir,
+        namespace=mount.namespace,
+        namespace_uid=mount.namespace_uid,
     )
     env = pod_env.sidecar_env(
         mount.name,
@@ -453,6 +462,7 @@ def inject(
             mount=mount.name,
             digest=mount.digest,
             namespace=mount.namespace,
+            namespace_uid=mount.namespace_uid,
             names=names,
             defaults=defaults,
             world_size=_world_size(mount, annotations, indexed_job),

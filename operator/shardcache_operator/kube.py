@@ -124,6 +124,11 @@ def connection_info() -> kopf.ConnectionInfo:
     )
 
 
+#: Seconds a single read waits for the API server before its thread gives up (the
+#: caller may stop waiting sooner: `namespace_uids.READ_TIMEOUT_SECONDS`).
+READ_TIMEOUT_SECONDS = 10
+
+
 class Api:
     """The few reads the operator needs, as coroutines."""
 
@@ -151,6 +156,25 @@ class Api:
         for key, value in (secret.string_data or {}).items():
             data[key] = value
         return data
+
+    async def read_namespace_uid(self, name: str) -> str | None:
+        """The UID of the namespace `name`, or None when it does not exist."""
+        try:
+            namespace = await asyncio.to_thread(
+                self._core.read_namespace, name, _request_timeout=READ_TIMEOUT_SECONDS
+            )
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            if exc.status == 403:
+                # The chart grants get on namespaces (on the served ones when namespaced).
+                raise PermissionError(
+                    f"the operator's identity may not get namespace {name} (the chart's "
+                    "ClusterRole grants it: rbac.create)"
+                ) from exc
+            raise
+        uid = namespace.metadata.uid if namespace.metadata else None
+        return str(uid or "")
 
     async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The DatasetMount object (spec and status), or None when it does not exist."""

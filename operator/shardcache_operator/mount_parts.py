@@ -35,6 +35,8 @@ class Key:
     mount: str
     digest: str | None
     namespace: str | None
+    #: The namespace's UID, which keys its node disk directory (`Mount.namespace_uid`).
+    namespace_uid: str | None
     names: pod_names.MountNames
     #: `injection.SidecarDefaults`, hashable (a frozen dataclass of plain values).
     defaults: object

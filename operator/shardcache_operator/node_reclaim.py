@@ -3,13 +3,17 @@
 `python3 -m shardcache_operator.node_reclaim /node-cache --interval-seconds 600` (the
 chart's node-cache DaemonSet, `nodeCache.reclaim`). Every interval, one round:
 
-1. one `list namespaces` (the DaemonSet's service account may do nothing else); when it
-   fails the round removes nothing and the next round tries again;
-2. the node path's entries, and `reclaim_decisions.decide` over both;
-3. each `ns-<namespace>` whose namespace is gone is renamed aside under its tier lock
-   while no process holds a lock in it (`shardcache.node.tiers.move_aside_unused`; one
-   in use is left for a later round), then removed; so is anything an earlier round
-   renamed aside and did not finish removing.
+1. one `list namespaces` (the DaemonSet's service account may do nothing else), for
+   each namespace's name and UID; when it fails the round removes nothing and the next
+   round tries again;
+2. the node path's entries, and `reclaim_decisions.decide` over both: a directory
+   `ns-<namespace>.<uid>` whose (name, UID) no live namespace has (deleted, or deleted
+   and created again), and a legacy `ns-<namespace>` whose namespace is gone or whose
+   live namespace's keyed directory exists;
+3. each such directory is renamed aside under its tier lock while no process holds a
+   lock in it (`shardcache.node.tiers.move_aside_unused`; one in use is left for a
+   later round), then removed; so is anything an earlier round renamed aside and did
+   not finish removing.
 
 What was removed and its bytes are logged at INFO, what was left and why at INFO too
 (a namespace's last pods may take a round to stop), refused names at WARNING once.
@@ -28,7 +32,7 @@ import signal
 import stat
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 
@@ -38,8 +42,8 @@ from shardcache_operator import reclaim_decisions
 
 log = logging.getLogger(__name__)
 
-#: Every namespace that exists, by name; raises when the API cannot say.
-NamespaceLister = Callable[[], Iterable[str]]
+#: Every namespace that exists: name -> UID; raises when the API cannot say.
+NamespaceLister = Callable[[], Mapping[str, str]]
 
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -48,9 +52,9 @@ _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 class Round:
     """What one round did (for logs and tests)."""
 
-    #: namespace -> bytes of its directory removed.
+    #: directory name (or the name it was renamed aside to) -> bytes removed.
     removed: dict[str, int] = dataclasses.field(default_factory=dict)
-    #: namespace -> why its directory was left this round.
+    #: directory name -> why it was left this round.
     kept: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Names refused (`reclaim_decisions.Decision.refused`).
     refused: list[str] = dataclasses.field(default_factory=list)
@@ -86,7 +90,7 @@ def reclaim_round(
     already warned about (each is warned about once)."""
     done = Round()
     try:
-        existing = list(namespaces())
+        existing = dict(namespaces())
     except Exception as exc:  # any failure of the API or its client: retry next round
         done.skipped = f"could not list namespaces ({type(exc).__name__}: {exc})"
         log.warning("node cache reclaim: %s; nothing removed, next round retries", done.skipped)
@@ -99,8 +103,8 @@ def reclaim_round(
             if said is not None:
                 said.add(name)
     for aside in decision.leftovers:
-        _remove(root, aside, namespace=None, done=done)
-    for name, namespace in decision.reclaim:
+        _remove(root, aside, name=aside, what="an earlier round", done=done)
+    for name, namespace, what in decision.reclaim:
         aside = reclaim_decisions.aside_name(namespace)
         why: str | None
         try:
@@ -108,19 +112,14 @@ def reclaim_round(
         except (OSError, errors.CacheError) as exc:
             why = f"could not be checked ({exc})"
         if why is not None:
-            done.kept[namespace] = why
-            log.info(
-                "node cache reclaim: %s of deleted namespace %s kept this round: %s",
-                root / name,
-                namespace,
-                why,
-            )
+            done.kept[name] = why
+            log.info("node cache reclaim: %s (%s) kept this round: %s", root / name, what, why)
             continue
-        _remove(root, aside, namespace=namespace, done=done)
+        _remove(root, aside, name=name, what=what, done=done)
     return done
 
 
-def _remove(root: Path, aside: str, *, namespace: str | None, done: Round) -> None:
+def _remove(root: Path, aside: str, *, name: str, what: str, done: Round) -> None:
     try:
         files, size = remove_aside(root, aside)
     except OSError as exc:
@@ -129,25 +128,28 @@ def _remove(root: Path, aside: str, *, namespace: str | None, done: Round) -> No
             "node cache reclaim: removing %s failed (%s); the next round retries", root / aside, exc
         )
         return
-    what = f"deleted namespace {namespace}" if namespace else "an earlier round"
-    done.removed[namespace or aside] = size
+    done.removed[name] = size
     log.info(
         "node cache reclaim: removed %s (%s): %d files, %d bytes", root / aside, what, files, size
     )
 
 
 def kubernetes_lister() -> NamespaceLister:
-    """Every namespace's name, in pages, through the pod's service account."""
+    """Every namespace's name and UID, in pages, through the pod's service account."""
     import kubernetes  # the operator extra: in the image, not in the client library
 
-    def names() -> list[str]:
+    def names() -> dict[str, str]:
         kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
         core = kubernetes.client.CoreV1Api()
-        found: list[str] = []
+        found: dict[str, str] = {}
         token: str | None = None
         while True:
             page = core.list_namespace(limit=500, _continue=token, _request_timeout=30)
-            found += [ns.metadata.name for ns in page.items if ns.metadata and ns.metadata.name]
+            for ns in page.items:
+                if ns.metadata and ns.metadata.name:
+                    # No UID (none the API server serves): "" keeps every directory of
+                    # the name (`reclaim_decisions.why_reclaimed`).
+                    found[ns.metadata.name] = ns.metadata.uid or ""
             token = page.metadata._continue if page.metadata else None
             if not token:
                 return found

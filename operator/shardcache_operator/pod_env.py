@@ -18,7 +18,7 @@ from typing import Any
 
 from shardcache import contract, errors
 from shardcache.contract import mixture_sources, parsers, variables
-from shardcache_operator import specs
+from shardcache_operator import namespace_dirs, specs
 
 #: Trainer variables a user may set on a container themselves: their value wins.
 USER_WINS = frozenset({variables.MOUNT.env, variables.CHECKPOINT_DIR.env})
@@ -99,22 +99,27 @@ def mixture(
     return mixture_sources.Mixture((first, *further), seed=spec.mixture.seed)
 
 
-def namespace_subdir(namespace: str) -> str:
-    """The namespace's directory below the node path: `ns-<namespace>`. Namespace names
-    are DNS labels, so this is a safe single path component."""
-    return f"ns-{namespace}"
+def namespace_subdir(namespace: str, uid: str | None) -> str:
+    """The namespace's directory below the node path: `ns-<namespace>.<uid>`, keyed by
+    its UID so that a namespace created again with the same name gets a directory of its
+    own (`namespace_dirs`); `ns-<namespace>` where the UID is unknown (offline injection).
+    A single path component either way (ValueError for anything that would not be)."""
+    if uid is None:
+        return namespace_dirs.legacy(namespace)
+    return namespace_dirs.keyed(namespace, uid)
 
 
 def disk_dir(namespace: str | None) -> str:
     """The sidecar's disk tier: one directory per namespace below the node path, mounted
-    alone (`pod_volumes`) at the same place below the default.
+    alone (`pod_volumes`) at `<default>/ns-<namespace>` in the sidecar (the UID keys the
+    node's directory, `namespace_subdir`; the sidecar has no use for it).
 
     Tenants do not share cache entries: a sidecar of one namespace never reads what a
     sidecar of another wrote (the cost: a dataset two namespaces use is cached twice).
     """
     if not namespace:
         return contract.DEFAULT_DISK_DIR
-    return f"{contract.DEFAULT_DISK_DIR}/{namespace_subdir(namespace)}"
+    return f"{contract.DEFAULT_DISK_DIR}/{namespace_dirs.legacy(namespace)}"
 
 
 def sidecar_env(

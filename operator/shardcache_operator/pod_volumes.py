@@ -5,7 +5,8 @@
   `contract.mount_dir(run_dir, mount)` in the sidecar and the trainers: it holds the
   control socket and the memory tier the trainers mmap;
 * the disk tier: a hostPath (DirectoryOrCreate) of `cache.nodePath`, in the sidecar only,
-  which mounts only its namespace's directory in it (`subPath: ns-<namespace>`);
+  which mounts only its namespace's directory in it (`subPath: ns-<namespace>.<uid>`,
+  keyed by the namespace's UID: `namespace_dirs`);
 * the checkpoint volume when `spec.checkpoint` is set: an emptyDir in both.
 """
 
@@ -40,7 +41,7 @@ class MountVolumes:
     trainer_mounts: list[TrainerMount]
 
 
-def disk_mount(volume: str, namespace: str | None) -> dict[str, Any]:
+def disk_mount(volume: str, namespace: str | None, uid: str | None = None) -> dict[str, Any]:
     """The sidecar's mount of the node disk tier: its namespace's directory alone.
 
     With the whole node path mounted, anything that ran in the sidecar container (an
@@ -48,13 +49,15 @@ def disk_mount(volume: str, namespace: str | None) -> dict[str, Any]:
     entries on the node. The kubelet creates a missing subPath directory as root with
     the mode of the volume's root, so the node path is prepared setgid and group
     writable (2770, group = the sidecar's; the chart's node-cache DaemonSet): the new
-    `ns-<namespace>` is then the sidecar group's to write. No namespace (offline
+    `ns-<namespace>.<uid>` is then the sidecar group's to write. `uid`: the namespace's
+    (None: unknown, offline injection: `ns-<namespace>`). No namespace (offline
     injection): the node path itself, as the env says (`pod_env.disk_dir`).
     """
     path = pod_env.disk_dir(namespace)
     if not namespace:
         return {"name": volume, "mountPath": path}
-    return {"name": volume, "mountPath": path, "subPath": pod_env.namespace_subdir(namespace)}
+    subdir = pod_env.namespace_subdir(namespace, uid)
+    return {"name": volume, "mountPath": path, "subPath": subdir}
 
 
 def volumes_for(
@@ -64,6 +67,7 @@ def volumes_for(
     *,
     run_dir: str,
     namespace: str | None = None,
+    namespace_uid: str | None = None,
 ) -> MountVolumes:
     """The volumes of `mount` and their mount points (nothing is added to a pod here)."""
     run_source: dict[str, Any] = {
@@ -86,7 +90,7 @@ def volumes_for(
     ]
     sidecar_mounts = [
         {"name": names.run_volume, "mountPath": mount_dir},
-        disk_mount(names.disk_volume, namespace),
+        disk_mount(names.disk_volume, namespace, namespace_uid),
     ]
     trainer_mounts = [TrainerMount(names.run_volume, mount_dir, f"the {mount} cache")]
     if spec.checkpoint is not None and names.checkpoint_volume is not None:

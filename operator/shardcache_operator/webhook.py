@@ -39,6 +39,7 @@ from shardcache_operator import (
     job_pins,
     kube,
     lookup_failures,
+    namespace_uids,
     pod_updates,
     served_namespaces,
     specs,
@@ -217,6 +218,12 @@ async def decide(
         injected = injection.injected_mounts(pod)
     except errors.InputError:
         wanted, injected = [], []  # admit() refuses with the message
+    namespace_uid: str | None = None
+    if any(name not in injected for name in wanted):
+        try:
+            namespace_uid = await memo.namespaces.uid(namespace, memo.api.read_namespace_uid)
+        except namespace_uids.Unavailable as exc:
+            return _refused(pod, memo, started, namespace_refusal(namespace, exc))
     for name in wanted:
         if name in injected:
             continue
@@ -258,6 +265,7 @@ async def decide(
     decision = admission.admit(
         pod,
         namespace=namespace,
+        namespace_uid=namespace_uid,
         siblings=siblings,
         unpinned=unpinned,
         lookup=lookup,
@@ -321,6 +329,26 @@ async def post_event(
         await asyncio.wait_for(memo.api.post_event(body), EVENT_TIMEOUT_SECONDS)
     except Exception as exc:  # any API failure: the pod is admitted regardless
         logger.info("posting the %s Event: %s", reason, exc)
+
+
+def namespace_refusal(namespace: str, exc: namespace_uids.Unavailable) -> str:
+    """Why a pod is refused when its namespace's UID cannot be read."""
+    return (
+        f"the UID of namespace {namespace} could not be read: {exc}; the node disk tier is "
+        "keyed by it (docs/security.md), so the pod is not injected without it: its "
+        "controller retries, and the operator's log says why reading it fails"
+    )
+
+
+def _refused(
+    pod: Mapping[str, Any], memo: context.Context, started: float, message: str
+) -> admission.Decision:
+    """A pod refused before its mounts were looked at, counted as every refusal (INFO:
+    a failing watch or API is warned about where it fails, not once per pod)."""
+    logger.info("%s", message)
+    memo.metrics.admission_duration.observe(time.monotonic() - started)
+    memo.metrics.admission_total.labels(result="refused").inc()
+    return admission.Decision(False, dict(pod), [], message=message)
 
 
 def _unserved(pod: Mapping[str, Any], memo: context.Context, started: float) -> admission.Decision:

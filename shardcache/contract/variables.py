@@ -180,7 +180,8 @@ DISK_DIR: Final = Variable(
     "/var/cache/shardcache",
     _SIDECAR,
     "The node disk tier in the sidecar container. The webhook mounts only "
-    "`ns-<namespace>` of the hostPath spec.cache.nodePath (a subPath), at "
+    "`ns-<namespace>.<uid>` (the namespace's name and UID) of the hostPath "
+    "spec.cache.nodePath (a subPath), at "
     "`ns-<namespace>` below the default, and points each sidecar there, so tenants "
     "never share cache entries nor see each other's.",
     injected=_IN_SIDECAR,

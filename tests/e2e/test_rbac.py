@@ -35,6 +35,10 @@ ALLOWED = [
     ("watch", "clusterkopfpeerings.kopf.dev", ""),
     ("patch", "clusterkopfpeerings.kopf.dev/shardcache", ""),
     ("list", "customresourcedefinitions.apiextensions.k8s.io", ""),
+    # A namespace's UID keys its node disk directory (namespace_uids).
+    ("get", "namespaces", ""),
+    ("list", "namespaces", ""),
+    ("watch", "namespaces", ""),
 ]
 DENIED = [
     # Secrets: only `get` of the one named Secret, only in the namespace it was granted.
@@ -152,6 +156,8 @@ def test_namespaced_install_reads_pods_only_in_its_namespaces(
             ("patch", "datasetmounts.shardcache.io/status", WS),
             ("patch", "kopfpeerings.kopf.dev/scoped", WS),
             ("list", "customresourcedefinitions.apiextensions.k8s.io", ""),
+            ("get", f"namespaces/{watched}", ""),
+            ("watch", f"namespaces/{watched}", ""),
         ]
         denied = [
             ("list", "pods", ALL),
@@ -160,6 +166,8 @@ def test_namespaced_install_reads_pods_only_in_its_namespaces(
             ("list", "datasetmounts.shardcache.io", "default"),
             ("patch", "clusterkopfpeerings.kopf.dev/shardcache", ""),
             ("get", f"secrets/{objects.SECRET_NAME}", WS),
+            ("list", "namespaces", ""),
+            ("get", "namespaces/default", ""),
         ]
         wrong = [
             f"cannot {v} {r} in {ns or 'cluster'}"

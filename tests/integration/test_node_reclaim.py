@@ -1,7 +1,9 @@
 """The node-cache DaemonSet's reclaim over a real node path: tiers made by
 `shardcache.node.tiers`, other processes holding their locks, links and API failures.
 
-A deleted namespace's `ns-<namespace>` is removed (its bytes said); one a live process
+A deleted namespace's directory is removed (its bytes said), and so is the one of a
+namespace deleted and created again with the same name (keyed by the earlier UID), and a
+legacy `ns-<namespace>` once the live namespace's keyed one exists; one a live process
 uses (a lease, the tier lock) is kept until a round finds it unused; a live namespace's,
 a link's (and what it points at) and everything when the namespace list fails are
 never touched."""
@@ -29,6 +31,8 @@ from shardcache.node import tiers
 pytestmark = pytest.mark.integration
 
 KEY = f"{0:064x}"  # the first entry `make_tier` makes
+LIVE = "0b6c1f2e-3d4a-4b5c-8d6e-7f8091a2b3c4"
+EARLIER = "9e8d7c6b-5a49-4382-b716-0a1b2c3d4e5f"
 
 
 def make_tier(directory: Path, entries: int = 3, size: int = 1000) -> int:
@@ -77,16 +81,50 @@ def holder(directory: Path, what: str) -> Iterator[subprocess.Popen[str]]:
 def test_a_deleted_namespaces_tier_is_removed_and_a_live_ones_kept(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    gone = make_tier(tmp_path / "ns-gone")
-    make_tier(tmp_path / "ns-live")
+    gone = make_tier(tmp_path / f"ns-gone.{EARLIER}")
+    make_tier(tmp_path / f"ns-live.{LIVE}")
     with caplog.at_level(logging.INFO, logger=node_reclaim.__name__):
-        done = node_reclaim.reclaim_round(tmp_path, lambda: ["live", "default"])
-    assert not (tmp_path / "ns-gone").exists()
-    assert done.removed["gone"] >= gone
-    assert sorted(os.listdir(tmp_path)) == ["ns-live"], "nothing left aside"
-    assert len(tiers.Tier(tmp_path / "ns-live", limit_bytes=10**7, name="disk").keys()) == 3
+        done = node_reclaim.reclaim_round(tmp_path, lambda: {"live": LIVE, "default": EARLIER})
+    assert not (tmp_path / f"ns-gone.{EARLIER}").exists()
+    assert done.removed[f"ns-gone.{EARLIER}"] >= gone
+    assert sorted(os.listdir(tmp_path)) == [f"ns-live.{LIVE}"], "nothing left aside"
+    live = tiers.Tier(tmp_path / f"ns-live.{LIVE}", limit_bytes=10**7, name="disk")
+    assert len(live.keys()) == 3
     assert "(deleted namespace gone)" in caplog.text
-    assert f"{done.removed['gone']} bytes" in caplog.text
+    assert f"{done.removed[f'ns-gone.{EARLIER}']} bytes" in caplog.text
+
+
+def test_a_namespace_created_again_loses_its_predecessors_tier_and_keeps_its_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`team` deleted and created again: its name is live, its earlier UID is not."""
+    make_tier(tmp_path / f"ns-team.{EARLIER}")
+    make_tier(tmp_path / f"ns-team.{LIVE}")
+    with caplog.at_level(logging.INFO, logger=node_reclaim.__name__):
+        done = node_reclaim.reclaim_round(tmp_path, lambda: {"team": LIVE})
+    assert list(done.removed) == [f"ns-team.{EARLIER}"]
+    assert os.listdir(tmp_path) == [f"ns-team.{LIVE}"]
+    assert f"(deleted namespace team UID {EARLIER}; the live one's UID is {LIVE})" in caplog.text
+
+
+def test_a_legacy_tier_goes_once_unused_and_its_live_namespaces_keyed_one_exists(
+    tmp_path: Path,
+) -> None:
+    """`ns-<namespace>`, from pods injected before the UID keyed it: kept while the live
+    namespace has no keyed directory here, and while a pod injected before still holds
+    a lease in it."""
+    make_tier(tmp_path / "ns-team")
+    done = node_reclaim.reclaim_round(tmp_path, lambda: {"team": LIVE})
+    assert not done.removed and os.listdir(tmp_path) == ["ns-team"]
+    make_tier(tmp_path / f"ns-team.{LIVE}")
+    with holder(tmp_path / "ns-team", "lease"):
+        done = node_reclaim.reclaim_round(tmp_path, lambda: {"team": LIVE})
+        assert done.kept == {"ns-team": f"a process holds {KEY}.lock"}
+    done = node_reclaim.reclaim_round(tmp_path, lambda: {"team": LIVE})
+    assert list(done.removed) == ["ns-team"]
+    assert os.listdir(tmp_path) == [f"ns-team.{LIVE}"]
+    done = node_reclaim.reclaim_round(tmp_path, lambda: {})
+    assert list(done.removed) == [f"ns-team.{LIVE}"]
 
 
 def test_a_tier_with_a_live_lease_of_another_process_is_kept_until_released(
@@ -94,29 +132,29 @@ def test_a_tier_with_a_live_lease_of_another_process_is_kept_until_released(
 ) -> None:
     make_tier(tmp_path / "ns-gone")
     with holder(tmp_path / "ns-gone", "lease"):
-        done = node_reclaim.reclaim_round(tmp_path, lambda: [])
-        assert done.kept == {"gone": f"a process holds {KEY}.lock"}
+        done = node_reclaim.reclaim_round(tmp_path, lambda: {})
+        assert done.kept == {"ns-gone": f"a process holds {KEY}.lock"}
         assert not done.removed
         assert len(tiers.Tier(tmp_path / "ns-gone", limit_bytes=10**7, name="disk").keys()) == 3
         assert os.listdir(tmp_path) == ["ns-gone"], "nothing renamed aside"
-    done = node_reclaim.reclaim_round(tmp_path, lambda: [])
-    assert "gone" in done.removed
+    done = node_reclaim.reclaim_round(tmp_path, lambda: {})
+    assert "ns-gone" in done.removed
     assert os.listdir(tmp_path) == []
 
 
 def test_a_tier_a_live_inserting_process_declared_its_limit_in_is_kept(tmp_path: Path) -> None:
     make_tier(tmp_path / "ns-gone")
     with holder(tmp_path / "ns-gone", "declaration"):
-        done = node_reclaim.reclaim_round(tmp_path, lambda: [])
-        assert done.kept["gone"].startswith("a process holds .limits/")
+        done = node_reclaim.reclaim_round(tmp_path, lambda: {})
+        assert done.kept["ns-gone"].startswith("a process holds .limits/")
         assert (tmp_path / "ns-gone").is_dir()
 
 
 def test_a_tier_whose_tier_lock_is_held_is_kept(tmp_path: Path) -> None:
     make_tier(tmp_path / "ns-gone")
     with holder(tmp_path / "ns-gone", "tier lock"):
-        done = node_reclaim.reclaim_round(tmp_path, lambda: [])
-        assert done.kept == {"gone": "its tier lock is held"}
+        done = node_reclaim.reclaim_round(tmp_path, lambda: {})
+        assert done.kept == {"ns-gone": "its tier lock is held"}
         assert (tmp_path / "ns-gone").is_dir()
 
 
@@ -127,10 +165,10 @@ def test_a_link_at_a_namespace_name_is_never_followed(tmp_path: Path) -> None:
     data = make_tier(elsewhere)
     (root / "ns-gone").symlink_to(elsewhere)
     (root / "ns-file").write_text("not a tier")
-    done = node_reclaim.reclaim_round(root, lambda: [])
+    done = node_reclaim.reclaim_round(root, lambda: {})
     assert done.kept == {
-        "gone": "a symbolic link, not a directory: left alone",
-        "file": "a regular file, not a directory: left alone",
+        "ns-gone": "a symbolic link, not a directory: left alone",
+        "ns-file": "a regular file, not a directory: left alone",
     }
     assert (root / "ns-gone").is_symlink() and (root / "ns-file").read_text() == "not a tier"
     assert sum(p.stat().st_size for p in elsewhere.iterdir() if len(p.name) == 64) == data
@@ -143,7 +181,7 @@ def test_a_link_inside_a_removed_tier_is_removed_not_followed(tmp_path: Path) ->
     outside.mkdir()
     (outside / "keep").write_text("keep")
     (root / "ns-gone" / "link").symlink_to(outside)
-    node_reclaim.reclaim_round(root, lambda: [])
+    node_reclaim.reclaim_round(root, lambda: {})
     assert os.listdir(root) == []
     assert (outside / "keep").read_text() == "keep"
 
@@ -153,7 +191,7 @@ def test_nothing_is_removed_when_the_namespace_list_fails(
 ) -> None:
     make_tier(tmp_path / "ns-gone")
 
-    def failing() -> list[str]:
+    def failing() -> dict[str, str]:
         raise ConnectionRefusedError("connection refused")
 
     done = node_reclaim.reclaim_round(tmp_path, failing)
@@ -167,12 +205,12 @@ def test_the_loop_survives_an_api_error_and_reclaims_in_the_next_round(tmp_path:
     stop = threading.Event()
     calls: list[int] = []
 
-    def flaky() -> list[str]:
+    def flaky() -> dict[str, str]:
         calls.append(1)
         if len(calls) == 1:
             raise TimeoutError("the API server timed out")
         stop.set()
-        return []
+        return {}
 
     thread = threading.Thread(target=node_reclaim.run, args=(tmp_path, 0.05, flaky, stop))
     thread.start()
@@ -185,7 +223,7 @@ def test_the_loop_survives_an_api_error_and_reclaims_in_the_next_round(tmp_path:
 def test_a_directory_left_aside_by_an_interrupted_round_is_removed(tmp_path: Path) -> None:
     aside = reclaim_decisions.aside_name("gone")
     make_tier(tmp_path / aside)
-    done = node_reclaim.reclaim_round(tmp_path, lambda: [])
+    done = node_reclaim.reclaim_round(tmp_path, lambda: {})
     assert aside in done.removed
     assert os.listdir(tmp_path) == []
 
@@ -257,13 +295,13 @@ def reclaim_as_the_sidecar(setpriv: str, uid: int, root: Path) -> None:
     subprocess.run([*as_sidecar, "-c", make], check=True, timeout=120, cwd=os.getcwd())
     reclaim = (
         "from pathlib import Path\nfrom shardcache_operator import node_reclaim\n"
-        f"print(node_reclaim.reclaim_round(Path({str(root)!r}), lambda: []).removed)\n"
+        f"print(node_reclaim.reclaim_round(Path({str(root)!r}), lambda: {{}}).removed)\n"
     )
     result = subprocess.run(
         [*as_sidecar, "-c", reclaim], capture_output=True, text=True, timeout=120, check=False
     )
     assert result.returncode == 0, result.stderr
-    assert "'gone'" in result.stdout, result.stderr
+    assert "'ns-gone'" in result.stdout, result.stderr
     assert os.listdir(root) == []
 
 
@@ -275,7 +313,7 @@ def test_a_round_that_fails_unexpectedly_is_said_and_the_loop_goes_on(
     decide = reclaim_decisions.decide
     calls: list[int] = []
 
-    def broken_once(names: list[str], namespaces: list[str]) -> reclaim_decisions.Decision:
+    def broken_once(names: list[str], namespaces: dict[str, str]) -> reclaim_decisions.Decision:
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("a bug")
@@ -283,7 +321,7 @@ def test_a_round_that_fails_unexpectedly_is_said_and_the_loop_goes_on(
         return decide(names, namespaces)
 
     monkeypatch.setattr(reclaim_decisions, "decide", broken_once)
-    thread = threading.Thread(target=node_reclaim.run, args=(tmp_path, 0.05, lambda: [], stop))
+    thread = threading.Thread(target=node_reclaim.run, args=(tmp_path, 0.05, lambda: {}, stop))
     thread.start()
     thread.join(timeout=30)
     assert not thread.is_alive()

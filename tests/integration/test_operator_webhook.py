@@ -41,6 +41,9 @@ from tests.support.s3server import free_port
 
 pytestmark = pytest.mark.integration
 
+#: The namespace's UID as the API server would give it.
+NAMESPACE_UID = "4f9c2a6e-1b3d-4c5e-8f70-9a1b2c3d4e5f"
+
 DIGEST = "sha256:" + "ab" * 32
 
 
@@ -63,6 +66,9 @@ class FakeDatasetMounts:
 
     async def read_secret(self, namespace: str, name: str) -> None:
         raise AssertionError("the webhook reads no Secrets")
+
+    async def read_namespace_uid(self, name: str) -> str | None:
+        return NAMESPACE_UID
 
     async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None:
         self.reads += 1

@@ -53,6 +53,32 @@ def test_node_cache_uid_is_the_uid_the_webhook_injects(tmp_path: Path) -> None:
     assert env["SHARDCACHE_OPERATOR_SIDECAR_UID"] == str(configuration.Settings.sidecar_uid)
 
 
+def namespace_rules(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    """The rules on namespaces of the operator's ClusterRole."""
+    (role,) = [
+        d
+        for d in rendered(tmp_path, *args)
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-operator")
+    ]
+    return [r for r in role["rules"] if "namespaces" in r["resources"]]
+
+
+def test_the_operator_may_read_namespaces_for_the_uid_that_keys_their_node_directory(
+    tmp_path: Path,
+) -> None:
+    """The webhook's namespace watch (`namespace_uids`): every namespace for a
+    cluster-wide release, only the watched ones by name for a namespaced one."""
+    (rule,) = namespace_rules(tmp_path)
+    assert rule == {
+        "apiGroups": [""],
+        "resources": ["namespaces"],
+        "verbs": ["get", "list", "watch"],
+    }
+    (rule,) = namespace_rules(tmp_path, "--set=operator.watchNamespaces={team-a,team-b}")
+    assert rule["verbs"] == ["get", "list", "watch"]
+    assert rule["resourceNames"] == ["team-a", "team-b"]
+
+
 def test_a_gid_other_than_the_uid_is_refused(tmp_path: Path) -> None:
     """The webhook sets runAsGroup = runAsUser: a different gid would own the directory
     for a group the sidecar is not in."""

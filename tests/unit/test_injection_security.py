@@ -5,13 +5,14 @@ Each test is a row of issue 13's table (docs/security.md, "pod author").
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from typing import Any
 
 import jsonpatch
 import pytest
-from shardcache_operator import admission, injection
+from shardcache_operator import admission, configuration, context, injection, webhook
 
 from shardcache import contract
 from tests.unit.test_injection import DEFAULTS, admit, dsm, env_of, pod, review_request, sidecars
@@ -145,6 +146,68 @@ def test_the_sidecar_mounts_only_its_namespaces_directory_of_the_node_path() -> 
     assert volumes[disk["name"]]["hostPath"]["path"] == contract.DEFAULT_DISK_DIR
     assert disk["subPath"] == "ns-team-a"
     assert disk["mountPath"] == env_of(sidecar)[contract.ENV_DISK_DIR]
+
+
+FIRST = "0b6c1f2e-3d4a-4b5c-8d6e-7f8091a2b3c4"
+AGAIN = "9e8d7c6b-5a49-4382-b716-0a1b2c3d4e5f"
+
+
+class Namespaces:
+    """The API as the webhook sees it: the DatasetMount is watched; each GET of the
+    namespace answers `uid` (or raises `fail`), and may be held until released."""
+
+    def __init__(self, uid: str | None = FIRST, fail: Exception | None = None) -> None:
+        self.uid = uid
+        self.fail = fail
+        self.reads = 0
+        self.hold: asyncio.Event | None = None
+
+    async def read_namespace_uid(self, name: str) -> str | None:
+        self.reads += 1
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.fail is not None:
+            raise self.fail
+        return self.uid
+
+
+def memo_of(api: Namespaces) -> context.Context:
+    settings = configuration.Settings(sidecar_image="sidecar:test")
+    memo = context.Context(settings=settings, api=api)  # type: ignore[arg-type]
+    memo.mounts.listed([dsm("imagenet")])
+    return memo
+
+
+async def admitted(memo: context.Context, namespace: str = "ml") -> dict[str, Any]:
+    """The webhook's answer to a pod's CREATE in `namespace`, as the API server stores it."""
+    body = pod()
+    body["metadata"]["namespace"] = namespace
+    response = (await webhook.answer(review_request(body, namespace=namespace), memo))["response"]
+    assert response["allowed"] is True, response
+    patch = json.loads(base64.b64decode(response["patch"]))
+    stored: dict[str, Any] = jsonpatch.apply_patch(body, patch)
+    return stored
+
+
+def node_directory(stored: dict[str, Any]) -> str:
+    """The directory of the node path the pod's sidecar mounts (its subPath)."""
+    (sidecar,) = sidecars(stored)
+    volumes = {v["name"]: v for v in stored["spec"]["volumes"]}
+    (disk,) = [m for m in sidecar["volumeMounts"] if "hostPath" in volumes[m["name"]]]
+    assert disk["mountPath"] == env_of(sidecar)[contract.ENV_DISK_DIR]
+    return str(disk["subPath"])
+
+
+async def test_a_namespace_created_again_with_the_same_name_gets_another_node_directory() -> None:
+    """Deleted and created again before a reclaim round: the earlier tenant's entries
+    stay in a directory the new namespace's sidecars never mount (nor an exec into one)."""
+    api = Namespaces(uid=FIRST)
+    memo = memo_of(api)
+    before = node_directory(await admitted(memo))
+    api.uid = AGAIN  # `ml` deleted and created again: the API server gives a new UID
+    after = node_directory(await admitted(memo))
+    assert before != after
+    assert (before, after) == (f"ns-ml.{FIRST}", f"ns-ml.{AGAIN}")
 
 
 @pytest.mark.parametrize("index", ["\u00b2", "\u0663", "1\u00b9", "-1", "1.0", ""])

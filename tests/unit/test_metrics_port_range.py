@@ -33,6 +33,9 @@ from tests.unit.test_injection import admit, dsm, pod, sidecars
 
 pytestmark = pytest.mark.unit
 
+#: The namespace's UID as the API server would give it.
+NAMESPACE_UID = "4f9c2a6e-1b3d-4c5e-8f70-9a1b2c3d4e5f"
+
 FIRST = contract.DEFAULT_METRICS_PORT
 ADMIT = {"admission": {"policy": "Admit"}}
 
@@ -96,6 +99,9 @@ class Events:
     def __init__(self, fail: bool = False) -> None:
         self.posted: list[dict[str, Any]] = []
         self.fail = fail
+
+    async def read_namespace_uid(self, name: str) -> str | None:
+        return NAMESPACE_UID
 
     async def post_event(self, body: Mapping[str, Any]) -> None:
         if self.fail:

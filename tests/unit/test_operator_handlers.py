@@ -52,6 +52,9 @@ class FakeApi:
     async def write_attached_pods(self, namespace: str, name: str, count: int) -> None:
         raise AssertionError("handlers leave pod counts to pod_counts.Writer")
 
+    async def read_namespace_uid(self, name: str) -> str | None:
+        raise AssertionError("handlers do not read namespaces")
+
 
 def resolves(uri: str, fmt: str, options: Mapping[str, str] | None) -> FakeManifest:
     return FakeManifest()

@@ -25,6 +25,9 @@ from shardcache import contract
 
 pytestmark = pytest.mark.unit
 
+#: The namespace's UID as the API server would give it.
+NAMESPACE_UID = "4f9c2a6e-1b3d-4c5e-8f70-9a1b2c3d4e5f"
+
 
 def test_exact_names_are_told_from_kopf_patterns() -> None:
     assert served_namespaces.exact(("team-a", "team-b"))
@@ -83,6 +86,9 @@ class ForbiddenApi:
         self.reads = 0
         self.status = status
         self.reason = reason
+
+    async def read_namespace_uid(self, name: str) -> str | None:
+        return NAMESPACE_UID
 
     async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None:
         self.reads += 1

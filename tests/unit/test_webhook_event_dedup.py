@@ -17,6 +17,9 @@ from tests.unit.test_metrics_port_range import busy_pod
 
 pytestmark = pytest.mark.unit
 
+#: The namespace's UID as the API server would give it.
+NAMESPACE_UID = "4f9c2a6e-1b3d-4c5e-8f70-9a1b2c3d4e5f"
+
 FIRST = contract.DEFAULT_METRICS_PORT
 ADMIT = {"admission": {"policy": "Admit"}}
 
@@ -24,6 +27,9 @@ ADMIT = {"admission": {"policy": "Admit"}}
 class Events:
     def __init__(self) -> None:
         self.posted: list[dict[str, Any]] = []
+
+    async def read_namespace_uid(self, name: str) -> str | None:
+        return NAMESPACE_UID
 
     async def post_event(self, body: Mapping[str, Any]) -> None:
         self.posted.append(dict(body))

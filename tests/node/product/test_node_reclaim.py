@@ -1,5 +1,5 @@
 """A deleted namespace's node disk tier is reclaimed on the real node (node explorer's
-defect 2): a tenant namespace fills its `ns-<namespace>` through a real pod, is deleted,
+defect 2): a tenant namespace fills its `ns-<namespace>.<uid>` through a real pod, is deleted,
 and the chart's node-cache DaemonSet (`nodeCache.reclaim`, every
 `release.RECLAIM_INTERVAL_S` here) removes the directory and says so in its log, while
 the live namespace's directory stays."""
@@ -52,10 +52,11 @@ def test_a_deleted_namespaces_node_disk_tier_is_reclaimed(
     rbac = kubernetes.client.RbacAuthorizationV1Api(admin)
     custom = kubernetes.client.CustomObjectsApi(admin)
     ns = f"gone-tenant-{secrets.token_hex(3)}"
-    tier = release.NODE_CACHE_PATH / f"ns-{ns}"
-    live = release.NODE_CACHE_PATH / f"ns-{namespace}"
+    live_uid = core.read_namespace(namespace).metadata.uid
+    live = release.NODE_CACHE_PATH / f"ns-{namespace}.{live_uid}"
     live_before = live.is_dir()
-    core.create_namespace(kubernetes.client.V1Namespace(metadata={"name": ns}))
+    made = core.create_namespace(kubernetes.client.V1Namespace(metadata={"name": ns}))
+    tier = release.NODE_CACHE_PATH / f"ns-{ns}.{made.metadata.uid}"
     try:
         harness.wait_until(f"the default ServiceAccount of {ns}",
                            lambda: core.read_namespaced_service_account("default", ns), timeout=60)  # fmt: skip
