@@ -173,15 +173,22 @@ def _same_file(fd: int, path: Path) -> bool:
     return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
 
 
+def process_stat(pid: int) -> tuple[str, str]:
+    """A process's command and state letter ("T": stopped) from /proc/<pid>/stat;
+    OSError if it cannot be read (gone, or not in this PID namespace). The command is
+    between the first "(" and the last ")": it may hold either."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as stat_file:
+        text = stat_file.read()
+    end = text.rfind(")")
+    return text[text.find("(") + 1 : end], text[end + 2 : end + 3]
+
+
 def _state(pid: int) -> str:
     """A process's state and command from /proc/<pid>/stat, in words."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as stat_file:
-            text = stat_file.read()
+        comm, state = process_stat(pid)
     except OSError:
         return "not visible here"
-    comm = text[text.find("(") + 1 : text.rfind(")")]
-    state = text[text.rfind(")") + 2 : text.rfind(")") + 3]
     words = {
         "T": "stopped",
         "t": "stopped by a debugger",
@@ -191,22 +198,22 @@ def _state(pid: int) -> str:
     return f"{comm}, {words}"
 
 
-def holders(fd: int, locks_text: str | None = None) -> list[str]:
-    """Who holds a lock on the file open as `fd`, from /proc/locks: "pid 123 (python,
-    stopped), exclusive". A pid of 0 is a process of another PID namespace (another
-    pod's sidecar), which this one cannot name. `locks_text` stands for the file."""
-    return [words for _, words in _holders(fd, locks_text)]
+def _holders(fd: int) -> list[tuple[int, str]]:
+    """Who holds a lock on the file open as `fd` (`holders_in` of /proc/locks)."""
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks_file:
+            locks_text = locks_file.read()
+    except OSError:
+        return []
+    return holders_in(locks_text, os.fstat(fd))
 
 
-def _holders(fd: int, locks_text: str | None) -> list[tuple[int, str]]:
-    st = os.fstat(fd)
+def holders_in(locks_text: str, st: os.stat_result) -> list[tuple[int, str]]:
+    """The holders of a lock on the file of `st` in `locks_text` (/proc/locks' format),
+    each a pid and "pid 123 (python, stopped), exclusive"; waiters ("->") are not
+    holders. A pid of 0 is a process of another PID namespace (another pod's sidecar),
+    which this one cannot name."""
     wanted = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-    if locks_text is None:
-        try:
-            with open("/proc/locks", encoding="ascii", errors="replace") as locks_file:
-                locks_text = locks_file.read()
-        except OSError:
-            return []
     found = []
     for line in locks_text.splitlines():
         fields = line.split()
@@ -239,7 +246,7 @@ def _flock_within(fd: int, operation: int, path: Path, timeout: float) -> None:
         except BlockingIOError:
             left = deadline - time.monotonic()
             if left <= 0:
-                found = _holders(fd, None)
+                found = _holders(fd)
                 st = os.fstat(fd)
                 raise LockTimeout(
                     path,

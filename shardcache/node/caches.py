@@ -442,6 +442,13 @@ def _reclaim_at_start(tier: tiers.Tier) -> None:
         )  # fmt: skip
 
 
+#: Why a disk-tier entry is in the way (`CacheNode._uncached`), before the tier's words.
+_BAD_AND_KEPT = (
+    "its entry there is another user's, fails its check against the manifest's sha256, "
+    "and cannot be removed: "
+)
+
+
 class CacheNode:
     def __init__(
         self,
@@ -493,6 +500,8 @@ class CacheNode:
         #: The memory tier's `removals` when every shard was last found resident.
         self._all_resident_at: int | None = None
         self._lock = threading.Lock()
+        #: Disk-tier keys served without caching them there (`_uncached`), said once each.
+        self._uncached_keys: set[str] = set()
         self._inflight: dict[int, _Attempt] = {}
         self._readers: dict[str, _Reader] = {}
         #: Readers' acquires in progress: when they are as many as the readers, none
@@ -1086,32 +1095,47 @@ class CacheNode:
     ) -> tiers.Entry:
         """A lease on the shard's source bytes in the disk tier: fetched (and checked on
         fetch) if missing; if found, checked against the manifest's sha256, not the
-        entry's own meta file (whoever wrote the entry wrote that too). A failure is
-        left on `attempt` to count when it ends (`_count_failure`); without one,
-        counted now as a reader's."""
+        entry's own meta file (whoever wrote the entry wrote that too). Where another
+        user's file there may not be removed or replaced, the bytes fetched into a
+        reservation that is never committed (`_uncached`). A failure is left on
+        `attempt` to count when it ends (`_count_failure`); without one, counted now as
+        a reader's."""
         entry = self.manifest.shards[shard]
         # A fetch checks the bytes against the manifest's sha256 as they arrive
         # (`source.download`), so that is the entry's sha256: the tier does not read the
         # new entry back to hash it again.
         try:
+            try:
+                disk_entry, hit = self.disk.get_or_insert(
+                    key, entry.size, lambda tmp: self._fetch(shard, tmp, at=at), sha256=entry.sha256
+                )
+            except tiers.Unremovable as exc:
+                # Another user's file holds one of the entry's names (a lock file before
+                # the fetch, the data or meta file at its commit).
+                return self._uncached(shard, key, str(exc), at=at)
+            if not hit or self._intact(shard, disk_entry.path):
+                return disk_entry
+            disk_entry.release()
+            self._events.corrupted(self.disk.name, key)
+            if not self.disk.evict(key):
+                kept = self.disk.unremovable(key)
+                if kept is not None:
+                    return self._uncached(shard, key, _BAD_AND_KEPT + kept, at=at)
             disk_entry, hit = self.disk.get_or_insert(
                 key, entry.size, lambda tmp: self._fetch(shard, tmp, at=at), sha256=entry.sha256
             )
             if not hit or self._intact(shard, disk_entry.path):
                 return disk_entry
             disk_entry.release()
-            self._events.corrupted(self.disk.name, key)
-            self.disk.evict(key)
-            disk_entry, hit = self.disk.get_or_insert(
-                key, entry.size, lambda tmp: self._fetch(shard, tmp, at=at), sha256=entry.sha256
-            )
-            if not hit or self._intact(shard, disk_entry.path):
-                return disk_entry
-            disk_entry.release()  # another reader leases the bad entry: not evicted
+            kept = self.disk.unremovable(key)
+            if kept is not None:
+                return self._uncached(shard, key, _BAD_AND_KEPT + kept, at=at)
+            # Another reader leases the bad entry (its own check fails it too, and
+            # releases it): not evicted yet.
             raise errors.ManifestMismatchError(
                 f"shard {shard} ({entry.path}) in the disk tier is not the content the "
-                f"manifest pinned (sha256 {entry.sha256}) and is in use elsewhere; retry "
-                "once it is released"
+                f"manifest pinned (sha256 {entry.sha256}) and another process holds a "
+                "lease on it; retry once it is released"
             )
         except errors.CacheError:
             # The node's own problem (its disk volume full with nothing left to evict,
@@ -1123,6 +1147,27 @@ class CacheNode:
             else:
                 attempt.fetch_error = exc
             raise
+
+    def _uncached(
+        self, shard: int, key: str, why: str, *, at: Callable[[str], None]
+    ) -> tiers.Entry:
+        """The shard's source bytes fetched (and checked on fetch) into a reservation of
+        the disk tier that is never committed (`Tier.uncommitted`), for a key whose
+        entry in the disk tier this process may not remove or replace (`why`): served
+        correctly, from the memory tier once decoded, instead of failing the reader for
+        a file in the way. It is fetched again at each load while that file is there."""
+        entry = self.manifest.shards[shard]
+        with self._lock:
+            first = key not in self._uncached_keys
+            self._uncached_keys.add(key)
+        if first:
+            log.warning(
+                "disk tier: shard %d (%s) is served without caching it on disk: %s",
+                shard, entry.path, why,
+            )  # fmt: skip
+        return self.disk.uncommitted(
+            key, entry.size, lambda tmp: self._fetch(shard, tmp, at=at), sha256=entry.sha256
+        )
 
     def _insert_decoded(
         self,

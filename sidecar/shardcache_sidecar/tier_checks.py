@@ -56,6 +56,19 @@ def disk_reason(found: tiers.Unusable, *, retry_s: float) -> str:
 
 def memory_reason(found: tiers.Unusable, *, retry_s: float) -> str:
     """Why the memory tier is unusable and what to change."""
+    error = found.error
+    if isinstance(error, tiers.LockTimeout):
+        # The directory is right (writing it elsewhere would not help): a process
+        # sharing it holds the tier's lock and does not run.
+        who = "; ".join(error.holders) if error.holders else "no holder found in /proc/locks"
+        return (
+            f"the memory tier {found.path} is not usable now: this sidecar waited "
+            f"{error.waited:g} s for the tier's lock {error.path}, held by {who}. Resume or "
+            f"end that process (a trainer of this pod, or another process using the "
+            f"directory); the sidecar checks again every {retry_s:g} s and goes on by "
+            f'itself once it gets the lock (docs/cache-format.md, "A stopped process '
+            f'holding a lock")'
+        )
     return (
         f"the memory tier {found.path} is not usable: {found.describe()}. The sidecar must be "
         f"able to write it: on Kubernetes it is in the pod's run volume (an emptyDir, which "

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from shardcache.node import _locks
 from tests.support import waiting
 
 
@@ -38,8 +39,7 @@ _REPO = Path(__file__).resolve().parents[2]
 
 def process_state(pid: int) -> str:
     """The state letter of /proc/<pid>/stat ("T": stopped)."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    return text[text.rfind(")") + 2]
+    return _locks.process_stat(pid)[1]
 
 
 class StoppedHolder:

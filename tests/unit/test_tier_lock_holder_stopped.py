@@ -181,7 +181,7 @@ def test_holders_are_read_from_proc_locks_waiters_and_other_namespaces_told_apar
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "x.lock"
-    fd = _locks.acquire(path, _locks.SHARED, create=True)
+    fd = _locks.acquire(path, _locks.EXCLUSIVE, create=True)
     assert fd is not None
     try:
         st = os.fstat(fd)
@@ -192,11 +192,34 @@ def test_holders_are_read_from_proc_locks_waiters_and_other_namespaces_told_apar
             f"2: FLOCK  ADVISORY  READ {os.getpid()} {where} 0 EOF\n"
             f"3: FLOCK  ADVISORY  WRITE 4242 {where}0 0 EOF\n"
         )
-        assert _locks.holders(fd, text) == [
+        state = _locks.process_stat(os.getpid())
+        assert [words for _, words in _locks.holders_in(text, st)] == [
             "a process of another PID namespace (another pod), exclusive",
-            f"pid {os.getpid()} ({_locks._state(os.getpid())}), shared",
+            f"pid {os.getpid()} ({state[0]}, state {state[1]}), shared",
         ]
-        # This process's own lock, as the kernel lists it.
-        assert f"pid {os.getpid()} " in " ".join(_locks.holders(fd))
+        # This process's own lock, as the kernel lists it, named by a wait that ends.
+        with pytest.raises(tiers.LockTimeout) as ended:
+            _locks.acquire(path, _locks.SHARED, create=False, timeout=0)
+        assert ended.value.holders == [f"pid {os.getpid()} ({state[0]}, state R), exclusive"]
     finally:
         _locks.close(fd)
+
+
+def test_the_memory_tiers_start_up_check_says_it_waited_for_the_tier_lock_and_who_holds_it(
+    tmp_path: Path, stopped_holders: list[StoppedHolder]
+) -> None:
+    # The memory tier's reason told the user to give it a directory it can write,
+    # which a stopped holder of its lock does not need.
+    lock = tmp_path / tiers.TIER_LOCK_NAME
+    holder = StoppedHolder(lock)
+    stopped_holders.append(holder)
+    found = waiting.finishes(
+        "the start-up check", lambda: tiers.unusable(tmp_path, lock_timeout=LOCK_WAIT_S)
+    )
+    assert found is not None
+    reason = tier_checks.memory_reason(found, retry_s=2.0)
+    assert reason.startswith(
+        f"the memory tier {tmp_path} is not usable now: this sidecar waited "
+        f"{LOCK_WAIT_S:g} s for the tier's lock {lock}, held by pid {holder.pid} (python"
+    ), reason
+    assert "Resume or end that process" in reason and "--memory-dir" not in reason

@@ -71,6 +71,7 @@ from shardcache.node.tiers._no_space import (
     volume,
     volume_under,
 )
+from shardcache.node.tiers._other_users import Unremovable
 from shardcache.node.tiers._retire import move_aside_unused
 from shardcache.node.tiers._tier import LOCK_TIMEOUT_S, ScanReport, Tier, TierObserver
 
@@ -90,6 +91,7 @@ __all__ = [
     "Tier",
     "TierFullError",
     "TierObserver",
+    "Unremovable",
     "Unusable",
     "Volume",
     "check_key",

@@ -12,9 +12,14 @@ So each inserting process declares its limit in the directory, and every insert 
 against the largest live one (`effective`): the directory stays bounded by the largest
 limit, as before, and no process evicts below it. A declaration is
 `.limits/<limit>-<pid>-<token>.lock`, held under a shared `flock` by its process for as
-long as it lives; one whose lock can be taken exclusively belongs to a dead process and
-is removed by whoever finds it (no process ID is trusted, as for temp files). A dot
-name and a directory: tiers of every format version ignore it.
+long as it lives; one whose lock can be taken exclusively belongs to a dead process:
+it counts nothing, and is removed by whoever finds it and may (no process ID is
+trusted, as for temp files). The directory is 1777, like /tmp: every user of the tier
+declares there, and only a file's owner (or the directory's, or root) removes it, so
+no process can remove another user's live declaration (which would let its own,
+smaller, limit evict that user's entries). A dead process's declaration of another user
+stays until a process of that user (or root) finds it, counting nothing meanwhile. A
+dot name and a directory: tiers of every format version ignore it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import contextlib
 import os
 import re
 import secrets
+import stat
 import threading
 import time
 import weakref
@@ -34,8 +40,9 @@ from shardcache.node import _locks, after_fork
 DIRECTORY = ".limits"
 _NAME = re.compile(r"(\d{1,20})-\d+-[0-9a-f]+\.lock")
 # Any user of the tier's directory declares here (the directory's own mode, 2770 for
-# the node disk tier, bounds who that is): removing a dead process's file needs it.
-_DIRECTORY_MODE = 0o777
+# the node disk tier, bounds who that is); the sticky bit keeps each user's files its
+# own to remove (module docstring).
+_DIRECTORY_MODE = 0o1777
 #: How long `bound` may answer from its last look: a status request or metrics scrape
 #: listed `.limits/` and tried a lock per declaration each time, while declarations
 #: change only when a sidecar starts or ends. A declaration made or removed changes
@@ -132,6 +139,7 @@ class Limits:
                     largest = max(largest, int(found.group(1)))
                 continue
             if remove_dead:
+                # Refused (PermissionError, suppressed) for another user's: the sticky bit.
                 _release(fd, path)
             else:
                 _locks.close(fd)
@@ -143,8 +151,12 @@ class Limits:
                 return
             with contextlib.suppress(FileExistsError):
                 os.mkdir(self._dir, _DIRECTORY_MODE)
-                with contextlib.suppress(OSError):
-                    os.chmod(self._dir, _DIRECTORY_MODE)  # whatever the umask
+            # Whatever the umask, and on a directory an older release made 0777 (only
+            # its owner may change it; another user's is left as it is).
+            with contextlib.suppress(OSError):
+                st = os.lstat(self._dir)
+                if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != _DIRECTORY_MODE:
+                    os.chmod(self._dir, _DIRECTORY_MODE)
             path = self._dir / f"{self._limit}-{os.getpid()}-{secrets.token_hex(4)}.lock"
             fd = _locks.acquire(path, _locks.SHARED, create=True)
             if fd is None:  # only with NONBLOCKING, not passed here

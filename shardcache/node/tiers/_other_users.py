@@ -86,6 +86,15 @@ def directory(root: Path) -> str:
     )
 
 
+def removal_fix(root: Path) -> str:
+    """What lets this process remove another user's files in the tier directory `root`,
+    in words (the sticky bit keeps them: only their owner or root may)."""
+    return (
+        "the directory must let its users remove each other's files (mode 2770 without "
+        f"the sticky bit: chmod -t {root}), or remove the files of other users by hand"
+    )
+
+
 def replace_lock(path: Path, *, tier: str) -> None:
     """Remove the lock file `path` this process could not open, so that the next
     acquisition makes one it can; call under the tier lock held exclusively (every

@@ -138,7 +138,6 @@ class Tier:
         self.hashed = hashed
         self.observer = observer
         self.wait_timeout = wait_timeout
-        self.lock_timeout = lock_timeout
         self.root.mkdir(parents=True, exist_ok=True)
         self._files = _directory.Directory(self.root, name=name, lock_timeout=lock_timeout)
         #: Meta files read by lookups, by key, with the (inode, mtime, size) they had:
@@ -156,8 +155,15 @@ class Tier:
         #: This process's limit declared in the directory, and the others' (`_limits`);
         #: a sole writer has no others.
         self._limits = None if sole_writer else _limits.Limits(self.root, limit_bytes)
-        #: Keys eviction found it may not remove (`_cannot_remove`), said once each.
-        self._unremovable: set[str] = set()
+        #: Keys eviction found it may not remove (`_cannot_remove`), said once each,
+        #: with why (`unremovable`).
+        self._unremovable: dict[str, str] = {}
+
+    @property
+    def lock_timeout(self) -> float | None:
+        """How long an operation waits for the tier lock or an entry's lease lock (the
+        directory's, `_directory.Directory.lock_timeout`: one setting for both)."""
+        return self._files.lock_timeout
 
     def __repr__(self) -> str:
         return f"Tier(name={self.name!r}, root={str(self.root)!r}, limit_bytes={self.limit_bytes})"
@@ -371,7 +377,7 @@ class Tier:
                         # `hold` takes the meta from a lookup of this commit's files.
                         self._metas.pop(key, None)
                     with self._pins_lock:
-                        self._unremovable.discard(key)  # this process's own now
+                        self._unremovable.pop(key, None)  # this process's own now
                     _entries.mark_used(
                         self._files.data(key)
                     )  # the newest entry is the last to evict
@@ -1065,7 +1071,7 @@ class Tier:
             with self._pins_lock:
                 self._removing.discard(key)
         with self._pins_lock:
-            self._unremovable.discard(key)
+            self._unremovable.pop(key, None)
         if self.observer is not None:
             self.observer.evicted(self.name, size)
         logger.debug("%s tier: evicted %s (%d bytes)", self.name, key, size)
@@ -1074,17 +1080,80 @@ class Tier:
     def _cannot_remove(self, key: str, why: str) -> None:
         """An entry this process may not remove (another user's, in a directory with
         the sticky bit): skipped by eviction, like a leased one, and said once."""
+        told = (
+            f"{self.name} tier: cannot evict {key} from {self.root} "
+            f"({_other_users.directory(self.root)}): {why}"
+        )
+        with contextlib.suppress(OSError):
+            told += f" (its data file is {_other_users.describe(os.lstat(self._files.data(key)))})"
         with self._pins_lock:
             first = key not in self._unremovable
-            self._unremovable.add(key)
+            self._unremovable[key] = told
         if first:
             logger.warning(
-                "%s tier: cannot evict %s from %s (%s): %s. Its bytes count against the "
-                "limit until it is removed; the directory must let its users remove each "
-                "other's files (mode 2770 without the sticky bit: chmod -t %s), or remove "
-                "the files of other users by hand",
-                self.name, key, self.root, _other_users.directory(self.root), why, self.root,
+                "%s. Its bytes count against the limit until it is removed; %s",
+                told, _other_users.removal_fix(self.root),
             )  # fmt: skip
+
+    def unremovable(self, key: str) -> str | None:
+        """Why the entry `key` could not be removed when this process last tried (an
+        eviction's: another user's, in a directory with the sticky bit), with the fix
+        (`_other_users.removal_fix`); None if nothing kept it (it was removed, or a
+        lease kept it: a lease ends)."""
+        with self._pins_lock:
+            told = self._unremovable.get(key)
+        if told is None:
+            return None
+        return f"{told}; {_other_users.removal_fix(self.root)}"
+
+    def uncommitted(
+        self,
+        key: str,
+        size: int,
+        produce: Callable[[Path], object],
+        *,
+        sha256: str | None = None,
+    ) -> _entries.Entry:
+        """`produce(tmp_path)` into a reservation of `size` bytes, as `insert` does,
+        and hand it over uncommitted: the returned Entry's path is the reservation, which
+        its release removes (a dead process's is reclaimed as any dead writer's). For a
+        key whose entry cannot be committed or replaced here (`unremovable`): its bytes
+        are counted while used, and never served to anyone else.
+
+        Evicts as `insert` does, and raises what it raises; no retry after ENOSPC."""
+        _entries.check_key(key)
+        if size > self.limit_bytes:
+            raise _errors.EntryTooLargeError(
+                f"entry {key} is {size} bytes but the {self.name} tier holds at most "
+                f"{self.limit_bytes} bytes; raise {self._limit_setting()} above {size}",
+                size=size,
+                limit=self.limit_bytes,
+            )
+        deadline = time.monotonic() + self.wait_timeout
+        tmp_path, tmp_fd = self._reserve(key, size, evict=True, deadline=deadline)
+
+        def remove() -> None:
+            try:
+                with self._files.tier_locked(_locks.EXCLUSIVE):
+                    _directory.unlink(tmp_path)
+            except _locks.LockTimeout as exc:
+                # Unlocked below: the next reclaim removes it as a dead writer's.
+                logger.warning("%s tier: left the reservation %s: %s", self.name, tmp_path, exc)
+            finally:
+                _locks.close(tmp_fd)
+
+        try:
+            produce(tmp_path)
+            written = os.stat(tmp_path).st_size
+            if written != size:
+                raise errors.CacheError(
+                    f"producing {key} for the {self.name} tier wrote {written} bytes, "
+                    f"expected the declared size {size}"
+                )
+        except BaseException:
+            remove()
+            raise
+        return _entries.Entry(key=key, path=tmp_path, size=size, sha256=sha256, unpin=remove)
 
     def _reserve(
         self,
