@@ -206,7 +206,7 @@ def decide(
                     metadata,
                     (siblings or {}).get(name) or {},
                     job_pins.unpinned(
-                        (unpinned or {}).get(name) or {}, _resolved_at(obj.get("status"))
+                        (unpinned or {}).get(name) or {}, status.resolved_at(obj.get("status"))
                     ),
                 )
             except job_pins.PinUnknown as exc:
@@ -286,12 +286,6 @@ def _job_pinned(
         source_digests={s.name: s.digest for s in further if s.name and s.digest},
     )
     return chosen, served.message
-
-
-def _resolved_at(pinned: object) -> str | None:
-    """status.resolvedAt: when the mount's current pin was resolved."""
-    found = pinned.get("resolvedAt") if isinstance(pinned, Mapping) else None
-    return found if isinstance(found, str) else None
 
 
 def decide_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> Decision:

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardcache import errors
-from shardcache_operator import specs
+from shardcache_operator import rfc3339, specs
 
 #: Written by the injection: {mount: pin} of every mount injected, as JSON. The webhook
 #: replaces what a pod's author wrote there for the mounts it injects.
@@ -314,27 +314,16 @@ class PinUnknown(errors.InputError):
     Warning Event on the mount names them (`admission.REASON_JOB_PIN_UNKNOWN`)."""
 
 
-def _time(text: str | None) -> datetime.datetime | None:
-    """An RFC 3339 time as the API server and the operator write them; None: no time."""
-    if not text:
-        return None
-    try:
-        when = datetime.datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.UTC)
-
-
 def unpinned(created: Mapping[str, str | None], resolved_at: str | None) -> Unpinned:
     """Which pods of `created` (pod -> creationTimestamp) read the pin the mount resolved
     at `resolved_at` (status.resolvedAt): those created `UNPINNED_MARGIN_SECONDS` after
     it. A pod created before (or near) it, or a time missing or unreadable, is unknown:
     it may have been given the pin before."""
-    since = _time(resolved_at)
+    since = rfc3339.parse(resolved_at)
     margin = datetime.timedelta(seconds=UNPINNED_MARGIN_SECONDS)
     current, unknown = set(), set()
     for pod, text in created.items():
-        when = _time(text)
+        when = rfc3339.parse(text)
         if since is not None and when is not None and when >= since + margin:
             current.add(pod)
         else:

@@ -169,13 +169,13 @@ class Writer:
             )
             if older is not None:
                 pinned = obj.get("status") or {}
-                digest, resolved_at = pinned.get("manifestDigest"), pinned.get("resolvedAt")
+                digest = pinned.get("manifestDigest")
                 meters.pods_on_older_pin.labels(namespace=namespace, datasetmount=name).set(
                     older(
                         namespace,
                         name,
                         digest if isinstance(digest, str) else None,
-                        resolved_at if isinstance(resolved_at, str) else None,
+                        status.resolved_at(pinned),
                     )
                 )
 

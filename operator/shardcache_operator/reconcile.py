@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from shardcache import contract, errors, manifests, s3_settings, uris
-from shardcache_operator import sample_room, specs, status
+from shardcache_operator import sample_room, shard_room, specs, status
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ class ManifestLike(Protocol):
     def total_bytes(self) -> int: ...
 
 
+#: A manifest pinned by this reconcile: the spec fields of its source ("spec.source",
+#: "spec.mixture.sources[1] (web)") and what was pinned.
+Pinned = tuple[str, status.Resolved]
 #: Blocking manifest resolution: (uri, format, storage_options) -> manifest; raises
 #: SourceRefused when it does not read the source at all, AccessDeniedError when the
 #: store refuses the credentials, other InputErrors for the data found there.
@@ -332,6 +335,7 @@ async def _resolve_source(
         shards=len(manifest.shards),
         rows=manifest.total_rows,
         bytes=manifest.total_bytes,
+        largest=shard_room.largest(manifest.shards),
     )
 
 
@@ -385,13 +389,14 @@ async def _resolve_mixture(
     read_secret: SecretReader,
     resolve: Resolver,
     timeout: float,
-) -> tuple[list[dict[str, Any]], status.Failed | None]:
+) -> tuple[list[dict[str, Any]], status.Failed | None, list[Pinned]]:
     """The pins of a mixture's further sources (status.mixture), each kept from
     `previous` while its identity holds, else resolved like spec.source; or the first
-    failure, named by its source."""
+    failure, named by its source. And those resolved now, with their spec fields."""
     assert spec.mixture is not None
     before = _pins_by_name(previous)
     pins: list[dict[str, Any]] = []
+    resolved: list[Pinned] = []
     options: Mapping[str, str] | None = None
     fetched = False
     for index, source in enumerate(spec.mixture.sources):
@@ -402,7 +407,7 @@ async def _resolve_mixture(
         if not fetched:
             options, failure = await _options(spec, namespace, read_secret, pinned=False)
             if failure is not None:
-                return pins, failure
+                return pins, failure, resolved
             fetched = True
         where = f"spec.mixture.sources[{index}]"
         outcome = await _resolve_source(
@@ -417,7 +422,8 @@ async def _resolve_mixture(
         )
         if isinstance(outcome, status.Failed):
             message = f"{where} ({source.name}): {outcome.message}"
-            return pins, dataclasses.replace(outcome, message=message)
+            return pins, dataclasses.replace(outcome, message=message), resolved
+        resolved.append((f"{where} ({source.name})", outcome))
         pins.append(
             {
                 "name": source.name,
@@ -429,7 +435,7 @@ async def _resolve_mixture(
                 "resolvedSource": mixture_identity(source),
             }
         )
-    return pins, None
+    return pins, None, resolved
 
 
 def _events(outcome: status.Outcome, previous: Mapping[str, Any]) -> tuple[Event, ...]:
@@ -460,6 +466,7 @@ def _result(
     retry_in: float | None,
     mixture: list[dict[str, Any]] | None = None,
     spec: specs.DatasetMountSpec | None = None,
+    pinned_now: Sequence[Pinned] = (),
 ) -> Result:
     previous = obj.get("status") or {}
     new_status = status.build_status(
@@ -473,7 +480,22 @@ def _result(
     events = _events(outcome, previous)
     if spec is not None and isinstance(outcome, status.Resolved):
         events += _window_events(spec, new_status, previous, generation)
+        events += _shard_room_events(spec, pinned_now)
     return Result(outcome, new_status, events, retry_in)
+
+
+def _shard_room_events(
+    spec: specs.DatasetMountSpec, pinned_now: Sequence[Pinned]
+) -> tuple[Event, ...]:
+    """A Warning for each manifest just pinned with a shard the sidecar cannot decode
+    in its memory limit (`shard_room.refusal`), before any pod reads it. Said at the
+    pin only: the status keeps no shard sizes, so a kept pin cannot say it again."""
+    events = []
+    for where, pin in pinned_now:
+        message = None if pin.largest is None else shard_room.refusal(spec, pin.format, pin.largest)
+        if message is not None:
+            events.append(Event("Warning", shard_room.REASON, f"{where}: {message}"))
+    return tuple(events)
 
 
 def _window_events(
@@ -552,9 +574,12 @@ async def reconcile(
             spec, namespace=namespace, read_secret=read_secret, resolve=resolve, timeout=timeout
         )
     mixture: list[dict[str, Any]] | None = None
+    pinned_now: list[Pinned] = []
+    if isinstance(outcome, status.Resolved) and not outcome.reused:
+        pinned_now.append(("spec.source", outcome))
     if spec.mixture is not None and isinstance(outcome, status.Resolved):
         # Ready only once every source is pinned: a pod must read the same data for each.
-        mixture, failed = await _resolve_mixture(
+        mixture, failed, further = await _resolve_mixture(
             spec,
             obj.get("status") or {},
             namespace=namespace,
@@ -564,6 +589,7 @@ async def reconcile(
         )
         if failed is not None:
             outcome, mixture = failed, None
+        pinned_now += further
     retry_in = retry_delay(outcome, retry=retry, backoff=backoff)
     return _result(
         outcome,
@@ -574,6 +600,7 @@ async def reconcile(
         retry_in=retry_in,
         mixture=mixture,
         spec=spec,
+        pinned_now=pinned_now,
     )
 
 

@@ -26,7 +26,7 @@ import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from shardcache_operator import pod_updates, status
+from shardcache_operator import pod_updates, rfc3339, status
 
 CONDITION = status.SIDECARS_HEALTHY
 #: Warning Event reasons, one per kind of death (also the condition's reason).
@@ -95,12 +95,9 @@ def _settled(container_status: Mapping[str, Any], now: datetime.datetime) -> boo
     running = (container_status.get("state") or {}).get("running") or {}
     if not running or container_status.get("ready") is not True:
         return False
-    try:
-        started = datetime.datetime.fromisoformat(str(running.get("startedAt")))
-    except ValueError:
+    started = rfc3339.parse(running.get("startedAt"))
+    if started is None:
         return False  # no start time: not known to have run long enough
-    if started.tzinfo is None:
-        started = started.replace(tzinfo=datetime.UTC)
     return (now - started).total_seconds() >= SETTLE_SECONDS
 
 

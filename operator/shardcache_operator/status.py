@@ -14,7 +14,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shardcache_operator import specs
+from shardcache_operator import shard_room, specs
 
 
 class Phase(enum.StrEnum):
@@ -69,6 +69,9 @@ class Resolved:
     bytes: int
     #: True when the digest was already pinned and the source was not listed again.
     reused: bool = False
+    #: The manifest's largest shard, where it was just listed (not stored: a reused pin
+    #: does not know it).
+    largest: shard_room.Largest | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +262,13 @@ def has_condition(status: Mapping[str, Any] | None, type_: str, value: str) -> b
     """Whether `status` has the condition `type_` with status `value` ("True"/"False")."""
     conditions = (status or {}).get("conditions") or []
     return any(c.get("type") == type_ and c.get("status") == value for c in conditions)
+
+
+def resolved_at(status: object) -> str | None:
+    """status.resolvedAt: when the mount's current pin was resolved (RFC 3339, as
+    `build_status` writes it); None when `status` has none or is not a mapping."""
+    found = status.get("resolvedAt") if isinstance(status, Mapping) else None
+    return found if isinstance(found, str) else None
 
 
 def is_ready(status: Mapping[str, Any] | None) -> bool:

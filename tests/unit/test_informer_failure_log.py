@@ -234,3 +234,32 @@ async def test_a_watch_says_it_works_at_each_event_or_bookmark_and_clean_end_not
     assert applied == ["ADDED"]
     # The bookmark, the event and the server's clean end; the ERROR stream: nothing.
     assert calls == ["working"] * 3
+
+
+async def test_a_quiet_watch_reports_its_outage_up_to_the_list_that_worked_not_to_the_proof(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a quiet cluster the WATCH is shown to carry only at the server's timeout (5
+    minutes for the pod watch): the outage was counted to then, so 3 s of failures read
+    as 303 s. It ends at the LIST that worked; the lag is said."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    clock = Clock()
+    failures = informer.Failures("pod watch", logging.getLogger(LOGGER), 60.0, clock)
+    api = FlakyWatch(clock, failing=3)
+    task = await start(api, failures, monkeypatch)
+    try:
+        await api.all_watching.wait()
+        clock.now += 300  # nothing happens until the server ends the watch
+        api.deliver["/a"].set()
+        for _ in range(10):
+            await asyncio.sleep(0)
+    finally:
+        await stop(task)
+    assert records(caplog)[1:] == [
+        (
+            logging.INFO,
+            "pod watch: recovered after 3 failure(s) in 3 s (listed then; its WATCH was "
+            "shown to carry 300 s later: a quiet watch proves itself only by an event, a "
+            "bookmark or the server ending it)",
+        )
+    ]

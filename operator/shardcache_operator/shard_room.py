@@ -1,0 +1,83 @@
+"""Whether the mount's largest shard can be decoded in the sidecar's memory limit.
+
+The sidecar decodes a shard whole, within its memory limit less what the process
+itself holds (`shardcache.node.quotas.decode_room`: limit - volume - base, the webhook
+adding the memory tier's volume on top of the spec's limit), and refuses a shard whose
+decoded size alone is over that room (`kind=cache`, and its readiness reason `warm`;
+docs/faults.md). With the default limit (1Gi) that is about 768 MiB. It learns this
+when a pod first reads the shard; the operator can say it when it pins the manifest.
+
+The operator knows each shard's stored size, not its decoded size (the sidecar reads
+that from the shard's metadata before decoding). A Parquet or Arrow shard decodes to
+about its stored size or more (compression and encodings only shrink what is stored),
+so a stored size already over the room is refused, whatever the exact decoded size.
+JSON Lines text decodes smaller than it is stored: nothing is said for it. A shard
+under the room may still be over it once decoded; only the sidecar can tell.
+Pure functions of the spec and the pinned manifest's largest shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from shardcache.contract import parsers
+from shardcache.node import quotas
+from shardcache_operator import specs
+
+#: Formats whose decoded size is at least about their stored size.
+DECODED_AT_LEAST_STORED = frozenset({"parquet", "arrow"})
+#: The Warning Event's reason.
+REASON = "ShardTooLargeToDecode"
+LIMIT_FIELD = "spec.sidecar.resources.limits.memory"
+
+
+@dataclasses.dataclass(frozen=True)
+class Largest:
+    """The pinned manifest's largest shard at the source."""
+
+    path: str
+    bytes: int
+
+
+def largest(shards: object) -> Largest | None:
+    """The largest of a manifest's shards (entries with `path` and `size`); None for
+    none. The first of equal sizes, in the manifest's order."""
+    found: Largest | None = None
+    for shard in shards if isinstance(shards, tuple | list) else ():
+        size, path = getattr(shard, "size", None), getattr(shard, "path", None)
+        if not isinstance(size, int) or not isinstance(path, str):
+            continue
+        if found is None or size > found.bytes:
+            found = Largest(path, size)
+    return found
+
+
+def needed_limit(stored: int) -> int:
+    """The smallest memory limit, in whole MiB, whose room holds `stored` bytes decoded
+    at their stored size: the shard plus the process's base (`quotas.BASE_MEMORY_BYTES`,
+    its most)."""
+    need = stored + quotas.BASE_MEMORY_BYTES
+    return -(-need // specs.MiB) * specs.MiB
+
+
+def refusal(spec: specs.DatasetMountSpec, fmt: str, shard: Largest) -> str | None:
+    """What to tell the mount's owner when `shard` (of format `fmt`) cannot be decoded
+    in the sidecar the spec gives, or None: it may fit, the format's decoded size is not
+    bounded by its stored size, or the sidecar has no memory limit."""
+    given = spec.sidecar.resources.limits.get("memory")
+    if given is None or fmt not in DECODED_AT_LEAST_STORED:
+        return None
+    limit = specs.memory_bytes(given, path=LIMIT_FIELD)
+    room = max(0, limit - quotas.BASE_MEMORY_BYTES)
+    if shard.bytes <= room:
+        return None
+    return (
+        f"shard {shard.path!r} is {specs.format_bytes(shard.bytes)} at the source, over the "
+        f"{specs.format_bytes(room)} the sidecar can decode a shard in ({LIMIT_FIELD} "
+        f"{given} less {parsers.quantity(quotas.BASE_MEMORY_BYTES)} for the sidecar process): "
+        f"a {fmt} shard decodes to about its stored size or more, so the sidecar refuses it "
+        f"when a pod reads it (a cache error, the sidecar not ready with reason warm). Set "
+        f"{LIMIT_FIELD} to at least {parsers.quantity(needed_limit(shard.bytes))} (more "
+        f"where the shard is compressed: its decoded size counts, which only the sidecar "
+        f"reads, from its metadata), or split the shard"
+    )

@@ -1,0 +1,146 @@
+"""A pinned shard the sidecar cannot decode in its memory limit is said when the
+manifest is pinned (a Warning Event naming the shard, its size and the limit it needs),
+not first when a pod reads it (`shard_room`; docs/operator.md, "Status, phases and
+conditions")."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from shardcache_operator import reconcile, shard_room
+
+pytestmark = pytest.mark.unit
+
+DIGEST = "sha256:" + "cd" * 32
+MiB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    path: str
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    shards: tuple[Shard, ...]
+    format: str = "parquet"
+    digest: str = DIGEST
+    total_rows: int = 10
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.size for s in self.shards)
+
+
+SHARDS = (Shard("part-0.parquet", 300 * MiB), Shard("part-1.parquet", 900 * MiB))
+
+
+async def no_secret(namespace: str, name: str) -> Mapping[str, str] | None:
+    return None
+
+
+def answers(uri: str, options: Mapping[str, str] | None) -> None:
+    return None
+
+
+def mount(fmt: str = "parquet", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "tokens", "namespace": "ml", "generation": 1},
+        "spec": {"source": {"uri": "s3://bucket/tokens/", "format": fmt}, **spec},
+    }
+
+
+async def pinned(obj: Mapping[str, Any], manifest: Manifest) -> list[reconcile.Event]:
+    def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> Manifest:
+        return dataclasses.replace(manifest, format=fmt)
+
+    result = await reconcile.reconcile(
+        obj, read_secret=no_secret, resolve=resolve, probe=answers, now="t"
+    )
+    assert result.status["phase"] == "Ready"
+    return [e for e in result.events if e.reason == shard_room.REASON]
+
+
+async def test_a_shard_over_the_default_limits_decode_room_is_a_warning_at_the_pin() -> None:
+    (event,) = await pinned(mount(), Manifest(SHARDS))
+    assert event.type == "Warning"
+    message = event.message
+    # The shard, its size, the room and the limit it comes from, and what to set.
+    assert message.startswith("spec.source: shard 'part-1.parquet' is 900Mi at the source")
+    assert "over the 768Mi the sidecar can decode a shard in" in message
+    assert "spec.sidecar.resources.limits.memory 1Gi less 256Mi" in message
+    assert "Set spec.sidecar.resources.limits.memory to at least 1156Mi" in message
+
+
+async def test_a_mixtures_further_source_with_such_a_shard_is_named_in_the_warning() -> None:
+    obj = mount()
+    obj["spec"]["mixture"] = {
+        "name": "tokens",
+        "weight": 1,
+        "sources": [{"name": "web", "weight": 1, "uri": "s3://bucket/web/"}],
+    }
+
+    def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> Manifest:
+        if uri == "s3://bucket/web/":
+            return Manifest((Shard("big.parquet", 2 << 30),), digest="sha256:" + "ef" * 32)
+        return Manifest(SHARDS[:1])
+
+    result = await reconcile.reconcile(
+        obj, read_secret=no_secret, resolve=resolve, probe=answers, now="t"
+    )
+    assert result.status["phase"] == "Ready"
+    (event,) = [e for e in result.events if e.reason == shard_room.REASON]
+    assert event.message.startswith(
+        "spec.mixture.sources[0] (web): shard 'big.parquet' is 2Gi at the source"
+    )
+
+
+async def test_a_limit_with_room_for_the_largest_shard_says_nothing() -> None:
+    raised = mount(sidecar={"resources": {"limits": {"memory": "1156Mi"}}})
+    assert await pinned(raised, Manifest(SHARDS)) == []
+    assert await pinned(mount(), Manifest(SHARDS[:1])) == []
+
+
+async def test_json_lines_text_larger_than_the_room_says_nothing() -> None:
+    """JSON Lines decodes smaller than its text: its stored size tells nothing."""
+    jsonl = (Shard("a.jsonl", 900 * MiB),)
+    assert await pinned(mount("jsonl"), Manifest(jsonl, format="jsonl")) == []
+
+
+async def test_a_sidecar_without_a_memory_limit_says_nothing() -> None:
+    unlimited = mount(sidecar={"resources": {"limits": {"cpu": "2"}}})
+    assert await pinned(unlimited, Manifest(SHARDS)) == []
+
+
+async def test_a_kept_pin_is_not_listed_again_so_says_nothing_more() -> None:
+    """The status keeps no shard sizes: the warning is the pin's, once."""
+    obj = mount()
+
+    def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> Manifest:
+        return Manifest(SHARDS)
+
+    first = await reconcile.reconcile(
+        obj, read_secret=no_secret, resolve=resolve, probe=answers, now="t"
+    )
+    obj["status"] = first.status
+    again = await reconcile.reconcile(
+        obj, read_secret=no_secret, resolve=resolve, probe=answers, now="t2"
+    )
+    assert [e.reason for e in first.events].count(shard_room.REASON) == 1
+    assert [e.reason for e in again.events].count(shard_room.REASON) == 0
+
+
+def test_the_largest_shard_is_the_first_of_the_largest_size() -> None:
+    shards = (Shard("a", 5), Shard("b", 9), Shard("c", 9), Shard("d", 1))
+    assert shard_room.largest(shards) == shard_room.Largest("b", 9)
+    assert shard_room.largest(()) is None
+    assert shard_room.largest(("not a shard",)) is None
+
+
+def test_the_limit_needed_is_the_shard_and_the_process_base_in_whole_mib() -> None:
+    assert shard_room.needed_limit(900 * MiB) == 1156 * MiB
+    assert shard_room.needed_limit(900 * MiB + 1) == 1157 * MiB
