@@ -266,7 +266,7 @@ class Reader:
 
     # --- iteration --------------------------------------------------------------
     def _seek(self, position: int) -> None:
-        self._ds.load_state_dict(states.moved(self._ds.state_dict(), position=position))
+        self._ds.seek(position)
 
     def _chunks(self) -> Iterator[tuple[int, HostBatch]]:
         """(position, batch) of this process's read batches from the cursor on."""

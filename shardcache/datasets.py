@@ -1261,6 +1261,23 @@ class Dataset:
         self._moves += 1
         self._loaded = (self._moves, self._params.epoch, self._position)
 
+    def seek(self, position: int, *, epoch: int | None = None) -> None:
+        """Move to `position` of `epoch` (this epoch when None): a reader's own move (each
+        pass, and each loader process, starts at a place of its own), made as loading
+        `states.moved` of this dataset's state, that epoch's later skips cut there.
+
+        Not a resume: it never arms `set_epoch`'s refusal of an epoch before a loaded
+        state's (a walk that found nothing left in epoch 1 may go back to epoch 0), and
+        a state loaded and not read from yet stays armed when the move leaves it where
+        it stood (the pass's first seek, before any batch)."""
+        loaded = self._loaded
+        armed = loaded is not None and loaded[0] == self._moves and loaded[2] == self._position
+        self.load_state_dict(states.moved(self.state_dict(), position=position, epoch=epoch))
+        if armed and loaded is not None and loaded[1:] == (self._params.epoch, self._position):
+            self._loaded = (self._moves, loaded[1], loaded[2])
+        else:
+            self._loaded = loaded
+
     def checked_state(
         self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]
     ) -> states.DataState:

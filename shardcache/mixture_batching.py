@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from shardcache import batching, datasets, errors, mixtures, plans, states
+from shardcache import batching, datasets, errors, mixtures, plans
 
 if TYPE_CHECKING:
     from shardcache import selections
@@ -216,7 +216,7 @@ class MixtureReader:
             del self._streams[name]
             stream.close()
         if not here:
-            ds.load_state_dict(states.moved(ds.state_dict(), epoch=epoch, position=position))
+            ds.seek(position, epoch=epoch)
         stream = batching.host_batches(
             ds, rows, columns=self._opt.columns, defer_gather=self._defer
         )

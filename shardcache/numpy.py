@@ -280,7 +280,7 @@ class Batches:
         out is handed out again."""
         if self._fresh or not self._at_epoch_end():
             return False
-        ds.load_state_dict(states.moved(ds.state_dict(), position=0))
+        ds.seek(0)
         self._reader = batching.Reader(ds, self.options)
         return True
 

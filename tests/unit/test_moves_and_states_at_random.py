@@ -55,6 +55,11 @@ def uids(batch: dict[str, Any]) -> list[int]:
     drop_last=st.booleans(),
     shuffle=st.sampled_from([True, "sample", False]),
 )
+# The walk's third find: a pass finding nothing left armed the loaded-state refusal.
+@hypothesis.example(
+    ops=[("epoch", 1), ("skip", 2), ("skip", 2), ("next", 1), ("epoch", 0)],
+    size=4, drop_last=False, shuffle=True,
+)  # fmt: skip
 def test_every_state_of_a_random_walk_resumes_exactly(
     uri: str, tmp_path: Path, ops: list[tuple[str, int]], size: int, drop_last: bool,
     shuffle: bool | str,
@@ -197,3 +202,40 @@ def test_batches_skip_batches_is_refused_for_packed_batches(uri: str, tmp_path: 
         with pytest.raises(errors.InputError, match="packed sequences, not rows"):
             packed.skip_batches(1)
         assert packed.state_dict()["dataset"]["skips"] == []
+
+
+def test_an_earlier_epoch_after_a_pass_that_found_nothing_left_is_read_not_refused(
+    uri: str, tmp_path: Path
+) -> None:
+    """A pass's own seek to its start looked like a loaded state not read from yet when
+    that start was the epoch's end (every batch skipped), so `set_epoch(0)` after it was
+    refused as a resume going back."""
+    options: dict[str, Any] = dict(
+        batch_size=4, columns=["uid"], cache_dir=tmp_path / "cache", rank=1, world_size=2
+    )
+    with shardcache.numpy.Batches(uri, **options) as walked:
+        walked.set_epoch(1)
+        walked.dataset.skip_batches(4, batch_size=4)  # all 14 of the rank's rows
+        assert list(walked) == []
+        walked.set_epoch(0)
+        again = [u for b in walked for u in uids(b)]
+    assert sorted(again) == sorted(epoch_rows(uri, options, 0)) and len(again) == 14
+
+
+def test_a_loaded_state_stays_refusing_an_earlier_epoch_across_the_passs_first_seek(
+    uri: str, tmp_path: Path
+) -> None:
+    """A reader's seek to where a loaded state stands keeps the resume's refusal."""
+    options: dict[str, Any] = dict(
+        batch_size=2, columns=["uid"], cache_dir=tmp_path / "cache", rank=1, world_size=2
+    )
+    with shardcache.numpy.Batches(uri, **options) as walked:
+        walked.set_epoch(1)
+        next(iter(walked))
+        state = walked.state_dict()
+    ds = shardcache.numpy.Batches(uri, **options)
+    with ds:
+        ds.load_state_dict(state)
+        ds.dataset.seek(ds.dataset.position)
+        with pytest.raises(errors.StateMismatchError, match="set_epoch\\(0\\)"):
+            ds.set_epoch(0)
