@@ -6,6 +6,11 @@ batch by batch in (epoch, step, rank) order without reading any data. Samples ar
 compared by identity (shard path and version, row), so two manifests that list the
 same shard agree on its rows. A step counts the batches a rank was handed in the
 epoch, from 0: skipped batches are not handed out.
+
+A rank that read an epoch again from its start (a second pass, `history`) was handed
+the epoch once per pass, each pass with its own skips; the passes are compared in turn
+(pass 1 of A with pass 1 of B, ...), and a pass one run made and the other did not is a
+difference at its step 0.
 """
 
 from __future__ import annotations
@@ -28,8 +33,22 @@ class RunPlan:
     #: seed, world size, shuffle and block size (epoch and rank are ignored).
     params: plans.PlanParams
     batch_size: int
-    #: Per rank, the ranges it skipped (from its newest checkpoint's data state).
+    #: Per rank, the ranges it skipped (from its checkpoints' data states); an epoch in
+    #: `read_again` takes each pass's from there instead.
     skips: Mapping[int, Sequence[states.Skip]] = dataclasses.field(default_factory=dict)
+    #: Per rank, the epochs it read more than once: the skips of each pass over the
+    #: epoch, oldest first, the last included (`History.read_again`).
+    read_again: Mapping[int, Mapping[int, Sequence[Sequence[states.Skip]]]] = dataclasses.field(
+        default_factory=dict
+    )
+
+    def pass_skips(self, rank: int, epoch: int) -> list[list[states.Skip]]:
+        """The skips of each pass `rank` made over `epoch`, oldest first (one pass for
+        an epoch read once)."""
+        again = self.read_again.get(rank, {}).get(epoch)
+        if again:
+            return [sorted(p) for p in again]
+        return [sorted(s for s in self.skips.get(rank, ()) if s.epoch == epoch)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +60,15 @@ class Difference:
     #: The samples of that step in each run, as (shard path, row).
     a: tuple[tuple[str, int], ...]
     b: tuple[tuple[str, int], ...]
+    #: Which pass over the epoch (0 the first), and how many either run's ranks made.
+    pass_index: int = 0
+    passes: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch,
+            "pass_index": self.pass_index,
+            "passes": self.passes,
             "step": self.step,
             "rank": self.rank,
             "reasons": list(self.reasons),
@@ -53,13 +77,20 @@ class Difference:
         }
 
 
-def segments(run: RunPlan, rank: int, epoch: int) -> list[Segment]:
-    """The rows `rank` is handed in `epoch`, in order, skips removed."""
-    if rank >= run.params.world_size:
+def passes(run: RunPlan, epoch: int) -> int:
+    """How many passes over `epoch` any rank of the run made."""
+    return max(len(run.pass_skips(r, epoch)) for r in range(run.params.world_size))
+
+
+def segments(run: RunPlan, rank: int, epoch: int, pass_index: int = 0) -> list[Segment]:
+    """The rows `rank` is handed in pass `pass_index` over `epoch`, in order, skips
+    removed; none in a pass it did not make."""
+    every = run.pass_skips(rank, epoch)
+    if rank >= run.params.world_size or pass_index >= len(every):
         return []
     m = run.manifest
     params = dataclasses.replace(run.params, rank=rank, epoch=epoch)
-    skips = sorted(s for s in run.skips.get(rank, ()) if s.epoch == epoch)
+    skips = every[pass_index]
     out: list[Segment] = []
     pos = 0
     for r in placements.rank_runs(m.shard_rows, m.digest, params):
@@ -115,34 +146,44 @@ def take(segs: Sequence[Segment], start: int, count: int) -> tuple[tuple[str, in
 
 def first_difference(a: RunPlan, b: RunPlan, epochs: Sequence[int]) -> Difference | None:
     """The first (epoch, step, rank) whose batch differs between the runs, or None."""
-    world = max(a.params.world_size, b.params.world_size)
     for epoch in epochs:
-        best: tuple[int, int, list[Segment], list[Segment]] | None = None
-        for rank in range(world):
-            sa, sb = segments(a, rank, epoch), segments(b, rank, epoch)
-            at = first_mismatch(sa, sb)
-            if at is None and a.batch_size == b.batch_size:
-                continue
-            if a.batch_size != b.batch_size:
-                if not sa and not sb:
-                    continue
-                step = 0
-            else:
-                assert at is not None
-                step = at // a.batch_size
-            if best is None or step < best[0]:
-                best = (step, rank, sa, sb)
-        if best is not None:
-            step, rank, sa, sb = best
-            return Difference(
-                epoch=epoch,
-                step=step,
-                rank=rank,
-                reasons=tuple(reasons(a, b, rank, epoch)),
-                a=take(sa, step * a.batch_size, a.batch_size),
-                b=take(sb, step * b.batch_size, b.batch_size),
-            )
+        count = max(passes(a, epoch), passes(b, epoch))
+        for n in range(count):
+            found = _first_in_pass(a, b, epoch, n)
+            if found is not None:
+                return dataclasses.replace(found, passes=count)
     return None
+
+
+def _first_in_pass(a: RunPlan, b: RunPlan, epoch: int, n: int) -> Difference | None:
+    """The first (step, rank) of pass `n` over `epoch` whose batch differs, or None."""
+    best: tuple[int, int, list[Segment], list[Segment]] | None = None
+    for rank in range(max(a.params.world_size, b.params.world_size)):
+        sa, sb = segments(a, rank, epoch, n), segments(b, rank, epoch, n)
+        at = first_mismatch(sa, sb)
+        if at is None and a.batch_size == b.batch_size:
+            continue
+        if a.batch_size != b.batch_size:
+            if not sa and not sb:
+                continue
+            step = 0
+        else:
+            assert at is not None
+            step = at // a.batch_size
+        if best is None or step < best[0]:
+            best = (step, rank, sa, sb)
+    if best is None:
+        return None
+    step, rank, sa, sb = best
+    return Difference(
+        epoch=epoch,
+        step=step,
+        rank=rank,
+        reasons=tuple(reasons(a, b, rank, epoch, n)),
+        a=take(sa, step * a.batch_size, a.batch_size),
+        b=take(sb, step * b.batch_size, b.batch_size),
+        pass_index=n,
+    )
 
 
 def shard_changes(a: manifests.Manifest, b: manifests.Manifest) -> dict[str, list[str]]:
@@ -156,9 +197,10 @@ def shard_changes(a: manifests.Manifest, b: manifests.Manifest) -> dict[str, lis
     }
 
 
-def reasons(a: RunPlan, b: RunPlan, rank: int, epoch: int) -> list[str]:
-    """Why the runs' batches differ: every plan input that differs, and the skips of
-    `rank` in `epoch` that differ."""
+def reasons(a: RunPlan, b: RunPlan, rank: int, epoch: int, pass_index: int = 0) -> list[str]:
+    """Why the runs' batches differ: every plan input that differs, a pass over `epoch`
+    one run's `rank` made and the other's did not, and the skips of `rank` in that pass
+    that differ."""
     out: list[str] = []
     if a.manifest.digest != b.manifest.digest:
         changes = shard_changes(a.manifest, b.manifest)
@@ -186,14 +228,25 @@ def reasons(a: RunPlan, b: RunPlan, rank: int, epoch: int) -> list[str]:
     ):
         if x != y:
             out.append(f"another {name}: {x} vs {y}")
-    ka = [s for s in a.skips.get(rank, ()) if s.epoch == epoch]
-    kb = [s for s in b.skips.get(rank, ()) if s.epoch == epoch]
-    if ka != kb:
+    in_a, in_b = a.pass_skips(rank, epoch), b.pass_skips(rank, epoch)
+    made = [len(p) > pass_index for p in (in_a, in_b)]
+    if made[0] != made[1]:
         out.append(
-            f"a skip: rank {rank} in epoch {epoch} skipped positions {_ranges(ka)} in A, "
-            f"{_ranges(kb)} in B"
+            f"a pass: rank {rank} read epoch {epoch} {_times(len(in_a))} in A, "
+            f"{_times(len(in_b))} in B (again from its start); pass {pass_index + 1} is "
+            f"only in {'A' if made[0] else 'B'}"
+        )
+    elif made[0] and in_a[pass_index] != in_b[pass_index]:
+        where = f" pass {pass_index + 1}" if max(len(in_a), len(in_b)) > 1 else ""
+        out.append(
+            f"a skip: rank {rank} in epoch {epoch}{where} skipped positions "
+            f"{_ranges(in_a[pass_index])} in A, {_ranges(in_b[pass_index])} in B"
         )
     return out or ["the batches differ"]
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
 
 
 def _window(params: plans.PlanParams) -> int | None:

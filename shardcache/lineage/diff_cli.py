@@ -146,7 +146,8 @@ def side_plan(
         manifest,
         hist.params,
         recorded if recorded is not None else batch_size,
-        {r: hist.skips(r) for r in hist.chains},
+        {r: [s for _, s in hist.skips(r)] for r in hist.chains},
+        {r: again for r in hist.chains if (again := hist.read_again(r))},
     )
     newest = max(c[-1].state.epoch for c in hist.chains.values() if c)
     return plan, newest
@@ -171,8 +172,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def text(data: dict[str, Any]) -> str:
+    passes = data.get("passes", 1)
+    where = f" pass {data.get('pass_index', 0) + 1} of {passes}" if passes > 1 else ""
     lines = [
-        f"first difference: epoch {data['epoch']} step {data['step']} rank {data['rank']}",
+        f"first difference: epoch {data['epoch']}{where} step {data['step']} rank {data['rank']}",
         *(f"  because of {r}" for r in data["reasons"]),
     ]
     for side in ("a", "b"):

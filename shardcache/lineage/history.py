@@ -30,7 +30,10 @@ generation g carry segments that must be what `elastic.resize` makes of generati
 g-1's states at its newest step every rank published (else the run did not resume
 from them, and it is refused); each rank of generation g starts at position 0 of its
 segments in the epoch of the resize. Ranks of different generations that share a
-number are different readers: spans and queries name the generation.
+number are different readers: spans and queries name the generation. A resize during a
+later pass over an epoch (`Generation.first_pass`, `ended_pass`) leaves the earlier
+passes to the old generation, read to the epoch's end; the new ranks' segments go on
+with the pass the old ranks were in (they must all have been in the same one).
 """
 
 from __future__ import annotations
@@ -95,6 +98,12 @@ class Generation:
     ended: Mapping[int, tuple[int, int]] | None
     #: Per rank, oldest first: the checkpoints that start reading an epoch again.
     restarts: Mapping[int, tuple[Restart, ...]] = dataclasses.field(default_factory=dict)
+    #: The pass over `start_epoch` its ranks' reading goes on with: the one the
+    #: previous generation's ranks were in at the resize (0 for the first generation).
+    first_pass: int = 0
+    #: Each rank's pass over `ended`'s epoch when the next generation took over: the
+    #: earlier passes read that epoch to its end, this one up to `ended`'s position.
+    ended_pass: Mapping[int, int] | None = None
 
     @property
     def world_size(self) -> int:
@@ -108,6 +117,12 @@ class Generation:
         newest = tuple(chain[-1].state.skips_in(epoch)) if chain else ()
         earlier = [r.skips for r in self.restarts.get(rank, ()) if r.epoch == epoch]
         return [*earlier, newest]
+
+    def passes(self, rank: int, epoch: int) -> dict[int, tuple[states.Skip, ...]]:
+        """`pass_skips` keyed by the run's pass index over `epoch`: this generation's
+        passes over its start epoch go on from `first_pass`."""
+        offset = self.first_pass if epoch == self.start_epoch else 0
+        return {offset + n: skips for n, skips in enumerate(self.pass_skips(rank, epoch))}
 
     def steps(self) -> list[int]:
         return sorted({c.step for chain in self.chains.values() for c in chain})
@@ -164,11 +179,25 @@ class History:
         chain = self.chains.get(rank, ())
         return chain[-1].state if chain else None
 
-    def skips(self, rank: int) -> tuple[states.Skip, ...]:
-        """The skips the rank's newest checkpoint carries (all earlier ones included,
-        but those of an earlier pass over an epoch read again: `Generation.pass_skips`)."""
+    def read_again(self, rank: int) -> dict[int, list[tuple[states.Skip, ...]]]:
+        """The epochs the rank (of the first generation) read more than once, each with
+        the skips of every pass over it, oldest first (`Generation.pass_skips`)."""
+        gen = self.generations[0] if self.generations else None
+        if gen is None:
+            return {}
+        epochs = sorted({r.epoch for r in gen.restarts.get(rank, ())})
+        return {e: gen.pass_skips(rank, e) for e in epochs}
+
+    def skips(self, rank: int) -> tuple[tuple[int, states.Skip], ...]:
+        """Every skip the rank (of the first generation) made, with the pass over its
+        epoch it was made in (0 the first), in (epoch, pass, position) order. The newest
+        checkpoint carries only the last pass's skips of an epoch read again; the
+        earlier passes' come from the checkpoints that ended them (`Restart`)."""
         last = self.last(rank)
-        return last.skips if last is not None else ()
+        again = self.read_again(rank)
+        out = [(0, s) for s in (last.skips if last is not None else ()) if s.epoch not in again]
+        out += [(n, s) for skips in again.values() for n, ks in enumerate(skips) for s in ks]
+        return tuple(sorted(out, key=lambda p: (p[1].epoch, p[0], p[1].start)))
 
     def newest_states(self, view: plans.PlanParams, epoch: int) -> dict[int, states.DataState]:
         """Each rank's newest data state (its skips, and its segments after an elastic
@@ -331,7 +360,8 @@ def build(
             index, digest, shard_rows, gchains, base, first, prev, where=where
         )
         if prev is not None:
-            generations[-1] = dataclasses.replace(prev, ended=_ends(prev, gen))
+            ended, ended_pass = _ends(prev, gen)
+            generations[-1] = dataclasses.replace(prev, ended=ended, ended_pass=ended_pass)
         generations.append(gen)
         spans.extend(gspans)
     g0 = generations[0]
@@ -345,12 +375,30 @@ def build(
     )
 
 
-def _ends(prev: Generation, gen: Generation) -> dict[int, tuple[int, int]]:
-    out = {}
+def _ends(prev: Generation, gen: Generation) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
+    """Each rank of `prev`: its (epoch, position) at the step `gen` resumed from, and
+    its pass over that epoch there."""
+    ended, passes = {}, {}
     for rank, chain in prev.chains.items():
-        at = [c for c in chain if c.step == gen.resumed_from]
-        out[rank] = (at[0].state.epoch, at[0].state.position)
-    return out
+        at = next(c for c in chain if c.step == gen.resumed_from)
+        ended[rank] = (at.state.epoch, at.state.position)
+        passes[rank] = max(prev.passes(rank, at.state.epoch))
+    return ended, passes
+
+
+def _pass_at_resize(prev: Generation, step: int, epoch: int, world: int, *, where: str) -> int:
+    """The pass over `epoch` the ranks of `prev` were in at `step`, which the next
+    generation goes on with. Every later checkpoint of `prev` is refused
+    (`_resumed_from`), so each rank's restarts of `epoch` all came before `step`."""
+    found = {rank: max(prev.passes(rank, epoch)) for rank in prev.chains}
+    if len(set(found.values())) > 1:
+        raise errors.InputError(
+            f"{where}: at step {step}, which the world size {world} run resumed from, the "
+            f"world size {prev.world_size} ranks were in different passes over epoch {epoch} "
+            f"(rank: pass from 1, {{{', '.join(f'{r}: {n + 1}' for r, n in sorted(found.items()))}}}): "
+            "expected one, as the ranks of one run read an epoch again together"
+        )
+    return next(iter(found.values()))
 
 
 def _resumed_from(
@@ -415,9 +463,10 @@ def _generation(
     total = sum(shard_rows)
     params = dataclasses.replace(base, world_size=world)
     resumed_from: int | None = None
-    start_epoch = 0
+    start_epoch = first_pass = 0
     if prev is not None:
         resumed_from, start_epoch = _resumed_from(prev, gchains, total, world, where=where)
+        first_pass = _pass_at_resize(prev, resumed_from, start_epoch, world, where=where)
     spans: list[Span] = []
     out: dict[int, tuple[Checkpoint, ...]] = {}
     all_restarts: dict[int, tuple[Restart, ...]] = {}
@@ -430,8 +479,9 @@ def _generation(
 
         last: Checkpoint | None = None
         clamped: list[Checkpoint] = []
-        #: The pass each epoch is in (0 until the rank reads it again from its start).
-        passes: dict[int, int] = {}
+        #: The pass each epoch is in (0 until the rank reads it again from its start;
+        #: after a resize, the start epoch's goes on with the previous generation's).
+        passes: dict[int, int] = {start_epoch: first_pass} if first_pass else {}
         restarts: list[Restart] = []
         for ckpt in chain:
             s = states.clamp(ckpt.state, samples(ckpt.state.epoch))
@@ -511,5 +561,6 @@ def _generation(
         resumed_from=resumed_from,
         ended=None,
         restarts=all_restarts,
+        first_pass=first_pass,
     )
     return gen, spans

@@ -83,24 +83,35 @@ class _Piece:
     generation: history.Generation
     rank: int
     position: int
+    #: The skips that rank made in the pass the piece is of.
+    skips: tuple[states.Skip, ...] = ()
 
 
-def _coverage(hist: history.History, epoch: int) -> list[_Piece]:
-    """Who reads each position of `epoch`'s global sequence: one generation's ranks,
-    or, in the epoch of a resize, the old ranks up to where they stopped and the new
-    ranks' segments after."""
+def _passes(hist: history.History, epoch: int) -> int:
+    """How many passes over `epoch` any rank of any generation made (1 at least)."""
+    return 1 + max(max(gen.passes(rank, epoch)) for gen in hist.generations for rank in gen.chains)
+
+
+def _coverage(hist: history.History, epoch: int, pass_index: int) -> list[_Piece]:
+    """Who reads each position of `epoch`'s global sequence in pass `pass_index` over
+    it: one generation's ranks, or, in the pass of a resize, the old ranks up to where
+    they stopped and the new ranks' segments after (the old ranks read the earlier
+    passes to the epoch's end). A position nobody reads in that pass has no piece."""
     total = sum(hist.shard_rows)
     out: list[_Piece] = []
     for gen in hist.generations:
         if epoch < gen.start_epoch:
             continue
         for rank in gen.chains:
+            skips = gen.passes(rank, epoch).get(pass_index)
+            if skips is None:
+                continue
             limit: int | None = None
-            if gen.ended is not None:
+            if gen.ended is not None and gen.ended_pass is not None:
                 end_epoch, end_pos = gen.ended[rank]
                 if epoch > end_epoch:
                     continue
-                if epoch == end_epoch:
+                if epoch == end_epoch and pass_index == gen.ended_pass[rank]:
                     limit = end_pos
             ranges = plans.stream_ranges(total, gen.plan(rank, epoch))
             pos = 0
@@ -108,7 +119,7 @@ def _coverage(hist: history.History, epoch: int) -> list[_Piece]:
                 if limit is not None:
                     hi = min(hi, lo + max(0, limit - pos))
                 if hi > lo:
-                    out.append(_Piece(lo, hi, gen, rank, pos))
+                    out.append(_Piece(lo, hi, gen, rank, pos, skips))
                 pos += hi - lo
     out.sort(key=lambda p: p.lo)
     return out
@@ -143,14 +154,16 @@ def reads(
     steps = hist.steps()
     out: list[Read] = []
     for epoch in range(last_epoch + 1):
-        pieces = _coverage(hist, epoch)
-        starts = [p.lo for p in pieces]
-        for index, gpos in _global_positions(hist, epoch, wanted):
-            piece = pieces[bisect.bisect_right(starts, gpos) - 1]
-            pos = piece.position + gpos - piece.lo
-            passes = piece.generation.pass_skips(piece.rank, epoch)
-            for n, skips in enumerate(passes):
-                where = _Where(epoch, pos, n, skips)
+        positions = _global_positions(hist, epoch, wanted)
+        for n in range(_passes(hist, epoch)):
+            pieces = _coverage(hist, epoch, n)
+            starts = [p.lo for p in pieces]
+            for index, gpos in positions:
+                at = bisect.bisect_right(starts, gpos) - 1
+                if at < 0 or gpos >= pieces[at].hi:
+                    continue
+                piece = pieces[at]
+                where = _Where(epoch, piece.position + gpos - piece.lo, n, piece.skips)
                 out.append(_read(by_key, steps, piece, index, where, batch_size))
     out.sort(key=lambda r: (r.index, r.epoch, r.generation, r.pass_index))
     return out
@@ -298,7 +311,12 @@ def reads_json(
                 }
                 for g in hist.generations
             ],
-            "skips": {str(r): [s.to_json() for s in hist.skips(r)] for r in hist.chains},
+            # Per rank (of the first generation), every pass's skips: an epoch read
+            # again has each pass's own (`pass_index`, 0 the first).
+            "skips": {
+                str(r): [{**s.to_json(), "pass_index": n} for n, s in hist.skips(r)]
+                for r in hist.chains
+            },
         },
         "reads": [r.to_json() for r in found],
     }

@@ -1,9 +1,10 @@
 """`IterableDataset`: a shardcache dataset as a torch IterableDataset of tensor batches.
 
 It yields whole batches (dicts of tensors), so hand it to a DataLoader with
-`batch_size=None`. Each DataLoader worker opens the dataset in its own process and
-reads every `num_workers`-th batch of the rank's stream (`shardcache.batching`): the
-loader yields the same batches in the same order with any number of workers.
+`batch_size=None` (one that batches is refused: `_stacking_loader`). Each DataLoader
+worker opens the dataset in its own process and reads every `num_workers`-th batch of
+the rank's stream (`shardcache.batching`): the loader yields the same batches in the
+same order with any number of workers.
 
 A mixture of datasets (`shardcache.mixture_batching`) reads the same way, with the
 mixture's steps dealt to the workers: `mixture={name: URI}` with `weights=` (each worker
@@ -22,6 +23,7 @@ another world size (`_rank_states`); docs/adapters.md, "What to commit".
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -233,7 +235,7 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
             ds.load_state_dict(ranks)
             self._adopt_epoch(ds.epoch)
         elif pending is None and (not self._opened_fresh or ds.epoch != self._epoch):
-            ds.load_state_dict(states.moved(ds.state_dict(), epoch=self._epoch, position=0))
+            ds.seek(0, epoch=self._epoch)
         self._opened_fresh = False
         reader = batching.Reader(ds, self.options, split, defer_gather=defer_gather)
         if pending is not None:
@@ -358,6 +360,7 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
             self._dataset, self._opener = None, None
         split = batching.Split(info.id, info.num_workers) if info is not None else None
         refused = self._start_pass(info.id) if info is not None else None
+        refused = refused or _stacking_loader(self)
         if refused is not None and self._live is not None:
             self._live.close()
         self._live = _Iterator(self, split, refused=refused)
@@ -483,6 +486,38 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]])
         if self._dataset is not None:
             self._dataset.close()
             self._dataset = None
+
+
+def _stacking_loader(dataset: IterableDataset) -> errors.InputError | None:
+    """Why a DataLoader with automatic batching must not read `dataset`; None when it
+    does not batch (or when this iterator is not a DataLoader's).
+
+    `DataLoader(ds)` batches by default (batch_size=1) and `DataLoader(ds, batch_size=k)`
+    stacks k of the whole batches this dataset yields into one, a silent leading
+    dimension ([k, B, ...]). The loader tells the dataset nothing, but its fetcher asks
+    for the iterator from its own `__init__` with `auto_collation` already set; a few
+    frames up, so a wrapper between them is seen too. Found nowhere (another caller, a
+    torch that moved it): nothing to say."""
+    fetch = sys.modules.get("torch.utils.data._utils.fetch")
+    base = getattr(fetch, "_BaseDatasetFetcher", None)
+    frame = sys._getframe(1)
+    for _ in range(4):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None or base is None:
+            return None
+        fetcher = frame.f_locals.get("self")
+        if isinstance(fetcher, base) and getattr(fetcher, "dataset", None) is dataset:
+            if not getattr(fetcher, "auto_collation", False):
+                return None
+            return errors.InputError(
+                "shardcache.torch.IterableDataset in a DataLoader that batches: expected "
+                "DataLoader(ds, batch_size=None), found automatic batching (batch_size "
+                "set, or left at its default of 1), which stacks that many of the dataset's "
+                f"batches of {dataset.options.batch_size} rows into one with a leading "
+                "dimension ([k, batch, ...]). The dataset yields whole batches: set their "
+                "size with IterableDataset(batch_size=...) and pass batch_size=None"
+            )
+    return None
 
 
 class _Iterator:
