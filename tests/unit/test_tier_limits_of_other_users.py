@@ -122,6 +122,22 @@ def test_another_user_cannot_remove_a_live_declaration(shared: Path) -> None:
         holder.communicate(input="", timeout=60)
 
 
+def test_a_declaration_made_under_umask_077_counts_for_another_user(shared: Path) -> None:
+    """Declarations are made 0644 whatever the umask (`regular_files.open_regular`): a
+    0600 one could not be opened by another user's process, which would count it as
+    nothing and evict the live holder's entries to its own smaller limit."""
+    keep = "print('ready', flush=True); sys.stdin.read()"
+    holder = as_user(OLD_UID, "import os; os.umask(0o077)\n" + textwrap.dedent(inserts(shared, 1000, "b0", then=keep)), stdin=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        [declared] = (shared / ".limits").iterdir()
+        assert stat.S_IMODE(declared.stat().st_mode) == 0o644
+        run_as(NEW_UID, inserts(shared, 150, "s0"))
+        assert sorted(tiers.Tier(shared, limit_bytes=1000, name="disk").keys()) == ["b0", "s0"]
+    finally:
+        holder.communicate(input="", timeout=60)
+
+
 def test_another_users_dead_declaration_counts_nothing_and_its_user_removes_it(
     shared: Path,
 ) -> None:
