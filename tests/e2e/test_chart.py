@@ -217,11 +217,19 @@ def test_rbac_grants_secrets_only_where_asked(e2e_cluster: harness.Cluster) -> N
         (meta["namespace"], rule["verbs"], rule["resourceNames"]) for meta, rule in secret_rules
     ] == [("team-a", ["get"], ["s3-credentials"])]
     # Watching two namespaces: pods and DatasetMounts through Roles there, nothing cluster-wide
-    # (but the node-cache reclaim's list of namespaces, its own service account's).
+    # (but the node-cache reclaim's list of namespaces, its own service account's, and the
+    # operator's get/list/watch of the two namespaces themselves).
     roles = {str(r["metadata"]["name"]).rsplit("-", 1)[-1]: r for r in by_kind["ClusterRole"]}  # type: ignore[index]
     cluster_role, node_cache = roles.pop("operator"), roles.pop("cache")
     assert not roles
-    assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"]]
+    assert [r["resources"] for r in cluster_role["rules"]] == [
+        ["customresourcedefinitions"], ["namespaces"],
+    ]  # fmt: skip
+    # The namespaces' UIDs key their node disk directories: only the watched ones, by name.
+    assert cluster_role["rules"][1] == {
+        "apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"],
+        "resourceNames": ["team-a", "team-b"],
+    }  # fmt: skip
     assert node_cache["rules"] == [
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list"]}
     ]
