@@ -137,6 +137,15 @@ def register_inject(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         default=configuration.Settings.sidecar_image,
         help="sidecar image for mounts that name none",
     )
+    parser.add_argument(
+        "--namespace-uid",
+        action="append",
+        default=[],
+        metavar="NAMESPACE=UID",
+        help="the UID of a mount's namespace (`kubectl get namespace NAMESPACE -o "
+        "jsonpath='{.metadata.uid}'`; repeatable): its node disk directory is then keyed "
+        "by it, as the webhook keys it; without it, by the name alone (docs/security.md)",
+    )
     parser.set_defaults(func=run_inject)
 
 
@@ -161,7 +170,10 @@ def run_inject(args: argparse.Namespace) -> int:
         mounts: dict[str, Any] = {}
         for path in args.mount:
             mounts.update(offline.load_mounts(_read_documents(path), source=path))
+        uids = offline.namespace_uids(args.namespace_uid, mounts)
         documents = _read_documents(args.filename)
+        for warning in offline.unkeyed(mounts, uids):
+            print(f"shardcache inject: warning: {warning}", file=sys.stderr)
         defaults = injection.SidecarDefaults(image=args.sidecar_image)
         output: list[object] = []
         for index, doc in enumerate(documents, start=1):
@@ -169,7 +181,7 @@ def run_inject(args: argparse.Namespace) -> int:
                 continue
             where = f"{args.filename}, document {index}"
             injected, warnings = offline.inject_document(
-                doc, mounts, defaults=defaults, where=where
+                doc, mounts, defaults=defaults, where=where, namespace_uids=uids
             )
             for warning in warnings:
                 print(f"shardcache inject: warning: {warning}", file=sys.stderr)

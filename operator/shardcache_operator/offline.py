@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardcache import errors
-from shardcache_operator import injection, specs
+from shardcache_operator import injection, namespace_dirs, specs
 
 #: Where each supported kind keeps its pod (template); () is the document itself.
 POD_PATHS: dict[str, tuple[str, ...]] = {
@@ -38,6 +38,48 @@ def load_mounts(documents: Sequence[object], *, source: str) -> dict[str, specs.
     if not mounts:
         raise errors.InputError(f"{source}: expected a DatasetMount, found no documents")
     return mounts
+
+
+def namespace_uids(
+    given: Sequence[str], mounts: Mapping[str, specs.DatasetMount]
+) -> dict[str, str]:
+    """The `--namespace-uid NAMESPACE=UID` arguments, by namespace: each a namespace of
+    one of `mounts` with a UID the API server gives (a lowercase UUID), at most once."""
+    namespaces = sorted({m.namespace for m in mounts.values() if m.namespace})
+    uids: dict[str, str] = {}
+    for text in given:
+        namespace, sep, uid = text.partition("=")
+        if not sep or not namespace:
+            raise errors.InputError(f"--namespace-uid: expected NAMESPACE=UID, found {text!r}")
+        if namespace not in namespaces:
+            raise errors.InputError(
+                f"--namespace-uid {text}: expected the namespace of a --mount's "
+                f"DatasetMount ({', '.join(namespaces) or 'they name none'}), found "
+                f"{namespace!r}"
+            )
+        if namespace in uids and uids[namespace] != uid:
+            raise errors.InputError(
+                f"--namespace-uid: namespace {namespace} given two UIDs, "
+                f"{uids[namespace]} and {uid}"
+            )
+        try:
+            uids[namespace] = namespace_dirs.check_uid(uid, namespace=namespace)
+        except ValueError as exc:
+            raise errors.InputError(f"--namespace-uid: {exc}") from exc
+    return uids
+
+
+def unkeyed(mounts: Mapping[str, specs.DatasetMount], uids: Mapping[str, str]) -> list[str]:
+    """A warning for each namespace of `mounts` whose UID was not given: its pods' node
+    disk directory is keyed by the name alone."""
+    namespaces = sorted({m.namespace for m in mounts.values() if m.namespace} - set(uids))
+    return [
+        f"namespace {ns}: its node disk directory is keyed by the name alone (ns-{ns}): "
+        "a namespace deleted and created again with that name would be given what this "
+        f"one cached there (docs/security.md); pass --namespace-uid {ns}=<its "
+        "metadata.uid> to key it as the webhook does"
+        for ns in namespaces
+    ]
 
 
 def _pod_of(doc: Mapping[str, Any], where: str) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -71,13 +113,18 @@ def inject_document(
     *,
     defaults: injection.SidecarDefaults,
     where: str,
+    namespace_uids: Mapping[str, str] | None = None,
 ) -> tuple[object, list[str]]:
     """The document with mounts injected into its pod (template), and warnings.
 
     A pod that carries the opt-in label gets the mounts it names (each must be among
     `mounts`); one without it gets every mount, and the label is added so the
-    operator counts it as attached.
+    operator counts it as attached. `namespace_uids`: the UID of each mount's namespace
+    that is known (`--namespace-uid`), which keys its node disk directory as the
+    webhook does; one without it gets `ns-<namespace>`, keyed by the name alone
+    (`unkeyed`).
     """
+    uids = namespace_uids or {}
     if doc is None:
         return None, []
     if not isinstance(doc, dict):
@@ -114,6 +161,7 @@ def inject_document(
             spec=mounts[name].spec,
             digest=mounts[name].manifest_digest,
             namespace=mounts[name].namespace,
+            namespace_uid=uids.get(mounts[name].namespace or ""),
             source_digests=mounts[name].source_digests,
         )
         for name in wanted

@@ -64,6 +64,14 @@ def pod_of(doc: dict[str, Any]) -> dict[str, Any]:
     return doc if doc["kind"] == "Pod" else doc["spec"]["template"]
 
 
+UID = "0b8f3a52-1c7e-4d3a-9f4e-2a6b5c7d8e9f"
+
+
+def disk_subpaths(pod: dict[str, Any]) -> list[str]:
+    (sidecar,) = [c for c in pod["spec"]["initContainers"] if c.get("restartPolicy") == "Always"]
+    return [m["subPath"] for m in sidecar["volumeMounts"] if "subPath" in m]
+
+
 def sidecar_env(pod: dict[str, Any]) -> dict[str, Any]:
     (sidecar,) = [c for c in pod["spec"]["initContainers"] if c.get("restartPolicy") == "Always"]
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in sidecar["env"]}
@@ -126,7 +134,9 @@ def test_pinned_digest_from_the_mount_file_reaches_the_sidecar(
     dsm["status"] = {"phase": "Ready", "manifestDigest": "sha256:" + "1" * 64}
     mount = write(tmp_path, "dsm.yaml", [dsm])
     source = write(tmp_path, "pod.yaml", WORKLOADS[:1])
-    code, out, err = run(capsys, "-f", source, "--mount", mount)
+    code, out, err = run(
+        capsys, "-f", source, "--mount", mount, "--namespace-uid", f"default={UID}"
+    )
     assert code == 0 and err == ""
     env = sidecar_env(next(yaml.safe_load_all(out)))
     assert env["SHARDCACHE_MANIFEST_DIGEST"] == "sha256:" + "1" * 64
@@ -288,3 +298,44 @@ def test_a_file_that_is_not_utf8_is_named_and_exit_2(
         f"shardcache inject: {latin1}: expected UTF-8 YAML, found byte 0xe9 at offset 20 "
         "that is not UTF-8\n"
     )
+
+
+def test_a_given_namespace_uid_keys_the_node_disk_directory_as_the_webhook_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write(tmp_path, "pod.yaml", WORKLOADS[:1])
+    code, out, err = run(
+        capsys, "-f", source, "--mount", str(EXAMPLE_DSM), "--namespace-uid", f"default={UID}"
+    )
+    assert code == 0 and "keyed by the name alone" not in err
+    assert disk_subpaths(next(yaml.safe_load_all(out))) == [f"ns-default.{UID}"]
+
+
+def test_without_the_namespace_uid_the_directory_is_keyed_by_name_and_a_warning_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write(tmp_path, "pods.yaml", WORKLOADS[:2])
+    code, out, err = run(capsys, "-f", source, "--mount", str(EXAMPLE_DSM))
+    assert code == 0
+    assert [disk_subpaths(pod_of(d)) for d in yaml.safe_load_all(out)] == [["ns-default"]] * 2
+    warned = [line for line in err.splitlines() if "keyed by the name alone" in line]
+    assert len(warned) == 1 and "--namespace-uid default=" in warned[0], err
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("default", "expected NAMESPACE=UID, found 'default'"),
+        (f"other={UID}", "expected the namespace of a --mount's DatasetMount (default), found 'other'"),
+        ("default=NOT-A-UID", "expected metadata.uid to be a lowercase UUID"),
+    ],
+)  # fmt: skip
+def test_a_bad_namespace_uid_is_named_and_exit_2(
+    given: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write(tmp_path, "pod.yaml", WORKLOADS[:1])
+    code, out, err = run(
+        capsys, "-f", source, "--mount", str(EXAMPLE_DSM), "--namespace-uid", given
+    )
+    assert code == 2 and out == ""
+    assert said in err, err
