@@ -282,18 +282,7 @@ class Tier:
         the entry back to hash it. Otherwise the tier hashes the written file if it is
         `hashed`. A tier with verify="always" still checks it on every lookup.
         """
-        _entries.check_key(key)
-        if sha256 is not None and not _SHA256_HEX.fullmatch(sha256):
-            raise errors.InputError(f"sha256 must be 64 lowercase hex digits, found {sha256!r}")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise errors.InputError(f"entry size must be an int >= 0, found {size!r}")
-        if size > self.limit_bytes:
-            raise _errors.EntryTooLargeError(
-                f"entry {key} is {size} bytes but the {self.name} tier holds at most "
-                f"{self.limit_bytes} bytes; raise {self._limit_setting()} above {size}",
-                size=size,
-                limit=self.limit_bytes,
-            )
+        self._check_entry(key, size, sha256)
         if size + held > self.limit_bytes:
             raise _errors.RoomHeldError(
                 f"entry {key} ({size} bytes) does not fit beside the {held} bytes its "
@@ -1121,14 +1110,7 @@ class Tier:
         are counted while used, and never served to anyone else.
 
         Evicts as `insert` does, and raises what it raises; no retry after ENOSPC."""
-        _entries.check_key(key)
-        if size > self.limit_bytes:
-            raise _errors.EntryTooLargeError(
-                f"entry {key} is {size} bytes but the {self.name} tier holds at most "
-                f"{self.limit_bytes} bytes; raise {self._limit_setting()} above {size}",
-                size=size,
-                limit=self.limit_bytes,
-            )
+        self._check_entry(key, size, sha256)
         deadline = time.monotonic() + self.wait_timeout
         tmp_path, tmp_fd = self._reserve(key, size, evict=True, deadline=deadline)
 
@@ -1154,6 +1136,21 @@ class Tier:
             remove()
             raise
         return _entries.Entry(key=key, path=tmp_path, size=size, sha256=sha256, unpin=remove)
+
+    def _check_entry(self, key: str, size: int, sha256: str | None) -> None:
+        """What an insert of `key` (committed or not) refuses before it reserves."""
+        _entries.check_key(key)
+        if sha256 is not None and not _SHA256_HEX.fullmatch(sha256):
+            raise errors.InputError(f"sha256 must be 64 lowercase hex digits, found {sha256!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise errors.InputError(f"entry size must be an int >= 0, found {size!r}")
+        if size > self.limit_bytes:
+            raise _errors.EntryTooLargeError(
+                f"entry {key} is {size} bytes but the {self.name} tier holds at most "
+                f"{self.limit_bytes} bytes; raise {self._limit_setting()} above {size}",
+                size=size,
+                limit=self.limit_bytes,
+            )
 
     def _reserve(
         self,
