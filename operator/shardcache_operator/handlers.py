@@ -35,7 +35,7 @@ from shardcache_operator import (
 
 logger = logging.getLogger(__name__)
 
-FINALIZER = "shardcache.io/finalizer"
+FINALIZER = specs.FINALIZER
 #: Annotation on a DatasetMount: delete it without waiting for attached pods.
 ANNOTATION_FORCE_DELETE = "shardcache.io/force-delete"
 RESOURCE = (specs.GROUP, specs.VERSION, specs.PLURAL)

@@ -38,6 +38,8 @@ KIND = "DatasetMount"
 PLURAL = "datasetmounts"
 SINGULAR = "datasetmount"
 SHORT_NAMES = ("dsm",)
+#: The operator's finalizer on every DatasetMount (kopf's persistence setting).
+FINALIZER = f"{GROUP}/finalizer"
 
 FORMATS = ("parquet", "arrow", "jsonl")
 MEDIA = ("Memory", "Disk")

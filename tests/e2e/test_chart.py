@@ -124,7 +124,7 @@ def map_values(values: dict[str, Any], prefix: str = "") -> list[str]:
     whole (toYaml) instead of reading keys of."""
     whole = {
         "operator.resources", "webhook.objectSelector", "podSecurityContext",
-        "securityContext", "monitoring.dashboard.labels",
+        "securityContext", "monitoring.dashboard.labels", "uninstallGuard.resources",
     }  # fmt: skip
     found = []
     for key, value in values.items():

@@ -71,6 +71,7 @@ def test_helm_upgrade_over_an_older_crd_is_refused_until_the_crds_are_applied(
     values = [
         "--set=webhook.enabled=false", "--set=nodeCache.prepare=false",
         "--set=operator.replicas=1", "--set=peering.enabled=false",
+        "--set=uninstallGuard.enabled=false",  # a hook Job kwok's nodes never run
     ]  # fmt: skip
     chart = str(harness.CHART_DIR)
     e2e_cluster.run("helm", "install", name, chart, "-n", namespace, "--create-namespace", *values)
@@ -133,7 +134,7 @@ def test_reuse_values_from_the_first_chart_says_what_to_do_instead_of_a_nil_poin
         assert "--reset-then-reuse-values" in message, message
         e2e_cluster.run(
             "helm", "upgrade", name, chart, "-n", namespace, "--reset-then-reuse-values",
-            "--set=nodeCache.prepare=false",
+            "--set=nodeCache.prepare=false", "--set=uninstallGuard.enabled=false",
         )  # fmt: skip
     finally:
         e2e_cluster.run("helm", "uninstall", name, "-n", namespace, check=False)

@@ -86,7 +86,7 @@ complete.
 */}}
 {{- define "shardcache.checkValues" -}}
 {{- $missing := list -}}
-{{- range $path := list "operator" "operator.image" "operator.spread" "operator.podDisruptionBudget" "operator.settings" "sidecar" "sidecar.image" "policy" "peering" "serviceAccount" "rbac" "webhook" "webhook.certManager" "metrics" "networkPolicy" "networkPolicy.metricsPorts" "nodeCache" "nodeCache.reclaim" "monitoring" "monitoring.podMonitor" "monitoring.rules" "monitoring.rules.dataStall" "monitoring.rules.notReady" "monitoring.rules.sourceErrors" "monitoring.rules.sidecarNotReady" "monitoring.rules.tierUnusable" "monitoring.dashboard" -}}
+{{- range $path := list "operator" "operator.image" "operator.spread" "operator.podDisruptionBudget" "operator.settings" "sidecar" "sidecar.image" "policy" "peering" "serviceAccount" "rbac" "webhook" "webhook.certManager" "metrics" "networkPolicy" "networkPolicy.metricsPorts" "nodeCache" "nodeCache.reclaim" "uninstallGuard" "monitoring" "monitoring.podMonitor" "monitoring.rules" "monitoring.rules.dataStall" "monitoring.rules.notReady" "monitoring.rules.sourceErrors" "monitoring.rules.sidecarNotReady" "monitoring.rules.tierUnusable" "monitoring.dashboard" -}}
 {{- $node := $.Values -}}
 {{- range $key := splitList "." $path -}}
 {{- $node = ternary (get (kindIs "map" $node | ternary $node dict) $key) nil (kindIs "map" $node) -}}

@@ -34,9 +34,11 @@ from tests.node.product import jobs, pods, release
 from tests.support import cluster, s3server
 
 #: The order the modules run in: the operator first (everything else needs it), the
-#: Job, then faults, skips and limits, and the examples last (they cordon kwok's nodes).
+#: Job, then faults, skips and limits, the examples (they cordon kwok's nodes), and the
+#: refused uninstall last (it leaves a new revision of the release).
 MODULE_ORDER = (
     "test_operator", "test_job", "test_faults", "test_skip", "test_limits", "test_examples",
+    "test_uninstall_guard",
 )  # fmt: skip
 PRODUCT_DIR = pathlib.Path(__file__).resolve().parent
 
@@ -189,6 +191,7 @@ def operator(
         ),
         timeout=release.GONE_TIMEOUT_S,
     )
+    installed = False
     try:
         # No `helm --wait`: a cold start on two busy cores can outlast one helm call's
         # time-out here; the waits below are bounded and say what they saw.
@@ -196,6 +199,7 @@ def operator(
             "helm", "install", release.RELEASE, str(harness.CHART_DIR),
             "-n", release.RELEASE_NAMESPACE, "--create-namespace", "-f", str(values_file),
         )  # fmt: skip
+        installed = True
         harness.wait_until(
             "both operator replicas Ready on the real node",
             lambda: (
@@ -224,9 +228,28 @@ def operator(
         )
         yield in_cluster
     finally:
-        node_cluster.run(
+        # The uninstall guard (a pre-delete hook Job on the real node) must let it go on:
+        # by now every namespace that held DatasetMounts was emptied. A refusal fails the
+        # tier, after the clean-up (without hooks) that leaves the machine as it was.
+        custom = kubernetes.client.CustomObjectsApi(admin)
+        with contextlib.suppress(AssertionError):
+            harness.wait_until(
+                "no DatasetMount left before the uninstall",
+                lambda: (
+                    not custom.list_cluster_custom_object(
+                        specs.GROUP, specs.VERSION, specs.PLURAL
+                    ).get("items")
+                ),
+                timeout=release.GONE_TIMEOUT_S,
+            )
+        uninstalled = node_cluster.run(
             "helm", "uninstall", release.RELEASE, "-n", release.RELEASE_NAMESPACE, check=False
         )
+        if uninstalled.returncode != 0:
+            node_cluster.run(
+                "helm", "uninstall", release.RELEASE, "-n", release.RELEASE_NAMESPACE,
+                "--no-hooks", check=False,
+            )  # fmt: skip
         ext = kubernetes.client.ApiextensionsV1Api(admin)
         for name in release.CRD_NAMES:
             with contextlib.suppress(ApiException):
@@ -250,6 +273,11 @@ def operator(
                 else:
                     path.unlink(missing_ok=True)
         shutil.rmtree(workdir, ignore_errors=True)
+        assert uninstalled.returncode == 0 or not installed, (
+            "helm uninstall with no DatasetMount left was refused:\n"
+            + uninstalled.stdout[-2000:]
+            + uninstalled.stderr[-2000:]
+        )
 
 
 def _webhook_answers(admin: kubernetes.client.ApiClient, namespace: str) -> bool:
