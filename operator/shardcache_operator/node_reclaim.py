@@ -1,24 +1,29 @@
 """The node-cache DaemonSet's reclaim: a deleted namespace's node disk tier removed.
 
-`python3 -m shardcache_operator.node_reclaim /node-cache --interval-seconds 600` (the
-chart's node-cache DaemonSet, `nodeCache.reclaim`). Every interval, one round:
+`python3 -m shardcache_operator.node_reclaim /node-cache [/node-cache-1 ...]
+--interval-seconds 600` (the chart's node-cache DaemonSet, `nodeCache.reclaim`: one
+directory per `policy.nodePaths` entry, each mounted on its own). Every interval, one
+round:
 
 1. one `list namespaces` (the DaemonSet's service account may do nothing else), for
-   each namespace's name and UID; when it fails the round removes nothing and the next
-   round tries again;
-2. the node path's entries, and `reclaim_decisions.decide` over both: a directory
+   each namespace's name and UID, shared by every node path; when it fails the round
+   removes nothing anywhere and the next round tries again;
+2. for each node path on its own, its entries, and `reclaim_decisions.decide` over
+   both: a directory
    `ns-<namespace>.<uid>` whose (name, UID) no live namespace has (deleted, or deleted
    and created again), and a legacy `ns-<namespace>` whose namespace is gone or whose
    live namespace's keyed directory exists;
 3. each such directory is renamed aside under its tier lock while no process holds a
    lock in it (`shardcache.node.tiers.move_aside_unused`; one in use is left for a
    later round), then removed; so is anything an earlier round renamed aside and did
-   not finish removing.
+   not finish removing. A node path that cannot be listed (missing, not a directory, a
+   link, unreadable) is skipped this round with a WARNING naming it; the others go on.
 
 What was removed and its bytes are logged at INFO, what was left and why at INFO too
 (a namespace's last pods may take a round to stop), refused names at WARNING once.
-Removal never follows a link (`shutil.rmtree` by descriptors) and never leaves the node
-path (every name is one component, opened relative to it).
+Removal never follows a link (`shutil.rmtree` by descriptors, the node path itself
+opened without following one) and never leaves the node path (every name is one
+component, opened relative to it).
 """
 
 from __future__ import annotations
@@ -32,12 +37,12 @@ import signal
 import stat
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
 from shardcache import errors
-from shardcache.node import tiers
+from shardcache.node import regular_files, tiers
 from shardcache_operator import reclaim_decisions
 
 log = logging.getLogger(__name__)
@@ -58,7 +63,8 @@ class Round:
     kept: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Names refused (`reclaim_decisions.Decision.refused`).
     refused: list[str] = dataclasses.field(default_factory=list)
-    #: Why the round removed nothing at all (the namespace list failed), or None.
+    #: Why the round removed nothing at all in this node path (the namespace list
+    #: failed, the node path could not be listed), or None.
     skipped: str | None = None
 
 
@@ -86,16 +92,75 @@ def remove_aside(root: Path, aside: str) -> tuple[int, int]:
 def reclaim_round(
     root: Path, namespaces: NamespaceLister, *, said: set[str] | None = None
 ) -> Round:
-    """One round over the node path `root` (module docstring). `said`: refused names
-    already warned about (each is warned about once)."""
-    done = Round()
+    """One round over the node path `root` alone (module docstring). `said`: refused
+    names already warned about (each is warned about once)."""
+    return reclaim_paths([root], namespaces, said=None if said is None else {root: said})[root]
+
+
+def reclaim_paths(
+    roots: Sequence[Path],
+    namespaces: NamespaceLister,
+    *,
+    said: dict[Path, set[str]] | None = None,
+) -> dict[Path, Round]:
+    """One round over every node path in `roots`: one namespace list for all of them,
+    then each path on its own, so that one that fails leaves the others their round.
+    `said`: per node path, the refused names already warned about."""
     try:
         existing = dict(namespaces())
     except Exception as exc:  # any failure of the API or its client: retry next round
-        done.skipped = f"could not list namespaces ({type(exc).__name__}: {exc})"
-        log.warning("node cache reclaim: %s; nothing removed, next round retries", done.skipped)
-        return done
-    decision = reclaim_decisions.decide(os.listdir(root), existing)
+        why = f"could not list namespaces ({type(exc).__name__}: {exc})"
+        log.warning("node cache reclaim: %s; nothing removed, next round retries", why)
+        return {root: Round(skipped=why) for root in roots}
+    rounds: dict[Path, Round] = {}
+    for root in roots:
+        warned = None if said is None else said.setdefault(root, set())
+        try:
+            rounds[root] = _reclaim_listed(root, existing, warned)
+        except OSError as exc:
+            why = why_unlistable(root, exc)
+            log.warning(
+                "node cache reclaim: node path %s skipped this round: %s; the other node"
+                " paths go on, the next round tries it again",
+                root,
+                why,
+            )
+            rounds[root] = Round(skipped=why)
+        except Exception as exc:  # a bug, said with its traceback; not the others' round
+            log.exception(
+                "node cache reclaim: node path %s: the round failed; the next round retries",
+                root,
+            )
+            rounds[root] = Round(skipped=f"the round failed ({type(exc).__name__}: {exc})")
+    return rounds
+
+
+def list_node_path(root: Path) -> list[str]:
+    """The entries of the node path `root`, opened without following a link (as every
+    removal below it opens it); OSError when it cannot be listed."""
+    root_fd = os.open(root, _DIRECTORY_FLAGS)
+    try:
+        return os.listdir(root_fd)
+    finally:
+        os.close(root_fd)
+
+
+def why_unlistable(root: Path, exc: OSError) -> str:
+    """Why `list_node_path(root)` raised `exc`, in words for the log."""
+    try:
+        found = os.lstat(root)
+    except FileNotFoundError:
+        return "it does not exist"
+    except OSError:
+        return f"it could not be listed ({exc})"
+    if not stat.S_ISDIR(found.st_mode):
+        return f"it is {regular_files.kind(found.st_mode)}, not a directory"
+    return f"it could not be listed ({exc})"
+
+
+def _reclaim_listed(root: Path, existing: Mapping[str, str], said: set[str] | None) -> Round:
+    done = Round()
+    decision = reclaim_decisions.decide(list_node_path(root), existing)
     for name, reason in decision.refused:
         done.refused.append(name)
         if said is None or name not in said:
@@ -157,27 +222,32 @@ def kubernetes_lister() -> NamespaceLister:
     return names
 
 
-def run(root: Path, interval: float, namespaces: NamespaceLister, stop: threading.Event) -> None:
-    """Rounds every `interval` seconds until `stop` is set."""
-    said: set[str] = set()
+def run(
+    roots: Sequence[Path], interval: float, namespaces: NamespaceLister, stop: threading.Event
+) -> None:
+    """Rounds over every node path in `roots` every `interval` seconds until `stop` is set."""
+    said: dict[Path, set[str]] = {}
     while not stop.is_set():
         try:
-            reclaim_round(root, namespaces, said=said)
-        except OSError as exc:  # the node path itself unreadable: say so, keep going
-            log.error("node cache reclaim: could not read %s: %s", root, exc)
+            reclaim_paths(roots, namespaces, said=said)
         except Exception:  # a bug: said with its traceback; the next round may fare better
             log.exception("node cache reclaim: the round failed; the next round retries")
         stop.wait(interval)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    """The command line (the chart's: `/node-cache --interval-seconds=N`)."""
+    """The command line (the chart's: `/node-cache [/node-cache-1 ...] --interval-seconds=N`;
+    an older chart's, one directory, is the same)."""
     parser = argparse.ArgumentParser(
         prog="python3 -m shardcache_operator.node_reclaim",
         description="Remove the node disk tier of every namespace that no longer exists.",
     )
     parser.add_argument(
-        "root", type=Path, help="the node path (the chart mounts it at /node-cache)"
+        "roots",
+        metavar="DIR",
+        nargs="+",
+        help="a node path, as mounted here (the chart: /node-cache for nodeCache.path,"
+        " /node-cache-1, ... for the other policy.nodePaths entries)",
     )
     parser.add_argument(
         "--interval-seconds", type=float, default=600.0, help="seconds between rounds (> 0)"
@@ -186,7 +256,26 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.interval_seconds > 0:
         parser.error(f"--interval-seconds must be > 0, found {args.interval_seconds}")
+    problem = bad_roots(args.roots)
+    if problem is not None:
+        parser.error(problem)
+    args.roots = [Path(root) for root in args.roots]
     return args
+
+
+def bad_roots(given: Sequence[str]) -> str | None:
+    """What is wrong with the node paths `given` on the command line, or None."""
+    seen: dict[str, str] = {}
+    for root in given:
+        if not root:
+            return "DIR must be a node path, found an empty argument"
+        same = os.path.abspath(root)
+        if same in seen:
+            return (
+                f"DIR {root!r} names the node path {seen[same]!r} again: give each node path once"
+            )
+        seen[same] = root
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     lister = kubernetes_lister()
     if args.once:
-        reclaim_round(args.root, lister)
+        reclaim_paths(args.roots, lister)
         return 0
-    run(args.root, args.interval_seconds, lister, stop)
+    run(args.roots, args.interval_seconds, lister, stop)
     return 0
 
 

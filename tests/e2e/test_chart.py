@@ -43,6 +43,13 @@ MODES: dict[str, list[str]] = {
         "--set=networkPolicy.enabled=true",
         "--set=networkPolicy.namespaces={team-a}",
     ],
+    # Several node paths: the node-cache DaemonSet's hostPath volume of each, named by
+    # its index (a DNS label) whatever the path's length and characters.
+    "node-paths": [
+        "--set=policy.nodePaths={/mnt/Cache_2/"
+        + "a-rather-long-directory-name/" * 3
+        + "shardcache,/var/cache/shardcache,/mnt/b}",
+    ],
 }
 
 
@@ -240,7 +247,7 @@ def test_rbac_grants_secrets_only_where_asked(e2e_cluster: harness.Cluster) -> N
     assert peerings == [("KopfPeering", "team-a"), ("KopfPeering", "team-b")]
 
 
-@pytest.mark.parametrize("mode", ["default", "external-url", "namespaced"])
+@pytest.mark.parametrize("mode", ["default", "external-url", "namespaced", "node-paths"])
 def test_rendered_chart_passes_server_side_dry_run(
     e2e_cluster: harness.Cluster, release: Release, mode: str
 ) -> None:
@@ -419,6 +426,31 @@ def test_node_cache_prepare_sets_an_older_charts_directory_right_with_cap_chown_
     assert owner_and_mode(node_dir / "ns-kubelet") == (0, uid, 0o2770)
     assert owner_and_mode(node_dir / "ns-sidecar") == (uid, uid, 0o755)
     assert owner_and_mode(outside) == (0, 0, 0o755)
+
+
+def test_node_cache_prepare_prepares_every_node_path_and_names_one_that_fails(
+    e2e_cluster: harness.Cluster, tmp_path: pathlib.Path
+) -> None:
+    """With several policy.nodePaths the init container is given every mount point: it
+    prepares each (run here as root, as on a node), says one it cannot prepare by its
+    path, prepares the ones after it all the same, and then fails."""
+    rendered = render(e2e_cluster, *MODES["node-paths"])
+    (daemonset,) = [d for d in documents(rendered) if d["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]  # type: ignore[index]
+    (prepare,) = pod["initContainers"]
+    assert prepare["command"][3:-2] == ["/node-cache", "/node-cache-1", "/node-cache-2"]
+    uid = injection.SidecarDefaults(image="x").run_as_user
+    missing, fresh = tmp_path / "missing", tmp_path / "fresh"
+    fresh.mkdir(mode=0o755)  # as the kubelet makes a DirectoryOrCreate hostPath
+    argv = [*prepare["command"][1:3], str(missing), str(fresh), *prepare["command"][-2:]]
+    result = subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 1, result.stderr
+    assert f"node cache prepare: {missing} could not be prepared" in result.stderr
+    assert f"failed for {missing}; the other node paths were prepared" in result.stderr
+    st = os.stat(fresh)
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (uid, uid, 0o2770)
 
 
 def test_webhook_sees_pod_updates_and_debug_containers_but_not_spec_free_updates(

@@ -6,7 +6,8 @@ namespace deleted and created again with the same name (keyed by the earlier UID
 legacy `ns-<namespace>` once the live namespace's keyed one exists; one a live process
 uses (a lease, the tier lock) is kept until a round finds it unused; a live namespace's,
 a link's (and what it points at) and everything when the namespace list fails are
-never touched."""
+never touched. Several node paths (`policy.nodePaths`) in one process: each path's
+tiers and their holders its own, one path that cannot be read said and passed over."""
 
 from __future__ import annotations
 
@@ -212,7 +213,7 @@ def test_the_loop_survives_an_api_error_and_reclaims_in_the_next_round(tmp_path:
         stop.set()
         return {}
 
-    thread = threading.Thread(target=node_reclaim.run, args=(tmp_path, 0.05, flaky, stop))
+    thread = threading.Thread(target=node_reclaim.run, args=([tmp_path], 0.05, flaky, stop))
     thread.start()
     thread.join(timeout=30)
     assert not thread.is_alive()
@@ -238,6 +239,64 @@ def test_the_program_without_an_api_removes_nothing_and_exits_cleanly(tmp_path: 
     assert result.returncode == 0, result.stderr
     assert "could not list namespaces" in result.stderr
     assert (tmp_path / "ns-gone").is_dir()
+
+
+def test_every_node_path_is_reclaimed_on_its_own_in_one_round(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three node paths, as the chart mounts `policy.nodePaths`: the same deleted
+    namespace's tier in each, one of them leased by a live process, one path gone."""
+    held, free, gone = tmp_path / "held", tmp_path / "free", tmp_path / "gone"
+    make_tier(held / f"ns-gone.{EARLIER}")
+    data = make_tier(free / f"ns-gone.{EARLIER}")
+    make_tier(free / f"ns-live.{LIVE}")
+    calls: list[int] = []
+
+    def namespaces() -> dict[str, str]:
+        calls.append(1)
+        return {"live": LIVE}
+
+    with (
+        holder(held / f"ns-gone.{EARLIER}", "lease"),
+        caplog.at_level(logging.INFO, logger=node_reclaim.__name__),
+    ):
+        rounds = node_reclaim.reclaim_paths([held, gone, free], namespaces)
+    assert calls == [1]
+    assert rounds[held].kept == {f"ns-gone.{EARLIER}": f"a process holds {KEY}.lock"}
+    assert os.listdir(held) == [f"ns-gone.{EARLIER}"], "nothing renamed aside"
+    assert rounds[gone].skipped == "it does not exist"
+    assert f"node path {gone} skipped this round: it does not exist" in caplog.text
+    assert rounds[free].removed[f"ns-gone.{EARLIER}"] >= data
+    assert os.listdir(free) == [f"ns-live.{LIVE}"]
+    rounds = node_reclaim.reclaim_paths([held, gone, free], namespaces)
+    assert f"ns-gone.{EARLIER}" in rounds[held].removed
+    assert os.listdir(held) == []
+
+
+def test_the_program_takes_several_node_paths_and_without_an_api_removes_nothing(
+    tmp_path: Path,
+) -> None:
+    roots = [tmp_path / "a", tmp_path / "b"]
+    for root in roots:
+        make_tier(root / "ns-gone")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "shardcache_operator.node_reclaim", *map(str, roots), "--once"],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("could not list namespaces") == 1, result.stderr
+    assert all((root / "ns-gone").is_dir() for root in roots)
+
+
+def test_a_node_path_given_twice_is_refused(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "shardcache_operator.node_reclaim", str(tmp_path),
+         f"{tmp_path}/", "--once"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert f"DIR '{tmp_path}/' names the node path '{tmp_path}' again" in result.stderr
 
 
 def test_a_bad_interval_is_refused_with_what_was_found(tmp_path: Path) -> None:
@@ -321,7 +380,7 @@ def test_a_round_that_fails_unexpectedly_is_said_and_the_loop_goes_on(
         return decide(names, namespaces)
 
     monkeypatch.setattr(reclaim_decisions, "decide", broken_once)
-    thread = threading.Thread(target=node_reclaim.run, args=(tmp_path, 0.05, lambda: {}, stop))
+    thread = threading.Thread(target=node_reclaim.run, args=([tmp_path], 0.05, lambda: {}, stop))
     thread.start()
     thread.join(timeout=30)
     assert not thread.is_alive()

@@ -99,3 +99,17 @@ complete.
 {{- fail (printf "the values lack %s, which this chart (%s) reads: they are an older chart's, as `helm upgrade --reuse-values` keeps them. Upgrade with --reset-then-reuse-values (helm 3.14 or later: this chart's defaults, then your earlier values and flags on top), or give your values files again (-f) without --reuse-values; docs/operator.md, \"Upgrading\"" (join ", " $missing) .Chart.Version) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The node-cache DaemonSet's volume name and mount point of its node path number `.`
+(0: nodeCache.path, as charts before named it; then the other policy.nodePaths entries):
+an index, never the path, which may be longer than a volume name (a DNS label) and
+holds characters one may not (templates/node-cache.yaml).
+*/}}
+{{- define "shardcache.nodeCacheVolume" -}}
+{{- if eq (int .) 0 -}}node-cache{{- else -}}node-cache-{{ . }}{{- end -}}
+{{- end -}}
+
+{{- define "shardcache.nodeCacheMount" -}}
+/{{ include "shardcache.nodeCacheVolume" . }}
+{{- end -}}
