@@ -35,8 +35,8 @@ ANNOTATION_SCHEMA_VERSION = "shardcache.io/schema-version"
 #: (not for a description): SCHEMA_FINGERPRINT records which schema this version is,
 #: and tests/unit/test_crd.py fails until both are set. Bump the chart's version too
 #: (helm/shardcache/Chart.yaml).
-SCHEMA_VERSION = 2
-SCHEMA_FINGERPRINT = "sha256:2a7e3748675ab63f205c9f5a448ed2d1f1d1982b12c28638e2621ce4f515cb39"
+SCHEMA_VERSION = 3
+SCHEMA_FINGERPRINT = "sha256:1daabe73b7d50736c0d58d0a28507a3cc8761d882d48feea1b31f2fd329e0bbd"
 
 
 def _without_descriptions(node: object) -> object:

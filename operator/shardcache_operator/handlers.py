@@ -9,7 +9,6 @@ operator with their own context.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import time
 from collections.abc import Mapping
@@ -26,6 +25,7 @@ from shardcache_operator import (
     crd_version,
     injection,
     reconcile,
+    rfc3339,
     sidecar_checks,
     skips,
     specs,
@@ -54,7 +54,7 @@ CANCELLATION_POLLING_SECONDS = 1.0
 
 
 def now_text() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339.now()
 
 
 def apply_result(

@@ -433,6 +433,12 @@ async def _resolve_mixture(
                 "rows": outcome.rows,
                 "bytes": outcome.bytes,
                 "resolvedSource": mixture_identity(source),
+                # Judged again against the limit while the pin is kept (ShardTooLargeToDecode).
+                **(
+                    {}
+                    if outcome.largest is None
+                    else {status.LARGEST_SHARD: outcome.largest.recorded()}
+                ),
             }
         )
     return pins, None, resolved
@@ -476,6 +482,7 @@ def _result(
         now=now,
         resolved_source=identity,
         mixture=mixture,
+        spec=spec,
     )
     events = _events(outcome, previous)
     if spec is not None and isinstance(outcome, status.Resolved):
@@ -489,7 +496,8 @@ def _shard_room_events(
 ) -> tuple[Event, ...]:
     """A Warning for each manifest just pinned with a shard the sidecar cannot decode
     in its memory limit (`shard_room.refusal`), before any pod reads it. Said at the
-    pin only: the status keeps no shard sizes, so a kept pin cannot say it again."""
+    pin only; what lasts is the ShardTooLargeToDecode condition (`build_status`), which
+    a kept pin's reconcile judges again from status.largestShard."""
     events = []
     for where, pin in pinned_now:
         message = None if pin.largest is None else shard_room.refusal(spec, pin.format, pin.largest)

@@ -10,7 +10,7 @@ from typing import Any
 
 import kopf
 
-from shardcache_operator import context, injection, sidecar_health, status
+from shardcache_operator import context, injection, rfc3339, sidecar_health, status
 
 #: Seconds between checks of one mount's pods: a crash loop backs off 10 s, 20 s, 40 s
 #: and on, so this sees the first deaths within a minute.
@@ -47,7 +47,7 @@ async def check_sidecars(
         health = by_mount.get(name, health)
     previous = (body.get("status") or {}).get("conditions") or []
     new = sidecar_health.condition(health.troubles, health.recovered)
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = rfc3339.now()
     conditions = sidecar_health.conditions_with(previous, new, now=now)
     if conditions != [dict(c) for c in previous]:
         patch.status["conditions"] = conditions

@@ -18,6 +18,7 @@ import pyarrow.fs as pafs
 from shardcache import source
 from shardcache.checkpoint import layout
 from shardcache.lineage import published
+from shardcache_operator import rfc3339
 
 EVENT_REASON = "SkipApplied"
 
@@ -42,8 +43,7 @@ def read_applied(uri: str, storage_options: Mapping[str, str] | None) -> list[di
 def _time(seconds: object) -> str | None:
     if not isinstance(seconds, int | float) or seconds <= 0:
         return None
-    when = datetime.datetime.fromtimestamp(float(seconds), datetime.UTC)
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339.format(datetime.datetime.fromtimestamp(float(seconds), datetime.UTC))
 
 
 def last_skip(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:

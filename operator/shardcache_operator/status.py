@@ -2,7 +2,8 @@
 
 The reconcile core (`reconcile.py`) decides an `Outcome`; `build_status` turns it into
 the status subresource: phase, the conditions (SourceReachable, ManifestResolved,
-Ready, each with reason and message; DataStarved comes from `starvation`), the pinned digest and counts. Conditions keep
+Ready, ShardTooLargeToDecode, each with reason and message; DataStarved comes from
+`starvation`, SidecarsHealthy from `sidecar_health`), the pinned digest and counts. Conditions keep
 their `lastTransitionTime` while their status does not change, so re-reconciling an
 unchanged object produces an identical status.
 """
@@ -14,7 +15,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shardcache_operator import shard_room, specs
+from shardcache_operator import rfc3339, shard_room, specs
 
 
 class Phase(enum.StrEnum):
@@ -39,12 +40,16 @@ READY_CONDITION = "Ready"
 DATA_STARVED = "DataStarved"
 #: Set by the sidecar check (`sidecar_health`), never by a reconcile, which keeps it.
 SIDECARS_HEALTHY = "SidecarsHealthy"
+#: The pinned shards against the sidecar's decode room (`decode_room_condition`): True
+#: when one is known too large, like the Event of the same name, but lasting.
+SHARD_TOO_LARGE_TO_DECODE = shard_room.REASON
 CONDITION_TYPES = (
     SOURCE_REACHABLE,
     MANIFEST_RESOLVED,
     READY_CONDITION,
     DATA_STARVED,
     SIDECARS_HEALTHY,
+    SHARD_TOO_LARGE_TO_DECODE,
 )
 #: Conditions other checks than the reconcile own: a reconcile's status keeps them.
 KEPT_BY_RECONCILE = (DATA_STARVED, SIDECARS_HEALTHY)
@@ -177,6 +182,104 @@ def terminating_condition(pods: int, *, force_hint: str) -> Condition:
     )
 
 
+#: status.largestShard: the pinned manifest's largest shard (`shard_room.Largest`).
+LARGEST_SHARD = "largestShard"
+
+
+def _pins(pinned: Mapping[str, Any]) -> list[tuple[str, str, object]]:
+    """(spec fields, format, stored largestShard) of each source pinned in `pinned`
+    (a status): spec.source, then status.mixture's entries in the spec's order."""
+    found: list[tuple[str, str, object]] = [
+        ("spec.source", str(pinned.get("format")), pinned.get(LARGEST_SHARD))
+    ]
+    for index, entry in enumerate(pinned.get("mixture") or []):
+        if isinstance(entry, Mapping):
+            where = f"spec.mixture.sources[{index}] ({entry.get('name')})"
+            found.append((where, str(entry.get("format")), entry.get(LARGEST_SHARD)))
+    return found
+
+
+def decode_room_condition(spec: specs.DatasetMountSpec, pinned: Mapping[str, Any]) -> Condition:
+    """ShardTooLargeToDecode for the sources pinned in `pinned` (a status with a
+    manifestDigest) and the sidecar `spec` gives (`shard_room`).
+
+    True/OverDecodeRoom naming each source whose largest shard is over the room, by how
+    much and the limit to set; otherwise False/WithinDecodeRoom, False/NoMemoryLimit, or
+    False/DecodedSizeNotBounded when no source is of a format judged (JSON Lines);
+    Unknown/ShardSizesNotRecorded for a judged format whose pin recorded no largest
+    shard (made by an operator before status.largestShard: a kept pin is not listed
+    again). Judged on stored sizes, so False says no shard is known too large, not that
+    each fits once decoded: only the sidecar reads decoded sizes.
+    """
+    space = shard_room.room(spec)
+    if space is None:
+        return Condition(
+            SHARD_TOO_LARGE_TO_DECODE,
+            "False",
+            "NoMemoryLimit",
+            f"{shard_room.LIMIT_FIELD} is not set: the sidecar decodes a shard of any size",
+        )
+    over, unrecorded, within, unjudged = [], [], [], []
+    for where, fmt, stored in _pins(pinned):
+        if not shard_room.judged(fmt):
+            unjudged.append(f"{where} ({fmt})")
+            continue
+        shard = shard_room.read_recorded(stored)
+        if shard is None:
+            unrecorded.append(where)
+        elif shard_room.over(shard, space):
+            over.append(f"{where}: {shard_room.refusal_text(fmt, shard, space)}")
+        else:
+            spare = specs.format_bytes(space.bytes - shard.bytes)
+            within.append(
+                f"{where}: {shard.path!r} {specs.format_bytes(shard.bytes)} ({spare} to spare)"
+            )
+    if over:
+        return Condition(SHARD_TOO_LARGE_TO_DECODE, "True", "OverDecodeRoom", "; ".join(over))
+    if unrecorded:
+        return Condition(
+            SHARD_TOO_LARGE_TO_DECODE,
+            "Unknown",
+            "ShardSizesNotRecorded",
+            f"the pin of {', '.join(unrecorded)} has no status.{LARGEST_SHARD} (pinned by an "
+            "older operator; a kept pin is not listed again): its shards are judged once "
+            "the source is pinned again (a new uri, format or version)",
+        )
+    parts = []
+    if within:
+        parts.append(
+            f"the largest shard of each source is within the {specs.format_bytes(space.bytes)} "
+            f"the sidecar can decode a shard in ({shard_room.LIMIT_FIELD} {space.given} less "
+            f"the sidecar process's base): {'; '.join(within)}. Judged on stored sizes: a "
+            "compressed shard may still decode larger, which only the sidecar reads"
+        )
+    if unjudged:
+        parts.append(
+            f"not judged: {', '.join(unjudged)}, whose decoded size its stored size does not bound"
+        )
+    reason = "WithinDecodeRoom" if within else "DecodedSizeNotBounded"
+    return Condition(SHARD_TOO_LARGE_TO_DECODE, "False", reason, "; ".join(parts))
+
+
+def _largest_recorded(outcome: Outcome, previous: Mapping[str, Any]) -> dict[str, Any] | None:
+    """status.largestShard for `outcome`: the manifest's just listed, the stored one for
+    a kept pin or a failure (which keeps the pin: the same digest, so the same shards);
+    None (deleted by the merge patch) when there is none or the stored one is not
+    readable, which is not copied forward."""
+    if isinstance(outcome, Resolved) and not outcome.reused:
+        return None if outcome.largest is None else outcome.largest.recorded()
+    kept = shard_room.read_recorded(previous.get(LARGEST_SHARD))
+    return None if kept is None else kept.recorded()
+
+
+def _kept_resolved_at(previous: Mapping[str, Any]) -> str | None:
+    """The stored status.resolvedAt (`resolved_at`) when `rfc3339.parse` reads it; None
+    when it is missing or not such a time, which is never copied forward: job pins read
+    it to tell which pods were given the current pin."""
+    found = resolved_at(previous)
+    return found if rfc3339.parse(found) is not None else None
+
+
 def build_status(
     outcome: Outcome,
     *,
@@ -185,6 +288,7 @@ def build_status(
     now: str,
     resolved_source: Mapping[str, Any] | None,
     mixture: Sequence[Mapping[str, Any]] | None = None,
+    spec: specs.DatasetMountSpec | None = None,
 ) -> dict[str, Any]:
     """The full status dict for `outcome`.
 
@@ -194,6 +298,14 @@ def build_status(
     a resolved outcome; a failure keeps the previous ones. A resolved outcome without
     them (a mount with no mixture) sets a stored `mixture` to None, which deletes it:
     handlers write status as a merge patch, which keeps every key it leaves out.
+    `spec`: the parsed spec, which ShardTooLargeToDecode is judged against
+    (`decode_room_condition`) whenever the status holds a pin, the kept pin of a failure
+    too (a raised limit clears it); without it (an invalid spec, a refusal, the periodic
+    source check) the stored condition is kept as it is.
+    status.resolvedAt moves only when a manifest is listed; a stored one that
+    `rfc3339.parse` cannot read is not kept (`_kept_resolved_at`): a kept pin writes
+    the time of this reconcile instead (job pins then call the pods created before it
+    unknown, the safe side), a failure deletes it.
     """
     current = conditions_for(outcome)
     if isinstance(outcome, Failed) and outcome.keeps_pin:
@@ -213,20 +325,12 @@ def build_status(
                     str(old.get("reason")),
                     str(old.get("message")),
                 )
-    conditions = merge_conditions(
-        previous.get("conditions") or [], current, now=now, generation=generation
-    )
-    conditions += [
-        dict(c)
-        for c in previous.get("conditions") or []
-        if isinstance(c, Mapping) and c.get("type") in KEPT_BY_RECONCILE
-    ]
     status: dict[str, Any] = {
         # The plain string: the status dict is serialized as JSON and YAML alike.
         "phase": phase_of(outcome).value,
-        "conditions": conditions,
         "observedGeneration": generation,
     }
+    kept_at = _kept_resolved_at(previous)
     if isinstance(outcome, Resolved):
         status.update(
             manifestDigest=outcome.digest,
@@ -237,10 +341,7 @@ def build_status(
             size=specs.format_bytes(outcome.bytes),
             resolvedSource=dict(resolved_source or {}),
         )
-        if not outcome.reused or "resolvedAt" not in previous:
-            status["resolvedAt"] = now
-        else:
-            status["resolvedAt"] = previous["resolvedAt"]
+        status["resolvedAt"] = kept_at if outcome.reused and kept_at is not None else now
         if mixture is not None:
             status["mixture"] = [dict(entry) for entry in mixture]
         elif "mixture" in previous:
@@ -252,7 +353,24 @@ def build_status(
         if "resolvedSource" in previous:
             status["resolvedSource"] = previous["resolvedSource"]
         if "resolvedAt" in previous:
-            status["resolvedAt"] = previous["resolvedAt"]
+            status["resolvedAt"] = kept_at
+    largest = _largest_recorded(outcome, previous)
+    if largest is not None or LARGEST_SHARD in previous:
+        status[LARGEST_SHARD] = largest
+    kept_types = set(KEPT_BY_RECONCILE)
+    if spec is not None and status.get("manifestDigest"):
+        current.append(decode_room_condition(spec, status))
+    else:
+        kept_types.add(SHARD_TOO_LARGE_TO_DECODE)
+    conditions = merge_conditions(
+        previous.get("conditions") or [], current, now=now, generation=generation
+    )
+    conditions += [
+        dict(c)
+        for c in previous.get("conditions") or []
+        if isinstance(c, Mapping) and c.get("type") in kept_types
+    ]
+    status["conditions"] = conditions
     if "attachedPods" in previous:
         status["attachedPods"] = previous["attachedPods"]
     return status
@@ -317,6 +435,15 @@ def schema() -> dict[str, Any]:
             ),
         },
     }
+    largest = {
+        "type": "object",
+        "description": "The pinned manifest's largest shard at the source, which "
+        "ShardTooLargeToDecode judges against the sidecar's memory limit.",
+        "properties": {
+            "path": _prop("string", "The shard's path in the manifest."),
+            "bytes": _prop("integer", "Its size at the source.", format="int64"),
+        },
+    }
     return {
         "type": "object",
         "description": "Observed state, written by the operator.",
@@ -336,8 +463,9 @@ def schema() -> dict[str, Any]:
                 "description": f"{', '.join(CONDITION_TYPES[:-1])} and {CONDITION_TYPES[-1]}, "
                 "each with a reason and a message (DataStarved only once the stall checks "
                 "judged the mount's pods, SidecarsHealthy only once an injected sidecar was "
-                "OOMKilled or crash-looped). Ready is False with reason Terminating while the "
-                "mount is being deleted.",
+                "OOMKilled or crash-looped, ShardTooLargeToDecode once a pin was judged "
+                "against the sidecar's memory limit). Ready is False with reason Terminating "
+                "while the mount is being deleted.",
                 "items": condition,
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],
@@ -363,6 +491,7 @@ def schema() -> dict[str, Any]:
                 "string", "When the manifest was last resolved.", format="date-time"
             ),
             "resolvedSource": source,
+            LARGEST_SHARD: largest,
             "mixture": {
                 "type": "array",
                 "description": "The pinned manifest of each of spec.mixture.sources; the "
@@ -379,6 +508,10 @@ def schema() -> dict[str, Any]:
                         "shards": _prop("integer", "Shards of the source.", format="int64"),
                         "rows": _prop("integer", "Rows of the source.", format="int64"),
                         "bytes": _prop("integer", "Bytes of the source.", format="int64"),
+                        LARGEST_SHARD: {
+                            **largest,
+                            "description": "The source's largest shard at the source.",
+                        },
                         "resolvedSource": {
                             "type": "object",
                             "description": "The source's uri, format and version at "

@@ -99,8 +99,14 @@ async def test_reconcile_pins_the_digest_of_the_real_bucket(
         "SourceReachable": "True",
         "ManifestResolved": "True",
         "Ready": "True",
+        # Small shards against the default 1Gi limit (`shard_room`).
+        "ShardTooLargeToDecode": "False",
     }
     assert all(c["reason"] and c["message"] for c in conditions(result).values())
+    # The pin records the bucket's largest shard, which the condition judges again
+    # while the pin is kept.
+    largest = max(expected.shards, key=lambda shard: shard.size)
+    assert result.status["largestShard"] == {"path": largest.path, "bytes": largest.size}
     assert [e.reason for e in result.events] == ["ManifestPinned"]
     assert result.retry_in is None
 

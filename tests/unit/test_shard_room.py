@@ -117,7 +117,8 @@ async def test_a_sidecar_without_a_memory_limit_says_nothing() -> None:
 
 
 async def test_a_kept_pin_is_not_listed_again_so_says_nothing_more() -> None:
-    """The status keeps no shard sizes: the warning is the pin's, once."""
+    """The Event is the pin's, once; what lasts is the ShardTooLargeToDecode condition
+    (test_shard_room_condition)."""
     obj = mount()
 
     def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> Manifest:
