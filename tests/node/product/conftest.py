@@ -174,6 +174,7 @@ def operator(
     values_file = workdir / "values.json"
     values_file.write_text(json.dumps(values, indent=2))
     cache_before = _entries(release.NODE_CACHE_PATH)
+    second_before = release.SECOND_NODE_PATH.exists()
     core = kubernetes.client.CoreV1Api(admin)
     in_cluster = harness.InClusterOperator(
         node_cluster, release.OPERATOR_DEPLOYMENT, release.RELEASE_NAMESPACE
@@ -272,6 +273,8 @@ def operator(
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     path.unlink(missing_ok=True)
+        if not second_before:  # the DaemonSet's hostPath (DirectoryOrCreate) made it
+            shutil.rmtree(release.SECOND_NODE_PATH, ignore_errors=True)
         shutil.rmtree(workdir, ignore_errors=True)
         assert uninstalled.returncode == 0 or not installed, (
             "helm uninstall with no DatasetMount left was refused:\n"

@@ -20,6 +20,9 @@ OPERATOR_DEPLOYMENT = f"{RELEASE}-operator"
 NODE_CACHE_DAEMONSET = f"{RELEASE}-node-cache"
 #: The chart's default node disk tier (values nodeCache.path), prepared by its DaemonSet.
 NODE_CACHE_PATH = pathlib.Path("/var/cache/shardcache")
+#: A second node path the platform allows (values policy.nodePaths): the DaemonSet
+#: prepares and reclaims it too (test_node_reclaim.py reads through both).
+SECOND_NODE_PATH = pathlib.Path("/var/cache/shardcache-second")
 SECRET_NAME = objects.SECRET_NAME
 #: Pods here start a sandbox, pull nothing, run Python: seconds each on an idle machine;
 #: two shared cores make it tens of seconds.
@@ -93,6 +96,7 @@ def release_values(
         "sidecar": {"image": {"repository": repository, "tag": tag}},
         # `default`: where examples/ put their DatasetMounts and Secret (test_examples.py).
         "rbac": {"secretNamespaces": [namespace, "default"], "secretNames": [SECRET_NAME]},
+        "policy": {"nodePaths": [str(NODE_CACHE_PATH), str(SECOND_NODE_PATH)]},
         "nodeCache": {"nodeSelector": real_node.node_selector,
                       "reclaim": {"intervalSeconds": RECLAIM_INTERVAL_S}},
     }  # fmt: skip

@@ -2,11 +2,13 @@
 defect 2): a tenant namespace fills its `ns-<namespace>.<uid>` through a real pod, is deleted,
 and the chart's node-cache DaemonSet (`nodeCache.reclaim`, every
 `release.RECLAIM_INTERVAL_S` here) removes the directory and says so in its log, while
-the live namespace's directory stays."""
+the live namespace's directory stays: under `nodeCache.path`, and under another node path
+the platform allows (`policy.nodePaths`), which the DaemonSet prepares and reclaims too."""
 
 from __future__ import annotations
 
 import contextlib
+import pathlib
 import secrets
 import shutil
 
@@ -40,7 +42,11 @@ def _reclaim_logs(core: kubernetes.client.CoreV1Api) -> str:
     )
 
 
+@pytest.mark.parametrize(
+    "node_path", [release.NODE_CACHE_PATH, release.SECOND_NODE_PATH], ids=["default", "second"]
+)
 def test_a_deleted_namespaces_node_disk_tier_is_reclaimed(
+    node_path: pathlib.Path,
     admin: kubernetes.client.ApiClient,
     core: kubernetes.client.CoreV1Api,
     namespace: str,
@@ -53,10 +59,10 @@ def test_a_deleted_namespaces_node_disk_tier_is_reclaimed(
     custom = kubernetes.client.CustomObjectsApi(admin)
     ns = f"gone-tenant-{secrets.token_hex(3)}"
     live_uid = core.read_namespace(namespace).metadata.uid
-    live = release.NODE_CACHE_PATH / f"ns-{namespace}.{live_uid}"
+    live = node_path / f"ns-{namespace}.{live_uid}"
     live_before = live.is_dir()
     made = core.create_namespace(kubernetes.client.V1Namespace(metadata={"name": ns}))
-    tier = release.NODE_CACHE_PATH / f"ns-{ns}.{made.metadata.uid}"
+    tier = node_path / f"ns-{ns}.{made.metadata.uid}"
     try:
         harness.wait_until(f"the default ServiceAccount of {ns}",
                            lambda: core.read_namespaced_service_account("default", ns), timeout=60)  # fmt: skip
@@ -75,7 +81,7 @@ def test_a_deleted_namespaces_node_disk_tier_is_reclaimed(
         release.make_mount(
             admin, operator, node_store, ns, "train", release.TRAIN_SHARDS,
             sharding={"seed": release.TRAIN_SEED, "worldSize": 1, "blockSize": release.TRAIN_BLOCK_SIZE},
-            sidecar=release.small_sidecar(),
+            sidecar=release.small_sidecar(), cache={"nodePath": str(node_path)},
         )  # fmt: skip
         name = f"reader-{secrets.token_hex(3)}"
         core.create_namespaced_pod(ns, jobs.single_pod(
@@ -102,9 +108,7 @@ def test_a_deleted_namespaces_node_disk_tier_is_reclaimed(
             timeout=ROUNDS * release.RECLAIM_INTERVAL_S + 30,
             interval=1,
         )
-        assert not [
-            p for p in release.NODE_CACHE_PATH.iterdir() if p.name.startswith(".reclaiming-")
-        ]
+        assert not [p for p in node_path.iterdir() if p.name.startswith(".reclaiming-")]
         if live_before:
             assert live.is_dir(), f"{live} of the live namespace {namespace} was removed"
         logs = _reclaim_logs(core)

@@ -10,6 +10,7 @@ import json
 
 import kubernetes.client
 import pytest
+from shardcache_operator import specs
 
 from tests.e2e import harness, objects
 from tests.node.product import pods, release
@@ -51,7 +52,20 @@ def test_uninstall_is_refused_while_a_datasetmount_exists_and_the_release_kept(
     terminated = status.state.terminated
     assert terminated is not None and terminated.exit_code == 1, status
     message = terminated.message or ""
-    assert message.startswith("helm uninstall refused: 1 DatasetMount still exists"), message
+    custom = kubernetes.client.CustomObjectsApi(admin)
+    existing = sorted(
+        f"{m['metadata']['namespace']}/{m['metadata']['name']}"
+        for m in custom.list_cluster_custom_object(specs.GROUP, specs.VERSION, specs.PLURAL)[
+            "items"
+        ]
+    )
+    assert f"{train_mount.namespace}/{train_mount.name}" in existing
+    count = f"{len(existing)} DatasetMount" + (
+        "s still exist," if len(existing) > 1 else " still exists,"
+    )
+    assert message.startswith(f"helm uninstall refused: {count}"), message
+    named = [line.strip().split(" (")[0] for line in message.splitlines() if line.startswith("  ")]
+    assert named[: len(existing)] == existing, message
     assert f"  {train_mount.namespace}/{train_mount.name} (Ready" in message, message
     assert f"helm rollback {release.RELEASE} {revision} -n {release.RELEASE_NAMESPACE}" in message
     log = core.read_namespaced_pod_log(pod.metadata.name, release.RELEASE_NAMESPACE)
