@@ -26,6 +26,7 @@ from shardcache_operator import (
     pod_watch,
     served_namespaces,
     sources,
+    specs,
     webhook,
 )
 
@@ -42,7 +43,7 @@ def configure(settings: kopf.OperatorSettings, memo: context.Context, **_: Any) 
     """kopf's settings: our persistence keys, quiet Events, the webhook server."""
     # Progress and the last-handled spec live in our own annotations; status is
     # ours alone (the CRD schema prunes anything else written there).
-    settings.persistence.finalizer = handlers.FINALIZER
+    settings.persistence.finalizer = specs.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="shardcache.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="shardcache.io", key="last-handled-configuration"

@@ -35,9 +35,6 @@ from shardcache_operator import (
 
 logger = logging.getLogger(__name__)
 
-FINALIZER = specs.FINALIZER
-#: Annotation on a DatasetMount: delete it without waiting for attached pods.
-ANNOTATION_FORCE_DELETE = "shardcache.io/force-delete"
 RESOURCE = (specs.GROUP, specs.VERSION, specs.PLURAL)
 #: kopf index of DatasetMount objects by (namespace, name), as kopf's watch last showed
 #: them, for the handlers. Not for the webhook: kopf stops watching (and feeding indexes)
@@ -307,11 +304,11 @@ async def finalize(
     """
     ns = namespace or ""
     count = memo.pods.count(ns, name)
-    forced = annotations.get(ANNOTATION_FORCE_DELETE) == "true"
+    forced = annotations.get(specs.ANNOTATION_FORCE_DELETE) == "true"
     if count and not forced:
         # Not under an older CRD: a status write prunes the object to its schema
         # (crd_version); the wait, its Event and the finalizer go on all the same.
-        force_hint = f"annotate it {ANNOTATION_FORCE_DELETE}=true to delete it now"
+        force_hint = f"annotate it {specs.ANNOTATION_FORCE_DELETE}=true to delete it now"
         if await memo.crd.problem() is None:
             patch.status["phase"] = status.Phase.TERMINATING.value
             patch.status["attachedPods"] = count

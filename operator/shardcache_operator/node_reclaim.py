@@ -1,8 +1,9 @@
 """The node-cache DaemonSet's reclaim: a deleted namespace's node disk tier removed.
 
 `python3 -m shardcache_operator.node_reclaim /node-cache [/node-cache-1 ...]
---interval-seconds 600` (the chart's node-cache DaemonSet, `nodeCache.reclaim`: one
-directory per `policy.nodePaths` entry, each mounted on its own). Every interval, one
+[--node-path NODE_PATH ...] --interval-seconds 600` (the chart's node-cache DaemonSet,
+`nodeCache.reclaim`: one directory per `policy.nodePaths` entry, each mounted on its
+own, and the node path each is mounted from, which the logs name). Every interval, one
 round:
 
 1. one `list namespaces` (the DaemonSet's service account may do nothing else), for
@@ -40,10 +41,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from shardcache import errors
 from shardcache.node import regular_files, tiers
-from shardcache_operator import reclaim_decisions
+from shardcache_operator import paging, reclaim_decisions
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +99,25 @@ def reclaim_round(
     return reclaim_paths([root], namespaces, said=None if said is None else {root: said})[root]
 
 
+def node_paths(roots: Sequence[Path], given: Sequence[str]) -> dict[Path, Path]:
+    """Each mount point in `roots` -> the node's path it is mounted from (`given`, in
+    the same order; the mount point itself when none is given), which the logs name:
+    a node's admin knows /var/cache/shardcache, not the container's /node-cache."""
+    nodes = given or [str(root) for root in roots]
+    return {root: Path(node) for root, node in zip(roots, nodes, strict=True)}
+
+
 def reclaim_paths(
     roots: Sequence[Path],
     namespaces: NamespaceLister,
     *,
     said: dict[Path, set[str]] | None = None,
+    shown: Mapping[Path, Path] | None = None,
 ) -> dict[Path, Round]:
     """One round over every node path in `roots`: one namespace list for all of them,
     then each path on its own, so that one that fails leaves the others their round.
-    `said`: per node path, the refused names already warned about."""
+    `said`: per node path, the refused names already warned about. `shown`: the node
+    path the logs name for each root (`node_paths`; the root itself by default)."""
     try:
         existing = dict(namespaces())
     except Exception as exc:  # any failure of the API or its client: retry next round
@@ -115,21 +127,22 @@ def reclaim_paths(
     rounds: dict[Path, Round] = {}
     for root in roots:
         warned = None if said is None else said.setdefault(root, set())
+        named = (shown or {}).get(root, root)
         try:
-            rounds[root] = _reclaim_listed(root, existing, warned)
+            rounds[root] = _reclaim_listed(root, existing, warned, named)
         except OSError as exc:
             why = why_unlistable(root, exc)
             log.warning(
                 "node cache reclaim: node path %s skipped this round: %s; the other node"
                 " paths go on, the next round tries it again",
-                root,
+                named,
                 why,
             )
             rounds[root] = Round(skipped=why)
         except Exception as exc:  # a bug, said with its traceback; not the others' round
             log.exception(
                 "node cache reclaim: node path %s: the round failed; the next round retries",
-                root,
+                named,
             )
             rounds[root] = Round(skipped=f"the round failed ({type(exc).__name__}: {exc})")
     return rounds
@@ -158,17 +171,20 @@ def why_unlistable(root: Path, exc: OSError) -> str:
     return f"it could not be listed ({exc})"
 
 
-def _reclaim_listed(root: Path, existing: Mapping[str, str], said: set[str] | None) -> Round:
+def _reclaim_listed(
+    root: Path, existing: Mapping[str, str], said: set[str] | None, named: Path
+) -> Round:
+    """The round over `root`, whose logs name it `named` (its node path)."""
     done = Round()
     decision = reclaim_decisions.decide(list_node_path(root), existing)
     for name, reason in decision.refused:
         done.refused.append(name)
         if said is None or name not in said:
-            log.warning("node cache reclaim: %s left alone: %s", root / name, reason)
+            log.warning("node cache reclaim: %s left alone: %s", named / name, reason)
             if said is not None:
                 said.add(name)
     for aside in decision.leftovers:
-        _remove(root, aside, name=aside, what="an earlier round", done=done)
+        _remove(root, aside, name=aside, what="an earlier round", done=done, named=named)
     for name, namespace, what in decision.reclaim:
         aside = reclaim_decisions.aside_name(namespace)
         why: str | None
@@ -178,24 +194,26 @@ def _reclaim_listed(root: Path, existing: Mapping[str, str], said: set[str] | No
             why = f"could not be checked ({exc})"
         if why is not None:
             done.kept[name] = why
-            log.info("node cache reclaim: %s (%s) kept this round: %s", root / name, what, why)
+            log.info("node cache reclaim: %s (%s) kept this round: %s", named / name, what, why)
             continue
-        _remove(root, aside, name=name, what=what, done=done)
+        _remove(root, aside, name=name, what=what, done=done, named=named)
     return done
 
 
-def _remove(root: Path, aside: str, *, name: str, what: str, done: Round) -> None:
+def _remove(root: Path, aside: str, *, name: str, what: str, done: Round, named: Path) -> None:
     try:
         files, size = remove_aside(root, aside)
     except OSError as exc:
         # Renamed aside already: no sidecar sees it; the next round removes the rest.
         log.warning(
-            "node cache reclaim: removing %s failed (%s); the next round retries", root / aside, exc
+            "node cache reclaim: removing %s failed (%s); the next round retries",
+            named / aside,
+            exc,
         )
         return
     done.removed[name] = size
     log.info(
-        "node cache reclaim: removed %s (%s): %d files, %d bytes", root / aside, what, files, size
+        "node cache reclaim: removed %s (%s): %d files, %d bytes", named / aside, what, files, size
     )
 
 
@@ -206,30 +224,36 @@ def kubernetes_lister() -> NamespaceLister:
     def names() -> dict[str, str]:
         kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
         core = kubernetes.client.CoreV1Api()
-        found: dict[str, str] = {}
-        token: str | None = None
-        while True:
-            page = core.list_namespace(limit=500, _continue=token, _request_timeout=30)
-            for ns in page.items:
-                if ns.metadata and ns.metadata.name:
-                    # No UID (none the API server serves): "" keeps every directory of
-                    # the name (`reclaim_decisions.why_reclaimed`).
-                    found[ns.metadata.name] = ns.metadata.uid or ""
-            token = page.metadata._continue if page.metadata else None
-            if not token:
-                return found
+
+        def page(token: str | None) -> tuple[list[Any], str | None]:
+            found = core.list_namespace(
+                limit=paging.PAGE_SIZE, _continue=token, _request_timeout=30
+            )
+            return list(found.items), found.metadata._continue if found.metadata else None
+
+        # No UID (none the API server serves): "" keeps every directory of the name
+        # (`reclaim_decisions.why_reclaimed`).
+        return {
+            ns.metadata.name: ns.metadata.uid or ""
+            for ns in paging.every_item(page)
+            if ns.metadata and ns.metadata.name
+        }
 
     return names
 
 
 def run(
-    roots: Sequence[Path], interval: float, namespaces: NamespaceLister, stop: threading.Event
+    roots: Sequence[Path],
+    interval: float,
+    namespaces: NamespaceLister,
+    stop: threading.Event,
+    shown: Mapping[Path, Path] | None = None,
 ) -> None:
     """Rounds over every node path in `roots` every `interval` seconds until `stop` is set."""
     said: dict[Path, set[str]] = {}
     while not stop.is_set():
         try:
-            reclaim_paths(roots, namespaces, said=said)
+            reclaim_paths(roots, namespaces, said=said, shown=shown)
         except Exception:  # a bug: said with its traceback; the next round may fare better
             log.exception("node cache reclaim: the round failed; the next round retries")
         stop.wait(interval)
@@ -252,6 +276,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--interval-seconds", type=float, default=600.0, help="seconds between rounds (> 0)"
     )
+    parser.add_argument(
+        "--node-path",
+        action="append",
+        dest="node_paths",
+        default=[],
+        metavar="NODE_PATH",
+        help="the node's path each DIR is mounted from, in DIR's order, for the logs"
+        " (repeat once per DIR; default: the logs name DIR)",
+    )
     parser.add_argument("--once", action="store_true", help="one round, then exit")
     args = parser.parse_args(argv)
     if not args.interval_seconds > 0:
@@ -259,6 +292,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     problem = bad_roots(args.roots)
     if problem is not None:
         parser.error(problem)
+    if args.node_paths and len(args.node_paths) != len(args.roots):
+        parser.error(
+            f"--node-path: expected one per DIR ({len(args.roots)}: {' '.join(args.roots)}), "
+            f"found {len(args.node_paths)}: {' '.join(args.node_paths)}"
+        )
     args.roots = [Path(root) for root in args.roots]
     return args
 
@@ -291,10 +329,11 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     lister = kubernetes_lister()
+    shown = node_paths(args.roots, args.node_paths)
     if args.once:
-        reclaim_paths(args.roots, lister)
+        reclaim_paths(args.roots, lister, shown=shown)
         return 0
-    run(args.roots, args.interval_seconds, lister, stop)
+    run(args.roots, args.interval_seconds, lister, stop, shown)
     return 0
 
 

@@ -40,6 +40,9 @@ SINGULAR = "datasetmount"
 SHORT_NAMES = ("dsm",)
 #: The operator's finalizer on every DatasetMount (kopf's persistence setting).
 FINALIZER = f"{GROUP}/finalizer"
+#: `<this>=true` on a DatasetMount being deleted: remove the finalizer without waiting
+#: for its pods to end (docs/operator.md, "Deletion and the finalizer").
+ANNOTATION_FORCE_DELETE = f"{GROUP}/force-delete"
 
 FORMATS = ("parquet", "arrow", "jsonl")
 MEDIA = ("Memory", "Disk")

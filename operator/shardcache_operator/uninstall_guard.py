@@ -108,15 +108,25 @@ def refusal(held: Sequence[Held], scope: Sequence[str], release: Release = Relea
         lines.append(f"  ... and {len(ordered) - NAMED} more")
     lines += [
         "Delete them first (each waits for its pods to end; the annotation "
-        "shardcache.io/force-delete=true does not wait), then run helm uninstall again:",
-        "  kubectl delete datasetmounts --all -A --wait=false",
-        "  kubectl wait --for=delete datasetmounts --all -A --timeout=10m",
+        f"{specs.ANNOTATION_FORCE_DELETE}=true does not wait), then run helm uninstall again:",
+        *delete_commands(held, scope),
         "To uninstall anyway (the mounts' namespaces then cannot be deleted until the "
         "chart is installed again or the finalizers are removed by hand): "
         'helm uninstall --no-hooks. docs/operator.md, "Uninstalling".',
         release.keep() + ".",
     ]
     return "\n".join(lines)
+
+
+def delete_commands(held: Sequence[Held], scope: Sequence[str]) -> list[str]:
+    """The kubectl lines that delete the mounts the refusal names, and wait for them.
+    A release that serves some namespaces gets one pair per namespace holding a mount:
+    `--all -A` would also delete the mounts another release serves."""
+    namespaces = sorted({h.namespace for h in held})
+    targets = [f"-n {ns}" for ns in namespaces] if scope else ["-A"]
+    lines = [f"  kubectl delete datasetmounts --all {t} --wait=false" for t in targets]
+    lines += [f"  kubectl wait --for=delete datasetmounts --all {t} --timeout=10m" for t in targets]
+    return lines
 
 
 class ListFailed(errors.ShardcacheError):
@@ -164,25 +174,24 @@ def kubernetes_lister(kubeconfig: str | None) -> Lister:
     import kubernetes
     import urllib3
 
-    from shardcache_operator import kube
+    from shardcache_operator import kube, paging
 
     client = kubernetes.client.CustomObjectsApi(kube.configure(kubeconfig))
 
     def listing(namespace: str) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
-        token: str | None = None
         where = f"namespace {namespace}" if namespace else "every namespace"
-        while True:
-            kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": 30}
+
+        def page(token: str | None) -> tuple[list[dict[str, Any]], str | None]:
+            kwargs: dict[str, Any] = {"limit": paging.PAGE_SIZE, "_request_timeout": 30}
             if token:
                 kwargs["_continue"] = token
             try:
                 if namespace:
-                    page = client.list_namespaced_custom_object(
+                    found = client.list_namespaced_custom_object(
                         specs.GROUP, specs.VERSION, namespace, specs.PLURAL, **kwargs
                     )
                 else:
-                    page = client.list_cluster_custom_object(
+                    found = client.list_cluster_custom_object(
                         specs.GROUP, specs.VERSION, specs.PLURAL, **kwargs
                     )
             except kubernetes.client.ApiException as exc:
@@ -199,11 +208,10 @@ def kubernetes_lister(kubeconfig: str | None) -> Lister:
             except (OSError, ValueError, urllib3.exceptions.HTTPError) as exc:
                 # Connection refused or reset, a time-out: urllib3's own errors.
                 raise ListFailed(f"listing DatasetMounts in {where} failed: {exc}") from exc
-            body = cast(dict[str, Any], page)
-            found += list(body.get("items") or [])
-            token = (body.get("metadata") or {}).get("continue")
-            if not token:
-                return found
+            body = cast(dict[str, Any], found)
+            return list(body.get("items") or []), (body.get("metadata") or {}).get("continue")
+
+        return paging.every_item(page)
 
     return listing
 

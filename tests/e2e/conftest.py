@@ -22,7 +22,7 @@ from typing import Any, cast
 import kubernetes.client
 import pytest
 from kubernetes.client import ApiException
-from shardcache_operator import certs, handlers, specs
+from shardcache_operator import certs, specs
 from shardcache_sidecar import listening
 
 from tests.e2e import harness, objects, workloads
@@ -257,7 +257,7 @@ def _release_all_datasetmounts(admin: kubernetes.client.ApiClient) -> None:
 
     for obj in remaining():
         ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
-        patch = {"metadata": {"annotations": {handlers.ANNOTATION_FORCE_DELETE: "true"}}}
+        patch = {"metadata": {"annotations": {specs.ANNOTATION_FORCE_DELETE: "true"}}}
         try:
             custom.patch_namespaced_custom_object(group, version, ns, plural, name, patch)
             custom.delete_namespaced_custom_object(group, version, ns, plural, name)

@@ -9,7 +9,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
-from shardcache_operator import handlers
+from shardcache_operator import specs
 
 from shardcache import manifests
 from tests.e2e import harness, objects
@@ -38,7 +38,7 @@ def test_datasetmount_on_real_s3_reaches_ready_with_the_pinned_digest(
         cond = objects.condition(status, kind)
         assert cond["status"] == "True", (kind, cond)
         assert cond["reason"] and cond["message"], (kind, cond)
-    assert obj["metadata"]["finalizers"] == [handlers.FINALIZER]
+    assert obj["metadata"]["finalizers"] == [specs.FINALIZER]
     reasons = [
         e.reason for e in objects.events_of(admin, ready_mount.namespace, obj["metadata"]["uid"])
     ]

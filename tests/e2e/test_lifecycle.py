@@ -11,7 +11,7 @@ from __future__ import annotations
 import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
-from shardcache_operator import handlers
+from shardcache_operator import specs
 
 from tests.e2e import harness, objects, workloads
 
@@ -32,7 +32,7 @@ def test_attached_pods_are_counted_and_deletion_waits_for_them(
     assert status["attachedPods"] == 2
     obj = objects.get_datasetmount(admin, ns, name)
     assert obj["metadata"]["deletionTimestamp"]
-    assert obj["metadata"]["finalizers"] == [handlers.FINALIZER]
+    assert obj["metadata"]["finalizers"] == [specs.FINALIZER]
     # Three more deletion polls later there is still exactly one Event about it; each
     # poll is kopf retrying the finalizer, which it logs.
     polls = harness.log_mentions(operator, FINALIZER_POLL)
@@ -58,9 +58,7 @@ def test_attached_pods_are_counted_and_deletion_waits_for_them(
 
     workload.delete_pod(pods[0])
     workload.wait_attached(name, 1)
-    assert objects.get_datasetmount(admin, ns, name)["metadata"]["finalizers"] == [
-        handlers.FINALIZER
-    ]
+    assert objects.get_datasetmount(admin, ns, name)["metadata"]["finalizers"] == [specs.FINALIZER]
     workload.delete_pod(pods[1])
     workload.wait_gone(name)
 
@@ -72,7 +70,7 @@ def test_force_delete_annotation_releases_it_with_pods_attached(
     name, pods = workload.attached("forced", pods=1)
     workload.delete_mount(name)
     objects.wait_phase(admin, ns, name, "Terminating", workload.operator)
-    patch = {"metadata": {"annotations": {handlers.ANNOTATION_FORCE_DELETE: "true"}}}
+    patch = {"metadata": {"annotations": {specs.ANNOTATION_FORCE_DELETE: "true"}}}
     kubernetes.client.CustomObjectsApi(admin).patch_namespaced_custom_object(
         objects.GROUP, objects.VERSION, ns, objects.PLURAL, name, patch
     )

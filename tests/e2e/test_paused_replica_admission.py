@@ -21,7 +21,7 @@ import jsonpatch
 import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
-from shardcache_operator import handlers, webhook
+from shardcache_operator import specs, webhook
 from shardcache_sidecar import listening
 
 from tests.e2e import harness, objects
@@ -154,7 +154,7 @@ def test_a_replica_outranked_after_leading_admits_from_the_current_mount(
         # Deleted: refused.
         custom.patch_namespaced_custom_object(
             objects.GROUP, objects.VERSION, ns, objects.PLURAL, name,
-            {"metadata": {"annotations": {handlers.ANNOTATION_FORCE_DELETE: "true"}}},
+            {"metadata": {"annotations": {specs.ANNOTATION_FORCE_DELETE: "true"}}},
         )  # fmt: skip
         custom.delete_namespaced_custom_object(
             objects.GROUP, objects.VERSION, ns, objects.PLURAL, name

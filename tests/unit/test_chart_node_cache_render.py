@@ -44,8 +44,9 @@ def test_the_reclaim_container_runs_the_reclaim_module_as_the_sidecars_user(
     spec = pod_spec(node_cache(tmp_path, "--set=nodeCache.uid=1000,nodeCache.gid=1000"))
     (container,) = spec["containers"]
     assert container["name"] == "reclaim"
-    python, flag, module, root, interval = container["command"]
+    python, flag, module, root, node_path, interval = container["command"]
     assert (python, flag, root) == ("python3", "-m", "/node-cache")
+    assert node_path == "--node-path=/var/cache/shardcache", "the logs name the node's path"
     assert importlib.util.find_spec(module) is not None
     assert module == node_reclaim.__name__
     assert interval == "--interval-seconds=600"
@@ -153,6 +154,9 @@ def test_every_allowed_node_path_is_its_own_volume_mounted_for_prepare_and_recla
     assert prepare["command"][3:] == [*mounts, "1000", "1000"]
     args = node_reclaim.parse(reclaim["command"][3:])
     assert args.roots == [Path(m) for m in mounts]
+    assert node_reclaim.node_paths(args.roots, args.node_paths) == {
+        Path(f"/{name}"): Path(path) for name, path in volumes.items()
+    }, "each mount point's logs name the node path it is mounted from"
 
 
 def test_a_policy_of_node_cache_path_alone_renders_one_volume_as_before(tmp_path: Path) -> None:
@@ -160,7 +164,11 @@ def test_a_policy_of_node_cache_path_alone_renders_one_volume_as_before(tmp_path
         spec = pod_spec(node_cache(tmp_path, *values))
         assert node_path_volumes(spec) == {"node-cache": "/var/cache/shardcache"}
         (reclaim,) = spec["containers"]
-        assert reclaim["command"][3:] == ["/node-cache", "--interval-seconds=600"]
+        assert reclaim["command"][3:] == [
+            "/node-cache",
+            "--node-path=/var/cache/shardcache",
+            "--interval-seconds=600",
+        ]
 
 
 def test_without_prepare_no_node_path_is_mounted_anywhere(tmp_path: Path) -> None:

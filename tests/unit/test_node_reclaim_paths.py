@@ -224,8 +224,12 @@ def test_several_directories_are_taken_in_their_order() -> None:
         ),
         (["/a", "/b/../a"], "DIR '/b/../a' names the node path '/a' again"),
         (["/a", ""], "DIR must be a node path, found an empty argument"),
+        (
+            ["/a", "/b", "--node-path=/var/x"],
+            "--node-path: expected one per DIR (2: /a /b), found 1: /var/x",
+        ),
     ],
-    ids=["none", "twice", "twice-dotted", "empty"],
+    ids=["none", "twice", "twice-dotted", "empty", "node-paths-short"],
 )
 def test_bad_directories_are_refused_saying_what_was_found(
     capsys: pytest.CaptureFixture[str], argv: list[str], said: str
@@ -246,3 +250,25 @@ def test_the_program_reclaims_every_directory_it_is_given(
     assert lister.calls == 1
     for root in roots:
         assert os.listdir(root) == [f"ns-live.{LIVE}"]
+
+
+def test_the_logs_name_the_node_path_each_directory_is_mounted_from(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The container sees /node-cache-1; the node's admin knows the host path.
+    roots = [node_path(tmp_path / "a"), node_path(tmp_path / "b")]
+    (roots[1] / "ns-bad name").mkdir()
+    monkeypatch.setattr(node_reclaim, "kubernetes_lister", lambda: Lister(LIVE_NAMESPACES))
+    argv = [*map(str, roots), "--node-path=/var/cache/x", "--node-path=/mnt/y", "--once"]
+    with caplog.at_level(logging.INFO, logger=node_reclaim.__name__):
+        assert node_reclaim.main(argv) == 0
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"removed /var/cache/x/{reclaim_decisions.ASIDE_PREFIX}gone-" in said
+    assert f"removed /mnt/y/{reclaim_decisions.ASIDE_PREFIX}gone-" in said
+    assert "/mnt/y/ns-bad name left alone" in said
+    assert str(tmp_path) not in said, "no log names the mount point"
+
+
+def test_without_node_paths_the_logs_name_the_directories_as_given(tmp_path: Path) -> None:
+    roots = [node_path(tmp_path / "a")]
+    assert node_reclaim.node_paths(roots, []) == {roots[0]: roots[0]}

@@ -22,6 +22,7 @@ from shardcache_operator import (
     context,
     handlers,
     metrics,
+    specs,
     status,
     webhook,
 )
@@ -191,7 +192,7 @@ async def test_finalize_waits_for_attached_pods_unless_forced() -> None:
         patch=kopf.Patch(),
         namespace="ml",
         name="data",
-        annotations={handlers.ANNOTATION_FORCE_DELETE: "true"},
+        annotations={specs.ANNOTATION_FORCE_DELETE: "true"},
         memo=ctx,
     )
     assert sample(ctx.metrics, "shardcache_operator_datasetmounts", phase="Terminating") == 0
@@ -230,7 +231,7 @@ async def test_a_terminating_mount_says_ready_false_terminating_with_its_pods() 
     assert (terminating["status"], terminating["reason"]) == ("False", "Terminating")
     assert "waiting for 2 pod(s)" in terminating["message"]
     assert "new pods are refused" in terminating["message"]
-    assert handlers.ANNOTATION_FORCE_DELETE in terminating["message"]
+    assert specs.ANNOTATION_FORCE_DELETE in terminating["message"]
     assert terminating["lastTransitionTime"] != "2026-01-01T00:00:00Z"
     # The next poll with nothing changed writes no conditions again.
     again = kopf.Patch()
@@ -296,7 +297,7 @@ def test_startup_takes_the_webhook_server_from_the_memo(tmp_path: Path) -> None:
     app.configure(settings=kopf_settings, memo=context.Context(settings=settings, api=FakeApi()))
     assert isinstance(kopf_settings.admission.server, webhook.Server)
     assert kopf_settings.admission.managed == "shardcache.io"
-    assert kopf_settings.persistence.finalizer == handlers.FINALIZER
+    assert kopf_settings.persistence.finalizer == specs.FINALIZER
     assert kopf_settings.background.instant_exit_timeout == handlers.INSTANT_EXIT_TIMEOUT_SECONDS
     assert kopf_settings.background.cancellation_polling <= 1.0
     without = kopf.OperatorSettings()

@@ -80,6 +80,8 @@ def test_mounts_refuse_the_uninstall_naming_each_and_what_to_do(
         "  team-b/web (Ready, 3 attached pods)",
     ]
     assert "kubectl delete datasetmounts --all -A --wait=false" in said
+    assert "kubectl wait --for=delete datasetmounts --all -A --timeout=10m" in said
+    assert "shardcache.io/force-delete=true does not wait" in said
     assert "helm uninstall --no-hooks" in said
     assert lines[-1] == (
         "helm now lists the release as uninstalling, though nothing was removed; to keep it "
@@ -97,6 +99,23 @@ def test_a_namespaced_release_lists_only_its_namespaces(tmp_path: Path) -> None:
     assert asked == ["team-a", "team-b"], "each watched namespace once, never the cluster"
     assert "1 DatasetMount still exists in team-a, team-b," in said
     assert "other/x" not in said
+
+
+def test_a_namespaced_release_suggests_deleting_in_its_namespaces_only(tmp_path: Path) -> None:
+    # `--all -A` would delete the mounts of every release, not only this one's.
+    held = {"team-a": [mount("team-a", "x")], "team-b": [mount("team-b", "web")], "team-c": []}
+    code, said, _, _ = run(
+        tmp_path, held, "--namespace=team-c", "--namespace=team-b", "--namespace=team-a"
+    )
+    assert code == 1
+    commands = [line.strip() for line in said.splitlines() if line.startswith("  kubectl")]
+    assert commands == [
+        "kubectl delete datasetmounts --all -n team-a --wait=false",
+        "kubectl delete datasetmounts --all -n team-b --wait=false",
+        "kubectl wait --for=delete datasetmounts --all -n team-a --timeout=10m",
+        "kubectl wait --for=delete datasetmounts --all -n team-b --timeout=10m",
+    ], "one pair per namespace holding a mount, none for team-c, which holds none"
+    assert " -A" not in said
 
 
 def test_no_datasetmount_crd_means_no_mount(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
-from shardcache_operator import handlers, specs
+from shardcache_operator import specs
 
 from images import build
 from tests.cluster import images
@@ -201,16 +201,9 @@ def operator(
             "-n", release.RELEASE_NAMESPACE, "--create-namespace", "-f", str(values_file),
         )  # fmt: skip
         installed = True
-        harness.wait_until(
+        release.wait_for_operator_replicas(
+            apps,
             "both operator replicas Ready on the real node",
-            lambda: (
-                apps.read_namespaced_deployment_status(
-                    release.OPERATOR_DEPLOYMENT, release.RELEASE_NAMESPACE
-                ).status.ready_replicas
-                == 2
-            ),
-            timeout=release.ROLLOUT_TIMEOUT_S,
-            interval=2,
             describe=lambda: (
                 pods.describe(core, release.RELEASE_NAMESPACE) + "\n" + in_cluster.logs()
             ),
@@ -332,7 +325,7 @@ def _empty_namespace(admin: kubernetes.client.ApiClient, namespace: str) -> None
     listing = custom.list_namespaced_custom_object(group, version, namespace, plural)
     for obj in listing.get("items", []):
         name = obj["metadata"]["name"]
-        patch = {"metadata": {"annotations": {handlers.ANNOTATION_FORCE_DELETE: "true"}}}
+        patch = {"metadata": {"annotations": {specs.ANNOTATION_FORCE_DELETE: "true"}}}
         with contextlib.suppress(ApiException):
             custom.patch_namespaced_custom_object(group, version, namespace, plural, name, patch)
     core = kubernetes.client.CoreV1Api(admin)

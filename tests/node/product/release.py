@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes.client
@@ -76,6 +77,28 @@ class ProductImages:
         return repository, tag
 
 
+#: The chart's operator replicas in this tier (two: kopf peering between them).
+OPERATOR_REPLICAS = 2
+
+
+def wait_for_operator_replicas(
+    apps: kubernetes.client.AppsV1Api, what: str, describe: Callable[[], str] | None = None
+) -> None:
+    """Until every operator replica is Ready (`what` names the moment, for the time-out)."""
+    harness.wait_until(
+        what,
+        lambda: (
+            apps.read_namespaced_deployment_status(
+                OPERATOR_DEPLOYMENT, RELEASE_NAMESPACE
+            ).status.ready_replicas
+            == OPERATOR_REPLICAS
+        ),
+        timeout=ROLLOUT_TIMEOUT_S,
+        interval=2,
+        describe=describe,
+    )
+
+
 def release_values(
     product_images: ProductImages, real_node: RealNode, namespace: str
 ) -> dict[str, Any]:
@@ -85,7 +108,7 @@ def release_values(
     return {
         "operator": {
             "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-            "replicas": 2,
+            "replicas": OPERATOR_REPLICAS,
             "settings": dict(harness.OPERATOR_SETTINGS),
             "resources": {"requests": {"cpu": "20m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
             "nodeSelector": real_node.node_selector,

@@ -20,7 +20,7 @@ import kubernetes.client
 import pytest
 import yaml
 from kubernetes.client.rest import ApiException
-from shardcache_operator import handlers, injection, specs
+from shardcache_operator import injection, specs
 
 from tests.e2e import harness, objects
 from tests.node.product import pods, release
@@ -132,7 +132,7 @@ def _release(admin: kubernetes.client.ApiClient) -> None:
     custom = kubernetes.client.CustomObjectsApi(admin)
     group, version, plural = specs.GROUP, specs.VERSION, specs.PLURAL
     for name in ("imagenet-train", "pile-text"):
-        patch = {"metadata": {"annotations": {handlers.ANNOTATION_FORCE_DELETE: "true"}}}
+        patch = {"metadata": {"annotations": {specs.ANNOTATION_FORCE_DELETE: "true"}}}
         with contextlib.suppress(ApiException):
             custom.patch_namespaced_custom_object(group, version, NAMESPACE, plural, name, patch)
             custom.delete_namespaced_custom_object(group, version, NAMESPACE, plural, name)

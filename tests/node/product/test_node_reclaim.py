@@ -15,7 +15,7 @@ import shutil
 import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
-from shardcache_operator import handlers, specs
+from shardcache_operator import specs
 
 from tests.e2e import harness
 from tests.node.product import jobs, pods, release
@@ -91,7 +91,7 @@ def test_a_deleted_namespaces_node_disk_tier_is_reclaimed(
         held = sum(p.stat().st_size for p in tier.iterdir() if p.is_file())
         assert held > 0, f"{tier} holds nothing after a pod read through it"
         custom.patch_namespaced_custom_object(specs.GROUP, specs.VERSION, ns, specs.PLURAL, "train", {
-            "metadata": {"annotations": {handlers.ANNOTATION_FORCE_DELETE: "true"}}})  # fmt: skip
+            "metadata": {"annotations": {specs.ANNOTATION_FORCE_DELETE: "true"}}})  # fmt: skip
         core.delete_namespace(ns)
 
         def ns_gone() -> bool:

@@ -75,7 +75,9 @@ def test_uninstall_is_refused_while_a_datasetmount_exists_and_the_release_kept(
     deployment = apps.read_namespaced_deployment_status(
         release.OPERATOR_DEPLOYMENT, release.RELEASE_NAMESPACE
     )
-    assert deployment.status.ready_replicas == 2, pods.describe(core, release.RELEASE_NAMESPACE)
+    assert deployment.status.ready_replicas == release.OPERATOR_REPLICAS, pods.describe(
+        core, release.RELEASE_NAMESPACE
+    )
     admission = kubernetes.client.AdmissionregistrationV1Api(admin)
     assert [
         w.metadata.name
@@ -95,14 +97,8 @@ def test_uninstall_is_refused_while_a_datasetmount_exists_and_the_release_kept(
     after = helm_status(node_cluster)
     assert after["info"]["status"] == "deployed", after["info"]  # type: ignore[index]
     assert after["version"] == int(str(revision)) + 1
-    harness.wait_until(
+    release.wait_for_operator_replicas(
+        apps,
         "both operator replicas Ready after the rollback",
-        lambda: (
-            apps.read_namespaced_deployment_status(
-                release.OPERATOR_DEPLOYMENT, release.RELEASE_NAMESPACE
-            ).status.ready_replicas
-            == 2
-        ),
-        timeout=release.ROLLOUT_TIMEOUT_S,
-        interval=2,
+        describe=lambda: pods.describe(core, release.RELEASE_NAMESPACE),
     )
