@@ -15,7 +15,7 @@ import shutil
 import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
-from shardcache_operator import specs
+from shardcache_operator import reclaim_decisions, specs
 
 from tests.e2e import harness
 from tests.node.product import jobs, pods, release
@@ -113,6 +113,8 @@ def test_a_deleted_namespaces_node_disk_tier_is_reclaimed(
             assert live.is_dir(), f"{live} of the live namespace {namespace} was removed"
         logs = _reclaim_logs(core)
         assert f"(deleted namespace {ns})" in logs, logs
+        # The node's path, as its admin knows it, not the container's mount point.
+        assert f"removed {node_path}/{reclaim_decisions.ASIDE_PREFIX}{ns}-" in logs, logs
     finally:
         with contextlib.suppress(ApiException):
             core.delete_namespace(ns)
