@@ -11,18 +11,62 @@ A rank that read an epoch again from its start (a second pass, `history`) was ha
 the epoch once per pass, each pass with its own skips; the passes are compared in turn
 (pass 1 of A with pass 1 of B, ...), and a pass one run made and the other did not is a
 difference at its step 0.
+
+A run that resized (an elastic resume: `RunPlan.generations`, one per world size) is
+read as its generations were: in an epoch, pass by pass, each generation's ranks handed
+their plan's rows (the segments `elastic.resize` gave them in the epoch of the resize)
+from position 0, less that pass's skips (`Generation.passes`), the old generation's up
+to each rank's `ended` position in the pass it ended in. Both runs are walked in that
+order (epoch, pass, generation; a run that never resized is one generation), and each
+generation of A is set against the one of B at the same place in the walk:
+- per rank, where both read (up to the earlier of their `ended`), as above; a step
+  counts the batches that generation's rank was handed in the epoch, from 0 (so the
+  steps of a generation that started at a resize count from the resize);
+- the generations part where one hands over to its next generation at a rank's
+  position and the other does not (it reads on, or hands over at another position), or
+  both hand over at the same positions to generations of another world size or other
+  segments. That is the difference unless a per-rank one came earlier in (step, rank)
+  order: the rank and step (its batches handed before the position it ended at) that
+  come first, with the reason `an elastic resize: A went from world size 4 to 3 after
+  step S, B went on at 4` (S the checkpoint step the resize resumed from; or `B resized
+  to 2 after step S`, or `both resized to 3, from other positions: segments differ`),
+  and as samples, for a run that resized there, its new generation's rank's first batch
+  (none when the new world size lacks that rank), else what it read at that step.
+A difference between runs either of which resized names each run's generation and its
+world size there (`generation_a`, `world_size_a`, ...); two runs that resized alike
+(the same world sizes from the same positions) are compared generation by generation.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from shardcache import manifests, placements, plans, states
 
 #: A run of rows [start, stop) of one shard, named by its identity (path, content sha256).
 Segment = tuple[tuple[str, str], int, int]
+
+
+class Generation(Protocol):
+    """The ranks of one world size of an elastic run, as `shardcache.lineage.history`'s
+    `Generation` has them."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def start_epoch(self) -> int: ...
+    @property
+    def resumed_from(self) -> int | None: ...
+    @property
+    def ended(self) -> Mapping[int, tuple[int, int]] | None: ...
+    @property
+    def ended_pass(self) -> Mapping[int, int] | None: ...
+    def passes(self, rank: int, epoch: int) -> Mapping[int, Sequence[states.Skip]]: ...
+    def plan(self, rank: int, epoch: int) -> plans.PlanParams: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +85,9 @@ class RunPlan:
     read_again: Mapping[int, Mapping[int, Sequence[Sequence[states.Skip]]]] = dataclasses.field(
         default_factory=dict
     )
+    #: An elastic run's generations, oldest first (more than one: `skips` and
+    #: `read_again` are then unused, each generation has its own).
+    generations: tuple[Generation, ...] = ()
 
     def pass_skips(self, rank: int, epoch: int) -> list[list[states.Skip]]:
         """The skips of each pass `rank` made over `epoch`, oldest first (one pass for
@@ -63,8 +110,19 @@ class Difference:
     #: Which pass over the epoch (0 the first), and how many either run's ranks made.
     pass_index: int = 0
     passes: int = 1
+    #: When either run resized (more than one generation): each run's generation (0 the
+    #: first) and its world size there; None otherwise.
+    generation_a: int | None = None
+    generation_b: int | None = None
+    world_size_a: int | None = None
+    world_size_b: int | None = None
 
     def to_json(self) -> dict[str, Any]:
+        extra = {
+            k: getattr(self, k)
+            for k in ("generation_a", "generation_b", "world_size_a", "world_size_b")
+            if getattr(self, k) is not None
+        }
         return {
             "epoch": self.epoch,
             "pass_index": self.pass_index,
@@ -74,6 +132,7 @@ class Difference:
             "reasons": list(self.reasons),
             "a": [list(x) for x in self.a],
             "b": [list(x) for x in self.b],
+            **extra,
         }
 
 
@@ -88,16 +147,30 @@ def segments(run: RunPlan, rank: int, epoch: int, pass_index: int = 0) -> list[S
     every = run.pass_skips(rank, epoch)
     if rank >= run.params.world_size or pass_index >= len(every):
         return []
-    m = run.manifest
     params = dataclasses.replace(run.params, rank=rank, epoch=epoch)
-    skips = every[pass_index]
+    return handed(run.manifest, params, every[pass_index])
+
+
+def handed(
+    m: manifests.Manifest,
+    params: plans.PlanParams,
+    skips: Sequence[states.Skip],
+    end: int | None = None,
+) -> list[Segment]:
+    """The rows the rank of `params` (its segments included, after an elastic resize)
+    is handed in `params.epoch`, in order: positions [0, `end`) (the whole epoch
+    without one) less `skips`."""
+    skips = sorted(skips)
     out: list[Segment] = []
     pos = 0
     for r in placements.rank_runs(m.shard_rows, m.digest, params):
+        if end is not None and pos >= end:
+            break
         # The content hash, not the store's identity: a shard whose bytes changed is
         # other samples, and one re-uploaded unchanged (a new ETag) is the same.
         key = (m.shards[r.shard].path, m.shards[r.shard].sha256)
-        lo, hi = pos, pos + len(r)
+        lo = pos
+        hi = pos + len(r) if end is None else min(pos + len(r), end)
         cursor = lo
         for s in skips:
             if s.stop <= cursor or s.start >= hi:
@@ -107,7 +180,7 @@ def segments(run: RunPlan, rank: int, epoch: int, pass_index: int = 0) -> list[S
             cursor = max(cursor, s.stop)
         if cursor < hi:
             out.append((key, r.start + cursor - lo, r.start + hi - lo))
-        pos = hi
+        pos = pos + len(r)
     return out
 
 
@@ -146,6 +219,8 @@ def take(segs: Sequence[Segment], start: int, count: int) -> tuple[tuple[str, in
 
 def first_difference(a: RunPlan, b: RunPlan, epochs: Sequence[int]) -> Difference | None:
     """The first (epoch, step, rank) whose batch differs between the runs, or None."""
+    if len(a.generations) > 1 or len(b.generations) > 1:
+        return _first_elastic(a, b, epochs)
     for epoch in epochs:
         count = max(passes(a, epoch), passes(b, epoch))
         for n in range(count):
@@ -201,6 +276,13 @@ def reasons(a: RunPlan, b: RunPlan, rank: int, epoch: int, pass_index: int = 0) 
     """Why the runs' batches differ: every plan input that differs, a pass over `epoch`
     one run's `rank` made and the other's did not, and the skips of `rank` in that pass
     that differ."""
+    out = _plan_reasons(a, b, a.params.world_size, b.params.world_size)
+    in_a, in_b = a.pass_skips(rank, epoch), b.pass_skips(rank, epoch)
+    out += _pass_reasons(dict(enumerate(in_a)), dict(enumerate(in_b)), rank, epoch, pass_index)
+    return out or ["the batches differ"]
+
+
+def _plan_reasons(a: RunPlan, b: RunPlan, world_a: int, world_b: int) -> list[str]:
     out: list[str] = []
     if a.manifest.digest != b.manifest.digest:
         changes = shard_changes(a.manifest, b.manifest)
@@ -220,7 +302,7 @@ def reasons(a: RunPlan, b: RunPlan, rank: int, epoch: int, pass_index: int = 0) 
     pa_, pb = a.params, b.params
     for name, x, y in (
         ("seed", pa_.seed, pb.seed),
-        ("world size", pa_.world_size, pb.world_size),
+        ("world size", world_a, world_b),
         ("batch size", a.batch_size, b.batch_size),
         ("shuffle", pa_.mode, pb.mode),
         ("block size", pa_.block_size, pb.block_size),
@@ -228,21 +310,33 @@ def reasons(a: RunPlan, b: RunPlan, rank: int, epoch: int, pass_index: int = 0) 
     ):
         if x != y:
             out.append(f"another {name}: {x} vs {y}")
-    in_a, in_b = a.pass_skips(rank, epoch), b.pass_skips(rank, epoch)
-    made = [len(p) > pass_index for p in (in_a, in_b)]
+    return out
+
+
+def _pass_reasons(
+    in_a: Mapping[int, Sequence[states.Skip]],
+    in_b: Mapping[int, Sequence[states.Skip]],
+    rank: int,
+    epoch: int,
+    pass_index: int,
+) -> list[str]:
+    """A pass `pass_index` over `epoch` only one run's `rank` made, or its skips there
+    when they differ (`in_a`, `in_b`: each pass's skips by pass index)."""
+    made = [pass_index in p for p in (in_a, in_b)]
+    count_a, count_b = (max(p, default=-1) + 1 for p in (in_a, in_b))
     if made[0] != made[1]:
-        out.append(
-            f"a pass: rank {rank} read epoch {epoch} {_times(len(in_a))} in A, "
-            f"{_times(len(in_b))} in B (again from its start); pass {pass_index + 1} is "
+        return [
+            f"a pass: rank {rank} read epoch {epoch} {_times(count_a)} in A, "
+            f"{_times(count_b)} in B (again from its start); pass {pass_index + 1} is "
             f"only in {'A' if made[0] else 'B'}"
-        )
-    elif made[0] and in_a[pass_index] != in_b[pass_index]:
-        where = f" pass {pass_index + 1}" if max(len(in_a), len(in_b)) > 1 else ""
-        out.append(
+        ]
+    if made[0] and sorted(in_a[pass_index]) != sorted(in_b[pass_index]):
+        where = f" pass {pass_index + 1}" if max(count_a, count_b) > 1 else ""
+        return [
             f"a skip: rank {rank} in epoch {epoch}{where} skipped positions "
-            f"{_ranges(in_a[pass_index])} in A, {_ranges(in_b[pass_index])} in B"
-        )
-    return out or ["the batches differ"]
+            f"{_ranges(sorted(in_a[pass_index]))} in A, {_ranges(sorted(in_b[pass_index]))} in B"
+        ]
+    return []
 
 
 def _times(n: int) -> str:
@@ -261,3 +355,252 @@ def _few(items: Sequence[str], limit: int = 5) -> str:
 
 def _ranges(skips: Sequence[states.Skip]) -> str:
     return " ".join(f"[{s.start}, {s.stop})" for s in skips) or "none"
+
+
+# --- runs with several generations (an elastic resize) ---
+
+
+@dataclasses.dataclass(frozen=True)
+class _Whole:
+    """A run that never resized, as its one generation."""
+
+    run: RunPlan
+    index: int = 0
+    start_epoch: int = 0
+    resumed_from: int | None = None
+    ended: Mapping[int, tuple[int, int]] | None = None
+    ended_pass: Mapping[int, int] | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.run.params.world_size
+
+    def passes(self, rank: int, epoch: int) -> Mapping[int, Sequence[states.Skip]]:
+        return dict(enumerate(self.run.pass_skips(rank, epoch)))
+
+    def plan(self, rank: int, epoch: int) -> plans.PlanParams:
+        return dataclasses.replace(self.run.params, rank=rank, epoch=epoch)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """One generation's reading of one pass over an epoch."""
+
+    pass_index: int
+    gen: Generation
+    #: Per rank, the position where the next generation took over; None: the epoch's end.
+    ends: Mapping[int, int | None]
+    #: The generation that took over in this pass, or None.
+    next: Generation | None
+
+
+def _generations(run: RunPlan) -> tuple[Generation, ...]:
+    return run.generations if len(run.generations) > 1 else (_Whole(run),)
+
+
+def _last_epoch(gen: Generation) -> int | None:
+    return None if gen.ended is None else max(e for e, _ in gen.ended.values())
+
+
+def _slots(gens: Sequence[Generation], epoch: int) -> list[_Slot]:
+    """Each generation's passes over `epoch`, in reading order: by pass, then by
+    generation (a resize hands the rest of a pass to the next generation)."""
+    out: list[_Slot] = []
+    for i, gen in enumerate(gens):
+        last = _last_epoch(gen)
+        if epoch < gen.start_epoch or (last is not None and epoch > last):
+            continue
+        made = sorted({n for r in range(gen.world_size) for n in gen.passes(r, epoch)})
+        for n in made:
+            ends: dict[int, int | None] = {}
+            for r in range(gen.world_size):
+                stop = (gen.ended or {}).get(r)
+                took_over = stop is not None and stop[0] == epoch
+                in_pass = (gen.ended_pass or {}).get(r, 0) == n
+                ends[r] = stop[1] if stop is not None and took_over and in_pass else None
+            ended = any(e is not None for e in ends.values()) and i + 1 < len(gens)
+            out.append(_Slot(n, gen, ends, gens[i + 1] if ended else None))
+    return sorted(out, key=lambda s: (s.pass_index, s.gen.index))
+
+
+def _rows(
+    run: RunPlan, slot: _Slot | None, rank: int, epoch: int, end: int | None
+) -> list[Segment]:
+    if slot is None or rank >= slot.gen.world_size:
+        return []
+    skips = slot.gen.passes(rank, epoch).get(slot.pass_index)
+    if skips is None:
+        return []
+    return handed(run.manifest, slot.gen.plan(rank, epoch), skips, end)
+
+
+def _end(slot: _Slot | None, rank: int) -> int | None:
+    return None if slot is None else slot.ends.get(rank)
+
+
+def _earlier(x: int | None, y: int | None) -> int | None:
+    return y if x is None else x if y is None else min(x, y)
+
+
+def _shape(gen: Generation, epoch: int) -> tuple[object, ...]:
+    """What makes two generations hand out the same rows in `epoch`: the world size and
+    each rank's segments there."""
+    segs = []
+    for r in range(gen.world_size):
+        seg = gen.plan(r, epoch).segments
+        segs.append(seg if seg is not None and seg.epoch == epoch else None)
+    return (gen.world_size, tuple(segs))
+
+
+def _first_elastic(a: RunPlan, b: RunPlan, epochs: Sequence[int]) -> Difference | None:
+    """`first_difference` when either run resized: the runs' generations walked in
+    reading order (`_slots`), compared per rank where both read, and the first point
+    where their generations part is a difference of its own (`_resize`)."""
+    ga, gb = _generations(a), _generations(b)
+    for epoch in epochs:
+        sa, sb = _slots(ga, epoch), _slots(gb, epoch)
+        count = max((s.pass_index + 1 for s in (*sa, *sb)), default=1)
+        last_a, last_b = (sa[-1] if sa else None), (sb[-1] if sb else None)
+        for k in range(max(len(sa), len(sb))):
+            x = sa[k] if k < len(sa) else None
+            y = sb[k] if k < len(sb) else None
+            found = _compare(a, b, epoch, x, y, last_a, last_b)
+            if found is not None:
+                return dataclasses.replace(found, passes=count)
+    return None
+
+
+def _compare(
+    a: RunPlan,
+    b: RunPlan,
+    epoch: int,
+    x: _Slot | None,
+    y: _Slot | None,
+    last_a: _Slot | None,
+    last_b: _Slot | None,
+) -> Difference | None:
+    """The first difference in one slot of each run, or None. A run without this slot
+    (it made fewer passes over the epoch) is described by its last slot of the epoch
+    (`last_a`, `last_b`): its world size and the passes its ranks made."""
+    n = x.pass_index if x is not None else y.pass_index if y is not None else 0
+    world = max(s.gen.world_size if s is not None else 0 for s in (x, y))
+    best: tuple[int, int, list[Segment], list[Segment]] | None = None
+    for rank in range(world):
+        end = _earlier(_end(x, rank), _end(y, rank))
+        ra, rb = _rows(a, x, rank, epoch, end), _rows(b, y, rank, epoch, end)
+        at = first_mismatch(ra, rb)
+        if a.batch_size != b.batch_size:
+            if not ra and not rb:
+                continue
+            step = 0
+        elif at is None:
+            continue
+        else:
+            step = at // a.batch_size
+        if best is None or step < best[0]:
+            best = (step, rank, ra, rb)
+    resize = _resize(a, b, epoch, x, y) if x is not None and y is not None else None
+    if best is not None and (resize is None or (best[0], best[1]) < (resize.step, resize.rank)):
+        step, rank, ra, rb = best
+        ka, kb = x or last_a, y or last_b
+        wa, wb = (k.gen.world_size if k is not None else 0 for k in (ka, kb))
+        why = _plan_reasons(a, b, wa, wb)
+        why += _pass_reasons(
+            ka.gen.passes(rank, epoch) if ka is not None and rank < wa else {},
+            kb.gen.passes(rank, epoch) if kb is not None and rank < wb else {},
+            rank,
+            epoch,
+            n,
+        )
+        found = Difference(
+            epoch=epoch,
+            step=step,
+            rank=rank,
+            reasons=tuple(why or ["the batches differ"]),
+            a=take(ra, step * a.batch_size, a.batch_size),
+            b=take(rb, step * b.batch_size, b.batch_size),
+        )
+        return _named(found, n, x, y)
+    if resize is not None:
+        return _named(resize, n, x, y)
+    return None
+
+
+def _named(found: Difference, n: int, x: _Slot | None, y: _Slot | None) -> Difference:
+    """`found` with its pass and each run's generation there."""
+    return dataclasses.replace(
+        found,
+        pass_index=n,
+        generation_a=x.gen.index if x is not None else None,
+        generation_b=y.gen.index if y is not None else None,
+        world_size_a=x.gen.world_size if x is not None else None,
+        world_size_b=y.gen.world_size if y is not None else None,
+    )
+
+
+def _resize(a: RunPlan, b: RunPlan, epoch: int, x: _Slot, y: _Slot) -> Difference | None:
+    """Where the runs' generations part in this slot: one run's generation hands over to
+    the next at a rank's position where the other's does not (reads on, or hands over
+    elsewhere), or both hand over at the same positions to generations that differ.
+    At the earliest (step, rank) of those, the step counted in the generation that
+    stopped there."""
+    ranks = sorted(set(x.ends) | set(y.ends))
+    parted = [r for r in ranks if _end(x, r) != _end(y, r)]
+    if not parted:
+        if x.next is None or y.next is None:
+            return None
+        if _shape(x.next, epoch) == _shape(y.next, epoch):
+            return None
+        parted = [r for r in ranks if _end(x, r) is not None]
+    points: list[tuple[int, int, int]] = []
+    for r in parted:
+        end = _earlier(_end(x, r), _end(y, r))
+        if end is None:
+            continue
+        run, slot = (a, x) if _end(x, r) == end else (b, y)
+        handed_before = sum(hi - lo for _, lo, hi in _rows(run, slot, r, epoch, end))
+        points.append((handed_before // run.batch_size, r, end))
+    if not points:
+        return None
+    step, rank, end = min(points)
+
+    def there(run: RunPlan, slot: _Slot) -> tuple[tuple[str, int], ...]:
+        # A run that handed over here: its new generation's first batch of this rank (if
+        # it has that rank); else what it went on reading at this step.
+        if slot.next is not None and _end(slot, rank) == end:
+            new = _Slot(slot.pass_index, slot.next, {}, None)
+            return take(_rows(run, new, rank, epoch, None), 0, run.batch_size)
+        rows = _rows(run, slot, rank, epoch, _end(slot, rank))
+        return take(rows, step * run.batch_size, run.batch_size)
+
+    return Difference(
+        epoch=epoch,
+        step=step,
+        rank=rank,
+        reasons=(_resize_reason(x, y, rank, end),),
+        a=there(a, x),
+        b=there(b, y),
+    )
+
+
+def _resize_reason(x: _Slot, y: _Slot, rank: int, end: int) -> str:
+    def went(label: str, slot: _Slot) -> str:
+        assert slot.next is not None
+        return (
+            f"{label} went from world size {slot.gen.world_size} to {slot.next.world_size} "
+            f"after step {slot.next.resumed_from}"
+        )
+
+    if x.next is not None and y.next is not None:
+        if x.next.world_size == y.next.world_size:
+            return (
+                f"an elastic resize: both resized to {x.next.world_size}, from other "
+                f"positions: segments differ ({went('A', x)}, {went('B', y)})"
+            )
+        return (
+            f"an elastic resize: {went('A', x)}, B resized to {y.next.world_size} after "
+            f"step {y.next.resumed_from}"
+        )
+    if x.next is not None:
+        return f"an elastic resize: {went('A', x)}, B went on at {y.gen.world_size}"
+    return f"an elastic resize: {went('B', y)}, A went on at {x.gen.world_size}"

@@ -2,7 +2,9 @@
 
 Each plan option comes in three spellings: `--seed 3` sets both runs, `--a-seed` and
 `--b-seed` one run. `--a-checkpoint-uri` (or `--b-…`) reads a run's plan, batch size and
-skips from the data states it published, which then win over the shared options.
+skips from the data states it published, which then win over the shared options; a
+run whose checkpoints changed world size (an elastic resume) is compared generation by
+generation (`shardcache.lineage.diff`).
 Silent, with exit status 0, when the runs' data is identical; 1 when it differs.
 """
 
@@ -124,32 +126,37 @@ def side_plan(
     if uri is None:
         return diff.RunPlan(manifest, params, batch_size), 0
     hist = published.history_of(manifest, uri)
-    if len(hist.generations) > 1:
-        worlds = [g.world_size for g in hist.generations]
-        raise errors.InputError(
-            f"run {side.upper()}'s checkpoints change world size ({worlds}, an elastic "
-            "resume): diff compares one world size's plan; give the plan parameters "
-            "without --checkpoint-uri, or `shardcache lineage` for the resized run"
-        )
+    elastic = len(hist.generations) > 1
     for name, given, found in (
         ("seed", getattr(args, f"{side}_seed"), hist.params.seed),
         ("world-size", getattr(args, f"{side}_world_size"), hist.params.world_size),
         ("batch-size", getattr(args, f"{side}_batch_size"), hist.batch_size(0)),
     ):
         if given is not None and found is not None and given != found:
+            # An elastic run's later world sizes come from its resizes: the option
+            # (like a plan-only run's) names the one it started at.
+            first = (
+                ", its first generation's world size" if elastic and name == "world-size" else ""
+            )
             raise errors.InputError(
                 f"--{side}-{name} {given} contradicts run {side.upper()}'s checkpoints "
-                f"({found}): leave it out"
+                f"({found}{first}): leave it out"
             )
     recorded = hist.batch_size(0)
-    plan = diff.RunPlan(
-        manifest,
-        hist.params,
-        recorded if recorded is not None else batch_size,
-        {r: [s for _, s in hist.skips(r)] for r in hist.chains},
-        {r: again for r in hist.chains if (again := hist.read_again(r))},
-    )
-    newest = max(c[-1].state.epoch for c in hist.chains.values() if c)
+    size = recorded if recorded is not None else batch_size
+    if elastic:
+        # Each generation carries its own plans (segments) and per-pass skips.
+        plan = diff.RunPlan(manifest, hist.params, size, generations=hist.generations)
+    else:
+        plan = diff.RunPlan(
+            manifest,
+            hist.params,
+            size,
+            {r: [s for _, s in hist.skips(r)] for r in hist.chains},
+            {r: again for r in hist.chains if (again := hist.read_again(r))},
+        )
+    chains = [c for g in hist.generations for c in g.chains.values()] or list(hist.chains.values())
+    newest = max(c[-1].state.epoch for c in chains if c)
     return plan, newest
 
 
@@ -176,8 +183,20 @@ def text(data: dict[str, Any]) -> str:
     where = f" pass {data.get('pass_index', 0) + 1} of {passes}" if passes > 1 else ""
     lines = [
         f"first difference: epoch {data['epoch']}{where} step {data['step']} rank {data['rank']}",
-        *(f"  because of {r}" for r in data["reasons"]),
     ]
+    if any(f"generation_{side}" in data for side in ("a", "b")):
+        # Only a comparison where either run resized names generations.
+        lines.append(
+            "  in "
+            + ", ".join(
+                f"run {side.upper()}'s generation {data[f'generation_{side}']} "
+                f"(world size {data[f'world_size_{side}']})"
+                if data.get(f"generation_{side}") is not None
+                else f"no generation of run {side.upper()}"
+                for side in ("a", "b")
+            )
+        )
+    lines += [f"  because of {r}" for r in data["reasons"]]
     for side in ("a", "b"):
         samples = data[side]
         shown = ", ".join(f"{path}:{row}" for path, row in samples[:4])
