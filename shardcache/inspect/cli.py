@@ -109,6 +109,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="reverse lookup: at which (epoch, rank, step) are samples matching EXPR seen, "
         "e.g. 'uid == 123'",
     )
+    p.add_argument(
+        "--pass",
+        dest="pass_number",
+        type=int,
+        default=None,
+        help="with --checkpoint-uri, an epoch the run read more than once: which pass over "
+        "--epoch to show, from 1 (default: the newest), with that pass's skips",
+    )
     p.add_argument("--epochs", type=int, default=1, help="with --where: epochs from --epoch")
     p.add_argument("--limit", type=int, default=100, help="with --where: most samples reported")
     p.add_argument(
@@ -221,6 +229,21 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
+def pass_index(args: argparse.Namespace) -> int | None:
+    """`--pass` as the run's pass index (0 the first); None for the newest."""
+    number: int | None = args.pass_number
+    if number is None:
+        return None
+    if args.checkpoint_uri is None:
+        raise errors.InputError(
+            "--pass selects a pass of the run followed with --checkpoint-uri: expected "
+            "--checkpoint-uri, found none"
+        )
+    if number < 1:
+        raise errors.InputError(f"--pass counts from 1: expected >= 1, found {number}")
+    return number - 1
+
+
 def followed_states(
     inspector: session.Inspector, args: argparse.Namespace
 ) -> dict[int, tuple[str, states.DataState]]:
@@ -239,7 +262,11 @@ def followed_states(
             file=sys.stderr,
         )
     view = query_from(args)
-    found = hist.newest_states(view.params(), view.epoch)
+    chosen = pass_index(args)
+    found = hist.newest_states(view.params(), view.epoch, chosen)
+    note = hist.pass_note(view.params(), view.epoch, chosen)
+    if note:
+        print(f"note: --checkpoint-uri: {note}", file=sys.stderr)
     if not found:
         worlds = sorted({g.world_size for g in hist.generations})
         print(
@@ -256,6 +283,7 @@ def _run(args: argparse.Namespace) -> int:
         raise errors.InputError(
             "expected --data-state files or --checkpoint-uri (the run's newest states), found both"
         )
+    pass_index(args)  # a bad --pass is refused before the dataset is opened
     loaded = load_states(args.data_state)
     recorded = recorded_batch_size(loaded)
     query = query_from(args, batch_size=recorded)

@@ -18,7 +18,9 @@ the checkpoint carries). Each span names its pass, and `Generation.restarts` kee
 skips each earlier pass made. A skip an earlier pass made after its last checkpoint
 (a `skip_batches`, the rows `drop_last` trims at the end) is in no state: the pass that
 followed dropped it, so lineage counts those rows as read. States cannot tell two
-passes between one pair of checkpoints from one; lineage takes the fewest.
+passes between one pair of checkpoints from one; lineage takes the fewest. A view that
+follows the run (`newest_states`) takes the pass it shows, so a step of an earlier
+pass is rendered with that pass's skips, not the newest state's.
 
 A chain that goes back to an earlier epoch, or whose later state lacks a skip of
 another epoch, is not one run: a rewind that kept the abandoned checkpoints. It is
@@ -179,27 +181,47 @@ class History:
         chain = self.chains.get(rank, ())
         return chain[-1].state if chain else None
 
-    def read_again(self, rank: int) -> dict[int, list[tuple[states.Skip, ...]]]:
-        """The epochs the rank (of the first generation) read more than once, each with
-        the skips of every pass over it, oldest first (`Generation.pass_skips`)."""
-        gen = self.generations[0] if self.generations else None
-        if gen is None:
+    def read_again(
+        self, rank: int, generation: int = 0
+    ) -> dict[int, list[tuple[states.Skip, ...]]]:
+        """The epochs the rank (of `generation`, the first by default) read more than
+        once, each with the skips of every pass over it, oldest first
+        (`Generation.pass_skips`)."""
+        if not 0 <= generation < len(self.generations):
             return {}
+        gen = self.generations[generation]
         epochs = sorted({r.epoch for r in gen.restarts.get(rank, ())})
         return {e: gen.pass_skips(rank, e) for e in epochs}
 
-    def skips(self, rank: int) -> tuple[tuple[int, states.Skip], ...]:
-        """Every skip the rank (of the first generation) made, with the pass over its
-        epoch it was made in (0 the first), in (epoch, pass, position) order. The newest
-        checkpoint carries only the last pass's skips of an epoch read again; the
-        earlier passes' come from the checkpoints that ended them (`Restart`)."""
-        last = self.last(rank)
-        again = self.read_again(rank)
-        out = [(0, s) for s in (last.skips if last is not None else ()) if s.epoch not in again]
-        out += [(n, s) for skips in again.values() for n, ks in enumerate(skips) for s in ks]
+    def skips(self, rank: int, generation: int = 0) -> tuple[tuple[int, states.Skip], ...]:
+        """Every skip the rank (of `generation`, the first by default) made, with the
+        run's pass over its epoch it was made in (0 the first; `Generation.passes`), in
+        (epoch, pass, position) order. The newest checkpoint carries only the last
+        pass's skips of an epoch read again; the earlier passes' come from the
+        checkpoints that ended them (`Restart`). Ranks of different generations are
+        different readers: ask for each generation's (`every_skip`)."""
+        if not 0 <= generation < len(self.generations):
+            return ()
+        gen = self.generations[generation]
+        chain = gen.chains.get(rank, ())
+        newest = chain[-1].state.skips if chain else ()
+        epochs = {s.epoch for s in newest} | {r.epoch for r in gen.restarts.get(rank, ())}
+        out = [(n, s) for e in epochs for n, ks in gen.passes(rank, e).items() for s in ks]
         return tuple(sorted(out, key=lambda p: (p[1].epoch, p[0], p[1].start)))
 
-    def newest_states(self, view: plans.PlanParams, epoch: int) -> dict[int, states.DataState]:
+    def every_skip(self) -> list[tuple[int, int, int, states.Skip]]:
+        """(generation, rank, pass, skip) of every rank of every generation (`skips`),
+        in generation, then rank order."""
+        return [
+            (g.index, rank, n, s)
+            for g in self.generations
+            for rank in sorted(g.chains)
+            for n, s in self.skips(rank, g.index)
+        ]
+
+    def newest_states(
+        self, view: plans.PlanParams, epoch: int, pass_index: int | None = None
+    ) -> dict[int, states.DataState]:
         """Each rank's newest data state (its skips, and its segments after an elastic
         resume) in the generation whose plan `view` is (seed, world size, shuffle
         mode, block size, window), so a step viewed in `epoch` is what that rank was
@@ -207,14 +229,57 @@ class History:
         run reads (`shardcache inspect --checkpoint-uri`, the web inspector's).
 
         A run that went back to an earlier world size (4 -> 2 -> 4) has two generations
-        of one plan: `epoch` picks the latest that had started by then."""
+        of one plan: `epoch` picks the latest that had started by then.
+
+        The newest state carries only the last pass's skips of an epoch read again;
+        `pass_index` (the run's, 0 the first; `view_passes`) puts that pass's skips of
+        `epoch` in their place, so a step of an earlier pass is what was handed then. A
+        rank that has not begun that pass has skipped nothing in it yet. A pass the
+        generation did not make is refused, naming those it made."""
+        gen = self._viewed(view, epoch)
+        if gen is None:
+            return {}
+        newest = {rank: chain[-1].state for rank, chain in gen.chains.items() if chain}
+        if pass_index is None:
+            return newest
+        made = _passes_of(gen, epoch)
+        if pass_index not in made:
+            raise errors.InputError(
+                f"pass {pass_index + 1} over epoch {epoch}: expected one of the passes the "
+                f"world size {gen.world_size} ranks made over it (from 1: "
+                f"{', '.join(str(n + 1) for n in made)}), found pass {pass_index + 1}"
+            )
+        return {
+            rank: _with_pass_skips(state, epoch, gen.passes(rank, epoch).get(pass_index, ()))
+            for rank, state in newest.items()
+        }
+
+    def view_passes(self, view: plans.PlanParams, epoch: int) -> list[int]:
+        """The run's passes over `epoch` (0 the first) that the ranks of the generation
+        `view` selects (`newest_states`) made, oldest first; none for no generation."""
+        gen = self._viewed(view, epoch)
+        return _passes_of(gen, epoch) if gen is not None else []
+
+    def pass_note(self, view: plans.PlanParams, epoch: int, shown: int | None) -> str:
+        """What a view of an epoch the generation `view` selects read more than once
+        says (nothing for one read): which pass it shows (`shown`, the run's index from
+        0; None the newest) of how many, and how to pick another."""
+        made = self.view_passes(view, epoch)
+        if not made or max(made) == 0:
+            return ""
+        showing = max(made) if shown is None else shown
+        return (
+            f"epoch {epoch} was read {max(made) + 1} times by this run; showing pass "
+            f"{showing + 1} (--pass / pass= selects another)"
+        )
+
+    def _viewed(self, view: plans.PlanParams, epoch: int) -> Generation | None:
         key = _plan_key(view)
         same = [g for g in self.generations if _plan_key(g.params) == key]
         if not same:
-            return {}
+            return None
         started = [g for g in same if g.start_epoch <= epoch]
-        gen = started[-1] if started else same[0]
-        return {rank: chain[-1].state for rank, chain in gen.chains.items() if chain}
+        return started[-1] if started else same[0]
 
     def batch_size(self, rank: int, before: int | None = None) -> int | None:
         for c in reversed(self.chains.get(rank, ())):
@@ -239,6 +304,19 @@ class History:
         default), in reading order, adjacent ranges merged."""
         params = plan.with_epoch(epoch) if plan is not None else self._rank(rank, epoch)
         return placements.index_ranges(self.shard_rows, self.digest, params, start, stop)
+
+
+def _passes_of(gen: Generation, epoch: int) -> list[int]:
+    """The run's passes over `epoch` any rank of `gen` made, oldest first."""
+    return sorted({n for rank in gen.chains for n in gen.passes(rank, epoch)})
+
+
+def _with_pass_skips(
+    state: states.DataState, epoch: int, skips: Sequence[states.Skip]
+) -> states.DataState:
+    """`state` with `skips` as its skips of `epoch` (those of other epochs kept)."""
+    kept = [s for s in state.skips if s.epoch != epoch]
+    return dataclasses.replace(state, skips=states.normalise([*kept, *skips]))
 
 
 def _plan_key(p: plans.PlanParams) -> tuple[object, ...]:

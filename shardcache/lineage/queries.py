@@ -311,12 +311,19 @@ def reads_json(
                 }
                 for g in hist.generations
             ],
-            # Per rank (of the first generation), every pass's skips: an epoch read
-            # again has each pass's own (`pass_index`, 0 the first).
-            "skips": {
-                str(r): [{**s.to_json(), "pass_index": n} for n, s in hist.skips(r)]
-                for r in hist.chains
-            },
+            # Per rank number, every generation's skips of every pass: an epoch read
+            # again has each pass's own (`pass_index`, 0 the first), and the ranks of
+            # one number in two world sizes are two readers (`generation`).
+            "skips": _skips_json(hist),
         },
         "reads": [r.to_json() for r in found],
     }
+
+
+def _skips_json(hist: history.History) -> dict[str, list[dict[str, Any]]]:
+    """`run.skips` of `reads_json`: by rank number, each skip with its generation and
+    pass; every rank of the first generation has an entry, if empty."""
+    out: dict[str, list[dict[str, Any]]] = {str(r): [] for r in hist.chains}
+    for gen, rank, n, skip in hist.every_skip():
+        out.setdefault(str(rank), []).append({**skip.to_json(), "pass_index": n, "generation": gen})
+    return out

@@ -51,7 +51,10 @@ def test_history_skips_keep_an_earlier_passs_skips_with_their_pass() -> None:
     assert hist.skips(0) == ((0, first), (1, second))
     run = queries.reads_json(hist, "", [], False, [])["run"]
     assert run["skips"] == {
-        "0": [{**first.to_json(), "pass_index": 0}, {**second.to_json(), "pass_index": 1}]
+        "0": [
+            {**first.to_json(), "pass_index": 0, "generation": 0},
+            {**second.to_json(), "pass_index": 1, "generation": 0},
+        ]
     }
 
 

@@ -5,9 +5,12 @@
     GET /ui/static/{name}     the page's script and style sheet
     GET /ui/api/info          dataset (public URI, digest, shards, rows, columns), defaults
     GET /ui/api/step          the samples of ?epoch&rank&world_size&step&batch_size&seed...
+                              [&pass=K: of an epoch the followed run read more than
+                              once, pass K (from 1; the newest by default)]
     GET /ui/api/image         the bytes of an image cell (?shard&row&column), typed
     GET /ui/api/stats         column statistics and length histograms
     GET /ui/api/where         ?expr=...: at which (epoch, rank, step) matches are seen
+                              (`pass` as for step: of the first epoch looked in)
     GET /ui/api/lineage       ?expr=...[&limit=N]: which steps, ranks and checkpoints of the run
                               read the matches; ?consumed=STEP: what that checkpoint
                               consumed (only with a run's checkpoint URI configured)
@@ -290,7 +293,9 @@ class _UI:
                     f"of {MAX_CELLS} cells per answer: ask for fewer rows or columns"
                 )
             notes: list[str] = []
-            view = insp.step(query, columns, run=self.run_states(insp, query, notes))
+            chosen = _pass(request.query)
+            run = self.run_states(insp, query, notes, pass_index=chosen)
+            view = insp.step(query, columns, run=run)
             # Each answer its own budget: what it converts to Python is bounded.
             options = dataclasses.replace(PAGE_OPTIONS, budget=render.Budget(MAX_CONVERT_BYTES))
             data = session.step_json(view, insp.manifest, options=options, decode=self.decode)
@@ -368,7 +373,7 @@ class _UI:
                 query,
                 epochs=epochs,
                 limit=WHERE_LIMIT,
-                run=self.run_states(insp, query, notes),
+                run=self.run_states(insp, query, notes, pass_index=_pass(request.query)),
                 max_rows=WHERE_SCAN_ROWS,
             )
             data = session.where_json(result)
@@ -437,11 +442,18 @@ class _UI:
         self.run_window = hist.params.window
 
     def run_states(
-        self, insp: session.Inspector, query: locate.Query, notes: list[str] | None = None
+        self,
+        insp: session.Inspector,
+        query: locate.Query,
+        notes: list[str] | None = None,
+        *,
+        pass_index: int | None = None,
     ) -> locate.States:
         """The followed run's newest data states by rank, of the world size and plan
-        `query` views (`run_states`); none without a run or for another plan. What was
-        left out, or why the run is not followed, goes to `notes`."""
+        `query` views (`run_states`), with pass `pass_index`'s skips of the viewed epoch
+        (None: the newest pass's); none without a run or for another plan. What was
+        left out, why the run is not followed, or which pass of an epoch read more
+        than once is shown, goes to `notes`."""
         try:
             found = self.data_history(insp)
         except errors.InputError as exc:
@@ -460,7 +472,11 @@ class _UI:
                 + ", ".join(stateless[:5])
                 + (", …" if len(stateless) > 5 else "")
             )
-        return run_states(hist, query)
+        found_states = run_states(hist, query, pass_index)
+        note = hist.pass_note(query.params(), query.epoch, pass_index)
+        if note and notes is not None:
+            notes.append(note)
+        return found_states
 
     def opening_view(self, insp: session.Inspector) -> Defaults:
         """The view the page opens with: the job's plan, at the followed run's batch
@@ -531,15 +547,35 @@ def _file(name: str, content_type: str) -> web.Response:
     return web.Response(body=data, content_type=content_type, headers=_HEADERS)
 
 
-def run_states(hist: history.History, query: locate.Query) -> locate.States:
+def run_states(
+    hist: history.History, query: locate.Query, pass_index: int | None = None
+) -> locate.States:
     """Each rank's newest data state (its skips, and its segments after an elastic
     resume) in the generation of `hist` whose plan `query` views, so a step is what
     that rank was handed; none when no generation has that plan.
 
     A run that went back to an earlier world size (4 -> 2 -> 4) has two generations
     of one plan: the view's epoch picks the latest that had started by then
-    (`History.newest_states`, which `shardcache inspect --checkpoint-uri` reads too)."""
-    return hist.newest_states(query.params(), query.epoch)
+    (`History.newest_states`, which `shardcache inspect --checkpoint-uri` reads too).
+
+    An epoch the run read more than once: the skips of that epoch are pass
+    `pass_index`'s (the run's, 0 the first; None the newest), so a step of an earlier
+    pass is what was handed then; a pass the run did not make is refused (HTTP 400)."""
+    return hist.newest_states(query.params(), query.epoch, pass_index)
+
+
+def _pass(query: Any) -> int | None:
+    """The `pass` query parameter (counted from 1, as `shardcache inspect --pass`) as
+    the run's pass index; None (the newest pass) when absent or empty."""
+    text = query.get("pass")
+    if text is None or text == "":
+        return None
+    number = _int(query, "pass", 0)
+    if number < 1:
+        raise errors.InputError(
+            f"query parameter 'pass': counts from 1, expected >= 1, found {number}"
+        )
+    return number - 1
 
 
 def _int(query: Any, name: str, default: int) -> int:

@@ -6,6 +6,8 @@
 
 const FIELDS = [
   "epoch", "rank", "world_size", "step", "batch_size", "seed", "block_size", "granularity", "window",
+  // Which pass over an epoch the followed run read more than once (from 1; empty: the newest).
+  "pass",
 ];
 const form = document.getElementById("controls");
 const statusBox = document.getElementById("status");
@@ -233,6 +235,8 @@ function scanNote(data) {
 function runParams(run, read) {
   const p = new URLSearchParams();
   p.set("epoch", read.epoch);
+  // The pass that read it: its skips, not the newest pass's, give that step's rows.
+  p.set("pass", (read.pass_index || 0) + 1);
   p.set("rank", read.rank);
   p.set("step", read.step);
   p.set("world_size", run.world_size);
