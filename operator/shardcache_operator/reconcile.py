@@ -487,23 +487,36 @@ def _result(
     events = _events(outcome, previous)
     if spec is not None and isinstance(outcome, status.Resolved):
         events += _window_events(spec, new_status, previous, generation)
-        events += _shard_room_events(spec, pinned_now)
+    if spec is not None:
+        # A failure keeps its pin, which is judged again too (a limit lowered while the
+        # source is down); only a Ready mount's pins are new.
+        new_pins = pinned_now if isinstance(outcome, status.Resolved) else ()
+        events += _shard_room_events(spec, previous, new_status, new_pins)
     return Result(outcome, new_status, events, retry_in)
 
 
 def _shard_room_events(
-    spec: specs.DatasetMountSpec, pinned_now: Sequence[Pinned]
+    spec: specs.DatasetMountSpec,
+    previous: Mapping[str, Any],
+    new_status: Mapping[str, Any],
+    pinned_now: Sequence[Pinned],
 ) -> tuple[Event, ...]:
-    """A Warning for each manifest just pinned with a shard the sidecar cannot decode
-    in its memory limit (`shard_room.refusal`), before any pod reads it. Said at the
-    pin only; what lasts is the ShardTooLargeToDecode condition (`build_status`), which
-    a kept pin's reconcile judges again from status.largestShard."""
-    events = []
-    for where, pin in pinned_now:
-        message = None if pin.largest is None else shard_room.refusal(spec, pin.format, pin.largest)
-        if message is not None:
-            events.append(Event("Warning", shard_room.REASON, f"{where}: {message}"))
-    return tuple(events)
+    """Warnings of a shard the sidecar cannot decode in its memory limit, before any
+    pod reads it (`status.decode_room_warnings`, one a source over the room),
+    deduplicated by the ShardTooLargeToDecode condition (`build_status`) as `_events`
+    by Ready.
+
+    Each source over the room is said when the condition becomes True (from False,
+    Unknown or none), whatever made it: a new pin, a limit lowered on a kept pin (judged
+    again from status.largestShard). None while it stays True, as every reconcile
+    judges it again, but a source pinned now over the room: a shard not said before."""
+    if not status.has_condition(new_status, shard_room.REASON, "True"):
+        return ()
+    warnings = status.decode_room_warnings(spec, new_status)
+    if status.has_condition(previous, shard_room.REASON, "True"):
+        new = {where for where, _ in pinned_now}
+        warnings = [(where, message) for where, message in warnings if where in new]
+    return tuple(Event("Warning", shard_room.REASON, message) for _, message in warnings)
 
 
 def _window_events(

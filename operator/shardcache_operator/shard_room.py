@@ -120,13 +120,3 @@ def refusal_text(fmt: str, shard: Largest, space: Room) -> str:
         f"(more where the shard is compressed: its decoded size counts, which only the "
         f"sidecar reads, from its metadata), or split the shard"
     )
-
-
-def refusal(spec: specs.DatasetMountSpec, fmt: str, shard: Largest) -> str | None:
-    """What to tell the mount's owner when `shard` (of format `fmt`) cannot be decoded
-    in the sidecar the spec gives, or None: it may fit, the format's decoded size is not
-    bounded by its stored size, or the sidecar has no memory limit."""
-    space = room(spec)
-    if space is None or not judged(fmt) or not over(shard, space):
-        return None
-    return refusal_text(fmt, shard, space)

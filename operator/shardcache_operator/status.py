@@ -199,12 +199,76 @@ def _pins(pinned: Mapping[str, Any]) -> list[tuple[str, str, object]]:
     return found
 
 
+def _unrecorded_text(unrecorded: Sequence[str]) -> str:
+    """What decode_room_condition says of the sources (spec fields) whose pin recorded
+    no largest shard."""
+    return (
+        f"the pin of {', '.join(unrecorded)} has no status.{LARGEST_SHARD} (pinned by an "
+        "older operator; a kept pin is not listed again), so its shards were not judged: "
+        "they are once the source is pinned again (a new uri, format or version)"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Judged:
+    """The pins of a status against a decode room (`_judge`), each named by its spec
+    fields (`_pins`)."""
+
+    #: (spec fields, "spec fields: what to do") of each source over the room.
+    over: list[tuple[str, str]]
+    #: Sources of a judged format whose pin recorded no largest shard.
+    unrecorded: list[str]
+    within: list[str]
+    #: Sources of a format not judged, with it.
+    unjudged: list[str]
+
+
+def _judge(space: shard_room.Room, pinned: Mapping[str, Any]) -> _Judged:
+    found = _Judged([], [], [], [])
+    for where, fmt, stored in _pins(pinned):
+        if not shard_room.judged(fmt):
+            found.unjudged.append(f"{where} ({fmt})")
+            continue
+        shard = shard_room.read_recorded(stored)
+        if shard is None:
+            found.unrecorded.append(where)
+        elif shard_room.over(shard, space):
+            found.over.append((where, f"{where}: {shard_room.refusal_text(fmt, shard, space)}"))
+        else:
+            spare = specs.format_bytes(space.bytes - shard.bytes)
+            found.within.append(
+                f"{where}: {shard.path!r} {specs.format_bytes(shard.bytes)} ({spare} to spare)"
+            )
+    return found
+
+
+def _over_text(text: str, judged: _Judged) -> str:
+    """`text` (a source over the room), then the sources not judged: raising the limit
+    for those named may still leave one of them over it."""
+    return "; ".join([text, _unrecorded_text(judged.unrecorded)] if judged.unrecorded else [text])
+
+
+def decode_room_warnings(
+    spec: specs.DatasetMountSpec, pinned: Mapping[str, Any]
+) -> list[tuple[str, str]]:
+    """(spec fields, Event message) of each source pinned in `pinned` whose largest
+    shard is over the sidecar's decode room, as the True condition says it
+    (`decode_room_condition`): one message a source, which keeps each under the 1024
+    characters kopf cuts an Event's message to in its middle (a source's is about 550)."""
+    space = shard_room.room(spec)
+    if space is None:
+        return []
+    judged = _judge(space, pinned)
+    return [(where, _over_text(text, judged)) for where, text in judged.over]
+
+
 def decode_room_condition(spec: specs.DatasetMountSpec, pinned: Mapping[str, Any]) -> Condition:
     """ShardTooLargeToDecode for the sources pinned in `pinned` (a status with a
     manifestDigest) and the sidecar `spec` gives (`shard_room`).
 
     True/OverDecodeRoom naming each source whose largest shard is over the room, by how
-    much and the limit to set; otherwise False/WithinDecodeRoom, False/NoMemoryLimit, or
+    much and the limit to set, then any whose pin recorded no largest shard (not
+    judged); otherwise False/WithinDecodeRoom, False/NoMemoryLimit, or
     False/DecodedSizeNotBounded when no source is of a format judged (JSON Lines);
     Unknown/ShardSizesNotRecorded for a judged format whose pin recorded no largest
     shard (made by an operator before status.largestShard: a kept pin is not listed
@@ -219,45 +283,31 @@ def decode_room_condition(spec: specs.DatasetMountSpec, pinned: Mapping[str, Any
             "NoMemoryLimit",
             f"{shard_room.LIMIT_FIELD} is not set: the sidecar decodes a shard of any size",
         )
-    over, unrecorded, within, unjudged = [], [], [], []
-    for where, fmt, stored in _pins(pinned):
-        if not shard_room.judged(fmt):
-            unjudged.append(f"{where} ({fmt})")
-            continue
-        shard = shard_room.read_recorded(stored)
-        if shard is None:
-            unrecorded.append(where)
-        elif shard_room.over(shard, space):
-            over.append(f"{where}: {shard_room.refusal_text(fmt, shard, space)}")
-        else:
-            spare = specs.format_bytes(space.bytes - shard.bytes)
-            within.append(
-                f"{where}: {shard.path!r} {specs.format_bytes(shard.bytes)} ({spare} to spare)"
-            )
-    if over:
-        return Condition(SHARD_TOO_LARGE_TO_DECODE, "True", "OverDecodeRoom", "; ".join(over))
-    if unrecorded:
+    judged = _judge(space, pinned)
+    if judged.over:
+        message = _over_text("; ".join(text for _, text in judged.over), judged)
+        return Condition(SHARD_TOO_LARGE_TO_DECODE, "True", "OverDecodeRoom", message)
+    if judged.unrecorded:
         return Condition(
             SHARD_TOO_LARGE_TO_DECODE,
             "Unknown",
             "ShardSizesNotRecorded",
-            f"the pin of {', '.join(unrecorded)} has no status.{LARGEST_SHARD} (pinned by an "
-            "older operator; a kept pin is not listed again): its shards are judged once "
-            "the source is pinned again (a new uri, format or version)",
+            _unrecorded_text(judged.unrecorded),
         )
     parts = []
-    if within:
+    if judged.within:
         parts.append(
             f"the largest shard of each source is within the {specs.format_bytes(space.bytes)} "
             f"the sidecar can decode a shard in ({shard_room.LIMIT_FIELD} {space.given} less "
-            f"the sidecar process's base): {'; '.join(within)}. Judged on stored sizes: a "
-            "compressed shard may still decode larger, which only the sidecar reads"
+            f"the sidecar process's base): {'; '.join(judged.within)}. Judged on stored "
+            "sizes: a compressed shard may still decode larger, which only the sidecar reads"
         )
-    if unjudged:
+    if judged.unjudged:
         parts.append(
-            f"not judged: {', '.join(unjudged)}, whose decoded size its stored size does not bound"
+            f"not judged: {', '.join(judged.unjudged)}, whose decoded size its stored size "
+            "does not bound"
         )
-    reason = "WithinDecodeRoom" if within else "DecodedSizeNotBounded"
+    reason = "WithinDecodeRoom" if judged.within else "DecodedSizeNotBounded"
     return Condition(SHARD_TOO_LARGE_TO_DECODE, "False", reason, "; ".join(parts))
 
 

@@ -130,6 +130,34 @@ async def test_pin_holds_when_the_bucket_changes_and_other_spec_fields_change(
     assert conditions(second)["Ready"]["lastTransitionTime"] == NOW
 
 
+async def test_a_memory_limit_lowered_on_a_kept_pin_posts_one_shard_too_large_warning(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    """The pin recorded the real bucket's largest shard; a limit lowered later is judged
+    against it without listing the bucket again, and warned once (`shard_room`)."""
+    write_shards(s3_server, s3_bucket, "train", 2)
+    obj = dsm(f"s3://{s3_bucket}/train/", sidecar={"resources": {"limits": {"memory": "2Gi"}}})
+    first = await run(obj, s3_server)
+    assert conditions(first)["ShardTooLargeToDecode"]["status"] == "False"
+    obj["status"] = first.status
+    # 256Mi is all the sidecar process's base: no room is left for any shard.
+    obj["spec"]["sidecar"] = {"resources": {"limits": {"memory": "256Mi"}}}
+    obj["metadata"]["generation"] = 2
+    write_shards(s3_server, s3_bucket, "train", 1, start=2)  # the bucket moves on
+    lowered = await run(obj, s3_server, now=LATER)
+    assert lowered.status["manifestDigest"] == first.status["manifestDigest"]
+    found = conditions(lowered)["ShardTooLargeToDecode"]
+    assert (found["status"], found["reason"]) == ("True", "OverDecodeRoom")
+    assert found["lastTransitionTime"] == LATER
+    assert [(e.type, e.reason, e.message) for e in lowered.events] == [
+        ("Warning", "ShardTooLargeToDecode", found["message"])
+    ]
+    obj["status"] = lowered.status
+    again = await run(obj, s3_server, now=LATER)
+    assert conditions(again)["ShardTooLargeToDecode"] == found
+    assert again.events == ()
+
+
 async def test_a_changed_source_resolves_again(s3_server: S3Server, s3_bucket: str) -> None:
     write_shards(s3_server, s3_bucket, "a", 2)
     write_shards(s3_server, s3_bucket, "b", 4)

@@ -1,65 +1,38 @@
 """A pinned shard the sidecar cannot decode in its memory limit is said when the
 manifest is pinned (a Warning Event naming the shard, its size and the limit it needs),
 not first when a pod reads it (`shard_room`; docs/operator.md, "Status, phases and
-conditions")."""
+conditions"); a limit lowered on a kept pin says it too (test_shard_room_condition)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 from shardcache_operator import reconcile, shard_room
 
+from tests.support.shard_room_mounts import (
+    OTHER_DIGEST,
+    SHARDS,
+    Manifest,
+    MiB,
+    Shard,
+    answers,
+    mount,
+    no_secret,
+    not_listed,
+    serves,
+    serves_mixture,
+    with_further_source,
+)
+
 pytestmark = pytest.mark.unit
-
-DIGEST = "sha256:" + "cd" * 32
-MiB = 1 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class Shard:
-    path: str
-    size: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Manifest:
-    shards: tuple[Shard, ...]
-    format: str = "parquet"
-    digest: str = DIGEST
-    total_rows: int = 10
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(s.size for s in self.shards)
-
-
-SHARDS = (Shard("part-0.parquet", 300 * MiB), Shard("part-1.parquet", 900 * MiB))
-
-
-async def no_secret(namespace: str, name: str) -> Mapping[str, str] | None:
-    return None
-
-
-def answers(uri: str, options: Mapping[str, str] | None) -> None:
-    return None
-
-
-def mount(fmt: str = "parquet", **spec: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "tokens", "namespace": "ml", "generation": 1},
-        "spec": {"source": {"uri": "s3://bucket/tokens/", "format": fmt}, **spec},
-    }
 
 
 async def pinned(obj: Mapping[str, Any], manifest: Manifest) -> list[reconcile.Event]:
-    def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> Manifest:
-        return dataclasses.replace(manifest, format=fmt)
-
+    """The ShardTooLargeToDecode Events of `obj`'s first reconcile, pinning `manifest`."""
     result = await reconcile.reconcile(
-        obj, read_secret=no_secret, resolve=resolve, probe=answers, now="t"
+        obj, read_secret=no_secret, resolve=serves(manifest), probe=answers, now="t"
     )
     assert result.status["phase"] == "Ready"
     return [e for e in result.events if e.reason == shard_room.REASON]
@@ -77,20 +50,14 @@ async def test_a_shard_over_the_default_limits_decode_room_is_a_warning_at_the_p
 
 
 async def test_a_mixtures_further_source_with_such_a_shard_is_named_in_the_warning() -> None:
-    obj = mount()
-    obj["spec"]["mixture"] = {
-        "name": "tokens",
-        "weight": 1,
-        "sources": [{"name": "web", "weight": 1, "uri": "s3://bucket/web/"}],
-    }
-
-    def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> Manifest:
-        if uri == "s3://bucket/web/":
-            return Manifest((Shard("big.parquet", 2 << 30),), digest="sha256:" + "ef" * 32)
-        return Manifest(SHARDS[:1])
-
+    obj = with_further_source(mount())
+    big = Manifest((Shard("big.parquet", 2 << 30),), digest=OTHER_DIGEST)
     result = await reconcile.reconcile(
-        obj, read_secret=no_secret, resolve=resolve, probe=answers, now="t"
+        obj,
+        read_secret=no_secret,
+        resolve=serves_mixture(Manifest(SHARDS[:1]), big),
+        probe=answers,
+        now="t",
     )
     assert result.status["phase"] == "Ready"
     (event,) = [e for e in result.events if e.reason == shard_room.REASON]
@@ -100,7 +67,7 @@ async def test_a_mixtures_further_source_with_such_a_shard_is_named_in_the_warni
 
 
 async def test_a_limit_with_room_for_the_largest_shard_says_nothing() -> None:
-    raised = mount(sidecar={"resources": {"limits": {"memory": "1156Mi"}}})
+    raised = mount(memory="1156Mi")
     assert await pinned(raised, Manifest(SHARDS)) == []
     assert await pinned(mount(), Manifest(SHARDS[:1])) == []
 
@@ -112,24 +79,21 @@ async def test_json_lines_text_larger_than_the_room_says_nothing() -> None:
 
 
 async def test_a_sidecar_without_a_memory_limit_says_nothing() -> None:
-    unlimited = mount(sidecar={"resources": {"limits": {"cpu": "2"}}})
+    unlimited = mount()
+    unlimited["spec"]["sidecar"] = {"resources": {"limits": {"cpu": "2"}}}
     assert await pinned(unlimited, Manifest(SHARDS)) == []
 
 
 async def test_a_kept_pin_is_not_listed_again_so_says_nothing_more() -> None:
-    """The Event is the pin's, once; what lasts is the ShardTooLargeToDecode condition
-    (test_shard_room_condition)."""
+    """One Event as the condition becomes True; none while it stays so, as each reconcile
+    judges it again (test_shard_room_condition)."""
     obj = mount()
-
-    def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> Manifest:
-        return Manifest(SHARDS)
-
     first = await reconcile.reconcile(
-        obj, read_secret=no_secret, resolve=resolve, probe=answers, now="t"
+        obj, read_secret=no_secret, resolve=serves(Manifest(SHARDS)), probe=answers, now="t"
     )
     obj["status"] = first.status
     again = await reconcile.reconcile(
-        obj, read_secret=no_secret, resolve=resolve, probe=answers, now="t2"
+        obj, read_secret=no_secret, resolve=not_listed, probe=answers, now="t2"
     )
     assert [e.reason for e in first.events].count(shard_room.REASON) == 1
     assert [e.reason for e in again.events].count(shard_room.REASON) == 0

@@ -1,5 +1,5 @@
 """A pinned shard the sidecar cannot decode in its memory limit is also a status
-condition, ShardTooLargeToDecode, not only the pin's Warning Event (Events expire
+condition, ShardTooLargeToDecode, not only a Warning Event (Events expire
 after an hour; `kubectl get -o yaml` and dashboards read status). The pin records its
 largest shard (status.largestShard, and each status.mixture entry's), so a kept pin is
 judged again when the limit changes (`status.decode_room_condition`; docs/operator.md,
@@ -7,7 +7,6 @@ judged again when the limit changes (`status.decode_room_condition`; docs/operat
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,60 +14,26 @@ import jsonschema
 import pytest
 from shardcache_operator import reconcile, shard_room, status
 
+from shardcache import errors
+from tests.support.shard_room_mounts import (
+    DIGEST,
+    OTHER_DIGEST,
+    SHARDS,
+    Manifest,
+    MiB,
+    Shard,
+    answers,
+    mount,
+    no_secret,
+    not_listed,
+    respecified,
+    serves,
+    serves_mixture,
+    with_further_source,
+)
 from tests.unit.test_crd import committed_schema
 
 pytestmark = pytest.mark.unit
-
-DIGEST = "sha256:" + "cd" * 32
-OTHER_DIGEST = "sha256:" + "ef" * 32
-MiB = 1 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class Shard:
-    path: str
-    size: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Manifest:
-    shards: tuple[Shard, ...]
-    format: str = "parquet"
-    digest: str = DIGEST
-    total_rows: int = 10
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(s.size for s in self.shards)
-
-
-SHARDS = (Shard("part-0.parquet", 300 * MiB), Shard("part-1.parquet", 900 * MiB))
-
-
-async def no_secret(namespace: str, name: str) -> Mapping[str, str] | None:
-    return None
-
-
-def answers(uri: str, options: Mapping[str, str] | None) -> None:
-    return None
-
-
-def serves(manifest: Manifest) -> reconcile.Resolver:
-    def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> Manifest:
-        return dataclasses.replace(manifest, format=fmt)
-
-    return resolve
-
-
-def not_listed(uri: str, fmt: str, options: Mapping[str, str] | None) -> Manifest:
-    raise AssertionError(f"a kept pin is not listed again, but {uri} was")
-
-
-def mount(fmt: str = "parquet", memory: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"source": {"uri": "s3://bucket/tokens/", "format": fmt}}
-    if memory is not None:
-        spec["sidecar"] = {"resources": {"limits": {"memory": memory}}}
-    return {"metadata": {"name": "tokens", "namespace": "ml", "generation": 1}, "spec": spec}
 
 
 async def reconciled(
@@ -84,12 +49,6 @@ async def reconciled(
 def condition(found: Mapping[str, Any]) -> dict[str, Any]:
     (entry,) = [c for c in found["conditions"] if c["type"] == status.SHARD_TOO_LARGE_TO_DECODE]
     return dict(entry)
-
-
-def respecified(obj: dict[str, Any], memory: str) -> None:
-    """A spec edit (kubectl apply) of the sidecar's memory limit only."""
-    obj["spec"]["sidecar"] = {"resources": {"limits": {"memory": memory}}}
-    obj["metadata"]["generation"] += 1
 
 
 async def test_a_shard_over_the_room_sets_the_condition_naming_it_and_by_how_much() -> None:
@@ -135,7 +94,7 @@ async def test_a_reconcile_of_an_unchanged_mount_leaves_the_condition_as_it_was(
 
 
 async def test_lowering_the_limit_on_a_kept_pin_sets_the_condition() -> None:
-    """The Event is the pin's only; the condition follows the limit."""
+    """The condition follows the limit, not only the pin."""
     obj = mount(memory="2Gi")
     first = await reconciled(obj, serves(Manifest(SHARDS)))
     assert condition(first.status)["status"] == "False"
@@ -144,6 +103,95 @@ async def test_lowering_the_limit_on_a_kept_pin_sets_the_condition() -> None:
     found = condition(again.status)
     assert (found["status"], found["reason"]) == ("True", "OverDecodeRoom")
     assert "132Mi over the 768Mi" in found["message"]
+
+
+def warnings(result: reconcile.Result) -> list[reconcile.Event]:
+    return [e for e in result.events if e.reason == shard_room.REASON]
+
+
+def unreachable(uri: str, options: Mapping[str, str] | None) -> None:
+    raise errors.SourceError(f"{uri} did not answer")
+
+
+async def test_lowering_the_limit_on_a_kept_pin_posts_one_warning_event() -> None:
+    """The Event comes with the condition's move to True, whatever moved it, once: not
+    again while it stays True, and again after it was False."""
+    obj = mount(memory="2Gi")
+    assert warnings(await reconciled(obj, serves(Manifest(SHARDS)))) == []
+    respecified(obj, "1Gi")
+    lowered = await reconciled(obj, not_listed, now="2026-11-28T11:00:00Z")
+    (event,) = warnings(lowered)
+    assert event.type == "Warning"
+    assert event.message == condition(lowered.status)["message"]
+    assert event.message.startswith("spec.source: shard 'part-1.parquet' is 900Mi")
+    # Every reconcile judges the condition again (an operator restart): no Event spam.
+    assert warnings(await reconciled(obj, not_listed, now="2026-11-28T12:00:00Z")) == []
+    respecified(obj, "2Gi")
+    assert warnings(await reconciled(obj, not_listed)) == []
+    respecified(obj, "1Gi")
+    assert len(warnings(await reconciled(obj, not_listed))) == 1
+
+
+async def test_a_limit_lowered_while_the_source_is_down_is_warned_too() -> None:
+    """A failure keeps the pin, which is judged again against the new limit."""
+    obj = mount(memory="2Gi")
+    await reconciled(obj, serves(Manifest(SHARDS)))
+    respecified(obj, "1Gi")
+    down = await reconcile.reconcile(
+        obj, read_secret=no_secret, resolve=not_listed, probe=unreachable, now="t"
+    )
+    assert down.status["phase"] == "Degraded"
+    assert condition(down.status)["status"] == "True"
+    assert [(e.type, e.reason) for e in down.events] == [
+        ("Warning", "SourceUnreachable"),
+        ("Warning", shard_room.REASON),
+    ]
+
+
+async def test_a_new_pin_over_the_room_posts_one_warning_per_source_over_it() -> None:
+    """The pin and the condition's move to True are one transition: not two Events for a
+    source. One a source keeps each message under the 1024 characters kopf cuts an
+    Event's message to in its middle."""
+    obj = with_further_source(mount())
+    big = Manifest((Shard("big.parquet", 2 << 30),), digest=OTHER_DIGEST)
+    result = await reconciled(obj, serves_mixture(Manifest(SHARDS), big))
+    source, web = warnings(result)
+    assert source.message.startswith("spec.source: shard 'part-1.parquet' is 900Mi")
+    assert web.message.startswith("spec.mixture.sources[0] (web): shard 'big.parquet' is 2Gi")
+    assert condition(result.status)["message"] == f"{source.message}; {web.message}"
+    assert all(len(e.message) <= 1024 for e in (source, web))
+
+
+async def test_a_new_pin_over_the_room_while_the_condition_stays_true_is_warned() -> None:
+    """Not a move to True, but a shard not said before."""
+    obj = mount()
+    await reconciled(obj, serves(Manifest(SHARDS)))
+    obj["spec"]["source"]["uri"] = "s3://bucket/tokens-resharded/"
+    obj["metadata"]["generation"] += 1
+    larger = Manifest((Shard("b.parquet", 1 << 30),), digest=OTHER_DIGEST)
+    (event,) = warnings(await reconciled(obj, serves(larger), now="2026-11-28T11:00:00Z"))
+    assert event.message.startswith("spec.source: shard 'b.parquet' is 1Gi")
+
+
+async def test_an_over_room_message_names_the_sources_whose_largest_shard_is_unrecorded() -> None:
+    """One source over the room, another pinned by an older operator: raising the limit
+    for the one named may not be enough, so the other is said not judged."""
+    obj = with_further_source(mount(memory="2Gi"))
+    small = Manifest((Shard("small.parquet", 100 * MiB),), digest=OTHER_DIGEST)
+    await reconciled(obj, serves_mixture(Manifest(SHARDS), small))
+    del obj["status"]["mixture"][0]["largestShard"]
+    respecified(obj, "1Gi")
+    lowered = await reconciled(obj, not_listed)
+    found = condition(lowered.status)
+    assert (found["status"], found["reason"]) == ("True", "OverDecodeRoom")
+    assert found["message"].startswith("spec.source: shard 'part-1.parquet' is 900Mi")
+    assert found["message"].endswith(
+        "; the pin of spec.mixture.sources[0] (web) has no status.largestShard (pinned by "
+        "an older operator; a kept pin is not listed again), so its shards were not "
+        "judged: they are once the source is pinned again (a new uri, format or version)"
+    )
+    # The Event says it too.
+    assert [e.message for e in warnings(lowered)] == [found["message"]]
 
 
 async def test_a_new_pin_with_smaller_shards_clears_the_condition() -> None:
@@ -160,18 +208,9 @@ async def test_a_new_pin_with_smaller_shards_clears_the_condition() -> None:
 
 
 async def test_a_mixtures_further_source_over_the_room_is_named_and_its_pin_records_it() -> None:
-    obj = mount()
-    obj["spec"]["mixture"] = {
-        "name": "tokens",
-        "weight": 1,
-        "sources": [{"name": "web", "weight": 1, "uri": "s3://bucket/web/"}],
-    }
-
-    def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> Manifest:
-        if uri == "s3://bucket/web/":
-            return Manifest((Shard("big.parquet", 2 << 30),), digest=OTHER_DIGEST)
-        return Manifest(SHARDS[:1])
-
+    obj = with_further_source(mount())
+    big = Manifest((Shard("big.parquet", 2 << 30),), digest=OTHER_DIGEST)
+    resolve = serves_mixture(Manifest(SHARDS[:1]), big)
     result = await reconciled(obj, resolve)
     assert result.status["phase"] == "Ready"
     (web,) = result.status["mixture"]
