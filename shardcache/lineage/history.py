@@ -181,15 +181,13 @@ class History:
         chain = self.chains.get(rank, ())
         return chain[-1].state if chain else None
 
-    def read_again(
-        self, rank: int, generation: int = 0
-    ) -> dict[int, list[tuple[states.Skip, ...]]]:
-        """The epochs the rank (of `generation`, the first by default) read more than
-        once, each with the skips of every pass over it, oldest first
-        (`Generation.pass_skips`)."""
-        if not 0 <= generation < len(self.generations):
+    def read_again(self, rank: int) -> dict[int, list[tuple[states.Skip, ...]]]:
+        """The epochs the rank (of the first generation: what `shardcache diff` reads of
+        a run that never resized) read more than once, each with the skips of every
+        pass over it, oldest first (`Generation.pass_skips`)."""
+        if not self.generations:
             return {}
-        gen = self.generations[generation]
+        gen = self.generations[0]
         epochs = sorted({r.epoch for r in gen.restarts.get(rank, ())})
         return {e: gen.pass_skips(rank, e) for e in epochs}
 
