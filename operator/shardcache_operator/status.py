@@ -202,10 +202,16 @@ def _pins(pinned: Mapping[str, Any]) -> list[tuple[str, str, object]]:
 def _unrecorded_text(unrecorded: Sequence[str]) -> str:
     """What decode_room_condition says of the sources (spec fields) whose pin recorded
     no largest shard."""
+    if len(unrecorded) == 1:
+        return (
+            f"the pin of {unrecorded[0]} has no status.{LARGEST_SHARD} (pinned by an older "
+            "operator; a kept pin is not listed again), so its shards were not judged: they "
+            "are once the source is pinned again (a new uri, format or version)"
+        )
     return (
-        f"the pin of {', '.join(unrecorded)} has no status.{LARGEST_SHARD} (pinned by an "
-        "older operator; a kept pin is not listed again), so its shards were not judged: "
-        "they are once the source is pinned again (a new uri, format or version)"
+        f"the pins of {', '.join(unrecorded)} have no status.{LARGEST_SHARD} (pinned by an "
+        "older operator; a kept pin is not listed again), so their shards were not judged: "
+        "each source's are once it is pinned again (a new uri, format or version)"
     )
 
 

@@ -243,6 +243,27 @@ async def test_a_pin_that_recorded_no_largest_shard_is_unknown_until_pinned_agai
     assert "largestShard" not in result.status
 
 
+async def test_two_pins_without_a_largest_shard_are_named_together_in_the_plural() -> None:
+    """Both sources' pins made by an older operator: one sentence names both, and says
+    "their shards" (not "its"), each judged once its source is pinned again."""
+    obj = with_further_source(mount())
+    small = Manifest((Shard("small.parquet", 100 * MiB),), digest=OTHER_DIGEST)
+    await reconciled(obj, serves_mixture(Manifest(SHARDS), small))
+    del obj["status"]["largestShard"]
+    del obj["status"]["mixture"][0]["largestShard"]
+    obj["status"]["conditions"] = [
+        c for c in obj["status"]["conditions"] if c["type"] != status.SHARD_TOO_LARGE_TO_DECODE
+    ]
+    found = condition((await reconciled(obj, not_listed)).status)
+    assert (found["status"], found["reason"]) == ("Unknown", "ShardSizesNotRecorded")
+    assert found["message"] == (
+        "the pins of spec.source, spec.mixture.sources[0] (web) have no "
+        "status.largestShard (pinned by an older operator; a kept pin is not listed "
+        "again), so their shards were not judged: each source's are once it is pinned "
+        "again (a new uri, format or version)"
+    )
+
+
 async def test_a_stored_largest_shard_that_is_not_one_is_unknown_and_deleted() -> None:
     obj = mount()
     await reconciled(obj, serves(Manifest(SHARDS)))
