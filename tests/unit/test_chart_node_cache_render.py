@@ -95,6 +95,24 @@ def test_without_rbac_create_the_binding_is_left_to_the_platform(tmp_path: Path)
     assert len(objects["ServiceAccount"]) == 1
 
 
+def test_the_reclaim_containers_resources_are_the_values(tmp_path: Path) -> None:
+    """A cluster whose LimitRange or scale asks for others sets them; the default is the
+    chart's measured one."""
+    (default,) = pod_spec(node_cache(tmp_path))["containers"]
+    assert default["resources"] == {
+        "requests": {"cpu": "5m", "memory": "128Mi"},
+        "limits": {"memory": "256Mi"},
+    }
+    (raised,) = pod_spec(node_cache(
+        tmp_path, "--set=nodeCache.reclaim.resources.limits.memory=1Gi",
+        "--set=nodeCache.reclaim.resources.requests.cpu=50m",
+    ))["containers"]  # fmt: skip
+    assert raised["resources"] == {
+        "requests": {"cpu": "50m", "memory": "128Mi"},
+        "limits": {"memory": "1Gi"},
+    }
+
+
 def test_reclaim_off_leaves_an_idle_container_and_no_api_access(tmp_path: Path) -> None:
     objects = node_cache(tmp_path, "--set=nodeCache.reclaim.enabled=false")
     assert set(objects) == {"DaemonSet"}
