@@ -136,21 +136,6 @@ class Difference:
         }
 
 
-def passes(run: RunPlan, epoch: int) -> int:
-    """How many passes over `epoch` any rank of the run made."""
-    return max(len(run.pass_skips(r, epoch)) for r in range(run.params.world_size))
-
-
-def segments(run: RunPlan, rank: int, epoch: int, pass_index: int = 0) -> list[Segment]:
-    """The rows `rank` is handed in pass `pass_index` over `epoch`, in order, skips
-    removed; none in a pass it did not make."""
-    every = run.pass_skips(rank, epoch)
-    if rank >= run.params.world_size or pass_index >= len(every):
-        return []
-    params = dataclasses.replace(run.params, rank=rank, epoch=epoch)
-    return handed(run.manifest, params, every[pass_index])
-
-
 def handed(
     m: manifests.Manifest,
     params: plans.PlanParams,
@@ -218,47 +203,24 @@ def take(segs: Sequence[Segment], start: int, count: int) -> tuple[tuple[str, in
 
 
 def first_difference(a: RunPlan, b: RunPlan, epochs: Sequence[int]) -> Difference | None:
-    """The first (epoch, step, rank) whose batch differs between the runs, or None."""
-    if len(a.generations) > 1 or len(b.generations) > 1:
-        return _first_elastic(a, b, epochs)
+    """The first (epoch, step, rank) whose batch differs, or None: both runs'
+    generations walked in reading order (`_slots`; a run that never resized is one
+    generation), compared per rank where both read, and the first point where their
+    generations part is a difference of its own (`_resize`). Only a comparison where
+    either run resized names each run's generation (`_named`)."""
+    ga, gb = _generations(a), _generations(b)
+    named = len(ga) > 1 or len(gb) > 1
     for epoch in epochs:
-        count = max(passes(a, epoch), passes(b, epoch))
-        for n in range(count):
-            found = _first_in_pass(a, b, epoch, n)
+        sa, sb = _slots(ga, epoch), _slots(gb, epoch)
+        count = max((s.pass_index + 1 for s in (*sa, *sb)), default=1)
+        last_a, last_b = (sa[-1] if sa else None), (sb[-1] if sb else None)
+        for k in range(max(len(sa), len(sb))):
+            x = sa[k] if k < len(sa) else None
+            y = sb[k] if k < len(sb) else None
+            found = _compare(a, b, epoch, (x, y), (last_a, last_b), named=named)
             if found is not None:
                 return dataclasses.replace(found, passes=count)
     return None
-
-
-def _first_in_pass(a: RunPlan, b: RunPlan, epoch: int, n: int) -> Difference | None:
-    """The first (step, rank) of pass `n` over `epoch` whose batch differs, or None."""
-    best: tuple[int, int, list[Segment], list[Segment]] | None = None
-    for rank in range(max(a.params.world_size, b.params.world_size)):
-        sa, sb = segments(a, rank, epoch, n), segments(b, rank, epoch, n)
-        at = first_mismatch(sa, sb)
-        if at is None and a.batch_size == b.batch_size:
-            continue
-        if a.batch_size != b.batch_size:
-            if not sa and not sb:
-                continue
-            step = 0
-        else:
-            assert at is not None
-            step = at // a.batch_size
-        if best is None or step < best[0]:
-            best = (step, rank, sa, sb)
-    if best is None:
-        return None
-    step, rank, sa, sb = best
-    return Difference(
-        epoch=epoch,
-        step=step,
-        rank=rank,
-        reasons=tuple(reasons(a, b, rank, epoch, n)),
-        a=take(sa, step * a.batch_size, a.batch_size),
-        b=take(sb, step * b.batch_size, b.batch_size),
-        pass_index=n,
-    )
 
 
 def shard_changes(a: manifests.Manifest, b: manifests.Manifest) -> dict[str, list[str]]:
@@ -270,16 +232,6 @@ def shard_changes(a: manifests.Manifest, b: manifests.Manifest) -> dict[str, lis
         "only_in_b": sorted(set(sb) - set(sa)),
         "changed": sorted(p for p in set(sa) & set(sb) if sa[p] != sb[p]),
     }
-
-
-def reasons(a: RunPlan, b: RunPlan, rank: int, epoch: int, pass_index: int = 0) -> list[str]:
-    """Why the runs' batches differ: every plan input that differs, a pass over `epoch`
-    one run's `rank` made and the other's did not, and the skips of `rank` in that pass
-    that differ."""
-    out = _plan_reasons(a, b, a.params.world_size, b.params.world_size)
-    in_a, in_b = a.pass_skips(rank, epoch), b.pass_skips(rank, epoch)
-    out += _pass_reasons(dict(enumerate(in_a)), dict(enumerate(in_b)), rank, epoch, pass_index)
-    return out or ["the batches differ"]
 
 
 def _plan_reasons(a: RunPlan, b: RunPlan, world_a: int, world_b: int) -> list[str]:
@@ -452,36 +404,19 @@ def _shape(gen: Generation, epoch: int) -> tuple[object, ...]:
     return (gen.world_size, tuple(segs))
 
 
-def _first_elastic(a: RunPlan, b: RunPlan, epochs: Sequence[int]) -> Difference | None:
-    """`first_difference` when either run resized: the runs' generations walked in
-    reading order (`_slots`), compared per rank where both read, and the first point
-    where their generations part is a difference of its own (`_resize`)."""
-    ga, gb = _generations(a), _generations(b)
-    for epoch in epochs:
-        sa, sb = _slots(ga, epoch), _slots(gb, epoch)
-        count = max((s.pass_index + 1 for s in (*sa, *sb)), default=1)
-        last_a, last_b = (sa[-1] if sa else None), (sb[-1] if sb else None)
-        for k in range(max(len(sa), len(sb))):
-            x = sa[k] if k < len(sa) else None
-            y = sb[k] if k < len(sb) else None
-            found = _compare(a, b, epoch, x, y, last_a, last_b)
-            if found is not None:
-                return dataclasses.replace(found, passes=count)
-    return None
-
-
 def _compare(
     a: RunPlan,
     b: RunPlan,
     epoch: int,
-    x: _Slot | None,
-    y: _Slot | None,
-    last_a: _Slot | None,
-    last_b: _Slot | None,
+    slots: tuple[_Slot | None, _Slot | None],
+    lasts: tuple[_Slot | None, _Slot | None],
+    *,
+    named: bool,
 ) -> Difference | None:
-    """The first difference in one slot of each run, or None. A run without this slot
-    (it made fewer passes over the epoch) is described by its last slot of the epoch
-    (`last_a`, `last_b`): its world size and the passes its ranks made."""
+    """The first difference in one slot of each run (`slots`), or None. A run without
+    this slot (it made fewer passes over the epoch) is described by its last slot of the
+    epoch (`lasts`): its world size and the passes its ranks made."""
+    (x, y), (last_a, last_b) = slots, lasts
     n = x.pass_index if x is not None else y.pass_index if y is not None else 0
     world = max(s.gen.world_size if s is not None else 0 for s in (x, y))
     best: tuple[int, int, list[Segment], list[Segment]] | None = None
@@ -506,11 +441,7 @@ def _compare(
         wa, wb = (k.gen.world_size if k is not None else 0 for k in (ka, kb))
         why = _plan_reasons(a, b, wa, wb)
         why += _pass_reasons(
-            ka.gen.passes(rank, epoch) if ka is not None and rank < wa else {},
-            kb.gen.passes(rank, epoch) if kb is not None and rank < wb else {},
-            rank,
-            epoch,
-            n,
+            _made(ka, rank, epoch, named=named), _made(kb, rank, epoch, named=named), rank, epoch, n
         )
         found = Difference(
             epoch=epoch,
@@ -520,14 +451,32 @@ def _compare(
             a=take(ra, step * a.batch_size, a.batch_size),
             b=take(rb, step * b.batch_size, b.batch_size),
         )
-        return _named(found, n, x, y)
+        return _named(found, n, x, y, named=named)
     if resize is not None:
-        return _named(resize, n, x, y)
+        return _named(resize, n, x, y, named=named)
     return None
 
 
-def _named(found: Difference, n: int, x: _Slot | None, y: _Slot | None) -> Difference:
-    """`found` with its pass and each run's generation there."""
+def _made(
+    slot: _Slot | None, rank: int, epoch: int, *, named: bool
+) -> Mapping[int, Sequence[states.Skip]]:
+    """The passes `rank` of the slot's generation made over `epoch`, with their skips.
+    Where either run resized, a rank its world size lacks made none (a pass reason
+    says so); a comparison of two runs that never resized takes every rank as making
+    the one pass its plan gives, so only "another world size" names such a rank
+    (`shardcache diff`'s output from before it walked generations)."""
+    if slot is None or (named and rank >= slot.gen.world_size):
+        return {}
+    return slot.gen.passes(rank, epoch)
+
+
+def _named(
+    found: Difference, n: int, x: _Slot | None, y: _Slot | None, *, named: bool
+) -> Difference:
+    """`found` with its pass and, when `named` (either run resized), each run's
+    generation there."""
+    if not named:
+        return dataclasses.replace(found, pass_index=n)
     return dataclasses.replace(
         found,
         pass_index=n,

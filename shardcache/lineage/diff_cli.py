@@ -127,22 +127,24 @@ def side_plan(
         return diff.RunPlan(manifest, params, batch_size), 0
     hist = published.history_of(manifest, uri)
     elastic = len(hist.generations) > 1
+    # The options name the run's start: its first generation's plan and batch size.
+    first = hist.generations[0]
     for name, given, found in (
         ("seed", getattr(args, f"{side}_seed"), hist.params.seed),
         ("world-size", getattr(args, f"{side}_world_size"), hist.params.world_size),
-        ("batch-size", getattr(args, f"{side}_batch_size"), hist.batch_size(0)),
+        ("batch-size", getattr(args, f"{side}_batch_size"), first.batch_size(0)),
     ):
         if given is not None and found is not None and given != found:
             # An elastic run's later world sizes come from its resizes: the option
             # (like a plan-only run's) names the one it started at.
-            first = (
+            which = (
                 ", its first generation's world size" if elastic and name == "world-size" else ""
             )
             raise errors.InputError(
                 f"--{side}-{name} {given} contradicts run {side.upper()}'s checkpoints "
-                f"({found}{first}): leave it out"
+                f"({found}{which}): leave it out"
             )
-    recorded = hist.batch_size(0)
+    recorded = first.batch_size(0)
     size = recorded if recorded is not None else batch_size
     if elastic:
         # Each generation carries its own plans (segments) and per-pass skips.
@@ -152,11 +154,12 @@ def side_plan(
             manifest,
             hist.params,
             size,
-            {r: [s for _, s in hist.skips(r)] for r in hist.chains},
-            {r: again for r in hist.chains if (again := hist.read_again(r))},
+            {r: [s for _, s in hist.skips(r)] for r in first.chains},
+            {r: again for r in first.chains if (again := hist.read_again(r))},
         )
-    chains = [c for g in hist.generations for c in g.chains.values()] or list(hist.chains.values())
-    newest = max(c[-1].state.epoch for c in chains if c)
+    newest = max(
+        state.epoch for g in hist.generations for r in g.chains if (state := g.last(r)) is not None
+    )
     return plan, newest
 
 

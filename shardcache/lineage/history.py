@@ -135,6 +135,19 @@ class Generation:
         seg = chain[0].state.params.segments if chain else None
         return dataclasses.replace(self.params, rank=rank, epoch=epoch, segments=seg)
 
+    def last(self, rank: int) -> states.DataState | None:
+        """`rank`'s newest data state in this generation (None: no such rank)."""
+        chain = self.chains.get(rank, ())
+        return chain[-1].state if chain else None
+
+    def batch_size(self, rank: int, before: int | None = None) -> int | None:
+        """The batch size `rank`'s newest state up to step `before` (any: None) of this
+        generation records; None when none does."""
+        for c in reversed(self.chains.get(rank, ())):
+            if (before is None or c.step <= before) and c.state.batch_size is not None:
+                return c.state.batch_size
+        return None
+
 
 @dataclasses.dataclass(frozen=True)
 class History:
@@ -144,10 +157,10 @@ class History:
     #: The plan of epoch 0 of rank 0 (seed, world size, shuffle, block size).
     params: plans.PlanParams
     shard_rows: tuple[int, ...]
-    chains: Mapping[int, tuple[Checkpoint, ...]]
     spans: tuple[Span, ...]
-    #: One per world size the run had, oldest first; `params` and `chains` above are
-    #: the first's (a run that never resized has one).
+    #: One per world size the run had, oldest first; `params` above is the first's (a
+    #: run that never resized has one). Each rank's checkpoints are per generation
+    #: (`Generation.chains`, `last`, `batch_size`): rank numbers are per world size.
     generations: tuple[Generation, ...] = ()
 
     def generation_of(self, step: int) -> Generation:
@@ -166,20 +179,12 @@ class History:
 
     def steps(self) -> list[int]:
         """Checkpoint steps published by any rank (any generation), in order."""
-        gens = self.generations or ()
-        return sorted(
-            {s for g in gens for s in g.steps()}
-            or {c.step for ch in self.chains.values() for c in ch}
-        )
+        return sorted({s for g in self.generations for s in g.steps()})
 
     def complete(self, step: int) -> bool:
         """Whether every rank (of the step's world size) published checkpoint `step`."""
         chains = self.generation_of(step).chains
         return all(any(c.step == step for c in chain) for chain in chains.values())
-
-    def last(self, rank: int) -> states.DataState | None:
-        chain = self.chains.get(rank, ())
-        return chain[-1].state if chain else None
 
     def read_again(self, rank: int) -> dict[int, list[tuple[states.Skip, ...]]]:
         """The epochs the rank (of the first generation: what `shardcache diff` reads of
@@ -233,22 +238,25 @@ class History:
         `pass_index` (the run's, 0 the first; `view_passes`) puts that pass's skips of
         `epoch` in their place, so a step of an earlier pass is what was handed then. A
         rank that has not begun that pass has skipped nothing in it yet. A pass the
-        generation did not make is refused, naming those it made."""
+        generation did not make is refused, naming those it made. None shows the newest
+        pass any rank of the generation made over `epoch` (what `pass_note` says is
+        shown), for every rank: a rank whose newest checkpoint is still in an earlier
+        pass has skipped nothing in that one yet, so its skips of that earlier pass are
+        not the newest pass's."""
         gen = self._viewed(view, epoch)
         if gen is None:
             return {}
         newest = {rank: chain[-1].state for rank, chain in gen.chains.items() if chain}
-        if pass_index is None:
-            return newest
         made = _passes_of(gen, epoch)
-        if pass_index not in made:
+        shown = max(made) if pass_index is None else pass_index
+        if shown not in made:
             raise errors.InputError(
-                f"pass {pass_index + 1} over epoch {epoch}: expected one of the passes the "
+                f"pass {shown + 1} over epoch {epoch}: expected one of the passes the "
                 f"world size {gen.world_size} ranks made over it (from 1: "
-                f"{', '.join(str(n + 1) for n in made)}), found pass {pass_index + 1}"
+                f"{', '.join(str(n + 1) for n in made)}), found pass {shown + 1}"
             )
         return {
-            rank: _with_pass_skips(state, epoch, gen.passes(rank, epoch).get(pass_index, ()))
+            rank: _with_pass_skips(state, epoch, gen.passes(rank, epoch).get(shown, ()))
             for rank, state in newest.items()
         }
 
@@ -279,12 +287,6 @@ class History:
         started = [g for g in same if g.start_epoch <= epoch]
         return started[-1] if started else same[0]
 
-    def batch_size(self, rank: int, before: int | None = None) -> int | None:
-        for c in reversed(self.chains.get(rank, ())):
-            if (before is None or c.step <= before) and c.state.batch_size is not None:
-                return c.state.batch_size
-        return None
-
     def _rank(self, rank: int, epoch: int) -> plans.PlanParams:
         return dataclasses.replace(self.params, rank=rank, epoch=epoch)
 
@@ -312,7 +314,10 @@ def _passes_of(gen: Generation, epoch: int) -> list[int]:
 def _with_pass_skips(
     state: states.DataState, epoch: int, skips: Sequence[states.Skip]
 ) -> states.DataState:
-    """`state` with `skips` as its skips of `epoch` (those of other epochs kept)."""
+    """`state` with `skips` as its skips of `epoch` (those of other epochs kept); the
+    state itself when they are its own."""
+    if tuple(skips) == tuple(state.skips_in(epoch)):
+        return state
     kept = [s for s in state.skips if s.epoch != epoch]
     return dataclasses.replace(state, skips=states.normalise([*kept, *skips]))
 
@@ -445,7 +450,6 @@ def build(
         digest=digest,
         params=g0.params,
         shard_rows=tuple(shard_rows),
-        chains=g0.chains,
         spans=tuple(spans),
         generations=tuple(generations),
     )

@@ -169,13 +169,6 @@ def reads(
     return out
 
 
-def _batch_size(gen: history.Generation, rank: int, before: int | None) -> int | None:
-    for c in reversed(gen.chains.get(rank, ())):
-        if (before is None or c.step <= before) and c.state.batch_size is not None:
-            return c.state.batch_size
-    return None
-
-
 @dataclasses.dataclass(frozen=True)
 class _Where:
     """Position `position` of `epoch` in pass `pass_index` over it, which made `skips`."""
@@ -199,7 +192,7 @@ def _read(
     starts, spans = by_key.get((gen.index, rank, epoch, where.pass_index), ([], []))
     i = bisect.bisect_right(starts, pos) - 1
     span = spans[i] if i >= 0 and spans[i].start <= pos < spans[i].stop else None
-    size = batch_size or _batch_size(gen, rank, span.before if span is not None else None)
+    size = batch_size or gen.batch_size(rank, span.before if span is not None else None)
     step = slot = None
     if size is not None:
         n = pos - states.skipped_before(skips, pos)
@@ -286,7 +279,11 @@ def reads_json(
     truncated: bool,
     found: list[Read],
 ) -> dict[str, Any]:
-    """What `--json` prints and the web inspector's lineage view serves."""
+    """What `--json` prints and the web inspector's lineage view serves. `run`'s plan
+    and batch size are its first generation's; each of `run.generations` has its own
+    world size and batch size (a read names its `generation`: a link to it takes
+    that one's). The rest of the plan is one for the whole run (`history.build`
+    refuses a change)."""
     p = hist.params
     return {
         "expression": expression,
@@ -300,11 +297,12 @@ def reads_json(
             "granularity": p.granularity,
             "window": p.window,
             "block_size": p.block_size,
-            "batch_size": hist.batch_size(0),
+            "batch_size": _generation_batch_size(hist.generations[0]),
             "checkpoints": [{"step": s, "complete": hist.complete(s)} for s in hist.steps()],
             "generations": [
                 {
                     "world_size": g.world_size,
+                    "batch_size": _generation_batch_size(g),
                     "start_epoch": g.start_epoch,
                     "resumed_from": g.resumed_from,
                     "steps": g.steps(),
@@ -320,10 +318,18 @@ def reads_json(
     }
 
 
+def _generation_batch_size(gen: history.Generation) -> int | None:
+    """The batch size a generation's ranks' newest states record (rank 0's, as the
+    step view checks a view's against those states), None when none records one."""
+    return gen.batch_size(0)
+
+
 def _skips_json(hist: history.History) -> dict[str, list[dict[str, Any]]]:
     """`run.skips` of `reads_json`: by rank number, each skip with its generation and
-    pass; every rank of the first generation has an entry, if empty."""
-    out: dict[str, list[dict[str, Any]]] = {str(r): [] for r in hist.chains}
+    pass; every rank number of any generation has an entry, if empty (a resize to more
+    ranks adds numbers the first generation did not have)."""
+    ranks = sorted({r for g in hist.generations for r in g.chains})
+    out: dict[str, list[dict[str, Any]]] = {str(r): [] for r in ranks}
     for gen, rank, n, skip in hist.every_skip():
         out.setdefault(str(rank), []).append({**skip.to_json(), "pass_index": n, "generation": gen})
     return out

@@ -1,6 +1,8 @@
 """The web inspector's lineage view in a real headless chromium: `shardcache web
 --checkpoint-uri` over a run whose ranks skipped batches; following a sample leads to
-the step that read it, and that step is what the rank was handed."""
+the step that read it, and that step is what the rank was handed. Also over a run
+resized to more ranks at another batch size (elastic resume): a link to a read of the
+later world size opens that world size and batch size, not the first's."""
 
 from __future__ import annotations
 
@@ -10,11 +12,15 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+import shardcache
 from tests.support import inspect_data, web_inspector
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 WORLD, SEED, BATCH, BLOCK = 2, 3, 6, 16
+#: The resized run: world size 2 at batch size 6, then 3 (a rank number the first
+#: world size lacks) at batch size 4.
+NEW_WORLD, NEW_BATCH = 3, 4
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +100,101 @@ def test_lineage_api_reports_skipped_samples_and_what_a_checkpoint_consumed(
     assert len(skipped) == WORLD * 2 * BATCH
     read = {r["index"] for r in data["reads"] if r["status"] == "read"}
     assert read == {u for batches in handed.values() for batch in batches for u in batch}
+
+
+@pytest.fixture(scope="module")
+def resized(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[str, Path, Path, dict[int, list[list[int]]]]:
+    """The dataset, its cache, the checkpoint store and what each rank of the later
+    world size was handed: 2 ranks read 3 batches of 6 and publish checkpoint 3; 3
+    ranks resume from those states (elastic), read 4 batches of 4 and publish
+    checkpoint 7."""
+    base = tmp_path_factory.mktemp("web-lineage-resized")
+    uri = inspect_data.write(base / "ds").as_uri()
+    cache, store = base / "cache", base / "store"
+
+    def open_rank(rank: int, world_size: int) -> shardcache.Dataset:
+        return shardcache.open(
+            uri, cache_dir=cache, seed=SEED, rank=rank, world_size=world_size, block_size=BLOCK
+        )
+
+    old = []
+    for rank in range(WORLD):
+        with open_rank(rank, WORLD) as ds:
+            batches = ds.batches(BATCH)
+            for _ in range(3):
+                next(batches)
+            old.append(ds.state_dict())
+            web_inspector.publish(store, rank, 3, old[-1])
+            batches.close()
+    handed: dict[int, list[list[int]]] = {}
+    for rank in range(NEW_WORLD):
+        with open_rank(rank, NEW_WORLD) as ds:
+            ds.load_state_dict(old)
+            batches = ds.batches(NEW_BATCH)
+            handed[rank] = [next(batches).column("uid").to_pylist() for _ in range(4)]
+            web_inspector.publish(store, rank, 7, ds.state_dict())
+            batches.close()
+    return uri, cache, store, handed
+
+
+@pytest.fixture(scope="module")
+def resized_server(
+    resized: tuple[str, Path, Path, object], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    uri, cache, store, _ = resized
+    # No --batch-size: the link alone says the read's.
+    args = [uri, "--cache-dir", str(cache), "--checkpoint-uri", store.as_uri()]
+    args += ["--seed", str(SEED), "--block-size", str(BLOCK)]
+    log = tmp_path_factory.mktemp("web-lineage-resized-log") / "stderr.log"
+    with web_inspector.serving(args, log) as url:
+        yield url
+
+
+def test_lineage_link_to_a_later_generations_read_opens_its_world_and_batch_size(
+    browser: object,
+    resized_server: str,
+    resized: tuple[str, Path, Path, dict[int, list[list[int]]]],
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    handed = resized[3]
+    # Read by rank 2 of world size 3 (no such rank at world size 2) at its step 3.
+    uid = handed[2][3][1]
+    driver = browser
+    driver.get(f"{resized_server}/ui")  # type: ignore[attr-defined]
+    section = WebDriverWait(driver, web_inspector.WAIT_S).until(
+        lambda d: d.find_element(By.ID, "lineage")  # type: ignore[attr-defined]
+    )
+    WebDriverWait(driver, web_inspector.WAIT_S).until(lambda d: section.is_displayed())
+    box = driver.find_element(By.CSS_SELECTOR, '#lineage-form input[name="expr"]')  # type: ignore[attr-defined]
+    box.send_keys(f"uid == {uid}\n")
+    [link] = WebDriverWait(driver, web_inspector.WAIT_S).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, '#lineage-results a[data-status="read"]')  # type: ignore[attr-defined]
+    )
+    assert "rank 2, step 3" in link.text and "in checkpoints 7" in link.text
+    # Whatever the step view answers (rows, or an error for a rank the view lacks).
+    samples = driver.find_element(By.ID, "samples")  # type: ignore[attr-defined]
+    driver.execute_script("arguments[0].dataset.loaded = ''", samples)  # type: ignore[attr-defined]
+    link.click()
+    WebDriverWait(driver, web_inspector.WAIT_S).until(
+        lambda d: samples.get_attribute("data-loaded")
+    )
+    form = {
+        name: driver.find_element(By.CSS_SELECTOR, f'#controls [name="{name}"]').get_attribute(
+            "value"
+        )  # type: ignore[attr-defined]
+        for name in ("world_size", "batch_size", "rank", "step")
+    }
+    assert form == {"world_size": "3", "batch_size": "4", "rank": "2", "step": "3"}
+    assert samples.get_attribute("data-loaded") == "0,2,3"
+    shown = [
+        int(a.get_attribute("data-index"))
+        for a in driver.find_elements(By.CSS_SELECTOR, "article.sample")  # type: ignore[attr-defined]
+    ]
+    assert shown == handed[2][3], "the step is what rank 2 of world size 3 was handed"
+    # The run line names every generation's world size and batch size.
+    run_line = driver.find_element(By.ID, "lineage-run").text  # type: ignore[attr-defined]
+    assert "world size 2 → 3, batch size 6 → 4" in run_line

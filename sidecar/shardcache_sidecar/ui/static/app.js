@@ -233,20 +233,33 @@ function scanNote(data) {
 // The lineage view: which (epoch, step, rank) of the run read the matches, and which
 // checkpoints include them; a link shows the step with the run's plan (and its skips).
 function runParams(run, read) {
+  // After an elastic resize the rank number is a reader of the read's generation: its
+  // world size and batch size, not the first generation's (`run.world_size`), give the
+  // rows it was handed. Seed, shuffle, block size and window are one for the whole run
+  // (lineage refuses a run whose plan changed), so the run's are the read's.
+  const gen = (run.generations || [])[read.generation] || run;
   const p = new URLSearchParams();
   p.set("epoch", read.epoch);
   // The pass that read it: its skips, not the newest pass's, give that step's rows.
   p.set("pass", (read.pass_index || 0) + 1);
   p.set("rank", read.rank);
   p.set("step", read.step);
-  p.set("world_size", run.world_size);
+  p.set("world_size", read.world_size || run.world_size);
   p.set("seed", run.seed);
   p.set("block_size", run.block_size);
   p.set("granularity", run.granularity);
   p.set("window", run.window);
-  p.set("batch_size", run.batch_size || form.elements.batch_size.value);
+  p.set("batch_size", gen.batch_size || form.elements.batch_size.value);
   p.set("shuffle", run.shuffle ? "true" : "false");
   return p;
+}
+
+// "world size 4, batch size 8", or for a resized run each generation's in turn.
+function runSizes(run) {
+  const gens = run.generations && run.generations.length > 1 ? run.generations : [run];
+  const worlds = gens.map((g) => g.world_size).join(" → ");
+  const batches = gens.map((g) => g.batch_size).join(" → ");
+  return `world size ${worlds}, batch size ${batches}`;
 }
 
 function describeRead(r) {
@@ -269,7 +282,7 @@ async function follow(event) {
     const data = await getJSON("/ui/api/lineage", new URLSearchParams({ expr: event.target.elements.expr.value }));
     const run = data.run;
     document.getElementById("lineage-run").textContent =
-      `run: world size ${run.world_size}, batch size ${run.batch_size}, seed ${run.seed}, ` +
+      `run: ${runSizes(run)}, seed ${run.seed}, ` +
       `checkpoints ${run.checkpoints.map((c) => c.step).join(", ") || "none"}`;
     if (!data.reads.length) list.append(el("li", {}, noMatch(data)));
     for (const r of data.reads) {
