@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -43,12 +44,33 @@ def run(
 def server(
     run: tuple[str, Path, Path, object], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
+    yield from serving(run, ["--batch-size", str(BATCH)], tmp_path_factory.mktemp("log"))
+
+
+def serving(run: tuple[str, Path, Path, object], extra: list[str], logs: Path) -> Iterator[str]:
+    """`shardcache web` over `run`'s dataset and checkpoints, with `extra` arguments."""
     uri, cache, store, _ = run
-    args = [uri, "--cache-dir", str(cache), "--checkpoint-uri", store.as_uri()]
-    args += ["--batch-size", str(BATCH)]
-    log = tmp_path_factory.mktemp("web-lineage-log") / "stderr.log"
-    with web_inspector.serving(args, log) as url:
+    args = [uri, "--cache-dir", str(cache), "--checkpoint-uri", store.as_uri(), *extra]
+    with web_inspector.serving(args, logs / "stderr.log") as url:
         yield url
+
+
+def read_links(driver: Any, server: str, uid: int) -> list[Any]:
+    """The lineage view's links to the reads of sample `uid`, once it lists them."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"{server}/ui")
+    section = WebDriverWait(driver, web_inspector.WAIT_S).until(
+        lambda d: d.find_element(By.ID, "lineage")
+    )
+    WebDriverWait(driver, web_inspector.WAIT_S).until(lambda d: section.is_displayed())
+    box = driver.find_element(By.CSS_SELECTOR, '#lineage-form input[name="expr"]')
+    box.send_keys(f"uid == {uid}\n")
+    links: list[Any] = WebDriverWait(driver, web_inspector.WAIT_S).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, '#lineage-results a[data-status="read"]')
+    )
+    return links
 
 
 def test_lineage_view_leads_to_the_step_the_rank_was_handed_after_a_skip(
@@ -61,16 +83,7 @@ def test_lineage_view_leads_to_the_step_the_rank_was_handed_after_a_skip(
     # A sample rank 1 read after its skip: step 4 of its epoch, inside checkpoint 5.
     uid = handed[1][4][2]
     driver = browser
-    driver.get(f"{server}/ui")  # type: ignore[attr-defined]
-    section = WebDriverWait(driver, web_inspector.WAIT_S).until(
-        lambda d: d.find_element(By.ID, "lineage")  # type: ignore[attr-defined]
-    )
-    WebDriverWait(driver, web_inspector.WAIT_S).until(lambda d: section.is_displayed())
-    box = driver.find_element(By.CSS_SELECTOR, '#lineage-form input[name="expr"]')  # type: ignore[attr-defined]
-    box.send_keys(f"uid == {uid}\n")
-    link = WebDriverWait(driver, web_inspector.WAIT_S).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, '#lineage-results a[data-status="read"]')  # type: ignore[attr-defined]
-    )[0]
+    link = read_links(driver, server, uid)[0]
     assert "in checkpoints 5" in link.text and "after checkpoint 2" in link.text
     link.click()
     WebDriverWait(driver, web_inspector.WAIT_S).until(
@@ -143,13 +156,9 @@ def resized(
 def resized_server(
     resized: tuple[str, Path, Path, object], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    uri, cache, store, _ = resized
     # No --batch-size: the link alone says the read's.
-    args = [uri, "--cache-dir", str(cache), "--checkpoint-uri", store.as_uri()]
-    args += ["--seed", str(SEED), "--block-size", str(BLOCK)]
-    log = tmp_path_factory.mktemp("web-lineage-resized-log") / "stderr.log"
-    with web_inspector.serving(args, log) as url:
-        yield url
+    extra = ["--seed", str(SEED), "--block-size", str(BLOCK)]
+    yield from serving(resized, extra, tmp_path_factory.mktemp("log"))
 
 
 def test_lineage_link_to_a_later_generations_read_opens_its_world_and_batch_size(
@@ -164,16 +173,7 @@ def test_lineage_link_to_a_later_generations_read_opens_its_world_and_batch_size
     # Read by rank 2 of world size 3 (no such rank at world size 2) at its step 3.
     uid = handed[2][3][1]
     driver = browser
-    driver.get(f"{resized_server}/ui")  # type: ignore[attr-defined]
-    section = WebDriverWait(driver, web_inspector.WAIT_S).until(
-        lambda d: d.find_element(By.ID, "lineage")  # type: ignore[attr-defined]
-    )
-    WebDriverWait(driver, web_inspector.WAIT_S).until(lambda d: section.is_displayed())
-    box = driver.find_element(By.CSS_SELECTOR, '#lineage-form input[name="expr"]')  # type: ignore[attr-defined]
-    box.send_keys(f"uid == {uid}\n")
-    [link] = WebDriverWait(driver, web_inspector.WAIT_S).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, '#lineage-results a[data-status="read"]')  # type: ignore[attr-defined]
-    )
+    [link] = read_links(driver, resized_server, uid)
     assert "rank 2, step 3" in link.text and "in checkpoints 7" in link.text
     # Whatever the step view answers (rows, or an error for a rank the view lacks).
     samples = driver.find_element(By.ID, "samples")  # type: ignore[attr-defined]
