@@ -35,6 +35,15 @@ generation of A is set against the one of B at the same place in the walk:
 A difference between runs either of which resized names each run's generation and its
 world size there (`generation_a`, `world_size_a`, ...); two runs that resized alike
 (the same world sizes from the same positions) are compared generation by generation.
+
+Each generation's rank counts its steps at its own batch size (`_batch`): the one its
+checkpoints record (`Generation.batch_size`, the newest state's), else the run's
+(`RunPlan.batch_size`). An elastic resume that keeps the global batch reads another
+batch size a rank after the resize (4 ranks of 8, then 2 of 16), and `shardcache
+lineage` counts a read's step at its generation's batch size too, so both name the
+same step. Where the runs' generations do not all share one batch size (either run
+resized), a difference also says the batch size of each run's generation there
+(`batch_size_a`, `batch_size_b`): the one its step is counted at.
 """
 
 from __future__ import annotations
@@ -67,6 +76,7 @@ class Generation(Protocol):
     def ended_pass(self) -> Mapping[int, int] | None: ...
     def passes(self, rank: int, epoch: int) -> Mapping[int, Sequence[states.Skip]]: ...
     def plan(self, rank: int, epoch: int) -> plans.PlanParams: ...
+    def batch_size(self, rank: int, before: int | None = None) -> int | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +86,8 @@ class RunPlan:
     manifest: manifests.Manifest
     #: seed, world size, shuffle and block size (epoch and rank are ignored).
     params: plans.PlanParams
+    #: The first generation's batch size (given, or its checkpoints'); a later
+    #: generation whose checkpoints record none reads at it too (`_batch`).
     batch_size: int
     #: Per rank, the ranges it skipped (from its checkpoints' data states); an epoch in
     #: `read_again` takes each pass's from there instead.
@@ -116,11 +128,22 @@ class Difference:
     generation_b: int | None = None
     world_size_a: int | None = None
     world_size_b: int | None = None
+    #: When either run resized and the runs' generations do not all share one batch
+    #: size: the batch size each run's generation there counts `step` at; None otherwise.
+    batch_size_a: int | None = None
+    batch_size_b: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         extra = {
             k: getattr(self, k)
-            for k in ("generation_a", "generation_b", "world_size_a", "world_size_b")
+            for k in (
+                "generation_a",
+                "generation_b",
+                "world_size_a",
+                "world_size_b",
+                "batch_size_a",
+                "batch_size_b",
+            )
             if getattr(self, k) is not None
         }
         return {
@@ -207,9 +230,11 @@ def first_difference(a: RunPlan, b: RunPlan, epochs: Sequence[int]) -> Differenc
     generations walked in reading order (`_slots`; a run that never resized is one
     generation), compared per rank where both read, and the first point where their
     generations part is a difference of its own (`_resize`). Only a comparison where
-    either run resized names each run's generation (`_named`)."""
+    either run resized names each run's generation (`_named`), and its batch size only
+    where the generations of both runs do not all share one."""
     ga, gb = _generations(a), _generations(b)
     named = len(ga) > 1 or len(gb) > 1
+    sized = named and len(_sizes(a, ga) | _sizes(b, gb)) > 1
     for epoch in epochs:
         sa, sb = _slots(ga, epoch), _slots(gb, epoch)
         count = max((s.pass_index + 1 for s in (*sa, *sb)), default=1)
@@ -217,7 +242,7 @@ def first_difference(a: RunPlan, b: RunPlan, epochs: Sequence[int]) -> Differenc
         for k in range(max(len(sa), len(sb))):
             x = sa[k] if k < len(sa) else None
             y = sb[k] if k < len(sb) else None
-            found = _compare(a, b, epoch, (x, y), (last_a, last_b), named=named)
+            found = _compare(a, b, epoch, (x, y), (last_a, last_b), named=named, sized=sized)
             if found is not None:
                 return dataclasses.replace(found, passes=count)
     return None
@@ -234,7 +259,11 @@ def shard_changes(a: manifests.Manifest, b: manifests.Manifest) -> dict[str, lis
     }
 
 
-def _plan_reasons(a: RunPlan, b: RunPlan, world_a: int, world_b: int) -> list[str]:
+def _plan_reasons(
+    a: RunPlan, b: RunPlan, worlds: tuple[int, int], batches: tuple[int, int]
+) -> list[str]:
+    """What differs in the runs' plans, with the world sizes and batch sizes of the
+    generations compared (`worlds`, `batches`: A's, B's)."""
     out: list[str] = []
     if a.manifest.digest != b.manifest.digest:
         changes = shard_changes(a.manifest, b.manifest)
@@ -254,8 +283,8 @@ def _plan_reasons(a: RunPlan, b: RunPlan, world_a: int, world_b: int) -> list[st
     pa_, pb = a.params, b.params
     for name, x, y in (
         ("seed", pa_.seed, pb.seed),
-        ("world size", world_a, world_b),
-        ("batch size", a.batch_size, b.batch_size),
+        ("world size", *worlds),
+        ("batch size", *batches),
         ("shuffle", pa_.mode, pb.mode),
         ("block size", pa_.block_size, pb.block_size),
         ("window", _window(pa_), _window(pb)),
@@ -333,6 +362,9 @@ class _Whole:
     def plan(self, rank: int, epoch: int) -> plans.PlanParams:
         return dataclasses.replace(self.run.params, rank=rank, epoch=epoch)
 
+    def batch_size(self, rank: int, before: int | None = None) -> int | None:
+        return self.run.batch_size
+
 
 @dataclasses.dataclass(frozen=True)
 class _Slot:
@@ -348,6 +380,22 @@ class _Slot:
 
 def _generations(run: RunPlan) -> tuple[Generation, ...]:
     return run.generations if len(run.generations) > 1 else (_Whole(run),)
+
+
+def _batch(run: RunPlan, gen: Generation | None, rank: int) -> int:
+    """The batch size `rank` of `gen` counts its steps at: what its newest checkpoint
+    recording one says (as `shardcache lineage` counts a read's step), else the run's."""
+    recorded = gen.batch_size(rank) if gen is not None else None
+    return recorded if recorded is not None else run.batch_size
+
+
+def _sizes(run: RunPlan, gens: Sequence[Generation]) -> set[int]:
+    """Every batch size a rank of any of the run's generations read at."""
+    return {_batch(run, g, r) for g in gens for r in range(g.world_size)}
+
+
+def _gen(slot: _Slot | None) -> Generation | None:
+    return slot.gen if slot is not None else None
 
 
 def _last_epoch(gen: Generation) -> int | None:
@@ -412,34 +460,38 @@ def _compare(
     lasts: tuple[_Slot | None, _Slot | None],
     *,
     named: bool,
+    sized: bool,
 ) -> Difference | None:
     """The first difference in one slot of each run (`slots`), or None. A run without
     this slot (it made fewer passes over the epoch) is described by its last slot of the
-    epoch (`lasts`): its world size and the passes its ranks made."""
+    epoch (`lasts`): its world size, batch size and the passes its ranks made. Steps
+    count at each generation's batch size (`_batch`); where the two differ, every batch
+    differs, from step 0 of the slot."""
     (x, y), (last_a, last_b) = slots, lasts
+    ka, kb = x or last_a, y or last_b
     n = x.pass_index if x is not None else y.pass_index if y is not None else 0
     world = max(s.gen.world_size if s is not None else 0 for s in (x, y))
-    best: tuple[int, int, list[Segment], list[Segment]] | None = None
+    best: tuple[int, int, list[Segment], list[Segment], int, int] | None = None
     for rank in range(world):
         end = _earlier(_end(x, rank), _end(y, rank))
         ra, rb = _rows(a, x, rank, epoch, end), _rows(b, y, rank, epoch, end)
+        size_a, size_b = _batch(a, _gen(ka), rank), _batch(b, _gen(kb), rank)
         at = first_mismatch(ra, rb)
-        if a.batch_size != b.batch_size:
+        if size_a != size_b:
             if not ra and not rb:
                 continue
             step = 0
         elif at is None:
             continue
         else:
-            step = at // a.batch_size
+            step = at // size_a
         if best is None or step < best[0]:
-            best = (step, rank, ra, rb)
+            best = (step, rank, ra, rb, size_a, size_b)
     resize = _resize(a, b, epoch, x, y) if x is not None and y is not None else None
     if best is not None and (resize is None or (best[0], best[1]) < (resize.step, resize.rank)):
-        step, rank, ra, rb = best
-        ka, kb = x or last_a, y or last_b
+        step, rank, ra, rb, size_a, size_b = best
         wa, wb = (k.gen.world_size if k is not None else 0 for k in (ka, kb))
-        why = _plan_reasons(a, b, wa, wb)
+        why = _plan_reasons(a, b, (wa, wb), (size_a, size_b))
         why += _pass_reasons(
             _made(ka, rank, epoch, named=named), _made(kb, rank, epoch, named=named), rank, epoch, n
         )
@@ -448,12 +500,12 @@ def _compare(
             step=step,
             rank=rank,
             reasons=tuple(why or ["the batches differ"]),
-            a=take(ra, step * a.batch_size, a.batch_size),
-            b=take(rb, step * b.batch_size, b.batch_size),
+            a=take(ra, step * size_a, size_a),
+            b=take(rb, step * size_b, size_b),
         )
-        return _named(found, n, x, y, named=named)
+        return _named(found, a, b, n, (x, y), named=named, sized=sized)
     if resize is not None:
-        return _named(resize, n, x, y, named=named)
+        return _named(resize, a, b, n, (x, y), named=named, sized=sized)
     return None
 
 
@@ -471,12 +523,21 @@ def _made(
 
 
 def _named(
-    found: Difference, n: int, x: _Slot | None, y: _Slot | None, *, named: bool
+    found: Difference,
+    a: RunPlan,
+    b: RunPlan,
+    n: int,
+    slots: tuple[_Slot | None, _Slot | None],
+    *,
+    named: bool,
+    sized: bool,
 ) -> Difference:
     """`found` with its pass and, when `named` (either run resized), each run's
-    generation there."""
+    generation there; when `sized` too (the generations do not all share one batch
+    size), the batch size its `found.rank` counts steps at there."""
     if not named:
         return dataclasses.replace(found, pass_index=n)
+    x, y = slots
     return dataclasses.replace(
         found,
         pass_index=n,
@@ -484,6 +545,8 @@ def _named(
         generation_b=y.gen.index if y is not None else None,
         world_size_a=x.gen.world_size if x is not None else None,
         world_size_b=y.gen.world_size if y is not None else None,
+        batch_size_a=_batch(a, x.gen, found.rank) if sized and x is not None else None,
+        batch_size_b=_batch(b, y.gen, found.rank) if sized and y is not None else None,
     )
 
 
@@ -492,7 +555,7 @@ def _resize(a: RunPlan, b: RunPlan, epoch: int, x: _Slot, y: _Slot) -> Differenc
     the next at a rank's position where the other's does not (reads on, or hands over
     elsewhere), or both hand over at the same positions to generations that differ.
     At the earliest (step, rank) of those, the step counted in the generation that
-    stopped there."""
+    stopped there, at its batch size (`_batch`)."""
     ranks = sorted(set(x.ends) | set(y.ends))
     parted = [r for r in ranks if _end(x, r) != _end(y, r)]
     if not parted:
@@ -508,19 +571,21 @@ def _resize(a: RunPlan, b: RunPlan, epoch: int, x: _Slot, y: _Slot) -> Differenc
             continue
         run, slot = (a, x) if _end(x, r) == end else (b, y)
         handed_before = sum(hi - lo for _, lo, hi in _rows(run, slot, r, epoch, end))
-        points.append((handed_before // run.batch_size, r, end))
+        points.append((handed_before // _batch(run, slot.gen, r), r, end))
     if not points:
         return None
     step, rank, end = min(points)
 
     def there(run: RunPlan, slot: _Slot) -> tuple[tuple[str, int], ...]:
         # A run that handed over here: its new generation's first batch of this rank (if
-        # it has that rank); else what it went on reading at this step.
+        # it has that rank), at that generation's batch size; else what it went on
+        # reading at this step.
         if slot.next is not None and _end(slot, rank) == end:
             new = _Slot(slot.pass_index, slot.next, {}, None)
-            return take(_rows(run, new, rank, epoch, None), 0, run.batch_size)
+            return take(_rows(run, new, rank, epoch, None), 0, _batch(run, slot.next, rank))
         rows = _rows(run, slot, rank, epoch, _end(slot, rank))
-        return take(rows, step * run.batch_size, run.batch_size)
+        size = _batch(run, slot.gen, rank)
+        return take(rows, step * size, size)
 
     return Difference(
         epoch=epoch,

@@ -4,7 +4,8 @@ Each plan option comes in three spellings: `--seed 3` sets both runs, `--a-seed`
 `--b-seed` one run. `--a-checkpoint-uri` (or `--b-…`) reads a run's plan, batch size and
 skips from the data states it published, which then win over the shared options; a
 run whose checkpoints changed world size (an elastic resume) is compared generation by
-generation (`shardcache.lineage.diff`).
+generation (`shardcache.lineage.diff`), each at the batch size its checkpoints record
+(the run's, given or its first generation's, where they record none).
 Silent, with exit status 0, when the runs' data is identical; 1 when it differs.
 """
 
@@ -147,7 +148,8 @@ def side_plan(
     recorded = first.batch_size(0)
     size = recorded if recorded is not None else batch_size
     if elastic:
-        # Each generation carries its own plans (segments) and per-pass skips.
+        # Each generation carries its own plans (segments), per-pass skips and batch
+        # size; `size` is for a generation whose checkpoints record none.
         plan = diff.RunPlan(manifest, hist.params, size, generations=hist.generations)
     else:
         plan = diff.RunPlan(
@@ -189,16 +191,7 @@ def text(data: dict[str, Any]) -> str:
     ]
     if any(f"generation_{side}" in data for side in ("a", "b")):
         # Only a comparison where either run resized names generations.
-        lines.append(
-            "  in "
-            + ", ".join(
-                f"run {side.upper()}'s generation {data[f'generation_{side}']} "
-                f"(world size {data[f'world_size_{side}']})"
-                if data.get(f"generation_{side}") is not None
-                else f"no generation of run {side.upper()}"
-                for side in ("a", "b")
-            )
-        )
+        lines.append("  in " + ", ".join(_generation_text(data, side) for side in ("a", "b")))
     lines += [f"  because of {r}" for r in data["reasons"]]
     for side in ("a", "b"):
         samples = data[side]
@@ -206,3 +199,15 @@ def text(data: dict[str, Any]) -> str:
         more = f" … ({len(samples)} samples)" if len(samples) > 4 else ""
         lines.append(f"  run {side.upper()} reads {shown or 'nothing'}{more}")
     return "\n".join(lines)
+
+
+def _generation_text(data: dict[str, Any], side: str) -> str:
+    """Run `side`'s generation at the difference, with its world size and, where the
+    runs' generations do not all share one batch size, its batch size."""
+    if data.get(f"generation_{side}") is None:
+        return f"no generation of run {side.upper()}"
+    size = f", batch size {data[f'batch_size_{side}']}" if f"batch_size_{side}" in data else ""
+    return (
+        f"run {side.upper()}'s generation {data[f'generation_{side}']} "
+        f"(world size {data[f'world_size_{side}']}{size})"
+    )

@@ -173,10 +173,6 @@ class History:
     def world_size(self) -> int:
         return self.params.world_size
 
-    def rank_samples(self, rank: int) -> int:
-        lo, hi = plans.rank_bounds(sum(self.shard_rows), self._rank(rank, 0))
-        return hi - lo
-
     def steps(self) -> list[int]:
         """Checkpoint steps published by any rank (any generation), in order."""
         return sorted({s for g in self.generations for s in g.steps()})
