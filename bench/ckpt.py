@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from shardcache_sidecar.checkpoint import agent, agent_config  # noqa: E402
 
+from bench import tree  # noqa: E402
 from shardcache import (  # noqa: E402
     checkpoint,
     contract,
@@ -138,7 +139,7 @@ def main() -> int:
         agent_env = {
             **os.environ,
             **env,
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": tree.python_path(),
             contract.ENV_CHECKPOINT_URI: uri,
             contract.ENV_CHECKPOINT_DIR: str(root),
             contract.ENV_CHECKPOINT_KEEP_LAST: "1",

@@ -51,6 +51,7 @@ from bench import (
     node_report,
     node_slow,
     node_timeline,
+    tree,
 )
 from shardcache import contract, plans, source
 from shardcache.contract import protocol
@@ -404,14 +405,13 @@ def run(
     )
 
     trainer_env = {contract.ENV_RUN_DIR: str(work / "run"), contract.ENV_MOUNT: MOUNT}
-    repo = str(node_ranks.REPO)
     bench = Bench(
         args=args,
         work=work,
         rank_env={
             **os.environ,
             **trainer_env,
-            "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": tree.python_path(),
         },
         rank_config={
             "seed": args.seed,

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench import tree
 from bench.peers import convert, dataset, loaders, memory, report, runner
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,7 +100,7 @@ def run_one(
     ]  # fmt: skip
     if name in args.profile:
         cmd += ["--profile", str(root / f"profile-{name}.txt")]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "LITDATA_DISABLE_VERSION_CHECK": "1"}
+    env = {**os.environ, "PYTHONPATH": tree.python_path(), "LITDATA_DISABLE_VERSION_CHECK": "1"}
     log = (scratch / "runner.log").open("wb")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     sampler = memory.PeakSampler(proc.pid, watch_dir=shm_scratch)
