@@ -132,6 +132,7 @@ def map_values(values: dict[str, Any], prefix: str = "") -> list[str]:
     whole = {
         "operator.resources", "webhook.objectSelector", "podSecurityContext",
         "securityContext", "monitoring.dashboard.labels", "uninstallGuard.resources",
+        "nodeCache.reclaim.resources",
     }  # fmt: skip
     found = []
     for key, value in values.items():
