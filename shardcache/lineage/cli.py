@@ -97,13 +97,23 @@ def _worlds(run: dict[str, Any]) -> str:
     )
 
 
+def _batch_sizes(run: dict[str, Any]) -> str:
+    """Each generation's batch size in turn, as `_worlds` gives their world sizes: a
+    resize may change it, and a read's step counts batches of its own generation's."""
+    sizes = [g["batch_size"] for g in run["generations"]]
+    if len(sizes) <= 1 or len(set(sizes)) == 1:
+        return str(run["batch_size"])
+    # None: that generation's ranks recorded none (they disagreed at the resize).
+    return " -> ".join("not recorded" if b is None else str(b) for b in sizes)
+
+
 def reads_text(data: dict[str, Any]) -> str:
     run = data["run"]
     steps = [c["step"] for c in run["checkpoints"]]
     lines = [
         f"{data['matches']} sample(s) match {data['expression']!r}"
         + (" (more not shown)" if data["truncated"] else "")
-        + f"; run: world size {_worlds(run)}, batch size {run['batch_size']}, seed "
+        + f"; run: world size {_worlds(run)}, batch size {_batch_sizes(run)}, seed "
         f"{run['seed']}, checkpoints {_steps(steps) or 'none'}"
     ]
     for r in data["reads"]:

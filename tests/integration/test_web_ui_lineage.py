@@ -174,7 +174,7 @@ def test_lineage_link_to_a_later_generations_read_opens_its_world_and_batch_size
     uid = handed[2][3][1]
     driver = browser
     [link] = read_links(driver, resized_server, uid)
-    assert "rank 2, step 3" in link.text and "in checkpoints 7" in link.text
+    assert "rank 2 of 3, step 3" in link.text and "in checkpoints 7" in link.text
     # Whatever the step view answers (rows, or an error for a rank the view lacks).
     samples = driver.find_element(By.ID, "samples")  # type: ignore[attr-defined]
     driver.execute_script("arguments[0].dataset.loaded = ''", samples)  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import cli, elastic, manifests, plans, states
+from shardcache.lineage import cli as cli_lineage
 from shardcache.lineage import diff, history, queries
 from tests.support import datasets
 from tests.unit.test_lineage_diff import manifest
@@ -160,3 +161,19 @@ def test_diff_of_published_runs_says_the_resized_generations_batch_size(
         16,
     )
     assert len(found["a"]) == len(found["b"]) == 16
+
+
+def test_lineage_text_gives_each_generations_batch_size_after_a_resize() -> None:
+    hist = hist_of(resized_chains(M))
+    at = index_of(stream(hist.generations[1].plan(1, 0))[32])
+    got = queries.reads(hist, [at])
+    text = cli_lineage.reads_text(queries.reads_json(hist, f"index == {at}", [at], False, got))
+    # World size 4 read batches of 8, then 2 read batches of 16: its steps count those.
+    assert "run: world size 4 -> 2 (from step 1), batch size 8 -> 16, seed 1" in text
+    assert f"index {at}: epoch 0 rank 1 (world size 2) step 2 (row 0 of the batch)" in text
+
+
+def test_lineage_text_gives_one_batch_size_when_the_resize_kept_it() -> None:
+    hist = hist_of(resized_chains(M, new_batch=8))
+    text = cli_lineage.reads_text(queries.reads_json(hist, "index == 0", [0], False, []))
+    assert "run: world size 4 -> 2 (from step 1), batch size 8, seed 1" in text

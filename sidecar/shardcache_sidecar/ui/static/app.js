@@ -262,10 +262,12 @@ function runSizes(run) {
   return `world size ${worlds}, batch size ${batches}`;
 }
 
-function describeRead(r) {
+function describeRead(r, run) {
   // pass_index > 0: the rank read the epoch again from its start (a second pass).
   const pass = r.pass_index ? ` pass ${r.pass_index + 1}` : "";
-  const where = `sample ${r.index}: epoch ${r.epoch}${pass}, rank ${r.rank}`;
+  // Rank numbers are per world size once the run was resumed at another.
+  const world = run.generations && run.generations.length > 1 ? ` of ${r.world_size}` : "";
+  const where = `sample ${r.index}: epoch ${r.epoch}${pass}, rank ${r.rank}${world}`;
   if (r.status === "skipped") return `${where}: skipped, never read`;
   const at = r.step !== null ? `, step ${r.step}` : "";
   if (r.status === "pending") return `${where}${at}: after the newest checkpoint`;
@@ -287,10 +289,10 @@ async function follow(event) {
     if (!data.reads.length) list.append(el("li", {}, noMatch(data)));
     for (const r of data.reads) {
       if (r.status === "skipped" || r.step === null) {
-        list.append(el("li", { class: "note", "data-status": r.status }, describeRead(r)));
+        list.append(el("li", { class: "note", "data-status": r.status }, describeRead(r, run)));
         continue;
       }
-      const link = el("a", { href: "#", "data-status": r.status }, describeRead(r));
+      const link = el("a", { href: "#", "data-status": r.status }, describeRead(r, run));
       link.addEventListener("click", (e) => {
         e.preventDefault();
         fillForm(runParams(run, r));
