@@ -16,6 +16,7 @@ Pure functions over parsed states: `Dataset.load_state_dict`, the checkpoint age
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Sequence
 
 from shardcache import errors, plans, states, streams
@@ -48,9 +49,9 @@ def _differences(first: states.DataState, other: states.DataState) -> list[str]:
 
 def gather(saved: Iterable[states.DataState], *, where: str = "states") -> list[states.DataState]:
     """Every old rank's state, sorted by rank, checked to be one run at one point:
-    each rank 0..W-1 exactly once, and one epoch, digest, seed and plan (shuffle mode,
-    block size, sample window) between them. StateMismatchError says what was expected
-    and what was found."""
+    each rank 0..W-1 exactly once, one epoch, digest, seed and plan (shuffle mode,
+    block size, sample window) between them, and streams of that epoch that do not
+    overlap. StateMismatchError says what was expected and what was found."""
     found = list(saved)
     if not found:
         raise errors.StateMismatchError(f"{where}: no state given: expected one per old rank")
@@ -72,7 +73,58 @@ def gather(saved: Iterable[states.DataState], *, where: str = "states") -> list[
             f"found ranks {ranks} (missing {missing}, duplicated {duplicate}): give the state "
             "every rank saved at one checkpoint step"
         )
-    return sorted(found, key=lambda s: s.rank)
+    ordered = sorted(found, key=lambda s: s.rank)
+    _refuse_other_resizes(ordered, where=where)
+    return ordered
+
+
+def _segments_now(state: states.DataState) -> streams.Segments | None:
+    """The segments `state` reads its epoch by (None: its rule-5 range)."""
+    seg = state.params.segments
+    return seg if seg is not None and seg.epoch == state.epoch else None
+
+
+def _refuse_other_resizes(ordered: Sequence[states.DataState], *, where: str) -> None:
+    """Refuse states that agree on the plan and the epoch but were not read by one run
+    at one point: some ranks in segments of an elastic resume and others in their rule-5
+    ranges, or ranges two ranks share (states of two resizes, or from before and after
+    one). Their ranks' streams overlap and leave rows to no one, so any cut of what
+    they left reads some rows twice and others never. Ranks not in lockstep stay
+    allowed: a position alone cannot tell one step from another."""
+    now = {s.rank: _segments_now(s) for s in ordered}
+    segmented = [rank for rank, seg in now.items() if seg is not None]
+    plain = [rank for rank, seg in now.items() if seg is None]
+    epoch = ordered[0].epoch
+    if segmented and plain:
+        raise errors.StateMismatchError(
+            f"{where}: the states are not of one run at one point: ranks {segmented} read "
+            f"epoch {epoch} in the segments an elastic resume gave them, ranks {plain} read "
+            "the epoch's plain rule-5 ranges (states from before that resume, or of another "
+            "run): give the state every rank saved at one checkpoint step"
+        )
+    # One resize records one smallest part (a state resized before `least` was
+    # recorded has none, and is compared by its ranges only).
+    leasts = {
+        rank: seg.least for rank, seg in now.items() if seg is not None and seg.least is not None
+    }
+    if len(set(leasts.values())) > 1:
+        raise errors.StateMismatchError(
+            f"{where}: the states are not of one run at one point: their segments of epoch "
+            f"{epoch} come from different elastic resumes (the smallest part, by rank: "
+            f"{leasts}; one resume records one): give the state every rank saved at one "
+            "checkpoint step"
+        )
+    owned = sorted(
+        (a, b, rank) for rank, seg in now.items() if seg is not None for a, b in seg.ranges
+    )
+    for (_, b, first), (c, d, second) in itertools.pairwise(owned):
+        if c < b:
+            raise errors.StateMismatchError(
+                f"{where}: the states are not of one run at one point: ranks {first} and "
+                f"{second} both read positions [{c}, {min(b, d)}) of epoch {epoch}'s global "
+                "sequence in their segments (expected disjoint parts, as one elastic resume "
+                "deals them): give the state every rank saved at one checkpoint step"
+            )
 
 
 def remainder(saved: Sequence[states.DataState], total_rows: int) -> list[streams.Range]:

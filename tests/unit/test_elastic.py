@@ -212,3 +212,67 @@ def test_a_position_past_the_end_of_an_old_rank_is_refused() -> None:
     old[1] = dataclasses.replace(old[1], position=16)
     with pytest.raises(errors.StateMismatchError, match="past the end"):
         elastic.resize(old, total_rows=30, world_size=3)
+
+
+def with_segments(s: states.DataState, *ranges: streams.Range, least: int) -> states.DataState:
+    return with_plan(s, segments=streams.Segments(s.epoch, tuple(ranges), least))
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        # Rank 0's state after a 2 -> 3 resize, ranks 1 and 2 from the run before it
+        # (rank 1 read [10, 13) of its [10, 20), which rank 0's segments hold too).
+        (
+            lambda ss: [
+                with_segments(ss[0], (3, 12), least=9),
+                dataclasses.replace(ss[1], position=3),
+                ss[2],
+            ],
+            r"ranks \[0\] read epoch 0 in the segments an elastic resume gave them, ranks "
+            r"\[1, 2\] read the epoch's plain rule-5 ranges",
+        ),
+        # States of two resizes: their smallest parts differ.
+        (
+            lambda ss: [
+                with_segments(ss[0], (0, 5), least=5),
+                with_segments(ss[1], (5, 10), least=5),
+                with_segments(ss[2], (10, 16), least=6),
+            ],
+            r"come from different elastic resumes \(the smallest part, by rank: "
+            r"\{0: 5, 1: 5, 2: 6\}",
+        ),
+        # ...or they agree on it and two ranks read the same rows.
+        (
+            lambda ss: [
+                with_segments(ss[0], (0, 5), least=5),
+                dataclasses.replace(with_segments(ss[1], (4, 9), least=5), position=1),
+                with_segments(ss[2], (10, 15), least=5),
+            ],
+            r"ranks 0 and 1 both read positions \[4, 5\) of epoch 0",
+        ),
+    ],
+)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_states_of_ranks_from_before_and_after_a_resize_are_refused(
+    change: Callable[[list[states.DataState]], list[states.DataState]], message: str, world: int
+) -> None:
+    """Every key of the plan agrees, but the ranks' streams overlap and leave rows to no
+    one: a resize (or, at the same world size, each rank's own state) read some rows
+    twice and others never, without a word (where what the ranks left did not overlap
+    too). Refused at every world size, naming the ranks."""
+    old = change(start_states(3, 0, block_size=4, shuffle=True))
+    with pytest.raises(errors.StateMismatchError, match=message):
+        elastic.resize(old, total_rows=30, world_size=world)
+
+
+def test_segments_of_an_earlier_epoch_do_not_make_states_of_two_runs() -> None:
+    """A resize's segments stay in its ranks' states in later epochs; there they are
+    history, and a later epoch's states resize as any others."""
+    old = start_states(3, 1, block_size=4, shuffle=True)
+    old = [with_plan(old[0], segments=streams.Segments(0, ((3, 12),), 9)), *old[1:]]
+    new = elastic.resize(old, total_rows=30, world_size=2)
+    assert [s.params.segments for s in new] == [
+        streams.Segments(1, ((0, 15),), 15),
+        streams.Segments(1, ((15, 30),), 15),
+    ]
