@@ -27,6 +27,7 @@ from shardcache_operator import (
     pod_watch,
     reconcile,
     sidecar_health,
+    source_reads,
     sources,
 )
 
@@ -60,6 +61,9 @@ class Context:
     metrics: metrics.Metrics = dataclasses.field(default_factory=metrics.Metrics)
     resolve: reconcile.Resolver = sources.resolve_manifest
     probe: reconcile.Prober = sources.probe_source
+    #: Where `resolve`, `probe` and the skips' reads run: threads of their own, a few per
+    #: namespace at once, never the loop's executor that API reads and the webhook use.
+    source_reads: source_reads.Gate = dataclasses.field(default_factory=source_reads.Gate)
     #: Watched DatasetMounts, API reads of the others, parsed specs: for the webhook.
     mounts: mounts.Store = dataclasses.field(default_factory=mounts.Store)
     #: Each served namespace's UID, which keys its node disk directory, for the webhook.

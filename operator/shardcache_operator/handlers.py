@@ -8,7 +8,6 @@ operator with their own context.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -17,7 +16,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from shardcache import errors
+from shardcache import errors, uris
 from shardcache_operator import (
     authority,
     configuration,
@@ -137,6 +136,7 @@ async def resolve(
         backoff=memo.backoff,
         timeout=memo.settings.resolve_timeout_seconds,
         refusal=refusal_of(body, memo),
+        reads=memo.source_reads,
     )
     new_status = dict(result.status)
     new_status["attachedPods"] = memo.pods.count(namespace or "", name)
@@ -177,6 +177,7 @@ async def check_source(
         probe=memo.probe,
         now=now_text(),
         timeout=memo.settings.resolve_timeout_seconds,
+        reads=memo.source_reads,
     )
     if result is None:
         return
@@ -206,9 +207,12 @@ async def check_skips(
     try:
         if spec.source.secret_ref is not None:
             options = await memo.api.read_secret(namespace or "", spec.source.secret_ref.name)
-        records = await asyncio.wait_for(
-            asyncio.to_thread(skips.read_applied, spec.checkpoint.uri, options),
-            memo.settings.resolve_timeout_seconds,
+        uri = spec.checkpoint.uri
+        records = await memo.source_reads.run(
+            namespace or "",
+            lambda: skips.read_applied(uri, options),
+            timeout=memo.settings.resolve_timeout_seconds,
+            what=f"reading the applied skips of {uris.redact(uri)}",
         )
     except (errors.ShardcacheError, OSError, PermissionError, TimeoutError) as exc:
         # The source checks report an unreachable store or Secret; this only reports skips.

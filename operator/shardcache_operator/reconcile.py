@@ -8,14 +8,13 @@ failing source: every failure becomes a phase, a condition and an Event.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from shardcache import contract, errors, manifests, s3_settings, uris
-from shardcache_operator import sample_room, shard_room, specs, status
+from shardcache_operator import sample_room, shard_room, source_reads, specs, status
 
 logger = logging.getLogger(__name__)
 
@@ -220,6 +219,7 @@ async def _check(
     read_secret: SecretReader,
     probe: Prober,
     timeout: float,
+    reads: source_reads.Gate,
 ) -> status.Outcome:
     """Keep `pin` if the source still answers; else Degraded, with the pin kept."""
     options, failure = await _options(spec, namespace, read_secret, pinned=True)
@@ -228,7 +228,9 @@ async def _check(
     uri = spec.source.uri
     shown = uris.redact(uri)
     try:
-        await asyncio.wait_for(asyncio.to_thread(probe, uri, options), timeout)
+        await reads.run(
+            namespace, lambda: probe(uri, options), timeout=timeout, what=f"checking {shown}"
+        )
     except errors.AccessDeniedError as exc:
         return _rejected(_credentials(spec, namespace, options), exc, pinned=True)
     except SourceRefused as exc:
@@ -268,6 +270,7 @@ async def _resolve(
     read_secret: SecretReader,
     resolve: Resolver,
     timeout: float,
+    reads: source_reads.Gate,
 ) -> status.Outcome:
     options, failure = await _options(spec, namespace, read_secret, pinned=False)
     if failure is not None:
@@ -281,6 +284,8 @@ async def _resolve(
         credentials=_credentials(spec, namespace, options),
         resolve=resolve,
         timeout=timeout,
+        namespace=namespace,
+        reads=reads,
     )
 
 
@@ -294,16 +299,25 @@ async def _resolve_source(
     credentials: str,
     resolve: Resolver,
     timeout: float,
+    namespace: str,
+    reads: source_reads.Gate,
 ) -> status.Outcome:
     """Resolve one source's manifest; `where` names its spec fields in messages and
-    `credentials` what it is read with (`_credentials`).
+    `credentials` what it is read with (`_credentials`). The read runs on `reads`'
+    threads, counted against `namespace` (`source_reads`: a store that never answers
+    holds its own namespace's slots, never another's).
 
     `Invalid` only when the operator does not read the source at all (`SourceRefused`);
     what the store holds or says is retried: refused credentials with the backoff,
     data that is missing or unusable (`InvalidData`, `DigestMismatch`) slowly."""
     shown = uris.redact(uri)
     try:
-        manifest = await asyncio.wait_for(asyncio.to_thread(resolve, uri, fmt, options), timeout)
+        manifest = await reads.run(
+            namespace,
+            lambda: resolve(uri, fmt, options),
+            timeout=timeout,
+            what=f"resolving the manifest of {shown}",
+        )
     except SourceRefused as exc:
         return status.Failed(status.Phase.INVALID, "InvalidSource", str(exc), reachable=None)
     except errors.AccessDeniedError as exc:
@@ -389,6 +403,7 @@ async def _resolve_mixture(
     read_secret: SecretReader,
     resolve: Resolver,
     timeout: float,
+    reads: source_reads.Gate,
 ) -> tuple[list[dict[str, Any]], status.Failed | None, list[Pinned]]:
     """The pins of a mixture's further sources (status.mixture), each kept from
     `previous` while its identity holds, else resolved like spec.source; or the first
@@ -419,6 +434,8 @@ async def _resolve_mixture(
             credentials=_credentials(spec, namespace, options),
             resolve=resolve,
             timeout=timeout,
+            namespace=namespace,
+            reads=reads,
         )
         if isinstance(outcome, status.Failed):
             message = f"{where} ({source.name}): {outcome.message}"
@@ -547,6 +564,7 @@ async def reconcile(
     backoff: Backoff = Backoff(),
     timeout: float = 600.0,
     refusal: status.Failed | None = None,
+    reads: source_reads.Gate | None = None,
 ) -> Result:
     """Resolve and pin the manifest of one DatasetMount object; never raises for its data.
 
@@ -557,7 +575,11 @@ async def reconcile(
     `refusal`: the platform's verdict on a valid spec (`authority`),
     which stops the reconcile before the source is read; a Pending one is retried
     with the backoff like any other.
+
+    `reads`: where the source is read, counted per namespace: the operator's one
+    `source_reads.Gate` (`context.Context.source_reads`); None, one of this call's own.
     """
+    reads = reads or source_reads.Gate()
     metadata = obj.get("metadata") or {}
     namespace = str(metadata.get("namespace") or "")
     generation = metadata.get("generation")
@@ -589,10 +611,16 @@ async def reconcile(
             read_secret=read_secret,
             probe=probe,
             timeout=timeout,
+            reads=reads,
         )
     else:
         outcome = await _resolve(
-            spec, namespace=namespace, read_secret=read_secret, resolve=resolve, timeout=timeout
+            spec,
+            namespace=namespace,
+            read_secret=read_secret,
+            resolve=resolve,
+            timeout=timeout,
+            reads=reads,
         )
     mixture: list[dict[str, Any]] | None = None
     pinned_now: list[Pinned] = []
@@ -607,6 +635,7 @@ async def reconcile(
             read_secret=read_secret,
             resolve=resolve,
             timeout=timeout,
+            reads=reads,
         )
         if failed is not None:
             outcome, mixture = failed, None
@@ -632,12 +661,13 @@ async def check_source(
     probe: Prober,
     now: str,
     timeout: float = 60.0,
+    reads: source_reads.Gate | None = None,
 ) -> Result | None:
     """Periodic re-check that the source of a pinned DatasetMount still answers.
 
     Only reachability changes here (Ready <-> Degraded), never the pin. Returns None
     when the object is not pinned for its current source, or for one of its mixture's
-    current sources: that is `reconcile`'s job.
+    current sources: that is `reconcile`'s job. `reads`: as `reconcile`'s.
     """
     previous = obj.get("status") or {}
     if previous.get("phase") not in (status.Phase.READY, status.Phase.DEGRADED):
@@ -658,7 +688,13 @@ async def check_source(
             return None
     namespace = str((obj.get("metadata") or {}).get("namespace") or "")
     outcome = await _check(
-        spec, pin, namespace=namespace, read_secret=read_secret, probe=probe, timeout=timeout
+        spec,
+        pin,
+        namespace=namespace,
+        read_secret=read_secret,
+        probe=probe,
+        timeout=timeout,
+        reads=reads or source_reads.Gate(),
     )
     observed = previous.get("observedGeneration")
     return _result(

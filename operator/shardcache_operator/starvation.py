@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -27,6 +28,8 @@ import aiohttp
 
 from shardcache_operator import injection, pod_updates, specs, status
 
+logger = logging.getLogger(__name__)
+
 CONDITION = status.DATA_STARVED
 METRIC = "shardcache_reader_stall_fraction"
 #: Seconds one sidecar's /metrics may take; a slow or gone pod is left out of a check,
@@ -34,6 +37,16 @@ METRIC = "shardcache_reader_stall_fraction"
 SCRAPE_TIMEOUT_SECONDS = 3.0
 #: Pods of one mount scraped at once.
 SCRAPE_CONCURRENCY = 32
+#: Bytes of one pod's /metrics answer read at most; a sidecar's is tens of KiB (a few
+#: lines per reader and per route). The answer comes from the tenant's pod, whose own
+#: containers share its network (a native sidecar of the pod author's, started before
+#: the injected one, can take its port), so it is read in pieces and given up past
+#: this, never buffered whole: an endless answer, read for the whole timeout, was
+#: gigabytes in the operator's memory (limit 512Mi), whose restart stops the webhook
+#: that admits every namespace's pods (docs/security.md).
+SCRAPE_MAX_BYTES = 1024 * 1024
+#: Bytes read from an answer at a time.
+_SCRAPE_PIECE = 64 * 1024
 #: Pods named in a condition message or an Event; the rest are counted.
 NAMED_PODS = 10
 
@@ -162,6 +175,22 @@ def conditions_with(
     return [c for c in kept if c.get("type") != CONDITION] + [merged], flipped
 
 
+async def bounded_body(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The answer's body, or None when it is longer than `limit` bytes (said by its
+    Content-Length, or found while reading): then at most `limit` plus one piece of it
+    was ever in memory."""
+    if response.content_length is not None and response.content_length > limit:
+        return None
+    pieces: list[bytes] = []
+    size = 0
+    async for piece in response.content.iter_chunked(_SCRAPE_PIECE):
+        size += len(piece)
+        if size > limit:
+            return None
+        pieces.append(piece)
+    return b"".join(pieces)
+
+
 async def scrape(
     session: aiohttp.ClientSession, endpoints: Sequence[Endpoint]
 ) -> dict[str, float | None]:
@@ -174,7 +203,18 @@ async def scrape(
                 async with session.get(ep.url) as response:
                     if response.status != 200:
                         return ep.pod, None
-                    return ep.pod, worst_fraction(await response.text())
+                    body = await bounded_body(response, SCRAPE_MAX_BYTES)
+                    if body is None:
+                        logger.warning(
+                            "DataStarved check: pod %s answered %s with more than %d bytes, "
+                            "expected a sidecar's /metrics (tens of KiB); not read further, "
+                            "counted as no answer",
+                            ep.pod,
+                            ep.url,
+                            SCRAPE_MAX_BYTES,
+                        )
+                        return ep.pod, None
+                    return ep.pod, worst_fraction(body.decode("utf-8"))
             except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
                 return ep.pod, None
 

@@ -349,6 +349,29 @@ def test_a_chunked_body_is_served_like_a_framed_one(raw: Callable[[], Raw]) -> N
     assert body["position"] == 42
 
 
+def test_a_chunked_body_over_the_limit_is_a_413_and_the_sidecar_keeps_serving(
+    raw: Callable[[], Raw],
+) -> None:
+    """A chunked body is aiohttp's to frame (no Content-Length for the lean protocol to
+    refuse): aiohttp's `client_max_size` is the same limit, and it holds while the
+    body arrives, not once it is whole."""
+    conn = raw()
+    register(conn, "huge")
+    piece = b"x" * (64 * 1024)
+    conn.send(
+        b"POST /v1/readers/huge/position HTTP/1.1\r\nHost: localhost\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n"
+        % (len(piece), piece)
+        * (socket_server.MAX_BODY_BYTES // len(piece) + 1)
+    )
+    status, body, _ = conn.answer()
+    assert status == 413, body
+    assert body["error"]["kind"] == protocol.KIND_INPUT
+    status, _, _ = raw().request("GET", protocol.MANIFEST)
+    assert status == 200
+
+
 def test_a_percent_escaped_reader_id_means_the_same_reader(raw: Callable[[], Raw]) -> None:
     conn = raw()
     register(conn, "esc")
