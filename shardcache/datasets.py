@@ -115,6 +115,11 @@ class MappingListener(Protocol):
     def dropped(self, root: pa.Buffer) -> None: ...
 
 
+def _python_ints(values: Any) -> bool:
+    """Whether every item of an object array is a Python int (not a bool)."""
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values.tolist())
+
+
 def column_names(columns: Sequence[str] | None) -> tuple[str, ...] | None:
     """`columns=` as given by a caller: a list (or tuple) of names, or None for all.
     A str is refused: iterated, "tokens" would select the columns "t", "o", "k", ...,
@@ -1143,8 +1148,20 @@ class Dataset:
 
         from shardcache import gather, sequences
 
+        if isinstance(indices, Iterator):
+            # np.asarray would make one object of it, named as "an array of object".
+            raise errors.InputError(
+                "take: expected a flat sequence of integer sample indices (a list, a range "
+                f"or an integer numpy array), found {type(indices).__name__}, an iterator: "
+                "pass list() of it"
+            )
         idx = np.asarray(indices)
-        if idx.ndim != 1 or not (idx.size == 0 or np.issubdtype(idx.dtype, np.integer)):
+        # Ints past uint64's range stay Python ints in an object array: out of range,
+        # and named so by `locate` below, which compares them as they were asked.
+        huge = idx.ndim == 1 and idx.dtype == object and _python_ints(idx)
+        if not huge and (
+            idx.ndim != 1 or not (idx.size == 0 or np.issubdtype(idx.dtype, np.integer))
+        ):
             raise errors.InputError(
                 f"take: expected a flat sequence of integer sample indices, found an array "
                 f"of {idx.dtype} with shape {idx.shape}"

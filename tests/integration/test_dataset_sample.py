@@ -227,3 +227,23 @@ def test_the_ranks_runs_are_the_rows_it_reads_in_sample_mode_after_a_resize_too(
         assert runs != before
         read = uids(list(ds.batches(50)))
         assert [offsets[r.shard] + i for r in runs for i in range(r.start, r.stop)] == read
+
+
+def test_take_names_an_index_past_uint64s_range_and_refuses_an_iterator_saying_so(
+    dataset: tuple[str, pa.Table], tmp_path: Path
+) -> None:
+    uri, _ = dataset
+    huge = 2**64 + 7
+    with open_sample(uri, tmp_path / "c") as ds:
+        # Python ints past uint64 make an array of objects: still an index, named as asked.
+        with pytest.raises(errors.InputError, match=f"sample index {huge} is out of range"):
+            ds.take([3, huge])
+        with pytest.raises(errors.InputError, match=f"sample index {-huge} is out of range"):
+            ds.take([-huge, 2])
+        with pytest.raises(errors.InputError, match="found generator, an iterator: pass list"):
+            ds.take(i for i in (1, 2))
+        # Objects that are not ints (a bool among them) are still refused by type.
+        with pytest.raises(errors.InputError, match="integer sample indices, found an array"):
+            ds.take([huge, True])
+        # A range is a sequence, not an iterator: taken.
+        assert ds.take(range(2, 0, -1), columns=["uid"]).to_pydict() == {"uid": [2, 1]}
