@@ -41,8 +41,9 @@ def _differences(first: states.DataState, other: states.DataState) -> list[str]:
     """What `other` does not share with `first`, as `key: first's vs other's`."""
     a, b = first.to_json(), other.to_json()
     keys = list(_SHARED)
-    if first.params.sampled or other.params.sampled:
-        # The window shapes a sample-mode plan only (as `states.mismatches` compares).
+    if first.params.sampled and other.params.sampled:
+        # The window shapes a sample-mode plan only (as `states.mismatches` compares);
+        # beside a block-mode state the granularity already differs.
         keys.append("window")
     return [f"{k}: {a[k]!r} vs {b[k]!r}" for k in keys if a[k] != b[k]]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any
@@ -67,6 +68,12 @@ def test_a_plan_version_1_state_reads_as_block_mode_and_resumes_a_block_mode_dat
         "sha256:d", plans.PlanParams(**{**v1.params.__dict__, "granularity": "sample"}), 0
     )
     assert states.mismatches(v1, sample) == [
+        "granularity: state has 'block', this dataset has 'sample'"
+    ]
+    # A window of the sample-mode dataset's own is not named against one the state
+    # never had (it saved none: block mode).
+    windowed = states.DataState("sha256:d", dataclasses.replace(sample.params, window=128), 0)
+    assert states.mismatches(v1, windowed) == [
         "granularity: state has 'block', this dataset has 'sample'"
     ]
 
