@@ -302,6 +302,53 @@ class EpochOrder:
                 i += 1
         return out
 
+    def spans(self, ranges: Sequence[streams.Range]) -> ShardSpans:
+        """`ShardSpans` of `slice(ranges)`: the same walk of the shard order, but only
+        where each shard's piece ends (no shard's blocks needed: the order of a
+        shard's rows never moves a shard boundary)."""
+        order, starts = self._order, self._starts
+        shards: list[int] = []
+        ends: list[int] = []
+        read = 0  # rows of the reader's sequence before `lo`
+        for lo, hi in ranges:
+            i = bisect.bisect_right(starts, lo) - 1
+            while lo < hi and i < len(order):
+                end = starts[i + 1]
+                if end > lo:
+                    take = min(hi, end)
+                    read += take - lo
+                    shard = order[i]
+                    if shards and shards[-1] == shard:
+                        ends[-1] = read  # the same shard again at once: one span
+                    else:
+                        shards.append(shard)
+                        ends.append(read)
+                    lo = take
+                i += 1
+        return ShardSpans(shards, ends)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSpans:
+    """Which shard a reader reads at each position of its plan, without the rows: the
+    shards in reading order (a shard read twice in a row once) and where in the
+    reader's sequence each one's rows end.
+
+    What the sidecar needs of a block-mode plan (the shards to read ahead and grant):
+    `next(position, count)` is exactly `next_shards(runs, run_ends(runs), position,
+    count)` of the plan's runs. Made from the epoch's shard order alone
+    (`EpochOrder.spans`): no shard's blocks are permuted, and no `Run` is made."""
+
+    shards: list[int]
+    #: Position just past each span: strictly increasing, one per shard in `shards`.
+    ends: list[int]
+
+    def next(self, position: int, count: int) -> list[int]:
+        """The shard at `position` and the `count` - 1 after it (fewer at the end; all
+        that are left for a negative `count`, as `next_shards`)."""
+        first = bisect.bisect_right(self.ends, position)
+        return self.shards[first : first + count] if count >= 0 else self.shards[first:]
+
 
 def rank_runs(shard_rows: Sequence[int], digest: str, params: PlanParams) -> list[Run]:
     """The runs `params.rank` reads in the epoch, in order: exactly

@@ -300,22 +300,21 @@ class _Counting:
 @dataclasses.dataclass
 class _Reader:
     params: plans.PlanParams
-    #: None until first needed when made by `make_runs` (`planned(lazy=True)`).
-    runs: list[plans.Run] | None
+    #: Which shard the reader reads where (block mode): all the node reads ahead and
+    #: grants along. None until first needed when made by `make_spans`
+    #: (`planned(lazy=True)`).
+    spans: plans.ShardSpans | None
     position: int
-    ends: list[int] = dataclasses.field(default_factory=list)
     #: Sample mode (plan version 2): the windows the reader meets, with their shards.
     plan_windows: list[windows.Window] = dataclasses.field(default_factory=list)
     window_ends: list[int] = dataclasses.field(default_factory=list)
     #: Shards read ahead of it when set (`CacheNode.set_prefetch_depth`); else the
     #: settings' depth.
     depth: int | None = None
-    #: Makes `runs` when they are first asked for (`upcoming`).
-    make_runs: Callable[[], list[plans.Run]] | None = None
+    #: Makes `spans` when they are first asked for (`upcoming`).
+    make_spans: Callable[[], plans.ShardSpans] | None = None
 
     def __post_init__(self) -> None:
-        if self.runs is not None:
-            self.ends = plans.run_ends(self.runs)
         self.window_ends = windows.window_ends(self.plan_windows)
 
     @classmethod
@@ -329,26 +328,30 @@ class _Reader:
         lazy: bool = False,
     ) -> _Reader:
         """The reader's plan; with `lazy`, made when first asked for (`upcoming`)
-        instead of now (not for sample mode, whose windows are made now)."""
+        instead of now (not for sample mode, whose windows are made now).
+
+        Block mode keeps only the plan's shard spans, not its runs: the runs (each
+        shard's blocks permuted, a `Run` per block) cost a registration most of its
+        plan, and the node never reads a row (docs/benchmarks.md, "The registration
+        request, session 27")."""
         if params.sampled:
             # A sample-mode reader holds every shard of its window while it gathers.
             wins = windows.rank_windows(manifest.shard_rows, manifest.digest, params)
-            return cls(params, [], position, plan_windows=wins)
+            return cls(params, plans.ShardSpans([], []), position, plan_windows=wins)
         if lazy:
             return cls(
-                params, None, position, make_runs=functools.partial(orders.rank_runs, params)
+                params, None, position, make_spans=functools.partial(orders.rank_spans, params)
             )
-        return cls(params, orders.rank_runs(params), position)
+        return cls(params, orders.rank_spans(params), position)
 
     def upcoming(self, count: int) -> list[int]:
         if self.params.sampled:
             return windows.next_shards(self.plan_windows, self.window_ends, self.position, count)
-        runs = self.runs
-        if runs is None:
-            assert self.make_runs is not None
-            runs = self.runs = self.make_runs()
-            self.ends = plans.run_ends(runs)
-        return plans.next_shards(runs, self.ends, self.position, count)
+        spans = self.spans
+        if spans is None:
+            assert self.make_spans is not None
+            spans = self.spans = self.make_spans()
+        return spans.next(self.position, count)
 
 
 class _Attempt:
@@ -1665,8 +1668,7 @@ class CacheNode:
             params = reader.params
             for rank in range(params.rank + 1, params.rank + min(ranks, params.world_size)):
                 other = dataclasses.replace(params, rank=rank % params.world_size)
-                runs = self._orders.rank_runs(other)
-                lists.append(plans.next_shards(runs, plans.run_ends(runs), reader.position, count))
+                lists.append(self._orders.rank_spans(other).next(reader.position, count))
         if not any(not contains(keys[shard]) for shards in lists for shard in shards):
             self._fill_warm(reader_id)
             return

@@ -10,6 +10,9 @@ sidecar made that same order once per rank, while their requests waited behind i
 `EpochPlans` keeps one `plans.EpochOrder` per epoch: the shard order, and each shard's
 runs once some rank's range covered it. A rank's plan is then a bisection and its own
 shards' runs, made once per node, and exactly `plans.rank_runs`'s result.
+
+The node itself only needs which shard a reader reads where (`rank_spans`: what it reads
+ahead and grants), which the shard order gives without any shard's runs.
 """
 
 from __future__ import annotations
@@ -48,6 +51,15 @@ class EpochPlans:
         if not ranges:
             return []
         return self._order(params).slice(ranges)
+
+    def rank_spans(self, params: plans.PlanParams) -> plans.ShardSpans:
+        """`plans.ShardSpans` of `rank_runs(params)` (block mode), from the epoch's shard
+        order alone: what the node reads ahead and grants along, without permuting any
+        shard's blocks (the first rank into an epoch made its shards' runs before)."""
+        ranges = plans.stream_ranges(self._total, params)
+        if not ranges:
+            return plans.ShardSpans([], [])
+        return self._order(params).spans(ranges)
 
     def blocks(self, block_size: int) -> int:
         """Blocks of `block_size` rows in the whole manifest (each shard's last one may

@@ -134,6 +134,11 @@ class Registry(Generic[L]):
         """The readers whose client holds a reader lock, to check whether they live."""
         return [r.reader_id for r in self._readers.values() if r.locked]
 
+    def locked_at_rank(self, rank: int) -> bool:
+        """Whether a reader whose client holds a reader lock reads as `rank`: one a rank
+        registering anew may have been before it crashed."""
+        return any(r.locked and r.params.rank == rank for r in self._readers.values())
+
     def get(self, reader_id: str) -> Reader | None:
         return self._readers.get(reader_id)
 

@@ -388,13 +388,13 @@ def test_a_warm_readers_requests_walk_no_readahead_and_make_no_plan_until_a_gran
     node.update_reader("rank-0", epoch=1, position=0)  # the walk that finds them all
     asked = contains_calls(node, monkeypatch)
     made: list[plans.PlanParams] = []
-    rank_runs = node._orders.rank_runs
+    rank_spans = node._orders.rank_spans
 
-    def counted(params: plans.PlanParams) -> list[plans.Run]:
+    def counted(params: plans.PlanParams) -> plans.ShardSpans:
         made.append(params)
-        return rank_runs(params)
+        return rank_spans(params)
 
-    monkeypatch.setattr(node._orders, "rank_runs", counted)
+    monkeypatch.setattr(node._orders, "rank_spans", counted)
     for epoch in (2, 3):
         for rank in range(WORLD):
             node.update_reader(f"rank-{rank}", epoch=epoch, position=0)

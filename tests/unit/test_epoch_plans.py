@@ -113,3 +113,82 @@ def test_blocks_counts_each_shards_short_last_block_and_no_block_for_an_empty_sh
     assert orders.blocks(100) == 3 + 3 + 0 + 1
     assert orders.blocks(1000) == 3
     assert orders.blocks(100) == 7  # remembered per block size, not mixed up
+
+
+def positions(total: int) -> list[int]:
+    """Every position of a small plan, and one past its end."""
+    return list(range(total + 2))
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 7])
+def test_a_ranks_shard_spans_give_exactly_the_next_shards_of_its_plans_runs(
+    shuffle: bool, world_size: int
+) -> None:
+    orders = epoch_plans.EpochPlans(ROWS, DIGEST)
+    for epoch in (0, 1):
+        for block_size in (16, 5, 1000):
+            for rank in range(world_size):
+                params = plans.PlanParams(
+                    seed=3,
+                    epoch=epoch,
+                    rank=rank,
+                    world_size=world_size,
+                    shuffle=shuffle,
+                    block_size=block_size,
+                )
+                runs = plans.rank_runs(ROWS, DIGEST, params)
+                ends = plans.run_ends(runs)
+                spans = orders.rank_spans(params)
+                for position in positions(sum(ROWS)):
+                    for count in (0, 1, 2, 5, len(ROWS), -1):
+                        assert spans.next(position, count) == plans.next_shards(
+                            runs, ends, position, count
+                        ), (params, position, count)
+
+
+def test_elastic_segments_spans_join_a_shard_read_on_across_two_ranges() -> None:
+    orders = epoch_plans.EpochPlans(ROWS, DIGEST)
+    # Adjacent and apart ranges, one inside a single shard: a shard may end one range
+    # and start the next (one span), or come back after another shard (two).
+    for ranges in (((10, 40), (200, 300)), ((0, 30), (30, 90)), ((5, 6), (7, 8), (300, 460))):
+        segments = streams.Segments(epoch=0, ranges=ranges)
+        params = plans.PlanParams(seed=4, world_size=2, rank=1, block_size=8, segments=segments)
+        runs = plans.rank_runs(ROWS, DIGEST, params)
+        spans = orders.rank_spans(params)
+        assert spans.shards == [
+            s for i, s in enumerate(r.shard for r in runs) if i == 0 or runs[i - 1].shard != s
+        ]
+        for position in positions(streams.length(list(ranges))):
+            for count in (1, 3, len(ROWS)):
+                assert spans.next(position, count) == plans.next_shards(
+                    runs, plans.run_ends(runs), position, count
+                )
+
+
+def test_shard_spans_permute_no_shards_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    shards_made: list[int] = []
+    real_runs = plans._shard_runs
+
+    def counting_runs(rows: int, shard: int, *args: Any) -> list[plans.Run]:
+        shards_made.append(shard)
+        return real_runs(rows, shard, *args)
+
+    monkeypatch.setattr(plans, "_shard_runs", counting_runs)
+    orders = epoch_plans.EpochPlans(ROWS, DIGEST)
+    for rank in range(4):
+        orders.rank_spans(plans.PlanParams(seed=1, rank=rank, world_size=4, block_size=8))
+    assert shards_made == []
+
+
+def test_spans_of_two_seeds_or_epochs_are_each_their_own_plans() -> None:
+    orders = epoch_plans.EpochPlans(ROWS, DIGEST)
+    made = {
+        (seed, epoch): orders.rank_spans(plans.PlanParams(seed=seed, epoch=epoch, block_size=8))
+        for seed in (1, 2)
+        for epoch in (0, 1)
+    }
+    for (seed, epoch), spans in made.items():
+        params = plans.PlanParams(seed=seed, epoch=epoch, block_size=8)
+        assert spans.shards == plans.shard_order(plans.rank_runs(ROWS, DIGEST, params))
+    assert len({tuple(s.shards) for s in made.values()}) == len(made)

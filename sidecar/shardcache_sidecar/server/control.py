@@ -125,10 +125,13 @@ async def put_reader(sidecar: lifecycle.Sidecar, reader_id: str, raw: bytes) -> 
         # The trainer is here: its own plan drives prefetch from now on.
         sidecar.registry.unregister(startup)
         node.unregister_reader(startup)
-    if sidecar.registry.get(reader_id) is None:
+    if sidecar.registry.get(reader_id) is None and sidecar.registry.locked_at_rank(params.rank):
         # A rank restarted after a crash registers a new reader: the dead one goes
         # first, so it neither counts in the new one's share of the memory tier nor
-        # keeps the fill on its plan.
+        # keeps the fill on its plan. Only for a rank a locked reader reads already:
+        # K ranks opening at once each tried every other's lock (K^2 / 2 probes of
+        # four system calls, a quarter of a registration's CPU at K=16), and the
+        # check every second finds the dead readers of other ranks.
         sidecar.drop_dead_readers()
     locked = claims_lock and sidecar.reader_lock_seen(reader_id)
     change = sidecar.registry.register(reader_id, params, position, locked=locked, seq=seq)
