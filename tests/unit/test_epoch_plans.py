@@ -83,7 +83,8 @@ def test_ranks_of_one_epoch_make_its_shard_order_and_each_shards_runs_once(
     assert sorted(shards_made) == [i for i, rows in enumerate(ROWS) if rows]
 
 
-def test_a_rank_makes_only_the_shards_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+def count_shard_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The shards whose runs (blocks permuted) are made from now on, in order."""
     shards_made: list[int] = []
     real_runs = plans._shard_runs
 
@@ -92,6 +93,11 @@ def test_a_rank_makes_only_the_shards_it_reads(monkeypatch: pytest.MonkeyPatch) 
         return real_runs(rows, shard, *args)
 
     monkeypatch.setattr(plans, "_shard_runs", counting_runs)
+    return shards_made
+
+
+def test_a_rank_makes_only_the_shards_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    shards_made = count_shard_runs(monkeypatch)
     params = plans.PlanParams(seed=1, rank=5, world_size=16, block_size=8)
     runs = epoch_plans.EpochPlans(ROWS, DIGEST).rank_runs(params)
     assert sorted(shards_made) == sorted({run.shard for run in runs})
@@ -167,14 +173,7 @@ def test_elastic_segments_spans_join_a_shard_read_on_across_two_ranges() -> None
 
 
 def test_shard_spans_permute_no_shards_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    shards_made: list[int] = []
-    real_runs = plans._shard_runs
-
-    def counting_runs(rows: int, shard: int, *args: Any) -> list[plans.Run]:
-        shards_made.append(shard)
-        return real_runs(rows, shard, *args)
-
-    monkeypatch.setattr(plans, "_shard_runs", counting_runs)
+    shards_made = count_shard_runs(monkeypatch)
     orders = epoch_plans.EpochPlans(ROWS, DIGEST)
     for rank in range(4):
         orders.rank_spans(plans.PlanParams(seed=1, rank=rank, world_size=4, block_size=8))
