@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -13,16 +14,14 @@ ROWS = [100, 0, 37, 250, 8, 64, 1]
 DIGEST = "sha256:d"
 
 
-@pytest.mark.parametrize("shuffle", [True, False])
-@pytest.mark.parametrize("world_size", [1, 2, 3, 7])
-def test_every_rank_gets_exactly_the_plan_it_would_make_alone(
-    shuffle: bool, world_size: int
-) -> None:
-    orders = epoch_plans.EpochPlans(ROWS, DIGEST)
-    for epoch in (0, 1, 0):  # back to an epoch already made
-        for block_size in (16, 5):
+def every_rank(
+    world_size: int, shuffle: bool, *, epochs: Sequence[int], block_sizes: Sequence[int]
+) -> Iterator[plans.PlanParams]:
+    """The plan of every rank of `world_size`, for each epoch and block size (seed 3)."""
+    for epoch in epochs:
+        for block_size in block_sizes:
             for rank in range(world_size):
-                params = plans.PlanParams(
+                yield plans.PlanParams(
                     seed=3,
                     epoch=epoch,
                     rank=rank,
@@ -30,7 +29,17 @@ def test_every_rank_gets_exactly_the_plan_it_would_make_alone(
                     shuffle=shuffle,
                     block_size=block_size,
                 )
-                assert orders.rank_runs(params) == plans.rank_runs(ROWS, DIGEST, params)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 7])
+def test_every_rank_gets_exactly_the_plan_it_would_make_alone(
+    shuffle: bool, world_size: int
+) -> None:
+    orders = epoch_plans.EpochPlans(ROWS, DIGEST)
+    # Epoch 0 again: back to an epoch already made.
+    for params in every_rank(world_size, shuffle, epochs=(0, 1, 0), block_sizes=(16, 5)):
+        assert orders.rank_runs(params) == plans.rank_runs(ROWS, DIGEST, params)
 
 
 def test_seeds_do_not_share_an_order() -> None:
@@ -132,25 +141,15 @@ def test_a_ranks_shard_spans_give_exactly_the_next_shards_of_its_plans_runs(
     shuffle: bool, world_size: int
 ) -> None:
     orders = epoch_plans.EpochPlans(ROWS, DIGEST)
-    for epoch in (0, 1):
-        for block_size in (16, 5, 1000):
-            for rank in range(world_size):
-                params = plans.PlanParams(
-                    seed=3,
-                    epoch=epoch,
-                    rank=rank,
-                    world_size=world_size,
-                    shuffle=shuffle,
-                    block_size=block_size,
-                )
-                runs = plans.rank_runs(ROWS, DIGEST, params)
-                ends = plans.run_ends(runs)
-                spans = orders.rank_spans(params)
-                for position in positions(sum(ROWS)):
-                    for count in (0, 1, 2, 5, len(ROWS), -1):
-                        assert spans.next(position, count) == plans.next_shards(
-                            runs, ends, position, count
-                        ), (params, position, count)
+    for params in every_rank(world_size, shuffle, epochs=(0, 1), block_sizes=(16, 5, 1000)):
+        runs = plans.rank_runs(ROWS, DIGEST, params)
+        ends = plans.run_ends(runs)
+        spans = orders.rank_spans(params)
+        for position in positions(sum(ROWS)):
+            for count in (0, 1, 2, 5, len(ROWS), -1):
+                assert spans.next(position, count) == plans.next_shards(
+                    runs, ends, position, count
+                ), (params, position, count)
 
 
 def test_elastic_segments_spans_join_a_shard_read_on_across_two_ranges() -> None:
