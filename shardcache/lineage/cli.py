@@ -102,8 +102,9 @@ def _batch_sizes(run: dict[str, Any]) -> str:
     resize may change it, and a read's step counts batches of its own generation's."""
     sizes = [g["batch_size"] for g in run["generations"]]
     if len(sizes) <= 1 or len(set(sizes)) == 1:
-        return str(run["batch_size"])
-    # None: that generation's ranks recorded none (they disagreed at the resize).
+        sizes = [run["batch_size"]]
+    # None: that generation's checkpoints record none (states saved outside batches(),
+    # or ranks that disagreed at the resize).
     return " -> ".join("not recorded" if b is None else str(b) for b in sizes)
 
 

@@ -123,7 +123,17 @@ def resized(
     world size was handed: 2 ranks read 3 batches of 6 and publish checkpoint 3; 3
     ranks resume from those states (elastic), read 4 batches of 4 and publish
     checkpoint 7."""
-    base = tmp_path_factory.mktemp("web-lineage-resized")
+    return record_resized(
+        tmp_path_factory.mktemp("web-lineage-resized"), first_records_batch_size=True
+    )
+
+
+def record_resized(
+    base: Path, *, first_records_batch_size: bool
+) -> tuple[str, Path, Path, dict[int, list[list[int]]]]:
+    """The resized run under `base`; without `first_records_batch_size` the first world size's
+    checkpoints record no batch size, as a state does that was saved before its rank
+    read a batch, or by a release before states recorded one (state version 1)."""
     uri = inspect_data.write(base / "ds").as_uri()
     cache, store = base / "cache", base / "store"
 
@@ -138,17 +148,18 @@ def resized(
             batches = ds.batches(BATCH)
             for _ in range(3):
                 next(batches)
-            old.append(ds.state_dict())
+            state = ds.state_dict()
+            old.append(state if first_records_batch_size else {**state, "batch_size": None})
             web_inspector.publish(store, rank, 3, old[-1])
             batches.close()
     handed: dict[int, list[list[int]]] = {}
     for rank in range(NEW_WORLD):
         with open_rank(rank, NEW_WORLD) as ds:
             ds.load_state_dict(old)
-            batches = ds.batches(NEW_BATCH)
-            handed[rank] = [next(batches).column("uid").to_pylist() for _ in range(4)]
+            new_batches = ds.batches(NEW_BATCH)
+            handed[rank] = [next(new_batches).column("uid").to_pylist() for _ in range(4)]
             web_inspector.publish(store, rank, 7, ds.state_dict())
-            batches.close()
+            new_batches.close()
     return uri, cache, store, handed
 
 
@@ -198,3 +209,31 @@ def test_lineage_link_to_a_later_generations_read_opens_its_world_and_batch_size
     # The run line names every generation's world size and batch size.
     run_line = driver.find_element(By.ID, "lineage-run").text  # type: ignore[attr-defined]
     assert "world size 2 → 3, batch size 6 → 4" in run_line
+
+
+@pytest.fixture(scope="module")
+def unrecorded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    resized = record_resized(
+        tmp_path_factory.mktemp("web-lineage-unrecorded"), first_records_batch_size=False
+    )
+    extra = ["--seed", str(SEED), "--block-size", str(BLOCK)]
+    yield from serving(resized, extra, tmp_path_factory.mktemp("log"))
+
+
+def test_lineage_run_line_says_not_recorded_for_a_generation_without_a_batch_size(
+    browser: object, unrecorded_server: str
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    data = web_inspector.get_json(
+        unrecorded_server, "/ui/api/lineage?limit=1000&expr=uid%20%3E%3D%200"
+    )
+    assert [g["batch_size"] for g in data["run"]["generations"]] == [None, NEW_BATCH]
+    # A read of the later world size: its step is counted in batches of 4, so it links.
+    uid = next(
+        r["index"] for r in data["reads"] if r["status"] == "read" and r["world_size"] == NEW_WORLD
+    )
+    driver = browser
+    read_links(driver, unrecorded_server, uid)
+    run_line = driver.find_element(By.ID, "lineage-run").text  # type: ignore[attr-defined]
+    assert "world size 2 → 3, batch size not recorded → 4" in run_line

@@ -30,17 +30,21 @@ SKIP = states.Skip(0, 32, 48)
 def resized_chains(
     m: manifests.Manifest,
     *,
-    new_batch: int = 16,
+    old_batch: int | None = 8,
+    new_batch: int | None = 16,
     skips: Mapping[int, Sequence[states.Skip]] | None = None,
 ) -> dict[int, list[history.Checkpoint]]:
-    """World size 4 reading batches of 8 to position 16 (step 1), resized to 2 (the
-    states `elastic.resize` makes of step 1's), each new rank reading batches of
-    `new_batch` to position 64 with `skips` (step 2)."""
+    """World size 4 reading batches of `old_batch` to position 16 (step 1), resized to 2
+    (the states `elastic.resize` makes of step 1's), each new rank reading batches of
+    `new_batch` to position 64 with `skips` (step 2). A batch size of None: the states
+    record none, as those saved outside `batches()` do."""
     old = {
         r: [
             history.Checkpoint(
                 1,
-                states.DataState(m.digest, dataclasses.replace(PARAMS, rank=r), 16, batch_size=8),
+                states.DataState(
+                    m.digest, dataclasses.replace(PARAMS, rank=r), 16, batch_size=old_batch
+                ),
             )
         ]
         for r in range(4)
@@ -177,3 +181,15 @@ def test_lineage_text_gives_one_batch_size_when_the_resize_kept_it() -> None:
     hist = hist_of(resized_chains(M, new_batch=8))
     text = cli_lineage.reads_text(queries.reads_json(hist, "index == 0", [0], False, []))
     assert "run: world size 4 -> 2 (from step 1), batch size 8, seed 1" in text
+
+
+def test_lineage_text_says_not_recorded_for_a_generation_without_a_batch_size() -> None:
+    hist = hist_of(resized_chains(M, old_batch=None))
+    text = cli_lineage.reads_text(queries.reads_json(hist, "index == 0", [0], False, []))
+    assert "run: world size 4 -> 2 (from step 1), batch size not recorded -> 16, seed 1" in text
+
+
+def test_lineage_text_says_not_recorded_when_no_checkpoint_records_a_batch_size() -> None:
+    hist = hist_of(resized_chains(M, old_batch=None, new_batch=None))
+    text = cli_lineage.reads_text(queries.reads_json(hist, "index == 0", [0], False, []))
+    assert "run: world size 4 -> 2 (from step 1), batch size not recorded, seed 1" in text

@@ -254,11 +254,12 @@ function runParams(run, read) {
   return p;
 }
 
-// "world size 4, batch size 8", or for a resized run each generation's in turn.
+// "world size 4, batch size 8", or for a resized run each generation's in turn. A
+// generation whose checkpoints were saved outside batches() records no batch size.
 function runSizes(run) {
   const gens = run.generations && run.generations.length > 1 ? run.generations : [run];
   const worlds = gens.map((g) => g.world_size).join(" → ");
-  const batches = gens.map((g) => g.batch_size).join(" → ");
+  const batches = gens.map((g) => g.batch_size ?? "not recorded").join(" → ");
   return `world size ${worlds}, batch size ${batches}`;
 }
 
