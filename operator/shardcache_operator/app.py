@@ -99,10 +99,7 @@ async def _ready_when(
 async def run(settings: configuration.Settings) -> None:
     """Run until SIGINT/SIGTERM; a standby replica waits in kopf's peering."""
     # Tenants' sources are read with the access the platform allows (docs/security.md).
-    access = sources.Access(
-        file_sources=settings.allow_file_sources,
-        ambient_credentials=settings.allow_ambient_credentials,
-    )
+    access = sources.access(settings)
     memo = context.Context(
         settings=settings,
         api=kube.Api(kube.configure(settings.kubeconfig)),

@@ -15,7 +15,7 @@ from typing import Any
 
 from shardcache import contract, errors
 from shardcache.contract import parsers
-from shardcache_operator import authority, specs
+from shardcache_operator import authority, endpoint_policy, specs
 
 ENV_PREFIX = "SHARDCACHE_OPERATOR_"
 POLICIES = ("Refuse", "Admit")
@@ -64,6 +64,11 @@ class Settings:
     #: Lend tenants' sources the operator's ambient cloud identity (no secretRef, or a
     #: scheme other than s3://). Off: anonymous or refused (`sources.Access`).
     allow_ambient_credentials: bool = False
+    #: Endpoints (origins, `scheme://host[:port]` or `scheme://*.suffix[:port]`) a
+    #: tenant's Secret may point the operator at (policy.sourceEndpoints). Empty: any but
+    #: the operator pod's loopback and link-local/metadata addresses, which are never a
+    #: tenant's store (`endpoint_policy`).
+    source_endpoints: tuple[endpoint_policy.Origin, ...] = ()
 
     # --- what is watched ----------------------------------------------------------------
     #: Namespaces to serve; empty means all (cluster-wide).
@@ -192,6 +197,7 @@ _PARSERS: dict[str, parsers.Parser[Any]] = {
     "node_paths": parsers.Parser("comma-separated node paths", _node_paths),
     # A mount's own nodePath is held to the CRD's pattern; the default is held to it too.
     "default_node_path": _NODE_PATH,
+    "source_endpoints": endpoint_policy.PARSER,
     "max_cache_memory": parsers.Parser("quantity", _quantity),
     "max_cache_disk": parsers.Parser("quantity", _quantity),
     "resolve_timeout_seconds": _SECONDS,

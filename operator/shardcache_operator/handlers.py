@@ -27,6 +27,7 @@ from shardcache_operator import (
     rfc3339,
     sidecar_checks,
     skips,
+    sources,
     specs,
     starvation,
     status,
@@ -210,7 +211,8 @@ async def check_skips(
         uri = spec.checkpoint.uri
         records = await memo.source_reads.run(
             namespace or "",
-            lambda: skips.read_applied(uri, options),
+            # The operator's own pod connects: the same access as the source's reads.
+            lambda: sources.applied_skips(uri, options, access=sources.access(memo.settings)),
             timeout=memo.settings.resolve_timeout_seconds,
             what=f"reading the applied skips of {uris.redact(uri)}",
         )

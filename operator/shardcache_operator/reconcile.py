@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from shardcache import contract, errors, manifests, s3_settings, uris
-from shardcache_operator import sample_room, shard_room, source_reads, specs, status
+from shardcache_operator import authority, sample_room, shard_room, source_reads, specs, status
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +56,20 @@ class SourceRefused(errors.InputError):
     store holds or says, which can change without one, and is retried."""
 
 
-#: Failures only a change at the source fixes (data restored, a bucket created): retried
-#: at the backoff's longest delay, not the first ones.
-SLOW_RETRY_REASONS = frozenset({"InvalidData", "DigestMismatch", "SourceGone"})
+class EndpointRefused(SourceRefused):
+    """The Secret names an endpoint the platform's policy does not let the operator
+    connect to (`sources.Access.source_endpoints`). Not `Invalid` like the spec's other
+    refusals: the Secret, which the operator does not watch, can change without the
+    spec, so it is retried slowly (`SLOW_RETRY_REASONS`), Pending before a pin and
+    Degraded after one, as a `SecretInvalid` Secret is."""
+
+    reason = authority.REASON
+
+
+#: Failures only a change at the source fixes (data restored, a bucket created), or one
+#: to the Secret, which the operator does not watch (an endpoint the platform refuses):
+#: retried at the backoff's longest delay, not the first ones.
+SLOW_RETRY_REASONS = frozenset({"InvalidData", "DigestMismatch", "SourceGone", authority.REASON})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +244,10 @@ async def _check(
         )
     except errors.AccessDeniedError as exc:
         return _rejected(_credentials(spec, namespace, options), exc, pinned=True)
+    except EndpointRefused as exc:
+        return status.Failed(
+            status.Phase.DEGRADED, exc.reason, str(exc), reachable=None, keeps_pin=True
+        )
     except SourceRefused as exc:
         return status.Failed(
             status.Phase.INVALID, "InvalidSource", str(exc), reachable=None, keeps_pin=True
@@ -318,6 +333,8 @@ async def _resolve_source(
             timeout=timeout,
             what=f"resolving the manifest of {shown}",
         )
+    except EndpointRefused as exc:
+        return status.Failed(status.Phase.PENDING, exc.reason, str(exc), reachable=None)
     except SourceRefused as exc:
         return status.Failed(status.Phase.INVALID, "InvalidSource", str(exc), reachable=None)
     except errors.AccessDeniedError as exc:

@@ -7,18 +7,21 @@ The operator reads sources that tenants name, so it never lends them its own ide
 anonymously, never with the operator's ambient credentials (environment, instance
 metadata, a projected service account token); other object stores, whose clients
 would use the operator's cloud identity, and file:// (the operator's own filesystem)
-are refused, unless the platform allows them in the chart's values.
+are refused, unless the platform allows them in the chart's values. An endpoint a
+tenant's Secret names is connected to only if the platform's list allows it
+(`endpoint_policy`): never the operator pod's loopback or the cloud metadata service.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import pyarrow.fs as pafs
 
 from shardcache import errors, manifests, source, uris
-from shardcache_operator import reconcile
+from shardcache_operator import configuration, endpoint_policy, reconcile, skips
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +34,18 @@ class Access:
     #: Use the operator's ambient credentials for sources without a secretRef, and
     #: read object stores other than s3:// (their clients use the operator's identity).
     ambient_credentials: bool = False
+    #: Endpoints a Secret's AWS_ENDPOINT_URL may name (policy.sourceEndpoints); empty:
+    #: any but loopback, link-local and metadata addresses (`endpoint_policy`).
+    source_endpoints: tuple[endpoint_policy.Origin, ...] = ()
+
+
+def access(settings: configuration.Settings) -> Access:
+    """The access the platform's settings (chart values `policy.*`) allow."""
+    return Access(
+        file_sources=settings.allow_file_sources,
+        ambient_credentials=settings.allow_ambient_credentials,
+        source_endpoints=settings.source_endpoints,
+    )
 
 
 #: How long the operator retries a source that fails transiently before it reports it
@@ -58,6 +73,11 @@ def storage_options(
                 "policy.allowFileSources on a single-tenant cluster)"
             )
         return options
+    if scheme == "s3" and options is not None:
+        # Before any connection: where the Secret points the operator's own pod.
+        refused = endpoint_policy.refusal(options, access.source_endpoints)
+        if refused is not None:
+            raise reconcile.EndpointRefused(refused)
     if access.ambient_credentials:
         return options
     if scheme != "s3":
@@ -82,6 +102,14 @@ def resolve_manifest(
 ) -> reconcile.ManifestLike:
     options = storage_options(uri, storage_options_, access or Access())
     return manifests.resolve(uri, format=fmt, storage_options=options, retry=retry)
+
+
+def applied_skips(
+    uri: str, storage_options_: Mapping[str, str] | None, *, access: Access
+) -> list[dict[str, Any]]:
+    """The skips the sidecars applied under checkpoint `uri` (`skips.read_applied`), read
+    with the same access as the source: the checkpoint store is the tenant's choice too."""
+    return skips.read_applied(uri, storage_options(uri, storage_options_, access))
 
 
 def probe_source(

@@ -307,8 +307,14 @@ def operator(
     )
     kubeconfig.chmod(0o600)
     sidecar_repo, sidecar_tag = harness.SIDECAR_IMAGE
+    store: harness.ObjectStore = request.getfixturevalue("object_store")
     local = harness.LocalOperator(
-        e2e_workdir, kubeconfig, tls.directory, tls.port, f"{sidecar_repo}:{sidecar_tag}"
+        e2e_workdir,
+        kubeconfig,
+        tls.directory,
+        tls.port,
+        f"{sidecar_repo}:{sidecar_tag}",
+        source_endpoints=(store.endpoint_url,),
     )
     local.start()
     try:

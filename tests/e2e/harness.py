@@ -340,8 +340,12 @@ class LocalOperator:
         tls_dir: pathlib.Path,
         webhook_port: int,
         sidecar_image: str,
+        source_endpoints: tuple[str, ...] = (),
     ) -> None:
         self.workdir = workdir
+        # The object store listens on loopback here, which the operator refuses as a
+        # Secret's endpoint unless the platform lists it (policy.sourceEndpoints).
+        self.source_endpoints = source_endpoints
         self.kubeconfig = kubeconfig
         self.tls_dir = tls_dir
         self.webhook_port = webhook_port
@@ -379,6 +383,7 @@ class LocalOperator:
         env = clean_env()
         for key, suffix in names.items():
             env[f"SHARDCACHE_OPERATOR_{suffix}"] = str(OPERATOR_SETTINGS[key])
+        env["SHARDCACHE_OPERATOR_SOURCE_ENDPOINTS"] = ",".join(self.source_endpoints)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

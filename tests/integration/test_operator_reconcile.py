@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from shardcache_operator import reconcile, sources
+from shardcache_operator import endpoint_policy, reconcile, sources
 
 from shardcache import manifests, source
 from tests.support.s3server import S3Server
@@ -30,8 +30,16 @@ def quick_resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> mani
     return manifests.resolve(uri, format=fmt, storage_options=options, retry=FAST_RETRY)
 
 
+def listing(options: Mapping[str, str] | None) -> sources.Access:
+    """The platform's list naming the endpoint `options` point at: the server (or the
+    dead port) on loopback, which the operator refuses unless listed
+    (policy.sourceEndpoints)."""
+    endpoint = (options or {}).get("AWS_ENDPOINT_URL")
+    return sources.Access(source_endpoints=(endpoint_policy.entry(endpoint),) if endpoint else ())
+
+
 def quick_probe(uri: str, options: Mapping[str, str] | None) -> None:
-    sources.probe_source(uri, options, retry=FAST_RETRY)
+    sources.probe_source(uri, options, access=listing(options), retry=FAST_RETRY)
 
 
 def write_shards(server: S3Server, bucket: str, prefix: str, count: int, *, start: int = 0) -> None:
@@ -70,7 +78,7 @@ async def run(obj: dict[str, Any], server: S3Server, **kwargs: Any) -> reconcile
     return await reconcile.reconcile(
         obj,
         read_secret=kwargs.pop("read_secret", secrets_of(server)),
-        resolve=quick_resolve,
+        resolve=kwargs.pop("resolve", quick_resolve),
         probe=quick_probe,
         now=kwargs.pop("now", NOW),
         **kwargs,
@@ -442,3 +450,27 @@ async def test_credentials_rotated_wrong_under_a_pinned_mount_are_not_reported_a
     back = await check(obj, s3_server)
     assert back.status["phase"] == "Ready"
     assert [e.reason for e in back.events] == ["SourceRecovered"]
+
+
+async def test_a_listed_endpoint_is_read_and_the_same_one_unlisted_is_not_allowed(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    """policy.sourceEndpoints through the operator's own resolve (`sources`)."""
+    write_shards(s3_server, s3_bucket, "listed", 1)
+    uri = f"s3://{s3_bucket}/listed/"
+
+    def resolving(*entries: str) -> reconcile.Resolver:
+        access = sources.Access(source_endpoints=tuple(map(endpoint_policy.entry, entries)))
+
+        def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> Any:
+            return sources.resolve_manifest(uri, fmt, options, access=access, retry=FAST_RETRY)
+
+        return resolve
+
+    listed = await run(dsm(uri), s3_server, resolve=resolving(s3_server.endpoint_url))
+    assert listed.status["phase"] == "Ready"
+    assert listed.status["shards"] == 1
+    for entries in [(), ("https://minio.storage.svc:9000",)]:
+        refused = await run(dsm(uri), s3_server, resolve=resolving(*entries))
+        assert refused.status["phase"] == "Pending"
+        assert conditions(refused)["Ready"]["reason"] == "NotAllowed"

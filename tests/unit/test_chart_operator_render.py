@@ -4,6 +4,7 @@ ShardcacheCacheTierUnusable alert fires for an unusable tier (promtool)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -213,3 +214,38 @@ def test_a_volume_cycle_alerts_at_once_and_clears_when_none_failed_for_15m(
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_policy_source_endpoints_reach_the_operator_as_its_list(tmp_path: Path) -> None:
+    env = {e["name"]: e.get("value") for e in operator_container(tmp_path)["env"]}
+    assert env["SHARDCACHE_OPERATOR_SOURCE_ENDPOINTS"] == ""
+    assert configuration.from_env(env).source_endpoints == ()
+    container = operator_container(
+        tmp_path,
+        "--set=policy.sourceEndpoints={https://minio.storage.svc:9000,https://*.s3.example}",
+    )
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    settings = configuration.from_env(env)
+    assert [str(origin) for origin in settings.source_endpoints] == [
+        "https://minio.storage.svc:9000",
+        "https://*.s3.example",
+    ]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["ftp://store.example", "store.example:9000", "https://store.example/bucket",
+     "https://user:pw@store.example", "https://store.example:9000?x", "https://(.*).example"],
+)  # fmt: skip
+def test_the_values_schema_refuses_a_source_endpoint_that_is_not_an_origin(
+    tmp_path: Path, entry: str
+) -> None:
+    good = json.dumps("https://store.example:9000")
+    assert helm_template(tmp_path, f"--set-json=policy.sourceEndpoints=[{good}]").returncode == 0
+    result = helm_template(
+        tmp_path, f"--set-json=policy.sourceEndpoints=[{good},{json.dumps(entry)}]"
+    )
+    assert result.returncode != 0
+    assert "/policy/sourceEndpoints/1" in result.stderr and "pattern" in result.stderr, (
+        result.stderr
+    )

@@ -7,13 +7,14 @@ files) are refused unless the platform allows them (chart values `policy.*`).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import pytest
-from shardcache_operator import configuration, reconcile, sources
+from shardcache_operator import configuration, endpoint_policy, reconcile, sources
 
-from shardcache import errors, source
+from shardcache import errors, manifests, source
 
 pytestmark = pytest.mark.unit
 
@@ -120,3 +121,82 @@ def test_operator_settings_default_to_no_ambient_access() -> None:
         }
     )
     assert (allowed.allow_file_sources, allowed.allow_ambient_credentials) == (True, True)
+
+
+def _mount(uri: str, *, pinned: bool) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "apiVersion": "shardcache.io/v1alpha1",
+        "kind": "DatasetMount",
+        "metadata": {"name": "data", "namespace": "ml", "generation": 1},
+        "spec": {"source": {"uri": uri, "secretRef": {"name": "s3-creds"}}},
+    }
+    if pinned:
+        obj["status"] = {
+            "manifestDigest": "sha256:" + "0" * 64,
+            # This release's manifest version: the pin is kept and probed, not resolved again.
+            "resolvedSource": {
+                "uri": uri,
+                "format": "parquet",
+                "manifestVersion": str(manifests.MANIFEST_VERSION),
+            },
+        }
+    return obj
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+@pytest.mark.parametrize(
+    ("endpoint", "policy"),
+    [
+        ("http://169.254.169.254/latest/meta-data/", ()),  # the default
+        ("https://elsewhere.example:9000", ("https://minio.storage.svc:9000",)),
+    ],
+)
+async def test_a_secrets_endpoint_the_platform_refuses_is_not_allowed_and_retried_slowly(
+    endpoint: str, policy: tuple[str, ...], pinned: bool
+) -> None:
+    """Before a pin (resolve: Pending) and after one (the reachability probe: Degraded,
+    the pin kept): the reconcile says which endpoint and which chart value, and tries
+    again at the backoff's cap, since the Secret can be fixed without a spec change."""
+    access = sources.Access(
+        source_endpoints=tuple(endpoint_policy.entry(entry) for entry in policy)
+    )
+    secret = {
+        "AWS_ACCESS_KEY_ID": "AKIATENANT",
+        "AWS_SECRET_ACCESS_KEY": "tenant",
+        "AWS_ENDPOINT_URL": endpoint,
+    }
+
+    async def read_secret(namespace: str, name: str) -> dict[str, str]:
+        return secret
+
+    result = await reconcile.reconcile(
+        _mount("s3://bucket/train/", pinned=pinned),
+        read_secret=read_secret,
+        resolve=functools.partial(sources.resolve_manifest, access=access),
+        probe=functools.partial(sources.probe_source, access=access),
+        now="2026-01-01T00:00:00Z",
+    )
+    assert result.status["phase"] == ("Degraded" if pinned else "Pending")
+    ready = {c["type"]: c for c in result.status["conditions"]}["Ready"]
+    assert ready["reason"] == "NotAllowed"
+    assert str(endpoint_policy.endpoint(endpoint)) in ready["message"]
+    assert "policy.sourceEndpoints" in ready["message"]
+    assert result.retry_in == reconcile.Backoff().max_seconds
+    assert result.status.get("manifestDigest") == ("sha256:" + "0" * 64 if pinned else None)
+
+
+def test_applied_skips_are_read_with_the_sources_access_not_the_operators(
+    tmp_path: Path, s3_arguments: dict[str, Any]
+) -> None:
+    """The checkpoint store is the tenant's choice as much as the source."""
+    with pytest.raises(reconcile.SourceRefused, match=r"policy\.allowFileSources"):
+        sources.applied_skips(tmp_path.as_uri(), None, access=sources.Access())
+    with pytest.raises(Recorded):
+        sources.applied_skips("s3://bucket/ckpt/", None, access=sources.Access())
+    assert s3_arguments["anonymous"] is True
+    assert (
+        sources.applied_skips(
+            (tmp_path / "none").as_uri(), None, access=sources.Access(file_sources=True)
+        )
+        == []
+    )
