@@ -24,6 +24,7 @@ from shardcache_operator import (
     mount_watch,
     namespace_uids,
     pod_watch,
+    resolve_children,
     served_namespaces,
     sources,
     specs,
@@ -100,10 +101,17 @@ async def run(settings: configuration.Settings) -> None:
     """Run until SIGINT/SIGTERM; a standby replica waits in kopf's peering."""
     # Tenants' sources are read with the access the platform allows (docs/security.md).
     access = sources.access(settings)
+    # Each resolve in a child process with a memory limit, killed at its timeout and
+    # when the operator stops (`resolve_children`, docs/security.md).
+    resolver = resolve_children.Resolver(
+        memory=settings.resolve_memory,
+        timeout=settings.resolve_timeout_seconds,
+        access=access,
+    )
     memo = context.Context(
         settings=settings,
         api=kube.Api(kube.configure(settings.kubeconfig)),
-        resolve=functools.partial(sources.resolve_manifest, access=access),
+        resolve=resolver,
         probe=functools.partial(sources.probe_source, access=access),
         crd=crd_version.Gate(crd_version.read_installed),
     )
@@ -176,6 +184,7 @@ async def run(settings: configuration.Settings) -> None:
             ready_flag=started,
         )
     finally:
+        resolver.close()
         readiness.cancel()
         for task in tasks:
             task.cancel()

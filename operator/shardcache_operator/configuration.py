@@ -78,6 +78,12 @@ class Settings:
     #: Upper bound in seconds on one manifest resolution (listing + reading footers);
     #: a large bucket takes minutes, a hung endpoint must not stall the handler forever.
     resolve_timeout_seconds: float = 600.0
+    #: Bytes of data (RLIMIT_DATA: heap, private mappings, thread stacks) each resolve's
+    #: child process may map (`resolve_children`); over it the resolve fails
+    #: `ResolveOverMemory`. A resolve of 200 shards maps about 140 MiB (90 MiB resident,
+    #: most of it the interpreter and pyarrow); 256Mi resolves about 30,000 shards (40,000
+    #: are over it). Quantities in env ("256Mi").
+    resolve_memory: int = 256 << 20
     #: First retry delay in seconds after a source error; doubles up to the maximum.
     backoff_initial_seconds: float = 5.0
     #: Cap in seconds on the retry delay: a broken source is re-tried every 5 minutes.
@@ -183,6 +189,22 @@ def _node_paths(text: str) -> tuple[str, ...]:
     return tuple(_NODE_PATH.convert(path) for path in parsers.words(text))
 
 
+#: Below this a resolve of a few shards does not fit: the interpreter and pyarrow map
+#: about 90 MiB, a resolve of 200 shards about 140 MiB (it failed at 128 one time in 3).
+MIN_RESOLVE_MEMORY = 160 << 20
+
+
+def _resolve_memory(text: str) -> int:
+    size = _quantity(text)
+    if size < MIN_RESOLVE_MEMORY:
+        raise parsers.ParseError(
+            f"a byte size of at least {MIN_RESOLVE_MEMORY >> 20}Mi (a resolve's process maps "
+            "about 140 MiB for a few hundred shards)",
+            repr(text),
+        )
+    return size
+
+
 PORT = parsers.integer(minimum=0, maximum=65535)
 _SECONDS = parsers.SECONDS
 
@@ -201,6 +223,9 @@ _PARSERS: dict[str, parsers.Parser[Any]] = {
     "max_cache_memory": parsers.Parser("quantity", _quantity),
     "max_cache_disk": parsers.Parser("quantity", _quantity),
     "resolve_timeout_seconds": _SECONDS,
+    "resolve_memory": parsers.Parser(
+        f"quantity of at least {MIN_RESOLVE_MEMORY >> 20}Mi", _resolve_memory
+    ),
     "backoff_initial_seconds": _SECONDS,
     "backoff_max_seconds": _SECONDS,
     "source_check_seconds": _SECONDS,

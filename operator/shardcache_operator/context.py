@@ -59,6 +59,7 @@ class Context:
     settings: configuration.Settings
     api: Api
     metrics: metrics.Metrics = dataclasses.field(default_factory=metrics.Metrics)
+    #: In-process by default (tests); `app.run` gives a `resolve_children.Resolver`.
     resolve: reconcile.Resolver = sources.resolve_manifest
     probe: reconcile.Prober = sources.probe_source
     #: Where `resolve`, `probe` and the skips' reads run: threads of their own, a few per

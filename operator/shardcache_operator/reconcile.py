@@ -66,6 +66,12 @@ class EndpointRefused(SourceRefused):
     reason = authority.REASON
 
 
+class ResolveOverMemory(errors.ShardcacheError):
+    """A resolve needed more memory than the operator lends one (`resolve_children`:
+    its child process's limit, or the operator container's memory ran out with it
+    running). Degraded and retried with the backoff: the message names the setting."""
+
+
 #: Failures only a change at the source fixes (data restored, a bucket created), or one
 #: to the Secret, which the operator does not watch (an endpoint the platform refuses):
 #: retried at the backoff's longest delay, not the first ones.
@@ -347,6 +353,9 @@ async def _resolve_source(
     except TimeoutError:
         message = f"resolving the manifest of {shown} took longer than {timeout:g} s"
         return status.Failed(status.Phase.DEGRADED, "ResolveTimeout", message, reachable=False)
+    except ResolveOverMemory as exc:
+        message = f"resolving the manifest of {shown}: {exc} (retried with backoff)"
+        return status.Failed(status.Phase.DEGRADED, "ResolveOverMemory", message, reachable=None)
     except Exception as exc:  # a bug or an unforeseen library error: report, retry, live on
         logger.exception("resolving %s failed unexpectedly", shown)
         message = f"unexpected error while resolving {shown}: {exc!r}"

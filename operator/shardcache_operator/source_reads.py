@@ -19,6 +19,10 @@ waiting. A namespace whose store never answers therefore holds at most that many
 threads (and each resolve's own `manifests._INSPECT_CONCURRENCY`) and waits on itself
 alone; a read waiting for a slot longer than its timeout fails with `Busy`, which says
 so. Other namespaces' reads are not counted against it.
+
+A resolve runs in a child process (`resolve_children`) that its thread kills when the
+caller stops waiting (`remaining`): its slot then comes back at the timeout, and a slot
+bounds a child, not a thread left reading.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import asyncio
 import collections
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar, cast
 
@@ -35,8 +40,19 @@ from shardcache import errors
 T = TypeVar("T")
 
 #: Reads of one namespace's sources running at once. A resolve reads with 8 threads of
-#: its own, so one namespace holds at most 4 x 9 threads, whatever its stores do.
+#: its own, in its child process (`resolve_children`), so one namespace holds at most 4
+#: threads of the operator and 4 children, whatever its stores do.
 PER_NAMESPACE = 4
+
+_local = threading.local()
+
+
+def remaining() -> float | None:
+    """Seconds until the caller of the read running on this thread stops waiting for
+    it (`Gate.run`'s timeout); None off a gate thread. A read that can be stopped (a
+    child process: `resolve_children`) stops then, and its slot comes back with it."""
+    deadline: float | None = getattr(_local, "deadline", None)
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 class Busy(errors.SourceError):
@@ -64,14 +80,17 @@ class Gate:
         """`call()` on a thread of its own once `namespace` has a free slot, within
         `timeout` seconds for the two together. Raises `Busy` when no slot came free in
         time, TimeoutError when the call did not return in time (its thread runs on,
-        holding its slot), and whatever `call` raised. `what` names the read in `Busy`."""
+        holding its slot, unless `call` stops at `remaining()`), and whatever `call`
+        raised. `what` names the read in `Busy`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         await self._acquire(namespace, timeout=timeout, what=what)
         result: asyncio.Future[T] = loop.create_future()
+        # The loop's clock need not be time.monotonic's: the thread gets its own.
+        stop_at = time.monotonic() + max(0.0, deadline - loop.time())
         thread = threading.Thread(
             target=self._body,
-            args=(loop, namespace, call, result),
+            args=(loop, namespace, call, result, stop_at),
             name=f"source-read-{namespace}",
             daemon=True,
         )
@@ -111,10 +130,12 @@ class Gate:
         namespace: str,
         call: Callable[[], T],
         result: asyncio.Future[T],
+        stop_at: float,
     ) -> None:
         """The thread: the call, then its outcome and the slot back to the loop."""
         value: T | None = None
         error: BaseException | None = None
+        _local.deadline = stop_at
         try:
             value = call()
         except BaseException as exc:  # handed to the caller, whatever it is

@@ -1,6 +1,8 @@
 """The source I/O the reconcile core is given: manifest resolution and a cheap probe.
 
-Both block (pyarrow filesystems); the core runs them in threads with a timeout.
+Both block (pyarrow filesystems); the core runs them in threads with a timeout. The
+operator itself resolves through `resolve_children`, which runs `resolve_manifest`'s
+work in a child process it bounds and kills; the probe stays here, in-process.
 
 The operator reads sources that tenants name, so it never lends them its own identity
 (`Access`, docs/security.md): an s3:// source without `spec.source.secretRef` is read

@@ -54,6 +54,24 @@ def test_node_cache_uid_is_the_uid_the_webhook_injects(tmp_path: Path) -> None:
     assert env["SHARDCACHE_OPERATOR_SIDECAR_UID"] == str(configuration.Settings.sidecar_uid)
 
 
+def test_the_resolve_memory_value_reaches_the_operator_and_a_bad_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    env = {e["name"]: e.get("value") for e in operator_container(tmp_path)["env"]}
+    settings = configuration.from_env({k: v for k, v in env.items() if v is not None})
+    assert settings.resolve_memory == configuration.Settings.resolve_memory
+    raised = operator_container(tmp_path, "--set=operator.settings.resolveMemory=384Mi")
+    env = {e["name"]: e.get("value") for e in raised["env"]}
+    assert env["SHARDCACHE_OPERATOR_RESOLVE_MEMORY"] == "384Mi"
+    assert (
+        configuration.from_env({"SHARDCACHE_OPERATOR_RESOLVE_MEMORY": "384Mi"}).resolve_memory
+        == 384 << 20
+    )
+    refused = helm_template(tmp_path, "--set=operator.settings.resolveMemory=lots")
+    assert refused.returncode != 0
+    assert "resolveMemory" in refused.stderr, refused.stderr
+
+
 def namespace_rules(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
     """The rules on namespaces of the operator's ClusterRole."""
     (role,) = [

@@ -36,6 +36,8 @@ OPERATOR = [sys.executable, "-m", "shardcache", "operator"]
         ("RUN_DIR", "/run/shardcache/", "an absolute, normalised path"),
         ("RUN_DIR", "/run/../etc", "an absolute, normalised path"),
         ("NODE_PATHS", "/var/cache/shardcache,relative/cache", "an absolute path"),
+        ("RESOLVE_MEMORY", "lots", "a byte size like '64Gi'"),
+        ("RESOLVE_MEMORY", "159Mi", "a byte size of at least 160Mi"),
     ],
 )
 def test_out_of_range_settings_are_refused_naming_variable_expected_and_found(
@@ -63,6 +65,12 @@ def test_documented_edges_are_accepted() -> None:
     assert (settings.webhook_port, settings.health_port) == (0, 65535)
     assert settings.stall_check_seconds == 0
     assert settings.node_paths == ("/var/cache/shardcache", "/mnt/nvme")
+
+
+def test_the_resolve_memory_is_a_quantity_with_a_floor_and_a_default() -> None:
+    assert configuration.Settings().resolve_memory == 256 << 20
+    settings = configuration.from_env({"SHARDCACHE_OPERATOR_RESOLVE_MEMORY": "160Mi"})
+    assert settings.resolve_memory == configuration.MIN_RESOLVE_MEMORY == 160 << 20
 
 
 def test_overrides_are_held_to_the_same_ranges() -> None:

@@ -92,3 +92,11 @@ async def test_a_reads_error_reaches_its_caller_and_frees_its_slot() -> None:
 def test_a_gate_without_slots_is_refused() -> None:
     with pytest.raises(ValueError, match="expected at least 1 read per namespace, found 0"):
         source_reads.Gate(per_namespace=0)
+
+
+async def test_a_read_on_a_gate_thread_knows_when_its_caller_stops_waiting() -> None:
+    """What a read that can be stopped (a resolve's child process) stops at."""
+    gate = source_reads.Gate()
+    left = await gate.run("a", source_reads.remaining, timeout=30, what="read")
+    assert left is not None and 0 < left <= 30
+    assert source_reads.remaining() is None  # not a gate thread

@@ -1,0 +1,135 @@
+"""The child process one manifest resolve runs in (`resolve_children` starts it).
+
+Run as `python -m shardcache_operator.resolve_child`. The request comes on stdin, one
+JSON object (`uri`, `format`, `storage_options` with the Secret's credentials, which
+must never show in `ps`, so never in argv or env; `memory`, the bytes it may map;
+`retry`, the fields of its `source.RetryPolicy`); the answer goes to stdout, one JSON object: `{"manifest": <Manifest.to_json()>}` or
+`{"error": {"kind": ..., "message": ...}}` (`KINDS`, and `UNEXPECTED` with the class's
+module and name for anything else).
+
+Only the standard library is imported before the limits are in place: OpenBLAS sizes
+its buffers to what the process may map, and a limit set after pyarrow's import would
+meet a process already past it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+#: The error kinds the parent raises again as the same class (`resolve_children`), most
+#: specific first: a subclass outside this list goes back as its nearest listed base.
+KINDS = (
+    "SourceRefused",
+    "AccessDeniedError",
+    "ManifestMismatchError",
+    "InputError",
+    "SourceError",
+)
+#: The child ran out of its memory limit (a MemoryError, pyarrow's included).
+MEMORY = "MemoryError"
+#: What CPython raises as a RuntimeError when the limit refuses a thread's stack or a
+#: lock's memory: the limit too, not a bug.
+OUT_OF_MEMORY_RUNTIME_ERRORS = frozenset({"can't start new thread", "can't allocate lock"})
+#: Any other exception: `module` and `name` say which.
+UNEXPECTED = "Unexpected"
+#: The environment the child adds. OpenBLAS (imported with pyarrow's numpy) reserves
+#: buffers per CPU, and pyarrow's CPU pool starts a thread per CPU, each stack counted
+#: by the limit whole: a share of it that would grow with the node, not the source.
+#: pyarrow's default allocator, mimalloc, reserves arenas the limit counts as well: with
+#: it, a listing of 20,000 keys went over 256 MiB, which holds 30,000 with the system
+#: allocator (200 shards resolve in about 140 MiB with either).
+ENV = {
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "2",
+    "ARROW_IO_THREADS": "8",
+    "ARROW_DEFAULT_MEMORY_POOL": "system",
+}
+#: Stack of each thread the child starts (the resolve's inspecting threads): the limit
+#: counts a thread's whole stack, touched or not, and 8 MiB (the default) each is 64 MiB
+#: of the limit for 8 threads that use a few hundred KiB.
+THREAD_STACK = 1 << 20
+#: /proc/self/oom_score_adj: the kernel picks this process first when the operator's
+#: cgroup runs out of memory, never the operator (and its webhook) itself.
+OOM_SCORE_ADJ = 1000
+_PR_SET_PDEATHSIG = 1
+
+
+def limit(memory: int) -> None:
+    """Hold this process to `memory` bytes of data (RLIMIT_DATA: heap and private
+    mappings, what a listing grows; RLIMIT_AS would count the address space pyarrow
+    and thread stacks reserve and never touch), first in line for the OOM killer, and
+    killed with the thread that started it (the operator, or its read thread)."""
+    resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+    threading.stack_size(THREAD_STACK)
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as adj:
+        adj.write(str(OOM_SCORE_ADJ))
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def error_answer(exc: BaseException) -> dict[str, Any]:
+    """`exc` as the parent reads it back (`resolve_children.raised`)."""
+    if isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError) and str(exc) in OUT_OF_MEMORY_RUNTIME_ERRORS
+    ):
+        return {"error": {"kind": MEMORY, "message": str(exc) or type(exc).__name__}}
+    names = [cls.__name__ for cls in type(exc).__mro__]
+    for kind in KINDS:
+        if kind in names:
+            return {"error": {"kind": kind, "message": str(exc)}}
+    cls = type(exc)
+    return {
+        "error": {
+            "kind": UNEXPECTED,
+            "module": cls.__module__,
+            "name": cls.__qualname__,
+            "message": str(exc),
+        }
+    }
+
+
+def resolve(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The answer to one request: the manifest's JSON, or the error's kind and message."""
+    try:
+        from shardcache import manifests, source
+
+        options = request.get("storage_options")
+        manifest = manifests.resolve(
+            str(request["uri"]),
+            format=str(request["format"]),
+            storage_options=dict(options) if options is not None else None,
+            retry=source.RetryPolicy(**request["retry"]),
+        )
+        return {"manifest": manifest.to_json()}
+    except BaseException as exc:  # every outcome goes back to the parent as an answer
+        return error_answer(exc)
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.buffer.read())
+    limit(int(request["memory"]))
+    answer = resolve(request)
+    try:
+        text = json.dumps(answer, separators=(",", ":"))
+    except MemoryError as exc:
+        text = json.dumps(error_answer(exc))
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    # A resolve may leave pyarrow's I/O threads blocked on a store; the answer is out,
+    # nothing is left to clean up, and waiting for them would hold the slot.
+    code = main()
+    os._exit(code)

@@ -1,0 +1,253 @@
+"""Manifest resolves of tenants' sources, each in a child process the operator bounds
+and kills (docs/security.md, "Starve other namespaces through the operator's reads").
+
+A resolve lists the tenant's prefix whole (`manifests._list`) and reads every shard:
+in the operator's own process a prefix of millions of keys, or an endpoint whose list
+pages never end, grew the operator's memory until it was OOM-killed, and its webhook
+(failurePolicy Fail) with it, for every namespace; and a thread blocked in a read could
+not be stopped, so it kept its namespace's read slot past the timeout. Here each
+resolve is a `resolve_child` process with a data limit of its own (`memory`), first in
+line for the kernel's OOM killer, killed when its caller stops waiting (the read's
+timeout: `source_reads.remaining`) and when the operator stops (`close`). What comes
+back is the manifest's JSON (its digest checked again here, `Manifest.from_json`) or
+the error, raised again as the class an in-process resolve raises.
+
+The child costs an interpreter and pyarrow's import (about 0.5 s of CPU and 90 MiB)
+per resolve: resolves run on create, on a source change and on retries, never per pod
+or per source check, so no fork server is kept (forking the operator itself, a process
+with threads and an event loop, is not safe).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from shardcache import errors, manifests, source
+from shardcache_operator import reconcile, resolve_child, source_reads, sources
+
+#: Bytes of a child's answer read at most: a manifest's JSON is about 300 bytes a shard,
+#: so 32 MiB is about 100,000 shards, more than one resolve reads and hashes within any
+#: sensible timeout; parsing it costs the operator a few times its size.
+MAX_ANSWER_BYTES = 32 << 20
+#: The last bytes of a child's stderr kept for a message about its death.
+STDERR_TAIL_BYTES = 4096
+_CHUNK = 1 << 16
+#: Modules whose exception classes are raised again by name when a child reports one
+#: outside `resolve_child.KINDS` (the reconcile reports them as `ResolveFailed`).
+_RAISED_AGAIN = {"builtins": builtins, "pyarrow.lib": pa.lib}
+
+
+class Resolver:
+    """A `reconcile.Resolver` that resolves in child processes (`resolve_child`).
+
+    `memory`: each child's data limit in bytes (chart value operator.settings.resolveMemory);
+    `timeout`: seconds a child may run when not called on a `source_reads.Gate` thread,
+    whose caller's own timeout applies otherwise. Called from any thread."""
+
+    def __init__(
+        self,
+        *,
+        memory: int,
+        timeout: float,
+        access: sources.Access | None = None,
+        retry: source.RetryPolicy = sources.RETRY,
+        setting: str = "operator.settings.resolveMemory",
+    ) -> None:
+        self.memory = memory
+        self.timeout = timeout
+        self.access = access or sources.Access()
+        self.retry = retry
+        #: How the limit is named in messages (the chart value, or the env variable).
+        self.setting = setting
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def running(self) -> list[int]:
+        """The pids of the children resolving now."""
+        with self._lock:
+            return list(self._children)
+
+    def close(self) -> None:
+        """Kill every child and refuse new resolves: the operator is stopping."""
+        with self._lock:
+            self._closed = True
+            children = list(self._children.values())
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+
+    def __call__(
+        self, uri: str, fmt: str, storage_options_: Mapping[str, str] | None
+    ) -> manifests.Manifest:
+        # The policy is the operator's, judged here: a refused source starts no child.
+        options = sources.storage_options(uri, storage_options_, self.access)
+        request = {
+            "uri": uri,
+            "format": fmt,
+            "storage_options": dict(options) if options is not None else None,
+            "memory": self.memory,
+            "retry": {
+                "budget_seconds": self.retry.budget_seconds,
+                "attempts": self.retry.attempts,
+                "initial_delay": self.retry.initial_delay,
+                "max_delay": self.retry.max_delay,
+            },
+        }
+        left = source_reads.remaining()
+        timeout = self.timeout if left is None else min(self.timeout, left)
+        code, answer, stderr = self._run(json.dumps(request).encode(), timeout)
+        return self._manifest(code, answer, stderr)
+
+    def _run(self, request: bytes, timeout: float) -> tuple[int, bytes, bytes]:
+        """Start a child, hand it `request`, and read its answer until it exits, or
+        kill it at `timeout` (TimeoutError) or when its answer is over the cap."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            if self._closed:
+                raise errors.SourceError("the operator is stopping: resolved again at its start")
+            child = subprocess.Popen(
+                [sys.executable, "-m", resolve_child.__name__],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={**os.environ, **resolve_child.ENV},
+                close_fds=True,
+            )
+            self._children[child.pid] = child
+        try:
+            answer = self._exchange(child, request, deadline, timeout)
+            if self._closed:  # killed by `close`, not by the kernel: no verdict on memory
+                raise errors.SourceError(
+                    "the operator stopped while resolving: resolved again at its start"
+                )
+            return answer
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            child.wait()
+            for pipe in (child.stdin, child.stdout, child.stderr):
+                if pipe is not None:
+                    pipe.close()
+            with self._lock:
+                self._children.pop(child.pid, None)
+
+    def _exchange(
+        self, child: subprocess.Popen[bytes], request: bytes, deadline: float, timeout: float
+    ) -> tuple[int, bytes, bytes]:
+        assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+        # The child reads its whole request before it writes: no deadlock, and a few
+        # hundred bytes fit the pipe.
+        with contextlib.suppress(BrokenPipeError):
+            child.stdin.write(request)
+        with contextlib.suppress(BrokenPipeError):
+            child.stdin.close()
+        answer = bytearray()
+        stderr = bytearray()
+        with selectors.DefaultSelector() as selector:
+            selector.register(child.stdout, selectors.EVENT_READ, answer)
+            selector.register(child.stderr, selectors.EVENT_READ, stderr)
+            while selector.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"the resolve did not finish within {timeout:g} s")
+                for key, _ in selector.select(left):
+                    chunk = os.read(key.fd, _CHUNK)
+                    if not chunk:
+                        selector.unregister(key.fileobj)
+                        continue
+                    key.data.extend(chunk)
+                    if len(stderr) > STDERR_TAIL_BYTES:
+                        del stderr[:-STDERR_TAIL_BYTES]
+                    if len(answer) > MAX_ANSWER_BYTES:
+                        raise errors.InputError(
+                            f"the manifest is larger than the {MAX_ANSWER_BYTES >> 20} MiB the "
+                            "operator reads back from a resolve (about 100,000 shards): "
+                            "expected fewer, larger shards"
+                        )
+        left = max(0.0, deadline - time.monotonic())
+        try:
+            code = child.wait(left)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"the resolve did not finish within {timeout:g} s") from None
+        return code, bytes(answer), bytes(stderr)
+
+    def _manifest(self, code: int, answer: bytes, stderr: bytes) -> manifests.Manifest:
+        try:
+            data = json.loads(answer) if answer else None
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise self._died(code, stderr)
+        if "manifest" in data:
+            return manifests.Manifest.from_json(data["manifest"])
+        error = data.get("error")
+        if not isinstance(error, dict):
+            raise self._died(code, stderr)
+        raise raised(error, over_memory=self._over_memory)
+
+    def _over_memory(self, found: str) -> reconcile.ResolveOverMemory:
+        return reconcile.ResolveOverMemory(
+            f"the resolve went over its memory limit of {self.memory >> 20} MiB ({found}): "
+            f"the source's listing or shards need more; raise {self.setting} (and the "
+            "operator's memory limit with it, docs/operator.md), or split the prefix"
+        )
+
+    def _died(self, code: int, stderr: bytes) -> Exception:
+        """Why a child that gave no answer ended: killed by the kernel, out of memory
+        where no MemoryError could be raised (a C++ `std::bad_alloc`, a thread's memory
+        refused: the process aborts), or crashed."""
+        lines = stderr.decode(errors="replace").strip().splitlines()
+        if code == -signal.SIGKILL:
+            return reconcile.ResolveOverMemory(
+                "the resolve's process was killed (SIGKILL), most likely by the kernel's OOM "
+                "killer: the operator's container ran out of memory with resolves running; "
+                f"raise the operator's memory limit, or lower {self.setting} "
+                f"({self.memory >> 20} MiB a resolve, 4 at once per namespace)"
+            )
+        said = [line for line in lines if any(m in line.lower() for m in _OUT_OF_MEMORY)]
+        if said:
+            return self._over_memory(said[-1].strip())
+        tail = "; ".join(line.strip() for line in lines[-3:]) or "nothing on stderr"
+        return RuntimeError(f"the resolve's process ended with exit status {code}: {tail}")
+
+
+#: What a child that ran out of memory outside Python says on stderr before it aborts.
+_OUT_OF_MEMORY = ("memoryerror", "bad_alloc", "cannot allocate memory", "out of memory")
+
+
+def raised(error: Mapping[str, Any], *, over_memory: Callable[[str], Exception]) -> Exception:
+    """The exception a child's `error` answer stands for: the class an in-process
+    resolve raises, with its message."""
+    kind = error.get("kind")
+    message = str(error.get("message", ""))
+    classes: dict[str, type[Exception]] = {
+        "SourceRefused": reconcile.SourceRefused,
+        "AccessDeniedError": errors.AccessDeniedError,
+        "ManifestMismatchError": errors.ManifestMismatchError,
+        "InputError": errors.InputError,
+        "SourceError": errors.SourceError,
+    }
+    if kind in classes:
+        return classes[str(kind)](message)
+    if kind == resolve_child.MEMORY:
+        return over_memory(message or "MemoryError")
+    module = _RAISED_AGAIN.get(str(error.get("module")))
+    cls = getattr(module, str(error.get("name")), None) if module is not None else None
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        with contextlib.suppress(Exception):
+            return cls(message)
+    return RuntimeError(f"{error.get('module')}.{error.get('name')}: {message}")

@@ -1,0 +1,258 @@
+"""The operator resolves a tenant's source in a child process it bounds and kills
+(`resolve_children`; docs/security.md, "Starve other namespaces through the operator's
+reads"): real child processes, real files, MinIO and a store on loopback that accepts
+and never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from shardcache_operator import endpoint_policy, reconcile, resolve_children, source_reads, sources
+
+from shardcache import errors, manifests, source
+from tests.integration.test_operator_reconcile import write_shards
+from tests.support import datasets
+from tests.support.s3server import S3Server
+
+pytestmark = pytest.mark.integration
+
+FILES = sources.Access(file_sources=True)
+FAST_RETRY = source.RetryPolicy(attempts=2, initial_delay=0.05, max_delay=0.1)
+#: A resolve of a few shards maps about 140 MiB (configuration.Settings.resolve_memory).
+ROOMY = 256 << 20
+NOW = "2026-01-01T00:00:00Z"
+
+
+def listing(*endpoints: str) -> sources.Access:
+    """Access to stores on loopback, which the operator reads only where the platform
+    lists them (policy.sourceEndpoints)."""
+    return sources.Access(source_endpoints=tuple(map(endpoint_policy.entry, endpoints)))
+
+
+def children(memory: int = ROOMY, *, timeout: float = 60.0, **kwargs: Any) -> Any:
+    return resolve_children.Resolver(memory=memory, timeout=timeout, retry=FAST_RETRY, **kwargs)
+
+
+def in_process(uri: str, options: Any, access: sources.Access) -> manifests.Manifest:
+    manifest = sources.resolve_manifest(uri, "parquet", options, access=access, retry=FAST_RETRY)
+    assert isinstance(manifest, manifests.Manifest)
+    return manifest
+
+
+def test_a_file_source_resolved_in_a_child_pins_the_in_process_manifest(tmp_path: Path) -> None:
+    uri, _ = datasets.write_local(tmp_path / "data", [30, 20, 10])
+    child = children(access=FILES)(uri, "parquet", None)
+    assert child.to_json() == in_process(uri, None, FILES).to_json()
+    assert child.digest == in_process(uri, None, FILES).digest
+
+
+def test_an_s3_source_resolved_in_a_child_pins_the_in_process_manifest(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    write_shards(s3_server, s3_bucket, "train", 3)
+    uri = f"s3://{s3_bucket}/train/"
+    access = listing(s3_server.endpoint_url)
+    child = children(access=access)(uri, "parquet", s3_server.env())
+    assert child.to_json() == in_process(uri, s3_server.env(), access).to_json()
+
+
+def test_without_a_secret_the_child_reads_anonymously_not_with_the_operators_environment(
+    s3_server: S3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child inherits the operator's environment; holding the store's real keys
+    there must not let a mount without a secretRef read a private bucket."""
+    write_shards(s3_server, s3_bucket, "train", 1)
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    options = {"AWS_ENDPOINT_URL": s3_server.endpoint_url, "AWS_REGION": s3_server.region}
+    with pytest.raises(errors.AccessDeniedError):
+        children(access=listing(s3_server.endpoint_url))(
+            f"s3://{s3_bucket}/train/", "parquet", options
+        )
+
+
+def failure(call: Any, *args: Any) -> tuple[type[BaseException], str]:
+    """The class and message of what `call(*args)` raises."""
+    with pytest.raises(Exception) as caught:
+        call(*args)
+    return type(caught.value), str(caught.value)
+
+
+def test_each_error_comes_back_as_the_in_process_class_and_message(
+    tmp_path: Path, s3_server: S3Server, s3_bucket: str
+) -> None:
+    write_shards(s3_server, s3_bucket, "train", 1)
+    refused_port = free_port()
+    wrong_key = {**s3_server.env(), "AWS_SECRET_ACCESS_KEY": "not-the-key"}
+    unreachable = {**s3_server.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{refused_port}"}
+    (tmp_path / "empty").mkdir()
+    stores = listing(s3_server.endpoint_url, unreachable["AWS_ENDPOINT_URL"])
+    cases = [
+        # (uri, options, access, expected class)
+        (f"file://{tmp_path}/missing/", None, FILES, errors.InputError),
+        (f"file://{tmp_path}/empty/", None, FILES, errors.InputError),
+        (f"file://{tmp_path}/data/", None, sources.Access(), reconcile.SourceRefused),
+        (f"s3://{s3_bucket}/train/", wrong_key, stores, errors.AccessDeniedError),
+        (f"s3://{s3_bucket}/train/", unreachable, stores, errors.SourceError),
+    ]
+    for uri, options, access, expected in cases:
+        child = failure(children(access=access), uri, "parquet", options)
+        here = failure(in_process, uri, options, access)
+        assert here[0] is expected, here
+        if expected is errors.SourceError:
+            # The retries' count and timing are in the message; the class and what failed
+            # are the same.
+            assert child[0] is expected and f"127.0.0.1:{refused_port}" in child[1], child
+        else:
+            assert child == here
+
+
+def many_files(root: Path, count: int) -> str:
+    """`count` empty shard files: a listing whose FileInfos and futures outgrow a
+    small limit, as a prefix of millions of keys outgrows the default one."""
+    root.mkdir()
+    for i in range(count):
+        os.close(os.open(root / f"part-{i:07d}.parquet", os.O_CREAT | os.O_WRONLY))
+    return f"file://{root}/"
+
+
+async def test_a_child_over_its_memory_limit_fails_the_resolve_saying_which_limit_to_raise(
+    tmp_path: Path,
+) -> None:
+    resolver = children(192 << 20, access=FILES)
+    gate = source_reads.Gate(per_namespace=1)
+    uri = many_files(tmp_path / "huge", 60_000)
+    result = await reconcile.reconcile(
+        {
+            "metadata": {"name": "huge", "namespace": "ml", "generation": 1},
+            "spec": {"source": {"uri": uri}},
+        },
+        read_secret=secrets_of_nobody,
+        resolve=resolver,
+        probe=lambda uri, options: None,
+        now=NOW,
+        reads=gate,
+    )
+    assert result.status["phase"] == "Degraded"
+    ready = {c["type"]: c for c in result.status["conditions"]}["Ready"]
+    assert ready["reason"] == "ResolveOverMemory"
+    assert "memory limit of 192 MiB" in ready["message"]
+    assert "raise operator.settings.resolveMemory" in ready["message"]
+    assert result.retry_in is not None
+    # The operator (this process) is unharmed, its slot is back and no child is left; a
+    # source that fits resolves on the same slot.
+    assert gate.running("ml") == 0 and resolver.running() == []
+    small, _ = datasets.write_local(tmp_path / "small", [10])
+    assert await gate.run("ml", lambda: resolver(small, "parquet", None), timeout=60, what="x")
+
+
+async def secrets_of_nobody(namespace: str, name: str) -> None:
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def silent_store() -> Iterator[str]:
+    """An endpoint on loopback that accepts connections and never answers; its URL."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+async def test_a_child_reading_a_store_that_never_answers_is_killed_at_the_timeout() -> None:
+    """Its process is gone and its namespace's slot back once the caller's timeout
+    passes, while the store still holds the connection: before, the read's thread kept
+    the slot until the store answered."""
+    secret = "tenant-secret-" + os.urandom(4).hex()
+    gate = source_reads.Gate(per_namespace=1)
+    with silent_store() as endpoint:
+        resolver = children(access=listing(endpoint))
+        options = {
+            "AWS_ACCESS_KEY_ID": "AKIATENANT",
+            "AWS_SECRET_ACCESS_KEY": secret,
+            "AWS_ENDPOINT_URL": endpoint,
+        }
+        read = asyncio.ensure_future(
+            gate.run(
+                "ml",
+                lambda: resolver("s3://bucket/data/", "parquet", options),
+                timeout=3.0,
+                what="resolving",
+            )
+        )
+        pids = await started(resolver)
+        (pid,) = pids
+        # The Secret's keys reach the child on stdin, never where `ps` shows them.
+        assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert secret.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+        with pytest.raises(TimeoutError):
+            await read
+        assert await slots_back(gate, "ml")
+        assert resolver.running() == []
+        assert not Path(f"/proc/{pid}").exists()
+
+
+async def started(resolver: resolve_children.Resolver) -> list[int]:
+    """The pids of the resolver's children once one has started (within 30 s)."""
+    for _ in range(3000):
+        if resolver.running():
+            return resolver.running()
+        await asyncio.sleep(0.01)
+    raise AssertionError("no child started")
+
+
+async def slots_back(gate: source_reads.Gate, namespace: str) -> bool:
+    """Whether every read of `namespace` handed its slot back within 10 s (the store
+    above never answers: on threads reading it in-process, never)."""
+    for _ in range(1000):
+        if gate.running(namespace) == 0:
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def test_closing_the_resolver_kills_its_children_and_refuses_new_resolves() -> None:
+    """What the operator does when it stops: no child outlives it."""
+    with silent_store() as endpoint:
+        resolver = children(access=listing(endpoint))
+        options = {"AWS_ENDPOINT_URL": endpoint}
+        loop = asyncio.get_running_loop()
+        read = loop.run_in_executor(None, lambda: resolver("s3://bucket/data/", "parquet", options))
+        (pid,) = await started(resolver)
+        resolver.close()
+        with pytest.raises(errors.SourceError, match="the operator stopped while resolving"):
+            await read
+        assert not Path(f"/proc/{pid}").exists()
+        with pytest.raises(errors.SourceError, match="the operator is stopping"):
+            resolver("s3://bucket/data/", "parquet", options)
