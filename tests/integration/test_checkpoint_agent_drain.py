@@ -6,50 +6,19 @@ agent."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from shardcache import checkpoint, contract
+from tests.support.stalling import stalling_endpoint
 
 pytestmark = pytest.mark.integration
-
-
-@contextlib.contextmanager
-def stalling_endpoint() -> Iterator[str]:
-    """An HTTP endpoint that accepts every connection and never answers a byte."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    held: list[socket.socket] = []
-    done = threading.Event()
-
-    def accept() -> None:
-        while not done.is_set():
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            held.append(conn)  # kept open, never read from or written to
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        done.set()
-        server.close()
-        for conn in held:
-            conn.close()
 
 
 def test_a_stuck_upload_ends_the_drain_at_its_bound_naming_what_was_not_uploaded(

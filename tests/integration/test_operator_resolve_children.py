@@ -7,11 +7,8 @@ and never answers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ from shardcache import errors, manifests, source
 from tests.integration.test_operator_reconcile import write_shards
 from tests.support import datasets
 from tests.support.s3server import S3Server
+from tests.support.stalling import stalling_endpoint
 
 pytestmark = pytest.mark.integration
 
@@ -165,38 +163,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@contextlib.contextmanager
-def silent_store() -> Iterator[str]:
-    """An endpoint on loopback that accepts connections and never answers; its URL."""
-    server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.1)
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                held.append(server.accept()[0])
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        server.close()
-
-
 async def test_a_child_reading_a_store_that_never_answers_is_killed_at_the_timeout() -> None:
     """Its process is gone and its namespace's slot back once the caller's timeout
     passes, while the store still holds the connection: before, the read's thread kept
     the slot until the store answered."""
     secret = "tenant-secret-" + os.urandom(4).hex()
     gate = source_reads.Gate(per_namespace=1)
-    with silent_store() as endpoint:
+    with stalling_endpoint() as endpoint:
         resolver = children(access=listing(endpoint))
         options = {
             "AWS_ACCESS_KEY_ID": "AKIATENANT",
@@ -244,7 +217,7 @@ async def slots_back(gate: source_reads.Gate, namespace: str) -> bool:
 
 async def test_closing_the_resolver_kills_its_children_and_refuses_new_resolves() -> None:
     """What the operator does when it stops: no child outlives it."""
-    with silent_store() as endpoint:
+    with stalling_endpoint() as endpoint:
         resolver = children(access=listing(endpoint))
         options = {"AWS_ENDPOINT_URL": endpoint}
         loop = asyncio.get_running_loop()
