@@ -125,6 +125,8 @@ def test_a_replica_outranked_after_leading_admits_from_the_current_mount(
         operator.tls_dir,
         listening.free_port(),
         operator.sidecar_image,
+        # The same platform policy: the object store is on loopback.
+        source_endpoints=operator.source_endpoints,
     )
     usurper.start()
     try:

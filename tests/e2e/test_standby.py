@@ -59,6 +59,8 @@ def test_the_standby_replica_takes_over_when_the_active_one_stops(
         operator.tls_dir,
         listening.free_port(),
         operator.sidecar_image,
+        # The same platform policy: the object store is on loopback.
+        source_endpoints=operator.source_endpoints,
     )
     standby.start()
     created: list[str] = []
