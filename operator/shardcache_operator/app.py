@@ -111,6 +111,7 @@ async def run(settings: configuration.Settings) -> None:
     memo = context.Context(
         settings=settings,
         api=kube.Api(kube.configure(settings.kubeconfig)),
+        access=access,
         resolve=resolver,
         probe=functools.partial(sources.probe_source, access=access),
         crd=crd_version.Gate(crd_version.read_installed),

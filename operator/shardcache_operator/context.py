@@ -59,6 +59,10 @@ class Context:
     settings: configuration.Settings
     api: Api
     metrics: metrics.Metrics = dataclasses.field(default_factory=metrics.Metrics)
+    #: What tenants' sources are read with (the chart's `policy.*`): `app.run` gives
+    #: `sources.access(settings)`, the one it gives `resolve` and `probe`; the applied
+    #: skips' reads use it too. Tests: the defaults' (no file://, no ambient identity).
+    access: sources.Access = dataclasses.field(default_factory=sources.Access)
     #: In-process by default (tests); `app.run` gives a `resolve_children.Resolver`.
     resolve: reconcile.Resolver = sources.resolve_manifest
     probe: reconcile.Prober = sources.probe_source

@@ -212,7 +212,7 @@ async def check_skips(
         records = await memo.source_reads.run(
             namespace or "",
             # The operator's own pod connects: the same access as the source's reads.
-            lambda: sources.applied_skips(uri, options, access=sources.access(memo.settings)),
+            lambda: sources.applied_skips(uri, options, access=memo.access),
             timeout=memo.settings.resolve_timeout_seconds,
             what=f"reading the applied skips of {uris.redact(uri)}",
         )

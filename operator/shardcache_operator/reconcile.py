@@ -212,6 +212,14 @@ def _rejected(credentials: str, exc: errors.AccessDeniedError, *, pinned: bool) 
     return status.Failed(phase, "CredentialsRejected", message, reachable=False, keeps_pin=pinned)
 
 
+def _not_allowed(exc: EndpointRefused, *, pinned: bool) -> status.Failed:
+    """An endpoint the platform's policy refuses: fixed in the Secret (or the policy),
+    which the operator does not watch, so retried slowly (Pending before a pin,
+    Degraded after, the pin kept)."""
+    phase = status.Phase.DEGRADED if pinned else status.Phase.PENDING
+    return status.Failed(phase, exc.reason, str(exc), reachable=None, keeps_pin=pinned)
+
+
 def _pinned(spec: specs.DatasetMountSpec, previous: Mapping[str, Any]) -> status.Resolved | None:
     """The pin in `previous` if it belongs to the spec's current source."""
     if not previous.get("manifestDigest") or previous.get("resolvedSource") != source_identity(
@@ -251,9 +259,7 @@ async def _check(
     except errors.AccessDeniedError as exc:
         return _rejected(_credentials(spec, namespace, options), exc, pinned=True)
     except EndpointRefused as exc:
-        return status.Failed(
-            status.Phase.DEGRADED, exc.reason, str(exc), reachable=None, keeps_pin=True
-        )
+        return _not_allowed(exc, pinned=True)
     except SourceRefused as exc:
         return status.Failed(
             status.Phase.INVALID, "InvalidSource", str(exc), reachable=None, keeps_pin=True
@@ -340,7 +346,7 @@ async def _resolve_source(
             what=f"resolving the manifest of {shown}",
         )
     except EndpointRefused as exc:
-        return status.Failed(status.Phase.PENDING, exc.reason, str(exc), reachable=None)
+        return _not_allowed(exc, pinned=False)
     except SourceRefused as exc:
         return status.Failed(status.Phase.INVALID, "InvalidSource", str(exc), reachable=None)
     except errors.AccessDeniedError as exc:

@@ -10,7 +10,7 @@ resolve is a `resolve_child` process with a data limit of its own (`memory`), fi
 line for the kernel's OOM killer, killed when its caller stops waiting (the read's
 timeout: `source_reads.remaining`) and when the operator stops (`close`). What comes
 back is the manifest's JSON (its digest checked again here, `Manifest.from_json`) or
-the error, raised again as the class an in-process resolve raises.
+the error, raised again as the class an in-process resolve raises (`raised`).
 
 The child costs an interpreter and pyarrow's import (about 0.5 s of CPU and 90 MiB)
 per resolve: resolves run on create, on a source change and on retries, never per pod
@@ -20,7 +20,6 @@ with threads and an event loop, is not safe).
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import json
 import os
@@ -33,8 +32,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import pyarrow as pa
-
 from shardcache import errors, manifests, source
 from shardcache_operator import reconcile, resolve_child, source_reads, sources
 
@@ -45,9 +42,6 @@ MAX_ANSWER_BYTES = 32 << 20
 #: The last bytes of a child's stderr kept for a message about its death.
 STDERR_TAIL_BYTES = 4096
 _CHUNK = 1 << 16
-#: Modules whose exception classes are raised again by name when a child reports one
-#: outside `resolve_child.KINDS` (the reconcile reports them as `ResolveFailed`).
-_RAISED_AGAIN = {"builtins": builtins, "pyarrow.lib": pa.lib}
 
 
 class Resolver:
@@ -231,7 +225,8 @@ _OUT_OF_MEMORY = ("memoryerror", "bad_alloc", "cannot allocate memory", "out of 
 
 def raised(error: Mapping[str, Any], *, over_memory: Callable[[str], Exception]) -> Exception:
     """The exception a child's `error` answer stands for: the class an in-process
-    resolve raises, with its message."""
+    resolve raises for the kinds the reconcile tells apart (`resolve_child.KINDS`,
+    `resolve_child.MEMORY`), with its message; a RuntimeError naming the class else."""
     kind = error.get("kind")
     message = str(error.get("message", ""))
     classes: dict[str, type[Exception]] = {
@@ -245,9 +240,6 @@ def raised(error: Mapping[str, Any], *, over_memory: Callable[[str], Exception])
         return classes[str(kind)](message)
     if kind == resolve_child.MEMORY:
         return over_memory(message or "MemoryError")
-    module = _RAISED_AGAIN.get(str(error.get("module")))
-    cls = getattr(module, str(error.get("name")), None) if module is not None else None
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        with contextlib.suppress(Exception):
-            return cls(message)
+    # Anything else is a bug or an unforeseen library error, which the reconcile
+    # reports as `ResolveFailed` whatever its class: the class's name goes in the message.
     return RuntimeError(f"{error.get('module')}.{error.get('name')}: {message}")
