@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--batch-size",
         type=int,
-        help="samples per step, for data states saved before they recorded it",
+        help="samples per step for generations whose data states record none (a recorded one wins)",
     )
     p.add_argument("--limit", type=int, default=100, help="with --where: most samples followed")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -137,7 +137,9 @@ def reads(
     hist: history.History, indices: Iterable[int], *, batch_size: int | None = None
 ) -> list[Read]:
     """Where each sample index is reached in every epoch up to the newest checkpoint's,
-    sorted by index then epoch. `batch_size` overrides the one the states record."""
+    sorted by index then epoch. `batch_size` counts the steps of a generation whose
+    states record none; a recorded one is what the rank read at, and wins (a run
+    resized from 8 to 16 a rank counts each generation's steps at its own)."""
     wanted = sorted(set(indices))
     if not wanted:
         return []
@@ -192,7 +194,9 @@ def _read(
     starts, spans = by_key.get((gen.index, rank, epoch, where.pass_index), ([], []))
     i = bisect.bisect_right(starts, pos) - 1
     span = spans[i] if i >= 0 and spans[i].start <= pos < spans[i].stop else None
-    size = batch_size or gen.batch_size(rank, span.before if span is not None else None)
+    size = gen.batch_size(rank, span.before if span is not None else None)
+    if size is None:
+        size = batch_size
     step = slot = None
     if size is not None:
         n = pos - states.skipped_before(skips, pos)

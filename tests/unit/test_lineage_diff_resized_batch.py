@@ -193,3 +193,16 @@ def test_lineage_text_says_not_recorded_when_no_checkpoint_records_a_batch_size(
     hist = hist_of(resized_chains(M, old_batch=None, new_batch=None))
     text = cli_lineage.reads_text(queries.reads_json(hist, "index == 0", [0], False, []))
     assert "run: world size 4 -> 2 (from step 1), batch size not recorded, seed 1" in text
+
+
+def test_a_given_batch_size_counts_only_the_generations_that_record_none() -> None:
+    at_16 = index_of(stream(hist_of(resized_chains(M)).generations[1].plan(1, 0))[32])
+    # Recorded 8 then 16: `--batch-size 8` changes nothing; generation 1's read is at
+    # its own 16's step 2, not step 4 of batches of 8.
+    read = queries.reads(hist_of(resized_chains(M)), [at_16], batch_size=8)[0]
+    assert (read.generation, read.rank, read.step, read.slot) == (1, 1, 2, 0)
+    # Generation 1 recorded none: the given size counts its steps.
+    unrecorded = hist_of(resized_chains(M, new_batch=None))
+    read = queries.reads(unrecorded, [at_16], batch_size=8)[0]
+    assert (read.generation, read.rank, read.step, read.slot) == (1, 1, 4, 0)
+    assert queries.reads(unrecorded, [at_16])[0].step is None
