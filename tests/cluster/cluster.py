@@ -863,6 +863,7 @@ def _prepare_node(
             metrics_port=ports["proxy-metrics"],
         ),
     )
+    node.share_kubelet_root(paths)
     node.save_sysctls()
     return {pause.name: str(pause.archive), toolbox.name: str(toolbox.archive)}
 

@@ -487,16 +487,42 @@ def mounts_under(root: pathlib.Path) -> list[str]:
     return sorted(set(points), key=lambda p: p.count("/"), reverse=True)
 
 
+def share_kubelet_root(paths: Paths) -> None:
+    """Make the kubelet's root directory a shared mount of its own before the kubelet
+    starts.
+
+    Why: on a host whose root mount is private (this machine's), the kubelet's start
+    bind-mounts its root onto itself and makes it rshared (`setupDataDirs`,
+    `MakeRShared`) while another of its goroutines creates the pod-resources socket: a
+    temporary file renamed onto `kubelet.sock`. A rename whose two paths were looked up
+    on either side of that mount fails with EXDEV ("invalid cross-device link") and the
+    kubelet exits; seen once, on an `up` after the node was killed. Already shared, the
+    kubelet mounts nothing.
+    """
+    point = str(paths.kubelet_root.resolve())
+    if point not in mounts_under(paths.kubelet_root):
+        subprocess.run(["mount", "--bind", point, point], check=True, capture_output=True)
+    subprocess.run(["mount", "--make-rshared", point], check=True, capture_output=True)
+
+
 def unmount_under(root: pathlib.Path) -> list[str]:
-    left = []
-    for point in mounts_under(root):
-        # Still busy (a process being killed): detach it now, it goes when released.
-        if (
-            subprocess.run(["umount", point], capture_output=True, check=False).returncode
-            and subprocess.run(["umount", "-l", point], capture_output=True, check=False).returncode
-        ):
-            left.append(point)
-    return left
+    # Mounts stacked on one point (a bind of the kubelet's root and one the kubelet made)
+    # go one per umount: passes until none is left or a pass removes nothing.
+    left: list[str] = []
+    while True:
+        points = mounts_under(root)
+        if not points or points == left:
+            return points
+        left = []
+        for point in points:
+            # Still busy (a process being killed): detach it now, it goes when released.
+            if (
+                subprocess.run(["umount", point], capture_output=True, check=False).returncode
+                and subprocess.run(
+                    ["umount", "-l", point], capture_output=True, check=False
+                ).returncode
+            ):
+                left.append(point)
 
 
 def clean_host(paths: Paths) -> dict[str, object]:
