@@ -1,13 +1,16 @@
-"""Which endpoints a tenant's Secret may point the operator at (chart: policy.sourceEndpoints).
+"""Which endpoints a tenant's source may point the operator at (chart: policy.sourceEndpoints).
 
-A Secret's `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL` makes the operator connect, from
-its own pod, to whatever host and port it names, and what that address answers can
-surface in the mount's status and Events: the cloud metadata service, the operator's own
-ports, the API server, another tenant's services (server-side request forgery). So the
-endpoint is checked before any connection (`refusal`):
+A Secret's `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`, and the host (or a query key) of
+a gs://, hdfs:// or abfs:// URI, make the operator connect, from its own pod, to whatever
+host and port they name, and what that address answers can surface in the mount's
+status and Events: the cloud metadata service, the operator's own ports, the API server,
+another tenant's services (server-side request forgery); for the other schemes with the
+operator's own cloud identity. So each endpoint is checked before any connection
+(`refusal`, `uri_refusal`):
 
 - with the platform's list set, only an endpoint on it (an origin `scheme://host[:port]`,
-  or `scheme://*.suffix[:port]` for every host under a DNS suffix) is read;
+  or `scheme://*.suffix[:port]` for every host under a DNS suffix) is read, AWS S3
+  itself included (no endpoint named: `aws_refusal`);
 - with no list (the default), any endpoint is read but those that are never a tenant's
   object store: link-local addresses (169.254.0.0/16, fe80::/10: cloud metadata), known
   metadata addresses and names, and the operator pod's own loopback (127.0.0.0/8, ::1,
@@ -42,6 +45,9 @@ CHART_VALUE = "policy.sourceEndpoints"
 ENDPOINT_KEYS = (contract.ENV_S3_ENDPOINT_S3, contract.ENV_S3_ENDPOINT)
 REGION_KEYS = (contract.ENV_S3_REGION, contract.ENV_S3_DEFAULT_REGION)
 DEFAULT_PORTS = {"http": 80, "https": 443}
+#: Schemes a list entry may have: the endpoints' (`DEFAULT_PORTS`), and a Hadoop
+#: namenode's for hdfs:// and viewfs:// sources (8020: Hadoop's default RPC port).
+ENTRY_PORTS = {**DEFAULT_PORTS, "hdfs": 8020, "viewfs": 8020}
 #: How many of the list's entries a refusal shows; the rest are counted.
 SHOWN_ENTRIES = 5
 
@@ -58,8 +64,9 @@ _NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
 _REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,62}", re.IGNORECASE)
 ENTRY_EXPECTED = (
     "an origin like https://minio.storage.svc:9000, http://10.0.0.5:9000, "
-    "https://[fd00::5]:9000 or https://*.s3.example.internal (http or https, a host, "
-    "an optional port; no user, path, query or wildcard but a leading '*.')"
+    "https://[fd00::5]:9000, https://*.s3.example.internal or hdfs://namenode:8020 "
+    "(http, https, hdfs or viewfs, a host, an optional port; no user, path, query or "
+    "wildcard but a leading '*.')"
 )
 
 
@@ -77,7 +84,7 @@ class Origin:
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         host = f"*.{host}" if self.wildcard else host
-        port = "" if DEFAULT_PORTS.get(self.scheme) == self.port else f":{self.port}"
+        port = "" if ENTRY_PORTS.get(self.scheme) == self.port else f":{self.port}"
         return f"{self.scheme}://{host}{port}"
 
     def allows(self, endpoint: Origin) -> bool:
@@ -126,10 +133,10 @@ def _host(netloc_host: str, *, bracketed: bool) -> str:
     return host
 
 
-def _split(text: str) -> urllib.parse.SplitResult:
+def _split(text: str, schemes: Mapping[str, int] = DEFAULT_PORTS) -> urllib.parse.SplitResult:
     parts = urllib.parse.urlsplit(text)
-    if parts.scheme.lower() not in DEFAULT_PORTS:
-        raise EndpointError("the scheme http:// or https://")
+    if parts.scheme.lower() not in schemes:
+        raise EndpointError(f"the scheme {' or '.join(f'{s}://' for s in schemes)}")
     if "@" in parts.netloc:
         raise EndpointError("no user name or password before the host")
     return parts
@@ -142,7 +149,7 @@ def _port(parts: urllib.parse.SplitResult) -> int:
         raise EndpointError("a port 1-65535") from None
     if port == 0:
         raise EndpointError("a port 1-65535")
-    return port if port is not None else DEFAULT_PORTS[parts.scheme.lower()]
+    return port if port is not None else ENTRY_PORTS[parts.scheme.lower()]
 
 
 def endpoint(text: str) -> Origin:
@@ -158,7 +165,7 @@ def endpoint(text: str) -> Origin:
 def entry(text: str) -> Origin:
     """One entry of the platform's list; `parsers.ParseError` says what fits."""
     try:
-        parts = _split(text)
+        parts = _split(text, ENTRY_PORTS)
         if (
             parts.path not in ("", "/")
             or parts.query
@@ -218,35 +225,96 @@ def _never_a_store(origin: Origin) -> str | None:
     return None
 
 
-def refusal(options: Mapping[str, str], allowed: tuple[Origin, ...]) -> str | None:
-    """Why the operator does not connect where `options` (a Secret's data) point it, or
-    None. `allowed` is the platform's list; empty, only `_never_a_store` is refused."""
+#: Where the S3 client's settings come from, as a refusal names it.
+SECRET = "the Secret named by spec.source.secretRef"
+NO_SECRET = "spec.source names no secretRef"
+ENVIRONMENT = (
+    "the operator's own environment (read without a secretRef, as "
+    "policy.allowAmbientCredentials allows)"
+)
+
+
+def refusal(
+    options: Mapping[str, str], allowed: tuple[Origin, ...], *, whence: str = SECRET
+) -> str | None:
+    """Why the operator does not connect where `options` (a Secret's data, or what the
+    S3 client reads instead) point it, or None. `allowed` is the platform's list; empty,
+    only `_never_a_store` is refused."""
     key = next((k for k in ENDPOINT_KEYS if options.get(k)), None)
     if key is None:
-        return region_problem(options)
-    where = f"{key} in the Secret named by spec.source.secretRef"
+        return region_problem(options) or aws_refusal(options, allowed, whence=whence)
+    where = f"{key} in {whence}"
     try:
         origin = endpoint(options[key])
     except EndpointError as exc:
         return f"{where}: expected {exc}, found {uris.redact(options[key])!r}"
+    return _held_to(origin, allowed, f"{where} names {origin}")
+
+
+def _held_to(origin: Origin, allowed: tuple[Origin, ...], named: str) -> str | None:
+    """Why the operator does not connect to `origin` (`named` says who chose it), or None."""
     if allowed:
         if any(entry.allows(origin) for entry in allowed):
             return None
-        shown = ", ".join(str(e) for e in allowed[:SHOWN_ENTRIES])
-        more = len(allowed) - SHOWN_ENTRIES
-        shown += f" and {more} more" if more > 0 else ""
         return (
-            f"{where} names {origin}, which the platform does not let the operator "
-            f"connect to: it allows only {shown} (chart value {CHART_VALUE}); use one of "
-            "them, or ask the platform to add yours"
+            f"{named}, which the platform does not let the operator connect to: it allows "
+            f"only {_shown_list(allowed)} (chart value {CHART_VALUE}); use one of them, or "
+            "ask the platform to add yours"
         )
     never = _never_a_store(origin)
     if never is None:
         return None
     return (
-        f"{where} names {origin}, {never}, never a tenant's object store: the operator "
-        f"does not connect there (a platform lists the endpoints it may connect to in the "
-        f"chart value {CHART_VALUE})"
+        f"{named}, {never}, never a tenant's object store: the operator does not connect "
+        f"there (a platform lists the endpoints it may connect to in the chart value "
+        f"{CHART_VALUE})"
+    )
+
+
+def _shown_list(allowed: tuple[Origin, ...]) -> str:
+    shown = ", ".join(str(e) for e in allowed[:SHOWN_ENTRIES])
+    more = len(allowed) - SHOWN_ENTRIES
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def aws_suffix(options: Mapping[str, str]) -> str:
+    """The DNS suffix of every host AWS's S3 client may use without an endpoint: the
+    China regions' partition has its own."""
+    region = next((options[k] for k in REGION_KEYS if options.get(k)), "")
+    return "amazonaws.com.cn" if region.lower().startswith("cn-") else "amazonaws.com"
+
+
+def aws_refusal(
+    options: Mapping[str, str], allowed: tuple[Origin, ...], *, whence: str = SECRET
+) -> str | None:
+    """Without an endpoint the S3 client connects to AWS S3 itself; with a list set, only
+    if the list allows every name under AWS's suffix (`https://*.amazonaws.com`).
+
+    Which host the client picks is the SDK's choice, not one `options` fix: the region
+    (or, without one, the SDK's default from the operator's environment) and the bucket
+    (virtual-host addressing, the legacy global endpoint for us-east-1, the region a
+    redirect names) all change it. A list naming one regional host would be matched
+    against a guess, so it allows no such read; the refusal says what to list."""
+    if not allowed:
+        return None
+    suffix = aws_suffix(options)
+    if any(_allows_every_name_under(entry, suffix) for entry in allowed):
+        return None
+    return (
+        f"{whence}: no {' or '.join(ENDPOINT_KEYS)}, so the S3 client would "
+        f"connect to AWS S3 itself (https://, a host under {suffix} that the region and the "
+        "bucket choose), which the platform does not let the operator connect to: it allows "
+        f"only {_shown_list(allowed)} (chart value {CHART_VALUE}); name one of them as "
+        f"AWS_ENDPOINT_URL in the Secret named by spec.source.secretRef, or ask the platform "
+        f"to add https://*.{suffix}"
+    )
+
+
+def _allows_every_name_under(entry: Origin, suffix: str) -> bool:
+    return (
+        entry.wildcard
+        and (entry.scheme, entry.port) == ("https", 443)
+        and (suffix == entry.host or suffix.endswith("." + entry.host))
     )
 
 
@@ -260,4 +328,152 @@ def region_problem(options: Mapping[str, str]) -> str | None:
     return (
         f"{key} in the Secret named by spec.source.secretRef: expected a region name "
         "(letters, digits and '-', like us-east-1), found a value that is not one (not shown)"
+    )
+
+
+# Sources other than s3:// (read only with policy.allowAmbientCredentials): pyarrow's
+# `FileSystem.from_uri` takes the host, and for some schemes query keys, from the URI
+# itself, so the tenant's URI chooses where the operator connects with its own cloud
+# identity. `uri_origins` reads each URI as pyarrow's `GcsOptions::FromUri`,
+# `HdfsOptions::FromUri` and `AzureOptions::FromUri` do (arrow/cpp/src/arrow/filesystem;
+# tests/unit/test_operator_source_uri_endpoints.py holds it to pyarrow's own reading).
+
+#: Where GCS's client connects without `endpoint_override`.
+GCS_DEFAULT = Origin("https", "storage.googleapis.com", 443)
+#: Azure's default authorities: a host ACCOUNT + authority for each of its two APIs
+#: (an AzureFileSystem talks to both).
+AZURE_SUFFIXES = (".blob.core.windows.net", ".dfs.core.windows.net")
+#: Query keys that would send Azure's client to another host than the URI's: refused
+#: outright, since the URI's own host says the same (abfs://ACCOUNT@HOST:PORT/CONTAINER)
+#: and is checked.
+AZURE_AUTHORITY_KEYS = ("blob_storage_authority", "dfs_storage_authority")
+#: The host:port `endpoint_override` may hold: nothing that could carry a scheme, a path
+#: or user info for the client to read otherwise than this module.
+_HOST_PORT = re.compile(r"([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
+
+
+def uri_refusal(uri: str, allowed: tuple[Origin, ...]) -> str | None:
+    """Why the operator does not read `uri` (gs, gcs, hdfs, viewfs, abfs, abfss) where it
+    would connect, or None: each host the URI makes pyarrow's client connect to is held
+    to the list (or, empty, to `_never_a_store`), before any connection."""
+    scheme = uri.partition("://")[0].lower()
+    named = f"the {scheme}:// URI {uris.redact(uri)!r}"
+    try:
+        origins = uri_origins(uri)
+    except EndpointError as exc:
+        return f"{named}: expected {exc}"
+    for origin in origins:
+        problem = _held_to(origin, allowed, f"{named} makes the operator connect to {origin}")
+        if problem is not None:
+            return problem
+    return None
+
+
+def uri_origins(uri: str) -> tuple[Origin, ...]:
+    """Every origin pyarrow's client connects to for `uri`; `EndpointError` for a URI
+    whose host this module does not read as pyarrow does, or that names a host in a
+    query key it refuses."""
+    try:
+        parts = urllib.parse.urlsplit(uri)
+    except ValueError:
+        raise EndpointError("a URI whose host is a name or an address") from None
+    scheme = parts.scheme.lower()
+    query = _query(parts.query)
+    if scheme in ("gs", "gcs"):
+        return (_gcs_origin(query),)
+    if scheme in ("hdfs", "viewfs"):
+        if query:
+            # Every key pyarrow does not know goes to Hadoop's configuration
+            # (`extra_conf`), where fs.defaultFS or a nameservice's addresses name other
+            # namenodes; `user` and `kerb_ticket` choose the identity.
+            raise EndpointError(
+                f"no query after an {scheme}:// URI (found the keys {sorted(query)}: Hadoop "
+                "would read them as its configuration, which can name other namenodes)"
+            )
+        host = _uri_host(parts, scheme)
+        return (Origin(scheme, host, _uri_port(parts, ENTRY_PORTS[scheme])),)
+    if scheme in ("abfs", "abfss"):
+        return _azure_origins(parts, query)
+    raise EndpointError(f"a URI of a scheme this check reads (found {scheme}://)")
+
+
+def _query(text: str) -> dict[str, str]:
+    """Query items decoded as pyarrow decodes them ('+' a space, '%XX' once), each key
+    at most once: pyarrow's filesystems disagree which of two wins (GCS the first, Azure
+    the last)."""
+    items = urllib.parse.parse_qsl(text, keep_blank_values=True)
+    keys = [k for k, _ in items]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise EndpointError(f"each query key at most once (found {twice} more than once)")
+    return dict(items)
+
+
+def _gcs_origin(query: Mapping[str, str]) -> Origin:
+    override = query.get("endpoint_override", "")
+    if not override:
+        # `scheme` alone changes only the credentials, not the host (`AsGoogleCloudOptions`).
+        return GCS_DEFAULT
+    scheme = query.get("scheme") or "https"
+    if scheme not in DEFAULT_PORTS or not _HOST_PORT.fullmatch(override):
+        raise EndpointError(
+            "endpoint_override=HOST[:PORT] and scheme=http or https (found another form: not shown)"
+        )
+    return endpoint(f"{scheme}://{override}")
+
+
+def _uri_host(parts: urllib.parse.SplitResult, scheme: str) -> str:
+    netloc = parts.netloc.rpartition("@")[2]
+    if not parts.hostname:
+        raise EndpointError(f"a host after {scheme}:// (the default one is not read)")
+    return _host(parts.hostname, bracketed=netloc.startswith("["))
+
+
+def _uri_port(parts: urllib.parse.SplitResult, default: int) -> int:
+    try:
+        port = parts.port
+    except ValueError:
+        raise EndpointError("a port 1-65535") from None
+    if port == 0:
+        raise EndpointError("a port 1-65535")
+    return default if port is None else port
+
+
+def _azure_origins(parts: urllib.parse.SplitResult, query: Mapping[str, str]) -> tuple[Origin, ...]:
+    refused = [k for k in AZURE_AUTHORITY_KEYS if k in query]
+    if refused:
+        raise EndpointError(
+            f"no {' or '.join(refused)} in the URI: write the store's host in it instead "
+            "(abfs://ACCOUNT@HOST:PORT/CONTAINER/PATH), which is checked"
+        )
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    if hostport.startswith("["):
+        # pyarrow builds Azure's URL from the host without its brackets, and the Azure
+        # SDK then aborts the whole process (std::invalid_argument from stoi).
+        raise EndpointError("a host name or IPv4 address (pyarrow's Azure client takes no IPv6)")
+    tls = query.get("enable_tls", "true").lower()
+    if tls not in ("true", "1", "false", "0"):
+        raise EndpointError("enable_tls=true or false (found another value: not shown)")
+    scheme = "https" if tls in ("true", "1") else "http"
+    # pyarrow matches its suffixes against the decoded host as written (case and all),
+    # and reads a host with a port or a dot as the store's own.
+    host_text, _, port_text = hostport.rpartition(":") if ":" in hostport else (hostport, "", "")
+    host = urllib.parse.unquote(host_text)
+    account = urllib.parse.unquote(userinfo)
+    for suffix in AZURE_SUFFIXES:
+        if host.endswith(suffix):
+            account = host[: -len(suffix)]
+            break
+    else:
+        if "." in host or port_text:
+            # abfs://[ACCOUNT@]HOST[:PORT]/CONTAINER: that host serves both APIs.
+            port = _uri_port(parts, DEFAULT_PORTS[scheme])
+            return (Origin(scheme, _uri_host(parts, parts.scheme), port),)
+    if not account or "%" in account:
+        raise EndpointError("an account (abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH)")
+    # The account becomes part of each host: one that is not a plain name would move it
+    # (an account "evil.example/" connects to evil.example).
+    return tuple(
+        Origin(scheme, _host(account + suffix, bracketed=False), DEFAULT_PORTS[scheme])
+        for suffix in AZURE_SUFFIXES
     )

@@ -10,13 +10,14 @@ anonymously, never with the operator's ambient credentials (environment, instanc
 metadata, a projected service account token); other object stores, whose clients
 would use the operator's cloud identity, and file:// (the operator's own filesystem)
 are refused, unless the platform allows them in the chart's values. An endpoint a
-tenant's Secret names is connected to only if the platform's list allows it
+tenant's Secret or URI names is connected to only if the platform's list allows it
 (`endpoint_policy`): never the operator pod's loopback or the cloud metadata service.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,8 +37,9 @@ class Access:
     #: Use the operator's ambient credentials for sources without a secretRef, and
     #: read object stores other than s3:// (their clients use the operator's identity).
     ambient_credentials: bool = False
-    #: Endpoints a Secret's AWS_ENDPOINT_URL may name (policy.sourceEndpoints); empty:
-    #: any but loopback, link-local and metadata addresses (`endpoint_policy`).
+    #: Endpoints the operator may connect to for a source (policy.sourceEndpoints): a
+    #: Secret's AWS_ENDPOINT_URL, AWS S3 itself, a URI's host; empty: any but loopback,
+    #: link-local and metadata addresses (`endpoint_policy`).
     source_endpoints: tuple[endpoint_policy.Origin, ...] = ()
 
 
@@ -75,23 +77,41 @@ def storage_options(
                 "policy.allowFileSources on a single-tenant cluster)"
             )
         return options
-    if scheme == "s3" and options is not None:
-        # Before any connection: where the Secret points the operator's own pod.
-        refused = endpoint_policy.refusal(options, access.source_endpoints)
-        if refused is not None:
-            raise reconcile.EndpointRefused(refused)
-    if access.ambient_credentials:
-        return options
     if scheme != "s3":
-        raise reconcile.SourceRefused(
-            f"{scheme}:// sources are not resolved by the operator: its client would use the "
-            "operator's own cloud identity; use s3:// (with spec.source.secretRef, or a "
-            "public bucket read anonymously), or ask the platform for the chart value "
-            "policy.allowAmbientCredentials"
-        )
+        if not access.ambient_credentials:
+            raise reconcile.SourceRefused(
+                f"{scheme}:// sources are not resolved by the operator: its client would use "
+                "the operator's own cloud identity; use s3:// (with spec.source.secretRef, or "
+                "a public bucket read anonymously), or ask the platform for the chart value "
+                "policy.allowAmbientCredentials"
+            )
+        # Before any connection: the URI itself names the host (and, in its query, may
+        # redirect the client) that gets the operator's own cloud identity.
+        _refuse(endpoint_policy.uri_refusal(uri, access.source_endpoints))
+        return options
+    if options is not None:
+        # Before any connection: where the Secret points the operator's own pod.
+        _refuse(endpoint_policy.refusal(options, access.source_endpoints))
+        return options
+    if access.ambient_credentials:
+        # The S3 client reads the operator's environment: the platform's own settings,
+        # held to its list only (with none, it trusts them).
+        if access.source_endpoints:
+            _refuse(
+                endpoint_policy.refusal(
+                    os.environ, access.source_endpoints, whence=endpoint_policy.ENVIRONMENT
+                )
+            )
+        return None
     # No Secret: anonymous (`source.filesystem` reads an empty mapping as "no credentials"),
-    # never the operator's environment.
-    return options if options is not None else {}
+    # never the operator's environment; to AWS S3 itself, which a set list must allow.
+    _refuse(endpoint_policy.refusal({}, access.source_endpoints, whence=endpoint_policy.NO_SECRET))
+    return {}
+
+
+def _refuse(refused: str | None) -> None:
+    if refused is not None:
+        raise reconcile.EndpointRefused(refused)
 
 
 def resolve_manifest(

@@ -267,3 +267,17 @@ def test_the_values_schema_refuses_a_source_endpoint_that_is_not_an_origin(
     assert "/policy/sourceEndpoints/1" in result.stderr and "pattern" in result.stderr, (
         result.stderr
     )
+
+
+def test_policy_source_endpoints_take_a_namenode_for_hdfs_sources(tmp_path: Path) -> None:
+    """hdfs:// and viewfs:// sources connect to a namenode, listed by its own scheme."""
+    container = operator_container(
+        tmp_path, "--set=policy.sourceEndpoints={hdfs://namenode.hadoop.svc,viewfs://cluster}"
+    )
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    settings = configuration.from_env(env)
+    assert [str(origin) for origin in settings.source_endpoints] == [
+        "hdfs://namenode.hadoop.svc",
+        "viewfs://cluster",
+    ]
+    assert [origin.port for origin in settings.source_endpoints] == [8020, 8020]

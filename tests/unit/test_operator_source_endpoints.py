@@ -4,6 +4,7 @@ the cloud metadata service: checked before any connection (docs/security.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 from collections.abc import Iterator
@@ -275,4 +276,89 @@ def test_a_listed_endpoint_is_connected_to(listener: Listener) -> None:
     access = sources.Access(source_endpoints=origins(f"http://127.0.0.1:{listener.port}"))
     with pytest.raises(errors.SourceError):
         sources.probe_source("s3://b/x/", secret, access=access, retry=ONE_TRY)
+    assert listener.accepts >= 1
+
+
+@pytest.mark.parametrize(
+    ("options", "allowed", "suffix"),
+    [
+        ({}, ("https://minio.storage.svc:9000",), "amazonaws.com"),
+        ({"AWS_REGION": "eu-west-1"}, ("https://s3.eu-west-1.amazonaws.com",), "amazonaws.com"),
+        ({"AWS_DEFAULT_REGION": "us-east-1"}, ("http://*.amazonaws.com",), "amazonaws.com"),
+        ({"AWS_REGION": "cn-north-1"}, ("https://*.amazonaws.com",), "amazonaws.com.cn"),
+        ({**KEYS}, ("https://*.s3.amazonaws.com",), "amazonaws.com"),
+    ],
+)
+def test_with_a_list_no_endpoint_is_aws_itself_which_the_list_must_allow_whole(
+    options: dict[str, str], allowed: tuple[str, ...], suffix: str
+) -> None:
+    """Region, bucket and redirects choose AWS's host, so one regional host listed is
+    no promise that the client connects there: only every host under AWS's suffix is."""
+    message = listed(options, *allowed)
+    assert message is not None
+    assert f"a host under {suffix}" in message
+    assert f"ask the platform to add https://*.{suffix}" in message
+    assert f"allows only {endpoint_policy.entry(allowed[0])}" in message
+
+
+@pytest.mark.parametrize(
+    ("options", "allowed"),
+    [
+        ({}, "https://*.amazonaws.com"),
+        ({"AWS_REGION": "eu-west-1", **KEYS}, "https://*.amazonaws.com"),
+        ({}, "https://*.com"),
+        ({"AWS_REGION": "cn-north-1"}, "https://*.amazonaws.com.cn"),
+    ],
+)
+def test_with_a_list_allowing_all_of_aws_no_endpoint_is_read(
+    options: dict[str, str], allowed: str
+) -> None:
+    assert listed(options, "https://minio.storage.svc:9000", allowed) is None
+
+
+def test_without_a_list_no_endpoint_is_read_as_before() -> None:
+    assert listed({}) is None and listed({**KEYS, "AWS_REGION": "eu-west-1"}) is None
+
+
+@pytest.mark.parametrize("call", ["resolve", "probe", "applied skips"])
+def test_with_a_list_a_source_without_a_secret_is_refused_before_any_request(call: str) -> None:
+    """Anonymous, to AWS S3 itself: not a listed origin (no network here: a request
+    would fail otherwise, as SourceError, not EndpointRefused)."""
+    access = sources.Access(source_endpoints=origins("https://minio.storage.svc:9000"))
+    with pytest.raises(reconcile.EndpointRefused) as refused:
+        if call == "resolve":
+            sources.resolve_manifest("s3://b/x/", "parquet", None, access=access, retry=ONE_TRY)
+        elif call == "probe":
+            sources.probe_source("s3://b/x/", None, access=access, retry=ONE_TRY)
+        else:
+            sources.applied_skips("s3://b/ckpt/", None, access=access)
+    assert str(refused.value).startswith("spec.source names no secretRef: no AWS_ENDPOINT_URL_S3")
+    assert refused.value.reason == "NotAllowed"
+
+
+def test_with_a_list_allowing_aws_a_source_without_a_secret_is_read_anonymously() -> None:
+    access = sources.Access(source_endpoints=origins("https://*.amazonaws.com"))
+    assert sources.storage_options("s3://b/x/", None, access) == {}
+
+
+def test_with_ambient_credentials_the_operators_own_endpoint_is_held_to_a_set_list(
+    listener: Listener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a Secret the S3 client reads the operator's environment: the platform's
+    settings, trusted without a list, held to it with one."""
+    for name, value in {**KEYS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{listener.port}"}.items():
+        monkeypatch.setenv(name, value)
+    ambient = sources.Access(ambient_credentials=True)
+    assert sources.storage_options("s3://b/x/", None, ambient) is None
+    listing = dataclasses.replace(ambient, source_endpoints=origins("https://store.example"))
+    with pytest.raises(reconcile.EndpointRefused) as refused:
+        sources.probe_source("s3://b/x/", None, access=listing, retry=ONE_TRY)
+    assert "AWS_ENDPOINT_URL in the operator's own environment" in str(refused.value)
+    assert listener.accepts == 0
+    # The positive control: listed, the operator's own endpoint is connected to.
+    listing = dataclasses.replace(
+        ambient, source_endpoints=origins(f"http://127.0.0.1:{listener.port}")
+    )
+    with pytest.raises(errors.SourceError):
+        sources.probe_source("s3://b/x/", None, access=listing, retry=ONE_TRY)
     assert listener.accepts >= 1
