@@ -113,6 +113,7 @@ def _env(options: Mapping[str, str] | None) -> Mapping[str, str]:
 #: one is written %3F or %23). Other schemes are pyarrow's to parse (`from_uri`), whose
 #: query strings carry options.
 _PATH_SCHEMES = ("file", "s3")
+_AZURE_SCHEMES = ("abfs", "abfss")
 
 
 def split_uri(uri: str) -> tuple[str, str]:
@@ -123,7 +124,13 @@ def split_uri(uri: str) -> tuple[str, str]:
             raise errors.InputError("expected a dataset URI such as s3://bucket/prefix, got ''")
         return "file", str(Path(uri).absolute())
     uris.refuse_userinfo(uri, where="dataset URI")
-    parsed = urllib.parse.urlsplit(uri)
+    try:
+        parsed = urllib.parse.urlsplit(uri)
+    except ValueError as exc:  # an unclosed '[' of an IPv6 host
+        raise errors.InputError(
+            f"dataset URI {uris.redact(uri)!r} is not a well-formed URI ({exc}): expected "
+            "scheme://host/path, an IPv6 host written [address]"
+        ) from None
     scheme = parsed.scheme.lower()
     if scheme not in SUPPORTED_SCHEMES:
         raise errors.InputError(
@@ -138,6 +145,14 @@ def split_uri(uri: str) -> tuple[str, str]:
             f"dataset URI {uris.redact(uri)!r} is followed by a {mark!r}, which starts a "
             f"{'fragment' if mark == '#' else 'query'} that names no object: expected "
             "the path alone; a name with '#' or '?' in it is written %23 or %3F"
+        )
+    if scheme in _AZURE_SCHEMES and "[" in parsed.netloc:
+        # pyarrow hands Azure's SDK the host without its brackets, and the SDK's port
+        # parse throws through C++: the whole process aborts (sidecar, operator, trainer).
+        raise errors.InputError(
+            f"dataset URI {uris.redact(uri)!r} names an IPv6 host, which pyarrow's Azure "
+            "client cannot read: expected abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH "
+            "or a host name or IPv4 address"
         )
     if scheme == "file":
         if parsed.netloc:

@@ -92,6 +92,22 @@ def test_a_file_uri_naming_a_host_is_refused_not_read_as_another_path() -> None:
     assert source.split_uri("file:///tmp/data") == ("file", "/tmp/data")
 
 
+def test_a_uri_with_an_unclosed_ipv6_bracket_is_an_input_error_saying_what_was_expected() -> None:
+    # urllib raised a bare ValueError, which no caller reports as the URI's fault.
+    with pytest.raises(errors.InputError, match=r"not a well-formed URI .*\[address\]"):
+        source.checked_uri("hdfs://[::1/data")
+
+
+@pytest.mark.parametrize("uri", ["abfs://c@[fd00::5]:10000/p", "abfss://[::1]/c/p"])
+def test_an_azure_uri_with_an_ipv6_host_is_refused_before_pyarrow_aborts_the_process(
+    uri: str,
+) -> None:
+    # pyarrow's Azure client aborts the whole process on such a host (std::invalid_argument
+    # out of C++): the sidecar, the operator's probe or the trainer would die, not fail.
+    with pytest.raises(errors.InputError, match="IPv6 host, which pyarrow's Azure client"):
+        source.filesystem(uri)
+
+
 def test_the_agent_logs_where_it_publishes_at_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
