@@ -39,8 +39,10 @@ from shardcache_operator import reconcile, resolve_child, source_reads, sources
 #: so 32 MiB is about 100,000 shards, more than one resolve reads and hashes within any
 #: sensible timeout; parsing it costs the operator a few times its size.
 MAX_ANSWER_BYTES = 32 << 20
-#: The last bytes of a child's stderr kept for a message about its death.
-STDERR_TAIL_BYTES = 4096
+#: The first and the last bytes of a child's stderr kept for a message about its death:
+#: Python's fatal error ("Cannot recover from MemoryErrors") comes first, then every
+#: thread's stack (the resolve runs 8), well over 4 KiB; a C++ abort's line comes last.
+STDERR_KEPT_BYTES = 4096
 _CHUNK = 1 << 16
 
 
@@ -164,8 +166,7 @@ class Resolver:
                         selector.unregister(key.fileobj)
                         continue
                     key.data.extend(chunk)
-                    if len(stderr) > STDERR_TAIL_BYTES:
-                        del stderr[:-STDERR_TAIL_BYTES]
+                    kept(stderr)
                     if len(answer) > MAX_ANSWER_BYTES:
                         raise errors.InputError(
                             f"the manifest is larger than the {MAX_ANSWER_BYTES >> 20} MiB the "
@@ -214,13 +215,29 @@ class Resolver:
             )
         said = [line for line in lines if any(m in line.lower() for m in _OUT_OF_MEMORY)]
         if said:
-            return self._over_memory(said[-1].strip())
+            return self._over_memory(said[0].strip())
         tail = "; ".join(line.strip() for line in lines[-3:]) or "nothing on stderr"
         return RuntimeError(f"the resolve's process ended with exit status {code}: {tail}")
 
 
+def kept(stderr: bytearray) -> None:
+    """Trim `stderr` (read so far) to its first and last `STDERR_KEPT_BYTES`."""
+    if len(stderr) > 2 * STDERR_KEPT_BYTES:
+        del stderr[STDERR_KEPT_BYTES:-STDERR_KEPT_BYTES]
+
+
 #: What a child that ran out of memory outside Python says on stderr before it aborts.
-_OUT_OF_MEMORY = ("memoryerror", "bad_alloc", "cannot allocate memory", "out of memory")
+#: CPython's "Cannot recover from stack overflow" comes from the same place: the limit hit
+#: while it reports an exception (`sys.unraisablehook` failing, recursively; seen about
+#: once in 20 resolves over their limit), never from the resolve's own code, which does
+#: not recurse.
+_OUT_OF_MEMORY = (
+    "memoryerror",
+    "bad_alloc",
+    "cannot allocate memory",
+    "out of memory",
+    "cannot recover from stack overflow",
+)
 
 
 def raised(error: Mapping[str, Any], *, over_memory: Callable[[str], Exception]) -> Exception:

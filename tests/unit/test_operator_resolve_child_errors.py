@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import signal
+
 import pyarrow as pa
 import pytest
-from shardcache_operator import reconcile, resolve_child, resolve_children
+from shardcache_operator import reconcile, resolve_child, resolve_children, sources
 
 from shardcache import errors
 
@@ -55,3 +57,59 @@ def test_any_other_error_is_a_runtime_error_naming_its_class_and_message(
     assert type(back) is RuntimeError
     cls = type(sent)
     assert str(back) == f"{cls.__module__}.{cls.__qualname__}: {sent}"
+
+
+#: What CPython writes when the limit is hit while it handles a MemoryError: the cause
+#: first, then each of the resolve's threads' stacks (the dump is well over 4 KiB).
+FATAL = (
+    b"Fatal Python error: _PyErr_NormalizeException: Cannot recover from MemoryErrors "
+    b"while normalizing exceptions.\nPython runtime state: initialized\n\n"
+    + b"".join(
+        b"Thread 0x%016x (most recent call first):\n" % t
+        + b'  File "/usr/lib/python3.11/threading.py", line 272 in __enter__\n' * 6
+        + b"\n"
+        for t in range(40)
+    )
+    + b"Extension modules: numpy._core._multiarray_umath, pyarrow.lib (total: 2)\n"
+)
+
+
+def read_in_chunks(stderr: bytes, size: int = 512) -> bytes:
+    """`stderr` as `Resolver._exchange` keeps it, read a pipe's chunk at a time."""
+    kept = bytearray()
+    for at in range(0, len(stderr), size):
+        kept.extend(stderr[at : at + size])
+        resolve_children.kept(kept)
+    return bytes(kept)
+
+
+@pytest.mark.parametrize(
+    ("cause", "said"),
+    [
+        (b"", b"_PyErr_NormalizeException: Cannot recover from MemoryErrors"),
+        (b"Exception ignored in sys.unraisablehook: ", b"Cannot recover from stack overflow."),
+    ],
+)
+def test_a_child_aborted_by_pythons_fatal_memory_error_is_over_memory_however_long_the_dump(
+    cause: bytes, said: bytes
+) -> None:
+    stderr = cause + FATAL.replace(
+        b"_PyErr_NormalizeException: Cannot recover from MemoryErrors", said
+    )
+    assert len(stderr) > 4 * resolve_children.STDERR_KEPT_BYTES
+    resolver = resolve_children.Resolver(memory=192 << 20, timeout=1.0, access=sources.Access())
+    died = resolver._died(-signal.SIGABRT, read_in_chunks(stderr))
+    assert isinstance(died, reconcile.ResolveOverMemory)
+    assert f"memory limit of 192 MiB ({cause.decode()}Fatal Python error: " in str(died)
+    assert said.decode() in str(died)
+
+
+def test_a_child_that_crashed_otherwise_says_its_exit_status_and_last_lines() -> None:
+    crash = FATAL.replace(b"Cannot recover from MemoryErrors", b"Segmentation fault")
+    resolver = resolve_children.Resolver(memory=192 << 20, timeout=1.0, access=sources.Access())
+    died = resolver._died(-signal.SIGSEGV, read_in_chunks(crash))
+    assert type(died) is RuntimeError
+    assert str(died).startswith("the resolve's process ended with exit status -11: ")
+    assert str(died).endswith(
+        "Extension modules: numpy._core._multiarray_umath, pyarrow.lib (total: 2)"
+    )
