@@ -7,11 +7,12 @@ bucket changes later. A digest mismatch is a loud error, never a silent mix.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import cached_property
 from pathlib import PurePosixPath
 from typing import Any
@@ -314,11 +315,19 @@ def resolve(
         )
     fmt = format or formats.infer([info.path for _, info in files])
     reader = formats.get(fmt)
+    # Each FileInfo is dropped once its shard is inspected (`_inspected` takes them off
+    # the front): what is kept a shard is its ShardEntry alone.
+    pending = collections.deque(files)
+    del infos, files
 
-    def inspect(item: tuple[str, pafs.FileInfo]) -> tuple[ShardEntry, pa.Schema]:
+    # Shards of a dataset mostly share one schema: its fingerprint is held once, not once
+    # a shard (a dict's setdefault is atomic under the GIL, whatever thread calls it).
+    fingerprints: dict[str, str] = {}
+
+    def inspect(item: tuple[str, pafs.FileInfo]) -> tuple[ShardEntry, pa.Schema, str]:
         rel, info = item
 
-        def read_meta() -> tuple[ShardEntry, pa.Schema]:
+        def read_meta() -> tuple[ShardEntry, pa.Schema, str]:
             with fs.open_input_file(info.path) as f:
                 version = source.content_identity(f, info)
                 try:
@@ -332,30 +341,66 @@ def resolve(
             # store gives alike (an ETag of a multipart upload is no content hash).
             # Costs a read of the dataset per resolve; docs/security.md says why here.
             sha256 = source.content_sha256(fs, info.path)
-            entry = ShardEntry(
-                rel, info.size or 0, version, rows, formats.fingerprint(schema), sha256
-            )
-            return entry, schema
+            fingerprint = formats.fingerprint(schema)
+            fingerprint = fingerprints.setdefault(fingerprint, fingerprint)
+            entry = ShardEntry(rel, info.size or 0, version, rows, fingerprint, sha256)
+            # What names the shard in a schema conflict (a single file's rel is "").
+            return entry, schema, rel or info.path
 
         return source.with_retries(read_meta, what=f"reading {info.path}", policy=retry)
 
-    with concurrent.futures.ThreadPoolExecutor(_INSPECT_CONCURRENCY) as pool:
-        inspected = list(pool.map(inspect, files))
-    shards = tuple(entry for entry, _ in inspected)
+    shards: list[ShardEntry] = []
+    # One schema per distinct fingerprint, with the first shard (manifest order) that
+    # has it: all `schemas.unify` reads. Shards of one fingerprint have the same fields
+    # (names, types, nullability, field metadata), so unify finds the same first path of
+    # each field's type, the same field order and so the same promotion and message.
     # An empty JSON Lines shard has no schema at all; it cannot disagree with others.
-    typed = [
-        (entry.path or info.path, schema)
-        for (entry, schema), (_, info) in zip(inspected, files, strict=True)
-        if not (entry.rows == 0 and entry.fingerprint == _NO_FIELDS)
-    ]
+    distinct: dict[str, tuple[str, pa.Schema]] = {}
+    for entry, schema, path in _inspected(inspect, pending):
+        shards.append(entry)
+        if entry.rows == 0 and entry.fingerprint == _NO_FIELDS:
+            continue
+        distinct.setdefault(entry.fingerprint, (entry.path or path, schema))
     unified = None
-    if len({formats.fingerprint(schema) for _, schema in typed}) > 1:
+    if len(distinct) > 1:
         # JSON objects have no key order and may leave keys out: JSON Lines shards are
         # matched by field name (formats/README.md, "Schema unification").
-        unified = schemas.unify(typed, by_name=fmt == "jsonl")
+        unified = schemas.unify(list(distinct.values()), by_name=fmt == "jsonl")
     promoted = schemas.encode(unified) if unified is not None else None
     root_uri = _single_root(uri, root) if single else uri.rstrip("/")
     if single:
         name = _single_name(root_uri, root)
-        shards = tuple(dataclasses.replace(s, path=name) for s in shards)
-    return Manifest.build(root_uri, fmt, shards, promoted=promoted)
+        shards = [dataclasses.replace(s, path=name) for s in shards]
+    return Manifest.build(root_uri, fmt, tuple(shards), promoted=promoted)
+
+
+#: Inspections submitted ahead of the shard whose result is taken next: enough that a
+#: slow shard at the head of the line leaves every thread busy, and a bound on the
+#: futures, FileInfos and schemas held, whatever the shard count (submitting every
+#: shard at once held about 5.5 KB a shard until the end).
+_INSPECT_WINDOW = 4 * _INSPECT_CONCURRENCY
+
+
+def _inspected(
+    inspect: Callable[[tuple[str, pafs.FileInfo]], tuple[ShardEntry, pa.Schema, str]],
+    pending: collections.deque[tuple[str, pafs.FileInfo]],
+) -> Iterator[tuple[ShardEntry, pa.Schema, str]]:
+    """`inspect` of each of `pending` (taken off it as submitted), in their order, at
+    most `_INSPECT_WINDOW` submitted and `_INSPECT_CONCURRENCY` running at once. The
+    first failure in that order is raised, as `Executor.map` did; the rest are
+    cancelled, and the inspections running then are not waited for: the resolve has
+    failed, and in a resolve child over its memory limit a worker that hit the limit
+    inside a lock may never return (the child hung until its timeout, about one in 30
+    such resolves)."""
+    pool = concurrent.futures.ThreadPoolExecutor(_INSPECT_CONCURRENCY)
+    window: collections.deque[concurrent.futures.Future[tuple[ShardEntry, pa.Schema, str]]]
+    window = collections.deque()
+    finished = False
+    try:
+        while pending or window:
+            while pending and len(window) < _INSPECT_WINDOW:
+                window.append(pool.submit(inspect, pending.popleft()))
+            yield window.popleft().result()
+        finished = True
+    finally:
+        pool.shutdown(wait=finished, cancel_futures=True)

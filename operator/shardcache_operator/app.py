@@ -14,6 +14,7 @@ from typing import Any
 
 import kopf
 
+from shardcache.node import quotas
 from shardcache_operator import (
     configuration,
     context,
@@ -25,6 +26,7 @@ from shardcache_operator import (
     namespace_uids,
     pod_watch,
     resolve_children,
+    resolve_slots,
     served_namespaces,
     sources,
     specs,
@@ -103,10 +105,17 @@ async def run(settings: configuration.Settings) -> None:
     access = sources.access(settings)
     # Each resolve in a child process with a memory limit, killed at its timeout and
     # when the operator stops (`resolve_children`, docs/security.md).
+    children = resolve_slots.capacity_for(
+        settings.resolve_children,
+        memory_limit=quotas.read().memory_limit,
+        resolve_memory=settings.resolve_memory,
+    )
+    logger.info("resolve children at once, across namespaces: %s", children or "no cap")
     resolver = resolve_children.Resolver(
         memory=settings.resolve_memory,
         timeout=settings.resolve_timeout_seconds,
         access=access,
+        children=children,
     )
     memo = context.Context(
         settings=settings,

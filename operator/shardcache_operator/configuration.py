@@ -81,9 +81,14 @@ class Settings:
     #: Bytes of data (RLIMIT_DATA: heap, private mappings, thread stacks) each resolve's
     #: child process may map (`resolve_children`); over it the resolve fails
     #: `ResolveOverMemory`. A resolve of 200 shards maps about 140 MiB (90 MiB resident,
-    #: most of it the interpreter and pyarrow); 256Mi resolves about 30,000 shards (40,000
-    #: are over it). Quantities in env ("256Mi").
+    #: most of it the interpreter and pyarrow); 256Mi resolves about 80,000 shards of
+    #: one small schema (about 2 KB a shard: its listing entry, its manifest entry and
+    #: the manifest's JSON). Quantities in env ("256Mi").
     resolve_memory: int = 256 << 20
+    #: Resolve children at once across all namespaces (`resolve_slots`); 0: as many as
+    #: the operator container's memory limit holds at `resolve_memory` each beside the
+    #: operator itself (`resolve_slots.capacity_for`, at least 2; no cap without a limit).
+    resolve_children: int = 0
     #: First retry delay in seconds after a source error; doubles up to the maximum.
     backoff_initial_seconds: float = 5.0
     #: Cap in seconds on the retry delay: a broken source is re-tried every 5 minutes.
@@ -226,6 +231,7 @@ _PARSERS: dict[str, parsers.Parser[Any]] = {
     "resolve_memory": parsers.Parser(
         f"quantity of at least {MIN_RESOLVE_MEMORY >> 20}Mi", _resolve_memory
     ),
+    "resolve_children": parsers.integer(minimum=0),
     "backoff_initial_seconds": _SECONDS,
     "backoff_max_seconds": _SECONDS,
     "source_check_seconds": _SECONDS,

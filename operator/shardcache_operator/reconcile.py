@@ -14,7 +14,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from shardcache import contract, errors, manifests, s3_settings, uris
-from shardcache_operator import authority, sample_room, shard_room, source_reads, specs, status
+from shardcache_operator import (
+    authority,
+    resolve_slots,
+    sample_room,
+    shard_room,
+    source_reads,
+    specs,
+    status,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -354,6 +362,9 @@ async def _resolve_source(
     except errors.InputError as exc:
         message = f"{exc} (tried again every few minutes, until the data at the source is fixed)"
         return status.Failed(status.Phase.DEGRADED, "InvalidData", message, reachable=True)
+    except resolve_slots.AllBusy as exc:
+        # The operator's own resolves are busy: nothing is known of the store.
+        return status.Failed(status.Phase.DEGRADED, "ResolvesBusy", str(exc), reachable=None)
     except errors.SourceError as exc:
         return status.Failed(status.Phase.DEGRADED, "SourceUnreachable", str(exc), reachable=False)
     except TimeoutError:

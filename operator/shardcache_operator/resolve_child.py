@@ -39,14 +39,18 @@ MEMORY = "MemoryError"
 #: What CPython raises as a RuntimeError when the limit refuses a thread's stack or a
 #: lock's memory: the limit too, not a bug.
 OUT_OF_MEMORY_RUNTIME_ERRORS = frozenset({"can't start new thread", "can't allocate lock"})
+#: What pyarrow raises (an ArrowException) when the limit refuses the stack of one of
+#: its I/O or CPU threads, which it starts as a read first needs them: the limit too.
+OUT_OF_MEMORY_ARROW_ERROR = "Failed to launch worker thread"
 #: Any other exception: `module` and `name` say which.
 UNEXPECTED = "Unexpected"
 #: The environment the child adds. OpenBLAS (imported with pyarrow's numpy) reserves
 #: buffers per CPU, and pyarrow's CPU pool starts a thread per CPU, each stack counted
 #: by the limit whole: a share of it that would grow with the node, not the source.
 #: pyarrow's default allocator, mimalloc, reserves arenas the limit counts as well: with
-#: it, a listing of 20,000 keys went over 256 MiB, which holds 30,000 with the system
-#: allocator (200 shards resolve in about 140 MiB with either).
+#: it, a listing of 20,000 keys went over 256 MiB, which held 30,000 with the system
+#: allocator when every shard's inspection was submitted at once (80,000 since: see
+#: `manifests._INSPECT_WINDOW`; 200 shards resolve in about 140 MiB with either).
 ENV = {
     "OPENBLAS_NUM_THREADS": "1",
     "OMP_NUM_THREADS": "2",
@@ -79,8 +83,10 @@ def limit(memory: int) -> None:
 
 def error_answer(exc: BaseException) -> dict[str, Any]:
     """`exc` as the parent reads it back (`resolve_children.raised`)."""
-    if isinstance(exc, MemoryError) or (
-        isinstance(exc, RuntimeError) and str(exc) in OUT_OF_MEMORY_RUNTIME_ERRORS
+    if (
+        isinstance(exc, MemoryError)
+        or (isinstance(exc, RuntimeError) and str(exc) in OUT_OF_MEMORY_RUNTIME_ERRORS)
+        or (type(exc).__module__ == "pyarrow.lib" and OUT_OF_MEMORY_ARROW_ERROR in str(exc))
     ):
         return {"error": {"kind": MEMORY, "message": str(exc) or type(exc).__name__}}
     names = [cls.__name__ for cls in type(exc).__mro__]

@@ -32,13 +32,16 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shardcache import errors, manifests, source
-from shardcache_operator import reconcile, resolve_child, source_reads, sources
+from shardcache import errors, manifests, source, uris
+from shardcache_operator import reconcile, resolve_child, resolve_slots, source_reads, sources
 
 #: Bytes of a child's answer read at most: a manifest's JSON is about 300 bytes a shard,
 #: so 32 MiB is about 100,000 shards, more than one resolve reads and hashes within any
 #: sensible timeout; parsing it costs the operator a few times its size.
 MAX_ANSWER_BYTES = 32 << 20
+#: Seconds before its caller's timeout that a resolve stops waiting for a slot: time
+#: for its `AllBusy` to cross from its thread to the event loop.
+_ANSWER_MARGIN = 0.5
 #: The first and the last bytes of a child's stderr kept for a message about its death:
 #: Python's fatal error ("Cannot recover from MemoryErrors") comes first, then every
 #: thread's stack (the resolve runs 8), well over 4 KiB; a C++ abort's line comes last.
@@ -51,7 +54,9 @@ class Resolver:
 
     `memory`: each child's data limit in bytes (chart value operator.settings.resolveMemory);
     `timeout`: seconds a child may run when not called on a `source_reads.Gate` thread,
-    whose caller's own timeout applies otherwise. Called from any thread."""
+    whose caller's own timeout applies otherwise, waiting for a slot included;
+    `children`: children at once across namespaces (`resolve_slots`; None: no cap).
+    Called from any thread."""
 
     def __init__(
         self,
@@ -61,8 +66,10 @@ class Resolver:
         access: sources.Access | None = None,
         retry: source.RetryPolicy = sources.RETRY,
         setting: str = "operator.settings.resolveMemory",
+        children: int | None = None,
     ) -> None:
         self.memory = memory
+        self.slots = resolve_slots.Slots(children)
         self.timeout = timeout
         self.access = access or sources.Access()
         self.retry = retry
@@ -105,7 +112,16 @@ class Resolver:
         }
         left = source_reads.remaining()
         timeout = self.timeout if left is None else min(self.timeout, left)
-        code, answer, stderr = self._run(json.dumps(request).encode(), timeout)
+        deadline = time.monotonic() + timeout
+        what = f"resolving the manifest of {uris.redact(uri)}"
+        # The wait for a slot ends a little before the caller's own timeout, so that
+        # `AllBusy` (the operator is busy) reaches it rather than its TimeoutError (the
+        # store is slow). Off a gate thread (tests, tools) the caller is a namespace of
+        # its own.
+        wait = max(0.0, timeout - min(_ANSWER_MARGIN, timeout / 10))
+        with self.slots.held(source_reads.namespace() or "", timeout=wait, what=what):
+            left = max(0.0, deadline - time.monotonic())
+            code, answer, stderr = self._run(json.dumps(request).encode(), left)
         return self._manifest(code, answer, stderr)
 
     def _run(self, request: bytes, timeout: float) -> tuple[int, bytes, bytes]:
@@ -211,7 +227,8 @@ class Resolver:
                 "the resolve's process was killed (SIGKILL), most likely by the kernel's OOM "
                 "killer: the operator's container ran out of memory with resolves running; "
                 f"raise the operator's memory limit, or lower {self.setting} "
-                f"({self.memory >> 20} MiB a resolve, 4 at once per namespace)"
+                f"({self.memory >> 20} MiB a resolve, 4 at once per namespace), or set "
+                "operator.settings.resolveChildren lower"
             )
         said = [line for line in lines if any(m in line.lower() for m in _OUT_OF_MEMORY)]
         if said:

@@ -22,7 +22,8 @@ so. Other namespaces' reads are not counted against it.
 
 A resolve runs in a child process (`resolve_children`) that its thread kills when the
 caller stops waiting (`remaining`): its slot then comes back at the timeout, and a slot
-bounds a child, not a thread left reading.
+bounds a child, not a thread left reading. Children of all namespaces together are
+capped as well (`resolve_slots`, shared by `namespace`), within the same timeout.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ def remaining() -> float | None:
     child process: `resolve_children`) stops then, and its slot comes back with it."""
     deadline: float | None = getattr(_local, "deadline", None)
     return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def namespace() -> str | None:
+    """The namespace whose read runs on this thread (`Gate.run`); None off a gate
+    thread. What the operator's resolve slots are shared by (`resolve_slots`)."""
+    found: str | None = getattr(_local, "namespace", None)
+    return found
 
 
 class Busy(errors.SourceError):
@@ -136,6 +144,7 @@ class Gate:
         value: T | None = None
         error: BaseException | None = None
         _local.deadline = stop_at
+        _local.namespace = namespace
         try:
             value = call()
         except BaseException as exc:  # handed to the caller, whatever it is

@@ -115,11 +115,14 @@ def test_each_error_comes_back_as_the_in_process_class_and_message(
 
 
 def many_files(root: Path, count: int) -> str:
-    """`count` empty shard files: a listing whose FileInfos and futures outgrow a
-    small limit, as a prefix of millions of keys outgrows the default one."""
+    """`count` JSON Lines shards of one row: a listing and its shards that outgrow a
+    small limit, as a prefix of millions of keys outgrows the default one. Not empty
+    files: an empty Parquet file fails the resolve as unreadable before the listing's
+    size tells, now that shards are inspected a window at a time, and an empty JSON
+    Lines shard's inspection alone goes over 192 MiB, whatever the count."""
     root.mkdir()
     for i in range(count):
-        os.close(os.open(root / f"part-{i:07d}.parquet", os.O_CREAT | os.O_WRONLY))
+        (root / f"part-{i:07d}.jsonl").write_bytes(b'{"a": 0}\n')
     return f"file://{root}/"
 
 
@@ -132,7 +135,7 @@ async def test_a_child_over_its_memory_limit_fails_the_resolve_saying_which_limi
     result = await reconcile.reconcile(
         {
             "metadata": {"name": "huge", "namespace": "ml", "generation": 1},
-            "spec": {"source": {"uri": uri}},
+            "spec": {"source": {"uri": uri, "format": "jsonl"}},
         },
         read_secret=secrets_of_nobody,
         resolve=resolver,
@@ -142,7 +145,7 @@ async def test_a_child_over_its_memory_limit_fails_the_resolve_saying_which_limi
     )
     assert result.status["phase"] == "Degraded"
     ready = {c["type"]: c for c in result.status["conditions"]}["Ready"]
-    assert ready["reason"] == "ResolveOverMemory"
+    assert ready["reason"] == "ResolveOverMemory", ready
     assert "memory limit of 192 MiB" in ready["message"]
     assert "raise operator.settings.resolveMemory" in ready["message"]
     assert result.retry_in is not None
@@ -229,3 +232,49 @@ async def test_closing_the_resolver_kills_its_children_and_refuses_new_resolves(
         assert not Path(f"/proc/{pid}").exists()
         with pytest.raises(errors.SourceError, match="the operator is stopping"):
             resolver("s3://bucket/data/", "parquet", options)
+
+
+async def test_namespaces_resolving_at_once_never_run_more_children_than_the_cap() -> None:
+    """Four namespaces resolve a store that never answers at once, with room for two
+    children: two run until their timeout, the other two wait that long for a slot
+    and fail saying the operator's resolves are busy; never a third child."""
+    gate = source_reads.Gate()
+    with stalling_endpoint() as endpoint:
+        resolver = children(access=listing(endpoint), children=2)
+        options = {"AWS_ENDPOINT_URL": endpoint}
+        most = 0
+        reads = asyncio.gather(
+            *(
+                reconcile.reconcile(
+                    {
+                        "metadata": {"name": "stalled", "namespace": f"team-{i}", "generation": 1},
+                        "spec": {"source": {"uri": "s3://bucket/data/"}},
+                    },
+                    read_secret=secrets_of_nobody,
+                    resolve=lambda uri, fmt, _: resolver(uri, fmt, options),
+                    probe=lambda uri, options: None,
+                    now=NOW,
+                    reads=gate,
+                    timeout=3.0,
+                )
+                for i in range(4)
+            )
+        )
+        while not reads.done():
+            most = max(most, len(resolver.running()))
+            await asyncio.sleep(0.005)
+        results = await reads
+    reasons = sorted(
+        {c["type"]: c for c in r.status["conditions"]}["Ready"]["reason"] for r in results
+    )
+    assert most == 2
+    assert reasons == ["ResolveTimeout", "ResolveTimeout", "ResolvesBusy", "ResolvesBusy"]
+    busy = next(r for r in results if "ResolvesBusy" in str(r.status))
+    ready = {c["type"]: c for c in busy.status["conditions"]}["Ready"]
+    assert "the operator's resolves are all busy, not the source" in ready["message"]
+    # The children are killed at their timeout, and their slots come back with them.
+    for _ in range(1000):
+        if resolver.slots.running() == 0 and resolver.running() == []:
+            break
+        await asyncio.sleep(0.01)
+    assert resolver.slots.running() == 0 and resolver.running() == []

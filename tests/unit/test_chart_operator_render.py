@@ -72,6 +72,23 @@ def test_the_resolve_memory_value_reaches_the_operator_and_a_bad_one_is_refused(
     assert "resolveMemory" in refused.stderr, refused.stderr
 
 
+def test_the_resolve_children_value_reaches_the_operator_and_a_bad_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    env = {e["name"]: e.get("value") for e in operator_container(tmp_path)["env"]}
+    settings = configuration.from_env({k: v for k, v in env.items() if v is not None})
+    assert settings.resolve_children == configuration.Settings.resolve_children == 0
+    raised = operator_container(tmp_path, "--set=operator.settings.resolveChildren=3")
+    env = {e["name"]: e.get("value") for e in raised["env"]}
+    assert env["SHARDCACHE_OPERATOR_RESOLVE_CHILDREN"] == "3"
+    settings = configuration.from_env({k: v for k, v in env.items() if v is not None})
+    assert settings.resolve_children == 3
+    for bad in ("-1", "lots"):
+        refused = helm_template(tmp_path, f"--set=operator.settings.resolveChildren={bad}")
+        assert refused.returncode != 0
+        assert "resolveChildren" in refused.stderr, refused.stderr
+
+
 def namespace_rules(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
     """The rules on namespaces of the operator's ClusterRole."""
     (role,) = [

@@ -38,6 +38,8 @@ OPERATOR = [sys.executable, "-m", "shardcache", "operator"]
         ("NODE_PATHS", "/var/cache/shardcache,relative/cache", "an absolute path"),
         ("RESOLVE_MEMORY", "lots", "a byte size like '64Gi'"),
         ("RESOLVE_MEMORY", "159Mi", "a byte size of at least 160Mi"),
+        ("RESOLVE_CHILDREN", "-1", "an integer >= 0"),
+        ("RESOLVE_CHILDREN", "two", "an integer"),
     ],
 )
 def test_out_of_range_settings_are_refused_naming_variable_expected_and_found(
@@ -71,6 +73,12 @@ def test_the_resolve_memory_is_a_quantity_with_a_floor_and_a_default() -> None:
     assert configuration.Settings().resolve_memory == 256 << 20
     settings = configuration.from_env({"SHARDCACHE_OPERATOR_RESOLVE_MEMORY": "160Mi"})
     assert settings.resolve_memory == configuration.MIN_RESOLVE_MEMORY == 160 << 20
+
+
+def test_the_resolve_children_are_sized_from_the_memory_limit_unless_set() -> None:
+    assert configuration.Settings().resolve_children == 0
+    settings = configuration.from_env({"SHARDCACHE_OPERATOR_RESOLVE_CHILDREN": "3"})
+    assert settings.resolve_children == 3
 
 
 def test_overrides_are_held_to_the_same_ranges() -> None:
