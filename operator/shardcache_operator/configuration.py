@@ -81,7 +81,7 @@ class Settings:
     #: Bytes of data (RLIMIT_DATA: heap, private mappings, thread stacks) each resolve's
     #: child process may map (`resolve_children`); over it the resolve fails
     #: `ResolveOverMemory`. A resolve of 200 shards maps about 140 MiB (90 MiB resident,
-    #: most of it the interpreter and pyarrow); 256Mi resolves about 80,000 shards of
+    #: most of it the interpreter and pyarrow); 256Mi resolves about 100,000 shards of
     #: one small schema (about 2 KB a shard: its listing entry, its manifest entry and
     #: the manifest's JSON). Quantities in env ("256Mi").
     resolve_memory: int = 256 << 20

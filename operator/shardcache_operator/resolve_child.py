@@ -49,22 +49,41 @@ UNEXPECTED = "Unexpected"
 #: by the limit whole: a share of it that would grow with the node, not the source.
 #: pyarrow's default allocator, mimalloc, reserves arenas the limit counts as well: with
 #: it, a listing of 20,000 keys went over 256 MiB, which held 30,000 with the system
-#: allocator when every shard's inspection was submitted at once (80,000 since: see
-#: `manifests._INSPECT_WINDOW`; 200 shards resolve in about 140 MiB with either).
+#: allocator when every shard's inspection was submitted at once (100,000 since: see
+#: `manifests._INSPECT_WINDOW` and `THREAD_STACK`; 200 shards resolved in about 140 MiB
+#: with either).
 ENV = {
     "OPENBLAS_NUM_THREADS": "1",
     "OMP_NUM_THREADS": "2",
     "ARROW_IO_THREADS": "8",
     "ARROW_DEFAULT_MEMORY_POOL": "system",
 }
-#: Stack of each thread the child starts (the resolve's inspecting threads): the limit
-#: counts a thread's whole stack, touched or not, and 8 MiB (the default) each is 64 MiB
-#: of the limit for 8 threads that use a few hundred KiB.
+#: Stack of each thread the child starts, the resolve's inspecting threads and
+#: pyarrow's own I/O and CPU pools alike: the limit counts a thread's whole stack,
+#: touched or not, and glibc's default (RLIMIT_STACK, 8 MiB) for pyarrow's threads,
+#: which use a few hundred KiB, left 200 one-row JSON Lines shards over 160 MiB
+#: ("Failed to launch worker thread"); with 1 MiB they resolve in 128 MiB.
 THREAD_STACK = 1 << 20
 #: /proc/self/oom_score_adj: the kernel picks this process first when the operator's
 #: cgroup runs out of memory, never the operator (and its webhook) itself.
 OOM_SCORE_ADJ = 1000
 _PR_SET_PDEATHSIG = 1
+
+
+def _default_thread_stack(size: int) -> None:
+    """Make `size` the stack of every thread started from now on without attributes of
+    its own (glibc's `pthread_setattr_default_np`; OSError where it refuses)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = ctypes.create_string_buffer(128)  # a pthread_attr_t is 56 bytes on x86-64 and arm64
+    if libc.pthread_attr_init(attr) != 0:
+        raise OSError("pthread_attr_init failed")
+    try:
+        if libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(size)) != 0:
+            raise OSError(f"pthread_attr_setstacksize({size}) failed")
+        if libc.pthread_setattr_default_np(attr) != 0:
+            raise OSError("pthread_setattr_default_np failed")
+    finally:
+        libc.pthread_attr_destroy(attr)
 
 
 def limit(memory: int) -> None:
@@ -74,6 +93,10 @@ def limit(memory: int) -> None:
     killed with the thread that started it (the operator, or its read thread)."""
     resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
     threading.stack_size(THREAD_STACK)
+    # pyarrow's C++ threads take glibc's default attributes, which `threading` does not
+    # set: the default itself, before pyarrow's import starts any.
+    with contextlib.suppress(OSError, AttributeError):
+        _default_thread_stack(THREAD_STACK)
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as adj:
         adj.write(str(OOM_SCORE_ADJ))
     with contextlib.suppress(OSError, AttributeError):

@@ -118,8 +118,7 @@ def many_files(root: Path, count: int) -> str:
     """`count` JSON Lines shards of one row: a listing and its shards that outgrow a
     small limit, as a prefix of millions of keys outgrows the default one. Not empty
     files: an empty Parquet file fails the resolve as unreadable before the listing's
-    size tells, now that shards are inspected a window at a time, and an empty JSON
-    Lines shard's inspection alone goes over 192 MiB, whatever the count."""
+    size tells, now that shards are inspected a window at a time."""
     root.mkdir()
     for i in range(count):
         (root / f"part-{i:07d}.jsonl").write_bytes(b'{"a": 0}\n')
@@ -129,7 +128,7 @@ def many_files(root: Path, count: int) -> str:
 async def test_a_child_over_its_memory_limit_fails_the_resolve_saying_which_limit_to_raise(
     tmp_path: Path,
 ) -> None:
-    resolver = children(192 << 20, access=FILES)
+    resolver = children(128 << 20, access=FILES)
     gate = source_reads.Gate(per_namespace=1)
     uri = many_files(tmp_path / "huge", 60_000)
     result = await reconcile.reconcile(
@@ -146,7 +145,7 @@ async def test_a_child_over_its_memory_limit_fails_the_resolve_saying_which_limi
     assert result.status["phase"] == "Degraded"
     ready = {c["type"]: c for c in result.status["conditions"]}["Ready"]
     assert ready["reason"] == "ResolveOverMemory", ready
-    assert "memory limit of 192 MiB" in ready["message"]
+    assert "memory limit of 128 MiB" in ready["message"]
     assert "raise operator.settings.resolveMemory" in ready["message"]
     assert result.retry_in is not None
     # The operator (this process) is unharmed, its slot is back and no child is left; a
