@@ -389,9 +389,9 @@ def _inspected(
     most `_INSPECT_WINDOW` submitted and `_INSPECT_CONCURRENCY` running at once. The
     first failure in that order is raised, as `Executor.map` did; the rest are
     cancelled, and the inspections running then are not waited for: the resolve has
-    failed, and in a resolve child over its memory limit a worker that hit the limit
-    inside a lock may never return (the child hung until its timeout, about one in 30
-    such resolves)."""
+    failed, and each of them may be a slow read of the store. (`Executor.map` inside
+    `with` ran every shard's queued inspection before the first failure came back: a
+    child over its memory limit with 60,000 shards ran to its timeout.)"""
     pool = concurrent.futures.ThreadPoolExecutor(_INSPECT_CONCURRENCY)
     window: collections.deque[concurrent.futures.Future[tuple[ShardEntry, pa.Schema, str]]]
     window = collections.deque()
