@@ -389,9 +389,8 @@ def _inspected(
     most `_INSPECT_WINDOW` submitted and `_INSPECT_CONCURRENCY` running at once. The
     first failure in that order is raised, as `Executor.map` did; the rest are
     cancelled, and the inspections running then are not waited for: the resolve has
-    failed, and each of them may be a slow read of the store. (`Executor.map` inside
-    `with` ran every shard's queued inspection before the first failure came back: a
-    child over its memory limit with 60,000 shards ran to its timeout.)"""
+    failed, and each of them may be a slow read of the store, or a thread of a child
+    over its memory limit that no longer makes progress."""
     pool = concurrent.futures.ThreadPoolExecutor(_INSPECT_CONCURRENCY)
     window: collections.deque[concurrent.futures.Future[tuple[ShardEntry, pa.Schema, str]]]
     window = collections.deque()
