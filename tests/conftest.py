@@ -9,4 +9,5 @@ pytest_plugins: list[str] = [
     "tests.support.cluster",
     "tests.support.checkpoints",
     "tests.support.web_inspector",
+    "tests.support.listener",
 ]

@@ -142,14 +142,17 @@ def _split(text: str, schemes: Mapping[str, int] = DEFAULT_PORTS) -> urllib.pars
     return parts
 
 
-def _port(parts: urllib.parse.SplitResult) -> int:
+def _port(parts: urllib.parse.SplitResult, default: int | None = None) -> int:
+    """The port `parts` names, else `default`, else its scheme's (`ENTRY_PORTS`)."""
     try:
         port = parts.port
     except ValueError:
         raise EndpointError("a port 1-65535") from None
     if port == 0:
         raise EndpointError("a port 1-65535")
-    return port if port is not None else ENTRY_PORTS[parts.scheme.lower()]
+    if port is not None:
+        return port
+    return default if default is not None else ENTRY_PORTS[parts.scheme.lower()]
 
 
 def endpoint(text: str) -> Origin:
@@ -391,7 +394,7 @@ def uri_origins(uri: str) -> tuple[Origin, ...]:
                 "would read them as its configuration, which can name other namenodes)"
             )
         host = _uri_host(parts, scheme)
-        return (Origin(scheme, host, _uri_port(parts, ENTRY_PORTS[scheme])),)
+        return (Origin(scheme, host, _port(parts, ENTRY_PORTS[scheme])),)
     if scheme in ("abfs", "abfss"):
         return _azure_origins(parts, query)
     raise EndpointError(f"a URI of a scheme this check reads (found {scheme}://)")
@@ -429,16 +432,6 @@ def _uri_host(parts: urllib.parse.SplitResult, scheme: str) -> str:
     return _host(parts.hostname, bracketed=netloc.startswith("["))
 
 
-def _uri_port(parts: urllib.parse.SplitResult, default: int) -> int:
-    try:
-        port = parts.port
-    except ValueError:
-        raise EndpointError("a port 1-65535") from None
-    if port == 0:
-        raise EndpointError("a port 1-65535")
-    return default if port is None else port
-
-
 def _azure_origins(parts: urllib.parse.SplitResult, query: Mapping[str, str]) -> tuple[Origin, ...]:
     refused = [k for k in AZURE_AUTHORITY_KEYS if k in query]
     if refused:
@@ -467,7 +460,7 @@ def _azure_origins(parts: urllib.parse.SplitResult, query: Mapping[str, str]) ->
     else:
         if "." in host or port_text:
             # abfs://[ACCOUNT@]HOST[:PORT]/CONTAINER: that host serves both APIs.
-            port = _uri_port(parts, DEFAULT_PORTS[scheme])
+            port = _port(parts, DEFAULT_PORTS[scheme])
             return (Origin(scheme, _uri_host(parts, parts.scheme), port),)
     if not account or "%" in account:
         raise EndpointError("an account (abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH)")

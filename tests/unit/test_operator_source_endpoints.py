@@ -5,14 +5,12 @@ the cloud metadata service: checked before any connection (docs/security.md)."""
 from __future__ import annotations
 
 import dataclasses
-import socket
-import threading
-from collections.abc import Iterator
 
 import pytest
 from shardcache_operator import configuration, endpoint_policy, reconcile, sources
 
 from shardcache import errors, source
+from tests.support.listener import Listener
 
 pytestmark = pytest.mark.unit
 
@@ -213,42 +211,6 @@ def test_a_region_that_would_choose_another_host_is_refused() -> None:
     assert message is not None and "AWS_REGION" in message and "evil" not in message
     # With an endpoint the region only signs requests.
     assert listed({"AWS_ENDPOINT_URL": "https://s.example", "AWS_REGION": "any.thing"}) is None
-
-
-class Listener:
-    """A TCP port on 127.0.0.1 that counts the connections made to it."""
-
-    def __init__(self) -> None:
-        self.socket = socket.create_server(("127.0.0.1", 0))
-        self.socket.settimeout(0.1)
-        self.port = self.socket.getsockname()[1]
-        self.accepts = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                connection, _ = self.socket.accept()
-            except TimeoutError:
-                continue
-            self.accepts += 1
-            connection.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.socket.close()
-
-
-@pytest.fixture
-def listener() -> Iterator[Listener]:
-    served = Listener()
-    try:
-        yield served
-    finally:
-        served.close()
 
 
 @pytest.mark.parametrize("call", ["resolve", "probe", "applied skips"])

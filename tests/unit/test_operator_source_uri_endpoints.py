@@ -16,7 +16,8 @@ import pytest
 from shardcache_operator import endpoint_policy, reconcile, sources
 
 from shardcache import errors
-from tests.unit.test_operator_source_endpoints import ONE_TRY, Listener, origins
+from tests.support.listener import Listener
+from tests.unit.test_operator_source_endpoints import ONE_TRY, origins
 
 pytestmark = pytest.mark.unit
 
@@ -265,15 +266,6 @@ def operator_identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
         yield
     finally:
         tokens.close()
-
-
-@pytest.fixture
-def listener() -> Iterator[Listener]:
-    served = Listener()
-    try:
-        yield served
-    finally:
-        served.close()
 
 
 def listened(scheme: str, port: int) -> str:
