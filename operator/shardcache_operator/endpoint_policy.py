@@ -358,7 +358,8 @@ _HOST_PORT = re.compile(r"([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
 def uri_refusal(uri: str, allowed: tuple[Origin, ...]) -> str | None:
     """Why the operator does not read `uri` (gs, gcs, hdfs, viewfs, abfs, abfss) where it
     would connect, or None: each host the URI makes pyarrow's client connect to is held
-    to the list (or, empty, to `_never_a_store`), before any connection."""
+    to the list (or, empty, to `_never_a_store`), before any connection; and with no
+    list, a gs:// or abfs:// URI reaches its cloud's own service only (`_services_only`)."""
     scheme = uri.partition("://")[0].lower()
     named = f"the {scheme}:// URI {uris.redact(uri)!r}"
     try:
@@ -369,7 +370,39 @@ def uri_refusal(uri: str, allowed: tuple[Origin, ...]) -> str | None:
         problem = _held_to(origin, allowed, f"{named} makes the operator connect to {origin}")
         if problem is not None:
             return problem
+    if not allowed:
+        elsewhere = _services_only(scheme, origins)
+        if elsewhere is not None:
+            return f"{named} {elsewhere}"
     return None
+
+
+def _services_only(scheme: str, origins: tuple[Origin, ...]) -> str | None:
+    """Why a gs:// or abfs:// URI may not send the operator elsewhere than its cloud's
+    own service without a list, or None. Those clients send the operator's own cloud
+    identity (its token) to whatever host they connect to: an `endpoint_override`, or an
+    abfs:// host of the tenant's, would hand it to a server the tenant runs, whatever
+    its address. An hdfs:// URI has no such service: its namenode is always the URI's."""
+    if scheme in ("gs", "gcs"):
+        other = [o for o in origins if o != GCS_DEFAULT]
+        service = str(GCS_DEFAULT)
+    elif scheme in ("abfs", "abfss"):
+        other = [
+            o
+            for o in origins
+            if (o.scheme, o.port) != ("https", 443) or not o.host.endswith(AZURE_SUFFIXES)
+        ]
+        service = "https://ACCOUNT.blob.core.windows.net and https://ACCOUNT.dfs.core.windows.net"
+    else:
+        return None
+    if not other:
+        return None
+    return (
+        f"makes the operator connect to {other[0]}, not {service}: its client would send "
+        "the operator's own cloud identity there, and with no list (chart value "
+        f"{CHART_VALUE}) the operator sends it to its cloud's own service only; a "
+        "platform that runs such a store lists it"
+    )
 
 
 def uri_origins(uri: str) -> tuple[Origin, ...]:

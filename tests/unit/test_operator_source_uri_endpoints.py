@@ -164,14 +164,33 @@ def test_by_default_each_schemes_metadata_and_loopback_hosts_are_refused(
     "uri",
     [
         "gs://bucket/x/",
-        "gs://b/x?endpoint_override=gcs.storage.svc:4443&scheme=http",
         "hdfs://namenode.hadoop.svc:8020/x",
         "abfs://c@acct/x",
-        "abfs://acct@azurite.storage.svc:10000/c/x?enable_tls=false",
+        "abfss://c@acct.dfs.core.windows.net/x",
     ],
 )
 def test_by_default_ordinary_hosts_are_read(uri: str) -> None:
     assert endpoint_policy.uri_refusal(uri, ()) is None
+
+
+@pytest.mark.parametrize(
+    ("uri", "found"),
+    [
+        ("gs://b/x?endpoint_override=gcs.storage.svc:4443&scheme=http", "http://gcs.storage.svc:4443"),
+        ("gs://b/x?endpoint_override=tenant.example", "https://tenant.example"),
+        ("abfs://acct@azurite.storage.svc:10000/c/x?enable_tls=false", "http://azurite.storage.svc:10000"),
+        ("abfs://acct@container/x?enable_tls=false", "http://acct.blob.core.windows.net"),
+    ],
+)  # fmt: skip
+def test_by_default_the_operators_identity_goes_to_its_clouds_service_only(
+    uri: str, found: str
+) -> None:
+    # The client sends the operator's own token to whatever host it connects to: a
+    # tenant's endpoint_override would collect it, whatever its address.
+    message = endpoint_policy.uri_refusal(uri, ())
+    assert message is not None
+    assert f"makes the operator connect to {found}, not " in message
+    assert "operator's own cloud identity" in message and "policy.sourceEndpoints" in message
 
 
 @pytest.mark.parametrize(
