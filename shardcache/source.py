@@ -85,6 +85,15 @@ class RetryPolicy:
                     f"RetryPolicy.{name}: expected seconds >= 0, found {getattr(self, name)}"
                 )
 
+    def to_json(self) -> dict[str, float | int | None]:
+        """The policy as another process rebuilds it (`RetryPolicy(**data)`): every field
+        but `stop`, an event that cannot cross a process boundary."""
+        return {
+            field.name: getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if field.name != "stop"
+        }
+
 
 #: Every key `storage_options` may hold: the AWS variables read for S3, and our timeouts.
 STORAGE_OPTION_KEYS = (*s3_settings.VARIABLES, ENV_S3_CONNECT_TIMEOUT, ENV_S3_REQUEST_TIMEOUT)

@@ -7,7 +7,6 @@ memo; the registry holds only wiring.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import random
 from typing import Any
@@ -25,6 +24,7 @@ from shardcache_operator import (
     mount_watch,
     namespace_uids,
     pod_watch,
+    read_workers,
     resolve_children,
     resolve_slots,
     served_namespaces,
@@ -109,6 +109,7 @@ async def run(settings: configuration.Settings) -> None:
         settings.resolve_children,
         memory_limit=quotas.read().memory_limit,
         resolve_memory=settings.resolve_memory,
+        read_workers=settings.read_workers,
     )
     logger.info("resolve children at once, across namespaces: %s", children or "no cap")
     resolver = resolve_children.Resolver(
@@ -117,12 +118,18 @@ async def run(settings: configuration.Settings) -> None:
         access=access,
         children=children,
     )
+    # The periodic reads of tenants' stores (source checks, applied skips), in worker
+    # processes with the same memory limit (`read_workers`, docs/security.md).
+    reads = read_workers.Pool(
+        memory=settings.resolve_memory, access=access, workers=settings.read_workers
+    )
     memo = context.Context(
         settings=settings,
         api=kube.Api(kube.configure(settings.kubeconfig)),
         access=access,
         resolve=resolver,
-        probe=functools.partial(sources.probe_source, access=access),
+        probe=reads.probe,
+        applied_skips=reads.applied_skips,
         crd=crd_version.Gate(crd_version.read_installed),
     )
     ready = asyncio.Event()
@@ -195,6 +202,7 @@ async def run(settings: configuration.Settings) -> None:
         )
     finally:
         resolver.close()
+        reads.close()
         readiness.cancel()
         for task in tasks:
             task.cancel()

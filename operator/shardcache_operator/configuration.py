@@ -89,6 +89,10 @@ class Settings:
     #: the operator container's memory limit holds at `resolve_memory` each beside the
     #: operator itself (`resolve_slots.capacity_for`, at least 2; no cap without a limit).
     resolve_children: int = 0
+    #: Periodic reads of tenants' stores at once across all namespaces (the source
+    #: checks and the applied skips), each in a worker process that may map
+    #: `resolve_memory` (`read_workers`); a namespace holds one of them at a time.
+    read_workers: int = 2
     #: First retry delay in seconds after a source error; doubles up to the maximum.
     backoff_initial_seconds: float = 5.0
     #: Cap in seconds on the retry delay: a broken source is re-tried every 5 minutes.
@@ -232,6 +236,7 @@ _PARSERS: dict[str, parsers.Parser[Any]] = {
         f"quantity of at least {MIN_RESOLVE_MEMORY >> 20}Mi", _resolve_memory
     ),
     "resolve_children": parsers.integer(minimum=0),
+    "read_workers": parsers.integer(minimum=1),
     "backoff_initial_seconds": _SECONDS,
     "backoff_max_seconds": _SECONDS,
     "source_check_seconds": _SECONDS,

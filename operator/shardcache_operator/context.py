@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from shardcache_operator import (
@@ -54,6 +54,10 @@ class Api(Protocol):
     async def post_event(self, body: Mapping[str, Any]) -> None: ...
 
 
+#: (checkpoint URI, storage options) -> the applied-skip records (`skips.read_applied`).
+SkipsReader = Callable[[str, Mapping[str, str] | None], list[dict[str, Any]]]
+
+
 @dataclasses.dataclass(frozen=True)
 class Context:
     settings: configuration.Settings
@@ -65,7 +69,11 @@ class Context:
     access: sources.Access = dataclasses.field(default_factory=sources.Access)
     #: In-process by default (tests); `app.run` gives a `resolve_children.Resolver`.
     resolve: reconcile.Resolver = sources.resolve_manifest
+    #: In-process by default (tests); `app.run` gives a `read_workers.Pool`'s.
     probe: reconcile.Prober = sources.probe_source
+    #: The applied skips under a checkpoint URI: `app.run` gives a `read_workers.Pool`'s;
+    #: None (tests): `sources.applied_skips` in-process, with `access`.
+    applied_skips: SkipsReader | None = None
     #: Where `resolve`, `probe` and the skips' reads run: threads of their own, a few per
     #: namespace at once, never the loop's executor that API reads and the webhook use.
     source_reads: source_reads.Gate = dataclasses.field(default_factory=source_reads.Gate)

@@ -8,6 +8,7 @@ operator with their own context.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -209,10 +210,11 @@ async def check_skips(
         if spec.source.secret_ref is not None:
             options = await memo.api.read_secret(namespace or "", spec.source.secret_ref.name)
         uri = spec.checkpoint.uri
+        read = memo.applied_skips or functools.partial(sources.applied_skips, access=memo.access)
         records = await memo.source_reads.run(
             namespace or "",
             # The operator's own pod connects: the same access as the source's reads.
-            lambda: sources.applied_skips(uri, options, access=memo.access),
+            lambda: read(uri, options),
             timeout=memo.settings.resolve_timeout_seconds,
             what=f"reading the applied skips of {uris.redact(uri)}",
         )

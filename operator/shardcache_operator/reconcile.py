@@ -75,9 +75,15 @@ class EndpointRefused(SourceRefused):
 
 
 class ResolveOverMemory(errors.ShardcacheError):
-    """A resolve needed more memory than the operator lends one (`resolve_children`:
-    its child process's limit, or the operator container's memory ran out with it
-    running). Degraded and retried with the backoff: the message names the setting."""
+    """A resolve, or a periodic read (`read_workers`), needed more memory than the
+    operator lends one (`resolve_children`: its child process's limit, or the operator
+    container's memory ran out with it running). Degraded and retried with the backoff:
+    the message names the setting."""
+
+
+#: A source check that got no read worker in time (`read_workers`: other namespaces'
+#: reads hold them): nothing is known of the store, so the timer changes no status.
+CHECKS_BUSY = "ChecksBusy"
 
 
 #: Failures only a change at the source fixes (data restored, a bucket created), or one
@@ -275,6 +281,15 @@ async def _check(
     except errors.InputError as exc:
         return status.Failed(
             status.Phase.DEGRADED, "SourceGone", str(exc), reachable=True, keeps_pin=True
+        )
+    except resolve_slots.AllBusy as exc:
+        return status.Failed(
+            status.Phase.DEGRADED, CHECKS_BUSY, str(exc), reachable=None, keeps_pin=True
+        )
+    except ResolveOverMemory as exc:
+        message = f"checking {shown}: {exc}"
+        return status.Failed(
+            status.Phase.DEGRADED, "CheckOverMemory", message, reachable=None, keeps_pin=True
         )
     except errors.SourceError as exc:
         return status.Failed(
@@ -710,7 +725,8 @@ async def check_source(
 
     Only reachability changes here (Ready <-> Degraded), never the pin. Returns None
     when the object is not pinned for its current source, or for one of its mixture's
-    current sources: that is `reconcile`'s job. `reads`: as `reconcile`'s.
+    current sources: that is `reconcile`'s job; and when the check got no read worker
+    (`CHECKS_BUSY`): the next check tries again. `reads`: as `reconcile`'s.
     """
     previous = obj.get("status") or {}
     if previous.get("phase") not in (status.Phase.READY, status.Phase.DEGRADED):
@@ -739,6 +755,10 @@ async def check_source(
         timeout=timeout,
         reads=reads or source_reads.Gate(),
     )
+    if isinstance(outcome, status.Failed) and outcome.reason == CHECKS_BUSY:
+        name = (obj.get("metadata") or {}).get("name")
+        logger.info("%s/%s not checked: %s", namespace, name, outcome.message)
+        return None
     observed = previous.get("observedGeneration")
     return _result(
         outcome,

@@ -47,11 +47,9 @@ UNEXPECTED = "Unexpected"
 #: The environment the child adds. OpenBLAS (imported with pyarrow's numpy) reserves
 #: buffers per CPU, and pyarrow's CPU pool starts a thread per CPU, each stack counted
 #: by the limit whole: a share of it that would grow with the node, not the source.
-#: pyarrow's default allocator, mimalloc, reserves arenas the limit counts as well: with
-#: it, a listing of 20,000 keys went over 256 MiB, which held 30,000 with the system
-#: allocator when every shard's inspection was submitted at once (100,000 since: see
-#: `manifests._INSPECT_WINDOW` and `THREAD_STACK`; 200 shards resolved in about 140 MiB
-#: with either).
+#: pyarrow's default allocator, mimalloc, reserves arenas the limit counts as well: in
+#: one comparison it went over 256 MiB listing 20,000 keys where the system allocator
+#: held 30,000 (what the limit holds now: docs/operator.md, "Pinning").
 ENV = {
     "OPENBLAS_NUM_THREADS": "1",
     "OMP_NUM_THREADS": "2",
@@ -86,11 +84,13 @@ def _default_thread_stack(size: int) -> None:
         libc.pthread_attr_destroy(attr)
 
 
-def limit(memory: int) -> None:
+def limit(memory: int, *, die_with_parent: bool = True) -> None:
     """Hold this process to `memory` bytes of data (RLIMIT_DATA: heap and private
     mappings, what a listing grows; RLIMIT_AS would count the address space pyarrow
     and thread stacks reserve and never touch), first in line for the OOM killer, and
-    killed with the thread that started it (the operator, or its read thread)."""
+    (`die_with_parent`) killed with the thread that started it (the operator, or its
+    read thread: a process that outlives that thread, a `read_worker`, watches for its
+    parent itself)."""
     resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
     threading.stack_size(THREAD_STACK)
     # pyarrow's C++ threads take glibc's default attributes, which `threading` does not
@@ -99,6 +99,8 @@ def limit(memory: int) -> None:
         _default_thread_stack(THREAD_STACK)
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as adj:
         adj.write(str(OOM_SCORE_ADJ))
+    if not die_with_parent:
+        return
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

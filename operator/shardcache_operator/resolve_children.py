@@ -103,12 +103,7 @@ class Resolver:
             "format": fmt,
             "storage_options": dict(options) if options is not None else None,
             "memory": self.memory,
-            "retry": {
-                "budget_seconds": self.retry.budget_seconds,
-                "attempts": self.retry.attempts,
-                "initial_delay": self.retry.initial_delay,
-                "max_delay": self.retry.max_delay,
-            },
+            "retry": self.retry.to_json(),
         }
         left = source_reads.remaining()
         timeout = self.timeout if left is None else min(self.timeout, left)
@@ -218,23 +213,40 @@ class Resolver:
         )
 
     def _died(self, code: int, stderr: bytes) -> Exception:
-        """Why a child that gave no answer ended: killed by the kernel, out of memory
-        where no MemoryError could be raised (a C++ `std::bad_alloc`, a thread's memory
-        refused: the process aborts), or crashed."""
-        lines = stderr.decode(errors="replace").strip().splitlines()
-        if code == -signal.SIGKILL:
-            return reconcile.ResolveOverMemory(
+        return died(
+            code,
+            stderr,
+            over_memory=self._over_memory,
+            killed=(
                 "the resolve's process was killed (SIGKILL), most likely by the kernel's OOM "
                 "killer: the operator's container ran out of memory with resolves running; "
                 f"raise the operator's memory limit, or lower {self.setting} "
                 f"({self.memory >> 20} MiB a resolve, 4 at once per namespace), or set "
                 "operator.settings.resolveChildren lower"
-            )
-        said = [line for line in lines if any(m in line.lower() for m in _OUT_OF_MEMORY)]
-        if said:
-            return self._over_memory(said[0].strip())
-        tail = "; ".join(line.strip() for line in lines[-3:]) or "nothing on stderr"
-        return RuntimeError(f"the resolve's process ended with exit status {code}: {tail}")
+            ),
+        )
+
+
+def died(
+    code: int,
+    stderr: bytes,
+    *,
+    over_memory: Callable[[str], Exception],
+    killed: str,
+    process: str = "the resolve's process",
+) -> Exception:
+    """Why a child that gave no answer ended: killed by the kernel (`killed`, a message
+    saying what to change), out of memory where no MemoryError could be raised (a C++
+    `std::bad_alloc`, a thread's memory refused: the process aborts; `over_memory`), or
+    crashed (a RuntimeError naming `process`, with the last lines of its `stderr`)."""
+    lines = stderr.decode(errors="replace").strip().splitlines()
+    if code == -signal.SIGKILL:
+        return reconcile.ResolveOverMemory(killed)
+    said = [line for line in lines if any(m in line.lower() for m in _OUT_OF_MEMORY)]
+    if said:
+        return over_memory(said[0].strip())
+    tail = "; ".join(line.strip() for line in lines[-3:]) or "nothing on stderr"
+    return RuntimeError(f"{process} ended with exit status {code}: {tail}")
 
 
 def kept(stderr: bytearray) -> None:

@@ -28,12 +28,17 @@ Waiting counts against the resolve's own deadline (`source_reads.remaining`): a 
 that gets no slot in time fails `AllBusy` (a retried SourceError whose message says the
 operator's resolves are busy, not the tenant's store). Called from the gate's threads
 (`resolve_children.Resolver`), so it blocks with a lock and events, not asyncio.
+
+The periodic reads' worker processes (`read_workers`) are capped the same way, by a
+`Slots` of their own (`Kind` names them in `AllBusy`), with a share of one per
+namespace.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Iterator
 
@@ -49,20 +54,50 @@ MIN_DEFAULT = 2
 
 
 class AllBusy(source_reads.Busy):
-    """Every resolve slot of the operator stayed taken for the whole timeout (or the
-    namespace's share of them): its resolves, not the tenant's store, are busy."""
+    """Every slot of the operator's children of one kind stayed taken for the whole
+    timeout (or the namespace's share of them): its resolves (or its reads,
+    `read_workers`), not the tenant's store, are busy."""
 
 
-def capacity_for(setting: int, *, memory_limit: int | None, resolve_memory: int) -> int | None:
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """What a `Slots` counts, as its `AllBusy` message names it."""
+
+    #: The operator's work that is busy ("resolves").
+    work: str
+    #: What each slot is ("resolve processes").
+    holders: str
+    #: What happens to the work that got none ("retried with backoff").
+    then: str
+    #: What sizes the slots, and where the docs say so.
+    sizing: str
+
+
+RESOLVES = Kind(
+    work="resolves",
+    holders="resolve processes",
+    then="retried with backoff",
+    sizing=(
+        "operator.settings.resolveChildren and the operator's memory limit size them: "
+        'docs/operator.md, "Pinning"'
+    ),
+)
+
+
+def capacity_for(
+    setting: int, *, memory_limit: int | None, resolve_memory: int, read_workers: int = 0
+) -> int | None:
     """Children at once: `setting` (operator.settings.resolveChildren) when set, else as
     many as fit the operator container's `memory_limit` (bytes; None: no limit, then no
-    cap) beside `OPERATOR_RESERVE`, each at its `resolve_memory` worst; at least
-    `MIN_DEFAULT`, so that one namespace cannot hold them all."""
+    cap) beside `OPERATOR_RESERVE` and the `read_workers` (`read_workers`, which map as
+    much), each at its `resolve_memory` worst; at least `MIN_DEFAULT`, so that one
+    namespace cannot hold them all."""
     if setting > 0:
         return setting
     if memory_limit is None:
         return None
-    return max(MIN_DEFAULT, (memory_limit - OPERATOR_RESERVE) // resolve_memory)
+    room = memory_limit - OPERATOR_RESERVE - read_workers * resolve_memory
+    return max(MIN_DEFAULT, room // resolve_memory)
 
 
 class _Waiter:
@@ -75,14 +110,19 @@ class _Waiter:
 
 class Slots:
     """At most `capacity` holders at once (None: no cap), `share` of them from one
-    namespace, the least recently served waiting namespace first. Thread-safe."""
+    namespace (None: half, rounded up), the least recently served waiting namespace
+    first. Thread-safe."""
 
-    def __init__(self, capacity: int | None) -> None:
+    def __init__(
+        self, capacity: int | None, kind: Kind = RESOLVES, *, share: int | None = None
+    ) -> None:
         if capacity is not None and capacity < 1:
-            raise ValueError(f"expected at least 1 resolve child at once, found {capacity}")
+            raise ValueError(f"expected at least 1 of the {kind.holders} at once, found {capacity}")
         self.capacity = capacity
+        self.kind = kind
         #: Half the slots, rounded up: 1 of 1 or 2, 2 of 3 or 4, ...
-        self.share = None if capacity is None else capacity - capacity // 2
+        half = None if capacity is None else capacity - capacity // 2
+        self.share = half if share is None or half is None else min(share, half)
         self._lock = threading.Lock()
         self._running: dict[str, int] = {}
         self._total = 0
@@ -125,12 +165,12 @@ class Slots:
                 self._forget(namespace)
             mine, total = self._running.get(namespace, 0), self._total
         assert self.capacity is not None and self.share is not None  # no cap: never waits
+        kind = self.kind
         raise AllBusy(
-            f"{what}: the operator's resolves are all busy, not the source: {total} of its "
-            f"{self.capacity} resolve processes at once are running ({mine} of them this "
+            f"{what}: the operator's {kind.work} are all busy, not the source: {total} of "
+            f"its {self.capacity} {kind.holders} at once are running ({mine} of them this "
             f"namespace's, which may hold {self.share}), and none came free for it within "
-            f"{timeout:g} s; retried with backoff (operator.settings.resolveChildren and "
-            'the operator\'s memory limit size them: docs/operator.md, "Pinning")'
+            f"{timeout:g} s; {kind.then} ({kind.sizing})"
         )
 
     def _release(self, namespace: str) -> None:

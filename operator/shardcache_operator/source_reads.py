@@ -20,10 +20,11 @@ threads (and each resolve's own `manifests._INSPECT_CONCURRENCY`) and waits on i
 alone; a read waiting for a slot longer than its timeout fails with `Busy`, which says
 so. Other namespaces' reads are not counted against it.
 
-A resolve runs in a child process (`resolve_children`) that its thread kills when the
+A resolve runs in a child process (`resolve_children`), and a source check or a read of
+applied skips in a worker process (`read_workers`), that its thread kills when the
 caller stops waiting (`remaining`): its slot then comes back at the timeout, and a slot
-bounds a child, not a thread left reading. Children of all namespaces together are
-capped as well (`resolve_slots`, shared by `namespace`), within the same timeout.
+bounds a process, not a thread left reading. The processes of all namespaces together
+are capped as well (`resolve_slots`, shared by `namespace`), within the same timeout.
 """
 
 from __future__ import annotations

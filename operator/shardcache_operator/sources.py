@@ -141,8 +141,18 @@ def probe_source(
     access: Access | None = None,
     retry: source.RetryPolicy = RETRY,
 ) -> None:
-    """Two metadata requests at most: does the dataset's root still exist, non-empty?"""
-    options = storage_options(uri, storage_options_, access or Access())
+    """Does the dataset's root still exist, non-empty? One metadata request, and for a
+    "directory" a listing of its first level."""
+    probe(uri, storage_options(uri, storage_options_, access or Access()), retry=retry)
+
+
+def probe(
+    uri: str, options: Mapping[str, str] | None, *, retry: source.RetryPolicy = RETRY
+) -> None:
+    """`probe_source`'s reads, with the options the policy gave (`storage_options`): what
+    a `read_worker` runs. The listing is of the root's first level, whole: a root that
+    holds millions of keys costs as much memory, which is why the operator runs it in a
+    worker process with a memory limit of its own (`read_workers`)."""
     fs, root = source.filesystem(uri, storage_options=options)
 
     def present() -> bool:

@@ -8,13 +8,13 @@ tier), holding the server's real credentials.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from shardcache_operator import endpoint_policy, reconcile, sources
+from shardcache_operator import endpoint_policy, read_workers, reconcile, sources
 
 from shardcache import manifests, source
 from tests.support.s3server import S3Server
@@ -40,6 +40,40 @@ def listing(options: Mapping[str, str] | None) -> sources.Access:
 
 def quick_probe(uri: str, options: Mapping[str, str] | None) -> None:
     sources.probe_source(uri, options, access=listing(options), retry=FAST_RETRY)
+
+
+class WorkerProbe:
+    """`quick_probe` in the operator's read workers (`read_workers.Pool`, as `app.run`
+    gives it), one pool per endpoint list."""
+
+    def __init__(self) -> None:
+        self.pools: dict[tuple[endpoint_policy.Origin, ...], read_workers.Pool] = {}
+
+    def __call__(self, uri: str, options: Mapping[str, str] | None) -> None:
+        access = listing(options)
+        pool = self.pools.get(access.source_endpoints)
+        if pool is None:
+            pool = read_workers.Pool(memory=256 << 20, access=access, retry=FAST_RETRY)
+            self.pools[access.source_endpoints] = pool
+        pool.probe(uri, options)
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+
+
+@pytest.fixture(params=["in-process", "read-worker"])
+def probe(request: pytest.FixtureRequest) -> Iterator[reconcile.Prober]:
+    """The source check in the operator's process, and in a read worker: the same
+    status for each way a source fails."""
+    if request.param == "in-process":
+        yield quick_probe
+        return
+    workers = WorkerProbe()
+    try:
+        yield workers
+    finally:
+        workers.close()
 
 
 def write_shards(server: S3Server, bucket: str, prefix: str, count: int, *, start: int = 0) -> None:
@@ -326,7 +360,7 @@ async def check(obj: dict[str, Any], server: S3Server, **kwargs: Any) -> reconci
     result = await reconcile.check_source(
         obj,
         read_secret=kwargs.pop("read_secret", secrets_of(server)),
-        probe=quick_probe,
+        probe=kwargs.pop("probe", quick_probe),
         now=kwargs.pop("now", LATER),
     )
     assert result is not None
@@ -334,14 +368,14 @@ async def check(obj: dict[str, Any], server: S3Server, **kwargs: Any) -> reconci
 
 
 async def test_pinned_mount_degrades_when_its_source_goes_away_and_recovers(
-    s3_server: S3Server, s3_bucket: str
+    s3_server: S3Server, s3_bucket: str, probe: reconcile.Prober
 ) -> None:
     write_shards(s3_server, s3_bucket, "train", 2)
     obj = dsm(f"s3://{s3_bucket}/train/")
     obj["status"] = (await run(obj, s3_server)).status
-    assert (await check(obj, s3_server)).events == ()  # still there: nothing to say
+    assert (await check(obj, s3_server, probe=probe)).events == ()  # still there
 
-    down = await check(obj, s3_server, read_secret=dead_endpoint_secrets(s3_server))
+    down = await check(obj, s3_server, read_secret=dead_endpoint_secrets(s3_server), probe=probe)
     assert down.status["phase"] == "Degraded"
     assert down.status["manifestDigest"] == obj["status"]["manifestDigest"]
     conditions_down = conditions(down)
@@ -351,13 +385,13 @@ async def test_pinned_mount_degrades_when_its_source_goes_away_and_recovers(
     assert [e.reason for e in down.events] == ["SourceUnreachable"]
 
     obj["status"] = down.status
-    back = await check(obj, s3_server)
+    back = await check(obj, s3_server, probe=probe)
     assert back.status["phase"] == "Ready"
     assert [e.reason for e in back.events] == ["SourceRecovered"]
 
 
 async def test_pinned_mount_degrades_when_data_or_secret_disappears(
-    s3_server: S3Server, s3_bucket: str
+    s3_server: S3Server, s3_bucket: str, probe: reconcile.Prober
 ) -> None:
     write_shards(s3_server, s3_bucket, "train", 1)
     obj = dsm(f"s3://{s3_bucket}/train/")
@@ -366,12 +400,12 @@ async def test_pinned_mount_degrades_when_data_or_secret_disappears(
     async def no_secret(namespace: str, name: str) -> Mapping[str, str] | None:
         return None
 
-    secretless = await check(obj, s3_server, read_secret=no_secret)
+    secretless = await check(obj, s3_server, read_secret=no_secret, probe=probe)
     assert secretless.status["phase"] == "Degraded"
     assert conditions(secretless)["Ready"]["reason"] == "SecretNotFound"
 
     s3_server.filesystem().delete_dir_contents(f"{s3_bucket}/train")
-    gone = await check(obj, s3_server)
+    gone = await check(obj, s3_server, probe=probe)
     assert gone.status["phase"] == "Degraded"
     assert conditions(gone)["Ready"]["reason"] == "SourceGone"
     assert "the pinned data is gone" in conditions(gone)["Ready"]["message"]
@@ -433,12 +467,12 @@ async def test_wrong_credentials_are_rejected_naming_the_secret_and_heal_once_it
 
 
 async def test_credentials_rotated_wrong_under_a_pinned_mount_are_not_reported_as_data_gone(
-    s3_server: S3Server, s3_bucket: str
+    s3_server: S3Server, s3_bucket: str, probe: reconcile.Prober
 ) -> None:
     write_shards(s3_server, s3_bucket, "train", 1)
     obj = dsm(f"s3://{s3_bucket}/train/")
     obj["status"] = (await run(obj, s3_server)).status
-    rotated = await check(obj, s3_server, read_secret=wrong_key_secrets(s3_server))
+    rotated = await check(obj, s3_server, read_secret=wrong_key_secrets(s3_server), probe=probe)
     assert rotated.status["phase"] == "Degraded"
     ready = conditions(rotated)["Ready"]
     assert ready["reason"] == "CredentialsRejected", ready
@@ -447,7 +481,7 @@ async def test_credentials_rotated_wrong_under_a_pinned_mount_are_not_reported_a
     assert rotated.status["manifestDigest"] == obj["status"]["manifestDigest"]
 
     obj["status"] = rotated.status
-    back = await check(obj, s3_server)
+    back = await check(obj, s3_server, probe=probe)
     assert back.status["phase"] == "Ready"
     assert [e.reason for e in back.events] == ["SourceRecovered"]
 

@@ -1,5 +1,6 @@
 """A TCP port on loopback that counts the connections made to it (`listener`): what
-shows that a refused endpoint was never connected to."""
+shows that a refused endpoint was never connected to; or (`hold`) keeps them open and
+never answers: a store that never answers."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ import pytest
 
 
 class Listener:
-    """A TCP port on 127.0.0.1 that counts the connections made to it."""
+    """A TCP port on 127.0.0.1 that counts the connections made to it, and closes each
+    at once or (`hold`) keeps it open, unanswered, until `close`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, hold: bool = False) -> None:
         self.socket = socket.create_server(("127.0.0.1", 0))
         self.socket.settimeout(0.1)
         self.port = self.socket.getsockname()[1]
         self.accepts = 0
+        self.hold = hold
+        self._held: list[socket.socket] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -29,11 +33,16 @@ class Listener:
             except TimeoutError:
                 continue
             self.accepts += 1
-            connection.close()
+            if self.hold:
+                self._held.append(connection)
+            else:
+                connection.close()
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+        for connection in self._held:
+            connection.close()
         self.socket.close()
 
 

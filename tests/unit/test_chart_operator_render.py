@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from shardcache_operator import configuration, webhook
+from shardcache_operator import configuration, resolve_slots, webhook
 
 from tests.support import prometheus, toolpaths
 
@@ -87,6 +87,43 @@ def test_the_resolve_children_value_reaches_the_operator_and_a_bad_one_is_refuse
         refused = helm_template(tmp_path, f"--set=operator.settings.resolveChildren={bad}")
         assert refused.returncode != 0
         assert "resolveChildren" in refused.stderr, refused.stderr
+
+
+def test_the_read_workers_value_reaches_the_operator_and_a_bad_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    env = {e["name"]: e.get("value") for e in operator_container(tmp_path)["env"]}
+    settings = configuration.from_env({k: v for k, v in env.items() if v is not None})
+    assert settings.read_workers == configuration.Settings.read_workers == 2
+    raised = operator_container(tmp_path, "--set=operator.settings.readWorkers=4")
+    env = {e["name"]: e.get("value") for e in raised["env"]}
+    assert env["SHARDCACHE_OPERATOR_READ_WORKERS"] == "4"
+    for bad in ("0", "lots"):
+        refused = helm_template(tmp_path, f"--set=operator.settings.readWorkers={bad}")
+        assert refused.returncode != 0
+        assert "readWorkers" in refused.stderr, refused.stderr
+
+
+def test_the_default_memory_limit_holds_the_operator_two_resolves_and_the_read_workers(
+    tmp_path: Path,
+) -> None:
+    """At their worst (`resolveMemory` each), beside the operator's own reserve."""
+    container = operator_container(tmp_path)
+    limit = configuration.from_env(
+        {"SHARDCACHE_OPERATOR_RESOLVE_MEMORY": container["resources"]["limits"]["memory"]}
+    ).resolve_memory
+    settings = configuration.from_env(
+        {e["name"]: e["value"] for e in container["env"] if e.get("value") is not None}
+    )
+    children = resolve_slots.capacity_for(
+        settings.resolve_children,
+        memory_limit=limit,
+        resolve_memory=settings.resolve_memory,
+        read_workers=settings.read_workers,
+    )
+    assert children == resolve_slots.MIN_DEFAULT
+    worst = (children + settings.read_workers) * settings.resolve_memory
+    assert resolve_slots.OPERATOR_RESERVE + worst <= limit
 
 
 def namespace_rules(tmp_path: Path, *args: str) -> list[dict[str, Any]]:

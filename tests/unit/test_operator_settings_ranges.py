@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from shardcache_operator import configuration, injection, webhook
+from shardcache_operator import configuration, injection, read_workers, webhook
 
 from shardcache import errors
 
@@ -40,6 +40,8 @@ OPERATOR = [sys.executable, "-m", "shardcache", "operator"]
         ("RESOLVE_MEMORY", "159Mi", "a byte size of at least 160Mi"),
         ("RESOLVE_CHILDREN", "-1", "an integer >= 0"),
         ("RESOLVE_CHILDREN", "two", "an integer"),
+        ("READ_WORKERS", "0", "an integer >= 1"),
+        ("READ_WORKERS", "two", "an integer"),
     ],
 )
 def test_out_of_range_settings_are_refused_naming_variable_expected_and_found(
@@ -79,6 +81,12 @@ def test_the_resolve_children_are_sized_from_the_memory_limit_unless_set() -> No
     assert configuration.Settings().resolve_children == 0
     settings = configuration.from_env({"SHARDCACHE_OPERATOR_RESOLVE_CHILDREN": "3"})
     assert settings.resolve_children == 3
+
+
+def test_the_read_workers_are_two_unless_set() -> None:
+    assert configuration.Settings().read_workers == read_workers.WORKERS == 2
+    settings = configuration.from_env({"SHARDCACHE_OPERATOR_READ_WORKERS": "5"})
+    assert settings.read_workers == 5
 
 
 def test_overrides_are_held_to_the_same_ranges() -> None:

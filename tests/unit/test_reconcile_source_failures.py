@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
-from shardcache_operator import reconcile, status
+from shardcache_operator import reconcile, resolve_slots, status
 
 from shardcache import errors
 from tests.unit.test_reconcile_events import DIGEST, FakeManifest
@@ -237,6 +237,43 @@ async def test_a_secret_broken_after_the_pin_degrades_the_mount_and_keeps_the_pi
     assert result is not None
     assert result.status["phase"] == "Degraded"
     assert conditions(result)["Ready"]["reason"] == "SecretInvalid"
+    assert result.status["manifestDigest"] == DIGEST
+
+
+async def test_a_check_that_got_no_read_worker_changes_no_status() -> None:
+    """Other namespaces' reads held every worker: nothing is known of this store, so
+    the check-source timer leaves the mount as it was (Degraded would page someone)."""
+    obj = mount()
+    obj["status"] = (await run(obj, resolver())).status
+
+    def busy(uri: str, options: Mapping[str, str] | None) -> None:
+        raise resolve_slots.AllBusy("checking s3://bucket/data/: the operator's periodic reads")
+
+    result = await reconcile.check_source(
+        obj, read_secret=secret_of(GOOD_SECRET), probe=busy, now="t2"
+    )
+    assert result is None
+
+
+async def test_a_check_over_its_workers_memory_degrades_the_mount_naming_it_and_keeps_the_pin() -> (
+    None
+):
+    obj = mount()
+    obj["status"] = (await run(obj, resolver())).status
+
+    def over(uri: str, options: Mapping[str, str] | None) -> None:
+        raise reconcile.ResolveOverMemory("the read went over its memory limit of 256 MiB")
+
+    result = await reconcile.check_source(
+        obj, read_secret=secret_of(GOOD_SECRET), probe=over, now="t2"
+    )
+    assert result is not None
+    assert result.status["phase"] == "Degraded"
+    ready = conditions(result)["Ready"]
+    assert ready["reason"] == "CheckOverMemory"
+    assert ready["message"] == (
+        "checking s3://bucket/data/: the read went over its memory limit of 256 MiB"
+    )
     assert result.status["manifestDigest"] == DIGEST
 
 

@@ -129,6 +129,7 @@ def test_a_wait_past_its_timeout_fails_saying_the_operator_is_busy_and_gives_up_
     message = str(late.error)
     assert "resolving: the operator's resolves are all busy, not the source" in message
     assert "1 of its 1 resolve processes" in message and "within 0.2 s" in message
+    assert "retried with backoff (operator.settings.resolveChildren" in message
     # Its turn is gone: the next namespace to ask gets the slot once it is free.
     first.release()
     after = Holder(slots, "cv")
@@ -144,35 +145,43 @@ def test_without_a_cap_nobody_waits(holders: list[Holder]) -> None:
 
 
 def test_less_than_one_slot_is_refused() -> None:
-    with pytest.raises(ValueError, match="at least 1 resolve child at once, found 0"):
+    with pytest.raises(ValueError, match="at least 1 of the resolve processes at once, found 0"):
         resolve_slots.Slots(0)
 
 
 @pytest.mark.parametrize(
-    ("setting", "memory_limit", "resolve_memory", "expected"),
+    ("setting", "memory_limit", "resolve_memory", "read_workers", "expected"),
     [
-        # The chart's defaults: 512Mi, 256Mi a resolve, 384Mi for the operator.
-        # The chart's defaults: 1Gi beside 384Mi for the operator holds two of 256Mi.
-        (0, 1024 * MiB, 256 * MiB, 2),
-        (0, 2048 * MiB, 256 * MiB, 6),
-        (0, 2048 * MiB, 512 * MiB, 3),
+        # The chart's defaults: 1536Mi beside 384Mi for the operator and two read
+        # workers holds two resolves of 256Mi.
+        (0, 1536 * MiB, 256 * MiB, 2, 2),
+        (0, 2048 * MiB, 256 * MiB, 2, 4),
+        (0, 2048 * MiB, 256 * MiB, 0, 6),
+        (0, 2048 * MiB, 512 * MiB, 0, 3),
         # Less room than two: two still, so one namespace cannot hold every slot.
-        (0, 512 * MiB, 256 * MiB, 2),
-        (0, 256 * MiB, 256 * MiB, 2),
+        (0, 1024 * MiB, 256 * MiB, 2, 2),
+        (0, 256 * MiB, 256 * MiB, 0, 2),
         # No container limit: no cap.
-        (0, None, 256 * MiB, None),
+        (0, None, 256 * MiB, 2, None),
         # Set explicitly: that, whatever the limit.
-        (5, 512 * MiB, 256 * MiB, 5),
-        (1, 2048 * MiB, 256 * MiB, 1),
-        (2, None, 256 * MiB, 2),
+        (5, 512 * MiB, 256 * MiB, 2, 5),
+        (1, 2048 * MiB, 256 * MiB, 2, 1),
+        (2, None, 256 * MiB, 2, 2),
     ],
 )
-def test_the_cap_is_the_setting_or_what_the_memory_limit_holds(
-    setting: int, memory_limit: int | None, resolve_memory: int, expected: int | None
+def test_the_cap_is_the_setting_or_what_the_memory_limit_holds_beside_the_read_workers(
+    setting: int,
+    memory_limit: int | None,
+    resolve_memory: int,
+    read_workers: int,
+    expected: int | None,
 ) -> None:
     assert (
         resolve_slots.capacity_for(
-            setting, memory_limit=memory_limit, resolve_memory=resolve_memory
+            setting,
+            memory_limit=memory_limit,
+            resolve_memory=resolve_memory,
+            read_workers=read_workers,
         )
         == expected
     )
