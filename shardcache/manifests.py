@@ -98,6 +98,20 @@ class Manifest:
     def total_bytes(self) -> int:
         return sum(s.size for s in self.shards)
 
+    @property
+    def shard_count(self) -> int:
+        return len(self.shards)
+
+    @property
+    def largest_shard(self) -> ShardEntry | None:
+        """The shard of the largest stored size, the first of equal sizes in the
+        manifest's order; None for a manifest of no shards."""
+        found: ShardEntry | None = None
+        for shard in self.shards:
+            if found is None or shard.size > found.size:
+                found = shard
+        return found
+
     def shard_uri_path(self, index: int) -> str:
         """The shard's path inside the root's filesystem (not a URI)."""
         _, root_path = source.split_uri(self.root)

@@ -82,8 +82,9 @@ class Settings:
     #: child process may map (`resolve_children`); over it the resolve fails
     #: `ResolveOverMemory`. A resolve of 200 shards maps about 140 MiB (90 MiB resident,
     #: most of it the interpreter and pyarrow); 256Mi resolves about 100,000 shards of
-    #: one small schema (about 2 KB a shard: its listing entry, its manifest entry and
-    #: the manifest's JSON). Quantities in env ("256Mi").
+    #: one small schema (about 2 KB a shard: its listing entry and its manifest entry),
+    #: 512Mi 200,000. Each read worker (`read_workers`) may map as much. Quantities in
+    #: env ("256Mi").
     resolve_memory: int = 256 << 20
     #: Resolve children at once across all namespaces (`resolve_slots`); 0: as many as
     #: the operator container's memory limit holds at `resolve_memory` each beside the

@@ -31,17 +31,29 @@ logger = logging.getLogger(__name__)
 SecretReader = Callable[[str, str], Awaitable[Mapping[str, str] | None]]
 
 
+class ShardLike(Protocol):
+    @property
+    def path(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+
+
 class ManifestLike(Protocol):
+    """What a pin records of a resolved manifest (`manifests.Manifest` in-process;
+    `resolve_child.Summary` from a resolve's child process)."""
+
     @property
     def digest(self) -> str: ...
     @property
     def format(self) -> str: ...
     @property
-    def shards(self) -> tuple[Any, ...]: ...
+    def shard_count(self) -> int: ...
     @property
     def total_rows(self) -> int: ...
     @property
     def total_bytes(self) -> int: ...
+    @property
+    def largest_shard(self) -> ShardLike | None: ...
 
 
 #: A manifest pinned by this reconcile: the spec fields of its source ("spec.source",
@@ -401,13 +413,14 @@ async def _resolve_source(
             f"{manifests.MANIFEST_VERSION} never matches)"
         )
         return status.Failed(status.Phase.DEGRADED, "DigestMismatch", message, reachable=True)
+    largest = manifest.largest_shard
     return status.Resolved(
         digest=manifest.digest,
         format=manifest.format,
-        shards=len(manifest.shards),
+        shards=manifest.shard_count,
         rows=manifest.total_rows,
         bytes=manifest.total_bytes,
-        largest=shard_room.largest(manifest.shards),
+        largest=None if largest is None else shard_room.Largest(largest.path, largest.size),
     )
 
 

@@ -3,7 +3,8 @@
 Run as `python -m shardcache_operator.resolve_child`. The request comes on stdin, one
 JSON object (`uri`, `format`, `storage_options` with the Secret's credentials, which
 must never show in `ps`, so never in argv or env; `memory`, the bytes it may map;
-`retry`, the fields of its `source.RetryPolicy`); the answer goes to stdout, one JSON object: `{"manifest": <Manifest.to_json()>}` or
+`retry`, the fields of its `source.RetryPolicy`); the answer goes to stdout, one JSON
+object: `{"summary": <Summary.to_json()>}`, what the operator pins of the manifest, or
 `{"error": {"kind": ..., "message": ...}}` (`KINDS`, and `UNEXPECTED` with the class's
 module and name for anything else).
 
@@ -16,14 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
+import re
 import resource
 import signal
 import sys
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 #: The error kinds the parent raises again as the same class (`resolve_children`), most
 #: specific first: a subclass outside this list goes back as its nearest listed base.
@@ -66,6 +69,81 @@ THREAD_STACK = 1 << 20
 #: cgroup runs out of memory, never the operator (and its webhook) itself.
 OOM_SCORE_ADJ = 1000
 _PR_SET_PDEATHSIG = 1
+
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """A shard as a pin records it (status.largestShard)."""
+
+    path: str
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """What the operator pins of a resolved manifest (a `reconcile.ManifestLike`): the
+    child's answer. Its size does not grow with the shard count, so the operator reads
+    back a few hundred bytes, not the manifest (about 300 bytes a shard: 32 MiB for
+    100,000 shards, which capped what any `resolveMemory` could pin, and which the
+    operator parsed into a few times that); the sidecars resolve the manifest
+    themselves and check it against the pinned digest."""
+
+    digest: str
+    format: str
+    shard_count: int
+    total_rows: int
+    total_bytes: int
+    largest_shard: Shard | None
+
+    @classmethod
+    def of(cls, manifest: Any) -> Summary:
+        """The summary of a `manifests.Manifest`."""
+        largest = manifest.largest_shard
+        return cls(
+            digest=manifest.digest,
+            format=manifest.format,
+            shard_count=manifest.shard_count,
+            total_rows=manifest.total_rows,
+            total_bytes=manifest.total_bytes,
+            largest_shard=None if largest is None else Shard(largest.path, largest.size),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: object) -> Summary:
+        """The summary `to_json` wrote; ValueError saying what is not as expected."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected an object, found {type(data).__name__}")
+        digest, fmt = data.get("digest"), data.get("format")
+        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+            raise ValueError(f"expected a digest sha256:<64 hex digits>, found {digest!r:.80}")
+        if not isinstance(fmt, str) or not fmt:
+            raise ValueError(f"expected a format name, found {fmt!r:.80}")
+        counts: list[int] = []
+        for key in ("shard_count", "total_rows", "total_bytes"):
+            value = data.get(key)
+            if not _count(value):
+                raise ValueError(f"expected {key} an integer >= 0, found {value!r:.80}")
+            counts.append(value)
+        shard_count, rows, size = counts
+        largest = data.get("largest_shard")
+        shard: Shard | None = None
+        if largest is not None:
+            path = largest.get("path") if isinstance(largest, Mapping) else None
+            stored = largest.get("size") if isinstance(largest, Mapping) else None
+            if not isinstance(path, str) or not _count(stored):
+                raise ValueError(f"expected largest_shard a path and a size, found {largest!r:.80}")
+            shard = Shard(path, stored)
+        return cls(digest, fmt, shard_count, rows, size, shard)
+
+
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _default_thread_stack(size: int) -> None:
@@ -130,7 +208,7 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
 
 
 def resolve(request: Mapping[str, Any]) -> dict[str, Any]:
-    """The answer to one request: the manifest's JSON, or the error's kind and message."""
+    """The answer to one request: the manifest's summary, or the error's kind and message."""
     try:
         from shardcache import manifests, source
 
@@ -141,7 +219,7 @@ def resolve(request: Mapping[str, Any]) -> dict[str, Any]:
             storage_options=dict(options) if options is not None else None,
             retry=source.RetryPolicy(**request["retry"]),
         )
-        return {"manifest": manifest.to_json()}
+        return {"summary": Summary.of(manifest).to_json()}
     except BaseException as exc:  # every outcome goes back to the parent as an answer
         return error_answer(exc)
 

@@ -9,8 +9,9 @@ not be stopped, so it kept its namespace's read slot past the timeout. Here each
 resolve is a `resolve_child` process with a data limit of its own (`memory`), first in
 line for the kernel's OOM killer, killed when its caller stops waiting (the read's
 timeout: `source_reads.remaining`) and when the operator stops (`close`). What comes
-back is the manifest's JSON (its digest checked again here, `Manifest.from_json`) or
-the error, raised again as the class an in-process resolve raises (`raised`).
+back is what the operator pins of the manifest (`resolve_child.Summary`: its digest,
+counts and largest shard, whatever the shard count) or the error, raised again as the
+class an in-process resolve raises (`raised`).
 
 The child costs an interpreter and pyarrow's import (about 0.5 s of CPU and 90 MiB)
 per resolve: resolves run on create, on a source change and on retries, never per pod
@@ -32,13 +33,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shardcache import errors, manifests, source, uris
+from shardcache import errors, source, uris
 from shardcache_operator import reconcile, resolve_child, resolve_slots, source_reads, sources
 
-#: Bytes of a child's answer read at most: a manifest's JSON is about 300 bytes a shard,
-#: so 32 MiB is about 100,000 shards, more than one resolve reads and hashes within any
-#: sensible timeout; parsing it costs the operator a few times its size.
-MAX_ANSWER_BYTES = 32 << 20
+#: Bytes of a child's answer read at most: a summary or an error is a few hundred bytes
+#: (a shard's path, a message), whatever the shard count.
+MAX_ANSWER_BYTES = 1 << 20
 #: Seconds before its caller's timeout that a resolve stops waiting for a slot: time
 #: for its `AllBusy` to cross from its thread to the event loop.
 _ANSWER_MARGIN = 0.5
@@ -95,7 +95,7 @@ class Resolver:
 
     def __call__(
         self, uri: str, fmt: str, storage_options_: Mapping[str, str] | None
-    ) -> manifests.Manifest:
+    ) -> resolve_child.Summary:
         # The policy is the operator's, judged here: a refused source starts no child.
         options = sources.storage_options(uri, storage_options_, self.access)
         request = {
@@ -179,10 +179,10 @@ class Resolver:
                     key.data.extend(chunk)
                     kept(stderr)
                     if len(answer) > MAX_ANSWER_BYTES:
-                        raise errors.InputError(
-                            f"the manifest is larger than the {MAX_ANSWER_BYTES >> 20} MiB the "
-                            "operator reads back from a resolve (about 100,000 shards): "
-                            "expected fewer, larger shards"
+                        raise RuntimeError(
+                            f"the resolve's process answered more than "
+                            f"{MAX_ANSWER_BYTES >> 20} MiB: expected a summary of a few "
+                            "hundred bytes"
                         )
         left = max(0.0, deadline - time.monotonic())
         try:
@@ -191,15 +191,20 @@ class Resolver:
             raise TimeoutError(f"the resolve did not finish within {timeout:g} s") from None
         return code, bytes(answer), bytes(stderr)
 
-    def _manifest(self, code: int, answer: bytes, stderr: bytes) -> manifests.Manifest:
+    def _manifest(self, code: int, answer: bytes, stderr: bytes) -> resolve_child.Summary:
         try:
             data = json.loads(answer) if answer else None
         except ValueError:
             data = None
         if not isinstance(data, dict):
             raise self._died(code, stderr)
-        if "manifest" in data:
-            return manifests.Manifest.from_json(data["manifest"])
+        if "summary" in data:
+            try:
+                return resolve_child.Summary.from_json(data["summary"])
+            except ValueError as exc:
+                raise RuntimeError(
+                    f"the resolve's process answered another summary: {exc}"
+                ) from None
         error = data.get("error")
         if not isinstance(error, dict):
             raise self._died(code, stderr)

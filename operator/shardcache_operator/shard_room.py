@@ -58,19 +58,6 @@ def read_recorded(value: object) -> Largest | None:
     return Largest(path, size) if size >= 0 else None
 
 
-def largest(shards: object) -> Largest | None:
-    """The largest of a manifest's shards (entries with `path` and `size`); None for
-    none. The first of equal sizes, in the manifest's order."""
-    found: Largest | None = None
-    for shard in shards if isinstance(shards, tuple | list) else ():
-        size, path = getattr(shard, "size", None), getattr(shard, "path", None)
-        if not isinstance(size, int) or not isinstance(path, str):
-            continue
-        if found is None or size > found.bytes:
-            found = Largest(path, size)
-    return found
-
-
 def needed_limit(stored: int) -> int:
     """The smallest memory limit, in whole MiB, whose room holds `stored` bytes decoded
     at their stored size: the shard plus the process's base (`quotas.BASE_MEMORY_BYTES`,

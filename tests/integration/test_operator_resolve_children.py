@@ -7,13 +7,21 @@ and never answers.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
-from shardcache_operator import endpoint_policy, reconcile, resolve_children, source_reads, sources
+from shardcache_operator import (
+    endpoint_policy,
+    reconcile,
+    resolve_child,
+    resolve_children,
+    source_reads,
+    sources,
+)
 
 from shardcache import errors, manifests, source
 from tests.integration.test_operator_reconcile import write_shards
@@ -49,8 +57,26 @@ def in_process(uri: str, options: Any, access: sources.Access) -> manifests.Mani
 def test_a_file_source_resolved_in_a_child_pins_the_in_process_manifest(tmp_path: Path) -> None:
     uri, _ = datasets.write_local(tmp_path / "data", [30, 20, 10])
     child = children(access=FILES)(uri, "parquet", None)
-    assert child.to_json() == in_process(uri, None, FILES).to_json()
-    assert child.digest == in_process(uri, None, FILES).digest
+    here = in_process(uri, None, FILES)
+    assert child == resolve_child.Summary.of(here)
+    assert child.digest == here.digest and child.shard_count == 3 and child.total_rows == 60
+    assert child.largest_shard is not None
+    assert child.largest_shard.path == here.shards[0].path  # the 30 rows: the largest file
+
+
+def test_a_childs_answer_does_not_grow_with_the_shard_count(tmp_path: Path) -> None:
+    """What the operator reads back is the summary it pins, not the manifest (which
+    capped the shards any resolveMemory could pin at about 100,000, by its size)."""
+    sizes = {}
+    for count in (2, 400):
+        uri = (tmp_path / f"ds{count}").as_uri()
+        for i in range(count):
+            (tmp_path / f"ds{count}" / f"part-{i:05d}.jsonl").parent.mkdir(exist_ok=True)
+            (tmp_path / f"ds{count}" / f"part-{i:05d}.jsonl").write_text('{"a": 1}\n')
+        child = children(access=FILES)(uri, "jsonl", None)
+        assert child.shard_count == count and child.total_rows == count
+        sizes[count] = len(json.dumps(child.to_json()))
+    assert sizes[400] - sizes[2] < 16  # the digits of the counts, nothing per shard
 
 
 def test_an_s3_source_resolved_in_a_child_pins_the_in_process_manifest(
@@ -60,7 +86,7 @@ def test_an_s3_source_resolved_in_a_child_pins_the_in_process_manifest(
     uri = f"s3://{s3_bucket}/train/"
     access = listing(s3_server.endpoint_url)
     child = children(access=access)(uri, "parquet", s3_server.env())
-    assert child.to_json() == in_process(uri, s3_server.env(), access).to_json()
+    assert child == resolve_child.Summary.of(in_process(uri, s3_server.env(), access))
 
 
 def test_without_a_secret_the_child_reads_anonymously_not_with_the_operators_environment(

@@ -34,6 +34,14 @@ class Manifest:
     def total_bytes(self) -> int:
         return sum(s.size for s in self.shards)
 
+    @property
+    def shard_count(self) -> int:
+        return len(self.shards)
+
+    @property
+    def largest_shard(self) -> Shard | None:
+        return max(self.shards, key=lambda s: s.size, default=None)
+
 
 #: The largest, 900Mi, is over the default 1Gi limit's 768Mi room by 132Mi.
 SHARDS = (Shard("part-0.parquet", 300 * MiB), Shard("part-1.parquet", 900 * MiB))

@@ -35,6 +35,17 @@ def test_manifest_lists_shards_with_rows_and_schema(tmp_path: Path, fmt: str) ->
     assert m.digest.startswith("sha256:") and len(m.digest) == 7 + 64
 
 
+def test_the_largest_shard_is_the_first_of_the_largest_stored_size() -> None:
+    def shard(path: str, size: int) -> manifests.ShardEntry:
+        return manifests.ShardEntry(path, size, "mtime:1", 1, "f", "0" * 64)
+
+    shards = (shard("a", 5), shard("b", 9), shard("c", 9), shard("d", 1))
+    manifest = manifests.Manifest.build("file:///ds", "parquet", shards)
+    assert manifest.largest_shard == shards[1]
+    assert manifest.shard_count == 4
+    assert manifests.Manifest.build("file:///ds", "parquet", ()).largest_shard is None
+
+
 def test_manifest_order_is_sorted_relative_paths_recursively_skipping_hidden(
     tmp_path: Path,
 ) -> None:

@@ -38,9 +38,10 @@ DIGEST = "sha256:" + "ef" * 32
 class FakeManifest:
     digest: str = DIGEST
     format: str = "parquet"
-    shards: tuple[Any, ...] = ("a", "b")
+    shard_count: int = 2
     total_rows: int = 200
     total_bytes: int = 4096
+    largest_shard: None = None
 
 
 class FakeApi:

@@ -139,3 +139,43 @@ def test_another_pyarrow_error_is_answered_as_unexpected_naming_its_class() -> N
 def test_a_memory_error_is_an_answer_of_over_memory() -> None:
     answer = resolve_child.error_answer(MemoryError("malloc of size 1048576 failed"))
     assert answer["error"] == {"kind": "MemoryError", "message": "malloc of size 1048576 failed"}
+
+
+GOOD_SUMMARY = {
+    "digest": "sha256:" + "ab" * 32,
+    "format": "jsonl",
+    "shard_count": 3,
+    "total_rows": 30,
+    "total_bytes": 900,
+    "largest_shard": {"path": "part-1.jsonl", "size": 400},
+}
+
+
+def test_a_summary_answer_is_what_the_operator_pins() -> None:
+    summary = resolve_child.Summary.from_json(GOOD_SUMMARY)
+    assert summary == resolve_child.Summary(
+        "sha256:" + "ab" * 32, "jsonl", 3, 30, 900, resolve_child.Shard("part-1.jsonl", 400)
+    )
+    assert resolve_child.Summary.from_json(summary.to_json()) == summary
+    empty = resolve_child.Summary.from_json({**GOOD_SUMMARY, "largest_shard": None})
+    assert empty.largest_shard is None
+
+
+@pytest.mark.parametrize(
+    ("changed", "expected"),
+    [
+        ({"digest": "sha256:xyz"}, "expected a digest sha256:<64 hex digits>, found 'sha256:xyz'"),
+        ({"format": ""}, "expected a format name, found ''"),
+        ({"shard_count": -1}, "expected shard_count an integer >= 0, found -1"),
+        ({"total_rows": True}, "expected total_rows an integer >= 0, found True"),
+        ({"total_bytes": "900"}, "expected total_bytes an integer >= 0, found '900'"),
+        ({"largest_shard": {"path": 3, "size": 1}}, "expected largest_shard a path and a size"),
+        ({"largest_shard": [1]}, "expected largest_shard a path and a size, found [1]"),
+    ],
+)
+def test_a_summary_that_is_not_one_is_refused_saying_what_was_expected(
+    changed: dict[str, object], expected: str
+) -> None:
+    with pytest.raises(ValueError) as refused:
+        resolve_child.Summary.from_json({**GOOD_SUMMARY, **changed})
+    assert str(refused.value).startswith(expected)

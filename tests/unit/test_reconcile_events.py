@@ -24,9 +24,10 @@ DIGEST = "sha256:" + "ab" * 32
 class FakeManifest:
     digest: str = DIGEST
     format: str = "parquet"
-    shards: tuple[Any, ...] = ("a",)
+    shard_count: int = 1
     total_rows: int = 10
     total_bytes: int = 1000
+    largest_shard: None = None
 
 
 def resolves(uri: str, fmt: str, options: Mapping[str, str] | None) -> FakeManifest:

@@ -99,13 +99,6 @@ async def test_a_kept_pin_is_not_listed_again_so_says_nothing_more() -> None:
     assert [e.reason for e in again.events].count(shard_room.REASON) == 0
 
 
-def test_the_largest_shard_is_the_first_of_the_largest_size() -> None:
-    shards = (Shard("a", 5), Shard("b", 9), Shard("c", 9), Shard("d", 1))
-    assert shard_room.largest(shards) == shard_room.Largest("b", 9)
-    assert shard_room.largest(()) is None
-    assert shard_room.largest(("not a shard",)) is None
-
-
 def test_the_limit_needed_is_the_shard_and_the_process_base_in_whole_mib() -> None:
     assert shard_room.needed_limit(900 * MiB) == 1156 * MiB
     assert shard_room.needed_limit(900 * MiB + 1) == 1157 * MiB
