@@ -133,6 +133,15 @@ def _host(netloc_host: str, *, bracketed: bool) -> str:
     return host
 
 
+def _parts_host(parts: urllib.parse.SplitResult, *, missing: str) -> str:
+    """The host of a split URL, normalised (`_host`); `EndpointError(missing)` (what
+    was expected) when it names none."""
+    if not parts.hostname:
+        raise EndpointError(missing)
+    netloc = parts.netloc.rpartition("@")[2]
+    return _host(parts.hostname, bracketed=netloc.startswith("["))
+
+
 def _split(text: str, schemes: Mapping[str, int] = DEFAULT_PORTS) -> urllib.parse.SplitResult:
     parts = urllib.parse.urlsplit(text)
     if parts.scheme.lower() not in schemes:
@@ -159,9 +168,7 @@ def endpoint(text: str) -> Origin:
     """The origin a Secret's endpoint connects to, as `shardcache.source` reads it
     (`host:port` alone is https; a path is not part of where it connects)."""
     parts = _split(s3_settings.endpoint_url(text.strip()))
-    if not parts.hostname:
-        raise EndpointError("a host after the scheme")
-    host = _host(parts.hostname, bracketed=parts.netloc.startswith("["))
+    host = _parts_host(parts, missing="a host after the scheme")
     return Origin(parts.scheme.lower(), host, _port(parts))
 
 
@@ -459,10 +466,7 @@ def _gcs_origin(query: Mapping[str, str]) -> Origin:
 
 
 def _uri_host(parts: urllib.parse.SplitResult, scheme: str) -> str:
-    netloc = parts.netloc.rpartition("@")[2]
-    if not parts.hostname:
-        raise EndpointError(f"a host after {scheme}:// (the default one is not read)")
-    return _host(parts.hostname, bracketed=netloc.startswith("["))
+    return _parts_host(parts, missing=f"a host after {scheme}:// (the default one is not read)")
 
 
 def _azure_origins(parts: urllib.parse.SplitResult, query: Mapping[str, str]) -> tuple[Origin, ...]:

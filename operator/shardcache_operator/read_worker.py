@@ -6,9 +6,9 @@ there (`sources.probe`) and the skips applied under a checkpoint prefix
 Run as `python -m shardcache_operator.read_worker MEMORY`. Requests come on stdin, one
 JSON object a line (`op`: "probe" or "applied_skips"; `uri`; `storage_options`, the
 Secret's keys, which must never show in `ps`, so never in argv or env; `retry`, a
-`source.RetryPolicy`'s fields); each answer goes to stdout, one JSON object a line:
-`{"ok": true}` for a probe, `{"records": [...]}` for the skips, or
-`{"error": {...}}` as `resolve_child.error_answer` writes it. One request at a time:
+`source.RetryPolicy`'s fields; `shard`, a probe's pinned shard as [path, size], or
+none); each answer goes to stdout, one JSON object a line: `{"ok": true}` for a probe,
+`{"records": [...]}` for the skips, or `{"error": {...}}` as `resolve_child.error_answer` writes it. One request at a time:
 the next comes only after its answer.
 
 The same limits as a resolve child (`resolve_child.limit`: data limit, 1 MiB thread
@@ -55,13 +55,30 @@ def serve(request: Mapping[str, Any]) -> dict[str, Any]:
         options = dict(options) if options is not None else None
         retry = source.RetryPolicy(**request["retry"])
         if op == "probe":
-            sources.probe(uri, options, retry=retry)
+            sources.probe(uri, options, retry=retry, shard=_shard(request.get("shard")))
             return {"ok": True}
         if op == "applied_skips":
             return {"records": skips.read_applied(uri, options)}
         raise errors.InputError(f"expected a request op of {list(OPS)}, found {op!r}")
     except BaseException as exc:  # every outcome goes back to the parent as an answer
         return resolve_child.error_answer(exc)
+
+
+def _shard(value: object) -> tuple[str, int] | None:
+    """A request's pinned shard: [path, size], or none."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], int)
+        and not isinstance(value[1], bool)
+    ):
+        return value[0], value[1]
+    from shardcache import errors
+
+    raise errors.InputError(f"expected a request's shard as [path, size], found {value!r:.80}")
 
 
 def _watch_parent(parent: int) -> None:

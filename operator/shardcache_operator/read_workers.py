@@ -56,7 +56,8 @@ from shardcache_operator import (
 #: take turns at the other.
 WORKERS = 2
 #: Seconds one periodic read may take, waiting for a worker included: a source check is
-#: two metadata requests and a listing of one level, retried for 30 s (`sources.RETRY`);
+#: one metadata request (an older pin's: two and a listing of one level), retried for
+#: 30 s (`sources.RETRY`);
 #: the applied skips list each rank's steps, one request a rank. What a store that never
 #: answers holds a worker for, at each of its mounts' timers.
 TIMEOUT = 120.0
@@ -138,11 +139,19 @@ class Pool:
         for process in processes:
             _end(process)
 
-    def probe(self, uri: str, storage_options_: Mapping[str, str] | None) -> None:
+    def probe(
+        self,
+        uri: str,
+        storage_options_: Mapping[str, str] | None,
+        /,
+        *,
+        shard: tuple[str, int] | None = None,
+    ) -> None:
         """`sources.probe_source`, in a worker (a `reconcile.Prober`)."""
         # The policy is the operator's, judged here: a refused source reaches no worker.
         options = sources.storage_options(uri, storage_options_, self.access)
-        self._call("probe", uri, options, what=f"checking {uris.redact(uri)}")
+        extra = {"shard": list(shard)} if shard is not None else {}
+        self._call("probe", uri, options, what=f"checking {uris.redact(uri)}", **extra)
 
     def applied_skips(
         self, uri: str, storage_options_: Mapping[str, str] | None
@@ -161,13 +170,14 @@ class Pool:
         return records
 
     def _call(
-        self, op: str, uri: str, options: Mapping[str, str] | None, *, what: str
+        self, op: str, uri: str, options: Mapping[str, str] | None, *, what: str, **extra: Any
     ) -> dict[str, Any]:
         request = {
             "op": op,
             "uri": uri,
             "storage_options": dict(options) if options is not None else None,
             "retry": self.retry.to_json(),
+            **extra,
         }
         line = json.dumps(request, separators=(",", ":")).encode() + b"\n"
         left = source_reads.remaining()

@@ -63,10 +63,25 @@ Pinned = tuple[str, status.Resolved]
 #: SourceRefused when it does not read the source at all, AccessDeniedError when the
 #: store refuses the credentials, other InputErrors for the data found there.
 Resolver = Callable[[str, str, Mapping[str, str] | None], ManifestLike]
-#: Blocking, cheap reachability check of a source: (uri, storage_options) -> None;
-#: raises SourceError when unreachable, AccessDeniedError when the credentials are
-#: refused, InputError when the data is gone.
-Prober = Callable[[str, Mapping[str, str] | None], None]
+#: A pinned shard a source check looks for: its path in the manifest and its size
+#: (status.largestShard).
+PinnedShard = tuple[str, int]
+
+
+class Prober(Protocol):
+    """Blocking, cheap reachability check of a source: (uri, storage_options) -> None,
+    and with `shard`, that this pinned shard is still there at its size; raises
+    SourceError when unreachable, AccessDeniedError when the credentials are refused,
+    InputError when the data is gone."""
+
+    def __call__(
+        self,
+        uri: str,
+        options: Mapping[str, str] | None,
+        /,
+        *,
+        shard: PinnedShard | None = None,
+    ) -> None: ...
 
 
 class SourceRefused(errors.InputError):
@@ -262,6 +277,13 @@ def _pinned(spec: specs.DatasetMountSpec, previous: Mapping[str, Any]) -> status
     )
 
 
+def recorded_shard(previous: Mapping[str, Any]) -> PinnedShard | None:
+    """The pinned shard a source check looks for: the largest, which the pin recorded
+    (status.largestShard); None for a pin that recorded none."""
+    largest = shard_room.read_recorded(previous.get(status.LARGEST_SHARD))
+    return None if largest is None else (largest.path, largest.bytes)
+
+
 async def _check(
     spec: specs.DatasetMountSpec,
     pin: status.Resolved,
@@ -271,17 +293,24 @@ async def _check(
     probe: Prober,
     timeout: float,
     reads: source_reads.Gate,
+    shard: PinnedShard | None,
 ) -> status.Outcome:
-    """Keep `pin` if the source still answers; else Degraded, with the pin kept."""
+    """Keep `pin` if the source still answers, and its recorded shard (`shard`) is
+    still there; else Degraded, with the pin kept."""
     options, failure = await _options(spec, namespace, read_secret, pinned=True)
     if failure is not None:
         return failure
     uri = spec.source.uri
     shown = uris.redact(uri)
+
+    def check() -> None:
+        if shard is None:  # a pin that recorded none (an older operator's): the root
+            probe(uri, options)
+        else:
+            probe(uri, options, shard=shard)
+
     try:
-        await reads.run(
-            namespace, lambda: probe(uri, options), timeout=timeout, what=f"checking {shown}"
-        )
+        await reads.run(namespace, check, timeout=timeout, what=f"checking {shown}")
     except errors.AccessDeniedError as exc:
         return _rejected(_credentials(spec, namespace, options), exc, pinned=True)
     except EndpointRefused as exc:
@@ -683,6 +712,7 @@ async def reconcile(
             probe=probe,
             timeout=timeout,
             reads=reads,
+            shard=recorded_shard(obj.get("status") or {}),
         )
     else:
         outcome = await _resolve(
@@ -767,6 +797,7 @@ async def check_source(
         probe=probe,
         timeout=timeout,
         reads=reads or source_reads.Gate(),
+        shard=recorded_shard(previous),
     )
     if isinstance(outcome, status.Failed) and outcome.reason == CHECKS_BUSY:
         name = (obj.get("metadata") or {}).get("name")

@@ -140,20 +140,32 @@ def probe_source(
     *,
     access: Access | None = None,
     retry: source.RetryPolicy = RETRY,
+    shard: tuple[str, int] | None = None,
 ) -> None:
-    """Does the dataset's root still exist, non-empty? One metadata request, and for a
-    "directory" a listing of its first level."""
-    probe(uri, storage_options(uri, storage_options_, access or Access()), retry=retry)
+    """Is the pinned `shard` (path in the manifest, size) still there at its size? One
+    metadata request. Without one (a pin that recorded none): does the dataset's root
+    still exist, non-empty? One metadata request, and for a "directory" a listing of
+    its first level."""
+    options = storage_options(uri, storage_options_, access or Access())
+    probe(uri, options, retry=retry, shard=shard)
 
 
 def probe(
-    uri: str, options: Mapping[str, str] | None, *, retry: source.RetryPolicy = RETRY
+    uri: str,
+    options: Mapping[str, str] | None,
+    *,
+    retry: source.RetryPolicy = RETRY,
+    shard: tuple[str, int] | None = None,
 ) -> None:
     """`probe_source`'s reads, with the options the policy gave (`storage_options`): what
-    a `read_worker` runs. The listing is of the root's first level, whole: a root that
+    a `read_worker` runs. The root's listing is of its first level, whole: a root that
     holds millions of keys costs as much memory, which is why the operator runs it in a
-    worker process with a memory limit of its own (`read_workers`)."""
+    worker process with a memory limit of its own (`read_workers`); a pinned shard's
+    check is one request whatever the root holds."""
     fs, root = source.filesystem(uri, storage_options=options)
+    if shard is not None:
+        _probe_shard(fs, root, uri, shard, retry)
+        return
 
     def present() -> bool:
         info = fs.get_file_info(root)
@@ -168,4 +180,27 @@ def probe(
     if not source.with_retries(present, what=f"checking {uris.redact(uri)}", policy=retry):
         raise errors.InputError(
             f"nothing found at {uris.redact(uri)!r} any more: the pinned data is gone"
+        )
+
+
+def _probe_shard(
+    fs: pafs.FileSystem, root: str, uri: str, shard: tuple[str, int], retry: source.RetryPolicy
+) -> None:
+    """InputError unless the pinned shard `shard` (its path relative to `root`, "" for a
+    one-file dataset, and its size) is a file of that size."""
+    name, size = shard
+    path = f"{root.rstrip('/')}/{name}" if name else root
+    shown = uris.redact(uri)
+    info = source.with_retries(
+        lambda: fs.get_file_info(path), what=f"checking {shown}", policy=retry
+    )
+    if info.type != pafs.FileType.File:
+        raise errors.InputError(
+            f"the pinned shard {name or path!r} of {shown!r} is not there any more: the "
+            "pinned data is gone"
+        )
+    if info.size != size:
+        raise errors.InputError(
+            f"the pinned shard {name or path!r} of {shown!r} is {info.size} bytes, not the "
+            f"{size} it was pinned at: the pinned data changed"
         )

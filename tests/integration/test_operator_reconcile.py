@@ -38,8 +38,10 @@ def listing(options: Mapping[str, str] | None) -> sources.Access:
     return sources.Access(source_endpoints=(endpoint_policy.entry(endpoint),) if endpoint else ())
 
 
-def quick_probe(uri: str, options: Mapping[str, str] | None) -> None:
-    sources.probe_source(uri, options, access=listing(options), retry=FAST_RETRY)
+def quick_probe(
+    uri: str, options: Mapping[str, str] | None, *, shard: reconcile.PinnedShard | None = None
+) -> None:
+    sources.probe_source(uri, options, access=listing(options), retry=FAST_RETRY, shard=shard)
 
 
 class WorkerProbe:
@@ -49,13 +51,19 @@ class WorkerProbe:
     def __init__(self) -> None:
         self.pools: dict[tuple[endpoint_policy.Origin, ...], read_workers.Pool] = {}
 
-    def __call__(self, uri: str, options: Mapping[str, str] | None) -> None:
+    def __call__(
+        self,
+        uri: str,
+        options: Mapping[str, str] | None,
+        *,
+        shard: reconcile.PinnedShard | None = None,
+    ) -> None:
         access = listing(options)
         pool = self.pools.get(access.source_endpoints)
         if pool is None:
             pool = read_workers.Pool(memory=256 << 20, access=access, retry=FAST_RETRY)
             self.pools[access.source_endpoints] = pool
-        pool.probe(uri, options)
+        pool.probe(uri, options, shard=shard)
 
     def close(self) -> None:
         for pool in self.pools.values():
@@ -409,6 +417,36 @@ async def test_pinned_mount_degrades_when_data_or_secret_disappears(
     assert gone.status["phase"] == "Degraded"
     assert conditions(gone)["Ready"]["reason"] == "SourceGone"
     assert "the pinned data is gone" in conditions(gone)["Ready"]["message"]
+
+
+async def test_a_pinned_shard_rewritten_or_deleted_degrades_the_mount_though_others_remain(
+    s3_server: S3Server, s3_bucket: str, probe: reconcile.Prober
+) -> None:
+    """The check looks for the shard the pin recorded (status.largestShard) at its size:
+    one request, whatever the prefix holds; a pin that recorded none (an older
+    operator's) is checked at its root, which the other shards still pass."""
+    write_shards(s3_server, s3_bucket, "train", 3)
+    obj = dsm(f"s3://{s3_bucket}/train/")
+    obj["status"] = (await run(obj, s3_server)).status
+    name = obj["status"]["largestShard"]["path"]
+    fs = s3_server.filesystem()
+    with fs.open_output_stream(f"{s3_bucket}/train/{name}") as out:
+        out.write(b"not the pinned shard")
+    changed = await check(obj, s3_server, probe=probe)
+    assert changed.status["phase"] == "Degraded"
+    ready = conditions(changed)["Ready"]
+    assert ready["reason"] == "SourceGone"
+    assert f"the pinned shard {name!r} of 's3://{s3_bucket}/train/' is 20 bytes" in ready["message"]
+    assert "the pinned data changed" in ready["message"]
+
+    fs.delete_file(f"{s3_bucket}/train/{name}")
+    gone = await check(obj, s3_server, probe=probe)
+    assert conditions(gone)["Ready"]["message"] == (
+        f"the pinned shard {name!r} of 's3://{s3_bucket}/train/' is not there any more: "
+        "the pinned data is gone"
+    )
+    older = {**obj, "status": {k: v for k, v in obj["status"].items() if k != "largestShard"}}
+    assert (await check(older, s3_server, probe=probe)).status["phase"] == "Ready"
 
 
 async def test_check_leaves_unpinned_mounts_to_reconcile(s3_server: S3Server) -> None:

@@ -164,7 +164,7 @@ async def test_a_child_over_its_memory_limit_fails_the_resolve_saying_which_limi
         },
         read_secret=secrets_of_nobody,
         resolve=resolver,
-        probe=lambda uri, options: None,
+        probe=lambda uri, options, **_: None,
         now=NOW,
         reads=gate,
     )
@@ -277,7 +277,7 @@ async def test_namespaces_resolving_at_once_never_run_more_children_than_the_cap
                     },
                     read_secret=secrets_of_nobody,
                     resolve=lambda uri, fmt, _: resolver(uri, fmt, options),
-                    probe=lambda uri, options: None,
+                    probe=lambda uri, options, **_: None,
                     now=NOW,
                     reads=gate,
                     timeout=3.0,

@@ -51,7 +51,9 @@ async def no_secret(namespace: str, name: str) -> Mapping[str, str] | None:
     return None
 
 
-def answers(uri: str, options: Mapping[str, str] | None) -> None:
+def answers(
+    uri: str, options: Mapping[str, str] | None, *, shard: reconcile.PinnedShard | None = None
+) -> None:
     return None
 
 

@@ -22,7 +22,7 @@ async def no_secret(namespace: str, name: str) -> Mapping[str, str] | None:
     raise AssertionError("no Secret is named")
 
 
-def never_probe(uri: str, options: Mapping[str, str] | None) -> None:
+def never_probe(uri: str, options: Mapping[str, str] | None, **_: object) -> None:
     raise AssertionError("a new pin is resolved, not probed")
 
 
@@ -62,7 +62,7 @@ def mix(roots: dict[str, str], **override: Any) -> dict[str, Any]:
     }
 
 
-def answers(uri: str, options: Mapping[str, str] | None) -> None:
+def answers(uri: str, options: Mapping[str, str] | None, **_: object) -> None:
     """A source that answers the reachability probe of a kept pin."""
 
 

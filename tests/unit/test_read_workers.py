@@ -106,6 +106,20 @@ def test_a_worker_is_reused_and_its_answers_are_the_in_process_reads(
     assert pool.running() == [first]
 
 
+def test_a_probe_of_a_pinned_shard_checks_that_file_and_its_size_in_the_worker(
+    pool: read_workers.Pool, tmp_path: Path
+) -> None:
+    uri = dataset(tmp_path)  # part-0.jsonl, 3 bytes
+    pool.probe(uri, None, shard=("part-0.jsonl", 3))
+    with pytest.raises(errors.InputError, match="is 3 bytes, not the 4 it was pinned at"):
+        pool.probe(uri, None, shard=("part-0.jsonl", 4))
+    with pytest.raises(errors.InputError, match=r"'part-1\.jsonl' of .* is not there any more"):
+        pool.probe(uri, None, shard=("part-1.jsonl", 3))
+    single = (tmp_path / "data" / "part-0.jsonl").as_uri()  # a one-file dataset: path ""
+    pool.probe(single, None, shard=("", 3))
+    assert len(pool.running()) == 1
+
+
 def test_the_policy_refuses_a_source_before_any_worker_starts(tmp_path: Path) -> None:
     refusing = read_workers.Pool(memory=256 * MiB, timeout=30)
     try:
@@ -266,6 +280,7 @@ def test_a_worker_answers_a_bad_request_with_an_error_and_serves_the_next(
     answers = worker_answers(
         json.dumps({**good, "op": "delete"}).encode() + b"\n",
         b"not json\n",
+        json.dumps({**good, "shard": "part-0.jsonl"}).encode() + b"\n",
         json.dumps(good).encode() + b"\n",
     )
     assert answers[0]["error"] == {
@@ -273,4 +288,8 @@ def test_a_worker_answers_a_bad_request_with_an_error_and_serves_the_next(
         "message": "expected a request op of ['probe', 'applied_skips'], found 'delete'",
     }
     assert answers[1]["error"]["kind"] == "InputError"  # type: ignore[index]
-    assert answers[2] == {"ok": True}
+    assert answers[2]["error"] == {
+        "kind": "InputError",
+        "message": "expected a request's shard as [path, size], found 'part-0.jsonl'",
+    }
+    assert answers[3] == {"ok": True}

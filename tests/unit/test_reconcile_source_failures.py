@@ -240,6 +240,25 @@ async def test_a_secret_broken_after_the_pin_degrades_the_mount_and_keeps_the_pi
     assert result.status["manifestDigest"] == DIGEST
 
 
+async def test_a_check_looks_for_the_shard_the_pin_recorded_else_at_the_root() -> None:
+    obj = mount()
+    obj["status"] = (await run(obj, resolver())).status
+    asked: list[object] = []
+
+    def records(
+        uri: str, options: Mapping[str, str] | None, *, shard: object = "not given"
+    ) -> None:
+        asked.append(shard)
+
+    # A pin without status.largestShard (the fake manifest records none; an older
+    # operator's pin): the root.
+    await reconcile.check_source(obj, read_secret=secret_of(GOOD_SECRET), probe=records, now="t2")
+    obj["status"]["largestShard"] = {"path": "part-7.parquet", "bytes": 4096}
+    await reconcile.check_source(obj, read_secret=secret_of(GOOD_SECRET), probe=records, now="t3")
+    await run(obj, resolver(), probe=records)  # a reconcile of the kept pin checks it too
+    assert asked == ["not given", ("part-7.parquet", 4096), ("part-7.parquet", 4096)]
+
+
 async def test_a_check_that_got_no_read_worker_changes_no_status() -> None:
     """Other namespaces' reads held every worker: nothing is known of this store, so
     the check-source timer leaves the mount as it was (Degraded would page someone)."""

@@ -247,7 +247,7 @@ def never_probe(uri: str, options: Any) -> None:
     raise AssertionError("a new pin is resolved, not probed")
 
 
-def answers(uri: str, options: Any) -> None:
+def answers(uri: str, options: Any, **_: object) -> None:
     """A source that answers the reachability probe of a kept pin."""
 
 

@@ -109,7 +109,9 @@ def warnings(result: reconcile.Result) -> list[reconcile.Event]:
     return [e for e in result.events if e.reason == shard_room.REASON]
 
 
-def unreachable(uri: str, options: Mapping[str, str] | None) -> None:
+def unreachable(
+    uri: str, options: Mapping[str, str] | None, *, shard: reconcile.PinnedShard | None = None
+) -> None:
     raise errors.SourceError(f"{uri} did not answer")
 
 
