@@ -72,36 +72,28 @@ def test_the_resolve_memory_value_reaches_the_operator_and_a_bad_one_is_refused(
     assert "resolveMemory" in refused.stderr, refused.stderr
 
 
-def test_the_resolve_children_value_reaches_the_operator_and_a_bad_one_is_refused(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("value", "variable", "field", "given", "bad"),
+    [
+        ("resolveChildren", "RESOLVE_CHILDREN", "resolve_children", 3, ("-1", "lots")),
+        ("readWorkers", "READ_WORKERS", "read_workers", 4, ("0", "lots")),
+    ],
+)
+def test_a_count_of_processes_reaches_the_operator_and_a_bad_one_is_refused(
+    tmp_path: Path, value: str, variable: str, field: str, given: int, bad: tuple[str, ...]
 ) -> None:
     env = {e["name"]: e.get("value") for e in operator_container(tmp_path)["env"]}
     settings = configuration.from_env({k: v for k, v in env.items() if v is not None})
-    assert settings.resolve_children == configuration.Settings.resolve_children == 0
-    raised = operator_container(tmp_path, "--set=operator.settings.resolveChildren=3")
+    assert getattr(settings, field) == getattr(configuration.Settings, field)
+    raised = operator_container(tmp_path, f"--set=operator.settings.{value}={given}")
     env = {e["name"]: e.get("value") for e in raised["env"]}
-    assert env["SHARDCACHE_OPERATOR_RESOLVE_CHILDREN"] == "3"
+    assert env[f"SHARDCACHE_OPERATOR_{variable}"] == str(given)
     settings = configuration.from_env({k: v for k, v in env.items() if v is not None})
-    assert settings.resolve_children == 3
-    for bad in ("-1", "lots"):
-        refused = helm_template(tmp_path, f"--set=operator.settings.resolveChildren={bad}")
+    assert getattr(settings, field) == given
+    for refused_value in bad:
+        refused = helm_template(tmp_path, f"--set=operator.settings.{value}={refused_value}")
         assert refused.returncode != 0
-        assert "resolveChildren" in refused.stderr, refused.stderr
-
-
-def test_the_read_workers_value_reaches_the_operator_and_a_bad_one_is_refused(
-    tmp_path: Path,
-) -> None:
-    env = {e["name"]: e.get("value") for e in operator_container(tmp_path)["env"]}
-    settings = configuration.from_env({k: v for k, v in env.items() if v is not None})
-    assert settings.read_workers == configuration.Settings.read_workers == 2
-    raised = operator_container(tmp_path, "--set=operator.settings.readWorkers=4")
-    env = {e["name"]: e.get("value") for e in raised["env"]}
-    assert env["SHARDCACHE_OPERATOR_READ_WORKERS"] == "4"
-    for bad in ("0", "lots"):
-        refused = helm_template(tmp_path, f"--set=operator.settings.readWorkers={bad}")
-        assert refused.returncode != 0
-        assert "readWorkers" in refused.stderr, refused.stderr
+        assert value in refused.stderr, refused.stderr
 
 
 def test_the_default_memory_limit_holds_the_operator_two_resolves_and_the_read_workers(
