@@ -284,6 +284,31 @@ def recorded_shard(previous: Mapping[str, Any]) -> PinnedShard | None:
     return None if largest is None else (largest.path, largest.bytes)
 
 
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """One pinned source a check looks at: its spec fields as messages name them (None
+    for spec.source, which its messages never named), its URI and its recorded shard."""
+
+    where: str | None
+    uri: str
+    shard: PinnedShard | None
+
+
+def checked_sources(spec: specs.DatasetMountSpec, previous: Mapping[str, Any]) -> list[Checked]:
+    """What a check of a pinned mount looks at: spec.source, then each further source
+    of its mixture whose pin `previous` keeps (a source without one is resolved by the
+    reconcile, not checked)."""
+    found = [Checked(None, spec.source.uri, recorded_shard(previous))]
+    if spec.mixture is not None:
+        before = _pins_by_name(previous)
+        for index, source in enumerate(spec.mixture.sources):
+            kept = _kept_pin(source, before)
+            if kept is not None:
+                where = f"spec.mixture.sources[{index}] ({source.name})"
+                found.append(Checked(where, source.uri, recorded_shard(kept)))
+    return found
+
+
 async def _check(
     spec: specs.DatasetMountSpec,
     pin: status.Resolved,
@@ -293,14 +318,43 @@ async def _check(
     probe: Prober,
     timeout: float,
     reads: source_reads.Gate,
-    shard: PinnedShard | None,
+    checked: Sequence[Checked],
 ) -> status.Outcome:
-    """Keep `pin` if the source still answers, and its recorded shard (`shard`) is
-    still there; else Degraded, with the pin kept."""
+    """Keep `pin` if each source in `checked` still answers, and its recorded shard is
+    still there; else Degraded (the first that does not, named by its spec fields),
+    with the pin kept."""
     options, failure = await _options(spec, namespace, read_secret, pinned=True)
     if failure is not None:
         return failure
-    uri = spec.source.uri
+    for source in checked:
+        failed = await _check_one(
+            source,
+            spec=spec,
+            namespace=namespace,
+            options=options,
+            probe=probe,
+            timeout=timeout,
+            reads=reads,
+        )
+        if failed is not None:
+            if source.where is None:
+                return failed
+            return dataclasses.replace(failed, message=f"{source.where}: {failed.message}")
+    return pin
+
+
+async def _check_one(
+    source: Checked,
+    *,
+    spec: specs.DatasetMountSpec,
+    namespace: str,
+    options: Mapping[str, str] | None,
+    probe: Prober,
+    timeout: float,
+    reads: source_reads.Gate,
+) -> status.Failed | None:
+    """Why `source` fails its check, or None when it passes."""
+    uri, shard = source.uri, source.shard
     shown = uris.redact(uri)
 
     def check() -> None:
@@ -351,7 +405,7 @@ async def _check(
         return status.Failed(
             status.Phase.DEGRADED, "CheckFailed", message, reachable=None, keeps_pin=True
         )
-    return pin
+    return None
 
 
 async def _resolve(
@@ -712,7 +766,7 @@ async def reconcile(
             probe=probe,
             timeout=timeout,
             reads=reads,
-            shard=recorded_shard(obj.get("status") or {}),
+            checked=checked_sources(spec, obj.get("status") or {}),
         )
     else:
         outcome = await _resolve(
@@ -797,7 +851,7 @@ async def check_source(
         probe=probe,
         timeout=timeout,
         reads=reads or source_reads.Gate(),
-        shard=recorded_shard(previous),
+        checked=checked_sources(spec, previous),
     )
     if isinstance(outcome, status.Failed) and outcome.reason == CHECKS_BUSY:
         name = (obj.get("metadata") or {}).get("name")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
-from shardcache_operator import reconcile, specs, status
+from shardcache_operator import reconcile, sources, specs, status
 
 from shardcache import errors, manifests
 from tests.support import datasets
@@ -180,6 +180,43 @@ async def test_the_periodic_check_leaves_a_mount_unready_while_a_source_lacks_it
         f"the check made the mount {checked.status['phase']} with pins "
         f"{[p['resolvedSource']['uri'] for p in checked.status['mixture']]} for {new_uri}"
     )
+
+
+async def test_the_periodic_check_looks_at_every_source_and_names_the_one_whose_data_is_gone(
+    roots: dict[str, str], tmp_path: Path
+) -> None:
+    first = await run(mix(roots), Resolver())
+    obj = {**mix(roots), "status": first.status}
+    asked: list[tuple[str, object]] = []
+
+    def records(uri: str, options: Mapping[str, str] | None, **kwargs: object) -> None:
+        asked.append((uri, kwargs.get("shard")))
+
+    kept = await reconcile.check_source(obj, read_secret=no_secret, probe=records, now=NOW)
+    assert kept is not None and kept.status["phase"] == status.Phase.READY
+    # spec.source first, then each further source in its order, each at its own shard.
+    pins = {p["name"]: p["largestShard"] for p in first.status["mixture"]}
+    assert asked == [
+        (roots["web"], tuple(first.status["largestShard"].values())),
+        (roots["code"], tuple(pins["code"].values())),
+        (roots["math"], tuple(pins["math"].values())),
+    ]
+    # The real check, on the real files: the math source's pinned shard deleted.
+    files = sources.Access(file_sources=True)
+
+    def probe(uri: str, options: Mapping[str, str] | None, **kwargs: Any) -> None:
+        sources.probe_source(uri, options, access=files, **kwargs)
+
+    (tmp_path / "math" / pins["math"]["path"]).unlink()
+    gone = await reconcile.check_source(obj, read_secret=no_secret, probe=probe, now=NOW)
+    assert gone is not None and gone.status["phase"] == status.Phase.DEGRADED
+    ready = {c["type"]: c for c in gone.status["conditions"]}["Ready"]
+    assert ready["reason"] == "SourceGone"
+    assert ready["message"] == (
+        f"spec.mixture.sources[1] (math): the pinned shard {pins['math']['path']!r} of "
+        f"{roots['math']!r} is not there any more: the pinned data is gone"
+    )
+    assert gone.status["mixture"] == first.status["mixture"]  # the pins stay
 
 
 async def test_removing_the_mixture_deletes_its_pins_from_the_stored_status(
