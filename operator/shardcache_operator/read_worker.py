@@ -8,8 +8,9 @@ JSON object a line (`op`: "probe" or "applied_skips"; `uri`; `storage_options`, 
 Secret's keys, which must never show in `ps`, so never in argv or env; `retry`, a
 `source.RetryPolicy`'s fields; `shard`, a probe's pinned shard as [path, size], or
 none); each answer goes to stdout, one JSON object a line: `{"ok": true}` for a probe,
-`{"records": [...]}` for the skips, or `{"error": {...}}` as `resolve_child.error_answer` writes it. One request at a time:
-the next comes only after its answer.
+`{"records": [...]}` for the skips, or `{"error": {...}}` as
+`resolve_child.error_answer` writes it. One request at a time: the next comes only
+after its answer.
 
 The same limits as a resolve child (`resolve_child.limit`: data limit, 1 MiB thread
 stacks, first for the OOM killer), set before pyarrow's import. Unlike a resolve child
@@ -68,14 +69,10 @@ def _shard(value: object) -> tuple[str, int] | None:
     """A request's pinned shard: [path, size], or none."""
     if value is None:
         return None
-    if (
-        isinstance(value, list)
-        and len(value) == 2
-        and isinstance(value[0], str)
-        and isinstance(value[1], int)
-        and not isinstance(value[1], bool)
-    ):
-        return value[0], value[1]
+    if isinstance(value, list) and len(value) == 2:
+        path, size = value
+        if isinstance(path, str) and resolve_child.is_count(size):
+            return path, size
     from shardcache import errors
 
     raise errors.InputError(f"expected a request's shard as [path, size], found {value!r:.80}")

@@ -145,7 +145,7 @@ class Pool:
         storage_options_: Mapping[str, str] | None,
         /,
         *,
-        shard: tuple[str, int] | None = None,
+        shard: reconcile.PinnedShard | None = None,
     ) -> None:
         """`sources.probe_source`, in a worker (a `reconcile.Prober`)."""
         # The policy is the operator's, judged here: a refused source reaches no worker.
@@ -220,20 +220,30 @@ class Pool:
             self._idle = [w for w in self._idle if w not in stale]
             for worker in stale:
                 self._processes.pop(worker.process.pid, None)
-            if found is None:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", read_worker.__name__, str(self.memory)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env={**os.environ, **resolve_child.ENV},
-                    close_fds=True,
-                )
-                self._processes[process.pid] = process
-                found = _Worker(process)
         for worker in stale:
             _end(worker.process)
-        return found
+        if found is not None:
+            return found
+        # Started outside the lock: other threads need not wait for its fork and exec.
+        process = subprocess.Popen(
+            [sys.executable, "-m", read_worker.__name__, str(self.memory)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **resolve_child.ENV},
+            close_fds=True,
+        )
+        with self._lock:
+            if self._stopping():  # closed meanwhile: `close` has not seen this one
+                _end(process)
+                raise errors.SourceError("the operator is stopping: checked again at its start")
+            self._processes[process.pid] = process
+        return _Worker(process)
+
+    def _stopping(self) -> bool:
+        """Whether `close` was called (a call, which mypy does not narrow as it narrows
+        `self._closed` after a first look)."""
+        return self._closed
 
     def _done(self, worker: _Worker, *, keep: bool) -> None:
         with self._lock:

@@ -127,7 +127,7 @@ class Summary:
         counts: list[int] = []
         for key in ("shard_count", "total_rows", "total_bytes"):
             value = data.get(key)
-            if not _count(value):
+            if not is_count(value):
                 raise ValueError(f"expected {key} an integer >= 0, found {value!r:.80}")
             counts.append(value)
         shard_count, rows, size = counts
@@ -136,13 +136,14 @@ class Summary:
         if largest is not None:
             path = largest.get("path") if isinstance(largest, Mapping) else None
             stored = largest.get("size") if isinstance(largest, Mapping) else None
-            if not isinstance(path, str) or not _count(stored):
+            if not isinstance(path, str) or not is_count(stored):
                 raise ValueError(f"expected largest_shard a path and a size, found {largest!r:.80}")
             shard = Shard(path, stored)
         return cls(digest, fmt, shard_count, rows, size, shard)
 
 
-def _count(value: object) -> TypeGuard[int]:
+def is_count(value: object) -> TypeGuard[int]:
+    """An integer >= 0 (not a bool), as JSON brings counts and sizes."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

@@ -140,7 +140,7 @@ def probe_source(
     *,
     access: Access | None = None,
     retry: source.RetryPolicy = RETRY,
-    shard: tuple[str, int] | None = None,
+    shard: reconcile.PinnedShard | None = None,
 ) -> None:
     """Is the pinned `shard` (path in the manifest, size) still there at its size? One
     metadata request. Without one (a pin that recorded none): does the dataset's root
@@ -155,7 +155,7 @@ def probe(
     options: Mapping[str, str] | None,
     *,
     retry: source.RetryPolicy = RETRY,
-    shard: tuple[str, int] | None = None,
+    shard: reconcile.PinnedShard | None = None,
 ) -> None:
     """`probe_source`'s reads, with the options the policy gave (`storage_options`): what
     a `read_worker` runs. The root's listing is of its first level, whole: a root that
@@ -184,7 +184,11 @@ def probe(
 
 
 def _probe_shard(
-    fs: pafs.FileSystem, root: str, uri: str, shard: tuple[str, int], retry: source.RetryPolicy
+    fs: pafs.FileSystem,
+    root: str,
+    uri: str,
+    shard: reconcile.PinnedShard,
+    retry: source.RetryPolicy,
 ) -> None:
     """InputError unless the pinned shard `shard` (its path relative to `root`, "" for a
     one-file dataset, and its size) is a file of that size."""
