@@ -373,6 +373,9 @@ def uri_refusal(uri: str, allowed: tuple[Origin, ...]) -> str | None:
         origins = uri_origins(uri)
     except EndpointError as exc:
         return f"{named}: expected {exc}"
+    clear = _in_clear(scheme, origins)
+    if clear is not None:
+        return f"{named} {clear}"
     for origin in origins:
         problem = _held_to(origin, allowed, f"{named} makes the operator connect to {origin}")
         if problem is not None:
@@ -382,6 +385,24 @@ def uri_refusal(uri: str, allowed: tuple[Origin, ...]) -> str | None:
         if elsewhere is not None:
             return f"{named} {elsewhere}"
     return None
+
+
+def _in_clear(scheme: str, origins: tuple[Origin, ...]) -> str | None:
+    """Why a gs:// URI may not send the operator over plain http, listed or not, or None.
+    Google's client adds the operator's own bearer token to every request, `scheme=http`
+    too (a test sees it arrive), so anyone on the path could take and replay it. Azure's
+    client refuses a bearer token over http by itself, and an hdfs:// namenode gets no
+    token."""
+    if scheme not in ("gs", "gcs"):
+        return None
+    plain = [o for o in origins if o.scheme == "http"]
+    if not plain:
+        return None
+    return (
+        f"makes the operator connect to {plain[0]} over plain http: Google's client would "
+        "send the operator's own cloud identity (its bearer token) there in clear text; "
+        "expected scheme=https (or no scheme) with endpoint_override"
+    )
 
 
 def _services_only(scheme: str, origins: tuple[Origin, ...]) -> str | None:

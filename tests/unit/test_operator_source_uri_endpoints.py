@@ -143,9 +143,9 @@ def test_an_account_that_is_not_a_name_would_move_pyarrows_host() -> None:
         ("hdfs://169.254.169.254:80/x", "link-local or cloud metadata"),
         ("hdfs://[fe80::1]:8020/x", "link-local or cloud metadata"),
         ("viewfs://127.0.0.1/x", "the operator pod's own loopback"),
-        ("gs://b/x?endpoint_override=169.254.169.254&scheme=http", "link-local or cloud"),
+        ("gs://b/x?endpoint_override=169.254.169.254", "link-local or cloud"),
         ("gs://b/x?endpoint_override=metadata.google.internal", "a cloud metadata service"),
-        ("gs://b/x?endpoint_override=0xa9fea9fe:80&scheme=http", "link-local or cloud"),
+        ("gs://b/x?endpoint_override=0xa9fea9fe:80", "link-local or cloud"),
         ("gs://b/x?endpoint_override=localhost:8080", "the operator pod's own loopback"),
         ("abfs://acct@169.254.169.254:80/c/x?enable_tls=false", "link-local or cloud"),
         ("abfs://acct@127.0.0.1:10000/c/x", "the operator pod's own loopback"),
@@ -176,7 +176,7 @@ def test_by_default_ordinary_hosts_are_read(uri: str) -> None:
 @pytest.mark.parametrize(
     ("uri", "found"),
     [
-        ("gs://b/x?endpoint_override=gcs.storage.svc:4443&scheme=http", "http://gcs.storage.svc:4443"),
+        ("gs://b/x?endpoint_override=gcs.storage.svc:4443", "https://gcs.storage.svc:4443"),
         ("gs://b/x?endpoint_override=tenant.example", "https://tenant.example"),
         ("abfs://acct@azurite.storage.svc:10000/c/x?enable_tls=false", "http://azurite.storage.svc:10000"),
         ("abfs://acct@container/x?enable_tls=false", "http://acct.blob.core.windows.net"),
@@ -198,8 +198,8 @@ def test_by_default_the_operators_identity_goes_to_its_clouds_service_only(
     [
         ("gs://bucket/x/", "https://storage.googleapis.com", True),
         ("gs://bucket/x/", "https://*.googleapis.com", True),
-        ("gs://b/x?endpoint_override=gcs.svc:4443&scheme=http", "https://storage.googleapis.com", False),
-        ("gs://b/x?endpoint_override=gcs.svc:4443&scheme=http", "http://gcs.svc:4443", True),
+        ("gs://b/x?endpoint_override=gcs.svc:4443", "https://storage.googleapis.com", False),
+        ("gs://b/x?endpoint_override=gcs.svc:4443", "https://gcs.svc:4443", True),
         ("hdfs://namenode/x", "hdfs://namenode:8020", True),
         ("hdfs://namenode:9000/x", "hdfs://namenode", False),
         ("hdfs://namenode/x", "http://namenode:8020", False),
@@ -288,9 +288,10 @@ def operator_identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
 
 
 def listened(scheme: str, port: int) -> str:
-    """A URI of `scheme` whose client connects to 127.0.0.1:`port`, over http."""
+    """A URI of `scheme` whose client connects to 127.0.0.1:`port` (gs:// over https,
+    the others over http)."""
     return {
-        "gs": f"gs://b/x?endpoint_override=127.0.0.1:{port}&scheme=http&retry_limit_seconds=1",
+        "gs": f"gs://b/x?endpoint_override=127.0.0.1:{port}&retry_limit_seconds=1",
         "abfs": f"abfs://acct@127.0.0.1:{port}/c/x?enable_tls=false&credential_kind=anonymous",
         "hdfs": f"hdfs://127.0.0.1:{port}/x",
     }[scheme]
@@ -322,9 +323,53 @@ def test_a_refused_host_is_refused_before_any_connection(
 def test_a_listed_host_is_connected_to(listener: Listener, scheme: str) -> None:
     """The listener sees the connections the refusal above prevents (hdfs:// needs a
     JVM this machine lacks: no client to connect)."""
+    web = "https" if scheme == "gs" else "http"
     access = sources.Access(
-        ambient_credentials=True, source_endpoints=origins(f"http://127.0.0.1:{listener.port}")
+        ambient_credentials=True, source_endpoints=origins(f"{web}://127.0.0.1:{listener.port}")
     )
     with pytest.raises(errors.SourceError):
         sources.probe_source(listened(scheme, listener.port), None, access=access, retry=ONE_TRY)
     assert listener.accepts >= 1
+
+
+@pytest.mark.parametrize("allowed", [(), ("http://gcs.svc:4443",), ("https://gcs.svc:4443",)])
+def test_a_gs_uri_over_plain_http_is_refused_listed_or_not(allowed: tuple[str, ...]) -> None:
+    # Google's client puts the operator's bearer token on every request, over http too
+    # (the next test sees it arrive): anyone on the path could replay it.
+    uri = "gs://b/x?endpoint_override=gcs.svc:4443&scheme=http"
+    message = endpoint_policy.uri_refusal(uri, origins(*allowed))
+    assert message is not None
+    assert "connect to http://gcs.svc:4443 over plain http" in message
+    assert "clear text" in message and "expected scheme=https" in message
+
+
+@pytest.mark.usefixtures("operator_identity")
+def test_googles_client_sends_the_operators_token_over_plain_http() -> None:
+    """Why the refusal above: what pyarrow's GCS client itself sends to an http
+    endpoint_override, with the operator's identity ambient (no check of ours between).
+    Should a pyarrow upgrade stop sending it, this fails and the refusal can be revisited."""
+    headers: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            headers.append(self.headers.get("Authorization"))
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        filesystem, path = pafs.FileSystem.from_uri(
+            f"gs://b/x?endpoint_override=127.0.0.1:{port}&scheme=http&retry_limit_seconds=1"
+        )
+        filesystem.get_file_info(path)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert headers and headers[0] == "Bearer operator-token"
