@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
-from shardcache_operator import reconcile, resolve_slots, status
+from shardcache_operator import read_workers, reconcile, resolve_slots, status
 
 from shardcache import errors
 from tests.unit.test_reconcile_events import DIGEST, FakeManifest
@@ -272,6 +272,31 @@ async def test_a_check_that_got_no_read_worker_changes_no_status() -> None:
         obj, read_secret=secret_of(GOOD_SECRET), probe=busy, now="t2"
     )
     assert result is None
+
+
+async def test_a_reconciles_check_that_got_no_read_worker_is_degraded_and_retried_with_backoff() -> (
+    None
+):
+    """A restart's or spec update's reconcile of a pinned mount writes its status: there
+    ChecksBusy is Degraded with the pin kept, retried with the backoff, and its message
+    says so (not "at the next check", which is the timer's)."""
+    obj = mount()
+    obj["status"] = (await run(obj, resolver())).status
+    slots = resolve_slots.Slots(1, read_workers.READS, share=1)
+
+    def busy(uri: str, options: Mapping[str, str] | None) -> None:
+        with slots.held("ml", timeout=0.05, what="checking s3://bucket/data/"):
+            raise AssertionError("the only worker is another namespace's")
+
+    with slots.held("other", timeout=1, what="another namespace's read"):
+        result = await run(obj, resolver(), probe=busy, retry=3)
+    assert result.status["phase"] == "Degraded"
+    ready = conditions(result)["Ready"]
+    assert ready["reason"] == reconcile.CHECKS_BUSY
+    assert "periodic reads are all busy, not the source" in ready["message"]
+    assert "(from a reconcile: with backoff)" in ready["message"]
+    assert result.retry_in == BACKOFF.delay(3)
+    assert result.status["manifestDigest"] == DIGEST
 
 
 async def test_a_check_over_its_workers_memory_degrades_the_mount_naming_it_and_keeps_the_pin() -> (
