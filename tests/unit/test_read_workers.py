@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -293,3 +294,108 @@ def test_a_worker_answers_a_bad_request_with_an_error_and_serves_the_next(
         "message": "expected a request's shard as [path, size], found 'part-0.jsonl'",
     }
     assert answers[3] == {"ok": True}
+
+
+def test_a_store_that_hung_is_left_alone_for_its_namespace_and_read_for_the_others(
+    silent: Listener,
+) -> None:
+    """Namespace a's store never answers: after one read of it timed out, a's next reads
+    of that store (another mount's prefix in the same bucket) fail at once, with no
+    worker and no connection, saying when it is read again; namespace b's read of the
+    same store is still made."""
+    uri, options, access = silent_source(silent.port)
+    quiet = read_workers.Quiet(after=1.0, hold=60.0)
+    hung = read_workers.Pool(memory=256 * MiB, timeout=3, access=access, quiet=quiet)
+
+    async def scenario() -> None:
+        gate = source_reads.Gate()
+        with pytest.raises(TimeoutError):
+            await gate.run("a", lambda: hung.probe(uri, options), timeout=10, what="checking a")
+        accepted = silent.accepts
+        started = time.monotonic()
+        with pytest.raises(read_workers.Unanswered) as unanswered:
+            await gate.run(
+                "a",
+                lambda: hung.probe("s3://bucket/other/", options),
+                timeout=10,
+                what="checking s3://bucket/other/",
+            )
+        assert time.monotonic() - started < 1
+        assert isinstance(unanswered.value, errors.SourceError)
+        message = str(unanswered.value)
+        assert message.startswith("checking s3://bucket/other/: not read now: a read of the ")
+        assert "did not answer within 3 s" in message
+        assert re.search(r"reads it again in (5\d|60) s", message), message
+        assert silent.accepts == accepted and hung.running() == []
+        with pytest.raises(TimeoutError):
+            await gate.run("b", lambda: hung.probe(uri, options), timeout=10, what="checking b")
+        assert silent.accepts > accepted
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        hung.close()
+
+
+def test_a_store_is_left_alone_after_a_slow_failure_only_and_longer_at_each_in_a_row() -> None:
+    quiet = read_workers.Quiet(after=10.0, hold=300.0, most=900.0)
+    store = quiet.key("a", "s3://bucket/data/", {"AWS_ENDPOINT_URL": "http://store:9000"})
+    quiet.failed(store, 0.2, "failed after 0 s")  # refused at once: held no worker long
+    quiet.check(store, "checking")
+    holds = []
+    for _ in range(4):
+        quiet.failed(store, 60.0, "did not answer within 60 s")
+        with pytest.raises(read_workers.Unanswered) as unanswered:
+            quiet.check(store, "checking")
+        holds.append(int(str(unanswered.value).split("reads it again in ")[1].split(" s")[0]))
+    assert [round(h, -1) for h in holds] == [300, 600, 900, 900]
+    # Its first answer forgets it; other stores, and the same store for another
+    # namespace or through another endpoint, were never held.
+    quiet.check(quiet.key("b", "s3://bucket/data/", {"AWS_ENDPOINT_URL": "http://store:9000"}), "x")
+    quiet.check(quiet.key("a", "s3://bucket/data/", {"AWS_ENDPOINT_URL": "http://other:9000"}), "x")
+    quiet.check(
+        quiet.key("a", "s3://elsewhere/data/", {"AWS_ENDPOINT_URL": "http://store:9000"}), "x"
+    )
+    quiet.answered(store)
+    quiet.check(store, "checking")
+
+
+def test_a_check_of_a_store_left_alone_degrades_the_mount_saying_when_it_is_read_again(
+    tmp_path: Path,
+) -> None:
+    quiet = read_workers.Quiet(after=0.0, hold=300.0)
+    left_alone = read_workers.Pool(memory=256 * MiB, timeout=30, access=FILES, quiet=quiet)
+    uri = dataset(tmp_path)
+    quiet.failed(quiet.key("ml", uri, None), 61.0, "did not answer within 60 s")
+    obj = {
+        "metadata": {"name": "data", "namespace": "ml", "generation": 1},
+        "spec": {"source": {"uri": uri, "format": "jsonl"}},
+    }
+
+    async def secret(namespace: str, name: str) -> None:
+        return None
+
+    try:
+        reconciled = asyncio.run(
+            reconcile.reconcile(
+                obj,
+                read_secret=secret,
+                resolve=lambda u, f, o: sources.resolve_manifest(u, f, o, access=FILES),
+                probe=left_alone.probe,
+                now="t",
+            )
+        )
+        obj["status"] = reconciled.status
+        result = asyncio.run(
+            reconcile.check_source(obj, read_secret=secret, probe=left_alone.probe, now="t2")
+        )
+    finally:
+        left_alone.close()
+    assert result is not None and result.status["phase"] == "Degraded"
+    ready = {c["type"]: c for c in result.status["conditions"]}["Ready"]
+    assert ready["reason"] == "SourceUnreachable"
+    assert "did not answer within 60 s" in ready["message"]
+    assert "the operator reads it again in 300 s" in ready["message"] or (
+        "the operator reads it again in 299 s" in ready["message"]
+    )
+    assert left_alone.running() == []
