@@ -67,6 +67,35 @@ def control_plane_cpu(cluster_dir: pathlib.Path) -> dict[str, float]:
     return totals
 
 
+def with_children_cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds so far of `pid` itself, and of the processes it started: the
+    operator's resolve children and read workers (`resolve_children`, `read_workers`),
+    which do its reads of the tenants' stores and whose CPU `cpu_seconds(pid)` leaves
+    out.
+
+    A child that ended and was waited for is in the parent's `cutime` + `cstime`
+    (`/proc/<pid>/stat`: the kernel adds an exited child's CPU, its own waited children's
+    included, when its parent reaps it; clock ticks, 10 ms); a child still running is
+    read by its own clock. The reaped count is read first: a child reaped between the two
+    reads is missed once (one resolve's or one read's CPU), never counted twice."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    # Fields after the command name start at the state (field 3): cutime is field 16.
+    reaped = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    running = 0.0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                parent = int(f.read().rpartition(")")[2].split()[1])
+            if parent == pid:
+                running += cpu_seconds(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue  # it exited between the listing and the read
+    return cpu_seconds(pid), reaped + running
+
+
 @contextlib.contextmanager
 def profiled(pid: int, path: pathlib.Path | None) -> Iterator[None]:
     """Sample the process's Python stacks with py-spy while the block runs (`--profile`).
