@@ -13,8 +13,9 @@ back is what the operator pins of the manifest (`resolve_child.Summary`: its dig
 counts and largest shard, whatever the shard count) or the error, raised again as the
 class an in-process resolve raises (`raised`).
 
-The child costs an interpreter and pyarrow's import (about 0.5 s of CPU and 90 MiB)
-per resolve: resolves run on create, on a source change and on retries, never per pod
+The child costs an interpreter and pyarrow's import (about 0.25 s of CPU on the 2-core
+machine, resolve included, and 90 MiB; docs/benchmarks.md, "The operator's child
+processes, counted") per resolve: resolves run on create, on a source change and on retries, never per pod
 or per source check, so no fork server is kept (forking the operator itself, a process
 with threads and an event loop, is not safe).
 """
