@@ -26,21 +26,18 @@ timeout fails `resolve_slots.AllBusy`, which changes no status
 never answers holds one worker for that long a read. A worker that timed out, died or
 answered out of memory is never reused.
 
-A store that never answers is then left alone for a while (`Quiet`): after a read of it
-held its worker `QUIET_AFTER` seconds or more and failed (its timeout, or the store
-unreachable through the worker's own retries), the namespace's further reads of the same store
-fail at once (`Unanswered`, a `SourceError`: the mount is Degraded/SourceUnreachable,
-its message saying when the store is read again) for `QUIET_SECONDS`, doubled at each
-timeout in a row up to `QUIET_MAX_SECONDS`, and forgotten at its first answer. Without
-it, every mount of a namespace whose store hangs held a worker for a whole timeout at
-each of its checks: two such namespaces held both default workers all the time, and the
-other namespaces' checks got none (`ChecksBusy`, their status unchanged).
+A store that hangs is then left alone for its namespace (`quiet_stores`): after a read
+of it held its worker 10 s or more and failed (its timeout, or the store unreachable
+through the worker's own retries), the namespace's further reads of the same store fail
+at once for a while. Without it, every mount of a namespace whose store hangs held a
+worker for a whole timeout at each of its checks: two such namespaces held both default
+workers all the time, and the other namespaces' checks got none (`ChecksBusy`, their
+status unchanged).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import selectors
@@ -48,13 +45,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 from shardcache import errors, source, uris
 from shardcache_operator import (
-    endpoint_policy,
+    quiet_stores,
     read_worker,
     reconcile,
     resolve_child,
@@ -77,17 +73,6 @@ TIMEOUT = 120.0
 #: Seconds an idle worker is kept for the next read: the timers of a few mounts come
 #: that often, and an idle worker holds about 90 MiB.
 IDLE_SECONDS = 30.0
-#: Seconds a failed read must have held its worker before the failure counts against
-#: the store (`Quiet`): one refused at once held none for long, and one whose caller
-#: left it less time says little of the store.
-QUIET_AFTER = 10.0
-#: Seconds a namespace's store is left alone after a read of it failed slowly: one
-#: source check interval (`sourceCheckSeconds`' default), so a mount whose store hangs
-#: is read every other check, and its namespace's other mounts of it not meanwhile.
-QUIET_SECONDS = 300.0
-#: The longest it is left alone (timeouts in a row double it): how late, at most, a
-#: store that answers again is seen to (the message of each mount says when).
-QUIET_MAX_SECONDS = 900.0
 #: Bytes of one answer read at most: a probe's is a dozen bytes, and the applied skips
 #: are one small record per restore that applied a skip.
 MAX_ANSWER_BYTES = 4 << 20
@@ -105,81 +90,6 @@ READS = resolve_slots.Kind(
         '"Source checks and applied skips"'
     ),
 )
-
-
-class Unanswered(errors.SourceError):
-    """A read not made: a read of the same store for the same namespace timed out
-    lately (`Quiet`)."""
-
-
-@dataclasses.dataclass
-class _Silence:
-    """A store of one namespace that let a read time out: not read before `until`
-    (monotonic); `hold` seconds, doubled at the next timeout in a row."""
-
-    hold: float
-    until: float
-    #: What the read that failed found ("did not answer within 60 s").
-    found: str
-    since: float
-
-
-class Quiet:
-    """Which stores, per namespace, are left alone after a read of them timed out. Keyed
-    by namespace and store: the endpoint the Secret names (if any), and the URI's scheme,
-    bucket (or host) and query; a store is a namespace's own, so one namespace's hanging
-    store never keeps another's reads from it. Called from any thread."""
-
-    def __init__(
-        self,
-        *,
-        after: float = QUIET_AFTER,
-        hold: float = QUIET_SECONDS,
-        most: float = QUIET_MAX_SECONDS,
-    ) -> None:
-        self.after, self.hold, self.most = after, hold, most
-        self._silences: dict[tuple[str, ...], _Silence] = {}
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def key(namespace: str, uri: str, options: Mapping[str, str] | None) -> tuple[str, ...]:
-        parts = urllib.parse.urlsplit(uri)
-        named = options or {}
-        endpoint = next((named[k] for k in endpoint_policy.ENDPOINT_KEYS if named.get(k)), "")
-        return (namespace, endpoint, parts.scheme.lower(), parts.netloc, parts.query)
-
-    def check(self, key: tuple[str, ...], what: str) -> None:
-        """`Unanswered` while `key`'s store is left alone."""
-        now = time.monotonic()
-        with self._lock:
-            silence = self._silences.get(key)
-            if silence is None or now >= silence.until:
-                return
-        raise Unanswered(
-            f"{what}: not read now: a read of the same store by this namespace "
-            f"{silence.found}, {now - silence.since:.0f} s ago; the "
-            f"operator reads it again in {silence.until - now:.0f} s (a store that never "
-            "answers would hold one of the operator's read workers at each of its mounts' "
-            "checks)"
-        )
-
-    def failed(self, key: tuple[str, ...], held: float, found: str) -> None:
-        """A read of `key`'s store held its worker `held` seconds and failed, as `found`
-        says; one that failed sooner than `after` held none for long: nothing is kept."""
-        if held < self.after:
-            return
-        now = time.monotonic()
-        with self._lock:
-            # Entries of stores read no more (a deleted mount) go once long expired.
-            for old in [k for k, v in self._silences.items() if now - v.until > self.most]:
-                del self._silences[old]
-            before = self._silences.get(key)
-            hold = self.hold if before is None else min(self.most, before.hold * 2)
-            self._silences[key] = _Silence(hold, now + hold, found, now)
-
-    def answered(self, key: tuple[str, ...]) -> None:
-        with self._lock:
-            self._silences.pop(key, None)
 
 
 class _Worker:
@@ -209,7 +119,7 @@ class Pool:
         workers: int = WORKERS,
         idle_seconds: float = IDLE_SECONDS,
         setting: str = "operator.settings.resolveMemory",
-        quiet: Quiet | None = None,
+        quiet: quiet_stores.Quiet | None = None,
     ) -> None:
         self.memory = memory
         self.timeout = timeout
@@ -217,7 +127,7 @@ class Pool:
         self.retry = retry
         self.slots = resolve_slots.Slots(workers, READS, share=1)
         self.idle_seconds = idle_seconds
-        self.quiet = quiet or Quiet()
+        self.quiet = quiet or quiet_stores.Quiet()
         #: How the limit is named in messages (the chart value, or the env variable).
         self.setting = setting
         self._idle: list[_Worker] = []

@@ -18,6 +18,9 @@ machine, resolve included, and 90 MiB; docs/benchmarks.md, "The operator's child
 processes, counted") per resolve: resolves run on create, on a source change and on retries, never per pod
 or per source check, so no fork server is kept (forking the operator itself, a process
 with threads and an event loop, is not safe).
+
+A store that hangs fails a resolve slowly; the namespace's other resolves of it then
+fail at once for a while (`quiet_stores`), holding no slot.
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardcache import errors, source, uris
-from shardcache_operator import reconcile, resolve_child, resolve_slots, source_reads, sources
+from shardcache_operator import (
+    quiet_stores,
+    reconcile,
+    resolve_child,
+    resolve_slots,
+    source_reads,
+    sources,
+)
 
 #: Bytes of a child's answer read at most: a summary or an error is a few hundred bytes
 #: (a shard's path, a message), whatever the shard count.
@@ -68,12 +78,14 @@ class Resolver:
         retry: source.RetryPolicy = sources.RETRY,
         setting: str = "operator.settings.resolveMemory",
         children: int | None = None,
+        quiet: quiet_stores.Quiet | None = None,
     ) -> None:
         self.memory = memory
         self.slots = resolve_slots.Slots(children)
         self.timeout = timeout
         self.access = access or sources.Access()
         self.retry = retry
+        self.quiet = quiet or quiet_stores.Quiet()
         #: How the limit is named in messages (the chart value, or the env variable).
         self.setting = setting
         self._children: dict[int, subprocess.Popen[bytes]] = {}
@@ -115,10 +127,25 @@ class Resolver:
         # store is slow). Off a gate thread (tests, tools) the caller is a namespace of
         # its own.
         wait = max(0.0, timeout - min(_ANSWER_MARGIN, timeout / 10))
-        with self.slots.held(source_reads.namespace() or "", timeout=wait, what=what):
+        namespace = source_reads.namespace() or ""
+        store = self.quiet.key(namespace, uri, options)
+        self.quiet.check(store, what)  # before any slot: a hanging store holds none
+        with self.slots.held(namespace, timeout=wait, what=what):
             left = max(0.0, deadline - time.monotonic())
+            sent = time.monotonic()
             code, answer, stderr = self._run(json.dumps(request).encode(), left)
-        return self._manifest(code, answer, stderr)
+        try:
+            summary = self._manifest(code, answer, stderr)
+        except errors.SourceError as exc:
+            # The store unreachable through the child's retries, slowly: one that hangs
+            # (`quiet_stores`). Not what it holds (an InputError), nor a resolve past its
+            # timeout, which may be a large listing on a store that answers.
+            if type(exc) is errors.SourceError:
+                held = time.monotonic() - sent
+                self.quiet.failed(store, held, f"failed after {held:.0f} s")
+            raise
+        self.quiet.answered(store)
+        return summary
 
     def _run(self, request: bytes, timeout: float) -> tuple[int, bytes, bytes]:
         """Start a child, hand it `request`, and read its answer until it exits, or

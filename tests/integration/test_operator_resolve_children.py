@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from shardcache_operator import (
     endpoint_policy,
+    quiet_stores,
     reconcile,
     resolve_child,
     resolve_children,
@@ -303,3 +306,39 @@ async def test_namespaces_resolving_at_once_never_run_more_children_than_the_cap
             break
         await asyncio.sleep(0.01)
     assert resolver.slots.running() == 0 and resolver.running() == []
+
+
+async def test_a_store_that_failed_a_resolve_slowly_is_left_alone_for_its_namespace() -> None:
+    """The store never answers: the first resolve holds its child through the store's
+    request timeouts and retries, then fails (SourceError); the namespace's next
+    resolve of the same store fails at once, with no child, saying when it is tried
+    again; another namespace's resolve of it is still made."""
+    gate = source_reads.Gate()
+    with stalling_endpoint() as endpoint:
+        resolver = children(
+            access=listing(endpoint), quiet=quiet_stores.Quiet(after=0.5, hold=60.0)
+        )
+        options = {"AWS_ENDPOINT_URL": endpoint, source.ENV_S3_REQUEST_TIMEOUT: "1"}
+
+        async def resolve(namespace: str, uri: str) -> None:
+            await gate.run(
+                namespace,
+                lambda: resolver(uri, "parquet", options),
+                timeout=30.0,
+                what=f"resolving {uri}",
+            )
+
+        with pytest.raises(errors.SourceError) as first:
+            await resolve("ml", "s3://bucket/data/")
+        assert not isinstance(first.value, quiet_stores.Unanswered)
+        started_at = time.monotonic()
+        with pytest.raises(quiet_stores.Unanswered) as again:
+            await resolve("ml", "s3://bucket/other/")
+        assert time.monotonic() - started_at < 1
+        message = str(again.value)
+        assert "resolving the manifest of s3://bucket/other/: not read now" in message
+        assert re.search(r"failed after \d+ s, 0 s ago; the operator reads it again in", message)
+        with pytest.raises(errors.SourceError) as elsewhere:
+            await resolve("team-b", "s3://bucket/data/")
+        assert not isinstance(elsewhere.value, quiet_stores.Unanswered)
+        assert resolver.running() == []

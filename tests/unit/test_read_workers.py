@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from shardcache_operator import (
     endpoint_policy,
+    quiet_stores,
     read_worker,
     read_workers,
     reconcile,
@@ -304,7 +305,7 @@ def test_a_store_that_hung_is_left_alone_for_its_namespace_and_read_for_the_othe
     worker and no connection, saying when it is read again; namespace b's read of the
     same store is still made."""
     uri, options, access = silent_source(silent.port)
-    quiet = read_workers.Quiet(after=1.0, hold=60.0)
+    quiet = quiet_stores.Quiet(after=1.0, hold=60.0)
     hung = read_workers.Pool(memory=256 * MiB, timeout=3, access=access, quiet=quiet)
 
     async def scenario() -> None:
@@ -313,7 +314,7 @@ def test_a_store_that_hung_is_left_alone_for_its_namespace_and_read_for_the_othe
             await gate.run("a", lambda: hung.probe(uri, options), timeout=10, what="checking a")
         accepted = silent.accepts
         started = time.monotonic()
-        with pytest.raises(read_workers.Unanswered) as unanswered:
+        with pytest.raises(quiet_stores.Unanswered) as unanswered:
             await gate.run(
                 "a",
                 lambda: hung.probe("s3://bucket/other/", options),
@@ -338,14 +339,14 @@ def test_a_store_that_hung_is_left_alone_for_its_namespace_and_read_for_the_othe
 
 
 def test_a_store_is_left_alone_after_a_slow_failure_only_and_longer_at_each_in_a_row() -> None:
-    quiet = read_workers.Quiet(after=10.0, hold=300.0, most=900.0)
+    quiet = quiet_stores.Quiet(after=10.0, hold=300.0, most=900.0)
     store = quiet.key("a", "s3://bucket/data/", {"AWS_ENDPOINT_URL": "http://store:9000"})
     quiet.failed(store, 0.2, "failed after 0 s")  # refused at once: held no worker long
     quiet.check(store, "checking")
     holds = []
     for _ in range(4):
         quiet.failed(store, 60.0, "did not answer within 60 s")
-        with pytest.raises(read_workers.Unanswered) as unanswered:
+        with pytest.raises(quiet_stores.Unanswered) as unanswered:
             quiet.check(store, "checking")
         holds.append(int(str(unanswered.value).split("reads it again in ")[1].split(" s")[0]))
     assert [round(h, -1) for h in holds] == [300, 600, 900, 900]
@@ -363,7 +364,7 @@ def test_a_store_is_left_alone_after_a_slow_failure_only_and_longer_at_each_in_a
 def test_a_check_of_a_store_left_alone_degrades_the_mount_saying_when_it_is_read_again(
     tmp_path: Path,
 ) -> None:
-    quiet = read_workers.Quiet(after=0.0, hold=300.0)
+    quiet = quiet_stores.Quiet(after=0.0, hold=300.0)
     left_alone = read_workers.Pool(memory=256 * MiB, timeout=30, access=FILES, quiet=quiet)
     uri = dataset(tmp_path)
     quiet.failed(quiet.key("ml", uri, None), 61.0, "did not answer within 60 s")
