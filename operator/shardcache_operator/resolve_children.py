@@ -15,9 +15,9 @@ class an in-process resolve raises (`raised`).
 
 The child costs an interpreter and pyarrow's import (about 0.25 s of CPU on the 2-core
 machine, resolve included, and 90 MiB; docs/benchmarks.md, "The operator's child
-processes, counted") per resolve: resolves run on create, on a source change and on retries, never per pod
-or per source check, so no fork server is kept (forking the operator itself, a process
-with threads and an event loop, is not safe).
+processes, counted") per resolve: resolves run on create, on a source change and on
+retries, never per pod or per source check, so no fork server is kept (forking the
+operator itself, a process with threads and an event loop, is not safe).
 
 A store that hangs fails a resolve slowly; the namespace's other resolves of it then
 fail at once for a while (`quiet_stores`), holding no slot.
@@ -134,6 +134,7 @@ class Resolver:
             left = max(0.0, deadline - time.monotonic())
             sent = time.monotonic()
             code, answer, stderr = self._run(json.dumps(request).encode(), left)
+            held = time.monotonic() - sent
         try:
             summary = self._manifest(code, answer, stderr)
         except errors.SourceError as exc:
@@ -141,7 +142,6 @@ class Resolver:
             # (`quiet_stores`). Not what it holds (an InputError), nor a resolve past its
             # timeout, which may be a large listing on a store that answers.
             if type(exc) is errors.SourceError:
-                held = time.monotonic() - sent
                 self.quiet.failed(store, held, f"failed after {held:.0f} s")
             raise
         self.quiet.answered(store)
