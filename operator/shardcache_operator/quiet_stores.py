@@ -45,7 +45,11 @@ QUIET_MAX_SECONDS = 900.0
 
 class Unanswered(errors.SourceError):
     """A read not made: a read of the same store for the same namespace failed slowly
-    a short while ago (`Quiet`)."""
+    a short while ago (`Quiet`); `left`: seconds until the store is read again."""
+
+    def __init__(self, message: str, *, left: float = 0.0) -> None:
+        super().__init__(message)
+        self.left = left
 
 
 @dataclasses.dataclass
@@ -92,12 +96,14 @@ class Quiet:
             silence = self._silences.get(key)
             if silence is None or now >= silence.until:
                 return
+        left = silence.until - now
         raise Unanswered(
             f"{what}: not read now: a read of the same store by this namespace "
             f"{silence.found}, {now - silence.since:.0f} s ago; the "
-            f"operator reads it again in {silence.until - now:.0f} s (a store that hangs "
+            f"operator reads it again in {left:.0f} s (a store that hangs "
             "would hold one of the operator's read processes, shared by every namespace, "
-            "at each of its mounts' reads)"
+            "at each of its mounts' reads)",
+            left=left,
         )
 
     def failed(self, key: tuple[str, ...], held: float, found: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from shardcache import contract, errors, manifests, s3_settings, uris
 from shardcache_operator import (
     authority,
+    quiet_stores,
     resolve_slots,
     sample_room,
     shard_room,
@@ -149,7 +150,7 @@ def retry_delay(outcome: status.Outcome, *, retry: int, backoff: Backoff) -> flo
     (Ready, Invalid). A failure only a change at the source fixes (`SLOW_RETRY_REASONS`)
     is tried at the backoff's cap (5 min by default, as often as the periodic check of
     a pinned source); every other Pending or Degraded one with the backoff from its
-    start."""
+    start, and not before a store left alone is read again (`status.Failed.retry_after`)."""
     if not isinstance(outcome, status.Failed) or outcome.phase not in (
         status.Phase.DEGRADED,
         status.Phase.PENDING,
@@ -157,7 +158,7 @@ def retry_delay(outcome: status.Outcome, *, retry: int, backoff: Backoff) -> flo
         return None
     if outcome.reason in SLOW_RETRY_REASONS:
         return backoff.max_seconds
-    return backoff.delay(retry)
+    return max(backoff.delay(retry), outcome.retry_after or 0.0)
 
 
 def source_identity(spec: specs.DatasetMountSpec) -> dict[str, str]:
@@ -393,6 +394,7 @@ async def _check_one(
             str(exc),
             reachable=False,
             keeps_pin=True,
+            retry_after=_left_alone(exc),
         )
     except TimeoutError:
         message = f"{shown} did not answer within {timeout:g} s"
@@ -406,6 +408,13 @@ async def _check_one(
             status.Phase.DEGRADED, "CheckFailed", message, reachable=None, keeps_pin=True
         )
     return None
+
+
+def _left_alone(exc: errors.SourceError) -> float | None:
+    """Seconds until a store left alone is read again (`quiet_stores.Unanswered`): a
+    retry sooner would fail the same way, and write a status that differs only in its
+    count of seconds."""
+    return exc.left if isinstance(exc, quiet_stores.Unanswered) else None
 
 
 async def _resolve(
@@ -476,7 +485,13 @@ async def _resolve_source(
         # The operator's own resolves are busy: nothing is known of the store.
         return status.Failed(status.Phase.DEGRADED, "ResolvesBusy", str(exc), reachable=None)
     except errors.SourceError as exc:
-        return status.Failed(status.Phase.DEGRADED, "SourceUnreachable", str(exc), reachable=False)
+        return status.Failed(
+            status.Phase.DEGRADED,
+            "SourceUnreachable",
+            str(exc),
+            reachable=False,
+            retry_after=_left_alone(exc),
+        )
     except TimeoutError:
         message = f"resolving the manifest of {shown} took longer than {timeout:g} s"
         return status.Failed(status.Phase.DEGRADED, "ResolveTimeout", message, reachable=False)

@@ -93,6 +93,9 @@ class Failed:
     #: The pinned manifest stays valid (a later reachability check failed, not the
     #: resolution): ManifestResolved keeps its previous state.
     keeps_pin: bool = False
+    #: Seconds before which a retry cannot do better (the store is left alone until
+    #: then: `quiet_stores`), or None.
+    retry_after: float | None = None
 
 
 Outcome = Resolved | Failed

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
-from shardcache_operator import read_workers, reconcile, resolve_slots, status
+from shardcache_operator import quiet_stores, read_workers, reconcile, resolve_slots, status
 
 from shardcache import errors
 from tests.unit.test_reconcile_events import DIGEST, FakeManifest
@@ -297,6 +297,26 @@ async def test_a_reconciles_check_that_got_no_read_worker_is_degraded_and_retrie
     assert "(from a reconcile: with backoff)" in ready["message"]
     assert result.retry_in == BACKOFF.delay(3)
     assert result.status["manifestDigest"] == DIGEST
+
+
+async def test_a_store_left_alone_is_retried_when_it_is_read_again_not_sooner() -> None:
+    """A retry before the store's hold ends would fail the same way and write a status
+    that differs only in its seconds: the backoff's delay, or the hold's end if later."""
+    left_alone = quiet_stores.Unanswered("resolving s3://bucket/data/: not read now", left=200.0)
+    result = await run(mount(), resolver(left_alone), retry=1)
+    assert conditions(result)["Ready"]["reason"] == "SourceUnreachable"
+    assert result.retry_in == 200.0
+    late = await run(mount(), resolver(quiet_stores.Unanswered("m", left=1.0)), retry=5)
+    assert late.retry_in == BACKOFF.delay(5)
+    # A pinned mount's check from a reconcile (a restart) is retried the same way.
+    obj = mount()
+    obj["status"] = (await run(obj, resolver())).status
+
+    def left(uri: str, options: Mapping[str, str] | None) -> None:
+        raise quiet_stores.Unanswered("checking s3://bucket/data/: not read now", left=90.0)
+
+    checked = await run(obj, resolver(), probe=left)
+    assert checked.status["phase"] == "Degraded" and checked.retry_in == 90.0
 
 
 async def test_a_check_over_its_workers_memory_degrades_the_mount_naming_it_and_keeps_the_pin() -> (
