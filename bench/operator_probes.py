@@ -68,32 +68,43 @@ def control_plane_cpu(cluster_dir: pathlib.Path) -> dict[str, float]:
 
 
 def with_children_cpu_seconds(pid: int) -> tuple[float, float]:
-    """CPU seconds so far of `pid` itself, and of the processes it started: the
-    operator's resolve children and read workers (`resolve_children`, `read_workers`),
-    which do its reads of the tenants' stores and whose CPU `cpu_seconds(pid)` leaves
-    out.
+    """CPU seconds so far of `pid` itself, and of the processes it started, and theirs:
+    the operator's read workers and its resolves' fork server with the resolve children
+    forked from it (`read_workers`, `resolve_forkserver`), which do its reads of the
+    tenants' stores and whose CPU `cpu_seconds(pid)` leaves out.
 
-    A child that ended and was waited for is in the parent's `cutime` + `cstime`
+    A process that ended and was waited for is in its parent's `cutime` + `cstime`
     (`/proc/<pid>/stat`: the kernel adds an exited child's CPU, its own waited children's
-    included, when its parent reaps it; clock ticks, 10 ms); a child still running is
-    read by its own clock. The reaped count is read first: a child reaped between the two
+    included, when its parent reaps it; clock ticks, 10 ms); a process still running is
+    read by its own clock, and its own reaped children by its `cutime` + `cstime`. The
+    reaped counts are read before the running processes: one reaped between the two
     reads is missed once (one resolve's or one read's CPU), never counted twice."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    # Fields after the command name start at the state (field 3): cutime is field 16.
-    reaped = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
-    running = 0.0
+    parents: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        try:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError, IndexError, ValueError):
             with open(f"/proc/{entry.name}/stat") as f:
                 parent = int(f.read().rpartition(")")[2].split()[1])
-            if parent == pid:
-                running += cpu_seconds(int(entry.name))
-        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-            continue  # it exited between the listing and the read
-    return cpu_seconds(pid), reaped + running
+            parents.setdefault(parent, []).append(int(entry.name))
+
+    def descendants(of: int) -> float:
+        total = 0.0
+        for child in parents.get(of, []):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+                total += _reaped_seconds(child) + descendants(child) + cpu_seconds(child)
+        return total
+
+    reaped = _reaped_seconds(pid)
+    return cpu_seconds(pid), reaped + descendants(pid)
+
+
+def _reaped_seconds(pid: int) -> float:
+    """CPU seconds of `pid`'s children that ended and were waited for."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    # Fields after the command name start at the state (field 3): cutime is field 16.
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
-"""The child process one manifest resolve runs in (`resolve_children` starts it).
-
-Run as `python -m shardcache_operator.resolve_child`. The request comes on stdin, one
+"""The child process one manifest resolve runs in (`resolve_children` has it forked
+from `resolve_forkserver`, which runs `main`; by hand: `python -m
+shardcache_operator.resolve_child`). The request comes on stdin, one
 JSON object (`uri`, `format`, `storage_options` with the Secret's credentials, which
 must never show in `ps`, so never in argv or env; `memory`, the bytes it may map;
 `retry`, the fields of its `source.RetryPolicy`); the answer goes to stdout, one JSON
@@ -10,7 +10,8 @@ module and name for anything else).
 
 Only the standard library is imported before the limits are in place: OpenBLAS sizes
 its buffers to what the process may map, and a limit set after pyarrow's import would
-meet a process already past it.
+meet a process already past it. (The fork server sets the same limits before its own
+import of pyarrow; `main` sets them again, to the same values, in each child.)
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ THREAD_STACK = 1 << 20
 #: /proc/self/oom_score_adj: the kernel picks this process first when the operator's
 #: cgroup runs out of memory, never the operator (and its webhook) itself.
 OOM_SCORE_ADJ = 1000
-_PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG = 1
 
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -182,7 +183,7 @@ def limit(memory: int, *, die_with_parent: bool = True) -> None:
         return
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def error_answer(exc: BaseException) -> dict[str, Any]:

@@ -13,11 +13,12 @@ back is what the operator pins of the manifest (`resolve_child.Summary`: its dig
 counts and largest shard, whatever the shard count) or the error, raised again as the
 class an in-process resolve raises (`raised`).
 
-The child costs an interpreter and pyarrow's import (about 0.25 s of CPU on the 2-core
-machine, resolve included, and 90 MiB; docs/benchmarks.md, "The operator's child
-processes, counted") per resolve: resolves run on create, on a source change and on
-retries, never per pod or per source check, so no fork server is kept (forking the
-operator itself, a process with threads and an event loop, is not safe).
+Each child is forked from one warm process (`resolve_forkserver`), which paid the
+interpreter and pyarrow's import once: a child started as a fresh interpreter paid
+them at every resolve, about 0.25 s of CPU on the 2-core machine (docs/benchmarks.md,
+"The operator's child processes, counted", and "Resolve children forked from a warm
+process"), at each create, source change and retry. Forking the operator itself, a
+process with threads and an event loop, would not be safe.
 
 A store that hangs fails a resolve slowly; the namespace's other resolves of it then
 fail at once for a while (`quiet_stores`), holding no slot.
@@ -31,7 +32,6 @@ import os
 import selectors
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +42,7 @@ from shardcache_operator import (
     quiet_stores,
     reconcile,
     resolve_child,
+    resolve_forkserver,
     resolve_slots,
     source_reads,
     sources,
@@ -88,7 +89,8 @@ class Resolver:
         self.quiet = quiet or quiet_stores.Quiet()
         #: How the limit is named in messages (the chart value, or the env variable).
         self.setting = setting
-        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._children: dict[int, resolve_forkserver.Forked] = {}
+        self._forks = resolve_forkserver.Forkserver(memory=memory)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -103,8 +105,8 @@ class Resolver:
             self._closed = True
             children = list(self._children.values())
         for child in children:
-            with contextlib.suppress(ProcessLookupError):
-                child.kill()
+            child.kill()
+        self._forks.close()
 
     def __call__(
         self, uri: str, fmt: str, storage_options_: Mapping[str, str] | None
@@ -148,40 +150,53 @@ class Resolver:
         return summary
 
     def _run(self, request: bytes, timeout: float) -> tuple[int, bytes, bytes]:
-        """Start a child, hand it `request`, and read its answer until it exits, or
+        """Fork a child, hand it `request`, and read its answer until it exits, or
         kill it at `timeout` (TimeoutError) or when its answer is over the cap."""
         deadline = time.monotonic() + timeout
-        with self._lock:
-            if self._closed:
-                raise errors.SourceError("the operator is stopping: resolved again at its start")
-            child = subprocess.Popen(
-                [sys.executable, "-m", resolve_child.__name__],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env={**os.environ, **resolve_child.ENV},
-                close_fds=True,
-            )
-            self._children[child.pid] = child
+        if self._closed:
+            raise errors.SourceError("the operator is stopping: resolved again at its start")
         try:
+            child = self._forks.fork(timeout)
+        except resolve_forkserver.ServerEnded as exc:
+            raise self._server_ended(exc) from None
+        with self._lock:
+            self._children[child.pid] = child
+            closed = self._closed
+        try:
+            if closed:  # `close` ran while the child was forked: it missed this one
+                raise errors.SourceError(
+                    "the operator stopped while resolving: resolved again at its start"
+                )
             answer = self._exchange(child, request, deadline, timeout)
             if self._closed:  # killed by `close`, not by the kernel: no verdict on memory
                 raise errors.SourceError(
                     "the operator stopped while resolving: resolved again at its start"
                 )
             return answer
+        except resolve_forkserver.ServerEnded as exc:
+            raise self._server_ended(exc) from None
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                child.kill()
-            child.wait()
-            for pipe in (child.stdin, child.stdout, child.stderr):
-                if pipe is not None:
-                    pipe.close()
+            child.kill()
+            with contextlib.suppress(resolve_forkserver.ServerEnded):
+                child.wait()
+            child.close()
             with self._lock:
                 self._children.pop(child.pid, None)
 
+    def _server_ended(self, exc: resolve_forkserver.ServerEnded) -> Exception:
+        """What a resolve whose fork server ended says: killed by the kernel (most
+        likely out of memory), as a child is, or the server's own failure."""
+        code = self._forks.exit_code()
+        if self._closed:
+            return errors.SourceError(
+                "the operator stopped while resolving: resolved again at its start"
+            )
+        if code == -signal.SIGKILL:
+            return self._died(code, b"")
+        return RuntimeError(f"{exc} (its exit status: {code})")
+
     def _exchange(
-        self, child: subprocess.Popen[bytes], request: bytes, deadline: float, timeout: float
+        self, child: resolve_forkserver.Forked, request: bytes, deadline: float, timeout: float
     ) -> tuple[int, bytes, bytes]:
         assert child.stdin is not None and child.stdout is not None and child.stderr is not None
         # The child reads its whole request before it writes: no deadlock, and a few

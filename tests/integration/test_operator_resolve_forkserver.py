@@ -1,0 +1,189 @@
+"""The resolve children are forked from one warm process (`resolve_forkserver`): real
+processes, a real file source, and a store on loopback that accepts and never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from shardcache_operator import (
+    endpoint_policy,
+    reconcile,
+    resolve_child,
+    resolve_children,
+    resolve_forkserver,
+    sources,
+)
+
+from shardcache import source
+from tests.support import datasets
+from tests.support.stalling import stalling_endpoint
+
+pytestmark = pytest.mark.integration
+
+MEMORY = 256 << 20
+FAST_RETRY = source.RetryPolicy(attempts=2, initial_delay=0.05, max_delay=0.1)
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+
+
+def gone(pid: int, seconds: float = 10.0, *, zombie: bool = False) -> bool:
+    """Whether `pid` is gone within `seconds`: reaped, or (`zombie`) ended and not yet
+    reaped (an idle server, reaped at the next fork)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except FileNotFoundError:
+            return True
+        if zombie and state == "Z":
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def request(uri: str) -> bytes:
+    return json.dumps(
+        {
+            "uri": uri,
+            "format": "parquet",
+            "storage_options": None,
+            "memory": MEMORY,
+            "retry": FAST_RETRY.to_json(),
+        }
+    ).encode()
+
+
+def resolved(child: resolve_forkserver.Forked, uri: str) -> resolve_child.Summary:
+    """Hand `child` a resolve of `uri` and read its summary."""
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(request(uri))
+    child.stdin.close()
+    answer = json.loads(child.stdout.read())
+    assert child.wait(30) == 0
+    child.close()
+    return resolve_child.Summary.from_json(answer["summary"])
+
+
+@pytest.fixture
+def forks() -> object:
+    server = resolve_forkserver.Forkserver(memory=MEMORY)
+    yield server
+    server.close()
+
+
+def test_resolves_are_forked_from_one_warm_server_with_one_thread(
+    tmp_path: Path, forks: resolve_forkserver.Forkserver
+) -> None:
+    uri, _ = datasets.write_local(tmp_path / "data", [30, 20, 10])
+    first = forks.fork(60)
+    server = forks.pid()
+    assert server is not None and server != os.getpid()
+    assert parent_of(first.pid) == server
+    # One thread at each fork: a fork copies only the thread that forks, and pyarrow's
+    # jemalloc would otherwise have started a background thread at the import.
+    assert os.listdir(f"/proc/{server}/task") == [str(server)]
+    assert resolved(first, uri).total_rows == 60
+    second = forks.fork(60)
+    assert parent_of(second.pid) == server and second.pid != first.pid
+    assert resolved(second, uri).shard_count == 3
+    assert gone(first.pid) and gone(second.pid)
+
+
+def test_a_child_holds_only_its_own_stdin_stdout_and_stderr(
+    forks: resolve_forkserver.Forkserver,
+) -> None:
+    """Not another child's status socket, nor the server's: else a resolve whose
+    operator end closed would not be killed while a sibling ran."""
+    first, second = forks.fork(60), forks.fork(60)
+    for child in (first, second):
+        # It blocks reading its request, which never comes.
+        deadline = time.monotonic() + 10
+        while sorted(os.listdir(f"/proc/{child.pid}/fd")) != ["0", "1", "2"]:
+            assert time.monotonic() < deadline, os.listdir(f"/proc/{child.pid}/fd")
+            time.sleep(0.01)
+    first.close()  # the operator let go of it: the server kills it, the sibling runs on
+    assert gone(first.pid)
+    assert Path(f"/proc/{second.pid}").exists()
+    second.kill()
+    assert second.wait(10) == -signal.SIGKILL
+    second.close()
+
+
+def test_closing_the_server_ends_it_and_its_children_and_starts_no_other(
+    forks: resolve_forkserver.Forkserver,
+) -> None:
+    child = forks.fork(60)
+    server = forks.pid()
+    assert server is not None
+    forks.close()
+    assert child.wait(10) == -signal.SIGKILL
+    child.close()
+    assert gone(child.pid) and gone(server)
+    with pytest.raises(resolve_forkserver.ServerEnded, match="the operator is stopping"):
+        forks.fork(60)
+    assert forks.pid() is None
+
+
+def test_an_idle_server_ends_and_the_next_resolve_starts_another(tmp_path: Path) -> None:
+    uri, _ = datasets.write_local(tmp_path / "data", [5])
+    forks = resolve_forkserver.Forkserver(memory=MEMORY, idle_seconds=0.5)
+    try:
+        assert resolved(forks.fork(60), uri).total_rows == 5
+        first = forks.pid()
+        assert first is not None and gone(first, zombie=True)
+        assert resolved(forks.fork(60), uri).total_rows == 5
+        assert forks.pid() not in (None, first)
+    finally:
+        forks.close()
+
+
+def test_a_server_killed_between_resolves_is_replaced(
+    tmp_path: Path, forks: resolve_forkserver.Forkserver
+) -> None:
+    """Killed just before a fork: the request either fails to send or is dropped with
+    the server, and goes to a new one."""
+    uri, _ = datasets.write_local(tmp_path / "data", [5])
+    assert resolved(forks.fork(60), uri).total_rows == 5
+    first = forks.pid()
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    assert resolved(forks.fork(60), uri).total_rows == 5
+    assert forks.pid() not in (None, first)
+
+
+async def test_a_server_killed_while_resolving_fails_the_resolve_as_killed() -> None:
+    """The kernel's OOM killer may take the server (first in line, as its children): the
+    resolve says so, its child dies with the server, and the next resolve gets a new
+    one."""
+    with stalling_endpoint() as endpoint:
+        access = sources.Access(source_endpoints=(endpoint_policy.entry(endpoint),))
+        resolver = resolve_children.Resolver(
+            memory=MEMORY, timeout=60.0, retry=FAST_RETRY, access=access
+        )
+        try:
+            loop = asyncio.get_running_loop()
+            options = {"AWS_ENDPOINT_URL": endpoint}
+            read = loop.run_in_executor(
+                None, lambda: resolver("s3://bucket/data/", "parquet", options)
+            )
+            for _ in range(3000):
+                if resolver.running():
+                    break
+                await asyncio.sleep(0.01)
+            (pid,) = resolver.running()
+            server = parent_of(pid)
+            os.kill(server, signal.SIGKILL)
+            with pytest.raises(reconcile.ResolveOverMemory, match="killed"):
+                await read
+            assert gone(pid) and resolver.running() == []
+        finally:
+            resolver.close()
