@@ -60,7 +60,7 @@ ENV = {**resolve_child.ENV, "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 FORK_SECONDS = 10.0
 #: Descriptors one request hands over: the child's stdin, stdout, stderr and status.
 _FDS = 4
-_LINE_BYTES = 64
+_LINE_BYTES = 256
 
 
 class ServerEnded(RuntimeError):
@@ -199,19 +199,22 @@ class Forkserver:
             theirs.append(child_status.detach())
             with self._lock:
                 control = self._started()
+                server = self._process
                 try:
                     socket.send_fds(control, [b"f"], theirs)
                 except OSError:
                     # It ended (idle, killed) since we last looked: a new one.
-                    self._ended()
+                    self._ended(server)
                     raise ServerEnded("the resolves' fork server ended") from None
             for fd in theirs:
                 os.close(fd)
             theirs.clear()
             line = _line(status, max(0.0, deadline - time.monotonic()))
+            if line.startswith("error "):
+                raise OSError(f"the resolves' fork server could not fork: {line[6:]}")
             if not line.startswith("pid "):
                 with self._lock:
-                    self._ended()
+                    self._ended(server)
                 raise ServerEnded(
                     f"the resolves' fork server ended before forking (found {line!r:.80})"
                 )
@@ -238,7 +241,7 @@ class Forkserver:
         if self._closed:
             raise ServerEnded("the resolves' fork server was closed: the operator is stopping")
         if self._process is not None and self._process.poll() is not None:
-            self._ended()
+            self._ended(self._process)
         if self._control is not None:
             return self._control
         # Datagrams in order: one request a message, its descriptors with it.
@@ -261,9 +264,11 @@ class Forkserver:
         self._control = control
         return control
 
-    def _ended(self) -> None:
-        """Forget a server that ended, or failed to answer a fork (killed then), and
-        reap it. Under the lock."""
+    def _ended(self, server: subprocess.Popen[bytes] | None) -> None:
+        """Forget `server` if it is still the current one: it ended, or it failed to
+        answer a fork (killed then); reap it. Under the lock."""
+        if server is not self._process:
+            return  # another thread replaced it already
         if self._control is not None:
             self._control.close()
         if self._process is not None:
@@ -391,7 +396,15 @@ class _Server:
             return True
         status = socket.socket(fileno=fds[3])
         server = os.getpid()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # EAGAIN, ENOMEM: the operator's resolve fails, saying so
+            for fd in fds[:3]:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                status.sendall(f"error {exc}\n".encode())
+            status.close()
+            return True
         if pid == 0:
             _child(fds, server)
         for fd in fds[:3]:

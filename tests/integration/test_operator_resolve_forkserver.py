@@ -8,7 +8,9 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,7 +76,7 @@ def resolved(child: resolve_forkserver.Forked, uri: str) -> resolve_child.Summar
 
 
 @pytest.fixture
-def forks() -> object:
+def forks() -> Iterator[resolve_forkserver.Forkserver]:
     server = resolve_forkserver.Forkserver(memory=MEMORY)
     yield server
     server.close()
@@ -187,3 +189,41 @@ async def test_a_server_killed_while_resolving_fails_the_resolve_as_killed() -> 
             assert gone(pid) and resolver.running() == []
         finally:
             resolver.close()
+
+
+def test_a_fork_the_kernel_refuses_is_answered_as_an_error_and_the_server_serves_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """EAGAIN or ENOMEM at the fork: the resolve fails saying why; the server, which
+    serves every namespace's resolves, does not end with it."""
+
+    def refused() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    status, child_status = socket.socketpair()
+    pipes = [os.pipe() for _ in range(3)]
+    server = resolve_forkserver._Server(theirs, idle_seconds=60.0)
+    try:
+        monkeypatch.setattr(os, "fork", refused)
+        socket.send_fds(
+            control,
+            [b"f"],
+            [pipes[0][0], pipes[1][1], pipes[2][1], child_status.fileno()],
+        )
+        assert server._request()
+        assert resolve_forkserver._line(status, 10) == (
+            "error [Errno 11] Resource temporarily unavailable"
+        )
+        assert server.children == {}
+        control.close()
+        assert not server._request()  # the operator's end closed: the server ends
+    finally:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for sock in (control, theirs, status, child_status, server.woken_r, server.woken_w):
+            sock.close()
+        server.selector.close()
+        # The server closed the child's ends (their numbers may be taken again since).
+        for fd in (pipes[0][1], pipes[1][0], pipes[2][0]):
+            os.close(fd)
