@@ -59,6 +59,8 @@ _ANSWER_MARGIN = 0.5
 #: thread's stack (the resolve runs 8), well over 4 KiB; a C++ abort's line comes last.
 STDERR_KEPT_BYTES = 4096
 _CHUNK = 1 << 16
+#: What a resolve that `Resolver.close` ended says.
+_STOPPED = "the operator stopped while resolving: resolved again at its start"
 
 
 class Resolver:
@@ -164,14 +166,10 @@ class Resolver:
             closed = self._closed
         try:
             if closed:  # `close` ran while the child was forked: it missed this one
-                raise errors.SourceError(
-                    "the operator stopped while resolving: resolved again at its start"
-                )
+                raise errors.SourceError(_STOPPED)
             answer = self._exchange(child, request, deadline, timeout)
             if self._closed:  # killed by `close`, not by the kernel: no verdict on memory
-                raise errors.SourceError(
-                    "the operator stopped while resolving: resolved again at its start"
-                )
+                raise errors.SourceError(_STOPPED)
             return answer
         except resolve_forkserver.ServerEnded as exc:
             raise self._server_ended(exc) from None
@@ -186,11 +184,9 @@ class Resolver:
     def _server_ended(self, exc: resolve_forkserver.ServerEnded) -> Exception:
         """What a resolve whose fork server ended says: killed by the kernel (most
         likely out of memory), as a child is, or the server's own failure."""
-        code = self._forks.exit_code()
         if self._closed:
-            return errors.SourceError(
-                "the operator stopped while resolving: resolved again at its start"
-            )
+            return errors.SourceError(_STOPPED)
+        code = self._forks.exit_code()
         if code == -signal.SIGKILL:
             return self._died(code, b"")
         return RuntimeError(f"{exc} (its exit status: {code})")

@@ -348,7 +348,7 @@ class _Server:
         self.control = control
         self.idle_seconds = idle_seconds
         self.selector = selectors.DefaultSelector()
-        self.children: dict[int, socket.socket | None] = {}
+        self.children: dict[int, socket.socket] = {}
         self.last = time.monotonic()
         self.woken_r, self.woken_w = socket.socketpair()
         self.woken_r.setblocking(False)
