@@ -105,12 +105,33 @@ class Forked:
             raise subprocess.TimeoutExpired("resolve child", timeout or 0.0) from None
         self._status.close()
         if not line.startswith("exit "):
+            self._reap_orphan()
             raise ServerEnded(
                 "the resolves' fork server ended while a resolve ran "
                 f"(expected its child's exit status, found {line!r:.80})"
             )
         self.returncode = int(line.split()[1])
         return self.returncode
+
+    def _reap_orphan(self) -> None:
+        """Where the operator is its container's init (pid 1: the chart's pod), reap
+        the child, which the server's end left to it (killed by PR_SET_PDEATHSIG): no
+        one else would, and it would stay a zombie until the operator restarts. Its pid
+        cannot have been taken again while it is a zombie. Anywhere else its new
+        parent reaps it."""
+        if os.getpid() != 1:
+            return
+        deadline = time.monotonic() + FORK_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                if not os.path.exists(f"/proc/{self.pid}"):
+                    return  # the server reaped it before it ended
+                pid = 0  # not handed to the operator yet
+            if pid == self.pid:
+                return
+            time.sleep(0.01)
 
     def close(self) -> None:
         """Let go of the child's pipes and status socket: the server kills it if it

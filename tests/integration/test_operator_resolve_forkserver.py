@@ -9,6 +9,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -227,3 +229,40 @@ def test_a_fork_the_kernel_refuses_is_answered_as_an_error_and_the_server_serves
         # The server closed the child's ends (their numbers may be taken again since).
         for fd in (pipes[0][1], pipes[1][0], pipes[2][0]):
             os.close(fd)
+
+
+AS_INIT = """
+import os, signal
+from shardcache_operator import resolve_forkserver
+
+assert os.getpid() == 1
+forks = resolve_forkserver.Forkserver(memory=256 << 20)
+child = forks.fork(60)
+os.kill(forks.pid(), signal.SIGKILL)
+try:
+    child.wait(30)
+except resolve_forkserver.ServerEnded:
+    pass
+else:
+    raise SystemExit("expected ServerEnded")
+child.close()
+print("server", forks.exit_code())
+print("left", sorted(
+    f"{pid}:" + open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
+    for pid in os.listdir("/proc")
+    if pid.isdigit() and pid != "1" and os.path.exists(f"/proc/{pid}/stat")
+))
+"""
+
+
+def test_where_the_operator_is_its_containers_init_a_dead_servers_child_leaves_no_zombie() -> None:
+    """In the chart's pod the operator is pid 1, which inherits the children of a
+    server that died (the OOM killer may pick it); nothing else would reap them."""
+    ran = subprocess.run(
+        ["unshare", "--fork", "--pid", "--mount-proc", sys.executable, "-c", AS_INIT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == [f"server {-signal.SIGKILL}", "left []"], ran.stdout
