@@ -17,7 +17,7 @@ read's timeout): a read over its limit fails its own check, `CheckOverMemory`.
 
 A worker serves one read at a time and is kept for the next (`IDLE_SECONDS` at most):
 the timers of many mounts would otherwise pay an interpreter and pyarrow's import
-(about 0.35 s of CPU) per read, every minute per mount with checkpoints. At most
+(about 0.25 s of CPU) per read, every minute per mount with checkpoints. At most
 `workers` reads run at once across namespaces (`resolve_slots.Slots`), one of them a
 namespace's (its reads are periodic and small: they can wait their turn), a freed
 worker going to the namespace served least recently; a read that gets none within its
@@ -70,9 +70,14 @@ WORKERS = 2
 #: the applied skips list each rank's steps, one request a rank. What a store that never
 #: answers holds a worker for, at each of its mounts' timers.
 TIMEOUT = 120.0
-#: Seconds an idle worker is kept for the next read: the timers of a few mounts come
-#: that often, and an idle worker holds about 90 MiB.
-IDLE_SECONDS = 30.0
+#: Seconds an idle worker is kept for the next read: longer than the applied skips'
+#: timer (`skipsIntervalSeconds`, 60 s), so that one mount with a checkpoint store
+#: finds its worker warm every minute instead of starting one (about 0.25 s of CPU:
+#: 0.4 % of a core, per such mount, for nothing). It costs no memory: an idle worker is
+#: ended only when a later read finds it stale, or by itself (`read_worker
+#: .IDLE_EXIT_SECONDS`, 120 s), so with 30 s here it lived on, 90 MiB, until the next
+#: read ended it and started another.
+IDLE_SECONDS = 100.0
 #: Bytes of one answer read at most: a probe's is a dozen bytes, and the applied skips
 #: are one small record per restore that applied a skip.
 MAX_ANSWER_BYTES = 4 << 20

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from shardcache_operator import (
+    configuration,
     endpoint_policy,
     quiet_stores,
     read_worker,
@@ -182,6 +183,15 @@ def test_an_idle_worker_kept_past_its_time_is_ended_and_replaced(tmp_path: Path)
         assert second != first and not alive(first)
     finally:
         brief.close()
+
+
+def test_one_mounts_applied_skips_timer_finds_its_worker_warm() -> None:
+    """The timer of one mount with a checkpoint store comes every skipsIntervalSeconds:
+    its worker must still be kept then (else each read ends it and starts another,
+    about 0.25 s of CPU, while the old one had lived on anyway), and must not have ended
+    by itself when the pool hands it out."""
+    interval = configuration.Settings().skips_interval_seconds
+    assert interval < read_workers.IDLE_SECONDS < read_worker.IDLE_EXIT_SECONDS
 
 
 def test_close_ends_every_worker_and_refuses_later_reads(
