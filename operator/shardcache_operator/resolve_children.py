@@ -42,7 +42,7 @@ from shardcache_operator import (
     quiet_stores,
     reconcile,
     resolve_child,
-    resolve_forkserver,
+    resolve_forks,
     resolve_slots,
     source_reads,
     sources,
@@ -91,8 +91,8 @@ class Resolver:
         self.quiet = quiet or quiet_stores.Quiet()
         #: How the limit is named in messages (the chart value, or the env variable).
         self.setting = setting
-        self._children: dict[int, resolve_forkserver.Forked] = {}
-        self._forks = resolve_forkserver.Forkserver(memory=memory)
+        self._children: dict[int, resolve_forks.Forked] = {}
+        self._forks = resolve_forks.Forkserver(memory=memory)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -159,7 +159,7 @@ class Resolver:
             raise errors.SourceError("the operator is stopping: resolved again at its start")
         try:
             child = self._forks.fork(timeout)
-        except resolve_forkserver.ServerEnded as exc:
+        except resolve_forks.ServerEnded as exc:
             raise self._server_ended(exc) from None
         with self._lock:
             self._children[child.pid] = child
@@ -171,17 +171,17 @@ class Resolver:
             if self._closed:  # killed by `close`, not by the kernel: no verdict on memory
                 raise errors.SourceError(_STOPPED)
             return answer
-        except resolve_forkserver.ServerEnded as exc:
+        except resolve_forks.ServerEnded as exc:
             raise self._server_ended(exc) from None
         finally:
             child.kill()
-            with contextlib.suppress(resolve_forkserver.ServerEnded):
+            with contextlib.suppress(resolve_forks.ServerEnded):
                 child.wait()
             child.close()
             with self._lock:
                 self._children.pop(child.pid, None)
 
-    def _server_ended(self, exc: resolve_forkserver.ServerEnded) -> Exception:
+    def _server_ended(self, exc: resolve_forks.ServerEnded) -> Exception:
         """What a resolve whose fork server ended says: killed by the kernel (most
         likely out of memory), as a child is, or the server's own failure."""
         if self._closed:
@@ -192,7 +192,7 @@ class Resolver:
         return RuntimeError(f"{exc} (its exit status: {code})")
 
     def _exchange(
-        self, child: resolve_forkserver.Forked, request: bytes, deadline: float, timeout: float
+        self, child: resolve_forks.Forked, request: bytes, deadline: float, timeout: float
     ) -> tuple[int, bytes, bytes]:
         assert child.stdin is not None and child.stdout is not None and child.stderr is not None
         # The child reads its whole request before it writes: no deadlock, and a few

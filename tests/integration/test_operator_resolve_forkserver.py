@@ -21,6 +21,7 @@ from shardcache_operator import (
     reconcile,
     resolve_child,
     resolve_children,
+    resolve_forks,
     resolve_forkserver,
     sources,
 )
@@ -66,7 +67,7 @@ def request(uri: str) -> bytes:
     ).encode()
 
 
-def resolved(child: resolve_forkserver.Forked, uri: str) -> resolve_child.Summary:
+def resolved(child: resolve_forks.Forked, uri: str) -> resolve_child.Summary:
     """Hand `child` a resolve of `uri` and read its summary."""
     assert child.stdin is not None and child.stdout is not None
     child.stdin.write(request(uri))
@@ -78,14 +79,14 @@ def resolved(child: resolve_forkserver.Forked, uri: str) -> resolve_child.Summar
 
 
 @pytest.fixture
-def forks() -> Iterator[resolve_forkserver.Forkserver]:
-    server = resolve_forkserver.Forkserver(memory=MEMORY)
+def forks() -> Iterator[resolve_forks.Forkserver]:
+    server = resolve_forks.Forkserver(memory=MEMORY)
     yield server
     server.close()
 
 
 def test_resolves_are_forked_from_one_warm_server_with_one_thread(
-    tmp_path: Path, forks: resolve_forkserver.Forkserver
+    tmp_path: Path, forks: resolve_forks.Forkserver
 ) -> None:
     uri, _ = datasets.write_local(tmp_path / "data", [30, 20, 10])
     first = forks.fork(60)
@@ -103,7 +104,7 @@ def test_resolves_are_forked_from_one_warm_server_with_one_thread(
 
 
 def test_a_child_holds_only_its_own_stdin_stdout_and_stderr(
-    forks: resolve_forkserver.Forkserver,
+    forks: resolve_forks.Forkserver,
 ) -> None:
     """Not another child's status socket, nor the server's: else a resolve whose
     operator end closed would not be killed while a sibling ran."""
@@ -123,7 +124,7 @@ def test_a_child_holds_only_its_own_stdin_stdout_and_stderr(
 
 
 def test_closing_the_server_ends_it_and_its_children_and_starts_no_other(
-    forks: resolve_forkserver.Forkserver,
+    forks: resolve_forks.Forkserver,
 ) -> None:
     child = forks.fork(60)
     server = forks.pid()
@@ -132,14 +133,14 @@ def test_closing_the_server_ends_it_and_its_children_and_starts_no_other(
     assert child.wait(10) == -signal.SIGKILL
     child.close()
     assert gone(child.pid) and gone(server)
-    with pytest.raises(resolve_forkserver.ServerEnded, match="the operator is stopping"):
+    with pytest.raises(resolve_forks.ServerEnded, match="the operator is stopping"):
         forks.fork(60)
     assert forks.pid() is None
 
 
 def test_an_idle_server_ends_and_the_next_resolve_starts_another(tmp_path: Path) -> None:
     uri, _ = datasets.write_local(tmp_path / "data", [5])
-    forks = resolve_forkserver.Forkserver(memory=MEMORY, idle_seconds=0.5)
+    forks = resolve_forks.Forkserver(memory=MEMORY, idle_seconds=0.5)
     try:
         assert resolved(forks.fork(60), uri).total_rows == 5
         first = forks.pid()
@@ -151,7 +152,7 @@ def test_an_idle_server_ends_and_the_next_resolve_starts_another(tmp_path: Path)
 
 
 def test_a_server_killed_between_resolves_is_replaced(
-    tmp_path: Path, forks: resolve_forkserver.Forkserver
+    tmp_path: Path, forks: resolve_forks.Forkserver
 ) -> None:
     """Killed just before a fork: the request either fails to send or is dropped with
     the server, and goes to a new one."""
@@ -214,7 +215,7 @@ def test_a_fork_the_kernel_refuses_is_answered_as_an_error_and_the_server_serves
             [pipes[0][0], pipes[1][1], pipes[2][1], child_status.fileno()],
         )
         assert server._request()
-        assert resolve_forkserver._line(status, 10) == (
+        assert resolve_forks._line(status, 10) == (
             "error [Errno 11] Resource temporarily unavailable"
         )
         assert server.children == {}
@@ -233,15 +234,15 @@ def test_a_fork_the_kernel_refuses_is_answered_as_an_error_and_the_server_serves
 
 AS_INIT = """
 import os, signal
-from shardcache_operator import resolve_forkserver
+from shardcache_operator import resolve_forks
 
 assert os.getpid() == 1
-forks = resolve_forkserver.Forkserver(memory=256 << 20)
+forks = resolve_forks.Forkserver(memory=256 << 20)
 child = forks.fork(60)
 os.kill(forks.pid(), signal.SIGKILL)
 try:
     child.wait(30)
-except resolve_forkserver.ServerEnded:
+except resolve_forks.ServerEnded:
     pass
 else:
     raise SystemExit("expected ServerEnded")
