@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -267,3 +268,31 @@ def test_where_the_operator_is_its_containers_init_a_dead_servers_child_leaves_n
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines() == [f"server {-signal.SIGKILL}", "left []"], ran.stdout
+
+
+def test_a_refused_fork_fails_the_resolve_with_the_kernels_reason() -> None:
+    """The operator's end, against a stand-in server on the control socket that
+    answers what the real one does when `os.fork` fails."""
+    forks = resolve_forks.Forkserver(memory=MEMORY)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stand_in = subprocess.Popen(["sleep", "60"])
+    forks._control, forks._process = ours, stand_in
+
+    def serve() -> None:
+        _, fds, _, _ = socket.recv_fds(theirs, 16, resolve_forkserver.FDS)
+        for fd in fds[:3]:
+            os.close(fd)
+        with socket.socket(fileno=fds[3]) as status:
+            status.sendall(b"error [Errno 11] Resource temporarily unavailable\n")
+
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        with pytest.raises(OSError, match=r"could not fork: \[Errno 11\] Resource temporarily"):
+            forks.fork(10)
+        server.join(10)
+        assert forks.pid() == stand_in.pid  # not taken for a dead server
+    finally:
+        theirs.close()
+        stand_in.kill()
+        forks.close()
