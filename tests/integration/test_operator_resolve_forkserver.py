@@ -296,3 +296,24 @@ def test_a_refused_fork_fails_the_resolve_with_the_kernels_reason() -> None:
         theirs.close()
         stand_in.kill()
         forks.close()
+
+
+def test_a_thread_that_saw_its_server_end_never_ends_the_one_that_replaced_it() -> None:
+    forks = resolve_forks.Forkserver(memory=MEMORY)
+    old = subprocess.Popen(["true"])
+    old.wait()
+    new = subprocess.Popen(["sleep", "60"])
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    forks._control, forks._process = ours, new
+    try:
+        with forks._lock:
+            forks._ended(old)  # late: another thread started `new` meanwhile
+        assert forks.pid() == new.pid and new.poll() is None
+        with forks._lock:
+            forks._ended(new)
+        assert forks.pid() is None and new.returncode == -signal.SIGKILL
+    finally:
+        theirs.close()
+        new.kill()
+        new.wait()
+        forks.close()
