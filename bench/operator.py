@@ -26,9 +26,9 @@ MutatingWebhookConfiguration calls.
 2. `--mounts` DatasetMounts created at once: time until all are Ready, operator CPU and
    peak RSS, then `--idle` seconds of idle CPU with all of them Ready, then all deleted
    at once: time until they are gone. CPU is the operator process's own and, apart, that
-   of the processes it starts for its reads of the stores (resolve children, read
-   workers: `operator_probes.with_children_cpu_seconds`); the peak RSS is the operator
-   process's own. HTTP 429s to the operator over the whole run.
+   of the processes it starts for its reads of the stores (the resolves' fork server and
+   its children, read workers: `operator_probes.with_children_cpu_seconds`); the peak RSS
+   is the operator process's own. HTTP 429s to the operator over the whole run.
 
 The sources are `file://` Parquet shards the local operator reads (no Secret): this
 measures the control plane, not object storage. admit_ratio is the median over rounds
