@@ -27,6 +27,7 @@ import kubernetes.client
 
 # The scheduler's count in nanoseconds, not /proc's 10 ms ticks: a burst's operator CPU
 # is a few hundred milliseconds, which ticks round by several percent.
+from bench.node_probes import children
 from bench.node_probes import cpu_seconds as cpu_seconds
 
 FLOW_SCHEMA = "shardcache-bench-operator"
@@ -79,18 +80,10 @@ def with_children_cpu_seconds(pid: int) -> tuple[float, float]:
     read by its own clock, and its own reaped children by its `cutime` + `cstime`. The
     reaped counts are read before the running processes: one reaped between the two
     reads is missed once (one resolve's or one read's CPU), never counted twice."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-            with open(f"/proc/{entry.name}/stat") as f:
-                parent = int(f.read().rpartition(")")[2].split()[1])
-            parents.setdefault(parent, []).append(int(entry.name))
 
     def descendants(of: int) -> float:
         total = 0.0
-        for child in parents.get(of, []):
+        for child in children(of):
             with contextlib.suppress(FileNotFoundError, ProcessLookupError, IndexError, ValueError):
                 total += _reaped_seconds(child) + descendants(child) + cpu_seconds(child)
         return total

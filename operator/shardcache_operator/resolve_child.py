@@ -69,7 +69,7 @@ THREAD_STACK = 1 << 20
 #: /proc/self/oom_score_adj: the kernel picks this process first when the operator's
 #: cgroup runs out of memory, never the operator (and its webhook) itself.
 OOM_SCORE_ADJ = 1000
-PR_SET_PDEATHSIG = 1
+_PR_SET_PDEATHSIG = 1
 
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -179,11 +179,16 @@ def limit(memory: int, *, die_with_parent: bool = True) -> None:
         _default_thread_stack(THREAD_STACK)
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as adj:
         adj.write(str(OOM_SCORE_ADJ))
-    if not die_with_parent:
-        return
+    if die_with_parent:
+        die_with_parent_thread()
+
+
+def die_with_parent_thread() -> None:
+    """Have the kernel SIGKILL this process when the thread that started it ends
+    (PR_SET_PDEATHSIG; nothing where prctl is not at hand)."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def error_answer(exc: BaseException) -> dict[str, Any]:

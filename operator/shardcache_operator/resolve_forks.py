@@ -122,8 +122,8 @@ class Forkserver:
     def pid(self) -> int | None:
         """The server's pid while it runs."""
         with self._lock:
-            alive = self._process is not None and self._process.poll() is None
-            return self._process.pid if alive and self._process is not None else None
+            process = self._process
+            return process.pid if process is not None and process.poll() is None else None
 
     def exit_code(self) -> int | None:
         """How the server last ended (as `subprocess.Popen.returncode`), waiting a

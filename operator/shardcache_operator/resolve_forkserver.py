@@ -36,7 +36,6 @@ a new server (`resolve_forks.Forkserver.fork`). Its children die with it
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import selectors
 import signal
@@ -82,9 +81,7 @@ def _child(fds: list[int], server: int) -> None:
     resolve. Never returns."""
     code = 1
     try:
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(resolve_child.PR_SET_PDEATHSIG, signal.SIGKILL)
+        resolve_child.die_with_parent_thread()
         if os.getppid() != server:  # it ended before the line above
             os._exit(1)
         signal.set_wakeup_fd(-1)
