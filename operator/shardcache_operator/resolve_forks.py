@@ -245,6 +245,11 @@ class Forkserver:
                 env={**os.environ, **resolve_forkserver.ENV},
                 pass_fds=(theirs.fileno(),),
             )
+        # It ends by itself when idle, with no resolve to notice: reaped the moment
+        # it ends instead of staying a zombie until the next fork or the operator's end.
+        threading.Thread(
+            target=self._process.wait, name="resolve-forkserver-reaper", daemon=True
+        ).start()
         self._control = control
         return control
 
