@@ -38,7 +38,9 @@ from shardcache_operator import resolve_child
 OPS = ("probe", "applied_skips")
 #: Seconds a worker waits for a request before it ends by itself: longer than the pool
 #: keeps an idle worker (`read_workers.IDLE_SECONDS`), so the pool never hands out one
-#: that is ending; this only ends workers of a pool that stopped calling.
+#: that is ending. It ends the workers the pool stopped handing reads to: those of a
+#: pool that stopped calling, and the spare ones when fewer reads run at once than before
+#: (the pool hands out its most recently used worker first).
 IDLE_EXIT_SECONDS = 120.0
 #: Seconds between looks at whether the parent is still the same process.
 _PARENT_POLL_SECONDS = 1.0
