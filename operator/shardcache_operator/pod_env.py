@@ -147,6 +147,7 @@ def sidecar_env(
         variables.RUN_DIR.env: run_dir,
         variables.SOCKET.env: contract.socket_path(run_dir, mount),
         variables.MANIFEST_DIGEST.env: digest,
+        variables.HANDED_MANIFESTS_DIR.env: variables.HANDED_MANIFESTS_DIR.default,
         variables.MIXTURE.env: mixture(spec, digest=digest, source_digests=source_digests or {}),
         variables.MEMORY_DIR.env: contract.memory_dir(run_dir, mount),
         variables.DISK_DIR.env: disk_dir(namespace),

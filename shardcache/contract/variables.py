@@ -271,6 +271,16 @@ MANIFEST_DIGEST: Final = Variable(
     "the source resolves to another, no data is served. Unset: not pinned.",
     injected=_IN_SIDECAR,
 )
+HANDED_MANIFESTS_DIR: Final = Variable(
+    "SHARDCACHE_HANDED_MANIFESTS_DIR",
+    parsers.PATH,
+    "/etc/shardcache/manifests",
+    _SIDECAR,
+    "Where the webhook mounts the pinned manifests the operator hands over "
+    "(`shardcache.node.handed_manifests`): a sidecar that finds its pin there, and no "
+    "copy on its node, starts without reading the dataset to hash it.",
+    injected=_IN_SIDECAR,
+)
 MEMORY_LIMIT: Final = Variable(
     "SHARDCACHE_MEMORY_LIMIT_BYTES",
     parsers.BYTES,
@@ -634,6 +644,7 @@ TABLE: Final[tuple[Variable[Any], ...]] = (
     SOURCE_URI,
     SOURCE_FORMAT,
     MANIFEST_DIGEST,
+    HANDED_MANIFESTS_DIR,
     MIXTURE,
     MEMORY_DIR,
     MEMORY_LIMIT,

@@ -80,18 +80,8 @@ def load(tier: tiers.Tier, *, digest: str, uri: str) -> manifests.Manifest | Non
     with entry:
         raw = Path(entry.path).read_bytes()
     try:
-        found = nested_json.depth(raw)
-        if found > MAX_DEPTH:
-            raise errors.CacheError(
-                f"expected JSON nested at most {MAX_DEPTH} deep (a manifest, its shard "
-                f"list, a shard), found {found} deep in {entry.path}"
-            )
-        manifest = manifests.Manifest.from_json(json.loads(raw))
-        if manifest.digest != digest:
-            raise errors.ManifestMismatchError(f"it is manifest {manifest.digest}")
-        if not _resolves_from(manifest, uri):
-            raise errors.ManifestMismatchError(f"its root {manifest.root} is not {uri}")
-    except (ValueError, KeyError, TypeError, AttributeError, errors.ShardcacheError) as exc:
+        manifest = checked(raw, digest=digest, uri=uri)
+    except (ValueError, errors.ShardcacheError) as exc:
         log.warning(
             "the node's copy of manifest %s for %s is not usable (%s); removing it and "
             "resolving from the source",
@@ -104,10 +94,35 @@ def load(tier: tiers.Tier, *, digest: str, uri: str) -> manifests.Manifest | Non
     return manifest
 
 
+def checked(raw: bytes, *, digest: str, uri: str) -> manifests.Manifest:
+    """The manifest whose JSON is `raw`, when it is the one pinned as `digest` for
+    `uri`; else `ValueError` or a `ShardcacheError` saying what it is instead."""
+    found = nested_json.depth(raw)
+    if found > MAX_DEPTH:
+        raise errors.CacheError(
+            f"expected JSON nested at most {MAX_DEPTH} deep (a manifest, its shard "
+            f"list, a shard), found {found} deep"
+        )
+    try:
+        manifest = manifests.Manifest.from_json(json.loads(raw))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise errors.InputError(f"malformed manifest: {exc!r}") from exc
+    if manifest.digest != digest:
+        raise errors.ManifestMismatchError(f"it is manifest {manifest.digest}")
+    if not _resolves_from(manifest, uri):
+        raise errors.ManifestMismatchError(f"its root {manifest.root} is not {uri}")
+    return manifest
+
+
+def encode(manifest: manifests.Manifest) -> bytes:
+    """`manifest`'s JSON as it is kept and handed, keys sorted and no spaces."""
+    return json.dumps(manifest.to_json(), sort_keys=True, separators=(",", ":")).encode()
+
+
 def keep(tier: tiers.Tier, manifest: manifests.Manifest, *, uri: str) -> None:
     """Keep `manifest` (resolved from `uri` and matching its pin) for the node's next
     sidecars. Best effort: a full or failing disk tier only costs them a resolve."""
-    body = json.dumps(manifest.to_json(), sort_keys=True, separators=(",", ":")).encode()
+    body = encode(manifest)
 
     def write(path: Path) -> None:
         with path.open("r+b") as f:

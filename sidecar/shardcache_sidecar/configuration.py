@@ -39,6 +39,9 @@ class Settings:
     #: Pinned manifest digest ("sha256:..."). When set and the source resolves to
     #: another digest, no data is served and /readyz says why.
     manifest_digest: str | None = None
+    #: Where the operator's handed manifests are mounted (`handed_manifests`): the pin's
+    #: manifest found there starts the sidecar without a resolve from the store.
+    handed_manifests_dir: Path = Path(variables.HANDED_MANIFESTS_DIR.required_default)
     # Defaults of the settings the webhook writes are the contract table's
     # (`shardcache.contract.variables`), where each says why it was chosen.
     #: Bytes of decoded shards in the memory tier. Counts against the pod's memory limit.
@@ -214,6 +217,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("source_uri", variables.SOURCE_URI, "--source"),
     Option("source_format", variables.SOURCE_FORMAT, "--format"),
     Option("manifest_digest", variables.MANIFEST_DIGEST, "--digest"),
+    Option("handed_manifests_dir", variables.HANDED_MANIFESTS_DIR, "--handed-manifests-dir"),
     Option("run_dir", variables.RUN_DIR, "--run-dir"),
     Option("mount", variables.MOUNT, "--mount"),
     Option("socket_path", variables.SOCKET, "--socket"),
@@ -279,6 +283,7 @@ def from_env(
     values["socket_path"] = Path(values["socket_path"] or contract.socket_path(run_dir, mount))
     values["memory_dir"] = Path(values["memory_dir"] or contract.memory_dir(run_dir, mount))
     values["disk_dir"] = Path(values["disk_dir"])
+    values["handed_manifests_dir"] = Path(values["handed_manifests_dir"])
     values["termination_message_path"] = Path(values["termination_message_path"])
     values["source_uri"] = values["source_uri"] or ""
     values["checkpoint"] = agent_config.CheckpointSettings.from_env(env)

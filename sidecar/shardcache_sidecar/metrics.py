@@ -274,8 +274,9 @@ class Metrics:
         )
         self.manifests = prometheus_client.Counter(
             "shardcache_manifest_loads",
-            "Manifests loaded at start-up, by where from: the object store (source) or "
-            "the pinned copy in the node disk tier (node).",
+            "Manifests loaded at start-up, by where from: the object store (source), "
+            "the pinned copy in the node disk tier (node), or handed over by the operator "
+            "(operator).",
             ["origin"],
             registry=r,
         )
@@ -446,6 +447,7 @@ class Metrics:
         self.source_errors.labels("manifest").inc()
 
     def manifest_loaded(self, origin: str) -> None:
-        """`origin`: "source" (resolved from the object store) or "node" (the pinned
-        copy in the node disk tier, `shardcache.node.pinned_manifests`)."""
+        """`origin`: "source" (resolved from the object store), "node" (the pinned
+        copy in the node disk tier, `shardcache.node.pinned_manifests`) or "operator"
+        (handed over in ConfigMaps, `shardcache.node.handed_manifests`)."""
         self.manifests.labels(origin=origin).inc()

@@ -18,7 +18,7 @@ import pytest
 
 import shardcache
 from shardcache import contract, manifests, plans, sidecar_client, source
-from shardcache.node import pinned_manifests, tiers
+from shardcache.node import handed_manifests, pinned_manifests, tiers
 from tests.support import datasets
 from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
@@ -134,3 +134,78 @@ def test_a_forged_manifest_in_the_disk_tier_is_not_used(
     # Replaced by the real one for the next sidecar.
     kept = pinned_manifests.load(tier, digest=digest, uri=uri)
     assert kept is not None and kept.shard_rows == SHARDS
+
+
+def hand(directory: Path, manifest: manifests.Manifest, uri: str) -> None:
+    """Write the manifest's parts as the webhook projects the operator's ConfigMaps."""
+    parts = handed_manifests.encode(manifest)
+    assert parts is not None
+    directory.mkdir()
+    for part, data in enumerate(parts):
+        (directory / handed_manifests.file_name(manifest.digest, uri, part)).write_bytes(data)
+
+
+def test_a_sidecar_handed_its_pinned_manifest_starts_with_the_store_unreachable(
+    s3_server: S3Server,
+    s3_dataset: tuple[str, pa.Table],
+    real: manifests.Manifest,
+    fault_proxy: FaultProxy,
+    sidecar_factory: Factory,
+    tmp_path: Path,
+) -> None:
+    """The first sidecar of a pin on a node: no listing and no read of every shard to
+    hash it; its manifest gate opens while the store refuses every connection, it reads
+    the shards once the store is back, and it keeps the manifest for the node's next."""
+    uri, table = s3_dataset
+    handed = tmp_path / "handed"
+    hand(handed, real, uri)
+    disk = tmp_path / "node-disk"
+    env = {
+        **pinned(real.digest, s3_server, fault_proxy),
+        contract.ENV_DISK_DIR: str(disk),
+        contract.ENV_HANDED_MANIFESTS_DIR: str(handed),
+        contract.ENV_READY_SHARDS: "0",
+    }
+    fault_proxy.refuse_connections()
+    proc = sidecar_factory(uri, env=env)
+    proc.start(wait="ready")
+    assert loads(proc, "operator") == 1 and loads(proc, "source") == 0
+    assert fault_proxy.requests_seen == 0
+    fault_proxy.accept_connections()
+    assert read_all(proc) == list(range(table.num_rows))
+    assert fault_proxy.requests_seen > 0  # the shards, fetched as they are read
+    kept = pinned_manifests.load(
+        tiers.Tier(disk, limit_bytes=1 << 30, name="disk"), digest=real.digest, uri=uri
+    )
+    assert kept == real
+
+
+def test_a_stale_manifest_handed_for_another_pin_is_not_used(
+    s3_server: S3Server,
+    s3_dataset: tuple[str, pa.Table],
+    real: manifests.Manifest,
+    fault_proxy: FaultProxy,
+    sidecar_factory: Factory,
+    tmp_path: Path,
+) -> None:
+    """The ConfigMap of a mount pinned again since the pod was admitted (or one a tenant
+    wrote) hands a manifest that is not the pin under the pin's name: refused, said in
+    the log, and the sidecar resolves from the store as before."""
+    uri, table = s3_dataset
+    other = manifests.Manifest.build(real.root, real.format, real.shards[:-1])
+    handed = tmp_path / "handed"
+    parts = handed_manifests.encode(other)
+    assert parts is not None
+    handed.mkdir()
+    for part, data in enumerate(parts):
+        (handed / handed_manifests.file_name(real.digest, uri, part)).write_bytes(data)
+    env = {
+        **pinned(real.digest, s3_server, fault_proxy),
+        contract.ENV_DISK_DIR: str(tmp_path / "node-disk"),
+        contract.ENV_HANDED_MANIFESTS_DIR: str(handed),
+    }
+    proc = sidecar_factory(uri, env=env)
+    proc.start(wait="ready")
+    assert read_all(proc) == list(range(table.num_rows))  # every shard, the last one too
+    assert loads(proc, "source") == 1 and loads(proc, "operator") == 0
+    assert "from the operator's ConfigMaps) is not usable" in proc.log_tail()

@@ -33,6 +33,7 @@ from shardcache.node import (
     backings,
     caches,
     decode_budgets,
+    handed_manifests,
     pinned_manifests,
     reader_locks,
     tiers,
@@ -404,6 +405,21 @@ class Sidecar:
                 log.info("manifest %s from the node disk tier", kept.digest)
                 self.metrics.manifest_loaded("node")
                 return kept
+            # The manifest the operator pinned, handed over in ConfigMaps: no read of
+            # the dataset to hash it.
+            handed = await self.blocking(
+                handed_manifests.load,
+                s.handed_manifests_dir,
+                digest=s.manifest_digest,
+                uri=s.source_uri,
+            )
+            if handed is not None:
+                log.info("manifest %s handed by the operator", handed.digest)
+                self.metrics.manifest_loaded("operator")
+                await self.blocking(
+                    pinned_manifests.keep, self._pinned_copies(), handed, uri=s.source_uri
+                )
+                return handed
         delay = _RESOLVE_FIRST_DELAY
         while not self._closing:
             try:
