@@ -73,6 +73,11 @@ class Settings:
     # --- what is watched ----------------------------------------------------------------
     #: Namespaces to serve; empty means all (cluster-wide).
     namespaces: tuple[str, ...] = ()
+    #: Namespaces where the operator hands each pinned manifest to the sidecars in
+    #: ConfigMaps (`manifest_handoff`; chart: rbac.manifestNamespaces, which grants it
+    #: ConfigMaps there and nowhere else). Elsewhere each node's first sidecar of a pin
+    #: reads the whole dataset to hash it before it is ready.
+    manifest_namespaces: tuple[str, ...] = ()
 
     # --- reconcile ------------------------------------------------------------------------
     #: Upper bound in seconds on one manifest resolution (listing + reading footers);

@@ -53,6 +53,10 @@ class Api(Protocol):
 
     async def post_event(self, body: Mapping[str, Any]) -> None: ...
 
+    async def put_config_map(self, body: Mapping[str, Any]) -> None: ...
+
+    async def delete_config_map(self, namespace: str, name: str) -> None: ...
+
 
 #: (checkpoint URI, storage options) -> the applied-skip records (`skips.read_applied`).
 SkipsReader = Callable[[str, Mapping[str, str] | None], list[dict[str, Any]]]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -24,6 +24,7 @@ from shardcache_operator import (
     context,
     crd_version,
     injection,
+    manifest_handoff,
     reconcile,
     rfc3339,
     sidecar_checks,
@@ -140,6 +141,9 @@ async def resolve(
         refusal=refusal_of(body, memo),
         reads=memo.source_reads,
     )
+    if namespace and namespace in memo.settings.manifest_namespaces:
+        # Before the status that makes the mount Ready: its pods then find them.
+        await hand_manifests(memo, body, namespace, result.handed)
     new_status = dict(result.status)
     new_status["attachedPods"] = memo.pods.count(namespace or "", name)
     apply_result(memo, result, body=body, patch=patch, status_update=new_status)
@@ -148,6 +152,31 @@ async def resolve(
     if result.retry_in is not None:
         assert isinstance(result.outcome, status.Failed)
         raise kopf.TemporaryError(result.outcome.message, delay=result.retry_in)
+
+
+async def hand_manifests(
+    memo: context.Context, body: kopf.Body, namespace: str, handed: Sequence[reconcile.Handed]
+) -> None:
+    """Hand the manifests pinned now to the mount's sidecars (`manifest_handoff`); a
+    failure is a Warning Event, never a failed reconcile."""
+    owner = {
+        "apiVersion": body.get("apiVersion") or f"{specs.GROUP}/{specs.VERSION}",
+        "kind": body.get("kind") or specs.KIND,
+        "name": body.metadata.name,
+        "uid": body.metadata.uid,
+    }
+    for pin in handed:
+        failure = await manifest_handoff.hand(
+            memo.api,
+            owner=owner,
+            namespace=namespace,
+            source=pin.source,
+            digest=pin.digest,
+            parts=pin.parts,
+        )
+        if failure is not None:
+            logger.warning("%s/%s: %s", namespace, body.metadata.name, failure)
+            kopf.event(body, type="Warning", reason=manifest_handoff.REASON, message=failure)
 
 
 async def hold_for_crd(body: kopf.Body, memo: context.Context, retry: int) -> None:

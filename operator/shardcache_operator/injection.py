@@ -11,7 +11,11 @@ See docs/operator.md for the layout this produces. In short, per mount:
   holds the control socket and the memory tier the trainers mmap;
 * one hostPath (DirectoryOrCreate) for the node disk tier, in the sidecar only, which
   mounts its namespace's directory alone (`subPath`);
-* one emptyDir for checkpoints when `spec.checkpoint` is set, in both.
+* one emptyDir for checkpoints when `spec.checkpoint` is set, in both;
+* in the namespaces of the operator's `manifest_namespaces` (chart:
+  rbac.manifestNamespaces), when a source of the mount is pinned: one projected volume
+  of the ConfigMaps the operator hands the pinned manifests in, each optional, read-only
+  at `manifest_handoff.MOUNT_PATH` in the sidecar only (`hands_manifests`).
 
 Idempotent: the pod annotation `shardcache.io/injected` lists the mounts already
 injected, and those are skipped. Names of containers, volumes and ports never collide
@@ -38,6 +42,7 @@ from shardcache import contract, errors
 from shardcache_operator import (
     configuration,
     job_pins,
+    manifest_handoff,
     mount_parts,
     pod_env,
     pod_names,
@@ -110,6 +115,26 @@ class SidecarDefaults:
     metrics_port_last: int = configuration.Settings.metrics_port_last
     #: First TCP port tried for a sidecar's loopback web inspector.
     ui_port: int = contract.DEFAULT_UI_PORT
+    #: Namespaces where the operator hands the pinned manifests to the sidecars in
+    #: ConfigMaps (`configuration.Settings.manifest_namespaces`), so the webhook mounts
+    #: them there. Empty by default: offline injection mounts none.
+    manifest_namespaces: tuple[str, ...] = ()
+
+
+def hands_manifests(mount: Mount, defaults: SidecarDefaults) -> bool:
+    """Whether the mount's sidecar is handed its pinned manifests: its namespace is one
+    where the operator writes them, and one of its sources is pinned. Not where another
+    volume of the sidecar (the run directory, the checkpoints) is, holds or lies inside
+    `manifest_handoff.MOUNT_PATH`: the pod would be invalid, or one volume hide the
+    other; the sidecar resolves from the source then, as without the handoff."""
+    if mount.namespace is None or mount.namespace not in defaults.manifest_namespaces:
+        return False
+    taken = [defaults.run_dir]
+    if mount.spec.checkpoint is not None:
+        taken.append(mount.spec.checkpoint.mount_path)
+    if any(specs.paths_overlap(path, manifest_handoff.MOUNT_PATH) for path in taken):
+        return False
+    return bool(manifest_handoff.pinned_sources(mount.spec, mount.digest, mount.source_digests))
 
 
 def requested_mounts(metadata: Mapping[str, Any]) -> list[str]:
@@ -295,6 +320,13 @@ def _parts(mount: Mount, key: mount_parts.Key, defaults: SidecarDefaults) -> mou
     """The mount's volumes and sidecar container; a pure function of `mount.spec` and
     `key` (which `mount_parts.Cache` relies on)."""
     names = key.names
+    # Whether to hand manifests is in the key (`names.manifest_volume`, decided from
+    # `key.namespace` and `key.defaults`), and so are the digests that say which.
+    handed = (
+        manifest_handoff.pinned_sources(mount.spec, key.digest, dict(key.source_digests))
+        if names.manifest_volume is not None
+        else []
+    )
     volumes = pod_volumes.volumes_for(
         mount.name,
         mount.spec,
@@ -302,6 +334,7 @@ def _parts(mount: Mount, key: mount_parts.Key, defaults: SidecarDefaults) -> mou
         run_dir=defaults.run_dir,
         namespace=mount.namespace,
         namespace_uid=mount.namespace_uid,
+        manifest_sources=handed,
     )
     env = pod_env.sidecar_env(
         mount.name,
@@ -457,6 +490,7 @@ def inject(
             last_port=defaults.metrics_port_last,
             first_ui_port=defaults.ui_port,
             checkpoints=mount.spec.checkpoint is not None,
+            manifests=hands_manifests(mount, defaults),
         )
         key = mount_parts.Key(
             mount=mount.name,

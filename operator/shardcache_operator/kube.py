@@ -235,6 +235,46 @@ class Api:
             {"status": {"attachedPods": count}},
         )
 
+    async def put_config_map(self, body: Mapping[str, Any]) -> None:
+        """Create the ConfigMap `body`, or replace the one of its name. PermissionError
+        where the operator may not (`rbac.manifestNamespaces`)."""
+        metadata = body["metadata"]
+        namespace, name = str(metadata["namespace"]), str(metadata["name"])
+        # The client sends a dict as it is: no model round trip.
+        config_map = cast(kubernetes.client.V1ConfigMap, dict(body))
+        try:
+            try:
+                await asyncio.to_thread(
+                    self._core.create_namespaced_config_map, namespace, config_map
+                )
+            except kubernetes.client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+                await asyncio.to_thread(
+                    self._core.replace_namespaced_config_map, name, namespace, config_map
+                )
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 403:
+                raise PermissionError(
+                    f"the operator's identity may not write ConfigMap {namespace}/{name} "
+                    "(the chart grants it in rbac.manifestNamespaces)"
+                ) from exc
+            raise
+
+    async def delete_config_map(self, namespace: str, name: str) -> None:
+        """Delete ConfigMap `name` if it exists. PermissionError where the operator may not."""
+        try:
+            await asyncio.to_thread(self._core.delete_namespaced_config_map, name, namespace)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return
+            if exc.status == 403:
+                raise PermissionError(
+                    f"the operator's identity may not delete ConfigMap {namespace}/{name} "
+                    "(the chart grants it in rbac.manifestNamespaces)"
+                ) from exc
+            raise
+
     async def post_event(self, body: Mapping[str, Any]) -> None:
         """Create the core/v1 Event `body` (`event_body`) in its object's namespace."""
         namespace = str((body.get("metadata") or {}).get("namespace") or "")

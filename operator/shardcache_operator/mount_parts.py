@@ -37,6 +37,8 @@ class Key:
     namespace: str | None
     #: The namespace's UID, which keys its node disk directory (`Mount.namespace_uid`).
     namespace_uid: str | None
+    #: Whether the sidecar is handed its pinned manifests is `names.manifest_volume`
+    #: (None: not), decided from `namespace` and `defaults.manifest_namespaces`.
     names: pod_names.MountNames
     #: `injection.SidecarDefaults`, hashable (a frozen dataclass of plain values).
     defaults: object

@@ -20,7 +20,7 @@ UI_PORT_ENV = variables.UI_PORT.env
 #: Kubernetes limits a port name to 15 characters (an IANA service name).
 PORT_NAME_LIMIT = 15
 #: The sidecar's name is `shardcache-<mount>` cut to this, leaving room for `-run`,
-#: `-disk` and `-ckpt` volume suffixes within a 63-character DNS label.
+#: `-disk`, `-ckpt` and `-mfst` volume suffixes within a 63-character DNS label.
 BASE_LIMIT = 56
 
 
@@ -76,6 +76,9 @@ class MountNames:
     port_name: str
     #: The web inspector's port; loopback only, so it is declared on no container.
     ui_port: int
+    #: The volume that hands the sidecar its pinned manifests (`manifest_handoff`);
+    #: None when the mount is handed none.
+    manifest_volume: str | None = None
 
 
 class Taken:
@@ -126,11 +129,14 @@ class Taken:
         first_ui_port: int,
         checkpoints: bool,
         last_port: int | None = None,
+        manifests: bool = False,
     ) -> MountNames:
         """Names for one mount's sidecar, volumes and port, in a fixed order so that
         injecting the same pod twice gives the same names. The port stays at or below
         `last_port` (the admission leaves out mounts beyond the range's room first,
-        `injection.metrics_ports_free`); none left there is an `InputError`."""
+        `injection.metrics_ports_free`); none left there is an `InputError`.
+        `manifests`: whether the mount is handed its pinned manifests (a volume more,
+        named last so that the others' names do not depend on it)."""
         base = dns_label(f"shardcache-{mount}", limit=BASE_LIMIT)
         sidecar = unique(base, self.containers)
         run_volume = unique(f"{base}-run", self.volumes)
@@ -145,6 +151,14 @@ class Taken:
         port_name = unique("shardcache", self.port_names, limit=PORT_NAME_LIMIT)
         checkpoint_volume = unique(f"{base}-ckpt", self.volumes) if checkpoints else None
         ui_port = self.port(first_ui_port)
+        manifest_volume = unique(f"{base}-mfst", self.volumes) if manifests else None
         return MountNames(
-            sidecar, run_volume, disk_volume, checkpoint_volume, port, port_name, ui_port
+            sidecar,
+            run_volume,
+            disk_volume,
+            checkpoint_volume,
+            port,
+            port_name,
+            ui_port,
+            manifest_volume=manifest_volume,
         )

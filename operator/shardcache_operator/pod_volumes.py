@@ -7,18 +7,21 @@
 * the disk tier: a hostPath (DirectoryOrCreate) of `cache.nodePath`, in the sidecar only,
   which mounts only its namespace's directory in it (`subPath: ns-<namespace>.<uid>`,
   keyed by the namespace's UID: `namespace_dirs`);
-* the checkpoint volume when `spec.checkpoint` is set: an emptyDir in both.
+* the checkpoint volume when `spec.checkpoint` is set: an emptyDir in both;
+* the handed manifests when the injection chose to hand them (`MountNames.manifest_volume`,
+  `injection.hands_manifests`): a projected volume of the operator's ConfigMaps, each
+  optional (`manifest_handoff.volume`), read-only in the sidecar only.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardcache import contract, errors
 from shardcache.contract import parsers
-from shardcache_operator import pod_env, pod_names, specs
+from shardcache_operator import manifest_handoff, pod_env, pod_names, specs
 
 # Defined with the spec model, whose check of the sidecar's memory request needs them.
 RUN_VOLUME_HEADROOM = specs.RUN_VOLUME_HEADROOM
@@ -68,8 +71,12 @@ def volumes_for(
     run_dir: str,
     namespace: str | None = None,
     namespace_uid: str | None = None,
+    manifest_sources: Sequence[tuple[str, str, str]] = (),
 ) -> MountVolumes:
-    """The volumes of `mount` and their mount points (nothing is added to a pod here)."""
+    """The volumes of `mount` and their mount points (nothing is added to a pod here).
+    `manifest_sources`: the pinned sources whose manifests the volume named
+    `names.manifest_volume` hands the sidecar (`manifest_handoff.pinned_sources`);
+    without that name, or with none of them usable, no such volume."""
     run_source: dict[str, Any] = {
         "sizeLimit": parsers.quantity(run_volume_bytes(spec.cache.memory))
     }
@@ -102,6 +109,12 @@ def volumes_for(
         trainer_mounts.append(
             TrainerMount(names.checkpoint_volume, path, f"the {mount} checkpoints")
         )
+    if names.manifest_volume is not None:
+        handed = manifest_handoff.volume(names.manifest_volume, mount, manifest_sources)
+        if handed is not None:
+            # The sidecar's alone: the trainers never mount it (no TrainerMount).
+            volumes.append(handed)
+            sidecar_mounts.append(manifest_handoff.volume_mount(names.manifest_volume))
     return MountVolumes(volumes, sidecar_mounts, trainer_mounts)
 
 

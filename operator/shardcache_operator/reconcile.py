@@ -14,8 +14,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from shardcache import contract, errors, manifests, s3_settings, uris
+from shardcache.node import handed_manifests
 from shardcache_operator import (
     authority,
+    manifest_handoff,
     quiet_stores,
     resolve_slots,
     sample_room,
@@ -134,6 +136,19 @@ class Result:
     events: tuple[Event, ...]
     #: Seconds until the next try, or None when only a spec change can help.
     retry_in: float | None
+    #: The manifests pinned by this reconcile of a mount now Ready, to hand to its
+    #: sidecars (`manifest_handoff`): empty when every pin was kept.
+    handed: tuple[Handed, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Handed:
+    """A manifest pinned now: its source (`manifest_handoff.PRIMARY`, or a mixture
+    source's name), digest, and handed parts (empty: too large to hand)."""
+
+    source: str
+    digest: str
+    parts: tuple[bytes, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -519,7 +534,18 @@ async def _resolve_source(
         rows=manifest.total_rows,
         bytes=manifest.total_bytes,
         largest=None if largest is None else shard_room.Largest(largest.path, largest.size),
+        handed=_handed_parts(manifest),
     )
+
+
+def _handed_parts(manifest: ManifestLike) -> tuple[bytes, ...]:
+    """What a resolve gives of the manifest to hand to the sidecars: a child's summary
+    carries it (`resolve_child.Summary.handed`), a manifest resolved in this process
+    (tools, tests) is encoded here."""
+    if isinstance(manifest, manifests.Manifest):
+        return tuple(handed_manifests.encode(manifest) or ())
+    parts = getattr(manifest, "handed", ())
+    return tuple(parts) if isinstance(parts, tuple) else ()
 
 
 def mixture_identity(source: specs.MixtureSourceSpec) -> dict[str, str]:
@@ -573,10 +599,12 @@ async def _resolve_mixture(
     resolve: Resolver,
     timeout: float,
     reads: source_reads.Gate,
+    handed: list[Handed],
 ) -> tuple[list[dict[str, Any]], status.Failed | None, list[Pinned]]:
     """The pins of a mixture's further sources (status.mixture), each kept from
     `previous` while its identity holds, else resolved like spec.source; or the first
-    failure, named by its source. And those resolved now, with their spec fields."""
+    failure, named by its source. And those resolved now, with their spec fields; what
+    to hand of them is added to `handed`."""
     assert spec.mixture is not None
     before = _pins_by_name(previous)
     pins: list[dict[str, Any]] = []
@@ -610,6 +638,7 @@ async def _resolve_mixture(
             message = f"{where} ({source.name}): {outcome.message}"
             return pins, dataclasses.replace(outcome, message=message), resolved
         resolved.append((f"{where} ({source.name})", outcome))
+        handed.append(Handed(source.name, outcome.digest, outcome.handed))
         pins.append(
             {
                 "name": source.name,
@@ -659,6 +688,7 @@ def _result(
     mixture: list[dict[str, Any]] | None = None,
     spec: specs.DatasetMountSpec | None = None,
     pinned_now: Sequence[Pinned] = (),
+    handed: tuple[Handed, ...] = (),
 ) -> Result:
     previous = obj.get("status") or {}
     new_status = status.build_status(
@@ -678,7 +708,7 @@ def _result(
         # source is down); only a Ready mount's pins are new.
         new_pins = pinned_now if isinstance(outcome, status.Resolved) else ()
         events += _shard_room_events(spec, previous, new_status, new_pins)
-    return Result(outcome, new_status, events, retry_in)
+    return Result(outcome, new_status, events, retry_in, handed)
 
 
 def _shard_room_events(
@@ -794,8 +824,10 @@ async def reconcile(
         )
     mixture: list[dict[str, Any]] | None = None
     pinned_now: list[Pinned] = []
+    handed: list[Handed] = []
     if isinstance(outcome, status.Resolved) and not outcome.reused:
         pinned_now.append(("spec.source", outcome))
+        handed.append(Handed(manifest_handoff.PRIMARY, outcome.digest, outcome.handed))
     if spec.mixture is not None and isinstance(outcome, status.Resolved):
         # Ready only once every source is pinned: a pod must read the same data for each.
         mixture, failed, further = await _resolve_mixture(
@@ -806,6 +838,7 @@ async def reconcile(
             resolve=resolve,
             timeout=timeout,
             reads=reads,
+            handed=handed,
         )
         if failed is not None:
             outcome, mixture = failed, None
@@ -821,6 +854,9 @@ async def reconcile(
         mixture=mixture,
         spec=spec,
         pinned_now=pinned_now,
+        # Handed as soon as pinned, a mixture's other source failing or not: a pin kept
+        # from the status is never resolved, so never handed, again.
+        handed=tuple(handed),
     )
 
 

@@ -16,6 +16,7 @@ import of pyarrow; `main` sets them again, to the same values, in each child.)
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import dataclasses
@@ -86,11 +87,12 @@ class Shard:
 @dataclasses.dataclass(frozen=True)
 class Summary:
     """What the operator pins of a resolved manifest (a `reconcile.ManifestLike`): the
-    child's answer. Its size does not grow with the shard count, so the operator reads
-    back a few hundred bytes, not the manifest (about 300 bytes a shard: 32 MiB for
-    100,000 shards, which capped what any `resolveMemory` could pin, and which the
-    operator parsed into a few times that); the sidecars resolve the manifest
-    themselves and check it against the pinned digest."""
+    child's answer. The operator never parses the manifest itself (about 300 bytes a
+    shard: 32 MiB for 100,000 shards, which capped what any `resolveMemory` could pin,
+    and which the operator parsed into a few times that): it gets these few counts, and
+    `handed`, the manifest's gzipped JSON in the parts it hands to the sidecars as they
+    are (`shardcache.node.handed_manifests`: at most 3 MiB, else none, and the sidecars
+    resolve the manifest themselves). The sidecars check either against the pin."""
 
     digest: str
     format: str
@@ -98,10 +100,13 @@ class Summary:
     total_rows: int
     total_bytes: int
     largest_shard: Shard | None
+    handed: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
 
     @classmethod
     def of(cls, manifest: Any) -> Summary:
-        """The summary of a `manifests.Manifest`."""
+        """The summary of a `manifests.Manifest`, its handed parts included."""
+        from shardcache.node import handed_manifests
+
         largest = manifest.largest_shard
         return cls(
             digest=manifest.digest,
@@ -110,10 +115,13 @@ class Summary:
             total_rows=manifest.total_rows,
             total_bytes=manifest.total_bytes,
             largest_shard=None if largest is None else Shard(largest.path, largest.size),
+            handed=tuple(handed_manifests.encode(manifest) or ()),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out["handed"] = [base64.b64encode(part).decode("ascii") for part in self.handed]
+        return out
 
     @classmethod
     def from_json(cls, data: object) -> Summary:
@@ -140,7 +148,32 @@ class Summary:
             if not isinstance(path, str) or not is_count(stored):
                 raise ValueError(f"expected largest_shard a path and a size, found {largest!r:.80}")
             shard = Shard(path, stored)
-        return cls(digest, fmt, shard_count, rows, size, shard)
+        return cls(digest, fmt, shard_count, rows, size, shard, _handed(data.get("handed", [])))
+
+
+def _handed(value: object) -> tuple[bytes, ...]:
+    """The handed parts `Summary.to_json` wrote (base64); ValueError saying what is not
+    as expected."""
+    from shardcache.node import handed_manifests
+
+    if not isinstance(value, list) or len(value) > handed_manifests.MAX_PARTS:
+        raise ValueError(
+            f"expected handed a list of at most {handed_manifests.MAX_PARTS} parts, "
+            f"found {value!r:.80}"
+        )
+    parts: list[bytes] = []
+    for text in value:
+        try:
+            part = base64.b64decode(text, validate=True) if isinstance(text, str) else None
+        except (ValueError, TypeError):
+            part = None
+        if part is None or not 0 < len(part) <= handed_manifests.PART_BYTES:
+            raise ValueError(
+                f"expected each handed part base64 of 1 to {handed_manifests.PART_BYTES} "
+                f"bytes, found {text!r:.80}"
+            )
+        parts.append(part)
+    return tuple(parts)
 
 
 def is_count(value: object) -> TypeGuard[int]:

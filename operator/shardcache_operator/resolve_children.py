@@ -49,8 +49,9 @@ from shardcache_operator import (
 )
 
 #: Bytes of a child's answer read at most: a summary or an error is a few hundred bytes
-#: (a shard's path, a message), whatever the shard count.
-MAX_ANSWER_BYTES = 1 << 20
+#: (a shard's path, a message), whatever the shard count, and the manifest's handed
+#: parts at most 3 MiB, 4 MiB in base64 (`shardcache.node.handed_manifests`).
+MAX_ANSWER_BYTES = 5 << 20
 #: Seconds before its caller's timeout that a resolve stops waiting for a slot: time
 #: for its `AllBusy` to cross from its thread to the event loop.
 _ANSWER_MARGIN = 0.5
@@ -221,7 +222,7 @@ class Resolver:
                         raise RuntimeError(
                             f"the resolve's process answered more than "
                             f"{MAX_ANSWER_BYTES >> 20} MiB: expected a summary of a few "
-                            "hundred bytes"
+                            "hundred bytes and at most 4 MiB of handed manifest"
                         )
         left = max(0.0, deadline - time.monotonic())
         try:

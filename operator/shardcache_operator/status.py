@@ -63,6 +63,11 @@ class Condition:
     message: str  # for humans: what happened and what to do
 
 
+#: A manifest's gzipped JSON in the parts handed to the sidecars (`manifest_handoff`);
+#: named here because `Resolved.bytes` hides the builtin inside the class.
+HandedParts = tuple[bytes, ...]
+
+
 @dataclasses.dataclass(frozen=True)
 class Resolved:
     """The source was listed and its manifest pinned."""
@@ -77,6 +82,9 @@ class Resolved:
     #: The manifest's largest shard, where it was just listed (not stored: a reused pin
     #: does not know it).
     largest: shard_room.Largest | None = None
+    #: The manifest's gzipped JSON in the parts handed to the sidecars
+    #: (`manifest_handoff`), where it was just listed and small enough; never stored.
+    handed: HandedParts = dataclasses.field(default=(), repr=False, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,6 +60,7 @@ def defaults_of(settings: configuration.Settings) -> injection.SidecarDefaults:
         startup_timeout_seconds=settings.startup_timeout_seconds,
         metrics_port=settings.metrics_port_first,
         metrics_port_last=settings.metrics_port_last,
+        manifest_namespaces=settings.manifest_namespaces,
     )
 
 

@@ -136,6 +136,7 @@ def release_values(
         "rbac": {
             "secretNamespaces": [workload_namespace],
             "secretNames": [objects.SECRET_NAME],
+            "manifestNamespaces": [workload_namespace],
         },
     }
     # helm's pre-delete hook Job would run on a kwok node that never runs it (helm
@@ -315,6 +316,7 @@ def operator(
         tls.port,
         f"{sidecar_repo}:{sidecar_tag}",
         source_endpoints=(store.endpoint_url,),
+        manifest_namespaces=tuple(release.values["rbac"]["manifestNamespaces"]),
     )
     local.start()
     try:

@@ -341,8 +341,11 @@ class LocalOperator:
         webhook_port: int,
         sidecar_image: str,
         source_endpoints: tuple[str, ...] = (),
+        manifest_namespaces: tuple[str, ...] = (),
     ) -> None:
         self.workdir = workdir
+        # Where it hands pinned manifests to sidecars: the chart's rbac.manifestNamespaces.
+        self.manifest_namespaces = manifest_namespaces
         # The object store listens on loopback here, which the operator refuses as a
         # Secret's endpoint unless the platform lists it (policy.sourceEndpoints).
         self.source_endpoints = source_endpoints
@@ -384,6 +387,7 @@ class LocalOperator:
         for key, suffix in names.items():
             env[f"SHARDCACHE_OPERATOR_{suffix}"] = str(OPERATOR_SETTINGS[key])
         env["SHARDCACHE_OPERATOR_SOURCE_ENDPOINTS"] = ",".join(self.source_endpoints)
+        env["SHARDCACHE_OPERATOR_MANIFEST_NAMESPACES"] = ",".join(self.manifest_namespaces)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

@@ -3,15 +3,18 @@ S3-compatible server, Secrets under least privilege, attached pods, deletion."""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 from typing import Any
 
 import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
-from shardcache_operator import specs
+from shardcache_operator import manifest_handoff, specs
 
 from shardcache import manifests
+from shardcache.node import handed_manifests, pinned_manifests
 from tests.e2e import harness, objects
 from tests.e2e.conftest import ReadyMount
 
@@ -43,6 +46,39 @@ def test_datasetmount_on_real_s3_reaches_ready_with_the_pinned_digest(
         e.reason for e in objects.events_of(admin, ready_mount.namespace, obj["metadata"]["uid"])
     ]
     assert reasons == ["ManifestPinned"]
+
+
+def test_the_pinned_manifest_is_handed_in_a_configmap_the_mount_owns(
+    admin: kubernetes.client.ApiClient,
+    object_store: harness.ObjectStore,
+    ready_mount: ReadyMount,
+) -> None:
+    """Where the chart allows it (rbac.manifestNamespaces), the operator writes the
+    manifest it pinned for the sidecars (`manifest_handoff`): the exact manifest the pin
+    names, owned by the mount (the garbage collector deletes it with the mount)."""
+    expected = manifests.resolve(
+        ready_mount.uri, format="parquet", storage_options=harness.store_env(object_store)
+    )
+    core = kubernetes.client.CoreV1Api(admin)
+    name = manifest_handoff.config_map_name(ready_mount.name, manifest_handoff.PRIMARY, 0)
+    config_map = core.read_namespaced_config_map(name, ready_mount.namespace)
+    obj = objects.get_datasetmount(admin, ready_mount.namespace, ready_mount.name)
+    (owner,) = config_map.metadata.owner_references
+    assert (owner.kind, owner.name, owner.uid) == (
+        "DatasetMount",
+        ready_mount.name,
+        obj["metadata"]["uid"],
+    )
+    digest = ready_mount.status["manifestDigest"]
+    assert config_map.metadata.annotations[manifest_handoff.ANNOTATION_DIGEST] == digest
+    packed = base64.b64decode(config_map.binary_data[handed_manifests.DATA_KEY])
+    assert gzip.decompress(packed) == pinned_manifests.encode(expected)
+    with pytest.raises(ApiException) as absent:  # one part is the whole of a small manifest
+        core.read_namespaced_config_map(
+            manifest_handoff.config_map_name(ready_mount.name, manifest_handoff.PRIMARY, 1),
+            ready_mount.namespace,
+        )
+    assert absent.value.status == 404
 
 
 INVALID: dict[str, tuple[dict[str, Any], str]] = {

@@ -5,13 +5,16 @@ and that sidecar (started here with the env the API server stored) serves them a
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
+from shardcache_operator import manifest_handoff
 
 import shardcache
 from shardcache import contract, manifests
@@ -52,6 +55,7 @@ def test_a_multi_source_mount_pins_every_source_and_its_sidecar_serves_them_all(
     object_store: harness.ObjectStore,
     s3_secret: str,
     sidecar_factory: Callable[..., SidecarProcess],
+    tmp_path: Path,
 ) -> None:
     web = objects.write_shards(object_store, shard_rows=(40, 25, 31))
     code = objects.write_shards(object_store, shard_rows=CODE_ROWS)
@@ -79,8 +83,32 @@ def test_a_multi_source_mount_pins_every_source_and_its_sidecar_serves_them_all(
         ("code", 1, code, code_digest),
     ]
 
+    # Both pinned manifests are handed (rbac.manifestNamespaces lists the namespace): the
+    # pod's projected volume names the operator's ConfigMaps, which exist, each with the
+    # pin it hands; here the test does the kubelet's projection into a directory.
+    handed = tmp_path / "handed"
+    handed.mkdir()
+    (volume,) = [v for v in stored["spec"]["volumes"] if v["name"] == f"shardcache-{name}-mfst"]
+    projected = volume["projected"]["sources"]
+    pins = set()
+    for source in projected:
+        ref = source["configMap"]
+        assert ref["optional"] is True
+        try:
+            config_map = core.read_namespaced_config_map(ref["name"], workload_namespace)
+        except ApiException as exc:
+            assert exc.status == 404  # a part past the manifest's: none for one this small
+            continue
+        pins.add(config_map.metadata.annotations[manifest_handoff.ANNOTATION_DIGEST])
+        (item,) = ref["items"]
+        data = base64.b64decode(config_map.binary_data[item["key"]])
+        (handed / item["path"]).write_bytes(data)
+    assert pins == {web_digest, code_digest}
+    assert len(list(handed.iterdir())) == 2
+
     # That sidecar, with the env the API server stored (its layout moved to this
-    # machine) and the Secret's settings, serves both sources from the object store.
+    # machine) and the Secret's settings, takes both manifests it was handed and serves
+    # both sources from the object store.
     served = {
         key: env[key]
         for key in (
@@ -90,8 +118,11 @@ def test_a_multi_source_mount_pins_every_source_and_its_sidecar_serves_them_all(
             contract.ENV_SEED,
         )
     }
+    served[contract.ENV_HANDED_MANIFESTS_DIR] = str(handed)
     proc = sidecar_factory(env[contract.ENV_SOURCE_URI], env={**served, **options})
     proc.start(wait="ready")
+    log = proc.log_tail(lines=100_000)
+    assert log.count("handed by the operator") == 2, log[-3000:]
     with shardcache.open_mixture(environ=proc.client_env(), block_size=8) as mixed:
         batches = list(mixed.batches(8, steps=40))
         snap = mixed.snapshot()

@@ -50,9 +50,7 @@ DENIED = [
     ("get", "secrets/shardcache-webhook-tls", OWN),
     ("list", "secrets", ALL),
     ("create", "secrets", WS),
-    # Objects it has no use for.
-    ("get", "configmaps", WS),
-    ("list", "configmaps", ALL),
+    # Objects it has no use for (ConfigMaps: `configmap_rows`).
     ("get", "nodes", ""),
     ("list", "deployments.apps", ALL),
     ("get", "serviceaccounts", OWN),
@@ -80,6 +78,33 @@ DENIED = [
 ]
 
 
+#: ConfigMaps: `get`, `create`, `update` and `delete` only in rbac.manifestNamespaces,
+#: where the operator hands pinned manifests to the sidecars (manifest_handoff); never
+#: list, watch or patch, never anywhere else.
+CONFIGMAP_WRITES = [(verb, "configmaps", WS) for verb in ("get", "create", "update", "delete")]
+CONFIGMAPS_DENIED = [
+    ("list", "configmaps", WS),
+    ("watch", "configmaps", WS),
+    ("patch", "configmaps", WS),
+    ("list", "configmaps", ALL),
+    ("get", "configmaps", "default"),
+    ("create", "configmaps", "kube-system"),
+    ("create", "configmaps", OWN),
+]
+
+
+def configmap_rows(
+    release: Release,
+) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """(allowed, denied) ConfigMap rows for `release`: the writes in its workload
+    namespace are allowed only when its values list that namespace in
+    rbac.manifestNamespaces; nothing else about ConfigMaps ever is."""
+    rbac = release.values.get("rbac") or {}
+    if release.secret_namespace in (rbac.get("manifestNamespaces") or []):
+        return CONFIGMAP_WRITES, CONFIGMAPS_DENIED
+    return [], CONFIGMAP_WRITES + CONFIGMAPS_DENIED
+
+
 def can_i(cluster: harness.Cluster, release: Release, verb: str, resource: str, ns: str) -> bool:
     args = ["auth", "can-i", verb, resource, f"--as={release.subject}"]
     if ns == ALL:
@@ -99,10 +124,11 @@ def test_operator_identity_has_exactly_the_permissions_it_needs(
     e2e_cluster: harness.Cluster, release: Release
 ) -> None:
     wrong: list[str] = []
-    for verb, resource, ns in ALLOWED:
+    maps_allowed, maps_denied = configmap_rows(release)
+    for verb, resource, ns in ALLOWED + maps_allowed:
         if not can_i(e2e_cluster, release, verb, resource, ns):
             wrong.append(f"cannot {verb} {resource} in {ns or 'cluster'} but needs to")
-    for verb, resource, ns in DENIED:
+    for verb, resource, ns in DENIED + maps_denied:
         if can_i(e2e_cluster, release, verb, resource, ns):
             wrong.append(f"can {verb} {resource} in {ns or 'cluster'} but must not")
     assert not wrong, "\n".join(wrong)
@@ -140,16 +166,21 @@ def test_namespaced_install_reads_pods_only_in_its_namespaces(
     e2e_cluster: harness.Cluster, admin: kubernetes.client.ApiClient, release: Release
 ) -> None:
     """operator.watchNamespaces: a second release whose identity reaches pods,
-    DatasetMounts and peering only in the namespace it watches, never cluster-wide."""
+    DatasetMounts and peering only in the namespace it watches, never cluster-wide;
+    with rbac.manifestNamespaces, the ConfigMaps of that namespace alone."""
     name, namespace, watched = "scoped", "shardcache-scoped", release.secret_namespace
     install = e2e_cluster.run(
         "helm", "install", name, str(harness.CHART_DIR), f"--namespace={namespace}",
         "--create-namespace", f"--set=operator.watchNamespaces={{{watched}}}",
         "--set=webhook.enabled=false", "--set=peering.name=scoped", "--set=operator.replicas=1",
         "--set=uninstallGuard.enabled=false",  # a hook Job kwok's nodes never run
+        f"--set=rbac.manifestNamespaces={{{watched}}}",
     )  # fmt: skip
     assert "STATUS: deployed" in install.stdout
-    scoped = Release(name, namespace, f"{name}-shardcache", {}, watched)
+    values = {"rbac": {"manifestNamespaces": [watched]}}
+    scoped = Release(name, namespace, f"{name}-shardcache", values, watched)
+    maps_allowed, maps_denied = configmap_rows(scoped)
+    assert maps_allowed
     try:
         allowed = [
             ("list", "pods", WS),
@@ -159,6 +190,7 @@ def test_namespaced_install_reads_pods_only_in_its_namespaces(
             ("list", "customresourcedefinitions.apiextensions.k8s.io", ""),
             ("get", f"namespaces/{watched}", ""),
             ("watch", f"namespaces/{watched}", ""),
+            *maps_allowed,
         ]
         denied = [
             ("list", "pods", ALL),
@@ -169,6 +201,7 @@ def test_namespaced_install_reads_pods_only_in_its_namespaces(
             ("get", f"secrets/{objects.SECRET_NAME}", WS),
             ("list", "namespaces", ""),
             ("get", "namespaces/default", ""),
+            *maps_denied,
         ]
         wrong = [
             f"cannot {v} {r} in {ns or 'cluster'}"

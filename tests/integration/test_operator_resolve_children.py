@@ -7,6 +7,7 @@ and never answers.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import re
@@ -27,6 +28,7 @@ from shardcache_operator import (
 )
 
 from shardcache import errors, manifests, source
+from shardcache.node import pinned_manifests
 from tests.integration.test_operator_reconcile import write_shards
 from tests.support import datasets
 from tests.support.s3server import S3Server
@@ -67,8 +69,10 @@ def test_a_file_source_resolved_in_a_child_pins_the_in_process_manifest(tmp_path
     assert child.largest_shard.path == here.shards[0].path  # the 30 rows: the largest file
 
 
-def test_a_childs_answer_does_not_grow_with_the_shard_count(tmp_path: Path) -> None:
-    """What the operator reads back is the summary it pins, not the manifest (which
+def test_a_childs_answer_is_the_summary_and_the_handed_manifest_gzipped(tmp_path: Path) -> None:
+    """What the operator reads back is the summary it pins, which does not grow with the
+    shard count, and the manifest only as the gzipped parts it hands to the sidecars as
+    they are, bounded (`handed_manifests.MAX_PARTS`): it never parses a manifest (which
     capped the shards any resolveMemory could pin at about 100,000, by its size)."""
     sizes = {}
     for count in (2, 400):
@@ -78,8 +82,17 @@ def test_a_childs_answer_does_not_grow_with_the_shard_count(tmp_path: Path) -> N
             (tmp_path / f"ds{count}" / f"part-{i:05d}.jsonl").write_text('{"a": 1}\n')
         child = children(access=FILES)(uri, "jsonl", None)
         assert child.shard_count == count and child.total_rows == count
-        sizes[count] = len(json.dumps(child.to_json()))
+        summary = {k: v for k, v in child.to_json().items() if k != "handed"}
+        sizes[count] = len(json.dumps(summary))
+        here = in_process_jsonl(uri)
+        assert gzip.decompress(b"".join(child.handed)) == pinned_manifests.encode(here)
     assert sizes[400] - sizes[2] < 16  # the digits of the counts, nothing per shard
+
+
+def in_process_jsonl(uri: str) -> manifests.Manifest:
+    manifest = sources.resolve_manifest(uri, "jsonl", None, access=FILES, retry=FAST_RETRY)
+    assert isinstance(manifest, manifests.Manifest)
+    return manifest
 
 
 def test_an_s3_source_resolved_in_a_child_pins_the_in_process_manifest(

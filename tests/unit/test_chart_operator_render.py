@@ -327,3 +327,64 @@ def test_policy_source_endpoints_take_a_namenode_for_hdfs_sources(tmp_path: Path
         "viewfs://cluster",
     ]
     assert [origin.port for origin in settings.source_endpoints] == [8020, 8020]
+
+
+def configmap_grants(docs: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(kind, namespace, rule) of every rendered (Cluster)Role rule that names ConfigMaps."""
+    return [
+        (doc["kind"], doc["metadata"].get("namespace", ""), rule)
+        for doc in docs
+        if doc["kind"] in ("Role", "ClusterRole")
+        for rule in doc.get("rules") or []
+        if "configmaps" in rule.get("resources", []) or "*" in rule.get("resources", [])
+    ]
+
+
+def test_manifest_namespaces_grant_configmap_writes_there_and_reach_the_operator(
+    tmp_path: Path,
+) -> None:
+    """rbac.manifestNamespaces: a Role per namespace with ConfigMap get, create, update
+    and delete (never list or watch) bound to the operator's ServiceAccount, and the
+    same list in its setting, so the webhook mounts the handed manifests there alone."""
+    docs = rendered(tmp_path, "--set=rbac.manifestNamespaces={team-a,team-b}")
+    rule = {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["get", "create", "update", "delete"],
+    }
+    assert configmap_grants(docs) == [("Role", "team-a", rule), ("Role", "team-b", rule)]
+    bindings = [
+        d
+        for d in docs
+        if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "rel-shardcache-manifest-writer"
+    ]
+    assert [b["metadata"]["namespace"] for b in bindings] == ["team-a", "team-b"]
+    for binding in bindings:
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "rel-shardcache-manifest-writer",
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "rel-shardcache", "namespace": "rel-system"}
+        ]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SHARDCACHE_OPERATOR_MANIFEST_NAMESPACES"] == "team-a,team-b"
+    settings = configuration.from_env({k: v for k, v in env.items() if v is not None})
+    assert settings.manifest_namespaces == ("team-a", "team-b")
+    assert webhook.defaults_of(settings).manifest_namespaces == ("team-a", "team-b")
+
+
+def test_by_default_the_operator_has_no_configmap_access_and_hands_no_manifests(
+    tmp_path: Path,
+) -> None:
+    docs = rendered(tmp_path, "--set=rbac.secretNamespaces={team-a}")
+    assert configmap_grants(docs) == []
+    env = {e["name"]: e.get("value") for e in operator_container(tmp_path)["env"]}
+    settings = configuration.from_env({k: v for k, v in env.items() if v is not None})
+    assert settings.manifest_namespaces == ()
+    refused = helm_template(tmp_path, "--set=rbac.manifestNamespaces={Team_A}")
+    assert refused.returncode != 0
+    assert "/rbac/manifestNamespaces/0" in refused.stderr, refused.stderr

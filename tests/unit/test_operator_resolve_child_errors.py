@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from shardcache_operator import reconcile, resolve_child, resolve_children, sources
 
-from shardcache import errors
+from shardcache import errors, manifests
+from shardcache.node import handed_manifests
+from tests.support import datasets
 
 
 def over_memory(found: str) -> Exception:
@@ -161,10 +164,34 @@ def test_a_summary_answer_is_what_the_operator_pins() -> None:
     assert empty.largest_shard is None
 
 
+def test_a_summary_carries_the_handed_parts_in_base64_and_back() -> None:
+    summary = resolve_child.Summary.from_json({**GOOD_SUMMARY, "handed": ["AAEC", "AwQ="]})
+    assert summary.handed == (b"\x00\x01\x02", b"\x03\x04")
+    assert resolve_child.Summary.from_json(summary.to_json()) == summary
+    assert resolve_child.Summary.from_json(GOOD_SUMMARY).handed == ()  # an older child's
+
+
+def test_a_summary_of_a_manifest_too_large_to_hand_carries_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri, _ = datasets.write_local(tmp_path / "ds", [30, 20])
+    manifest = manifests.resolve(uri)
+    assert resolve_child.Summary.of(manifest).handed == tuple(
+        handed_manifests.encode(manifest) or ()
+    )
+    monkeypatch.setattr(handed_manifests, "PART_BYTES", 64)
+    assert resolve_child.Summary.of(manifest).handed == ()
+
+
 @pytest.mark.parametrize(
     ("changed", "expected"),
     [
         ({"digest": "sha256:xyz"}, "expected a digest sha256:<64 hex digits>, found 'sha256:xyz'"),
+        ({"handed": "AAEC"}, "expected handed a list of at most 4 parts, found 'AAEC'"),
+        ({"handed": ["AA"] * 5}, "expected handed a list of at most 4 parts"),
+        ({"handed": ["not base64!"]}, "expected each handed part base64 of 1 to 786432 bytes"),
+        ({"handed": [""]}, "expected each handed part base64 of 1 to 786432 bytes, found ''"),
+        ({"handed": [3]}, "expected each handed part base64 of 1 to 786432 bytes, found 3"),
         ({"format": ""}, "expected a format name, found ''"),
         ({"shard_count": -1}, "expected shard_count an integer >= 0, found -1"),
         ({"total_rows": True}, "expected total_rows an integer >= 0, found True"),

@@ -118,7 +118,8 @@ def release_values(
         },
         "sidecar": {"image": {"repository": repository, "tag": tag}},
         # `default`: where examples/ put their DatasetMounts and Secret (test_examples.py).
-        "rbac": {"secretNamespaces": [namespace, "default"], "secretNames": [SECRET_NAME]},
+        "rbac": {"secretNamespaces": [namespace, "default"], "secretNames": [SECRET_NAME],
+                 "manifestNamespaces": [namespace]},
         "policy": {"nodePaths": [str(NODE_CACHE_PATH), str(SECOND_NODE_PATH)]},
         "nodeCache": {"nodeSelector": real_node.node_selector,
                       "reclaim": {"intervalSeconds": RECLAIM_INTERVAL_S}},

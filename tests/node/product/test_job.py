@@ -18,6 +18,7 @@ import kubernetes.client
 import pytest
 from shardcache_operator import injection
 
+from shardcache.node import handed_manifests
 from tests.e2e import harness
 from tests.node.product import jobs, pods, release
 
@@ -252,3 +253,45 @@ def test_trainer_environment_holds_no_credentials_from_its_first_instruction(
 ) -> None:
     for log in [*ran_job.logs.values(), second_pod.log]:
         assert jobs.event(log, "start")["aws_env"] == []
+
+
+#: Inside the sidecar: what it finds of the manifest the operator handed (the directory
+#: the kubelet projected the ConfigMaps into), read with the sidecar's own code.
+HANDED = """
+import json, os
+from pathlib import Path
+from shardcache.node import handed_manifests
+directory = Path(os.environ["SHARDCACHE_HANDED_MANIFESTS_DIR"])
+found = handed_manifests.load(directory, digest=sys.argv[1], uri=sys.argv[2])
+print(json.dumps({
+    "files": sorted(os.listdir(directory)),
+    "digest": None if found is None else found.digest,
+    "shards": None if found is None else len(found.shards),
+}))
+"""
+
+
+def test_the_operator_hands_the_pinned_manifest_into_the_running_sidecar(
+    node_cluster: harness.Cluster,
+    namespace: str,
+    train_mount: release.Mount,
+    ran_job: RanJob,
+    core: kubernetes.client.CoreV1Api,
+    second_pod: Running,
+) -> None:
+    """rbac.manifestNamespaces lists this namespace: the chart's operator wrote the
+    manifest it pinned into ConfigMaps, the webhook projected them into the sidecar and
+    the kubelet mounted them, where the sidecar's own code finds the pinned manifest.
+    So no sidecar of the Job read the dataset to hash it: each took the manifest the
+    operator handed, or the copy a sidecar before it on the node kept."""
+    digest = train_mount.status["manifestDigest"]
+    uri = f"s3://{train_mount.bucket}/data/"
+    sidecar = pods.sidecar_status(second_pod.pod).name
+    code = HANDED.replace("sys.argv[1]", repr(digest)).replace("sys.argv[2]", repr(uri))
+    seen = json.loads(pods.exec_python(node_cluster, namespace, second_pod.name, sidecar, code)
+                      .strip().splitlines()[-1])  # fmt: skip
+    assert seen["files"] == [handed_manifests.file_name(digest, uri, 0)], seen
+    assert seen["digest"] == digest and seen["shards"] == len(release.TRAIN_SHARDS), seen
+    for pod in ran_job.pods:
+        log = pods.log(core, namespace, pod.metadata.name, pods.sidecar_status(pod).name)
+        assert "handed by the operator" in log or "from the node disk tier" in log, log[-2000:]
