@@ -3,6 +3,7 @@ S3-compatible server, Secrets under least privilege, attached pods, deletion."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 import json
@@ -11,7 +12,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
-from shardcache_operator import manifest_handoff, specs
+from shardcache_operator import kube, manifest_handoff, specs
 
 from shardcache import manifests
 from shardcache.node import handed_manifests, pinned_manifests
@@ -217,3 +218,60 @@ def test_secret_the_operator_may_not_read_leaves_it_pending_with_the_reason(
         in objects.condition(status, "Ready")["message"]
     )
     assert "manifestDigest" not in status
+
+
+def test_handing_again_replaces_the_configmaps_and_deletes_the_tail(
+    admin: kubernetes.client.ApiClient, workload_namespace: str, release: object
+) -> None:
+    """A re-pin writes over the ConfigMaps of the earlier pin (an update without a
+    resourceVersion) and deletes the parts past the new manifest's, through the real API
+    server; deleting one already gone is no error."""
+    api = kube.Api(admin)
+    core = kubernetes.client.CoreV1Api(admin)
+    mount = objects.unique("handed")
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": mount, "uid": ""}
+    # Owned by a ConfigMap of the test's own, which is deleted at the end with them.
+    anchor = core.create_namespaced_config_map(
+        workload_namespace, {"metadata": {"name": mount}, "data": {}}
+    )
+    owner["uid"] = anchor.metadata.uid
+
+    def hand(digest: str, parts: list[bytes]) -> None:
+        failure = asyncio.run(
+            manifest_handoff.hand(
+                api,
+                owner=owner,
+                namespace=workload_namespace,
+                source="",
+                digest=digest,
+                parts=parts,
+            )
+        )
+        assert failure is None
+
+    def found() -> list[tuple[str, bytes]]:
+        """(the pin it hands, its bytes) of each part there is, in order."""
+        parts = []
+        for part in range(handed_manifests.MAX_PARTS):
+            name = manifest_handoff.config_map_name(mount, "", part)
+            try:
+                config_map = core.read_namespaced_config_map(name, workload_namespace)
+            except ApiException as exc:
+                assert exc.status == 404
+                continue
+            digest = config_map.metadata.annotations[manifest_handoff.ANNOTATION_DIGEST]
+            parts.append(
+                (digest, base64.b64decode(config_map.binary_data[handed_manifests.DATA_KEY]))
+            )
+        return parts
+
+    first, second = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    try:
+        hand(first, [b"a" * 10, b"b" * 10, b"c"])
+        assert found() == [(first, b"a" * 10), (first, b"b" * 10), (first, b"c")]
+        hand(second, [b"z"])
+        assert found() == [(second, b"z")]
+        hand(second, [])  # too large to hand: nothing left to mislead a sidecar
+        assert found() == []
+    finally:
+        core.delete_namespaced_config_map(mount, workload_namespace)
