@@ -78,7 +78,8 @@ def _sidecar_only_volumes(
     pod: Mapping[str, Any], injected: Mapping[str, Mapping[str, Any]]
 ) -> set[str]:
     """Volumes the injected containers mount and no other container of the pod does:
-    the node disk tier. The run and checkpoint volumes are the trainers' too, so a debug
+    the node disk tier, and the handed manifests (`manifest_handoff`; nothing secret,
+    but the sidecar's). The run and checkpoint volumes are the trainers' too, so a debug
     container may look at them as the trainer can; ephemeral containers already there
     do not count (one could predate this check)."""
     theirs = set().union(*(_mounted(c) for c in injected.values()))
