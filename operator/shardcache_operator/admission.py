@@ -284,6 +284,7 @@ def _job_pinned(
         spec=job_pins.apply(mount.spec, served.pin, where),
         digest=served.pin.digest,
         source_digests={s.name: s.digest for s in further if s.name and s.digest},
+        current_pins=False,
     )
     return chosen, served.message
 

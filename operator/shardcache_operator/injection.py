@@ -92,6 +92,10 @@ class Mount:
     namespace_uid: str | None = None
     #: Digests pinned for the further sources of a mixture (status.mixture), by name.
     source_digests: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: Whether these digests are the mount's current pins, whose manifests the operator
+    #: hands (`hands_manifests`); False for a pod of a job given its job's older pin
+    #: (`admission`), whose sidecar would only find another pin's manifest there.
+    current_pins: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +132,8 @@ def hands_manifests(mount: Mount, defaults: SidecarDefaults) -> bool:
     `manifest_handoff.MOUNT_PATH`: the pod would be invalid, or one volume hide the
     other; the sidecar resolves from the source then, as without the handoff."""
     if mount.namespace is None or mount.namespace not in defaults.manifest_namespaces:
+        return False
+    if not mount.current_pins:
         return False
     taken = [defaults.run_dir]
     if mount.spec.checkpoint is not None:

@@ -7,6 +7,7 @@ source its job's live pods were given, never the new ones: two datasets in one j
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -249,6 +250,47 @@ def test_a_jobs_pod_admitted_after_a_source_edit_gets_the_jobs_dataset() -> None
     assert (name, reason) == ("imagenet", admission.REASON_JOB_PIN)
     assert f"gets digest {OLD}" in message and f"now pins {NEW}" in message
     assert any(f"gets digest {OLD}" in w for w in decision.warnings)
+
+
+def test_a_jobs_pod_given_its_jobs_older_pin_is_handed_no_manifest() -> None:
+    """The operator's ConfigMaps hand the mount's current pin: under the older pin's file
+    names its sidecar would only find another manifest (refused with a warning), so the
+    webhook mounts none; the job's first pod, and another job's, get theirs."""
+    handing = dataclasses.replace(DEFAULTS, manifest_namespaces=("ml",))
+
+    def handed_volumes(obj: dict[str, Any]) -> list[str]:
+        return [v["name"] for v in obj["spec"]["volumes"] if "projected" in v]
+
+    before = dsm("imagenet")
+    before["status"]["manifestDigest"] = OLD
+    first = admission.decide(
+        job_pod(name="train-0-aaaaa"), namespace="ml", lookup=lookup_of(before), defaults=handing
+    ).pod
+    assert handed_volumes(first) == ["shardcache-imagenet-mfst"]
+    after = edited(before, "s3://data/imagenet-v2/", NEW)
+    known = siblings_of(first)
+    later = admission.decide(
+        job_pod(name="train-1-bbbbb"),
+        namespace="ml",
+        lookup=lookup_of(after),
+        defaults=handing,
+        siblings={"imagenet": known.pins("ml", f"{_UID_KEY}", "imagenet")},
+    )
+    assert later.allowed and sidecar_env(later.pod)[contract.ENV_MANIFEST_DIGEST] == OLD
+    assert handed_volumes(later.pod) == []
+    other = admission.decide(
+        job_pod("another-uid", name="eval-0-ccccc"),
+        namespace="ml",
+        lookup=lookup_of(after),
+        defaults=handing,
+        siblings={
+            "imagenet": known.pins(
+                "ml", "batch.kubernetes.io/controller-uid=another-uid", "imagenet"
+            )
+        },
+    )
+    assert sidecar_env(other.pod)[contract.ENV_MANIFEST_DIGEST] == NEW
+    assert handed_volumes(other.pod) == ["shardcache-imagenet-mfst"]
 
 
 def test_a_pod_of_another_job_gets_the_mounts_new_dataset() -> None:
