@@ -136,13 +136,15 @@ def test_a_forged_manifest_in_the_disk_tier_is_not_used(
     assert kept is not None and kept.shard_rows == SHARDS
 
 
-def hand(directory: Path, manifest: manifests.Manifest, uri: str) -> None:
-    """Write the manifest's parts as the webhook projects the operator's ConfigMaps."""
+def hand(directory: Path, manifest: manifests.Manifest, uri: str, pin: str | None = None) -> None:
+    """Write the manifest's parts as the webhook projects the operator's ConfigMaps:
+    under the names of `pin` (default: the manifest's own digest)."""
     parts = handed_manifests.encode(manifest)
     assert parts is not None
     directory.mkdir()
     for part, data in enumerate(parts):
-        (directory / handed_manifests.file_name(manifest.digest, uri, part)).write_bytes(data)
+        name = handed_manifests.file_name(pin or manifest.digest, uri, part)
+        (directory / name).write_bytes(data)
 
 
 def test_a_sidecar_handed_its_pinned_manifest_starts_with_the_store_unreachable(
@@ -194,11 +196,7 @@ def test_a_stale_manifest_handed_for_another_pin_is_not_used(
     uri, table = s3_dataset
     other = manifests.Manifest.build(real.root, real.format, real.shards[:-1])
     handed = tmp_path / "handed"
-    parts = handed_manifests.encode(other)
-    assert parts is not None
-    handed.mkdir()
-    for part, data in enumerate(parts):
-        (handed / handed_manifests.file_name(real.digest, uri, part)).write_bytes(data)
+    hand(handed, other, uri, pin=real.digest)
     env = {
         **pinned(real.digest, s3_server, fault_proxy),
         contract.ENV_DISK_DIR: str(tmp_path / "node-disk"),

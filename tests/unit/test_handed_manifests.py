@@ -28,6 +28,16 @@ def hand(directory: Path, digest: str, uri: str, parts: list[bytes]) -> None:
         (directory / handed_manifests.file_name(digest, uri, part)).write_bytes(data)
 
 
+def refused(
+    directory: Path, manifest: manifests.Manifest, uri: str, caplog: pytest.LogCaptureFixture
+) -> str:
+    """What loading the manifest pinned as `manifest.digest` from `directory` warned,
+    asserting that it was refused."""
+    with caplog.at_level(logging.WARNING):
+        assert handed_manifests.load(directory, digest=manifest.digest, uri=uri) is None
+    return caplog.text
+
+
 def test_a_handed_manifest_loads_for_its_own_pin_and_source(
     tmp_path: Path, resolved: tuple[str, manifests.Manifest]
 ) -> None:
@@ -76,9 +86,9 @@ def test_a_missing_part_is_refused_as_a_cut_stream(
     parts = handed_manifests.encode(manifest)
     assert parts is not None
     hand(tmp_path / "handed", manifest.digest, uri, parts[:2])  # the last ConfigMap missing
-    with caplog.at_level(logging.WARNING):
-        assert handed_manifests.load(tmp_path / "handed", digest=manifest.digest, uri=uri) is None
-    assert "it stops early (a part is missing)" in caplog.text
+    assert "it stops early (a part is missing)" in refused(
+        tmp_path / "handed", manifest, uri, caplog
+    )
 
 
 def test_a_forged_manifest_claiming_the_pin_is_refused(
@@ -90,9 +100,8 @@ def test_a_forged_manifest_claiming_the_pin_is_refused(
     body = manifest.to_json()
     forged = gzip.compress(json.dumps({**body, "shards": body["shards"][:-1]}).encode())
     hand(tmp_path / "handed", manifest.digest, uri, [forged])
-    with caplog.at_level(logging.WARNING):
-        assert handed_manifests.load(tmp_path / "handed", digest=manifest.digest, uri=uri) is None
-    assert "is not usable" in caplog.text and "resolving from the source" in caplog.text
+    warned = refused(tmp_path / "handed", manifest, uri, caplog)
+    assert "is not usable" in warned and "resolving from the source" in warned
 
 
 def test_a_manifest_of_another_root_is_refused(
@@ -121,9 +130,7 @@ def test_damaged_parts_are_refused_with_a_warning_and_nothing_raised(
 ) -> None:
     uri, manifest = resolved
     hand(tmp_path / "handed", manifest.digest, uri, [data])
-    with caplog.at_level(logging.WARNING):
-        assert handed_manifests.load(tmp_path / "handed", digest=manifest.digest, uri=uri) is None
-    assert "is not usable" in caplog.text
+    assert "is not usable" in refused(tmp_path / "handed", manifest, uri, caplog)
 
 
 def test_a_stream_that_expands_past_the_bound_is_refused_before_it_is_all_inflated(
@@ -136,9 +143,9 @@ def test_a_stream_that_expands_past_the_bound_is_refused_before_it_is_all_inflat
     monkeypatch.setattr(handed_manifests, "MAX_JSON_BYTES", 1 << 16)
     bomb = gzip.compress(b" " * (1 << 22))  # 4 MiB of spaces in about 4 KiB
     hand(tmp_path / "handed", manifest.digest, uri, [bomb])
-    with caplog.at_level(logging.WARNING):
-        assert handed_manifests.load(tmp_path / "handed", digest=manifest.digest, uri=uri) is None
-    assert f"expected at most {1 << 16} bytes of manifest JSON" in caplog.text
+    assert f"expected at most {1 << 16} bytes of manifest JSON" in refused(
+        tmp_path / "handed", manifest, uri, caplog
+    )
 
 
 def test_a_part_over_its_size_is_not_read(
@@ -152,6 +159,6 @@ def test_a_part_over_its_size_is_not_read(
     assert parts is not None
     monkeypatch.setattr(handed_manifests, "PART_BYTES", len(parts[0]) - 1)
     hand(tmp_path / "handed", manifest.digest, uri, parts)
-    with caplog.at_level(logging.WARNING):
-        assert handed_manifests.load(tmp_path / "handed", digest=manifest.digest, uri=uri) is None
-    assert f"expected a part of at most {len(parts[0]) - 1} bytes" in caplog.text
+    assert f"expected a part of at most {len(parts[0]) - 1} bytes" in refused(
+        tmp_path / "handed", manifest, uri, caplog
+    )
