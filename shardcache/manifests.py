@@ -134,12 +134,20 @@ class Manifest:
         return key
 
     def to_json(self) -> dict[str, Any]:
-        out = {
+        out = self.to_json_head()
+        promoted = out.pop("promoted", None)  # after the shards, as it always was
+        out["shards"] = [dataclasses.asdict(s) for s in self.shards]
+        if promoted is not None:
+            out["promoted"] = promoted
+        return out
+
+    def to_json_head(self) -> dict[str, Any]:
+        """`to_json` without its shard list."""
+        out: dict[str, Any] = {
             "version": self.version,
             "root": self.root,
             "format": self.format,
             "digest": self.digest,
-            "shards": [dataclasses.asdict(s) for s in self.shards],
         }
         if self.promoted is not None:
             out["promoted"] = self.promoted

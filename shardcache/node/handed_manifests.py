@@ -17,7 +17,6 @@ read other data: that would take a sha256 preimage.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import logging
 import zlib
@@ -57,14 +56,21 @@ def file_name(digest: str, uri: str, part: int) -> str:
 
 def encode(manifest: manifests.Manifest) -> list[bytes] | None:
     """The parts that hand `manifest`, or None when its gzipped JSON needs more than
-    `MAX_PARTS` parts or expands beyond `MAX_JSON_BYTES`."""
-    body = pinned_manifests.encode(manifest)
-    if len(body) > MAX_JSON_BYTES:
-        return None
-    packed = gzip.compress(body, compresslevel=9, mtime=0)
+    `MAX_PARTS` parts or expands beyond `MAX_JSON_BYTES`. Compressed as it is encoded,
+    a few hundred shards at a time, and given up as soon as it is over: a resolve's
+    child does this within its memory limit, beside the manifest itself."""
+    deflater = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    packed = bytearray()
+    inflated = 0
+    for piece in pinned_manifests.pieces(manifest):
+        inflated += len(piece)
+        packed += deflater.compress(piece)
+        if inflated > MAX_JSON_BYTES or len(packed) > PART_BYTES * MAX_PARTS:
+            return None
+    packed += deflater.flush()
     if len(packed) > PART_BYTES * MAX_PARTS:
         return None
-    return [packed[i : i + PART_BYTES] for i in range(0, len(packed), PART_BYTES)] or [packed]
+    return [bytes(packed[i : i + PART_BYTES]) for i in range(0, len(packed), PART_BYTES)]
 
 
 def _joined(directory: Path, stem: str) -> bytes | None:

@@ -15,9 +15,11 @@ sidecar resolves from the store as before.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 from shardcache import errors, manifests, source
@@ -115,8 +117,29 @@ def checked(raw: bytes, *, digest: str, uri: str) -> manifests.Manifest:
 
 
 def encode(manifest: manifests.Manifest) -> bytes:
-    """`manifest`'s JSON as it is kept and handed, keys sorted and no spaces."""
-    return json.dumps(manifest.to_json(), sort_keys=True, separators=(",", ":")).encode()
+    """`manifest`'s JSON as it is kept and handed: `Manifest.to_json`, keys sorted and
+    no spaces."""
+    return b"".join(pieces(manifest))
+
+
+def pieces(manifest: manifests.Manifest, shards_per_piece: int = 256) -> Iterator[bytes]:
+    """`encode(manifest)` in pieces of `shards_per_piece` shards: the same bytes, never
+    the whole document (nor a dict per shard) in memory at once, so that a resolve's
+    child hands a manifest of many shards within its memory limit."""
+    head = manifest.to_json_head()
+    version = head.pop("version")
+    # Sorted keys: every other field comes before "shards", and "version" after it.
+    assert all(key < "shards" for key in head)
+    yield _compact(head)[:-1] + b',"shards":['
+    shards = manifest.shards
+    for start in range(0, len(shards), shards_per_piece):
+        chunk = shards[start : start + shards_per_piece]
+        yield (b"," if start else b"") + b",".join(_compact(dataclasses.asdict(s)) for s in chunk)
+    yield b'],"version":' + _compact(version) + b"}"
+
+
+def _compact(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
 def keep(tier: tiers.Tier, manifest: manifests.Manifest, *, uri: str) -> None:

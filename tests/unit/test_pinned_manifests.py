@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
 from shardcache import manifests
+from shardcache.formats import schemas
 from shardcache.node import pinned_manifests, tiers
 from tests.support import datasets
 
@@ -132,3 +134,30 @@ def test_a_uri_that_names_no_source_finds_nothing_kept_and_keeps_nothing(
     assert pinned_manifests.load(tier, digest=manifest.digest, uri=bad) is None
     pinned_manifests.keep(tier, manifest, uri=bad)
     assert tier.keys() == []
+
+
+@pytest.mark.parametrize("count", [0, 1, 255, 256, 257, 600])
+@pytest.mark.parametrize("promoted", [False, True])
+def test_the_json_encoded_in_pieces_is_the_manifests_json_byte_for_byte(
+    count: int, promoted: bool
+) -> None:
+    """A resolve's child encodes the manifest a few hundred shards at a time (to hand
+    it, `handed_manifests`) without ever holding the whole document: the same bytes as
+    `Manifest.to_json` dumped whole, the promotion and the piece boundaries included."""
+    shards = tuple(
+        manifests.ShardEntry(
+            path=f"part-{i:05d}.parquet",
+            size=1000 + i,
+            version=f"etag:{i:032x}",
+            rows=10 + i,
+            fingerprint="fp",
+            sha256=f"{i:064x}",
+        )
+        for i in range(count)
+    )
+    schema = schemas.encode(pa.schema([pa.field("note", pa.string())])) if promoted else None
+    manifest = manifests.Manifest.build("s3://b/ds", "parquet", shards, promoted=schema)
+    whole = json.dumps(manifest.to_json(), sort_keys=True, separators=(",", ":")).encode()
+    assert pinned_manifests.encode(manifest) == whole
+    assert b"".join(pinned_manifests.pieces(manifest, shards_per_piece=7)) == whole
+    assert manifests.Manifest.from_json(json.loads(whole)) == manifest
