@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import stat
 import zlib
 from pathlib import Path
 
 from shardcache import errors, manifests, source
-from shardcache.node import pinned_manifests
+from shardcache.node import pinned_manifests, regular_files
 
 log = logging.getLogger(__name__)
 
@@ -78,17 +80,33 @@ def _joined(directory: Path, stem: str) -> bytes | None:
     None when there is no part 0."""
     parts: list[bytes] = []
     for part in range(MAX_PARTS):
-        path = directory / f"{stem}.{part}.json.gz"
         try:
-            if path.stat().st_size > PART_BYTES:
-                raise errors.CacheError(
-                    f"expected a part of at most {PART_BYTES} bytes, found "
-                    f"{path.stat().st_size} in {path}"
-                )
-            parts.append(path.read_bytes())
+            parts.append(_part(directory / f"{stem}.{part}.json.gz"))
         except FileNotFoundError:
             break
     return b"".join(parts) if parts else None
+
+
+def _part(path: Path) -> bytes:
+    """One part's bytes. Through a symbolic link (the kubelet projects each file as a
+    link into its `..data` directory), but only of a regular file of at most
+    `PART_BYTES`: never waiting on a FIFO, never reading a device or a large file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            what = regular_files.kind(found.st_mode)
+            raise errors.CacheError(f"expected a regular file, found {what} at {path}")
+        if found.st_size > PART_BYTES:
+            raise errors.CacheError(
+                f"expected a part of at most {PART_BYTES} bytes, found {found.st_size} in {path}"
+            )
+        data = bytearray()
+        while len(data) <= PART_BYTES and (chunk := os.read(fd, PART_BYTES + 1 - len(data))):
+            data += chunk
+        return bytes(data)
+    finally:
+        os.close(fd)
 
 
 def _inflated(packed: bytes) -> bytes:

@@ -7,6 +7,7 @@ import dataclasses
 import gzip
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,42 @@ def test_a_part_over_its_size_is_not_read(
     assert f"expected a part of at most {len(parts[0]) - 1} bytes" in refused(
         tmp_path / "handed", manifest, uri, caplog
     )
+
+
+def test_parts_projected_as_links_are_read_through_them(
+    tmp_path: Path, resolved: tuple[str, manifests.Manifest]
+) -> None:
+    """As the kubelet projects a ConfigMap: each name a link into `..data/`."""
+    uri, manifest = resolved
+    parts = handed_manifests.encode(manifest)
+    assert parts is not None
+    handed = tmp_path / "handed"
+    hand(tmp_path / "real", manifest.digest, uri, parts)
+    handed.mkdir()
+    (handed / "..data").symlink_to(tmp_path / "real")
+    for part in range(len(parts)):
+        name = handed_manifests.file_name(manifest.digest, uri, part)
+        (handed / name).symlink_to(Path("..data") / name)
+    assert handed_manifests.load(handed, digest=manifest.digest, uri=uri) == manifest
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_part_that_is_no_regular_file_is_refused_without_waiting_or_reading_it(
+    tmp_path: Path,
+    resolved: tuple[str, manifests.Manifest],
+    kind: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A FIFO with no writer would block a plain read forever; /dev/zero would be read
+    until memory ran out."""
+    uri, manifest = resolved
+    handed = tmp_path / "handed"
+    handed.mkdir()
+    name = handed / handed_manifests.file_name(manifest.digest, uri, 0)
+    if kind == "fifo":
+        os.mkfifo(name)
+    elif kind == "device":
+        name.symlink_to("/dev/zero")
+    else:
+        name.mkdir()
+    assert "expected a regular file, found a" in refused(handed, manifest, uri, caplog)
