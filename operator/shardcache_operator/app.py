@@ -117,6 +117,7 @@ async def run(settings: configuration.Settings) -> None:
         timeout=settings.resolve_timeout_seconds,
         access=access,
         children=children,
+        hand_namespaces=frozenset(settings.manifest_namespaces),
     )
     # The periodic reads of tenants' stores (source checks, applied skips), in worker
     # processes with the same memory limit (`read_workers`, docs/security.md).

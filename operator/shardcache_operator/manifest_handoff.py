@@ -74,7 +74,7 @@ def volume(name: str, mount: str, sources: Sequence[tuple[str, str, str]]) -> di
     projected: list[dict[str, Any]] = []
     for key, uri, digest in sources:
         try:
-            handed_manifests.file_stem(digest, uri)
+            stem = handed_manifests.file_stem(digest, uri)
         except errors.InputError:  # an unusable URI: the sidecar refuses it, saying why
             continue
         for part in range(handed_manifests.MAX_PARTS):
@@ -86,7 +86,7 @@ def volume(name: str, mount: str, sources: Sequence[tuple[str, str, str]]) -> di
                         "items": [
                             {
                                 "key": handed_manifests.DATA_KEY,
-                                "path": handed_manifests.file_name(digest, uri, part),
+                                "path": handed_manifests.part_name(stem, part),
                             }
                         ],
                     }

@@ -3,7 +3,8 @@ from `resolve_forkserver`, which runs `main`; by hand: `python -m
 shardcache_operator.resolve_child`). The request comes on stdin, one
 JSON object (`uri`, `format`, `storage_options` with the Secret's credentials, which
 must never show in `ps`, so never in argv or env; `memory`, the bytes it may map;
-`retry`, the fields of its `source.RetryPolicy`); the answer goes to stdout, one JSON
+`retry`, the fields of its `source.RetryPolicy`; `hand`, whether to answer the manifest
+to hand to the sidecars too, `Summary.handed`); the answer goes to stdout, one JSON
 object: `{"summary": <Summary.to_json()>}`, what the operator pins of the manifest, or
 `{"error": {"kind": ..., "message": ...}}` (`KINDS`, and `UNEXPECTED` with the class's
 module and name for anything else).
@@ -103,8 +104,8 @@ class Summary:
     handed: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
 
     @classmethod
-    def of(cls, manifest: Any) -> Summary:
-        """The summary of a `manifests.Manifest`, its handed parts included."""
+    def of(cls, manifest: Any, *, hand: bool = False) -> Summary:
+        """The summary of a `manifests.Manifest`, with its handed parts where `hand`."""
         from shardcache.node import handed_manifests
 
         largest = manifest.largest_shard
@@ -115,7 +116,7 @@ class Summary:
             total_rows=manifest.total_rows,
             total_bytes=manifest.total_bytes,
             largest_shard=None if largest is None else Shard(largest.path, largest.size),
-            handed=tuple(handed_manifests.encode(manifest) or ()),
+            handed=tuple((handed_manifests.encode(manifest) if hand else None) or ()),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -259,7 +260,7 @@ def resolve(request: Mapping[str, Any]) -> dict[str, Any]:
             storage_options=dict(options) if options is not None else None,
             retry=source.RetryPolicy(**request["retry"]),
         )
-        return {"summary": Summary.of(manifest).to_json()}
+        return {"summary": Summary.of(manifest, hand=bool(request.get("hand"))).to_json()}
     except BaseException as exc:  # every outcome goes back to the parent as an answer
         return error_answer(exc)
 

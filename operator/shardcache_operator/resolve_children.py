@@ -83,8 +83,12 @@ class Resolver:
         setting: str = "operator.settings.resolveMemory",
         children: int | None = None,
         quiet: quiet_stores.Quiet | None = None,
+        hand_namespaces: frozenset[str] = frozenset(),
     ) -> None:
         self.memory = memory
+        #: Namespaces whose resolves answer the manifest to hand to the sidecars too
+        #: (`Settings.manifest_namespaces`): elsewhere its encoding would be thrown away.
+        self.hand_namespaces = hand_namespaces
         self.slots = resolve_slots.Slots(children)
         self.timeout = timeout
         self.access = access or sources.Access()
@@ -116,12 +120,14 @@ class Resolver:
     ) -> resolve_child.Summary:
         # The policy is the operator's, judged here: a refused source starts no child.
         options = sources.storage_options(uri, storage_options_, self.access)
+        namespace = source_reads.namespace() or ""
         request = {
             "uri": uri,
             "format": fmt,
             "storage_options": dict(options) if options is not None else None,
             "memory": self.memory,
             "retry": self.retry.to_json(),
+            "hand": namespace in self.hand_namespaces,
         }
         left = source_reads.remaining()
         timeout = self.timeout if left is None else min(self.timeout, left)
@@ -132,7 +138,6 @@ class Resolver:
         # store is slow). Off a gate thread (tests, tools) the caller is a namespace of
         # its own.
         wait = max(0.0, timeout - min(_ANSWER_MARGIN, timeout / 10))
-        namespace = source_reads.namespace() or ""
         store = self.quiet.key(namespace, uri, options)
         self.quiet.check(store, what)  # before any slot: a hanging store holds none
         with self.slots.held(namespace, timeout=wait, what=what):

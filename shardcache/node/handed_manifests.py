@@ -53,7 +53,12 @@ def file_stem(digest: str, uri: str) -> str:
 
 
 def file_name(digest: str, uri: str, part: int) -> str:
-    return f"{file_stem(digest, uri)}.{part}.json.gz"
+    return part_name(file_stem(digest, uri), part)
+
+
+def part_name(stem: str, part: int) -> str:
+    """The file of `part` of the manifest whose files are named `stem` (`file_stem`)."""
+    return f"{stem}.{part}.json.gz"
 
 
 def encode(manifest: manifests.Manifest) -> list[bytes] | None:
@@ -81,7 +86,7 @@ def _joined(directory: Path, stem: str) -> bytes | None:
     parts: list[bytes] = []
     for part in range(MAX_PARTS):
         try:
-            parts.append(_part(directory / f"{stem}.{part}.json.gz"))
+            parts.append(_part(directory / part_name(stem, part)))
         except FileNotFoundError:
             break
     return b"".join(parts) if parts else None

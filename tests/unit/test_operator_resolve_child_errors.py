@@ -176,11 +176,11 @@ def test_a_summary_of_a_manifest_too_large_to_hand_carries_none(
 ) -> None:
     uri, _ = datasets.write_local(tmp_path / "ds", [30, 20])
     manifest = manifests.resolve(uri)
-    assert resolve_child.Summary.of(manifest).handed == tuple(
+    assert resolve_child.Summary.of(manifest, hand=True).handed == tuple(
         handed_manifests.encode(manifest) or ()
     )
     monkeypatch.setattr(handed_manifests, "PART_BYTES", 64)
-    assert resolve_child.Summary.of(manifest).handed == ()
+    assert resolve_child.Summary.of(manifest, hand=True).handed == ()
 
 
 @pytest.mark.parametrize(
