@@ -202,6 +202,7 @@ async def run(settings: configuration.Settings) -> None:
             ready_flag=started,
         )
     finally:
+        memo.backfills.close()
         resolver.close()
         reads.close()
         readiness.cancel()

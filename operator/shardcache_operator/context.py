@@ -18,6 +18,7 @@ from shardcache_operator import (
     configuration,
     crd_version,
     event_gates,
+    manifest_backfill,
     metrics,
     mount_parts,
     mounts,
@@ -56,6 +57,8 @@ class Api(Protocol):
     async def put_config_map(self, body: Mapping[str, Any]) -> None: ...
 
     async def delete_config_map(self, namespace: str, name: str) -> None: ...
+
+    async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
 
 #: (checkpoint URI, storage options) -> the applied-skip records (`skips.read_applied`).
@@ -108,6 +111,12 @@ class Context:
     #: check-sidecars round (`sidecar_checks`).
     sidecar_lists: namespace_lists.Shared[dict[str, sidecar_health.Health]] = dataclasses.field(
         default_factory=lambda: namespace_lists.Shared(sidecar_health.LIST_MAX_AGE_SECONDS)
+    )
+
+    #: The pins this process knows are handed, and the backfills of those that are not
+    #: (`manifest_backfill`).
+    backfills: manifest_backfill.Ledger = dataclasses.field(
+        default_factory=manifest_backfill.Ledger
     )
 
     def __post_init__(self) -> None:

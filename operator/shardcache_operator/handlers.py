@@ -24,6 +24,8 @@ from shardcache_operator import (
     context,
     crd_version,
     injection,
+    kube,
+    manifest_backfill,
     manifest_handoff,
     reconcile,
     rfc3339,
@@ -147,6 +149,10 @@ async def resolve(
     new_status = dict(result.status)
     new_status["attachedPods"] = memo.pods.count(namespace or "", name)
     apply_result(memo, result, body=body, patch=patch, status_update=new_status)
+    # A pin kept without its manifest (made before the namespace was listed, or its
+    # ConfigMaps deleted) is handed by a task of the mount's; kopf resumes every mount
+    # when the operator starts, so each is looked at once per process.
+    follow_manifests(memo, {**body, "status": new_status})
     memo.metrics.reconcile_duration.observe(time.monotonic() - started)
     memo.metrics.reconcile_total.labels(phase=status.phase_of(result.outcome).value).inc()
     if result.retry_in is not None:
@@ -159,12 +165,7 @@ async def hand_manifests(
 ) -> None:
     """Hand the manifests pinned now to the mount's sidecars (`manifest_handoff`); a
     failure is a Warning Event, never a failed reconcile."""
-    owner = {
-        "apiVersion": body.get("apiVersion") or f"{specs.GROUP}/{specs.VERSION}",
-        "kind": body.get("kind") or specs.KIND,
-        "name": body.metadata.name,
-        "uid": body.metadata.uid,
-    }
+    owner = manifest_handoff.owner(body)
     for pin in handed:
         failure = await manifest_handoff.hand(
             memo.api,
@@ -177,6 +178,47 @@ async def hand_manifests(
         if failure is not None:
             logger.warning("%s/%s: %s", namespace, body.metadata.name, failure)
             kopf.event(body, type="Warning", reason=manifest_handoff.REASON, message=failure)
+        else:
+            memo.backfills.settle((namespace, str(body.metadata.uid), pin.source, pin.digest))
+
+
+def follow_manifests(memo: context.Context, body: Mapping[str, Any]) -> None:
+    """Start the mount's task that hands the pins it keeps without their manifests
+    (`manifest_backfill`), where manifests are handed and it has such a pin; `body` is
+    the mount with the status its reconcile writes."""
+    namespace = str((body.get("metadata") or {}).get("namespace") or "")
+    if namespace not in memo.settings.manifest_namespaces:
+        return
+    if not manifest_backfill.wants_look(memo.backfills, body):
+        return
+
+    async def resolve_again(spec: specs.DatasetMountSpec, source: str) -> status.Outcome:
+        return await reconcile.resolve_again(
+            spec,
+            source,
+            namespace=namespace,
+            read_secret=memo.api.read_secret,
+            resolve=memo.resolve,
+            timeout=memo.settings.resolve_timeout_seconds,
+            reads=memo.source_reads,
+        )
+
+    async def say(kind: str, reason: str, message: str) -> None:
+        # Through the API: this task outlives the handler that started it.
+        event = kube.event_body(body, type=kind, reason=reason, message=message, now=now_text())
+        try:
+            await memo.api.post_event(event)
+        except Exception as exc:  # the API server: the log says it all the same
+            logger.info("posting the %s Event: %s", reason, exc)
+
+    uid = str((body.get("metadata") or {}).get("uid") or "")
+    memo.backfills.start(
+        namespace,
+        uid,
+        lambda: manifest_backfill.follow(
+            body, ledger=memo.backfills, api=memo.api, resolve_again=resolve_again, say=say
+        ),
+    )
 
 
 async def hold_for_crd(body: kopf.Body, memo: context.Context, retry: int) -> None:
@@ -362,6 +404,7 @@ async def finalize(
         memo.metrics.set_phase(ns, name, status.Phase.TERMINATING)
         raise kopf.TemporaryError(message, delay=memo.settings.deletion_poll_seconds)
     memo.metrics.set_phase(ns, name, None)
+    memo.backfills.forget(ns, str(body.metadata.uid))
     logger.info("DatasetMount %s/%s released (%d attached pods)", ns, name, count)
 
 

@@ -235,6 +235,30 @@ class Api:
             {"status": {"attachedPods": count}},
         )
 
+    async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """ConfigMap `name`'s annotations and keys (not its values), as
+        `{"metadata": {"annotations": ...}, "keys": [...]}`, or None when it does not
+        exist. PermissionError where the operator may not get it."""
+        try:
+            found = await asyncio.to_thread(
+                self._core.read_namespaced_config_map,
+                name,
+                namespace,
+                _request_timeout=READ_TIMEOUT_SECONDS,
+            )
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            if exc.status == 403:
+                raise PermissionError(
+                    f"the operator's identity may not get ConfigMap {namespace}/{name} "
+                    "(the chart grants it in rbac.manifestNamespaces)"
+                ) from exc
+            raise
+        annotations = dict((found.metadata.annotations if found.metadata else None) or {})
+        keys = sorted({*(found.data or {}), *(found.binary_data or {})})
+        return {"metadata": {"annotations": annotations}, "keys": keys}
+
     async def put_config_map(self, body: Mapping[str, Any]) -> None:
         """Create the ConfigMap `body`, or replace the one of its name. PermissionError
         where the operator may not (`rbac.manifestNamespaces`)."""

@@ -8,7 +8,8 @@ the operator may write ConfigMaps in no other namespace), the operator writes th
 manifest it just pinned, gzipped, as up to `handed_manifests.MAX_PARTS` ConfigMaps
 owned by the DatasetMount, and the webhook projects them into the mount's sidecar,
 each optional: a missing one (too large to hand, not written yet, deleted) costs the
-sidecar a resolve, never its start. Pure functions: the reconcile writes the bodies
+sidecar a resolve, never its start. A pin kept without them is handed later
+(`manifest_backfill`). Pure functions: the reconcile writes the bodies
 (`kube.Api.hand_manifest`), the webhook mounts the volume.
 """
 
@@ -38,6 +39,11 @@ LABEL_MOUNT = "shardcache.io/datasetmount"
 #: person looking at it (the sidecar checks the manifest itself, never these).
 ANNOTATION_DIGEST = "shardcache.io/manifest-digest"
 ANNOTATION_PART = "shardcache.io/manifest-part"
+#: How many parts hand the pin: "0" on the one ConfigMap (part 0, without data) that
+#: says the pin was looked at and is too large to hand, so nobody resolves it again to
+#: hand it (`manifest_backfill`).
+ANNOTATION_PARTS = "shardcache.io/manifest-parts"
+ANNOTATION_NOT_HANDED = "shardcache.io/manifest-not-handed"
 #: The reason of the Warning Event when a manifest could not be handed.
 REASON = "ManifestNotHanded"
 #: Where the webhook mounts them in the sidecar (the contract table's default).
@@ -112,7 +118,8 @@ def config_maps(
 ) -> list[dict[str, Any]]:
     """The ConfigMaps that hand `parts` of the manifest pinned as `digest` for `source`
     of `mount`, owned by the DatasetMount `owner` (its apiVersion, kind, name and uid):
-    deleting the mount deletes them."""
+    deleting the mount deletes them. No parts (too large to hand): one part 0 without
+    data that says so (the sidecar's projection of a missing key is optional too)."""
     reference = {
         "apiVersion": str(owner["apiVersion"]),
         "kind": str(owner["kind"]),
@@ -120,27 +127,90 @@ def config_maps(
         "uid": str(owner["uid"]),
         "blockOwnerDeletion": False,
     }
-    return [
-        {
+
+    def body(part: int, data: bytes | None) -> dict[str, Any]:
+        annotations = {
+            ANNOTATION_DIGEST: digest,
+            ANNOTATION_PART: str(part),
+            ANNOTATION_PARTS: str(len(parts)),
+        }
+        found: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {
                 "name": config_map_name(mount, source, part),
                 "namespace": namespace,
                 "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_MOUNT: mount},
-                "annotations": {ANNOTATION_DIGEST: digest, ANNOTATION_PART: str(part)},
+                "annotations": annotations,
                 "ownerReferences": [reference],
             },
-            "binaryData": {handed_manifests.DATA_KEY: base64.b64encode(data).decode("ascii")},
         }
-        for part, data in enumerate(parts)
-    ]
+        if data is None:
+            annotations[ANNOTATION_NOT_HANDED] = TOO_LARGE
+        else:
+            key = handed_manifests.DATA_KEY
+            found["binaryData"] = {key: base64.b64encode(data).decode("ascii")}
+        return found
+
+    if not parts:
+        return [body(0, None)]
+    return [body(part, data) for part, data in enumerate(parts)]
+
+
+#: Why a pin's manifest is not handed, on its part 0 (`ANNOTATION_NOT_HANDED`).
+TOO_LARGE = (
+    f"over {handed_manifests.PART_BYTES * handed_manifests.MAX_PARTS} bytes gzipped: each "
+    "node's first sidecar of this pin reads the dataset to hash it"
+)
+
+
+def hands(found: Sequence[Mapping[str, Any] | None], digest: str) -> bool:
+    """Whether the ConfigMaps `found` of a source's parts 0, 1, ... (None: not there;
+    `kube.Api.read_config_map`'s metadata and keys) hand the pin `digest` whole, or say
+    it is too large to hand: either way nothing is left to write for it."""
+    first = found[0] if found else None
+    if first is None:
+        return False
+    try:
+        count = int(_annotations(first).get(ANNOTATION_PARTS, ""))
+    except ValueError:  # not ours, or written before parts were counted
+        return False
+    if not 0 <= count <= handed_manifests.MAX_PARTS or len(found) < max(count, 1):
+        return False
+    for part in range(max(count, 1)):
+        config_map = found[part]
+        if config_map is None:
+            return False
+        annotations = _annotations(config_map)
+        if annotations.get(ANNOTATION_DIGEST) != digest:
+            return False
+        if annotations.get(ANNOTATION_PART) != str(part):
+            return False
+        if count and handed_manifests.DATA_KEY not in (config_map.get("keys") or ()):
+            return False
+    return True
+
+
+def _annotations(config_map: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (config_map.get("metadata") or {}).get("annotations") or {}
+
+
+def owner(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The DatasetMount `body` as the owner `config_maps` names."""
+    metadata = body.get("metadata") or {}
+    return {
+        "apiVersion": body.get("apiVersion") or f"{specs.GROUP}/{specs.VERSION}",
+        "kind": body.get("kind") or specs.KIND,
+        "name": str(metadata.get("name") or ""),
+        "uid": str(metadata.get("uid") or ""),
+    }
 
 
 def stale_names(mount: str, source: str, parts: int) -> list[str]:
     """The ConfigMaps of `source` past its `parts` (a re-pin to a smaller manifest, or
-    one too large to hand: 0), which would hand a stale tail."""
-    return [config_map_name(mount, source, p) for p in range(parts, handed_manifests.MAX_PARTS)]
+    one too large to hand: 0, whose part 0 says so), which would hand a stale tail."""
+    first = max(parts, 1)
+    return [config_map_name(mount, source, p) for p in range(first, handed_manifests.MAX_PARTS)]
 
 
 class Writer(Protocol):
@@ -161,8 +231,9 @@ async def hand(
     parts: Sequence[bytes],
 ) -> str | None:
     """Write the ConfigMaps that hand `parts` of `source`'s manifest, pinned as
-    `digest`, and delete those past them (none when it is too large to hand); None, or
-    why it failed (the sidecars then resolve it from the store, as before)."""
+    `digest`, and delete those past them (no parts: too large to hand, which part 0
+    says); None, or why it failed (the sidecars then resolve it from the store, as
+    before)."""
     mount = str(owner["name"])
     where = "spec.source" if source == PRIMARY else f"mixture source {source}"
     try:
@@ -184,12 +255,11 @@ async def hand(
         )
     if not parts:
         logger.info(
-            "%s/%s: the manifest %s of %s is over %d bytes gzipped and is not handed; each "
-            "node's first sidecar of this pin reads the dataset to hash it",
+            "%s/%s: the manifest %s of %s is not handed: %s",
             namespace,
             mount,
             digest,
             where,
-            handed_manifests.PART_BYTES * handed_manifests.MAX_PARTS,
+            TOO_LARGE,
         )
     return None

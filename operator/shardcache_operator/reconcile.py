@@ -860,6 +860,60 @@ async def reconcile(
     )
 
 
+def current_pins(
+    spec: specs.DatasetMountSpec, previous: Mapping[str, Any]
+) -> list[tuple[str, str, str]]:
+    """(source key, URI, digest) of each pin in status `previous`, when every source of
+    the spec is pinned for what it is now (else a reconcile is under way: none)."""
+    pin = _pinned(spec, previous)
+    if pin is None:
+        return []
+    further: dict[str, str] = {}
+    if spec.mixture is not None:
+        kept = _pinned_mixture(spec, previous)
+        if kept is None:
+            return []
+        further = {str(p["name"]): str(p["manifestDigest"]) for p in kept}
+    return manifest_handoff.pinned_sources(spec, pin.digest, further)
+
+
+async def resolve_again(
+    spec: specs.DatasetMountSpec,
+    source: str,
+    *,
+    namespace: str,
+    read_secret: SecretReader,
+    resolve: Resolver,
+    timeout: float,
+    reads: source_reads.Gate,
+) -> status.Outcome:
+    """Resolve pinned source `source` (`manifest_handoff.PRIMARY` or a mixture source's
+    name) again, as it is now, for the manifest to hand of a pin kept without it
+    (`manifest_backfill`); the caller compares the digest with the pin. Never raises for
+    the source: a failure is `status.Failed`, as a reconcile's."""
+    options, failure = await _options(spec, namespace, read_secret, pinned=True)
+    if failure is not None:
+        return failure
+    if source == manifest_handoff.PRIMARY:
+        uri, fmt, where = spec.source.uri, spec.source.format, "spec.source"
+    else:
+        assert spec.mixture is not None
+        index, found = next((i, s) for i, s in enumerate(spec.mixture.sources) if s.name == source)
+        uri, fmt, where = found.uri, found.format, f"spec.mixture.sources[{index}]"
+    return await _resolve_source(
+        uri,
+        fmt,
+        None,
+        where=where,
+        options=options,
+        credentials=_credentials(spec, namespace, options),
+        resolve=resolve,
+        timeout=timeout,
+        namespace=namespace,
+        reads=reads,
+    )
+
+
 async def check_source(
     obj: Mapping[str, Any],
     *,

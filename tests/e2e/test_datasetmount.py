@@ -249,7 +249,7 @@ def test_handing_again_replaces_the_configmaps_and_deletes_the_tail(
         )
         assert failure is None
 
-    def found() -> list[tuple[str, bytes]]:
+    def found() -> list[tuple[str, bytes | None]]:
         """(the pin it hands, its bytes) of each part there is, in order."""
         parts = []
         for part in range(handed_manifests.MAX_PARTS):
@@ -260,18 +260,29 @@ def test_handing_again_replaces_the_configmaps_and_deletes_the_tail(
                 assert exc.status == 404
                 continue
             digest = config_map.metadata.annotations[manifest_handoff.ANNOTATION_DIGEST]
-            parts.append(
-                (digest, base64.b64decode(config_map.binary_data[handed_manifests.DATA_KEY]))
-            )
+            data = (config_map.binary_data or {}).get(handed_manifests.DATA_KEY)
+            parts.append((digest, None if data is None else base64.b64decode(data)))
         return parts
+
+    def hands(digest: str) -> bool:
+        """What a backfill reads of them (`kube.Api.read_config_map`) and judges."""
+        names = [
+            manifest_handoff.config_map_name(mount, "", p)
+            for p in range(handed_manifests.MAX_PARTS)
+        ]
+        read = [asyncio.run(api.read_config_map(workload_namespace, n)) for n in names]
+        return manifest_handoff.hands(read, digest)
 
     first, second = "sha256:" + "1" * 64, "sha256:" + "2" * 64
     try:
         hand(first, [b"a" * 10, b"b" * 10, b"c"])
         assert found() == [(first, b"a" * 10), (first, b"b" * 10), (first, b"c")]
+        assert hands(first) and not hands(second)
         hand(second, [b"z"])
         assert found() == [(second, b"z")]
-        hand(second, [])  # too large to hand: nothing left to mislead a sidecar
-        assert found() == []
+        assert hands(second) and not hands(first)
+        hand(second, [])  # too large to hand: part 0 says so, without data
+        assert found() == [(second, None)]
+        assert hands(second)
     finally:
         core.delete_namespaced_config_map(mount, workload_namespace)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import kubernetes.client
 import pytest
+from kubernetes.client.exceptions import ApiException
+from shardcache_operator import manifest_backfill, manifest_handoff, specs
 
 from tests.e2e import harness, objects
 from tests.e2e.conftest import ReadyMount
@@ -113,3 +115,54 @@ def test_restarting_the_operator_causes_no_duplicate_side_effects(
             }
         )
     assert not changed, f"changed by the restart: {changed}"
+
+
+def test_a_pin_kept_across_a_restart_without_its_configmaps_is_handed_again(
+    admin: kubernetes.client.ApiClient,
+    operator: harness.Operator,
+    object_store: harness.ObjectStore,
+    workload_namespace: str,
+    s3_secret: str,
+) -> None:
+    """A pin the reconcile keeps is not resolved again, so not handed again; the
+    restarted operator looks at its ConfigMaps (`manifest_backfill`), finds part 0
+    deleted by hand, reads the source again and writes the same bytes back."""
+    core = kubernetes.client.CoreV1Api(admin)
+    uri = objects.write_shards(object_store, shard_rows=(12, 7))
+    name = objects.unique("handed-again")
+    objects.create_datasetmount(admin, workload_namespace, objects.datasetmount(name, uri))
+    status = objects.wait_phase(admin, workload_namespace, name, "Ready", operator)
+    part = manifest_handoff.config_map_name(name, manifest_handoff.PRIMARY, 0)
+    try:
+        first = core.read_namespaced_config_map(part, workload_namespace)
+        core.delete_namespaced_config_map(part, workload_namespace)
+        operator.restart()
+
+        def handed() -> kubernetes.client.V1ConfigMap | None:
+            try:
+                return core.read_namespaced_config_map(part, workload_namespace)
+            except ApiException as exc:
+                assert exc.status == 404
+                return None
+
+        again = harness.wait_until(
+            "the restarted operator to hand the kept pin's manifest again",
+            handed,
+            timeout=RESUME_TIMEOUT_S,
+            describe=operator.logs,
+        )
+        assert again.binary_data == first.binary_data
+        annotations = again.metadata.annotations
+        assert annotations[manifest_handoff.ANNOTATION_DIGEST] == status["manifestDigest"]
+        assert annotations[manifest_handoff.ANNOTATION_PARTS] == "1"
+        uid = objects.get_datasetmount(admin, workload_namespace, name)["metadata"]["uid"]
+        harness.wait_until(
+            "the ManifestHanded Event",
+            lambda: objects.events_with(admin, workload_namespace, uid, manifest_backfill.HANDED),
+            timeout=SETTLE_TIMEOUT_S,
+            describe=operator.logs,
+        )
+    finally:
+        kubernetes.client.CustomObjectsApi(admin).delete_namespaced_custom_object(
+            specs.GROUP, specs.VERSION, workload_namespace, specs.PLURAL, name
+        )

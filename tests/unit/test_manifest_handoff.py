@@ -72,6 +72,7 @@ def test_a_configmap_per_part_owned_by_the_mount_carries_the_part_and_the_pin() 
         assert meta["annotations"] == {
             manifest_handoff.ANNOTATION_DIGEST: DIGEST,
             manifest_handoff.ANNOTATION_PART: str(part),
+            manifest_handoff.ANNOTATION_PARTS: "2",
         }
         assert meta["labels"][manifest_handoff.LABEL_MOUNT] == "train"
         assert base64.b64decode(body["binaryData"][handed_manifests.DATA_KEY]) == data
@@ -94,10 +95,11 @@ def test_handing_writes_the_parts_and_deletes_the_tail_a_larger_pin_left() -> No
     ]
 
 
-def test_a_manifest_too_large_to_hand_deletes_what_an_earlier_pin_handed(
+def test_a_manifest_too_large_to_hand_leaves_a_part_0_that_says_so_and_nothing_else(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Else the sidecars would find the earlier pin's manifest (refused: not their pin)."""
+    """The earlier pin's parts would be refused by the sidecars (not their pin); part 0
+    without data says the pin was looked at, so it is not resolved again to hand it."""
     api = Recorder()
     with caplog.at_level("INFO"):
         assert (
@@ -108,8 +110,62 @@ def test_a_manifest_too_large_to_hand_deletes_what_an_earlier_pin_handed(
             )
             is None
         )
-    assert [kind for kind, _ in api.calls] == ["delete"] * handed_manifests.MAX_PARTS
-    assert "is not handed; each node's first sidecar of this pin reads the dataset" in caplog.text
+    assert [kind for kind, _ in api.calls] == ["put"] + ["delete"] * (
+        handed_manifests.MAX_PARTS - 1
+    )
+    marker = api.calls[0][1]
+    assert marker["metadata"]["name"] == manifest_handoff.config_map_name("train", "", 0)
+    assert "binaryData" not in marker and "data" not in marker
+    annotations = marker["metadata"]["annotations"]
+    assert annotations[manifest_handoff.ANNOTATION_PARTS] == "0"
+    assert annotations[manifest_handoff.ANNOTATION_DIGEST] == DIGEST
+    assert "reads the dataset to hash it" in annotations[manifest_handoff.ANNOTATION_NOT_HANDED]
+    assert [where[1] for kind, where in api.calls[1:]] == [
+        manifest_handoff.config_map_name("train", "", p)
+        for p in range(1, handed_manifests.MAX_PARTS)
+    ]
+    assert "is not handed: over 3145728 bytes gzipped" in caplog.text
+    assert manifest_handoff.hands([_read(marker)], DIGEST)
+
+
+def _read(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What `kube.Api.read_config_map` gives of a ConfigMap the API server holds."""
+    keys = sorted({*(body.get("data") or {}), *(body.get("binaryData") or {})})
+    return {"metadata": {"annotations": dict(body["metadata"]["annotations"])}, "keys": keys}
+
+
+def _written(digest: str, parts: int) -> list[dict[str, Any] | None]:
+    chunks = [bytes([p]) for p in range(parts)]
+    bodies = manifest_handoff.config_maps(
+        namespace="ns", mount="train", owner=OWNER, source="", digest=digest, parts=chunks
+    )
+    return [_read(b) for b in bodies]
+
+
+@pytest.mark.parametrize("parts", [1, 2, handed_manifests.MAX_PARTS])
+def test_the_parts_written_for_a_pin_hand_that_pin_and_no_other(parts: int) -> None:
+    found = _written(DIGEST, parts)
+    assert manifest_handoff.hands(found, DIGEST)
+    assert manifest_handoff.hands([*found, None], DIGEST)  # nothing past the count matters
+    assert not manifest_handoff.hands(found, OTHER)
+
+
+def test_parts_missing_or_of_another_pin_do_not_hand_it() -> None:
+    """What a backfill then writes again: a part deleted, a tail of an earlier pin, a
+    part without its data, or a ConfigMap someone else wrote under the name."""
+    found = _written(DIGEST, 3)
+    assert not manifest_handoff.hands([], DIGEST)
+    assert not manifest_handoff.hands([None], DIGEST)
+    assert not manifest_handoff.hands([found[0], None, found[2]], DIGEST)
+    assert not manifest_handoff.hands(found[:2], DIGEST)
+    assert not manifest_handoff.hands([found[0], found[1], _written(OTHER, 3)[2]], DIGEST)
+    assert not manifest_handoff.hands([found[0], found[2], found[1]], DIGEST)
+    no_data = {**found[1], "keys": []}  # type: ignore[dict-item]
+    assert not manifest_handoff.hands([found[0], no_data, found[2]], DIGEST)
+    foreign = {"metadata": {"annotations": {}}, "keys": [handed_manifests.DATA_KEY]}
+    assert not manifest_handoff.hands([foreign], DIGEST)
+    uncounted = {"metadata": {"annotations": {manifest_handoff.ANNOTATION_PARTS: "9"}}}
+    assert not manifest_handoff.hands([uncounted], DIGEST)
 
 
 def test_a_refused_write_is_said_and_not_raised() -> None:

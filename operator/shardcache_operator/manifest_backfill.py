@@ -1,0 +1,346 @@
+"""Pins kept without their handed manifests: found, resolved again, and handed.
+
+`manifest_handoff` hands a manifest to the sidecars when a reconcile pins it. A pin kept
+from the status is never resolved again, so it was never handed when it was made before
+its namespace was listed in `rbac.manifestNamespaces` (the setting turned on later, or a
+mount an older operator pinned), when writing failed then, or after its ConfigMaps were
+deleted; each node's first sidecar of it then reads the whole dataset to hash it.
+
+So when a reconcile leaves a mount of those namespaces Ready (at the operator's start
+too: kopf resumes every mount), a task of the mount's (`follow`) looks at each pin this
+process has not settled: a GET of its part 0, and of the further parts it counts. A pin
+they do not hand is resolved again, one read of the dataset in the operator instead of
+one per node, and handed when the source still gives the pinned digest. A source that
+gives another is a Warning (those sidecars could not start from it either), and is not
+read again by this process. A failed resolve or write is tried again later, backing off
+to an hour, by the same task; it ends when every pin is settled, or the mount is no
+longer Ready or gone.
+
+One mount at a time across the operator: it is never urgent, it must not burst the API
+server with GETs when the operator starts, and its resolves share the reconciles' slots.
+Only the replica whose kopf handles the mounts starts these tasks (peering).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, Protocol
+
+from shardcache import errors
+from shardcache.node import handed_manifests
+from shardcache_operator import manifest_handoff, reconcile, specs, status
+
+logger = logging.getLogger(__name__)
+
+#: The first wait, in seconds, after a failed resolve or write; doubled up to the cap.
+RETRY_FIRST_SECONDS = 300.0
+RETRY_MAX_SECONDS = 3600.0
+#: The reason of the Normal Event when a kept pin's manifest was handed.
+HANDED = "ManifestHanded"
+
+#: A pin, as the ledger keys it: (namespace, mount uid, source key, digest).
+Pin = tuple[str, str, str, str]
+
+
+class Api(manifest_handoff.Writer, Protocol):
+    """The API calls a backfill makes (`kube.Api`)."""
+
+    async def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def read_datasetmount(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+#: (spec, source key) -> the source resolved again (`reconcile.resolve_again`, bound).
+ResolveAgain = Callable[[specs.DatasetMountSpec, str], Awaitable[status.Outcome]]
+#: (type, reason, message): an Event on the mount (bound to it).
+Say = Callable[[str, str, str], Awaitable[None]]
+#: Seconds to sleep (`asyncio.sleep`; tests pass their own).
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclasses.dataclass
+class Ledger:
+    """What this operator process knows of handed pins (`context.Context.backfills`)."""
+
+    #: Pins that need nothing more from this process: handed (by a reconcile or here),
+    #: marked too large, or whose source gives another digest now.
+    settled: set[Pin] = dataclasses.field(default_factory=set)
+    #: Pins to try again: (monotonic time not before, the wait that led there).
+    later: dict[Pin, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    #: Namespaces where the operator may not get ConfigMaps (no Role): said once.
+    refused: set[str] = dataclasses.field(default_factory=set)
+    #: One mount looked at at a time.
+    turn: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    #: Each mount's task (`follow`) while it runs, by (namespace, mount uid).
+    tasks: dict[tuple[str, str], asyncio.Task[None]] = dataclasses.field(default_factory=dict)
+
+    def settle(self, pin: Pin) -> None:
+        self.settled.add(pin)
+        self.later.pop(pin, None)
+
+    def due(self, pin: Pin, now: float) -> bool:
+        if pin in self.settled:
+            return False
+        not_before, _ = self.later.get(pin, (0.0, 0.0))
+        return now >= not_before
+
+    def failed(self, pin: Pin, now: float) -> float:
+        """Put `pin` off after a failure; the seconds it waits."""
+        _, wait = self.later.get(pin, (0.0, 0.0))
+        wait = min(RETRY_MAX_SECONDS, wait * 2 if wait else RETRY_FIRST_SECONDS)
+        self.later[pin] = (now + wait, wait)
+        return wait
+
+    def forget(self, namespace: str, uid: str) -> None:
+        """A deleted mount's pins, and its task."""
+        task = self.tasks.pop((namespace, uid), None)
+        if task is not None:
+            task.cancel()
+        self.settled = {p for p in self.settled if p[:2] != (namespace, uid)}
+        self.later = {p: v for p, v in self.later.items() if p[:2] != (namespace, uid)}
+
+    def start(self, namespace: str, uid: str, run: Callable[[], Coroutine[Any, Any, None]]) -> bool:
+        """Run `run()` as the mount's task unless one runs; whether it was started."""
+        key = (namespace, uid)
+        if key in self.tasks:
+            return False
+        task = asyncio.create_task(run(), name=f"hand-manifests {namespace}/{uid}")
+        self.tasks[key] = task
+        task.add_done_callback(lambda done: self._ended(key, done))
+        return True
+
+    def _ended(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
+        if self.tasks.get(key) is task:
+            del self.tasks[key]
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("handing manifests of %s/%s", *key, exc_info=task.exception())
+
+    def close(self) -> None:
+        """Cancel every task (the operator stops)."""
+        for task in self.tasks.values():
+            task.cancel()
+        self.tasks.clear()
+
+    def waiting(self, pins: list[Pin]) -> list[Pin]:
+        """Those of `pins` not settled."""
+        return [pin for pin in pins if pin not in self.settled]
+
+
+async def _found(api: Api, namespace: str, mount: str, source: str) -> list[dict[str, Any] | None]:
+    """The ConfigMaps of `source`'s parts, read as far as part 0 counts them."""
+    first = await api.read_config_map(namespace, manifest_handoff.config_map_name(mount, source, 0))
+    found: list[dict[str, Any] | None] = [first]
+    annotations = ((first or {}).get("metadata") or {}).get("annotations") or {}
+    count = str(annotations.get(manifest_handoff.ANNOTATION_PARTS, ""))
+    if count.isdigit():
+        for part in range(1, min(int(count), handed_manifests.MAX_PARTS)):
+            name = manifest_handoff.config_map_name(mount, source, part)
+            found.append(await api.read_config_map(namespace, name))
+    return found
+
+
+def pins_of(body: Mapping[str, Any]) -> list[tuple[Pin, str]]:
+    """(pin, URI) of each source pinned for what the mount `body` names now; none when
+    its spec is invalid or a reconcile is under way."""
+    metadata = body.get("metadata") or {}
+    namespace, uid = str(metadata.get("namespace") or ""), str(metadata.get("uid") or "")
+    try:
+        spec = specs.parse_spec(body.get("spec"))
+    except errors.InputError:
+        return []
+    return [
+        ((namespace, uid, key, digest), uri)
+        for key, uri, digest in reconcile.current_pins(spec, body.get("status") or {})
+    ]
+
+
+def wants_look(ledger: Ledger, body: Mapping[str, Any]) -> bool:
+    """Whether the mount `body` has a pin this process has not settled, and it may look:
+    Ready, in a namespace whose ConfigMaps it may get."""
+    metadata = body.get("metadata") or {}
+    if str(metadata.get("namespace") or "") in ledger.refused:
+        return False
+    if (body.get("status") or {}).get("phase") != status.Phase.READY:
+        return False
+    return bool(ledger.waiting([pin for pin, _ in pins_of(body)]))
+
+
+async def follow(
+    first: Mapping[str, Any],
+    *,
+    ledger: Ledger,
+    api: Api,
+    resolve_again: ResolveAgain,
+    say: Say,
+    now: Callable[[], float] = time.monotonic,
+    sleep: Sleep = asyncio.sleep,
+) -> None:
+    """The mount's task: `backfill` the mount as `first` shows it (the status its
+    reconcile writes), then as the API server has it, until every pin is settled or
+    the mount is no longer Ready, or gone."""
+    metadata = first.get("metadata") or {}
+    namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+    uid = str(metadata.get("uid") or "")
+    body: Mapping[str, Any] | None = first
+    while body is not None and wants_look(ledger, body):
+        await backfill(body, ledger=ledger, api=api, resolve_again=resolve_again, say=say, now=now)
+        waiting = ledger.waiting([pin for pin, _ in pins_of(body)])
+        if not waiting or namespace in ledger.refused:
+            return
+        # Not due yet, or failed now: wait for the first of them to be due.
+        due = min(ledger.later.get(pin, (now(), 0.0))[0] for pin in waiting)
+        await sleep(max(1.0, due - now()))
+        try:
+            body = await api.read_datasetmount(namespace, name)
+        except Exception as exc:  # the API server: the next reconcile starts it again
+            logger.info("%s/%s: reading the mount to hand its manifests: %s", namespace, name, exc)
+            return
+        if body is not None and str((body.get("metadata") or {}).get("uid") or "") != uid:
+            return
+
+
+async def backfill(
+    body: Mapping[str, Any],
+    *,
+    ledger: Ledger,
+    api: Api,
+    resolve_again: ResolveAgain,
+    say: Say,
+    now: Callable[[], float],
+) -> None:
+    """Hand the pins of the Ready mount `body` that its ConfigMaps do not hand (the
+    module's docstring). Never raises for the mount, the source or the API."""
+    metadata = body.get("metadata") or {}
+    namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+    if namespace in ledger.refused:
+        return
+    pins = pins_of(body)
+    if not any(ledger.due(pin, now()) for pin, _ in pins):
+        return
+    spec = specs.parse_spec(body.get("spec"))  # valid: it has pins
+    async with ledger.turn:
+        for pin, uri in pins:
+            if ledger.due(pin, now()):
+                await _backfill_one(
+                    pin,
+                    uri,
+                    spec,
+                    name=name,
+                    body=body,
+                    ledger=ledger,
+                    api=api,
+                    resolve_again=resolve_again,
+                    say=say,
+                    now=now,
+                )
+            if namespace in ledger.refused:
+                return
+
+
+async def _backfill_one(
+    pin: Pin,
+    uri: str,
+    spec: specs.DatasetMountSpec,
+    *,
+    name: str,
+    body: Mapping[str, Any],
+    ledger: Ledger,
+    api: Api,
+    resolve_again: ResolveAgain,
+    say: Say,
+    now: Callable[[], float],
+) -> None:
+    namespace, uid, key, digest = pin
+    where = "spec.source" if key == manifest_handoff.PRIMARY else f"mixture source {key}"
+    try:
+        found = await _found(api, namespace, name, key)
+    except PermissionError as exc:
+        ledger.refused.add(namespace)
+        message = (
+            f"{exc}: the operator cannot see which pins of namespace {namespace} are handed "
+            "to the sidecars, and hands none made before the namespace was listed"
+        )
+        logger.warning("%s/%s: %s", namespace, name, message)
+        await say("Warning", manifest_handoff.REASON, message)
+        return
+    except Exception as exc:  # the API server: looked at again at the next check
+        logger.info("%s/%s: reading the ConfigMaps of %s: %s", namespace, name, where, exc)
+        return
+    if manifest_handoff.hands(found, digest):
+        ledger.settle(pin)
+        return
+    logger.info(
+        "%s/%s: the manifest %s of %s is pinned but not handed: resolving it again",
+        namespace,
+        name,
+        digest,
+        where,
+    )
+    outcome = await resolve_again(spec, key)
+    if isinstance(outcome, status.Failed):
+        wait = ledger.failed(pin, now())
+        logger.info(
+            "%s/%s: resolving %s again to hand its manifest failed (%s); tried again in %g s",
+            namespace,
+            name,
+            where,
+            outcome.message,
+            wait,
+        )
+        return
+    assert isinstance(outcome, status.Resolved)
+    if outcome.digest != digest:
+        ledger.settle(pin)
+        await say(
+            "Warning",
+            manifest_handoff.REASON,
+            f"the manifest {digest} pinned for {where} was not handed to the sidecars: "
+            f"{uri} now gives manifest {outcome.digest}. A sidecar on a node without a "
+            "copy of the pinned manifest cannot start until the pinned data is back "
+            "(or the mount is pinned again)",
+        )
+        return
+    # A reconcile may have pinned again while this one read: hand only the pin it keeps.
+    try:
+        current = await api.read_datasetmount(namespace, name)
+        if current is None or str((current.get("metadata") or {}).get("uid") or "") != uid:
+            return
+        now_spec = specs.parse_spec(current.get("spec"))
+    except Exception as exc:  # changed to an invalid spec, or the API server
+        wait = ledger.failed(pin, now())
+        logger.info(
+            "%s/%s: not handed, the mount could not be read again (%s); tried again in %g s",
+            namespace,
+            name,
+            exc,
+            wait,
+        )
+        return
+    kept = reconcile.current_pins(now_spec, current.get("status") or {})
+    if (key, uri, digest) not in kept:
+        return
+    failure = await manifest_handoff.hand(
+        api,
+        owner=manifest_handoff.owner(body),
+        namespace=namespace,
+        source=key,
+        digest=digest,
+        parts=outcome.handed,
+    )
+    if failure is not None:
+        wait = ledger.failed(pin, now())
+        logger.warning("%s/%s: %s (tried again in %g s)", namespace, name, failure, wait)
+        await say("Warning", manifest_handoff.REASON, failure)
+        return
+    ledger.settle(pin)
+    if outcome.handed:
+        await say(
+            "Normal",
+            HANDED,
+            f"the manifest {digest} of {where}, pinned before it could be handed, is "
+            f"handed to the sidecars now ({len(outcome.handed)} ConfigMap parts)",
+        )
