@@ -216,7 +216,7 @@ def follow_manifests(memo: context.Context, body: Mapping[str, Any]) -> None:
         namespace,
         uid,
         lambda: manifest_backfill.follow(
-            body, ledger=memo.backfills, api=memo.api, resolve_again=resolve_again, say=say
+            body, manifest_backfill.Means(memo.backfills, memo.api, resolve_again, say)
         ),
     )
 

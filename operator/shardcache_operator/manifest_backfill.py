@@ -143,6 +143,18 @@ async def _found(api: Api, namespace: str, mount: str, source: str) -> list[dict
     return found
 
 
+@dataclasses.dataclass(frozen=True)
+class Means:
+    """What a backfill works with: this process's ledger, the API, a resolve of a
+    mount's source, Events on the mount, and the monotonic clock."""
+
+    ledger: Ledger
+    api: Api
+    resolve_again: ResolveAgain
+    say: Say
+    now: Callable[[], float] = time.monotonic
+
+
 def pins_of(body: Mapping[str, Any]) -> list[tuple[Pin, str]]:
     """(pin, URI) of each source pinned for what the mount `body` names now; none when
     its spec is invalid or a reconcile is under way."""
@@ -169,25 +181,17 @@ def wants_look(ledger: Ledger, body: Mapping[str, Any]) -> bool:
     return bool(ledger.waiting([pin for pin, _ in pins_of(body)]))
 
 
-async def follow(
-    first: Mapping[str, Any],
-    *,
-    ledger: Ledger,
-    api: Api,
-    resolve_again: ResolveAgain,
-    say: Say,
-    now: Callable[[], float] = time.monotonic,
-    sleep: Sleep = asyncio.sleep,
-) -> None:
+async def follow(first: Mapping[str, Any], means: Means, *, sleep: Sleep = asyncio.sleep) -> None:
     """The mount's task: `backfill` the mount as `first` shows it (the status its
     reconcile writes), then as the API server has it, until every pin is settled or
     the mount is no longer Ready, or gone."""
     metadata = first.get("metadata") or {}
     namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
     uid = str(metadata.get("uid") or "")
+    ledger, now = means.ledger, means.now
     body: Mapping[str, Any] | None = first
     while body is not None and wants_look(ledger, body):
-        await backfill(body, ledger=ledger, api=api, resolve_again=resolve_again, say=say, now=now)
+        await backfill(body, means)
         waiting = ledger.waiting([pin for pin, _ in pins_of(body)])
         if not waiting or namespace in ledger.refused:
             return
@@ -195,7 +199,7 @@ async def follow(
         due = min(ledger.later.get(pin, (now(), 0.0))[0] for pin in waiting)
         await sleep(max(1.0, due - now()))
         try:
-            body = await api.read_datasetmount(namespace, name)
+            body = await means.api.read_datasetmount(namespace, name)
         except Exception as exc:  # the API server: the next reconcile starts it again
             logger.info("%s/%s: reading the mount to hand its manifests: %s", namespace, name, exc)
             return
@@ -203,19 +207,11 @@ async def follow(
             return
 
 
-async def backfill(
-    body: Mapping[str, Any],
-    *,
-    ledger: Ledger,
-    api: Api,
-    resolve_again: ResolveAgain,
-    say: Say,
-    now: Callable[[], float],
-) -> None:
+async def backfill(body: Mapping[str, Any], means: Means) -> None:
     """Hand the pins of the Ready mount `body` that its ConfigMaps do not hand (the
     module's docstring). Never raises for the mount, the source or the API."""
-    metadata = body.get("metadata") or {}
-    namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+    ledger, now = means.ledger, means.now
+    namespace = str((body.get("metadata") or {}).get("namespace") or "")
     if namespace in ledger.refused:
         return
     pins = pins_of(body)
@@ -225,36 +221,17 @@ async def backfill(
     async with ledger.turn:
         for pin, uri in pins:
             if ledger.due(pin, now()):
-                await _backfill_one(
-                    pin,
-                    uri,
-                    spec,
-                    name=name,
-                    body=body,
-                    ledger=ledger,
-                    api=api,
-                    resolve_again=resolve_again,
-                    say=say,
-                    now=now,
-                )
+                await _backfill_one(pin, uri, spec, body, means)
             if namespace in ledger.refused:
                 return
 
 
 async def _backfill_one(
-    pin: Pin,
-    uri: str,
-    spec: specs.DatasetMountSpec,
-    *,
-    name: str,
-    body: Mapping[str, Any],
-    ledger: Ledger,
-    api: Api,
-    resolve_again: ResolveAgain,
-    say: Say,
-    now: Callable[[], float],
+    pin: Pin, uri: str, spec: specs.DatasetMountSpec, body: Mapping[str, Any], means: Means
 ) -> None:
+    ledger, api, say, now = means.ledger, means.api, means.say, means.now
     namespace, uid, key, digest = pin
+    name = str((body.get("metadata") or {}).get("name") or "")
     where = "spec.source" if key == manifest_handoff.PRIMARY else f"mixture source {key}"
     try:
         found = await _found(api, namespace, name, key)
@@ -267,8 +244,16 @@ async def _backfill_one(
         logger.warning("%s/%s: %s", namespace, name, message)
         await say("Warning", manifest_handoff.REASON, message)
         return
-    except Exception as exc:  # the API server: looked at again at the next check
-        logger.info("%s/%s: reading the ConfigMaps of %s: %s", namespace, name, where, exc)
+    except Exception as exc:  # the API server: looked at again later
+        wait = ledger.failed(pin, now())
+        logger.info(
+            "%s/%s: reading the ConfigMaps of %s: %s (looked at again in %g s)",
+            namespace,
+            name,
+            where,
+            exc,
+            wait,
+        )
         return
     if manifest_handoff.hands(found, digest):
         ledger.settle(pin)
@@ -280,7 +265,7 @@ async def _backfill_one(
         digest,
         where,
     )
-    outcome = await resolve_again(spec, key)
+    outcome = await means.resolve_again(spec, key)
     if isinstance(outcome, status.Failed):
         wait = ledger.failed(pin, now())
         logger.info(

@@ -46,6 +46,10 @@ def resolve(uri: str, fmt: str, options: Mapping[str, str] | None) -> manifests.
     return manifests.resolve(uri, format=fmt, storage_options=options)
 
 
+def unreachable(uri: str, fmt: str, options: Mapping[str, str] | None) -> manifests.Manifest:
+    raise errors.SourceError(f"{uri}: connection refused")
+
+
 class Api:
     """The API server's ConfigMaps and the mount, as the backfill reads and writes them."""
 
@@ -112,15 +116,14 @@ class Backfill:
     async def say(self, kind: str, reason: str, message: str) -> None:
         self.said.append((kind, reason, message))
 
-    async def __call__(self) -> None:
-        await manifest_backfill.backfill(
-            self.mount,
-            ledger=self.ledger,
-            api=self.api,
-            resolve_again=self.resolve_again,
-            say=self.say,
-            now=self.clock,
+    @property
+    def means(self) -> manifest_backfill.Means:
+        return manifest_backfill.Means(
+            self.ledger, self.api, self.resolve_again, self.say, now=self.clock
         )
+
+    async def __call__(self) -> None:
+        await manifest_backfill.backfill(self.mount, self.means)
 
     def handed(self, source: str = manifest_handoff.PRIMARY) -> list[dict[str, Any]]:
         names = [
@@ -225,9 +228,6 @@ async def test_a_failed_resolve_is_tried_again_later_backing_off(
 ) -> None:
     mount = await ready(roots)
     backfill = Backfill(mount)
-
-    def unreachable(uri: str, fmt: str, options: Mapping[str, str] | None) -> manifests.Manifest:
-        raise errors.SourceError(f"{uri}: connection refused")
 
     backfill.resolver = unreachable
     await backfill()
@@ -337,15 +337,7 @@ async def test_the_mounts_task_retries_until_handed_then_ends(roots: dict[str, s
         slept.append(seconds)
         backfill.clock.now += seconds
 
-    await manifest_backfill.follow(
-        mount,
-        ledger=backfill.ledger,
-        api=backfill.api,
-        resolve_again=backfill.resolve_again,
-        say=backfill.say,
-        now=backfill.clock,
-        sleep=sleep,
-    )
+    await manifest_backfill.follow(mount, backfill.means, sleep=sleep)
     assert slept == [
         manifest_backfill.RETRY_FIRST_SECONDS,
         2 * manifest_backfill.RETRY_FIRST_SECONDS,
@@ -360,9 +352,6 @@ async def test_the_mounts_task_ends_when_the_mount_is_gone_or_not_ready(
     mount = await ready(roots)
     backfill = Backfill(mount)
 
-    def unreachable(uri: str, fmt: str, options: Mapping[str, str] | None) -> manifests.Manifest:
-        raise errors.SourceError(f"{uri}: connection refused")
-
     backfill.resolver = unreachable
     if gone == "deleted":
         backfill.api.mount = None
@@ -375,15 +364,7 @@ async def test_the_mounts_task_ends_when_the_mount_is_gone_or_not_ready(
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
 
-    await manifest_backfill.follow(
-        mount,
-        ledger=backfill.ledger,
-        api=backfill.api,
-        resolve_again=backfill.resolve_again,
-        say=backfill.say,
-        now=backfill.clock,
-        sleep=sleep,
-    )
+    await manifest_backfill.follow(mount, backfill.means, sleep=sleep)
     assert len(slept) == 1 and backfill.resolved == [manifest_handoff.PRIMARY]
 
 
@@ -430,12 +411,12 @@ async def test_a_pin_a_reconcile_handed_is_settled_and_one_it_failed_to_hand_is_
     digest = "sha256:" + "ab" * 32
     pinned = [reconcile.Handed(manifest_handoff.PRIMARY, digest, (b"x",))]
     settings = configuration.Settings(manifest_namespaces=("ml",))
-    handed = context.Context(settings=settings, api=Api())
+    handed = context.Context(settings=settings, api=Api())  # type: ignore[arg-type]
     await handlers.hand_manifests(handed, body, "ml", pinned)
     assert handed.backfills.settled == {("ml", "u-1", manifest_handoff.PRIMARY, digest)}
     events: list[str] = []
     monkeypatch.setattr(kopf, "event", lambda *_, reason, **__: events.append(reason))
-    refused = context.Context(settings=settings, api=Refusing())
+    refused = context.Context(settings=settings, api=Refusing())  # type: ignore[arg-type]
     await handlers.hand_manifests(refused, body, "ml", pinned)
     assert refused.backfills.settled == set() and events == [manifest_handoff.REASON]
 
@@ -465,3 +446,29 @@ async def test_one_task_a_mount_removed_when_it_ends_and_cancelled_when_it_is_de
     ledger.close()
     await asyncio.sleep(0)
     assert ledger.tasks == {}
+
+
+async def test_an_api_server_that_fails_a_read_is_asked_again_later_not_at_once(
+    roots: dict[str, str],
+) -> None:
+    mount = await ready(roots)
+    backfill = Backfill(mount)
+    fail = [True]
+    read = backfill.api.read_config_map
+
+    async def flaky(namespace: str, name: str) -> dict[str, Any] | None:
+        if fail[0]:
+            raise OSError("connection reset by peer")
+        return await read(namespace, name)
+
+    backfill.api.read_config_map = flaky  # type: ignore[method-assign]
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        backfill.clock.now += seconds
+        fail[0] = False
+
+    await manifest_backfill.follow(mount, backfill.means, sleep=sleep)
+    assert slept == [manifest_backfill.RETRY_FIRST_SECONDS]
+    assert len(backfill.handed()) == 1
