@@ -16,9 +16,11 @@ read again by this process. A failed resolve or write is tried again later, back
 to an hour, by the same task; it ends when every pin is settled, or the mount is no
 longer Ready or gone.
 
-One mount at a time across the operator: it is never urgent, it must not burst the API
-server with GETs when the operator starts, and its resolves share the reconciles' slots.
-Only the replica whose kopf handles the mounts starts these tasks (peering).
+One mount of a namespace at a time: it is never urgent, it must not burst the API
+server with GETs when the operator starts, and its resolves take the namespace's and the
+operator's slots as the reconciles do (`source_reads`, `resolve_slots`); per namespace,
+so that a tenant whose store trickles its answers delays only its own. Only the replica
+whose kopf handles the mounts starts these tasks (peering).
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ class Ledger:
     later: dict[Pin, tuple[float, float]] = dataclasses.field(default_factory=dict)
     #: Namespaces where the operator may not get ConfigMaps (no Role): said once.
     refused: set[str] = dataclasses.field(default_factory=set)
-    #: One mount looked at at a time.
-    turn: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    #: One mount of a namespace looked at at a time, by namespace.
+    turns: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
     #: Each mount's task (`follow`) while it runs, by (namespace, mount uid).
     tasks: dict[tuple[str, str], asyncio.Task[None]] = dataclasses.field(default_factory=dict)
 
@@ -218,7 +220,7 @@ async def backfill(body: Mapping[str, Any], means: Means) -> None:
     if not any(ledger.due(pin, now()) for pin, _ in pins):
         return
     spec = specs.parse_spec(body.get("spec"))  # valid: it has pins
-    async with ledger.turn:
+    async with ledger.turns.setdefault(namespace, asyncio.Lock()):
         for pin, uri in pins:
             if ledger.due(pin, now()):
                 await _backfill_one(pin, uri, spec, body, means)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -472,3 +473,39 @@ async def test_an_api_server_that_fails_a_read_is_asked_again_later_not_at_once(
     await manifest_backfill.follow(mount, backfill.means, sleep=sleep)
     assert slept == [manifest_backfill.RETRY_FIRST_SECONDS]
     assert len(backfill.handed()) == 1
+
+
+async def test_a_namespace_whose_store_hangs_delays_only_its_own_backfills(
+    roots: dict[str, str],
+) -> None:
+    """One mount of a namespace at a time, but namespaces side by side: a tenant's
+    trickling store holds its own turn, never another tenant's."""
+    mount = await ready(roots)
+    other = {**mount, "metadata": {**mount["metadata"], "namespace": "other", "uid": "u-9"}}
+    backfill = Backfill(mount)
+    read = backfill.api.read_datasetmount
+
+    async def by_namespace(namespace: str, name: str) -> dict[str, Any] | None:
+        return other if namespace == "other" else await read(namespace, name)
+
+    backfill.api.read_datasetmount = by_namespace  # type: ignore[method-assign]
+    hung, release = asyncio.Event(), asyncio.Event()
+
+    async def resolve_again(spec: specs.DatasetMountSpec, source: str) -> status.Outcome:
+        hung.set()
+        await release.wait()
+        return await Backfill.resolve_again(backfill, spec, source)
+
+    stuck = asyncio.create_task(
+        manifest_backfill.backfill(
+            mount, dataclasses.replace(backfill.means, resolve_again=resolve_again)
+        )
+    )
+    await hung.wait()
+    await asyncio.wait_for(manifest_backfill.backfill(other, backfill.means), 10)
+    assert [name for (ns, name) in backfill.api.config_maps if ns == "other"]
+    same = asyncio.create_task(manifest_backfill.backfill(mount, backfill.means))
+    await asyncio.sleep(0.05)
+    assert not same.done()  # waits for the namespace's turn
+    release.set()
+    await asyncio.wait_for(asyncio.gather(stuck, same), 10)
