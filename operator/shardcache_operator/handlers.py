@@ -216,7 +216,14 @@ def follow_manifests(memo: context.Context, body: Mapping[str, Any]) -> None:
         namespace,
         uid,
         lambda: manifest_backfill.follow(
-            body, manifest_backfill.Means(memo.backfills, memo.api, resolve_again, say)
+            body,
+            manifest_backfill.Means(
+                memo.backfills,
+                memo.api,
+                resolve_again,
+                say,
+                count=lambda result: memo.metrics.manifest_looks_total.labels(result).inc(),
+            ),
         ),
     )
 

@@ -44,6 +44,18 @@ RETRY_MAX_SECONDS = 3600.0
 #: The reason of the Normal Event when a kept pin's manifest was handed.
 HANDED = "ManifestHanded"
 
+#: What a look at a pin found or did (`Means.count`; the operator's metric
+#: shardcache_operator_manifest_looks_total): its ConfigMaps hand it already; handed
+#: now; the source gives another digest; the operator may not get ConfigMaps there; a
+#: read, resolve or write failed (tried again later).
+PRESENT, WRITTEN, SOURCE_CHANGED, REFUSED, FAILED = (
+    "present",
+    "handed",
+    "source_changed",
+    "refused",
+    "failed",
+)
+
 #: A pin, as the ledger keys it: (namespace, mount uid, source key, digest).
 Pin = tuple[str, str, str, str]
 
@@ -155,6 +167,8 @@ class Means:
     resolve_again: ResolveAgain
     say: Say
     now: Callable[[], float] = time.monotonic
+    #: Called with each look's result (`PRESENT`, ...).
+    count: Callable[[str], None] = lambda result: None
 
 
 def pins_of(body: Mapping[str, Any]) -> list[tuple[Pin, str]]:
@@ -239,6 +253,7 @@ async def _backfill_one(
         found = await _found(api, namespace, name, key)
     except PermissionError as exc:
         ledger.refused.add(namespace)
+        means.count(REFUSED)
         message = (
             f"{exc}: the operator cannot see which pins of namespace {namespace} are handed "
             "to the sidecars, and hands none made before the namespace was listed"
@@ -248,6 +263,7 @@ async def _backfill_one(
         return
     except Exception as exc:  # the API server: looked at again later
         wait = ledger.failed(pin, now())
+        means.count(FAILED)
         logger.info(
             "%s/%s: reading the ConfigMaps of %s: %s (looked at again in %g s)",
             namespace,
@@ -259,6 +275,7 @@ async def _backfill_one(
         return
     if manifest_handoff.hands(found, digest):
         ledger.settle(pin)
+        means.count(PRESENT)
         return
     logger.info(
         "%s/%s: the manifest %s of %s is pinned but not handed: resolving it again",
@@ -270,6 +287,7 @@ async def _backfill_one(
     outcome = await means.resolve_again(spec, key)
     if isinstance(outcome, status.Failed):
         wait = ledger.failed(pin, now())
+        means.count(FAILED)
         logger.info(
             "%s/%s: resolving %s again to hand its manifest failed (%s); tried again in %g s",
             namespace,
@@ -282,6 +300,7 @@ async def _backfill_one(
     assert isinstance(outcome, status.Resolved)
     if outcome.digest != digest:
         ledger.settle(pin)
+        means.count(SOURCE_CHANGED)
         await say(
             "Warning",
             manifest_handoff.REASON,
@@ -299,6 +318,7 @@ async def _backfill_one(
         now_spec = specs.parse_spec(current.get("spec"))
     except Exception as exc:  # changed to an invalid spec, or the API server
         wait = ledger.failed(pin, now())
+        means.count(FAILED)
         logger.info(
             "%s/%s: not handed, the mount could not be read again (%s); tried again in %g s",
             namespace,
@@ -320,10 +340,12 @@ async def _backfill_one(
     )
     if failure is not None:
         wait = ledger.failed(pin, now())
+        means.count(FAILED)
         logger.warning("%s/%s: %s (tried again in %g s)", namespace, name, failure, wait)
         await say("Warning", manifest_handoff.REASON, failure)
         return
     ledger.settle(pin)
+    means.count(WRITTEN)
     if outcome.handed:
         await say(
             "Normal",

@@ -46,6 +46,13 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.manifest_looks_total = prometheus_client.Counter(
+            "shardcache_operator_manifest_looks_total",
+            "Looks at whether a pin a Ready mount keeps is handed to its sidecars "
+            "(manifest_backfill), by what was found or done.",
+            ["result"],
+            registry=self.registry,
+        )
         self.datasetmounts = prometheus_client.Gauge(
             "shardcache_operator_datasetmounts",
             "DatasetMounts known to this replica, by phase.",

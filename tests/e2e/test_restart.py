@@ -156,6 +156,10 @@ def test_a_pin_kept_across_a_restart_without_its_configmaps_is_handed_again(
         assert annotations[manifest_handoff.ANNOTATION_DIGEST] == status["manifestDigest"]
         assert annotations[manifest_handoff.ANNOTATION_PARTS] == "1"
         uid = objects.get_datasetmount(admin, workload_namespace, name)["metadata"]["uid"]
+        looks = harness.metric_value(
+            operator.metrics(), "shardcache_operator_manifest_looks_total", {"result": "handed"}
+        )
+        assert looks >= 1
         harness.wait_until(
             "the ManifestHanded Event",
             lambda: objects.events_with(admin, workload_namespace, uid, manifest_backfill.HANDED),

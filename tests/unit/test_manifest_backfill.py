@@ -100,6 +100,7 @@ class Backfill:
         self.clock = Clock()
         self.resolved: list[str] = []
         self.said: list[tuple[str, str, str]] = []
+        self.counted: list[str] = []
         self.resolver = resolve
 
     async def resolve_again(self, spec: specs.DatasetMountSpec, source: str) -> status.Outcome:
@@ -120,7 +121,7 @@ class Backfill:
     @property
     def means(self) -> manifest_backfill.Means:
         return manifest_backfill.Means(
-            self.ledger, self.api, self.resolve_again, self.say, now=self.clock
+            self.ledger, self.api, self.resolve_again, self.say, self.clock, self.counted.append
         )
 
     async def __call__(self) -> None:
@@ -187,6 +188,7 @@ async def test_a_pin_kept_without_its_configmaps_is_resolved_again_and_handed(
     assert [(kind, reason) for kind, reason, _ in backfill.said] == [
         ("Normal", manifest_backfill.HANDED)
     ]
+    assert backfill.counted == [manifest_backfill.WRITTEN]
     # Settled: the next looks read nothing and resolve nothing.
     reads = backfill.api.reads
     await backfill()
@@ -206,6 +208,7 @@ async def test_a_pin_its_configmaps_hand_costs_one_read_and_no_resolve(
     await again()
     assert again.resolved == [] and again.said == []
     assert again.api.reads == 1  # part 0, which counts one part
+    assert again.counted == [manifest_backfill.PRESENT]
 
 
 async def test_a_source_that_gives_another_digest_now_is_said_and_never_read_again(
@@ -222,6 +225,7 @@ async def test_a_source_that_gives_another_digest_now_is_said_and_never_read_aga
     assert (kind, reason) == ("Warning", manifest_handoff.REASON)
     assert f"the manifest {mount['status']['manifestDigest']} pinned for spec.source" in message
     assert "now gives manifest sha256:" in message
+    assert backfill.counted == [manifest_backfill.SOURCE_CHANGED]
 
 
 async def test_a_failed_resolve_is_tried_again_later_backing_off(
@@ -245,6 +249,7 @@ async def test_a_failed_resolve_is_tried_again_later_backing_off(
     await backfill()
     assert len(backfill.resolved) == 3 and len(backfill.handed()) == 1
     assert backfill.said[-1][1] == manifest_backfill.HANDED
+    assert backfill.counted == [manifest_backfill.FAILED] * 2 + [manifest_backfill.WRITTEN]
 
 
 async def test_a_namespace_without_configmap_access_is_said_once_and_left_alone(
@@ -259,6 +264,7 @@ async def test_a_namespace_without_configmap_access_is_said_once_and_left_alone(
     [(kind, reason, message)] = backfill.said
     assert (kind, reason) == ("Warning", manifest_handoff.REASON)
     assert "may not get ConfigMap" in message and "namespace ml" in message
+    assert backfill.counted == [manifest_backfill.REFUSED]
 
 
 async def test_a_pin_replaced_while_it_was_read_again_is_not_handed(
