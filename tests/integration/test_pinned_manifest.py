@@ -207,3 +207,4 @@ def test_a_stale_manifest_handed_for_another_pin_is_not_used(
     assert read_all(proc) == list(range(table.num_rows))  # every shard, the last one too
     assert loads(proc, "source") == 1 and loads(proc, "operator") == 0
     assert "from the operator's ConfigMaps) is not usable" in proc.log_tail()
+    assert "nor handed by the operator" in proc.log_tail()  # why its start reads the data

@@ -420,6 +420,15 @@ class Sidecar:
                     pinned_manifests.keep, self._pinned_copies(), handed, uri=s.source_uri
                 )
                 return handed
+            # The slow start users ask about: say why, and where the manifest was looked for.
+            why = (
+                f"the pinned manifest {s.manifest_digest} is neither in the node disk tier nor "
+                f"handed by the operator (in {s.handed_manifests_dir}: only in the namespaces "
+                "of the chart's rbac.manifestNamespaces): reading every shard of "
+                f"{uris.redact(s.source_uri)} to hash it"
+            )
+            log.info(why)
+            self.readiness.waiting(GATE_MANIFEST, why)
         delay = _RESOLVE_FIRST_DELAY
         while not self._closing:
             try:
