@@ -175,11 +175,14 @@ async def hand_manifests(
             digest=pin.digest,
             parts=pin.parts,
         )
+        key = (namespace, str(body.metadata.uid), pin.source, pin.digest)
         if failure is not None:
             logger.warning("%s/%s: %s", namespace, body.metadata.name, failure)
             kopf.event(body, type="Warning", reason=manifest_handoff.REASON, message=failure)
+            # The mount's task hands it later, not at once: a write just refused.
+            memo.backfills.failed(key, time.monotonic())
         else:
-            memo.backfills.settle((namespace, str(body.metadata.uid), pin.source, pin.digest))
+            memo.backfills.settle(key)
 
 
 def follow_manifests(memo: context.Context, body: Mapping[str, Any]) -> None:
@@ -264,6 +267,8 @@ async def check_source(
     before = body.get("status") or {}
     changed = {k: v for k, v in result.status.items() if before.get(k) != v}
     apply_result(memo, result, body=body, patch=patch, status_update=changed)
+    # Ready again after the resume found it Degraded: its kept pins are looked at now.
+    follow_manifests(memo, {**body, "status": {**before, **result.status}})
 
 
 def has_checkpoint(*, spec: kopf.Spec, **_: Any) -> bool:

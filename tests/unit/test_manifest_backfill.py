@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -426,6 +427,10 @@ async def test_a_pin_a_reconcile_handed_is_settled_and_one_it_failed_to_hand_is_
     refused = context.Context(settings=settings, api=Refusing())  # type: ignore[arg-type]
     await handlers.hand_manifests(refused, body, "ml", pinned)
     assert refused.backfills.settled == set() and events == [manifest_handoff.REASON]
+    # Handed by the mount's task later, not at once after a refused write.
+    assert not refused.backfills.due(
+        ("ml", "u-1", manifest_handoff.PRIMARY, digest), time.monotonic()
+    )
 
 
 async def test_one_task_a_mount_removed_when_it_ends_and_cancelled_when_it_is_deleted() -> None:

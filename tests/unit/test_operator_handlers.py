@@ -21,6 +21,7 @@ from shardcache_operator import (
     configuration,
     context,
     handlers,
+    manifest_backfill,
     metrics,
     specs,
     status,
@@ -325,3 +326,34 @@ async def test_a_mount_the_policy_does_not_allow_is_invalid_without_reading_its_
     assert ready["reason"] == authority.REASON
     assert "spec.cache.disk 2Ti is over the platform's cap of 1Ti" in ready["message"]
     assert drained(events) == [("Warning", authority.REASON)]
+
+
+async def test_a_source_check_that_makes_a_mount_ready_looks_at_its_kept_pins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where manifests are handed (`manifest_backfill`): a mount the resume found
+    Degraded is looked at once it is Ready again, not only at the next restart."""
+    started: list[tuple[str, str]] = []
+
+    def start(ledger: Any, namespace: str, uid: str, run: Any) -> bool:
+        started.append((namespace, uid))
+        return True
+
+    class Writes(FakeApi):
+        async def put_config_map(self, body: Mapping[str, Any]) -> None:
+            pass
+
+        async def delete_config_map(self, namespace: str, name: str) -> None:
+            pass
+
+    monkeypatch.setattr(manifest_backfill.Ledger, "start", start)
+    capture_events()
+    settings = configuration.Settings(manifest_namespaces=("ml",))
+    ctx = context.Context(settings=settings, api=Writes(), resolve=resolves, probe=present)  # type: ignore[arg-type]
+    pinned = kopf.Patch()
+    await handlers.resolve(body=dsm(), patch=pinned, retry=0, namespace="ml", name="data", memo=ctx)
+    assert started == []  # a new pin is handed by the reconcile itself
+    degraded = {**pinned.status, "phase": "Degraded"}
+    ctx.backfills.settled.clear()  # as in a new process, which resumed it Degraded
+    await handlers.check_source(body=dsm(**degraded), patch=kopf.Patch(), memo=ctx)
+    assert started == [("ml", "u-1")]
