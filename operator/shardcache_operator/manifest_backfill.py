@@ -145,15 +145,19 @@ class Ledger:
 
 
 async def _found(api: Api, namespace: str, mount: str, source: str) -> list[dict[str, Any] | None]:
-    """The ConfigMaps of `source`'s parts, read as far as part 0 counts them."""
+    """The ConfigMaps of `source`'s parts, read as far as part 0 counts them (where it
+    does not, as an older operator wrote them: up to the first missing)."""
     first = await api.read_config_map(namespace, manifest_handoff.config_map_name(mount, source, 0))
     found: list[dict[str, Any] | None] = [first]
-    annotations = ((first or {}).get("metadata") or {}).get("annotations") or {}
-    count = str(annotations.get(manifest_handoff.ANNOTATION_PARTS, ""))
-    if count.isdigit():
-        for part in range(1, min(int(count), handed_manifests.MAX_PARTS)):
-            name = manifest_handoff.config_map_name(mount, source, part)
-            found.append(await api.read_config_map(namespace, name))
+    if first is None:
+        return found
+    annotations = (first.get("metadata") or {}).get("annotations") or {}
+    count = str(annotations.get(manifest_handoff.ANNOTATION_PARTS, handed_manifests.MAX_PARTS))
+    for part in range(1, min(int(count) if count.isdigit() else 0, handed_manifests.MAX_PARTS)):
+        name = manifest_handoff.config_map_name(mount, source, part)
+        found.append(await api.read_config_map(namespace, name))
+        if found[-1] is None:
+            break
     return found
 
 

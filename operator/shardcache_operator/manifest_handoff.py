@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -167,28 +168,35 @@ TOO_LARGE = (
 def hands(found: Sequence[Mapping[str, Any] | None], digest: str) -> bool:
     """Whether the ConfigMaps `found` of a source's parts 0, 1, ... (None: not there;
     `kube.Api.read_config_map`'s metadata and keys) hand the pin `digest` whole, or say
-    it is too large to hand: either way nothing is left to write for it."""
+    it is too large to hand: either way nothing is left to write for it.
+
+    Parts an operator wrote before part 0 counted them hand it when part 0 does, and
+    the parts after it that are there are of the same pin: a tail deleted by hand goes
+    unseen (the sidecars then refuse the cut stream and resolve), where reading every
+    such pin's dataset again after an upgrade would not."""
     first = found[0] if found else None
     if first is None:
         return False
-    try:
-        count = int(_annotations(first).get(ANNOTATION_PARTS, ""))
-    except ValueError:  # not ours, or written before parts were counted
-        return False
+    counted = _annotations(first).get(ANNOTATION_PARTS)
+    if counted is None:
+        parts = list(itertools.takewhile(lambda c: c is not None, found))
+        return all(_of(c, digest, part, data=True) for part, c in enumerate(parts))
+    count = int(counted) if str(counted).isdigit() else -1
     if not 0 <= count <= handed_manifests.MAX_PARTS or len(found) < max(count, 1):
         return False
-    for part in range(max(count, 1)):
-        config_map = found[part]
-        if config_map is None:
-            return False
-        annotations = _annotations(config_map)
-        if annotations.get(ANNOTATION_DIGEST) != digest:
-            return False
-        if annotations.get(ANNOTATION_PART) != str(part):
-            return False
-        if count and handed_manifests.DATA_KEY not in (config_map.get("keys") or ()):
-            return False
-    return True
+    return all(_of(found[part], digest, part, data=count > 0) for part in range(max(count, 1)))
+
+
+def _of(config_map: Mapping[str, Any] | None, digest: str, part: int, *, data: bool) -> bool:
+    """Whether `config_map` is part `part` of pin `digest` (with its data, if `data`)."""
+    if config_map is None:
+        return False
+    annotations = _annotations(config_map)
+    if annotations.get(ANNOTATION_DIGEST) != digest or annotations.get(ANNOTATION_PART) != str(
+        part
+    ):
+        return False
+    return not data or handed_manifests.DATA_KEY in (config_map.get("keys") or ())
 
 
 def _annotations(config_map: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -520,3 +520,18 @@ async def test_a_namespace_whose_store_hangs_delays_only_its_own_backfills(
     assert not same.done()  # waits for the namespace's turn
     release.set()
     await asyncio.wait_for(asyncio.gather(stuck, same), 10)
+
+
+async def test_parts_an_older_operator_wrote_are_taken_as_handed_after_an_upgrade(
+    roots: dict[str, str],
+) -> None:
+    mount = await ready(roots)
+    first = Backfill(mount)
+    await first()
+    for body in first.api.config_maps.values():
+        body["metadata"]["annotations"].pop(manifest_handoff.ANNOTATION_PARTS)
+    upgraded = Backfill(mount)
+    upgraded.api.config_maps = first.api.config_maps
+    await upgraded()
+    assert upgraded.resolved == [] and upgraded.counted == [manifest_backfill.PRESENT]
+    assert upgraded.api.reads == 2  # part 0, then part 1: not there, the end of them

@@ -209,3 +209,23 @@ def test_the_volume_projects_each_part_of_each_pinned_source_optionally() -> Non
 def test_no_volume_without_a_pin_or_with_a_source_that_names_nothing() -> None:
     assert manifest_handoff.volume("v", "train", []) is None
     assert manifest_handoff.volume("v", "train", [("", "s3://", DIGEST)]) is None
+
+
+def test_parts_an_older_operator_wrote_uncounted_hand_their_pin_when_their_digests_agree() -> None:
+    """After an upgrade, the parts written before part 0 counted them are taken for
+    what they hand, rather than every such pin's dataset read again."""
+
+    def uncounted(digest: str, parts: int) -> list[dict[str, Any] | None]:
+        found = _written(digest, parts)
+        for config_map in found:
+            assert config_map is not None
+            config_map["metadata"]["annotations"].pop(manifest_handoff.ANNOTATION_PARTS)
+        return found
+
+    old = uncounted(DIGEST, 2)
+    assert manifest_handoff.hands(old, DIGEST)
+    assert manifest_handoff.hands([*old, None], DIGEST)
+    assert manifest_handoff.hands(old[:1], DIGEST)  # a tail deleted by hand goes unseen
+    assert not manifest_handoff.hands(old, OTHER)
+    assert not manifest_handoff.hands([old[0], uncounted(OTHER, 2)[1]], DIGEST)
+    assert not manifest_handoff.hands([{**old[0], "keys": []}], DIGEST)  # type: ignore[dict-item]
