@@ -193,6 +193,9 @@ class WireError:
             return errors.SourceError(text)
         if self.kind == KIND_UNAVAILABLE:
             return errors.SidecarUnavailableError(text)
+        if self.code == CODE_TIMEOUT:
+            # A TimeoutError too, as the same wait in embedded mode raises it.
+            return errors.AcquireTimeoutError(text)
         return errors.CacheError(text)
 
 

@@ -116,7 +116,9 @@ def test_a_reader_stuck_on_a_hung_store_shows_in_status_and_metrics_until_its_ti
         reading.join(TIMEOUT_S + 30)
         assert not reading.is_alive(), "the acquire outlived the sidecar's acquire timeout"
         (error,) = raised
-        assert isinstance(error, errors.CacheError), error
+        # The class an embedded acquire raises: a CacheError and a TimeoutError.
+        assert isinstance(error, errors.AcquireTimeoutError), error
+        assert isinstance(error, TimeoutError), error
         message = str(error)
         assert f"shard {HUNG} (part-0000{HUNG}.parquet)" in message, message
         assert f"acquire timeout of {TIMEOUT_S} s" in message, message

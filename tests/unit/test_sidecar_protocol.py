@@ -78,7 +78,8 @@ def test_bad_plan_params_name_the_field_and_what_was_found(
         (protocol.KIND_INPUT, protocol.CODE_MANIFEST_MISMATCH, errors.ManifestMismatchError),
         (protocol.KIND_INPUT, protocol.CODE_UNKNOWN_SHARD, errors.ShardIndexError),
         (protocol.KIND_SOURCE, protocol.CODE_SOURCE_FAILED, errors.SourceError),
-        (protocol.KIND_CACHE, protocol.CODE_TIMEOUT, errors.CacheError),
+        (protocol.KIND_CACHE, protocol.CODE_TIMEOUT, errors.AcquireTimeoutError),
+        (protocol.KIND_CACHE, protocol.CODE_INTERNAL, errors.CacheError),
         (protocol.KIND_UNAVAILABLE, protocol.CODE_STARTING, errors.SidecarUnavailableError),
     ],
 )
