@@ -508,7 +508,10 @@ async def _resolve_source(
             retry_after=_left_alone(exc),
         )
     except TimeoutError:
-        message = f"resolving the manifest of {shown} took longer than {timeout:g} s"
+        message = (
+            f"resolving the manifest of {shown} took longer than {timeout:g} s; a listing "
+            "this large needs the chart's operator.settings.resolveTimeoutSeconds raised"
+        )
         return status.Failed(status.Phase.DEGRADED, "ResolveTimeout", message, reachable=False)
     except ResolveOverMemory as exc:
         message = f"resolving the manifest of {shown}: {exc} (retried with backoff)"
