@@ -113,6 +113,8 @@ class Context:
         default_factory=lambda: namespace_lists.Shared(sidecar_health.LIST_MAX_AGE_SECONDS)
     )
 
+    #: Deletions this process posted WaitingForPods for, by (namespace, uid).
+    deletions_told: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     #: The pins this process knows are handed, and the backfills of those that are not
     #: (`manifest_backfill`).
     backfills: manifest_backfill.Ledger = dataclasses.field(

@@ -411,12 +411,18 @@ async def finalize(
         message = (
             f"waiting for {count} pod(s) using DatasetMount {ns}/{name} to finish; {force_hint}"
         )
-        if (body.get("status") or {}).get("phase") != status.Phase.TERMINATING:
+        # Once: the phase says it was posted, and where the status cannot be written (an
+        # older CRD) this process remembers it, else it came every deletion poll.
+        told = (ns, str(body.metadata.uid))
+        phase = (body.get("status") or {}).get("phase")
+        if phase != status.Phase.TERMINATING and told not in memo.deletions_told:
             kopf.event(body, type="Normal", reason="WaitingForPods", message=message)
+            memo.deletions_told.add(told)
         memo.metrics.set_phase(ns, name, status.Phase.TERMINATING)
         raise kopf.TemporaryError(message, delay=memo.settings.deletion_poll_seconds)
     memo.metrics.set_phase(ns, name, None)
     memo.backfills.forget(ns, str(body.metadata.uid))
+    memo.deletions_told.discard((ns, str(body.metadata.uid)))
     logger.info("DatasetMount %s/%s released (%d attached pods)", ns, name, count)
 
 

@@ -196,3 +196,10 @@ async def test_a_deletion_waits_for_its_pods_without_writing_status_while_the_cr
         )  # fmt: skip
     assert not patch
     assert drained(events) == [("Normal", "WaitingForPods")]
+    # Its phase is never written, so the next deletion polls must not post it again.
+    with pytest.raises(kopf.TemporaryError):
+        await handlers.finalize(
+            body=dsm(phase="Ready"), patch=kopf.Patch(), namespace="ml", name="data",
+            annotations={}, memo=ctx,
+        )  # fmt: skip
+    assert drained(events) == []
