@@ -32,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
-from shardcache import errors
+from shardcache import errors, uris
 from shardcache.node import handed_manifests
 from shardcache_operator import manifest_handoff, reconcile, specs, status
 
@@ -309,7 +309,7 @@ async def _backfill_one(
             "Warning",
             manifest_handoff.REASON,
             f"the manifest {digest} pinned for {where} was not handed to the sidecars: "
-            f"{uri} now gives manifest {outcome.digest}. A sidecar on a node without a "
+            f"{uris.redact(uri)} now gives manifest {outcome.digest}. A sidecar on a node without a "
             "copy of the pinned manifest cannot start until the pinned data is back "
             "(or the mount is pinned again)",
         )
