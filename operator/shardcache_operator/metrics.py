@@ -42,7 +42,8 @@ class Metrics:
         )
         self.source_errors_total = prometheus_client.Counter(
             "shardcache_operator_source_errors_total",
-            "Failed manifest resolutions, by condition reason.",
+            "Failed reconciles and source checks, by condition reason: the store's "
+            "failures, and the Secret, policy, busy and memory ones too.",
             ["reason"],
             registry=self.registry,
         )
