@@ -9,8 +9,8 @@ manifest it just pinned, gzipped, as up to `handed_manifests.MAX_PARTS` ConfigMa
 owned by the DatasetMount, and the webhook projects them into the mount's sidecar,
 each optional: a missing one (too large to hand, not written yet, deleted) costs the
 sidecar a resolve, never its start. A pin kept without them is handed later
-(`manifest_backfill`). Pure functions: the reconcile writes the bodies
-(`kube.Api.hand_manifest`), the webhook mounts the volume.
+(`manifest_backfill`). Pure functions but `hand`: the reconcile writes the bodies
+(`kube.Api.put_config_map`), the webhook mounts the volume.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ ANNOTATION_PART = "shardcache.io/manifest-part"
 #: says the pin was looked at and is too large to hand, so nobody resolves it again to
 #: hand it (`manifest_backfill`).
 ANNOTATION_PARTS = "shardcache.io/manifest-parts"
+#: On that part 0: why it holds no data (`TOO_LARGE`).
 ANNOTATION_NOT_HANDED = "shardcache.io/manifest-not-handed"
 #: The reason of the Warning Event when a manifest could not be handed.
 REASON = "ManifestNotHanded"
@@ -170,10 +171,10 @@ def hands(found: Sequence[Mapping[str, Any] | None], digest: str) -> bool:
     `kube.Api.read_config_map`'s metadata and keys) hand the pin `digest` whole, or say
     it is too large to hand: either way nothing is left to write for it.
 
-    Parts an operator wrote before part 0 counted them hand it when part 0 does, and
-    the parts after it that are there are of the same pin: a tail deleted by hand goes
-    unseen (the sidecars then refuse the cut stream and resolve), where reading every
-    such pin's dataset again after an upgrade would not."""
+    Parts an operator wrote before part 0 counted them hand it when part 0 does and
+    the parts after it, up to the first missing, are of the same pin. A tail deleted by
+    hand then goes unseen (the sidecars refuse the cut stream and resolve): cheaper than
+    reading every such pin's dataset again after an upgrade."""
     first = found[0] if found else None
     if first is None:
         return False
@@ -192,9 +193,9 @@ def _of(config_map: Mapping[str, Any] | None, digest: str, part: int, *, data: b
     if config_map is None:
         return False
     annotations = _annotations(config_map)
-    if annotations.get(ANNOTATION_DIGEST) != digest or annotations.get(ANNOTATION_PART) != str(
-        part
-    ):
+    if annotations.get(ANNOTATION_DIGEST) != digest:
+        return False
+    if annotations.get(ANNOTATION_PART) != str(part):
         return False
     return not data or handed_manifests.DATA_KEY in (config_map.get("keys") or ())
 
