@@ -170,9 +170,9 @@ class Means:
     api: Api
     resolve_again: ResolveAgain
     say: Say
-    now: Callable[[], float] = time.monotonic
     #: Called with each look's result (`PRESENT`, ...).
-    count: Callable[[str], None] = lambda result: None
+    count: Callable[[str], None]
+    now: Callable[[], float] = time.monotonic
 
 
 def pins_of(body: Mapping[str, Any]) -> list[tuple[Pin, str]]:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +28,7 @@ from shardcache_operator import (
 )
 
 from shardcache import source
-from tests.support import datasets
+from tests.support import datasets, waiting
 from tests.support.stalling import stalling_endpoint
 
 pytestmark = pytest.mark.integration
@@ -49,16 +49,6 @@ def gone(pid: int, seconds: float = 10.0) -> bool:
             return True
         time.sleep(0.01)
     return False
-
-
-def within(seconds: float, check: Callable[[], bool]) -> bool:
-    """Whether `check()` holds within `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def request(uri: str) -> bytes:
@@ -154,7 +144,7 @@ def test_an_idle_server_ends_and_the_next_resolve_starts_another(tmp_path: Path)
         assert first is not None and gone(first)
         # The reaper thread sets the exit code just after the kernel reaped it; until it
         # does, Popen.poll() cannot take the lock that thread holds and answers None.
-        assert within(1.0, lambda: forks.pid() is None)
+        waiting.wait_until("pid() to clear once the server was reaped", lambda: forks.pid() is None)
         assert resolved(forks.fork(60), uri).total_rows == 5
         assert forks.pid() not in (None, first)
     finally:

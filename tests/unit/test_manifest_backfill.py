@@ -122,7 +122,12 @@ class Backfill:
     @property
     def means(self) -> manifest_backfill.Means:
         return manifest_backfill.Means(
-            self.ledger, self.api, self.resolve_again, self.say, self.clock, self.counted.append
+            self.ledger,
+            self.api,
+            self.resolve_again,
+            self.say,
+            count=self.counted.append,
+            now=self.clock,
         )
 
     async def __call__(self) -> None:
