@@ -89,7 +89,7 @@ _CHUNK = 1 << 16
 READS = resolve_slots.Kind(
     work="periodic reads",
     holders="read workers",
-    then="tried again at the next check (from a reconcile: with backoff)",
+    then="tried again at the next check (from a spec update's reconcile: with backoff)",
     sizing=(
         "operator.settings.readWorkers sizes them: docs/operator.md, "
         '"Source checks and applied skips"'

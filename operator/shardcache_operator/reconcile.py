@@ -816,6 +816,15 @@ async def reconcile(
             reads=reads,
             checked=checked_sources(spec, obj.get("status") or {}),
         )
+        if _unchecked_restart(outcome, obj.get("status") or {}, generation):
+            # The timer's rule (`check_source`): nothing is known of the store, so a
+            # mount Ready for this spec stays Ready, its pods admitted, and the next
+            # check tries again. Degraded instead would let other namespaces' reads,
+            # holding every worker while the operator restarts, refuse this one's pods.
+            name = metadata.get("name")
+            assert isinstance(outcome, status.Failed)
+            logger.info("%s/%s not checked: %s", namespace, name, outcome.message)
+            outcome = pin
     else:
         outcome = await _resolve(
             spec,
@@ -860,6 +869,21 @@ async def reconcile(
         # Handed as soon as pinned, a mixture's other source failing or not: a pin kept
         # from the status is never resolved, so never handed, again.
         handed=tuple(handed),
+    )
+
+
+def _unchecked_restart(
+    outcome: status.Outcome, previous: Mapping[str, Any], generation: int | None
+) -> bool:
+    """Whether `outcome` is a check that got no read worker (`CHECKS_BUSY`) of a mount
+    Ready for this very generation: an operator restart's reconcile, not a spec update's
+    (whose Secret, not part of the pin, may name another store)."""
+    return (
+        isinstance(outcome, status.Failed)
+        and outcome.reason == CHECKS_BUSY
+        and previous.get("phase") == status.Phase.READY
+        and generation is not None
+        and previous.get("observedGeneration") == generation
     )
 
 

@@ -274,29 +274,60 @@ async def test_a_check_that_got_no_read_worker_changes_no_status() -> None:
     assert result is None
 
 
-async def test_a_reconciles_check_that_got_no_read_worker_is_degraded_and_retried_with_backoff() -> (
-    None
-):
-    """A restart's or spec update's reconcile of a pinned mount writes its status: there
-    ChecksBusy is Degraded with the pin kept, retried with the backoff, and its message
-    says so (not "at the next check", which is the timer's)."""
-    obj = mount()
-    obj["status"] = (await run(obj, resolver())).status
-    slots = resolve_slots.Slots(1, read_workers.READS, share=1)
+def busy_probe(
+    slots: resolve_slots.Slots,
+) -> reconcile.Prober:
+    """A check that waits for the one read worker, which another namespace holds."""
 
     def busy(uri: str, options: Mapping[str, str] | None) -> None:
         with slots.held("ml", timeout=0.05, what="checking s3://bucket/data/"):
             raise AssertionError("the only worker is another namespace's")
 
+    return busy
+
+
+async def test_a_spec_updates_check_that_got_no_read_worker_is_degraded_and_retried_with_backoff() -> (
+    None
+):
+    """A spec update's reconcile of a pinned mount writes its status: there ChecksBusy
+    is Degraded with the pin kept (the update may name another Secret, so another
+    store), retried with the backoff, and its message says so."""
+    obj = mount()
+    obj["status"] = (await run(obj, resolver())).status
+    obj["metadata"]["generation"] = 2
+    slots = resolve_slots.Slots(1, read_workers.READS, share=1)
     with slots.held("other", timeout=1, what="another namespace's read"):
-        result = await run(obj, resolver(), probe=busy, retry=3)
+        result = await run(obj, resolver(), probe=busy_probe(slots), retry=3)
     assert result.status["phase"] == "Degraded"
     ready = conditions(result)["Ready"]
     assert ready["reason"] == reconcile.CHECKS_BUSY
     assert "periodic reads are all busy, not the source" in ready["message"]
-    assert "(from a reconcile: with backoff)" in ready["message"]
+    assert "(from a spec update's reconcile: with backoff)" in ready["message"]
     assert result.retry_in == BACKOFF.delay(3)
     assert result.status["manifestDigest"] == DIGEST
+
+
+async def test_a_restarts_check_that_got_no_read_worker_leaves_a_ready_mount_ready() -> None:
+    """An operator restart's reconcile (same generation) of a Ready mount whose check got
+    no worker changes nothing, as the timer's check does: other namespaces' reads
+    holding every worker must not refuse this namespace's pods. The next check tries."""
+    obj = mount()
+    obj["status"] = (await run(obj, resolver())).status
+    before = conditions(await run(obj, resolver()))["Ready"]
+    slots = resolve_slots.Slots(1, read_workers.READS, share=1)
+    with slots.held("other", timeout=1, what="another namespace's read"):
+        result = await run(obj, resolver(), probe=busy_probe(slots), retry=3)
+    assert result.status["phase"] == "Ready"
+    assert conditions(result)["Ready"] == before
+    assert result.status["manifestDigest"] == DIGEST
+    assert result.retry_in is None
+    assert result.events == ()
+    # A mount Degraded before the restart is not made Ready by a check that never ran.
+    degraded = {**obj, "status": {**obj["status"], "phase": "Degraded"}}
+    with slots.held("other", timeout=1, what="another namespace's read"):
+        still = await run(degraded, resolver(), probe=busy_probe(slots), retry=3)
+    assert still.status["phase"] == "Degraded"
+    assert conditions(still)["Ready"]["reason"] == reconcile.CHECKS_BUSY
 
 
 async def test_a_store_left_alone_is_retried_when_it_is_read_again_not_sooner() -> None:
