@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ParamSpec, TypeVar, cast
 
 import kopf
 import kubernetes
@@ -128,6 +129,38 @@ def connection_info() -> kopf.ConnectionInfo:
 #: caller may stop waiting sooner: `namespace_uids.READ_TIMEOUT_SECONDS`).
 READ_TIMEOUT_SECONDS = 10
 
+#: Where the chart grants the operator its ConfigMaps (the manifest handoff).
+_MANIFEST_GRANT = "(the chart grants it in rbac.manifestNamespaces)"
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+@contextlib.contextmanager
+def _refused(action: str) -> Iterator[None]:
+    """The API server's 403 as a PermissionError naming `action` ("get Secret ns/name",
+    and where the chart grants it), chained from the ApiException; any other raised."""
+    try:
+        yield
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 403:
+            raise PermissionError(f"the operator's identity may not {action}") from exc
+        raise
+
+
+async def _found(
+    action: str, call: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
+) -> _T | None:
+    """`call` in a thread; None where the object does not exist (404), `_refused(action)`
+    where the operator may not."""
+    with _refused(action):
+        try:
+            return await asyncio.to_thread(call, *args, **kwargs)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
 
 class Api:
     """The few reads the operator needs, as coroutines."""
@@ -138,18 +171,13 @@ class Api:
 
     async def read_secret(self, namespace: str, name: str) -> Mapping[str, str] | None:
         """The Secret's data decoded to text, or None when it does not exist."""
-        try:
-            secret = await asyncio.to_thread(self._core.read_namespaced_secret, name, namespace)
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            if exc.status == 403:
-                # Least-privilege RBAC grants `get` on Secrets only where the chart says
-                # (rbac.secretNamespaces): a status for the user, not a crash.
-                raise PermissionError(
-                    f"the operator's identity may not get Secret {namespace}/{name}"
-                ) from exc
-            raise
+        # Least-privilege RBAC grants `get` on Secrets only where the chart says
+        # (rbac.secretNamespaces): a status for the user, not a crash.
+        secret = await _found(
+            f"get Secret {namespace}/{name}", self._core.read_namespaced_secret, name, namespace
+        )
+        if secret is None:
+            return None
         data: dict[str, str] = {}
         for key, value in (secret.data or {}).items():
             data[key] = base64.b64decode(value).decode("utf-8", errors="replace")
@@ -159,20 +187,15 @@ class Api:
 
     async def read_namespace_uid(self, name: str) -> str | None:
         """The UID of the namespace `name`, or None when it does not exist."""
-        try:
-            namespace = await asyncio.to_thread(
-                self._core.read_namespace, name, _request_timeout=READ_TIMEOUT_SECONDS
-            )
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            if exc.status == 403:
-                # The chart grants get on namespaces (on the served ones when namespaced).
-                raise PermissionError(
-                    f"the operator's identity may not get namespace {name} (the chart's "
-                    "ClusterRole grants it: rbac.create)"
-                ) from exc
-            raise
+        # The chart grants get on namespaces (on the served ones when namespaced).
+        namespace = await _found(
+            f"get namespace {name} (the chart's ClusterRole grants it: rbac.create)",
+            self._core.read_namespace,
+            name,
+            _request_timeout=READ_TIMEOUT_SECONDS,
+        )
+        if namespace is None:
+            return None
         uid = namespace.metadata.uid if namespace.metadata else None
         return str(uid or "")
 
@@ -239,22 +262,15 @@ class Api:
         """ConfigMap `name`'s annotations and keys (not its values), as
         `{"metadata": {"annotations": ...}, "keys": [...]}`, or None when it does not
         exist. PermissionError where the operator may not get it."""
-        try:
-            found = await asyncio.to_thread(
-                self._core.read_namespaced_config_map,
-                name,
-                namespace,
-                _request_timeout=READ_TIMEOUT_SECONDS,
-            )
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            if exc.status == 403:
-                raise PermissionError(
-                    f"the operator's identity may not get ConfigMap {namespace}/{name} "
-                    "(the chart grants it in rbac.manifestNamespaces)"
-                ) from exc
-            raise
+        found = await _found(
+            f"get ConfigMap {namespace}/{name} {_MANIFEST_GRANT}",
+            self._core.read_namespaced_config_map,
+            name,
+            namespace,
+            _request_timeout=READ_TIMEOUT_SECONDS,
+        )
+        if found is None:
+            return None
         annotations = dict((found.metadata.annotations if found.metadata else None) or {})
         keys = sorted({*(found.data or {}), *(found.binary_data or {})})
         return {"metadata": {"annotations": annotations}, "keys": keys}
@@ -266,7 +282,7 @@ class Api:
         namespace, name = str(metadata["namespace"]), str(metadata["name"])
         # The client sends a dict as it is: no model round trip.
         config_map = cast(kubernetes.client.V1ConfigMap, dict(body))
-        try:
+        with _refused(f"write ConfigMap {namespace}/{name} {_MANIFEST_GRANT}"):
             try:
                 await asyncio.to_thread(
                     self._core.create_namespaced_config_map, namespace, config_map
@@ -277,27 +293,15 @@ class Api:
                 await asyncio.to_thread(
                     self._core.replace_namespaced_config_map, name, namespace, config_map
                 )
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 403:
-                raise PermissionError(
-                    f"the operator's identity may not write ConfigMap {namespace}/{name} "
-                    "(the chart grants it in rbac.manifestNamespaces)"
-                ) from exc
-            raise
 
     async def delete_config_map(self, namespace: str, name: str) -> None:
         """Delete ConfigMap `name` if it exists. PermissionError where the operator may not."""
-        try:
-            await asyncio.to_thread(self._core.delete_namespaced_config_map, name, namespace)
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return
-            if exc.status == 403:
-                raise PermissionError(
-                    f"the operator's identity may not delete ConfigMap {namespace}/{name} "
-                    "(the chart grants it in rbac.manifestNamespaces)"
-                ) from exc
-            raise
+        await _found(
+            f"delete ConfigMap {namespace}/{name} {_MANIFEST_GRANT}",
+            self._core.delete_namespaced_config_map,
+            name,
+            namespace,
+        )
 
     async def post_event(self, body: Mapping[str, Any]) -> None:
         """Create the core/v1 Event `body` (`event_body`) in its object's namespace."""
