@@ -110,6 +110,9 @@ CODE_UNKNOWN_READER: Final = "unknown_reader"
 CODE_UNKNOWN_SHARD: Final = "unknown_shard"
 CODE_UNKNOWN_ROUTE: Final = "unknown_route"
 CODE_MANIFEST_MISMATCH: Final = "manifest_mismatch"
+#: The object store refused the sidecar's credentials (`errors.AccessDeniedError`); a
+#: client that predates it raises the `InputError` of its kind, the class's parent.
+CODE_ACCESS_DENIED: Final = "access_denied"
 CODE_STARTING: Final = "starting"
 CODE_TIMEOUT: Final = "timeout"
 CODE_SOURCE_FAILED: Final = "source_failed"
@@ -187,6 +190,8 @@ class WireError:
             return errors.ManifestMismatchError(text)
         if self.code == CODE_UNKNOWN_SHARD:
             return errors.ShardIndexError(text)
+        if self.code == CODE_ACCESS_DENIED:
+            return errors.AccessDeniedError(text)
         if self.kind == KIND_INPUT:
             return errors.InputError(text)
         if self.kind == KIND_SOURCE:

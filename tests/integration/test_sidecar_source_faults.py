@@ -182,6 +182,9 @@ def test_refused_credentials_at_start_up_are_counted_and_named_in_readyz(
     assert "the object store refused the credentials" in str(body)
     assert "not-the-key" not in str(body)
     assert source_errors(proc, "manifest") == 1
+    # The trainer gets what embedded mode raises, not a plain InputError.
+    with pytest.raises(errors.AccessDeniedError, match=r"HTTP 409, kind=input, code=access_denied"):
+        sidecar_client.SidecarProvider.from_env(environ=proc.client_env(), reconnect_timeout=1)
     assert proc.running, "the sidecar exited: it must keep saying why"
 
 
@@ -207,3 +210,7 @@ def test_a_sidecar_whose_secret_lacks_a_key_refuses_at_start_naming_it(
     assert status == 503 and named in str(body), body
     assert "AKIAWITHNEWLINE" not in str(body)
     assert source_errors(proc, "manifest") == 1
+    # A Secret that can only fail is the pod's configuration, not a refusal by the store.
+    with pytest.raises(errors.InputError, match=r"code=bad_request") as refused:
+        sidecar_client.SidecarProvider.from_env(environ=proc.client_env(), reconnect_timeout=1)
+    assert not isinstance(refused.value, errors.AccessDeniedError)

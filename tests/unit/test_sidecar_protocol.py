@@ -77,6 +77,7 @@ def test_bad_plan_params_name_the_field_and_what_was_found(
         (protocol.KIND_INPUT, protocol.CODE_BAD_REQUEST, errors.InputError),
         (protocol.KIND_INPUT, protocol.CODE_MANIFEST_MISMATCH, errors.ManifestMismatchError),
         (protocol.KIND_INPUT, protocol.CODE_UNKNOWN_SHARD, errors.ShardIndexError),
+        (protocol.KIND_INPUT, protocol.CODE_ACCESS_DENIED, errors.AccessDeniedError),
         (protocol.KIND_SOURCE, protocol.CODE_SOURCE_FAILED, errors.SourceError),
         (protocol.KIND_CACHE, protocol.CODE_TIMEOUT, errors.AcquireTimeoutError),
         (protocol.KIND_CACHE, protocol.CODE_INTERNAL, errors.CacheError),
@@ -93,6 +94,20 @@ def test_error_bodies_map_back_to_shardcache_errors_with_the_message(
     assert type(exc) is cls
     assert "shard 3 (a.parquet): connection refused" in str(exc)
     assert "HTTP 502" in str(exc)
+
+
+def test_refused_credentials_through_a_sidecar_raise_what_embedded_mode_raises() -> None:
+    body = protocol.error_body(
+        protocol.KIND_INPUT, protocol.CODE_ACCESS_DENIED, "the object store refused the credentials"
+    )
+    exc = protocol.WireError.from_body(409, body).to_exception()
+    assert type(exc) is errors.AccessDeniedError
+    # What a client that predates the code raises, by its kind: a handler of it still catches.
+    assert isinstance(exc, errors.InputError)
+    assert str(exc) == (
+        "sidecar: the object store refused the credentials "
+        "(HTTP 409, kind=input, code=access_denied)"
+    )
 
 
 @pytest.mark.parametrize("body", [None, "Bad Gateway", {"error": "nope"}, [1]])

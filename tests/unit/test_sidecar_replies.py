@@ -23,6 +23,7 @@ pytestmark = pytest.mark.unit
             protocol.KIND_INPUT,
             protocol.CODE_MANIFEST_MISMATCH,
         ),
+        (errors.AccessDeniedError("key"), 400, protocol.KIND_INPUT, protocol.CODE_ACCESS_DENIED),
         (errors.InputError("bad"), 400, protocol.KIND_INPUT, protocol.CODE_BAD_REQUEST),
         (errors.SourceError("gone"), 502, protocol.KIND_SOURCE, protocol.CODE_SOURCE_FAILED),
         (TimeoutError("slow"), 504, protocol.KIND_CACHE, protocol.CODE_TIMEOUT),
@@ -35,6 +36,19 @@ def test_each_error_maps_to_its_status_kind_and_code(
 ) -> None:
     rejected = replies.request_error(exc)
     assert (rejected.status, rejected.kind, rejected.code) == (status, kind, code)
+
+
+def test_refused_credentials_answer_access_denied_with_the_status_of_other_bad_input() -> None:
+    refused = errors.AccessDeniedError("s3://b/ds/part-0.parquet: AccessDenied")
+    rejected = replies.request_error(refused)
+    assert (rejected.status, rejected.kind, rejected.code) == (
+        400,
+        protocol.KIND_INPUT,
+        protocol.CODE_ACCESS_DENIED,
+    )
+    assert rejected.message == str(refused)
+    # Any other input error keeps its code.
+    assert replies.request_error(errors.InputError("bad")).code == protocol.CODE_BAD_REQUEST
 
 
 def test_an_unexpected_error_names_its_type_in_the_message() -> None:

@@ -445,7 +445,7 @@ class Sidecar:
                 self.metrics.manifest_failed()
                 self._refuse(
                     409,
-                    protocol.CODE_BAD_REQUEST,
+                    protocol.CODE_ACCESS_DENIED,
                     f"the object store refused the credentials in {_CREDENTIALS_ORIGIN}: "
                     f"{exc}; fix the Secret's {contract.ENV_S3_ACCESS_KEY_ID} and "
                     f"{contract.ENV_S3_SECRET_ACCESS_KEY} and restart the pod",

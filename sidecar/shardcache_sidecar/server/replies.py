@@ -80,6 +80,9 @@ def request_error(exc: BaseException) -> RequestError:
         return RequestError(409, protocol.KIND_INPUT, protocol.CODE_MANIFEST_MISMATCH, str(exc))
     if isinstance(exc, errors.ShardIndexError):
         return RequestError(400, protocol.KIND_INPUT, protocol.CODE_UNKNOWN_SHARD, str(exc))
+    if isinstance(exc, errors.AccessDeniedError):
+        # 400, as before it had a code of its own: an older client sees no other change.
+        return RequestError(400, protocol.KIND_INPUT, protocol.CODE_ACCESS_DENIED, str(exc))
     if isinstance(exc, errors.InputError):
         return RequestError(400, protocol.KIND_INPUT, protocol.CODE_BAD_REQUEST, str(exc))
     if isinstance(exc, errors.SourceError):
