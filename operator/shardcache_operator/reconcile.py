@@ -390,8 +390,12 @@ async def _check_one(
             status.Phase.INVALID, "InvalidSource", str(exc), reachable=None, keeps_pin=True
         )
     except errors.InputError as exc:
+        message = (
+            f"{exc}; {_PINNED_REFUSED}: restore the pinned data, or pin anew by changing the "
+            "source's uri or version (or recreating the mount); tried again every few minutes"
+        )
         return status.Failed(
-            status.Phase.DEGRADED, "SourceGone", str(exc), reachable=True, keeps_pin=True
+            status.Phase.DEGRADED, "SourceGone", message, reachable=True, keeps_pin=True
         )
     except resolve_slots.AllBusy as exc:
         return status.Failed(
@@ -406,23 +410,52 @@ async def _check_one(
         return status.Failed(
             status.Phase.DEGRADED,
             "SourceUnreachable",
-            str(exc),
+            _unanswered(exc, pinned=True),
             reachable=False,
             keeps_pin=True,
             retry_after=_left_alone(exc),
         )
     except TimeoutError:
-        message = f"{shown} did not answer within {timeout:g} s"
+        message = f"{shown} did not answer within {timeout:g} s; {_PINNED_REFUSED}; {_LOOK_AT}"
         return status.Failed(
             status.Phase.DEGRADED, "SourceUnreachable", message, reachable=False, keeps_pin=True
         )
     except Exception as exc:  # report and carry on; the next check tries again
         logger.exception("checking %s failed unexpectedly", shown)
-        message = f"unexpected error while checking {shown}: {exc!r}"
+        message = f"unexpected error while checking {shown}: {_unexpected(exc, 'checking')}"
         return status.Failed(
             status.Phase.DEGRADED, "CheckFailed", message, reachable=None, keeps_pin=True
         )
     return None
+
+
+#: What a pinned mount's failed check means for its pods (the webhook's verdict on a
+#: Degraded mount).
+_PINNED_REFUSED = "new pods are refused, running ones keep reading their cache"
+#: Where to look when the store does not answer the operator.
+_LOOK_AT = (
+    "check the store's endpoint (the Secret's "
+    f"{contract.ENV_S3_ENDPOINT}, or the store's default) and the network from the "
+    "operator's pod (tried again)"
+)
+
+
+def _unanswered(exc: errors.SourceError, *, pinned: bool) -> str:
+    """`SourceUnreachable`'s message: the store's error and where to look, unless the
+    error says why itself (a store left alone, or the namespace's reads all running:
+    neither is the network's doing)."""
+    if isinstance(exc, quiet_stores.Unanswered | source_reads.Busy):
+        return str(exc)
+    return f"{exc}; {_PINNED_REFUSED}; {_LOOK_AT}" if pinned else f"{exc}; {_LOOK_AT}"
+
+
+def _unexpected(exc: Exception, doing: str) -> str:
+    """An error no branch foresaw, said with what to do: its class and text, and where
+    its traceback is (a bug to report, or a library's error to name in one)."""
+    return (
+        f"{type(exc).__name__}: {exc}; the operator's log has its traceback "
+        f'("{doing} ... failed unexpectedly"): please report it (tried again)'
+    )
 
 
 def _left_alone(exc: errors.SourceError) -> float | None:
@@ -503,7 +536,7 @@ async def _resolve_source(
         return status.Failed(
             status.Phase.DEGRADED,
             "SourceUnreachable",
-            str(exc),
+            _unanswered(exc, pinned=False),
             reachable=False,
             retry_after=_left_alone(exc),
         )
@@ -518,7 +551,7 @@ async def _resolve_source(
         return status.Failed(status.Phase.DEGRADED, "ResolveOverMemory", message, reachable=None)
     except Exception as exc:  # a bug or an unforeseen library error: report, retry, live on
         logger.exception("resolving %s failed unexpectedly", shown)
-        message = f"unexpected error while resolving {shown}: {exc!r}"
+        message = f"unexpected error while resolving {shown}: {_unexpected(exc, 'resolving')}"
         return status.Failed(status.Phase.DEGRADED, "ResolveFailed", message, reachable=None)
     if version and manifest.digest != version:
         message = (

@@ -212,9 +212,13 @@ async def test_the_periodic_check_looks_at_every_source_and_names_the_one_whose_
     assert gone is not None and gone.status["phase"] == status.Phase.DEGRADED
     ready = {c["type"]: c for c in gone.status["conditions"]}["Ready"]
     assert ready["reason"] == "SourceGone"
-    assert ready["message"] == (
+    assert ready["message"].startswith(
         f"spec.mixture.sources[1] (math): the pinned shard {pins['math']['path']!r} of "
-        f"{roots['math']!r} is not there any more: the pinned data is gone"
+        f"{roots['math']!r} is not there any more: the pinned data is gone; "
+    )
+    # What to do about it, not only what was found.
+    assert "restore the pinned data, or pin anew by changing the source's uri or version" in (
+        ready["message"]
     )
     assert gone.status["mixture"] == first.status["mixture"]  # the pins stay
 

@@ -389,3 +389,75 @@ def test_retry_delay_is_the_backoff_for_fixable_failures_and_its_cap_for_the_sou
     outcome: status.Outcome, expected: float | None
 ) -> None:
     assert reconcile.retry_delay(outcome, retry=2, backoff=BACKOFF) == expected
+
+
+async def test_a_store_that_does_not_answer_is_said_with_where_to_look() -> None:
+    """SourceUnreachable carries the store's error and where to look; a pinned mount's
+    also what it means for its pods. A store left alone says why itself."""
+    down = errors.SourceError("listing s3://bucket/data/: failed after 5 attempts in 30.0 s")
+    result = await run(mount(), resolver(down))
+    message = conditions(result)["Ready"]["message"]
+    assert message.startswith(str(down) + "; check the store's endpoint (the Secret's ")
+    assert "network from the operator's pod" in message
+    assert "new pods are refused" not in message  # nothing was admitted before a pin
+
+    obj = mount()
+    obj["status"] = (await run(obj, resolver())).status
+
+    def unanswered(uri: str, options: Mapping[str, str] | None) -> None:
+        raise errors.SourceError("checking s3://bucket/data/: failed after 5 attempts")
+
+    checked = await run(obj, resolver(), probe=unanswered)
+    message = conditions(checked)["Ready"]["message"]
+    assert "new pods are refused, running ones keep reading their cache" in message
+    assert "check the store's endpoint" in message
+
+    left_alone = quiet_stores.Unanswered("resolving s3://bucket/data/: not read now", left=9.0)
+    quiet = await run(mount(), resolver(left_alone))
+    assert conditions(quiet)["Ready"]["message"] == str(left_alone)
+
+
+async def test_an_unexpected_error_names_its_class_and_where_its_traceback_is() -> None:
+    """ResolveFailed and CheckFailed are bugs or unforeseen library errors: the message
+    gives the class, the text and the log line to find, not a bare repr."""
+    result = await run(mount(), resolver(KeyError("shards")))
+    ready = conditions(result)["Ready"]
+    assert ready["reason"] == "ResolveFailed"
+    assert ready["message"] == (
+        "unexpected error while resolving s3://bucket/data/: KeyError: 'shards'; the "
+        'operator\'s log has its traceback ("resolving ... failed unexpectedly"): please '
+        "report it (tried again)"
+    )
+    obj = mount()
+    obj["status"] = (await run(obj, resolver())).status
+
+    def broken(uri: str, options: Mapping[str, str] | None) -> None:
+        raise ZeroDivisionError("division by zero")
+
+    checked = await run(obj, resolver(), probe=broken)
+    ready = conditions(checked)["Ready"]
+    assert ready["reason"] == "CheckFailed"
+    assert (
+        "ZeroDivisionError: division by zero; the operator's log has its traceback"
+        in (ready["message"])
+    )
+    assert '("checking ... failed unexpectedly")' in ready["message"]
+
+
+async def test_a_pinned_shard_gone_says_how_to_restore_or_pin_anew() -> None:
+    obj = mount()
+    obj["status"] = (await run(obj, resolver())).status
+
+    def gone(uri: str, options: Mapping[str, str] | None) -> None:
+        raise errors.InputError(
+            "nothing found at 's3://bucket/data/' any more: the pinned data is gone"
+        )
+
+    checked = await run(obj, resolver(), probe=gone)
+    ready = conditions(checked)["Ready"]
+    assert ready["reason"] == "SourceGone" and checked.status["phase"] == "Degraded"
+    assert ready["message"].startswith("nothing found at 's3://bucket/data/' any more")
+    assert (
+        "restore the pinned data, or pin anew by changing the source's uri or version"
+        in (ready["message"])
+    )
