@@ -16,7 +16,6 @@ from typing import Any, Protocol
 from shardcache import contract, errors, manifests, s3_settings, uris
 from shardcache.node import handed_manifests
 from shardcache_operator import (
-    authority,
     manifest_handoff,
     quiet_stores,
     resolve_slots,
@@ -94,6 +93,12 @@ class SourceRefused(errors.InputError):
     store holds or says, which can change without one, and is retried."""
 
 
+#: An endpoint the platform's policy refuses (`EndpointRefused`): its own reason, not
+#: the policy refusal's `authority.REASON` (Invalid, never retried), so an alert or a
+#: metric by reason tells the two apart (before 2026-11-30 both were `NotAllowed`).
+ENDPOINT_REASON = "EndpointNotAllowed"
+
+
 class EndpointRefused(SourceRefused):
     """The Secret names an endpoint the platform's policy does not let the operator
     connect to (`sources.Access.source_endpoints`). Not `Invalid` like the spec's other
@@ -101,7 +106,7 @@ class EndpointRefused(SourceRefused):
     spec, so it is retried slowly (`SLOW_RETRY_REASONS`), Pending before a pin and
     Degraded after one, as a `SecretInvalid` Secret is."""
 
-    reason = authority.REASON
+    reason = ENDPOINT_REASON
 
 
 class ResolveOverMemory(errors.ShardcacheError):
@@ -119,7 +124,7 @@ CHECKS_BUSY = "ChecksBusy"
 #: Failures only a change at the source fixes (data restored, a bucket created), or one
 #: to the Secret, which the operator does not watch (an endpoint the platform refuses):
 #: retried at the backoff's longest delay, not the first ones.
-SLOW_RETRY_REASONS = frozenset({"InvalidData", "DigestMismatch", "SourceGone", authority.REASON})
+SLOW_RETRY_REASONS = frozenset({"InvalidData", "DigestMismatch", "SourceGone", ENDPOINT_REASON})
 
 
 @dataclasses.dataclass(frozen=True)

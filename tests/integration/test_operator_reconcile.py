@@ -441,9 +441,9 @@ async def test_a_pinned_shard_rewritten_or_deleted_degrades_the_mount_though_oth
 
     fs.delete_file(f"{s3_bucket}/train/{name}")
     gone = await check(obj, s3_server, probe=probe)
-    assert conditions(gone)["Ready"]["message"] == (
+    assert conditions(gone)["Ready"]["message"].startswith(
         f"the pinned shard {name!r} of 's3://{s3_bucket}/train/' is not there any more: "
-        "the pinned data is gone"
+        "the pinned data is gone; new pods are refused"
     )
     older = {**obj, "status": {k: v for k, v in obj["status"].items() if k != "largestShard"}}
     assert (await check(older, s3_server, probe=probe)).status["phase"] == "Ready"
@@ -545,4 +545,4 @@ async def test_a_listed_endpoint_is_read_and_the_same_one_unlisted_is_not_allowe
     for entries in [(), ("https://minio.storage.svc:9000",)]:
         refused = await run(dsm(uri), s3_server, resolve=resolving(*entries))
         assert refused.status["phase"] == "Pending"
-        assert conditions(refused)["Ready"]["reason"] == "NotAllowed"
+        assert conditions(refused)["Ready"]["reason"] == "EndpointNotAllowed"

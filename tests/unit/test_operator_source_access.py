@@ -178,7 +178,7 @@ async def test_a_secrets_endpoint_the_platform_refuses_is_not_allowed_and_retrie
     )
     assert result.status["phase"] == ("Degraded" if pinned else "Pending")
     ready = {c["type"]: c for c in result.status["conditions"]}["Ready"]
-    assert ready["reason"] == "NotAllowed"
+    assert ready["reason"] == "EndpointNotAllowed"
     assert str(endpoint_policy.endpoint(endpoint)) in ready["message"]
     assert "policy.sourceEndpoints" in ready["message"]
     assert result.retry_in == reconcile.Backoff().max_seconds

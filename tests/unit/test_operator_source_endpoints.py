@@ -228,7 +228,7 @@ def test_a_refused_endpoint_is_refused_before_any_connection(
         else:  # the timer that reads spec.checkpoint.uri with the same Secret
             sources.applied_skips("s3://b/ckpt/", secret, access=access)
     assert f"127.0.0.1:{listener.port}" in str(refused.value)
-    assert refused.value.reason == "NotAllowed"
+    assert refused.value.reason == "EndpointNotAllowed"
     assert listener.accepts == 0
 
 
@@ -295,7 +295,7 @@ def test_with_a_list_a_source_without_a_secret_is_refused_before_any_request(cal
         else:
             sources.applied_skips("s3://b/ckpt/", None, access=access)
     assert str(refused.value).startswith("spec.source names no secretRef: no AWS_ENDPOINT_URL_S3")
-    assert refused.value.reason == "NotAllowed"
+    assert refused.value.reason == "EndpointNotAllowed"
 
 
 def test_with_a_list_allowing_aws_a_source_without_a_secret_is_read_anonymously() -> None:

@@ -314,7 +314,7 @@ def test_a_refused_host_is_refused_before_any_connection(
         else:
             sources.applied_skips(uri, None, access=access)
     assert f"127.0.0.1:{listener.port}" in str(refused.value)
-    assert refused.value.reason == "NotAllowed"
+    assert refused.value.reason == "EndpointNotAllowed"
     assert listener.accepts == 0
 
 
