@@ -151,7 +151,8 @@ async def resolve(
     apply_result(memo, result, body=body, patch=patch, status_update=new_status)
     # A pin kept without its manifest (made before the namespace was listed, or its
     # ConfigMaps deleted) is handed by a task of the mount's; kopf resumes every mount
-    # when the operator starts, so each is looked at once per process.
+    # when the operator starts, so each is looked at once per process (and hourly once
+    # handed, at its source checks: ConfigMaps deleted since).
     follow_manifests(memo, {**body, "status": new_status})
     memo.metrics.reconcile_duration.observe(time.monotonic() - started)
     memo.metrics.reconcile_total.labels(phase=status.phase_of(result.outcome).value).inc()
@@ -182,7 +183,7 @@ async def hand_manifests(
             # The mount's task hands it later, not at once: a write just refused.
             memo.backfills.failed(key, time.monotonic())
         else:
-            memo.backfills.settle(key)
+            memo.backfills.settle(key, time.monotonic())
 
 
 def follow_manifests(memo: context.Context, body: Mapping[str, Any]) -> None:
@@ -192,7 +193,7 @@ def follow_manifests(memo: context.Context, body: Mapping[str, Any]) -> None:
     namespace = str((body.get("metadata") or {}).get("namespace") or "")
     if namespace not in memo.settings.manifest_namespaces:
         return
-    if not manifest_backfill.wants_look(memo.backfills, body):
+    if not manifest_backfill.wants_look(memo.backfills, body, time.monotonic()):
         return
 
     async def resolve_again(spec: specs.DatasetMountSpec, source: str) -> status.Outcome:

@@ -8,8 +8,9 @@ deleted; each node's first sidecar of it then reads the whole dataset to hash it
 
 So when a reconcile or a source check leaves a mount of those namespaces Ready (at the
 operator's start too: kopf resumes every mount), a task of the mount's (`follow`) looks
-at each pin this process has not settled: a GET of its part 0, and of the further parts
-it counts. A pin they do not hand is resolved again, one read of the dataset in the
+at each pin this process has not settled, or settled as handed over an hour ago
+(`LOOK_AGAIN_SECONDS`: its ConfigMaps may have been deleted since): a GET of its part 0,
+and of the further parts it counts. A pin they do not hand is resolved again, one read of the dataset in the
 operator instead of one per node, and handed when the source still gives the pinned
 digest. A source that gives another is a Warning (those sidecars could not start from
 it either), and is not read again by this process. A failed resolve or write is tried
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol
@@ -41,6 +43,10 @@ logger = logging.getLogger(__name__)
 #: The first wait, in seconds, after a failed resolve or write; doubled up to the cap.
 RETRY_FIRST_SECONDS = 300.0
 RETRY_MAX_SECONDS = 3600.0
+#: Seconds after a pin was found handed (or handed) before it is looked at again, at the
+#: mount's next reconcile or source check: ConfigMaps deleted meanwhile are handed again
+#: without an operator restart, for one GET per part of each pin an hour.
+LOOK_AGAIN_SECONDS = 3600.0
 #: The reason of the Normal Event when a kept pin's manifest was handed.
 HANDED = "ManifestHanded"
 
@@ -80,9 +86,10 @@ Sleep = Callable[[float], Awaitable[None]]
 class Ledger:
     """What this operator process knows of handed pins (`context.Context.backfills`)."""
 
-    #: Pins that need nothing more from this process: handed (by a reconcile or here),
-    #: marked too large, or whose source gives another digest now.
-    settled: set[Pin] = dataclasses.field(default_factory=set)
+    #: Pins that need nothing more from this process for now, with the monotonic time
+    #: they are looked at again: handed (by a reconcile or here) or marked too large,
+    #: `LOOK_AGAIN_SECONDS` on; never (`math.inf`) where the source gives another digest.
+    settled: dict[Pin, float] = dataclasses.field(default_factory=dict)
     #: Pins to try again: (monotonic time not before, the wait that led there).
     later: dict[Pin, tuple[float, float]] = dataclasses.field(default_factory=dict)
     #: Namespaces where the operator may not get ConfigMaps (no Role): said once.
@@ -92,12 +99,18 @@ class Ledger:
     #: Each mount's task (`follow`) while it runs, by (namespace, mount uid).
     tasks: dict[tuple[str, str], asyncio.Task[None]] = dataclasses.field(default_factory=dict)
 
-    def settle(self, pin: Pin) -> None:
-        self.settled.add(pin)
+    def settle(self, pin: Pin, now: float, *, for_good: bool = False) -> None:
+        """`pin` needs nothing more: until `LOOK_AGAIN_SECONDS` from `now`, or for
+        this process's life (`for_good`: a source that gives another digest, which
+        only a new pin mends)."""
+        self.settled[pin] = math.inf if for_good else now + LOOK_AGAIN_SECONDS
         self.later.pop(pin, None)
 
+    def is_settled(self, pin: Pin, now: float) -> bool:
+        return now < self.settled.get(pin, -math.inf)
+
     def due(self, pin: Pin, now: float) -> bool:
-        if pin in self.settled:
+        if self.is_settled(pin, now):
             return False
         not_before, _ = self.later.get(pin, (0.0, 0.0))
         return now >= not_before
@@ -114,7 +127,7 @@ class Ledger:
         task = self.tasks.pop((namespace, uid), None)
         if task is not None:
             task.cancel()
-        self.settled = {p for p in self.settled if p[:2] != (namespace, uid)}
+        self.settled = {p: v for p, v in self.settled.items() if p[:2] != (namespace, uid)}
         self.later = {p: v for p, v in self.later.items() if p[:2] != (namespace, uid)}
 
     def start(self, namespace: str, uid: str, run: Callable[[], Coroutine[Any, Any, None]]) -> bool:
@@ -139,9 +152,9 @@ class Ledger:
             task.cancel()
         self.tasks.clear()
 
-    def waiting(self, pins: list[Pin]) -> list[Pin]:
-        """Those of `pins` not settled."""
-        return [pin for pin in pins if pin not in self.settled]
+    def waiting(self, pins: list[Pin], now: float) -> list[Pin]:
+        """Those of `pins` not settled at `now`."""
+        return [pin for pin in pins if not self.is_settled(pin, now)]
 
 
 async def _found(api: Api, namespace: str, mount: str, source: str) -> list[dict[str, Any] | None]:
@@ -190,15 +203,15 @@ def pins_of(body: Mapping[str, Any]) -> list[tuple[Pin, str]]:
     ]
 
 
-def wants_look(ledger: Ledger, body: Mapping[str, Any]) -> bool:
-    """Whether the mount `body` has a pin this process has not settled, and it may look:
-    Ready, in a namespace whose ConfigMaps it may get."""
+def wants_look(ledger: Ledger, body: Mapping[str, Any], now: float) -> bool:
+    """Whether the mount `body` has a pin this process has not settled at `now`, and it
+    may look: Ready, in a namespace whose ConfigMaps it may get."""
     metadata = body.get("metadata") or {}
     if str(metadata.get("namespace") or "") in ledger.refused:
         return False
     if (body.get("status") or {}).get("phase") != status.Phase.READY:
         return False
-    return bool(ledger.waiting([pin for pin, _ in pins_of(body)]))
+    return bool(ledger.waiting([pin for pin, _ in pins_of(body)], now))
 
 
 async def follow(first: Mapping[str, Any], means: Means, *, sleep: Sleep = asyncio.sleep) -> None:
@@ -210,9 +223,9 @@ async def follow(first: Mapping[str, Any], means: Means, *, sleep: Sleep = async
     uid = str(metadata.get("uid") or "")
     ledger, now = means.ledger, means.now
     body: Mapping[str, Any] | None = first
-    while body is not None and wants_look(ledger, body):
+    while body is not None and wants_look(ledger, body, now()):
         await backfill(body, means)
-        waiting = ledger.waiting([pin for pin, _ in pins_of(body)])
+        waiting = ledger.waiting([pin for pin, _ in pins_of(body)], now())
         if not waiting or namespace in ledger.refused:
             return
         # Not due yet, or failed now: wait for the first of them to be due.
@@ -278,7 +291,7 @@ async def _backfill_one(
         )
         return
     if manifest_handoff.hands(found, digest):
-        ledger.settle(pin)
+        ledger.settle(pin, now())
         means.count(PRESENT)
         return
     logger.info(
@@ -303,7 +316,7 @@ async def _backfill_one(
         return
     assert isinstance(outcome, status.Resolved)
     if outcome.digest != digest:
-        ledger.settle(pin)
+        ledger.settle(pin, now(), for_good=True)
         means.count(SOURCE_CHANGED)
         await say(
             "Warning",
@@ -348,7 +361,7 @@ async def _backfill_one(
         logger.warning("%s/%s: %s (tried again in %g s)", namespace, name, failure, wait)
         await say("Warning", manifest_handoff.REASON, failure)
         return
-    ledger.settle(pin)
+    ledger.settle(pin, now())
     means.count(WRITTEN)
     if outcome.handed:
         await say(

@@ -1,6 +1,7 @@
 """Pins kept without their handed manifests (`manifest_backfill`): looked at once per pin
-and process, resolved again only when their ConfigMaps do not hand them, handed only
-when the source still gives the pin, and never retried in a loop."""
+and process, and again hourly once handed, resolved again only when their ConfigMaps do
+not hand them, handed only when the source still gives the pin, and never retried in a
+loop."""
 
 from __future__ import annotations
 
@@ -217,6 +218,32 @@ async def test_a_pin_its_configmaps_hand_costs_one_read_and_no_resolve(
     assert again.counted == [manifest_backfill.PRESENT]
 
 
+async def test_configmaps_deleted_after_a_look_are_handed_again_at_the_hourly_look(
+    roots: dict[str, str],
+) -> None:
+    """A pin found handed is looked at again `LOOK_AGAIN_SECONDS` later (one GET per
+    part), not only at the next operator restart: ConfigMaps deleted meanwhile come back."""
+    mount = await ready(roots)
+    backfill = Backfill(mount)
+    await backfill()
+    assert backfill.counted == [manifest_backfill.WRITTEN]
+    backfill.api.config_maps.clear()  # someone deleted them
+    backfill.clock.now += manifest_backfill.LOOK_AGAIN_SECONDS - 1
+    await backfill()
+    assert backfill.counted == [manifest_backfill.WRITTEN]  # not due yet: no GET
+    backfill.clock.now += 1
+    await backfill()
+    assert backfill.resolved == [manifest_handoff.PRIMARY] * 2
+    assert len(backfill.handed()) == 1
+    assert backfill.counted == [manifest_backfill.WRITTEN] * 2
+    # Present at the next hour's look: one GET, no resolve.
+    reads = backfill.api.reads
+    backfill.clock.now += manifest_backfill.LOOK_AGAIN_SECONDS
+    await backfill()
+    assert backfill.api.reads == reads + 1 and len(backfill.resolved) == 2
+    assert backfill.counted[-1] == manifest_backfill.PRESENT
+
+
 async def test_a_source_that_gives_another_digest_now_is_said_and_never_read_again(
     roots: dict[str, str], tmp_path: Path
 ) -> None:
@@ -232,6 +259,10 @@ async def test_a_source_that_gives_another_digest_now_is_said_and_never_read_aga
     assert f"the manifest {mount['status']['manifestDigest']} pinned for spec.source" in message
     assert "now gives manifest sha256:" in message
     assert backfill.counted == [manifest_backfill.SOURCE_CHANGED]
+    # Not at the hourly looks either: only a new pin mends it.
+    backfill.clock.now += 10 * manifest_backfill.LOOK_AGAIN_SECONDS
+    await backfill()
+    assert backfill.resolved == [manifest_handoff.PRIMARY]
 
 
 async def test_a_failed_resolve_is_tried_again_later_backing_off(
@@ -402,7 +433,7 @@ async def test_a_task_is_started_only_where_manifests_are_handed_and_a_pin_waits
     handlers.follow_manifests(unlisted, mount)
     handlers.follow_manifests(listed, {**mount, "status": {**mount["status"], "phase": "Pending"}})
     for pin, _ in manifest_backfill.pins_of(mount):
-        listed.backfills.settle(pin)
+        listed.backfills.settle(pin, time.monotonic())
     handlers.follow_manifests(listed, mount)
     assert started == [("ml", "u-1")]
 
@@ -426,12 +457,14 @@ async def test_a_pin_a_reconcile_handed_is_settled_and_one_it_failed_to_hand_is_
     settings = configuration.Settings(manifest_namespaces=("ml",))
     handed = context.Context(settings=settings, api=Api())  # type: ignore[arg-type]
     await handlers.hand_manifests(handed, body, "ml", pinned)
-    assert handed.backfills.settled == {("ml", "u-1", manifest_handoff.PRIMARY, digest)}
+    pin = ("ml", "u-1", manifest_handoff.PRIMARY, digest)
+    assert set(handed.backfills.settled) == {pin}
+    assert handed.backfills.is_settled(pin, time.monotonic())
     events: list[str] = []
     monkeypatch.setattr(kopf, "event", lambda *_, reason, **__: events.append(reason))
     refused = context.Context(settings=settings, api=Refusing())  # type: ignore[arg-type]
     await handlers.hand_manifests(refused, body, "ml", pinned)
-    assert refused.backfills.settled == set() and events == [manifest_handoff.REASON]
+    assert refused.backfills.settled == {} and events == [manifest_handoff.REASON]
     # Handed by the mount's task later, not at once after a refused write.
     assert not refused.backfills.due(
         ("ml", "u-1", manifest_handoff.PRIMARY, digest), time.monotonic()
