@@ -168,19 +168,28 @@ async def hand_manifests(
     failure is a Warning Event, never a failed reconcile."""
     owner = manifest_handoff.owner(body)
     for pin in handed:
-        failure = await manifest_handoff.hand(
-            memo.api,
-            owner=owner,
-            namespace=namespace,
-            source=pin.source,
-            digest=pin.digest,
-            parts=pin.parts,
-        )
+        try:
+            # Tried even where a write was refused within the hour: the parts are at
+            # hand now, and a Role granted since saves a read of the dataset later.
+            failure = await manifest_handoff.hand(
+                memo.api,
+                owner=owner,
+                namespace=namespace,
+                source=pin.source,
+                digest=pin.digest,
+                parts=pin.parts,
+            )
+        except PermissionError as exc:
+            said = memo.backfills.refuse(namespace, exc, time.monotonic())
+            if said is not None:
+                logger.warning("%s/%s: %s", namespace, body.metadata.name, said)
+                kopf.event(body, type="Warning", reason=manifest_handoff.REASON, message=said)
+            continue
         key = (namespace, str(body.metadata.uid), pin.source, pin.digest)
         if failure is not None:
             logger.warning("%s/%s: %s", namespace, body.metadata.name, failure)
             kopf.event(body, type="Warning", reason=manifest_handoff.REASON, message=failure)
-            # The mount's task hands it later, not at once: a write just refused.
+            # The mount's task hands it later, not at once: a write just failed.
             memo.backfills.failed(key, time.monotonic())
         else:
             memo.backfills.settle(key, time.monotonic())

@@ -92,8 +92,10 @@ class Ledger:
     settled: dict[Pin, float] = dataclasses.field(default_factory=dict)
     #: Pins to try again: (monotonic time not before, the wait that led there).
     later: dict[Pin, tuple[float, float]] = dataclasses.field(default_factory=dict)
-    #: Namespaces where the operator may not get ConfigMaps (no Role): said once.
-    refused: set[str] = dataclasses.field(default_factory=set)
+    #: Namespaces where the operator may not get or write ConfigMaps (no Role), with
+    #: the monotonic time they are tried again (`LOOK_AGAIN_SECONDS` on): said once a
+    #: time, and a Role granted later is used without an operator restart.
+    refused: dict[str, float] = dataclasses.field(default_factory=dict)
     #: One mount of a namespace looked at at a time, by namespace.
     turns: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
     #: Each mount's task (`follow`) while it runs, by (namespace, mount uid).
@@ -152,6 +154,21 @@ class Ledger:
             task.cancel()
         self.tasks.clear()
 
+    def is_refused(self, namespace: str, now: float) -> bool:
+        return now < self.refused.get(namespace, -math.inf)
+
+    def refuse(self, namespace: str, exc: PermissionError, now: float) -> str | None:
+        """Leave `namespace` alone for `LOOK_AGAIN_SECONDS`: the operator may not get or
+        write its ConfigMaps (`exc`). What to say, unless it was said already."""
+        if self.is_refused(namespace, now):
+            return None
+        self.refused[namespace] = now + LOOK_AGAIN_SECONDS
+        return (
+            f"{exc}: the operator hands no manifests in namespace {namespace} (tried again "
+            "in an hour), so each node's first sidecar of a pin there reads the dataset to "
+            "hash it"
+        )
+
     def waiting(self, pins: list[Pin], now: float) -> list[Pin]:
         """Those of `pins` not settled at `now`."""
         return [pin for pin in pins if not self.is_settled(pin, now)]
@@ -207,7 +224,7 @@ def wants_look(ledger: Ledger, body: Mapping[str, Any], now: float) -> bool:
     """Whether the mount `body` has a pin this process has not settled at `now`, and it
     may look: Ready, in a namespace whose ConfigMaps it may get."""
     metadata = body.get("metadata") or {}
-    if str(metadata.get("namespace") or "") in ledger.refused:
+    if ledger.is_refused(str(metadata.get("namespace") or ""), now):
         return False
     if (body.get("status") or {}).get("phase") != status.Phase.READY:
         return False
@@ -226,7 +243,7 @@ async def follow(first: Mapping[str, Any], means: Means, *, sleep: Sleep = async
     while body is not None and wants_look(ledger, body, now()):
         await backfill(body, means)
         waiting = ledger.waiting([pin for pin, _ in pins_of(body)], now())
-        if not waiting or namespace in ledger.refused:
+        if not waiting or ledger.is_refused(namespace, now()):
             return
         # Not due yet, or failed now: wait for the first of them to be due.
         due = min(ledger.later.get(pin, (now(), 0.0))[0] for pin in waiting)
@@ -245,7 +262,7 @@ async def backfill(body: Mapping[str, Any], means: Means) -> None:
     module's docstring). Never raises for the mount, the source or the API."""
     ledger, now = means.ledger, means.now
     namespace = str((body.get("metadata") or {}).get("namespace") or "")
-    if namespace in ledger.refused:
+    if ledger.is_refused(namespace, now()):
         return
     pins = pins_of(body)
     if not any(ledger.due(pin, now()) for pin, _ in pins):
@@ -255,7 +272,7 @@ async def backfill(body: Mapping[str, Any], means: Means) -> None:
         for pin, uri in pins:
             if ledger.due(pin, now()):
                 await _backfill_one(pin, uri, spec, body, means)
-            if namespace in ledger.refused:
+            if ledger.is_refused(namespace, now()):
                 return
 
 
@@ -269,14 +286,7 @@ async def _backfill_one(
     try:
         found = await _found(api, namespace, name, key)
     except PermissionError as exc:
-        ledger.refused.add(namespace)
-        means.count(REFUSED)
-        message = (
-            f"{exc}: the operator cannot see which pins of namespace {namespace} are handed "
-            "to the sidecars, and hands none made before the namespace was listed"
-        )
-        logger.warning("%s/%s: %s", namespace, name, message)
-        await say("Warning", manifest_handoff.REASON, message)
+        await _refused(namespace, name, exc, means)
         return
     except Exception as exc:  # the API server: looked at again later
         wait = ledger.failed(pin, now())
@@ -347,14 +357,19 @@ async def _backfill_one(
     kept = reconcile.current_pins(now_spec, current.get("status") or {})
     if (key, uri, digest) not in kept:
         return
-    failure = await manifest_handoff.hand(
-        api,
-        owner=manifest_handoff.owner(body),
-        namespace=namespace,
-        source=key,
-        digest=digest,
-        parts=outcome.handed,
-    )
+    try:
+        failure = await manifest_handoff.hand(
+            api,
+            owner=manifest_handoff.owner(body),
+            namespace=namespace,
+            source=key,
+            digest=digest,
+            parts=outcome.handed,
+        )
+    except PermissionError as exc:
+        # Not tried again with the backoff: each try would read the dataset again.
+        await _refused(namespace, name, exc, means)
+        return
     if failure is not None:
         wait = ledger.failed(pin, now())
         means.count(FAILED)
@@ -370,3 +385,13 @@ async def _backfill_one(
             f"the manifest {digest} of {where}, pinned before it could be handed, is "
             f"handed to the sidecars now ({len(outcome.handed)} ConfigMap parts)",
         )
+
+
+async def _refused(namespace: str, name: str, exc: PermissionError, means: Means) -> None:
+    """The operator may not get or write ConfigMaps in `namespace`: counted, and said (on
+    mount `name`) unless said within the hour."""
+    means.count(REFUSED)
+    message = means.ledger.refuse(namespace, exc, means.now())
+    if message is not None:
+        logger.warning("%s/%s: %s", namespace, name, message)
+        await means.say("Warning", manifest_handoff.REASON, message)

@@ -242,7 +242,8 @@ async def hand(
     """Write the ConfigMaps that hand `parts` of `source`'s manifest, pinned as
     `digest`, and delete those past them (no parts: too large to hand, which part 0
     says); None, or why it failed (the sidecars then resolve it from the store, as
-    before)."""
+    before). PermissionError where the operator may not write them: a namespace
+    without the Role, which the caller leaves alone (`manifest_backfill.Ledger.refuse`)."""
     mount = str(owner["name"])
     where = "spec.source" if source == PRIMARY else f"mixture source {source}"
     try:
@@ -257,7 +258,9 @@ async def hand(
             await api.put_config_map(body)
         for name in stale_names(mount, source, len(parts)):
             await api.delete_config_map(namespace, name)
-    except Exception as exc:  # an API or permission failure: the sidecars resolve instead
+    except PermissionError:
+        raise
+    except Exception as exc:  # an API failure: the sidecars resolve instead
         return (
             f"the manifest {digest} of {where} was not handed to the sidecars ({exc}); each "
             "node's first sidecar of this pin reads the dataset to hash it"

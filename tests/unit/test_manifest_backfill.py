@@ -302,6 +302,37 @@ async def test_a_namespace_without_configmap_access_is_said_once_and_left_alone(
     assert (kind, reason) == ("Warning", manifest_handoff.REASON)
     assert "may not get ConfigMap" in message and "namespace ml" in message
     assert backfill.counted == [manifest_backfill.REFUSED]
+    # A Role granted later is used an hour on, without an operator restart.
+    backfill.api.refuse = False
+    backfill.clock.now += manifest_backfill.LOOK_AGAIN_SECONDS
+    await backfill()
+    assert backfill.resolved == [manifest_handoff.PRIMARY] and len(backfill.handed()) == 1
+    assert backfill.counted == [manifest_backfill.REFUSED, manifest_backfill.WRITTEN]
+
+
+async def test_a_namespace_that_refuses_writes_is_not_read_again_every_backoff(
+    roots: dict[str, str],
+) -> None:
+    """A Role that lets the operator get ConfigMaps but not write them: each backoff's
+    try would read the whole dataset again to be refused again. Said once, and the
+    namespace left alone for the hour."""
+    mount = await ready(roots)
+    backfill = Backfill(mount)
+
+    async def refuse(body: Mapping[str, Any]) -> None:
+        raise PermissionError("the operator's identity may not write ConfigMap ml/x")
+
+    backfill.api.put_config_map = refuse  # type: ignore[method-assign]
+    await backfill()
+    assert backfill.resolved == [manifest_handoff.PRIMARY]
+    for _ in range(3):
+        backfill.clock.now += manifest_backfill.RETRY_FIRST_SECONDS
+        await backfill()
+    assert backfill.resolved == [manifest_handoff.PRIMARY]
+    [(kind, reason, message)] = backfill.said
+    assert (kind, reason) == ("Warning", manifest_handoff.REASON)
+    assert "may not write ConfigMap" in message and "tried again in an hour" in message
+    assert backfill.counted == [manifest_backfill.REFUSED]
 
 
 async def test_a_pin_replaced_while_it_was_read_again_is_not_handed(
@@ -465,10 +496,22 @@ async def test_a_pin_a_reconcile_handed_is_settled_and_one_it_failed_to_hand_is_
     refused = context.Context(settings=settings, api=Refusing())  # type: ignore[arg-type]
     await handlers.hand_manifests(refused, body, "ml", pinned)
     assert refused.backfills.settled == {} and events == [manifest_handoff.REASON]
-    # Handed by the mount's task later, not at once after a refused write.
-    assert not refused.backfills.due(
-        ("ml", "u-1", manifest_handoff.PRIMARY, digest), time.monotonic()
-    )
+    # A namespace without the Role: left alone for the hour, and said once in it.
+    assert refused.backfills.is_refused("ml", time.monotonic())
+    other = [reconcile.Handed(manifest_handoff.PRIMARY, "sha256:" + "cd" * 32, (b"y",))]
+    await handlers.hand_manifests(refused, body, "ml", other)
+    assert events == [manifest_handoff.REASON]
+
+    class Failing(Api):
+        async def put_config_map(self, body: Mapping[str, Any]) -> None:
+            raise RuntimeError("the API server answered 500")
+
+    failing = context.Context(settings=settings, api=Failing())  # type: ignore[arg-type]
+    await handlers.hand_manifests(failing, body, "ml", pinned)
+    assert events == [manifest_handoff.REASON] * 2
+    # Handed by the mount's task later, not at once after a failed write.
+    assert not failing.backfills.due(pin, time.monotonic())
+    assert not failing.backfills.is_refused("ml", time.monotonic())
 
 
 async def test_one_task_a_mount_removed_when_it_ends_and_cancelled_when_it_is_deleted() -> None:

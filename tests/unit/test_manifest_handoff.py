@@ -168,8 +168,8 @@ def test_parts_missing_or_of_another_pin_do_not_hand_it() -> None:
     assert not manifest_handoff.hands([uncounted], DIGEST)
 
 
-def test_a_refused_write_is_said_and_not_raised() -> None:
-    api = Recorder(PermissionError("the operator's identity may not write ConfigMap ns/x"))
+def test_a_failed_write_is_said_and_not_raised() -> None:
+    api = Recorder(RuntimeError("the API server answered 500"))
     failure = asyncio.run(
         manifest_handoff.hand(
             api, owner=OWNER, namespace="ns", source="", digest=DIGEST, parts=[b"x"]
@@ -177,7 +177,17 @@ def test_a_refused_write_is_said_and_not_raised() -> None:
     )
     assert failure is not None
     assert failure.startswith(f"the manifest {DIGEST} of spec.source was not handed")
-    assert "may not write ConfigMap ns/x" in failure
+    assert "the API server answered 500" in failure
+
+
+def test_a_refused_write_is_raised_for_the_caller_to_leave_the_namespace_alone() -> None:
+    api = Recorder(PermissionError("the operator's identity may not write ConfigMap ns/x"))
+    with pytest.raises(PermissionError, match="may not write ConfigMap ns/x"):
+        asyncio.run(
+            manifest_handoff.hand(
+                api, owner=OWNER, namespace="ns", source="", digest=DIGEST, parts=[b"x"]
+            )
+        )
 
 
 def test_the_volume_projects_each_part_of_each_pinned_source_optionally() -> None:
