@@ -854,15 +854,11 @@ async def reconcile(
             reads=reads,
             checked=checked_sources(spec, obj.get("status") or {}),
         )
-        if _unchecked_restart(outcome, obj.get("status") or {}, generation):
-            # The timer's rule (`check_source`): nothing is known of the store, so a
-            # mount Ready for this spec stays Ready, its pods admitted, and the next
-            # check tries again. Degraded instead would let other namespaces' reads,
-            # holding every worker while the operator restarts, refuse this one's pods.
-            name = metadata.get("name")
+        kept = _unchecked_restart(outcome, obj.get("status") or {}, generation, pin)
+        if kept is not None:
             assert isinstance(outcome, status.Failed)
-            logger.info("%s/%s not checked: %s", namespace, name, outcome.message)
-            outcome = pin
+            logger.info("%s/%s not checked: %s", namespace, metadata.get("name"), outcome.message)
+            outcome = kept
     else:
         outcome = await _resolve(
             spec,
@@ -911,17 +907,38 @@ async def reconcile(
 
 
 def _unchecked_restart(
-    outcome: status.Outcome, previous: Mapping[str, Any], generation: int | None
-) -> bool:
-    """Whether `outcome` is a check that got no read worker (`CHECKS_BUSY`) of a mount
-    Ready for this very generation: an operator restart's reconcile, not a spec update's
-    (whose Secret, not part of the pin, may name another store)."""
-    return (
+    outcome: status.Outcome,
+    previous: Mapping[str, Any],
+    generation: int | None,
+    pin: status.Resolved,
+) -> status.Outcome | None:
+    """What stands when `outcome` is a check that got no read worker (`CHECKS_BUSY`) in
+    an operator restart's reconcile, not a spec update's (whose Secret, not part of the
+    pin, may name another store): the status of this very generation, as the timer's
+    check leaves it (`check_source`). Nothing is known of the store: a Ready mount stays
+    Ready, its pods admitted (Degraded would let other namespaces' reads, holding every
+    worker while the operator starts, refuse this one's pods), and a Degraded one keeps
+    its reason, retried as before. None where the check's outcome stands."""
+    if not (
         isinstance(outcome, status.Failed)
         and outcome.reason == CHECKS_BUSY
-        and previous.get("phase") == status.Phase.READY
         and generation is not None
         and previous.get("observedGeneration") == generation
+    ):
+        return None
+    if previous.get("phase") == status.Phase.READY:
+        return pin
+    before = {c.get("type"): c for c in previous.get("conditions") or []}
+    ready = before.get(status.READY_CONDITION) or {}
+    if previous.get("phase") != status.Phase.DEGRADED or not ready.get("reason"):
+        return None
+    reachable = (before.get(status.SOURCE_REACHABLE) or {}).get("status")
+    return status.Failed(
+        status.Phase.DEGRADED,
+        str(ready["reason"]),
+        str(ready.get("message") or ""),
+        reachable={"True": True, "False": False}.get(str(reachable)),
+        keeps_pin=True,
     )
 
 

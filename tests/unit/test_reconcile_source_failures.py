@@ -79,7 +79,11 @@ async def run(
 
 
 def conditions(result: reconcile.Result) -> dict[str, dict[str, Any]]:
-    return {c["type"]: c for c in result.status["conditions"]}
+    return conditions_of(result.status)
+
+
+def conditions_of(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
 
 
 async def test_refused_credentials_name_the_secret_and_are_retried_with_backoff() -> None:
@@ -322,12 +326,29 @@ async def test_a_restarts_check_that_got_no_read_worker_leaves_a_ready_mount_rea
     assert result.status["manifestDigest"] == DIGEST
     assert result.retry_in is None
     assert result.events == ()
-    # A mount Degraded before the restart is not made Ready by a check that never ran.
-    degraded = {**obj, "status": {**obj["status"], "phase": "Degraded"}}
+
+
+async def test_a_restarts_check_that_got_no_read_worker_leaves_a_degraded_mount_as_it_was() -> None:
+    """Not made Ready by a check that never ran, nor given ChecksBusy for its reason (a
+    Warning, and an alert by reason flapping, at every restart): its reason and message
+    stay, and it is retried as before."""
+    obj = mount()
+    obj["status"] = (await run(obj, resolver())).status
+
+    def down(uri: str, options: Mapping[str, str] | None) -> None:
+        raise errors.SourceError("checking s3://bucket/data/: failed after 5 attempts")
+
+    obj["status"] = (await run(obj, resolver(), probe=down)).status
+    before = conditions_of(obj["status"])
+    assert before["Ready"]["reason"] == "SourceUnreachable"
+    slots = resolve_slots.Slots(1, read_workers.READS, share=1)
     with slots.held("other", timeout=1, what="another namespace's read"):
-        still = await run(degraded, resolver(), probe=busy_probe(slots), retry=3)
+        still = await run(obj, resolver(), probe=busy_probe(slots), retry=3)
     assert still.status["phase"] == "Degraded"
-    assert conditions(still)["Ready"]["reason"] == reconcile.CHECKS_BUSY
+    assert conditions(still) == before
+    assert still.events == ()
+    assert still.retry_in == BACKOFF.delay(3)
+    assert still.status["manifestDigest"] == DIGEST
 
 
 async def test_a_store_left_alone_is_retried_when_it_is_read_again_not_sooner() -> None:
