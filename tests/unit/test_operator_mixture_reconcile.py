@@ -217,9 +217,8 @@ async def test_the_periodic_check_looks_at_every_source_and_names_the_one_whose_
         f"{roots['math']!r} is not there any more: the pinned data is gone; "
     )
     # What to do about it, not only what was found.
-    assert "restore the pinned data, or pin anew by changing the source's uri or version" in (
-        ready["message"]
-    )
+    fix = "restore the pinned data, or pin anew by changing the source's uri or version"
+    assert fix in ready["message"]
     assert gone.status["mixture"] == first.status["mixture"]  # the pins stay
 
 
