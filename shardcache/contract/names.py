@@ -28,6 +28,7 @@ ENV_SOURCE_URI: Final = variables.SOURCE_URI.env
 ENV_SOURCE_FORMAT: Final = variables.SOURCE_FORMAT.env
 ENV_MANIFEST_DIGEST: Final = variables.MANIFEST_DIGEST.env
 ENV_HANDED_MANIFESTS_DIR: Final = variables.HANDED_MANIFESTS_DIR.env
+ENV_CREDENTIALS_DIR: Final = variables.CREDENTIALS_DIR.env
 ENV_MIXTURE: Final = variables.MIXTURE.env
 ENV_MEMORY_DIR: Final = variables.MEMORY_DIR.env
 ENV_MEMORY_LIMIT: Final = variables.MEMORY_LIMIT.env

@@ -281,6 +281,20 @@ HANDED_MANIFESTS_DIR: Final = Variable(
     "copy on its node, starts without reading the dataset to hash it.",
     injected=_IN_SIDECAR,
 )
+CREDENTIALS_DIR: Final = Variable(
+    "SHARDCACHE_CREDENTIALS_DIR",
+    parsers.PATH,
+    "/etc/shardcache/credentials",
+    _readers(Reader.SIDECAR, Reader.AGENT),
+    "Where the webhook mounts the DatasetMount's Secret (`spec.source.secretRef`) as "
+    "files, read-only, in the sidecar only. When the store refuses the credentials in "
+    "use, the sidecar and its checkpoint agent read AWS_ACCESS_KEY_ID, "
+    "AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN there again "
+    "(`shardcache.source_credentials`): a key rotated in the Secret reaches a running "
+    "pod once the kubelet updates the files, without a restart. Credentials there "
+    "replace the environment's; a directory without them leaves the environment alone.",
+    injected=_IN_SIDECAR,
+)
 MEMORY_LIMIT: Final = Variable(
     "SHARDCACHE_MEMORY_LIMIT_BYTES",
     parsers.BYTES,
@@ -645,6 +659,7 @@ TABLE: Final[tuple[Variable[Any], ...]] = (
     SOURCE_FORMAT,
     MANIFEST_DIGEST,
     HANDED_MANIFESTS_DIR,
+    CREDENTIALS_DIR,
     MIXTURE,
     MEMORY_DIR,
     MEMORY_LIMIT,

@@ -32,7 +32,17 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardcache import errors, faultpoints, formats, manifests, plans, source, uris, windows
+from shardcache import (
+    errors,
+    faultpoints,
+    formats,
+    manifests,
+    plans,
+    source,
+    source_credentials,
+    uris,
+    windows,
+)
 from shardcache.contract import variables
 from shardcache.node import (
     after_fork,
@@ -461,12 +471,18 @@ class CacheNode:
         filesystem: pafs.FileSystem | None = None,
         storage_options: dict[str, str] | None = None,
         observer: NodeObserver | None = None,
+        renewal: source_credentials.Renewable | None = None,
     ) -> None:
         self.manifest = manifest
         self.settings = settings
-        if filesystem is None:
+        if renewal is not None:
+            filesystem = renewal.fs
+        elif filesystem is None:
             filesystem, _ = source.filesystem(manifest.root, storage_options=storage_options)
         self._fs = filesystem
+        #: Where a filesystem with other credentials comes from when the store refuses
+        #: these (a key rotated in the sidecar's Secret); None: the refusal stands.
+        self._renewal = renewal
         self._events = _Counting(observer, [s.path for s in manifest.shards])
         self.disk = tiers.Tier(
             settings.disk_dir,
@@ -1405,16 +1421,28 @@ class CacheNode:
         entry = self.manifest.shards[shard]
         at("fetch")
         started = time.monotonic()
-        source.download(
-            self._fs,
-            self.manifest.shard_uri_path(shard),
-            tmp,
-            expected_size=entry.size,
-            what=f"fetching shard {shard} ({entry.path}) from {uris.redact(self.manifest.root)}",
-            policy=self.settings.retry,
-            identity=entry.version,
-            sha256=entry.sha256,
-        )
+
+        def download(fs: pafs.FileSystem) -> None:
+            source.download(
+                fs,
+                self.manifest.shard_uri_path(shard),
+                tmp,
+                expected_size=entry.size,
+                what=f"fetching shard {shard} ({entry.path}) from {uris.redact(self.manifest.root)}",
+                policy=self.settings.retry,
+                identity=entry.version,
+                sha256=entry.sha256,
+            )
+
+        used = self._fs
+        try:
+            download(used)
+        except errors.AccessDeniedError:
+            fresh = None if self._renewal is None else self._renewal.renewed(used)
+            if fresh is None:
+                raise
+            self._fs = fresh
+            download(fresh)
         faultpoints.reach("cache.fetch")
         self._events.fetched(entry.size, time.monotonic() - started)
 

@@ -42,6 +42,9 @@ class Settings:
     #: Where the operator's handed manifests are mounted (`handed_manifests`): the pin's
     #: manifest found there starts the sidecar without a resolve from the store.
     handed_manifests_dir: Path = Path(variables.HANDED_MANIFESTS_DIR.required_default)
+    #: Where the DatasetMount's Secret is mounted as files (`source_credentials`): read
+    #: again when the store refuses the credentials in use.
+    credentials_dir: Path = Path(variables.CREDENTIALS_DIR.required_default)
     # Defaults of the settings the webhook writes are the contract table's
     # (`shardcache.contract.variables`), where each says why it was chosen.
     #: Bytes of decoded shards in the memory tier. Counts against the pod's memory limit.
@@ -218,6 +221,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("source_format", variables.SOURCE_FORMAT, "--format"),
     Option("manifest_digest", variables.MANIFEST_DIGEST, "--digest"),
     Option("handed_manifests_dir", variables.HANDED_MANIFESTS_DIR, "--handed-manifests-dir"),
+    Option("credentials_dir", variables.CREDENTIALS_DIR, "--credentials-dir"),
     Option("run_dir", variables.RUN_DIR, "--run-dir"),
     Option("mount", variables.MOUNT, "--mount"),
     Option("socket_path", variables.SOCKET, "--socket"),
@@ -284,6 +288,7 @@ def from_env(
     values["memory_dir"] = Path(values["memory_dir"] or contract.memory_dir(run_dir, mount))
     values["disk_dir"] = Path(values["disk_dir"])
     values["handed_manifests_dir"] = Path(values["handed_manifests_dir"])
+    values["credentials_dir"] = Path(values["credentials_dir"])
     values["termination_message_path"] = Path(values["termination_message_path"])
     values["source_uri"] = values["source_uri"] or ""
     values["checkpoint"] = agent_config.CheckpointSettings.from_env(env)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeGuard
 
-from shardcache import contract, errors, faultpoints, source
+from shardcache import contract, errors, faultpoints, source, source_credentials
 from shardcache.checkpoint import _protocol, layout
 from shardcache_sidecar.checkpoint import (
     agent_config,
@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 #: Seconds an answered restore request stays when the trainer never collects it (it
 #: died while waiting); long enough for any trainer alive to read it.
 ANSWER_TTL_S = 3600.0
+#: Seconds before a checkpoint whose upload the store refused the credentials of is
+#: tried again, reading the credentials files again (a key rotated in the Secret): not
+#: every `retry_interval`, each try a request the store refuses.
+CREDENTIALS_RETRY_S = 30.0
 
 
 class Agent:
@@ -52,7 +56,14 @@ class Agent:
         self._on_readiness = on_readiness
         self.root = settings.directory
         self.observer = observer or metrics.NullObserver()
-        self.fs, self.prefix = source.filesystem(settings.uri, storage_options=storage_options)
+        #: Where a filesystem with other credentials comes from when the store refuses
+        #: these (`source_credentials`); None: such a refusal fails the upload for good.
+        self._renewal: source_credentials.Renewable | None = None
+        if storage_options is None and settings.credentials_dir is not None:
+            self._renewal = source_credentials.Renewable(settings.uri, settings.credentials_dir)
+            self.fs, self.prefix = self._renewal.fs, self._renewal.path
+        else:
+            self.fs, self.prefix = source.filesystem(settings.uri, storage_options=storage_options)
         self.prefix = self.prefix.rstrip("/")
         self._stop = threading.Event()
         #: The start-up restore's retries end when the agent is told to stop: nothing
@@ -490,6 +501,30 @@ class Agent:
             uploaded = time.monotonic()
             faultpoints.reach("checkpoint.latest")
             retention.publish_pointer(self.fs, self.prefix, manifest, retry=s.retry)
+        except errors.AccessDeniedError as exc:
+            if self._renewal is None:
+                log.error("checkpoint step %d in %s is not uploaded: %s", step, path, exc)
+                self.observer.upload_failed(step)
+                self._set_failed(path, step, str(exc), retryable=False)
+                return False
+            # The Secret's files may hold new credentials now, or later (the kubelet
+            # updates them): the checkpoint waits on the node meanwhile.
+            renewed = self._renewal.renewed(self.fs)
+            wait = 0.0 if renewed is not None else max(s.retry_interval, CREDENTIALS_RETRY_S)
+            if renewed is not None:
+                self.fs = renewed
+            log.warning(
+                "checkpoint step %d: the store refused the credentials (%s); tried again "
+                "in %.0f s with those in %s",
+                step,
+                exc,
+                wait,
+                self._renewal.directory,
+            )
+            self.observer.upload_failed(step)
+            self._retry_at[path] = time.monotonic() + wait
+            self._set_failed(path, step, str(exc), retryable=True)
+            return False
         except errors.InputError as exc:
             log.error("checkpoint step %d in %s is not uploaded: %s", step, path, exc)
             self.observer.upload_failed(step)

@@ -52,6 +52,10 @@ class CheckpointSettings:
     #: last commit still goes up when it fits, and a stuck upload does not hold the
     #: process past it.
     drain_timeout: float = variables.CHECKPOINT_DRAIN.required_default
+    #: Where the DatasetMount's Secret is mounted as files (`source_credentials`), read
+    #: again when the store refuses the credentials in use; None: the environment only,
+    #: and such a refusal fails the upload for good.
+    credentials_dir: Path | None = Path(variables.CREDENTIALS_DIR.required_default)
 
     def __post_init__(self) -> None:
         if self.keep_last < 1:
@@ -85,6 +89,7 @@ class CheckpointSettings:
                 "expected the path of the checkpoint volume shared with the trainer"
             )
         values: dict[str, Any] = {f: variable.read(env) for f, variable in FIELDS.items()}
+        values["credentials_dir"] = Path(values["credentials_dir"])
         return cls(directory=Path(directory), uri=uri, **values)
 
 
@@ -98,6 +103,7 @@ FIELDS: Final[Mapping[str, variables.Variable[Any]]] = {
     "upload_buffer": variables.CHECKPOINT_UPLOAD_BUFFER,
     "verify_uploads": variables.CHECKPOINT_VERIFY_UPLOADS,
     "drain_timeout": variables.CHECKPOINT_DRAIN,
+    "credentials_dir": variables.CREDENTIALS_DIR,
 }
 
 

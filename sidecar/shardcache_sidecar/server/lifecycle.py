@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from shardcache import contract, errors, manifests, s3_settings, source, uris
+from shardcache import contract, errors, manifests, s3_settings, source, source_credentials, uris
 from shardcache.contract import protocol
 from shardcache.node import (
     backings,
@@ -531,8 +531,17 @@ class Sidecar:
                 "Re-pin the DatasetMount (or restore the pinned objects) and restart the pod.",
             )
             return
+        try:
+            # The credentials files, read again when the store refuses those in use: a
+            # key rotated in the Secret reaches this running pod (`source_credentials`).
+            renewal = await self.blocking(
+                source_credentials.Renewable, manifest.root, s.credentials_dir
+            )
+        except errors.InputError as exc:
+            self._refuse(409, protocol.CODE_BAD_REQUEST, f"the dataset source is unusable: {exc}")
+            return
         node = await self.blocking(
-            caches.CacheNode, manifest, s.node_settings(), observer=self.metrics
+            caches.CacheNode, manifest, s.node_settings(), observer=self.metrics, renewal=renewal
         )
         self.manifest_body = json.dumps(manifest.to_json()).encode()
         self.manifest, self.node = manifest, node
