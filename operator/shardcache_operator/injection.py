@@ -15,7 +15,10 @@ See docs/operator.md for the layout this produces. In short, per mount:
 * in the namespaces of the operator's `manifest_namespaces` (chart:
   rbac.manifestNamespaces), when a source of the mount is pinned: one projected volume
   of the ConfigMaps the operator hands the pinned manifests in, each optional, read-only
-  at `manifest_handoff.MOUNT_PATH` in the sidecar only (`hands_manifests`).
+  at `manifest_handoff.MOUNT_PATH` in the sidecar only (`hands_manifests`);
+* when `spec.source.secretRef` is set: one secret volume of that Secret, read-only at
+  `pod_volumes.CREDENTIALS_PATH` in the sidecar only (`mounts_credentials`), so that a
+  key rotated in the Secret reaches the running sidecar (its `envFrom` never changes).
 
 Idempotent: the pod annotation `shardcache.io/injected` lists the mounts already
 injected, and those are skipped. Names of containers, volumes and ports never collide
@@ -141,6 +144,22 @@ def hands_manifests(mount: Mount, defaults: SidecarDefaults) -> bool:
     if any(specs.paths_overlap(path, manifest_handoff.MOUNT_PATH) for path in taken):
         return False
     return bool(manifest_handoff.pinned_sources(mount.spec, mount.digest, mount.source_digests))
+
+
+def mounts_credentials(mount: Mount, defaults: SidecarDefaults) -> bool:
+    """Whether the mount's sidecar mounts the source's Secret as files: it has a
+    `secretRef`. Not where another volume of the sidecar (the run directory, the
+    checkpoints) is, holds or lies inside `pod_volumes.CREDENTIALS_PATH` (the spec's
+    check of the checkpoint path knows only the sidecar's own directories): the pod
+    would be invalid, or one volume hide the other; the sidecar keeps the credentials
+    of its env alone then, as before the volume, and a rotated key reaches it only
+    with a restart."""
+    if mount.spec.source.secret_ref is None:
+        return False
+    taken = [defaults.run_dir]
+    if mount.spec.checkpoint is not None:
+        taken.append(mount.spec.checkpoint.mount_path)
+    return not any(specs.paths_overlap(path, pod_volumes.CREDENTIALS_PATH) for path in taken)
 
 
 def requested_mounts(metadata: Mapping[str, Any]) -> list[str]:
@@ -328,6 +347,8 @@ def _parts(mount: Mount, key: mount_parts.Key, defaults: SidecarDefaults) -> mou
     names = key.names
     # Whether to hand manifests is in the key (`names.manifest_volume`, decided from
     # `key.namespace` and `key.defaults`), and so are the digests that say which.
+    # Whether to mount the Secret is too (`names.credentials_volume`, decided from the
+    # spec and `key.defaults.run_dir`); which Secret is the spec's.
     handed = (
         manifest_handoff.pinned_sources(mount.spec, key.digest, dict(key.source_digests))
         if names.manifest_volume is not None
@@ -497,6 +518,7 @@ def inject(
             first_ui_port=defaults.ui_port,
             checkpoints=mount.spec.checkpoint is not None,
             manifests=hands_manifests(mount, defaults),
+            credentials=mounts_credentials(mount, defaults),
         )
         key = mount_parts.Key(
             mount=mount.name,

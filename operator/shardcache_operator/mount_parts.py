@@ -38,7 +38,9 @@ class Key:
     #: The namespace's UID, which keys its node disk directory (`Mount.namespace_uid`).
     namespace_uid: str | None
     #: Whether the sidecar is handed its pinned manifests is `names.manifest_volume`
-    #: (None: not), decided from `namespace` and `defaults.manifest_namespaces`.
+    #: (None: not), decided from `namespace` and `defaults.manifest_namespaces`; whether
+    #: the sidecar mounts the source's Secret is `names.credentials_volume`, decided from
+    #: the spec and `defaults.run_dir` (the Secret's name is the spec's `secretRef`).
     names: pod_names.MountNames
     #: `injection.SidecarDefaults`, hashable (a frozen dataclass of plain values).
     defaults: object

@@ -148,6 +148,9 @@ def sidecar_env(
         variables.SOCKET.env: contract.socket_path(run_dir, mount),
         variables.MANIFEST_DIGEST.env: digest,
         variables.HANDED_MANIFESTS_DIR.env: variables.HANDED_MANIFESTS_DIR.default,
+        # Always, with or without a secretRef (`pod_volumes`): where no Secret is mounted
+        # the sidecar finds no files there and keeps the env's credentials.
+        variables.CREDENTIALS_DIR.env: variables.CREDENTIALS_DIR.default,
         variables.MIXTURE.env: mixture(spec, digest=digest, source_digests=source_digests or {}),
         variables.MEMORY_DIR.env: contract.memory_dir(run_dir, mount),
         variables.DISK_DIR.env: disk_dir(namespace),

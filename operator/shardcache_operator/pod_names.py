@@ -20,7 +20,7 @@ UI_PORT_ENV = variables.UI_PORT.env
 #: Kubernetes limits a port name to 15 characters (an IANA service name).
 PORT_NAME_LIMIT = 15
 #: The sidecar's name is `shardcache-<mount>` cut to this, leaving room for `-run`,
-#: `-disk`, `-ckpt` and `-mfst` volume suffixes within a 63-character DNS label.
+#: `-disk`, `-ckpt`, `-mfst` and `-cred` volume suffixes within a 63-character DNS label.
 BASE_LIMIT = 56
 
 
@@ -79,6 +79,9 @@ class MountNames:
     #: The volume that hands the sidecar its pinned manifests (`manifest_handoff`);
     #: None when the mount is handed none.
     manifest_volume: str | None = None
+    #: The volume of the source's Secret, mounted as files in the sidecar so that a
+    #: rotated key reaches it (`pod_volumes.credentials_volume`); None when it has none.
+    credentials_volume: str | None = None
 
 
 class Taken:
@@ -130,13 +133,16 @@ class Taken:
         checkpoints: bool,
         last_port: int | None = None,
         manifests: bool = False,
+        credentials: bool = False,
     ) -> MountNames:
         """Names for one mount's sidecar, volumes and port, in a fixed order so that
         injecting the same pod twice gives the same names. The port stays at or below
         `last_port` (the admission leaves out mounts beyond the range's room first,
         `injection.metrics_ports_free`); none left there is an `InputError`.
         `manifests`: whether the mount is handed its pinned manifests (a volume more,
-        named last so that the others' names do not depend on it)."""
+        named after the others so that their names do not depend on it).
+        `credentials`: whether the sidecar mounts the source's Secret as files (a volume
+        more, named last for the same reason)."""
         base = dns_label(f"shardcache-{mount}", limit=BASE_LIMIT)
         sidecar = unique(base, self.containers)
         run_volume = unique(f"{base}-run", self.volumes)
@@ -152,6 +158,7 @@ class Taken:
         checkpoint_volume = unique(f"{base}-ckpt", self.volumes) if checkpoints else None
         ui_port = self.port(first_ui_port)
         manifest_volume = unique(f"{base}-mfst", self.volumes) if manifests else None
+        credentials_volume = unique(f"{base}-cred", self.volumes) if credentials else None
         return MountNames(
             sidecar,
             run_volume,
@@ -161,4 +168,5 @@ class Taken:
             port_name,
             ui_port,
             manifest_volume=manifest_volume,
+            credentials_volume=credentials_volume,
         )

@@ -1,14 +1,14 @@
 """What an UPDATE may not change in a pod the cache was injected into (docs/security.md).
 
 The webhook injects at CREATE, but a pod stays mutable in two places that reach what
-only the cache sidecar holds, the DatasetMount's Secret (`envFrom`) and the node disk
-tier (a hostPath):
+only the cache sidecar holds, the DatasetMount's Secret (`envFrom`, and the secret
+volume of its files) and the node disk tier (a hostPath):
 
 * `spec.initContainers[*].image` can be patched by anyone who may patch the pod: the
   sidecar would then run their image, with the Secret and the node directory;
 * `kubectl debug` adds ephemeral containers (an UPDATE of `pods/ephemeralcontainers`):
-  one could mount the disk tier's volume, or join the sidecar's process namespace
-  (`targetContainerName`) and read its `/proc/<pid>/environ`.
+  one could mount the disk tier's or the Secret's volume, or join the sidecar's process
+  namespace (`targetContainerName`) and read its `/proc/<pid>/environ`.
 
 So the webhook, which also sees UPDATEs of opted-in pods, refuses one that changes an
 injected container in any way, or that adds an ephemeral container targeting one or
@@ -78,10 +78,11 @@ def _sidecar_only_volumes(
     pod: Mapping[str, Any], injected: Mapping[str, Mapping[str, Any]]
 ) -> set[str]:
     """Volumes the injected containers mount and no other container of the pod does:
-    the node disk tier, and the handed manifests (`manifest_handoff`; nothing secret,
-    but the sidecar's). The run and checkpoint volumes are the trainers' too, so a debug
-    container may look at them as the trainer can; ephemeral containers already there
-    do not count (one could predate this check)."""
+    the node disk tier, the source's credentials (`pod_volumes.credentials_volume`) and
+    the handed manifests (`manifest_handoff`; nothing secret, but the sidecar's). The
+    run and checkpoint volumes are the trainers' too, so a debug container may look at
+    them as the trainer can; ephemeral containers already there do not count (one could
+    predate this check)."""
     theirs = set().union(*(_mounted(c) for c in injected.values()))
     spec = _spec(pod)
     others = [
@@ -138,6 +139,7 @@ def refusal(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
             return (
                 f"{where} mounts {', '.join(repr(v) for v in taken)}, a volume only the "
                 "cache sidecar mounts (the node disk tier, shared with other pods of the "
-                "node): expected only volumes the pod's own containers mount"
+                "node, or the source's credentials): expected only volumes the pod's own "
+                "containers mount"
             )
     return None

@@ -10,7 +10,14 @@
 * the checkpoint volume when `spec.checkpoint` is set: an emptyDir in both;
 * the handed manifests when the injection chose to hand them (`MountNames.manifest_volume`,
   `injection.hands_manifests`): a projected volume of the operator's ConfigMaps, each
-  optional (`manifest_handoff.volume`), read-only in the sidecar only.
+  optional (`manifest_handoff.volume`), read-only in the sidecar only;
+* the source's credentials when `spec.source.secretRef` is set and the injection chose to
+  mount them (`MountNames.credentials_volume`, `injection.mounts_credentials`): a secret
+  volume of that Secret, read-only at `CREDENTIALS_PATH` in the sidecar only. The
+  sidecar's env holds the same keys (`envFrom`), but env never changes in a running
+  container; the kubelet updates a Secret volume's files when the Secret changes, so a
+  rotated key reaches the sidecar without a restart (never mounted with `subPath`,
+  whose files the kubelet does not update).
 """
 
 from __future__ import annotations
@@ -20,12 +27,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardcache import contract, errors
-from shardcache.contract import parsers
+from shardcache.contract import parsers, variables
 from shardcache_operator import manifest_handoff, pod_env, pod_names, specs
 
 # Defined with the spec model, whose check of the sidecar's memory request needs them.
 RUN_VOLUME_HEADROOM = specs.RUN_VOLUME_HEADROOM
 run_volume_bytes = specs.run_volume_bytes
+
+#: Where the sidecar mounts the source's Secret (the contract table's default, which
+#: the webhook also writes into its env).
+CREDENTIALS_PATH = variables.CREDENTIALS_DIR.required_default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +74,23 @@ def disk_mount(volume: str, namespace: str | None, uid: str | None = None) -> di
     return {"name": volume, "mountPath": path, "subPath": subdir}
 
 
+def credentials_volume(name: str, secret: str) -> dict[str, Any]:
+    """The volume `name` of the Secret `secret`, every key a file.
+
+    Not optional: the sidecar's `envFrom` requires the Secret already. `defaultMode` is
+    left at the API's 0644: the files belong to root (group: the pod's fsGroup, if it
+    sets one), and the sidecar, a non-root user (`SidecarDefaults.run_as_user`), reads
+    them by the read bit for others. Nothing else of the pod mounts the volume (no
+    `TrainerMount`), so that bit lets no other container read them.
+    """
+    return {"name": name, "secret": {"secretName": secret}}
+
+
+def credentials_mount(name: str) -> dict[str, Any]:
+    """The sidecar's mount of the volume `name`: read-only, whole (no `subPath`)."""
+    return {"name": name, "mountPath": CREDENTIALS_PATH, "readOnly": True}
+
+
 def volumes_for(
     mount: str,
     spec: specs.DatasetMountSpec,
@@ -76,7 +104,8 @@ def volumes_for(
     """The volumes of `mount` and their mount points (nothing is added to a pod here).
     `manifest_sources`: the pinned sources whose manifests the volume named
     `names.manifest_volume` hands the sidecar (`manifest_handoff.pinned_sources`);
-    without that name, or with none of them usable, no such volume."""
+    without that name, or with none of them usable, no such volume. The source's
+    Secret is mounted where `names.credentials_volume` names a volume for it."""
     run_source: dict[str, Any] = {
         "sizeLimit": parsers.quantity(run_volume_bytes(spec.cache.memory))
     }
@@ -115,6 +144,11 @@ def volumes_for(
             # The sidecar's alone: the trainers never mount it (no TrainerMount).
             volumes.append(handed)
             sidecar_mounts.append(manifest_handoff.volume_mount(names.manifest_volume))
+    secret_ref = spec.source.secret_ref
+    if names.credentials_volume is not None and secret_ref is not None:
+        # The sidecar's alone, as its envFrom is: the trainers never mount it.
+        volumes.append(credentials_volume(names.credentials_volume, secret_ref.name))
+        sidecar_mounts.append(credentials_mount(names.credentials_volume))
     return MountVolumes(volumes, sidecar_mounts, trainer_mounts)
 
 

@@ -103,6 +103,8 @@ def build(
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.source.secret_ref is not None:
-        # Credentials reach the sidecar only; trainer containers never see them.
+        # Credentials reach the sidecar only; trainer containers never see them. The env
+        # comes first; the Secret's files (`pod_volumes.credentials_volume`, when mounted)
+        # bring a key rotated while the pod runs.
         sidecar["envFrom"] = [{"secretRef": {"name": spec.source.secret_ref.name}}]
     return sidecar

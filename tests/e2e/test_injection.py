@@ -8,7 +8,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
-from shardcache_operator import injection
+from shardcache_operator import injection, pod_volumes
 
 from shardcache import contract
 from tests.e2e import harness, objects, workloads
@@ -54,6 +54,17 @@ def assert_injected(stored: dict[str, Any], mount: ReadyMount, *, trainers: list
     run = volumes[f"shardcache-{mount.name}-run"]["emptyDir"]
     assert run["medium"] == "Memory" and run["sizeLimit"]
     assert volumes[f"shardcache-{mount.name}-disk"]["hostPath"]["type"] == "DirectoryOrCreate"
+    # The Secret as files too, so a rotated key reaches the running sidecar: every key,
+    # at the API's default mode (0644, which the non-root sidecar reads), mounted whole
+    # (the kubelet does not update a subPath mount) and read-only, where its env says.
+    credentials = f"shardcache-{mount.name}-cred"
+    secret = volumes[credentials]["secret"]
+    assert secret["secretName"] == objects.SECRET_NAME
+    assert secret["defaultMode"] == 0o644 and "items" not in secret
+    (files,) = [m for m in sidecar["volumeMounts"] if m["name"] == credentials]
+    assert files["mountPath"] == pod_volumes.CREDENTIALS_PATH
+    assert files["readOnly"] is True and "subPath" not in files
+    assert env[contract.ENV_CREDENTIALS_DIR] == pod_volumes.CREDENTIALS_PATH
     for container in spec["containers"]:
         trainer_env = {e["name"]: e.get("value") for e in container.get("env", [])}
         if container["name"] not in trainers:
@@ -65,6 +76,7 @@ def assert_injected(stored: dict[str, Any], mount: ReadyMount, *, trainers: list
         assert f"shardcache-{mount.name}-run" in mounted
         # Credentials go to the sidecar only.
         assert "envFrom" not in container
+        assert f"shardcache-{mount.name}-cred" not in mounted
         assert not any(
             "valueFrom" in e and "secretKeyRef" in e["valueFrom"] for e in container.get("env", [])
         )

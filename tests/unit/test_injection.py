@@ -175,13 +175,19 @@ def test_volumes_memory_tier_in_both_disk_tier_in_sidecar_only() -> None:
     }
     mount_dir = str(contract.mount_dir(contract.DEFAULT_RUN_DIR, "imagenet"))
     sidecar = sidecars(stored)[0]
-    # The node path's directory of the pod's namespace alone, where the env points.
+    # The node path's directory of the pod's namespace alone, where the env points;
+    # the source's Secret as files (test_injection_credentials).
     assert sidecar["volumeMounts"] == [
         {"name": "shardcache-imagenet-run", "mountPath": mount_dir},
         {
             "name": "shardcache-imagenet-disk",
             "mountPath": f"{contract.DEFAULT_DISK_DIR}/ns-ml",
             "subPath": "ns-ml",
+        },
+        {
+            "name": "shardcache-imagenet-cred",
+            "mountPath": "/etc/shardcache/credentials",
+            "readOnly": True,
         },
     ]
     assert env_of(sidecar)[contract.ENV_DISK_DIR] == f"{contract.DEFAULT_DISK_DIR}/ns-ml"
@@ -223,6 +229,9 @@ def test_trainers_get_env_but_never_credentials() -> None:
     }
     assert "envFrom" not in trainer
     assert sidecars(stored)[0]["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    # Nor the Secret's files: only the sidecar mounts them.
+    assert "shardcache-imagenet-cred" not in {m["name"] for m in trainer["volumeMounts"]}
+    assert any(m["name"] == "shardcache-imagenet-cred" for m in sidecars(stored)[0]["volumeMounts"])
 
 
 PLAN = (contract.ENV_SEED, contract.ENV_SHUFFLE, contract.ENV_BLOCK_SIZE)
@@ -399,7 +408,11 @@ def test_names_and_ports_never_collide_with_the_pods_own() -> None:
     # The user's own volumes are untouched and ours are the ones mounted.
     assert {"name": "shardcache-imagenet-run", "emptyDir": {}} in stored["spec"]["volumes"]
     mounted = {m["name"] for m in sidecar["volumeMounts"]}
-    assert mounted == {"shardcache-imagenet-run-2", "shardcache-imagenet-disk-2"}
+    assert mounted == {
+        "shardcache-imagenet-run-2",
+        "shardcache-imagenet-disk-2",
+        "shardcache-imagenet-cred",
+    }
 
 
 def test_two_mounts_get_two_sidecars_with_distinct_ports() -> None:
@@ -412,7 +425,15 @@ def test_two_mounts_get_two_sidecars_with_distinct_ports() -> None:
     assert env[contract.ENV_MOUNTS] == "imagenet,captions"
     assert env[contract.ENV_MOUNT] == "imagenet"
     assert stored["metadata"]["annotations"][injection.ANNOTATION_INJECTED] == "imagenet,captions"
-    assert len(stored["spec"]["volumes"]) == 4
+    # Each its run volume, its disk tier and its Secret's files.
+    assert all_names(stored, "volumes") == [
+        "shardcache-imagenet-run",
+        "shardcache-imagenet-disk",
+        "shardcache-imagenet-cred",
+        "shardcache-captions-run",
+        "shardcache-captions-disk",
+        "shardcache-captions-cred",
+    ]
 
 
 def test_mounts_annotation_adds_mounts_beyond_the_label() -> None:

@@ -136,6 +136,7 @@ def test_a_single_source_gets_its_manifest_read_only_in_the_sidecar_only() -> No
         "shardcache-imagenet-run",
         "shardcache-imagenet-disk",
         "shardcache-imagenet-mfst",
+        "shardcache-imagenet-cred",
     }
 
 
@@ -177,7 +178,11 @@ def test_no_volume_where_the_operator_hands_no_manifests() -> None:
         response, stored = admit(pod(), dsm("imagenet"), defaults=defaults)
         assert response["allowed"] is True
         assert handed(stored) == []
-        assert set(volumes(stored)) == {"shardcache-imagenet-run", "shardcache-imagenet-disk"}
+        assert set(volumes(stored)) == {
+            "shardcache-imagenet-run",
+            "shardcache-imagenet-disk",
+            "shardcache-imagenet-cred",
+        }
         mounted = {m["mountPath"] for m in sidecars(stored)[0]["volumeMounts"]}
         assert manifest_handoff.MOUNT_PATH not in mounted
 

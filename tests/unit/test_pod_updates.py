@@ -1,5 +1,5 @@
 """UPDATE reviews of opted-in pods: nothing may reach what only the injected sidecar holds
-(its Secret, the node disk tier) after admission, and everything else passes untouched.
+(its Secret, in its env and as files; the node disk tier) after admission, and everything else passes untouched.
 
 AdmissionReview v1 UPDATE payloads as the API server sends them: of the pod itself
 (`kubectl patch`, `kubectl set image`) and of its `ephemeralcontainers` subresource
@@ -25,7 +25,8 @@ UID = "0b9f3c52-5f0e-4c33-9b51-3ad0f1b2c001"
 
 def injected(**spec: Any) -> dict[str, Any]:
     """A pod as the API server stored it after the webhook injected DatasetMount imagenet
-    (with checkpoints, so it has a run, a disk and a checkpoint volume)."""
+    (with checkpoints and a secretRef, so it has a run, a disk, a checkpoint and a
+    credentials volume)."""
     response, stored = admit(
         pod(**spec), dsm("imagenet", checkpoint={"uri": "s3://ckpt/imagenet/"})
     )
@@ -169,6 +170,25 @@ def test_a_debug_container_mounting_the_node_disk_tier_is_refused(field: str) ->
     assert response["allowed"] is False
     message = response["status"]["message"]
     assert "mounts 'shardcache-imagenet-disk', a volume only the cache sidecar mounts" in message
+
+
+def test_a_debug_container_mounting_the_sources_credentials_is_refused() -> None:
+    """The Secret's files (`pod_volumes.credentials_volume`) are the sidecar's alone, as
+    its env is: a debug container may not mount them, whatever it targets."""
+    old = injected()
+    (sidecar,) = sidecars(old)
+    assert "shardcache-imagenet-cred" in {m["name"] for m in sidecar["volumeMounts"]}
+    for target in ({}, {"targetContainerName": "trainer"}):
+        entry = {"name": "shardcache-imagenet-cred", "mountPath": "/loot"}
+        new = debugged(old, volumeMounts=[entry], **target)
+        response = update(old, new, subresource=pod_updates.EPHEMERAL_SUBRESOURCE)
+        assert response["allowed"] is False
+        message = response["status"]["message"]
+        assert message.startswith(
+            "ephemeral container 'debugger' (spec.ephemeralContainers[0]) mounts "
+            "'shardcache-imagenet-cred', a volume only the cache sidecar mounts"
+        )
+        assert "the source's credentials" in message
 
 
 def test_a_debug_container_of_the_trainer_may_mount_what_the_trainer_mounts() -> None:

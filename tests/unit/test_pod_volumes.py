@@ -3,6 +3,7 @@ refusals that name what already sits at a path."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -116,3 +117,20 @@ def test_offline_injection_without_a_namespace_mounts_the_node_path_itself() -> 
         if m["name"] == "shardcache-m-disk"
     ]
     assert disk == {"name": "shardcache-m-disk", "mountPath": "/var/cache/shardcache"}
+
+
+def test_the_sources_secret_is_mounted_whole_and_read_only_in_the_sidecar_alone() -> None:
+    names = dataclasses.replace(NAMES, credentials_volume="shardcache-m-cred")
+    spec = specs.parse_spec({"source": {"uri": "s3://bucket/train/", "secretRef": {"name": "s"}}})
+    volumes = pod_volumes.volumes_for("m", spec, names, run_dir="/srv/run")
+    assert volumes.volumes[-1] == {"name": "shardcache-m-cred", "secret": {"secretName": "s"}}
+    assert volumes.sidecar_mounts[-1] == {
+        "name": "shardcache-m-cred",
+        "mountPath": "/etc/shardcache/credentials",
+        "readOnly": True,
+    }
+    assert "shardcache-m-cred" not in [t.volume for t in volumes.trainer_mounts]
+    # A name without a secretRef (never allocated so) mounts nothing.
+    bare = pod_volumes.volumes_for("m", parse(), names, run_dir="/srv/run")
+    assert not any("secret" in v for v in bare.volumes)
+    assert "/etc/shardcache/credentials" not in [m["mountPath"] for m in bare.sidecar_mounts]
