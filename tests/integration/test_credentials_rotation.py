@@ -13,10 +13,8 @@ node, tried again, not failed for good.
 
 from __future__ import annotations
 
-import pathlib
 import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +24,7 @@ import pytest
 import shardcache
 from shardcache import checkpoint, contract, errors
 from tests.support import datasets
-from tests.support.s3server import S3Server, minio_binary
+from tests.support.s3server import S3Server, own_server
 from tests.support.sidecar import SidecarProcess
 
 pytestmark = pytest.mark.integration
@@ -38,14 +36,8 @@ SHARDS = [40, 30, 20, 10]
 def server() -> Iterator[S3Server]:
     """A MinIO of this test's own: its root key is rotated, which the session's shared
     server must never see."""
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="shardcache-minio-rotated-"))
-    minio = S3Server(minio_binary(), workdir)
-    try:
-        minio.start()
+    with own_server("shardcache-minio-rotated-") as minio:
         yield minio
-    finally:
-        minio.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 WEIGHTS = b"weights" * 1000

@@ -8,6 +8,7 @@ Fixtures:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import secrets
@@ -164,16 +165,24 @@ def s3_filesystem(
     return pyarrow.fs.S3FileSystem(**kwargs)
 
 
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="shardcache-minio-"))
-    server = S3Server(minio_binary(), workdir)
+@contextlib.contextmanager
+def own_server(prefix: str, *, host: str = HOST) -> Iterator[S3Server]:
+    """A MinIO started on a fresh data directory (named with `prefix`), stopped and
+    removed after: the session's, or one a test may restart with another key."""
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
+    server = S3Server(minio_binary(), workdir, host=host)
     try:
         server.start()
         yield server
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    with own_server("shardcache-minio-") as server:
+        yield server
 
 
 @pytest.fixture

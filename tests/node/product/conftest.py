@@ -113,14 +113,8 @@ def product_images(real_node: release.RealNode) -> release.ProductImages:
 def node_store(real_node: release.RealNode) -> Iterator[s3server.S3Server]:
     """MinIO on the bridge's host address: the operator and the sidecars reach it from
     their pods, the test from here. Never on any other non-loopback address."""
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="shardcache-node-minio-"))
-    server = s3server.S3Server(s3server.minio_binary(), workdir, host=real_node.host_address)
-    try:
-        server.start()
+    with s3server.own_server("shardcache-node-minio-", host=real_node.host_address) as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="package")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -152,6 +153,30 @@ def make_mount(
     objects.create_datasetmount(admin, namespace, body)
     status = objects.wait_phase(admin, namespace, name, "Ready", operator)
     return Mount(name, namespace, sum(shard_rows), status, bucket)
+
+
+def tenant_namespace(admin: kubernetes.client.ApiClient, like: str, prefix: str) -> str:
+    """A new namespace `<prefix>-<hex>` whose Secret `SECRET_NAME` the operator may
+    read: the chart's secret-reader Role and binding of namespace `like` copied into
+    it, as `rbac.secretNamespaces` would make them. The caller deletes it."""
+    core = kubernetes.client.CoreV1Api(admin)
+    rbac = kubernetes.client.RbacAuthorizationV1Api(admin)
+    name = f"{prefix}-{secrets.token_hex(3)}"
+    core.create_namespace(kubernetes.client.V1Namespace(metadata={"name": name}))
+    harness.wait_until(
+        f"the default ServiceAccount of {name}",
+        lambda: core.read_namespaced_service_account("default", name),
+        timeout=60,
+    )
+    for role in rbac.list_namespaced_role(like).items:
+        rbac.create_namespaced_role(
+            name, {"metadata": {"name": role.metadata.name}, "rules": role.rules}
+        )
+    for binding in rbac.list_namespaced_role_binding(like).items:
+        rbac.create_namespaced_role_binding(name, {
+            "metadata": {"name": binding.metadata.name},
+            "roleRef": binding.role_ref, "subjects": binding.subjects})  # fmt: skip
+    return name
 
 
 def small_sidecar() -> dict[str, Any]:

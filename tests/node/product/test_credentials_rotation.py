@@ -12,10 +12,7 @@ never changes in a running container, still holds the old key.
 from __future__ import annotations
 
 import contextlib
-import pathlib
 import secrets
-import shutil
-import tempfile
 from collections.abc import Iterator
 
 import kubernetes.client
@@ -43,14 +40,8 @@ print(pathlib.Path("/etc/shardcache/credentials/AWS_ACCESS_KEY_ID").read_text())
 @pytest.fixture
 def rotating_store(real_node: release.RealNode) -> Iterator[s3server.S3Server]:
     """A MinIO of this test's own on the bridge: its root key is rotated."""
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="shardcache-node-rotated-"))
-    server = s3server.S3Server(s3server.minio_binary(), workdir, host=real_node.host_address)
-    try:
-        server.start()
+    with s3server.own_server("shardcache-node-rotated-", host=real_node.host_address) as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_a_key_rotated_in_the_secret_reaches_the_running_sidecar(
@@ -63,21 +54,8 @@ def test_a_key_rotated_in_the_secret_reaches_the_running_sidecar(
     real_node: release.RealNode,
 ) -> None:
     core = kubernetes.client.CoreV1Api(admin)
-    rbac = kubernetes.client.RbacAuthorizationV1Api(admin)
-    ns = f"rotating-{secrets.token_hex(3)}"
-    core.create_namespace(kubernetes.client.V1Namespace(metadata={"name": ns}))
+    ns = release.tenant_namespace(admin, namespace, "rotating")
     try:
-        harness.wait_until(f"the default ServiceAccount of {ns}",
-                           lambda: core.read_namespaced_service_account("default", ns), timeout=60)  # fmt: skip
-        # The chart's secret-reader Role and binding, as `rbac.secretNamespaces` would make them.
-        for role in rbac.list_namespaced_role(namespace).items:
-            rbac.create_namespaced_role(
-                ns, {"metadata": {"name": role.metadata.name}, "rules": role.rules}
-            )
-        for binding in rbac.list_namespaced_role_binding(namespace).items:
-            rbac.create_namespaced_role_binding(ns, {
-                "metadata": {"name": binding.metadata.name},
-                "roleRef": binding.role_ref, "subjects": binding.subjects})  # fmt: skip
         old_key = rotating_store.access_key
         core.create_namespaced_secret(ns, kubernetes.client.V1Secret(
             metadata={"name": release.SECRET_NAME}, string_data=rotating_store.env()))  # fmt: skip

@@ -55,26 +55,13 @@ def test_a_deleted_namespaces_node_disk_tier_is_reclaimed(
     product_images: release.ProductImages,
     real_node: release.RealNode,
 ) -> None:
-    rbac = kubernetes.client.RbacAuthorizationV1Api(admin)
     custom = kubernetes.client.CustomObjectsApi(admin)
-    ns = f"gone-tenant-{secrets.token_hex(3)}"
     live_uid = core.read_namespace(namespace).metadata.uid
     live = node_path / f"ns-{namespace}.{live_uid}"
     live_before = live.is_dir()
-    made = core.create_namespace(kubernetes.client.V1Namespace(metadata={"name": ns}))
-    tier = node_path / f"ns-{ns}.{made.metadata.uid}"
+    ns = release.tenant_namespace(admin, namespace, "gone-tenant")
+    tier = node_path / f"ns-{ns}.{core.read_namespace(ns).metadata.uid}"
     try:
-        harness.wait_until(f"the default ServiceAccount of {ns}",
-                           lambda: core.read_namespaced_service_account("default", ns), timeout=60)  # fmt: skip
-        # The chart's secret-reader Role and binding, as `rbac.secretNamespaces` would make them.
-        for role in rbac.list_namespaced_role(namespace).items:
-            rbac.create_namespaced_role(
-                ns, {"metadata": {"name": role.metadata.name}, "rules": role.rules}
-            )
-        for binding in rbac.list_namespaced_role_binding(namespace).items:
-            rbac.create_namespaced_role_binding(ns, {
-                "metadata": {"name": binding.metadata.name},
-                "roleRef": binding.role_ref, "subjects": binding.subjects})  # fmt: skip
         core.create_namespaced_secret(ns, kubernetes.client.V1Secret(
             metadata={"name": release.SECRET_NAME}, string_data=node_store.env()))  # fmt: skip
         core.create_namespaced_config_map(ns, jobs.trainer_configmap())
