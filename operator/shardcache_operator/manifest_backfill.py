@@ -9,13 +9,13 @@ deleted; each node's first sidecar of it then reads the whole dataset to hash it
 So when a reconcile or a source check leaves a mount of those namespaces Ready (at the
 operator's start too: kopf resumes every mount), a task of the mount's (`follow`) looks
 at each pin this process has not settled, or settled as handed over an hour ago
-(`LOOK_AGAIN_SECONDS`: its ConfigMaps may have been deleted since): a GET of its part 0,
-and of the further parts it counts. A pin they do not hand is resolved again, one read of the dataset in the
-operator instead of one per node, and handed when the source still gives the pinned
-digest. A source that gives another is a Warning (those sidecars could not start from
-it either), and is not read again by this process. A failed resolve or write is tried
-again later, backing off to an hour, by the same task; it ends when every pin is
-settled, or the mount is no longer Ready or gone.
+(`LOOK_AGAIN_SECONDS`: its ConfigMaps may have been deleted since): a GET of its part
+0, and of the further parts it counts. A pin they do not hand is resolved again, one
+read of the dataset in the operator instead of one per node, and handed when the
+source still gives the pinned digest. A source that gives another is a Warning (those
+sidecars could not start from it either), and is not read again by this process. A
+failed resolve or write is tried again later, backing off to an hour, by the same task;
+it ends when every pin is settled, or the mount is no longer Ready or gone.
 
 One mount of a namespace at a time: it is never urgent, it must not burst the API
 server with GETs when the operator starts, and its resolves take the namespace's and the

@@ -702,7 +702,7 @@ async def _resolve_mixture(
 
 def _events(outcome: status.Outcome, previous: Mapping[str, Any]) -> tuple[Event, ...]:
     """One Event per change of phase or reason: retries of the same failure stay quiet."""
-    before = {c.get("type"): c for c in previous.get("conditions") or []}
+    before = status.conditions_by_type(previous)
     # Ready carries the reason of every failure; ManifestResolved stays Pinned through
     # the failed checks of a kept pin, so it cannot tell a repeat from a first failure.
     old = before.get(status.READY_CONDITION) or {}
@@ -928,7 +928,7 @@ def _unchecked_restart(
         return None
     if previous.get("phase") == status.Phase.READY:
         return pin
-    before = {c.get("type"): c for c in previous.get("conditions") or []}
+    before = status.conditions_by_type(previous)
     ready = before.get(status.READY_CONDITION) or {}
     if previous.get("phase") != status.Phase.DEGRADED or not ready.get("reason"):
         return None

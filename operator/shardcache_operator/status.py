@@ -443,6 +443,11 @@ def build_status(
     return status
 
 
+def conditions_by_type(status: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
+    """The conditions of `status`, by type."""
+    return {c.get("type"): c for c in (status or {}).get("conditions") or []}
+
+
 def has_condition(status: Mapping[str, Any] | None, type_: str, value: str) -> bool:
     """Whether `status` has the condition `type_` with status `value` ("True"/"False")."""
     conditions = (status or {}).get("conditions") or []

@@ -510,9 +510,10 @@ class Agent:
             # The Secret's files may hold new credentials now, or later (the kubelet
             # updates them): the checkpoint waits on the node meanwhile.
             renewed = self._renewal.renewed(self.fs)
-            wait = 0.0 if renewed is not None else max(s.retry_interval, CREDENTIALS_RETRY_S)
             if renewed is not None:
-                self.fs = renewed
+                self.fs, wait = renewed, 0.0
+            else:
+                wait = max(s.retry_interval, CREDENTIALS_RETRY_S)
             log.warning(
                 "checkpoint step %d: the store refused the credentials (%s); tried again "
                 "in %.0f s with those in %s",
